@@ -1,0 +1,113 @@
+# atomc build. CPU-only by default; `make CUDA=1` adds the CUDA backend (sm_90a).
+#   make            -> build/atomc and build/libatomc.a
+#   make test       -> every CPU test (C unit tests + Python reference tests), closing "N passed, N failed"
+#   make asan       -> the same tests built with ASan/UBSan (build-asan/)
+#   make CUDA=1     -> build-cuda/atomc with the CUDA backend; `make CUDA=1 gpu-tests` builds GPU tests
+#   make fuzz       -> libFuzzer targets (clang) in build-fuzz/
+# Sources are discovered by wildcard: drop a .c under src/ and a tests/test_*.c and they build.
+
+CUDA ?= 0
+SANITIZE ?= 0
+STATIC ?= 0
+
+ifeq ($(CUDA),1)
+  BUILD ?= build-cuda
+else ifeq ($(SANITIZE),1)
+  BUILD ?= build-asan
+else
+  BUILD ?= build
+endif
+
+CC ?= gcc
+NVCC ?= nvcc
+PKGS := libevent libevent_pthreads jansson libpcre2-8 libutf8proc libxxhash openblas
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+OPT ?= -O2
+CFLAGS_BASE := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
+  -Iinclude -Isrc $(PKG_CFLAGS) -pthread -fno-strict-aliasing
+ifeq ($(SANITIZE),1)
+  CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDFLAGS_SAN := -fsanitize=address,undefined
+endif
+CFLAGS := $(CFLAGS_BASE) $(EXTRA_CFLAGS)
+LDLIBS := $(PKG_LIBS) -lm -lpthread -ldl
+
+SRC_C := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
+CLI_C := $(shell find src/cli -name '*.c' | sort)
+TEST_C := $(sort $(wildcard tests/test_*.c))
+TEST_SUPPORT_C := $(filter-out $(TEST_C),$(wildcard tests/*.c))
+
+ifeq ($(CUDA),1)
+  CUDA_HOME ?= /usr/local/cuda
+  CU_SRC := $(shell find src/backend/cuda -name '*.cu' | sort)
+  CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
+  CFLAGS += -DATOMC_CUDA=1 -I$(CUDA_HOME)/include
+  NVCCFLAGS ?= -O3 -std=c++17 -arch=sm_90a -lineinfo -Iinclude -Isrc -Xcompiler -fPIC,-Wall \
+    --expt-relaxed-constexpr -DATOMC_CUDA=1
+  # Debian libraries static, CUDA runtime static, cuBLASLt/NCCL dynamic (DESIGN.md section 4).
+  LDLIBS := -Wl,-Bstatic -levent -levent_pthreads -ljansson -lpcre2-8 -lutf8proc -lxxhash -lopenblas -lgfortran -lquadmath \
+    -Wl,-Bdynamic -L$(CUDA_HOME)/lib64 -lcudart_static -lcublasLt -lcublas -lnccl -lrt -lm -lpthread -ldl -lstdc++
+  LINK := $(CC)
+  GPU_TEST_CU := $(sort $(wildcard tests/gpu/test_*.c))
+else
+  CU_OBJ :=
+endif
+
+OBJ := $(patsubst %.c,$(BUILD)/%.o,$(SRC_C)) $(CU_OBJ)
+CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(CLI_C))
+TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_C))
+TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT_C))
+GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_CU))
+
+.PHONY: all test asan clean fuzz gpu-tests format
+all: $(BUILD)/atomc $(BUILD)/libatomc.a $(TEST_BIN)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libatomc.a: $(OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/atomc: $(CLI_OBJ) $(BUILD)/libatomc.a
+	$(CC) $(LDFLAGS_SAN) -o $@ $(CLI_OBJ) $(BUILD)/libatomc.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS) $(LDFLAGS_SAN)
+
+gpu-tests: $(GPU_TEST_BIN) $(BUILD)/atomc
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS)
+
+test: all
+	ATOMC_BUILD=$(BUILD) bash tests/run_all.sh
+
+asan:
+	$(MAKE) SANITIZE=1 all
+	ATOMC_BUILD=build-asan ATOMC_SKIP_PY=1 bash tests/run_all.sh
+
+# libFuzzer targets: fuzz/fuzz_*.c, each linked with the library built under clang.
+FUZZ_C := $(wildcard fuzz/fuzz_*.c)
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=clang EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" $(patsubst %.c,build-fuzz/%.o,$(SRC_C)) build-fuzz/libatomc.a
+	@mkdir -p build-fuzz/fuzz
+	for f in $(FUZZ_C); do \
+	  clang $(CFLAGS_BASE) -Wno-error -fsanitize=fuzzer,address,undefined -o build-fuzz/fuzz/$$(basename $$f .c) $$f build-fuzz/libatomc.a $(LDLIBS) || exit 1; \
+	done
+
+format:
+	clang-format -i $$(find src include tests fuzz -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
+
+clean:
+	rm -rf build build-asan build-cuda build-fuzz
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,219 @@
+// atomc public C API: an LLM inference engine (paged KV cache, continuous batching).
+//
+// Usage, synchronous:
+//   atomc_engine_options o; atomc_engine_options_init(&o); o.model_path = "...";
+//   atomc_engine *e; if (atomc_engine_create(&o, &e, err, sizeof err) != ATOMC_OK) ...
+//   atomc_request r; atomc_request_init(&r); r.prompt = "Hello"; r.on_output = cb; ...
+//   atomc_engine_add_request(e, &r, &id, err, sizeof err);
+//   while (atomc_engine_has_work(e)) atomc_engine_step(e);   // callbacks fire inside step
+// or asynchronous: atomc_engine_start(e) runs the loop on its own thread; callbacks then fire
+// on that thread. All functions are safe to call from any thread once the engine exists,
+// except atomc_engine_step, which must not be called while the loop thread runs.
+#ifndef ATOMC_H
+#define ATOMC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum atomc_status {
+    ATOMC_OK = 0,
+    ATOMC_ERR_INVALID_ARGUMENT, // bad option / parameter value
+    ATOMC_ERR_IO,               // file missing, unreadable
+    ATOMC_ERR_FORMAT,           // corrupt or malformed file
+    ATOMC_ERR_UNSUPPORTED,      // valid but not supported (architecture, dtype, feature)
+    ATOMC_ERR_OUT_OF_MEMORY,    // host or device memory exhausted
+    ATOMC_ERR_TOO_LONG,         // prompt exceeds max_model_len
+    ATOMC_ERR_BUSY,             // queue full / overloaded
+    ATOMC_ERR_NOT_FOUND,        // unknown request id, tensor, key
+    ATOMC_ERR_BACKEND,          // device error (CUDA, ...)
+    ATOMC_ERR_INTERNAL,
+} atomc_status;
+
+const char *atomc_status_name(atomc_status s);
+
+typedef enum atomc_finish_reason {
+    ATOMC_FINISH_NONE = 0, // still running
+    ATOMC_FINISH_STOP,     // EOS, stop token or stop string
+    ATOMC_FINISH_LENGTH,   // max_tokens or end of context
+    ATOMC_FINISH_ABORT,    // aborted by the caller (or client disconnect)
+    ATOMC_FINISH_ERROR,    // failed (message in atomc_output.error)
+} atomc_finish_reason;
+
+const char *atomc_finish_reason_name(atomc_finish_reason r); // "stop", "length", "abort", "error"
+
+typedef struct atomc_engine_options {
+    const char *model_path;        // HF model directory, or a .gguf file
+    const char *device;            // "cpu" (default) or "cuda"
+    const char *dtype;             // "auto" (default), "bfloat16", "float16", "float32"
+    const char *load_format;       // "auto" (default) or "dummy" (random weights from config.json)
+    const char *kv_cache_dtype;    // "auto" (default), "bf16", "fp8"
+    const char *generation_config; // "auto" (default: read generation_config.json) or "vllm" (ignore it)
+    int max_model_len;             // 0 = the model's own limit
+    int max_num_seqs;              // default 256 (CPU: 16)
+    int max_num_batched_tokens;    // default 8192 (CPU: 2048)
+    int block_size;                // KV tokens per block, default 16
+    int num_kv_blocks;             // 0 = sized automatically
+    double gpu_memory_utilization; // default 0.9
+    size_t cpu_kv_cache_bytes;     // CPU backend KV pool size; 0 = 512 MiB or what max_model_len needs
+    bool enable_prefix_caching;    // default true
+    bool enforce_eager;            // CUDA: no graphs
+    int num_threads;               // CPU threads, 0 = number of cores
+    uint64_t seed;                 // default seed for requests without one
+    int tensor_parallel_size;      // default 1
+    int max_waiting;               // bounded waiting queue (ATOMC_ERR_BUSY past it); 0 = unbounded
+} atomc_engine_options;
+
+void atomc_engine_options_init(atomc_engine_options *o);
+
+typedef struct atomc_sampling_params {
+    float temperature;        // default 1.0; 0 = greedy
+    float top_p;              // default 1.0
+    int top_k;                // default 0 (= off; -1 also off)
+    float min_p;              // default 0
+    float presence_penalty;   // default 0
+    float frequency_penalty;  // default 0
+    float repetition_penalty; // default 1.0
+    bool has_seed;
+    uint64_t seed;
+    int max_tokens;           // default 16; -1 = up to the context
+    int min_tokens;           // default 0
+    bool ignore_eos;
+    const char *const *stop; // stop strings (copied by the engine)
+    int n_stop;
+    const int32_t *stop_token_ids; // copied by the engine
+    int n_stop_token_ids;
+    bool include_stop_str_in_output;
+    bool skip_special_tokens; // default true
+    int logprobs;             // -1 = none; k >= 0: chosen-token logprob + top-k alternatives
+    int prompt_logprobs;      // -1 = none; k >= 0: per prompt token (echo + logprobs)
+} atomc_sampling_params;
+
+void atomc_sampling_params_init(atomc_sampling_params *p);
+
+typedef struct atomc_top_logprob {
+    int32_t token;
+    float logprob;
+} atomc_top_logprob;
+
+// One token's logprob information (for the sampled token, or a prompt token).
+typedef struct atomc_token_logprobs {
+    int32_t token;
+    float logprob;
+    int n_top;
+    const atomc_top_logprob *top; // n_top entries, best first
+} atomc_token_logprobs;
+
+// Delivered to a request's callback after each engine step that produced something for it.
+// Pointers are valid only during the callback.
+typedef struct atomc_output {
+    uint64_t request_id;
+    const int32_t *new_tokens; // tokens generated this step
+    int n_new_tokens;
+    const char *text;          // detokenized text delta (never a broken UTF-8 sequence)
+    size_t text_len;
+    const atomc_token_logprobs *logprobs;        // n_new_tokens entries, or NULL
+    const atomc_token_logprobs *prompt_logprobs; // only in the first output; n_prompt_logprobs entries
+    int n_prompt_logprobs;
+    atomc_finish_reason finish_reason;
+    const char *stop_str;      // the stop string matched, if finished by one
+    int32_t stop_token;        // the stop token matched, or -1
+    int prompt_tokens;
+    int completion_tokens;
+    int cached_tokens;         // prompt tokens served from the prefix cache
+    const char *error;         // when finish_reason == ATOMC_FINISH_ERROR
+} atomc_output;
+
+typedef void (*atomc_output_fn)(void *user, const atomc_output *out);
+
+typedef struct atomc_request {
+    const char *prompt;          // UTF-8 text, or NULL if prompt_ids is given
+    size_t prompt_len;           // 0 = strlen(prompt)
+    const int32_t *prompt_ids;   // token ids (copied)
+    int n_prompt_ids;
+    bool add_special_tokens;     // add BOS etc. when tokenizing `prompt`; default true
+    atomc_sampling_params params;
+    atomc_output_fn on_output;   // may be NULL (then use atomc_engine_generate)
+    void *user;
+} atomc_request;
+
+void atomc_request_init(atomc_request *r);
+
+typedef struct atomc_engine atomc_engine;
+
+// Loads the model and allocates the KV pool. On failure writes a message to err.
+atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **out, char *err, size_t err_len);
+void atomc_engine_free(atomc_engine *e); // stops the loop thread if running; aborts all requests
+
+// Admits a request; *out_id receives its id. Rejects prompts longer than max_model_len
+// (ATOMC_ERR_TOO_LONG, message naming both numbers), invalid token ids, bad parameters.
+atomc_status atomc_engine_add_request(atomc_engine *e, const atomc_request *r, uint64_t *out_id, char *err,
+                                      size_t err_len);
+// Aborts a request wherever it is; its KV blocks are freed at the next step. Its callback
+// receives a final output with ATOMC_FINISH_ABORT. Unknown ids return ATOMC_ERR_NOT_FOUND.
+atomc_status atomc_engine_abort(atomc_engine *e, uint64_t id);
+
+// Runs one scheduler step + forward + sampling; fires callbacks. Returns the number of
+// sequences processed (0 when idle).
+int atomc_engine_step(atomc_engine *e);
+bool atomc_engine_has_work(atomc_engine *e);
+
+// Background loop thread.
+atomc_status atomc_engine_start(atomc_engine *e);
+void atomc_engine_stop(atomc_engine *e);
+
+// Blocking batch generation (runs the loop itself if no thread is running).
+typedef struct atomc_result {
+    int32_t *tokens; // owned; free with atomc_result_free
+    int n_tokens;
+    char *text;      // owned
+    atomc_finish_reason finish_reason;
+    int prompt_tokens;
+    int cached_tokens;
+} atomc_result;
+atomc_status atomc_engine_generate(atomc_engine *e, const atomc_request *reqs, int n, atomc_result *results,
+                                   char *err, size_t err_len);
+void atomc_result_free(atomc_result *r);
+
+typedef struct atomc_stats {
+    int num_running;
+    int num_waiting;
+    int num_kv_blocks;
+    int num_free_kv_blocks;
+    double kv_cache_usage;        // 0..1
+    uint64_t prefix_cache_queries; // tokens looked up
+    uint64_t prefix_cache_hits;    // tokens found
+    uint64_t num_preemptions;
+    uint64_t prompt_tokens_total;
+    uint64_t generation_tokens_total;
+    uint64_t num_steps;
+} atomc_stats;
+void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s);
+
+typedef struct atomc_model_info {
+    const char *architecture; // e.g. "LlamaForCausalLM"
+    const char *model_name;   // basename of the path
+    int max_model_len;
+    int vocab_size;
+    int block_size;
+    const char *chat_template; // NULL if the model has none
+    const char *bos_token;     // text of BOS / EOS, or NULL
+    const char *eos_token;
+} atomc_model_info;
+void atomc_engine_get_model_info(atomc_engine *e, atomc_model_info *info);
+
+// Tokenizer access (thread-safe, independent of the loop).
+atomc_status atomc_engine_tokenize(atomc_engine *e, const char *text, size_t len, bool add_special_tokens,
+                                   int32_t **ids, int *n_ids);
+atomc_status atomc_engine_detokenize(atomc_engine *e, const int32_t *ids, int n_ids, bool skip_special_tokens,
+                                     char **text);
+void atomc_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,21 @@
+#include "backend/backend.h"
+
+#include <string.h>
+
+atomc_status backend_create(const char *name, const struct backend_options *o, struct backend **out,
+                            struct error *err) {
+    *out = NULL;
+    if (!name || !strcmp(name, "cpu")) return backend_cpu_create(o, out, err);
+    if (!strcmp(name, "cuda")) {
+#ifdef ATOMC_CUDA
+        return backend_cuda_create(o, out, err);
+#else
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "this atomc was built without CUDA (rebuild with make CUDA=1)");
+#endif
+    }
+    return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "unknown device '%s' (expected cpu or cuda)", name);
+}
+
+void backend_destroy(struct backend *b) {
+    if (b) b->ops->destroy(b);
+}

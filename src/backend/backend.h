@@ -1,0 +1,179 @@
+// The backend op interface: everything a model forward needs, implemented once per
+// backend (cpu/, cuda/). Models are written once as sequences of these ops; fusion is
+// expressed by fused ops (add+RMSNorm, RoPE+KV write, SiLU*mul), not per-backend models.
+//
+// Memory: every `struct tensor` / pointer passed to an op lives in the backend's memory
+// (host memory for the CPU backend, device memory for CUDA). Activations use
+// `backend->act_dtype` (F32 on CPU, BF16 on CUDA). Ops are asynchronous on CUDA (one
+// stream per backend); `synchronize` waits. Ops never allocate on the hot path: scratch
+// comes from buffers allocated at start-up.
+//
+// This header includes no CUDA header; the CUDA backend is created through
+// backend_cuda_create(), defined in a .cu file behind extern "C".
+#ifndef ATOMC_BACKEND_BACKEND_H
+#define ATOMC_BACKEND_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "core/tensor.h"
+
+enum backend_kind { BACKEND_CPU = 0, BACKEND_CUDA };
+
+// Per-step attention metadata. Device pointers (backend memory) unless prefixed h_
+// (host copies, always valid; the CPU backend reads them directly).
+struct attn_metadata {
+    int n_seqs;
+    int n_tokens;
+    int max_query_len;
+    int max_context_len;
+    int max_blocks_per_seq;       // row stride of block_tables
+    int block_size;
+    bool decode_only;             // every sequence has exactly one new token
+    const int32_t *query_start;   // (n_seqs + 1) prefix sums of new tokens
+    const int32_t *context_lens;  // (n_seqs) tokens in the KV cache after this step (cached + new)
+    const int32_t *block_tables;  // (n_seqs, max_blocks_per_seq) physical block ids
+    const int32_t *positions;     // (n_tokens)
+    const int32_t *slot_mapping;  // (n_tokens) block * block_size + offset; -1 = padding, not written
+    const int32_t *h_query_start;
+    const int32_t *h_context_lens;
+    const int32_t *h_block_tables;
+    const int32_t *h_positions;
+    const int32_t *h_slot_mapping;
+};
+
+// One layer's paged KV cache: k and v each (num_blocks, block_size, n_kv_heads, head_dim)
+// in dtype BF16 / F32 / FP8_E4M3 (then k_scale / v_scale dequantise).
+struct kv_layer {
+    struct tensor k;
+    struct tensor v;
+    float k_scale, v_scale;
+};
+
+// RoPE applied with precomputed inverse frequencies (any scaling kind folds into them).
+struct rope_args {
+    const float *inv_freq; // (rotary_dim / 2) backend memory
+    int rotary_dim;        // rotate the first rotary_dim dims of each head
+    float attn_factor;     // multiplies cos/sin (YaRN mscale), 1.0 otherwise
+    bool interleaved;      // pairs (2i, 2i+1) instead of (i, i + rotary_dim/2)
+};
+
+// Per-row sampling inputs (device arrays of length n_rows unless noted).
+struct sample_args {
+    int n_rows;
+    int vocab_size;
+    const struct tensor *logits;     // (n_rows, vocab) F32, modified in place (penalties, temperature)
+    const float *temperature;        // 0 = greedy
+    const float *top_p;
+    const int32_t *top_k;            // <= 0 = off
+    const float *min_p;
+    const float *presence_penalty;
+    const float *frequency_penalty;
+    const float *repetition_penalty;
+    const uint64_t *seed;            // per row; the random draw uses (seed, step) so the same seed repeats
+    const uint64_t *step;            // per row: number of tokens generated so far
+    // Token history for penalties, ragged: row r's tokens are hist_ids[hist_start[r] .. hist_start[r+1]);
+    // the first hist_prompt_len[r] of them are prompt tokens (repetition penalty only).
+    const int32_t *hist_start;       // (n_rows + 1)
+    const int32_t *hist_ids;
+    const int32_t *hist_prompt_len;  // (n_rows)
+    bool any_penalty;                // false = skip the penalty pass entirely
+    int n_logprobs;                  // 0 = none; else top-n alternatives per row (max 20)
+    // Outputs.
+    int32_t *out_ids;                // (n_rows)
+    float *out_logprob;              // (n_rows) logprob of the chosen token (of the raw distribution), may be NULL
+    int32_t *out_top_ids;            // (n_rows, n_logprobs) if n_logprobs > 0
+    float *out_top_logprobs;         // (n_rows, n_logprobs)
+};
+
+struct backend;
+
+struct backend_ops {
+    const char *name;
+    void (*destroy)(struct backend *b);
+
+    // Memory. alloc returns NULL when out of memory (callers turn it into a status).
+    void *(*alloc)(struct backend *b, size_t bytes);
+    void (*free)(struct backend *b, void *p);
+    void (*copy_h2d)(struct backend *b, void *dst, const void *src, size_t bytes);
+    void (*copy_d2h)(struct backend *b, void *dst, const void *src, size_t bytes);
+    void (*copy_d2d)(struct backend *b, void *dst, const void *src, size_t bytes);
+    void (*memset_zero)(struct backend *b, void *dst, size_t bytes);
+    void (*synchronize)(struct backend *b);
+    // Free / total bytes available for the KV pool (CPU: from options; CUDA: cudaMemGetInfo).
+    void (*memory_info)(struct backend *b, size_t *free_bytes, size_t *total_bytes);
+
+    // Converts a host tensor (any dtype incl. GGUF quants) into a backend tensor of `dst->dtype`
+    // whose data the backend allocates. dst->ne/ndim/dtype are set by the caller.
+    atomc_status (*upload_weight)(struct backend *b, struct tensor *dst, const struct tensor *host_src,
+                                  struct error *err);
+
+    // out(n, d) = table[ids[i]] ; ids (n) device int32.
+    void (*embedding)(struct backend *b, struct tensor *out, const struct tensor *table, const int32_t *ids);
+    // out = x / rms(x) * w over the last dim; works on any (rows, d) view (also per-head q/k norm).
+    void (*rmsnorm)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w, float eps);
+    // residual += x ; out = rmsnorm(residual) * w. (x may be NULL: then only the norm.)
+    void (*add_rmsnorm)(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
+                        const struct tensor *w, float eps);
+    // out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)). w is in the weight dtype.
+    void (*matmul)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+                   const struct tensor *bias);
+    // Applies RoPE to q (n, hq, d) in place and to k (n, hk, d), then writes k and v into the
+    // paged cache at slot_mapping (skipping -1). q/k/v may be views into one fused qkv buffer:
+    // row_stride is the element distance between consecutive tokens' rows (0 = dense).
+    void (*rope_kv_write)(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
+                          int64_t row_stride, const struct rope_args *rope, struct kv_layer *kv,
+                          const struct attn_metadata *md);
+    // Paged attention over the batch (mixed prefill + decode). out (n, hq, d_v), q (n, hq, d),
+    // causal within each sequence, attending to all context_len tokens of its KV.
+    // sliding_window > 0 limits attention to the last `sliding_window` positions;
+    // sinks (hq) F32 optional (GPT-OSS).
+    void (*attention)(struct backend *b, struct tensor *out, const struct tensor *q, int64_t q_row_stride,
+                      const struct kv_layer *kv, const struct attn_metadata *md, float scale, int sliding_window,
+                      const struct tensor *sinks);
+    // out(n, f) = silu(gu[:, :f]) * gu[:, f:] where gu is (n, 2f).
+    void (*silu_mul)(struct backend *b, struct tensor *out, const struct tensor *gate_up);
+    // out += x (same shape).
+    void (*add)(struct backend *b, struct tensor *out, const struct tensor *x);
+    // out(n_rows, d) = x[rows[i]] ; rows (n_rows) device int32.
+    void (*gather_rows)(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows,
+                        int n_rows);
+    // Converts x (any act dtype) into out (F32), same shape (logits to F32 for sampling).
+    void (*convert)(struct backend *b, struct tensor *out, const struct tensor *x);
+    // Sampling with penalties / temperature / top-k / top-p / min-p / seed; see sample_args.
+    void (*sample)(struct backend *b, const struct sample_args *a);
+
+    // CUDA graphs (NULL on backends without them).
+    atomc_status (*graph_begin)(struct backend *b, struct error *err);
+    atomc_status (*graph_end)(struct backend *b, void **graph, struct error *err);
+    atomc_status (*graph_launch)(struct backend *b, void *graph, struct error *err);
+    void (*graph_destroy)(struct backend *b, void *graph);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    enum backend_kind kind;
+    enum dtype act_dtype;  // activation dtype
+    enum dtype weight_dtype; // default dtype weights are converted to
+    int num_threads;
+    void *impl;            // backend-private state
+};
+
+struct backend_options {
+    int num_threads;       // CPU: 0 = cores
+    int device_id;         // CUDA
+    size_t kv_pool_bytes;  // CPU: memory_info reports this as free
+};
+
+atomc_status backend_cpu_create(const struct backend_options *o, struct backend **out, struct error *err);
+#ifdef ATOMC_CUDA
+atomc_status backend_cuda_create(const struct backend_options *o, struct backend **out, struct error *err);
+#endif
+// Creates the backend named "cpu" or "cuda" (ATOMC_ERR_UNSUPPORTED if not built in).
+atomc_status backend_create(const char *name, const struct backend_options *o, struct backend **out,
+                            struct error *err);
+void backend_destroy(struct backend *b);
+
+#endif

@@ -1,0 +1,8 @@
+// Subcommands of the atomc binary; each lives in src/cli/cmd_<name>.c and receives
+// argv starting at the subcommand name.
+#ifndef ATOMC_CLI_COMMANDS_H
+#define ATOMC_CLI_COMMANDS_H
+
+int cmd_version(int argc, char **argv);
+
+#endif

@@ -1,0 +1,47 @@
+// Minimal C test harness. Each tests/test_*.c is its own binary:
+//
+//   TEST(block_manager_allocates) { ASSERT_EQ(1, 1); }
+//   int main(int argc, char **argv) { return test_main(argc, argv); }
+//
+// Tests register themselves (constructor attribute); `test_main` runs them all (or those
+// whose name contains argv[1]) and prints "N passed, N failed" as its last line.
+#ifndef ATOMC_TESTS_TEST_H
+#define ATOMC_TESTS_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef void (*test_fn)(void);
+void test_register(const char *name, test_fn fn);
+int test_main(int argc, char **argv);
+void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int test_failed_now(void);
+// Path of a fixture file under tests/fixtures (honours ATOMC_FIXTURES).
+const char *test_fixture(const char *rel);
+
+#define TEST(name)                                                                 \
+    static void test_##name(void);                                                 \
+    __attribute__((constructor)) static void test_register_##name(void) {          \
+        test_register(#name, test_##name);                                         \
+    }                                                                              \
+    static void test_##name(void)
+
+#define ASSERT_TRUE(c)                                                              \
+    do { if (!(c)) { test_fail(__FILE__, __LINE__, "expected true: %s", #c); return; } } while (0)
+#define ASSERT_EQ(a, b)                                                              \
+    do { long long _a = (long long)(a), _b = (long long)(b);                          \
+        if (_a != _b) { test_fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, _a, _b); return; } } while (0)
+#define ASSERT_NE(a, b)                                                              \
+    do { long long _a = (long long)(a), _b = (long long)(b);                          \
+        if (_a == _b) { test_fail(__FILE__, __LINE__, "%s != %s: both %lld", #a, #b, _a); return; } } while (0)
+#define ASSERT_STREQ(a, b)                                                           \
+    do { const char *_a = (a), *_b = (b);                                             \
+        if (!_a || !_b || strcmp(_a, _b)) { test_fail(__FILE__, __LINE__, "%s == %s: \"%s\" != \"%s\"", #a, #b, _a ? _a : "(null)", _b ? _b : "(null)"); return; } } while (0)
+#define ASSERT_NEAR(a, b, tol)                                                       \
+    do { double _a = (a), _b = (b);                                                   \
+        if (!(fabs(_a - _b) <= (tol))) { test_fail(__FILE__, __LINE__, "%s ~= %s: %g vs %g (tol %g)", #a, #b, _a, _b, (double)(tol)); return; } } while (0)
+#define ASSERT_OK(st)                                                                \
+    do { int _s = (int)(st); if (_s != 0) { test_fail(__FILE__, __LINE__, "%s returned status %d", #st, _s); return; } } while (0)
+
+#endif
