@@ -1,0 +1,99 @@
+// The model runner: owns the backend, the model weights and the paged KV pool, and turns
+// one engine step's forward batch into sampled token ids. It knows nothing about
+// scheduling or HTTP; the engine (src/engine/) builds `struct forward_batch` every step.
+#ifndef ATOMC_RUNTIME_MODEL_RUNNER_H
+#define ATOMC_RUNTIME_MODEL_RUNNER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "atomc.h"
+#include "common/error.h"
+#include "model/config.h"
+
+// Sampling parameters of one logits row (copied from the request's atomc_sampling_params).
+struct sample_row {
+    float temperature, top_p, min_p;
+    int top_k;
+    float presence_penalty, frequency_penalty, repetition_penalty;
+    uint64_t seed;              // resolved seed (request seed, or engine seed mixed with request id)
+    uint64_t step;              // tokens generated so far by this sequence (seeds the draw)
+    const int32_t *prompt_ids;  // penalties: the sequence's prompt ...
+    int n_prompt;
+    const int32_t *output_ids;  // ... and its generated tokens so far
+    int n_output;
+    int n_logprobs;             // 0 = none
+};
+
+// One step's batch (host memory, valid for the duration of model_runner_execute).
+// Sequences are laid out back to back: sequence s owns token rows
+// [query_start[s], query_start[s+1]).
+struct forward_batch {
+    int n_seqs;
+    int n_tokens;
+    const int32_t *token_ids;    // (n_tokens)
+    const int32_t *positions;    // (n_tokens)
+    const int32_t *query_start;  // (n_seqs + 1)
+    const int32_t *context_lens; // (n_seqs) tokens in KV after this step
+    const int32_t *block_tables; // (n_seqs, max_blocks_per_seq)
+    int max_blocks_per_seq;
+    const int32_t *slot_mapping; // (n_tokens)
+
+    // Rows whose logits are needed and sampled: normally the last new token of each sequence
+    // that completes its prompt or decodes this step.
+    int n_logits;
+    const int32_t *logits_rows;        // (n_logits) token row indices
+    const struct sample_row *sampling; // (n_logits)
+
+    // Prompt logprobs (echo + logprobs): for these token rows, the logprob of target_ids[i]
+    // (the next prompt token) and the top-k alternatives are returned.
+    int n_prompt_lp;
+    const int32_t *prompt_lp_rows;    // (n_prompt_lp)
+    const int32_t *prompt_lp_targets; // (n_prompt_lp)
+    int prompt_lp_k;
+};
+
+// Filled by model_runner_execute; arrays are owned by the runner, valid until the next call.
+struct runner_output {
+    const int32_t *ids;          // (n_logits) sampled ids
+    const float *logprobs;       // (n_logits) logprob of each sampled id
+    const int32_t *top_ids;      // (n_logits, max n_logprobs) best first
+    const float *top_logprobs;
+    int top_stride;              // columns of top_ids / top_logprobs
+    const float *prompt_lp;      // (n_prompt_lp)
+    const int32_t *prompt_top_ids;   // (n_prompt_lp, prompt_lp_k)
+    const float *prompt_top_logprobs;
+};
+
+struct runner_options {
+    const char *model_path;
+    const char *device;       // "cpu" | "cuda"
+    const char *dtype;        // "auto" | "bfloat16" | "float16" | "float32"
+    const char *load_format;  // "auto" | "dummy"
+    const char *kv_cache_dtype;
+    int block_size;
+    int num_kv_blocks;        // 0 = size from memory
+    double gpu_memory_utilization;
+    size_t cpu_kv_cache_bytes;
+    int max_num_seqs;
+    int max_num_batched_tokens;
+    int max_model_len;
+    bool enforce_eager;
+    int num_threads;
+    uint64_t dummy_seed;
+};
+
+struct model_runner;
+
+atomc_status model_runner_create(const struct runner_options *o, struct model_runner **out, struct error *err);
+void model_runner_free(struct model_runner *r);
+
+const struct model_config *model_runner_config(const struct model_runner *r);
+int model_runner_num_kv_blocks(const struct model_runner *r);
+
+// Runs the forward pass, writes K/V for every new token at slot_mapping, samples the
+// logits rows. The only host-device synchronisation is reading the results.
+atomc_status model_runner_execute(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,
+                                  struct error *err);
+
+#endif
