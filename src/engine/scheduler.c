@@ -181,8 +181,8 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
         if (n >= 1) mark_scheduled(s, seq, n, &budget, &n_tokens);
     }
 
-    // Pass 3: admissions, FCFS.
-    while (s->n_waiting > 0 && s->n_running < s->cfg.max_num_seqs && budget > 0) {
+    // Pass 3: admissions, FCFS; none in a step that had to preempt (that would only thrash).
+    while (n_preempted == 0 && s->n_waiting > 0 && s->n_running < s->cfg.max_num_seqs && budget > 0) {
         struct sequence *seq = scheduler_waiting_at(s, 0);
         CHECK(seq->n_computed == 0 && seq->bt.n == 0);
         int bs = s->bm->block_size, n_match = 0, n_revived = 0;

@@ -9,7 +9,8 @@
 //      gets min(remaining, budget) tokens, cut down to the free blocks; if not even one token
 //      fits, more recently admitted unscheduled sequences are preempted for it;
 //   3. admissions from the waiting queue, strictly FCFS (the head blocks the queue when it does
-//      not fit): prefix-cache lookup, then a first chunk of min(remaining, budget) tokens.
+//      not fit): prefix-cache lookup, then a first chunk of min(remaining, budget) tokens cut
+//      down to the free blocks. No admissions in a step that preempted (it would only thrash).
 // Decodes therefore never wait behind a long prompt (the budget must be >= max_num_seqs), and
 // a long prompt is spread over as many steps as its length needs. New prompts are admitted as
 // soon as a slot, budget and blocks allow (prefill-first admission).
