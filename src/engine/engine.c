@@ -438,11 +438,11 @@ static void drain_inbox(atomc_engine *e) {
     pthread_mutex_lock(&e->mu);
     int n_new = e->n_inbox, n_ab = e->n_aborts;
     e->drained = grow(e->drained, &e->drained_cap, n_new + 1, sizeof *e->drained);
-    memcpy(e->drained, e->inbox, (size_t)n_new * sizeof *e->inbox);
+    if (n_new) memcpy(e->drained, e->inbox, (size_t)n_new * sizeof *e->inbox);
     e->n_inbox = 0;
     uint64_t ab_local[64];
     uint64_t *ab = n_ab <= 64 ? ab_local : xmalloc((size_t)n_ab * sizeof *ab);
-    memcpy(ab, e->aborts, (size_t)n_ab * sizeof *ab);
+    if (n_ab) memcpy(ab, e->aborts, (size_t)n_ab * sizeof *ab);
     e->n_aborts = 0;
     pthread_mutex_unlock(&e->mu);
 
@@ -635,7 +635,9 @@ int atomc_engine_step(atomc_engine *e) {
         // The batch failed: its sequences fail with the message; the engine keeps serving.
         LOG_ERROR("forward pass failed: %s", err.msg);
         // Nothing is committed: their KV was not written and must not enter the prefix cache.
-        for (int i = 0; i < n_seqs; i++) retire(e, so.seqs[i], ATOMC_FINISH_ERROR, 0, NULL, err.msg);
+        e->drained = grow(e->drained, &e->drained_cap, n_seqs, sizeof *e->drained);
+        memcpy(e->drained, so.seqs, (size_t)n_seqs * sizeof *e->drained); // retire compacts so.seqs
+        for (int i = 0; i < n_seqs; i++) retire(e, e->drained[i], ATOMC_FINISH_ERROR, 0, NULL, err.msg);
         scheduler_complete_step(e->sched);
         refresh_stats(e);
         return n_seqs;
