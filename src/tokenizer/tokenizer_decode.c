@@ -203,7 +203,13 @@ static int decode_ids(const struct tokenizer *t, const int32_t *ids, int n, bool
 
 atomc_status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n_ids, bool skip_special_tokens,
                               char **out, struct error *err) {
+    return tokenizer_decode_n(t, ids, n_ids, skip_special_tokens, out, NULL, err);
+}
+
+atomc_status tokenizer_decode_n(const struct tokenizer *t, const int32_t *ids, int n_ids, bool skip_special_tokens,
+                                char **out, size_t *out_len, struct error *err) {
     *out = NULL;
+    if (out_len) *out_len = 0;
     if (n_ids < 0 || (!ids && n_ids)) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tokenizer_decode: bad id array");
     struct tok_buf buf = {0};
     int bad = decode_ids(t, ids, n_ids, skip_special_tokens, &buf);
@@ -218,6 +224,7 @@ atomc_status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "tokenizer_decode: out of memory");
     }
     *out = buf.p;
+    if (out_len) *out_len = buf.len - 1;
     return ATOMC_OK;
 }
 
