@@ -126,9 +126,10 @@ static int check_tokenizer(const char *name, const char *path) {
     int bad = 0, checked = 0;
     if ((int)json_array_size(ids) != c.n) {
         test_fail(__FILE__, __LINE__, "%s: reference has %zu entries, corpus %d", name, json_array_size(ids), c.n);
+        c.n = 0;
         bad++;
     }
-    for (int i = 0; i < c.n && !bad; i++) {
+    for (int i = 0; i < c.n; i++) {
         json_t *want = json_array_get(ids, (size_t)i);
         int32_t *got;
         int n;
