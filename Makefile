@@ -61,7 +61,7 @@ TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_C))
 TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT_C))
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_CU))
 
-.PHONY: all test asan clean fuzz gpu-tests format
+.PHONY: all test asan clean fuzz gpu-tests format bench
 .SECONDARY:
 all: $(BUILD)/atomc $(BUILD)/libatomc.a $(TEST_BIN)
 
@@ -88,6 +88,13 @@ gpu-tests: $(GPU_TEST_BIN) $(BUILD)/atomc
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS)
+
+# Benchmark programs: bench/*.c, each linked with the library (make bench).
+BENCH_C := $(wildcard bench/*.c)
+bench: $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_C))
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libatomc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libatomc.a $(LDLIBS) $(LDFLAGS_SAN)
 
 test: all
 	ATOMC_BUILD=$(BUILD) bash tests/run_all.sh

@@ -29,6 +29,7 @@ struct attn_ctx {
     int window;
     int hq, hk, rep, d, dv, bs;
     const int64_t *item_start; // (n_seqs + 1) prefix sums of query chunks per sequence
+    const struct cpu_kernels *kern;
     void **scratch;
 };
 
@@ -61,22 +62,10 @@ static const float *attn_load_tile(const struct tensor *cache, float scale, int6
     return buf;
 }
 
-static inline float attn_dot(const float *restrict a, const float *restrict b, int n) {
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += a[i] * b[i];
-        s1 += a[i + 1] * b[i + 1];
-        s2 += a[i + 2] * b[i + 2];
-        s3 += a[i + 3] * b[i + 3];
-    }
-    for (; i < n; i++) s0 += a[i] * b[i];
-    return (s0 + s1) + (s2 + s3);
-}
-
 static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
     const struct attn_metadata *md = a->md;
     const int d = a->d, dv = a->dv, rep = a->rep, bs = a->bs;
+    const struct cpu_kernels *kern = a->kern;
     int q_begin = md->h_query_start[s], q_len = md->h_query_start[s + 1] - q_begin;
     int ctx_len = md->h_context_lens[s];
     CHECK_MSG(ctx_len >= q_len, "attention: sequence %d has %d new tokens but context_len %d", s, q_len, ctx_len);
@@ -128,21 +117,19 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
                 const float *qv = qs + (size_t)row * d;
                 float tmax = -INFINITY;
                 for (int t = u0; t < u1; t++) {
-                    float sc = attn_dot(qv, K + (t - t0) * ks, d);
+                    float sc = kern->dot(qv, K + (t - t0) * ks, d);
                     p[t - u0] = sc;
                     if (sc > tmax) tmax = sc;
                 }
                 float mnew = m[row] > tmax ? m[row] : tmax;
                 float corr = expf(m[row] - mnew); // 0 when m was -inf
                 float *ac = acc + (size_t)row * dv;
-                if (corr != 1.0f)
-                    for (int i = 0; i < dv; i++) ac[i] *= corr;
+                if (corr != 1.0f) kern->scale(ac, corr, dv);
                 float lsum = 0.0f;
                 for (int t = u0; t < u1; t++) {
                     float w = expf(p[t - u0] - mnew);
                     lsum += w;
-                    const float *vr = V + (t - t0) * vs;
-                    for (int i = 0; i < dv; i++) ac[i] += w * vr[i];
+                    kern->axpy(ac, w, V + (t - t0) * vs, dv);
                 }
                 l[row] = l[row] * corr + lsum;
                 m[row] = mnew;
@@ -207,7 +194,7 @@ void cpu_attention(struct backend *b, struct tensor *out, const struct tensor *q
         .out = out->data, .q = q->data, .q_stride = q_row_stride ? q_row_stride : (int64_t)hq * d,
         .kv = kv, .md = md, .sinks = sinks ? sinks->data : NULL, .scale = scale, .window = sliding_window,
         .hq = hq, .hk = hk, .rep = rep, .d = d, .dv = dv, .bs = bs, .item_start = item_start,
-        .scratch = c->scratch,
+        .kern = &c->kern, .scratch = c->scratch,
     };
     if (n_items > 0) thread_pool_parallel_for(c->pool, n_items, 1, attn_items, &a);
     cpu_unlock(c);
