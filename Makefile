@@ -65,7 +65,8 @@ TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT_C))
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_CU))
 GPU_BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(GPU_BENCH_C))
 
-.PHONY: all test asan clean fuzz gpu-tests gpu-test format
+.PHONY: all test asan clean fuzz gpu-tests gpu-test format bench
+.SECONDARY:
 all: $(BUILD)/atomc $(BUILD)/libatomc.a $(TEST_BIN)
 
 $(BUILD)/%.o: %.c
@@ -93,11 +94,15 @@ gpu-tests: $(GPU_TEST_BIN) $(GPU_BENCH_BIN) $(BUILD)/atomc
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS)
-$(BUILD)/bench/gpu_%: bench/gpu_%.c $(BUILD)/libatomc.a
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libatomc.a $(LDLIBS)
 gpu-test: gpu-tests
 	@for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t || exit 1; done
+
+# Benchmark programs: bench/*.c, each linked with the library (make bench).
+BENCH_C := $(wildcard bench/*.c)
+bench: $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_C))
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libatomc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libatomc.a $(LDLIBS) $(LDFLAGS_SAN)
 
 test: all
 	ATOMC_BUILD=$(BUILD) bash tests/run_all.sh
