@@ -4,5 +4,8 @@
 #define ATOMC_CLI_COMMANDS_H
 
 int cmd_version(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_bench_serve(int argc, char **argv);
 
 #endif

@@ -13,6 +13,8 @@ struct command {
 
 static const struct command commands[] = {
     {"version", cmd_version, "print the version and build features"},
+    {"tokenize", cmd_tokenize, "text -> token ids with a model's tokenizer"},
+    {"detokenize", cmd_detokenize, "token ids -> text with a model's tokenizer"},
 };
 
 static void usage(FILE *f) {

@@ -27,6 +27,9 @@ atomc_status tokenizer_encode(const struct tokenizer *t, const char *text, size_
 // Decodes ids to UTF-8 (*out malloc'd). Invalid ids give ATOMC_ERR_INVALID_ARGUMENT.
 atomc_status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n_ids, bool skip_special_tokens,
                               char **out, struct error *err);
+// The same, also giving the byte length (decoded text may contain NUL bytes). out_len may be NULL.
+atomc_status tokenizer_decode_n(const struct tokenizer *t, const int32_t *ids, int n_ids, bool skip_special_tokens,
+                                char **out, size_t *out_len, struct error *err);
 
 int tokenizer_vocab_size(const struct tokenizer *t);  // including added tokens
 const char *tokenizer_token_text(const struct tokenizer *t, int32_t id); // raw vocab piece, NULL if invalid

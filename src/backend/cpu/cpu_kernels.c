@@ -1,0 +1,139 @@
+#include "backend/cpu/cpu_kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+// ---------------------------------------------------------------------------------------------
+// Portable versions (several accumulators so the compiler can overlap the adds).
+
+static float dot_generic(const float *a, const float *b, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++) t += a[i] * b[i];
+    return t;
+}
+
+static void axpy_generic(float *restrict y, float a, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void scale_generic(float *y, float a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] *= a;
+}
+
+static void gemv_generic(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, const float *w,
+                         const float *bias, int64_t k, int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; j++) {
+        const float *wr = w + j * k;
+        for (int i = 0; i < nx; i++) {
+            float v = dot_generic(x + i * x_stride, wr, k);
+            out[i * out_stride + j] = bias ? v + bias[j] : v;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 + FMA versions (x86-64 only; compiled with a target attribute, called only when the
+// CPU reports both features).
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define AVX2_FN __attribute__((target("avx2,fma")))
+
+AVX2_FN static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+    return _mm_cvtss_f32(lo);
+}
+
+AVX2_FN static float dot_avx2(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    if (i + 8 <= n) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        i += 8;
+    }
+    float t = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) t += a[i] * b[i];
+    return t;
+}
+
+AVX2_FN static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+AVX2_FN static void scale_avx2(float *y, float a, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(va, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] *= a;
+}
+
+// NX rows of x against 4 weight rows at a time: 4 * NX accumulators (NX <= 2 keeps them in
+// registers); the weight rows stream from memory once per group of NX rows.
+#define GEMV_BODY(NX)                                                                               \
+    AVX2_FN static void gemv_avx2_##NX(float *out, int64_t os, const float *x, int64_t xs, const float *w, \
+                                       const float *bias, int64_t k, int64_t j0, int64_t j1) {      \
+        int64_t j = j0;                                                                             \
+        for (; j + 4 <= j1; j += 4) {                                                               \
+            __m256 acc[NX][4];                                                                      \
+            for (int i = 0; i < NX; i++)                                                            \
+                for (int r = 0; r < 4; r++) acc[i][r] = _mm256_setzero_ps();                        \
+            const float *w0 = w + j * k;                                                            \
+            int64_t kk = 0;                                                                         \
+            for (; kk + 8 <= k; kk += 8) {                                                          \
+                __m256 wv[4];                                                                       \
+                for (int r = 0; r < 4; r++) wv[r] = _mm256_loadu_ps(w0 + r * k + kk);               \
+                for (int i = 0; i < NX; i++) {                                                      \
+                    __m256 xv = _mm256_loadu_ps(x + i * xs + kk);                                   \
+                    for (int r = 0; r < 4; r++) acc[i][r] = _mm256_fmadd_ps(xv, wv[r], acc[i][r]);  \
+                }                                                                                   \
+            }                                                                                       \
+            for (int i = 0; i < NX; i++)                                                            \
+                for (int r = 0; r < 4; r++) {                                                       \
+                    float v = hsum256(acc[i][r]);                                                   \
+                    for (int64_t t = kk; t < k; t++) v += x[i * xs + t] * w0[r * k + t];            \
+                    out[i * os + j + r] = bias ? v + bias[j + r] : v;                               \
+                }                                                                                   \
+        }                                                                                           \
+        for (; j < j1; j++)                                                                         \
+            for (int i = 0; i < NX; i++) {                                                          \
+                float v = dot_avx2(x + i * xs, w + j * k, k);                                       \
+                out[i * os + j] = bias ? v + bias[j] : v;                                           \
+            }                                                                                       \
+    }
+GEMV_BODY(1)
+GEMV_BODY(2)
+
+AVX2_FN static void gemv_avx2(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx,
+                              const float *w, const float *bias, int64_t k, int64_t j0, int64_t j1) {
+    int i = 0;
+    for (; i + 2 <= nx; i += 2)
+        gemv_avx2_2(out + i * out_stride, out_stride, x + i * x_stride, x_stride, w, bias, k, j0, j1);
+    if (i < nx) gemv_avx2_1(out + i * out_stride, out_stride, x + i * x_stride, x_stride, w, bias, k, j0, j1);
+}
+#endif
+
+void cpu_kernels_select(struct cpu_kernels *k) {
+    *k = (struct cpu_kernels){"generic", dot_generic, axpy_generic, scale_generic, gemv_generic};
+#if defined(__x86_64__) && defined(__GNUC__)
+    const char *force = getenv("ATOMC_CPU_KERNELS");
+    if (force && !strcmp(force, "generic")) return;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        *k = (struct cpu_kernels){"avx2", dot_avx2, axpy_avx2, scale_avx2, gemv_avx2};
+#endif
+}
