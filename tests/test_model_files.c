@@ -137,6 +137,66 @@ TEST(tiny_gguf_matches_transformers) {
     json_decref(ref);
 }
 
+TEST(tiny_qwen3_gguf_matches_transformers) {
+    struct error e = {0};
+    json_t *ref = load_json("loader/tiny_qwen3_refs.json");
+    ASSERT_TRUE(ref != NULL);
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_qwen3.gguf"), &e));
+    ASSERT_TRUE(!mf->gguf_permuted_qk);
+    const struct model_config *c = &mf->config;
+    json_t *rc = json_object_get(ref, "config");
+    ASSERT_EQ(c->arch, MODEL_ARCH_QWEN3);
+    ASSERT_STREQ(c->architecture, json_string_value(json_object_get(rc, "architecture")));
+    ASSERT_EQ(c->head_dim, json_integer_value(json_object_get(rc, "head_dim")));
+    ASSERT_EQ(c->num_heads, json_integer_value(json_object_get(rc, "num_attention_heads")));
+    ASSERT_EQ(c->num_kv_heads, json_integer_value(json_object_get(rc, "num_key_value_heads")));
+    ASSERT_EQ(c->num_layers, json_integer_value(json_object_get(rc, "num_hidden_layers")));
+    ASSERT_EQ(c->vocab_size, json_integer_value(json_object_get(rc, "vocab_size")));
+    ASSERT_NEAR(c->rope.theta, json_number_value(json_object_get(rc, "rope_theta")), 0);
+    ASSERT_EQ(c->tie_word_embeddings, json_is_true(json_object_get(rc, "tie_word_embeddings")));
+    ASSERT_TRUE(c->qk_norm);
+    ASSERT_EQ(c->rope.rotary_dim, 128);
+    ASSERT_EQ(c->bos_token_id, -1);
+    ASSERT_EQ(c->eos_token_ids[0], 3);
+    const char *name;
+    json_t *r;
+    float row[512];
+    json_object_foreach(json_object_get(ref, "tensors"), name, r) {
+        struct tensor t;
+        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
+        json_t *shape = json_object_get(r, "shape"), *vals = json_object_get(r, "values");
+        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
+        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
+        int64_t n_rows = json_integer_value(json_object_get(r, "n_rows")), cols = tensor_cols(&t);
+        if (t.ndim == 1) {
+            cols = n_rows;
+            n_rows = 1;
+        }
+        for (int64_t i = 0; i < n_rows; i++) {
+            if (t.ndim == 1) dtype_to_f32(t.dtype, t.data, row, cols);
+            else row_f32(&t, i, row);
+            for (int64_t j = 0; j < cols; j++) {
+                double want = json_number_value(json_array_get(vals, (size_t)(i * cols + j)));
+                if (!close_rel(row[j], want)) {
+                    test_fail(__FILE__, __LINE__, "%s[%lld, %lld] = %.9g, transformers says %.9g", name, (long long)i,
+                              (long long)j, row[j], want);
+                    model_files_close(mf);
+                    json_decref(ref);
+                    return;
+                }
+            }
+        }
+    }
+    struct tensor t;
+    ASSERT_EQ(model_files_get_tensor(mf, "lm_head.weight", &t, &e), ATOMC_ERR_NOT_FOUND);
+    ASSERT_TRUE(strstr(e.msg, "tied") != NULL);
+    ASSERT_OK(model_files_expect(mf, "model.layers.0.self_attn.q_proj.weight", TENSOR_CLASS_WEIGHT, &t, &e, 512, 64));
+    ASSERT_OK(model_files_expect(mf, "model.layers.0.self_attn.q_norm.weight", TENSOR_CLASS_FLOAT, &t, &e, 128));
+    model_files_close(mf);
+    json_decref(ref);
+}
+
 TEST(gguf_errors_name_file_and_tensor) {
     struct error e = {0};
     struct model_files *mf;

@@ -14,6 +14,7 @@ Python implementations so the C loader is checked against them, not against itse
                                           does; q in Q8_0, k in F16) and, as the reference,
                                           the q/k/v weights HF transformers serves when it
                                           loads that GGUF (gguf_file=)
+  tiny_qwen3.gguf / tiny_qwen3_refs.json  the same for Qwen3 (no permutation, q/k norms, tied)
   smollm2_refs.json                       from the real SmolLM2-135M-Instruct GGUF
                                           ($ATOMC_SMOLLM2): metadata read by gguf.GGUFReader,
                                           dequantized token_embd rows, and q_proj/k_proj
@@ -211,6 +212,74 @@ def gen_tiny_gguf():
         f.write(F32Encoder(indent=None).encode(ref))
 
 
+def gen_tiny_qwen3_gguf():
+    """Qwen3 GGUF: no q/k permutation in llama.cpp's converter; per-head q/k norms."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+    path = os.path.join(OUT, "tiny_qwen3.gguf")
+    # head_dim 128 != hidden / heads, as in real Qwen3 (transformers' GGUF loader assumes
+    # Qwen3Config's default 128; llama.cpp writes it as attention.key_length).
+    hidden, heads, kv_heads, ff, layers, vocab = 64, 4, 2, 96, 1, 40
+    hd = 128
+    rng = np.random.default_rng(11)
+    w = gguf.GGUFWriter(path, "qwen3")
+    w.add_block_count(layers)
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    w.add_token_types([1] * vocab)
+    w.add_eos_token_id(3)
+    f32 = lambda *s: (rng.standard_normal(s) * 0.5).astype(np.float32)
+    w.add_tensor("token_embd.weight", f32(vocab, hidden))
+    w.add_tensor("output_norm.weight", f32(hidden))
+    for l in range(layers):  # no output.weight: tied embeddings
+        w.add_tensor(f"blk.{l}.attn_q.weight", gguf.quants.quantize(f32(heads * hd, hidden), Q.Q8_0), raw_dtype=Q.Q8_0)
+        w.add_tensor(f"blk.{l}.attn_k.weight", f32(kv_heads * hd, hidden).astype(np.float16))
+        w.add_tensor(f"blk.{l}.attn_v.weight", gguf.quants.quantize(f32(kv_heads * hd, hidden), Q.Q4_0),
+                     raw_dtype=Q.Q4_0)
+        w.add_tensor(f"blk.{l}.attn_output.weight", f32(hidden, heads * hd).astype(np.float16))
+        w.add_tensor(f"blk.{l}.attn_q_norm.weight", f32(hd))
+        w.add_tensor(f"blk.{l}.attn_k_norm.weight", f32(hd))
+        w.add_tensor(f"blk.{l}.attn_norm.weight", f32(hidden))
+        w.add_tensor(f"blk.{l}.ffn_norm.weight", f32(hidden))
+        w.add_tensor(f"blk.{l}.ffn_gate.weight", f32(ff, hidden).astype(np.float16))
+        w.add_tensor(f"blk.{l}.ffn_up.weight", f32(ff, hidden).astype(np.float16))
+        w.add_tensor(f"blk.{l}.ffn_down.weight", f32(hidden, ff).astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(OUT, gguf_file="tiny_qwen3.gguf", dtype=torch.float32)
+    sd = model.state_dict()
+    cfg = model.config
+    ref = {"config": {"architecture": type(model).__name__, "hidden_size": cfg.hidden_size,
+                      "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+                      "head_dim": cfg.head_dim, "num_hidden_layers": cfg.num_hidden_layers,
+                      "vocab_size": cfg.vocab_size, "rope_theta": float(cfg.rope_parameters["rope_theta"]),
+                      "tie_word_embeddings": bool(cfg.tie_word_embeddings)},
+           "tensors": {}}
+    for name in ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.q_norm.weight",
+                 "model.layers.0.self_attn.k_norm.weight", "model.layers.0.self_attn.o_proj.weight",
+                 "model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight", "model.norm.weight"]:
+        t = sd[name].float().numpy()
+        n_rows = min(8, t.shape[0])  # 8 rows suffice: a wrong (llama) un-permutation moves row 1
+        ref["tensors"][name] = {"shape": list(t.shape), "n_rows": n_rows, "values": F32List(t[:n_rows].reshape(-1))}
+    with open(os.path.join(OUT, "tiny_qwen3_refs.json"), "w") as f:
+        f.write(F32Encoder(indent=None).encode(ref))
+
+
 def gen_smollm2():
     import gguf
     path = os.environ.get("ATOMC_SMOLLM2", "/root/.cache/atomc/models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -292,6 +361,7 @@ if __name__ == "__main__":
     gen_safetensors()
     gen_gguf()
     gen_tiny_gguf()
+    gen_tiny_qwen3_gguf()
     if "--no-smollm2" not in sys.argv:
         gen_smollm2()
     print("wrote", os.path.normpath(OUT))

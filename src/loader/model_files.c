@@ -201,7 +201,9 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
     if (c->num_heads <= 0) return error_set(err, ATOMC_ERR_FORMAT, "%s: %s.attention.head_count is 0", g->path, arch);
     c->num_kv_heads = c->num_heads;
     TRY(arch_u32(g, arch, "attention.head_count_kv", false, &c->num_kv_heads, err));
-    c->head_dim = c->hidden_size / c->num_heads;
+    // head_dim: attention.key_length when present; else Qwen3's fixed 128 (as
+    // transformers' Qwen3Config assumes), else hidden / heads.
+    c->head_dim = (c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE) ? 128 : c->hidden_size / c->num_heads;
     TRY(arch_u32(g, arch, "attention.key_length", false, &c->head_dim, err));
     c->max_position_embeddings = 2048;
     TRY(arch_u32(g, arch, "context_length", false, &c->max_position_embeddings, err));
