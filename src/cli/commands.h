@@ -7,5 +7,6 @@ int cmd_version(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
 
 #endif
