@@ -365,6 +365,32 @@ TEST(hf_directory) {
     model_files_close(mf);
 }
 
+TEST(misaligned_views_are_copied_aligned) {
+    struct error e = {0};
+    const char *dir = make_hf_dir("misaligned");
+    write_file(dir, "config.json", TINY_CONFIG, strlen(TINY_CONFIG));
+    // A 1-byte padded header: the data buffer starts at an odd address within the mapping.
+    float emb[32];
+    for (int i = 0; i < 32; i++) emb[i] = 0.5f * (float)i;
+    char hdr[256];
+    snprintf(hdr, sizeof hdr, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[4,8],"
+                              "\"data_offsets\":[0,128]}}");
+    size_t hl = strlen(hdr);
+    if ((8 + hl) % 4 == 0) hdr[hl++] = ' ', hdr[hl] = '\0'; // force misalignment
+    write_st(dir, "model.safetensors", hdr, emb, sizeof emb);
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, dir, &e));
+    const struct safetensors_entry *en = safetensors_set_find(mf->st, "model.embed_tokens.weight");
+    ASSERT_TRUE(en && (uintptr_t)en->tensor->data % 4 != 0);
+    struct tensor t, t2;
+    ASSERT_OK(model_files_get_tensor(mf, "model.embed_tokens.weight", &t, &e));
+    ASSERT_TRUE((uintptr_t)t.data % 4 == 0);
+    ASSERT_TRUE(memcmp(t.data, emb, sizeof emb) == 0);
+    ASSERT_OK(model_files_get_tensor(mf, "model.embed_tokens.weight", &t2, &e));
+    ASSERT_TRUE(t.data == t2.data); // cached
+    model_files_close(mf);
+}
+
 TEST(hf_directory_errors) {
     struct error e = {0};
     struct model_files *mf;

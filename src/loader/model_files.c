@@ -2,6 +2,7 @@
 #include "loader/model_files.h"
 
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,14 +472,44 @@ static atomc_status get_gguf(struct model_files *mf, const char *hf_name, struct
     return ATOMC_OK;
 }
 
+// Files only promise the alignment their writer gave them (safetensors: none beyond the
+// header's padding; GGUF: general.alignment, which may be 1). Kernels may load elements
+// through typed pointers, so a plain-typed view that is not aligned to its element size
+// is copied once into an owned (malloc-aligned) buffer. Quantised blocks are byte-addressed.
+static atomc_status ensure_aligned(struct model_files *mf, const char *hf_name, struct tensor *t, struct error *err) {
+    size_t align = dtype_block_elems(t->dtype) == 1 ? dtype_block_bytes(t->dtype) : 1;
+    if (align <= 1 || (uintptr_t)t->data % align == 0) return ATOMC_OK;
+    char key[300];
+    snprintf(key, sizeof key, "%s#aligned", hf_name);
+    const struct tensor *cached = owned_find(mf, key);
+    if (cached) {
+        *t = *cached;
+        return ATOMC_OK;
+    }
+    size_t bytes = tensor_bytes(t);
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf)
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "%s: out of memory aligning tensor '%s'",
+                         model_files_source(mf, hf_name), hf_name);
+    memcpy(buf, t->data, bytes);
+    *t = *owned_add(mf, key, buf, *t);
+    return ATOMC_OK;
+}
+
 atomc_status model_files_get_tensor(struct model_files *mf, const char *hf_name, struct tensor *out,
                                     struct error *err) {
-    if (mf->kind == MODEL_FILES_GGUF) return get_gguf(mf, hf_name, out, err);
-    const char *file;
-    atomc_status st = safetensors_set_get_tensor(mf->st, hf_name, out, &file, err);
-    if (st == ATOMC_ERR_NOT_FOUND)
-        return error_set(err, ATOMC_ERR_NOT_FOUND, "%s: missing tensor '%s'", model_files_source(mf, hf_name), hf_name);
-    return st;
+    atomc_status st;
+    if (mf->kind == MODEL_FILES_GGUF) {
+        st = get_gguf(mf, hf_name, out, err);
+    } else {
+        const char *file;
+        st = safetensors_set_get_tensor(mf->st, hf_name, out, &file, err);
+        if (st == ATOMC_ERR_NOT_FOUND)
+            return error_set(err, ATOMC_ERR_NOT_FOUND, "%s: missing tensor '%s'", model_files_source(mf, hf_name),
+                             hf_name);
+    }
+    if (st) return st;
+    return ensure_aligned(mf, hf_name, out, err);
 }
 
 static bool class_accepts(enum tensor_class c, enum dtype d) {
