@@ -217,6 +217,52 @@ def make_ref(name, tok, corpus):
             "special_suffix": suffix, "ids": ids, "decode": dec, "decode_skip": dec_skip}
 
 
+def write_tiny_spm_gguf(shared, path):
+    """A small SentencePiece-style ("llama") GGUF cut from the Llama-2 vocabulary: the first 2000
+    pieces plus every single-character piece, scores = -(original id) so the merges that transformers
+    and atomc derive from the scores follow Llama-2's order; one USER_DEFINED token. No merges in the
+    file (as in llama.cpp's SentencePiece GGUFs)."""
+    import gguf
+    with open(os.path.join(shared, "tokenizers", "llama2", "tokenizer.json")) as f:
+        vocab = json.load(f)["model"]["vocab"]
+    inv = {v: k for k, v in vocab.items()}
+    keep = [i for i in range(len(inv)) if i < 2000 or len(inv[i]) == 1]
+    toks, types, scores = [], [], []
+    for i in keep:
+        toks.append(inv[i])
+        types.append(2 if i == 0 else 3 if i in (1, 2) else 6 if 3 <= i < 259 else 1)
+        scores.append(0.0 if i < 259 else float(-i))
+    toks.append("<tool_call>")
+    types.append(4)
+    scores.append(0.0)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def gguf_reference(path):
+    import warnings
+    warnings.filterwarnings("ignore")
+    from transformers import AutoTokenizer
+    at = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    return tokenizers.Tokenizer.from_str(at.backend_tokenizer.to_str())
+
+
 def write_json(path, obj):
     with open(path, "w", encoding="utf-8") as f:
         # One corpus entry / id list per line keeps diffs readable and the files compact.
@@ -255,12 +301,12 @@ def main():
                 llama_like_override(tok, json.load(f))
         write_json(os.path.join(OUT, f"ref_{name}.json"), make_ref(name, tok, corpus))
         print("wrote", name, file=sys.stderr)
+    spm = os.path.join(OUT, "tiny_spm.gguf")
+    write_tiny_spm_gguf(args.shared, spm)
+    write_json(os.path.join(OUT, "ref_tiny_spm.json"), make_ref("tiny_spm", gguf_reference(spm), corpus))
+    print("wrote tiny_spm", file=sys.stderr)
     if args.smollm2 and os.path.exists(args.smollm2):
-        import warnings
-        warnings.filterwarnings("ignore")
-        from transformers import AutoTokenizer
-        at = AutoTokenizer.from_pretrained(os.path.dirname(args.smollm2), gguf_file=os.path.basename(args.smollm2))
-        tok = tokenizers.Tokenizer.from_str(at.backend_tokenizer.to_str())
+        tok = gguf_reference(args.smollm2)
         write_json(os.path.join(OUT, "ref_smollm2.json"), make_ref("smollm2", tok, corpus))
         print("wrote smollm2", file=sys.stderr)
     else:
