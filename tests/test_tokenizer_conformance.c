@@ -219,6 +219,10 @@ TEST(conformance_qwen3) { check_shared("qwen3"); }
 TEST(conformance_deepseek_v3) { check_shared("deepseek_v3"); }
 TEST(conformance_gpt_oss) { check_shared("gpt_oss"); }
 
+// Synthetic tokenizer.json files exercising the components the real ones do not use.
+TEST(conformance_synth_word) { ASSERT_EQ(check_tokenizer("synth_word", test_fixture("tokenizer/synth_word.json")), 0); }
+TEST(conformance_synth_meta) { ASSERT_EQ(check_tokenizer("synth_meta", test_fixture("tokenizer/synth_meta.json")), 0); }
+
 // A small SentencePiece GGUF (fixture): merges derived from scores, byte fallback, Metaspace.
 TEST(conformance_tiny_spm_gguf) { ASSERT_EQ(check_tokenizer("tiny_spm", test_fixture("tokenizer/tiny_spm.gguf")), 0); }
 

@@ -255,6 +255,72 @@ def write_tiny_spm_gguf(shared, path):
     w.close()
 
 
+def synth_word_tokenizer(corpus):
+    """Components no shipped tokenizer uses: NFKD + Lowercase + Strip + regex Replace normalizers,
+    WhitespaceSplit / Digits / Split with MergedWithPrevious, MergedWithNext, Contiguous+invert, a
+    trained BPE with unk (fused), continuing_subword_prefix and end_of_word_suffix, added tokens with
+    lstrip / rstrip / single_word / normalized, BertProcessing, no decoder."""
+    from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers, trainers
+    tok = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]", fuse_unk=True, continuing_subword_prefix="##",
+                                          end_of_word_suffix="</w>"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKD(), normalizers.Lowercase(), normalizers.Strip(),
+                                           normalizers.Replace(Regex(r"[0-9]{5,}"), "#")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.Split("-", behavior="merged_with_previous"),
+        pre_tokenizers.Split(Regex(r"[.,;:!?]"), behavior="merged_with_next"),
+        pre_tokenizers.Split(Regex(r"[a-z]+"), behavior="contiguous", invert=True)])
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["[UNK]", "[CLS]", "[SEP]"], limit_alphabet=60,
+                                  continuing_subword_prefix="##", end_of_word_suffix="</w>", show_progress=False)
+    texts = [item_str(it) for it in corpus]
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True, normalized=False),
+                            AddedToken("<sep>", rstrip=True, special=True, normalized=False)])
+    tok.add_tokens([AddedToken("hello", single_word=True, normalized=True), AddedToken("ZZ", normalized=False)])
+    from tokenizers import processors
+    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")), ("[CLS]", tok.token_to_id("[CLS]")))
+    return tok
+
+
+def synth_meta_tokenizer(shared):
+    """A small SentencePiece-style tokenizer.json: Llama-2 pieces (first 2000 + single characters) and
+    the merges among them, byte fallback, Metaspace pre-tokenizer (split, prepend always), NFC and a
+    regex Replace normalizer, Metaspace + ByteFallback + Fuse decoders, a <s> A </s> template,
+    merges given as [a, b] pairs, ignore_merges."""
+    with open(os.path.join(shared, "tokenizers", "llama2", "tokenizer.json")) as f:
+        j = json.load(f)
+    vocab = j["model"]["vocab"]
+    inv = {v: k for k, v in vocab.items()}
+    keep = [inv[i] for i in range(len(inv)) if i < 2000 or len(inv[i]) == 1]
+    new_vocab = {t: i for i, t in enumerate(keep)}
+    merges = []
+    for m in j["model"]["merges"]:
+        a, b = m.split(" ")
+        if a in new_vocab and b in new_vocab and a + b in new_vocab:
+            merges.append([a, b])
+    out = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, c in enumerate(["<unk>", "<s>", "</s>"])],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "NFC"}, {"type": "Replace", "pattern": {"Regex": "\\t+"}, "content": " "}]},
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]},
+                                              "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": True,
+                  "vocab": new_vocab, "merges": merges},
+    }
+    return json.dumps(out, ensure_ascii=False)
+
+
 def gguf_reference(path):
     import warnings
     warnings.filterwarnings("ignore")
@@ -301,6 +367,15 @@ def main():
                 llama_like_override(tok, json.load(f))
         write_json(os.path.join(OUT, f"ref_{name}.json"), make_ref(name, tok, corpus))
         print("wrote", name, file=sys.stderr)
+    word = synth_word_tokenizer(corpus)
+    word.save(os.path.join(OUT, "synth_word.json"))
+    write_json(os.path.join(OUT, "ref_synth_word.json"), make_ref("synth_word", word, corpus))
+    meta_path = os.path.join(OUT, "synth_meta.json")
+    with open(meta_path, "w", encoding="utf-8") as f:
+        f.write(synth_meta_tokenizer(args.shared))
+    write_json(os.path.join(OUT, "ref_synth_meta.json"),
+               make_ref("synth_meta", tokenizers.Tokenizer.from_file(meta_path), corpus))
+    print("wrote synthetic tokenizers", file=sys.stderr)
     spm = os.path.join(OUT, "tiny_spm.gguf")
     write_tiny_spm_gguf(args.shared, spm)
     write_json(os.path.join(OUT, "ref_tiny_spm.json"), make_ref("tiny_spm", gguf_reference(spm), corpus))
