@@ -87,7 +87,7 @@ static bool stream_matches(const struct tokenizer *t, const int32_t *ids, int n,
             acc_cap = (acc_len + dlen) * 2;
             acc = realloc(acc, acc_cap);
         }
-        memcpy(acc + acc_len, delta, dlen);
+        if (dlen) memcpy(acc + acc_len, delta, dlen);
         acc_len += dlen;
         free(delta);
         if (final) break;
@@ -190,6 +190,7 @@ TEST(detokenizer_sentencepiece_first_token) {
     free(delta);
     ASSERT_OK(detokenizer_step(&d, ids, 2, 0, true, &delta, &len));
     ASSERT_EQ(len, 0);
+    ASSERT_TRUE(delta == NULL || delta[0] == '\0');
     free(delta);
     detokenizer_free(&d);
     free(ids);

@@ -34,7 +34,7 @@ static char *b64_decode(const char *s, size_t *out_len) {
     for (size_t i = 0; i < n; i++) {
         int v = b64_value((unsigned char)s[i]);
         if (v < 0) continue;
-        acc = (acc << 6) | v;
+        acc = ((acc << 6) | v) & 0xFFFFFF;
         bits += 6;
         if (bits >= 8) {
             bits -= 8;
