@@ -13,6 +13,7 @@ struct command {
 
 static const struct command commands[] = {
     {"version", cmd_version, "print the version and build features"},
+    {"chat-template", cmd_chat_template, "render a conversation with a model's chat template"},
 };
 
 static void usage(FILE *f) {
