@@ -269,6 +269,24 @@ def main():
             fh.write("\n")
         print(f"{name}: {len(out_cases)} cases ({n_ok} rendered, {len(out_cases) - n_ok} errors)")
 
+    # interpreter snippets (tests/test_template_jinja.c)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from template_snippets import snippet_cases
+    snippets = []
+    for case in snippet_cases():
+        c = dict(case)
+        try:
+            c["expected"] = _compile_jinja_template(case["template"]).render(**case["vars"])
+        except Exception as e:
+            c["error"] = f"{type(e).__name__}: {e}"
+        snippets.append(c)
+    with open(os.path.join(args.out, "snippets.json"), "w") as fh:
+        json.dump({"vars": snippet_cases()[0]["vars"],
+                   "snippets": [{k: v for k, v in c.items() if k != "vars"} for c in snippets]},
+                  fh, ensure_ascii=False, indent=1)
+        fh.write("\n")
+    print(f"snippets: {len(snippets)} ({sum('error' in c for c in snippets)} errors)")
+
 
 if __name__ == "__main__":
     main()

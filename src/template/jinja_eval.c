@@ -848,15 +848,8 @@ static bool str_split(struct eval *ev, const struct node *at, const struct jv *s
                     i = j;
                 }
                 if (i >= n) break;
-                if (maxsplit >= 0 && (int64_t)np >= maxsplit) {
-                    // rest (right-stripped of whitespace)
-                    size_t e = n;
-                    while (e > i) {
-                        size_t pr = utf8_prev(p, e), j = pr;
-                        if (!py_isspace(utf8_next(p, n, &j))) break;
-                        e = pr;
-                    }
-                    PUSH_PART(p + i, e - i);
+                if (maxsplit >= 0 && (int64_t)np >= maxsplit) { // the rest, as is
+                    PUSH_PART(p + i, n - i);
                     break;
                 }
                 size_t st = i;
@@ -877,13 +870,7 @@ static bool str_split(struct eval *ev, const struct node *at, const struct jv *s
                 }
                 if (e == 0) break;
                 if (maxsplit >= 0 && (int64_t)np >= maxsplit) {
-                    size_t st = 0;
-                    while (st < e) {
-                        size_t j = st;
-                        if (!py_isspace(utf8_next(p, n, &j))) break;
-                        st = j;
-                    }
-                    PUSH_PART(p + st, e - st);
+                    PUSH_PART(p, e);
                     break;
                 }
                 size_t end = e;
@@ -1393,7 +1380,7 @@ static bool call_method(struct eval *ev, const struct node *at, const struct jv 
             *out = *self;
             return true;
         }
-        return FAIL(at, "access to attribute '%s' of 'dict' object is unsafe (the sandbox forbids modifying values)", m);
+        return FAIL(at, "access to attribute '%s' of 'dict' object is unsafe.", m);
     }
     case JV_LIST:
         if (!strcmp(m, "index") || !strcmp(m, "count")) {
@@ -1416,8 +1403,7 @@ static bool call_method(struct eval *ev, const struct node *at, const struct jv 
             *out = *self;
             return true;
         }
-        return FAIL(at, "access to attribute '%s' of '%s' object is unsafe (the sandbox forbids modifying values)", m,
-                    jv_type_name(self));
+        return FAIL(at, "access to attribute '%s' of '%s' object is unsafe.", m, jv_type_name(self));
     case JV_LOOP:
         if (!strcmp(m, "cycle")) {
             if (a->npos == 0) return FAIL(at, "no items for cycling given");
@@ -1949,6 +1935,10 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
         char *keep = ev_alloc(ev, at, a0->u.s.n + 1);
         if (!keep) return false;
         memcpy(keep, nm, a0->u.s.n + 1);
+        if (v->t == JV_DICT && !name_in(keep, DICT_METHODS)) { // attribute only, never the item
+            *out = undef_attr("dict object", keep);
+            return true;
+        }
         return get_attr(ev, at, v, keep, out);
     }
     if (!strcmp(f, "escape") || !strcmp(f, "e") || !strcmp(f, "forceescape")) {

@@ -837,7 +837,7 @@ static struct node *parse_if(struct parser *P, struct token *at) {
     if (!x) return NULL;
     x->a = parse_tuple(P, false, NULL, false);
     if (!x->a || !expect_block_end(P)) return NULL;
-    static const char *const ends[] = {"elif", "else", "endif", NULL};
+    static const char *const ends[] = {"endif", "elif", "else", NULL};
     static const char *const ends2[] = {"endif", NULL};
     const char *which;
     if (!parse_body(P, ends, &x->body, &x->n_body, &which, at, "if")) return NULL;
