@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "common/timeutil.h"
 #include "template/chat_template.h"
 
 static void chat_template_usage(FILE *f) {
@@ -19,7 +20,8 @@ static void chat_template_usage(FILE *f) {
             "  --continue-final-message continue the last message instead\n"
             "  --kwargs JSON            extra template variables, e.g. '{\"enable_thinking\": false}'\n"
             "  --chat-template FILE     use this template instead of the model's\n"
-            "  --bos TEXT / --eos TEXT  override the BOS / EOS token text\n");
+            "  --bos TEXT / --eos TEXT  override the BOS / EOS token text\n"
+            "  --bench N                render N times more and report microseconds per render (stderr)\n");
 }
 
 static json_t *load_json_arg(const char *path, const char *what) {
@@ -35,11 +37,13 @@ int cmd_chat_template(int argc, char **argv) {
         {"tools", required_argument, 0, 't'},          {"add-generation-prompt", no_argument, 0, 'g'},
         {"continue-final-message", no_argument, 0, 'c'}, {"kwargs", required_argument, 0, 'k'},
         {"chat-template", required_argument, 0, 'T'},  {"bos", required_argument, 0, 'b'},
-        {"eos", required_argument, 0, 'e'},            {"help", no_argument, 0, 'h'},
+        {"eos", required_argument, 0, 'e'},            {"bench", required_argument, 0, 'B'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *model = NULL, *messages_path = NULL, *tools_path = NULL, *kwargs_text = NULL, *template_path = NULL;
     const char *bos = NULL, *eos = NULL;
     bool gen = false, cont = false;
+    long bench = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -53,6 +57,7 @@ int cmd_chat_template(int argc, char **argv) {
         case 'T': template_path = optarg; break;
         case 'b': bos = optarg; break;
         case 'e': eos = optarg; break;
+        case 'B': bench = strtol(optarg, NULL, 10); break;
         case 'h': chat_template_usage(stdout); return 0;
         default: chat_template_usage(stderr); return 2;
         }
@@ -85,6 +90,22 @@ int cmd_chat_template(int argc, char **argv) {
                              eos ? eos : src.eos_token, &out, &err) != ATOMC_OK) {
         fprintf(stderr, "atomc chat-template: %s\n", err.msg);
         goto done;
+    }
+    if (bench > 0) {
+        // compiled once above; each iteration validates, converts the JSON and renders
+        double t0 = time_now_s();
+        for (long i = 0; i < bench; i++) {
+            char *o = NULL;
+            if (chat_template_render(t, messages, tools, gen, cont, kwargs, bos ? bos : src.bos_token,
+                                     eos ? eos : src.eos_token, &o, &err) != ATOMC_OK) {
+                fprintf(stderr, "atomc chat-template: %s\n", err.msg);
+                goto done;
+            }
+            free(o);
+        }
+        double dt = time_now_s() - t0;
+        fprintf(stderr, "bench: %ld renders, %.2f us/render, %zu bytes of output each\n", bench, dt * 1e6 / (double)bench,
+                strlen(out));
     }
     fwrite(out, 1, strlen(out), stdout);
     fflush(stdout);

@@ -238,7 +238,7 @@ static bool mk_method(struct eval *ev, const struct node *at, const struct jv *s
 // ---------------------------------------------------------------- scopes
 static bool scope_set(struct eval *ev, const struct node *at, struct scope *s, const char *name, const struct jv *v) {
     for (size_t i = 0; i < s->n; i++)
-        if (!strcmp(s->names[i], name)) {
+        if (s->names[i] == name || (s->names[i][0] == name[0] && !strcmp(s->names[i], name))) {
             s->vals[i] = *v;
             return true;
         }
@@ -266,7 +266,7 @@ static const char *const BUILTIN_NAMES[B_COUNT] = {"range", "namespace", "dict",
 static struct jv lookup(struct eval *ev, const char *name) {
     for (struct scope *s = ev->scope; s; s = s->parent)
         for (size_t i = s->n; i-- > 0;)
-            if (!strcmp(s->names[i], name)) return s->vals[i];
+            if (s->names[i] == name || (s->names[i][0] == name[0] && !strcmp(s->names[i], name))) return s->vals[i];
     for (int b = 0; b < B_COUNT; b++)
         if (!strcmp(BUILTIN_NAMES[b], name)) return func_val(&ev->builtins[b]);
     return jv_undef(name);
@@ -503,18 +503,11 @@ static bool binop(struct eval *ev, const struct node *at, int op, const struct j
         if ((b->t == JV_STR || b->t == JV_LIST) && to_index(a, &k)) return repeat_seq(ev, at, b, k, out);
     }
     if (op == '%' && a->t == JV_STR) return FAIL(at, "printf-style string formatting ('%%') is not supported");
-    static const char *opname[128];
-    opname['+'] = "+";
-    opname['-'] = "-";
-    opname['*'] = "*";
-    opname['/'] = "/";
-    opname['f'] = "//";
-    opname['%'] = "%";
-    opname['p'] = "**";
     if (op == '+' && a->t == JV_STR)
         return FAIL(at, "can only concatenate str (not \"%s\") to str", jv_type_name(b));
-    return FAIL(at, "unsupported operand type(s) for %s: '%s' and '%s'", opname[op & 127] ? opname[op & 127] : "?",
-                jv_type_name(a), jv_type_name(b));
+    const char *opname = op == 'f' ? "//" : op == 'p' ? "**" : op == '+' ? "+" : op == '-' ? "-" : op == '*' ? "*"
+                         : op == '/' ? "/" : "%";
+    return FAIL(at, "unsupported operand type(s) for %s: '%s' and '%s'", opname, jv_type_name(a), jv_type_name(b));
 }
 
 static bool contains(struct eval *ev, const struct node *at, const struct jv *item, const struct jv *seq, bool *res) {
@@ -532,7 +525,11 @@ static bool contains(struct eval *ev, const struct node *at, const struct jv *it
                 break;
             }
         return true;
-    case JV_DICT: *res = jdict_get(seq->u.d, item) != NULL; return true;
+    case JV_DICT:
+        if ((item->t == JV_LIST && !item->u.l->is_tuple) || item->t == JV_DICT || item->t == JV_NS)
+            return FAIL(at, "unhashable type: '%s'", jv_type_name(item));
+        *res = jdict_get(seq->u.d, item) != NULL;
+        return true;
     default:
         return FAIL(at, "argument of type '%s' is not iterable", jv_type_name(seq));
     }
@@ -701,7 +698,7 @@ static bool get_item(struct eval *ev, const struct node *at, const struct jv *ob
 
 static bool name_in(const char *name, const char *const *list) {
     for (int i = 0; list[i]; i++)
-        if (!strcmp(list[i], name)) return true;
+        if (list[i][0] == name[0] && !strcmp(list[i], name)) return true;
     return false;
 }
 
@@ -1554,9 +1551,9 @@ static const char *const KNOWN_FILTERS[] = {
 
 static bool select_items(struct eval *ev, const struct node *at, const struct jv *v, struct args *a, bool by_attr,
                          bool want, struct jv *out) {
-    const struct jv *items;
-    size_t n;
-    if (!iterate(ev, at, v, &items, &n)) return false;
+    const struct jv *items = NULL;
+    size_t n = 0;
+    if (jv_truthy(v) && !iterate(ev, at, v, &items, &n)) return false; // jinja2: `if seq: for item in seq`
     int base = 0;
     const struct jv *attr = NULL;
     if (by_attr) {
@@ -1729,9 +1726,9 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
         return true;
     }
     if (!strcmp(f, "map")) {
-        const struct jv *items;
-        size_t n;
-        if (!iterate(ev, at, v, &items, &n)) return false;
+        const struct jv *items = NULL;
+        size_t n = 0;
+        if (jv_truthy(v) && !iterate(ev, at, v, &items, &n)) return false; // jinja2: `if value: for ...`
         struct jlist *l = mk_list(ev, at, n, false);
         if (!l) return false;
         const struct jv *attr = arg_get(a, -1, "attribute");
@@ -1830,6 +1827,10 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
         if (!jv_is_number(v)) return FAIL(at, "round needs a number, got '%s'", jv_type_name(v));
         double x = jv_as_double(v), m = pow(10.0, (double)p), r;
         const char *mm = meth && meth->t == JV_STR ? meth->u.s.p : "common";
+        if (!strncmp(mm, "common", 6) && v->t != JV_FLOAT && p >= 0) { // Python round(int, n) is the int
+            *out = jv_int(v->t == JV_INT ? v->u.i : v->u.b);
+            return true;
+        }
         if (!strncmp(mm, "common", 6)) r = nearbyint(x * m) / m; // Python round(): half to even
         else if (!strncmp(mm, "ceil", 4)) r = ceil(x * m) / m;
         else if (!strncmp(mm, "floor", 5)) r = floor(x * m) / m;
@@ -1960,8 +1961,8 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
         return sbuf_to_str(ev, at, &b, out);
     }
     if (!strcmp(f, "indent")) {
-        struct jv s;
-        if (!to_str_val(ev, at, v, &s)) return false;
+        struct jv s = *v;
+        if (v->t != JV_STR) return FAIL(at, "unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
         const struct jv *w = arg_get(a, 0, "width"), *first = arg_get(a, 1, "first"), *blank = arg_get(a, 2, "blank");
         struct jv ind = jv_str("    ", 4);
         if (w && w->t == JV_STR) ind = *w;
