@@ -2063,7 +2063,16 @@ static bool apply_test(struct eval *ev, const struct node *at, const char *t, co
     } else if (!strcmp(t, "odd") || !strcmp(t, "even") || !strcmp(t, "divisibleby")) {
         int64_t x, y = 2;
         if (v->t == JV_UNDEF) return undefined_error(ev, at, v);
-        if (!to_index(v, &x)) return FAIL(at, "test '%s' needs an integer, got '%s'", t, jv_type_name(v));
+        if (v->t == JV_FLOAT || (t[0] == 'd' && a0 && a0->t == JV_FLOAT)) { // value % n on floats
+            double d = a0 && t[0] == 'd' ? jv_as_double(a0) : 2.0;
+            if (!jv_is_number(v) || (a0 && t[0] == 'd' && !jv_is_number(a0)))
+                return FAIL(at, "test '%s' needs numbers", t);
+            if (d == 0) return FAIL(at, "float modulo");
+            double m = py_fmod(jv_as_double(v), d);
+            *r = t[0] == 'o' ? m == 1.0 : m == 0.0;
+            return true;
+        }
+        if (!to_index(v, &x)) return FAIL(at, "unsupported operand type(s) for %%: '%s' and 'int'", jv_type_name(v));
         if (t[0] == 'd') {
             if (!a0 || !to_index(a0, &y)) return FAIL(at, "divisibleby needs an integer argument");
             if (y == 0) return FAIL(at, "integer division or modulo by zero");
