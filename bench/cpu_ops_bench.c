@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/thread_pool.h"
 #include "common/timeutil.h"
 
 enum { HID = 576, LAYERS = 30, HQ = 9, HK = 3, HD = 64, FF = 1536, VOCAB = 49152, BS = 16 };
@@ -136,6 +137,48 @@ static void report(const char *what, double *t_op, int reps, int n, int ctx) {
     }
 }
 
+// Memory read bandwidth: threads sum disjoint slices of a large array (the ceiling for a
+// batch-1 decode, whose F32 weights stream from DRAM once per token).
+struct bw_ctx {
+    const float *a;
+    int64_t per;
+    double *sums;
+};
+static void bw_read(void *vctx, int64_t b, int64_t e, int tid) {
+    struct bw_ctx *c = vctx;
+    for (int64_t part = b; part < e; part++) {
+        const float *p = c->a + part * c->per;
+        float s[16] = {0};
+        for (int64_t i = 0; i < c->per; i += 16)
+            for (int j = 0; j < 16; j++) s[j] += p[i + j];
+        double t = 0;
+        for (int j = 0; j < 16; j++) t += s[j];
+        c->sums[part] = t;
+    }
+}
+
+static double read_bandwidth(int threads) {
+    const int64_t n = (int64_t)1 << 27, parts = 64; // 512 MB
+    float *a = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+    double sums[64];
+    struct bw_ctx c = {a, n / parts, sums};
+    struct thread_pool *p;
+    struct error err;
+    if (thread_pool_create(threads, &p, &err) != ATOMC_OK) return 0;
+    thread_pool_parallel_for(p, parts, 1, bw_read, &c);
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = time_now_s();
+        thread_pool_parallel_for(p, parts, 1, bw_read, &c);
+        double gbs = n * 4.0 / (time_now_s() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    thread_pool_free(p);
+    free(a);
+    return best;
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int steps = argc > 2 ? atoi(argv[2]) : 20;
@@ -192,6 +235,32 @@ int main(int argc, char **argv) {
     for (int r = 0; r < reps; r++) b->ops->matmul(b, &tc, &ta, &tb, NULL);
     dt = time_now_s() - t0;
     printf("sgemm %dx%dx%d: %.1f GFLOP/s\n", N, N, N, 2.0 * N * N * N * reps / dt / 1e9);
+    // The skinny (decode) matmul alone on the lm_head shape: weight bytes streamed per second.
+    {
+        float xv[HID], *lo = malloc((size_t)4 * VOCAB * 4), x4[4 * HID];
+        for (int i = 0; i < HID; i++) xv[i] = 0.01f * (float)i;
+        for (int i = 0; i < 4 * HID; i++) x4[i] = 0.01f * (float)(i % 97);
+        for (int rows = 1; rows <= 8; rows *= 2) {
+            struct tensor tx1 = tensor_2d(rows == 1 ? xv : x4, DTYPE_F32, rows > 4 ? 4 : rows, HID);
+            float *xr = NULL;
+            if (rows == 8) {
+                xr = malloc((size_t)8 * HID * 4);
+                for (int i = 0; i < 8 * HID; i++) xr[i] = 0.01f * (float)(i % 89);
+                tx1 = tensor_2d(xr, DTYPE_F32, 8, HID);
+                lo = realloc(lo, (size_t)8 * VOCAB * 4);
+            }
+            struct tensor tlo = tensor_2d(lo, DTYPE_F32, tx1.ne[0], VOCAB);
+            b->ops->matmul(b, &tlo, &tx1, &m.embed, NULL);
+            t0 = time_now_s();
+            for (int r = 0; r < 10; r++) b->ops->matmul(b, &tlo, &tx1, &m.embed, NULL);
+            dt = time_now_s() - t0;
+            printf("matmul (%lld x %d) @ (%d x %d)^T: %.2f ms, %.1f GB/s of weights\n", (long long)tx1.ne[0], HID, VOCAB,
+                   HID, dt * 100, 10.0 * VOCAB * HID * 4 / dt / 1e9);
+            free(xr);
+        }
+        free(lo);
+    }
+    printf("memory read bandwidth (%d threads): %.1f GB/s\n", b->num_threads, read_bandwidth(b->num_threads));
     backend_destroy(b);
     return 0;
 }

@@ -103,6 +103,8 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         int t0 = kmin > j0 ? kmin - j0 : 0;
         int t1 = pos_last - j0 + 1 < bs ? pos_last - j0 + 1 : bs; // exclusive
         int64_t phys = bt[blk];
+        CHECK_MSG(phys >= 0 && phys < a->kv->k.ne[0], "attention: sequence %d block %d maps to %lld of %lld", s, blk,
+                  (long long)phys, (long long)a->kv->k.ne[0]);
         int64_t ks, vs;
         const float *K = attn_load_tile(&a->kv->k, a->kv->k_scale, phys, bs, a->hk, g, d, t0, t1 - t0, kt, &ks);
         const float *V = attn_load_tile(&a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);

@@ -312,11 +312,11 @@ static void cpu_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor
 
 // ---------------------------------------------------------------------------------------------
 // Matmul: out(n, m) = x(n, k) @ w(m, k)^T + bias.
-// Few rows (decode): our own skinny kernel, parallel over output columns, which streams each
+// Few rows (decode, n <= 8): our own skinny kernel, parallel over output columns, which streams each
 // weight row once for all rows (OpenBLAS's sgemm is slow at n = 1..4 and its gemv cannot share
 // the weight stream between rows). More rows: one OpenBLAS sgemm, threaded by OpenBLAS.
 
-#define MATMUL_SKINNY_MAX_ROWS 4
+#define MATMUL_SKINNY_MAX_ROWS 8
 
 struct gemv_ctx {
     const struct cpu_kernels *kern;
