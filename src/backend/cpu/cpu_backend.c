@@ -328,7 +328,7 @@ struct gemv_ctx {
 
 static void gemv_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
     struct gemv_ctx *g = vctx;
-    g->kern->gemv(g->out, g->m, g->x, g->k, g->nx, g->w, g->bias, g->k, j0, j1);
+    g->kern->gemv(g->out, g->m, g->x, g->k, g->nx, g->w, g->bias, g->k, g->k, j0, j1);
 }
 
 static void cpu_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
