@@ -846,8 +846,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     if (dummy) {
         st = runner_read_dummy_config(o->model_path, &r->cfg, err);
     } else {
-        st = model_files_open(o->model_path, &files, err);
-        if (st == ATOMC_OK) r->cfg = *model_files_config(files);
+        st = model_files_open(&files, o->model_path, err);
+        if (st == ATOMC_OK) r->cfg = files->config;
     }
     if (st != ATOMC_OK) goto fail;
 
