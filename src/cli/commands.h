@@ -4,6 +4,7 @@
 #define ATOMC_CLI_COMMANDS_H
 
 int cmd_version(int argc, char **argv);
+int cmd_bench_runner(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
 
 #endif

@@ -13,6 +13,7 @@ struct command {
 
 static const struct command commands[] = {
     {"version", cmd_version, "print the version and build features"},
+    {"bench-runner", cmd_bench_runner, "time the model runner alone: prefill and decode tokens/s, bandwidth"},
 };
 
 static void usage(FILE *f) {

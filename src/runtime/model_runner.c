@@ -912,3 +912,5 @@ const struct model_config *model_runner_config(const struct model_runner *r) { r
 int model_runner_num_kv_blocks(const struct model_runner *r) { return r->num_blocks; }
 int model_runner_max_model_len(const struct model_runner *r) { return r->max_model_len; }
 int model_runner_block_size(const struct model_runner *r) { return r->block_size; }
+size_t model_runner_weight_bytes(const struct model_runner *r) { return r->model->weight_bytes; }
+int model_runner_kv_dtype_bytes(const struct model_runner *r) { return (int)dtype_row_bytes(r->kv_dtype, 1); }

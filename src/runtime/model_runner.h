@@ -5,6 +5,7 @@
 #define ATOMC_RUNTIME_MODEL_RUNNER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "atomc.h"
@@ -104,5 +105,7 @@ atomc_status model_runner_execute_logits(struct model_runner *r, const struct fo
 
 int model_runner_max_model_len(const struct model_runner *r);
 int model_runner_block_size(const struct model_runner *r);
+size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
+int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element
 
 #endif
