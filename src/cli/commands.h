@@ -7,5 +7,8 @@ int cmd_version(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 #endif
