@@ -21,34 +21,6 @@ static atomc_status runner_execute(void *ctx, const struct forward_batch *fb, st
 
 static void runner_free(void *ctx) { model_runner_free(ctx); }
 
-static atomc_status tok_encode(void *ctx, const char *text, size_t len, bool add_special, int32_t **ids, int *n,
-                               struct error *err) {
-    return tokenizer_encode(ctx, text, len, add_special, ids, n, err);
-}
-
-static atomc_status tok_decode(void *ctx, const int32_t *ids, int n, bool skip_special, char **out,
-                               struct error *err) {
-    return tokenizer_decode(ctx, ids, n, skip_special, out, err);
-}
-
-static void *tok_detok_new(void *ctx, bool skip_special) {
-    struct detokenizer *d = xcalloc(1, sizeof *d);
-    detokenizer_init(d, ctx, skip_special);
-    return d;
-}
-
-static atomc_status tok_detok_step(void *state, const int32_t *ids, int n_ids, int n_new, bool final, char **out,
-                                   size_t *out_len) {
-    return detokenizer_step(state, ids, n_ids, n_new, final, out, out_len);
-}
-
-static void tok_detok_free(void *state) {
-    detokenizer_free(state);
-    free(state);
-}
-
-static void tok_free(void *ctx) { tokenizer_free(ctx); }
-
 static void add_eos(struct engine_setup *su, int32_t id) {
     if (id < 0 || su->n_eos >= ENGINE_MAX_EOS) return;
     for (int i = 0; i < su->n_eos; i++)
@@ -146,13 +118,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     struct engine_setup su;
     memset(&su, 0, sizeof su);
     su.model = (struct engine_model_ops){.ctx = runner, .execute = runner_execute, .free = runner_free};
-    su.text = (struct engine_text_ops){.ctx = tok,
-                                       .encode = tok_encode,
-                                       .decode = tok_decode,
-                                       .detok_new = tok_detok_new,
-                                       .detok_step = tok_detok_step,
-                                       .detok_free = tok_detok_free,
-                                       .free = tok_free};
+    engine_text_ops_from_tokenizer(&su.text, tok);
     su.num_kv_blocks = model_runner_num_kv_blocks(runner);
     su.vocab_size = cfg->vocab_size;
     // The runner's rule: the option, else the model's max_position_embeddings, else 2048.
