@@ -108,17 +108,25 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     };
     st = model_runner_create(&ro, &runner, &err);
     if (st != ATOMC_OK) goto fail;
-    st = tokenizer_load(o->model_path, &tok, &err);
-    if (st != ATOMC_OK) {
-        error_prefix(&err, "loading the tokenizer of %s: ", o->model_path);
-        goto fail;
+    // A model directory without tokenizer.json runs on token ids only (as vLLM's
+    // --skip-tokenizer-init): text prompts and stop strings are then rejected per request.
+    char tok_path[4096];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o->model_path);
+    if (dir_exists(o->model_path) && !file_exists(tok_path)) {
+        LOG_WARN("%s has no tokenizer.json: token-id prompts only, no text output", o->model_path);
+    } else {
+        st = tokenizer_load(o->model_path, &tok, &err);
+        if (st != ATOMC_OK) {
+            error_prefix(&err, "loading the tokenizer of %s: ", o->model_path);
+            goto fail;
+        }
     }
 
     const struct model_config *cfg = model_runner_config(runner);
     struct engine_setup su;
     memset(&su, 0, sizeof su);
     su.model = (struct engine_model_ops){.ctx = runner, .execute = runner_execute, .free = runner_free};
-    engine_text_ops_from_tokenizer(&su.text, tok);
+    if (tok) engine_text_ops_from_tokenizer(&su.text, tok);
     su.num_kv_blocks = model_runner_num_kv_blocks(runner);
     su.vocab_size = cfg->vocab_size;
     // The runner's rule: the option, else the model's max_position_embeddings, else 2048.
@@ -127,15 +135,15 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
                                                           : 2048;
     // EOS: config.json + generation_config.json (merged by the loader), and the tokenizer's.
     for (int i = 0; i < cfg->n_eos; i++) add_eos(&su, cfg->eos_token_ids[i]);
-    add_eos(&su, tokenizer_eos_id(tok));
+    if (tok) add_eos(&su, tokenizer_eos_id(tok));
     const char *base = strrchr(o->model_path, '/');
     su.owned_strings[0] = xstrdup(base && base[1] ? base + 1 : o->model_path);
     su.owned_strings[1] = xstrdup(cfg->architecture);
     su.info.model_name = su.owned_strings[0];
     su.info.architecture = su.owned_strings[1];
-    su.info.chat_template = tokenizer_chat_template(tok);
-    su.info.bos_token = tokenizer_bos_text(tok);
-    su.info.eos_token = tokenizer_eos_text(tok);
+    su.info.chat_template = tok ? tokenizer_chat_template(tok) : NULL;
+    su.info.bos_token = tok ? tokenizer_bos_text(tok) : NULL;
+    su.info.eos_token = tok ? tokenizer_eos_text(tok) : NULL;
     if (!o->generation_config || strcmp(o->generation_config, "vllm")) read_generation_defaults(o->model_path, &su.info);
     else {
         su.info.default_temperature = -1;
