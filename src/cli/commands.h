@@ -8,6 +8,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_throughput(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 

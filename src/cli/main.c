@@ -15,6 +15,7 @@ static const struct command commands[] = {
     {"version", cmd_version, "print the version and build features"},
     {"tokenize", cmd_tokenize, "text -> token ids with a model's tokenizer"},
     {"detokenize", cmd_detokenize, "token ids -> text with a model's tokenizer"},
+    {"bench", cmd_bench, "benchmarks: throughput (offline engine), serve (HTTP client)"},
 };
 
 static void usage(FILE *f) {

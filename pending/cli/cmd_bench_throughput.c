@@ -1,6 +1,5 @@
-// `atomc bench <kind>`: benchmark dispatcher. `throughput` (here) runs the engine offline on
-// random prompts, as vLLM's `vllm bench throughput`; `serve` is the HTTP serving benchmark
-// client (cmd_bench_serve.c). New kinds add one row to the table below.
+// `atomc bench throughput`: offline engine throughput on random prompts (vLLM's flags and
+// output wording). Dispatched from cmd_bench.c.
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -12,39 +11,6 @@
 #include "cli/commands.h"
 #include "common/check.h"
 #include "common/timeutil.h"
-
-static int cmd_bench_throughput(int argc, char **argv);
-
-static const struct {
-    const char *name;
-    int (*run)(int argc, char **argv);
-    const char *help;
-} bench_kinds[] = {
-    {"throughput", cmd_bench_throughput, "offline throughput of the engine on random prompts"},
-    {"serve", cmd_bench_serve, "online serving benchmark against an OpenAI-compatible server"},
-};
-
-static void bench_usage(FILE *f) {
-    fprintf(f, "usage: atomc bench <kind> [options]   (atomc bench <kind> --help)\n\nkinds:\n");
-    for (size_t i = 0; i < sizeof bench_kinds / sizeof bench_kinds[0]; i++)
-        fprintf(f, "  %-12s %s\n", bench_kinds[i].name, bench_kinds[i].help);
-}
-
-int cmd_bench(int argc, char **argv) {
-    if (argc < 2) {
-        bench_usage(stderr);
-        return 2;
-    }
-    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        bench_usage(stdout);
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof bench_kinds / sizeof bench_kinds[0]; i++)
-        if (!strcmp(argv[1], bench_kinds[i].name)) return bench_kinds[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "atomc bench: unknown kind '%s'\n", argv[1]);
-    bench_usage(stderr);
-    return 2;
-}
 
 // --- throughput ----------------------------------------------------------------------------------
 
@@ -83,7 +49,7 @@ static uint64_t tp_rng(uint64_t *s) {
     return *s;
 }
 
-static int cmd_bench_throughput(int argc, char **argv) {
+int cmd_bench_throughput(int argc, char **argv) {
     enum { T_NUM = 1000, T_IN, T_OUT, T_SEED, T_JSON, T_HELP };
     static const struct option opts[] = {{"num-prompts", required_argument, 0, T_NUM},
                                          {"input-len", required_argument, 0, T_IN},
