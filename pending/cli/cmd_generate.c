@@ -444,6 +444,7 @@ int cmd_generate(int argc, char **argv) {
 
 // --- atomc chat -------------------------------------------------------------------------------
 
+#ifdef HAVE_CHAT_TEMPLATE
 static char *read_line(FILE *f) {
     size_t cap = 256, n = 0;
     char *s = xmalloc(cap);
@@ -459,6 +460,7 @@ static char *read_line(FILE *f) {
     s[n] = '\0';
     return s;
 }
+#endif
 
 int cmd_chat(int argc, char **argv) {
     struct gen_args a;

@@ -113,7 +113,7 @@ TEST(engine_model_greedy_matches_hf) {
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
         json_t *refs = load_refs(MODELS[m]);
         json_t *prompts = json_object_get(refs, "prompts");
-        atomc_engine *e = make(MODELS[m], 16, 0, 0, 8, 64, true);
+        atomc_engine *e = make(MODELS[m], 16, 128, 0, 8, 64, true);
         static struct out outs[16];
         int32_t ids[16][256];
         int n_ids[16], n_p = (int)json_array_size(prompts);
@@ -202,7 +202,7 @@ TEST(engine_model_batched_under_preemption_equals_alone) {
 }
 
 TEST(engine_model_prefix_hit_identical_to_cold) {
-    atomc_engine *e = make("qwen3", 16, 0, 0, 4, 256, true);
+    atomc_engine *e = make("qwen3", 16, 64, 0, 4, 256, true);
     int32_t ids[45];
     for (int i = 0; i < 45; i++) ids[i] = (int32_t)((i * 29 + 7) % 250 + 3);
     struct out cold, warm;
@@ -221,6 +221,103 @@ TEST(engine_model_prefix_hit_identical_to_cold) {
     atomc_engine_get_stats(e, &st);
     ASSERT_EQ(st.prefix_cache_hits, 32);
     ASSERT_EQ(st.prefix_cache_queries, 90);
+    atomc_engine_free(e);
+}
+
+// The randomized stress on the real CPU backend: random arrivals (shared prefixes,
+// exact repeats), lengths and aborts over ~3000 steps on a pool that forces preemption; at the
+// end every block is free and every finished request equals the prompt decoded alone.
+struct sreq {
+    int32_t ids[48];
+    int n, max_tokens;
+    uint64_t id;
+    bool aborted;
+    struct out o;
+};
+
+static uint64_t srng = 0x5eed1234ull;
+static uint32_t srnd(uint32_t n) {
+    srng ^= srng << 13;
+    srng ^= srng >> 7;
+    srng ^= srng << 17;
+    return (uint32_t)(srng % n);
+}
+
+TEST(engine_model_random_stress_equals_alone) {
+    enum { MAXR = 800 };
+    static struct sreq r[MAXR];
+    memset(r, 0, sizeof r);
+    int n_r = 0;
+    int32_t shared[3][32];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 32; i++) shared[s][i] = (int32_t)(srnd(250) + 3);
+    atomc_engine *e = make("llama_gqa", 4, 32, 96, 6, 16, true);
+    for (int step = 0; step < 3000; step++) {
+        if (srnd(100) < 18 && n_r < MAXR) {
+            struct sreq *q = &r[n_r];
+            if (n_r && srnd(5) == 0) {
+                const struct sreq *old = &r[srnd((uint32_t)n_r)];
+                memcpy(q->ids, old->ids, sizeof q->ids);
+                q->n = old->n;
+            } else {
+                int pre = srnd(3) ? (int)srnd(33) : 0, suf = 1 + (int)srnd(12);
+                const int32_t *b = shared[srnd(3)];
+                for (int i = 0; i < pre; i++) q->ids[i] = b[i];
+                for (int i = 0; i < suf; i++) q->ids[pre + i] = (int32_t)(srnd(250) + 3);
+                q->n = pre + suf;
+            }
+            q->max_tokens = 1 + (int)srnd(30);
+            atomc_request rq;
+            atomc_request_init(&rq);
+            rq.prompt_ids = q->ids;
+            rq.n_prompt_ids = q->n;
+            rq.params.temperature = 0;
+            rq.params.max_tokens = q->max_tokens;
+            rq.params.ignore_eos = true;
+            rq.params.logprobs = 2;
+            rq.on_output = on_out;
+            rq.user = &q->o;
+            char err[256];
+            CHECK_MSG(atomc_engine_add_request(e, &rq, &q->id, err, sizeof err) == ATOMC_OK, "%s", err);
+            n_r++;
+        }
+        if (n_r && srnd(100) < 3) {
+            struct sreq *q = &r[srnd((uint32_t)n_r)];
+            if (!q->o.reason && atomc_engine_abort(e, q->id) == ATOMC_OK) q->aborted = true;
+        }
+        atomc_engine_step(e);
+    }
+    run(e);
+    atomc_stats st;
+    atomc_engine_get_stats(e, &st);
+    fprintf(stderr, "  %d requests, %llu steps, %llu preemptions, %llu aborted, prefix hit rate %.1f%%\n", n_r,
+            (unsigned long long)st.num_steps, (unsigned long long)st.num_preemptions,
+            (unsigned long long)st.num_requests_aborted,
+            st.prefix_cache_queries ? 100.0 * st.prefix_cache_hits / st.prefix_cache_queries : 0.0);
+    ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
+    ASSERT_TRUE(st.num_preemptions > 0);
+    ASSERT_TRUE(st.num_steps >= 2000);
+    atomc_engine_free(e);
+    e = make("llama_gqa", 16, 16, 256, 1, 256, false);
+    int checked = 0;
+    for (int i = 0; i < n_r; i++) {
+        if (r[i].o.reason == ATOMC_FINISH_ABORT) {
+            ASSERT_TRUE(r[i].aborted);
+            continue;
+        }
+        ASSERT_EQ(r[i].o.reason, ATOMC_FINISH_LENGTH);
+        ASSERT_EQ(r[i].o.n, r[i].max_tokens);
+        struct out alone;
+        add(e, r[i].ids, r[i].n, r[i].max_tokens, &alone);
+        run(e);
+        if (compare(&alone, &r[i].o, 1e-4f) < 0) {
+            test_fail(__FILE__, __LINE__, "request %d (%d prompt tokens, %d preemptions): differs from alone", i,
+                      r[i].n, r[i].o.preempted);
+            break;
+        }
+        checked++;
+    }
+    ASSERT_TRUE(checked > n_r / 2);
     atomc_engine_free(e);
 }
 
