@@ -616,6 +616,10 @@ static void collect_prompt_logprobs(atomc_engine *e, const struct forward_batch 
 }
 
 int atomc_engine_step(atomc_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    bool foreign = e->thread_on && !pthread_equal(pthread_self(), e->thread);
+    pthread_mutex_unlock(&e->mu);
+    CHECK_MSG(!foreign, "atomc_engine_step called while the engine's loop thread runs");
     drain_inbox(e);
     double now = time_now_s();
     struct scheduler_output so;
