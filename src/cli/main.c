@@ -17,6 +17,7 @@ static const struct command commands[] = {
     {"detokenize", cmd_detokenize, "token ids -> text with a model's tokenizer"},
     {"chat-template", cmd_chat_template, "render a conversation with a model's chat template"},
     {"bench-runner", cmd_bench_runner, "time the model runner alone: prefill and decode tokens/s, bandwidth"},
+    {"bench", cmd_bench, "benchmarks: throughput (offline engine), serve (HTTP client)"},
 };
 
 static void usage(FILE *f) {
