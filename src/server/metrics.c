@@ -128,13 +128,23 @@ static char *label_escape(const char *s) {
     return out;
 }
 
+// Shortest decimal that reads back as the same double (Prometheus parses it with strtod).
+static const char *fmt_double(double v, char *buf, size_t len) {
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
 static void out_header(struct outbuf *o, const char *name, const char *type, const char *help) {
     out_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static void out_gauge(struct outbuf *o, const char *lbl, const char *name, const char *help, double v) {
     out_header(o, name, "gauge", help);
-    out_printf(o, "%s{model_name=\"%s\"} %.17g\n", name, lbl, v);
+    char num[40];
+    out_printf(o, "%s{model_name=\"%s\"} %s\n", name, lbl, fmt_double(v, num, sizeof num));
 }
 
 static void out_counter(struct outbuf *o, const char *lbl, const char *name, const char *help, uint64_t v) {
@@ -145,14 +155,15 @@ static void out_counter(struct outbuf *o, const char *lbl, const char *name, con
 static void out_histogram(struct outbuf *o, const char *lbl, const struct histogram *h) {
     out_header(o, h->name, "histogram", h->help);
     uint64_t cum = 0;
+    char num[40];
     for (int i = 0; i < h->n_buckets; i++) {
         cum += h->counts[i];
-        out_printf(o, "%s_bucket{le=\"%.17g\",model_name=\"%s\"} %llu\n", h->name, h->bounds[i], lbl,
-                   (unsigned long long)cum);
+        out_printf(o, "%s_bucket{le=\"%s\",model_name=\"%s\"} %llu\n", h->name, fmt_double(h->bounds[i], num, sizeof num),
+                   lbl, (unsigned long long)cum);
     }
     cum += h->counts[h->n_buckets];
     out_printf(o, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %llu\n", h->name, lbl, (unsigned long long)cum);
-    out_printf(o, "%s_sum{model_name=\"%s\"} %.17g\n", h->name, lbl, h->sum);
+    out_printf(o, "%s_sum{model_name=\"%s\"} %s\n", h->name, lbl, fmt_double(h->sum, num, sizeof num));
     out_printf(o, "%s_count{model_name=\"%s\"} %llu\n", h->name, lbl, (unsigned long long)h->count);
 }
 
