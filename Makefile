@@ -62,6 +62,7 @@ TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT_C))
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_CU))
 
 .PHONY: all test asan clean fuzz gpu-tests format
+.SECONDARY:
 all: $(BUILD)/atomc $(BUILD)/libatomc.a $(TEST_BIN)
 
 $(BUILD)/%.o: %.c

@@ -64,7 +64,7 @@ struct rope_args {
 struct sample_args {
     int n_rows;
     int vocab_size;
-    const struct tensor *logits;     // (n_rows, vocab) F32, modified in place (penalties, temperature)
+    const struct tensor *logits;     // (n_rows, vocab) F32; a backend may modify it in place (CPU does not)
     const float *temperature;        // 0 = greedy
     const float *top_p;
     const int32_t *top_k;            // <= 0 = off

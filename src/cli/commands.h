@@ -4,5 +4,6 @@
 #define ATOMC_CLI_COMMANDS_H
 
 int cmd_version(int argc, char **argv);
+int cmd_bench_serve(int argc, char **argv);
 
 #endif
