@@ -306,6 +306,18 @@ static void apply_event(struct srv_req *r, struct srv_event *ev) {
     if (c->done) return; // outputs after the final one are a contract violation; ignore them
     bool first = !c->seen;
     c->seen = true;
+    if (r->score_only) {
+        // Only the prompt (and its logprobs) is wanted; hide the one token generated to get them.
+        ev->n_tokens = 0;
+        ev->text_len = 0;
+        ev->completion_tokens = 0;
+        if (ev->finish != ATOMC_FINISH_NONE && ev->finish != ATOMC_FINISH_ABORT && ev->finish != ATOMC_FINISH_ERROR) {
+            ev->finish = ATOMC_FINISH_LENGTH;
+            free(ev->stop_str);
+            ev->stop_str = NULL;
+            ev->stop_token = -1;
+        }
+    }
     if (ev->n_tokens > 0) {
         if (c->t_first == 0) {
             c->t_first = ev->t;
@@ -316,7 +328,8 @@ static void apply_event(struct srv_req *r, struct srv_event *ev) {
         c->t_last = ev->t;
     }
     if (ev->prompt_tokens) c->prompt_tokens = ev->prompt_tokens;
-    if (ev->completion_tokens > 0) c->completion_tokens = ev->completion_tokens; // cumulative, from the engine
+    if (r->score_only) c->completion_tokens = 0;
+    else if (ev->completion_tokens > 0) c->completion_tokens = ev->completion_tokens; // cumulative, from the engine
     else c->completion_tokens += ev->n_tokens;
     if (ev->cached_tokens) c->cached_tokens = ev->cached_tokens;
     if (ev->finish != ATOMC_FINISH_NONE) {
@@ -643,6 +656,14 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         ar.params = q->params;
         int room = s->eng.max_model_len - p->n_ids;
         if (!q->max_tokens_set) ar.params.max_tokens = ep == OAI_ENDPOINT_CHAT ? room : (room < 16 ? room : 16);
+        if (ar.params.max_tokens == 0) {
+            // lm-eval-harness style scoring (echo + logprobs + max_tokens 0): the engine needs at
+            // least one output token; it is generated and dropped (see apply_event).
+            r->score_only = true;
+            ar.params.max_tokens = 1;
+            ar.params.min_tokens = 0;
+            ar.params.logprobs = -1;
+        }
         if (ar.params.min_tokens > ar.params.max_tokens) ar.params.min_tokens = ar.params.max_tokens;
         // n > 1 with a seed: distinct but reproducible samples per choice.
         if (ar.params.has_seed) ar.params.seed += (uint64_t)(i % q->n);

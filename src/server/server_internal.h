@@ -116,6 +116,7 @@ struct srv_req {
     struct evhttp_connection *conn;
     struct event *close_watch;   // non-stream: notices the client closing while we wait for the engine
     bool client_gone, responded, in_active;
+    bool score_only;             // echo + max_tokens 0: the engine generates 1 token that is dropped
     struct srv_req *prev, *next; // active list
     struct oai_request oai;
     struct srv_prompt *prompts;
