@@ -13,5 +13,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_bench_throughput(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_bench_latency(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 #endif
