@@ -235,6 +235,17 @@ typedef struct atomc_model_info {
     const char *chat_template; // NULL if the model has none
     const char *bos_token;     // text of BOS / EOS, or NULL
     const char *eos_token;
+
+    // Sampling defaults from the model's generation_config.json (vLLM applies them to
+    // requests that leave the field unset, unless generation_config is "vllm"). Fields not
+    // given: temperature/min_p -1, top_p/repetition_penalty 0, top_k -1, max_tokens 0.
+    bool has_generation_defaults;
+    float default_temperature;
+    float default_top_p;
+    int default_top_k;
+    float default_min_p;
+    float default_repetition_penalty;
+    int default_max_tokens;    // max_new_tokens
 } atomc_model_info;
 void atomc_engine_get_model_info(atomc_engine *e, atomc_model_info *info);
 

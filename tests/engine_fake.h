@@ -17,6 +17,7 @@
 #include "common/check.h"
 #include "engine/block_manager.h"
 #include "engine/engine_internal.h"
+#include "tokenizer/tokenizer.h"
 
 #define FAKE_EOS 0
 
@@ -28,6 +29,8 @@ struct fake_model {
     atomc_engine *engine;     // set after creation (write-ownership checks)
     int violations;           // invariant breaks seen
     int fail_next;            // > 0: the next execute calls fail
+    const int32_t *script;    // if set: the token after a context of L tokens is script[L - script_from]
+    int n_script, script_from;
     int max_batch_tokens, max_batch_seqs;
     uint64_t executed_tokens;
     // Output buffers.
@@ -120,6 +123,8 @@ static inline atomc_status fake_execute(void *ctx, const struct forward_batch *f
             if (pass == 0) {
                 const struct sample_row *sr = &fb->sampling[r];
                 int32_t t = fake_pick(h, sr, m->vocab);
+                int si = upto - m->script_from;
+                if (m->script && si >= 0 && si < m->n_script) t = m->script[si];
                 m->ids[r] = t;
                 m->lps[r] = -(float)(t % 7) / 7.0f;
                 for (int k = 0; k < 32; k++) {
@@ -231,9 +236,12 @@ static inline atomc_status fake_detok_step(void *st, const int32_t *ids, int n_i
 static inline void fake_detok_free(void *st) { free(st); }
 
 // Creates an engine over a fresh fake model. *model receives the model (owned by the engine).
-static inline atomc_status fake_engine_create(const atomc_engine_options *o, int vocab, int num_blocks,
-                                              int max_model_len, bool with_text, atomc_engine **out,
-                                              struct fake_model **model, struct error *err) {
+// With a real tokenizer `tok` (owned by the engine from here), text goes through it and its
+// EOS is the engine's EOS; else with_text selects the fake tokenizer above.
+static inline atomc_status fake_engine_create_tok(const atomc_engine_options *o, int vocab, int num_blocks,
+                                                  int max_model_len, bool with_text, struct tokenizer *tok,
+                                                  atomc_engine **out, struct fake_model **model,
+                                                  struct error *err) {
     struct fake_model *m = xcalloc(1, sizeof *m);
     m->vocab = vocab;
     m->num_blocks = num_blocks;
@@ -248,7 +256,9 @@ static inline atomc_status fake_engine_create(const atomc_engine_options *o, int
     su.model.ctx = m;
     su.model.execute = fake_execute;
     su.model.free = fake_model_free;
-    if (with_text) {
+    if (tok) {
+        engine_text_ops_from_tokenizer(&su.text, tok);
+    } else if (with_text) {
         su.text.ctx = m; // any non-NULL context
         su.text.encode = fake_encode;
         su.text.decode = fake_decode;
@@ -259,7 +269,7 @@ static inline atomc_status fake_engine_create(const atomc_engine_options *o, int
     su.num_kv_blocks = num_blocks;
     su.vocab_size = vocab;
     su.max_model_len = max_model_len;
-    su.eos_ids[0] = FAKE_EOS;
+    su.eos_ids[0] = tok ? tokenizer_eos_id(tok) : FAKE_EOS;
     su.n_eos = 1;
     su.info.architecture = "FakeForTests";
     su.info.model_name = "fake";
@@ -269,6 +279,12 @@ static inline atomc_status fake_engine_create(const atomc_engine_options *o, int
         *model = m;
     }
     return st;
+}
+
+static inline atomc_status fake_engine_create(const atomc_engine_options *o, int vocab, int num_blocks,
+                                              int max_model_len, bool with_text, atomc_engine **out,
+                                              struct fake_model **model, struct error *err) {
+    return fake_engine_create_tok(o, vocab, num_blocks, max_model_len, with_text, NULL, out, model, err);
 }
 
 #endif

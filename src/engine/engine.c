@@ -506,10 +506,11 @@ static void fill_sample_row(const atomc_engine *e, const struct sequence *s, str
 // Fills the per-step buffers from the scheduler output.
 static void build_batch(atomc_engine *e, const struct scheduler_output *so, struct forward_batch *fb) {
     int n_seqs = so->n_seqs, n_tok = so->n_tokens, bs = e->block_size, max_blocks = 1;
-    e->b_tokens = grow(e->b_tokens, &e->b_tok_cap, n_tok, sizeof *e->b_tokens);
-    int cap = e->b_tok_cap;
-    e->b_positions = xrealloc(e->b_positions, (size_t)cap * sizeof *e->b_positions);
-    e->b_slots = xrealloc(e->b_slots, (size_t)cap * sizeof *e->b_slots);
+    if (n_tok > e->b_tok_cap) {
+        e->b_tokens = grow(e->b_tokens, &e->b_tok_cap, n_tok, sizeof *e->b_tokens);
+        e->b_positions = xrealloc(e->b_positions, (size_t)e->b_tok_cap * sizeof *e->b_positions);
+        e->b_slots = xrealloc(e->b_slots, (size_t)e->b_tok_cap * sizeof *e->b_slots);
+    }
     if (e->b_seq_cap < n_seqs + 1) {
         e->b_seq_cap = n_seqs + 1 < e->max_num_seqs + 1 ? e->max_num_seqs + 1 : n_seqs + 1;
         size_t c = (size_t)e->b_seq_cap;
@@ -615,6 +616,10 @@ static void collect_prompt_logprobs(atomc_engine *e, const struct forward_batch 
 }
 
 int atomc_engine_step(atomc_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    bool foreign = e->thread_on && !pthread_equal(pthread_self(), e->thread);
+    pthread_mutex_unlock(&e->mu);
+    CHECK_MSG(!foreign, "atomc_engine_step called while the engine's loop thread runs");
     drain_inbox(e);
     double now = time_now_s();
     struct scheduler_output so;

@@ -36,6 +36,10 @@ struct engine_text_ops {
     void (*free)(void *ctx); // may be NULL
 };
 
+struct tokenizer;
+// Text ops over a loaded tokenizer (engine_text.c); the ops own it (freed with the engine).
+void engine_text_ops_from_tokenizer(struct engine_text_ops *ops, struct tokenizer *tok);
+
 #define ENGINE_MAX_EOS 16
 
 struct engine_setup {

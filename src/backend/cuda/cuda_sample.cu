@@ -1,296 +1,371 @@
-// Sampling on the GPU: penalties, temperature, top-k, top-p, min-p, a seeded draw, and
-// logprobs, with the CPU reference sampler's semantics; only ids (and logprobs) reach the
-// host.
+// Sampling on the GPU with exactly the CPU reference sampler's semantics (see the contract
+// at the top of src/backend/cpu/cpu_sampler.c: raw logprobs, vLLM penalties, greedy below
+// temperature 1e-5, min-p -> top-k -> top-p as a prefix of the total order (value desc, id
+// asc), inverse-CDF draw in ascending id order with u = sample_rng_uniform(seed, step)).
+// Only ids and logprobs reach the host; the logits are left unchanged.
 //
-// One 512-thread CTA per logits row. Thread i owns the contiguous id range
-// [i * C, (i + 1) * C), C = ceil(vocab / 512), so every "in ascending token-id order"
-// step is a block scan over per-thread partial sums. Probability mass is carried as
-// 64-bit fixed point (exp((x - max) / T) * 2^40): sums are exact integers, so the result is
-// the same on every run and independent of reduction order. Thresholds (k-th largest logit,
-// the top-p cut) come from a 4-pass radix select on order-preserving keys of the logits;
-// tokens tied at a threshold are kept in ascending id order. Filtered-out tokens get -inf
-// written into the logits row (the row is documented as modified in place).
+// One 512-thread CTA per logits row. Order-independent passes (maxima, histograms, integer
+// sums) stride over the row for coalescing; the passes that follow id order give thread i
+// the contiguous ids [i * C, (i + 1) * C), C = ceil(vocab / 512), and use a block scan.
+// Probability mass is 64-bit fixed point: e = expf(w - max) (the max has e = 1) times 2^40,
+// so sums are exact integers, identical on every run whatever the reduction order; the CPU
+// sums the same e in double, so the two differ only when a threshold falls within ~1e-7 of
+// a CDF boundary. The k-th element and the top-p cut come from a 4-pass radix select on
+// order-preserving keys of w; ties at the cut are broken by id, which pins the kept set's
+// last element (value, id) exactly as the CPU's total order does.
 //
-// Penalties run first as two small kernels over the token history: one counts each id into
-// a (rows, vocab) scratch (prompt occurrences flagged in bit 24), the second applies every
-// distinct id's penalty exactly once by exchanging its count back to zero, which leaves the
-// scratch zeroed for the next call without a memset.
+// Penalties: the history is counted into a (rows, vocab) int32 scratch (output occurrences
+// in the low bits, prompt occurrences flag bit 24); every pass derives the penalised value
+// from the raw logit and the count on the fly, and the row clears its counts at the end, so
+// the scratch stays zero between calls without a memset.
 #include "backend/cuda/cuda_common.cuh"
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+
+#include "backend/sample_rng.h"
+
 namespace {
 
-constexpr int ST = 512;  // threads per row
-constexpr double FIX_ONE = 1099511627776.0; // 2^40
+constexpr int ST = 512;                      // threads per row
+constexpr double FIX_ONE = 1099511627776.0;  // 2^40
 constexpr int32_t PROMPT_FLAG = 1 << 24;
+constexpr float GREEDY_EPS = 1e-5f;          // as the CPU sampler
 
-__global__ void penalty_count_kernel(int32_t *counts, int vocab, const int32_t *hist_start, const int32_t *hist_ids,
-                                     const int32_t *hist_prompt_len) {
-    int r = blockIdx.x;
-    int b = hist_start[r], e = hist_start[r + 1], np = hist_prompt_len[r];
-    for (int i = b + threadIdx.x; i < e; i += blockDim.x) {
-        int id = hist_ids[i];
-        if (id < 0 || id >= vocab) continue;
-        atomicAdd(&counts[(size_t)r * vocab + id], i - b < np ? PROMPT_FLAG : 1);
-    }
-}
-
-__global__ void penalty_apply_kernel(float *logits, int32_t *counts, int vocab, const int32_t *hist_start,
-                                     const int32_t *hist_ids, const float *presence, const float *frequency,
-                                     const float *repetition) {
-    int r = blockIdx.x;
-    int b = hist_start[r], e = hist_start[r + 1];
-    float pp = presence ? presence[r] : 0.f, fp = frequency ? frequency[r] : 0.f, rp = repetition ? repetition[r] : 1.f;
-    for (int i = b + threadIdx.x; i < e; i += blockDim.x) {
-        int id = hist_ids[i];
-        if (id < 0 || id >= vocab) continue;
-        int32_t c = atomicExch(&counts[(size_t)r * vocab + id], 0);
-        if (c == 0) continue; // another thread owns this id
-        float *x = &logits[(size_t)r * vocab + id];
-        float v = *x;
-        if (rp != 1.f) v = v > 0.f ? v / rp : v * rp;
-        int out_count = c & (PROMPT_FLAG - 1);
-        if (out_count > 0) v -= fp * (float)out_count + pp;
-        *x = v;
-    }
-}
+typedef unsigned long long u64;
 
 __device__ __forceinline__ uint32_t f2key(float f) {
     uint32_t u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// splitmix64 finaliser: the counter-based generator of the draw (same as the CPU sampler).
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-struct argmax_pair {
+struct vid {
     float v;
     int id;
 };
-struct argmax_op {
-    __device__ __forceinline__ argmax_pair operator()(const argmax_pair &a, const argmax_pair &b) const {
-        if (a.v > b.v || (a.v == b.v && a.id < b.id)) return a;
-        return b;
-    }
-};
-// a comes before b in (value descending, id ascending) order
-__device__ __forceinline__ bool ranks_before(float av, int aid, float bv, int bid) {
+// The sampler's total order: higher value first, then lower id.
+__device__ __forceinline__ bool before_in_order(float av, int aid, float bv, int bid) {
     return av > bv || (av == bv && aid < bid);
 }
+struct vid_first {
+    __device__ __forceinline__ vid operator()(const vid &a, const vid &b) const {
+        return before_in_order(a.v, a.id, b.v, b.id) ? a : b;
+    }
+};
 
 struct sample_smem {
     union {
-        typename cub::BlockReduce<argmax_pair, ST>::TempStorage am;
-        typename cub::BlockReduce<float, ST>::TempStorage f;
-        typename cub::BlockReduce<unsigned long long, ST>::TempStorage u;
-        typename cub::BlockScan<unsigned long long, ST>::TempStorage scan;
+        typename cub::BlockReduce<vid, ST>::TempStorage vid_red;
+        typename cub::BlockReduce<float, ST>::TempStorage f_red;
+        typename cub::BlockReduce<u64, ST>::TempStorage u_red;
+        typename cub::BlockScan<u64, ST>::TempStorage scan;
     } cub;
-    unsigned long long hist[256];
-    argmax_pair bcast_pair;
-    float bcast_f;
-    unsigned long long bcast_u[2];
-    uint32_t bcast_key;
-    int bcast_id;
+    u64 hist[256];
+    vid b_vid;
+    float b_f;
+    u64 b_u[2];
+    uint32_t b_key;
+    int b_id;
+    bool b_ok;
 };
 
-__device__ __forceinline__ uint64_t fixed_mass(float x, float mx, float inv_t) {
-    if (x == -INFINITY) return 0;
-    return (uint64_t)(__expf((x - mx) * inv_t) * FIX_ONE);
+// One row's view: raw logits, penalty counts, temperature, and the value every filter uses.
+struct row_view {
+    const float *raw;
+    const int32_t *cnt; // null without penalties
+    float rp, fp, pp, inv_t, m;
+
+    // Penalised logit with the CPU sampler's exact float operations (no FMA contraction).
+    __device__ __forceinline__ float w(int i) const {
+        float v = raw[i];
+        if (cnt) {
+            int32_t c = cnt[i];
+            if (c) {
+                v = v > 0.f ? __fdiv_rn(v, rp) : __fmul_rn(v, rp);
+                int oc = c & (PROMPT_FLAG - 1);
+                v = __fsub_rn(__fsub_rn(v, __fmul_rn(fp, (float)oc)), __fmul_rn(pp, oc > 0 ? 1.f : 0.f));
+            }
+        }
+        return v;
+    }
+    __device__ __forceinline__ float wt(int i) const { return __fmul_rn(w(i), inv_t); }
+    __device__ __forceinline__ float e(float wti) const { return expf(__fsub_rn(wti, m)); }
+    __device__ __forceinline__ u64 mass(float wti) const { return (u64)((double)e(wti) * FIX_ONE); }
+};
+
+template <typename T, typename Op> __device__ T block_all_reduce(sample_smem &sm, T v, Op op);
+template <> __device__ vid block_all_reduce<vid, vid_first>(sample_smem &sm, vid v, vid_first op) {
+    v = cub::BlockReduce<vid, ST>(sm.cub.vid_red).Reduce(v, op);
+    if (threadIdx.x == 0) sm.b_vid = v;
+    __syncthreads();
+    v = sm.b_vid;
+    __syncthreads();
+    return v;
+}
+__device__ float block_sum_f(sample_smem &sm, float v) {
+    v = cub::BlockReduce<float, ST>(sm.cub.f_red).Sum(v);
+    if (threadIdx.x == 0) sm.b_f = v;
+    __syncthreads();
+    v = sm.b_f;
+    __syncthreads();
+    return v;
+}
+__device__ u64 block_sum_u(sample_smem &sm, u64 v) {
+    v = cub::BlockReduce<u64, ST>(sm.cub.u_red).Sum(v);
+    if (threadIdx.x == 0) sm.b_u[1] = v;
+    __syncthreads();
+    v = sm.b_u[1];
+    __syncthreads();
+    return v;
 }
 
-// Radix select over the survivors of [lo, hi): finds the key T such that the weight of keys
-// > T is < target <= the weight of keys >= T; returns T and, in *rem, the weight still needed
-// from tokens with key == T. weight = 1 (COUNT) or fixed-point mass.
-template <bool COUNT>
-__device__ uint32_t radix_select(sample_smem &sm, const float *x, int lo, int hi, float mx, float inv_t,
-                                 unsigned long long target, unsigned long long *rem) {
+// Radix select over the tokens with pred(i): the key T with weight(keys > T) < need <=
+// weight(keys >= T); *rem = the weight still needed from tokens with key == T. Returns false
+// when the whole weight is < need.
+template <typename Pred, typename Weight>
+__device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pred, Weight weight, u64 need, uint32_t *T,
+                             u64 *rem) {
     uint32_t prefix = 0, mask = 0;
-    unsigned long long need = target;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += ST) sm.hist[i] = 0;
         __syncthreads();
-        for (int i = lo; i < hi; i++) {
-            float v = x[i];
-            if (v == -INFINITY) continue;
-            uint32_t k = f2key(v);
-            if ((k & mask) != prefix) continue;
-            unsigned long long w = COUNT ? 1ull : fixed_mass(v, mx, inv_t);
-            if (w) atomicAdd(&sm.hist[(k >> shift) & 255], w);
+        for (int i = threadIdx.x; i < V; i += ST) {
+            float x = rv.wt(i);
+            uint32_t k = f2key(x);
+            if ((k & mask) != prefix || !pred(i, x)) continue;
+            u64 wgt = weight(x);
+            if (wgt) atomicAdd(&sm.hist[(k >> shift) & 255], wgt);
         }
         __syncthreads();
         if (threadIdx.x == 0) {
-            unsigned long long cum = 0;
+            u64 cum = 0;
             int b = 255;
-            for (; b > 0; b--) {
+            for (; b >= 0; b--) {
                 if (cum + sm.hist[b] >= need) break;
                 cum += sm.hist[b];
             }
-            sm.bcast_key = (uint32_t)b;
-            sm.bcast_u[0] = need - cum;
+            sm.b_ok = b >= 0;
+            sm.b_key = b >= 0 ? (uint32_t)b : 0u;
+            sm.b_u[0] = need - cum;
         }
         __syncthreads();
-        prefix |= sm.bcast_key << shift;
+        bool ok = sm.b_ok;
+        prefix |= sm.b_key << shift;
         mask |= 0xffu << shift;
-        need = sm.bcast_u[0];
+        need = sm.b_u[0];
         __syncthreads();
+        if (!ok) return false;
     }
+    *T = prefix;
     *rem = need;
-    return prefix;
+    return true;
 }
 
-// Keeps every survivor with key > T, and those with key == T in ascending id order while the
-// weight before them is < rem; writes -inf into the others.
-template <bool COUNT>
-__device__ void apply_threshold(sample_smem &sm, float *x, int lo, int hi, float mx, float inv_t, uint32_t T,
-                                unsigned long long rem) {
-    unsigned long long local = 0;
+// Among tokens with pred(i) and key == T, in ascending id order: the first whose running
+// weight reaches rem.
+template <typename Pred, typename Weight>
+__device__ int find_tie(sample_smem &sm, const row_view &rv, int lo, int hi, uint32_t T, Pred pred, Weight weight, u64 rem) {
+    u64 local = 0;
     for (int i = lo; i < hi; i++) {
-        float v = x[i];
-        if (v != -INFINITY && f2key(v) == T) local += COUNT ? 1ull : fixed_mass(v, mx, inv_t);
+        float x = rv.wt(i);
+        if (f2key(x) == T && pred(i, x)) local += weight(x);
     }
-    unsigned long long before;
-    cub::BlockScan<unsigned long long, ST>(sm.cub.scan).ExclusiveSum(local, before);
+    u64 before;
+    cub::BlockScan<u64, ST>(sm.cub.scan).ExclusiveSum(local, before);
+    if (threadIdx.x == 0) sm.b_id = -1;
     __syncthreads();
-    for (int i = lo; i < hi; i++) {
-        float v = x[i];
-        if (v == -INFINITY) continue;
-        uint32_t k = f2key(v);
-        if (k > T) continue;
-        if (k == T) {
-            unsigned long long w = COUNT ? 1ull : fixed_mass(v, mx, inv_t);
-            bool keep = before < rem;
-            before += w;
-            if (keep) continue;
-        }
-        x[i] = -INFINITY;
-    }
-    __syncthreads();
-}
-
-__device__ unsigned long long block_sum_u64(sample_smem &sm, unsigned long long v) {
-    unsigned long long s = cub::BlockReduce<unsigned long long, ST>(sm.cub.u).Sum(v);
-    if (threadIdx.x == 0) sm.bcast_u[1] = s;
-    __syncthreads();
-    s = sm.bcast_u[1];
-    __syncthreads();
-    return s;
-}
-
-__global__ void __launch_bounds__(ST) sample_kernel(float *logits, int vocab, const float *temperature, const float *top_p,
-                                                    const int32_t *top_k, const float *min_p, const uint64_t *seed,
-                                                    const uint64_t *step, int n_logprobs, int32_t *out_ids,
-                                                    float *out_logprob, int32_t *out_top_ids, float *out_top_logprobs) {
-    __shared__ sample_smem sm;
-    const int r = blockIdx.x;
-    float *x = logits + (size_t)r * vocab;
-    const int C = (vocab + ST - 1) / ST;
-    const int lo = min(vocab, (int)threadIdx.x * C), hi = min(vocab, lo + C);
-
-    // 1. max / argmax (ties: lowest id), log-sum-exp of the (penalised) logits.
-    argmax_pair best = {-INFINITY, INT32_MAX};
-    for (int i = lo; i < hi; i++)
-        if (ranks_before(x[i], i, best.v, best.id)) best = {x[i], i};
-    best = cub::BlockReduce<argmax_pair, ST>(sm.cub.am).Reduce(best, argmax_op());
-    if (threadIdx.x == 0) sm.bcast_pair = best;
-    __syncthreads();
-    best = sm.bcast_pair;
-    __syncthreads();
-    const float mx = best.v;
-    float se = 0.f;
-    for (int i = lo; i < hi; i++) se += x[i] == -INFINITY ? 0.f : __expf(x[i] - mx);
-    se = cub::BlockReduce<float, ST>(sm.cub.f).Sum(se);
-    if (threadIdx.x == 0) sm.bcast_f = logf(se);
-    __syncthreads();
-    const float lse = mx + sm.bcast_f;
-    __syncthreads();
-
-    // 2. top-n logprobs of that distribution, best first (value desc, id asc).
-    float pv = INFINITY;
-    int pid = -1;
-    for (int j = 0; j < n_logprobs; j++) {
-        argmax_pair b = {-INFINITY, INT32_MAX};
-        for (int i = lo; i < hi; i++)
-            if (ranks_before(pv, pid, x[i], i) && ranks_before(x[i], i, b.v, b.id)) b = {x[i], i};
-        b = cub::BlockReduce<argmax_pair, ST>(sm.cub.am).Reduce(b, argmax_op());
-        if (threadIdx.x == 0) sm.bcast_pair = b;
-        __syncthreads();
-        b = sm.bcast_pair;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            out_top_ids[(size_t)r * n_logprobs + j] = b.id < vocab ? b.id : 0;
-            out_top_logprobs[(size_t)r * n_logprobs + j] = b.v - lse;
-        }
-        pv = b.v;
-        pid = b.id;
-    }
-
-    int chosen = best.id < vocab ? best.id : 0;
-    const float temp = temperature[r];
-    if (temp > 0.f) {
-        const float inv_t = 1.f / temp;
-        const int k = top_k ? top_k[r] : 0;
-        // 3. top-k: keep the k highest logits.
-        if (k > 0 && k < vocab) {
-            unsigned long long rem;
-            uint32_t T = radix_select<true>(sm, x, lo, hi, mx, inv_t, (unsigned long long)k, &rem);
-            apply_threshold<true>(sm, x, lo, hi, mx, inv_t, T, rem);
-        }
-        // 4. top-p over the survivors: the smallest prefix (by probability) holding >= p of their mass.
-        const float p = top_p ? top_p[r] : 1.f;
-        if (p < 1.f) {
-            unsigned long long local = 0;
-            for (int i = lo; i < hi; i++) local += fixed_mass(x[i], mx, inv_t);
-            unsigned long long total = block_sum_u64(sm, local);
-            unsigned long long target = (unsigned long long)((double)p * (double)total);
-            if (target < 1) target = 1;
-            unsigned long long rem;
-            uint32_t T = radix_select<false>(sm, x, lo, hi, mx, inv_t, target, &rem);
-            apply_threshold<false>(sm, x, lo, hi, mx, inv_t, T, rem);
-        }
-        // 5. min-p: probability >= min_p * the top probability (exp((x - max) / T) >= min_p).
-        const float mp = min_p ? min_p[r] : 0.f;
-        unsigned long long mp_fixed = mp > 0.f ? (unsigned long long)((double)mp * FIX_ONE) : 0ull;
-        // 6. Inverse CDF over the survivors in ascending id order.
-        unsigned long long local = 0;
+    if (before < rem && rem <= before + local) {
+        u64 cum = before;
         for (int i = lo; i < hi; i++) {
-            unsigned long long w = fixed_mass(x[i], mx, inv_t);
-            if (w >= mp_fixed) local += w;
-        }
-        unsigned long long before;
-        cub::BlockScan<unsigned long long, ST>(sm.cub.scan).ExclusiveSum(local, before);
-        __syncthreads();
-        unsigned long long total = block_sum_u64(sm, local);
-        uint64_t h = mix64(seed[r] ^ mix64(step[r]));
-        double u = (double)(h >> 11) * (1.0 / 9007199254740992.0); // [0, 1)
-        unsigned long long target = (unsigned long long)(u * (double)total);
-        if (target >= total && total > 0) target = total - 1;
-        if (threadIdx.x == 0) sm.bcast_id = -1;
-        __syncthreads();
-        if (total > 0 && target >= before && target < before + local) {
-            unsigned long long cum = before;
-            for (int i = lo; i < hi; i++) {
-                unsigned long long w = fixed_mass(x[i], mx, inv_t);
-                if (w < mp_fixed || w == 0) continue;
-                if (target < cum + w) {
-                    sm.bcast_id = i;
-                    break;
-                }
-                cum += w;
+            float x = rv.wt(i);
+            if (f2key(x) != T || !pred(i, x)) continue;
+            cum += weight(x);
+            if (cum >= rem) {
+                sm.b_id = i;
+                break;
             }
         }
+    }
+    __syncthreads();
+    int id = sm.b_id;
+    __syncthreads();
+    return id;
+}
+
+__global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, int32_t *counts, const int32_t *hist_start,
+                                                    const int32_t *hist_ids, const int32_t *hist_prompt_len,
+                                                    const float *temperature, const float *top_p, const int32_t *top_k,
+                                                    const float *min_p, const float *presence, const float *frequency,
+                                                    const float *repetition, const uint64_t *seed, const uint64_t *step,
+                                                    int n_logprobs, int32_t *out_ids, float *out_logprob,
+                                                    int32_t *out_top_ids, float *out_top_logprobs) {
+    __shared__ sample_smem sm;
+    const int r = blockIdx.x;
+    row_view rv;
+    rv.raw = logits + (size_t)r * V;
+    rv.cnt = nullptr;
+    rv.rp = repetition ? repetition[r] : 1.f;
+    rv.fp = frequency ? frequency[r] : 0.f;
+    rv.pp = presence ? presence[r] : 0.f;
+    rv.inv_t = 1.f;
+    rv.m = 0.f;
+    int32_t *cnt = counts ? counts + (size_t)r * V : nullptr;
+    const bool penalise = cnt && !(rv.rp == 1.f && rv.fp == 0.f && rv.pp == 0.f);
+    const int C = (V + ST - 1) / ST;
+    const int lo = min(V, (int)threadIdx.x * C), hi = min(V, lo + C);
+
+    // 0. Penalty counts: output occurrences (+1 each), prompt occurrences (flag).
+    if (penalise) {
+        int b = hist_start[r], e = hist_start[r + 1], np = hist_prompt_len[r];
+        for (int i = b + threadIdx.x; i < e; i += ST) {
+            int id = hist_ids[i];
+            if (id < 0 || id >= V) continue;
+            if (i - b < np) atomicOr(&cnt[id], PROMPT_FLAG);
+            else atomicAdd(&cnt[id], 1);
+        }
         __syncthreads();
-        if (sm.bcast_id >= 0) chosen = sm.bcast_id;
+        rv.cnt = cnt;
+    }
+
+    // 1. Raw logprobs: log-sum-exp and the top-n of the raw logits.
+    const bool want_lp = out_logprob || n_logprobs > 0;
+    float lse = 0.f;
+    if (want_lp) {
+        vid best = {-INFINITY, INT32_MAX};
+        for (int i = threadIdx.x; i < V; i += ST)
+            if (before_in_order(rv.raw[i], i, best.v, best.id)) best = {rv.raw[i], i};
+        best = block_all_reduce(sm, best, vid_first());
+        float s = 0.f;
+        for (int i = threadIdx.x; i < V; i += ST) s += expf(rv.raw[i] - best.v);
+        lse = best.v + logf(block_sum_f(sm, s));
+        vid prev = {INFINITY, -1};
+        for (int j = 0; j < n_logprobs; j++) {
+            vid b2 = {-INFINITY, INT32_MAX};
+            for (int i = threadIdx.x; i < V; i += ST) {
+                float x = rv.raw[i];
+                if (before_in_order(prev.v, prev.id, x, i) && before_in_order(x, i, b2.v, b2.id)) b2 = {x, i};
+            }
+            b2 = block_all_reduce(sm, b2, vid_first());
+            if (threadIdx.x == 0) {
+                bool ok = j < V;
+                out_top_ids[(size_t)r * n_logprobs + j] = ok ? b2.id : -1;
+                out_top_logprobs[(size_t)r * n_logprobs + j] = ok ? b2.v - lse : -INFINITY;
+            }
+            prev = b2;
+        }
+    }
+
+    // 2. Greedy: argmax of the penalised logits, lowest id on ties.
+    const float temp = temperature ? temperature[r] : 0.f;
+    int chosen;
+    {
+        vid best = {-INFINITY, INT32_MAX};
+        for (int i = threadIdx.x; i < V; i += ST) {
+            float x = rv.w(i);
+            if (before_in_order(x, i, best.v, best.id)) best = {x, i};
+        }
+        best = block_all_reduce(sm, best, vid_first());
+        chosen = best.id < V ? best.id : 0;
+    }
+    if (temp >= GREEDY_EPS) {
+        rv.inv_t = __fdiv_rn(1.f, temp);
+        vid best = {-INFINITY, INT32_MAX};
+        for (int i = threadIdx.x; i < V; i += ST) {
+            float x = rv.wt(i);
+            if (before_in_order(x, i, best.v, best.id)) best = {x, i};
+        }
+        best = block_all_reduce(sm, best, vid_first());
+        rv.m = best.v;
+        const float mp = min_p ? min_p[r] : 0.f;
+        const int k = top_k ? top_k[r] : 0;
+        const float tp = top_p ? top_p[r] : 1.f;
+        // The kept set is a prefix of the total order ending at (bkey, bid), intersected with
+        // the min-p survivors.
+        uint32_t bkey = 0;
+        int bid = INT32_MAX;
+        auto minp_ok = [&](int i, float x) { return !(mp > 0.f) || rv.e(x) >= mp; };
+        auto kept = [&](int i, float x) {
+            uint32_t kk = f2key(x);
+            return (kk > bkey || (kk == bkey && i <= bid)) && minp_ok(i, x);
+        };
+        auto one = [&](float) -> u64 { return 1ull; };
+        auto mass = [&](float x) -> u64 { return rv.mass(x); };
+        if (k > 0 && k < V) { // top-k among the min-p survivors
+            uint32_t T;
+            u64 rem;
+            if (radix_select(sm, rv, V, minp_ok, one, (u64)k + 1, &T, &rem)) { // more than k survivors
+                radix_select(sm, rv, V, minp_ok, one, (u64)k, &T, &rem);
+                bid = find_tie(sm, rv, lo, hi, T, minp_ok, one, rem);
+                bkey = T;
+            }
+        }
+        if (tp < 1.f) { // top-p over the survivors
+            if (!(tp > 0.f)) {
+                bkey = f2key(best.v);
+                bid = best.id;
+            } else {
+                u64 local = 0;
+                for (int i = threadIdx.x; i < V; i += ST) {
+                    float x = rv.wt(i);
+                    if (kept(i, x)) local += rv.mass(x);
+                }
+                u64 total = block_sum_u(sm, local);
+                double target = (double)tp * (double)total;
+                u64 need = (u64)ceil(target);
+                if (need < 1) need = 1;
+                uint32_t T;
+                u64 rem;
+                if (need <= total && radix_select(sm, rv, V, kept, mass, need, &T, &rem)) {
+                    int id = find_tie(sm, rv, lo, hi, T, kept, mass, rem);
+                    bkey = T;
+                    bid = id;
+                }
+            }
+        }
+        // 3. The draw: inverse CDF over the kept tokens in ascending id order.
+        u64 local = 0;
+        for (int i = lo; i < hi; i++) {
+            float x = rv.wt(i);
+            if (kept(i, x)) local += rv.mass(x);
+        }
+        u64 before;
+        cub::BlockScan<u64, ST>(sm.cub.scan).ExclusiveSum(local, before);
+        __syncthreads();
+        u64 total = block_sum_u(sm, local);
+        if (total > 0) {
+            double u = sample_rng_uniform(seed ? seed[r] : 0, step ? step[r] : 0);
+            u64 target = (u64)(u * (double)total);
+            if (threadIdx.x == 0) sm.b_id = -1;
+            __syncthreads();
+            if (target >= before && target < before + local) {
+                u64 cum = before;
+                for (int i = lo; i < hi; i++) {
+                    float x = rv.wt(i);
+                    if (!kept(i, x)) continue;
+                    cum += rv.mass(x);
+                    if (cum > target) {
+                        sm.b_id = i;
+                        break;
+                    }
+                }
+            }
+            __syncthreads();
+            if (sm.b_id >= 0) chosen = sm.b_id;
+        }
     }
     if (threadIdx.x == 0) {
         out_ids[r] = chosen;
-        if (out_logprob) out_logprob[r] = x[chosen] == -INFINITY ? -INFINITY : x[chosen] - lse;
+        if (out_logprob) out_logprob[r] = rv.raw[chosen] - lse;
+    }
+    // Leave the count scratch zeroed for the next call.
+    if (penalise) {
+        __syncthreads();
+        int b = hist_start[r], e = hist_start[r + 1];
+        for (int i = b + threadIdx.x; i < e; i += ST) {
+            int id = hist_ids[i];
+            if (id >= 0 && id < V) cnt[id] = 0;
+        }
     }
 }
 
@@ -298,11 +373,13 @@ __global__ void __launch_bounds__(ST) sample_kernel(float *logits, int vocab, co
 
 void cuda_op_sample(struct backend *b, const struct sample_args *a) {
     struct cuda_backend *cb = cuda_impl(b);
-    if (a->n_rows == 0) return;
-    CHECK(a->logits->dtype == DTYPE_F32 && tensor_cols(a->logits) == a->vocab_size && tensor_rows(a->logits) >= a->n_rows);
+    CHECK(a->logits && a->logits->dtype == DTYPE_F32 && a->vocab_size > 0);
+    CHECK(tensor_cols(a->logits) == a->vocab_size && tensor_rows(a->logits) >= a->n_rows);
     CHECK(a->n_logprobs >= 0 && a->n_logprobs <= 20);
     CHECK(a->n_logprobs == 0 || (a->out_top_ids && a->out_top_logprobs));
-    float *logits = (float *)a->logits->data;
+    CHECK(!a->any_penalty || (a->hist_start && a->hist_ids && a->hist_prompt_len));
+    if (a->n_rows <= 0) return;
+    int32_t *counts = nullptr;
     if (a->any_penalty) {
         size_t need = (size_t)a->n_rows * a->vocab_size * sizeof(int32_t);
         size_t cap = cuda_scratch_reserve(cb, (void **)&cb->sample_counts, &cb->sample_counts_bytes, need);
@@ -310,16 +387,11 @@ void cuda_op_sample(struct backend *b, const struct sample_args *a) {
                   "CUDA sample: penalty scratch (%zu bytes) cannot grow inside graph capture or is out of memory; "
                   "run this batch size eagerly once before capturing",
                   need);
-        penalty_count_kernel<<<a->n_rows, 256, 0, cb->stream>>>(cb->sample_counts, a->vocab_size, a->hist_start,
-                                                                a->hist_ids, a->hist_prompt_len);
-        CUDA_CHECK_LAUNCH();
-        penalty_apply_kernel<<<a->n_rows, 256, 0, cb->stream>>>(logits, cb->sample_counts, a->vocab_size, a->hist_start,
-                                                                a->hist_ids, a->presence_penalty, a->frequency_penalty,
-                                                                a->repetition_penalty);
-        CUDA_CHECK_LAUNCH();
+        counts = cb->sample_counts;
     }
-    sample_kernel<<<a->n_rows, ST, 0, cb->stream>>>(logits, a->vocab_size, a->temperature, a->top_p, a->top_k, a->min_p,
-                                                    a->seed, a->step, a->n_logprobs, a->out_ids, a->out_logprob,
-                                                    a->out_top_ids, a->out_top_logprobs);
+    sample_kernel<<<a->n_rows, ST, 0, cb->stream>>>(
+        (const float *)a->logits->data, a->vocab_size, counts, a->hist_start, a->hist_ids, a->hist_prompt_len,
+        a->temperature, a->top_p, a->top_k, a->min_p, a->presence_penalty, a->frequency_penalty, a->repetition_penalty,
+        a->seed, a->step, a->n_logprobs, a->out_ids, a->out_logprob, a->out_top_ids, a->out_top_logprobs);
     CUDA_CHECK_LAUNCH();
 }
