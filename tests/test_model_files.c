@@ -197,6 +197,41 @@ TEST(tiny_qwen3_gguf_matches_transformers) {
     json_decref(ref);
 }
 
+TEST(gguf_llama31_rope_freqs_recovered) {
+    // llama.cpp stores Llama-3.1's rope_scaling only as rope_freqs.weight; the config must
+    // come back as the HF llama3 parameters it was made from.
+    struct error e = {0};
+    json_t *ref = load_json("loader/tiny_llama31_rope_refs.json");
+    ASSERT_TRUE(ref != NULL);
+    json_t *sc = json_object_get(ref, "rope_scaling");
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_llama31_rope.gguf"), &e));
+    const struct rope_config *r = &mf->config.rope;
+    ASSERT_EQ(r->scaling, ROPE_SCALING_LLAMA3);
+    ASSERT_NEAR(r->theta, json_number_value(json_object_get(ref, "rope_theta")), 0);
+    ASSERT_NEAR(r->factor, json_number_value(json_object_get(sc, "factor")), 0);
+    ASSERT_NEAR(r->low_freq_factor, json_number_value(json_object_get(sc, "low_freq_factor")), 0);
+    ASSERT_NEAR(r->high_freq_factor, json_number_value(json_object_get(sc, "high_freq_factor")), 0);
+    ASSERT_EQ(r->original_max_position, json_integer_value(json_object_get(sc, "original_max_position_embeddings")));
+    // Factors that fit no llama3 parameters are refused, naming the tensor.
+    const struct gguf_tensor_info *ti = gguf_find_tensor(mf->gguf, "rope_freqs.weight");
+    ASSERT_TRUE(ti != NULL);
+    size_t off = (size_t)((const unsigned char *)ti->data - mf->gguf->data);
+    char *data;
+    size_t n;
+    ASSERT_OK(file_read_all(test_fixture("loader/tiny_llama31_rope.gguf"), &data, &n, &e));
+    model_files_close(mf);
+    float bad = 3.0f;
+    memcpy(data + off + 4 * 2, &bad, 4); // a short-wavelength factor that should be 1
+    write_file(tmp_dir(), "badrope.gguf", data, n);
+    free(data);
+    char p[600];
+    snprintf(p, sizeof p, "%s/badrope.gguf", tmp_dir());
+    ASSERT_EQ(model_files_open(&mf, p, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "badrope.gguf") && strstr(e.msg, "rope_freqs.weight"));
+    json_decref(ref);
+}
+
 TEST(gguf_errors_name_file_and_tensor) {
     struct error e = {0};
     struct model_files *mf;

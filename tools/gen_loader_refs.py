@@ -15,6 +15,7 @@ Python implementations so the C loader is checked against them, not against itse
                                           the q/k/v weights HF transformers serves when it
                                           loads that GGUF (gguf_file=)
   tiny_qwen3.gguf / tiny_qwen3_refs.json  the same for Qwen3 (no permutation, q/k norms, tied)
+  tiny_llama31_rope.gguf (+ _refs.json)    llama3 rope_scaling as llama.cpp stores it (rope_freqs.weight)
   smollm2_refs.json                       from the real SmolLM2-135M-Instruct GGUF
                                           ($ATOMC_SMOLLM2): metadata read by gguf.GGUFReader,
                                           dequantized token_embd rows, and q_proj/k_proj
@@ -280,6 +281,55 @@ def gen_tiny_qwen3_gguf():
         f.write(F32Encoder(indent=None).encode(ref))
 
 
+def llama_cpp_rope_freqs(theta, dim, factor, low, high, old_ctx):
+    # llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors): HF's llama3
+    # rope_scaling becomes a rope_freqs.weight tensor of per-frequency divisors.
+    import math
+    freqs = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old_ctx / high:
+            out.append(1.0)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def gen_tiny_llama3_rope_gguf():
+    """A LLaMA GGUF as llama.cpp writes Llama-3.1 (rope scaling only as rope_freqs.weight)."""
+    import gguf
+    path = os.path.join(OUT, "tiny_llama31_rope.gguf")
+    hidden, heads, vocab, theta = 128, 2, 8, 500000.0
+    hd = hidden // heads
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_context_length(131072)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(256)
+    w.add_head_count(heads)
+    w.add_head_count_kv(heads)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hd)
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    rf = llama_cpp_rope_freqs(theta, hd, scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"],
+                              scaling["original_max_position_embeddings"])
+    w.add_tensor("rope_freqs.weight", rf)
+    w.add_tensor("token_embd.weight", np.zeros((vocab, hidden), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open(os.path.join(OUT, "tiny_llama31_rope_refs.json"), "w") as f:
+        json.dump({"rope_theta": theta, "head_dim": hd, "rope_scaling": scaling,
+                   "rope_freqs": [float(x) for x in rf]}, f, indent=1)
+
+
 def gen_smollm2():
     import gguf
     path = os.environ.get("ATOMC_SMOLLM2", "/root/.cache/atomc/models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -362,6 +412,7 @@ if __name__ == "__main__":
     gen_gguf()
     gen_tiny_gguf()
     gen_tiny_qwen3_gguf()
+    gen_tiny_llama3_rope_gguf()
     if "--no-smollm2" not in sys.argv:
         gen_smollm2()
     print("wrote", os.path.normpath(OUT))

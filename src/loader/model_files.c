@@ -2,6 +2,7 @@
 #include "loader/model_files.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +177,59 @@ static atomc_status arch_f32(const struct gguf_file *g, const char *arch, const 
         if (st_ != ATOMC_OK) return st_; \
     } while (0)
 
+// llama.cpp's converter turns HF's llama3 rope_scaling into a rope_freqs.weight tensor of
+// per-frequency divisors (1 for short wavelengths, `factor` for long ones, a smooth blend
+// between) and writes no scaling metadata. Recover the HF parameters by matching the
+// tensor against the llama3 formula over the values real checkpoints use; if nothing
+// matches, refuse rather than run with silently wrong positions.
+static void llama3_factors(float theta, int dim, float factor, float low, float high, int orig, float *out) {
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < dim / 2; i++) {
+        double freq = 1.0 / pow((double)theta, (double)(2 * i) / dim);
+        double wavelen = 2 * pi / freq;
+        if (wavelen < orig / high) out[i] = 1.0f;
+        else if (wavelen > orig / low) out[i] = factor;
+        else {
+            double smooth = (orig / wavelen - low) / (high - low);
+            out[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+}
+
+static atomc_status gguf_llama3_rope(const struct gguf_file *g, struct model_config *c, struct error *err) {
+    const struct gguf_tensor_info *ti = gguf_find_tensor(g, "rope_freqs.weight");
+    if (!ti) return ATOMC_OK;
+    int half = c->rope.rotary_dim / 2;
+    if (ti->ggml_type != GGML_TYPE_F32 || ti->ndim != 1 || ti->ne[0] != half || half <= 0 || half > 1024)
+        return error_set(err, ATOMC_ERR_FORMAT, "%s: tensor 'rope_freqs.weight' must be F32 of shape [%d]", g->path,
+                         half);
+    float have[1024], want[1024];
+    memcpy(have, ti->data, (size_t)half * sizeof(float));
+    float factor = 1.0f;
+    for (int i = 0; i < half; i++) factor = have[i] > factor ? have[i] : factor;
+    if (factor == 1.0f) return ATOMC_OK; // all ones: no scaling
+    static const float lows[] = {1.0f, 0.5f, 2.0f}, highs[] = {4.0f, 2.0f, 8.0f};
+    static const int origs[] = {8192, 4096, 16384, 32768, 2048, 65536, 131072};
+    for (size_t a = 0; a < sizeof lows / sizeof lows[0]; a++)
+        for (size_t b = 0; b < sizeof highs / sizeof highs[0]; b++)
+            for (size_t o = 0; o < sizeof origs / sizeof origs[0]; o++) {
+                if (highs[b] <= lows[a]) continue;
+                llama3_factors(c->rope.theta, c->rope.rotary_dim, factor, lows[a], highs[b], origs[o], want);
+                bool ok = true;
+                for (int i = 0; ok && i < half; i++) ok = fabsf(have[i] - want[i]) <= 1e-4f * want[i];
+                if (!ok) continue;
+                c->rope.scaling = ROPE_SCALING_LLAMA3;
+                c->rope.factor = factor;
+                c->rope.low_freq_factor = lows[a];
+                c->rope.high_freq_factor = highs[b];
+                c->rope.original_max_position = origs[o];
+                return ATOMC_OK;
+            }
+    return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                     "%s: tensor 'rope_freqs.weight' holds RoPE frequency factors that match no llama3 "
+                     "rope_scaling (factor %g); atomc cannot reproduce them", g->path, factor);
+}
+
 static atomc_status gguf_config(struct model_files *mf, struct error *err) {
     const struct gguf_file *g = mf->gguf;
     struct model_config *c = &mf->config;
@@ -234,10 +288,7 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
             if (!c->rope.original_max_position) c->rope.original_max_position = c->max_position_embeddings;
         }
     }
-    // Llama-3 style frequency scaling is stored by llama.cpp as a rope_freqs.weight
-    // tensor (per-dimension divisors), not as metadata: tell the model through the name.
-    if (gguf_find_tensor(g, "rope_freqs.weight"))
-        LOG_INFO("%s: has rope_freqs.weight (precomputed RoPE frequency factors)", g->path);
+    TRY(gguf_llama3_rope(g, c, err));
 
     // MoE.
     TRY(arch_u32(g, arch, "expert_count", false, &c->num_experts, err));
