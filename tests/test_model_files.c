@@ -278,6 +278,12 @@ TEST(gguf_name_mapping) {
         {"model.layers.5.post_attention_layernorm.weight", "blk.5.ffn_norm.weight"},
         {"model.layers.5.mlp.gate.weight", "blk.5.ffn_gate_inp.weight"},
         {"model.layers.5.mlp.experts.17.up_proj.weight", "blk.5.ffn_up_exps.weight"},
+        {"model.layers.5.block_sparse_moe.gate.weight", "blk.5.ffn_gate_inp.weight"},
+        {"model.layers.5.block_sparse_moe.experts.7.w1.weight", "blk.5.ffn_gate_exps.weight"},
+        {"model.layers.5.block_sparse_moe.experts.7.w2.weight", "blk.5.ffn_down_exps.weight"},
+        {"model.layers.5.block_sparse_moe.experts.7.w3.weight", "blk.5.ffn_up_exps.weight"},
+        {"model.layers.2.mlp.shared_expert.down_proj.weight", "blk.2.ffn_down_shexp.weight"},
+        {"model.layers.2.mlp.shared_expert_gate.weight", "blk.2.ffn_gate_inp_shexp.weight"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ASSERT_TRUE(model_files_gguf_name(cases[i].hf, n, sizeof n));
@@ -286,6 +292,50 @@ TEST(gguf_name_mapping) {
     ASSERT_TRUE(!model_files_gguf_name("model.layers.x.mlp.up_proj.weight", n, sizeof n));
     ASSERT_TRUE(!model_files_gguf_name("model.layers.1.mlp.up_proj.weightX", n, sizeof n));
     ASSERT_TRUE(!model_files_gguf_name("model.layers.1.mlp.experts.2.foo_proj.weight", n, sizeof n));
+}
+
+TEST(gguf_moe_expert_views) {
+    // tiny_moe.gguf (gguf package writer): expert tensors stacked (n_expert, rows, cols), each
+    // value = expert * 1000 + row + col / 1000 (+0.5 up, +0.25 down).
+    struct error e = {0};
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_moe.gguf"), &e));
+    const struct model_config *c = &mf->config;
+    ASSERT_EQ(c->arch, MODEL_ARCH_QWEN3_MOE);
+    ASSERT_EQ(c->num_experts, 4);
+    ASSERT_EQ(c->num_experts_per_tok, 2);
+    ASSERT_EQ(c->moe_intermediate_size, 16);
+    ASSERT_TRUE(model_config_layer_is_moe(c, 0));
+    static const struct {
+        const char *proj;
+        int rows, cols;
+        float extra;
+    } projs[] = {{"gate", 16, 32, 0.0f}, {"up", 16, 32, 0.5f}, {"down", 32, 16, 0.25f}};
+    for (int ex = 0; ex < 4; ex++)
+        for (int p = 0; p < 3; p++) {
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.%s_proj.weight", ex, projs[p].proj);
+            struct tensor t;
+            ASSERT_OK(model_files_expect(mf, name, TENSOR_CLASS_FLOAT, &t, &e, projs[p].rows, projs[p].cols));
+            const float *v = t.data;
+            for (int r = 0; r < projs[p].rows; r++)
+                for (int col = 0; col < projs[p].cols; col++) {
+                    float want = (float)(ex * 1000 + r) + (float)col / 1000.0f + projs[p].extra;
+                    if (fabsf(v[r * projs[p].cols + col] - want) > 1e-3f) {
+                        test_fail(__FILE__, __LINE__, "%s[%d, %d] = %g, want %g", name, r, col,
+                                  v[r * projs[p].cols + col], want);
+                        model_files_close(mf);
+                        return;
+                    }
+                }
+        }
+    struct tensor t;
+    ASSERT_EQ(model_files_get_tensor(mf, "model.layers.0.mlp.experts.4.up_proj.weight", &t, &e), ATOMC_ERR_NOT_FOUND);
+    ASSERT_TRUE(strstr(e.msg, "no expert 4") != NULL);
+    ASSERT_TRUE(!model_files_has_tensor(mf, "model.layers.0.mlp.experts.4.up_proj.weight"));
+    ASSERT_TRUE(model_files_has_tensor(mf, "model.layers.0.mlp.experts.3.up_proj.weight"));
+    ASSERT_OK(model_files_expect(mf, "model.layers.0.mlp.gate.weight", TENSOR_CLASS_FLOAT, &t, &e, 4, 32));
+    model_files_close(mf);
 }
 
 TEST(gguf_unsupported_architecture) {

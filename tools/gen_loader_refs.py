@@ -16,6 +16,7 @@ Python implementations so the C loader is checked against them, not against itse
                                           loads that GGUF (gguf_file=)
   tiny_qwen3.gguf / tiny_qwen3_refs.json  the same for Qwen3 (no permutation, q/k norms, tied)
   tiny_llama31_rope.gguf (+ _refs.json)    llama3 rope_scaling as llama.cpp stores it (rope_freqs.weight)
+  tiny_moe.gguf                           stacked expert tensors with coordinate-encoding values
   smollm2_refs.json                       from the real SmolLM2-135M-Instruct GGUF
                                           ($ATOMC_SMOLLM2): metadata read by gguf.GGUFReader,
                                           dequantized token_embd rows, and q_proj/k_proj
@@ -330,6 +331,44 @@ def gen_tiny_llama3_rope_gguf():
                    "rope_freqs": [float(x) for x in rf]}, f, indent=1)
 
 
+def gen_tiny_moe_gguf():
+    """qwen3moe GGUF with llama.cpp's stacked expert tensors (n_expert, rows, cols) whose values
+    encode their own coordinates: value = expert * 1000 + row + col / 1000 (+ 0.5 for up,
+    + 0.25 for down), so per-expert views can be checked exactly (transformers' GGUF loader
+    cannot be the reference here: it ignores qwen3moe.expert_feed_forward_length)."""
+    import gguf
+    path = os.path.join(OUT, "tiny_moe.gguf")
+    hidden, heads, kv, ff, vocab, E, K, hd = 32, 2, 1, 16, 8, 4, 2, 16
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(64)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(E)
+    w.add_expert_used_count(K)
+    w.add_expert_feed_forward_length(ff)
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    w.add_tensor("token_embd.weight", np.zeros((vocab, hidden), dtype=np.float32))
+
+    def coords(e, r, c, extra):
+        return (np.arange(e)[:, None, None] * 1000 + np.arange(r)[None, :, None]
+                + np.arange(c)[None, None, :] / 1000 + extra).astype(np.float32)
+    w.add_tensor("blk.0.ffn_gate_inp.weight", np.ones((E, hidden), dtype=np.float32))
+    w.add_tensor("blk.0.ffn_gate_exps.weight", coords(E, ff, hidden, 0.0))
+    w.add_tensor("blk.0.ffn_up_exps.weight", coords(E, ff, hidden, 0.5))
+    w.add_tensor("blk.0.ffn_down_exps.weight", coords(E, hidden, ff, 0.25))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def gen_smollm2():
     import gguf
     path = os.environ.get("ATOMC_SMOLLM2", "/root/.cache/atomc/models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -413,6 +452,7 @@ if __name__ == "__main__":
     gen_tiny_gguf()
     gen_tiny_qwen3_gguf()
     gen_tiny_llama3_rope_gguf()
+    gen_tiny_moe_gguf()
     if "--no-smollm2" not in sys.argv:
         gen_smollm2()
     print("wrote", os.path.normpath(OUT))

@@ -101,6 +101,14 @@ static bool map_hf_to_gguf(const char *hf, struct gguf_mapping *m) {
         {"mlp.up_proj", "ffn_up", 0},
         {"mlp.down_proj", "ffn_down", 0},
         {"mlp.gate", "ffn_gate_inp", 0}, // MoE router
+        {"block_sparse_moe.gate", "ffn_gate_inp", 0}, // Mixtral router
+        {"mlp.shared_expert.gate_proj", "ffn_gate_shexp", 0},
+        {"mlp.shared_expert.up_proj", "ffn_up_shexp", 0},
+        {"mlp.shared_expert.down_proj", "ffn_down_shexp", 0},
+        {"mlp.shared_expert_gate", "ffn_gate_inp_shexp", 0},
+        {"mlp.shared_experts.gate_proj", "ffn_gate_shexp", 0}, // DeepSeek naming
+        {"mlp.shared_experts.up_proj", "ffn_up_shexp", 0},
+        {"mlp.shared_experts.down_proj", "ffn_down_shexp", 0},
         {"input_layernorm", "attn_norm", 0},
         {"post_attention_layernorm", "ffn_norm", 0},
     };
@@ -117,6 +125,16 @@ static bool map_hf_to_gguf(const char *hf, struct gguf_mapping *m) {
     if (sscanf(rest, "mlp.experts.%d.%15[a-z]_proj.weight%n", &expert, proj, &k) == 2 && rest[k] == '\0' &&
         expert >= 0 && (!strcmp(proj, "gate") || !strcmp(proj, "up") || !strcmp(proj, "down"))) {
         snprintf(m->name, sizeof m->name, "blk.%d.ffn_%s_exps.weight", layer, proj);
+        m->expert = expert;
+        return true;
+    }
+    // Mixtral: block_sparse_moe.experts.E.w1 (gate) / w3 (up) / w2 (down).
+    int wi;
+    k = 0;
+    if (sscanf(rest, "block_sparse_moe.experts.%d.w%d.weight%n", &expert, &wi, &k) == 2 && rest[k] == '\0' &&
+        expert >= 0 && wi >= 1 && wi <= 3) {
+        static const char *which[] = {"", "gate", "down", "up"};
+        snprintf(m->name, sizeof m->name, "blk.%d.ffn_%s_exps.weight", layer, which[wi]);
         m->expert = expert;
         return true;
     }
