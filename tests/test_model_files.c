@@ -450,6 +450,57 @@ TEST(hf_directory) {
     model_files_close(mf);
 }
 
+TEST(hf_sharded_checkpoint_from_transformers) {
+    // tiny_qwen3_hf/: transformers save_pretrained (bf16, 4 shards + index, transformers-5
+    // config with rope_parameters, generation_config with two eos ids).
+    struct error e = {0};
+    json_t *ref = load_json("loader/tiny_qwen3_hf_refs.json");
+    ASSERT_TRUE(ref != NULL);
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_qwen3_hf"), &e));
+    ASSERT_EQ(mf->kind, MODEL_FILES_HF);
+    ASSERT_EQ(mf->st->n_files, 4);
+    ASSERT_TRUE(mf->has_generation_config);
+    const struct model_config *c = &mf->config;
+    ASSERT_EQ(c->arch, MODEL_ARCH_QWEN3);
+    ASSERT_EQ(c->head_dim, 16);
+    ASSERT_EQ(c->num_kv_heads, 2);
+    ASSERT_NEAR(c->rope.theta, 10000.0, 0);
+    ASSERT_EQ(c->torch_dtype, DTYPE_BF16);
+    ASSERT_EQ(c->n_eos, 2);
+    ASSERT_EQ(c->eos_token_ids[1], 5);
+    ASSERT_TRUE(!c->tie_word_embeddings);
+    ASSERT_EQ(mf->st->n_entries, json_object_size(ref));
+    const char *name;
+    json_t *r;
+    json_object_foreach(ref, name, r) {
+        struct tensor t;
+        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
+        ASSERT_EQ(t.dtype, DTYPE_BF16);
+        json_t *shape = json_object_get(r, "shape");
+        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
+        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
+        int64_t n = tensor_numel(&t);
+        float *buf = malloc((size_t)n * sizeof(float));
+        dtype_to_f32(t.dtype, t.data, buf, n);
+        double sum = 0;
+        for (int64_t i = 0; i < n; i++) sum += buf[i];
+        json_t *first = json_object_get(r, "first");
+        for (size_t i = 0; i < json_array_size(first); i++)
+            ASSERT_TRUE(buf[i] == (float)json_number_value(json_array_get(first, i)));
+        free(buf);
+        ASSERT_NEAR(sum, json_number_value(json_object_get(r, "sum")), 1e-9 * (1 + fabs(sum)));
+        // Every view points into the shard the index names.
+        const char *src = model_files_source(mf, name);
+        ASSERT_TRUE(strstr(src, "model-0000") != NULL);
+    }
+    struct tensor t;
+    ASSERT_OK(model_files_expect(mf, "model.layers.1.self_attn.k_norm.weight", TENSOR_CLASS_FLOAT, &t, &e, 16));
+    ASSERT_OK(model_files_expect(mf, "lm_head.weight", TENSOR_CLASS_FLOAT, &t, &e, 64, 32));
+    model_files_close(mf);
+    json_decref(ref);
+}
+
 TEST(misaligned_views_are_copied_aligned) {
     struct error e = {0};
     const char *dir = make_hf_dir("misaligned");

@@ -17,6 +17,7 @@ Python implementations so the C loader is checked against them, not against itse
   tiny_qwen3.gguf / tiny_qwen3_refs.json  the same for Qwen3 (no permutation, q/k norms, tied)
   tiny_llama31_rope.gguf (+ _refs.json)    llama3 rope_scaling as llama.cpp stores it (rope_freqs.weight)
   tiny_moe.gguf                           stacked expert tensors with coordinate-encoding values
+  tiny_qwen3_hf/ (+ tiny_qwen3_hf_refs.json) transformers save_pretrained, bf16, sharded + index
   smollm2_refs.json                       from the real SmolLM2-135M-Instruct GGUF
                                           ($ATOMC_SMOLLM2): metadata read by gguf.GGUFReader,
                                           dequantized token_embd rows, and q_proj/k_proj
@@ -369,6 +370,33 @@ def gen_tiny_moe_gguf():
     w.close()
 
 
+def gen_tiny_hf_sharded():
+    """A tiny random Qwen3 saved by transformers' save_pretrained in bf16, sharded (index +
+    several model-0000x-of-0000y.safetensors) plus generation_config.json; references are the
+    state dict's values (first 8 and the float64 sum of each tensor)."""
+    import shutil
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+    out = os.path.join(OUT, "tiny_qwen3_hf")
+    shutil.rmtree(out, ignore_errors=True)
+    torch.manual_seed(5)
+    cfg = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=64, max_position_embeddings=128,
+                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, rope_theta=10000.0)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    model.save_pretrained(out, max_shard_size="20KB")
+    GenerationConfig(bos_token_id=1, eos_token_id=[2, 5], do_sample=False).save_pretrained(out)
+    for fn in os.listdir(out):
+        os.chmod(os.path.join(out, fn), 0o644)
+    ref = {}
+    for k, v in model.state_dict().items():
+        f = v.float()
+        ref[k] = {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape),
+                  "first": [float(x) for x in f.reshape(-1)[:8]], "sum": float(f.double().sum())}
+    with open(os.path.join(OUT, "tiny_qwen3_hf_refs.json"), "w") as fh:
+        json.dump(ref, fh, indent=0)
+
+
 def gen_smollm2():
     import gguf
     path = os.environ.get("ATOMC_SMOLLM2", "/root/.cache/atomc/models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -453,6 +481,7 @@ if __name__ == "__main__":
     gen_tiny_qwen3_gguf()
     gen_tiny_llama3_rope_gguf()
     gen_tiny_moe_gguf()
+    gen_tiny_hf_sharded()
     if "--no-smollm2" not in sys.argv:
         gen_smollm2()
     print("wrote", os.path.normpath(OUT))
