@@ -524,7 +524,10 @@ static atomc_status get_gguf(struct model_files *mf, const char *hf_name, struct
     }
     struct tensor t;
     atomc_status st = gguf_get_tensor(mf->gguf, gname, &t, err);
-    if (st) return error_prefix(err, "tensor '%s': ", hf_name);
+    if (st) {
+        error_prefix(err, "%s (GGUF '%s'): ", hf_name, gname);
+        return st;
+    }
     if (m.expert >= 0) {
         if (t.ndim != 3 || m.expert >= t.ne[0])
             return error_set(err, ATOMC_ERR_NOT_FOUND, "%s: missing tensor '%s': '%s' has no expert %d", mf->gguf->path,
