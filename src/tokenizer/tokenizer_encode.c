@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "tokenizer/tokenizer_internal.h"
 
@@ -556,6 +558,9 @@ static void bpe_add_symbol(struct encode_ctx *c, int *n_sym, int32_t id, uint32_
     if (i > 0) c->sym[i - 1].next = i;
 }
 
+static void bpe_word_uncached(struct encode_ctx *c, const char *w, size_t n);
+
+// BPE of one pre-tokenized word, through the word cache for short words.
 static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
     const struct tokenizer *t = c->t;
     if (!n) return;
@@ -566,6 +571,40 @@ static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
             return;
         }
     }
+    struct tokenizer *mt = (struct tokenizer *)t;  // the cache is the one mutable part (locked)
+    if (!t->cache || n > TOK_CACHE_WORD) {
+        bpe_word_uncached(c, w, n);
+        return;
+    }
+    uint64_t h = XXH3_64bits(w, n);
+    struct tok_cache_entry *e = &mt->cache[h & (TOK_CACHE_ENTRIES - 1)];
+    int32_t ids[TOK_CACHE_IDS];
+    int n_ids = -1;
+    pthread_mutex_lock(&mt->cache_lock);
+    if (e->hash == h && e->len == n && !memcmp(e->word, w, n)) {
+        n_ids = e->n_ids;
+        memcpy(ids, e->ids, (size_t)n_ids * sizeof *ids);
+    }
+    pthread_mutex_unlock(&mt->cache_lock);
+    if (n_ids >= 0) {
+        for (int i = 0; i < n_ids; i++) ids_push(&c->ids, ids[i]);
+        return;
+    }
+    int start = c->ids.n;
+    bpe_word_uncached(c, w, n);
+    int got = c->ids.n - start;
+    if (c->status || c->ids.failed || got > TOK_CACHE_IDS) return;
+    pthread_mutex_lock(&mt->cache_lock);
+    e->hash = h;
+    e->len = (uint8_t)n;
+    e->n_ids = (uint8_t)got;
+    memcpy(e->word, w, n);
+    memcpy(e->ids, c->ids.v + start, (size_t)got * sizeof *ids);
+    pthread_mutex_unlock(&mt->cache_lock);
+}
+
+static void bpe_word_uncached(struct encode_ctx *c, const char *w, size_t n) {
+    const struct tokenizer *t = c->t;
     if (n + 1 > c->sym_cap) {
         size_t cap = c->sym_cap ? c->sym_cap : 64;
         while (cap < n + 1) cap *= 2;
