@@ -45,6 +45,7 @@ struct bpe_symbol {
 };
 struct bpe_merge {
     int32_t rank, pos, new_id;
+    int32_t left, right;  // the pair's ids when pushed (fast validity check)
 };
 
 struct encode_ctx {
@@ -699,15 +700,20 @@ static void bpe_word_uncached(struct encode_ctx *c, const char *w, size_t n) {
     c->heap_n = 0;
     for (int i = 0; i + 1 < n_sym; i++) {
         const struct tok_merge_slot *m = tok_mergemap_get(&t->merges, sym[i].id, sym[i + 1].id);
-        if (m) heap_push(c, (struct bpe_merge){m->rank, i, m->new_id});
+        if (m) heap_push(c, (struct bpe_merge){m->rank, i, m->new_id, sym[i].id, sym[i + 1].id});
     }
     while (c->heap_n && !c->status) {
         struct bpe_merge top = heap_pop(c);
         struct bpe_symbol *cur = &sym[top.pos];
         if (!cur->len || cur->next < 0) continue;
         int nx = cur->next;
-        const struct tok_merge_slot *m = tok_mergemap_get(&t->merges, cur->id, sym[nx].id);
-        if (!m || m->new_id != top.new_id) continue;  // stale entry
+        const struct tok_merge_slot *m;
+        // Stale entry unless the pair now there still merges into the same token (HF's rule: a
+        // different pair with the same result is accepted too).
+        if (cur->id != top.left || sym[nx].id != top.right) {
+            m = tok_mergemap_get(&t->merges, cur->id, sym[nx].id);
+            if (!m || m->new_id != top.new_id) continue;
+        }
         cur->id = top.new_id;
         cur->len += sym[nx].len;
         cur->next = sym[nx].next;
@@ -715,11 +721,11 @@ static void bpe_word_uncached(struct encode_ctx *c, const char *w, size_t n) {
         if (cur->next >= 0) sym[cur->next].prev = top.pos;
         if (cur->prev >= 0) {
             m = tok_mergemap_get(&t->merges, sym[cur->prev].id, cur->id);
-            if (m) heap_push(c, (struct bpe_merge){m->rank, cur->prev, m->new_id});
+            if (m) heap_push(c, (struct bpe_merge){m->rank, cur->prev, m->new_id, sym[cur->prev].id, cur->id});
         }
         if (cur->next >= 0) {
             m = tok_mergemap_get(&t->merges, cur->id, sym[cur->next].id);
-            if (m) heap_push(c, (struct bpe_merge){m->rank, top.pos, m->new_id});
+            if (m) heap_push(c, (struct bpe_merge){m->rank, top.pos, m->new_id, cur->id, sym[cur->next].id});
         }
     }
     for (int i = 0; i >= 0 && i < n_sym; i = sym[i].next) ids_push(&c->ids, sym[i].id);
