@@ -155,6 +155,33 @@ static json_t *flatten_parts(const json_t *content) {
     return s;
 }
 
+// The message's reasoning under any of the names clients use for it (HF's order), or NULL.
+static json_t *reasoning_of(const json_t *m) {
+    static const char *const names[] = {"reasoning_content", "thinking", "reasoning"};
+    for (int i = 0; i < 3; i++) {
+        json_t *v = json_object_get(m, names[i]);
+        if (v && !json_is_null(v)) return v;
+    }
+    return NULL;
+}
+
+// As transformers' _alias_reasoning_fields: {"thinking": r, **message, "reasoning_content": r},
+// so templates reading either name see the reasoning. Consumes m; returns a new object.
+static json_t *alias_reasoning(json_t *m, json_t *reasoning) {
+    json_t *r = json_incref(reasoning);
+    json_t *out = json_object();
+    if (out) {
+        json_object_set(out, "thinking", r);
+        const char *k;
+        json_t *v;
+        json_object_foreach(m, k, v) json_object_set(out, k, v);
+        json_object_set(out, "reasoning_content", r);
+    }
+    json_decref(r);
+    json_decref(m);
+    return out;
+}
+
 #define CONTINUE_TAG "CONTINUE_FINAL_MESSAGE_TAG "
 
 // Python str.strip() of ASCII/Unicode whitespace for the "final message appears" check.
@@ -188,13 +215,14 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
     json_t *msgs = (json_t *)messages;
     bool copied = false;
     size_t n = json_array_size(messages);
-    if (!t->content_as_parts || continue_final_message) {
+    {
         for (size_t i = 0; i < n; i++) {
             json_t *m = json_array_get(msgs, i);
             json_t *c = json_object_get(m, "content");
             bool last = i + 1 == n;
             bool flatten = !t->content_as_parts && json_is_array(c);
-            if (!flatten && !(continue_final_message && last)) continue;
+            json_t *reasoning = reasoning_of(m);
+            if (!flatten && !reasoning && !(continue_final_message && last)) continue;
             if (!copied) {
                 msgs = json_copy(msgs); // shallow: messages are replaced one by one below
                 if (!msgs) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of memory");
@@ -206,6 +234,11 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
                 return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of memory");
             }
             if (flatten) json_object_set_new(nm, "content", flatten_parts(c));
+            if (reasoning) nm = alias_reasoning(nm, reasoning);
+            if (!nm) {
+                json_decref(msgs);
+                return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of memory");
+            }
             json_array_set_new(msgs, i, nm);
         }
     }

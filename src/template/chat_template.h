@@ -9,8 +9,10 @@
 //   messages suited to an HTTP 400: "messages[2].content[0]: ..."), then renders with
 //   the variables HF passes: messages, tools (None when absent), documents (None),
 //   add_generation_prompt, bos_token / eos_token (when given), and every key of kwargs
-//   (chat_template_kwargs, e.g. enable_thinking). Messages are passed as given (no keys
-//   dropped or renamed). Template errors (raise_exception, undefined values, limits)
+//   (chat_template_kwargs, e.g. enable_thinking). Messages are passed as given (no
+//   None-valued keys dropped), except that, as transformers does, a message's reasoning
+//   sent as "reasoning_content", "thinking" or "reasoning" is visible under both
+//   "reasoning_content" and "thinking". Template errors (raise_exception, undefined values, limits)
 //   also come back as ATOMC_ERR_INVALID_ARGUMENT / ATOMC_ERR_TOO_LONG with the message.
 // - continue_final_message follows HF: the final message's content is tagged, rendered,
 //   and the prompt cut where that content ends (so the model continues it); it cannot be
