@@ -349,6 +349,31 @@ atomc_status chat_template_render(const struct chat_template *t, const json_t *m
                                    bos_token, eos_token, NULL, out, err);
 }
 
+atomc_status chat_template_render_request(const struct chat_template *t, const json_t *request, const char *bos_token,
+                                          const char *eos_token, char **out, struct error *err) {
+    *out = NULL;
+    if (!json_is_object(request)) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "request body must be a JSON object");
+    json_t *messages = json_object_get(request, "messages");
+    if (!messages) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "'messages' is required");
+    json_t *tools = json_object_get(request, "tools");
+    if (tools && json_is_null(tools)) tools = NULL;
+    const char *bools[2] = {"add_generation_prompt", "continue_final_message"};
+    bool vals[2] = {true, false};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(request, bools[i]);
+        if (v && !json_is_null(v)) {
+            if (!json_is_boolean(v))
+                return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "'%s' must be a boolean", bools[i]);
+            vals[i] = json_is_true(v);
+        }
+    }
+    // continuing the final message implies no new assistant header unless asked explicitly
+    if (vals[1] && !json_is_true(json_object_get(request, "add_generation_prompt"))) vals[0] = false;
+    json_t *kwargs = json_object_get(request, "chat_template_kwargs");
+    if (kwargs && json_is_null(kwargs)) kwargs = NULL;
+    return chat_template_render(t, messages, tools, vals[0], vals[1], kwargs, bos_token, eos_token, out, err);
+}
+
 // ---------------------------------------------------------------- loading
 static atomc_status read_file(const char *path, char **out, struct error *err) {
     FILE *f = fopen(path, "rb");
