@@ -105,6 +105,16 @@ TOOLS = [
         "parameters": {"type": "object", "properties": {
             "query": {"type": "string"}, "max_results": {"type": "integer", "default": 5},
             "safe": {"type": "boolean"}, "weight": {"type": "number"}}, "required": ["query"]}}},
+    {"type": "function", "function": {
+        "name": "schedule", "description": "Schedule events (nested schema: arrays, oneOf, nullable, type lists).",
+        "parameters": {"type": "object", "properties": {
+            "events": {"type": "array", "items": {"type": "object", "properties": {
+                "title": {"type": "string"}, "at": {"type": ["string", "null"]},
+                "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["title"]}},
+            "priority": {"oneOf": [{"type": "integer", "description": "1-5"}, {"type": "string", "enum": ["low", "high"]}]},
+            "note": {"type": "string", "nullable": True, "default": None},
+            "ratio": {"type": "number", "default": 0.25}},
+            "required": ["events"]}}},
 ]
 
 
