@@ -17,8 +17,11 @@
 // - continue_final_message follows HF: the final message's content is tagged, rendered,
 //   and the prompt cut where that content ends (so the model continues it); it cannot be
 //   combined with add_generation_prompt.
-// - No double BOS: templates usually print bos_token themselves. Tokenize the rendered
-//   text without adding special tokens when chat_template_starts_with_bos() says so.
+// - No double BOS: templates print bos_token themselves when the model wants one, so the
+//   rendered prompt must be tokenized WITHOUT adding special tokens (HF's
+//   apply_chat_template and vLLM both use add_special_tokens=False here).
+//   chat_template_starts_with_bos() tells whether the text already begins with the BOS
+//   text (for diagnostics, or for callers that must decide per prompt).
 #ifndef ATOMC_TEMPLATE_CHAT_TEMPLATE_H
 #define ATOMC_TEMPLATE_CHAT_TEMPLATE_H
 
@@ -56,8 +59,8 @@ atomc_status chat_template_render_request(const struct chat_template *t, const j
 // Checks an OpenAI-style messages array (also done by render).
 atomc_status chat_template_validate_messages(const json_t *messages, struct error *err);
 
-// True when `rendered` already begins with bos_token's text (non-empty): the caller must
-// then tokenize without adding the BOS again.
+// True when `rendered` already begins with bos_token's text (non-empty): adding the BOS
+// again while tokenizing would double it.
 bool chat_template_starts_with_bos(const char *rendered, const char *bos_token);
 
 // Where a model keeps its template and special tokens.
