@@ -221,6 +221,9 @@ TEST(render_request_reads_openai_fields) {
     ASSERT_OK(chat_template_render_request(t, req, NULL, NULL, &out, &err));
     ASSERT_STREQ(out, "[assistant:Once upon");
     free(out);
+    json_object_set_new(req, "documents", json_integer(3));
+    ASSERT_EQ(chat_template_render_request(t, req, NULL, NULL, &out, &err), ATOMC_ERR_INVALID_ARGUMENT);
+    ASSERT_TRUE(strstr(err.msg, "documents") != NULL);
     json_object_del(req, "messages");
     ASSERT_EQ(chat_template_render_request(t, req, NULL, NULL, &out, &err), ATOMC_ERR_INVALID_ARGUMENT);
     json_decref(req);

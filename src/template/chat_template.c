@@ -194,11 +194,13 @@ static void strip_bounds(const char *s, size_t n, size_t *a, size_t *b) {
     *b = j;
 }
 
-atomc_status chat_template_render_ex(const struct chat_template *t, const json_t *messages, const json_t *tools,
-                                     bool add_generation_prompt, bool continue_final_message, const json_t *kwargs,
-                                     const char *bos_token, const char *eos_token,
-                                     const struct jinja_render_options *opt, char **out, struct error *err) {
+static atomc_status render_impl(const struct chat_template *t, const json_t *messages, const json_t *tools,
+                                const json_t *documents, bool add_generation_prompt, bool continue_final_message,
+                                const json_t *kwargs, const char *bos_token, const char *eos_token,
+                                const struct jinja_render_options *opt, char **out, struct error *err) {
     *out = NULL;
+    if (documents && !json_is_null(documents) && !json_is_array(documents))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "'documents' must be an array");
     atomc_status st = chat_template_validate_messages(messages, err);
     if (st != ATOMC_OK) return st;
     if (tools && !json_is_null(tools) && !json_is_array(tools))
@@ -305,7 +307,7 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
     }
     json_object_set(vars, "messages", msgs);
     json_object_set_new(vars, "tools", tools ? json_incref((json_t *)tools) : json_null());
-    json_object_set_new(vars, "documents", json_null());
+    json_object_set_new(vars, "documents", documents ? json_incref((json_t *)documents) : json_null());
     json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
     if (copied) json_decref(msgs);
 
@@ -342,6 +344,14 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
     return ATOMC_OK;
 }
 
+atomc_status chat_template_render_ex(const struct chat_template *t, const json_t *messages, const json_t *tools,
+                                     bool add_generation_prompt, bool continue_final_message, const json_t *kwargs,
+                                     const char *bos_token, const char *eos_token,
+                                     const struct jinja_render_options *opt, char **out, struct error *err) {
+    return render_impl(t, messages, tools, NULL, add_generation_prompt, continue_final_message, kwargs, bos_token,
+                       eos_token, opt, out, err);
+}
+
 atomc_status chat_template_render(const struct chat_template *t, const json_t *messages, const json_t *tools,
                                   bool add_generation_prompt, bool continue_final_message, const json_t *kwargs,
                                   const char *bos_token, const char *eos_token, char **out, struct error *err) {
@@ -371,7 +381,9 @@ atomc_status chat_template_render_request(const struct chat_template *t, const j
     if (vals[1] && !json_is_true(json_object_get(request, "add_generation_prompt"))) vals[0] = false;
     json_t *kwargs = json_object_get(request, "chat_template_kwargs");
     if (kwargs && json_is_null(kwargs)) kwargs = NULL;
-    return chat_template_render(t, messages, tools, vals[0], vals[1], kwargs, bos_token, eos_token, out, err);
+    json_t *documents = json_object_get(request, "documents");
+    if (documents && json_is_null(documents)) documents = NULL;
+    return render_impl(t, messages, tools, documents, vals[0], vals[1], kwargs, bos_token, eos_token, NULL, out, err);
 }
 
 // ---------------------------------------------------------------- loading

@@ -51,7 +51,8 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
 
 // Renders an OpenAI-style /v1/chat/completions (or /apply-template) request body:
 // "messages" (required), "tools", "add_generation_prompt" (default true, as vLLM),
-// "continue_final_message" (default false), "chat_template_kwargs" (object). Wrong types
+// "continue_final_message" (default false), "chat_template_kwargs" (object), "documents"
+// (array, for RAG templates; None otherwise). Wrong types
 // are ATOMC_ERR_INVALID_ARGUMENT naming the field (HTTP 400).
 atomc_status chat_template_render_request(const struct chat_template *t, const json_t *request, const char *bos_token,
                                           const char *eos_token, char **out, struct error *err);
