@@ -96,3 +96,23 @@ def test_bad_flags():
     assert out.returncode == 2 and "max-concurrency" in out.stderr
     out = subprocess.run([ATOMC, *BENCH], capture_output=True, text=True)
     assert out.returncode == 2 and "--model is required" in out.stderr
+
+
+def test_plot_overlays_results(stub, tmp_path):
+    bench(stub, tmp_path, "--num-prompts", "6", "--random-input-len", "4", "--random-output-len", "4",
+          "--max-concurrency", "1,3", "--label", "engineA")
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in ("r-c1.json", "r-c3.json"):
+        r = json.load(open(tmp_path / f))
+        r["backend"] = "engineB"
+        r["output_throughput"] *= 0.5
+        json.dump(r, open(other / f, "w"))
+    png = tmp_path / "chart.png"
+    out = subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "tools", "plot_bench.py"),
+                          str(tmp_path / "r-c1.json"), str(tmp_path / "r-c3.json"), str(other), "-o", str(png)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert png.stat().st_size > 10000
+    with open(png, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"

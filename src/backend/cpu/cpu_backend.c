@@ -1,0 +1,598 @@
+// The CPU backend: the reference implementation of every op of backend.h, multi-threaded
+// over a persistent thread pool, fp32 activations and weights, GEMMs through OpenBLAS.
+//
+// Contracts beyond backend.h:
+// - Memory is host memory (posix_memalign, 64-byte aligned); copies are memcpy.
+// - Weights are F32 after upload_weight (any host dtype is dequantised at load).
+// - Tensors passed to ops are dense row-major unless an op takes an explicit row stride.
+// - out may alias x for rmsnorm, add_rmsnorm (out == residual is not allowed), add and convert.
+// - OpenBLAS threading is process-wide: create sets it to this backend's thread count once.
+//   Our pool's workers sleep after a short spin, so they do not compete with OpenBLAS's.
+#include "backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/check.h"
+
+// Below these sizes an op runs on the calling thread: waking workers costs more than it saves.
+#define CPU_PAR_MIN_ELEMS 32768
+
+static const struct backend_ops cpu_ops;
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+static void *cpu_aligned_alloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 64;
+    bytes = (bytes + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, bytes) != 0) return NULL;
+    return p;
+}
+
+static void *cpu_alloc(struct backend *b, size_t bytes) { return cpu_aligned_alloc(bytes); }
+static void cpu_free(struct backend *b, void *p) { free(p); }
+static void cpu_copy(struct backend *b, void *dst, const void *src, size_t bytes) {
+    if (bytes) memmove(dst, src, bytes);
+}
+static void cpu_memset_zero(struct backend *b, void *dst, size_t bytes) {
+    if (bytes) memset(dst, 0, bytes);
+}
+static void cpu_synchronize(struct backend *b) {}
+
+static void cpu_memory_info(struct backend *b, size_t *free_bytes, size_t *total_bytes) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    if (free_bytes) *free_bytes = c->kv_pool_bytes;
+    if (total_bytes) *total_bytes = c->kv_pool_bytes;
+}
+
+void cpu_scratch_reserve(struct cpu_backend *c, size_t bytes) {
+    if (bytes <= c->scratch_bytes) return;
+    size_t want = bytes + bytes / 4; // headroom: shapes grow a little from step to step
+    for (int i = 0; i < c->n_threads; i++) {
+        free(c->scratch[i]);
+        c->scratch[i] = cpu_aligned_alloc(want);
+        CHECK_MSG(c->scratch[i] != NULL, "cpu backend: cannot allocate %zu bytes of scratch", want);
+    }
+    c->scratch_bytes = want;
+}
+
+void cpu_sample_hist_reserve(struct cpu_backend *c, size_t V) {
+    if (V <= c->sample_hist_vocab) return;
+    for (int i = 0; i < c->n_threads; i++) {
+        free(c->sample_hist[i]);
+        c->sample_hist[i] = calloc(V, sizeof(int32_t) + 1);
+        CHECK_MSG(c->sample_hist[i] != NULL, "cpu backend: cannot allocate sampler counters for %zu tokens", V);
+    }
+    c->sample_hist_vocab = V;
+}
+
+void *cpu_shared_reserve(struct cpu_backend *c, size_t bytes) {
+    if (bytes > c->shared_bytes) {
+        size_t want = bytes + bytes / 4;
+        free(c->shared);
+        c->shared = cpu_aligned_alloc(want);
+        CHECK_MSG(c->shared != NULL, "cpu backend: cannot allocate %zu bytes of scratch", want);
+        c->shared_bytes = want;
+    }
+    return c->shared;
+}
+
+
+// Rows per chunk so that a chunk holds at least CPU_PAR_MIN_ELEMS / 4 elements.
+static int64_t cpu_row_grain(int64_t cols) {
+    int64_t g = (CPU_PAR_MIN_ELEMS / 4) / (cols > 0 ? cols : 1);
+    return g < 1 ? 1 : g;
+}
+
+static void cpu_parallel_rows(struct cpu_backend *c, int64_t rows, int64_t cols, thread_pool_fn fn, void *ctx) {
+    if (rows * cols < CPU_PAR_MIN_ELEMS) fn(ctx, 0, rows, 0);
+    else thread_pool_parallel_for(c->pool, rows, cpu_row_grain(cols), fn, ctx);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weight upload: any host dtype -> F32, converted in parallel row chunks.
+
+struct upload_ctx {
+    const struct tensor *src;
+    float *dst;
+    int64_t cols;
+    size_t src_row_bytes;
+};
+
+static void upload_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
+    struct upload_ctx *u = vctx;
+    const uint8_t *s = (const uint8_t *)u->src->data + (size_t)r0 * u->src_row_bytes;
+    dtype_to_f32(u->src->dtype, s, u->dst + r0 * u->cols, (r1 - r0) * u->cols);
+}
+
+static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, const struct tensor *src,
+                                      struct error *err) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    if (dst->dtype != DTYPE_F32)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: weights are stored as F32, not %s",
+                         dtype_name(dst->dtype));
+    switch (src->dtype) {
+    case DTYPE_F32: case DTYPE_F16: case DTYPE_BF16: case DTYPE_FP8_E4M3:
+    case DTYPE_Q8_0: case DTYPE_Q4_0: case DTYPE_Q4_1:
+        break;
+    default:
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: cannot convert a %s tensor to F32 weights",
+                         dtype_name(src->dtype));
+    }
+    if (src->ndim < 1 || dst->ndim < 1 || tensor_numel(src) != tensor_numel(dst))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "cpu backend: weight has %lld elements, destination expects %lld",
+                         (long long)tensor_numel(src), (long long)tensor_numel(dst));
+    int64_t cols = tensor_cols(src), rows = tensor_rows(src);
+    if (cols % dtype_block_elems(src->dtype) != 0)
+        return error_set(err, ATOMC_ERR_FORMAT, "cpu backend: %s row of %lld elements is not whole blocks",
+                         dtype_name(src->dtype), (long long)cols);
+    size_t bytes = (size_t)tensor_numel(dst) * sizeof(float);
+    float *data = cpu_aligned_alloc(bytes);
+    if (!data)
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate %zu bytes for a weight", bytes);
+    struct upload_ctx u = {src, data, cols, dtype_row_bytes(src->dtype, cols)};
+    cpu_lock(c);
+    if (src->dtype == DTYPE_FP8_E4M3 || rows * cols < (1 << 20)) {
+        upload_rows(&u, 0, rows, 0);
+    } else {
+        int64_t grain = (1 << 18) / cols;
+        thread_pool_parallel_for(c->pool, rows, grain < 1 ? 1 : grain, upload_rows, &u);
+    }
+    if (src->dtype == DTYPE_FP8_E4M3 && src->scale != 1.0f) {
+        int64_t n = tensor_numel(dst);
+        for (int64_t i = 0; i < n; i++) data[i] *= src->scale;
+    }
+    cpu_unlock(c);
+    dst->data = data;
+    dst->scale = 1.0f;
+    return ATOMC_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding, gather, convert, add
+
+struct embed_ctx {
+    float *out;
+    const float *table;
+    const int32_t *ids;
+    int64_t d, vocab;
+};
+
+static void embed_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
+    struct embed_ctx *e = vctx;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t id = e->ids[r];
+        CHECK_MSG(id >= 0 && id < e->vocab, "embedding: token id %lld outside [0, %lld)", (long long)id,
+                  (long long)e->vocab);
+        memcpy(e->out + r * e->d, e->table + id * e->d, (size_t)e->d * sizeof(float));
+    }
+}
+
+static void cpu_embedding(struct backend *b, struct tensor *out, const struct tensor *table, const int32_t *ids) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK(out->dtype == DTYPE_F32 && table->dtype == DTYPE_F32 && table->ndim == 2);
+    CHECK(tensor_cols(out) == tensor_cols(table));
+    struct embed_ctx e = {out->data, table->data, ids, tensor_cols(table), table->ne[0]};
+    cpu_lock(c);
+    cpu_parallel_rows(c, tensor_rows(out), e.d, embed_rows, &e);
+    cpu_unlock(c);
+}
+
+static void cpu_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows,
+                            int n_rows) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK(out->dtype == x->dtype && tensor_cols(out) == tensor_cols(x) && tensor_rows(out) >= n_rows);
+    size_t rb = dtype_row_bytes(x->dtype, tensor_cols(x));
+    int64_t xr = tensor_rows(x);
+    cpu_lock(c);
+    for (int i = 0; i < n_rows; i++) {
+        CHECK_MSG(rows[i] >= 0 && rows[i] < xr, "gather_rows: row %d outside [0, %lld)", rows[i], (long long)xr);
+        memcpy((uint8_t *)out->data + (size_t)i * rb, (const uint8_t *)x->data + (size_t)rows[i] * rb, rb);
+    }
+    cpu_unlock(c);
+}
+
+struct convert_ctx {
+    float *out;
+    const void *x;
+    enum dtype dt;
+    size_t esize;
+};
+
+static void convert_range(void *vctx, int64_t i0, int64_t i1, int tid) {
+    struct convert_ctx *v = vctx;
+    if (v->dt == DTYPE_F32 && (const void *)(v->out + i0) == (const void *)((const float *)v->x + i0)) return;
+    dtype_to_f32(v->dt, (const uint8_t *)v->x + (size_t)i0 * v->esize, v->out + i0, i1 - i0);
+}
+
+static void cpu_convert(struct backend *b, struct tensor *out, const struct tensor *x) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK(out->dtype == DTYPE_F32 && tensor_numel(out) == tensor_numel(x));
+    CHECK(x->dtype == DTYPE_F32 || x->dtype == DTYPE_BF16 || x->dtype == DTYPE_F16);
+    struct convert_ctx v = {out->data, x->data, x->dtype, dtype_block_bytes(x->dtype)};
+    CHECK(x->dtype == DTYPE_F32 || (const void *)out->data != x->data);
+    int64_t n = tensor_numel(x);
+    cpu_lock(c);
+    if (n < CPU_PAR_MIN_ELEMS) convert_range(&v, 0, n, 0);
+    else thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, convert_range, &v);
+    cpu_unlock(c);
+}
+
+struct add_ctx {
+    float *out;
+    const float *x;
+};
+
+static void add_range(void *vctx, int64_t i0, int64_t i1, int tid) {
+    struct add_ctx *a = vctx;
+    float *restrict o = a->out;
+    const float *restrict x = a->x;
+    for (int64_t i = i0; i < i1; i++) o[i] += x[i];
+}
+
+static void cpu_add(struct backend *b, struct tensor *out, const struct tensor *x) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && tensor_numel(out) == tensor_numel(x));
+    struct add_ctx a = {out->data, x->data};
+    int64_t n = tensor_numel(out);
+    cpu_lock(c);
+    if (n < CPU_PAR_MIN_ELEMS) add_range(&a, 0, n, 0);
+    else thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, add_range, &a);
+    cpu_unlock(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm (+ residual add). Sum of squares in double: d is small next to the matmuls around it.
+
+struct norm_ctx {
+    float *out;
+    float *residual;   // add_rmsnorm only
+    const float *x;    // may be NULL for add_rmsnorm
+    const float *w;
+    int64_t d;
+    float eps;
+};
+
+static inline void norm_row(float *restrict o, const float *h, const float *restrict w, int64_t d, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; i++) ss += (double)h[i] * h[i];
+    float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    for (int64_t i = 0; i < d; i++) o[i] = h[i] * inv * w[i];
+}
+
+static void rmsnorm_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
+    struct norm_ctx *n = vctx;
+    for (int64_t r = r0; r < r1; r++) norm_row(n->out + r * n->d, n->x + r * n->d, n->w, n->d, n->eps);
+}
+
+static void add_rmsnorm_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
+    struct norm_ctx *n = vctx;
+    for (int64_t r = r0; r < r1; r++) {
+        float *h = n->residual + r * n->d;
+        if (n->x) {
+            const float *x = n->x + r * n->d;
+            for (int64_t i = 0; i < n->d; i++) h[i] += x[i];
+        }
+        norm_row(n->out + r * n->d, h, n->w, n->d, n->eps);
+    }
+}
+
+static void cpu_rmsnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+                        float eps) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && w->dtype == DTYPE_F32);
+    int64_t d = tensor_cols(x);
+    CHECK(tensor_numel(w) == d && tensor_numel(out) == tensor_numel(x));
+    struct norm_ctx n = {out->data, NULL, x->data, w->data, d, eps};
+    cpu_lock(c);
+    cpu_parallel_rows(c, tensor_rows(x), d, rmsnorm_rows, &n);
+    cpu_unlock(c);
+}
+
+static void cpu_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
+                            const struct tensor *w, float eps) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK(out->dtype == DTYPE_F32 && residual->dtype == DTYPE_F32 && w->dtype == DTYPE_F32);
+    CHECK(out->data != residual->data);
+    int64_t d = tensor_cols(residual);
+    CHECK(tensor_numel(w) == d && tensor_numel(out) == tensor_numel(residual));
+    if (x) CHECK(x->dtype == DTYPE_F32 && tensor_numel(x) == tensor_numel(residual));
+    struct norm_ctx n = {out->data, residual->data, x ? x->data : NULL, w->data, d, eps};
+    cpu_lock(c);
+    cpu_parallel_rows(c, tensor_rows(residual), d, add_rmsnorm_rows, &n);
+    cpu_unlock(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul: out(n, m) = x(n, k) @ w(m, k)^T + bias.
+// Few rows (decode, n <= 8): our own skinny kernel, parallel over output columns, which streams each
+// weight row once for all rows (OpenBLAS's sgemm is slow at n = 1..4 and its gemv cannot share
+// the weight stream between rows). More rows: one OpenBLAS sgemm, threaded by OpenBLAS.
+
+#define MATMUL_SKINNY_MAX_ROWS 8
+
+struct gemv_ctx {
+    const struct cpu_kernels *kern;
+    float *out;
+    const float *x, *w, *bias;
+    int nx;
+    int64_t k, m;
+};
+
+static void gemv_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
+    struct gemv_ctx *g = vctx;
+    g->kern->gemv(g->out, g->m, g->x, g->k, g->nx, g->w, g->bias, g->k, g->k, j0, j1);
+}
+
+static void cpu_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+                       const struct tensor *bias) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && w->dtype == DTYPE_F32 && w->ndim == 2);
+    int64_t n = tensor_rows(x), k = tensor_cols(x), m = w->ne[0];
+    CHECK_MSG(w->ne[1] == k, "matmul: x has %lld columns, w has %lld", (long long)k, (long long)w->ne[1]);
+    CHECK(tensor_cols(out) == m && tensor_rows(out) == n);
+    if (bias) CHECK(bias->dtype == DTYPE_F32 && tensor_numel(bias) == m);
+    if (n == 0) return;
+    float *o = out->data;
+    cpu_lock(c);
+    if (n <= MATMUL_SKINNY_MAX_ROWS) {
+        struct gemv_ctx g = {&c->kern, o, x->data, w->data, bias ? bias->data : NULL, (int)n, k, m};
+        int64_t grain = 16384 / (k > 0 ? k : 1); // >= 64 KB of weights per chunk
+        if (grain < 4) grain = 4;
+        if (m * k < 65536) gemv_cols(&g, 0, m, 0);
+        else thread_pool_parallel_for(c->pool, m, grain, gemv_cols, &g);
+    } else {
+        float beta = 0.0f;
+        if (bias) {
+            for (int64_t i = 0; i < n; i++) memcpy(o + i * m, bias->data, (size_t)m * sizeof(float));
+            beta = 1.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)m, (blasint)k, 1.0f, x->data,
+                    (blasint)k, w->data, (blasint)k, beta, o, (blasint)m);
+    }
+    cpu_unlock(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SiLU * mul
+
+struct silu_ctx {
+    float *out;
+    const float *gu;
+    int64_t f;
+};
+
+static void silu_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
+    struct silu_ctx *s = vctx;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *g = s->gu + r * 2 * s->f, *u = g + s->f;
+        float *o = s->out + r * s->f;
+        for (int64_t i = 0; i < s->f; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+static void cpu_silu_mul(struct backend *b, struct tensor *out, const struct tensor *gate_up) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK(out->dtype == DTYPE_F32 && gate_up->dtype == DTYPE_F32);
+    int64_t f = tensor_cols(out), n = tensor_rows(out);
+    CHECK(tensor_cols(gate_up) == 2 * f && tensor_rows(gate_up) == n);
+    struct silu_ctx s = {out->data, gate_up->data, f};
+    cpu_lock(c);
+    cpu_parallel_rows(c, n, 2 * f, silu_rows, &s);
+    cpu_unlock(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE + KV-cache write
+
+#define ROPE_MAX_HALF 1024
+
+struct rope_ctx {
+    float *q, *k;
+    const float *v;
+    int64_t q_stride, k_stride, v_stride; // elements between consecutive tokens' rows
+    int hq, hk, d, dv;
+    const struct rope_args *rope;
+    struct kv_layer *kv;
+    const int32_t *positions, *slots;
+    int64_t n_slots;
+};
+
+static inline void rope_head(float *x, const float *cs, const float *sn, int half, bool interleaved) {
+    if (interleaved) {
+        for (int i = 0; i < half; i++) {
+            float x0 = x[2 * i], x1 = x[2 * i + 1];
+            x[2 * i] = x0 * cs[i] - x1 * sn[i];
+            x[2 * i + 1] = x1 * cs[i] + x0 * sn[i];
+        }
+    } else {
+        for (int i = 0; i < half; i++) {
+            float x0 = x[i], x1 = x[i + half];
+            x[i] = x0 * cs[i] - x1 * sn[i];
+            x[i + half] = x1 * cs[i] + x0 * sn[i];
+        }
+    }
+}
+
+static void kv_store_row(const struct tensor *cache, float scale, int64_t elem_off, const float *src, int n) {
+    switch (cache->dtype) {
+    case DTYPE_F32: memcpy((float *)cache->data + elem_off, src, (size_t)n * sizeof(float)); break;
+    case DTYPE_BF16: {
+        uint16_t *d = (uint16_t *)cache->data + elem_off;
+        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+        break;
+    }
+    case DTYPE_FP8_E4M3: {
+        uint8_t *d = (uint8_t *)cache->data + elem_off;
+        float inv = 1.0f / scale;
+        for (int i = 0; i < n; i++) d[i] = f32_to_fp8_e4m3(src[i] * inv);
+        break;
+    }
+    default: CHECK_MSG(0, "kv cache dtype %s not supported", dtype_name(cache->dtype));
+    }
+}
+
+static void rope_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
+    struct rope_ctx *r = vctx;
+    const int half = r->rope->rotary_dim / 2;
+    float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    for (int64_t t = t0; t < t1; t++) {
+        // Angles in fp32, as HF transformers computes them (inv_freq * position).
+        float pos = (float)r->positions[t];
+        for (int i = 0; i < half; i++) {
+            float a = pos * r->rope->inv_freq[i];
+            cs[i] = cosf(a) * r->rope->attn_factor;
+            sn[i] = sinf(a) * r->rope->attn_factor;
+        }
+        if (r->q)
+            for (int h = 0; h < r->hq; h++) rope_head(r->q + t * r->q_stride + (int64_t)h * r->d, cs, sn, half,
+                                                        r->rope->interleaved);
+        float *krow = r->k + t * r->k_stride;
+        for (int h = 0; h < r->hk; h++) rope_head(krow + (int64_t)h * r->d, cs, sn, half, r->rope->interleaved);
+        int32_t slot = r->slots[t];
+        if (slot < 0) continue;
+        CHECK_MSG(slot < r->n_slots, "rope_kv_write: slot %d outside the cache (%lld slots)", slot,
+                  (long long)r->n_slots);
+        for (int h = 0; h < r->hk; h++) {
+            kv_store_row(&r->kv->k, r->kv->k_scale, ((int64_t)slot * r->hk + h) * r->d, krow + (int64_t)h * r->d, r->d);
+            kv_store_row(&r->kv->v, r->kv->v_scale, ((int64_t)slot * r->hk + h) * r->dv,
+                         r->v + t * r->v_stride + (int64_t)h * r->dv, r->dv);
+        }
+    }
+}
+
+static void cpu_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
+                              int64_t row_stride, const struct rope_args *rope, struct kv_layer *kv,
+                              const struct attn_metadata *md) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK(k && v && kv && md && rope);
+    CHECK(k->ndim == 3 && v->ndim == 3 && k->dtype == DTYPE_F32 && v->dtype == DTYPE_F32);
+    CHECK(kv->k.ndim == 4 && kv->v.ndim == 4 && kv->k.dtype == kv->v.dtype);
+    int64_t n = k->ne[0];
+    int hk = (int)k->ne[1], d = (int)k->ne[2], dv = (int)v->ne[2];
+    CHECK(v->ne[0] == n && v->ne[1] == hk && kv->k.ne[2] == hk && kv->k.ne[3] == d && kv->v.ne[3] == dv);
+    CHECK(rope->rotary_dim >= 0 && rope->rotary_dim % 2 == 0 && rope->rotary_dim <= d &&
+          rope->rotary_dim / 2 <= ROPE_MAX_HALF);
+    if (kv->k.dtype == DTYPE_FP8_E4M3) CHECK(kv->k_scale > 0.0f && kv->v_scale > 0.0f);
+    int hq = 0;
+    if (q) {
+        CHECK(q->ndim == 3 && q->dtype == DTYPE_F32 && q->ne[0] == n && q->ne[2] == d);
+        hq = (int)q->ne[1];
+    }
+    struct rope_ctx r = {
+        .q = q ? q->data : NULL, .k = k->data, .v = v->data,
+        .q_stride = row_stride ? row_stride : (int64_t)hq * d,
+        .k_stride = row_stride ? row_stride : (int64_t)hk * d,
+        .v_stride = row_stride ? row_stride : (int64_t)hk * dv,
+        .hq = hq, .hk = hk, .d = d, .dv = dv, .rope = rope, .kv = kv,
+        .positions = md->h_positions, .slots = md->h_slot_mapping,
+        .n_slots = kv->k.ne[0] * kv->k.ne[1],
+    };
+    cpu_lock(c);
+    cpu_parallel_rows(c, n, (int64_t)(hq + 2 * hk) * d, rope_rows, &r);
+    cpu_unlock(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Create / destroy
+
+static int cpu_count_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static void cpu_destroy(struct backend *b) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    thread_pool_free(c->pool);
+    if (c->scratch)
+        for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
+    free(c->scratch);
+    if (c->sample_hist)
+        for (int i = 0; i < c->n_threads; i++) free(c->sample_hist[i]);
+    free(c->sample_hist);
+    free(c->shared);
+    pthread_mutex_destroy(&c->op_lock);
+    free(c);
+}
+
+atomc_status backend_cpu_create(const struct backend_options *o, struct backend **out, struct error *err) {
+    *out = NULL;
+    int n = o && o->num_threads > 0 ? o->num_threads : cpu_count_cores();
+    if (o && o->num_threads < 0)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "cpu backend: num_threads must be >= 0 (0 = cores), got %d",
+                         o->num_threads);
+    if (n > 1024) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "cpu backend: %d threads is too many", n);
+    struct cpu_backend *c = calloc(1, sizeof *c);
+    if (!c) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
+    pthread_mutex_init(&c->op_lock, NULL);
+    c->n_threads = n;
+    c->kv_pool_bytes = o ? o->kv_pool_bytes : 0;
+    c->scratch = calloc((size_t)n, sizeof(void *));
+    c->sample_hist = calloc((size_t)n, sizeof(void *));
+    if (!c->scratch || !c->sample_hist) {
+        free(c->scratch);
+        free(c->sample_hist);
+        pthread_mutex_destroy(&c->op_lock);
+        free(c);
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
+    }
+    atomc_status st = thread_pool_create(n, &c->pool, err);
+    if (st != ATOMC_OK) {
+        free(c->scratch);
+        free(c->sample_hist);
+        pthread_mutex_destroy(&c->op_lock);
+        free(c);
+        return st;
+    }
+    openblas_set_num_threads(n);
+    cpu_kernels_select(&c->kern);
+    c->base.ops = &cpu_ops;
+    c->base.kind = BACKEND_CPU;
+    c->base.act_dtype = DTYPE_F32;
+    c->base.weight_dtype = DTYPE_F32;
+    c->base.num_threads = n;
+    c->base.impl = c;
+    *out = &c->base;
+    return ATOMC_OK;
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .copy_d2d = cpu_copy,
+    .memset_zero = cpu_memset_zero,
+    .synchronize = cpu_synchronize,
+    .memory_info = cpu_memory_info,
+    .upload_weight = cpu_upload_weight,
+    .embedding = cpu_embedding,
+    .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope_kv_write = cpu_rope_kv_write,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .gather_rows = cpu_gather_rows,
+    .convert = cpu_convert,
+    .sample = cpu_sample,
+    .graph_begin = NULL,
+    .graph_end = NULL,
+    .graph_launch = NULL,
+    .graph_destroy = NULL,
+};

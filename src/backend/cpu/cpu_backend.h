@@ -1,0 +1,52 @@
+// Private state of the CPU backend, shared by its op files (cpu_backend.c, cpu_attention.c,
+// cpu_sampler.c). Not for use outside src/backend/cpu/.
+//
+// Threading: every op takes `op_lock` for its whole duration, so ops may be called from any
+// thread (one op runs at a time per backend); inside, work is spread over the persistent
+// thread pool. Scratch: one buffer per pool thread, grown (rarely, under op_lock) to the
+// largest size an op has needed; ops never allocate otherwise.
+#ifndef ATOMC_BACKEND_CPU_CPU_BACKEND_H
+#define ATOMC_BACKEND_CPU_CPU_BACKEND_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/thread_pool.h"
+
+struct cpu_backend {
+    struct backend base;      // base.impl points back to this struct
+    struct thread_pool *pool;
+    struct cpu_kernels kern;  // inner loops chosen for this CPU (AVX2 or portable)
+    pthread_mutex_t op_lock;
+    size_t kv_pool_bytes;
+    int n_threads;
+    void **scratch;           // (n_threads) per-thread scratch, 64-byte aligned
+    size_t scratch_bytes;     // current size of each
+    void *shared;             // op-level scratch (work lists), 64-byte aligned
+    size_t shared_bytes;
+    void **sample_hist;       // (n_threads) sampler penalty counters: int32 count[V] + uint8 seen[V],
+    size_t sample_hist_vocab; // kept all-zero between uses (cleared by the sampler after each row)
+};
+
+static inline void cpu_lock(struct cpu_backend *c) { pthread_mutex_lock(&c->op_lock); }
+static inline void cpu_unlock(struct cpu_backend *c) { pthread_mutex_unlock(&c->op_lock); }
+
+static inline struct cpu_backend *cpu_backend_of(struct backend *b) { return (struct cpu_backend *)b->impl; }
+
+// Ensures every per-thread scratch buffer holds at least `bytes`; aborts when memory is
+// exhausted (scratch sizes are bounded by the model's shapes, fixed after the first steps).
+void cpu_scratch_reserve(struct cpu_backend *c, size_t bytes);
+// Ensures every thread's sampler counters cover a vocabulary of V (zero-filled).
+void cpu_sample_hist_reserve(struct cpu_backend *c, size_t V);
+// Ensures the op-level scratch holds at least `bytes` and returns it.
+void *cpu_shared_reserve(struct cpu_backend *c, size_t bytes);
+
+// Op entry points implemented outside cpu_backend.c.
+void cpu_attention(struct backend *b, struct tensor *out, const struct tensor *q, int64_t q_row_stride,
+                   const struct kv_layer *kv, const struct attn_metadata *md, float scale, int sliding_window,
+                   const struct tensor *sinks);
+void cpu_sample(struct backend *b, const struct sample_args *a);
+
+#endif

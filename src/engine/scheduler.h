@@ -1,0 +1,84 @@
+// Continuous-batching scheduler with chunked prefill and preemption by recompute.
+//
+// Each step fills a token budget (max_num_batched_tokens) for at most max_num_seqs running
+// sequences, in three passes:
+//   1. decodes: every running sequence with exactly one token to compute gets it. If its
+//      next block cannot be allocated, the most recently admitted running sequence not yet
+//      scheduled is preempted (possibly itself, if it is the most recent);
+//   2. ongoing chunked prefills (running, more than one token to compute), oldest first: each
+//      gets min(remaining, budget) tokens, cut down to the free blocks; if not even one token
+//      fits, more recently admitted unscheduled sequences are preempted for it;
+//   3. admissions from the waiting queue, strictly FCFS (the head blocks the queue when it does
+//      not fit): prefix-cache lookup, then a first chunk of min(remaining, budget) tokens cut
+//      down to the free blocks. No admissions in a step that preempted (it would only thrash).
+// Decodes therefore never wait behind a long prompt (the budget must be >= max_num_seqs), and
+// a long prompt is spread over as many steps as its length needs. New prompts are admitted as
+// soon as a slot, budget and blocks allow (prefill-first admission).
+//
+// A preempted sequence loses its blocks (n_computed = 0), keeps its tokens, and goes to the
+// FRONT of the waiting queue; on re-admission it re-prefills prompt + generated tokens (a
+// prefix-cache hit makes that cheap when its blocks are still cached).
+//
+// Single-threaded: the engine loop owns it. Sequence memory is owned by the engine.
+#ifndef ATOMC_ENGINE_SCHEDULER_H
+#define ATOMC_ENGINE_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "common/error.h"
+#include "engine/block_manager.h"
+#include "engine/sequence.h"
+
+struct scheduler_config {
+    int max_num_seqs;
+    int max_num_batched_tokens;
+};
+
+struct scheduler {
+    struct scheduler_config cfg;
+    struct block_manager *bm;
+    struct sequence **waiting; // ring buffer (wait_cap) of n_waiting entries from wait_head
+    int wait_head, n_waiting, wait_cap;
+    struct sequence **running; // (n_running) in admission order
+    int n_running, run_cap;
+    struct sequence **scheduled; // (n_scheduled) this step: decodes, then chunks, then admissions
+    int n_scheduled;
+    int32_t *match;              // prefix lookup scratch
+    int match_cap;
+    uint64_t admit_counter;
+    uint64_t num_preemptions;
+};
+
+struct scheduler_output {
+    struct sequence *const *seqs; // each with n_sched > 0; valid until the next schedule
+    int n_seqs;
+    int n_tokens;
+    int n_decodes;    // seqs[0 .. n_decodes) are single-token steps from pass 1
+    int n_preempted;  // preemptions this step
+};
+
+atomc_status scheduler_create(const struct scheduler_config *cfg, struct block_manager *bm, struct scheduler **out,
+                              struct error *err);
+void scheduler_free(struct scheduler *s); // does not free sequences
+
+void scheduler_add(struct scheduler *s, struct sequence *seq); // to the back of the waiting queue
+
+// Picks this step's batch (see above); sets n_sched on each scheduled sequence, allocates
+// their blocks, sets t_first_scheduled on first admission.
+void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output *out);
+
+// After the forward pass: n_computed += n_sched for each scheduled sequence, newly full
+// blocks registered in the prefix cache, n_sched reset.
+void scheduler_complete_step(struct scheduler *s);
+
+// Removes a sequence from the waiting queue or the running set and releases its blocks; also
+// drops it from the current step's scheduled list (so it may be called between schedule and
+// complete_step, e.g. when the forward pass failed; that compacts the output's seqs array).
+// The caller sets its finish status and frees it.
+void scheduler_remove(struct scheduler *s, struct sequence *seq);
+
+static inline int scheduler_num_waiting(const struct scheduler *s) { return s->n_waiting; }
+static inline int scheduler_num_running(const struct scheduler *s) { return s->n_running; }
+struct sequence *scheduler_waiting_at(const struct scheduler *s, int i); // i-th from the front
+
+#endif

@@ -1,0 +1,72 @@
+// A sequence: one request's token ids (prompt then generated), its sampling parameters and
+// stop rules, its KV block table, its place in the scheduler and its timestamps.
+//
+// Token accounting (the same for prefill, chunked prefill, decode and recompute after
+// preemption): tokens[0..n_tokens) are known; the KV of tokens[0..n_computed) is in the
+// cache. A step computes tokens[n_computed .. n_computed + n_sched); when that reaches
+// n_tokens, the last row's logits are sampled and the new token is appended. A decode is
+// simply n_tokens - n_computed == 1. Preemption drops the KV (n_computed = 0) but keeps the
+// tokens, so the recompute re-prefills prompt + generated tokens.
+#ifndef ATOMC_ENGINE_SEQUENCE_H
+#define ATOMC_ENGINE_SEQUENCE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "atomc.h"
+#include "engine/block_manager.h"
+#include "engine/stop_checker.h"
+
+enum seq_status {
+    SEQ_STATUS_WAITING = 0, // in the waiting queue (new or preempted)
+    SEQ_STATUS_RUNNING,     // admitted: holds blocks; prefilling (maybe in chunks) or decoding
+    SEQ_STATUS_FINISHED,
+};
+
+struct sequence {
+    uint64_t id;
+    enum seq_status status;
+    atomc_finish_reason finish_reason;
+
+    int32_t *tokens; // (cap) prompt ids then generated ids
+    int n_tokens, cap;
+    int n_prompt;
+    int n_computed;          // tokens whose KV is in the cache
+    int n_cached;            // prompt tokens served by the prefix cache at first admission
+    bool no_prefix_cache;    // skip prefix lookups (prompt logprobs need every prompt row)
+    struct block_table bt;
+
+    // Scheduler state.
+    uint64_t admit_order;    // increases with each admission; preemption picks the largest
+    int n_sched;             // tokens scheduled this step (0 = not scheduled)
+    bool admitted_once;
+    int n_preemptions;
+
+    // Request parameters (owned copies).
+    atomc_sampling_params params; // params.stop / stop_token_ids point into the fields below
+    char **stop_strs;
+    int32_t *stop_token_ids;
+    int32_t *min_ban;        // (n_min_ban) EOS + stop token ids, banned until min_tokens
+    int n_min_ban;
+    int max_output;          // generation limit from max_tokens and the context length
+    atomc_output_fn on_output;
+    void *user;
+
+    // Output side (engine loop).
+    struct stop_checker stop;
+    void *detok;             // detokenizer state (engine text ops)
+    int32_t stop_token;      // -1 unless finished by EOS / a stop token
+    atomc_token_logprobs *prompt_lp; // (n_prompt) collected for echo+logprobs, delivered once
+    atomc_top_logprob *prompt_lp_top; // (n_prompt, params.prompt_logprobs)
+    int n_prompt_lp;         // prompt rows done so far (row 0 has no logprob)
+    bool prompt_lp_sent;
+    bool abort_requested;
+
+    // Timestamps (monotonic seconds), 0 = not yet.
+    double t_arrival, t_first_scheduled, t_first_token, t_last_token, t_finish;
+};
+
+static inline int sequence_n_output(const struct sequence *s) { return s->n_tokens - s->n_prompt; }
+static inline int sequence_n_remaining(const struct sequence *s) { return s->n_tokens - s->n_computed; }
+
+#endif
