@@ -9,6 +9,11 @@ Python implementations so the C loader is checked against them, not against itse
                                           non-default alignment, F32/F16/BF16/Q8_0/Q4_0/Q4_1
                                           tensors (quantized by gguf.quants) with their
                                           dequantized values, and a Q4_K tensor (unsupported)
+  tiny_llama.gguf / tiny_llama_refs.json  a 2-layer LLaMA GGUF written with llama.cpp's
+                                          conventions (q/k rows permuted as its converter
+                                          does; q in Q8_0, k in F16) and, as the reference,
+                                          the q/k/v weights HF transformers serves when it
+                                          loads that GGUF (gguf_file=)
   smollm2_refs.json                       from the real SmolLM2-135M-Instruct GGUF
                                           ($ATOMC_SMOLLM2): metadata read by gguf.GGUFReader,
                                           dequantized token_embd rows, and q_proj/k_proj
@@ -24,6 +29,20 @@ import sys
 import numpy as np
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "loader")
+
+
+class F32List(list):
+    """float32 values, written with their shortest round-tripping repr."""
+
+
+class F32Encoder(json.JSONEncoder):
+    def iterencode(self, o, _one_shot=False):
+        if isinstance(o, F32List):
+            yield "[" + ",".join(str(np.float32(x)) for x in o) + "]"
+        elif isinstance(o, dict):
+            yield "{" + ",".join(json.dumps(k) + ":" + "".join(self.iterencode(v)) for k, v in o.items()) + "}"
+        else:
+            yield from super().iterencode(o, _one_shot)
 
 
 def vals(a):
@@ -46,6 +65,7 @@ def gen_safetensors():
         "x.3d": (torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4) - 5),
     }
     save_file(t, os.path.join(OUT, "ref.safetensors"), metadata={"format": "pt", "note": "atomc loader fixture"})
+    os.chmod(os.path.join(OUT, "ref.safetensors"), 0o644)
     ref = {}
     for k, v in t.items():
         ref[k] = {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape),
@@ -114,6 +134,81 @@ def gen_gguf():
     ref["tensor_offsets"] = {t.name: int(t.data_offset - r.data_offset) for t in r.tensors}
     with open(os.path.join(OUT, "ref_gguf.json"), "w") as f:
         json.dump(ref, f, indent=1)
+
+
+def llama_cpp_permute(w, n_head):
+    # What llama.cpp's convert_hf_to_gguf.py does to q_proj/k_proj rows of LLaMA models.
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+def gen_tiny_gguf():
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+    path = os.path.join(OUT, "tiny_llama.gguf")
+    hidden, heads, kv_heads, ff, layers, vocab = 64, 4, 2, 96, 2, 40
+    hd = hidden // heads
+    rng = np.random.default_rng(7)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(layers)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(50000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_dimension_count(hd)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    w.add_token_types([1] * vocab)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    f32 = lambda *s: (rng.standard_normal(s) * 0.5).astype(np.float32)
+    w.add_tensor("token_embd.weight", f32(vocab, hidden))
+    w.add_tensor("output_norm.weight", f32(hidden))
+    w.add_tensor("output.weight", f32(vocab, hidden))
+    for l in range(layers):
+        q = llama_cpp_permute(f32(hidden, hidden), heads)
+        k = llama_cpp_permute(f32(kv_heads * hd, hidden), kv_heads)
+        w.add_tensor(f"blk.{l}.attn_q.weight", gguf.quants.quantize(q, Q.Q8_0), raw_dtype=Q.Q8_0)
+        w.add_tensor(f"blk.{l}.attn_k.weight", k.astype(np.float16))
+        w.add_tensor(f"blk.{l}.attn_v.weight", f32(kv_heads * hd, hidden))
+        w.add_tensor(f"blk.{l}.attn_output.weight", f32(hidden, hidden))
+        w.add_tensor(f"blk.{l}.attn_norm.weight", f32(hidden))
+        w.add_tensor(f"blk.{l}.ffn_norm.weight", f32(hidden))
+        w.add_tensor(f"blk.{l}.ffn_gate.weight", gguf.quants.quantize(f32(ff, hidden), Q.Q4_0), raw_dtype=Q.Q4_0)
+        w.add_tensor(f"blk.{l}.ffn_up.weight", gguf.quants.quantize(f32(ff, hidden), Q.Q4_1), raw_dtype=Q.Q4_1)
+        w.add_tensor(f"blk.{l}.ffn_down.weight", f32(hidden, ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(OUT, gguf_file="tiny_llama.gguf", dtype=torch.float32)
+    sd = model.state_dict()
+    ref = {"config": {"hidden_size": model.config.hidden_size, "num_attention_heads": model.config.num_attention_heads,
+                      "num_key_value_heads": model.config.num_key_value_heads,
+                      "intermediate_size": model.config.intermediate_size,
+                      "num_hidden_layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size,
+                      "rope_theta": float(model.config.rope_parameters["rope_theta"]),
+                      "rms_norm_eps": model.config.rms_norm_eps,
+                      "max_position_embeddings": model.config.max_position_embeddings,
+                      "tie_word_embeddings": bool(model.config.tie_word_embeddings)},
+           "tensors": {}}
+    for name in ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight",
+                 "model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+                 "model.layers.0.self_attn.v_proj.weight", "model.layers.1.mlp.gate_proj.weight",
+                 "model.layers.1.mlp.up_proj.weight", "model.embed_tokens.weight", "lm_head.weight",
+                 "model.norm.weight"]:
+        t = sd[name].float().numpy()
+        # Full q/k of layer 0 (the permutation is the point); the first rows elsewhere.
+        n_rows = t.shape[0] if (".0.self_attn.q_proj" in name or ".0.self_attn.k_proj" in name) else min(8, t.shape[0])
+        ref["tensors"][name] = {"shape": list(t.shape), "n_rows": n_rows, "values": F32List(t[:n_rows].reshape(-1))}
+    with open(os.path.join(OUT, "tiny_llama_refs.json"), "w") as f:
+        f.write(F32Encoder(indent=None).encode(ref))
 
 
 def gen_smollm2():
@@ -196,5 +291,7 @@ if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     gen_safetensors()
     gen_gguf()
-    gen_smollm2()
+    gen_tiny_gguf()
+    if "--no-smollm2" not in sys.argv:
+        gen_smollm2()
     print("wrote", os.path.normpath(OUT))

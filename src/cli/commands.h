@@ -6,6 +6,8 @@
 int cmd_version(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_chat_template(int argc, char **argv);
+int cmd_bench_runner(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_throughput(int argc, char **argv);

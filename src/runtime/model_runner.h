@@ -5,6 +5,7 @@
 #define ATOMC_RUNTIME_MODEL_RUNNER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "atomc.h"
@@ -101,5 +102,16 @@ int model_runner_num_kv_blocks(const struct model_runner *r);
 // logits rows. The only host-device synchronisation is reading the results.
 atomc_status model_runner_execute(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,
                                   struct error *err);
+
+// Like model_runner_execute but instead of sampling copies the F32 logits of the
+// fb->n_logits rows into logits (n_logits, vocab_size) on the host (fb->sampling is ignored).
+// For tests and scoring; K/V are written exactly as by execute.
+atomc_status model_runner_execute_logits(struct model_runner *r, const struct forward_batch *fb, float *logits,
+                                         struct error *err);
+
+int model_runner_max_model_len(const struct model_runner *r);
+int model_runner_block_size(const struct model_runner *r);
+size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
+int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element
 
 #endif

@@ -136,7 +136,7 @@ static bool trie_insert(struct tok_trie *tr, const char *s, size_t len, int adde
 }
 
 // GPT-2 bytes_to_unicode: printable Latin-1 bytes map to themselves, the others to 256+k in order.
-static void byte_tables_init(struct tokenizer *t) {
+void tokenizer_init_byte_tables(struct tokenizer *t) {
     for (int i = 0; i < 512; i++) t->char_byte[i] = -1;
     int k = 0;
     for (int b = 0; b < 256; b++) {
@@ -151,7 +151,7 @@ static void byte_tables_init(struct tokenizer *t) {
 }
 
 atomc_status tokenizer_finish(struct tokenizer *t, struct error *err) {
-    byte_tables_init(t);
+    tokenizer_init_byte_tables(t);
     for (int b = 0; b < 256; b++) {
         char name[8];
         static const char hex[] = "0123456789ABCDEF";

@@ -240,6 +240,8 @@ atomc_status tokenizer_add_token(struct tokenizer *t, int32_t id, const char *co
                                  bool lstrip, bool rstrip, bool normalized, bool single_word, struct error *err);
 // Compiles a regex (UTF + UCP, JIT where available).
 atomc_status tokenizer_compile_regex(const char *pattern, size_t len, pcre2_code **out, struct error *err);
+// Fills byte_char / char_byte (GPT-2 bytes_to_unicode). Idempotent.
+void tokenizer_init_byte_tables(struct tokenizer *t);
 // After vocab, merges and added tokens are in place: byte tables, tries, output bytes.
 atomc_status tokenizer_finish(struct tokenizer *t, struct error *err);
 // GPT-2's pre-tokenization pattern (ByteLevel use_regex=true).

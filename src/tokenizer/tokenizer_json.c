@@ -342,6 +342,15 @@ static atomc_status parse_model(struct json_loader *L, json_t *m) {
         t->piece[id] = s;
         t->piece_len[id] = (uint32_t)n;
     }
+    const char *pre = jstr(m, "continuing_subword_prefix"), *suf = jstr(m, "end_of_word_suffix");
+    if (pre && *pre) {
+        t->cont_prefix_len = strlen(pre);
+        t->cont_prefix = tokenizer_pool_strdup(t, pre, t->cont_prefix_len);
+    }
+    if (suf && *suf) {
+        t->end_suffix_len = strlen(suf);
+        t->end_suffix = tokenizer_pool_strdup(t, suf, t->end_suffix_len);
+    }
     size_t n_merges = json_is_array(merges) ? json_array_size(merges) : 0;
     st = tok_mergemap_init(&t->merges, n_merges, L->err);
     if (st) return st;
@@ -370,9 +379,11 @@ static atomc_status parse_model(struct json_loader *L, json_t *m) {
             tok_buf_free(&joined);
             return bad(L, ATOMC_ERR_FORMAT, "a merge is neither a string nor a pair of strings");
         }
+        // HF: the merged token is a + b without b's continuing_subword_prefix.
+        size_t skip = t->cont_prefix_len <= blen ? t->cont_prefix_len : 0;
         joined.len = 0;
         tok_buf_append(&joined, a, alen);
-        tok_buf_append(&joined, b, blen);
+        tok_buf_append(&joined, b + skip, blen - skip);
         int32_t ia = tok_strmap_get(&t->vocab, a, alen), ib = tok_strmap_get(&t->vocab, b, blen);
         int32_t inew = joined.failed ? -1 : tok_strmap_get(&t->vocab, joined.p, joined.len);
         if (ia < 0 || ib < 0 || inew < 0) {
@@ -391,15 +402,6 @@ static atomc_status parse_model(struct json_loader *L, json_t *m) {
     if (unk) {
         t->unk_id = tok_strmap_get(&t->vocab, unk, strlen(unk));
         if (t->unk_id < 0) return bad(L, ATOMC_ERR_FORMAT, "model.unk_token is not in the vocab");
-    }
-    const char *pre = jstr(m, "continuing_subword_prefix"), *suf = jstr(m, "end_of_word_suffix");
-    if (pre && *pre) {
-        t->cont_prefix_len = strlen(pre);
-        t->cont_prefix = tokenizer_pool_strdup(t, pre, t->cont_prefix_len);
-    }
-    if (suf && *suf) {
-        t->end_suffix_len = strlen(suf);
-        t->end_suffix = tokenizer_pool_strdup(t, suf, t->end_suffix_len);
     }
     if (json_is_number(json_object_get(m, "dropout")) && json_number_value(json_object_get(m, "dropout")) > 0)
         return bad(L, ATOMC_ERR_UNSUPPORTED, "BPE dropout is not supported");

@@ -312,11 +312,11 @@ static void cpu_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor
 
 // ---------------------------------------------------------------------------------------------
 // Matmul: out(n, m) = x(n, k) @ w(m, k)^T + bias.
-// Few rows (decode): our own skinny kernel, parallel over output columns, which streams each
+// Few rows (decode, n <= 8): our own skinny kernel, parallel over output columns, which streams each
 // weight row once for all rows (OpenBLAS's sgemm is slow at n = 1..4 and its gemv cannot share
 // the weight stream between rows). More rows: one OpenBLAS sgemm, threaded by OpenBLAS.
 
-#define MATMUL_SKINNY_MAX_ROWS 4
+#define MATMUL_SKINNY_MAX_ROWS 8
 
 struct gemv_ctx {
     const struct cpu_kernels *kern;
@@ -328,7 +328,7 @@ struct gemv_ctx {
 
 static void gemv_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
     struct gemv_ctx *g = vctx;
-    g->kern->gemv(g->out, g->m, g->x, g->k, g->nx, g->w, g->bias, g->k, j0, j1);
+    g->kern->gemv(g->out, g->m, g->x, g->k, g->nx, g->w, g->bias, g->k, g->k, j0, j1);
 }
 
 static void cpu_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,

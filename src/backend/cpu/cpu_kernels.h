@@ -12,13 +12,16 @@ struct cpu_kernels {
     float (*dot)(const float *a, const float *b, int64_t n);
     // y[i] += a * x[i]
     void (*axpy)(float *y, float a, const float *x, int64_t n);
+    // y[i] += sum over t < nt of p[t] * v[t * vs + i], i < n (attention's P @ V for one row)
+    void (*axpy_rows)(float *y, const float *p, const float *v, int64_t vs, int nt, int64_t n);
     // y[i] *= a
     void (*scale)(float *y, float a, int64_t n);
-    // Skinny matmul for few rows (decode): for output columns j in [j0, j1) and rows i < nx:
-    //   out[i * out_stride + j] = dot(x + i * x_stride, w + j * k, k) (+ bias[j] if bias)
-    // Each weight row is read once for all nx rows (the weights are the memory traffic).
+    // Skinny matmul for few rows (decode; also attention scores): for output columns j in
+    // [j0, j1) and rows i < nx, with weight rows ws elements apart:
+    //   out[i * out_stride + j] = dot(x + i * x_stride, w + j * ws, k) (+ bias[j] if bias)
+    // Each weight row is read once per group of up to 4 rows (the weights are the traffic).
     void (*gemv)(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, const float *w,
-                 const float *bias, int64_t k, int64_t j0, int64_t j1);
+                 const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
 };
 
 // Fills k with the best implementation this CPU supports (ATOMC_CPU_KERNELS=generic forces
