@@ -11,6 +11,7 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } bench_kinds[] = {
+    {"throughput", cmd_bench_throughput, "offline throughput of the engine on random prompts"},
     {"serve", cmd_bench_serve, "online serving benchmark against an OpenAI-compatible server"},
 };
 

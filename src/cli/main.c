@@ -17,6 +17,8 @@ static const struct command commands[] = {
     {"detokenize", cmd_detokenize, "token ids -> text with a model's tokenizer"},
     {"chat-template", cmd_chat_template, "render a conversation with a model's chat template"},
     {"bench-runner", cmd_bench_runner, "time the model runner alone: prefill and decode tokens/s, bandwidth"},
+    {"generate", cmd_generate, "generate text for one prompt (streams it, or --json)"},
+    {"chat", cmd_chat, "interactive multi-turn chat with a model"},
     {"bench", cmd_bench, "benchmarks: throughput (offline engine), serve (HTTP client)"},
 };
 

@@ -421,6 +421,7 @@ int cmd_generate(int argc, char **argv) {
             print_json(&g, used, n_used);
         } else {
             if (g.text_len && g.text[g.text_len - 1] != '\n') putchar('\n');
+            fflush(stdout);
             double gen_s = g.t_finish - g.t_first;
             fprintf(stderr,
                     "[%d prompt tokens (%d cached), %d generated, finish: %s; TTFT %.1f ms, %.2f tokens/s decode]\n",
