@@ -22,6 +22,9 @@ static const struct command commands[] = {
     {"chat", cmd_chat, "interactive chat with a model"},
     {"bench", cmd_bench, "benchmarks: throughput, latency (offline engine), serve (HTTP client)"},
     {"eval", cmd_eval, "accuracy evaluations (perplexity)"},
+    {"generate", cmd_generate, "generate text for one prompt (streams it, or --json)"},
+    {"chat", cmd_chat, "interactive multi-turn chat with a model"},
+    {"bench", cmd_bench, "benchmarks: throughput (offline engine), serve (HTTP client)"},
 };
 
 static void usage(FILE *f) {
