@@ -754,6 +754,63 @@ TEST(attention_random_shapes) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Results do not depend on the thread count: every output element is computed by one thread
+// in a fixed order, so 1 and 3 threads agree bit for bit (the skinny matmul, norms, attention),
+// and a decode row's matmul output does not depend on the other rows of its batch (n <= 8).
+
+TEST(outputs_identical_across_thread_counts) {
+    struct backend *b1 = make_backend(1), *b3 = make_backend(3);
+    int n = 3, k = 200, m = 700, d = 64, rows = 900;
+    float *x = malloc((size_t)n * k * 4), *w = malloc((size_t)m * k * 4), *o1 = malloc((size_t)n * m * 4);
+    float *o3 = malloc((size_t)n * m * 4), *nx = malloc((size_t)rows * d * 4), *nw = malloc(d * 4);
+    float *r1 = malloc((size_t)rows * d * 4), *r3 = malloc((size_t)rows * d * 4);
+    fill_sym(x, (int64_t)n * k, 1.0f);
+    fill_sym(w, (int64_t)m * k, 1.0f);
+    fill_sym(nx, (int64_t)rows * d, 2.0f);
+    fill_sym(nw, d, 1.0f);
+    struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, DTYPE_F32, m, k);
+    struct tensor t1 = tensor_2d(o1, DTYPE_F32, n, m), t3 = tensor_2d(o3, DTYPE_F32, n, m);
+    b1->ops->matmul(b1, &t1, &tx, &tw, NULL);
+    b3->ops->matmul(b3, &t3, &tx, &tw, NULL);
+    ASSERT_TRUE(memcmp(o1, o3, (size_t)n * m * 4) == 0);
+    // Batch invariance of the skinny (decode) matmul: row i alone == row i of the batch of 3.
+    for (int i = 0; i < n; i++) {
+        struct tensor xi = tensor_2d(x + (size_t)i * k, DTYPE_F32, 1, k), oi = tensor_2d(o3, DTYPE_F32, 1, m);
+        b3->ops->matmul(b3, &oi, &xi, &tw, NULL);
+        ASSERT_TRUE(memcmp(o3, o1 + (size_t)i * m, (size_t)m * 4) == 0);
+    }
+    struct tensor tnx = tensor_2d(nx, DTYPE_F32, rows, d), tnw = tensor_2d(nw, DTYPE_F32, 1, d);
+    struct tensor tr1 = tensor_2d(r1, DTYPE_F32, rows, d), tr3 = tensor_2d(r3, DTYPE_F32, rows, d);
+    b1->ops->rmsnorm(b1, &tr1, &tnx, &tnw, 1e-6f);
+    b3->ops->rmsnorm(b3, &tr3, &tnx, &tnw, 1e-6f);
+    ASSERT_TRUE(memcmp(r1, r3, (size_t)rows * d * 4) == 0);
+    // Attention over a mixed batch: same cache, same queries.
+    int hq = 8, hk = 2, bs = 16, n_seqs = 3;
+    int32_t qs[4] = {0, 40, 41, 50}, cl[3] = {40, 70, 30}, bt[3 * 5], pos[50], slot[50];
+    for (int i = 0; i < 15; i++) bt[i] = (i * 7) % 16;
+    int64_t kne[4] = {16, bs, hk, d};
+    float *kc = malloc((size_t)16 * bs * hk * d * 4), *vc = malloc((size_t)16 * bs * hk * d * 4);
+    fill_sym(kc, (int64_t)16 * bs * hk * d, 1.0f);
+    fill_sym(vc, (int64_t)16 * bs * hk * d, 1.0f);
+    struct kv_layer kv = {tensor_make(kc, DTYPE_F32, 4, kne), tensor_make(vc, DTYPE_F32, 4, kne), 1.0f, 1.0f};
+    struct attn_metadata md = {.n_seqs = n_seqs, .n_tokens = 50, .max_blocks_per_seq = 5, .block_size = bs,
+                               .h_query_start = qs, .h_context_lens = cl, .h_block_tables = bt,
+                               .h_positions = pos, .h_slot_mapping = slot};
+    float *q = malloc((size_t)50 * hq * d * 4), *a1 = malloc((size_t)50 * hq * d * 4), *a3 = malloc((size_t)50 * hq * d * 4);
+    fill_sym(q, (int64_t)50 * hq * d, 1.0f);
+    int64_t qne[3] = {50, hq, d};
+    struct tensor tq = tensor_make(q, DTYPE_F32, 3, qne), ta1 = tensor_make(a1, DTYPE_F32, 3, qne);
+    struct tensor ta3 = tensor_make(a3, DTYPE_F32, 3, qne);
+    b1->ops->attention(b1, &ta1, &tq, 0, &kv, &md, 0.125f, 0, NULL);
+    b3->ops->attention(b3, &ta3, &tq, 0, &kv, &md, 0.125f, 0, NULL);
+    ASSERT_TRUE(memcmp(a1, a3, (size_t)50 * hq * d * 4) == 0);
+    free(x); free(w); free(o1); free(o3); free(nx); free(nw); free(r1); free(r3);
+    free(kc); free(vc); free(q); free(a1); free(a3);
+    backend_destroy(b1);
+    backend_destroy(b3);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Concurrent callers on one backend
 
 struct conc_arg {

@@ -56,18 +56,15 @@ AVX2_FN static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+// The canonical AVX2 dot product: one 8-lane FMA chain in order over k, hsum256, then the
+// scalar tail in order. Every kernel below that produces a dot product (the skinny matmul's
+// blocked paths and tails, attention scores) uses exactly this order, so an output element does
+// not depend on how rows and columns were grouped or split over threads.
 AVX2_FN static float dot_avx2(const float *a, const float *b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    __m256 s0 = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    if (i + 8 <= n) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        i += 8;
-    }
-    float t = hsum256(_mm256_add_ps(s0, s1));
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float t = hsum256(s0);
     for (; i < n; i++) t += a[i] * b[i];
     return t;
 }
@@ -121,23 +118,32 @@ AVX2_FN static void scale_avx2(float *y, float a, int64_t n) {
 // Rows of x against 4 weight rows at a time, written out by hand so the accumulators stay in
 // registers (GCC at -O2 neither unrolls nor scalarises small accumulator arrays). The weight
 // rows stream from memory once per call; x (<= 2 rows) stays in L1.
+// One row of x against 4 weight rows at a time: 4 independent FMA chains (one per weight row).
 AVX2_FN static void gemv_avx2_1(float *out, int64_t os, const float *x, int64_t xs, const float *w,
                                 const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {
     (void)os;
     (void)xs;
-    for (int64_t j = j0; j < j1; j++) {
-        const float *wr = w + j * ws;
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) {
+        const float *w0 = w + j * ws, *w1 = w0 + ws, *w2 = w1 + ws, *w3 = w2 + ws;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
         int64_t kk = 0;
-        for (; kk + 32 <= k; kk += 32) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + kk), _mm256_loadu_ps(wr + kk), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + kk + 8), _mm256_loadu_ps(wr + kk + 8), a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + kk + 16), _mm256_loadu_ps(wr + kk + 16), a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + kk + 24), _mm256_loadu_ps(wr + kk + 24), a3);
+        for (; kk + 8 <= k; kk += 8) {
+            __m256 xv = _mm256_loadu_ps(x + kk);
+            a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + kk), a0);
+            a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + kk), a1);
+            a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + kk), a2);
+            a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + kk), a3);
         }
-        for (; kk + 8 <= k; kk += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + kk), _mm256_loadu_ps(wr + kk), a0);
-        float v = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        for (; kk < k; kk++) v += x[kk] * wr[kk];
+        float v[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};
+        const float *wr[4] = {w0, w1, w2, w3};
+        for (int r = 0; r < 4; r++) {
+            for (int64_t t = kk; t < k; t++) v[r] += x[t] * wr[r][t];
+            out[j + r] = bias ? v[r] + bias[j + r] : v[r];
+        }
+    }
+    for (; j < j1; j++) {
+        float v = dot_avx2(x, w + j * ws, k);
         out[j] = bias ? v + bias[j] : v;
     }
 }
