@@ -131,11 +131,7 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
                 float corr = expf(m[row] - mnew); // 0 when m was -inf
                 float *ac = acc + (size_t)row * dv;
                 if (corr != 1.0f) kern->scale(ac, corr, dv);
-                float lsum = 0.0f;
-                for (int t = u0; t < u1; t++) {
-                    sc[t] = expf(sc[t] - mnew);
-                    lsum += sc[t];
-                }
+                float lsum = kern->exp_sum(sc + u0, u1 - u0, mnew);
                 kern->axpy_rows(ac, sc + u0, V + (u0 - t0) * vs, vs, u1 - u0, dv);
                 l[row] = l[row] * corr + lsum;
                 m[row] = mnew;

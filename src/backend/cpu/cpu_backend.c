@@ -364,6 +364,7 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
 // SiLU * mul
 
 struct silu_ctx {
+    const struct cpu_kernels *kern;
     float *out;
     const float *gu;
     int64_t f;
@@ -372,9 +373,8 @@ struct silu_ctx {
 static void silu_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     struct silu_ctx *s = vctx;
     for (int64_t r = r0; r < r1; r++) {
-        const float *g = s->gu + r * 2 * s->f, *u = g + s->f;
-        float *o = s->out + r * s->f;
-        for (int64_t i = 0; i < s->f; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        const float *g = s->gu + r * 2 * s->f;
+        s->kern->silu_mul(s->out + r * s->f, g, g + s->f, s->f);
     }
 }
 
@@ -383,7 +383,7 @@ static void cpu_silu_mul(struct backend *b, struct tensor *out, const struct ten
     CHECK(out->dtype == DTYPE_F32 && gate_up->dtype == DTYPE_F32);
     int64_t f = tensor_cols(out), n = tensor_rows(out);
     CHECK(tensor_cols(gate_up) == 2 * f && tensor_rows(gate_up) == n);
-    struct silu_ctx s = {out->data, gate_up->data, f};
+    struct silu_ctx s = {&c->kern, out->data, gate_up->data, f};
     cpu_lock(c);
     cpu_parallel_rows(c, n, 2 * f, silu_rows, &s);
     cpu_unlock(c);

@@ -1,5 +1,6 @@
 #include "backend/cpu/cpu_kernels.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,19 @@ static void axpy_generic(float *restrict y, float a, const float *restrict x, in
 static void axpy_rows_generic(float *restrict y, const float *p, const float *restrict v, int64_t vs, int nt,
                               int64_t n) {
     for (int t = 0; t < nt; t++) axpy_generic(y, p[t], v + t * vs, n);
+}
+
+static float exp_sum_generic(float *y, int64_t n, float m) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        y[i] = expf(y[i] - m);
+        s += y[i];
+    }
+    return s;
+}
+
+static void silu_mul_generic(float *restrict out, const float *g, const float *restrict u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 static void scale_generic(float *y, float a, int64_t n) {
@@ -106,6 +120,60 @@ AVX2_FN static void axpy_rows_avx2(float *y, const float *p, const float *v, int
         for (int t = 0; t < nt; t++) a += p[t] * v[t * vs + i];
         y[i] = a;
     }
+}
+
+// exp for 8 lanes: n = round(x / ln 2), r = x - n ln 2 (two-part constant), a degree-6
+// polynomial for exp(r) on [-ln2/2, ln2/2] (Cephes' expf coefficients), times 2^n built in the
+// exponent bits. x is clamped to [-87.3, 88.3] (no inf / denormal results).
+AVX2_FN static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+AVX2_FN static float exp_sum_avx2(float *y, int64_t n, float m) {
+    __m256 vm = _mm256_set1_ps(m), s = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = exp256(_mm256_sub_ps(_mm256_loadu_ps(y + i), vm));
+        _mm256_storeu_ps(y + i, v);
+        s = _mm256_add_ps(s, v);
+    }
+    float t = hsum256(s);
+    if (i < n) { // tail through the same exp: pad lanes with -inf-like values that give ~0
+        float buf[8];
+        int64_t r = n - i;
+        for (int j = 0; j < 8; j++) buf[j] = j < r ? y[i + j] - m : -100.0f;
+        __m256 v = exp256(_mm256_loadu_ps(buf));
+        _mm256_storeu_ps(buf, v);
+        for (int j = 0; j < r; j++) {
+            y[i + j] = buf[j];
+            t += buf[j];
+        }
+    }
+    return t;
+}
+
+AVX2_FN static void silu_mul_avx2(float *out, const float *g, const float *u, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 den = _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gv)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 AVX2_FN static void scale_avx2(float *y, float a, int64_t n) {
@@ -246,13 +314,15 @@ AVX2_FN static void gemv_avx2(float *out, int64_t out_stride, const float *x, in
 #endif
 void cpu_kernels_select(struct cpu_kernels *k) {
     *k = (struct cpu_kernels){.name = "generic", .dot = dot_generic, .axpy = axpy_generic,
-                              .axpy_rows = axpy_rows_generic, .scale = scale_generic, .gemv = gemv_generic};
+                              .axpy_rows = axpy_rows_generic, .exp_sum = exp_sum_generic,
+                              .silu_mul = silu_mul_generic, .scale = scale_generic, .gemv = gemv_generic};
 #if defined(__x86_64__) && defined(__GNUC__)
     const char *force = getenv("ATOMC_CPU_KERNELS");
     if (force && !strcmp(force, "generic")) return;
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         *k = (struct cpu_kernels){.name = "avx2", .dot = dot_avx2, .axpy = axpy_avx2,
-                                  .axpy_rows = axpy_rows_avx2, .scale = scale_avx2, .gemv = gemv_avx2};
+                                  .axpy_rows = axpy_rows_avx2, .exp_sum = exp_sum_avx2,
+                                  .silu_mul = silu_mul_avx2, .scale = scale_avx2, .gemv = gemv_avx2};
 #endif
 }

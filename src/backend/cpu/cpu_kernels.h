@@ -14,6 +14,11 @@ struct cpu_kernels {
     void (*axpy)(float *y, float a, const float *x, int64_t n);
     // y[i] += sum over t < nt of p[t] * v[t * vs + i], i < n (attention's P @ V for one row)
     void (*axpy_rows)(float *y, const float *p, const float *v, int64_t vs, int nt, int64_t n);
+    // y[i] = exp(y[i] - m) in place; returns the sum of the new y (attention's softmax numerators).
+    // The AVX2 version uses a polynomial exp within ~2 ulp of expf; inputs below -87 give ~1e-38.
+    float (*exp_sum)(float *y, int64_t n, float m);
+    // out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]
+    void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
     // y[i] *= a
     void (*scale)(float *y, float a, int64_t n);
     // Skinny matmul for few rows (decode; also attention scores): for output columns j in
