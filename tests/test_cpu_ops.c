@@ -204,10 +204,38 @@ TEST(upload_weight_dequantises_every_dtype) {
             free(host);
         }
     }
+    // Half-precision destinations (kept as BF16 / F16 for the matmul): exactly the source
+    // rounded once to the destination dtype (a copy when the dtypes match).
+    enum dtype halves[] = {DTYPE_BF16, DTYPE_F16};
+    for (int hi = 0; hi < 2; hi++)
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+            enum dtype dt = dts[di];
+            int64_t rows = 1031, cols = 1056, n = rows * cols; // parallel path
+            size_t bytes = dtype_row_bytes(dt, cols) * (size_t)rows;
+            void *host = malloc(bytes);
+            float *tmp = malloc((size_t)n * 4);
+            if (dt == DTYPE_Q8_0 || dt == DTYPE_Q4_0 || dt == DTYPE_Q4_1) {
+                make_quant_rows(dt, host, n);
+            } else {
+                fill_sym(tmp, n, 3.0f);
+                dtype_from_f32(dt, tmp, host, n);
+            }
+            dtype_to_f32(dt, host, tmp, n);
+            uint16_t *expect = malloc((size_t)n * 2);
+            dtype_from_f32(halves[hi], tmp, expect, n);
+            struct tensor src = tensor_2d(host, dt, rows, cols), dst = tensor_2d(NULL, halves[hi], rows, cols);
+            struct error err = {0};
+            ASSERT_OK(b->ops->upload_weight(b, &dst, &src, &err));
+            ASSERT_TRUE(memcmp(dst.data, expect, (size_t)n * 2) == 0);
+            b->ops->free(b, dst.data);
+            free(host);
+            free(tmp);
+            free(expect);
+        }
     // Errors: wrong destination dtype, element count mismatch, integer source.
     float w[64] = {0};
     struct tensor src = tensor_2d(w, DTYPE_F32, 4, 16);
-    struct tensor dst = tensor_2d(NULL, DTYPE_BF16, 4, 16);
+    struct tensor dst = tensor_2d(NULL, DTYPE_FP8_E4M3, 4, 16);
     struct error err = {0};
     ASSERT_EQ(b->ops->upload_weight(b, &dst, &src, &err), ATOMC_ERR_UNSUPPORTED);
     dst = tensor_2d(NULL, DTYPE_F32, 4, 15);
@@ -402,6 +430,69 @@ TEST(matmul_with_and_without_bias) {
         free(bias);
         free(o);
         free(ref);
+    }
+    backend_destroy(b);
+}
+
+// BF16 / F16 weights (fp32 compute): matmul (skinny and tiled-sgemm paths, half bias),
+// embedding and norms, against double references over the weights' exact F32 values.
+TEST(half_precision_weights) {
+    struct backend *b = make_backend(2);
+    enum dtype halves[] = {DTYPE_BF16, DTYPE_F16};
+    int shapes[][3] = {{1, 129, 257}, {3, 64, 13}, {8, 200, 301}, {9, 72, 1500}, {33, 576, 2100}};
+    for (int hi = 0; hi < 2; hi++) {
+        enum dtype ht = halves[hi];
+        for (int si = 0; si < 5; si++) {
+            int n = shapes[si][0], k = shapes[si][1], m = shapes[si][2];
+            float *x = malloc((size_t)n * k * 4), *wf = malloc((size_t)m * k * 4), *bf = malloc(m * 4);
+            uint16_t *wh = malloc((size_t)m * k * 2), *bh = malloc(m * 2);
+            float *o = gbuf((size_t)n * m * 4);
+            double *ref = malloc((size_t)n * m * 8);
+            fill_sym(x, (int64_t)n * k, 1.0f);
+            fill_sym(wf, (int64_t)m * k, 0.5f);
+            fill_sym(bf, m, 1.0f);
+            dtype_from_f32(ht, wf, wh, (int64_t)m * k);
+            dtype_to_f32(ht, wh, wf, (int64_t)m * k);
+            dtype_from_f32(ht, bf, bh, m);
+            dtype_to_f32(ht, bh, bf, m);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < m; j++) {
+                    double acc = bf[j];
+                    for (int t = 0; t < k; t++) acc += (double)x[(size_t)i * k + t] * wf[(size_t)j * k + t];
+                    ref[(size_t)i * m + j] = acc;
+                }
+            struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(wh, ht, m, k);
+            struct tensor to = tensor_2d(o, DTYPE_F32, n, m), tb = tensor_2d(bh, ht, 1, m);
+            b->ops->matmul(b, &to, &tx, &tw, &tb);
+            double e = nmse(o, ref, (int64_t)n * m);
+            if (!(e < 1e-11)) test_fail(__FILE__, __LINE__, "%s matmul %dx%dx%d nmse %g", dtype_name(ht), n, k, m, e);
+            ASSERT_TRUE(guard_ok(o, (size_t)n * m * 4));
+            free(x); free(wf); free(bf); free(wh); free(bh); free(o); free(ref);
+        }
+        // Embedding from a half table, norms with a half weight.
+        int vocab = 50, d = 72, rows = 5;
+        float *tf = malloc((size_t)vocab * d * 4), *nw = malloc(d * 4), *out = gbuf((size_t)rows * d * 4);
+        uint16_t *th = malloc((size_t)vocab * d * 2), *nwh = malloc(d * 2);
+        fill_sym(tf, (int64_t)vocab * d, 1.0f);
+        fill_sym(nw, d, 1.0f);
+        dtype_from_f32(ht, tf, th, (int64_t)vocab * d);
+        dtype_to_f32(ht, th, tf, (int64_t)vocab * d);
+        dtype_from_f32(ht, nw, nwh, d);
+        dtype_to_f32(ht, nwh, nw, d);
+        int32_t ids[5] = {3, 49, 0, 3, 17};
+        struct tensor tt = tensor_2d(th, ht, vocab, d), to = tensor_2d(out, DTYPE_F32, rows, d);
+        b->ops->embedding(b, &to, &tt, ids);
+        for (int i = 0; i < rows; i++) ASSERT_TRUE(memcmp(out + i * d, tf + ids[i] * d, d * 4) == 0);
+        double ref[5 * 72];
+        for (int i = 0; i < rows; i++) ref_rmsnorm(ref + i * d, out + i * d, nw, d, 1e-5f);
+        float *nout = gbuf((size_t)rows * d * 4);
+        struct tensor tn = tensor_2d(nout, DTYPE_F32, rows, d), tnw = tensor_2d(nwh, ht, 1, d);
+        b->ops->rmsnorm(b, &tn, &to, &tnw, 1e-5f);
+        ASSERT_TRUE(nmse(nout, ref, rows * d) < 1e-12);
+        b->ops->add_rmsnorm(b, &tn, &to, NULL, &tnw, 1e-5f);
+        ASSERT_TRUE(nmse(nout, ref, rows * d) < 1e-12);
+        ASSERT_TRUE(guard_ok(nout, (size_t)rows * d * 4) && guard_ok(out, (size_t)rows * d * 4));
+        free(tf); free(nw); free(out); free(th); free(nwh); free(nout);
     }
     backend_destroy(b);
 }

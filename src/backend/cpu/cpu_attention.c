@@ -114,7 +114,7 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         const float *K = attn_load_tile(&a->kv->k, a->kv->k_scale, phys, bs, a->hk, g, d, t0, t1 - t0, kt, &ks);
         const float *V = attn_load_tile(&a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);
         // All scores of the tile at once: rows (qa..qb) x rep against keys t0..t1.
-        kern->gemv(S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0, t1 - t0);
+        kern->gemv[CPU_WEIGHT_F32](S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0, t1 - t0);
         for (int qi = qa; qi < qb; qi++) {
             int pos = pos0 + qi;
             int lo = a->window > 0 ? pos - a->window + 1 : 0;

@@ -1,5 +1,7 @@
 #include "backend/cpu/cpu_kernels.h"
 
+#include "core/dtype.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,23 +45,46 @@ static void scale_generic(float *y, float a, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] *= a;
 }
 
-static void gemv_generic(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, const float *w,
-                         const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; j++) {
-        const float *wr = w + j * ws;
-        for (int i = 0; i < nx; i++) {
-            float v = dot_generic(x + i * x_stride, wr, k);
-            out[i * out_stride + j] = bias ? v + bias[j] : v;
-        }
+static void widen_generic_f32(float *dst, const void *src, int64_t n) { memcpy(dst, src, (size_t)n * 4); }
+static void widen_generic_bf16(float *dst, const void *src, int64_t n) { dtype_to_f32(DTYPE_BF16, src, dst, n); }
+static void widen_generic_f16(float *dst, const void *src, int64_t n) { dtype_to_f32(DTYPE_F16, src, dst, n); }
+
+// Weight element loaders of the portable skinny matmul, one per weight dtype.
+static inline float wload_f32(const float *w, int64_t i) { return w[i]; }
+static inline float wload_bf16(const uint16_t *w, int64_t i) { return bf16_to_f32(w[i]); }
+static inline float wload_f16(const uint16_t *w, int64_t i) { return f16_to_f32(w[i]); }
+
+#define GEMV_GENERIC(SUFFIX, WT, LOAD)                                                                       \
+    static void gemv_generic_##SUFFIX(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, \
+                                      const void *wv, const float *bias, int64_t k, int64_t ws, int64_t j0,   \
+                                      int64_t j1) {                                                          \
+        const WT *w = wv;                                                                                    \
+        for (int64_t j = j0; j < j1; j++) {                                                                  \
+            const WT *wr = w + j * ws;                                                                       \
+            for (int i = 0; i < nx; i++) {                                                                   \
+                const float *xr = x + i * x_stride;                                                          \
+                float s[8] = {0};                                                                            \
+                int64_t t = 0;                                                                               \
+                for (; t + 8 <= k; t += 8)                                                                   \
+                    for (int l = 0; l < 8; l++) s[l] += xr[t + l] * LOAD(wr, t + l);                         \
+                float v = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));                 \
+                for (; t < k; t++) v += xr[t] * LOAD(wr, t);                                                 \
+                out[i * out_stride + j] = bias ? v + bias[j] : v;                                            \
+            }                                                                                                \
+        }                                                                                                    \
     }
-}
+GEMV_GENERIC(f32, float, wload_f32)
+GEMV_GENERIC(bf16, uint16_t, wload_bf16)
+GEMV_GENERIC(f16, uint16_t, wload_f16)
 
 // ---------------------------------------------------------------------------------------------
 // AVX2 + FMA versions (x86-64 only; compiled with a target attribute, called only when the
 // CPU reports both features).
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdbool.h>
 #define AVX2_FN __attribute__((target("avx2,fma")))
 
 AVX2_FN static inline float hsum256(__m256 v) {
@@ -186,143 +211,180 @@ AVX2_FN static void scale_avx2(float *y, float a, int64_t n) {
 // Rows of x against 4 weight rows at a time, written out by hand so the accumulators stay in
 // registers (GCC at -O2 neither unrolls nor scalarises small accumulator arrays). The weight
 // rows stream from memory once per call; x (<= 2 rows) stays in L1.
-// One row of x against 4 weight rows at a time: 4 independent FMA chains (one per weight row).
-AVX2_FN static void gemv_avx2_1(float *out, int64_t os, const float *x, int64_t xs, const float *w,
-                                const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {
-    (void)os;
-    (void)xs;
-    int64_t j = j0;
-    for (; j + 4 <= j1; j += 4) {
-        const float *w0 = w + j * ws, *w1 = w0 + ws, *w2 = w1 + ws, *w3 = w2 + ws;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-        int64_t kk = 0;
-        for (; kk + 8 <= k; kk += 8) {
-            __m256 xv = _mm256_loadu_ps(x + kk);
-            a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + kk), a0);
-            a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + kk), a1);
-            a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + kk), a2);
-            a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + kk), a3);
-        }
-        float v[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};
-        const float *wr[4] = {w0, w1, w2, w3};
-        for (int r = 0; r < 4; r++) {
-            for (int64_t t = kk; t < k; t++) v[r] += x[t] * wr[r][t];
-            out[j + r] = bias ? v[r] + bias[j + r] : v[r];
-        }
-    }
-    for (; j < j1; j++) {
-        float v = dot_avx2(x, w + j * ws, k);
-        out[j] = bias ? v + bias[j] : v;
-    }
-}
+// The skinny matmul, generated for each weight dtype: LOADW(p) loads 8 weights from p as
+// floats, SCALARW(p, t) one. Every (x row, weight row) pair is one 8-lane FMA chain in order
+// over k, hsum256, then the scalar tail in order: the canonical dot order (see dot_avx2), so an
+// output does not depend on how rows/columns are grouped. Blocking: 1 x row against 4 weight
+// rows, 2 x rows against 4, 4 x rows against 2 (accumulators in registers; each weight row
+// streams once per group of up to 4 x rows).
+#define LOADW_F32(p) _mm256_loadu_ps(p)
+#define LOADW_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define LOADW_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define SCALARW_F32(p, t) ((p)[t])
+#define SCALARW_BF16(p, t) bf16_to_f32((p)[t])
+#define SCALARW_F16(p, t) f16_to_f32((p)[t])
 
-AVX2_FN static void gemv_avx2_2(float *out, int64_t os, const float *x, int64_t xs, const float *w,
-                                const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {
-    const float *x0 = x, *x1 = x + xs;
-    int64_t j = j0;
-    for (; j + 4 <= j1; j += 4) {
-        const float *w0 = w + j * ws, *w1 = w0 + ws, *w2 = w1 + ws, *w3 = w2 + ws;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-        __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
-        int64_t kk = 0;
-        for (; kk + 8 <= k; kk += 8) {
-            __m256 xa = _mm256_loadu_ps(x0 + kk), xb = _mm256_loadu_ps(x1 + kk);
-            __m256 v0 = _mm256_loadu_ps(w0 + kk), v1 = _mm256_loadu_ps(w1 + kk);
-            __m256 v2 = _mm256_loadu_ps(w2 + kk), v3 = _mm256_loadu_ps(w3 + kk);
-            a0 = _mm256_fmadd_ps(xa, v0, a0);
-            a1 = _mm256_fmadd_ps(xa, v1, a1);
-            a2 = _mm256_fmadd_ps(xa, v2, a2);
-            a3 = _mm256_fmadd_ps(xa, v3, a3);
-            b0 = _mm256_fmadd_ps(xb, v0, b0);
-            b1 = _mm256_fmadd_ps(xb, v1, b1);
-            b2 = _mm256_fmadd_ps(xb, v2, b2);
-            b3 = _mm256_fmadd_ps(xb, v3, b3);
-        }
-        float va[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};
-        float vb[4] = {hsum256(b0), hsum256(b1), hsum256(b2), hsum256(b3)};
-        const float *wr[4] = {w0, w1, w2, w3};
-        for (int r = 0; r < 4; r++) {
-            for (int64_t t = kk; t < k; t++) {
-                va[r] += x0[t] * wr[r][t];
-                vb[r] += x1[t] * wr[r][t];
-            }
-            out[j + r] = bias ? va[r] + bias[j + r] : va[r];
-            out[os + j + r] = bias ? vb[r] + bias[j + r] : vb[r];
-        }
+#define GEMV_AVX2_FAMILY(SUFFIX, WT, LOADW, SCALARW)                                                          \
+    AVX2_FN static float dotw_##SUFFIX(const float *x, const WT *w, int64_t k) {                              \
+        __m256 s0 = _mm256_setzero_ps();                                                                      \
+        int64_t i = 0;                                                                                        \
+        for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), LOADW(w + i), s0);            \
+        float t = hsum256(s0);                                                                                \
+        for (; i < k; i++) t += x[i] * SCALARW(w, i);                                                         \
+        return t;                                                                                             \
+    }                                                                                                         \
+    AVX2_FN static void gemv1_##SUFFIX(float *out, const float *x, const WT *w, const float *bias, int64_t k, \
+                                       int64_t ws, int64_t j0, int64_t j1) {                                  \
+        int64_t j = j0;                                                                                       \
+        for (; j + 4 <= j1; j += 4) {                                                                         \
+            const WT *w0 = w + j * ws, *w1 = w0 + ws, *w2 = w1 + ws, *w3 = w2 + ws;                           \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                       \
+            int64_t kk = 0;                                                                                   \
+            for (; kk + 8 <= k; kk += 8) {                                                                    \
+                __m256 xv = _mm256_loadu_ps(x + kk);                                                          \
+                a0 = _mm256_fmadd_ps(xv, LOADW(w0 + kk), a0);                                                 \
+                a1 = _mm256_fmadd_ps(xv, LOADW(w1 + kk), a1);                                                 \
+                a2 = _mm256_fmadd_ps(xv, LOADW(w2 + kk), a2);                                                 \
+                a3 = _mm256_fmadd_ps(xv, LOADW(w3 + kk), a3);                                                 \
+            }                                                                                                 \
+            float v[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};                                \
+            const WT *wr[4] = {w0, w1, w2, w3};                                                               \
+            for (int r = 0; r < 4; r++) {                                                                     \
+                for (int64_t t = kk; t < k; t++) v[r] += x[t] * SCALARW(wr[r], t);                            \
+                out[j + r] = bias ? v[r] + bias[j + r] : v[r];                                                \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (; j < j1; j++) {                                                                                 \
+            float v = dotw_##SUFFIX(x, w + j * ws, k);                                                        \
+            out[j] = bias ? v + bias[j] : v;                                                                  \
+        }                                                                                                     \
+    }                                                                                                         \
+    AVX2_FN static void gemv2_##SUFFIX(float *out, int64_t os, const float *x, int64_t xs, const WT *w,      \
+                                       const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {     \
+        const float *x0 = x, *x1 = x + xs;                                                                    \
+        int64_t j = j0;                                                                                       \
+        for (; j + 4 <= j1; j += 4) {                                                                         \
+            const WT *w0 = w + j * ws, *w1 = w0 + ws, *w2 = w1 + ws, *w3 = w2 + ws;                           \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;    \
+            int64_t kk = 0;                                                                                   \
+            for (; kk + 8 <= k; kk += 8) {                                                                    \
+                __m256 xa = _mm256_loadu_ps(x0 + kk), xb = _mm256_loadu_ps(x1 + kk);                          \
+                __m256 v0 = LOADW(w0 + kk), v1 = LOADW(w1 + kk), v2 = LOADW(w2 + kk), v3 = LOADW(w3 + kk);    \
+                a0 = _mm256_fmadd_ps(xa, v0, a0);                                                             \
+                a1 = _mm256_fmadd_ps(xa, v1, a1);                                                             \
+                a2 = _mm256_fmadd_ps(xa, v2, a2);                                                             \
+                a3 = _mm256_fmadd_ps(xa, v3, a3);                                                             \
+                b0 = _mm256_fmadd_ps(xb, v0, b0);                                                             \
+                b1 = _mm256_fmadd_ps(xb, v1, b1);                                                             \
+                b2 = _mm256_fmadd_ps(xb, v2, b2);                                                             \
+                b3 = _mm256_fmadd_ps(xb, v3, b3);                                                             \
+            }                                                                                                 \
+            float va[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};                               \
+            float vb[4] = {hsum256(b0), hsum256(b1), hsum256(b2), hsum256(b3)};                               \
+            const WT *wr[4] = {w0, w1, w2, w3};                                                               \
+            for (int r = 0; r < 4; r++) {                                                                     \
+                for (int64_t t = kk; t < k; t++) {                                                            \
+                    float wt = SCALARW(wr[r], t);                                                             \
+                    va[r] += x0[t] * wt;                                                                      \
+                    vb[r] += x1[t] * wt;                                                                      \
+                }                                                                                             \
+                out[j + r] = bias ? va[r] + bias[j + r] : va[r];                                              \
+                out[os + j + r] = bias ? vb[r] + bias[j + r] : vb[r];                                         \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (; j < j1; j++) {                                                                                 \
+            const WT *wr = w + j * ws;                                                                        \
+            float va = dotw_##SUFFIX(x0, wr, k), vb = dotw_##SUFFIX(x1, wr, k);                               \
+            out[j] = bias ? va + bias[j] : va;                                                                \
+            out[os + j] = bias ? vb + bias[j] : vb;                                                           \
+        }                                                                                                     \
+    }                                                                                                         \
+    AVX2_FN static void gemv4_##SUFFIX(float *out, int64_t os, const float *x, int64_t xs, const WT *w,      \
+                                       const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {     \
+        const float *x0 = x, *x1 = x + xs, *x2 = x + 2 * xs, *x3 = x + 3 * xs;                                \
+        int64_t j = j0;                                                                                       \
+        for (; j + 2 <= j1; j += 2) {                                                                         \
+            const WT *w0 = w + j * ws, *w1 = w0 + ws;                                                         \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;    \
+            int64_t kk = 0;                                                                                   \
+            for (; kk + 8 <= k; kk += 8) {                                                                    \
+                __m256 v0 = LOADW(w0 + kk), v1 = LOADW(w1 + kk);                                              \
+                __m256 xv = _mm256_loadu_ps(x0 + kk);                                                         \
+                a0 = _mm256_fmadd_ps(xv, v0, a0);                                                             \
+                b0 = _mm256_fmadd_ps(xv, v1, b0);                                                             \
+                xv = _mm256_loadu_ps(x1 + kk);                                                                \
+                a1 = _mm256_fmadd_ps(xv, v0, a1);                                                             \
+                b1 = _mm256_fmadd_ps(xv, v1, b1);                                                             \
+                xv = _mm256_loadu_ps(x2 + kk);                                                                \
+                a2 = _mm256_fmadd_ps(xv, v0, a2);                                                             \
+                b2 = _mm256_fmadd_ps(xv, v1, b2);                                                             \
+                xv = _mm256_loadu_ps(x3 + kk);                                                                \
+                a3 = _mm256_fmadd_ps(xv, v0, a3);                                                             \
+                b3 = _mm256_fmadd_ps(xv, v1, b3);                                                             \
+            }                                                                                                 \
+            float va[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};                               \
+            float vb[4] = {hsum256(b0), hsum256(b1), hsum256(b2), hsum256(b3)};                               \
+            const float *xr[4] = {x0, x1, x2, x3};                                                            \
+            for (int i = 0; i < 4; i++) {                                                                     \
+                for (int64_t t = kk; t < k; t++) {                                                            \
+                    va[i] += xr[i][t] * SCALARW(w0, t);                                                       \
+                    vb[i] += xr[i][t] * SCALARW(w1, t);                                                       \
+                }                                                                                             \
+                out[i * os + j] = bias ? va[i] + bias[j] : va[i];                                             \
+                out[i * os + j + 1] = bias ? vb[i] + bias[j + 1] : vb[i];                                     \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (; j < j1; j++)                                                                                   \
+            for (int i = 0; i < 4; i++) {                                                                     \
+                float v = dotw_##SUFFIX(x + i * xs, w + j * ws, k);                                           \
+                out[i * os + j] = bias ? v + bias[j] : v;                                                     \
+            }                                                                                                 \
+    }                                                                                                         \
+    AVX2_FN static void gemv_avx2_##SUFFIX(float *out, int64_t os, const float *x, int64_t xs, int nx,        \
+                                           const void *wv, const float *bias, int64_t k, int64_t ws,          \
+                                           int64_t j0, int64_t j1) {                                          \
+        const WT *w = wv;                                                                                     \
+        int i = 0;                                                                                            \
+        for (; i + 4 <= nx; i += 4) gemv4_##SUFFIX(out + i * os, os, x + i * xs, xs, w, bias, k, ws, j0, j1); \
+        for (; i + 2 <= nx; i += 2) gemv2_##SUFFIX(out + i * os, os, x + i * xs, xs, w, bias, k, ws, j0, j1); \
+        if (i < nx) gemv1_##SUFFIX(out + i * os, x + i * xs, w, bias, k, ws, j0, j1);                         \
     }
-    for (; j < j1; j++) {
-        const float *wr = w + j * ws;
-        float va = dot_avx2(x0, wr, k), vb = dot_avx2(x1, wr, k);
-        out[j] = bias ? va + bias[j] : va;
-        out[os + j] = bias ? vb + bias[j] : vb;
-    }
-}
 
-// Four rows of x against 2 weight rows at a time (8 accumulators + 2 weight + 4 x registers).
-AVX2_FN static void gemv_avx2_4(float *out, int64_t os, const float *x, int64_t xs, const float *w,
-                                const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {
-    const float *x0 = x, *x1 = x + xs, *x2 = x + 2 * xs, *x3 = x + 3 * xs;
-    int64_t j = j0;
-    for (; j + 2 <= j1; j += 2) {
-        const float *w0 = w + j * ws, *w1 = w0 + ws;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-        __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
-        int64_t kk = 0;
-        for (; kk + 8 <= k; kk += 8) {
-            __m256 v0 = _mm256_loadu_ps(w0 + kk), v1 = _mm256_loadu_ps(w1 + kk);
-            __m256 xv = _mm256_loadu_ps(x0 + kk);
-            a0 = _mm256_fmadd_ps(xv, v0, a0);
-            b0 = _mm256_fmadd_ps(xv, v1, b0);
-            xv = _mm256_loadu_ps(x1 + kk);
-            a1 = _mm256_fmadd_ps(xv, v0, a1);
-            b1 = _mm256_fmadd_ps(xv, v1, b1);
-            xv = _mm256_loadu_ps(x2 + kk);
-            a2 = _mm256_fmadd_ps(xv, v0, a2);
-            b2 = _mm256_fmadd_ps(xv, v1, b2);
-            xv = _mm256_loadu_ps(x3 + kk);
-            a3 = _mm256_fmadd_ps(xv, v0, a3);
-            b3 = _mm256_fmadd_ps(xv, v1, b3);
-        }
-        float va[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};
-        float vb[4] = {hsum256(b0), hsum256(b1), hsum256(b2), hsum256(b3)};
-        const float *xr[4] = {x0, x1, x2, x3};
-        for (int i = 0; i < 4; i++) {
-            for (int64_t t = kk; t < k; t++) {
-                va[i] += xr[i][t] * w0[t];
-                vb[i] += xr[i][t] * w1[t];
-            }
-            out[i * os + j] = bias ? va[i] + bias[j] : va[i];
-            out[i * os + j + 1] = bias ? vb[i] + bias[j + 1] : vb[i];
-        }
+#define WIDEN_AVX2(SUFFIX, WT, LOADW, SCALARW)                                                    \
+    AVX2_FN static void widen_avx2_##SUFFIX(float *dst, const void *src, int64_t n) {               \
+        const WT *s = src;                                                                          \
+        int64_t i = 0;                                                                              \
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LOADW(s + i));                         \
+        for (; i < n; i++) dst[i] = SCALARW(s, i);                                                  \
     }
-    for (; j < j1; j++)
-        for (int i = 0; i < 4; i++) {
-            float v = dot_avx2(x + i * xs, w + j * ws, k);
-            out[i * os + j] = bias ? v + bias[j] : v;
-        }
-}
 
-AVX2_FN static void gemv_avx2(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx,
-                              const float *w, const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {
-    int i = 0;
-    for (; i + 4 <= nx; i += 4)
-        gemv_avx2_4(out + i * out_stride, out_stride, x + i * x_stride, x_stride, w, bias, k, ws, j0, j1);
-    for (; i + 2 <= nx; i += 2)
-        gemv_avx2_2(out + i * out_stride, out_stride, x + i * x_stride, x_stride, w, bias, k, ws, j0, j1);
-    if (i < nx) gemv_avx2_1(out + i * out_stride, out_stride, x + i * x_stride, x_stride, w, bias, k, ws, j0, j1);
-}
+WIDEN_AVX2(bf16, uint16_t, LOADW_BF16, SCALARW_BF16)
+GEMV_AVX2_FAMILY(f32, float, LOADW_F32, SCALARW_F32)
+GEMV_AVX2_FAMILY(bf16, uint16_t, LOADW_BF16, SCALARW_BF16)
+#undef AVX2_FN
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+GEMV_AVX2_FAMILY(f16, uint16_t, LOADW_F16, SCALARW_F16)
+WIDEN_AVX2(f16, uint16_t, LOADW_F16, SCALARW_F16)
 #endif
+
 void cpu_kernels_select(struct cpu_kernels *k) {
     *k = (struct cpu_kernels){.name = "generic", .dot = dot_generic, .axpy = axpy_generic,
                               .axpy_rows = axpy_rows_generic, .exp_sum = exp_sum_generic,
-                              .silu_mul = silu_mul_generic, .scale = scale_generic, .gemv = gemv_generic};
+                              .silu_mul = silu_mul_generic, .scale = scale_generic,
+                              .widen = {widen_generic_f32, widen_generic_bf16, widen_generic_f16},
+                              .gemv = {gemv_generic_f32, gemv_generic_bf16, gemv_generic_f16}};
 #if defined(__x86_64__) && defined(__GNUC__)
     const char *force = getenv("ATOMC_CPU_KERNELS");
     if (force && !strcmp(force, "generic")) return;
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    unsigned a, b, c, d;
+    bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
         *k = (struct cpu_kernels){.name = "avx2", .dot = dot_avx2, .axpy = axpy_avx2,
                                   .axpy_rows = axpy_rows_avx2, .exp_sum = exp_sum_avx2,
-                                  .silu_mul = silu_mul_avx2, .scale = scale_avx2, .gemv = gemv_avx2};
+                                  .silu_mul = silu_mul_avx2, .scale = scale_avx2,
+                                  .widen = {widen_generic_f32, widen_avx2_bf16, widen_avx2_f16},
+                                  .gemv = {gemv_avx2_f32, gemv_avx2_bf16, gemv_avx2_f16}};
 #endif
 }

@@ -6,8 +6,10 @@
 
 #include <stdint.h>
 
+enum { CPU_WEIGHT_F32 = 0, CPU_WEIGHT_BF16, CPU_WEIGHT_F16 };
+
 struct cpu_kernels {
-    const char *name; // "avx2" or "generic"
+    const char *name; // "avx2" (AVX2 + FMA + F16C) or "generic"
     // sum a[i] * b[i]
     float (*dot)(const float *a, const float *b, int64_t n);
     // y[i] += a * x[i]
@@ -21,12 +23,15 @@ struct cpu_kernels {
     void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
     // y[i] *= a
     void (*scale)(float *y, float a, int64_t n);
-    // Skinny matmul for few rows (decode; also attention scores): for output columns j in
-    // [j0, j1) and rows i < nx, with weight rows ws elements apart:
+    // dst[i] = src[i] as F32, src in the weight dtype (index CPU_WEIGHT_*).
+    void (*widen[3])(float *dst, const void *src, int64_t n);
+    // Skinny matmul for few rows (decode; also attention scores), one per weight dtype
+    // (index CPU_WEIGHT_F32 / _BF16 / _F16): for output columns j in [j0, j1) and rows i < nx,
+    // with weight rows ws elements apart:
     //   out[i * out_stride + j] = dot(x + i * x_stride, w + j * ws, k) (+ bias[j] if bias)
     // Each weight row is read once per group of up to 4 rows (the weights are the traffic).
-    void (*gemv)(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, const float *w,
-                 const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
+    void (*gemv[3])(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, const void *w,
+                    const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
 };
 
 // Fills k with the best implementation this CPU supports (ATOMC_CPU_KERNELS=generic forces
