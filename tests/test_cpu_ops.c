@@ -497,6 +497,72 @@ TEST(half_precision_weights) {
     backend_destroy(b);
 }
 
+// GGUF quantised weights kept as is (Q8_0 / Q4_0 / Q4_1): the kernels dequantise in registers
+// with dtype_to_f32's arithmetic, so the decode matmul (n <= 8) must equal the F32 path on the
+// weights dequantised at load bit for bit, and the sgemm path (n > 8) to rounding. Embedding
+// rows from a quantised table likewise.
+TEST(quantised_weights_match_dequantised_f32) {
+    struct backend *b = make_backend(2);
+    enum dtype qts[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1};
+    int ks[] = {96, 576}, ns[] = {1, 2, 3, 4, 5, 8, 9, 33};
+    const int m = 301;
+    for (int qi = 0; qi < 3; qi++)
+        for (int ki = 0; ki < 2; ki++) {
+            enum dtype qt = qts[qi];
+            int k = ks[ki];
+            size_t qbytes = dtype_row_bytes(qt, k) * m;
+            void *host = malloc(qbytes);
+            make_quant_rows(qt, host, (int64_t)m * k);
+            struct tensor src = tensor_2d(host, qt, m, k);
+            struct tensor wq = tensor_2d(NULL, qt, m, k), wf = tensor_2d(NULL, DTYPE_F32, m, k);
+            struct error err = {0};
+            ASSERT_OK(b->ops->upload_weight(b, &wq, &src, &err));
+            ASSERT_OK(b->ops->upload_weight(b, &wf, &src, &err));
+            ASSERT_TRUE(memcmp(wq.data, host, qbytes) == 0);
+            float *bias = malloc(m * 4);
+            fill_sym(bias, m, 1.0f);
+            struct tensor tb = tensor_2d(bias, DTYPE_F32, 1, m);
+            for (int ni = 0; ni < 8; ni++) {
+                int n = ns[ni];
+                float *x = malloc((size_t)n * k * 4), *oq = gbuf((size_t)n * m * 4), *of = malloc((size_t)n * m * 4);
+                fill_sym(x, (int64_t)n * k, 1.0f);
+                struct tensor tx = tensor_2d(x, DTYPE_F32, n, k);
+                struct tensor toq = tensor_2d(oq, DTYPE_F32, n, m), tof = tensor_2d(of, DTYPE_F32, n, m);
+                b->ops->matmul(b, &toq, &tx, &wq, &tb);
+                b->ops->matmul(b, &tof, &tx, &wf, &tb);
+                if (n <= 8) {
+                    if (memcmp(oq, of, (size_t)n * m * 4))
+                        test_fail(__FILE__, __LINE__, "%s k %d n %d: differs from the F32 path", dtype_name(qt), k, n);
+                } else {
+                    double *ref = malloc((size_t)n * m * 8);
+                    for (int64_t i = 0; i < (int64_t)n * m; i++) ref[i] = of[i];
+                    double e = nmse(oq, ref, (int64_t)n * m);
+                    if (!(e < 1e-12)) test_fail(__FILE__, __LINE__, "%s k %d n %d: nmse %g", dtype_name(qt), k, n, e);
+                    free(ref);
+                }
+                ASSERT_TRUE(guard_ok(oq, (size_t)n * m * 4));
+                free(x); free(oq); free(of);
+            }
+            // Embedding rows from the quantised table equal those of the dequantised one.
+            int32_t ids[4] = {0, 300, 17, 17};
+            float *eq = malloc((size_t)4 * k * 4), *ef = malloc((size_t)4 * k * 4);
+            struct tensor teq = tensor_2d(eq, DTYPE_F32, 4, k), tef = tensor_2d(ef, DTYPE_F32, 4, k);
+            b->ops->embedding(b, &teq, &wq, ids);
+            b->ops->embedding(b, &tef, &wf, ids);
+            ASSERT_TRUE(memcmp(eq, ef, (size_t)4 * k * 4) == 0);
+            free(eq); free(ef); free(bias); free(host);
+            b->ops->free(b, wq.data);
+            b->ops->free(b, wf.data);
+        }
+    // Quantised destinations only from the same quantised type.
+    float w[64] = {0};
+    struct tensor src = tensor_2d(w, DTYPE_F32, 2, 32), dst = tensor_2d(NULL, DTYPE_Q4_1, 2, 32);
+    struct error err = {0};
+    ASSERT_EQ(b->ops->upload_weight(b, &dst, &src, &err), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(err.msg, "Q4_1") != NULL);
+    backend_destroy(b);
+}
+
 // ---------------------------------------------------------------------------------------------
 // RoPE + KV write and paged attention
 

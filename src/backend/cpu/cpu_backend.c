@@ -96,9 +96,36 @@ static void cpu_parallel_rows(struct cpu_backend *c, int64_t rows, int64_t cols,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Weight upload: any host dtype -> F32, BF16 or F16 (the matmul weight dtypes this backend
-// computes with in fp32), converted in parallel row chunks. Same-dtype uploads are copies; a
-// BF16/F16 checkpoint kept in its dtype is lossless and halves the decode's memory traffic.
+// The matmul kernel index of a weight dtype, or -1 when weights cannot have it.
+static int cpu_weight_kind(enum dtype t) {
+    switch (t) {
+    case DTYPE_F32: return CPU_WEIGHT_F32;
+    case DTYPE_BF16: return CPU_WEIGHT_BF16;
+    case DTYPE_F16: return CPU_WEIGHT_F16;
+    case DTYPE_Q8_0: return CPU_WEIGHT_Q8_0;
+    case DTYPE_Q4_0: return CPU_WEIGHT_Q4_0;
+    case DTYPE_Q4_1: return CPU_WEIGHT_Q4_1;
+    default: return -1;
+    }
+}
+
+// True for the dtypes weights may have on this backend (see upload_weight).
+static bool cpu_weight_dtype_ok(enum dtype t) { return cpu_weight_kind(t) >= 0; }
+
+// A small weight vector (norm weight, bias) as F32: the tensor itself, or a conversion into
+// `buf` (op-level scratch) for BF16/F16 weights.
+static const float *cpu_weight_f32(const struct tensor *w, float *buf) {
+    if (w->dtype == DTYPE_F32) return w->data;
+    CHECK(cpu_weight_dtype_ok(w->dtype));
+    dtype_to_f32(w->dtype, w->data, buf, tensor_numel(w));
+    return buf;
+}
+
+// Weight upload: any host dtype -> F32, BF16 or F16, or a GGUF quant type kept as is (Q8_0 /
+// Q4_0 / Q4_1 from the same type); the ops compute in fp32 over any of them. Conversions run in
+// parallel row chunks; same-dtype uploads are copies. A BF16/F16 checkpoint kept in its dtype is
+// lossless and halves the decode's memory traffic; a kept GGUF quant gives bit-identical
+// results to dequantising at load (the kernels dequantise with the same arithmetic).
 
 #define UPLOAD_PIECE 4096 // elements converted through the stack per step (a multiple of 32)
 
@@ -118,7 +145,7 @@ static void upload_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     const uint8_t *s = u->src->data;
     uint8_t *d = u->dst->data;
     if (st == dt && !scaled) {
-        memcpy(d + (size_t)e0 * de, s + (size_t)e0 * de, (size_t)(e1 - e0) * de);
+        memcpy(d + (size_t)(e0 / be) * bb, s + (size_t)(e0 / be) * bb, (size_t)((e1 - e0) / be) * bb);
         return;
     }
     float tmp[UPLOAD_PIECE];
@@ -135,9 +162,13 @@ static void upload_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
 static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, const struct tensor *src,
                                       struct error *err) {
     struct cpu_backend *c = cpu_backend_of(b);
-    if (dst->dtype != DTYPE_F32 && dst->dtype != DTYPE_BF16 && dst->dtype != DTYPE_F16)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: weights are stored as F32, BF16 or F16, not %s",
+    if (!cpu_weight_dtype_ok(dst->dtype))
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "cpu backend: weights are stored as F32, BF16, F16, Q8_0, Q4_0 or Q4_1, not %s",
                          dtype_name(dst->dtype));
+    if (dtype_block_elems(dst->dtype) > 1 && src->dtype != dst->dtype)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: %s weights can only be kept from %s data, not %s",
+                         dtype_name(dst->dtype), dtype_name(dst->dtype), dtype_name(src->dtype));
     switch (src->dtype) {
     case DTYPE_F32: case DTYPE_F16: case DTYPE_BF16: case DTYPE_FP8_E4M3:
     case DTYPE_Q8_0: case DTYPE_Q4_0: case DTYPE_Q4_1:
@@ -154,7 +185,7 @@ static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, con
     if (cols % dtype_block_elems(src->dtype) != 0)
         return error_set(err, ATOMC_ERR_FORMAT, "cpu backend: %s row of %lld elements is not whole blocks",
                          dtype_name(src->dtype), (long long)cols);
-    size_t bytes = (size_t)tensor_numel(dst) * dtype_block_bytes(dst->dtype);
+    size_t bytes = dtype_row_bytes(dst->dtype, cols) * (size_t)rows;
     void *data = cpu_aligned_alloc(bytes);
     if (!data)
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate %zu bytes for a weight", bytes);
@@ -176,18 +207,6 @@ static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, con
 
 // ---------------------------------------------------------------------------------------------
 // Embedding, gather, convert, add
-
-// True for the dtypes weights may have on this backend (see upload_weight).
-static bool cpu_weight_dtype_ok(enum dtype t) { return t == DTYPE_F32 || t == DTYPE_BF16 || t == DTYPE_F16; }
-
-// A small weight vector (norm weight, bias) as F32: the tensor itself, or a conversion into
-// `buf` (op-level scratch) for BF16/F16 weights.
-static const float *cpu_weight_f32(const struct tensor *w, float *buf) {
-    if (w->dtype == DTYPE_F32) return w->data;
-    CHECK(cpu_weight_dtype_ok(w->dtype));
-    dtype_to_f32(w->dtype, w->data, buf, tensor_numel(w));
-    return buf;
-}
 
 struct embed_ctx {
     float *out;
@@ -382,8 +401,8 @@ struct widen_ctx {
 
 static void widen_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     struct widen_ctx *v = vctx;
-    size_t esz = dtype_block_bytes(v->w->dtype);
-    v->kern->widen[v->wk](v->dst + r0 * v->k, (const uint8_t *)v->w->data + (size_t)(v->row0 + r0) * v->k * esz,
+    size_t rb = dtype_row_bytes(v->w->dtype, v->k);
+    v->kern->widen[v->wk](v->dst + r0 * v->k, (const uint8_t *)v->w->data + (size_t)(v->row0 + r0) * rb,
                           (r1 - r0) * v->k);
 }
 
@@ -397,7 +416,8 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
     if (bias) CHECK(cpu_weight_dtype_ok(bias->dtype) && tensor_numel(bias) == m);
     if (n == 0) return;
     float *o = out->data;
-    const int wk = w->dtype == DTYPE_F32 ? CPU_WEIGHT_F32 : w->dtype == DTYPE_BF16 ? CPU_WEIGHT_BF16 : CPU_WEIGHT_F16;
+    const int wk = cpu_weight_kind(w->dtype);
+    if (wk >= CPU_WEIGHT_Q8_0) CHECK_MSG(k % 32 == 0, "matmul: %s weights need k %% 32 == 0", dtype_name(w->dtype));
     bool skinny = n <= MATMUL_SKINNY_MAX_ROWS;
     // Op scratch: [bias as F32 (m) | F32 weight tile (half weights, sgemm path)].
     int64_t tile_rows = 0;

@@ -77,6 +77,37 @@ GEMV_GENERIC(f32, float, wload_f32)
 GEMV_GENERIC(bf16, uint16_t, wload_bf16)
 GEMV_GENERIC(f16, uint16_t, wload_f16)
 
+// Quantised weights, portable: each 32-element block is dequantised with dtype_to_f32 into a
+// stack buffer, then accumulated in the same lane order as GEMV_GENERIC (so the result equals
+// the F32 path on dequantised weights).
+#define GEMV_GENERIC_Q(SUFFIX, DT)                                                                   \
+    static void gemv_generic_##SUFFIX(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, \
+                                      const void *wv, const float *bias, int64_t k, int64_t ws, int64_t j0,   \
+                                      int64_t j1) {                                                  \
+        const uint8_t *w = wv;                                                                       \
+        const size_t bb = dtype_block_bytes(DT), rb = (size_t)(ws / 32) * bb;                        \
+        for (int64_t j = j0; j < j1; j++) {                                                          \
+            for (int i = 0; i < nx; i++) {                                                           \
+                const float *xr = x + i * x_stride;                                                  \
+                float s[8] = {0}, blk[32];                                                           \
+                for (int64_t t = 0; t < k; t += 32) {                                                \
+                    dtype_to_f32(DT, w + (size_t)j * rb + (size_t)(t / 32) * bb, blk, 32);           \
+                    for (int q = 0; q < 32; q += 8)                                                  \
+                        for (int l = 0; l < 8; l++) s[l] += xr[t + q + l] * blk[q + l];              \
+                }                                                                                    \
+                float v = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));         \
+                out[i * out_stride + j] = bias ? v + bias[j] : v;                                    \
+            }                                                                                        \
+        }                                                                                            \
+    }
+GEMV_GENERIC_Q(q8_0, DTYPE_Q8_0)
+GEMV_GENERIC_Q(q4_0, DTYPE_Q4_0)
+GEMV_GENERIC_Q(q4_1, DTYPE_Q4_1)
+
+static void widen_generic_q8_0(float *dst, const void *src, int64_t n) { dtype_to_f32(DTYPE_Q8_0, src, dst, n); }
+static void widen_generic_q4_0(float *dst, const void *src, int64_t n) { dtype_to_f32(DTYPE_Q4_0, src, dst, n); }
+static void widen_generic_q4_1(float *dst, const void *src, int64_t n) { dtype_to_f32(DTYPE_Q4_1, src, dst, n); }
+
 // ---------------------------------------------------------------------------------------------
 // AVX2 + FMA versions (x86-64 only; compiled with a target attribute, called only when the
 // CPU reports both features).
@@ -366,14 +397,147 @@ GEMV_AVX2_FAMILY(bf16, uint16_t, LOADW_BF16, SCALARW_BF16)
 #define AVX2_FN __attribute__((target("avx2,fma,f16c")))
 GEMV_AVX2_FAMILY(f16, uint16_t, LOADW_F16, SCALARW_F16)
 WIDEN_AVX2(f16, uint16_t, LOADW_F16, SCALARW_F16)
+
+// ---------------------------------------------------------------------------------------------
+// Skinny matmul over GGUF block-quantised weights (Q8_0, Q4_0, Q4_1), dequantised in registers.
+// DEQ_* produces a 32-element block as four 8-lane vectors with exactly dtype_to_f32's
+// arithmetic (d * q, or a multiply then an add for d * q + m), and the dot products follow the
+// canonical order of dot_avx2 (the block size 32 is a multiple of 8, so there is no tail).
+// Results are therefore bit-identical to dequantising at load and using the F32 kernels, with
+// 5-6x less memory traffic.
+
+AVX2_FN static inline float f16_scalar(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); // exact, like f16_to_f32
+}
+
+#define CVT8(q) _mm256_cvtepi32_ps(q)
+#define DEQ_Q8_0(blk, v)                                                                      \
+    do {                                                                                      \
+        __m256 d_ = _mm256_set1_ps(f16_scalar(blk));                                          \
+        __m128i a_ = _mm_loadu_si128((const __m128i *)((blk) + 2));                           \
+        __m128i b_ = _mm_loadu_si128((const __m128i *)((blk) + 18));                          \
+        v##0 = _mm256_mul_ps(d_, CVT8(_mm256_cvtepi8_epi32(a_)));                             \
+        v##1 = _mm256_mul_ps(d_, CVT8(_mm256_cvtepi8_epi32(_mm_srli_si128(a_, 8))));          \
+        v##2 = _mm256_mul_ps(d_, CVT8(_mm256_cvtepi8_epi32(b_)));                             \
+        v##3 = _mm256_mul_ps(d_, CVT8(_mm256_cvtepi8_epi32(_mm_srli_si128(b_, 8))));          \
+    } while (0)
+#define NIBBLES(qs, lo, hi)                                                                   \
+    __m128i lo = _mm_and_si128(qs, _mm_set1_epi8(0x0f));                                      \
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0f))
+#define DEQ_Q4_0(blk, v)                                                                      \
+    do {                                                                                      \
+        __m256 d_ = _mm256_set1_ps(f16_scalar(blk));                                          \
+        __m128i q_ = _mm_loadu_si128((const __m128i *)((blk) + 2));                           \
+        NIBBLES(q_, lo_, hi_);                                                                \
+        __m256i e_ = _mm256_set1_epi32(8);                                                    \
+        v##0 = _mm256_mul_ps(d_, CVT8(_mm256_sub_epi32(_mm256_cvtepu8_epi32(lo_), e_)));      \
+        v##1 = _mm256_mul_ps(d_, CVT8(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(lo_, 8)), e_))); \
+        v##2 = _mm256_mul_ps(d_, CVT8(_mm256_sub_epi32(_mm256_cvtepu8_epi32(hi_), e_)));      \
+        v##3 = _mm256_mul_ps(d_, CVT8(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi_, 8)), e_))); \
+    } while (0)
+#define DEQ_Q4_1(blk, v)                                                                      \
+    do {                                                                                      \
+        __m256 d_ = _mm256_set1_ps(f16_scalar(blk)), m_ = _mm256_set1_ps(f16_scalar((blk) + 2)); \
+        __m128i q_ = _mm_loadu_si128((const __m128i *)((blk) + 4));                           \
+        NIBBLES(q_, lo_, hi_);                                                                \
+        v##0 = _mm256_add_ps(_mm256_mul_ps(d_, CVT8(_mm256_cvtepu8_epi32(lo_))), m_);         \
+        v##1 = _mm256_add_ps(_mm256_mul_ps(d_, CVT8(_mm256_cvtepu8_epi32(_mm_srli_si128(lo_, 8)))), m_); \
+        v##2 = _mm256_add_ps(_mm256_mul_ps(d_, CVT8(_mm256_cvtepu8_epi32(hi_))), m_);         \
+        v##3 = _mm256_add_ps(_mm256_mul_ps(d_, CVT8(_mm256_cvtepu8_epi32(_mm_srli_si128(hi_, 8)))), m_); \
+    } while (0)
+
+// acc = the pair's chain over one block (4 FMAs in element order).
+#define QFMA4(acc, x, v)                                                                      \
+    do {                                                                                      \
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps((x)), v##0, acc);                               \
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps((x) + 8), v##1, acc);                           \
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps((x) + 16), v##2, acc);                          \
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps((x) + 24), v##3, acc);                          \
+    } while (0)
+
+#define GEMV_Q_FAMILY(SUFFIX, BB, DEQ)                                                                 \
+    /* one x row, one weight row (tails) */                                                            \
+    AVX2_FN static float qdot_##SUFFIX(const float *x, const uint8_t *wr, int64_t nb) {                \
+        __m256 acc = _mm256_setzero_ps(), v0, v1, v2, v3;                                              \
+        for (int64_t b = 0; b < nb; b++) {                                                             \
+            DEQ(wr + b * (BB), v);                                                                     \
+            QFMA4(acc, x + b * 32, v);                                                                 \
+        }                                                                                              \
+        return hsum256(acc);                                                                           \
+    }                                                                                                  \
+    /* four x rows against one weight row: the block is dequantised once for all four */               \
+    AVX2_FN static void gemvq4_##SUFFIX(float *out, int64_t os, const float *x, int64_t xs, const uint8_t *w, \
+                                        size_t rb, const float *bias, int64_t nb, int64_t j0, int64_t j1) { \
+        for (int64_t j = j0; j < j1; j++) {                                                            \
+            const uint8_t *wr = w + (size_t)j * rb;                                                    \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, v0, v1, v2, v3;                \
+            for (int64_t b = 0; b < nb; b++) {                                                         \
+                DEQ(wr + b * (BB), v);                                                                 \
+                QFMA4(a0, x + b * 32, v);                                                              \
+                QFMA4(a1, x + xs + b * 32, v);                                                         \
+                QFMA4(a2, x + 2 * xs + b * 32, v);                                                     \
+                QFMA4(a3, x + 3 * xs + b * 32, v);                                                     \
+            }                                                                                          \
+            float bj = bias ? bias[j] : 0.0f;                                                          \
+            out[j] = bias ? hsum256(a0) + bj : hsum256(a0);                                            \
+            out[os + j] = bias ? hsum256(a1) + bj : hsum256(a1);                                       \
+            out[2 * os + j] = bias ? hsum256(a2) + bj : hsum256(a2);                                   \
+            out[3 * os + j] = bias ? hsum256(a3) + bj : hsum256(a3);                                   \
+        }                                                                                              \
+    }                                                                                                  \
+    /* one x row against four weight rows (four independent chains) */                                 \
+    AVX2_FN static void gemvq1_##SUFFIX(float *out, const float *x, const uint8_t *w, size_t rb,        \
+                                        const float *bias, int64_t nb, int64_t j0, int64_t j1) {       \
+        int64_t j = j0;                                                                                \
+        for (; j + 4 <= j1; j += 4) {                                                                  \
+            const uint8_t *r0 = w + (size_t)j * rb, *r1 = r0 + rb, *r2 = r1 + rb, *r3 = r2 + rb;       \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, v0, v1, v2, v3;                \
+            for (int64_t b = 0; b < nb; b++) {                                                         \
+                const float *xb = x + b * 32;                                                          \
+                DEQ(r0 + b * (BB), v);                                                                 \
+                QFMA4(a0, xb, v);                                                                      \
+                DEQ(r1 + b * (BB), v);                                                                 \
+                QFMA4(a1, xb, v);                                                                      \
+                DEQ(r2 + b * (BB), v);                                                                 \
+                QFMA4(a2, xb, v);                                                                      \
+                DEQ(r3 + b * (BB), v);                                                                 \
+                QFMA4(a3, xb, v);                                                                      \
+            }                                                                                          \
+            float s[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};                         \
+            for (int r = 0; r < 4; r++) out[j + r] = bias ? s[r] + bias[j + r] : s[r];                 \
+        }                                                                                              \
+        for (; j < j1; j++) {                                                                          \
+            float s = qdot_##SUFFIX(x, w + (size_t)j * rb, nb);                                        \
+            out[j] = bias ? s + bias[j] : s;                                                           \
+        }                                                                                              \
+    }                                                                                                  \
+    AVX2_FN static void gemv_avx2_##SUFFIX(float *out, int64_t os, const float *x, int64_t xs, int nx,  \
+                                           const void *wv, const float *bias, int64_t k, int64_t ws,   \
+                                           int64_t j0, int64_t j1) {                                   \
+        const uint8_t *w = wv;                                                                         \
+        size_t rb = (size_t)(ws / 32) * (BB);                                                          \
+        int64_t nb = k / 32;                                                                           \
+        int i = 0;                                                                                     \
+        for (; i + 4 <= nx; i += 4) gemvq4_##SUFFIX(out + i * os, os, x + i * xs, xs, w, rb, bias, nb, j0, j1); \
+        for (; i < nx; i++) gemvq1_##SUFFIX(out + i * os, x + i * xs, w, rb, bias, nb, j0, j1);       \
+    }
+
+GEMV_Q_FAMILY(q8_0, 34, DEQ_Q8_0)
+GEMV_Q_FAMILY(q4_0, 18, DEQ_Q4_0)
+GEMV_Q_FAMILY(q4_1, 20, DEQ_Q4_1)
+
 #endif
 
 void cpu_kernels_select(struct cpu_kernels *k) {
     *k = (struct cpu_kernels){.name = "generic", .dot = dot_generic, .axpy = axpy_generic,
                               .axpy_rows = axpy_rows_generic, .exp_sum = exp_sum_generic,
                               .silu_mul = silu_mul_generic, .scale = scale_generic,
-                              .widen = {widen_generic_f32, widen_generic_bf16, widen_generic_f16},
-                              .gemv = {gemv_generic_f32, gemv_generic_bf16, gemv_generic_f16}};
+                              .widen = {widen_generic_f32, widen_generic_bf16, widen_generic_f16,
+                                        widen_generic_q8_0, widen_generic_q4_0, widen_generic_q4_1},
+                              .gemv = {gemv_generic_f32, gemv_generic_bf16, gemv_generic_f16, gemv_generic_q8_0,
+                                       gemv_generic_q4_0, gemv_generic_q4_1}};
 #if defined(__x86_64__) && defined(__GNUC__)
     const char *force = getenv("ATOMC_CPU_KERNELS");
     if (force && !strcmp(force, "generic")) return;
@@ -384,7 +548,9 @@ void cpu_kernels_select(struct cpu_kernels *k) {
         *k = (struct cpu_kernels){.name = "avx2", .dot = dot_avx2, .axpy = axpy_avx2,
                                   .axpy_rows = axpy_rows_avx2, .exp_sum = exp_sum_avx2,
                                   .silu_mul = silu_mul_avx2, .scale = scale_avx2,
-                                  .widen = {widen_generic_f32, widen_avx2_bf16, widen_avx2_f16},
-                                  .gemv = {gemv_avx2_f32, gemv_avx2_bf16, gemv_avx2_f16}};
+                                  .widen = {widen_generic_f32, widen_avx2_bf16, widen_avx2_f16,
+                                            widen_generic_q8_0, widen_generic_q4_0, widen_generic_q4_1},
+                                  .gemv = {gemv_avx2_f32, gemv_avx2_bf16, gemv_avx2_f16, gemv_avx2_q8_0,
+                                           gemv_avx2_q4_0, gemv_avx2_q4_1}};
 #endif
 }

@@ -6,7 +6,9 @@
 
 #include <stdint.h>
 
-enum { CPU_WEIGHT_F32 = 0, CPU_WEIGHT_BF16, CPU_WEIGHT_F16 };
+// Weight dtypes of the matmul kernels (index of widen[] / gemv[]).
+enum { CPU_WEIGHT_F32 = 0, CPU_WEIGHT_BF16, CPU_WEIGHT_F16, CPU_WEIGHT_Q8_0, CPU_WEIGHT_Q4_0, CPU_WEIGHT_Q4_1,
+       CPU_WEIGHT_COUNT };
 
 struct cpu_kernels {
     const char *name; // "avx2" (AVX2 + FMA + F16C) or "generic"
@@ -23,14 +25,14 @@ struct cpu_kernels {
     void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
     // y[i] *= a
     void (*scale)(float *y, float a, int64_t n);
-    // dst[i] = src[i] as F32, src in the weight dtype (index CPU_WEIGHT_*).
-    void (*widen[3])(float *dst, const void *src, int64_t n);
+    // dst[i] = src[i] as F32, src in the weight dtype (index CPU_WEIGHT_*; n whole blocks for Q types).
+    void (*widen[CPU_WEIGHT_COUNT])(float *dst, const void *src, int64_t n);
     // Skinny matmul for few rows (decode; also attention scores), one per weight dtype
-    // (index CPU_WEIGHT_F32 / _BF16 / _F16): for output columns j in [j0, j1) and rows i < nx,
-    // with weight rows ws elements apart:
+    // (index CPU_WEIGHT_*): for output columns j in [j0, j1) and rows i < nx, with weight rows
+    // ws elements apart (k and ws multiples of 32 for the Q types):
     //   out[i * out_stride + j] = dot(x + i * x_stride, w + j * ws, k) (+ bias[j] if bias)
     // Each weight row is read once per group of up to 4 rows (the weights are the traffic).
-    void (*gemv[3])(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, const void *w,
+    void (*gemv[CPU_WEIGHT_COUNT])(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, const void *w,
                     const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
 };
 
