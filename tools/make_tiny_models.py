@@ -57,6 +57,11 @@ MODELS = {
               dict(head_dim=32, rope_theta=1000000.0, num_hidden_layers=2, max_window_layers=2,
                    use_sliding_window=False, bos_token_id=None, eos_token_id=3),
               torch.bfloat16, False),
+    "qwen3_yarn": (Qwen3Config, Qwen3ForCausalLM,
+                   dict(head_dim=16, rope_theta=10000.0, num_hidden_layers=2, max_window_layers=2,
+                        use_sliding_window=False, bos_token_id=None, eos_token_id=3, max_position_embeddings=128,
+                        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32)),
+                   torch.bfloat16, False),
 }
 
 
