@@ -24,6 +24,12 @@ struct sample_row {
     const int32_t *output_ids;  // ... and its generated tokens so far
     int n_output;
     int n_logprobs;             // 0 = none
+    // Token ids whose logits must be set to -inf before sampling (the engine bans EOS and
+    // stop tokens this way while a sequence has fewer than min_tokens outputs). Added by the
+    // engine; a sampler that ignores it still gets correct stop behaviour (the engine does not
+    // stop on them before min_tokens) but may emit them as text.
+    const int32_t *banned_ids;
+    int n_banned;
 };
 
 // One step's batch (host memory, valid for the duration of model_runner_execute).
