@@ -370,8 +370,11 @@ TEST(rmsnorm_and_add_rmsnorm) {
 
 TEST(matmul_with_and_without_bias) {
     struct backend *b = make_backend(2);
-    int shapes[][3] = {{1, 7, 5}, {3, 64, 13}, {17, 129, 257}, {1, 576, 1536}, {33, 80, 1}};
-    for (int si = 0; si < 5; si++) {
+    // n <= 8 takes the skinny (decode) kernel, larger n OpenBLAS; k not a multiple of 8 and
+    // m not a multiple of 4 exercise the kernels' tails; m * k >= 65536 the parallel path.
+    int shapes[][3] = {{1, 7, 5},     {3, 64, 13},  {17, 129, 257}, {1, 576, 1536},
+                       {33, 80, 1},   {2, 129, 257}, {4, 100, 1029}, {7, 31, 3}, {9, 40, 70}};
+    for (int si = 0; si < 9; si++) {
         int n = shapes[si][0], k = shapes[si][1], m = shapes[si][2];
         float *x = malloc((size_t)n * k * 4), *w = malloc((size_t)m * k * 4), *bias = malloc(m * 4);
         float *o = gbuf((size_t)n * m * 4);

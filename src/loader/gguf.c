@@ -83,7 +83,7 @@ static struct ggml_type_desc ggml_type_desc(uint32_t t) {
     case 6: return (struct ggml_type_desc){"Q5_0", 32, 22};
     case 7: return (struct ggml_type_desc){"Q5_1", 32, 24};
     case 8: return (struct ggml_type_desc){"Q8_0", 32, 34};
-    case 9: return (struct ggml_type_desc){"Q8_1", 32, 36};
+    case 9: return (struct ggml_type_desc){"Q8_1", 32, 40};
     case 10: return (struct ggml_type_desc){"Q2_K", 256, 84};
     case 11: return (struct ggml_type_desc){"Q3_K", 256, 110};
     case 12: return (struct ggml_type_desc){"Q4_K", 256, 144};
@@ -108,6 +108,8 @@ static struct ggml_type_desc ggml_type_desc(uint32_t t) {
     case 34: return (struct ggml_type_desc){"TQ1_0", 256, 54};
     case 35: return (struct ggml_type_desc){"TQ2_0", 256, 66};
     case 39: return (struct ggml_type_desc){"MXFP4", 32, 17};
+    case 40: return (struct ggml_type_desc){"NVFP4", 64, 36};
+    case 41: return (struct ggml_type_desc){"Q1_0", 128, 18};
     default: return (struct ggml_type_desc){"unknown", 0, 0};
     }
 }

@@ -5,6 +5,7 @@
 #define ATOMC_RUNTIME_MODEL_RUNNER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "atomc.h"
@@ -23,6 +24,12 @@ struct sample_row {
     const int32_t *output_ids;  // ... and its generated tokens so far
     int n_output;
     int n_logprobs;             // 0 = none
+    // Token ids whose logits must be set to -inf before sampling (the engine bans EOS and
+    // stop tokens this way while a sequence has fewer than min_tokens outputs). Added by the
+    // engine; a sampler that ignores it still gets correct stop behaviour (the engine does not
+    // stop on them before min_tokens) but may emit them as text.
+    const int32_t *banned_ids;
+    int n_banned;
 };
 
 // One step's batch (host memory, valid for the duration of model_runner_execute).
@@ -95,5 +102,16 @@ int model_runner_num_kv_blocks(const struct model_runner *r);
 // logits rows. The only host-device synchronisation is reading the results.
 atomc_status model_runner_execute(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,
                                   struct error *err);
+
+// Like model_runner_execute but instead of sampling copies the F32 logits of the
+// fb->n_logits rows into logits (n_logits, vocab_size) on the host (fb->sampling is ignored).
+// For tests and scoring; K/V are written exactly as by execute.
+atomc_status model_runner_execute_logits(struct model_runner *r, const struct forward_batch *fb, float *logits,
+                                         struct error *err);
+
+int model_runner_max_model_len(const struct model_runner *r);
+int model_runner_block_size(const struct model_runner *r);
+size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
+int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element
 
 #endif

@@ -311,7 +311,25 @@ static void cpu_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor
 }
 
 // ---------------------------------------------------------------------------------------------
-// Matmul: out(n, m) = x(n, k) @ w(m, k)^T + bias, one OpenBLAS sgemm (threaded by OpenBLAS).
+// Matmul: out(n, m) = x(n, k) @ w(m, k)^T + bias.
+// Few rows (decode, n <= 8): our own skinny kernel, parallel over output columns, which streams each
+// weight row once for all rows (OpenBLAS's sgemm is slow at n = 1..4 and its gemv cannot share
+// the weight stream between rows). More rows: one OpenBLAS sgemm, threaded by OpenBLAS.
+
+#define MATMUL_SKINNY_MAX_ROWS 8
+
+struct gemv_ctx {
+    const struct cpu_kernels *kern;
+    float *out;
+    const float *x, *w, *bias;
+    int nx;
+    int64_t k, m;
+};
+
+static void gemv_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
+    struct gemv_ctx *g = vctx;
+    g->kern->gemv(g->out, g->m, g->x, g->k, g->nx, g->w, g->bias, g->k, g->k, j0, j1);
+}
 
 static void cpu_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
                        const struct tensor *bias) {
@@ -320,17 +338,25 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
     int64_t n = tensor_rows(x), k = tensor_cols(x), m = w->ne[0];
     CHECK_MSG(w->ne[1] == k, "matmul: x has %lld columns, w has %lld", (long long)k, (long long)w->ne[1]);
     CHECK(tensor_cols(out) == m && tensor_rows(out) == n);
+    if (bias) CHECK(bias->dtype == DTYPE_F32 && tensor_numel(bias) == m);
     if (n == 0) return;
     float *o = out->data;
-    float beta = 0.0f;
     cpu_lock(c);
-    if (bias) {
-        CHECK(bias->dtype == DTYPE_F32 && tensor_numel(bias) == m);
-        for (int64_t i = 0; i < n; i++) memcpy(o + i * m, bias->data, (size_t)m * sizeof(float));
-        beta = 1.0f;
+    if (n <= MATMUL_SKINNY_MAX_ROWS) {
+        struct gemv_ctx g = {&c->kern, o, x->data, w->data, bias ? bias->data : NULL, (int)n, k, m};
+        int64_t grain = 16384 / (k > 0 ? k : 1); // >= 64 KB of weights per chunk
+        if (grain < 4) grain = 4;
+        if (m * k < 65536) gemv_cols(&g, 0, m, 0);
+        else thread_pool_parallel_for(c->pool, m, grain, gemv_cols, &g);
+    } else {
+        float beta = 0.0f;
+        if (bias) {
+            for (int64_t i = 0; i < n; i++) memcpy(o + i * m, bias->data, (size_t)m * sizeof(float));
+            beta = 1.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)m, (blasint)k, 1.0f, x->data,
+                    (blasint)k, w->data, (blasint)k, beta, o, (blasint)m);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)m, (blasint)k, 1.0f, x->data,
-                (blasint)k, w->data, (blasint)k, beta, o, (blasint)m);
     cpu_unlock(c);
 }
 
@@ -531,6 +557,7 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
         return st;
     }
     openblas_set_num_threads(n);
+    cpu_kernels_select(&c->kern);
     c->base.ops = &cpu_ops;
     c->base.kind = BACKEND_CPU;
     c->base.act_dtype = DTYPE_F32;
