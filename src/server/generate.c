@@ -653,7 +653,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         struct srv_choice *c = &r->choices[i];
         struct srv_prompt *p = &r->prompts[c->prompt_idx];
         atomc_request ar;
-        memset(&ar, 0, sizeof ar);
+        atomc_request_init(&ar);
         ar.prompt_ids = p->ids;
         ar.n_prompt_ids = p->n_ids;
         ar.params = q->params;
