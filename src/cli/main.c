@@ -20,6 +20,7 @@ static const struct command commands[] = {
     {"bench-runner", cmd_bench_runner, "time the model runner alone: prefill and decode tokens/s, bandwidth"},
     {"generate", cmd_generate, "generate text for a prompt (one shot)"},
     {"chat", cmd_chat, "interactive chat with a model"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server (vLLM's flags)"},
     {"bench", cmd_bench, "benchmarks: throughput, latency (offline engine), serve (HTTP client)"},
     {"eval", cmd_eval, "accuracy evaluations (perplexity)"},
     {"generate", cmd_generate, "generate text for one prompt (streams it, or --json)"},
