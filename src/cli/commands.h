@@ -4,6 +4,7 @@
 #define ATOMC_CLI_COMMANDS_H
 
 int cmd_version(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
