@@ -321,6 +321,41 @@ def synth_meta_tokenizer(shared):
     return json.dumps(out, ensure_ascii=False)
 
 
+def write_tiny_bpe_gguf(shared, path, pre):
+    """A small byte-level ("gpt2") GGUF cut from the Qwen3 vocabulary (first 6000 tokens, the merges
+    among them, three CONTROL tokens and one USER_DEFINED), with tokenizer.ggml.pre = pre."""
+    import gguf
+    with open(os.path.join(shared, "tokenizers", "qwen3", "tokenizer.json")) as f:
+        j = json.load(f)
+    vocab = j["model"]["vocab"]
+    inv = {v: k for k, v in vocab.items()}
+    toks = [inv[i] for i in range(6000)]
+    keep = set(toks)
+    merges = [f"{a} {b}" for a, b in j["model"]["merges"] if a in keep and b in keep and a + b in keep]
+    types = [1] * len(toks)
+    for extra, ty in (("<|endoftext|>", 3), ("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4)):
+        toks.append(extra)
+        types.append(ty)
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_block_count(1)
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(6000)
+    w.add_eos_token_id(6002)
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def gguf_reference(path):
     import warnings
     warnings.filterwarnings("ignore")
@@ -376,6 +411,12 @@ def main():
     write_json(os.path.join(OUT, "ref_synth_meta.json"),
                make_ref("synth_meta", tokenizers.Tokenizer.from_file(meta_path), corpus))
     print("wrote synthetic tokenizers", file=sys.stderr)
+    for pre in ("qwen2", "llama-bpe"):
+        name = "tiny_bpe_" + pre.replace("-", "_")
+        p = os.path.join(OUT, name + ".gguf")
+        write_tiny_bpe_gguf(args.shared, p, pre)
+        write_json(os.path.join(OUT, f"ref_{name}.json"), make_ref(name, gguf_reference(p), corpus))
+        print("wrote", name, file=sys.stderr)
     spm = os.path.join(OUT, "tiny_spm.gguf")
     write_tiny_spm_gguf(args.shared, spm)
     write_json(os.path.join(OUT, "ref_tiny_spm.json"), make_ref("tiny_spm", gguf_reference(spm), corpus))
