@@ -12,11 +12,13 @@
 #include <stddef.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/thread_pool.h"
 
 struct cpu_backend {
     struct backend base;      // base.impl points back to this struct
     struct thread_pool *pool;
+    struct cpu_kernels kern;  // inner loops chosen for this CPU (AVX2 or portable)
     pthread_mutex_t op_lock;
     size_t kv_pool_bytes;
     int n_threads;

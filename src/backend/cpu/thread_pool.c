@@ -1,6 +1,7 @@
 #include "backend/cpu/thread_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -18,6 +19,13 @@
 // the development machines are shared, and long spins steal cycles from other processes.
 #define POOL_SPIN_ITERS 4000
 
+// Protocol. A job is published with a seqlock-style generation: odd while the caller writes
+// the job fields, even (and new) once they are valid. A worker announces itself in `refs`
+// before reading the generation; the caller waits for refs == 0 after making the generation
+// odd and before touching the fields, so no worker ever reads a half-written job. Items are
+// claimed from `next` and counted into `done` when finished; the caller returns when done == n.
+// The barrier therefore waits for the work, not for every worker: a worker the OS has not
+// scheduled yet (a loaded machine) finds nothing left to claim and costs nothing.
 struct thread_pool {
     int n_threads;
     pthread_t *threads;
@@ -25,11 +33,14 @@ struct thread_pool {
     pthread_mutex_t mu;       // guards sleeping / waking below
     pthread_cond_t cv_work;
     pthread_cond_t cv_done;
-    _Atomic uint64_t generation; // bumped once per job
-    _Atomic int pending;         // workers that have not finished the current job
-    _Atomic int64_t next;        // next unclaimed item of the current job
+    _Atomic uint64_t generation; // even = job published (or none), odd = being written
+    _Atomic int refs;            // workers inside the current job
+    _Atomic int64_t next;        // next unclaimed item
+    _Atomic int64_t done;        // items finished
+    _Atomic int sleepers;        // workers blocked on cv_work
+    _Atomic bool caller_sleeping;
     _Atomic bool stop;
-    // Current job (written by the caller before the generation bump, read by workers after).
+    // Current job (valid while the generation is even).
     thread_pool_fn fn;
     void *ctx;
     int64_t n, chunk;
@@ -41,11 +52,17 @@ struct worker_arg {
 };
 
 static void pool_run_chunks(struct thread_pool *p, int tid) {
+    const int64_t n = p->n, chunk = p->chunk;
     for (;;) {
-        int64_t b = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
-        if (b >= p->n) break;
-        int64_t e = b + p->chunk < p->n ? b + p->chunk : p->n;
+        int64_t b = atomic_fetch_add(&p->next, chunk);
+        if (b >= n) break;
+        int64_t e = b + chunk < n ? b + chunk : n;
         p->fn(p->ctx, b, e, tid);
+        if (atomic_fetch_add(&p->done, e - b) + (e - b) == n && atomic_load(&p->caller_sleeping)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->cv_done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
 }
 
@@ -57,25 +74,33 @@ static void *pool_worker(void *arg) {
     uint64_t seen = 0;
     for (;;) {
         int spins = 0;
-        while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
-               !atomic_load_explicit(&p->stop, memory_order_acquire)) {
-            if (++spins < POOL_SPIN_ITERS) { CPU_RELAX(); continue; }
+        for (;;) {
+            if (atomic_load(&p->stop)) return NULL;
+            uint64_t g = atomic_load(&p->generation);
+            if (g != seen && (g & 1) == 0) break;
+            if (++spins < POOL_SPIN_ITERS) {
+                CPU_RELAX();
+                continue;
+            }
             pthread_mutex_lock(&p->mu);
-            while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
-                   !atomic_load_explicit(&p->stop, memory_order_acquire))
+            atomic_fetch_add(&p->sleepers, 1);
+            for (;;) {
+                g = atomic_load(&p->generation);
+                if (atomic_load(&p->stop) || (g != seen && (g & 1) == 0)) break;
                 pthread_cond_wait(&p->cv_work, &p->mu);
+            }
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
+            spins = 0;
         }
-        if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
-        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
-        pool_run_chunks(p, tid);
-        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->cv_done);
-            pthread_mutex_unlock(&p->mu);
+        atomic_fetch_add(&p->refs, 1);
+        uint64_t g = atomic_load(&p->generation);
+        if (g != seen && (g & 1) == 0) {
+            seen = g;
+            pool_run_chunks(p, tid);
         }
+        atomic_fetch_sub(&p->refs, 1);
     }
-    return NULL;
 }
 
 atomc_status thread_pool_create(int n_threads, struct thread_pool **out, struct error *err) {
@@ -146,6 +171,12 @@ void thread_pool_parallel_for(struct thread_pool *p, int64_t n, int64_t grain, t
     // instead of deadlocking.
     int rc = pthread_mutex_lock(&p->dispatch);
     CHECK_MSG(rc == 0, "thread_pool_parallel_for re-entered from inside a job (%d)", rc);
+    // Close the previous job: odd generation, then wait for stragglers still inside it.
+    atomic_fetch_add(&p->generation, 1);
+    for (int spins = 0; atomic_load(&p->refs) > 0; spins++) {
+        if (spins < POOL_SPIN_ITERS) CPU_RELAX();
+        else sched_yield(); // a straggler was descheduled inside the old job
+    }
     // About four chunks per thread balances uneven items (attention rows, busy shared cores)
     // without making the claim counter hot.
     int64_t chunk = (n + (int64_t)p->n_threads * 4 - 1) / ((int64_t)p->n_threads * 4);
@@ -154,20 +185,27 @@ void thread_pool_parallel_for(struct thread_pool *p, int64_t n, int64_t grain, t
     p->ctx = ctx;
     p->n = n;
     p->chunk = chunk;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-    pthread_cond_broadcast(&p->cv_work);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store(&p->next, 0);
+    atomic_store(&p->done, 0);
+    atomic_store(&p->caller_sleeping, false);
+    atomic_fetch_add(&p->generation, 1); // even: published
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv_work);
+        pthread_mutex_unlock(&p->mu);
+    }
 
     pool_run_chunks(p, 0);
 
     int spins = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
-        if (++spins < POOL_SPIN_ITERS) { CPU_RELAX(); continue; }
+    while (atomic_load(&p->done) < n) {
+        if (++spins < POOL_SPIN_ITERS) {
+            CPU_RELAX();
+            continue;
+        }
         pthread_mutex_lock(&p->mu);
-        while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) pthread_cond_wait(&p->cv_done, &p->mu);
+        atomic_store(&p->caller_sleeping, true);
+        while (atomic_load(&p->done) < n) pthread_cond_wait(&p->cv_done, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }
     pthread_mutex_unlock(&p->dispatch);

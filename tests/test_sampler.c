@@ -1,0 +1,530 @@
+// The reference sampler (src/backend/cpu/cpu_sampler.c) against its written specification:
+// exact kept sets of top-k / top-p / min-p on handcrafted logits, greedy ties, penalties on
+// handcrafted histories (expected values worked out by hand in the comments), raw logprobs,
+// seed reproducibility, and a chi-square test of the draw.
+//
+// "Exact" draw checks: for a (seed, step) the op must pick the token that inverse-CDF sampling
+// over the expected kept set and expected processed logits gives for u = sample_rng_uniform,
+// computed here independently in double.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/sample_rng.h"
+#include "test.h"
+
+struct row_params {
+    float temperature, top_p, min_p;
+    int top_k;
+    float presence, frequency, repetition;
+    uint64_t seed, step;
+    const int32_t *prompt;
+    int n_prompt;
+    const int32_t *output;
+    int n_output;
+    int n_logprobs;
+};
+
+static struct row_params defaults(void) {
+    struct row_params p = {.temperature = 1.0f, .top_p = 1.0f, .repetition = 1.0f};
+    return p;
+}
+
+struct row_result {
+    int32_t id;
+    float logprob;
+    int32_t top_ids[20];
+    float top_lp[20];
+};
+
+static struct backend *sampler_backend(void) {
+    static struct backend *b; // one per test binary; created on first use
+    if (!b) {
+        struct backend_options o = {.num_threads = 2};
+        struct error err;
+        if (backend_cpu_create(&o, &b, &err) != ATOMC_OK) abort();
+    }
+    return b;
+}
+
+// Samples n rows in one call (the same logits row repeated unless `logits` holds n rows).
+static void sample_rows(const float *logits, int V, int n, const struct row_params *p, struct row_result *res) {
+    struct backend *b = sampler_backend();
+    float *temp = malloc(n * 4), *top_p = malloc(n * 4), *min_p = malloc(n * 4), *pres = malloc(n * 4);
+    float *freq = malloc(n * 4), *rep = malloc(n * 4), *lp = malloc(n * 4);
+    int32_t *top_k = malloc(n * 4), *hs = malloc((n + 1) * 4), *hpl = malloc(n * 4), *ids = malloc(n * 4);
+    uint64_t *seed = malloc(n * 8), *step = malloc(n * 8);
+    int total = 0, nlp = 0;
+    for (int r = 0; r < n; r++) {
+        total += p[r].n_prompt + p[r].n_output;
+        if (p[r].n_logprobs > nlp) nlp = p[r].n_logprobs;
+    }
+    int32_t *hist = malloc((total + 1) * 4);
+    int32_t *top_ids = malloc((size_t)(n * nlp + 1) * 4);
+    float *top_lp = malloc((size_t)(n * nlp + 1) * 4);
+    bool any_pen = false;
+    hs[0] = 0;
+    for (int r = 0; r < n; r++) {
+        temp[r] = p[r].temperature;
+        top_p[r] = p[r].top_p;
+        min_p[r] = p[r].min_p;
+        top_k[r] = p[r].top_k;
+        pres[r] = p[r].presence;
+        freq[r] = p[r].frequency;
+        rep[r] = p[r].repetition;
+        seed[r] = p[r].seed;
+        step[r] = p[r].step;
+        if (p[r].n_prompt) memcpy(hist + hs[r], p[r].prompt, p[r].n_prompt * 4);
+        if (p[r].n_output) memcpy(hist + hs[r] + p[r].n_prompt, p[r].output, p[r].n_output * 4);
+        hs[r + 1] = hs[r] + p[r].n_prompt + p[r].n_output;
+        hpl[r] = p[r].n_prompt;
+        if (pres[r] != 0 || freq[r] != 0 || rep[r] != 1) any_pen = true;
+    }
+    struct tensor tl = tensor_2d((void *)logits, DTYPE_F32, n, V);
+    struct sample_args a = {
+        .n_rows = n, .vocab_size = V, .logits = &tl, .temperature = temp, .top_p = top_p, .top_k = top_k,
+        .min_p = min_p, .presence_penalty = pres, .frequency_penalty = freq, .repetition_penalty = rep,
+        .seed = seed, .step = step, .hist_start = hs, .hist_ids = hist, .hist_prompt_len = hpl,
+        .any_penalty = any_pen, .n_logprobs = nlp, .out_ids = ids, .out_logprob = lp,
+        .out_top_ids = top_ids, .out_top_logprobs = top_lp,
+    };
+    b->ops->sample(b, &a);
+    for (int r = 0; r < n; r++) {
+        res[r].id = ids[r];
+        res[r].logprob = lp[r];
+        for (int j = 0; j < nlp; j++) {
+            res[r].top_ids[j] = top_ids[r * nlp + j];
+            res[r].top_lp[j] = top_lp[r * nlp + j];
+        }
+    }
+    free(temp); free(top_p); free(min_p); free(pres); free(freq); free(rep); free(lp); free(top_k);
+    free(hs); free(hpl); free(ids); free(seed); free(step); free(hist); free(top_ids); free(top_lp);
+}
+
+// Samples one row whose logits are `logits` (a single row of V) with params p.
+static struct row_result sample_one(const float *logits, int V, struct row_params p) {
+    struct row_result r;
+    sample_rows(logits, V, 1, &p, &r);
+    return r;
+}
+
+// Inverse CDF over kept tokens in ascending id order, in double, with expected processed
+// logits w (already divided by temperature).
+static int expected_draw(const double *w, const int *kept, int V, double u) {
+    double m = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (kept[i] && w[i] > m) m = w[i];
+    double total = 0;
+    for (int i = 0; i < V; i++)
+        if (kept[i]) total += exp(w[i] - m);
+    double acc = 0, target = u * total;
+    int last = -1;
+    for (int i = 0; i < V; i++) {
+        if (!kept[i]) continue;
+        acc += exp(w[i] - m);
+        last = i;
+        if (acc > target) return i;
+    }
+    return last;
+}
+
+// Checks n_draws draws (seed, steps 0..n_draws-1) of `p` on `logits` against expected_draw(w, kept).
+// Returns the number of mismatches; *seen_out (V) counts how often each id came out.
+static int check_draws_n(const float *logits, int V, struct row_params p, const double *w, const int *kept,
+                         int *seen_out, int n_draws) {
+    int bad = 0;
+    for (int s = 0; s < n_draws; s++) {
+        p.step = (uint64_t)s;
+        struct row_result r = sample_one(logits, V, p);
+        int e = expected_draw(w, kept, V, sample_rng_uniform(p.seed, p.step));
+        if (r.id != e) {
+            if (bad < 3) fprintf(stderr, "  step %d: got %d, expected %d\n", s, r.id, e);
+            bad++;
+        }
+        if (seen_out && r.id >= 0 && r.id < V) seen_out[r.id]++;
+    }
+    return bad;
+}
+
+static int check_draws(const float *logits, int V, struct row_params p, const double *w, const int *kept,
+                       int *seen_out) {
+    return check_draws_n(logits, V, p, w, kept, seen_out, 300);
+}
+
+static void log_probs(float *logits, const double *probs, int V) {
+    for (int i = 0; i < V; i++) logits[i] = (float)log(probs[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(rng_is_counter_based_and_uniform_in_unit_interval) {
+    ASSERT_TRUE(sample_rng_uniform(1, 2) == sample_rng_uniform(1, 2));
+    ASSERT_TRUE(sample_rng_uniform(1, 2) != sample_rng_uniform(1, 3));
+    ASSERT_TRUE(sample_rng_uniform(1, 2) != sample_rng_uniform(2, 2));
+    // seed/step must not be interchangeable
+    ASSERT_TRUE(sample_rng_uniform(5, 9) != sample_rng_uniform(9, 5));
+    double mean = 0;
+    for (int i = 0; i < 100000; i++) {
+        double u = sample_rng_uniform(42, (uint64_t)i);
+        ASSERT_TRUE(u >= 0.0 && u < 1.0);
+        mean += u;
+    }
+    mean /= 100000;
+    ASSERT_NEAR(mean, 0.5, 0.005);
+}
+
+TEST(greedy_picks_argmax_lowest_id_on_ties) {
+    float l[6] = {1.0f, 3.0f, -2.0f, 3.0f, 2.9f, 3.0f};
+    struct row_params p = defaults();
+    p.temperature = 0.0f;
+    ASSERT_EQ(sample_one(l, 6, p).id, 1);
+    p.temperature = 1e-6f; // below the greedy threshold
+    ASSERT_EQ(sample_one(l, 6, p).id, 1);
+    p.temperature = NAN;
+    ASSERT_EQ(sample_one(l, 6, p).id, 1);
+    float l2[4] = {-5.0f, -1.0f, -1.0f, -3.0f}; // all negative
+    p.temperature = 0.0f;
+    ASSERT_EQ(sample_one(l2, 4, p).id, 1);
+    // Greedy ignores top-k / top-p / min-p and the seed.
+    p.top_k = 1;
+    p.top_p = 0.1f;
+    p.min_p = 0.9f;
+    p.seed = 77;
+    ASSERT_EQ(sample_one(l, 6, p).id, 1);
+}
+
+TEST(temperature_sampling_matches_inverse_cdf_exactly) {
+    double probs[5] = {0.1, 0.25, 0.05, 0.4, 0.2};
+    float l[5];
+    log_probs(l, probs, 5);
+    struct row_params p = defaults();
+    p.temperature = 0.7f;
+    p.seed = 1234;
+    double w[5];
+    int kept[5] = {1, 1, 1, 1, 1};
+    for (int i = 0; i < 5; i++) w[i] = (double)(l[i] * (1.0f / 0.7f));
+    int seen[5] = {0};
+    ASSERT_EQ(check_draws(l, 5, p, w, kept, seen), 0);
+    for (int i = 0; i < 5; i++) ASSERT_TRUE(seen[i] > 0);
+}
+
+TEST(top_k_keeps_k_largest_ties_by_lowest_id) {
+    // Values: id 0: 2.0, ids 1, 2, 4: 1.0 (tied), id 3: 0.5. top_k = 2 keeps 0 and 1;
+    // top_k = 3 keeps 0, 1, 2 (of the three tied, the lowest ids).
+    float l[5] = {2.0f, 1.0f, 1.0f, 0.5f, 1.0f};
+    struct row_params p = defaults();
+    p.seed = 99;
+    double w[5];
+    for (int i = 0; i < 5; i++) w[i] = l[i];
+    int k2[5] = {1, 1, 0, 0, 0}, k3[5] = {1, 1, 1, 0, 0}, k1[5] = {1, 0, 0, 0, 0}, all[5] = {1, 1, 1, 1, 1};
+    int seen[5] = {0};
+    p.top_k = 2;
+    ASSERT_EQ(check_draws(l, 5, p, w, k2, seen), 0);
+    ASSERT_TRUE(seen[0] > 0 && seen[1] > 0 && seen[2] == 0 && seen[3] == 0 && seen[4] == 0);
+    p.top_k = 3;
+    ASSERT_EQ(check_draws(l, 5, p, w, k3, NULL), 0);
+    p.top_k = 1;
+    ASSERT_EQ(check_draws(l, 5, p, w, k1, NULL), 0);
+    p.top_k = 5; // == vocab: off
+    ASSERT_EQ(check_draws(l, 5, p, w, all, NULL), 0);
+    p.top_k = -1; // off
+    ASSERT_EQ(check_draws(l, 5, p, w, all, NULL), 0);
+}
+
+TEST(top_p_keeps_smallest_prefix_reaching_p) {
+    // Probabilities by id: {0.1, 0.4, 0.2, 0.3}; sorted: id1 0.4, id3 0.3, id2 0.2, id0 0.1.
+    double probs[4] = {0.1, 0.4, 0.2, 0.3};
+    float l[4];
+    log_probs(l, probs, 4);
+    double w[4];
+    for (int i = 0; i < 4; i++) w[i] = l[i];
+    struct row_params p = defaults();
+    p.seed = 7;
+    int only1[4] = {0, 1, 0, 0}, k13[4] = {0, 1, 0, 1}, k123[4] = {0, 1, 1, 1}, all[4] = {1, 1, 1, 1};
+    p.top_p = 0.35f; // 0.4 >= 0.35
+    ASSERT_EQ(check_draws(l, 4, p, w, only1, NULL), 0);
+    p.top_p = 0.5f; // 0.4 < 0.5 <= 0.7
+    ASSERT_EQ(check_draws(l, 4, p, w, k13, NULL), 0);
+    p.top_p = 0.85f; // 0.7 < 0.85 <= 0.9
+    ASSERT_EQ(check_draws(l, 4, p, w, k123, NULL), 0);
+    p.top_p = 0.95f;
+    ASSERT_EQ(check_draws(l, 4, p, w, all, NULL), 0);
+    p.top_p = 0.0f; // always at least one token
+    ASSERT_EQ(check_draws(l, 4, p, w, only1, NULL), 0);
+    // After top-k = 3 (drop id0), the renormalised probs are {0.4, 0.2, 0.3} / 0.9:
+    // 0.444, 0.333, 0.222; top_p 0.75 needs 0.444 + 0.333 = 0.778 -> keep ids 1, 3.
+    p.top_k = 3;
+    p.top_p = 0.75f;
+    ASSERT_EQ(check_draws(l, 4, p, w, k13, NULL), 0);
+}
+
+TEST(min_p_drops_tokens_below_fraction_of_max) {
+    // Probabilities {0.5, 0.2, 0.04, 0.26}; min_p 0.1 -> threshold 0.05 drops id 2.
+    double probs[4] = {0.5, 0.2, 0.04, 0.26};
+    float l[4];
+    log_probs(l, probs, 4);
+    double w[4];
+    for (int i = 0; i < 4; i++) w[i] = l[i];
+    struct row_params p = defaults();
+    p.seed = 5;
+    p.min_p = 0.1f;
+    int k[4] = {1, 1, 0, 1};
+    ASSERT_EQ(check_draws(l, 4, p, w, k, NULL), 0);
+    // min_p 0.45: threshold 0.225 keeps ids 0 and 3.
+    p.min_p = 0.45f;
+    int k2[4] = {1, 0, 0, 1};
+    ASSERT_EQ(check_draws(l, 4, p, w, k2, NULL), 0);
+    // min-p is applied before top-p: with min_p 0.1 the survivors {0.5, 0.2, 0.26} / 0.96 =
+    // {0.521, 0.208, 0.271}; top_p 0.75 needs 0.521 + 0.271 = 0.792 -> ids 0 and 3 (without
+    // min-p, 0.5 + 0.26 = 0.76 would also reach 0.75: choose 0.77 to tell the orders apart:
+    // with min-p first 0.792 >= 0.77 keeps {0, 3}; top-p first would need id 1 too).
+    p.min_p = 0.1f;
+    p.top_p = 0.77f;
+    ASSERT_EQ(check_draws(l, 4, p, w, k2, NULL), 0);
+    // With temperature, min-p applies to the tempered distribution: T = 2 flattens
+    // {0.5, 0.04} to ratio sqrt(0.08) = 0.283 > 0.1, so min_p 0.1 keeps everything.
+    p.top_p = 1.0f;
+    p.temperature = 2.0f;
+    int all[4] = {1, 1, 1, 1};
+    for (int i = 0; i < 4; i++) w[i] = (double)(l[i] * 0.5f);
+    ASSERT_EQ(check_draws(l, 4, p, w, all, NULL), 0);
+}
+
+TEST(penalties_follow_vllm_definitions) {
+    // logits        {2.0, -1.0, 0.5, 3.0, -2.0, 1.2}
+    // prompt {0, 1}, output {3, 3, 1}; repetition 2, frequency 0.5, presence 0.25:
+    //   id0 (prompt only):        2.0 / 2                        =  1.0
+    //   id1 (prompt + output x1): -1.0 * 2 - 0.5 * 1 - 0.25      = -2.75
+    //   id2 (never seen):                                           0.5
+    //   id3 (output x2):          3.0 / 2 - 0.5 * 2 - 0.25       =  0.25
+    //   id4 (never seen):                                          -2.0
+    //   id5 (never seen):                                           1.2
+    float l[6] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 1.2f};
+    int32_t prompt[2] = {0, 1}, output[3] = {3, 3, 1};
+    struct row_params p = defaults();
+    p.prompt = prompt;
+    p.n_prompt = 2;
+    p.output = output;
+    p.n_output = 3;
+    p.repetition = 2.0f;
+    p.frequency = 0.5f;
+    p.presence = 0.25f;
+    p.seed = 31;
+    double w[6] = {1.0, -2.75, 0.5, 0.25, -2.0, 1.2};
+    int all[6] = {1, 1, 1, 1, 1, 1};
+    ASSERT_EQ(check_draws(l, 6, p, w, all, NULL), 0);
+    // Greedy after penalties: 1.2 (id5) beats 1.0 (id0) and 0.25 (id3, raw argmax).
+    p.temperature = 0.0f;
+    ASSERT_EQ(sample_one(l, 6, p).id, 5);
+    // Repetition only: id0 -> 1.0, id1 -> -2.0, id3 -> 1.5: greedy = id3.
+    p.frequency = p.presence = 0.0f;
+    ASSERT_EQ(sample_one(l, 6, p).id, 3);
+    // Presence/frequency ignore prompt tokens: frequency 1.0 alone: id3 -> 1.0, id0 stays 2.0.
+    p.repetition = 1.0f;
+    p.frequency = 1.0f;
+    ASSERT_EQ(sample_one(l, 6, p).id, 0);
+    // Negative penalties (encouragement) are allowed: frequency -1 lifts id1 to -1 + 1 = 0.0
+    // and id3 to 3 + 2 = 5.0.
+    p.frequency = -1.0f;
+    p.temperature = 1.0f;
+    double w2[6] = {2.0, 0.0, 0.5, 5.0, -2.0, 1.2};
+    ASSERT_EQ(check_draws(l, 6, p, w2, all, NULL), 0);
+    // Penalty scratch is cleared between calls: the same row without history is untouched.
+    struct row_params q = defaults();
+    q.seed = 31;
+    double w3[6] = {2.0, -1.0, 0.5, 3.0, -2.0, 1.2};
+    ASSERT_EQ(check_draws(l, 6, q, w3, all, NULL), 0);
+}
+
+TEST(logprobs_are_raw_log_softmax_with_sorted_top_n) {
+    float l[6] = {1.0f, 3.0f, 0.0f, 3.0f, -1.0f, 2.0f};
+    double lse = 0;
+    for (int i = 0; i < 6; i++) lse += exp(l[i]);
+    lse = log(lse);
+    struct row_params p = defaults();
+    p.n_logprobs = 4;
+    p.temperature = 0.3f;
+    p.repetition = 3.0f; // penalties and temperature do not change the reported logprobs
+    int32_t out[1] = {1};
+    p.output = out;
+    p.n_output = 1;
+    p.seed = 3;
+    for (int s = 0; s < 20; s++) {
+        p.step = (uint64_t)s;
+        struct row_result r = sample_one(l, 6, p);
+        ASSERT_NEAR(r.logprob, l[r.id] - lse, 1e-5);
+        // Top 4 by (value desc, id asc): 1 (3.0), 3 (3.0), 5 (2.0), 0 (1.0).
+        ASSERT_EQ(r.top_ids[0], 1);
+        ASSERT_EQ(r.top_ids[1], 3);
+        ASSERT_EQ(r.top_ids[2], 5);
+        ASSERT_EQ(r.top_ids[3], 0);
+        ASSERT_NEAR(r.top_lp[0], 3.0 - lse, 1e-5);
+        ASSERT_NEAR(r.top_lp[2], 2.0 - lse, 1e-5);
+        ASSERT_NEAR(r.top_lp[3], 1.0 - lse, 1e-5);
+    }
+    // More alternatives than the vocabulary: the rest are id -1, logprob -inf.
+    p.n_logprobs = 8;
+    struct row_result r = sample_one(l, 6, p);
+    ASSERT_EQ(r.top_ids[5], 4);
+    ASSERT_EQ(r.top_ids[6], -1);
+    ASSERT_TRUE(isinf(r.top_lp[7]) && r.top_lp[7] < 0);
+}
+
+TEST(same_seed_same_tokens_and_batch_equals_single_rows) {
+    enum { V = 1000, N = 40 };
+    float *l = malloc((size_t)N * V * 4);
+    uint64_t st = 88;
+    for (int i = 0; i < N * V; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        l[i] = (float)((st >> 40) % 1000) / 100.0f;
+    }
+    struct row_params p[N];
+    int32_t hist[3] = {5, 6, 5};
+    for (int r = 0; r < N; r++) {
+        p[r] = defaults();
+        p[r].temperature = 0.5f + (r % 4) * 0.3f;
+        p[r].top_k = (r % 3) * 20;
+        p[r].top_p = r % 5 == 0 ? 0.8f : 1.0f;
+        p[r].min_p = r % 7 == 0 ? 0.05f : 0.0f;
+        p[r].seed = 1000 + (uint64_t)(r / 2); // rows 2k and 2k+1 share a seed...
+        p[r].step = (uint64_t)(r % 2) * 3;    // ...but not the step
+        p[r].n_logprobs = r % 3;
+        if (r % 4 == 1) {
+            p[r].output = hist;
+            p[r].n_output = 3;
+            p[r].frequency = 0.7f;
+        }
+    }
+    struct row_result batch[N], again[N];
+    sample_rows(l, V, N, p, batch);
+    sample_rows(l, V, N, p, again);
+    for (int r = 0; r < N; r++) {
+        struct row_result one;
+        sample_rows(l + (size_t)r * V, V, 1, &p[r], &one);
+        ASSERT_EQ(batch[r].id, one.id);
+        ASSERT_EQ(batch[r].id, again[r].id);
+        ASSERT_TRUE(batch[r].logprob == one.logprob);
+    }
+    // Different steps of one seed do not all agree.
+    int differ = 0;
+    for (int s = 1; s < 20; s++) {
+        struct row_params q = p[1];
+        q.step = (uint64_t)s;
+        struct row_result a;
+        sample_rows(l + V, V, 1, &q, &a);
+        differ += a.id != batch[1].id;
+    }
+    ASSERT_TRUE(differ > 0);
+    free(l);
+}
+
+TEST(logits_are_left_unchanged) {
+    float l[5] = {0.3f, -1.0f, 2.0f, 0.0f, 1.5f}, copy[5];
+    memcpy(copy, l, sizeof l);
+    int32_t out[2] = {2, 2};
+    struct row_params p = defaults();
+    p.temperature = 0.5f;
+    p.top_k = 2;
+    p.output = out;
+    p.n_output = 2;
+    p.presence = 1.0f;
+    sample_one(l, 5, p);
+    ASSERT_TRUE(memcmp(l, copy, sizeof l) == 0);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    const double *x = a, *y = b; // pairs (value, id)
+    if (x[0] != y[0]) return x[0] > y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : 1;
+}
+
+TEST(large_vocab_top_k_top_p_match_sorted_reference) {
+    enum { V = 50000 };
+    float *l = malloc(V * 4);
+    double *w = malloc(V * 8), *pairs = malloc(V * 16);
+    int *kept = malloc(V * sizeof(int));
+    uint64_t st = 4242;
+    for (int i = 0; i < V; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        // Coarse values: many exact ties, so the id tie-break matters.
+        l[i] = (float)((st >> 33) % 400) / 40.0f;
+    }
+    float temps[2] = {1.0f, 0.6f}, tps[3] = {0.9f, 0.5f, 1.0f};
+    int tks[3] = {0, 50, 3000};
+    for (int ti = 0; ti < 2; ti++)
+        for (int pi = 0; pi < 3; pi++)
+            for (int ki = 0; ki < 3; ki++) {
+                if (tps[pi] == 1.0f && tks[ki] == 0) continue;
+                float inv = 1.0f / temps[ti];
+                for (int i = 0; i < V; i++) {
+                    w[i] = (double)(l[i] * inv);
+                    pairs[2 * i] = w[i];
+                    pairs[2 * i + 1] = i;
+                }
+                qsort(pairs, V, 16, cmp_desc);
+                int n = tks[ki] > 0 ? tks[ki] : V;
+                double m = pairs[0], total = 0;
+                for (int i = 0; i < n; i++) total += exp(pairs[2 * i] - m);
+                int cut = n;
+                double acc = 0;
+                for (int i = 0; i < n; i++) {
+                    acc += exp(pairs[2 * i] - m);
+                    if (acc >= tps[pi] * total) {
+                        cut = i + 1;
+                        break;
+                    }
+                }
+                memset(kept, 0, V * sizeof(int));
+                for (int i = 0; i < cut; i++) kept[(int)pairs[2 * i + 1]] = 1;
+                struct row_params p = defaults();
+                p.temperature = temps[ti];
+                p.top_p = tps[pi];
+                p.top_k = tks[ki];
+                p.seed = 555;
+                int bad = check_draws_n(l, V, p, w, kept, NULL, 40);
+                if (bad) test_fail(__FILE__, __LINE__, "T %g top_p %g top_k %d: %d mismatches", temps[ti], tps[pi],
+                                   tks[ki], bad);
+            }
+    free(l);
+    free(w);
+    free(pairs);
+    free(kept);
+}
+
+TEST(draw_distribution_chi_square) {
+    // 20000 draws (one seed, steps 0..19999) from a known 5-token distribution.
+    double probs[5] = {0.05, 0.3, 0.15, 0.4, 0.1};
+    float l[5];
+    log_probs(l, probs, 5);
+    enum { N = 20000 };
+    struct row_params *p = malloc(N * sizeof *p);
+    float *ls = malloc((size_t)N * 5 * 4);
+    for (int i = 0; i < N; i++) {
+        p[i] = defaults();
+        p[i].seed = 2024;
+        p[i].step = (uint64_t)i;
+        memcpy(ls + (size_t)i * 5, l, sizeof l);
+    }
+    struct row_result *r = malloc(N * sizeof *r);
+    sample_rows(ls, 5, N, p, r);
+    int count[5] = {0};
+    for (int i = 0; i < N; i++) count[r[i].id]++;
+    double chi = 0;
+    for (int i = 0; i < 5; i++) {
+        double e = probs[i] * N;
+        chi += (count[i] - e) * (count[i] - e) / e;
+    }
+    // df = 4: P(chi2 > 18.47) = 0.001.
+    if (!(chi < 18.47)) test_fail(__FILE__, __LINE__, "chi-square %g (counts %d %d %d %d %d)", chi, count[0],
+                                  count[1], count[2], count[3], count[4]);
+    free(p);
+    free(ls);
+    free(r);
+}
+
+int main(int argc, char **argv) {
+    int rc = test_main(argc, argv);
+    backend_destroy(sampler_backend());
+    return rc;
+}
