@@ -168,6 +168,8 @@ PROPERTY_TEST(gpt_oss, load_shared("gpt_oss"))
 PROPERTY_TEST(tiny_spm, load_fixture("tokenizer/tiny_spm.gguf"))
 PROPERTY_TEST(synth_word, load_fixture("tokenizer/synth_word.json"))
 PROPERTY_TEST(synth_meta, load_fixture("tokenizer/synth_meta.json"))
+PROPERTY_TEST(synth_bytelevel, load_fixture("tokenizer/synth_bytelevel.json"))
+PROPERTY_TEST(tiny_bpe_qwen2, load_fixture("tokenizer/tiny_bpe_qwen2.gguf"))
 
 // SentencePiece: the first streamed token loses its leading space exactly as the full decode does,
 // later ones keep it.

@@ -221,6 +221,9 @@ TEST(conformance_gpt_oss) { check_shared("gpt_oss"); }
 
 // Synthetic tokenizer.json files exercising the components the real ones do not use.
 TEST(conformance_synth_word) { ASSERT_EQ(check_tokenizer("synth_word", test_fixture("tokenizer/synth_word.json")), 0); }
+TEST(conformance_synth_bytelevel) {
+    ASSERT_EQ(check_tokenizer("synth_bytelevel", test_fixture("tokenizer/synth_bytelevel.json")), 0);
+}
 TEST(conformance_synth_meta) { ASSERT_EQ(check_tokenizer("synth_meta", test_fixture("tokenizer/synth_meta.json")), 0); }
 
 // A small SentencePiece GGUF (fixture): merges derived from scores, byte fallback, Metaspace.

@@ -356,6 +356,44 @@ def write_tiny_bpe_gguf(shared, path, pre):
     w.close()
 
 
+def synth_bytelevel_tokenizer(shared):
+    """Byte-level components the real files leave out: NFKC normalizer, a literal-String Split with
+    Removed behaviour, individual Digits, ByteLevel with add_prefix_space and its own GPT-2 regex,
+    normalized and single_word added tokens, a <|endoftext|> A <|endoftext|> template, decoders
+    ByteLevel + Strip. Vocabulary: Qwen3's first 6000 tokens and the merges among them."""
+    with open(os.path.join(shared, "tokenizers", "qwen3", "tokenizer.json")) as f:
+        j = json.load(f)
+    inv = {v: k for k, v in j["model"]["vocab"].items()}
+    vocab = {inv[i]: i for i in range(6000)}
+    merges = [[a, b] for a, b in j["model"]["merges"] if a in vocab and b in vocab and a + b in vocab]
+    added = [(6000, "<|endoftext|>", True, False, False), (6001, "<tag>", False, True, False),
+             (6002, "hello", False, True, True)]
+    out = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": sw, "lstrip": False, "rstrip": False,
+                          "normalized": norm, "special": sp} for i, c, sp, norm, sw in added],
+        "normalizer": {"type": "NFKC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": "||"}, "behavior": "Removed", "invert": False},
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [6000],
+                                                                "tokens": ["<|endoftext|>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},  # stop>0 panics in HF on an empty text
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }
+    return json.dumps(out, ensure_ascii=False)
+
+
 def gguf_reference(path):
     import warnings
     warnings.filterwarnings("ignore")
@@ -410,6 +448,11 @@ def main():
         f.write(synth_meta_tokenizer(args.shared))
     write_json(os.path.join(OUT, "ref_synth_meta.json"),
                make_ref("synth_meta", tokenizers.Tokenizer.from_file(meta_path), corpus))
+    bl_path = os.path.join(OUT, "synth_bytelevel.json")
+    with open(bl_path, "w", encoding="utf-8") as f:
+        f.write(synth_bytelevel_tokenizer(args.shared))
+    write_json(os.path.join(OUT, "ref_synth_bytelevel.json"),
+               make_ref("synth_bytelevel", tokenizers.Tokenizer.from_file(bl_path), corpus))
     print("wrote synthetic tokenizers", file=sys.stderr)
     for pre in ("qwen2", "llama-bpe"):
         name = "tiny_bpe_" + pre.replace("-", "_")
