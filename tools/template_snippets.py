@@ -36,7 +36,7 @@ S = [
     "{% if no %}a{% elif e %}b{% endif %}|",
     "{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
     "{% for x in xs %}{{ loop.previtem }}-{{ loop.nextitem }}-{{ loop.cycle('a', 'b') }};{% endfor %}",
-    "{% for x in [] %}x{% else %}empty{% endfor %}", "{% for x in xs if x > 1 %}{{ x }}{{ loop.index }}{{ loop.last }}{% endfor %}",
+    "{% for x in [] %}x{% else %}empty{% endfor %}", "{% for m in msgs %}{% if loop.changed(m.role) %}[{{ m.role }}]{% endif %}{% endfor %}{% for x in [1, 1, 2, 1] %}{{ loop.changed(x) }}{% endfor %}", "{% for x in xs if x > 1 %}{{ x }}{{ loop.index }}{{ loop.last }}{% endfor %}",
     "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", "{% for k in d %}{{ k }}{% endfor %}",
     "{% for c in 'héé' %}[{{ c }}]{% endfor %}", "{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}",
     "{% for x in xs %}{% if x == 1 %}{% continue %}{% endif %}{% if x == 2 %}{% break %}{% endif %}{{ x }}{% endfor %}",

@@ -50,6 +50,8 @@ struct jfunc {
 struct jloop {
     size_t index0, length;
     const struct jv *items;
+    bool has_last; // loop.changed() state
+    struct jv last;
 };
 
 struct eval {
@@ -1572,6 +1574,17 @@ static bool call_method(struct eval *ev, const struct node *at, const struct jv 
         if (!strcmp(m, "cycle")) {
             if (a->npos == 0) return FAIL(at, "no items for cycling given");
             *out = a->pos[self->u.loop->index0 % (size_t)a->npos];
+            return true;
+        }
+        if (!strcmp(m, "changed")) { // True when the arguments differ from the previous call's
+            struct jlist *l = mk_list(ev, at, (size_t)a->npos, true);
+            if (!l) return false;
+            for (int i = 0; i < a->npos; i++) l->v[i] = a->pos[i];
+            struct jv cur = list_val(l);
+            bool changed = !self->u.loop->has_last || !jv_equal(&self->u.loop->last, &cur);
+            self->u.loop->last = cur;
+            self->u.loop->has_last = true;
+            *out = jv_bool(changed);
             return true;
         }
         return FAIL(at, "loop.%s() is not supported", m);
