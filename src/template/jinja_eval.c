@@ -302,8 +302,8 @@ static bool iterate(struct eval *ev, const struct node *at, const struct jv *v, 
     case JV_UNDEF: *items = NULL; *n = 0; return true;
     case JV_LIST:
         if (jlist_is_iter(v->u.l)) { // iterating consumes a generator
-            *items = v->u.l->v + v->u.l->pos;
             *n = v->u.l->n - v->u.l->pos;
+            *items = *n ? v->u.l->v + v->u.l->pos : NULL;
             v->u.l->pos = v->u.l->n;
             return true;
         }
@@ -2345,6 +2345,10 @@ static bool eval_expr(struct eval *ev, const struct node *x, struct jv *out) {
     case N_ITEM: ok = eval_expr(ev, x->a, &a) && eval_expr(ev, x->b, &b) && get_item(ev, x, &a, &b, out); break;
     case N_SLICE: {
         struct jv s0, s1, s2;
+        if (!x->a) { // a slice inside a tuple subscript (x[1, 2:3]): no object takes it
+            *out = jv_undef(NULL);
+            break;
+        }
         ok = eval_expr(ev, x->a, &a) && (!x->b || eval_expr(ev, x->b, &s0)) && (!x->c || eval_expr(ev, x->c, &s1)) &&
              (!x->d || eval_expr(ev, x->d, &s2)) &&
              do_slice(ev, x, &a, x->b ? &s0 : NULL, x->c ? &s1 : NULL, x->d ? &s2 : NULL, out);
