@@ -289,6 +289,35 @@ TEST(scheduler_prefix_hit_skips_cached_tokens) {
     fx_free(&f);
 }
 
+TEST(scheduler_same_step_admissions_share_prefix_blocks) {
+    struct fixture f;
+    fx_init(&f, 32, 4, 8, 64, true);
+    struct sequence *a = seq_new(1, 13, 0), *b = seq_new(2, 13, 0), *c = seq_new(3, 6, 0);
+    scheduler_add(f.s, a);
+    scheduler_add(f.s, b);
+    scheduler_add(f.s, c);
+    struct scheduler_output o;
+    step(&f, &o);
+    // a computes 13 tokens and registers its 3 full blocks when scheduled; b and c, admitted
+    // in the same step, share them (never covering their own last token).
+    ASSERT_EQ(sched_of(&f, a), 13);
+    ASSERT_EQ(b->n_cached, 12);
+    ASSERT_EQ(sched_of(&f, b), 1);
+    ASSERT_EQ(c->n_cached, 4);
+    ASSERT_EQ(sched_of(&f, c), 2);
+    for (int i = 0; i < 3; i++) ASSERT_EQ(b->bt.ids[i], a->bt.ids[i]);
+    ASSERT_EQ(c->bt.ids[0], a->bt.ids[0]);
+    ASSERT_EQ(f.bm->blocks[a->bt.ids[0]].ref_count, 3);
+    scheduler_remove(f.s, a);
+    scheduler_remove(f.s, b);
+    scheduler_remove(f.s, c);
+    ASSERT_TRUE(consistent(f.bm));
+    seq_del(a);
+    seq_del(b);
+    seq_del(c);
+    fx_free(&f);
+}
+
 TEST(scheduler_remove_in_every_state_frees_blocks) {
     struct fixture f;
     fx_init(&f, 64, 4, 8, 16, true);

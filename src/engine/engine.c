@@ -639,11 +639,13 @@ int atomc_engine_step(atomc_engine *e) {
     if (st != ATOMC_OK) {
         // The batch failed: its sequences fail with the message; the engine keeps serving.
         LOG_ERROR("forward pass failed: %s", err.msg);
-        // Nothing is committed: their KV was not written and must not enter the prefix cache.
         e->drained = grow(e->drained, &e->drained_cap, n_seqs, sizeof *e->drained);
         memcpy(e->drained, so.seqs, (size_t)n_seqs * sizeof *e->drained); // retire compacts so.seqs
         for (int i = 0; i < n_seqs; i++) retire(e, e->drained[i], ATOMC_FINISH_ERROR, 0, NULL, err.msg);
         scheduler_complete_step(e->sched);
+        // Blocks registered for this step hold no valid KV: with the batch released they are all
+        // cached-but-free, and dropping those keeps them out of every later lookup.
+        block_manager_reset_prefix_cache(e->bm);
         refresh_stats(e);
         return n_seqs;
     }
