@@ -685,18 +685,22 @@ int atomc_engine_step(atomc_engine *e) {
 
 static int resolve(int v, int dflt) { return v > 0 ? v : dflt; }
 
+void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int *max_num_batched_tokens) {
+    bool cuda = o->device && !strcmp(o->device, "cuda");
+    *max_num_seqs = resolve(o->max_num_seqs, cuda ? 256 : 16);
+    *max_num_batched_tokens = resolve(o->max_num_batched_tokens, cuda ? 8192 : 2048);
+    if (*max_num_batched_tokens < *max_num_seqs && o->max_num_batched_tokens <= 0)
+        *max_num_batched_tokens = *max_num_seqs;
+}
+
 atomc_status engine_create_with(const atomc_engine_options *o, struct engine_setup *setup, atomc_engine **out,
                                 struct error *err) {
     *out = NULL;
     atomc_engine *e = xcalloc(1, sizeof *e);
     e->su = *setup;
     memset(setup, 0, sizeof *setup); // ownership moved
-    bool cuda = o->device && !strcmp(o->device, "cuda");
     e->block_size = o->block_size > 0 ? o->block_size : 16;
-    e->max_num_seqs = resolve(o->max_num_seqs, cuda ? 256 : 16);
-    e->max_num_batched_tokens = resolve(o->max_num_batched_tokens, cuda ? 8192 : 2048);
-    if (e->max_num_batched_tokens < e->max_num_seqs && o->max_num_batched_tokens <= 0)
-        e->max_num_batched_tokens = e->max_num_seqs;
+    engine_resolve_limits(o, &e->max_num_seqs, &e->max_num_batched_tokens);
     e->max_waiting = o->max_waiting;
     e->seed = o->seed;
     e->max_model_len = e->su.max_model_len;
