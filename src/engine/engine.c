@@ -904,6 +904,12 @@ atomc_status atomc_engine_detokenize(atomc_engine *e, const int32_t *ids, int n_
     return e->su.text.decode(e->su.text.ctx, ids, n_ids, skip_special_tokens, text, NULL);
 }
 
+const char *atomc_engine_token_bytes(atomc_engine *e, int32_t id, size_t *len) {
+    *len = 0;
+    if (!e->su.text.ctx || !e->su.text.token_bytes || id < 0) return NULL;
+    return e->su.text.token_bytes(e->su.text.ctx, id, len);
+}
+
 // --- blocking generate ---------------------------------------------------------------------------
 
 struct gen_slot {

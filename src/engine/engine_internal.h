@@ -33,6 +33,7 @@ struct engine_text_ops {
     atomc_status (*detok_step)(void *state, const int32_t *ids, int n_ids, int n_new, bool final, char **out,
                                size_t *out_len);
     void (*detok_free)(void *state);
+    const char *(*token_bytes)(void *ctx, int32_t id, size_t *len); // may be NULL
     void (*free)(void *ctx); // may be NULL
 };
 
