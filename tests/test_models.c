@@ -13,6 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/mapped_file.h"
+#include "model/model.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
 #include "test.h"
@@ -24,7 +26,7 @@
 #define N_GREEDY 16
 
 static const char *MODELS[] = {"llama_gqa",         "llama_mha",  "llama_tied", "llama_rope_llama3",
-                               "llama_rope_linear", "llama_bias", "qwen3"};
+                               "llama_rope_linear", "llama_bias", "qwen3",  "qwen3_yarn"};
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
 
 struct ref_prompt {
@@ -585,6 +587,37 @@ TEST(models_dummy_weights) {
     sim_free(s);
     free(s);
     model_runner_free(r);
+}
+
+// The benchmark shapes under bench/configs parse and have their published parameter counts.
+TEST(models_bench_configs) {
+    static const struct {
+        const char *file;
+        int64_t params;
+    } want[] = {
+        {"bench/configs/llama3_8b.json", 8030261248LL},
+        {"bench/configs/llama3_1_8b.json", 8030261248LL},
+        {"bench/configs/llama3_2_1b.json", 1235814400LL},
+        {"bench/configs/qwen3_8b.json", 8190735360LL},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char *json = NULL;
+        struct error err = {0};
+        ASSERT_OK(file_read_all(want[i].file, &json, NULL, &err));
+        struct model_config c;
+        memset(&c, 0, sizeof c);
+        ASSERT_OK(model_config_parse_json(&c, json, want[i].file, &err));
+        free(json);
+        ASSERT_OK(model_config_validate(&c, want[i].file, &err));
+        ASSERT_EQ(model_param_count(&c), want[i].params);
+    }
+    struct model_config c;
+    char *json = NULL;
+    memset(&c, 0, sizeof c);
+    ASSERT_OK(file_read_all("bench/configs/llama3_1_8b.json", &json, NULL, NULL));
+    ASSERT_OK(model_config_parse_json(&c, json, "llama3_1_8b.json", NULL));
+    free(json);
+    ASSERT_EQ(c.rope.scaling, ROPE_SCALING_LLAMA3);
 }
 
 int main(int argc, char **argv) { return test_main(argc, argv); }

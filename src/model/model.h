@@ -99,6 +99,9 @@ void model_free(struct model *m);
 // Allocates the scratch activations for steps of up to max_tokens tokens and max_logits_rows rows.
 atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits_rows, struct error *err);
 
+// Parameters of a dense model of this config (embeddings counted once when tied).
+int64_t model_param_count(const struct model_config *c);
+
 // Host-side inverse RoPE frequencies for every scaling kind of rope_config (default, linear,
 // llama3, yarn, dynamic computed as default). inv_freq has rotary_dim / 2 entries;
 // *attn_factor receives the cos/sin multiplier (YaRN mscale, 1 otherwise).

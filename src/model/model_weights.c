@@ -384,6 +384,16 @@ fail:
     return st;
 }
 
+int64_t model_param_count(const struct model_config *c) {
+    int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, V = c->vocab_size;
+    int64_t q = (int64_t)c->num_heads * D, kv = (int64_t)c->num_kv_heads * D;
+    int64_t layer = H * (q + 2 * kv) + q * H + 3 * H * I + 2 * H;
+    if (c->attention_bias) layer += q + 2 * kv + H;
+    if (c->mlp_bias) layer += 2 * I + H;
+    if (c->qk_norm) layer += 2 * D;
+    return V * H * (c->tie_word_embeddings ? 1 : 2) + layer * c->num_layers + H;
+}
+
 static void model_scratch_free(struct model *m) {
     struct model_scratch *s = &m->scratch;
     void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->qn, &s->kn, &s->attn, &s->gate_up, &s->act,

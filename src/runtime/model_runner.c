@@ -470,6 +470,7 @@ static atomc_status runner_forward(struct model_runner *r, const struct forward_
         atomc_status st = b->ops->graph_launch(b, g->graph, err);
         if (st != ATOMC_OK) return error_prefix(err, "replaying the decode graph of batch %d: ", g->batch_size);
         r->n_graph_replays++;
+        r->model->last_tokens = g->batch_size; // what the replayed forward left in the scratch
         // The graph computed logits for rows 0..batch_size-1 (one per decode slot); when the
         // rows asked for are not exactly 0..n-1 they are computed again from the hidden states.
         bool identity = n_rows == fb->n_seqs;
@@ -821,25 +822,42 @@ static atomc_status runner_size_kv(struct model_runner *r, const struct runner_o
     return runner_kv_alloc(r, (int)blocks, err);
 }
 
-atomc_status model_runner_create(const struct runner_options *o, struct model_runner **out, struct error *err) {
-    *out = NULL;
-    if (!o->model_path || !*o->model_path)
-        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "no model path given");
+// Checks the options that need no model; INVALID_ARGUMENT naming the first bad one.
+static atomc_status runner_check_options(const struct runner_options *o, struct error *err) {
+    if (!o->model_path || !*o->model_path) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "no model path given");
     bool dummy = o->load_format && !strcmp(o->load_format, "dummy");
     if (o->load_format && *o->load_format && !dummy && strcmp(o->load_format, "auto") != 0)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "unknown load format '%s' (expected auto or dummy)",
                          o->load_format);
     if (o->block_size < 0 || o->max_num_seqs < 0 || o->max_num_batched_tokens < 0 || o->max_model_len < 0 ||
         o->num_kv_blocks < 0)
-        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "negative runner size option");
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "negative runner size option (block_size %d, max_num_seqs %d, max_num_batched_tokens %d, "
+                         "max_model_len %d, num_kv_blocks %d)", o->block_size, o->max_num_seqs,
+                         o->max_num_batched_tokens, o->max_model_len, o->num_kv_blocks);
     if (o->gpu_memory_utilization < 0 || o->gpu_memory_utilization > 1)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "gpu_memory_utilization %.3f outside (0, 1]",
                          o->gpu_memory_utilization);
+    return ATOMC_OK;
+}
+
+atomc_status model_runner_create(const struct runner_options *o, struct model_runner **out, struct error *err) {
+    *out = NULL;
+    atomc_status st0 = runner_check_options(o, err);
+    if (st0 != ATOMC_OK) {
+        backend_destroy(o->backend); // ownership passed to us, also on failure
+        return st0;
+    }
+    bool dummy = o->load_format && !strcmp(o->load_format, "dummy");
     double t0 = time_now_s();
     struct model_runner *r = xcalloc(1, sizeof *r);
     struct model_files *files = NULL;
     struct backend_options bo = {.num_threads = o->num_threads, .device_id = 0, .kv_pool_bytes = o->cpu_kv_cache_bytes};
-    atomc_status st = backend_create(o->device ? o->device : "cpu", &bo, &r->backend, err);
+    atomc_status st = ATOMC_OK;
+    if (o->backend)
+        r->backend = o->backend;
+    else
+        st = backend_create(o->device ? o->device : "cpu", &bo, &r->backend, err);
     if (st != ATOMC_OK) goto fail;
     struct backend *b = r->backend;
 
@@ -883,7 +901,7 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     if ((st = runner_alloc_buffers(r, err))) goto fail;
     if ((st = model_scratch_alloc(r->model, r->max_tokens, r->max_rows, err))) goto fail;
     if ((st = runner_size_kv(r, o, err))) goto fail;
-    if (!o->enforce_eager && b->kind != BACKEND_CPU)
+    if (!o->enforce_eager)
         if ((st = runner_capture_graphs(r, err))) goto fail;
     LOG_INFO("model runner ready in %.2f s: %s on %s, %d KV blocks x %d tokens (%s, %.1f MiB), max_model_len %d",
              time_now_s() - t0, r->cfg.architecture, b->ops->name, r->num_blocks, r->block_size,
@@ -914,3 +932,5 @@ int model_runner_max_model_len(const struct model_runner *r) { return r->max_mod
 int model_runner_block_size(const struct model_runner *r) { return r->block_size; }
 size_t model_runner_weight_bytes(const struct model_runner *r) { return r->model->weight_bytes; }
 int model_runner_kv_dtype_bytes(const struct model_runner *r) { return (int)dtype_row_bytes(r->kv_dtype, 1); }
+int model_runner_num_graphs(const struct model_runner *r) { return r->n_graphs; }
+uint64_t model_runner_num_graph_replays(const struct model_runner *r) { return r->n_graph_replays; }
