@@ -413,15 +413,14 @@ AVX2_FN static inline float f16_scalar(const uint8_t *p) {
 }
 
 #define CVT8(q) _mm256_cvtepi32_ps(q)
+#define Q8_LOAD8(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #define DEQ_Q8_0(blk, v)                                                                      \
     do {                                                                                      \
         __m256 d_ = _mm256_set1_ps(f16_scalar(blk));                                          \
-        __m128i a_ = _mm_loadu_si128((const __m128i *)((blk) + 2));                           \
-        __m128i b_ = _mm_loadu_si128((const __m128i *)((blk) + 18));                          \
-        v##0 = _mm256_mul_ps(d_, CVT8(_mm256_cvtepi8_epi32(a_)));                             \
-        v##1 = _mm256_mul_ps(d_, CVT8(_mm256_cvtepi8_epi32(_mm_srli_si128(a_, 8))));          \
-        v##2 = _mm256_mul_ps(d_, CVT8(_mm256_cvtepi8_epi32(b_)));                             \
-        v##3 = _mm256_mul_ps(d_, CVT8(_mm256_cvtepi8_epi32(_mm_srli_si128(b_, 8))));          \
+        v##0 = _mm256_mul_ps(d_, CVT8(Q8_LOAD8((blk) + 2)));                                  \
+        v##1 = _mm256_mul_ps(d_, CVT8(Q8_LOAD8((blk) + 10)));                                 \
+        v##2 = _mm256_mul_ps(d_, CVT8(Q8_LOAD8((blk) + 18)));                                 \
+        v##3 = _mm256_mul_ps(d_, CVT8(Q8_LOAD8((blk) + 26)));                                 \
     } while (0)
 #define NIBBLES(qs, lo, hi)                                                                   \
     __m128i lo = _mm_and_si128(qs, _mm_set1_epi8(0x0f));                                      \
