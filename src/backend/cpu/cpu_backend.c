@@ -1,11 +1,14 @@
 // The CPU backend: the reference implementation of every op of backend.h, multi-threaded
-// over a persistent thread pool, fp32 activations and weights, GEMMs through OpenBLAS.
+// over a persistent thread pool, fp32 activations and fp32 compute, GEMMs through OpenBLAS.
 //
 // Contracts beyond backend.h:
-// - Memory is host memory (posix_memalign, 64-byte aligned); copies are memcpy.
-// - Weights are F32 after upload_weight (any host dtype is dequantised at load).
+// - Memory is host memory (posix_memalign, 64-byte aligned); copies are memmove.
+// - Weights (matmul w/bias, embedding table, norm weights) may be F32 (weight_dtype, the
+//   default), BF16 or F16, and matmul / embedding weights also Q8_0 / Q4_0 / Q4_1 kept from a
+//   GGUF file; all are computed in fp32. See upload_weight.
 // - Tensors passed to ops are dense row-major unless an op takes an explicit row stride.
-// - out may alias x for rmsnorm, add_rmsnorm (out == residual is not allowed), add and convert.
+// - out may alias x for rmsnorm, add and convert (F32); add_rmsnorm's out must not be residual.
+// - Ops run one at a time per backend (op_lock) and may be called from any thread.
 // - OpenBLAS threading is process-wide: create sets it to this backend's thread count once.
 //   Our pool's workers sleep after a short spin, so they do not compete with OpenBLAS's.
 #include "backend/cpu/cpu_backend.h"
