@@ -44,13 +44,16 @@ ifeq ($(CUDA),1)
   CU_SRC := $(shell find src/backend/cuda -name '*.cu' | sort)
   CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
   CFLAGS += -DATOMC_CUDA=1 -I$(CUDA_HOME)/include
-  NVCCFLAGS ?= -O3 -std=c++17 -arch=sm_90a -lineinfo -Iinclude -Isrc -Xcompiler -fPIC,-Wall \
-    --expt-relaxed-constexpr -DATOMC_CUDA=1
+  # -gencode (not -arch=sm_90a): nvcc 13.0's shorthand also runs a plain sm_90 pass.
+  NVCCFLAGS ?= -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -lineinfo -Iinclude -Isrc \
+    -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter,-Wno-missing-field-initializers -Werror all-warnings --expt-relaxed-constexpr -DATOMC_CUDA=1
   # Debian libraries static, CUDA runtime static, cuBLASLt/NCCL dynamic (DESIGN.md section 4).
   LDLIBS := -Wl,-Bstatic -levent -levent_pthreads -ljansson -lpcre2-8 -lutf8proc -lxxhash -lopenblas -lgfortran -lquadmath \
-    -Wl,-Bdynamic -L$(CUDA_HOME)/lib64 -lcudart_static -lcublasLt -lcublas -lnccl -lrt -lm -lpthread -ldl -lstdc++
+    -Wl,-Bdynamic -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lcublasLt -lnccl \
+    -lrt -lm -lpthread -ldl -lstdc++
   LINK := $(CC)
   GPU_TEST_CU := $(sort $(wildcard tests/gpu/test_*.c))
+  GPU_BENCH_C := $(sort $(wildcard bench/gpu_*.c))
 else
   CU_OBJ :=
 endif
@@ -60,8 +63,9 @@ CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(CLI_C))
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_C))
 TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT_C))
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_CU))
+GPU_BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(GPU_BENCH_C))
 
-.PHONY: all test asan clean fuzz gpu-tests format bench
+.PHONY: all test asan clean fuzz gpu-tests gpu-test format bench
 .SECONDARY:
 all: $(BUILD)/atomc $(BUILD)/libatomc.a $(TEST_BIN)
 
@@ -84,10 +88,14 @@ $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS) $(LDFLAGS_SAN)
 
-gpu-tests: $(GPU_TEST_BIN) $(BUILD)/atomc
+# GPU tests (tests/gpu/test_*.c) and kernel benchmarks (bench/gpu_*.c): C programs linked
+# with the CUDA build; they run only on the GPU machine (`make CUDA=1 gpu-test` there).
+gpu-tests: $(GPU_TEST_BIN) $(GPU_BENCH_BIN) $(BUILD)/atomc
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS)
+gpu-test: gpu-tests
+	@for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t || exit 1; done
 
 # Benchmark programs: bench/*.c, each linked with the library (make bench).
 BENCH_C := $(wildcard bench/*.c)

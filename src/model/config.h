@@ -45,6 +45,8 @@ struct rope_config {
     float mscale, mscale_all_dim;      // yarn / deepseek
     int rotary_dim;                    // dims rotated per head (head_dim * partial_rotary_factor)
     bool interleaved;                  // GPT-J style pairs (x0,x1) instead of NeoX halves
+    float attention_factor;            // yarn: explicit cos/sin scale; 0 = derive from factor/mscale
+    bool yarn_truncate;                // yarn: floor/ceil the correction range (default true; GPT-OSS false)
 };
 
 enum layer_attn_type { LAYER_ATTN_FULL = 0, LAYER_ATTN_SLIDING, LAYER_ATTN_LINEAR };

@@ -27,6 +27,9 @@ atomc_status tokenizer_encode(const struct tokenizer *t, const char *text, size_
 // Decodes ids to UTF-8 (*out malloc'd). Invalid ids give ATOMC_ERR_INVALID_ARGUMENT.
 atomc_status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n_ids, bool skip_special_tokens,
                               char **out, struct error *err);
+// The same, also giving the byte length (decoded text may contain NUL bytes). out_len may be NULL.
+atomc_status tokenizer_decode_n(const struct tokenizer *t, const int32_t *ids, int n_ids, bool skip_special_tokens,
+                                char **out, size_t *out_len, struct error *err);
 
 int tokenizer_vocab_size(const struct tokenizer *t);  // including added tokens
 const char *tokenizer_token_text(const struct tokenizer *t, int32_t id); // raw vocab piece, NULL if invalid
@@ -56,8 +59,9 @@ struct detokenizer {
     size_t pending_len, pending_cap;
 };
 void detokenizer_init(struct detokenizer *d, const struct tokenizer *t, bool skip_special_tokens);
-// ids: all output ids so far (n_ids), of which the last n_new are new. Appends the text delta
-// to *out / *out_len (malloc'd, caller frees; may be empty). final=true flushes what is held.
+// ids: all output ids so far (n_ids), of which the last n_new are new. Sets *out / *out_len to
+// the text delta (malloc'd, NUL-terminated, caller frees; *out may be NULL with *out_len 0 when
+// nothing is ready). final=true flushes what is held.
 atomc_status detokenizer_step(struct detokenizer *d, const int32_t *ids, int n_ids, int n_new, bool final,
                               char **out, size_t *out_len);
 void detokenizer_free(struct detokenizer *d);

@@ -1,0 +1,467 @@
+// Paged attention for mixed prefill + decode batches: one flash-attention kernel on the
+// tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) with split-KV for long contexts.
+//
+// Work decomposition. A CTA owns one (sequence, KV head, row tile, KV split). Its rows are
+// (query token, query head of this KV head) pairs packed token-major, so every query head
+// that shares a KV head (GQA) is served by one read of K/V, and a decode step (one token)
+// still fills G rows of the MMA. Row tiles are 16 rows per warp: 1 warp for decode-like
+// tiles (max_query_len * G <= 16), 4 warps otherwise. K/V tiles of 64 tokens are read through
+// the block table (cp.async, double-buffered, zero-filled outside the visible range; FP8
+// caches are converted to bf16 while staging into shared memory, their scales folded into
+// the softmax scale and the output). Online softmax in exp2 form; rows are causal against
+// their absolute position ctx - qlen + i, so prefix-cached context and new tokens are one
+// range. Sliding window: keys with qpos - kpos < window. Sinks (GPT-OSS): one extra logit
+// per head in the denominator.
+//
+// Split-KV (flash-decoding): when (row tiles x KV heads x sequences) cannot fill the GPU, the
+// visible KV range of each CTA is cut into n_splits equal runs of tiles; each writes its
+// normalised partial output and log-sum-exp to scratch, and a reduce kernel combines them.
+// n_splits depends only on values that are fixed for a captured decode graph (n_seqs,
+// max_query_len, max_blocks_per_seq, the scratch size), never on context lengths.
+#include "backend/cuda/cuda_common.cuh"
+
+namespace {
+
+constexpr int BN = 64;  // KV tokens per tile
+constexpr int PAD = 8;  // bf16 elements of padding per shared row (conflict-free ldmatrix)
+constexpr int MAX_SPLITS = 128;
+
+struct attn_params {
+    const __nv_bfloat16 *q;
+    int64_t q_stride; // elements between consecutive tokens of q
+    __nv_bfloat16 *out;
+    const void *kc, *vc;
+    float v_scale;
+    const int32_t *query_start, *context_lens, *block_tables;
+    int max_blocks, block_size, bs_shift; // block_size = 1 << bs_shift
+    int hq, hk, group;
+    float scale_log2; // softmax scale * log2(e) (* k_scale for FP8)
+    int window;       // 0 = none
+    const float *sinks;
+    int n_splits;
+    float *part_o;   // (n_tokens * hq, n_splits, D)
+    float *part_lse; // (n_tokens * hq, n_splits), log2 domain
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// Issues the cp.async copies of KV tile [tok0, tok0 + BN) of one KV head into shared memory:
+// bf16 caches straight into the padded bf16 tiles (row stride D + PAD elements), FP8 caches
+// into raw staging tiles (row stride D bytes) that fp8_tile_convert turns into bf16 later.
+// Tokens outside [lo, hi) are zero-filled and never dereferenced through the block table.
+template <int D, typename KVT, int NT>
+__device__ __forceinline__ void load_kv_tile(void *ks, void *vs, const attn_params &p, int seq, int kvh, int tok0, int lo,
+                                             int hi) {
+    constexpr int EPC = 16 / sizeof(KVT); // elements per 16-byte chunk
+    constexpr int CH = D / EPC;           // chunks per row
+    constexpr int ROW_BYTES = sizeof(KVT) == 2 ? (D + PAD) * 2 : D;
+    const int32_t *bt = p.block_tables + (size_t)seq * p.max_blocks;
+    for (int c = threadIdx.x; c < BN * CH; c += NT) {
+        int r = c / CH, ch = c % CH;
+        int kpos = tok0 + r;
+        bool valid = kpos >= lo && kpos < hi;
+        size_t off = 0;
+        if (valid) {
+            int page = bt[kpos >> p.bs_shift];
+            size_t slot = ((size_t)page << p.bs_shift) + (kpos & (p.block_size - 1));
+            off = (slot * p.hk + kvh) * D + ch * EPC;
+        }
+        uint32_t doff = r * ROW_BYTES + ch * 16;
+        cp_async16(smem_addr((char *)ks + doff), (const KVT *)p.kc + off, valid);
+        cp_async16(smem_addr((char *)vs + doff), (const KVT *)p.vc + off, valid);
+    }
+}
+
+// FP8 staging tile (BN, D) bytes -> bf16 tile (BN, D + PAD).
+template <int D, int NT>
+__device__ __forceinline__ void fp8_tile_convert(__nv_bfloat16 *dst, const uint8_t *src) {
+    constexpr int CH = D / 16;
+    for (int c = threadIdx.x; c < BN * CH; c += NT) {
+        int r = c / CH, ch = c % CH;
+        uint4 in = *reinterpret_cast<const uint4 *>(src + r * D + ch * 16);
+        const __nv_fp8x2_storage_t *f2 = reinterpret_cast<const __nv_fp8x2_storage_t *>(&in);
+        uint4 out[2];
+        uint32_t *w = reinterpret_cast<uint32_t *>(out);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(f2[i], __NV_E4M3)));
+            w[i] = pack_bf16(f.x, f.y);
+        }
+        uint4 *d = reinterpret_cast<uint4 *>(dst + r * (D + PAD) + ch * 16);
+        d[0] = out[0];
+        d[1] = out[1];
+    }
+}
+
+template <int D, int NW, typename KVT>
+__global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_params p) {
+    constexpr int BM = 16 * NW, NT = NW * 32, RS = D + PAD;
+    constexpr bool FP8 = sizeof(KVT) == 1;
+    // Shared memory: Q tile, then bf16 K/V tiles ([2] stages for bf16 caches, [1] for FP8),
+    // then for FP8 the raw staging tiles [2][BN][D] bytes each for K and V.
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __nv_bfloat16 *qs_ = reinterpret_cast<__nv_bfloat16 *>(smem_raw);
+    __nv_bfloat16 *ks_ = qs_ + BM * RS;
+    __nv_bfloat16 *vs_ = ks_ + (FP8 ? 1 : 2) * BN * RS;
+    uint8_t *kst_ = reinterpret_cast<uint8_t *>(vs_ + (FP8 ? 1 : 2) * BN * RS);
+    uint8_t *vst_ = kst_ + 2 * BN * D;
+    // Stage buffers of pipeline slot b (where cp.async writes).
+    auto stage_k = [&](int b) -> void * { return FP8 ? (void *)(kst_ + b * BN * D) : (void *)(ks_ + b * BN * RS); };
+    auto stage_v = [&](int b) -> void * { return FP8 ? (void *)(vst_ + b * BN * D) : (void *)(vs_ + b * BN * RS); };
+
+    const int seq = blockIdx.z / p.n_splits, split = blockIdx.z % p.n_splits, kvh = blockIdx.y;
+    const int qbeg = p.query_start[seq], qlen = p.query_start[seq + 1] - qbeg;
+    const int ctx = p.context_lens[seq];
+    const int rows_total = qlen * p.group;
+    const int row0 = blockIdx.x * BM;
+    if (row0 >= rows_total) return;
+    const int row_last = min(row0 + BM, rows_total) - 1;
+    const int pos_off = ctx - qlen; // absolute position of new token 0
+    const int tok_lo = row0 / p.group, tok_hi = row_last / p.group;
+    const int kv_hi = min(ctx, pos_off + tok_hi + 1);
+    const int kv_lo = p.window > 0 ? max(0, pos_off + tok_lo - p.window + 1) : 0;
+    const int t_first = kv_lo / BN;
+    const int n_tiles = kv_hi > kv_lo ? (kv_hi - 1) / BN - t_first + 1 : 0;
+    const int per_split = (n_tiles + p.n_splits - 1) / p.n_splits;
+    const int tb = t_first + split * per_split;
+    const int te = min(t_first + n_tiles, tb + per_split);
+
+    // Q tile -> shared (zero rows past the end).
+    for (int c = threadIdx.x; c < BM * (D / 8); c += NT) {
+        int r = c / (D / 8), ch = c % (D / 8);
+        int pr = row0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (pr < rows_total) {
+            int tok = pr / p.group, h = kvh * p.group + pr % p.group;
+            v = *reinterpret_cast<const uint4 *>(p.q + (size_t)(qbeg + tok) * p.q_stride + (size_t)h * D + ch * 8);
+        }
+        *reinterpret_cast<uint4 *>(qs_ + r * RS + ch * 8) = v;
+    }
+    if (tb < te) load_kv_tile<D, KVT, NT>(stage_k(0), stage_v(0), p, seq, kvh, tb * BN, kv_lo, kv_hi);
+    cp_async_commit();
+    __syncthreads();
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        ldsm_x4(qf[kk], smem_addr(qs_ + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + kk * 16 + (lane / 16) * 8));
+
+    // This thread's two rows (g and g + 8 of the warp's 16) and their query positions.
+    int qpos[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int pr = row0 + warp * 16 + g + h * 8;
+        qpos[h] = pr < rows_total ? pos_off + pr / p.group : -1;
+    }
+    const int min_qpos = pos_off + tok_lo;
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+    for (int t = tb; t < te; t++) {
+        const int buf = (t - tb) & 1;
+        if (t + 1 < te) {
+            load_kv_tile<D, KVT, NT>(stage_k(buf ^ 1), stage_v(buf ^ 1), p, seq, kvh, (t + 1) * BN, kv_lo, kv_hi);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if constexpr (FP8) {
+            fp8_tile_convert<D, NT>(ks_, kst_ + buf * BN * D);
+            fp8_tile_convert<D, NT>(vs_, vst_ + buf * BN * D);
+            __syncthreads();
+        }
+        const __nv_bfloat16 *ks = ks_ + (FP8 ? 0 : buf) * BN * RS, *vs = vs_ + (FP8 ? 0 : buf) * BN * RS;
+
+        float s[BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+            for (int j = 0; j < BN / 16; j++) {
+                uint32_t b[4];
+                ldsm_x4(b, smem_addr(ks + (j * 16 + (lane % 8) + (lane / 16) * 8) * RS + kk * 16 + ((lane / 8) % 2) * 8));
+                mma_bf16(s[2 * j], qf[kk], b[0], b[1]);
+                mma_bf16(s[2 * j + 1], qf[kk], b[2], b[3]);
+            }
+        }
+        const int kbase = t * BN;
+        const bool need_mask = kbase + BN - 1 > min_qpos || kbase < kv_lo || kbase + BN > kv_hi || p.window > 0;
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[i][e] * p.scale_log2;
+                if (need_mask) {
+                    int kpos = kbase + i * 8 + 2 * t4 + (e & 1);
+                    int qp = qpos[e >> 1];
+                    bool ok = kpos <= qp && kpos >= kv_lo && (p.window <= 0 || qp - kpos < p.window);
+                    if (!ok) v = -INFINITY;
+                }
+                s[i][e] = v;
+            }
+        }
+        // Online softmax per row half.
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++) mx = fmaxf(mx, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mn = fmaxf(m[h], mx);
+            float mu = mn == -INFINITY ? 0.f : mn;
+            float alpha = exp2f(m[h] - mu);
+            m[h] = mn;
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++) {
+                s[i][2 * h] = exp2f(s[i][2 * h] - mu);
+                s[i][2 * h + 1] = exp2f(s[i][2 * h + 1] - mu);
+                sum += s[i][2 * h] + s[i][2 * h + 1];
+            }
+            l[h] = l[h] * alpha + sum;
+#pragma unroll
+            for (int i = 0; i < D / 8; i++) {
+                o[i][2 * h] *= alpha;
+                o[i][2 * h + 1] *= alpha;
+            }
+        }
+        // O += P V.
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dt = 0; dt < D / 16; dt++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, smem_addr(vs + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + dt * 16 + (lane / 16) * 8));
+                mma_bf16(o[2 * dt], a, b[0], b[1]);
+                mma_bf16(o[2 * dt + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads(); // the buffer is refilled next iteration
+    }
+
+    // Finalise this thread's two rows.
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        int pr = row0 + warp * 16 + g + h * 8;
+        if (pr >= rows_total) continue;
+        int tok = pr / p.group, head = kvh * p.group + pr % p.group;
+        size_t grow = (size_t)(qbeg + tok) * p.hq + head;
+        float mm = m[h], ll = l[h];
+        if (p.n_splits == 1) {
+            if (p.sinks) {
+                float sk = p.sinks[head] * 1.4426950408889634f;
+                float mf = fmaxf(mm, sk);
+                ll = ll * exp2f(mm - mf) + exp2f(sk - mf);
+                float r = exp2f(mm - mf);
+#pragma unroll
+                for (int i = 0; i < D / 8; i++) {
+                    o[i][2 * h] *= r;
+                    o[i][2 * h + 1] *= r;
+                }
+            }
+            float inv = ll > 0.f ? p.v_scale / ll : 0.f;
+            __nv_bfloat16 *dst = p.out + grow * D;
+#pragma unroll
+            for (int i = 0; i < D / 8; i++)
+                *reinterpret_cast<uint32_t *>(dst + i * 8 + 2 * t4) = pack_bf16(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+        } else {
+            float inv = ll > 0.f ? 1.f / ll : 0.f;
+            float *dst = p.part_o + (grow * p.n_splits + split) * D;
+#pragma unroll
+            for (int i = 0; i < D / 8; i++)
+                *reinterpret_cast<float2 *>(dst + i * 8 + 2 * t4) = make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+            if (t4 == 0) p.part_lse[grow * p.n_splits + split] = ll > 0.f ? mm + log2f(ll) : -INFINITY;
+        }
+    }
+}
+
+// Combines the splits of each (token, head) row: one warp per row.
+template <int D>
+__global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o, const float *part_lse, int n_rows,
+                                        int n_splits, int hq, const float *sinks, float v_scale) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n_rows) return;
+    const float *lse = part_lse + (size_t)row * n_splits;
+    float mx = -INFINITY;
+    for (int s = lane; s < n_splits; s += 32) mx = fmaxf(mx, lse[s]);
+    mx = warp_max(mx);
+    float sk = sinks ? sinks[row % hq] * 1.4426950408889634f : -INFINITY;
+    float mf = fmaxf(mx, sk);
+    if (mf == -INFINITY) mf = 0.f;
+    float acc[D / 32];
+#pragma unroll
+    for (int i = 0; i < D / 32; i++) acc[i] = 0.f;
+    float den = sinks ? exp2f(sk - mf) : 0.f;
+    for (int s = 0; s < n_splits; s++) {
+        float w = exp2f(lse[s] - mf);
+        if (w == 0.f) continue;
+        den += w;
+        const float *po = part_o + ((size_t)row * n_splits + s) * D;
+#pragma unroll
+        for (int i = 0; i < D / 32; i++) acc[i] += w * po[lane + 32 * i];
+    }
+    float inv = den > 0.f ? v_scale / den : 0.f;
+#pragma unroll
+    for (int i = 0; i < D / 32; i++) out[(size_t)row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);
+}
+
+template <int D, int NW, typename KVT> constexpr size_t attn_smem() {
+    return sizeof(KVT) == 2 ? (size_t)(16 * NW + 4 * BN) * (D + PAD) * 2
+                            : (size_t)(16 * NW + 2 * BN) * (D + PAD) * 2 + (size_t)4 * BN * D;
+}
+
+template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *cb) {
+    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)attn_smem<D, NW, KVT>()));
+    int occ = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, NW, KVT>, NW * 32,
+                                                             attn_smem<D, NW, KVT>()));
+    cb->attn_occupancy[D == 128][NW == 4][sizeof(KVT) == 1] = occ > 0 ? occ : 1;
+}
+
+template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
+    paged_attention_kernel<D, NW, KVT><<<grid, NW * 32, attn_smem<D, NW, KVT>(), s>>>(p);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, bool fp8, cudaStream_t s) {
+    if (nw == 1) {
+        if (fp8) attn_launch<D, 1, __nv_fp8_e4m3>(p, grid, s);
+        else attn_launch<D, 1, __nv_bfloat16>(p, grid, s);
+    } else {
+        if (fp8) attn_launch<D, 4, __nv_fp8_e4m3>(p, grid, s);
+        else attn_launch<D, 4, __nv_bfloat16>(p, grid, s);
+    }
+}
+
+} // namespace
+
+void cuda_attention_init(struct cuda_backend *cb) {
+    attn_set_smem<64, 1, __nv_bfloat16>(cb);
+    attn_set_smem<64, 4, __nv_bfloat16>(cb);
+    attn_set_smem<64, 1, __nv_fp8_e4m3>(cb);
+    attn_set_smem<64, 4, __nv_fp8_e4m3>(cb);
+    attn_set_smem<128, 1, __nv_bfloat16>(cb);
+    attn_set_smem<128, 4, __nv_bfloat16>(cb);
+    attn_set_smem<128, 1, __nv_fp8_e4m3>(cb);
+    attn_set_smem<128, 4, __nv_fp8_e4m3>(cb);
+}
+
+void cuda_op_attention(struct backend *b, struct tensor *out, const struct tensor *q, int64_t q_row_stride,
+                       const struct kv_layer *kv, const struct attn_metadata *md, float scale, int sliding_window,
+                       const struct tensor *sinks) {
+    struct cuda_backend *cb = cuda_impl(b);
+    CHECK(q->ndim == 3 && out->ndim == 3 && kv->k.ndim == 4);
+    const int n = (int)q->ne[0], hq = (int)q->ne[1], D = (int)q->ne[2], hk = (int)kv->k.ne[2];
+    CHECK_MSG(D == 64 || D == 128, "CUDA attention: head_dim %d unsupported (64, 128)", D);
+    CHECK(kv->k.ne[3] == D && out->ne[0] == n && out->ne[1] == hq && out->ne[2] == D && hq % hk == 0);
+    CHECK(q->dtype == DTYPE_BF16 && out->dtype == DTYPE_BF16);
+    CHECK(kv->k.dtype == DTYPE_BF16 || kv->k.dtype == DTYPE_FP8_E4M3);
+    CHECK(md->block_size == kv->k.ne[1]);
+    CHECK(!sinks || (sinks->dtype == DTYPE_F32 && tensor_numel(sinks) == hq));
+    if (n == 0 || md->n_seqs == 0) return;
+    const bool fp8 = kv->k.dtype == DTYPE_FP8_E4M3;
+    attn_params p;
+    p.q = (const __nv_bfloat16 *)q->data;
+    p.q_stride = q_row_stride ? q_row_stride : (int64_t)hq * D;
+    CHECK_MSG(p.q_stride % 8 == 0 && ((uintptr_t)q->data & 15) == 0, "CUDA attention: q rows must be 16-byte aligned");
+    p.out = (__nv_bfloat16 *)out->data;
+    p.kc = kv->k.data;
+    p.vc = kv->v.data;
+    p.v_scale = fp8 ? kv->v_scale : 1.f;
+    p.query_start = md->query_start;
+    p.context_lens = md->context_lens;
+    p.block_tables = md->block_tables;
+    p.max_blocks = md->max_blocks_per_seq;
+    p.block_size = md->block_size;
+    CHECK_MSG(md->block_size > 0 && (md->block_size & (md->block_size - 1)) == 0, "KV block size %d is not a power of 2",
+              md->block_size);
+    p.bs_shift = __builtin_ctz((unsigned)md->block_size);
+    p.hq = hq;
+    p.hk = hk;
+    p.group = hq / hk;
+    p.scale_log2 = scale * 1.4426950408889634f * (fp8 ? kv->k_scale : 1.f);
+    p.window = sliding_window > 0 ? sliding_window : 0;
+    p.sinks = sinks ? (const float *)sinks->data : nullptr;
+
+    const int rows_per_seq = md->max_query_len * p.group;
+    const int nw = rows_per_seq <= 16 ? 1 : 4;
+    const int row_tiles = (int)cdiv(rows_per_seq, 16 * nw);
+    const int64_t base_ctas = (int64_t)row_tiles * hk * md->n_seqs;
+    // Split-KV: when the natural grid fills fewer than ~4 waves of resident CTAs, cut each
+    // CTA's KV range so that it does (partials are ~1% of the KV bytes, so splitting is
+    // cheap), never below two 64-token tiles of the largest possible context
+    // (max_blocks_per_seq: fixed for a captured graph).
+    int splits = 1;
+    const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[D == 128][nw == 4][fp8];
+    if (base_ctas < 4 * slots) {
+        int64_t cap = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, 2 * BN);
+        int64_t want = cdiv(4 * slots, base_ctas);
+        splits = (int)(want < cap ? want : cap);
+        if (splits > MAX_SPLITS) splits = MAX_SPLITS;
+        if (splits < 1) splits = 1;
+    }
+    if (splits > 1) {
+        size_t per_split = (size_t)n * hq * (D + 1) * sizeof(float);
+        size_t cap = cuda_scratch_reserve(cb, &cb->attn_scratch, &cb->attn_scratch_bytes, per_split * splits);
+        if ((size_t)splits * per_split > cap) splits = (int)(cap / per_split);
+        if (splits < 2) splits = 1;
+    }
+    p.n_splits = splits;
+    p.part_o = (float *)cb->attn_scratch;
+    p.part_lse = p.part_o + (size_t)n * hq * splits * D;
+    CHECK_MSG((int64_t)md->n_seqs * splits <= 65535, "CUDA attention: too many sequences (%d)", md->n_seqs);
+    dim3 grid(row_tiles, hk, md->n_seqs * splits);
+    if (D == 64) attn_dispatch<64>(p, grid, nw, fp8, cb->stream);
+    else attn_dispatch<128>(p, grid, nw, fp8, cb->stream);
+    if (splits > 1) {
+        int rows = n * hq;
+        if (D == 64)
+            attention_reduce_kernel<64><<<cdiv(rows, 8), 256, 0, cb->stream>>>(p.out, p.part_o, p.part_lse, rows, splits,
+                                                                             hq, p.sinks, p.v_scale);
+        else
+            attention_reduce_kernel<128><<<cdiv(rows, 8), 256, 0, cb->stream>>>(p.out, p.part_o, p.part_lse, rows, splits,
+                                                                              hq, p.sinks, p.v_scale);
+        CUDA_CHECK_LAUNCH();
+    }
+}

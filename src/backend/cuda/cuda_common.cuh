@@ -1,0 +1,215 @@
+// Private header of the CUDA backend (only .cu files include it; C code sees backend.h alone).
+//
+// One `struct cuda_backend` per backend instance: its device, its one stream, the cuBLASLt
+// handle with a workspace and a per-shape algorithm cache, and grow-only scratch buffers
+// for split-KV attention and sampling. Scratch grows only outside stream capture; inside
+// a capture the kernels adapt to the space they have (attention uses fewer KV splits), so
+// captured decode graphs never allocate.
+//
+// Errors: every CUDA / cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK (abort with
+// expression, file, line: a failing kernel launch or a device fault on the hot path leaves
+// the device unusable) or CUDA_TRY (returns ATOMC_ERR_BACKEND with the same report, for
+// create / allocation / upload paths driven by input).
+#ifndef ATOMC_BACKEND_CUDA_COMMON_CUH
+#define ATOMC_BACKEND_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "common/check.h"
+#include "common/error.h"
+}
+
+#define CUDA_REPORT_ABORT(what, code_str, expr)                                                        \
+    do {                                                                                               \
+        fprintf(stderr, "atomc: %s error %s at %s:%d: %s\n", what, code_str, __FILE__, __LINE__, expr); \
+        abort();                                                                                       \
+    } while (0)
+
+#define CUDA_CHECK(expr)                                                              \
+    do {                                                                              \
+        cudaError_t _e = (expr);                                                      \
+        if (_e != cudaSuccess) CUDA_REPORT_ABORT("CUDA", cudaGetErrorString(_e), #expr); \
+    } while (0)
+
+#define CUBLAS_CHECK(expr)                                                                \
+    do {                                                                                  \
+        cublasStatus_t _s = (expr);                                                       \
+        if (_s != CUBLAS_STATUS_SUCCESS) CUDA_REPORT_ABORT("cuBLAS", cublas_status_str(_s), #expr); \
+    } while (0)
+
+// Checks the launch that just happened (configuration errors); device faults surface at the
+// next synchronising call.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+// Status-returning form: on failure records "CUDA error <name> at file:line: expr" in err.
+#define CUDA_TRY(err, expr)                                                                        \
+    do {                                                                                           \
+        cudaError_t _e = (expr);                                                                   \
+        if (_e != cudaSuccess) {                                                                   \
+            cudaGetLastError();                                                                    \
+            return error_set(err, _e == cudaErrorMemoryAllocation ? ATOMC_ERR_OUT_OF_MEMORY : ATOMC_ERR_BACKEND, \
+                             "CUDA error %s at %s:%d: %s", cudaGetErrorString(_e), __FILE__, __LINE__, #expr); \
+        }                                                                                          \
+    } while (0)
+
+static inline const char *cublas_status_str(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "NOT_SUPPORTED";
+    default: return "UNKNOWN";
+    }
+}
+
+// cuBLASLt plan of one GEMM shape: descriptors plus the heuristic's algorithm, made once.
+struct matmul_plan {
+    bool used;
+    int64_t m, n, k;
+    int in_dtype, out_dtype;
+    bool has_bias;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+};
+
+#define MATMUL_PLAN_CAP 4096
+
+struct cuda_backend {
+    struct backend base;
+    int device;
+    cudaStream_t stream;
+    int num_sms;
+    size_t max_smem_optin;
+
+    cublasLtHandle_t lt;
+    void *lt_workspace;
+    size_t lt_workspace_bytes;
+    struct matmul_plan *plans; // open addressing, MATMUL_PLAN_CAP slots
+    int n_plans;
+
+    // Split-KV attention partials: (rows, splits, head_dim) f32 outputs + (rows, splits) lse.
+    void *attn_scratch;
+    size_t attn_scratch_bytes;
+    int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
+    // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
+    // calls; per-row work area.
+    int32_t *sample_counts;
+    size_t sample_counts_bytes;
+
+    // Weight upload: two pinned host buffers and two device buffers, double-buffered.
+    void *pinned[2];
+    void *staging[2];
+    size_t staging_bytes;
+    cudaEvent_t staging_done[2];
+};
+
+static inline struct cuda_backend *cuda_impl(struct backend *b) { return (struct cuda_backend *)b->impl; }
+
+// True while the backend stream is being captured into a graph (no allocation allowed).
+static inline bool cuda_is_capturing(struct cuda_backend *cb) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(cb->stream, &st));
+    return st != cudaStreamCaptureStatusNone;
+}
+
+// Grows a scratch buffer to at least `need` bytes when not capturing. Returns the capacity
+// available (may be smaller than need while capturing).
+size_t cuda_scratch_reserve(struct cuda_backend *cb, void **buf, size_t *cap, size_t need);
+
+static inline unsigned cdiv(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+
+// Scalar load/store helpers for the activation types (float, bf16, half).
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// N consecutive elements of T as f32; vectorised as 16-byte accesses when N * sizeof(T) is
+// a multiple of 16 (the caller guarantees the alignment).
+// LDG = false for memory the same kernel wrote (the read-only path is not coherent with it).
+template <typename T, int N, bool LDG = true> __device__ __forceinline__ void vec_load(const T *p, float (&f)[N]) {
+    if constexpr ((N * sizeof(T)) % 16 == 0) {
+        constexpr int NV = N * sizeof(T) / 16;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            uint4 u = LDG ? __ldg(reinterpret_cast<const uint4 *>(p) + v) : reinterpret_cast<const uint4 *>(p)[v];
+            const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+            for (int i = 0; i < 16 / (int)sizeof(T); i++) f[v * (16 / sizeof(T)) + i] = to_f32(e[i]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) f[i] = to_f32(p[i]);
+    }
+}
+
+template <typename T, int N> __device__ __forceinline__ void vec_store(T *p, const float (&f)[N]) {
+    if constexpr ((N * sizeof(T)) % 16 == 0) {
+        constexpr int NV = N * sizeof(T) / 16;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            uint4 u;
+            T *e = reinterpret_cast<T *>(&u);
+#pragma unroll
+            for (int i = 0; i < 16 / (int)sizeof(T); i++) e[i] = from_f32<T>(f[v * (16 / sizeof(T)) + i]);
+            reinterpret_cast<uint4 *>(p)[v] = u;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) p[i] = from_f32<T>(f[i]);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Op entry points implemented in the other .cu files (wired into the vtable by cuda_backend.cu).
+void cuda_op_embedding(struct backend *b, struct tensor *out, const struct tensor *table, const int32_t *ids);
+void cuda_op_rmsnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w, float eps);
+void cuda_op_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
+                         const struct tensor *w, float eps);
+void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+                    const struct tensor *bias);
+void cuda_op_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
+                           int64_t row_stride, const struct rope_args *rope, struct kv_layer *kv,
+                           const struct attn_metadata *md);
+void cuda_op_attention(struct backend *b, struct tensor *out, const struct tensor *q, int64_t q_row_stride,
+                       const struct kv_layer *kv, const struct attn_metadata *md, float scale, int sliding_window,
+                       const struct tensor *sinks);
+void cuda_op_silu_mul(struct backend *b, struct tensor *out, const struct tensor *gate_up);
+void cuda_op_add(struct backend *b, struct tensor *out, const struct tensor *x);
+void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows, int n_rows);
+void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor *x);
+void cuda_op_sample(struct backend *b, const struct sample_args *a);
+
+void cuda_matmul_plans_destroy(struct cuda_backend *cb);
+void cuda_attention_init(struct cuda_backend *cb);
+// Launches the dequantise/convert kernel: n elements of src (dtype sdt, device bytes) to dst (ddt).
+void cuda_launch_dequant(cudaStream_t s, void *dst, enum dtype ddt, const void *src, enum dtype sdt, int64_t n);
+
+#endif

@@ -1,0 +1,117 @@
+// GEMM through cuBLASLt: out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)).
+//
+// Row-major out(n, m) is column-major out^T (m, n), so each call is the column-major
+// D(m, n) = W^T(m, k) . X(k, n) with W stored (k, m) and transposed: the "TN" layout that
+// cuBLASLt runs fastest. Inputs BF16 (or F32/F16, all the same dtype), fp32 accumulation,
+// output BF16 or F32 (F32 logits straight from the lm_head). The bias rides in the epilogue.
+// Descriptors and the heuristic's algorithm are made once per (m, n, k, dtypes, bias) and
+// cached in an open-addressing table; the 64 MiB workspace is allocated once at start-up,
+// so a cached call is capture-safe.
+#include "backend/cuda/cuda_common.cuh"
+
+static cudaDataType_t lt_type(enum dtype t) {
+    switch (t) {
+    case DTYPE_F32: return CUDA_R_32F;
+    case DTYPE_BF16: return CUDA_R_16BF;
+    case DTYPE_F16: return CUDA_R_16F;
+    default: CHECK_MSG(0, "matmul: unsupported dtype %s", dtype_name(t));
+    }
+    return CUDA_R_32F;
+}
+
+static uint64_t plan_hash(int64_t m, int64_t n, int64_t k, int it, int ot, bool bias) {
+    uint64_t h = 1469598103934665603ull;
+    uint64_t v[6] = {(uint64_t)m, (uint64_t)n, (uint64_t)k, (uint64_t)it, (uint64_t)ot, (uint64_t)bias};
+    for (int i = 0; i < 6; i++) {
+        h ^= v[i] + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static void plan_release(struct matmul_plan *p) {
+    if (!p->used) return;
+    cublasLtMatmulDescDestroy(p->desc);
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->c);
+    p->used = false;
+}
+
+void cuda_matmul_plans_destroy(struct cuda_backend *cb) {
+    if (!cb->plans) return;
+    for (int i = 0; i < MATMUL_PLAN_CAP; i++) plan_release(&cb->plans[i]);
+    cb->n_plans = 0;
+}
+
+static struct matmul_plan *plan_get(struct cuda_backend *cb, int64_t m, int64_t n, int64_t k, enum dtype it,
+                                    enum dtype ot, bool bias) {
+    uint64_t h = plan_hash(m, n, k, it, ot, bias);
+    for (int probe = 0; probe < MATMUL_PLAN_CAP; probe++) {
+        struct matmul_plan *p = &cb->plans[(h + probe) % MATMUL_PLAN_CAP];
+        if (!p->used) break;
+        if (p->m == m && p->n == n && p->k == k && p->in_dtype == it && p->out_dtype == ot && p->has_bias == bias) return p;
+    }
+    // Not cached: make it. A full table (an unbounded stream of prefill sizes) starts over;
+    // a plan in use by queued work is only host-side descriptors, so this is safe.
+    if (cb->n_plans >= MATMUL_PLAN_CAP * 3 / 4) cuda_matmul_plans_destroy(cb);
+    struct matmul_plan *p = NULL;
+    for (int probe = 0; probe < MATMUL_PLAN_CAP; probe++) {
+        p = &cb->plans[(h + probe) % MATMUL_PLAN_CAP];
+        if (!p->used) break;
+    }
+    memset(p, 0, sizeof *p);
+    p->m = m; p->n = n; p->k = k; p->in_dtype = it; p->out_dtype = ot; p->has_bias = bias;
+    cublasComputeType_t ct = it == DTYPE_F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (bias) {
+        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+        cudaDataType_t bt = lt_type(ot);
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, lt_type(it), k, m, k)); // W stored (k, m) col-major
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, lt_type(it), k, n, k)); // X stored (k, n) col-major
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, lt_type(ot), m, n, m)); // out (m, n) col-major
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = cb->lt_workspace_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t res[1];
+    int nres = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cb->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, res, &nres);
+    cublasLtMatmulPreferenceDestroy(pref);
+    CHECK_MSG(st == CUBLAS_STATUS_SUCCESS && nres > 0, "cuBLASLt has no algorithm for m=%lld n=%lld k=%lld %s->%s",
+              (long long)m, (long long)n, (long long)k, dtype_name(it), dtype_name(ot));
+    p->algo = res[0].algo;
+    p->used = true;
+    cb->n_plans++;
+    return p;
+}
+
+void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+                    const struct tensor *bias) {
+    struct cuda_backend *cb = cuda_impl(b);
+    int64_t k = tensor_cols(x), n = tensor_rows(x), m = tensor_rows(w);
+    CHECK_MSG(tensor_cols(w) == k, "matmul: x has %lld columns, w %lld", (long long)k, (long long)tensor_cols(w));
+    CHECK_MSG(tensor_cols(out) == m && tensor_rows(out) == n, "matmul: out is not (%lld, %lld)", (long long)n, (long long)m);
+    CHECK_MSG(x->dtype == w->dtype, "matmul: x %s, w %s (weights must be in the activation dtype on CUDA)",
+              dtype_name(x->dtype), dtype_name(w->dtype));
+    CHECK(!bias || (tensor_numel(bias) == m && bias->dtype == out->dtype));
+    if (n == 0 || m == 0) return;
+    if (k == 0) {
+        CUDA_CHECK(cudaMemsetAsync(out->data, 0, tensor_bytes(out), cb->stream));
+        return;
+    }
+    struct matmul_plan *p = plan_get(cb, m, n, k, x->dtype, out->dtype, bias != NULL);
+    if (bias) {
+        const void *bp = bias->data;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+    }
+    float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(cb->lt, p->desc, &alpha, w->data, p->a, x->data, p->b, &beta, out->data, p->c,
+                                out->data, p->c, &p->algo, cb->lt_workspace, cb->lt_workspace_bytes, cb->stream));
+}

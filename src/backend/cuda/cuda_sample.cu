@@ -1,0 +1,432 @@
+// Sampling on the GPU with exactly the CPU reference sampler's semantics (see the contract
+// at the top of src/backend/cpu/cpu_sampler.c: raw logprobs, vLLM penalties, greedy below
+// temperature 1e-5, min-p -> top-k -> top-p as a prefix of the total order (value desc, id
+// asc), inverse-CDF draw in ascending id order with u = sample_rng_uniform(seed, step)).
+// Only ids and logprobs reach the host; the logits are left unchanged.
+//
+// One 512-thread CTA per logits row. Order-independent passes (maxima, histograms, integer
+// sums) stride over the row for coalescing; the passes that follow id order give thread i
+// the contiguous ids [i * C, (i + 1) * C), C = ceil(vocab / 512), and use a block scan.
+// Probability mass is 64-bit fixed point: e = expf(w - max) (the max has e = 1) times 2^40,
+// so sums are exact integers, identical on every run whatever the reduction order; the CPU
+// sums the same e in double, so the two differ only when a threshold falls within ~1e-7 of
+// a CDF boundary. The k-th element and the top-p cut come from a 4-pass radix select on
+// order-preserving keys of w; ties at the cut are broken by id, which pins the kept set's
+// last element (value, id) exactly as the CPU's total order does.
+//
+// Penalties: the history is counted into a (rows, vocab) int32 scratch (output occurrences
+// in the low bits, prompt occurrences flag bit 24); every pass derives the penalised value
+// from the raw logit and the count on the fly, and the row clears its counts at the end, so
+// the scratch stays zero between calls without a memset.
+#include "backend/cuda/cuda_common.cuh"
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+
+#include "backend/sample_rng.h"
+
+namespace {
+
+constexpr int ST = 512;                      // threads per row
+constexpr double FIX_ONE = 1099511627776.0;  // 2^40
+constexpr int32_t PROMPT_FLAG = 1 << 24;
+constexpr float GREEDY_EPS = 1e-5f;          // as the CPU sampler
+constexpr int HIST_REPLICAS = 16;
+
+typedef unsigned long long u64;
+
+__device__ __forceinline__ uint32_t f2key(float f) {
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct vid {
+    float v;
+    int id;
+};
+// The sampler's total order: higher value first, then lower id.
+__device__ __forceinline__ bool before_in_order(float av, int aid, float bv, int bid) {
+    return av > bv || (av == bv && aid < bid);
+}
+struct vid_first {
+    __device__ __forceinline__ vid operator()(const vid &a, const vid &b) const {
+        return before_in_order(a.v, a.id, b.v, b.id) ? a : b;
+    }
+};
+
+struct sample_smem {
+    union {
+        typename cub::BlockReduce<vid, ST>::TempStorage vid_red;
+        typename cub::BlockReduce<float, ST>::TempStorage f_red;
+        typename cub::BlockReduce<u64, ST>::TempStorage u_red;
+        typename cub::BlockScan<u64, ST>::TempStorage scan;
+    } cub;
+    u64 hist[HIST_REPLICAS][256]; // lane l adds into replica l % HIST_REPLICAS (fewer same-address atomics)
+    u64 bins[256];
+    vid b_vid;
+    float b_f;
+    u64 b_u[2];
+    uint32_t b_key;
+    int b_id;
+    bool b_ok;
+};
+
+// One row's view: raw logits, penalty counts, temperature, and the value every filter uses.
+struct row_view {
+    const float *raw;
+    const int32_t *cnt; // null without penalties
+    float rp, fp, pp, inv_t, m;
+
+    // Penalised logit with the CPU sampler's exact float operations (no FMA contraction).
+    __device__ __forceinline__ float w(int i) const {
+        float v = raw[i];
+        if (cnt) {
+            int32_t c = cnt[i];
+            if (c) {
+                v = v > 0.f ? __fdiv_rn(v, rp) : __fmul_rn(v, rp);
+                int oc = c & (PROMPT_FLAG - 1);
+                v = __fsub_rn(__fsub_rn(v, __fmul_rn(fp, (float)oc)), __fmul_rn(pp, oc > 0 ? 1.f : 0.f));
+            }
+        }
+        return v;
+    }
+    __device__ __forceinline__ float wt(int i) const { return __fmul_rn(w(i), inv_t); }
+    __device__ __forceinline__ float e(float wti) const { return expf(__fsub_rn(wti, m)); }
+    __device__ __forceinline__ u64 mass(float wti) const { return (u64)((double)e(wti) * FIX_ONE); }
+};
+
+template <typename T, typename Op> __device__ T block_all_reduce(sample_smem &sm, T v, Op op);
+template <> __device__ vid block_all_reduce<vid, vid_first>(sample_smem &sm, vid v, vid_first op) {
+    v = cub::BlockReduce<vid, ST>(sm.cub.vid_red).Reduce(v, op);
+    if (threadIdx.x == 0) sm.b_vid = v;
+    __syncthreads();
+    v = sm.b_vid;
+    __syncthreads();
+    return v;
+}
+__device__ float block_sum_f(sample_smem &sm, float v) {
+    v = cub::BlockReduce<float, ST>(sm.cub.f_red).Sum(v);
+    if (threadIdx.x == 0) sm.b_f = v;
+    __syncthreads();
+    v = sm.b_f;
+    __syncthreads();
+    return v;
+}
+__device__ u64 block_sum_u(sample_smem &sm, u64 v) {
+    v = cub::BlockReduce<u64, ST>(sm.cub.u_red).Sum(v);
+    if (threadIdx.x == 0) sm.b_u[1] = v;
+    __syncthreads();
+    v = sm.b_u[1];
+    __syncthreads();
+    return v;
+}
+
+// Radix select over the tokens with pred(i): the key T with weight(keys > T) < need <=
+// weight(keys >= T); *rem = the weight still needed from tokens with key == T. Returns false
+// when the whole weight is < min_total (>= need). Logits cluster in a few top-byte bins, so
+// the histograms are replicated per lane group to spread shared-memory atomics, and warp 0
+// finds the bin with a shuffle scan.
+template <typename Pred, typename Weight>
+__device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pred, Weight weight, u64 need, u64 min_total,
+                             uint32_t *T, u64 *rem) {
+    uint32_t prefix = 0, mask = 0;
+    const int lane = threadIdx.x & 31, rep = lane % HIST_REPLICAS;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        u64 *flat = &sm.hist[0][0];
+        for (int i = threadIdx.x; i < HIST_REPLICAS * 256; i += ST) flat[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < V; i += ST) {
+            float x = rv.wt(i);
+            uint32_t k = f2key(x);
+            if ((k & mask) != prefix || !pred(i, x)) continue;
+            u64 wgt = weight(x);
+            if (wgt) atomicAdd(&sm.hist[rep][(k >> shift) & 255], wgt);
+        }
+        __syncthreads();
+        for (int b = threadIdx.x; b < 256; b += ST) {
+            u64 t = 0;
+#pragma unroll
+            for (int r = 0; r < HIST_REPLICAS; r++) t += sm.hist[r][b];
+            sm.bins[b] = t;
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            // Lane l scans bins 255 - 8l down to 248 - 8l (descending key order).
+            u64 local = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) local += sm.bins[255 - 8 * lane - j];
+            u64 incl = local;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                u64 v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            u64 total = __shfl_sync(0xffffffffu, incl, 31);
+            u64 excl = incl - local;
+            bool here = excl < need && need <= incl;
+            unsigned hit = __ballot_sync(0xffffffffu, here);
+            if (lane == 0) {
+                sm.b_ok = hit != 0 && !(shift == 24 && total < min_total);
+                sm.b_key = 0;
+                sm.b_u[0] = 0;
+            }
+            __syncwarp();
+            if (here && lane == __ffs(hit) - 1) {
+                u64 cum = excl;
+                for (int j = 0; j < 8; j++) {
+                    int b = 255 - 8 * lane - j;
+                    if (cum + sm.bins[b] >= need) {
+                        sm.b_key = (uint32_t)b;
+                        sm.b_u[0] = need - cum;
+                        break;
+                    }
+                    cum += sm.bins[b];
+                }
+            }
+        }
+        __syncthreads();
+        bool ok = sm.b_ok;
+        prefix |= sm.b_key << shift;
+        mask |= 0xffu << shift;
+        need = sm.b_u[0];
+        __syncthreads();
+        if (!ok) return false;
+    }
+    *T = prefix;
+    *rem = need;
+    return true;
+}
+
+// Among tokens with pred(i) and key == T, in ascending id order: the first whose running
+// weight reaches rem.
+template <typename Pred, typename Weight>
+__device__ int find_tie(sample_smem &sm, const row_view &rv, int lo, int hi, uint32_t T, Pred pred, Weight weight, u64 rem) {
+    u64 local = 0;
+    for (int i = lo; i < hi; i++) {
+        float x = rv.wt(i);
+        if (f2key(x) == T && pred(i, x)) local += weight(x);
+    }
+    u64 before;
+    cub::BlockScan<u64, ST>(sm.cub.scan).ExclusiveSum(local, before);
+    if (threadIdx.x == 0) sm.b_id = -1;
+    __syncthreads();
+    if (before < rem && rem <= before + local) {
+        u64 cum = before;
+        for (int i = lo; i < hi; i++) {
+            float x = rv.wt(i);
+            if (f2key(x) != T || !pred(i, x)) continue;
+            cum += weight(x);
+            if (cum >= rem) {
+                sm.b_id = i;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    int id = sm.b_id;
+    __syncthreads();
+    return id;
+}
+
+__global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, int32_t *counts, const int32_t *hist_start,
+                                                    const int32_t *hist_ids, const int32_t *hist_prompt_len,
+                                                    const float *temperature, const float *top_p, const int32_t *top_k,
+                                                    const float *min_p, const float *presence, const float *frequency,
+                                                    const float *repetition, const uint64_t *seed, const uint64_t *step,
+                                                    int n_logprobs, int32_t *out_ids, float *out_logprob,
+                                                    int32_t *out_top_ids, float *out_top_logprobs) {
+    __shared__ sample_smem sm;
+    const int r = blockIdx.x;
+    row_view rv;
+    rv.raw = logits + (size_t)r * V;
+    rv.cnt = nullptr;
+    rv.rp = repetition ? repetition[r] : 1.f;
+    rv.fp = frequency ? frequency[r] : 0.f;
+    rv.pp = presence ? presence[r] : 0.f;
+    rv.inv_t = 1.f;
+    rv.m = 0.f;
+    int32_t *cnt = counts ? counts + (size_t)r * V : nullptr;
+    const bool penalise = cnt && !(rv.rp == 1.f && rv.fp == 0.f && rv.pp == 0.f);
+    const int C = (V + ST - 1) / ST;
+    const int lo = min(V, (int)threadIdx.x * C), hi = min(V, lo + C);
+
+    // 0. Penalty counts: output occurrences (+1 each), prompt occurrences (flag).
+    if (penalise) {
+        int b = hist_start[r], e = hist_start[r + 1], np = hist_prompt_len[r];
+        for (int i = b + threadIdx.x; i < e; i += ST) {
+            int id = hist_ids[i];
+            if (id < 0 || id >= V) continue;
+            if (i - b < np) atomicOr(&cnt[id], PROMPT_FLAG);
+            else atomicAdd(&cnt[id], 1);
+        }
+        __syncthreads();
+        rv.cnt = cnt;
+    }
+
+    // 1. Raw logprobs: log-sum-exp and the top-n of the raw logits.
+    const bool want_lp = out_logprob || n_logprobs > 0;
+    float lse = 0.f;
+    if (want_lp) {
+        vid best = {-INFINITY, INT32_MAX};
+        for (int i = threadIdx.x; i < V; i += ST)
+            if (before_in_order(rv.raw[i], i, best.v, best.id)) best = {rv.raw[i], i};
+        best = block_all_reduce(sm, best, vid_first());
+        float s = 0.f;
+        for (int i = threadIdx.x; i < V; i += ST) s += expf(rv.raw[i] - best.v);
+        lse = best.v + logf(block_sum_f(sm, s));
+        vid prev = {INFINITY, -1};
+        for (int j = 0; j < n_logprobs; j++) {
+            vid b2 = {-INFINITY, INT32_MAX};
+            for (int i = threadIdx.x; i < V; i += ST) {
+                float x = rv.raw[i];
+                if (before_in_order(prev.v, prev.id, x, i) && before_in_order(x, i, b2.v, b2.id)) b2 = {x, i};
+            }
+            b2 = block_all_reduce(sm, b2, vid_first());
+            if (threadIdx.x == 0) {
+                bool ok = j < V;
+                out_top_ids[(size_t)r * n_logprobs + j] = ok ? b2.id : -1;
+                out_top_logprobs[(size_t)r * n_logprobs + j] = ok ? b2.v - lse : -INFINITY;
+            }
+            prev = b2;
+        }
+    }
+
+    // 2. Greedy: argmax of the penalised logits, lowest id on ties.
+    const float temp = temperature ? temperature[r] : 0.f;
+    int chosen;
+    {
+        vid best = {-INFINITY, INT32_MAX};
+        for (int i = threadIdx.x; i < V; i += ST) {
+            float x = rv.w(i);
+            if (before_in_order(x, i, best.v, best.id)) best = {x, i};
+        }
+        best = block_all_reduce(sm, best, vid_first());
+        chosen = best.id < V ? best.id : 0;
+    }
+    if (temp >= GREEDY_EPS) {
+        rv.inv_t = __fdiv_rn(1.f, temp);
+        vid best = {-INFINITY, INT32_MAX};
+        for (int i = threadIdx.x; i < V; i += ST) {
+            float x = rv.wt(i);
+            if (before_in_order(x, i, best.v, best.id)) best = {x, i};
+        }
+        best = block_all_reduce(sm, best, vid_first());
+        rv.m = best.v;
+        const float mp = min_p ? min_p[r] : 0.f;
+        const int k = top_k ? top_k[r] : 0;
+        const float tp = top_p ? top_p[r] : 1.f;
+        // The kept set is a prefix of the total order ending at (bkey, bid), intersected with
+        // the min-p survivors.
+        uint32_t bkey = 0;
+        int bid = INT32_MAX;
+        auto minp_ok = [&](int i, float x) { return !(mp > 0.f) || rv.e(x) >= mp; };
+        auto kept = [&](int i, float x) {
+            uint32_t kk = f2key(x);
+            return (kk > bkey || (kk == bkey && i <= bid)) && minp_ok(i, x);
+        };
+        auto one = [&](float) -> u64 { return 1ull; };
+        auto mass = [&](float x) -> u64 { return rv.mass(x); };
+        if (k > 0 && k < V) { // top-k among the min-p survivors
+            uint32_t T;
+            u64 rem;
+            if (radix_select(sm, rv, V, minp_ok, one, (u64)k, (u64)k + 1, &T, &rem)) { // more than k survivors
+                bid = find_tie(sm, rv, lo, hi, T, minp_ok, one, rem);
+                bkey = T;
+            }
+        }
+        if (tp < 1.f) { // top-p over the survivors
+            if (!(tp > 0.f)) {
+                bkey = f2key(best.v);
+                bid = best.id;
+            } else {
+                u64 local = 0;
+                for (int i = threadIdx.x; i < V; i += ST) {
+                    float x = rv.wt(i);
+                    if (kept(i, x)) local += rv.mass(x);
+                }
+                u64 total = block_sum_u(sm, local);
+                double target = (double)tp * (double)total;
+                u64 need = (u64)ceil(target);
+                if (need < 1) need = 1;
+                uint32_t T;
+                u64 rem;
+                if (need <= total && radix_select(sm, rv, V, kept, mass, need, need, &T, &rem)) {
+                    int id = find_tie(sm, rv, lo, hi, T, kept, mass, rem);
+                    bkey = T;
+                    bid = id;
+                }
+            }
+        }
+        // 3. The draw: inverse CDF over the kept tokens in ascending id order.
+        u64 local = 0;
+        for (int i = lo; i < hi; i++) {
+            float x = rv.wt(i);
+            if (kept(i, x)) local += rv.mass(x);
+        }
+        u64 before;
+        cub::BlockScan<u64, ST>(sm.cub.scan).ExclusiveSum(local, before);
+        __syncthreads();
+        u64 total = block_sum_u(sm, local);
+        if (total > 0) {
+            double u = sample_rng_uniform(seed ? seed[r] : 0, step ? step[r] : 0);
+            u64 target = (u64)(u * (double)total);
+            if (threadIdx.x == 0) sm.b_id = -1;
+            __syncthreads();
+            if (target >= before && target < before + local) {
+                u64 cum = before;
+                for (int i = lo; i < hi; i++) {
+                    float x = rv.wt(i);
+                    if (!kept(i, x)) continue;
+                    cum += rv.mass(x);
+                    if (cum > target) {
+                        sm.b_id = i;
+                        break;
+                    }
+                }
+            }
+            __syncthreads();
+            if (sm.b_id >= 0) chosen = sm.b_id;
+        }
+    }
+    if (threadIdx.x == 0) {
+        out_ids[r] = chosen;
+        if (out_logprob) out_logprob[r] = rv.raw[chosen] - lse;
+    }
+    // Leave the count scratch zeroed for the next call.
+    if (penalise) {
+        __syncthreads();
+        int b = hist_start[r], e = hist_start[r + 1];
+        for (int i = b + threadIdx.x; i < e; i += ST) {
+            int id = hist_ids[i];
+            if (id >= 0 && id < V) cnt[id] = 0;
+        }
+    }
+}
+
+} // namespace
+
+void cuda_op_sample(struct backend *b, const struct sample_args *a) {
+    struct cuda_backend *cb = cuda_impl(b);
+    CHECK(a->logits && a->logits->dtype == DTYPE_F32 && a->vocab_size > 0);
+    CHECK(tensor_cols(a->logits) == a->vocab_size && tensor_rows(a->logits) >= a->n_rows);
+    CHECK(a->n_logprobs >= 0 && a->n_logprobs <= 20);
+    CHECK(a->n_logprobs == 0 || (a->out_top_ids && a->out_top_logprobs));
+    CHECK(!a->any_penalty || (a->hist_start && a->hist_ids && a->hist_prompt_len));
+    if (a->n_rows <= 0) return;
+    int32_t *counts = nullptr;
+    if (a->any_penalty) {
+        size_t need = (size_t)a->n_rows * a->vocab_size * sizeof(int32_t);
+        size_t cap = cuda_scratch_reserve(cb, (void **)&cb->sample_counts, &cb->sample_counts_bytes, need);
+        CHECK_MSG(cap >= need,
+                  "CUDA sample: penalty scratch (%zu bytes) cannot grow inside graph capture or is out of memory; "
+                  "run this batch size eagerly once before capturing",
+                  need);
+        counts = cb->sample_counts;
+    }
+    sample_kernel<<<a->n_rows, ST, 0, cb->stream>>>(
+        (const float *)a->logits->data, a->vocab_size, counts, a->hist_start, a->hist_ids, a->hist_prompt_len,
+        a->temperature, a->top_p, a->top_k, a->min_p, a->presence_penalty, a->frequency_penalty, a->repetition_penalty,
+        a->seed, a->step, a->n_logprobs, a->out_ids, a->out_logprob, a->out_top_ids, a->out_top_logprobs);
+    CUDA_CHECK_LAUNCH();
+}

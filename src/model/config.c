@@ -1,0 +1,598 @@
+// HF config.json -> struct model_config (see config.h).
+//
+// Parsing rules, in brief:
+// - The architecture comes from "architectures"[0] (falling back to "model_type" when the
+//   list is absent); unknown names are ATOMC_ERR_UNSUPPORTED listing what is supported.
+// - Keys that must exist (hidden_size, num_hidden_layers, num_attention_heads,
+//   vocab_size, intermediate_size) are ATOMC_ERR_FORMAT when absent; a key present with
+//   the wrong JSON type is ATOMC_ERR_FORMAT naming the key. JSON null means "absent".
+// - Defaults follow the transformers config classes of each architecture.
+// - RoPE: classic `rope_theta` + `rope_scaling` ({"type"|"rope_type", factor, ...}) or the
+//   transformers-5 `rope_parameters` (same keys plus rope_theta; possibly one object per
+//   layer type, e.g. {"full_attention": {...}, "sliding_attention": {...}}; we take
+//   full_attention's and warn if the others differ, since one rope_config is kept).
+#include "model/config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+
+static const struct {
+    const char *name;
+    enum model_arch arch;
+} arch_names[] = {
+    {"LlamaForCausalLM", MODEL_ARCH_LLAMA},
+    {"MistralForCausalLM", MODEL_ARCH_LLAMA},
+    {"Qwen3ForCausalLM", MODEL_ARCH_QWEN3},
+    {"Qwen3MoeForCausalLM", MODEL_ARCH_QWEN3_MOE},
+    {"MixtralForCausalLM", MODEL_ARCH_MIXTRAL},
+    {"DeepseekV3ForCausalLM", MODEL_ARCH_DEEPSEEK_V3},
+    {"GptOssForCausalLM", MODEL_ARCH_GPT_OSS},
+    {"Glm4MoeForCausalLM", MODEL_ARCH_GLM4_MOE},
+    {"Qwen3NextForCausalLM", MODEL_ARCH_QWEN3_NEXT},
+};
+
+// config.json "model_type" values, used only when "architectures" is missing.
+static const struct {
+    const char *model_type;
+    const char *architecture;
+} model_types[] = {
+    {"llama", "LlamaForCausalLM"},         {"mistral", "MistralForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"mixtral", "MixtralForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"},
+    {"gpt_oss", "GptOssForCausalLM"},      {"glm4_moe", "Glm4MoeForCausalLM"},  {"qwen3_next", "Qwen3NextForCausalLM"},
+};
+
+#define N_ARCH_NAMES (sizeof arch_names / sizeof arch_names[0])
+
+enum model_arch model_arch_from_name(const char *name) {
+    for (size_t i = 0; i < N_ARCH_NAMES; i++)
+        if (strcmp(arch_names[i].name, name) == 0) return arch_names[i].arch;
+    return MODEL_ARCH_UNKNOWN;
+}
+
+const char *model_arch_name(enum model_arch a) {
+    for (size_t i = 0; i < N_ARCH_NAMES; i++)
+        if (arch_names[i].arch == a) return arch_names[i].name;
+    return "unknown";
+}
+
+static void supported_list(char *buf, size_t cap) {
+    buf[0] = '\0';
+    size_t n = 0;
+    for (size_t i = 0; i < N_ARCH_NAMES && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", arch_names[i].name);
+}
+
+bool model_config_layer_is_moe(const struct model_config *c, int l) {
+    if (c->num_experts <= 0 || l < 0 || l >= c->num_layers) return false;
+    if (l < MODEL_MAX_LAYERS && c->mlp_only_layers[l]) return false;
+    if (l < c->first_k_dense_replace) return false;
+    int step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
+    return (l + 1) % step == 0;
+}
+
+// ---------------------------------------------------------------------------------
+// Typed JSON getters. Each returns ATOMC_OK and leaves *out untouched when the key is
+// absent or null (the caller pre-sets the default); `required` turns absence into an
+// error.
+
+struct ctx {
+    const char *src;
+    struct error *err;
+};
+
+static const char *json_type_word(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+static const json_t *jget(const json_t *obj, const char *key) {
+    const json_t *v = json_object_get(obj, key);
+    return (v && !json_is_null(v)) ? v : NULL;
+}
+
+static atomc_status missing(struct ctx *x, const char *key) {
+    return error_set(x->err, ATOMC_ERR_FORMAT, "%s: required key '%s' is missing", x->src, key);
+}
+
+static atomc_status bad_type(struct ctx *x, const char *key, const json_t *v, const char *want) {
+    return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' must be %s, got %s", x->src, key, want,
+                     json_type_word(v));
+}
+
+// Integer; a real with an integral value (4096.0) is accepted. Range [lo, hi].
+static atomc_status get_int(struct ctx *x, const json_t *o, const char *key, bool required, long long lo,
+                            long long hi, int *out) {
+    const json_t *v = jget(o, key);
+    if (!v) return required ? missing(x, key) : ATOMC_OK;
+    long long n;
+    if (json_is_integer(v)) {
+        n = json_integer_value(v);
+    } else if (json_is_real(v) && floor(json_real_value(v)) == json_real_value(v) &&
+               fabs(json_real_value(v)) < 9e15) {
+        n = (long long)json_real_value(v);
+    } else {
+        return bad_type(x, key, v, "an integer");
+    }
+    if (n < lo || n > hi)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = %lld is out of range [%lld, %lld]", x->src, key, n,
+                         lo, hi);
+    *out = (int)n;
+    return ATOMC_OK;
+}
+
+static atomc_status get_float(struct ctx *x, const json_t *o, const char *key, bool required, float *out) {
+    const json_t *v = jget(o, key);
+    if (!v) return required ? missing(x, key) : ATOMC_OK;
+    if (!json_is_number(v)) return bad_type(x, key, v, "a number");
+    double d = json_number_value(v);
+    if (!isfinite(d) || fabs(d) > 3.0e38)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = %g is not a finite float", x->src, key, d);
+    *out = (float)d;
+    return ATOMC_OK;
+}
+
+static atomc_status get_bool(struct ctx *x, const json_t *o, const char *key, bool *out) {
+    const json_t *v = jget(o, key);
+    if (!v) return ATOMC_OK;
+    if (!json_is_boolean(v)) return bad_type(x, key, v, "a boolean");
+    *out = json_is_true(v);
+    return ATOMC_OK;
+}
+
+static atomc_status get_str(struct ctx *x, const json_t *o, const char *key, char *out, size_t cap) {
+    const json_t *v = jget(o, key);
+    if (!v) return ATOMC_OK;
+    if (!json_is_string(v)) return bad_type(x, key, v, "a string");
+    const char *s = json_string_value(v);
+    if (strlen(s) >= cap)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' value \"%.40s\" is too long (max %zu bytes)", x->src,
+                         key, s, cap - 1);
+    snprintf(out, cap, "%s", s);
+    return ATOMC_OK;
+}
+
+// eos_token_id: int or list of ints (null = absent). Replaces ids/n when present.
+static atomc_status get_token_ids(struct ctx *x, const json_t *o, const char *key, int *ids, int *n) {
+    const json_t *v = jget(o, key);
+    if (!v) return ATOMC_OK;
+    if (json_is_integer(v)) {
+        long long t = json_integer_value(v);
+        if (t < 0 || t > INT32_MAX)
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = %lld is not a token id", x->src, key, t);
+        ids[0] = (int)t;
+        *n = 1;
+        return ATOMC_OK;
+    }
+    if (!json_is_array(v)) return bad_type(x, key, v, "an integer or a list of integers");
+    size_t len = json_array_size(v);
+    if (len > MODEL_MAX_EOS)
+        return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: key '%s' lists %zu ids (at most %d supported)", x->src,
+                         key, len, MODEL_MAX_EOS);
+    for (size_t i = 0; i < len; i++) {
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' element %zu must be a token id, got %s", x->src,
+                             key, i, json_type_word(e));
+        ids[i] = (int)json_integer_value(e);
+    }
+    *n = (int)len;
+    return ATOMC_OK;
+}
+
+#define TRY(expr)                         \
+    do {                                  \
+        atomc_status st_ = (expr);        \
+        if (st_ != ATOMC_OK) return st_;  \
+    } while (0)
+
+// ---------------------------------------------------------------------------------
+// RoPE.
+
+// Reads one rope parameter object (the classic rope_scaling or a transformers-5
+// rope_parameters entry). `what` is its key for messages.
+static atomc_status parse_rope_object(struct ctx *x, const json_t *r, const char *what, struct rope_config *rope,
+                                      float *partial_rotary) {
+    if (!json_is_object(r)) return bad_type(x, what, r, "an object");
+    char type[32] = "";
+    const json_t *tv = jget(r, "rope_type");
+    const char *tkey = "rope_type";
+    if (!tv) {
+        tv = jget(r, "type");
+        tkey = "type";
+    }
+    if (tv) {
+        if (!json_is_string(tv)) return bad_type(x, tkey, tv, "a string");
+        snprintf(type, sizeof type, "%s", json_string_value(tv));
+    }
+    TRY(get_float(x, r, "rope_theta", false, &rope->theta));
+    TRY(get_float(x, r, "partial_rotary_factor", false, partial_rotary));
+    if (type[0] == '\0' || strcmp(type, "default") == 0) {
+        rope->scaling = ROPE_SCALING_NONE;
+        return ATOMC_OK;
+    }
+    rope->factor = 1.0f;
+    TRY(get_float(x, r, "factor", false, &rope->factor));
+    if (strcmp(type, "linear") == 0) {
+        rope->scaling = ROPE_SCALING_LINEAR;
+        TRY(get_float(x, r, "factor", true, &rope->factor));
+    } else if (strcmp(type, "dynamic") == 0) {
+        rope->scaling = ROPE_SCALING_DYNAMIC;
+        TRY(get_float(x, r, "factor", true, &rope->factor));
+        TRY(get_int(x, r, "original_max_position_embeddings", false, 1, INT32_MAX, &rope->original_max_position));
+    } else if (strcmp(type, "llama3") == 0) {
+        rope->scaling = ROPE_SCALING_LLAMA3;
+        TRY(get_float(x, r, "factor", true, &rope->factor));
+        TRY(get_float(x, r, "low_freq_factor", true, &rope->low_freq_factor));
+        TRY(get_float(x, r, "high_freq_factor", true, &rope->high_freq_factor));
+        TRY(get_int(x, r, "original_max_position_embeddings", true, 1, INT32_MAX, &rope->original_max_position));
+        if (rope->high_freq_factor <= rope->low_freq_factor)
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: %s: high_freq_factor (%g) must exceed low_freq_factor (%g)",
+                             x->src, what, rope->high_freq_factor, rope->low_freq_factor);
+    } else if (strcmp(type, "yarn") == 0) {
+        rope->scaling = ROPE_SCALING_YARN;
+        TRY(get_float(x, r, "factor", true, &rope->factor));
+        rope->beta_fast = 32.0f;
+        rope->beta_slow = 1.0f;
+        TRY(get_float(x, r, "beta_fast", false, &rope->beta_fast));
+        TRY(get_float(x, r, "beta_slow", false, &rope->beta_slow));
+        TRY(get_float(x, r, "mscale", false, &rope->mscale));
+        TRY(get_float(x, r, "mscale_all_dim", false, &rope->mscale_all_dim));
+        TRY(get_float(x, r, "attention_factor", false, &rope->attention_factor));
+        TRY(get_bool(x, r, "truncate", &rope->yarn_truncate));
+        TRY(get_int(x, r, "original_max_position_embeddings", false, 1, INT32_MAX, &rope->original_max_position));
+    } else {
+        return error_set(x->err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: %s.%s '%s' is not supported (supported: default, linear, dynamic, llama3, yarn)", x->src,
+                         what, tkey, type);
+    }
+    if (!(rope->factor > 0.0f))
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: %s.factor must be positive, got %g", x->src, what,
+                         rope->factor);
+    return ATOMC_OK;
+}
+
+static bool rope_equal(const struct rope_config *a, const struct rope_config *b) {
+    return a->theta == b->theta && a->scaling == b->scaling && a->factor == b->factor;
+}
+
+static atomc_status parse_rope(struct ctx *x, const json_t *root, struct model_config *c, float *partial_rotary) {
+    struct rope_config *rope = &c->rope;
+    rope->theta = 10000.0f;
+    rope->factor = 1.0f;
+    rope->yarn_truncate = true;
+    TRY(get_float(x, root, "rope_theta", false, &rope->theta));
+    const json_t *rp = jget(root, "rope_parameters");
+    if (rp) {
+        if (!json_is_object(rp)) return bad_type(x, "rope_parameters", rp, "an object");
+        // Per layer type: every value is an object.
+        bool per_layer = json_object_size(rp) > 0;
+        const char *k;
+        const json_t *v;
+        json_object_foreach((json_t *)rp, k, v) {
+            if (!json_is_object(v)) per_layer = false;
+        }
+        if (!per_layer) return parse_rope_object(x, rp, "rope_parameters", rope, partial_rotary);
+        const json_t *full = jget(rp, "full_attention");
+        const char *chosen = "full_attention";
+        if (!full) {
+            void *it = json_object_iter((json_t *)rp);
+            chosen = json_object_iter_key(it);
+            full = json_object_iter_value(it);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "rope_parameters.%s", chosen);
+        TRY(parse_rope_object(x, full, what, rope, partial_rotary));
+        json_object_foreach((json_t *)rp, k, v) {
+            if (v == full) continue;
+            struct rope_config other = *rope;
+            float pr = *partial_rotary;
+            snprintf(what, sizeof what, "rope_parameters.%s", k);
+            TRY(parse_rope_object(x, v, what, &other, &pr));
+            if (!rope_equal(&other, rope))
+                LOG_WARN("%s: rope_parameters.%s differs from %s; atomc applies %s's RoPE to all layers", x->src, k,
+                         chosen, chosen);
+        }
+        return ATOMC_OK;
+    }
+    const json_t *rs = jget(root, "rope_scaling");
+    if (rs) TRY(parse_rope_object(x, rs, "rope_scaling", rope, partial_rotary));
+    return ATOMC_OK;
+}
+
+// ---------------------------------------------------------------------------------
+
+static atomc_status parse_dtype(struct ctx *x, const json_t *root, enum dtype *out) {
+    const char *key = "torch_dtype";
+    const json_t *v = jget(root, key);
+    if (!v) {
+        key = "dtype";
+        v = jget(root, key);
+    }
+    *out = DTYPE_F32; // transformers' default when unspecified
+    if (!v) return ATOMC_OK;
+    if (!json_is_string(v)) return bad_type(x, key, v, "a string");
+    const char *s = json_string_value(v);
+    if (!strcmp(s, "bfloat16")) *out = DTYPE_BF16;
+    else if (!strcmp(s, "float16") || !strcmp(s, "half")) *out = DTYPE_F16;
+    else if (!strcmp(s, "float32") || !strcmp(s, "float")) *out = DTYPE_F32;
+    else
+        return error_set(x->err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: key '%s' = \"%s\" is not supported (bfloat16, float16, float32)", x->src, key, s);
+    return ATOMC_OK;
+}
+
+static atomc_status parse_layer_types(struct ctx *x, const json_t *root, struct model_config *c) {
+    const json_t *lt = jget(root, "layer_types");
+    if (lt) {
+        if (!json_is_array(lt)) return bad_type(x, "layer_types", lt, "a list of strings");
+        if ((int)json_array_size(lt) != c->num_layers)
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key 'layer_types' has %zu entries but num_hidden_layers is %d",
+                             x->src, json_array_size(lt), c->num_layers);
+        for (int l = 0; l < c->num_layers; l++) {
+            const json_t *e = json_array_get(lt, (size_t)l);
+            const char *s = json_is_string(e) ? json_string_value(e) : NULL;
+            if (s && !strcmp(s, "full_attention")) c->layer_types[l] = LAYER_ATTN_FULL;
+            else if (s && !strcmp(s, "sliding_attention")) c->layer_types[l] = LAYER_ATTN_SLIDING;
+            else if (s && !strcmp(s, "linear_attention")) c->layer_types[l] = LAYER_ATTN_LINEAR;
+            else
+                return error_set(x->err, ATOMC_ERR_FORMAT,
+                                 "%s: key 'layer_types' entry %d must be \"full_attention\", \"sliding_attention\" or "
+                                 "\"linear_attention\"", x->src, l);
+        }
+        return ATOMC_OK;
+    }
+    if (c->arch == MODEL_ARCH_QWEN3_NEXT) { // every full_attention_interval-th layer is full attention
+        int interval = 4;
+        TRY(get_int(x, root, "full_attention_interval", false, 1, MODEL_MAX_LAYERS, &interval));
+        for (int l = 0; l < c->num_layers; l++)
+            c->layer_types[l] = (l + 1) % interval == 0 ? LAYER_ATTN_FULL : LAYER_ATTN_LINEAR;
+        return ATOMC_OK;
+    }
+    bool use_sw = true; // Qwen configs carry sliding_window but switch it off with use_sliding_window
+    TRY(get_bool(x, root, "use_sliding_window", &use_sw));
+    if (!use_sw) c->sliding_window = 0;
+    for (int l = 0; l < c->num_layers; l++) c->layer_types[l] = c->sliding_window > 0 ? LAYER_ATTN_SLIDING : LAYER_ATTN_FULL;
+    return ATOMC_OK;
+}
+
+static atomc_status parse_moe(struct ctx *x, const json_t *root, struct model_config *c) {
+    static const char *expert_keys[] = {"num_experts", "num_local_experts", "n_routed_experts"};
+    for (size_t i = 0; i < 3; i++) TRY(get_int(x, root, expert_keys[i], false, 0, 1 << 20, &c->num_experts));
+    TRY(get_int(x, root, "experts_per_token", false, 0, 1 << 20, &c->num_experts_per_tok)); // GPT-OSS alias
+    TRY(get_int(x, root, "num_experts_per_tok", false, 0, 1 << 20, &c->num_experts_per_tok));
+    TRY(get_int(x, root, "moe_intermediate_size", false, 0, INT32_MAX, &c->moe_intermediate_size));
+    // Mixtral and GPT-OSS route over softmax(top-k), i.e. normalised top-k weights.
+    c->norm_topk_prob = c->arch == MODEL_ARCH_MIXTRAL || c->arch == MODEL_ARCH_GPT_OSS;
+    TRY(get_bool(x, root, "norm_topk_prob", &c->norm_topk_prob));
+    c->decoder_sparse_step = 1;
+    TRY(get_int(x, root, "decoder_sparse_step", false, 1, MODEL_MAX_LAYERS, &c->decoder_sparse_step));
+    TRY(get_int(x, root, "first_k_dense_replace", false, 0, MODEL_MAX_LAYERS, &c->first_k_dense_replace));
+    TRY(get_int(x, root, "n_shared_experts", false, 0, 1 << 20, &c->n_shared_experts));
+    TRY(get_int(x, root, "shared_expert_intermediate_size", false, 0, INT32_MAX, &c->shared_expert_intermediate_size));
+    c->routed_scaling_factor = 1.0f;
+    TRY(get_float(x, root, "routed_scaling_factor", false, &c->routed_scaling_factor));
+    TRY(get_int(x, root, "n_group", false, 0, 1 << 20, &c->n_group));
+    TRY(get_int(x, root, "topk_group", false, 0, 1 << 20, &c->topk_group));
+    snprintf(c->scoring_func, sizeof c->scoring_func, "%s",
+             (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM4_MOE) ? "sigmoid" : "softmax");
+    TRY(get_str(x, root, "scoring_func", c->scoring_func, sizeof c->scoring_func));
+    if (strcmp(c->scoring_func, "softmax") && strcmp(c->scoring_func, "sigmoid"))
+        return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: key 'scoring_func' = \"%s\" is not supported (softmax, sigmoid)",
+                         x->src, c->scoring_func);
+    if (c->num_experts > 0 && c->moe_intermediate_size == 0) c->moe_intermediate_size = c->intermediate_size;
+    const json_t *mol = jget(root, "mlp_only_layers");
+    if (mol) {
+        if (!json_is_array(mol)) return bad_type(x, "mlp_only_layers", mol, "a list of layer indices");
+        for (size_t i = 0; i < json_array_size(mol); i++) {
+            const json_t *e = json_array_get(mol, i);
+            if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= c->num_layers)
+                return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key 'mlp_only_layers' element %zu is not a layer index "
+                                 "in [0, %d)", x->src, i, c->num_layers);
+            c->mlp_only_layers[json_integer_value(e)] = true;
+        }
+    }
+    return ATOMC_OK;
+}
+
+static atomc_status resolve_architecture(struct ctx *x, const json_t *root, struct model_config *c) {
+    const json_t *archs = jget(root, "architectures");
+    const char *name = NULL;
+    if (archs) {
+        if (!json_is_array(archs) || json_array_size(archs) == 0 || !json_is_string(json_array_get(archs, 0)))
+            return bad_type(x, "architectures", archs, "a non-empty list of strings");
+        name = json_string_value(json_array_get(archs, 0));
+    } else {
+        const json_t *mt = jget(root, "model_type");
+        if (!mt) return missing(x, "architectures");
+        if (!json_is_string(mt)) return bad_type(x, "model_type", mt, "a string");
+        for (size_t i = 0; i < sizeof model_types / sizeof model_types[0]; i++)
+            if (!strcmp(model_types[i].model_type, json_string_value(mt))) name = model_types[i].architecture;
+        if (!name) name = json_string_value(mt);
+    }
+    snprintf(c->architecture, sizeof c->architecture, "%s", name);
+    c->arch = model_arch_from_name(name);
+    if (c->arch == MODEL_ARCH_UNKNOWN) {
+        char list[512];
+        supported_list(list, sizeof list);
+        return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: %s)", x->src,
+                         name, list);
+    }
+    return ATOMC_OK;
+}
+
+static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_config *c) {
+    TRY(resolve_architecture(x, root, c));
+    TRY(get_int(x, root, "hidden_size", true, 1, 1 << 20, &c->hidden_size));
+    TRY(get_int(x, root, "intermediate_size", true, 1, INT32_MAX, &c->intermediate_size));
+    TRY(get_int(x, root, "num_hidden_layers", true, 1, INT32_MAX, &c->num_layers));
+    if (c->num_layers > MODEL_MAX_LAYERS)
+        return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: num_hidden_layers = %d exceeds the supported maximum %d",
+                         x->src, c->num_layers, MODEL_MAX_LAYERS);
+    TRY(get_int(x, root, "num_attention_heads", true, 1, 1 << 16, &c->num_heads));
+    c->num_kv_heads = c->num_heads;
+    TRY(get_int(x, root, "num_key_value_heads", false, 1, 1 << 16, &c->num_kv_heads));
+    TRY(get_int(x, root, "vocab_size", true, 1, INT32_MAX, &c->vocab_size));
+    c->head_dim = c->hidden_size / c->num_heads;
+    TRY(get_int(x, root, "head_dim", false, 1, 1 << 16, &c->head_dim));
+    c->max_position_embeddings = 2048;
+    TRY(get_int(x, root, "max_position_embeddings", false, 1, INT32_MAX, &c->max_position_embeddings));
+    c->rms_norm_eps = 1e-6f;
+    TRY(get_float(x, root, "rms_norm_eps", false, &c->rms_norm_eps));
+
+    float partial_rotary = 1.0f;
+    TRY(get_float(x, root, "partial_rotary_factor", false, &partial_rotary));
+    TRY(parse_rope(x, root, c, &partial_rotary));
+    if (!(partial_rotary > 0.0f && partial_rotary <= 1.0f))
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: partial_rotary_factor = %g must be in (0, 1]", x->src,
+                         partial_rotary);
+    c->rope.rotary_dim = (int)lroundf((float)c->head_dim * partial_rotary);
+    if (c->rope.original_max_position == 0 &&
+        (c->rope.scaling == ROPE_SCALING_YARN || c->rope.scaling == ROPE_SCALING_DYNAMIC))
+        c->rope.original_max_position = c->max_position_embeddings;
+
+    TRY(get_bool(x, root, "tie_word_embeddings", &c->tie_word_embeddings));
+    TRY(get_bool(x, root, "attention_bias", &c->attention_bias));
+    // o_proj follows attention_bias in Llama/Qwen3/GPT-OSS; GLM-4-MoE and DeepSeek-V3 never bias it.
+    c->attention_out_bias = c->attention_bias && c->arch != MODEL_ARCH_GLM4_MOE && c->arch != MODEL_ARCH_DEEPSEEK_V3;
+    TRY(get_bool(x, root, "mlp_bias", &c->mlp_bias));
+    c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_QWEN3_NEXT;
+    TRY(get_bool(x, root, "use_qk_norm", &c->qk_norm));
+    snprintf(c->hidden_act, sizeof c->hidden_act, "silu");
+    TRY(get_str(x, root, "hidden_act", c->hidden_act, sizeof c->hidden_act));
+    TRY(parse_dtype(x, root, &c->torch_dtype));
+
+    c->bos_token_id = -1;
+    c->pad_token_id = -1;
+    TRY(get_int(x, root, "bos_token_id", false, 0, INT32_MAX, &c->bos_token_id));
+    TRY(get_int(x, root, "pad_token_id", false, 0, INT32_MAX, &c->pad_token_id));
+    TRY(get_token_ids(x, root, "eos_token_id", c->eos_token_ids, &c->n_eos));
+
+    TRY(get_int(x, root, "sliding_window", false, 0, INT32_MAX, &c->sliding_window));
+    TRY(parse_layer_types(x, root, c));
+    c->attention_sinks = c->arch == MODEL_ARCH_GPT_OSS;
+
+    TRY(parse_moe(x, root, c));
+
+    TRY(get_int(x, root, "q_lora_rank", false, 0, INT32_MAX, &c->q_lora_rank));
+    TRY(get_int(x, root, "kv_lora_rank", false, 0, INT32_MAX, &c->kv_lora_rank));
+    TRY(get_int(x, root, "qk_nope_head_dim", false, 0, 1 << 16, &c->qk_nope_head_dim));
+    TRY(get_int(x, root, "qk_rope_head_dim", false, 0, 1 << 16, &c->qk_rope_head_dim));
+    TRY(get_int(x, root, "v_head_dim", false, 0, 1 << 16, &c->v_head_dim));
+    if (c->kv_lora_rank > 0) {
+        // MLA: RoPE covers only the qk_rope_head_dim part of each head; DeepSeek's
+        // checkpoints store those dims interleaved (rope_interleave, default true).
+        c->rope.rotary_dim = c->qk_rope_head_dim;
+        c->rope.interleaved = true;
+        TRY(get_bool(x, root, "rope_interleave", &c->rope.interleaved));
+    }
+    return ATOMC_OK;
+}
+
+atomc_status model_config_parse_json(struct model_config *c, const char *json, const char *source,
+                                     struct error *err) {
+    memset(c, 0, sizeof *c);
+    struct ctx x = {.src = source ? source : "config.json", .err = err};
+    json_error_t je;
+    json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return error_set(err, ATOMC_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", x.src, je.line, je.column,
+                         je.text);
+    atomc_status st;
+    if (!json_is_object(root)) st = error_set(err, ATOMC_ERR_FORMAT, "%s: top level must be a JSON object", x.src);
+    else st = parse_root(&x, root, c);
+    json_decref(root);
+    return st;
+}
+
+atomc_status model_config_merge_generation_config(struct model_config *c, const char *json, const char *source,
+                                                  struct error *err) {
+    struct ctx x = {.src = source ? source : "generation_config.json", .err = err};
+    json_error_t je;
+    json_t *root = json_loads(json, 0, &je);
+    if (!root)
+        return error_set(err, ATOMC_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", x.src, je.line, je.column,
+                         je.text);
+    atomc_status st = ATOMC_OK;
+    if (!json_is_object(root)) {
+        st = error_set(err, ATOMC_ERR_FORMAT, "%s: top level must be a JSON object", x.src);
+    } else {
+        int ids[MODEL_MAX_EOS], n = 0, bos = c->bos_token_id, pad = c->pad_token_id;
+        st = get_token_ids(&x, root, "eos_token_id", ids, &n);
+        if (!st) st = get_int(&x, root, "bos_token_id", false, 0, INT32_MAX, &bos);
+        if (!st) st = get_int(&x, root, "pad_token_id", false, 0, INT32_MAX, &pad);
+        if (!st) { // all-or-nothing: c is untouched on error
+            if (n > 0) {
+                memcpy(c->eos_token_ids, ids, sizeof(int) * (size_t)n);
+                c->n_eos = n;
+            }
+            c->bos_token_id = bos;
+            c->pad_token_id = pad;
+        }
+    }
+    json_decref(root);
+    return st;
+}
+
+atomc_status model_config_validate(const struct model_config *c, const char *source, struct error *err) {
+    const char *s = source ? source : "config";
+#define BAD(...) return error_set(err, ATOMC_ERR_FORMAT, __VA_ARGS__)
+    if (c->arch == MODEL_ARCH_UNKNOWN) return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: unknown architecture", s);
+    if (c->hidden_size <= 0) BAD("%s: hidden_size must be positive", s);
+    if (c->num_layers <= 0 || c->num_layers > MODEL_MAX_LAYERS)
+        BAD("%s: num_hidden_layers = %d must be in [1, %d]", s, c->num_layers, MODEL_MAX_LAYERS);
+    if (c->num_heads <= 0 || c->num_kv_heads <= 0) BAD("%s: attention head counts must be positive", s);
+    if (c->num_heads % c->num_kv_heads != 0)
+        BAD("%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", s, c->num_heads,
+            c->num_kv_heads);
+    if (c->head_dim <= 0) BAD("%s: head_dim must be positive", s);
+    if (c->vocab_size <= 0) BAD("%s: vocab_size must be positive", s);
+    if (c->intermediate_size <= 0) BAD("%s: intermediate_size must be positive", s);
+    if (!(c->rms_norm_eps > 0.0f)) BAD("%s: rms_norm_eps must be positive", s);
+    if (!(c->rope.theta > 0.0f)) BAD("%s: rope_theta must be positive", s);
+    int rope_head = c->kv_lora_rank > 0 ? c->qk_rope_head_dim : c->head_dim;
+    if (c->rope.rotary_dim <= 0 || c->rope.rotary_dim % 2 != 0 || c->rope.rotary_dim > rope_head)
+        BAD("%s: rotary dimension %d must be even and in (0, %d]", s, c->rope.rotary_dim, rope_head);
+    if (c->rope.scaling == ROPE_SCALING_LLAMA3 && c->rope.original_max_position <= 0)
+        BAD("%s: llama3 rope scaling needs original_max_position_embeddings", s);
+    if (c->sliding_window < 0) BAD("%s: sliding_window must not be negative", s);
+    for (int l = 0; l < c->num_layers; l++)
+        if (c->layer_types[l] == LAYER_ATTN_SLIDING && c->sliding_window <= 0)
+            BAD("%s: layer %d uses sliding attention but sliding_window is not set", s, l);
+    if (c->bos_token_id >= c->vocab_size) BAD("%s: bos_token_id %d >= vocab_size %d", s, c->bos_token_id, c->vocab_size);
+    if (c->n_eos < 0 || c->n_eos > MODEL_MAX_EOS) BAD("%s: bad number of eos tokens %d", s, c->n_eos);
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size)
+            BAD("%s: eos_token_id %d is outside the vocabulary (%d)", s, c->eos_token_ids[i], c->vocab_size);
+    if (strcmp(c->hidden_act, "silu") != 0 && strcmp(c->hidden_act, "swish") != 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported (silu)", s, c->hidden_act);
+    if (c->num_experts > 0) {
+        if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts)
+            BAD("%s: num_experts_per_tok = %d must be in [1, num_experts = %d]", s, c->num_experts_per_tok,
+                c->num_experts);
+        if (c->moe_intermediate_size <= 0) BAD("%s: moe_intermediate_size must be positive", s);
+        if (c->n_group > 0 && (c->num_experts % c->n_group != 0 || c->topk_group <= 0 || c->topk_group > c->n_group))
+            BAD("%s: n_group = %d / topk_group = %d do not divide %d experts", s, c->n_group, c->topk_group,
+                c->num_experts);
+    } else if (c->num_experts_per_tok > 0 && c->arch != MODEL_ARCH_LLAMA && c->arch != MODEL_ARCH_QWEN3) {
+        BAD("%s: num_experts_per_tok is set but the number of experts is 0", s);
+    }
+    if (c->arch == MODEL_ARCH_DEEPSEEK_V3) {
+        if (c->kv_lora_rank <= 0 || c->qk_rope_head_dim <= 0 || c->qk_nope_head_dim <= 0 || c->v_head_dim <= 0)
+            BAD("%s: DeepSeek-V3 needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim", s);
+    }
+#undef BAD
+    return ATOMC_OK;
+}
