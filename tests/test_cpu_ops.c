@@ -967,6 +967,46 @@ TEST(outputs_identical_across_thread_counts) {
     backend_destroy(b3);
 }
 
+// Batch-invariant mode: every matmul goes through the row-independent kernel, so a row's output
+// is the same bits whether it is computed alone or inside a large batch (prefill chunk); the
+// default mode's OpenBLAS path (n > 8) does not promise that.
+TEST(batch_invariant_mode_matmul_rows_independent_of_batch) {
+    struct backend_options o = {.num_threads = 2, .batch_invariant = true};
+    struct backend *b = NULL;
+    struct error err = {0};
+    ASSERT_OK(backend_cpu_create(&o, &b, &err));
+    enum dtype wdts[] = {DTYPE_F32, DTYPE_BF16};
+    for (int wi = 0; wi < 2; wi++) {
+        int n = 75, k = 136, m = 203;
+        float *x = malloc((size_t)n * k * 4), *wf = malloc((size_t)m * k * 4), *big = gbuf((size_t)n * m * 4);
+        float *one = malloc((size_t)m * 4);
+        void *w = malloc((size_t)m * k * 4);
+        fill_sym(x, (int64_t)n * k, 1.0f);
+        fill_sym(wf, (int64_t)m * k, 1.0f);
+        dtype_from_f32(wdts[wi], wf, w, (int64_t)m * k);
+        struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, wdts[wi], m, k);
+        struct tensor tbig = tensor_2d(big, DTYPE_F32, n, m);
+        b->ops->matmul(b, &tbig, &tx, &tw, NULL);
+        ASSERT_TRUE(guard_ok(big, (size_t)n * m * 4));
+        double *ref = malloc((size_t)n * m * 8);
+        dtype_to_f32(wdts[wi], w, wf, (int64_t)m * k);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) {
+                double acc = 0;
+                for (int t = 0; t < k; t++) acc += (double)x[(size_t)i * k + t] * wf[(size_t)j * k + t];
+                ref[(size_t)i * m + j] = acc;
+            }
+        ASSERT_TRUE(nmse(big, ref, (int64_t)n * m) < 1e-11);
+        for (int i = 0; i < n; i += 7) {
+            struct tensor xi = tensor_2d(x + (size_t)i * k, DTYPE_F32, 1, k), oi = tensor_2d(one, DTYPE_F32, 1, m);
+            b->ops->matmul(b, &oi, &xi, &tw, NULL);
+            ASSERT_TRUE(memcmp(one, big + (size_t)i * m, (size_t)m * 4) == 0);
+        }
+        free(x); free(wf); free(big); free(one); free(w); free(ref);
+    }
+    backend_destroy(b);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Concurrent callers on one backend
 

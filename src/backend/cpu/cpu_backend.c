@@ -389,9 +389,21 @@ struct gemv_ctx {
     int64_t k, m;
 };
 
+// Output columns [j0, j1) for every row, in cache blocks of up to 64 rows x ~128 KB of weights
+// (only the batch-invariant mode has more than 8 rows). Blocking changes no result: each output
+// is one dot product in the kernel's fixed order.
 static void gemv_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
     struct gemv_ctx *g = vctx;
-    g->kern->gemv[g->wk](g->out, g->m, g->x, g->k, g->nx, g->w, g->bias, g->k, g->k, j0, j1);
+    int64_t jb = (int64_t)(131072 / ((size_t)g->k * 4));
+    if (jb < 8) jb = 8;
+    for (int i0 = 0; i0 < g->nx; i0 += 64) {
+        int ni = g->nx - i0 < 64 ? g->nx - i0 : 64;
+        for (int64_t c0 = j0; c0 < j1; c0 += jb) {
+            int64_t c1 = c0 + jb < j1 ? c0 + jb : j1;
+            g->kern->gemv[g->wk](g->out + (int64_t)i0 * g->m, g->m, g->x + (int64_t)i0 * g->k, g->k, ni, g->w, g->bias,
+                                 g->k, g->k, c0, c1);
+        }
+    }
 }
 
 struct widen_ctx {
@@ -421,7 +433,7 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
     float *o = out->data;
     const int wk = cpu_weight_kind(w->dtype);
     if (wk >= CPU_WEIGHT_Q8_0) CHECK_MSG(k % 32 == 0, "matmul: %s weights need k %% 32 == 0", dtype_name(w->dtype));
-    bool skinny = n <= MATMUL_SKINNY_MAX_ROWS;
+    bool skinny = n <= MATMUL_SKINNY_MAX_ROWS || c->batch_invariant;
     // Op scratch: [bias as F32 (m) | F32 weight tile (half weights, sgemm path)].
     int64_t tile_rows = 0;
     size_t bias_bytes = bias && bias->dtype != DTYPE_F32 ? ((size_t)m * sizeof(float) + 63) & ~(size_t)63 : 0;
@@ -437,7 +449,7 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
         struct gemv_ctx g = {&c->kern, wk, o, x->data, bf, w->data, (int)n, k, m};
         int64_t grain = 16384 / (k > 0 ? k : 1); // >= 64 KB of F32 weights per chunk
         if (grain < 4) grain = 4;
-        if (m * k < 65536) gemv_cols(&g, 0, m, 0);
+        if (m * k * n < 65536) gemv_cols(&g, 0, m, 0);
         else thread_pool_parallel_for(c->pool, m, grain, gemv_cols, &g);
     } else {
         float beta = 0.0f;
@@ -642,6 +654,8 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
     pthread_mutex_init(&c->op_lock, NULL);
     c->n_threads = n;
     c->kv_pool_bytes = o ? o->kv_pool_bytes : 0;
+    const char *bi = getenv("ATOMC_BATCH_INVARIANT");
+    c->batch_invariant = (o && o->batch_invariant) || (bi && !strcmp(bi, "1"));
     c->scratch = calloc((size_t)n, sizeof(void *));
     c->sample_hist = calloc((size_t)n, sizeof(void *));
     if (!c->scratch || !c->sample_hist) {

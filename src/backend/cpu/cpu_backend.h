@@ -21,6 +21,7 @@ struct cpu_backend {
     struct cpu_kernels kern;  // inner loops chosen for this CPU (AVX2 or portable)
     pthread_mutex_t op_lock;
     size_t kv_pool_bytes;
+    bool batch_invariant;     // all matmuls through the skinny kernel (see backend_options)
     int n_threads;
     void **scratch;           // (n_threads) per-thread scratch, 64-byte aligned
     size_t scratch_bytes;     // current size of each
