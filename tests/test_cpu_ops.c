@@ -116,6 +116,32 @@ TEST(thread_pool_covers_every_index_once_from_concurrent_callers) {
     for (int i = 0; i < 3; i++) ASSERT_TRUE(a[i].ok);
 }
 
+// More threads than cores (workers routinely descheduled mid-job): many small and large jobs
+// still cover every index exactly once, and creating / destroying pools is clean.
+TEST(thread_pool_oversubscribed_many_jobs) {
+    struct thread_pool *p;
+    struct error err;
+    ASSERT_OK(thread_pool_create(8, &p, &err));
+    for (int rep = 0; rep < 300; rep++) {
+        int n = 1 + (rep * 37) % 5000;
+        int *hits = calloc((size_t)n, sizeof(int));
+        struct pool_count_ctx c = {hits};
+        thread_pool_parallel_for(p, n, 1 + rep % 5, pool_count, &c);
+        for (int i = 0; i < n; i++)
+            if (hits[i] != 1) {
+                test_fail(__FILE__, __LINE__, "job %d index %d hit %d times", rep, i, hits[i]);
+                rep = 300;
+                break;
+            }
+        free(hits);
+    }
+    thread_pool_free(p);
+    for (int i = 0; i < 20; i++) {
+        ASSERT_OK(thread_pool_create(1 + i % 6, &p, &err));
+        thread_pool_free(p);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory and weight upload
 
