@@ -42,6 +42,7 @@
 
 #define SAMPLE_GREEDY_EPS 1e-5f
 #define SAMPLE_MAX_LOGPROBS 20
+#define SAMPLE_TOPP_TAU 1e-4f // e below which top-p candidates may be pre-filtered (see sample_row)
 
 struct cand {
     float v;
@@ -201,9 +202,25 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
     bool have_boundary = false;
     struct cand boundary = {0, 0};
     if (use_k || use_p) {
+        // Top-p without top-k: tokens with e below SAMPLE_TOPP_TAU may be left out of the
+        // selection when their total mass is below (1 - top_p) of all survivors' mass, because
+        // the kept prefix (mass >= top_p) then ends before reaching any of them. Exact; usually
+        // leaves a few hundred candidates instead of the whole vocabulary.
+        double total_all = -1.0;
+        float tau = 0.0f;
+        if (use_p && !use_k && top_p > 0.0f) {
+            double below = 0.0;
+            total_all = 0.0;
+            for (int i = 0; i < V; i++)
+                if (!use_min_p || e[i] >= min_p) {
+                    total_all += e[i];
+                    if (e[i] < SAMPLE_TOPP_TAU) below += e[i];
+                }
+            if (below < (1.0 - (double)top_p) * total_all) tau = SAMPLE_TOPP_TAU;
+        }
         int64_t n = 0;
         for (int i = 0; i < V; i++)
-            if (!use_min_p || e[i] >= min_p) cands[n++] = (struct cand){w[i], i};
+            if ((!use_min_p || e[i] >= min_p) && e[i] >= tau) cands[n++] = (struct cand){w[i], i};
         if (n == 0) { // only when min_p > 1: keep the max (lowest id among equals)
             for (int i = 0; i < V && n == 0; i++)
                 if (w[i] == m) cands[n++] = (struct cand){w[i], i};
@@ -214,8 +231,11 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
         }
         if (use_p) {
             if (top_p > 0.0f) {
-                double total = 0.0;
-                for (int64_t i = 0; i < n; i++) total += e[cands[i].id];
+                double total = total_all;
+                if (total < 0.0) { // after top-k: the mass of the k kept
+                    total = 0.0;
+                    for (int64_t i = 0; i < n; i++) total += e[cands[i].id];
+                }
                 n = cand_select_top_p(cands, n, e, (double)top_p * total);
             } else {
                 cand_select_top(cands, n, 1);
