@@ -5,8 +5,9 @@
 // Only ids and logprobs reach the host; the logits are left unchanged.
 //
 // One 512-thread CTA per logits row. Order-independent passes (maxima, histograms, integer
-// sums) stride over the row for coalescing; the passes that follow id order give thread i
-// the contiguous ids [i * C, (i + 1) * C), C = ceil(vocab / 512), and use a block scan.
+// sums) stride over the row for coalescing; the searches in ascending id order give each
+// warp a contiguous id range read 32 ids at a time (warp totals, then one warp scans its
+// range: block_find_running).
 // Probability mass is 64-bit fixed point: e = expf(w - max) (the max has e = 1) times 2^40,
 // so sums are exact integers, identical on every run whatever the reduction order; the CPU
 // sums the same e in double, so the two differ only when a threshold falls within ~1e-7 of
@@ -21,7 +22,6 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
 
 #include "backend/sample_rng.h"
@@ -60,10 +60,10 @@ struct sample_smem {
         typename cub::BlockReduce<vid, ST>::TempStorage vid_red;
         typename cub::BlockReduce<float, ST>::TempStorage f_red;
         typename cub::BlockReduce<u64, ST>::TempStorage u_red;
-        typename cub::BlockScan<u64, ST>::TempStorage scan;
     } cub;
     u64 hist[HIST_REPLICAS][256]; // lane l adds into replica l % HIST_REPLICAS (fewer same-address atomics)
     u64 bins[256];
+    u64 warp_tot[ST / 32];
     vid b_vid;
     float b_f;
     u64 b_u[2];
@@ -198,35 +198,64 @@ __device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pr
     return true;
 }
 
-// Among tokens with pred(i) and key == T, in ascending id order: the first whose running
-// weight reaches rem.
-template <typename Pred, typename Weight>
-__device__ int find_tie(sample_smem &sm, const row_view &rv, int lo, int hi, uint32_t T, Pred pred, Weight weight, u64 rem) {
+// Ascending-id running-sum search, coalesced: warp w owns the contiguous ids
+// [w * seg, (w + 1) * seg) and reads them 32 at a time. Pass 1 sums each warp's weights;
+// target_of(total) then gives the target, and the one warp whose range holds it walks its
+// ids with warp scans to the first id whose running sum exceeds the target. Returns -1 if
+// none (target >= total).
+template <typename Wf, typename Tf>
+__device__ int block_find_running(sample_smem &sm, int V, Wf wfn, Tf target_of) {
+    constexpr int NWARP = ST / 32;
+    const int wid = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int seg = ((V + NWARP - 1) / NWARP + 31) & ~31;
+    const int s0 = min(V, wid * seg), s1 = min(V, s0 + seg);
     u64 local = 0;
-    for (int i = lo; i < hi; i++) {
-        float x = rv.wt(i);
-        if (f2key(x) == T && pred(i, x)) local += weight(x);
-    }
-    u64 before;
-    cub::BlockScan<u64, ST>(sm.cub.scan).ExclusiveSum(local, before);
+    for (int i = s0 + lane; i < s1; i += 32) local += wfn(i);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(0xffffffffu, local, o);
+    if (lane == 0) sm.warp_tot[wid] = local;
     if (threadIdx.x == 0) sm.b_id = -1;
     __syncthreads();
-    if (before < rem && rem <= before + local) {
-        u64 cum = before;
-        for (int i = lo; i < hi; i++) {
-            float x = rv.wt(i);
-            if (f2key(x) != T || !pred(i, x)) continue;
-            cum += weight(x);
-            if (cum >= rem) {
-                sm.b_id = i;
+    u64 before = 0, total = 0;
+    for (int w = 0; w < NWARP; w++) {
+        if (w < wid) before += sm.warp_tot[w];
+        total += sm.warp_tot[w];
+    }
+    const u64 target = target_of(total);
+    if (target >= before && target < before + local) {
+        u64 run = before;
+        for (int base = s0; base < s1; base += 32) {
+            int i = base + lane;
+            u64 x = i < s1 ? wfn(i) : 0ull;
+            u64 incl = x;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                u64 v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            unsigned hit = __ballot_sync(0xffffffffu, run + incl > target);
+            if (hit) {
+                if (lane == 0) sm.b_id = base + __ffs(hit) - 1;
                 break;
             }
+            run += __shfl_sync(0xffffffffu, incl, 31);
         }
     }
     __syncthreads();
     int id = sm.b_id;
     __syncthreads();
     return id;
+}
+
+// Among tokens with pred(i) and key == T, in ascending id order: the first whose running
+// weight reaches rem (>= 1).
+template <typename Pred, typename Weight>
+__device__ int find_tie(sample_smem &sm, const row_view &rv, int V, uint32_t T, Pred pred, Weight weight, u64 rem) {
+    auto wfn = [&](int i) -> u64 {
+        float x = rv.wt(i);
+        return (f2key(x) == T && pred(i, x)) ? weight(x) : 0ull;
+    };
+    return block_find_running(sm, V, wfn, [&](u64) { return rem - 1; });
 }
 
 __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, int32_t *counts, const int32_t *hist_start,
@@ -248,8 +277,6 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
     rv.m = 0.f;
     int32_t *cnt = counts ? counts + (size_t)r * V : nullptr;
     const bool penalise = cnt && !(rv.rp == 1.f && rv.fp == 0.f && rv.pp == 0.f);
-    const int C = (V + ST - 1) / ST;
-    const int lo = min(V, (int)threadIdx.x * C), hi = min(V, lo + C);
 
     // 0. Penalty counts: output occurrences (+1 each), prompt occurrences (flag).
     if (penalise) {
@@ -295,6 +322,7 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
     // 2. Greedy: argmax of the penalised logits, lowest id on ties.
     const float temp = temperature ? temperature[r] : 0.f;
     int chosen;
+    vid wbest;
     {
         vid best = {-INFINITY, INT32_MAX};
         for (int i = threadIdx.x; i < V; i += ST) {
@@ -303,15 +331,13 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
         }
         best = block_all_reduce(sm, best, vid_first());
         chosen = best.id < V ? best.id : 0;
+        wbest = best;
     }
     if (temp >= GREEDY_EPS) {
         rv.inv_t = __fdiv_rn(1.f, temp);
-        vid best = {-INFINITY, INT32_MAX};
-        for (int i = threadIdx.x; i < V; i += ST) {
-            float x = rv.wt(i);
-            if (before_in_order(x, i, best.v, best.id)) best = {x, i};
-        }
-        best = block_all_reduce(sm, best, vid_first());
+        // max_i fl(w_i * inv_t) == fl(max_i w_i * inv_t): rounding is monotone, so the
+        // greedy pass's maximum gives the scaled one (the same token is first in order).
+        vid best = {__fmul_rn(wbest.v, rv.inv_t), wbest.id};
         rv.m = best.v;
         const float mp = min_p ? min_p[r] : 0.f;
         const int k = top_k ? top_k[r] : 0;
@@ -331,14 +357,18 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
             uint32_t T;
             u64 rem;
             if (radix_select(sm, rv, V, minp_ok, one, (u64)k, (u64)k + 1, &T, &rem)) { // more than k survivors
-                bid = find_tie(sm, rv, lo, hi, T, minp_ok, one, rem);
+                bid = find_tie(sm, rv, V, T, minp_ok, one, rem);
                 bkey = T;
             }
         }
         if (tp < 1.f) { // top-p over the survivors
-            if (!(tp > 0.f)) {
-                bkey = f2key(best.v);
-                bid = best.id;
+            if (!(tp > 0.f)) { // keep only the first token of the order: the lowest id at the max
+                vid f = {-INFINITY, INT32_MAX};
+                for (int i = threadIdx.x; i < V; i += ST)
+                    if (rv.wt(i) == rv.m && i < f.id) f = {rv.m, i};
+                f = block_all_reduce(sm, f, vid_first());
+                bkey = f2key(rv.m);
+                bid = f.id;
             } else {
                 u64 local = 0;
                 for (int i = threadIdx.x; i < V; i += ST) {
@@ -352,42 +382,20 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
                 uint32_t T;
                 u64 rem;
                 if (need <= total && radix_select(sm, rv, V, kept, mass, need, need, &T, &rem)) {
-                    int id = find_tie(sm, rv, lo, hi, T, kept, mass, rem);
+                    int id = find_tie(sm, rv, V, T, kept, mass, rem);
                     bkey = T;
                     bid = id;
                 }
             }
         }
         // 3. The draw: inverse CDF over the kept tokens in ascending id order.
-        u64 local = 0;
-        for (int i = lo; i < hi; i++) {
+        const double u = sample_rng_uniform(seed ? seed[r] : 0, step ? step[r] : 0);
+        auto wfn = [&](int i) -> u64 {
             float x = rv.wt(i);
-            if (kept(i, x)) local += rv.mass(x);
-        }
-        u64 before;
-        cub::BlockScan<u64, ST>(sm.cub.scan).ExclusiveSum(local, before);
-        __syncthreads();
-        u64 total = block_sum_u(sm, local);
-        if (total > 0) {
-            double u = sample_rng_uniform(seed ? seed[r] : 0, step ? step[r] : 0);
-            u64 target = (u64)(u * (double)total);
-            if (threadIdx.x == 0) sm.b_id = -1;
-            __syncthreads();
-            if (target >= before && target < before + local) {
-                u64 cum = before;
-                for (int i = lo; i < hi; i++) {
-                    float x = rv.wt(i);
-                    if (!kept(i, x)) continue;
-                    cum += rv.mass(x);
-                    if (cum > target) {
-                        sm.b_id = i;
-                        break;
-                    }
-                }
-            }
-            __syncthreads();
-            if (sm.b_id >= 0) chosen = sm.b_id;
-        }
+            return kept(i, x) ? rv.mass(x) : 0ull;
+        };
+        int id = block_find_running(sm, V, wfn, [&](u64 total) { return (u64)(u * (double)total); });
+        if (id >= 0) chosen = id;
     }
     if (threadIdx.x == 0) {
         out_ids[r] = chosen;
