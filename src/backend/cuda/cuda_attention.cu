@@ -153,7 +153,9 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
     const int qbeg = p.query_start[seq], qlen = p.query_start[seq + 1] - qbeg;
     const int ctx = p.context_lens[seq];
     const int rows_total = qlen * p.group;
-    const int row0 = blockIdx.x * BM;
+    // Row tiles in reverse: under a causal mask the last tiles have the most work; starting
+    // them first shortens the tail of the grid.
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;
     if (row0 >= rows_total) return;
     const int row_last = min(row0 + BM, rows_total) - 1;
     const int pos_off = ctx - qlen; // absolute position of new token 0
