@@ -54,8 +54,8 @@ typedef struct atomc_engine_options {
     const char *kv_cache_dtype;    // "auto" (default), "bf16", "fp8"
     const char *generation_config; // "auto" (default: read generation_config.json) or "vllm" (ignore it)
     int max_model_len;             // 0 = the model's own limit
-    int max_num_seqs;              // default 256 (CPU: 16)
-    int max_num_batched_tokens;    // default 8192 (CPU: 2048)
+    int max_num_seqs;              // 0 = auto: 256 (cuda), 16 (cpu)
+    int max_num_batched_tokens;    // 0 = auto: 8192 (cuda), 2048 (cpu); at least max_num_seqs
     int block_size;                // KV tokens per block, default 16
     int num_kv_blocks;             // 0 = sized automatically
     double gpu_memory_utilization; // default 0.9
@@ -117,7 +117,10 @@ typedef struct atomc_output {
     const char *text;          // detokenized text delta (never a broken UTF-8 sequence)
     size_t text_len;
     const atomc_token_logprobs *logprobs;        // n_new_tokens entries, or NULL
-    const atomc_token_logprobs *prompt_logprobs; // only in the first output; n_prompt_logprobs entries
+    // Only in the first output: entry i is prompt token i + 1 (the first prompt token has no
+    // logprob; n_prompt_logprobs = prompt_tokens - 1). Requests asking for prompt logprobs
+    // bypass the prefix cache (every prompt row must be computed).
+    const atomc_token_logprobs *prompt_logprobs;
     int n_prompt_logprobs;
     atomc_finish_reason finish_reason;
     const char *stop_str;      // the stop string matched, if finished by one
@@ -126,6 +129,17 @@ typedef struct atomc_output {
     int completion_tokens;
     int cached_tokens;         // prompt tokens served from the prefix cache
     const char *error;         // when finish_reason == ATOMC_FINISH_ERROR
+
+    // Request timing for metrics, in seconds of one monotonic clock (0 = not yet). TTFT =
+    // first_token_time - arrival_time; queue time = first_scheduled_time - arrival_time;
+    // inter-token latency = difference of last_token_time between outputs; e2e latency =
+    // finish_time - arrival_time (finish_time is set in the final output only).
+    double arrival_time;
+    double first_scheduled_time;
+    double first_token_time;
+    double last_token_time;    // time the newest token of this output was produced
+    double finish_time;
+    int num_preemptions;       // times this request was preempted (and recomputed)
 } atomc_output;
 
 typedef void (*atomc_output_fn)(void *user, const atomc_output *out);
@@ -159,6 +173,19 @@ atomc_status atomc_engine_abort(atomc_engine *e, uint64_t id);
 
 // Runs one scheduler step + forward + sampling; fires callbacks. Returns the number of
 // sequences processed (0 when idle).
+//
+// Callbacks fire on the thread that runs the step (the loop thread once started), without
+// any engine lock held: a callback may call atomc_engine_add_request / atomc_engine_abort,
+// but must not block for long (it stalls the whole batch). Every request gets exactly one
+// final output (finish_reason != ATOMC_FINISH_NONE), after which its id is unknown. Each
+// output with text carries new text only: the stop-string rule holds back text that may
+// be the start of a stop string until it is decided, so a delta can be empty.
+// Stop rules (vLLM's): EOS (config + generation_config + tokenizer, unless ignore_eos),
+// stop_token_ids and stop strings end a request with "stop", none of them before
+// min_tokens output tokens (EOS and stop ids are also banned in sampling until then);
+// max_tokens or the end of the context (max_model_len) end it with "length". A stop token
+// is counted in completion_tokens and listed in new_tokens, its text is not output; a stop
+// string's text is cut from the output unless include_stop_str_in_output.
 int atomc_engine_step(atomc_engine *e);
 bool atomc_engine_has_work(atomc_engine *e);
 
@@ -166,7 +193,9 @@ bool atomc_engine_has_work(atomc_engine *e);
 atomc_status atomc_engine_start(atomc_engine *e);
 void atomc_engine_stop(atomc_engine *e);
 
-// Blocking batch generation (runs the loop itself if no thread is running).
+// Blocking batch generation (runs the loop itself if no thread is running). The requests'
+// on_output / user fields are ignored. If one request is rejected, none runs: the error is
+// returned for it (err names its index).
 typedef struct atomc_result {
     int32_t *tokens; // owned; free with atomc_result_free
     int n_tokens;
@@ -191,6 +220,9 @@ typedef struct atomc_stats {
     uint64_t prompt_tokens_total;
     uint64_t generation_tokens_total;
     uint64_t num_steps;
+    uint64_t num_requests_finished; // finished with any reason, including aborts
+    uint64_t num_requests_aborted;
+    uint64_t prefix_cache_evictions; // cached blocks reused for other content
 } atomc_stats;
 void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s);
 
@@ -203,6 +235,17 @@ typedef struct atomc_model_info {
     const char *chat_template; // NULL if the model has none
     const char *bos_token;     // text of BOS / EOS, or NULL
     const char *eos_token;
+
+    // Sampling defaults from the model's generation_config.json (vLLM applies them to
+    // requests that leave the field unset, unless generation_config is "vllm"). Fields not
+    // given: temperature/min_p -1, top_p/repetition_penalty 0, top_k -1, max_tokens 0.
+    bool has_generation_defaults;
+    float default_temperature;
+    float default_top_p;
+    int default_top_k;
+    float default_min_p;
+    float default_repetition_penalty;
+    int default_max_tokens;    // max_new_tokens
 } atomc_model_info;
 void atomc_engine_get_model_info(atomc_engine *e, atomc_model_info *info);
 

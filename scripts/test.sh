@@ -6,4 +6,11 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 export ATOMC_SMOLLM2=${ATOMC_SMOLLM2:-$(bash scripts/fetch_model.sh)}
 make -j"$(nproc)" all
+# CI has no GPU: the CUDA build (library, binary, GPU tests and kernel benchmarks) is compiled so it
+# cannot rot; the GPU tests themselves run on the GPU machine (`make CUDA=1 gpu-test`).
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    PATH=$PATH:/usr/local/cuda/bin make -j"$(nproc)" CUDA=1 gpu-tests
+else
+    echo "test.sh: nvcc not found, skipping the CUDA build"
+fi
 make test

@@ -217,6 +217,118 @@ def make_ref(name, tok, corpus):
             "special_suffix": suffix, "ids": ids, "decode": dec, "decode_skip": dec_skip}
 
 
+def write_tiny_spm_gguf(shared, path):
+    """A small SentencePiece-style ("llama") GGUF cut from the Llama-2 vocabulary: the first 2000
+    pieces plus every single-character piece, scores = -(original id) so the merges that transformers
+    and atomc derive from the scores follow Llama-2's order; one USER_DEFINED token. No merges in the
+    file (as in llama.cpp's SentencePiece GGUFs)."""
+    import gguf
+    with open(os.path.join(shared, "tokenizers", "llama2", "tokenizer.json")) as f:
+        vocab = json.load(f)["model"]["vocab"]
+    inv = {v: k for k, v in vocab.items()}
+    keep = [i for i in range(len(inv)) if i < 2000 or len(inv[i]) == 1]
+    toks, types, scores = [], [], []
+    for i in keep:
+        toks.append(inv[i])
+        types.append(2 if i == 0 else 3 if i in (1, 2) else 6 if 3 <= i < 259 else 1)
+        scores.append(0.0 if i < 259 else float(-i))
+    toks.append("<tool_call>")
+    types.append(4)
+    scores.append(0.0)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def synth_word_tokenizer(corpus):
+    """Components no shipped tokenizer uses: NFKD + Lowercase + Strip + regex Replace normalizers,
+    WhitespaceSplit / Digits / Split with MergedWithPrevious, MergedWithNext, Contiguous+invert, a
+    trained BPE with unk (fused), continuing_subword_prefix and end_of_word_suffix, added tokens with
+    lstrip / rstrip / single_word / normalized, BertProcessing, no decoder."""
+    from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers, trainers
+    tok = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]", fuse_unk=True, continuing_subword_prefix="##",
+                                          end_of_word_suffix="</w>"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKD(), normalizers.Lowercase(), normalizers.Strip(),
+                                           normalizers.Replace(Regex(r"[0-9]{5,}"), "#")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.Split("-", behavior="merged_with_previous"),
+        pre_tokenizers.Split(Regex(r"[.,;:!?]"), behavior="merged_with_next"),
+        pre_tokenizers.Split(Regex(r"[a-z]+"), behavior="contiguous", invert=True)])
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["[UNK]", "[CLS]", "[SEP]"], limit_alphabet=60,
+                                  continuing_subword_prefix="##", end_of_word_suffix="</w>", show_progress=False)
+    texts = [item_str(it) for it in corpus]
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True, normalized=False),
+                            AddedToken("<sep>", rstrip=True, special=True, normalized=False)])
+    tok.add_tokens([AddedToken("hello", single_word=True, normalized=True), AddedToken("ZZ", normalized=False)])
+    from tokenizers import processors
+    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")), ("[CLS]", tok.token_to_id("[CLS]")))
+    return tok
+
+
+def synth_meta_tokenizer(shared):
+    """A small SentencePiece-style tokenizer.json: Llama-2 pieces (first 2000 + single characters) and
+    the merges among them, byte fallback, Metaspace pre-tokenizer (split, prepend always), NFC and a
+    regex Replace normalizer, Metaspace + ByteFallback + Fuse decoders, a <s> A </s> template,
+    merges given as [a, b] pairs, ignore_merges."""
+    with open(os.path.join(shared, "tokenizers", "llama2", "tokenizer.json")) as f:
+        j = json.load(f)
+    vocab = j["model"]["vocab"]
+    inv = {v: k for k, v in vocab.items()}
+    keep = [inv[i] for i in range(len(inv)) if i < 2000 or len(inv[i]) == 1]
+    new_vocab = {t: i for i, t in enumerate(keep)}
+    merges = []
+    for m in j["model"]["merges"]:
+        a, b = m.split(" ")
+        if a in new_vocab and b in new_vocab and a + b in new_vocab:
+            merges.append([a, b])
+    out = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, c in enumerate(["<unk>", "<s>", "</s>"])],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "NFC"}, {"type": "Replace", "pattern": {"Regex": "\\t+"}, "content": " "}]},
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]},
+                                              "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": True,
+                  "vocab": new_vocab, "merges": merges},
+    }
+    return json.dumps(out, ensure_ascii=False)
+
+
+def gguf_reference(path):
+    import warnings
+    warnings.filterwarnings("ignore")
+    from transformers import AutoTokenizer
+    at = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    return tokenizers.Tokenizer.from_str(at.backend_tokenizer.to_str())
+
+
 def write_json(path, obj):
     with open(path, "w", encoding="utf-8") as f:
         # One corpus entry / id list per line keeps diffs readable and the files compact.
@@ -255,12 +367,21 @@ def main():
                 llama_like_override(tok, json.load(f))
         write_json(os.path.join(OUT, f"ref_{name}.json"), make_ref(name, tok, corpus))
         print("wrote", name, file=sys.stderr)
+    word = synth_word_tokenizer(corpus)
+    word.save(os.path.join(OUT, "synth_word.json"))
+    write_json(os.path.join(OUT, "ref_synth_word.json"), make_ref("synth_word", word, corpus))
+    meta_path = os.path.join(OUT, "synth_meta.json")
+    with open(meta_path, "w", encoding="utf-8") as f:
+        f.write(synth_meta_tokenizer(args.shared))
+    write_json(os.path.join(OUT, "ref_synth_meta.json"),
+               make_ref("synth_meta", tokenizers.Tokenizer.from_file(meta_path), corpus))
+    print("wrote synthetic tokenizers", file=sys.stderr)
+    spm = os.path.join(OUT, "tiny_spm.gguf")
+    write_tiny_spm_gguf(args.shared, spm)
+    write_json(os.path.join(OUT, "ref_tiny_spm.json"), make_ref("tiny_spm", gguf_reference(spm), corpus))
+    print("wrote tiny_spm", file=sys.stderr)
     if args.smollm2 and os.path.exists(args.smollm2):
-        import warnings
-        warnings.filterwarnings("ignore")
-        from transformers import AutoTokenizer
-        at = AutoTokenizer.from_pretrained(os.path.dirname(args.smollm2), gguf_file=os.path.basename(args.smollm2))
-        tok = tokenizers.Tokenizer.from_str(at.backend_tokenizer.to_str())
+        tok = gguf_reference(args.smollm2)
         write_json(os.path.join(OUT, "ref_smollm2.json"), make_ref("smollm2", tok, corpus))
         print("wrote smollm2", file=sys.stderr)
     else:

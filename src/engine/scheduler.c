@@ -226,7 +226,6 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
 void scheduler_complete_step(struct scheduler *s) {
     for (int i = 0; i < s->n_scheduled; i++) {
         struct sequence *seq = s->scheduled[i];
-        if (seq->n_sched == 0) continue; // removed (aborted / failed) after scheduling
         seq->n_computed += seq->n_sched;
         CHECK(seq->n_computed <= seq->n_tokens);
         seq->n_sched = 0;
@@ -240,6 +239,11 @@ void scheduler_remove(struct scheduler *s, struct sequence *seq) {
     if (i >= 0) running_remove_at(s, i);
     else CHECK_MSG(waiting_remove(s, seq), "sequence %llu is not in the scheduler", (unsigned long long)seq->id);
     for (int j = 0; j < s->n_scheduled; j++)
-        if (s->scheduled[j] == seq) s->scheduled[j]->n_sched = 0;
+        if (s->scheduled[j] == seq) { // removed mid-step: drop it from this step's list
+            seq->n_sched = 0;
+            memmove(s->scheduled + j, s->scheduled + j + 1, (size_t)(s->n_scheduled - j - 1) * sizeof *s->scheduled);
+            s->n_scheduled--;
+            break;
+        }
     block_manager_release(s->bm, &seq->bt);
 }

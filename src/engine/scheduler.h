@@ -71,8 +71,10 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
 // blocks registered in the prefix cache, n_sched reset.
 void scheduler_complete_step(struct scheduler *s);
 
-// Removes a sequence from the waiting queue or the running set (any time between steps) and
-// releases its blocks. The caller sets its finish status and frees it.
+// Removes a sequence from the waiting queue or the running set and releases its blocks; also
+// drops it from the current step's scheduled list (so it may be called between schedule and
+// complete_step, e.g. when the forward pass failed; that compacts the output's seqs array).
+// The caller sets its finish status and frees it.
 void scheduler_remove(struct scheduler *s, struct sequence *seq);
 
 static inline int scheduler_num_waiting(const struct scheduler *s) { return s->n_waiting; }

@@ -46,7 +46,8 @@ struct sequence {
     atomc_sampling_params params; // params.stop / stop_token_ids point into the fields below
     char **stop_strs;
     int32_t *stop_token_ids;
-    uint64_t seed;           // resolved sampling seed
+    int32_t *min_ban;        // (n_min_ban) EOS + stop token ids, banned until min_tokens
+    int n_min_ban;
     int max_output;          // generation limit from max_tokens and the context length
     atomc_output_fn on_output;
     void *user;

@@ -5,11 +5,14 @@
 #define ATOMC_RUNTIME_MODEL_RUNNER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "atomc.h"
 #include "common/error.h"
 #include "model/config.h"
+
+struct backend;
 
 // Sampling parameters of one logits row (copied from the request's atomc_sampling_params).
 struct sample_row {
@@ -23,6 +26,12 @@ struct sample_row {
     const int32_t *output_ids;  // ... and its generated tokens so far
     int n_output;
     int n_logprobs;             // 0 = none
+    // Token ids whose logits must be set to -inf before sampling (the engine bans EOS and
+    // stop tokens this way while a sequence has fewer than min_tokens outputs). Added by the
+    // engine; a sampler that ignores it still gets correct stop behaviour (the engine does not
+    // stop on them before min_tokens) but may emit them as text.
+    const int32_t *banned_ids;
+    int n_banned;
 };
 
 // One step's batch (host memory, valid for the duration of model_runner_execute).
@@ -81,6 +90,9 @@ struct runner_options {
     bool enforce_eager;
     int num_threads;
     uint64_t dummy_seed;
+    // Optional: run on this already created backend instead of creating one from `device`.
+    // Ownership passes to the runner (freed by model_runner_free, also on a failed create).
+    struct backend *backend;
 };
 
 struct model_runner;
@@ -95,5 +107,18 @@ int model_runner_num_kv_blocks(const struct model_runner *r);
 // logits rows. The only host-device synchronisation is reading the results.
 atomc_status model_runner_execute(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,
                                   struct error *err);
+
+// Like model_runner_execute but instead of sampling copies the F32 logits of the
+// fb->n_logits rows into logits (n_logits, vocab_size) on the host (fb->sampling is ignored).
+// For tests and scoring; K/V are written exactly as by execute.
+atomc_status model_runner_execute_logits(struct model_runner *r, const struct forward_batch *fb, float *logits,
+                                         struct error *err);
+
+int model_runner_max_model_len(const struct model_runner *r);
+int model_runner_block_size(const struct model_runner *r);
+size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
+int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element
+int model_runner_num_graphs(const struct model_runner *r);        // captured decode graphs
+uint64_t model_runner_num_graph_replays(const struct model_runner *r);
 
 #endif

@@ -59,8 +59,9 @@ struct detokenizer {
     size_t pending_len, pending_cap;
 };
 void detokenizer_init(struct detokenizer *d, const struct tokenizer *t, bool skip_special_tokens);
-// ids: all output ids so far (n_ids), of which the last n_new are new. Appends the text delta
-// to *out / *out_len (malloc'd, caller frees; may be empty). final=true flushes what is held.
+// ids: all output ids so far (n_ids), of which the last n_new are new. Sets *out / *out_len to
+// the text delta (malloc'd, NUL-terminated, caller frees; *out may be NULL with *out_len 0 when
+// nothing is ready). final=true flushes what is held.
 atomc_status detokenizer_step(struct detokenizer *d, const int32_t *ids, int n_ids, int n_new, bool final,
                               char **out, size_t *out_len);
 void detokenizer_free(struct detokenizer *d);

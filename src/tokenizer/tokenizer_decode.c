@@ -279,7 +279,7 @@ atomc_status detokenizer_step(struct detokenizer *d, const int32_t *ids, int n_i
             tok_buf_free(&full);
             return ATOMC_ERR_OUT_OF_MEMORY;
         }
-        memcpy(delta, full.p + from, n);
+        if (n) memcpy(delta, full.p + from, n);
         delta[n] = '\0';
         *out = delta;
         *out_len = n;

@@ -83,7 +83,7 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
     float *l = m + nrow;                 // (nrow) running denominator
     float *kt = l + nrow;                // (bs, d) dequantised K tile
     float *vt = kt + (size_t)bs * d;     // (bs, dv)
-    float *p = vt + (size_t)bs * dv;     // (bs) scores of one row
+    float *S = vt + (size_t)bs * dv;     // (nrow, bs) scores of one tile
 
     for (int qi = 0; qi < nq; qi++) {
         const float *qrow = a->q + (int64_t)(q_begin + i0 + qi) * a->q_stride;
@@ -102,11 +102,20 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         int j0 = blk * bs;
         int t0 = kmin > j0 ? kmin - j0 : 0;
         int t1 = pos_last - j0 + 1 < bs ? pos_last - j0 + 1 : bs; // exclusive
+        // Queries with at least one key in [j0 + t0, j0 + t1): pos >= j0 + t0, and with a
+        // window also pos - window + 1 < j0 + t1.
+        int qa = j0 + t0 - pos0 > 0 ? j0 + t0 - pos0 : 0, qb = nq;
+        if (a->window > 0 && j0 + t1 + a->window - 1 - pos0 < qb) qb = j0 + t1 + a->window - 1 - pos0;
+        if (qa >= qb) continue;
         int64_t phys = bt[blk];
+        CHECK_MSG(phys >= 0 && phys < a->kv->k.ne[0], "attention: sequence %d block %d maps to %lld of %lld", s, blk,
+                  (long long)phys, (long long)a->kv->k.ne[0]);
         int64_t ks, vs;
         const float *K = attn_load_tile(&a->kv->k, a->kv->k_scale, phys, bs, a->hk, g, d, t0, t1 - t0, kt, &ks);
         const float *V = attn_load_tile(&a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);
-        for (int qi = 0; qi < nq; qi++) {
+        // All scores of the tile at once: rows (qa..qb) x rep against keys t0..t1.
+        kern->gemv[CPU_WEIGHT_F32](S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0, t1 - t0);
+        for (int qi = qa; qi < qb; qi++) {
             int pos = pos0 + qi;
             int lo = a->window > 0 ? pos - a->window + 1 : 0;
             int u0 = lo - j0 > t0 ? lo - j0 : t0;
@@ -114,23 +123,16 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
             if (u0 >= u1) continue;
             for (int r = 0; r < rep; r++) {
                 int row = qi * rep + r;
-                const float *qv = qs + (size_t)row * d;
+                float *sc = S + (size_t)(row - qa * rep) * bs - t0; // sc[t], t in [u0, u1)
                 float tmax = -INFINITY;
-                for (int t = u0; t < u1; t++) {
-                    float sc = kern->dot(qv, K + (t - t0) * ks, d);
-                    p[t - u0] = sc;
-                    if (sc > tmax) tmax = sc;
-                }
+                for (int t = u0; t < u1; t++)
+                    if (sc[t] > tmax) tmax = sc[t];
                 float mnew = m[row] > tmax ? m[row] : tmax;
                 float corr = expf(m[row] - mnew); // 0 when m was -inf
                 float *ac = acc + (size_t)row * dv;
                 if (corr != 1.0f) kern->scale(ac, corr, dv);
-                float lsum = 0.0f;
-                for (int t = u0; t < u1; t++) {
-                    float w = expf(p[t - u0] - mnew);
-                    lsum += w;
-                    kern->axpy(ac, w, V + (t - t0) * vs, dv);
-                }
+                float lsum = kern->exp_sum(sc + u0, u1 - u0, mnew);
+                kern->axpy_rows(ac, sc + u0, V + (u0 - t0) * vs, vs, u1 - u0, dv);
                 l[row] = l[row] * corr + lsum;
                 m[row] = mnew;
             }
@@ -189,7 +191,7 @@ void cpu_attention(struct backend *b, struct tensor *out, const struct tensor *q
     }
     int64_t n_items = item_start[md->n_seqs] * hk;
     size_t nrow = (size_t)ATTN_QCHUNK * rep;
-    cpu_scratch_reserve(c, (nrow * (d + dv + 2) + (size_t)bs * (d + dv + 1)) * sizeof(float) + 64);
+    cpu_scratch_reserve(c, (nrow * (d + dv + 2 + (size_t)bs) + (size_t)bs * (d + dv)) * sizeof(float) + 64);
     struct attn_ctx a = {
         .out = out->data, .q = q->data, .q_stride = q_row_stride ? q_row_stride : (int64_t)hq * d,
         .kv = kv, .md = md, .sinks = sinks ? sinks->data : NULL, .scale = scale, .window = sliding_window,

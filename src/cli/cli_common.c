@@ -1,0 +1,93 @@
+#include "cli/cli_common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < min || v > max) {
+        fprintf(stderr, "atomc: %s expects an integer in [%ld, %ld], got '%s'\n", flag, min, max, s);
+        return false;
+    }
+    *out = (int)v;
+    return true;
+}
+
+bool cli_parse_double(const char *s, const char *flag, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v)) {
+        fprintf(stderr, "atomc: %s expects a number, got '%s'\n", flag, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_float(const char *s, const char *flag, float *out) {
+    double v;
+    if (!cli_parse_double(s, flag, &v)) return false;
+    *out = (float)v;
+    return true;
+}
+
+bool isatty_stdin(void) { return isatty(0); }
+
+void cli_engine_args_init(struct cli_engine_args *a) { atomc_engine_options_init(&a->o); }
+
+int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) {
+    atomc_engine_options *o = &a->o;
+    double d;
+    switch (code) {
+    case CLI_E_MODEL: o->model_path = arg; return 1;
+    case CLI_E_DEVICE: o->device = arg; return 1;
+    case CLI_E_DTYPE: o->dtype = arg; return 1;
+    case CLI_E_LOAD_FORMAT: o->load_format = arg; return 1;
+    case CLI_E_KV_DTYPE: o->kv_cache_dtype = arg; return 1;
+    case CLI_E_MAX_MODEL_LEN: return cli_parse_int(arg, "--max-model-len", 1, 1 << 30, &o->max_model_len) ? 1 : -1;
+    case CLI_E_MAX_NUM_SEQS: return cli_parse_int(arg, "--max-num-seqs", 1, 1 << 20, &o->max_num_seqs) ? 1 : -1;
+    case CLI_E_MAX_BATCHED:
+        return cli_parse_int(arg, "--max-num-batched-tokens", 1, 1 << 30, &o->max_num_batched_tokens) ? 1 : -1;
+    case CLI_E_BLOCK_SIZE: return cli_parse_int(arg, "--block-size", 1, 4096, &o->block_size) ? 1 : -1;
+    case CLI_E_NUM_KV_BLOCKS:
+        return cli_parse_int(arg, "--num-gpu-blocks-override", 1, 1 << 30, &o->num_kv_blocks) ? 1 : -1;
+    case CLI_E_GPU_UTIL:
+        if (!cli_parse_double(arg, "--gpu-memory-utilization", &d)) return -1;
+        if (d <= 0 || d > 1) {
+            fprintf(stderr, "atomc: --gpu-memory-utilization must be in (0, 1], got %s\n", arg);
+            return -1;
+        }
+        o->gpu_memory_utilization = d;
+        return 1;
+    case CLI_E_CPU_KV_GB:
+        if (!cli_parse_double(arg, "--cpu-kv-cache-gb", &d)) return -1;
+        if (d <= 0 || d > 4096) {
+            fprintf(stderr, "atomc: --cpu-kv-cache-gb must be in (0, 4096], got %s\n", arg);
+            return -1;
+        }
+        o->cpu_kv_cache_bytes = (size_t)(d * 1073741824.0);
+        return 1;
+    case CLI_E_PREFIX_ON: o->enable_prefix_caching = true; return 1;
+    case CLI_E_PREFIX_OFF: o->enable_prefix_caching = false; return 1;
+    case CLI_E_EAGER: o->enforce_eager = true; return 1;
+    case CLI_E_THREADS: return cli_parse_int(arg, "--num-threads", 0, 4096, &o->num_threads) ? 1 : -1;
+    case CLI_E_GEN_CONFIG: o->generation_config = arg; return 1;
+    case CLI_E_ENGINE_SEED: {
+        char *end;
+        unsigned long long v = strtoull(arg, &end, 10);
+        if (!*arg || *end) {
+            fprintf(stderr, "atomc: --engine-seed expects a non-negative integer, got '%s'\n", arg);
+            return -1;
+        }
+        o->seed = v;
+        return 1;
+    }
+    }
+    return 0;
+}

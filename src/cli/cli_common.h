@@ -1,0 +1,56 @@
+// Command-line helpers shared by the subcommands that create an engine (generate, chat,
+// bench throughput): the engine flags (vLLM's names) and checked number parsing.
+#ifndef ATOMC_CLI_CLI_COMMON_H
+#define ATOMC_CLI_CLI_COMMON_H
+
+#include <getopt.h>
+#include <stdbool.h>
+
+#include "atomc.h"
+
+struct cli_engine_args {
+    atomc_engine_options o;
+};
+
+enum {
+    CLI_E_MODEL = 2000, CLI_E_DEVICE, CLI_E_DTYPE, CLI_E_LOAD_FORMAT, CLI_E_KV_DTYPE, CLI_E_MAX_MODEL_LEN,
+    CLI_E_MAX_NUM_SEQS, CLI_E_MAX_BATCHED, CLI_E_BLOCK_SIZE, CLI_E_NUM_KV_BLOCKS, CLI_E_GPU_UTIL, CLI_E_CPU_KV_GB,
+    CLI_E_PREFIX_ON, CLI_E_PREFIX_OFF, CLI_E_EAGER, CLI_E_THREADS, CLI_E_GEN_CONFIG, CLI_E_ENGINE_SEED,
+};
+
+#define CLI_ENGINE_LONG_OPTIONS                                                                                      \
+    {"model", required_argument, 0, CLI_E_MODEL}, {"device", required_argument, 0, CLI_E_DEVICE},                    \
+        {"dtype", required_argument, 0, CLI_E_DTYPE}, {"load-format", required_argument, 0, CLI_E_LOAD_FORMAT},     \
+        {"kv-cache-dtype", required_argument, 0, CLI_E_KV_DTYPE},                                                    \
+        {"max-model-len", required_argument, 0, CLI_E_MAX_MODEL_LEN},                                                \
+        {"max-num-seqs", required_argument, 0, CLI_E_MAX_NUM_SEQS},                                                  \
+        {"max-num-batched-tokens", required_argument, 0, CLI_E_MAX_BATCHED},                                         \
+        {"block-size", required_argument, 0, CLI_E_BLOCK_SIZE},                                                      \
+        {"num-gpu-blocks-override", required_argument, 0, CLI_E_NUM_KV_BLOCKS},                                      \
+        {"gpu-memory-utilization", required_argument, 0, CLI_E_GPU_UTIL},                                            \
+        {"cpu-kv-cache-gb", required_argument, 0, CLI_E_CPU_KV_GB},                                                  \
+        {"enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_ON},                                                  \
+        {"no-enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_OFF},                                              \
+        {"enforce-eager", no_argument, 0, CLI_E_EAGER}, {"num-threads", required_argument, 0, CLI_E_THREADS},        \
+        {"generation-config", required_argument, 0, CLI_E_GEN_CONFIG},                                              \
+        {"engine-seed", required_argument, 0, CLI_E_ENGINE_SEED}
+
+#define CLI_ENGINE_OPTIONS_HELP                                                                                      \
+    "engine options:\n"                                                                                              \
+    "  --model PATH           HF model directory or .gguf file (required)\n"                                        \
+    "  --device cpu|cuda      (default cpu)   --dtype auto|bfloat16|float16|float32\n"                               \
+    "  --load-format auto|dummy   --kv-cache-dtype auto|bf16|fp8   --num-threads N (CPU)\n"                          \
+    "  --max-model-len N   --max-num-seqs N   --max-num-batched-tokens N   --block-size N\n"                         \
+    "  --gpu-memory-utilization F   --cpu-kv-cache-gb F   --num-gpu-blocks-override N\n"                             \
+    "  --no-enable-prefix-caching   --enforce-eager   --generation-config auto|vllm   --engine-seed N\n"
+
+void cli_engine_args_init(struct cli_engine_args *a);
+// Handles one engine flag: 1 = handled, 0 = not an engine flag, -1 = bad value (message printed).
+int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg);
+
+bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out);
+bool cli_parse_float(const char *s, const char *flag, float *out);
+bool cli_parse_double(const char *s, const char *flag, double *out);
+bool isatty_stdin(void);
+
+#endif

@@ -1,0 +1,163 @@
+// atomc_engine_create: loads the model runner (weights, backend, KV pool) and the tokenizer
+// and plugs them into the engine's seams (engine_internal.h).
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/mapped_file.h"
+#include "engine/engine_internal.h"
+#include "model/config.h"
+#include "runtime/model_runner.h"
+#include "tokenizer/tokenizer.h"
+
+static atomc_status runner_execute(void *ctx, const struct forward_batch *fb, struct runner_output *out,
+                                   struct error *err) {
+    return model_runner_execute(ctx, fb, out, err);
+}
+
+static void runner_free(void *ctx) { model_runner_free(ctx); }
+
+static void add_eos(struct engine_setup *su, int32_t id) {
+    if (id < 0 || su->n_eos >= ENGINE_MAX_EOS) return;
+    for (int i = 0; i < su->n_eos; i++)
+        if (su->eos_ids[i] == id) return;
+    su->eos_ids[su->n_eos++] = id;
+}
+
+// Sampling defaults from <model dir>/generation_config.json (absent for GGUF files).
+static void read_generation_defaults(const char *model_path, atomc_model_info *info) {
+    info->default_temperature = -1;
+    info->default_top_k = -1;
+    info->default_min_p = -1;
+    if (!dir_exists(model_path)) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", model_path);
+    if (!file_exists(path)) return;
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!json_is_object(j)) {
+        LOG_WARN("%s: not a JSON object (line %d: %s); sampling defaults not used", path, je.line, je.text);
+        json_decref(j);
+        return;
+    }
+    json_t *v;
+    if (json_is_number(v = json_object_get(j, "temperature"))) {
+        info->default_temperature = (float)json_number_value(v);
+        info->has_generation_defaults = true;
+    }
+    if (json_is_number(v = json_object_get(j, "top_p"))) {
+        info->default_top_p = (float)json_number_value(v);
+        info->has_generation_defaults = true;
+    }
+    if (json_is_integer(v = json_object_get(j, "top_k"))) {
+        info->default_top_k = (int)json_integer_value(v);
+        info->has_generation_defaults = true;
+    }
+    if (json_is_number(v = json_object_get(j, "min_p"))) {
+        info->default_min_p = (float)json_number_value(v);
+        info->has_generation_defaults = true;
+    }
+    if (json_is_number(v = json_object_get(j, "repetition_penalty"))) {
+        info->default_repetition_penalty = (float)json_number_value(v);
+        info->has_generation_defaults = true;
+    }
+    if (json_is_integer(v = json_object_get(j, "max_new_tokens"))) {
+        info->default_max_tokens = (int)json_integer_value(v);
+        info->has_generation_defaults = true;
+    }
+    // As vLLM, only these keys count (do_sample is ignored).
+    json_decref(j);
+}
+
+atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **out, char *err_buf, size_t err_len) {
+    struct error err = {0};
+    atomc_status st = ATOMC_OK;
+    *out = NULL;
+    struct model_runner *runner = NULL;
+    struct tokenizer *tok = NULL;
+    if (!o || !o->model_path || !o->model_path[0]) {
+        st = error_set(&err, ATOMC_ERR_INVALID_ARGUMENT, "no model path given");
+        goto fail;
+    }
+    if (o->generation_config && strcmp(o->generation_config, "auto") && strcmp(o->generation_config, "vllm")) {
+        st = error_set(&err, ATOMC_ERR_INVALID_ARGUMENT, "generation_config must be \"auto\" or \"vllm\", got \"%s\"",
+                       o->generation_config);
+        goto fail;
+    }
+    bool cuda = o->device && !strcmp(o->device, "cuda");
+    struct runner_options ro = {
+        .model_path = o->model_path,
+        .device = o->device ? o->device : "cpu",
+        .dtype = o->dtype ? o->dtype : "auto",
+        .load_format = o->load_format ? o->load_format : "auto",
+        .kv_cache_dtype = o->kv_cache_dtype ? o->kv_cache_dtype : "auto",
+        .block_size = o->block_size > 0 ? o->block_size : 16,
+        .num_kv_blocks = o->num_kv_blocks,
+        .gpu_memory_utilization = o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9,
+        .cpu_kv_cache_bytes = o->cpu_kv_cache_bytes,
+        .max_num_seqs = o->max_num_seqs > 0 ? o->max_num_seqs : (cuda ? 256 : 16),
+        .max_num_batched_tokens = o->max_num_batched_tokens > 0 ? o->max_num_batched_tokens : (cuda ? 8192 : 2048),
+        .max_model_len = o->max_model_len,
+        .enforce_eager = o->enforce_eager,
+        .num_threads = o->num_threads,
+        .dummy_seed = o->seed,
+    };
+    st = model_runner_create(&ro, &runner, &err);
+    if (st != ATOMC_OK) goto fail;
+    // A model directory without tokenizer.json runs on token ids only (as vLLM's
+    // --skip-tokenizer-init): text prompts and stop strings are then rejected per request.
+    char tok_path[4096];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o->model_path);
+    if (dir_exists(o->model_path) && !file_exists(tok_path)) {
+        LOG_WARN("%s has no tokenizer.json: token-id prompts only, no text output", o->model_path);
+    } else {
+        st = tokenizer_load(o->model_path, &tok, &err);
+        if (st != ATOMC_OK) {
+            error_prefix(&err, "loading the tokenizer of %s: ", o->model_path);
+            goto fail;
+        }
+    }
+
+    const struct model_config *cfg = model_runner_config(runner);
+    struct engine_setup su;
+    memset(&su, 0, sizeof su);
+    su.model = (struct engine_model_ops){.ctx = runner, .execute = runner_execute, .free = runner_free};
+    if (tok) engine_text_ops_from_tokenizer(&su.text, tok);
+    su.num_kv_blocks = model_runner_num_kv_blocks(runner);
+    su.vocab_size = cfg->vocab_size;
+    su.max_model_len = model_runner_max_model_len(runner);
+    // EOS: config.json + generation_config.json (merged by the loader), and the tokenizer's.
+    for (int i = 0; i < cfg->n_eos; i++) add_eos(&su, cfg->eos_token_ids[i]);
+    if (tok) add_eos(&su, tokenizer_eos_id(tok));
+    const char *base = strrchr(o->model_path, '/');
+    su.owned_strings[0] = xstrdup(base && base[1] ? base + 1 : o->model_path);
+    su.owned_strings[1] = xstrdup(cfg->architecture);
+    su.info.model_name = su.owned_strings[0];
+    su.info.architecture = su.owned_strings[1];
+    su.info.chat_template = tok ? tokenizer_chat_template(tok) : NULL;
+    su.info.bos_token = tok ? tokenizer_bos_text(tok) : NULL;
+    su.info.eos_token = tok ? tokenizer_eos_text(tok) : NULL;
+    if (!o->generation_config || strcmp(o->generation_config, "vllm")) read_generation_defaults(o->model_path, &su.info);
+    else {
+        su.info.default_temperature = -1;
+        su.info.default_top_k = -1;
+        su.info.default_min_p = -1;
+    }
+    runner = NULL; // owned by the setup from here
+    tok = NULL;
+    atomc_engine_options eo = *o;
+    eo.max_model_len = su.max_model_len;
+    st = engine_create_with(&eo, &su, out, &err);
+    if (st != ATOMC_OK) goto fail;
+    return ATOMC_OK;
+
+fail:
+    if (runner) model_runner_free(runner);
+    if (tok) tokenizer_free(tok);
+    if (err_buf && err_len) snprintf(err_buf, err_len, "%s", err.msg);
+    return st;
+}

@@ -1,0 +1,108 @@
+// The dense decoder forward shared by LlamaForCausalLM and Qwen3ForCausalLM, written once
+// against backend.h ops. Per step, for n new tokens (prefill chunks and decode tokens mixed):
+//
+//   residual = embed[ids]
+//   per layer:  x = rmsnorm(residual += h)            (add_rmsnorm; layer 0 only norms)
+//               qkv = x @ Wqkv^T (+ b)                 (one fused GEMM)
+//               Qwen3: q, k = per-head rmsnorm(q, k)
+//               rope(q, k); write k, v into the paged cache at slot_mapping
+//               attn = paged_attention(q, cache)
+//               h = attn @ Wo^T (+ b)
+//               x = rmsnorm(residual += h)
+//               h = down(silu(gate) * up)              (fused gate_up GEMM, then silu_mul)
+//   logits rows only: gather residual and h rows, add_rmsnorm with the final norm, lm_head
+//
+// Q, K and V stay inside the fused qkv buffer: the RoPE/KV-write and attention ops take the
+// row stride, so no copies. Qwen3's per-head norm has no strided op, so the norm is applied to
+// the whole qkv buffer viewed as (n * (hq + 2 hk), head_dim) rows, once with q_norm into
+// scratch.qn and once with k_norm into scratch.kn; q is then read from qn and k from kn at the
+// same offsets and stride (the extra elementwise work is small next to the GEMMs).
+#include <math.h>
+
+#include "common/check.h"
+#include "model/model.h"
+
+static inline struct tensor view2(void *data, enum dtype dt, int64_t rows, int64_t cols) {
+    return tensor_2d(data, dt, rows, cols);
+}
+
+static inline struct tensor view3(void *data, enum dtype dt, int64_t a, int64_t b, int64_t c) {
+    int64_t ne[3] = {a, b, c};
+    return tensor_make(data, dt, 3, ne);
+}
+
+static inline const struct tensor *opt(const struct tensor *t) { return t->data ? t : NULL; }
+
+void model_forward(struct model *m, const int32_t *token_ids, const struct attn_metadata *md,
+                   struct kv_layer *kv) {
+    struct backend *b = m->backend;
+    const struct backend_ops *ops = b->ops;
+    const struct model_config *c = &m->cfg;
+    struct model_scratch *s = &m->scratch;
+    const int64_t T = md->n_tokens, H = c->hidden_size, D = c->head_dim, I = c->intermediate_size;
+    const int64_t hq = c->num_heads, hk = c->num_kv_heads;
+    CHECK_MSG(T > 0 && T <= s->max_tokens, "forward of %lld tokens, scratch holds %d", (long long)T, s->max_tokens);
+    const enum dtype dt = b->act_dtype;
+    const size_t e = dtype_row_bytes(dt, 1);
+    const float eps = c->rms_norm_eps, scale = 1.0f / sqrtf((float)D);
+
+    struct tensor residual = view2(s->residual, dt, T, H), x = view2(s->x, dt, T, H), h = view2(s->h, dt, T, H);
+    struct tensor qkv = view2(s->qkv, dt, T, m->qkv_dim);
+    struct tensor attn = view3(s->attn, dt, T, hq, D), attn2 = view2(s->attn, dt, T, m->q_dim);
+    struct tensor gu = view2(s->gate_up, dt, T, 2 * I), act = view2(s->act, dt, T, I);
+    char *qkv_base = s->qkv;
+    struct tensor q = view3(qkv_base, dt, T, hq, D);
+    struct tensor k = view3(qkv_base + (size_t)m->q_dim * e, dt, T, hk, D);
+    struct tensor v = view3(qkv_base + (size_t)(m->q_dim + m->kv_dim) * e, dt, T, hk, D);
+    struct tensor heads_all = view2(s->qkv, dt, T * (hq + 2 * hk), D);
+    struct tensor qn_all = view2(s->qn, dt, T * (hq + 2 * hk), D), kn_all = view2(s->kn, dt, T * (hq + 2 * hk), D);
+    if (c->qk_norm) {
+        q.data = s->qn;
+        k.data = (char *)s->kn + (size_t)m->q_dim * e;
+    }
+
+    ops->embedding(b, &residual, &m->embed, token_ids);
+    for (int l = 0; l < c->num_layers; l++) {
+        struct model_layer *ly = &m->layers[l];
+        ops->add_rmsnorm(b, &x, &residual, l == 0 ? NULL : &h, &ly->attn_norm, eps);
+        ops->matmul(b, &qkv, &x, &ly->qkv, opt(&ly->qkv_bias));
+        if (c->qk_norm) {
+            ops->rmsnorm(b, &qn_all, &heads_all, &ly->q_norm, eps);
+            ops->rmsnorm(b, &kn_all, &heads_all, &ly->k_norm, eps);
+        }
+        ops->rope_kv_write(b, &q, &k, &v, m->qkv_dim, &m->rope, &kv[l], md);
+        ops->attention(b, &attn, &q, m->qkv_dim, &kv[l], md, scale, 0, NULL);
+        ops->matmul(b, &h, &attn2, &ly->o, opt(&ly->o_bias));
+        ops->add_rmsnorm(b, &x, &residual, &h, &ly->mlp_norm, eps);
+        ops->matmul(b, &gu, &x, &ly->gate_up, opt(&ly->gate_up_bias));
+        ops->silu_mul(b, &act, &gu);
+        ops->matmul(b, &h, &act, &ly->down, opt(&ly->down_bias));
+    }
+    m->last_tokens = (int)T;
+}
+
+struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_rows) {
+    struct backend *b = m->backend;
+    const struct backend_ops *ops = b->ops;
+    struct model_scratch *s = &m->scratch;
+    const struct model_config *c = &m->cfg;
+    CHECK_MSG(n_rows > 0 && n_rows <= s->max_logits_rows, "%d logits rows, scratch holds %d", n_rows,
+              s->max_logits_rows);
+    const enum dtype dt = b->act_dtype;
+    const int64_t T = m->last_tokens, H = c->hidden_size, V = c->vocab_size;
+    struct tensor residual = view2(s->residual, dt, T, H), h = view2(s->h, dt, T, H);
+    struct tensor gres = view2(s->lg_res, dt, n_rows, H), gh = view2(s->lg_h, dt, n_rows, H);
+    struct tensor gx = view2(s->lg_x, dt, n_rows, H);
+    struct tensor logits = view2(s->logits, DTYPE_F32, n_rows, V);
+    ops->gather_rows(b, &gres, &residual, rows, n_rows);
+    ops->gather_rows(b, &gh, &h, rows, n_rows);
+    ops->add_rmsnorm(b, &gx, &gres, &gh, &m->final_norm, c->rms_norm_eps);
+    if (dt == DTYPE_F32) {
+        ops->matmul(b, &logits, &gx, &m->lm_head, NULL);
+    } else {
+        struct tensor la = view2(s->lg_act, dt, n_rows, V);
+        ops->matmul(b, &la, &gx, &m->lm_head, NULL);
+        ops->convert(b, &logits, &la);
+    }
+    return logits;
+}

@@ -1,0 +1,722 @@
+// /v1/completions and /v1/chat/completions: request -> prompts -> engine requests (one per
+// choice) -> outputs queued by the engine thread -> SSE chunks or one JSON body on the loop thread.
+//
+// Ownership: a srv_req starts with one reference held by the HTTP side. Each submitted engine
+// request adds one (dropped by the callback that delivers its final output), and being on the
+// server's ready list adds one (dropped after the loop applied the queued outputs). The HTTP
+// reference is dropped when every choice is done and the response is finished (or the client
+// is gone), so the request is freed exactly when both the network and the engine let go.
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <errno.h>
+#include <event2/http.h>
+#include <math.h>
+#include <sys/socket.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "server/openai_response.h"
+#include "server/server_internal.h"
+
+// ---------------------------------------------------------------- engine thread side
+
+static atomc_token_logprobs *copy_logprobs(const atomc_token_logprobs *src, int n) {
+    if (!src || n <= 0) return NULL;
+    size_t n_top = 0;
+    for (int i = 0; i < n; i++) n_top += (size_t)(src[i].n_top > 0 ? src[i].n_top : 0);
+    atomc_token_logprobs *dst = xmalloc((size_t)n * sizeof *dst + n_top * sizeof(atomc_top_logprob));
+    atomc_top_logprob *tops = (atomc_top_logprob *)(dst + n);
+    for (int i = 0; i < n; i++) {
+        dst[i] = src[i];
+        int k = src[i].n_top > 0 ? src[i].n_top : 0;
+        if (k && src[i].top) memcpy(tops, src[i].top, (size_t)k * sizeof *tops);
+        else k = 0;
+        dst[i].n_top = k;
+        dst[i].top = tops;
+        tops += k;
+    }
+    return dst;
+}
+
+// atomc_request.on_output: runs on the engine's loop thread. Never blocks on the network:
+// copies the delta, queues it on the request and wakes the event loop.
+static void on_engine_output(void *user, const atomc_output *o) {
+    struct srv_choice *c = user;
+    struct srv_req *r = c->req;
+    int nt = o->n_new_tokens > 0 ? o->n_new_tokens : 0;
+    struct srv_event *ev = xcalloc(1, sizeof *ev + (size_t)nt * sizeof(int32_t));
+    ev->choice = (int)(c - r->choices);
+    ev->t = time_now_s();
+    if (o->text_len) {
+        ev->text = xmalloc(o->text_len + 1);
+        memcpy(ev->text, o->text, o->text_len);
+        ev->text[o->text_len] = '\0';
+        ev->text_len = o->text_len;
+    }
+    ev->n_tokens = nt;
+    if (nt && o->new_tokens) memcpy(ev->tokens, o->new_tokens, (size_t)nt * sizeof(int32_t));
+    ev->lps = copy_logprobs(o->logprobs, nt);
+    ev->prompt_lps = copy_logprobs(o->prompt_logprobs, o->n_prompt_logprobs);
+    ev->n_prompt_lps = ev->prompt_lps ? o->n_prompt_logprobs : 0;
+    ev->finish = o->finish_reason;
+    ev->stop_str = o->stop_str ? xstrdup(o->stop_str) : NULL;
+    ev->stop_token = o->stop_token;
+    ev->prompt_tokens = o->prompt_tokens;
+    ev->completion_tokens = o->completion_tokens;
+    ev->cached_tokens = o->cached_tokens;
+    ev->error = o->error ? xstrdup(o->error) : NULL;
+
+    pthread_mutex_lock(&r->mu);
+    if (r->ev_tail) r->ev_tail->next = ev;
+    else r->ev_head = ev;
+    r->ev_tail = ev;
+    bool push = !r->queued;
+    if (push) {
+        r->queued = true;
+        atomic_fetch_add(&r->refs, 1); // the ready list's reference
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (push) server_ready_push(r->srv, r);
+    if (o->finish_reason != ATOMC_FINISH_NONE) srv_req_unref(r); // this engine request's reference
+}
+
+// ---------------------------------------------------------------- helpers (loop thread)
+
+static void id_random(struct server *s, const char *prefix, char *out, size_t len) {
+    uint64_t a, b;
+    s->rng ^= s->rng << 13, s->rng ^= s->rng >> 7, s->rng ^= s->rng << 17, a = s->rng * 0x2545F4914F6CDD1Dull;
+    s->rng ^= s->rng << 13, s->rng ^= s->rng >> 7, s->rng ^= s->rng << 17, b = s->rng * 0x2545F4914F6CDD1Dull;
+    snprintf(out, len, "%s%016llx%016llx", prefix, (unsigned long long)a, (unsigned long long)b);
+}
+
+static void text_append(struct srv_choice *c, const char *p, size_t n) {
+    if (!n) return;
+    if (c->text_len + n + 1 > c->text_cap) {
+        c->text_cap = (c->text_len + n + 1) * 2;
+        c->text = xrealloc(c->text, c->text_cap);
+    }
+    memcpy(c->text + c->text_len, p, n);
+    c->text_len += n;
+    c->text[c->text_len] = '\0';
+}
+
+static struct oai_token_text token_text(struct srv_req *r) {
+    struct oai_token_text tt = {r->srv->eng.token_bytes, r->srv->eng.ctx, r->oai.return_tokens_as_token_ids};
+    return tt;
+}
+
+static json_t *usage_of(struct srv_req *r) {
+    long prompt = 0, completion = 0, cached = 0;
+    for (int i = 0; i < r->n_choices; i++) {
+        struct srv_choice *c = &r->choices[i];
+        completion += c->completion_tokens;
+        if (i % r->oai.n == 0) { // prompt tokens count once per prompt, not once per choice
+            prompt += c->prompt_tokens ? c->prompt_tokens : r->prompts[c->prompt_idx].n_ids;
+            cached += c->cached_tokens;
+        }
+    }
+    return oai_usage_json(prompt, completion, cached);
+}
+
+static bool is_chat(struct srv_req *r) { return r->oai.endpoint == OAI_ENDPOINT_CHAT; }
+
+static json_t *chunk_new(struct srv_req *r) {
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(r->id));
+    json_object_set_new(o, "object", json_string(is_chat(r) ? "chat.completion.chunk" : "text_completion"));
+    json_object_set_new(o, "created", json_integer(r->created));
+    json_object_set_new(o, "model", json_string(r->model_name));
+    return o;
+}
+
+// vLLM's stop_reason: the stop string or the requested stop token id that ended the choice;
+// null for EOS (and for every other finish).
+static json_t *stop_reason_json(struct srv_req *r, struct srv_choice *c) {
+    if (c->finish != ATOMC_FINISH_STOP) return json_null();
+    if (c->stop_str) return json_string(c->stop_str);
+    for (int i = 0; i < r->oai.n_stop_token_ids; i++)
+        if (r->oai.stop_token_ids[i] == c->stop_token) return json_integer(c->stop_token);
+    return json_null();
+}
+
+static bool http_alive(struct srv_req *r) { return r->http && !r->client_gone && !r->responded; }
+
+static void clear_closecb(struct srv_req *r) {
+    if (r->close_watch) {
+        event_free(r->close_watch);
+        r->close_watch = NULL;
+    }
+    if (r->conn && !r->client_gone) evhttp_connection_set_closecb(r->conn, NULL, NULL);
+}
+
+static void abort_engine(struct srv_req *r) {
+    struct server *s = r->srv;
+    if (!s->have_engine) return;
+    for (int i = 0; i < r->n_choices; i++)
+        if (r->choices[i].submitted && !r->choices[i].done) s->eng.abort_request(s->eng.ctx, r->choices[i].engine_id);
+}
+
+// Writes one SSE event. A client that stopped reading (output piling up past the limit) is
+// disconnected, which aborts its engine requests through the close callback.
+static void sse_write(struct srv_req *r, const char *data, size_t len) {
+    if (!http_alive(r)) return;
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, "data: ", 6);
+    evbuffer_add(b, data, len);
+    evbuffer_add(b, "\n\n", 2);
+    evhttp_send_reply_chunk(r->http, b);
+    evbuffer_free(b);
+    struct bufferevent *bev = r->conn ? evhttp_connection_get_bufferevent(r->conn) : NULL;
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > r->srv->opt.max_pending_output_bytes) {
+        LOG_WARN("request %s: client is not reading (over %zu bytes pending); disconnecting", r->id,
+                 r->srv->opt.max_pending_output_bytes);
+        evhttp_connection_free(r->conn); // fires the close callback
+    }
+}
+
+static void sse_json(struct srv_req *r, json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    CHECK(s);
+    sse_write(r, s, strlen(s));
+    free(s);
+}
+
+// ---------------------------------------------------------------- applying outputs
+
+// The first streamed chunk of a choice: the assistant role (chat) or the echoed prompt (completions).
+static void stream_start_choice(struct srv_req *r, struct srv_choice *c) {
+    if (c->started) return;
+    c->started = true;
+    if (is_chat(r)) {
+        json_t *o = chunk_new(r), *ch = json_object(), *delta = json_object();
+        json_object_set_new(delta, "role", json_string("assistant"));
+        json_object_set_new(delta, "content", json_string(""));
+        json_object_set_new(ch, "index", json_integer(c->index));
+        json_object_set_new(ch, "delta", delta);
+        json_object_set_new(ch, "logprobs", json_null());
+        json_object_set_new(ch, "finish_reason", json_null());
+        json_t *arr = json_array();
+        json_array_append_new(arr, ch);
+        json_object_set_new(o, "choices", arr);
+        sse_json(r, o);
+    }
+}
+
+// Echo + logprobs: prompt tokens' entries (the engine reports the last n_prompt_lps prompt
+// tokens; earlier ones, at least the first, have no logprob).
+static void append_prompt_logprobs(struct srv_req *r, struct srv_choice *c, json_t *lp, const struct srv_event *ev) {
+    struct srv_prompt *p = &r->prompts[c->prompt_idx];
+    struct oai_token_text tt = token_text(r);
+    int off = p->n_ids - ev->n_prompt_lps;
+    for (int i = 0; i < p->n_ids; i++) {
+        const atomc_token_logprobs *x = (i >= off && ev->prompt_lps) ? &ev->prompt_lps[i - off] : NULL;
+        oai_completion_logprobs_append(lp, &tt, p->ids[i], x, r->oai.logprobs, &c->text_offset);
+    }
+}
+
+static json_t *event_logprobs(struct srv_req *r, struct srv_choice *c, const struct srv_event *ev, bool with_prompt) {
+    struct oai_token_text tt = token_text(r);
+    if (is_chat(r)) {
+        json_t *content = json_array();
+        for (int i = 0; i < ev->n_tokens; i++) {
+            if (ev->lps) json_array_append_new(content, oai_chat_logprob_entry(&tt, &ev->lps[i], r->oai.logprobs));
+        }
+        json_t *o = json_object();
+        json_object_set_new(o, "content", content);
+        return o;
+    }
+    json_t *o = oai_completion_logprobs_new();
+    if (with_prompt) append_prompt_logprobs(r, c, o, ev);
+    for (int i = 0; i < ev->n_tokens; i++)
+        oai_completion_logprobs_append(o, &tt, ev->tokens[i], ev->lps ? &ev->lps[i] : NULL, r->oai.logprobs,
+                                       &c->text_offset);
+    return o;
+}
+
+static void merge_logprobs(json_t *acc, json_t *add) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(add, k, v) json_array_extend(json_object_get(acc, k), v);
+    json_decref(add);
+}
+
+static void stream_event(struct srv_req *r, struct srv_choice *c, const struct srv_event *ev, bool first) {
+    stream_start_choice(r, c);
+    if (ev->finish == ATOMC_FINISH_ERROR) {
+        struct oai_error e;
+        oai_error_set(&e, 500, NULL, "generation failed: %s", ev->error ? ev->error : "engine error");
+        char *s = oai_error_json(&e);
+        sse_write(r, s, strlen(s));
+        free(s);
+    }
+    bool echo = first && !is_chat(r) && r->oai.echo;
+    if (!ev->text_len && !ev->n_tokens && ev->finish == ATOMC_FINISH_NONE && !echo) return;
+    json_t *o = chunk_new(r), *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(c->index));
+    if (is_chat(r)) {
+        json_t *delta = json_object();
+        if (ev->text_len || ev->finish == ATOMC_FINISH_NONE)
+            json_object_set_new(delta, "content", json_stringn(ev->text ? ev->text : "", ev->text_len));
+        json_object_set_new(ch, "delta", delta);
+    } else {
+        struct srv_prompt *p = &r->prompts[c->prompt_idx];
+        char *t = NULL;
+        size_t tl = 0;
+        if (echo) {
+            t = xmalloc(p->text_len + ev->text_len + 1);
+            memcpy(t, p->text, p->text_len);
+            if (ev->text_len) memcpy(t + p->text_len, ev->text, ev->text_len);
+            tl = p->text_len + ev->text_len;
+        }
+        json_object_set_new(ch, "text", echo ? json_stringn(t, tl) : json_stringn(ev->text ? ev->text : "", ev->text_len));
+        free(t);
+    }
+    json_object_set_new(ch, "logprobs",
+                        r->oai.logprobs >= 0 && (ev->n_tokens || echo) ? event_logprobs(r, c, ev, echo && r->oai.echo)
+                                                                       : json_null());
+    json_object_set_new(ch, "finish_reason", oai_finish_reason_json(ev->finish == ATOMC_FINISH_NONE ? ATOMC_FINISH_NONE : c->finish));
+    if (ev->finish != ATOMC_FINISH_NONE) json_object_set_new(ch, "stop_reason", stop_reason_json(r, c));
+    json_t *arr = json_array();
+    json_array_append_new(arr, ch);
+    json_object_set_new(o, "choices", arr);
+    if (r->oai.continuous_usage_stats) json_object_set_new(o, "usage", usage_of(r));
+    sse_json(r, o);
+}
+
+static void accumulate_event(struct srv_req *r, struct srv_choice *c, const struct srv_event *ev, bool first) {
+    if (first && !is_chat(r) && r->oai.echo) {
+        struct srv_prompt *p = &r->prompts[c->prompt_idx];
+        text_append(c, p->text, p->text_len);
+    }
+    text_append(c, ev->text, ev->text_len);
+    if (r->oai.logprobs >= 0 && (ev->n_tokens || (first && r->oai.echo))) {
+        json_t *add = event_logprobs(r, c, ev, first && r->oai.echo && !is_chat(r));
+        if (!c->logprobs) c->logprobs = add;
+        else merge_logprobs(c->logprobs, add);
+    }
+}
+
+static void finish_response(struct srv_req *r);
+
+static void apply_event(struct srv_req *r, struct srv_event *ev) {
+    struct server *s = r->srv;
+    struct srv_choice *c = &r->choices[ev->choice];
+    if (c->done) return; // outputs after the final one are a contract violation; ignore them
+    bool first = !c->seen;
+    c->seen = true;
+    if (r->score_only) {
+        // Only the prompt (and its logprobs) is wanted; hide the one token generated to get them.
+        ev->n_tokens = 0;
+        ev->text_len = 0;
+        ev->completion_tokens = 0;
+        if (ev->finish != ATOMC_FINISH_NONE && ev->finish != ATOMC_FINISH_ABORT && ev->finish != ATOMC_FINISH_ERROR) {
+            ev->finish = ATOMC_FINISH_LENGTH;
+            free(ev->stop_str);
+            ev->stop_str = NULL;
+            ev->stop_token = -1;
+        }
+    }
+    if (ev->n_tokens > 0) {
+        if (c->t_first == 0) {
+            c->t_first = ev->t;
+        } else {
+            double itl = (ev->t - c->t_last) / ev->n_tokens;
+            for (int i = 0; i < ev->n_tokens; i++) histogram_observe(&s->metrics.itl, itl);
+        }
+        c->t_last = ev->t;
+    }
+    if (ev->prompt_tokens) c->prompt_tokens = ev->prompt_tokens;
+    if (r->score_only) c->completion_tokens = 0;
+    else if (ev->completion_tokens > 0) c->completion_tokens = ev->completion_tokens; // cumulative, from the engine
+    else c->completion_tokens += ev->n_tokens;
+    if (ev->cached_tokens) c->cached_tokens = ev->cached_tokens;
+    if (ev->finish != ATOMC_FINISH_NONE) {
+        c->finish = ev->finish;
+        c->stop_str = ev->stop_str;
+        ev->stop_str = NULL;
+        c->stop_token = ev->stop_token;
+        c->error = ev->error;
+        ev->error = NULL;
+    }
+    if (!r->responded) {
+        if (r->oai.stream) {
+            if (http_alive(r)) stream_event(r, c, ev, first);
+        } else {
+            accumulate_event(r, c, ev, first);
+        }
+    }
+    if (ev->finish != ATOMC_FINISH_NONE) {
+        c->done = true;
+        r->n_done++;
+        metrics_record_request(&s->metrics, c->finish, c->prompt_tokens, c->completion_tokens,
+                               c->t_first > 0 ? c->t_first - r->t_arrival : -1, ev->t - r->t_arrival, -1);
+        if (c->finish == ATOMC_FINISH_ERROR && c->error) LOG_WARN("request %s: %s", r->id, c->error);
+    }
+}
+
+static json_t *final_body(struct srv_req *r, int *code) {
+    *code = 200;
+    for (int i = 0; i < r->n_choices; i++) {
+        if (r->choices[i].finish == ATOMC_FINISH_ERROR) {
+            struct oai_error e;
+            oai_error_set(&e, 500, NULL, "generation failed: %s",
+                          r->choices[i].error ? r->choices[i].error : "engine error");
+            char *s = oai_error_json(&e);
+            json_t *o = json_loads(s, 0, NULL);
+            free(s);
+            *code = 500;
+            return o;
+        }
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(r->id));
+    json_object_set_new(o, "object", json_string(is_chat(r) ? "chat.completion" : "text_completion"));
+    json_object_set_new(o, "created", json_integer(r->created));
+    json_object_set_new(o, "model", json_string(r->model_name));
+    json_t *choices = json_array();
+    for (int i = 0; i < r->n_choices; i++) {
+        struct srv_choice *c = &r->choices[i];
+        json_t *ch = json_object();
+        json_object_set_new(ch, "index", json_integer(c->index));
+        if (is_chat(r)) {
+            json_t *msg = json_object();
+            json_object_set_new(msg, "role", json_string("assistant"));
+            json_object_set_new(msg, "content", json_stringn(c->text ? c->text : "", c->text_len));
+            json_object_set_new(msg, "tool_calls", json_array());
+            json_object_set_new(ch, "message", msg);
+        } else {
+            json_object_set_new(ch, "text", json_stringn(c->text ? c->text : "", c->text_len));
+        }
+        json_t *lp = c->logprobs;
+        if (!lp && r->oai.logprobs >= 0) {
+            if (is_chat(r)) {
+                lp = json_object();
+                json_object_set_new(lp, "content", json_array());
+            } else {
+                lp = oai_completion_logprobs_new();
+            }
+        }
+        c->logprobs = NULL;
+        json_object_set_new(ch, "logprobs", lp ? lp : json_null());
+        json_object_set_new(ch, "finish_reason", oai_finish_reason_json(c->finish));
+        json_object_set_new(ch, "stop_reason", stop_reason_json(r, c));
+        json_array_append_new(choices, ch);
+    }
+    json_object_set_new(o, "choices", choices);
+    json_object_set_new(o, "usage", usage_of(r));
+    return o;
+}
+
+// All choices done: send what is left and let go of the HTTP side.
+static void finish_response(struct srv_req *r) {
+    struct server *s = r->srv;
+    if (!r->responded) {
+        r->responded = true;
+        if (r->http && !r->client_gone) {
+            clear_closecb(r);
+            // The shutdown drain waits until this response is written out, not just queued.
+            s->n_writing++;
+            evhttp_request_set_on_complete_cb(r->http, server_reply_done, s);
+            if (r->oai.stream) {
+                if (r->oai.include_usage) {
+                    json_t *o = chunk_new(r);
+                    json_object_set_new(o, "choices", json_array());
+                    json_object_set_new(o, "usage", usage_of(r));
+                    char *txt = json_dumps(o, JSON_COMPACT);
+                    json_decref(o);
+                    struct evbuffer *b = evbuffer_new();
+                    evbuffer_add_printf(b, "data: %s\n\n", txt);
+                    free(txt);
+                    evhttp_send_reply_chunk(r->http, b);
+                    evbuffer_free(b);
+                }
+                struct evbuffer *b = evbuffer_new();
+                evbuffer_add_printf(b, "data: [DONE]\n\n");
+                evhttp_send_reply_chunk(r->http, b);
+                evbuffer_free(b);
+                evhttp_send_reply_end(r->http);
+            } else {
+                int code;
+                json_t *body = final_body(r, &code);
+                server_send_json(s, r->http, code, body);
+            }
+            r->http = NULL;
+        }
+    }
+    if (r->http) {
+        // The client vanished: libevent detached the request and leaves freeing it to us.
+        if (r->oai.stream) evhttp_send_reply_end(r->http);
+        else evhttp_send_reply(r->http, 200, "OK", NULL);
+        r->http = NULL;
+    }
+    if (r->in_active) {
+        if (r->prev) r->prev->next = r->next;
+        else s->active = r->next;
+        if (r->next) r->next->prev = r->prev;
+        r->in_active = false;
+        s->n_active--;
+        srv_req_unref(r); // the HTTP side's reference
+    }
+}
+
+void generate_process(struct srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    struct srv_event *list = r->ev_head;
+    r->ev_head = r->ev_tail = NULL;
+    r->queued = false;
+    pthread_mutex_unlock(&r->mu);
+    while (list) {
+        struct srv_event *ev = list;
+        list = ev->next;
+        apply_event(r, ev);
+        free(ev->text);
+        free(ev->lps);
+        free(ev->prompt_lps);
+        free(ev->stop_str);
+        free(ev->error);
+        free(ev);
+    }
+    if (r->n_done == r->n_choices && r->in_active) finish_response(r);
+}
+
+void generate_abort_all(struct server *s) {
+    for (struct srv_req *r = s->active; r; r = r->next) abort_engine(r);
+}
+
+// Client disconnect (or the server closing connections at exit).
+static void on_conn_close(struct evhttp_connection *conn, void *arg) {
+    struct srv_req *r = arg;
+    if (r->close_watch) {
+        event_free(r->close_watch);
+        r->close_watch = NULL;
+    }
+    r->client_gone = true;
+    r->conn = NULL;
+    // Still attached: libevent frees the request itself right after this callback.
+    if (r->http && evhttp_request_get_connection(r->http) != NULL) r->http = NULL;
+    abort_engine(r);
+}
+
+// The socket of a waiting non-streaming request became readable: EOF or an error means the
+// client left; freeing the connection runs on_conn_close, which aborts the engine requests.
+// Data (a pipelined next request) is left for libevent and the watch ends.
+static void on_client_readable(evutil_socket_t fd, short what, void *arg) {
+    struct srv_req *r = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        event_add(r->close_watch, NULL);
+        return;
+    }
+    event_free(r->close_watch);
+    r->close_watch = NULL;
+    if (n <= 0 && r->conn && !r->client_gone) evhttp_connection_free(r->conn);
+}
+
+// ---------------------------------------------------------------- request intake
+
+int generate_render_chat(struct server *s, json_t *messages, json_t *tools, bool add_gen, bool cont, json_t *kwargs,
+                         char **out, struct oai_error *e) {
+    struct error err;
+    error_clear(&err);
+    atomc_status st = s->eng.render_chat(s->eng.ctx, messages, tools, add_gen, cont, kwargs, out, &err);
+    if (st == ATOMC_OK) return 0;
+    if (st == ATOMC_ERR_UNSUPPORTED)
+        return oai_error_set(e, 400, "messages", "this model has no chat template (start the server with --chat-template): %s", err.msg);
+    return oai_error_set(e, st == ATOMC_ERR_OUT_OF_MEMORY || st == ATOMC_ERR_INTERNAL ? 500 : 400, "messages",
+                         "chat template rendering failed: %s", err.msg);
+}
+
+static int status_to_http(atomc_status st) {
+    switch (st) {
+    case ATOMC_ERR_INVALID_ARGUMENT:
+    case ATOMC_ERR_TOO_LONG:
+    case ATOMC_ERR_UNSUPPORTED:
+    case ATOMC_ERR_NOT_FOUND: return 400;
+    case ATOMC_ERR_BUSY: return 503;
+    default: return 500;
+    }
+}
+
+// Tokenizes / copies every prompt; checks lengths against the context.
+static int build_prompts(struct server *s, struct srv_req *r, struct oai_error *e) {
+    struct oai_request *q = &r->oai;
+    struct error err;
+    error_clear(&err);
+    if (q->endpoint == OAI_ENDPOINT_CHAT) {
+        char *text = NULL;
+        if (generate_render_chat(s, q->messages, q->tools, q->add_generation_prompt, q->continue_final_message,
+                                 q->chat_template_kwargs, &text, e))
+            return -1;
+        r->prompts = xcalloc(1, sizeof *r->prompts);
+        r->n_prompts = 1;
+        r->prompts[0].text = text;
+        r->prompts[0].text_len = strlen(text);
+    } else {
+        r->prompts = xcalloc((size_t)q->n_prompts, sizeof *r->prompts);
+        r->n_prompts = q->n_prompts;
+        for (int i = 0; i < q->n_prompts; i++) {
+            struct srv_prompt *p = &r->prompts[i];
+            if (q->prompts[i].ids) {
+                p->n_ids = q->prompts[i].n_ids;
+                p->ids = xmalloc((size_t)(p->n_ids ? p->n_ids : 1) * sizeof(int32_t));
+                memcpy(p->ids, q->prompts[i].ids, (size_t)p->n_ids * sizeof(int32_t));
+                if (q->echo) {
+                    if (s->eng.detokenize(s->eng.ctx, p->ids, p->n_ids, false, &p->text, &err) != ATOMC_OK)
+                        return oai_error_set(e, 400, "prompt", "cannot decode the prompt's token ids: %s", err.msg);
+                    p->text_len = strlen(p->text);
+                }
+            } else {
+                p->text = xmalloc(q->prompts[i].text_len + 1);
+                memcpy(p->text, q->prompts[i].text, q->prompts[i].text_len + 1);
+                p->text_len = q->prompts[i].text_len;
+            }
+        }
+    }
+    for (int i = 0; i < r->n_prompts; i++) {
+        struct srv_prompt *p = &r->prompts[i];
+        if (!p->ids) {
+            if (s->eng.tokenize(s->eng.ctx, p->text, p->text_len, q->add_special_tokens, &p->ids, &p->n_ids, &err) !=
+                ATOMC_OK)
+                return oai_error_set(e, 400, q->endpoint == OAI_ENDPOINT_CHAT ? "messages" : "prompt",
+                                     "tokenization failed: %s", err.msg);
+        }
+        if (p->n_ids == 0) return oai_error_set(e, 400, "prompt", "the prompt is empty (0 tokens)");
+        int max_len = s->eng.max_model_len;
+        long want = q->max_tokens_set ? q->params.max_tokens : 0;
+        if (p->n_ids + want > max_len || p->n_ids > max_len || (!q->max_tokens_set && p->n_ids >= max_len)) {
+            if (q->max_tokens_set)
+                oai_error_set(e, 400, q->endpoint == OAI_ENDPOINT_CHAT ? "messages" : "prompt",
+                              "This model's maximum context length is %d tokens. However, you requested %ld tokens "
+                              "(%d in the %s, %ld in the completion). Please reduce the length of the %s or completion.",
+                              max_len, p->n_ids + want, p->n_ids, q->endpoint == OAI_ENDPOINT_CHAT ? "messages" : "prompt",
+                              want, q->endpoint == OAI_ENDPOINT_CHAT ? "messages" : "prompt");
+            else
+                oai_error_set(e, 400, q->endpoint == OAI_ENDPOINT_CHAT ? "messages" : "prompt",
+                              "This model's maximum context length is %d tokens. However, your request has %d input "
+                              "tokens, which leaves no room for the completion. Please reduce the length of the %s.",
+                              max_len, p->n_ids, q->endpoint == OAI_ENDPOINT_CHAT ? "messages" : "prompt");
+            snprintf(e->code, sizeof e->code, "context_length_exceeded");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void stream_begin(struct srv_req *r) {
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->http);
+    evhttp_add_header(h, "Content-Type", "text/event-stream");
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    evhttp_add_header(h, "Server", "atomc");
+    evhttp_send_reply_start(r->http, 200, "OK");
+    for (int i = 0; i < r->n_choices; i++) stream_start_choice(r, &r->choices[i]);
+}
+
+void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endpoint ep) {
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+    struct srv_req *r = xcalloc(1, sizeof *r);
+    atomic_init(&r->refs, 1);
+    pthread_mutex_init(&r->mu, NULL);
+    r->srv = s;
+    r->t_arrival = time_now_s();
+    struct oai_error e;
+    if (oai_request_parse(ep, body, len, &s->limits, &r->oai, &e) || !server_check_model(s, r->oai.model, &e) ||
+        build_prompts(s, r, &e)) {
+        server_send_error(s, req, &e);
+        srv_req_unref(r);
+        return;
+    }
+    struct oai_request *q = &r->oai;
+    id_random(s, ep == OAI_ENDPOINT_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof r->id);
+    r->created = (long)time_wall_s();
+    r->model_name = xstrdup(q->model ? q->model : s->model_names[0]);
+    r->n_choices = r->n_prompts * q->n;
+    r->choices = xcalloc((size_t)r->n_choices, sizeof *r->choices);
+    for (int i = 0; i < r->n_choices; i++) {
+        r->choices[i].req = r;
+        r->choices[i].index = i;
+        r->choices[i].prompt_idx = i / q->n;
+        r->choices[i].stop_token = -1;
+    }
+
+    // Submit one engine request per choice.
+    atomc_status st = ATOMC_OK;
+    char err[ERROR_MSG_MAX] = "";
+    for (int i = 0; i < r->n_choices; i++) {
+        struct srv_choice *c = &r->choices[i];
+        struct srv_prompt *p = &r->prompts[c->prompt_idx];
+        atomc_request ar;
+        atomc_request_init(&ar);
+        ar.prompt_ids = p->ids;
+        ar.n_prompt_ids = p->n_ids;
+        ar.params = q->params;
+        int room = s->eng.max_model_len - p->n_ids;
+        if (!q->max_tokens_set) ar.params.max_tokens = ep == OAI_ENDPOINT_CHAT ? room : (room < 16 ? room : 16);
+        if (ar.params.max_tokens == 0) {
+            // lm-eval-harness style scoring (echo + logprobs + max_tokens 0): the engine needs at
+            // least one output token; it is generated and dropped (see apply_event).
+            r->score_only = true;
+            ar.params.max_tokens = 1;
+            ar.params.min_tokens = 0;
+            ar.params.logprobs = -1;
+        }
+        if (ar.params.min_tokens > ar.params.max_tokens) ar.params.min_tokens = ar.params.max_tokens;
+        // n > 1 with a seed: distinct but reproducible samples per choice.
+        if (ar.params.has_seed) ar.params.seed += (uint64_t)(i % q->n);
+        ar.on_output = on_engine_output;
+        ar.user = c;
+        atomic_fetch_add(&r->refs, 1);
+        st = s->eng.add_request(s->eng.ctx, &ar, &c->engine_id, err, sizeof err);
+        if (st != ATOMC_OK) {
+            atomic_fetch_sub(&r->refs, 1);
+            break;
+        }
+        c->submitted = true;
+    }
+    r->http = req;
+    r->conn = evhttp_request_get_connection(req);
+    r->in_active = true;
+    r->next = s->active;
+    if (s->active) s->active->prev = r;
+    s->active = r;
+    s->n_active++;
+    if (st != ATOMC_OK) {
+        // Nothing was sent yet: answer with the error, abort what was submitted, and count the
+        // unsubmitted choices as done so the request is released once the aborts arrive.
+        if (st == ATOMC_ERR_BUSY) s->metrics.rejected_busy_total++;
+        if (st == ATOMC_ERR_BACKEND || st == ATOMC_ERR_INTERNAL) LOG_ERROR("engine rejected request: %s", err);
+        oai_error_set(&e, status_to_http(st), NULL, "%s", err[0] ? err : atomc_status_name(st));
+        if (st == ATOMC_ERR_TOO_LONG) snprintf(e.code, sizeof e.code, "context_length_exceeded");
+        server_send_error(s, req, &e);
+        r->http = NULL;
+        r->responded = true;
+        abort_engine(r);
+        for (int i = 0; i < r->n_choices; i++)
+            if (!r->choices[i].submitted) {
+                r->choices[i].done = true;
+                r->n_done++;
+            }
+        if (r->n_done == r->n_choices) finish_response(r);
+        return;
+    }
+    evhttp_connection_set_closecb(r->conn, on_conn_close, r);
+    if (q->stream) {
+        stream_begin(r); // libevent notices a vanished client on the next write
+    } else {
+        // While a non-streaming request waits for the engine, libevent does not read the socket,
+        // so it would not notice the client leaving. Watch the socket ourselves.
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(r->conn);
+        evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+        if (fd >= 0) {
+            r->close_watch = event_new(s->base, fd, EV_READ, on_client_readable, r);
+            event_add(r->close_watch, NULL);
+        }
+    }
+}

@@ -1,0 +1,118 @@
+// Parsing and validation of OpenAI-style request bodies (/v1/completions, /v1/chat/completions,
+// /tokenize, /detokenize) into plain structs. Pure functions of (body, limits): no engine, no
+// network, so they are unit-tested directly (tests/test_server_request.c).
+//
+// Policy: every field is type- and range-checked; fields we do not implement are rejected with a
+// 400 that names the field, except a short list of harmless OpenAI client fields (user, metadata,
+// store=false, service_tier, parallel_tool_calls, logit_bias={}...) that change nothing and are
+// accepted and ignored. JSON null means "absent" for every optional field.
+#ifndef ATOMC_SERVER_OPENAI_REQUEST_H
+#define ATOMC_SERVER_OPENAI_REQUEST_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "atomc.h"
+
+enum oai_endpoint { OAI_ENDPOINT_COMPLETIONS = 0, OAI_ENDPOINT_CHAT };
+
+// An HTTP-level error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+struct oai_error {
+    int http_status;  // 400, 401, 404, 405, 413, 500, 503
+    char type[40];    // "invalid_request_error", "authentication_error", "not_found_error", ...
+    char code[40];    // "" (null) or a machine code such as "context_length_exceeded"
+    char param[64];   // "" (null) or the offending field
+    char message[512];
+};
+
+// Records an error; returns -1 so parsers can `return oai_error_set(...)`.
+int oai_error_set(struct oai_error *e, int http_status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+// Renders {"error": {...}} as a compact JSON string (malloc'd).
+char *oai_error_json(const struct oai_error *e);
+
+struct oai_limits {
+    int vocab_size;     // token ids must be in [0, vocab_size)
+    int max_n;          // upper bound on n (default 64)
+    int max_prompts;    // upper bound on prompt list length (default 256)
+    int max_logprobs;   // upper bound on logprobs / top_logprobs (default 20)
+    int max_stop;       // upper bound on the number of stop strings / stop token ids (default 64)
+    int max_stop_len;   // bytes per stop string (default 1024)
+};
+void oai_limits_init(struct oai_limits *l, int vocab_size);
+
+// One completions prompt: either text or token ids.
+struct oai_prompt {
+    char *text; // owned, NUL-terminated (may contain no NUL: JSON strings with \u0000 are rejected)
+    size_t text_len;
+    int32_t *ids; // owned
+    int n_ids;
+};
+
+struct oai_request {
+    enum oai_endpoint endpoint;
+    char *model; // NULL = the default (first served) model
+    // completions
+    struct oai_prompt *prompts;
+    int n_prompts;
+    bool echo;
+    // chat
+    json_t *messages;             // owned ref: array of {role, content(string|null), ...}; content parts joined
+    json_t *tools;                // owned ref or NULL
+    json_t *chat_template_kwargs; // owned ref (object) or NULL
+    bool add_generation_prompt;   // default true
+    bool continue_final_message;  // default false
+    bool add_special_tokens;      // completions default true, chat default false
+    // both
+    bool stream;
+    bool include_usage;           // stream_options.include_usage
+    bool continuous_usage_stats;  // stream_options.continuous_usage_stats
+    int n;
+    int logprobs;                 // -1 = none; else number of alternatives (0..max_logprobs)
+    bool max_tokens_set;          // max_tokens / max_completion_tokens given explicitly
+    bool return_tokens_as_token_ids;
+    atomc_sampling_params params; // stop / stop_token_ids point into the owned arrays below
+    char **stop;
+    int n_stop;
+    int32_t *stop_token_ids;
+    int n_stop_token_ids;
+};
+
+// Parses body into *r (zeroed first). Returns 0, or -1 with *e filled (400, param named).
+int oai_request_parse(enum oai_endpoint ep, const char *body, size_t len, const struct oai_limits *lim,
+                      struct oai_request *r, struct oai_error *e);
+void oai_request_free(struct oai_request *r);
+
+// Parses a body into a JSON object (400 on malformed JSON, invalid UTF-8, non-object).
+json_t *oai_body_parse(const char *body, size_t len, struct oai_error *e);
+
+// /tokenize: {"model"?, "prompt": str, "add_special_tokens"?: bool} or
+//            {"model"?, "messages": [...], "add_generation_prompt"?, "continue_final_message"?,
+//             "add_special_tokens"?, "chat_template_kwargs"?, "tools"?, "return_token_strs"?: bool}
+struct oai_tokenize_request {
+    char *model;
+    char *prompt; // owned or NULL (then messages is set)
+    size_t prompt_len;
+    json_t *messages, *tools, *chat_template_kwargs;
+    bool add_generation_prompt, continue_final_message, add_special_tokens, return_token_strs;
+};
+int oai_tokenize_parse(const char *body, size_t len, struct oai_tokenize_request *r, struct oai_error *e);
+void oai_tokenize_free(struct oai_tokenize_request *r);
+
+// /detokenize: {"model"?, "tokens": [int...]}
+struct oai_detokenize_request {
+    char *model;
+    int32_t *tokens;
+    int n_tokens;
+};
+int oai_detokenize_parse(const char *body, size_t len, const struct oai_limits *lim,
+                         struct oai_detokenize_request *r, struct oai_error *e);
+void oai_detokenize_free(struct oai_detokenize_request *r);
+
+// Validates and normalises chat messages in place (content part lists of {"type":"text"} are joined
+// with "\n" into one string). Shared by chat completions, /tokenize and /apply-template.
+int oai_messages_validate(json_t *messages, struct oai_error *e);
+
+#endif

@@ -1,0 +1,708 @@
+// HTTP plumbing of the OpenAI server: socket, routing, auth, limits, errors, the simple
+// endpoints (/health, /v1/models, /metrics, /tokenize, /detokenize, /apply-template,
+// /openapi.json, /version), the engine -> loop wake-up, and graceful shutdown.
+// Threading contract in server.h; generation endpoints live in generate.c.
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/keyvalq_struct.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "server/openai_response.h"
+#include "server/server_internal.h"
+
+void server_options_init(struct server_options *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8000;
+    o->max_body_bytes = 32u << 20;
+    o->max_header_bytes = 64u << 10;
+    o->max_n = 64;
+    o->drain_timeout_s = 30;
+    o->max_pending_output_bytes = 64u << 20;
+    o->install_signal_handlers = true;
+}
+
+// ---------------------------------------------------------------- responses
+
+static void add_common_headers(struct evhttp_request *req, const char *content_type) {
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", content_type);
+    evhttp_add_header(h, "Server", "atomc");
+    const char *rid = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Request-Id");
+    if (rid && strlen(rid) < 256) evhttp_add_header(h, "X-Request-Id", rid);
+}
+
+static const char *reason_phrase(int code) {
+    switch (code) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    }
+    return NULL;
+}
+
+static void send_body(struct server *s, struct evhttp_request *req, int code, const char *ctype, const char *body,
+                      size_t len) {
+    if (code >= 400 && code < 600) s->metrics.http_errors_total[code / 100]++;
+    add_common_headers(req, ctype);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, body, len);
+    evhttp_send_reply(req, code, reason_phrase(code), b);
+    evbuffer_free(b);
+}
+
+void server_send_json(struct server *s, struct evhttp_request *req, int code, json_t *body) {
+    char *txt = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    CHECK(txt);
+    send_body(s, req, code, "application/json", txt, strlen(txt));
+    free(txt);
+}
+
+void server_send_error(struct server *s, struct evhttp_request *req, const struct oai_error *e) {
+    char *txt = oai_error_json(e);
+    if (e->http_status == 401) evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+    send_body(s, req, e->http_status, "application/json", txt, strlen(txt));
+    free(txt);
+}
+
+static void send_error(struct server *s, struct evhttp_request *req, int code, const char *param, const char *msg) {
+    struct oai_error e;
+    oai_error_set(&e, code, param, "%s", msg);
+    server_send_error(s, req, &e);
+}
+
+// ---------------------------------------------------------------- engine -> loop wake-up
+
+void server_ready_push(struct server *s, struct srv_req *r) {
+    pthread_mutex_lock(&s->mu);
+    bool was_empty = s->ready_head == NULL;
+    r->ready_next = NULL;
+    if (s->ready_tail) s->ready_tail->ready_next = r;
+    else s->ready_head = r;
+    s->ready_tail = r;
+    pthread_mutex_unlock(&s->mu);
+    if (was_empty) {
+        uint64_t one = 1;
+        // EAGAIN means the counter is already non-zero: the loop will wake anyway.
+        ssize_t w = write(s->wake_fd, &one, sizeof one);
+        (void)w;
+    }
+}
+
+static void adopt_engine(struct server *s);
+static void maybe_finish_drain(struct server *s);
+static void begin_drain(struct server *s);
+
+static void on_wake(evutil_socket_t fd, short what, void *arg) {
+    struct server *s = arg;
+    uint64_t v;
+    ssize_t rd = read(fd, &v, sizeof v);
+    (void)rd;
+    pthread_mutex_lock(&s->mu);
+    struct srv_req *list = s->ready_head;
+    s->ready_head = s->ready_tail = NULL;
+    bool shutdown = s->shutdown_requested;
+    pthread_mutex_unlock(&s->mu);
+    adopt_engine(s);
+    while (list) {
+        struct srv_req *r = list;
+        list = r->ready_next;
+        generate_process(r);
+        srv_req_unref(r); // the ready list's reference
+    }
+    if (shutdown) begin_drain(s);
+    maybe_finish_drain(s);
+}
+
+static void adopt_engine(struct server *s) {
+    if (s->have_engine) return;
+    pthread_mutex_lock(&s->mu);
+    bool ready = s->engine_ready;
+    if (ready) s->eng = s->eng_pending;
+    pthread_mutex_unlock(&s->mu);
+    if (!ready) return;
+    s->have_engine = true;
+    oai_limits_init(&s->limits, s->eng.vocab_size);
+    s->limits.max_n = s->opt.max_n;
+    LOG_INFO("serving model '%s' (max_model_len %d) on http://%s:%d", s->model_names[0], s->eng.max_model_len, s->host,
+             s->port);
+}
+
+void server_attach_engine(struct server *s, const struct server_engine *eng) {
+    pthread_mutex_lock(&s->mu);
+    s->eng_pending = *eng;
+    s->engine_ready = true;
+    pthread_mutex_unlock(&s->mu);
+    uint64_t one = 1;
+    ssize_t w = write(s->wake_fd, &one, sizeof one);
+    (void)w;
+}
+
+void server_mark_failed(struct server *s, const char *msg) {
+    pthread_mutex_lock(&s->mu);
+    s->engine_failed = true;
+    snprintf(s->failed_msg, sizeof s->failed_msg, "%s", msg ? msg : "engine failed");
+    pthread_mutex_unlock(&s->mu);
+}
+
+static bool engine_failed(struct server *s, char *msg, size_t len) {
+    pthread_mutex_lock(&s->mu);
+    bool f = s->engine_failed;
+    if (f && msg) snprintf(msg, len, "%s", s->failed_msg);
+    pthread_mutex_unlock(&s->mu);
+    return f;
+}
+
+// ---------------------------------------------------------------- request state
+
+void srv_req_unref(struct srv_req *r) {
+    if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+    // Last reference: no thread can reach r any more. Frees memory only (no libevent calls).
+    for (struct srv_event *e = r->ev_head; e;) {
+        struct srv_event *n = e->next;
+        free(e->text);
+        free(e->lps);
+        free(e->prompt_lps);
+        free(e->stop_str);
+        free(e->error);
+        free(e);
+        e = n;
+    }
+    for (int i = 0; i < r->n_choices; i++) {
+        free(r->choices[i].text);
+        free(r->choices[i].stop_str);
+        free(r->choices[i].error);
+        json_decref(r->choices[i].logprobs);
+    }
+    free(r->choices);
+    for (int i = 0; i < r->n_prompts; i++) {
+        free(r->prompts[i].ids);
+        free(r->prompts[i].text);
+    }
+    free(r->prompts);
+    oai_request_free(&r->oai);
+    free(r->model_name);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+// ---------------------------------------------------------------- simple endpoints
+
+bool server_check_model(struct server *s, const char *model, struct oai_error *e) {
+    if (!model) return true;
+    for (int i = 0; i < s->n_model_names; i++)
+        if (!strcmp(model, s->model_names[i])) return true;
+    oai_error_set(e, 404, "model", "The model `%s` does not exist.", model);
+    snprintf(e->code, sizeof e->code, "model_not_found");
+    return false;
+}
+
+static json_t *model_card(struct server *s, const char *name) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(name));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer((json_int_t)s->created));
+    json_object_set_new(m, "owned_by", json_string("atomc"));
+    json_object_set_new(m, "root", json_string(s->eng.model_path ? s->eng.model_path : name));
+    json_object_set_new(m, "parent", json_null());
+    json_object_set_new(m, "max_model_len", json_integer(s->eng.max_model_len));
+    return m;
+}
+
+static void handle_models(struct server *s, struct evhttp_request *req, const char *path) {
+    if (!strcmp(path, "/v1/models")) {
+        json_t *data = json_array();
+        for (int i = 0; i < s->n_model_names; i++) json_array_append_new(data, model_card(s, s->model_names[i]));
+        json_t *o = json_object();
+        json_object_set_new(o, "object", json_string("list"));
+        json_object_set_new(o, "data", data);
+        server_send_json(s, req, 200, o);
+        return;
+    }
+    const char *name = path + strlen("/v1/models/");
+    char *dec = evhttp_uridecode(name, 0, NULL);
+    struct oai_error e;
+    if (dec && server_check_model(s, dec, &e)) server_send_json(s, req, 200, model_card(s, dec));
+    else if (dec) server_send_error(s, req, &e);
+    else send_error(s, req, 404, "model", "invalid model name");
+    free(dec);
+}
+
+static void handle_health(struct server *s, struct evhttp_request *req) {
+    char msg[256];
+    json_t *o = json_object();
+    int code = 200;
+    if (engine_failed(s, msg, sizeof msg)) {
+        code = 503;
+        json_object_set_new(o, "status", json_string("failed"));
+        json_object_set_new(o, "error", json_string(msg));
+    } else if (!s->have_engine) {
+        code = 503;
+        json_object_set_new(o, "status", json_string("loading"));
+    } else if (s->draining) {
+        code = 503;
+        json_object_set_new(o, "status", json_string("shutting down"));
+    } else {
+        json_object_set_new(o, "status", json_string("ok"));
+    }
+    server_send_json(s, req, code, o);
+}
+
+static void handle_metrics(struct server *s, struct evhttp_request *req) {
+    atomc_stats st;
+    memset(&st, 0, sizeof st);
+    if (s->have_engine) s->eng.get_stats(s->eng.ctx, &st);
+    char *txt = NULL;
+    size_t len = 0;
+    if (metrics_render(&s->metrics, &st, &txt, &len)) {
+        send_error(s, req, 500, NULL, "out of memory rendering metrics");
+        return;
+    }
+    send_body(s, req, 200, "text/plain; version=0.0.4; charset=utf-8", txt, len);
+    free(txt);
+}
+
+static void body_of(struct evhttp_request *req, const char **p, size_t *len) {
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    *len = evbuffer_get_length(in);
+    *p = *len ? (const char *)evbuffer_pullup(in, -1) : "";
+}
+
+static void handle_tokenize(struct server *s, struct evhttp_request *req, bool template_only) {
+    const char *body;
+    size_t len;
+    body_of(req, &body, &len);
+    struct oai_tokenize_request t;
+    struct oai_error e;
+    if (oai_tokenize_parse(body, len, &t, &e) || !server_check_model(s, t.model, &e)) {
+        server_send_error(s, req, &e);
+        oai_tokenize_free(&t);
+        return;
+    }
+    if (template_only && !t.messages) {
+        oai_error_set(&e, 400, "messages", "'messages' is required");
+        server_send_error(s, req, &e);
+        oai_tokenize_free(&t);
+        return;
+    }
+    char *text = NULL;
+    size_t text_len = 0;
+    if (t.messages) {
+        if (generate_render_chat(s, t.messages, t.tools, t.add_generation_prompt, t.continue_final_message,
+                                 t.chat_template_kwargs, &text, &e)) {
+            server_send_error(s, req, &e);
+            oai_tokenize_free(&t);
+            return;
+        }
+        text_len = strlen(text);
+    } else {
+        text = t.prompt;
+        text_len = t.prompt_len;
+        t.prompt = NULL;
+    }
+    if (template_only) {
+        json_t *o = json_object();
+        json_object_set_new(o, "prompt", json_stringn(text, text_len));
+        server_send_json(s, req, 200, o);
+        free(text);
+        oai_tokenize_free(&t);
+        return;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    struct error err;
+    error_clear(&err);
+    if (s->eng.tokenize(s->eng.ctx, text, text_len, t.add_special_tokens, &ids, &n, &err) != ATOMC_OK) {
+        oai_error_set(&e, 400, "prompt", "tokenization failed: %s", err.msg);
+        server_send_error(s, req, &e);
+    } else {
+        json_t *o = json_object(), *toks = json_array();
+        for (int i = 0; i < n; i++) json_array_append_new(toks, json_integer(ids[i]));
+        json_object_set_new(o, "count", json_integer(n));
+        json_object_set_new(o, "max_model_len", json_integer(s->eng.max_model_len));
+        json_object_set_new(o, "tokens", toks);
+        if (t.return_token_strs) {
+            struct oai_token_text tt = {s->eng.token_bytes, s->eng.ctx, false};
+            json_t *strs = json_array();
+            for (int i = 0; i < n; i++) {
+                char *ts = oai_token_string(&tt, ids[i]);
+                json_array_append_new(strs, json_string(ts));
+                free(ts);
+            }
+            json_object_set_new(o, "token_strs", strs);
+        } else {
+            json_object_set_new(o, "token_strs", json_null());
+        }
+        server_send_json(s, req, 200, o);
+    }
+    free(ids);
+    free(text);
+    oai_tokenize_free(&t);
+}
+
+static void handle_detokenize(struct server *s, struct evhttp_request *req) {
+    const char *body;
+    size_t len;
+    body_of(req, &body, &len);
+    struct oai_detokenize_request d;
+    struct oai_error e;
+    if (oai_detokenize_parse(body, len, &s->limits, &d, &e) || !server_check_model(s, d.model, &e)) {
+        server_send_error(s, req, &e);
+        oai_detokenize_free(&d);
+        return;
+    }
+    char *text = NULL;
+    struct error err;
+    error_clear(&err);
+    if (s->eng.detokenize(s->eng.ctx, d.tokens, d.n_tokens, false, &text, &err) != ATOMC_OK) {
+        oai_error_set(&e, 400, "tokens", "detokenization failed: %s", err.msg);
+        server_send_error(s, req, &e);
+    } else {
+        size_t sl;
+        char *clean = oai_utf8_sanitize(text, strlen(text), &sl);
+        json_t *o = json_object();
+        json_object_set_new(o, "prompt", json_stringn(clean, sl));
+        server_send_json(s, req, 200, o);
+        free(clean);
+    }
+    free(text);
+    oai_detokenize_free(&d);
+}
+
+// ---------------------------------------------------------------- routing
+
+enum route_flags { R_GET = 1, R_POST = 2, R_AUTH = 4, R_ENGINE = 8, R_PREFIX = 16 };
+
+enum route_id { RT_HEALTH, RT_PING, RT_METRICS, RT_MODELS, RT_MODEL, RT_COMPLETIONS, RT_CHAT, RT_TOKENIZE,
+                RT_DETOKENIZE, RT_APPLY_TEMPLATE, RT_OPENAPI, RT_VERSION };
+
+static const struct route {
+    const char *path;
+    enum route_id id;
+    int flags;
+} routes[] = {
+    {"/health", RT_HEALTH, R_GET},
+    {"/ping", RT_PING, R_GET},
+    {"/metrics", RT_METRICS, R_GET},
+    {"/openapi.json", RT_OPENAPI, R_GET},
+    {"/version", RT_VERSION, R_GET},
+    {"/v1/models", RT_MODELS, R_GET | R_AUTH | R_ENGINE},
+    {"/v1/models/", RT_MODEL, R_GET | R_AUTH | R_ENGINE | R_PREFIX},
+    {"/v1/completions", RT_COMPLETIONS, R_POST | R_AUTH | R_ENGINE},
+    {"/v1/chat/completions", RT_CHAT, R_POST | R_AUTH | R_ENGINE},
+    {"/tokenize", RT_TOKENIZE, R_POST | R_AUTH | R_ENGINE},
+    {"/detokenize", RT_DETOKENIZE, R_POST | R_AUTH | R_ENGINE},
+    {"/apply-template", RT_APPLY_TEMPLATE, R_POST | R_AUTH | R_ENGINE},
+};
+
+// Constant-time comparison so the key cannot be guessed byte by byte from response times.
+static bool key_equal(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char d = (unsigned char)(la != lb);
+    for (size_t i = 0; i < lb; i++) d |= (unsigned char)(a[i < la ? i : 0] ^ b[i]);
+    return d == 0;
+}
+
+static bool authorized(struct server *s, struct evhttp_request *req) {
+    if (!s->api_key) return true;
+    const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    return key_equal(h, s->api_key);
+}
+
+static void on_request(struct evhttp_request *req, void *arg) {
+    struct server *s = arg;
+    s->metrics.http_requests_total++;
+    adopt_engine(s);
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+    if (!path || !*path) path = "/";
+    const struct route *rt = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const struct route *c = &routes[i];
+        if ((c->flags & R_PREFIX) ? (strncmp(path, c->path, strlen(c->path)) == 0 && path[strlen(c->path)])
+                                  : strcmp(path, c->path) == 0) {
+            rt = c;
+            break;
+        }
+    }
+    if (!rt) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "Not Found: no route for %.100s", path);
+        send_error(s, req, 404, NULL, msg);
+        return;
+    }
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    bool ok = ((rt->flags & R_GET) && (cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD)) ||
+              ((rt->flags & R_POST) && cmd == EVHTTP_REQ_POST);
+    if (!ok) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", (rt->flags & R_GET) ? "GET, HEAD" : "POST");
+        send_error(s, req, 405, NULL, (rt->flags & R_GET) ? "Method Not Allowed: use GET" : "Method Not Allowed: use POST");
+        return;
+    }
+    if ((rt->flags & R_AUTH) && !authorized(s, req)) {
+        struct oai_error e;
+        oai_error_set(&e, 401, NULL, "Unauthorized: missing or invalid API key (send 'Authorization: Bearer <key>')");
+        snprintf(e.code, sizeof e.code, "invalid_api_key");
+        server_send_error(s, req, &e);
+        return;
+    }
+    if (rt->flags & R_ENGINE) {
+        char msg[256];
+        if (engine_failed(s, msg, sizeof msg)) {
+            char m2[320];
+            snprintf(m2, sizeof m2, "the engine has failed: %s", msg);
+            send_error(s, req, 503, NULL, m2);
+            return;
+        }
+        if (!s->have_engine) {
+            send_error(s, req, 503, NULL, "the model is still loading; retry when /health returns 200");
+            return;
+        }
+        if (s->draining && (rt->id == RT_COMPLETIONS || rt->id == RT_CHAT)) {
+            send_error(s, req, 503, NULL, "the server is shutting down");
+            return;
+        }
+    }
+    switch (rt->id) {
+    case RT_HEALTH: handle_health(s, req); break;
+    case RT_PING: handle_health(s, req); break;
+    case RT_METRICS: handle_metrics(s, req); break;
+    case RT_OPENAPI:
+        send_body(s, req, 200, "application/json", server_openapi_json, strlen(server_openapi_json));
+        break;
+    case RT_VERSION: {
+        json_t *o = json_object();
+        json_object_set_new(o, "version", json_string("0.1.0"));
+        server_send_json(s, req, 200, o);
+        break;
+    }
+    case RT_MODELS:
+    case RT_MODEL: handle_models(s, req, path); break;
+    case RT_COMPLETIONS: generate_handle(s, req, OAI_ENDPOINT_COMPLETIONS); break;
+    case RT_CHAT: generate_handle(s, req, OAI_ENDPOINT_CHAT); break;
+    case RT_TOKENIZE: handle_tokenize(s, req, false); break;
+    case RT_APPLY_TEMPLATE: handle_tokenize(s, req, true); break;
+    case RT_DETOKENIZE: handle_detokenize(s, req); break;
+    }
+}
+
+// ---------------------------------------------------------------- shutdown
+
+static void on_force(evutil_socket_t fd, short what, void *arg);
+
+// The drain ends when no request is in flight and every final response has been written. A
+// response whose connection died mid-write never reports completion: a short timer bounds that.
+static void maybe_finish_drain(struct server *s) {
+    if (!s->draining || s->n_active > 0) return;
+    if (s->n_writing <= 0) {
+        event_base_loopbreak(s->base);
+    } else if (!s->force_timer) {
+        struct timeval tv = {2, 0};
+        s->force_timer = evtimer_new(s->base, on_force, s);
+        evtimer_add(s->force_timer, &tv);
+    }
+}
+
+void server_reply_done(struct evhttp_request *req, void *arg) {
+    struct server *s = arg;
+    s->n_writing--;
+    maybe_finish_drain(s);
+}
+
+static void on_force(evutil_socket_t fd, short what, void *arg) {
+    struct server *s = arg;
+    LOG_WARN("shutdown: %d requests in flight, %d responses unwritten; exiting anyway", s->n_active, s->n_writing);
+    event_base_loopbreak(s->base);
+}
+
+static void on_drain_timeout(evutil_socket_t fd, short what, void *arg) {
+    struct server *s = arg;
+    LOG_WARN("shutdown: drain timeout; aborting %d in-flight requests", s->n_active);
+    generate_abort_all(s);
+    if (!s->force_timer) {
+        struct timeval tv = {5, 0};
+        s->force_timer = evtimer_new(s->base, on_force, s);
+        evtimer_add(s->force_timer, &tv);
+    }
+}
+
+// Loop thread: stop accepting, let in-flight requests finish (bounded), then leave the loop.
+static void begin_drain(struct server *s) {
+    if (s->draining) return;
+    s->draining = true;
+    if (s->bound) {
+        evhttp_del_accept_socket(s->http, s->bound);
+        s->bound = NULL;
+    }
+    LOG_INFO("shutdown: no longer accepting connections; draining %d in-flight requests (up to %.0f s)", s->n_active,
+             s->opt.drain_timeout_s);
+    if (s->n_active == 0) {
+        maybe_finish_drain(s);
+        return;
+    }
+    struct timeval tv = {(time_t)s->opt.drain_timeout_s,
+                         (suseconds_t)((s->opt.drain_timeout_s - (time_t)s->opt.drain_timeout_s) * 1e6)};
+    s->drain_timer = evtimer_new(s->base, on_drain_timeout, s);
+    evtimer_add(s->drain_timer, &tv);
+}
+
+void server_shutdown(struct server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->shutdown_requested = true;
+    pthread_mutex_unlock(&s->mu);
+    uint64_t one = 1;
+    ssize_t w = write(s->wake_fd, &one, sizeof one); // the loop drains in on_wake
+    (void)w;
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg) {
+    struct server *s = arg;
+    LOG_INFO("received %s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (s->draining) {
+        // A second signal: stop now.
+        generate_abort_all(s);
+        event_base_loopbreak(s->base);
+        return;
+    }
+    begin_drain(s);
+}
+
+// ---------------------------------------------------------------- create / run / free
+
+atomc_status server_create(const struct server_options *o, struct server **out, struct error *err) {
+    struct server *s = xcalloc(1, sizeof *s);
+    s->opt = *o;
+    s->host = xstrdup(o->host ? o->host : "127.0.0.1");
+    s->api_key = o->api_key && *o->api_key ? xstrdup(o->api_key) : NULL;
+    for (int i = 0; i < o->n_model_names && i < SERVER_MAX_MODEL_NAMES; i++)
+        s->model_names[s->n_model_names++] = xstrdup(o->model_names[i]);
+    if (s->n_model_names == 0) s->model_names[s->n_model_names++] = xstrdup("model");
+    s->opt.host = s->host;
+    s->opt.api_key = s->api_key;
+    pthread_mutex_init(&s->mu, NULL);
+    s->wake_fd = -1;
+    metrics_init(&s->metrics, s->model_names[0]);
+    oai_limits_init(&s->limits, 0);
+    s->rng = time_now_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ull;
+    s->created = time_wall_s();
+    *out = NULL;
+
+    s->base = event_base_new();
+    if (!s->base) goto fail_msg;
+    s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->wake_fd < 0) {
+        error_set(err, ATOMC_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    s->wake_ev = event_new(s->base, s->wake_fd, EV_READ | EV_PERSIST, on_wake, s);
+    event_add(s->wake_ev, NULL);
+    s->http = evhttp_new(s->base);
+    if (!s->http) goto fail_msg;
+    evhttp_set_max_body_size(s->http, (ev_ssize_t)o->max_body_bytes);
+    evhttp_set_max_headers_size(s->http, (ev_ssize_t)o->max_header_bytes);
+    // Every method reaches the router, which answers 405 in OpenAI's error shape (libevent's own
+    // answer to a method outside this set would be an HTML 501).
+    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
+                                            EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
+    // Idle keep-alive connections and stalled reads/writes are dropped after this long; a request
+    // waiting for the engine is not subject to it (the connection neither reads nor writes then).
+    evhttp_set_timeout(s->http, 300);
+    evhttp_set_gencb(s->http, on_request, s);
+    s->bound = evhttp_bind_socket_with_handle(s->http, s->host, (ev_uint16_t)o->port);
+    if (!s->bound) {
+        error_set(err, ATOMC_ERR_IO, "cannot listen on %s:%d: %s", s->host, o->port, strerror(errno));
+        goto fail;
+    }
+    {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        evutil_socket_t fd = evhttp_bound_socket_get_fd(s->bound);
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+            if (ss.ss_family == AF_INET) s->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+            else if (ss.ss_family == AF_INET6) s->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        }
+    }
+    if (o->install_signal_handlers) {
+        // The drain must not be cut short by SIGPIPE from a vanished client.
+        signal(SIGPIPE, SIG_IGN);
+        s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
+        s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
+        evsignal_add(s->sig_int, NULL);
+        evsignal_add(s->sig_term, NULL);
+    }
+    *out = s;
+    return ATOMC_OK;
+fail_msg:
+    error_set(err, ATOMC_ERR_INTERNAL, "libevent initialisation failed");
+fail:
+    server_free(s);
+    return err ? err->status : ATOMC_ERR_INTERNAL;
+}
+
+int server_port(const struct server *s) { return s->port; }
+
+int server_run(struct server *s) {
+    event_base_dispatch(s->base);
+    return 0;
+}
+
+void server_free(struct server *s) {
+    if (!s) return;
+    // The engine is gone by now (see server.h): close callbacks must not reach it.
+    s->have_engine = false;
+    if (s->http) evhttp_free(s->http);
+    s->http = NULL;
+    // Outputs queued by the engine (it has been stopped by now) are applied and dropped.
+    pthread_mutex_lock(&s->mu);
+    struct srv_req *list = s->ready_head;
+    s->ready_head = s->ready_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    while (list) {
+        struct srv_req *r = list;
+        list = r->ready_next;
+        generate_process(r);
+        srv_req_unref(r);
+    }
+    // Requests whose engine side never finished (engine freed without final callbacks) keep
+    // their HTTP reference here; release it so nothing outlives the server.
+    while (s->active) {
+        struct srv_req *r = s->active;
+        s->active = r->next;
+        r->in_active = false;
+        r->http = NULL;
+        srv_req_unref(r);
+    }
+    if (s->wake_ev) event_free(s->wake_ev);
+    if (s->sig_int) event_free(s->sig_int);
+    if (s->sig_term) event_free(s->sig_term);
+    if (s->drain_timer) event_free(s->drain_timer);
+    if (s->force_timer) event_free(s->force_timer);
+    if (s->base) event_base_free(s->base);
+    if (s->wake_fd >= 0) close(s->wake_fd);
+    metrics_free(&s->metrics);
+    pthread_mutex_destroy(&s->mu);
+    for (int i = 0; i < s->n_model_names; i++) free(s->model_names[i]);
+    free(s->host);
+    free(s->api_key);
+    free(s);
+}

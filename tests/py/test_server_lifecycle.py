@@ -1,0 +1,68 @@
+"""`atomc serve` life cycle: --help documents every flag, API key from the environment,
+SIGTERM drains an in-flight streaming request and exits 0, a bad model path exits non-zero."""
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from server_util import ATOMC_BIN, SMOLLM2, Server
+
+FLAGS = ["--model", "--host", "--port", "--served-model-name", "--api-key", "--max-model-len", "--max-num-seqs",
+         "--max-num-batched-tokens", "--block-size", "--gpu-memory-utilization", "--kv-cache-dtype",
+         "--enable-prefix-caching", "--no-enable-prefix-caching", "--chat-template", "--generation-config",
+         "--enforce-eager", "--dtype", "--seed"]
+
+
+def test_help_documents_flags_and_defaults():
+    out = subprocess.run([ATOMC_BIN, "serve", "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0
+    for f in FLAGS:
+        assert f in out.stdout, f
+    assert "default: 8000" in out.stdout and "default: 127.0.0.1" in out.stdout
+    assert "VLLM_API_KEY" in out.stdout
+
+
+def test_bad_arguments_and_missing_model():
+    r = subprocess.run([ATOMC_BIN, "serve", "--model", "/nonexistent/model.gguf", "--port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "nonexistent" in r.stderr
+    r = subprocess.run([ATOMC_BIN, "serve", "--bogus"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--bogus" in r.stderr
+    r = subprocess.run([ATOMC_BIN, "serve", "--model", "x", "--port", "abc"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+
+
+@pytest.mark.skipif(not SMOLLM2, reason="set ATOMC_SMOLLM2")
+def test_api_key_from_env_and_sigterm_drains():
+    s = Server(SMOLLM2, "--max-model-len", "512", env={"VLLM_API_KEY": "envkey"})
+    try:
+        assert s.request("GET", "/v1/models")[0] == 401
+        s.api_key = "envkey"
+        assert s.request("GET", "/v1/models")[0] == 200
+        result = {}
+
+        def stream():
+            status, _, data = s.request("POST", "/v1/completions",
+                                        {"prompt": "Tell me a story", "max_tokens": 40, "stream": True,
+                                         "ignore_eos": True, "temperature": 0}, timeout=120)
+            result["status"], result["data"] = status, data
+
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(0.5)
+        s.proc.send_signal(signal.SIGTERM)
+        t.join(120)
+        assert result["status"] == 200
+        events = [l[6:] for l in result["data"].decode().split("\n") if l.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]
+                    if json.loads(e)["choices"]]
+        assert finishes[-1] == "length"  # completed, not cut off by the shutdown
+        assert s.proc.wait(60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()

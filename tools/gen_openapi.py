@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Generates src/server/openapi.c: the server's own OpenAPI 3.0 description (GET /openapi.json).
+
+The schema mirrors the validation in src/server/openai_request.c (types, ranges, required fields),
+so schemathesis can generate valid requests from it. Run after changing the API:
+    python3 tools/gen_openapi.py > src/server/openapi.c
+"""
+import json
+
+def ref(n): return {"$ref": f"#/components/schemas/{n}"}
+
+ERR = {"description": "error", "content": {"application/json": {"schema": ref("ErrorResponse")}}}
+def errs(*codes):
+    return {str(c): ERR for c in codes}
+
+token_ids = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 49151}, "minItems": 1, "maxItems": 64}
+stop = {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 64},
+                  {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 64}, "maxItems": 4}],
+        "nullable": True}
+sampling = {
+    "model": {"type": "string", "nullable": True, "description": "a served model name; omitted = the default"},
+    "stream": {"type": "boolean", "nullable": True},
+    "stream_options": {"type": "object", "nullable": True, "additionalProperties": False,
+                       "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}},
+                       "description": "only with stream=true"},
+    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 32, "nullable": True,
+                   "description": "prompt + max_tokens must fit in max_model_len (400 otherwise)"},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2, "nullable": True},
+    "top_p": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1, "nullable": True},
+    "top_k": {"type": "integer", "minimum": -1, "maximum": 1000, "nullable": True},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1, "nullable": True},
+    "seed": {"type": "integer", "nullable": True},
+    "stop": stop,
+    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 49151}, "maxItems": 8, "nullable": True},
+    "n": {"type": "integer", "minimum": 1, "maximum": 4, "nullable": True},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2, "nullable": True},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2, "nullable": True},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 2, "nullable": True},
+    "ignore_eos": {"type": "boolean", "nullable": True},
+    "min_tokens": {"type": "integer", "minimum": 0, "maximum": 0, "nullable": True,
+                   "description": "must not exceed max_tokens"},
+    "include_stop_str_in_output": {"type": "boolean", "nullable": True},
+    "skip_special_tokens": {"type": "boolean", "nullable": True},
+    "return_tokens_as_token_ids": {"type": "boolean", "nullable": True},
+    "add_special_tokens": {"type": "boolean", "nullable": True},
+    "user": {"type": "string", "nullable": True, "description": "accepted and ignored"},
+}
+
+completion_req = {
+    "type": "object", "required": ["prompt"], "additionalProperties": False,
+    "properties": {
+        "prompt": {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 200},
+                             {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 200}, "minItems": 1, "maxItems": 4},
+                             token_ids,
+                             {"type": "array", "items": token_ids, "minItems": 1, "maxItems": 4}]},
+        "echo": {"type": "boolean", "nullable": True},
+        "logprobs": {"type": "integer", "minimum": 0, "maximum": 20, "nullable": True},
+        "best_of": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 1, "description": "must equal n"},
+        "suffix": {"type": "string", "maxLength": 0, "nullable": True, "description": "only empty"},
+        **sampling,
+    },
+}
+message = {
+    "type": "object", "required": ["role", "content"],
+    "properties": {
+        "role": {"type": "string", "enum": ["system", "user", "assistant", "tool", "developer"]},
+        "content": {"oneOf": [{"type": "string", "maxLength": 200},
+                              {"type": "array", "maxItems": 4, "items": {
+                                  "type": "object", "required": ["type", "text"], "additionalProperties": False,
+                                  "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string", "maxLength": 100}}}}]},
+        "name": {"type": "string"},
+    },
+}
+chat_req = {
+    "type": "object", "required": ["messages"], "additionalProperties": False,
+    "properties": {
+        "messages": {"type": "array", "items": ref("ChatMessage"), "minItems": 1, "maxItems": 8},
+        "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 32, "nullable": True},
+        "logprobs": {"type": "boolean", "nullable": True},
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20, "nullable": True,
+                         "description": "values > 0 require logprobs=true"},
+        "chat_template_kwargs": {"type": "object", "nullable": True},
+        "add_generation_prompt": {"type": "boolean", "nullable": True},
+        "continue_final_message": {"type": "boolean", "nullable": True,
+                                   "description": "needs add_generation_prompt=false and a final assistant message"},
+        "tools": {"type": "array", "items": {"type": "object"}, "nullable": True},
+        "tool_choice": {"type": "string", "enum": ["none", "auto"], "nullable": True},
+        "response_format": {"type": "object", "nullable": True, "required": ["type"],
+                            "properties": {"type": {"type": "string", "enum": ["text"]}}},
+        **sampling,
+    },
+}
+usage = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
+    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
+    "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}}}}
+finish = {"type": "string", "enum": ["stop", "length", "abort", "error"], "nullable": True}
+completion_resp = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
+    "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"}, "model": {"type": "string"},
+    "choices": {"type": "array", "items": {"type": "object", "required": ["index", "text", "finish_reason"], "properties": {
+        "index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": finish,
+        "logprobs": {"type": "object", "nullable": True}, "stop_reason": {"nullable": True}}}},
+    "usage": usage}}
+chat_resp = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
+    "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"}, "model": {"type": "string"},
+    "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"], "properties": {
+        "index": {"type": "integer"}, "finish_reason": finish, "logprobs": {"type": "object", "nullable": True},
+        "message": {"type": "object", "required": ["role", "content"], "properties": {
+            "role": {"type": "string"}, "content": {"type": "string", "nullable": True}}}}}},
+    "usage": usage}}
+error = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": "string", "nullable": True},
+        "code": {"nullable": True}}}}}
+
+def post(summary, req_schema, resp_schema, stream=False, extra=(400, 401, 404, 413, 503)):
+    ok = {"description": "OK", "content": {"application/json": {"schema": resp_schema}}}
+    if stream:
+        ok["content"]["text/event-stream"] = {"schema": {"type": "string"},
+                                              "example": "data: {...}\n\ndata: [DONE]\n\n"}
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {"application/json": {"schema": req_schema}}},
+                     "responses": {"200": ok, **errs(*extra)}}}
+
+def get(summary, schema, ctype="application/json", extra=()):
+    return {"get": {"summary": summary, "responses": {
+        "200": {"description": "OK", "content": {ctype: {"schema": schema}}}, **errs(*extra)}}}
+
+tokenize_req = {"type": "object", "additionalProperties": False, "properties": {
+    "model": {"type": "string", "nullable": True},
+    "prompt": {"type": "string", "maxLength": 500},
+    "add_special_tokens": {"type": "boolean"}, "return_token_strs": {"type": "boolean"}},
+    "required": ["prompt"]}
+tokenize_chat_req = {"type": "object", "additionalProperties": False, "required": ["messages"], "properties": {
+    "model": {"type": "string", "nullable": True},
+    "messages": {"type": "array", "items": ref("ChatMessage"), "minItems": 1, "maxItems": 8},
+    "add_generation_prompt": {"type": "boolean"}, "add_special_tokens": {"type": "boolean"},
+    "return_token_strs": {"type": "boolean"}, "chat_template_kwargs": {"type": "object"}}}
+
+doc = {
+    "openapi": "3.0.3",
+    "info": {"title": "atomc OpenAI-compatible server", "version": "0.1.0",
+             "description": "OpenAI-compatible completions and chat completions, plus vLLM's /tokenize, /detokenize and /metrics. "
+                            "Endpoints under /v1, /tokenize, /detokenize and /apply-template require 'Authorization: Bearer <key>' when the server runs with --api-key."},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {"ErrorResponse": error, "ChatMessage": message, "Usage": usage},
+    },
+    "paths": {
+        "/health": {"get": {"summary": "200 when serving; 503 while loading, after an engine failure or while shutting down",
+                            "responses": {"200": {"description": "serving", "content": {"application/json": {"schema": {"type": "object"}}}},
+                                          "503": {"description": "not ready", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+        "/ping": {"get": {"summary": "same as /health", "responses": {
+            "200": {"description": "serving", "content": {"application/json": {"schema": {"type": "object"}}}},
+            "503": {"description": "not ready", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+        "/version": get("server version", {"type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}}),
+        "/metrics": get("Prometheus metrics (vLLM names)", {"type": "string"}, "text/plain"),
+        "/openapi.json": get("this document", {"type": "object"}),
+        "/v1/models": get("served models", {"type": "object", "required": ["object", "data"], "properties": {
+            "object": {"type": "string"}, "data": {"type": "array", "items": {"type": "object", "required": ["id", "object"], "properties": {
+                "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
+                "owned_by": {"type": "string"}, "max_model_len": {"type": "integer"}}}}}}, extra=(401, 503)),
+        "/v1/models/{model}": {"get": {"summary": "one served model", "parameters": [
+            {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}, **errs(401, 404, 503)}}},
+        "/v1/completions": post("text completion", completion_req, completion_resp, stream=True),
+        "/v1/chat/completions": post("chat completion", chat_req, chat_resp, stream=True),
+        "/tokenize": post("tokenize a prompt or chat messages", {"oneOf": [tokenize_req, tokenize_chat_req]},
+                          {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
+                              "count": {"type": "integer"}, "max_model_len": {"type": "integer"},
+                              "tokens": {"type": "array", "items": {"type": "integer"}},
+                              "token_strs": {"type": "array", "items": {"type": "string"}, "nullable": True}}}),
+        "/detokenize": post("token ids to text", {"type": "object", "required": ["tokens"], "additionalProperties": False, "properties": {
+                                "model": {"type": "string", "nullable": True},
+                                "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 49151}, "maxItems": 64}}},
+                            {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}),
+        "/apply-template": post("render chat messages with the model's chat template (as llama-server)", tokenize_chat_req,
+                                {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}),
+    },
+}
+
+text = json.dumps(doc, separators=(",", ":"))
+print("// Generated by tools/gen_openapi.py; do not edit by hand. The server's OpenAPI description.")
+print("// Token id bounds in it are SmolLM2's vocabulary (49152); the server checks the real model's.")
+print('#include "server/server_internal.h"\n')
+print("const char server_openapi_json[] =")
+for i in range(0, len(text), 100):
+    chunk = text[i:i + 100].replace("\\", "\\\\").replace('"', '\\"')
+    print(f'    "{chunk}"')
+print(";")
