@@ -2,7 +2,7 @@
 // SmolLM2-135M's shapes (hidden 576, 30 layers, 9 query / 3 kv heads of 64, MLP 1536,
 // vocab 49152, F32 weights), plus a large sgemm for the machine's OpenBLAS peak.
 //
-//   make bench && build/bench/cpu_ops_bench [threads] [decode_steps] [prefill_tokens]
+//   make bench && build/bench/cpu_ops_bench [threads] [decode_steps] [prefill_tokens] [f32|bf16|f16|q8_0|q4_1]
 //
 // Prints per-op time and GFLOP/s (or GB/s for bandwidth-bound ops) for a batch-1 decode step
 // at context ~256 and for one prefill step, then tokens/s of the synthetic decode.
@@ -199,6 +199,13 @@ int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int steps = argc > 2 ? atoi(argv[2]) : 20;
     int prefill = argc > 3 ? atoi(argv[3]) : 256;
+    enum dtype wdt = DTYPE_F32;
+    if (argc > 4) {
+        const char *names[] = {"f32", "bf16", "f16", "q8_0", "q4_0", "q4_1"};
+        enum dtype dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1};
+        for (int i = 0; i < 6; i++)
+            if (!strcmp(argv[4], names[i])) wdt = dts[i];
+    }
     struct backend_options bo = {.num_threads = threads};
     use_cpu_time = threads == 1 && getenv("BENCH_CPU_TIME") != NULL;
     if (use_cpu_time) printf("timing by thread CPU time\n");
@@ -224,6 +231,45 @@ int main(int argc, char **argv) {
     }
     m.embed = tensor_2d(rand_buf(b, (size_t)VOCAB * HID, 0.1f, &st), DTYPE_F32, VOCAB, HID);
     m.norm = tensor_2d(rand_buf(b, HID, 1.0f, &st), DTYPE_F32, 1, HID);
+    if (wdt != DTYPE_F32) { // keep the matrices in the half dtype (fp32 compute)
+        struct tensor *mats[4 * LAYERS + 1];
+        int nm = 0;
+        for (int L = 0; L < LAYERS; L++) {
+            mats[nm++] = &m.l[L].qkv;
+            mats[nm++] = &m.l[L].o;
+            mats[nm++] = &m.l[L].gu;
+            mats[nm++] = &m.l[L].down;
+        }
+        mats[nm++] = &m.embed;
+        for (int i = 0; i < nm; i++) {
+            struct tensor src = *mats[i], dst = *mats[i];
+            dst.dtype = wdt;
+            void *qbuf = NULL;
+            if (dtype_block_elems(wdt) > 1) { // random blocks of the quantised type (scales ~0.01)
+                size_t qb = tensor_bytes(&dst);
+                qbuf = malloc(qb);
+                uint8_t *q = qbuf;
+                for (size_t j = 0; j < qb; j++) {
+                    st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+                    q[j] = (uint8_t)(st >> 56);
+                }
+                size_t bb = dtype_block_bytes(wdt);
+                for (size_t j = 0; j < qb; j += bb) {
+                    uint16_t h = f32_to_f16(0.01f);
+                    memcpy(q + j, &h, 2);
+                    if (wdt == DTYPE_Q4_1) memcpy(q + j + 2, &h, 2);
+                }
+                b->ops->free(b, src.data);
+                src.data = qbuf;
+                src.dtype = wdt;
+            }
+            if (b->ops->upload_weight(b, &dst, &src, &err) != ATOMC_OK) { fprintf(stderr, "%s\n", err.msg); return 1; }
+            if (qbuf) free(qbuf);
+            else b->ops->free(b, src.data);
+            *mats[i] = dst;
+        }
+        printf("weights %s\n", dtype_name(wdt));
+    }
     m.inv_freq = malloc(HD / 2 * 4);
     for (int i = 0; i < HD / 2; i++) m.inv_freq[i] = powf(100000.0f, -2.0f * i / HD);
 
@@ -238,7 +284,7 @@ int main(int argc, char **argv) {
     for (int s = 0; s < steps; s++) forward(b, &m, 1, prefill + 1 + s, t_op, &id);
     double dt = bench_now() - t0;
     report("decode", t_op, steps, 1, prefill + steps / 2);
-    double wbytes = 4.0 * ((double)LAYERS * ((HQ + 2 * HK) * HD * HID + HID * HQ * HD + 3.0 * FF * HID) + (double)VOCAB * HID);
+    double wbytes = (double)dtype_block_bytes(wdt) / dtype_block_elems(wdt) * ((double)LAYERS * ((HQ + 2 * HK) * HD * HID + HID * HQ * HD + 3.0 * FF * HID) + (double)VOCAB * HID);
     printf("decode: %.1f tokens/s, weights %.0f MB/token -> %.1f GB/s effective\n", steps / dt, wbytes / 1e6,
            wbytes * steps / dt / 1e9);
 
@@ -273,7 +319,7 @@ int main(int argc, char **argv) {
             for (int r = 0; r < 10; r++) b->ops->matmul(b, &tlo, &tx1, &m.embed, NULL);
             dt = bench_now() - t0;
             printf("matmul (%lld x %d) @ (%d x %d)^T: %.2f ms, %.1f GB/s of weights\n", (long long)tx1.ne[0], HID, VOCAB,
-                   HID, dt * 100, 10.0 * VOCAB * HID * 4 / dt / 1e9);
+                   HID, dt * 100, 10.0 * VOCAB * HID * dtype_block_bytes(wdt) / dtype_block_elems(wdt) / dt / 1e9);
             free(xr);
         }
         free(lo);

@@ -204,10 +204,38 @@ TEST(upload_weight_dequantises_every_dtype) {
             free(host);
         }
     }
+    // Half-precision destinations (kept as BF16 / F16 for the matmul): exactly the source
+    // rounded once to the destination dtype (a copy when the dtypes match).
+    enum dtype halves[] = {DTYPE_BF16, DTYPE_F16};
+    for (int hi = 0; hi < 2; hi++)
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+            enum dtype dt = dts[di];
+            int64_t rows = 1031, cols = 1056, n = rows * cols; // parallel path
+            size_t bytes = dtype_row_bytes(dt, cols) * (size_t)rows;
+            void *host = malloc(bytes);
+            float *tmp = malloc((size_t)n * 4);
+            if (dt == DTYPE_Q8_0 || dt == DTYPE_Q4_0 || dt == DTYPE_Q4_1) {
+                make_quant_rows(dt, host, n);
+            } else {
+                fill_sym(tmp, n, 3.0f);
+                dtype_from_f32(dt, tmp, host, n);
+            }
+            dtype_to_f32(dt, host, tmp, n);
+            uint16_t *expect = malloc((size_t)n * 2);
+            dtype_from_f32(halves[hi], tmp, expect, n);
+            struct tensor src = tensor_2d(host, dt, rows, cols), dst = tensor_2d(NULL, halves[hi], rows, cols);
+            struct error err = {0};
+            ASSERT_OK(b->ops->upload_weight(b, &dst, &src, &err));
+            ASSERT_TRUE(memcmp(dst.data, expect, (size_t)n * 2) == 0);
+            b->ops->free(b, dst.data);
+            free(host);
+            free(tmp);
+            free(expect);
+        }
     // Errors: wrong destination dtype, element count mismatch, integer source.
     float w[64] = {0};
     struct tensor src = tensor_2d(w, DTYPE_F32, 4, 16);
-    struct tensor dst = tensor_2d(NULL, DTYPE_BF16, 4, 16);
+    struct tensor dst = tensor_2d(NULL, DTYPE_FP8_E4M3, 4, 16);
     struct error err = {0};
     ASSERT_EQ(b->ops->upload_weight(b, &dst, &src, &err), ATOMC_ERR_UNSUPPORTED);
     dst = tensor_2d(NULL, DTYPE_F32, 4, 15);
@@ -403,6 +431,135 @@ TEST(matmul_with_and_without_bias) {
         free(o);
         free(ref);
     }
+    backend_destroy(b);
+}
+
+// BF16 / F16 weights (fp32 compute): matmul (skinny and tiled-sgemm paths, half bias),
+// embedding and norms, against double references over the weights' exact F32 values.
+TEST(half_precision_weights) {
+    struct backend *b = make_backend(2);
+    enum dtype halves[] = {DTYPE_BF16, DTYPE_F16};
+    int shapes[][3] = {{1, 129, 257}, {3, 64, 13}, {8, 200, 301}, {9, 72, 1500}, {33, 576, 2100}};
+    for (int hi = 0; hi < 2; hi++) {
+        enum dtype ht = halves[hi];
+        for (int si = 0; si < 5; si++) {
+            int n = shapes[si][0], k = shapes[si][1], m = shapes[si][2];
+            float *x = malloc((size_t)n * k * 4), *wf = malloc((size_t)m * k * 4), *bf = malloc(m * 4);
+            uint16_t *wh = malloc((size_t)m * k * 2), *bh = malloc(m * 2);
+            float *o = gbuf((size_t)n * m * 4);
+            double *ref = malloc((size_t)n * m * 8);
+            fill_sym(x, (int64_t)n * k, 1.0f);
+            fill_sym(wf, (int64_t)m * k, 0.5f);
+            fill_sym(bf, m, 1.0f);
+            dtype_from_f32(ht, wf, wh, (int64_t)m * k);
+            dtype_to_f32(ht, wh, wf, (int64_t)m * k);
+            dtype_from_f32(ht, bf, bh, m);
+            dtype_to_f32(ht, bh, bf, m);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < m; j++) {
+                    double acc = bf[j];
+                    for (int t = 0; t < k; t++) acc += (double)x[(size_t)i * k + t] * wf[(size_t)j * k + t];
+                    ref[(size_t)i * m + j] = acc;
+                }
+            struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(wh, ht, m, k);
+            struct tensor to = tensor_2d(o, DTYPE_F32, n, m), tb = tensor_2d(bh, ht, 1, m);
+            b->ops->matmul(b, &to, &tx, &tw, &tb);
+            double e = nmse(o, ref, (int64_t)n * m);
+            if (!(e < 1e-11)) test_fail(__FILE__, __LINE__, "%s matmul %dx%dx%d nmse %g", dtype_name(ht), n, k, m, e);
+            ASSERT_TRUE(guard_ok(o, (size_t)n * m * 4));
+            free(x); free(wf); free(bf); free(wh); free(bh); free(o); free(ref);
+        }
+        // Embedding from a half table, norms with a half weight.
+        int vocab = 50, d = 72, rows = 5;
+        float *tf = malloc((size_t)vocab * d * 4), *nw = malloc(d * 4), *out = gbuf((size_t)rows * d * 4);
+        uint16_t *th = malloc((size_t)vocab * d * 2), *nwh = malloc(d * 2);
+        fill_sym(tf, (int64_t)vocab * d, 1.0f);
+        fill_sym(nw, d, 1.0f);
+        dtype_from_f32(ht, tf, th, (int64_t)vocab * d);
+        dtype_to_f32(ht, th, tf, (int64_t)vocab * d);
+        dtype_from_f32(ht, nw, nwh, d);
+        dtype_to_f32(ht, nwh, nw, d);
+        int32_t ids[5] = {3, 49, 0, 3, 17};
+        struct tensor tt = tensor_2d(th, ht, vocab, d), to = tensor_2d(out, DTYPE_F32, rows, d);
+        b->ops->embedding(b, &to, &tt, ids);
+        for (int i = 0; i < rows; i++) ASSERT_TRUE(memcmp(out + i * d, tf + ids[i] * d, d * 4) == 0);
+        double ref[5 * 72];
+        for (int i = 0; i < rows; i++) ref_rmsnorm(ref + i * d, out + i * d, nw, d, 1e-5f);
+        float *nout = gbuf((size_t)rows * d * 4);
+        struct tensor tn = tensor_2d(nout, DTYPE_F32, rows, d), tnw = tensor_2d(nwh, ht, 1, d);
+        b->ops->rmsnorm(b, &tn, &to, &tnw, 1e-5f);
+        ASSERT_TRUE(nmse(nout, ref, rows * d) < 1e-12);
+        b->ops->add_rmsnorm(b, &tn, &to, NULL, &tnw, 1e-5f);
+        ASSERT_TRUE(nmse(nout, ref, rows * d) < 1e-12);
+        ASSERT_TRUE(guard_ok(nout, (size_t)rows * d * 4) && guard_ok(out, (size_t)rows * d * 4));
+        free(tf); free(nw); free(out); free(th); free(nwh); free(nout);
+    }
+    backend_destroy(b);
+}
+
+// GGUF quantised weights kept as is (Q8_0 / Q4_0 / Q4_1): the kernels dequantise in registers
+// with dtype_to_f32's arithmetic, so the decode matmul (n <= 8) must equal the F32 path on the
+// weights dequantised at load bit for bit, and the sgemm path (n > 8) to rounding. Embedding
+// rows from a quantised table likewise.
+TEST(quantised_weights_match_dequantised_f32) {
+    struct backend *b = make_backend(2);
+    enum dtype qts[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1};
+    int ks[] = {96, 576}, ns[] = {1, 2, 3, 4, 5, 8, 9, 33};
+    const int m = 301;
+    for (int qi = 0; qi < 3; qi++)
+        for (int ki = 0; ki < 2; ki++) {
+            enum dtype qt = qts[qi];
+            int k = ks[ki];
+            size_t qbytes = dtype_row_bytes(qt, k) * m;
+            void *host = malloc(qbytes);
+            make_quant_rows(qt, host, (int64_t)m * k);
+            struct tensor src = tensor_2d(host, qt, m, k);
+            struct tensor wq = tensor_2d(NULL, qt, m, k), wf = tensor_2d(NULL, DTYPE_F32, m, k);
+            struct error err = {0};
+            ASSERT_OK(b->ops->upload_weight(b, &wq, &src, &err));
+            ASSERT_OK(b->ops->upload_weight(b, &wf, &src, &err));
+            ASSERT_TRUE(memcmp(wq.data, host, qbytes) == 0);
+            float *bias = malloc(m * 4);
+            fill_sym(bias, m, 1.0f);
+            struct tensor tb = tensor_2d(bias, DTYPE_F32, 1, m);
+            for (int ni = 0; ni < 8; ni++) {
+                int n = ns[ni];
+                float *x = malloc((size_t)n * k * 4), *oq = gbuf((size_t)n * m * 4), *of = malloc((size_t)n * m * 4);
+                fill_sym(x, (int64_t)n * k, 1.0f);
+                struct tensor tx = tensor_2d(x, DTYPE_F32, n, k);
+                struct tensor toq = tensor_2d(oq, DTYPE_F32, n, m), tof = tensor_2d(of, DTYPE_F32, n, m);
+                b->ops->matmul(b, &toq, &tx, &wq, &tb);
+                b->ops->matmul(b, &tof, &tx, &wf, &tb);
+                if (n <= 8) {
+                    if (memcmp(oq, of, (size_t)n * m * 4))
+                        test_fail(__FILE__, __LINE__, "%s k %d n %d: differs from the F32 path", dtype_name(qt), k, n);
+                } else {
+                    double *ref = malloc((size_t)n * m * 8);
+                    for (int64_t i = 0; i < (int64_t)n * m; i++) ref[i] = of[i];
+                    double e = nmse(oq, ref, (int64_t)n * m);
+                    if (!(e < 1e-12)) test_fail(__FILE__, __LINE__, "%s k %d n %d: nmse %g", dtype_name(qt), k, n, e);
+                    free(ref);
+                }
+                ASSERT_TRUE(guard_ok(oq, (size_t)n * m * 4));
+                free(x); free(oq); free(of);
+            }
+            // Embedding rows from the quantised table equal those of the dequantised one.
+            int32_t ids[4] = {0, 300, 17, 17};
+            float *eq = malloc((size_t)4 * k * 4), *ef = malloc((size_t)4 * k * 4);
+            struct tensor teq = tensor_2d(eq, DTYPE_F32, 4, k), tef = tensor_2d(ef, DTYPE_F32, 4, k);
+            b->ops->embedding(b, &teq, &wq, ids);
+            b->ops->embedding(b, &tef, &wf, ids);
+            ASSERT_TRUE(memcmp(eq, ef, (size_t)4 * k * 4) == 0);
+            free(eq); free(ef); free(bias); free(host);
+            b->ops->free(b, wq.data);
+            b->ops->free(b, wf.data);
+        }
+    // Quantised destinations only from the same quantised type.
+    float w[64] = {0};
+    struct tensor src = tensor_2d(w, DTYPE_F32, 2, 32), dst = tensor_2d(NULL, DTYPE_Q4_1, 2, 32);
+    struct error err = {0};
+    ASSERT_EQ(b->ops->upload_weight(b, &dst, &src, &err), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(err.msg, "Q4_1") != NULL);
     backend_destroy(b);
 }
 
@@ -751,6 +908,63 @@ TEST(attention_random_shapes) {
         run_attn_case(b, &c);
     }
     backend_destroy(b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results do not depend on the thread count: every output element is computed by one thread
+// in a fixed order, so 1 and 3 threads agree bit for bit (the skinny matmul, norms, attention),
+// and a decode row's matmul output does not depend on the other rows of its batch (n <= 8).
+
+TEST(outputs_identical_across_thread_counts) {
+    struct backend *b1 = make_backend(1), *b3 = make_backend(3);
+    int n = 3, k = 200, m = 700, d = 64, rows = 900;
+    float *x = malloc((size_t)n * k * 4), *w = malloc((size_t)m * k * 4), *o1 = malloc((size_t)n * m * 4);
+    float *o3 = malloc((size_t)n * m * 4), *nx = malloc((size_t)rows * d * 4), *nw = malloc(d * 4);
+    float *r1 = malloc((size_t)rows * d * 4), *r3 = malloc((size_t)rows * d * 4);
+    fill_sym(x, (int64_t)n * k, 1.0f);
+    fill_sym(w, (int64_t)m * k, 1.0f);
+    fill_sym(nx, (int64_t)rows * d, 2.0f);
+    fill_sym(nw, d, 1.0f);
+    struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, DTYPE_F32, m, k);
+    struct tensor t1 = tensor_2d(o1, DTYPE_F32, n, m), t3 = tensor_2d(o3, DTYPE_F32, n, m);
+    b1->ops->matmul(b1, &t1, &tx, &tw, NULL);
+    b3->ops->matmul(b3, &t3, &tx, &tw, NULL);
+    ASSERT_TRUE(memcmp(o1, o3, (size_t)n * m * 4) == 0);
+    // Batch invariance of the skinny (decode) matmul: row i alone == row i of the batch of 3.
+    for (int i = 0; i < n; i++) {
+        struct tensor xi = tensor_2d(x + (size_t)i * k, DTYPE_F32, 1, k), oi = tensor_2d(o3, DTYPE_F32, 1, m);
+        b3->ops->matmul(b3, &oi, &xi, &tw, NULL);
+        ASSERT_TRUE(memcmp(o3, o1 + (size_t)i * m, (size_t)m * 4) == 0);
+    }
+    struct tensor tnx = tensor_2d(nx, DTYPE_F32, rows, d), tnw = tensor_2d(nw, DTYPE_F32, 1, d);
+    struct tensor tr1 = tensor_2d(r1, DTYPE_F32, rows, d), tr3 = tensor_2d(r3, DTYPE_F32, rows, d);
+    b1->ops->rmsnorm(b1, &tr1, &tnx, &tnw, 1e-6f);
+    b3->ops->rmsnorm(b3, &tr3, &tnx, &tnw, 1e-6f);
+    ASSERT_TRUE(memcmp(r1, r3, (size_t)rows * d * 4) == 0);
+    // Attention over a mixed batch: same cache, same queries.
+    int hq = 8, hk = 2, bs = 16, n_seqs = 3;
+    int32_t qs[4] = {0, 40, 41, 50}, cl[3] = {40, 70, 30}, bt[3 * 5], pos[50], slot[50];
+    for (int i = 0; i < 15; i++) bt[i] = (i * 7) % 16;
+    int64_t kne[4] = {16, bs, hk, d};
+    float *kc = malloc((size_t)16 * bs * hk * d * 4), *vc = malloc((size_t)16 * bs * hk * d * 4);
+    fill_sym(kc, (int64_t)16 * bs * hk * d, 1.0f);
+    fill_sym(vc, (int64_t)16 * bs * hk * d, 1.0f);
+    struct kv_layer kv = {tensor_make(kc, DTYPE_F32, 4, kne), tensor_make(vc, DTYPE_F32, 4, kne), 1.0f, 1.0f};
+    struct attn_metadata md = {.n_seqs = n_seqs, .n_tokens = 50, .max_blocks_per_seq = 5, .block_size = bs,
+                               .h_query_start = qs, .h_context_lens = cl, .h_block_tables = bt,
+                               .h_positions = pos, .h_slot_mapping = slot};
+    float *q = malloc((size_t)50 * hq * d * 4), *a1 = malloc((size_t)50 * hq * d * 4), *a3 = malloc((size_t)50 * hq * d * 4);
+    fill_sym(q, (int64_t)50 * hq * d, 1.0f);
+    int64_t qne[3] = {50, hq, d};
+    struct tensor tq = tensor_make(q, DTYPE_F32, 3, qne), ta1 = tensor_make(a1, DTYPE_F32, 3, qne);
+    struct tensor ta3 = tensor_make(a3, DTYPE_F32, 3, qne);
+    b1->ops->attention(b1, &ta1, &tq, 0, &kv, &md, 0.125f, 0, NULL);
+    b3->ops->attention(b3, &ta3, &tq, 0, &kv, &md, 0.125f, 0, NULL);
+    ASSERT_TRUE(memcmp(a1, a3, (size_t)50 * hq * d * 4) == 0);
+    free(x); free(w); free(o1); free(o3); free(nx); free(nw); free(r1); free(r3);
+    free(kc); free(vc); free(q); free(a1); free(a3);
+    backend_destroy(b1);
+    backend_destroy(b3);
 }
 
 // ---------------------------------------------------------------------------------------------

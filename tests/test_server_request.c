@@ -77,6 +77,30 @@ TEST(completion_defaults_and_fields) {
     oai_request_free(&r);
 }
 
+// The parser sets sampling defaults itself; they must be the engine's.
+TEST(parser_defaults_match_engine_defaults) {
+    struct oai_request r;
+    struct oai_error e;
+    ASSERT_OK(parse(OAI_ENDPOINT_COMPLETIONS, "{\"prompt\":\"x\"}", &r, &e));
+    atomc_sampling_params d;
+    atomc_sampling_params_init(&d);
+    ASSERT_NEAR(r.params.temperature, d.temperature, 0);
+    ASSERT_NEAR(r.params.top_p, d.top_p, 0);
+    ASSERT_EQ(r.params.top_k, d.top_k);
+    ASSERT_NEAR(r.params.min_p, d.min_p, 0);
+    ASSERT_NEAR(r.params.repetition_penalty, d.repetition_penalty, 0);
+    ASSERT_NEAR(r.params.presence_penalty, d.presence_penalty, 0);
+    ASSERT_NEAR(r.params.frequency_penalty, d.frequency_penalty, 0);
+    ASSERT_EQ(r.params.max_tokens, d.max_tokens);
+    ASSERT_EQ(r.params.min_tokens, d.min_tokens);
+    ASSERT_EQ(r.params.skip_special_tokens, d.skip_special_tokens);
+    ASSERT_EQ(r.params.ignore_eos, d.ignore_eos);
+    ASSERT_EQ(r.params.logprobs, d.logprobs);
+    ASSERT_EQ(r.params.prompt_logprobs, d.prompt_logprobs);
+    ASSERT_EQ(r.params.has_seed, d.has_seed);
+    oai_request_free(&r);
+}
+
 TEST(prompt_forms) {
     struct oai_request r;
     struct oai_error e;

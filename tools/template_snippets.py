@@ -102,6 +102,10 @@ S = [
     "{{ 'k=v=w'.partition('=') }}|{{ 'k=v=w'.rpartition('=') }}|{{ 'prefix_x'.removeprefix('prefix_') }}",
     "{{ d.get('a') }}|{{ d.get('zz') }}|{{ d.get('zz', 5) }}|{{ d.keys() | list }}|{{ d.values() | list }}|{{ xs.index(2) }}|{{ xs.count(3) }}",
     "{{ msgs[0]['role'] }}|{{ msgs[0].get('content') }}|{{ d['items'] is defined }}",
+    # printf-style formatting
+    "{{ '%s and %s' % (n, s) }}|{{ '%d|%5d|%-5d|%05d|%+d' % (n, n, n, n, n) }}|{{ '%.2f|%8.3f|%e|%g' % (f, f, big, tiny) }}|{{ '%x %X %o' % (255, 255, 8) }}",
+    "{{ '%s' % xs }}|{{ '%s' % d }}|{{ '%(b)s-%(a)s' % d }}|{{ '%r' % s }}|{{ '%c%c' % (65, 'é') }}|{{ '100%%' % () }}|{{ '%s' % zz }}|{{ '%.3s|%5s|%-5s|' % (u, 'ab', 'ab') }}",
+    "{{ '%s %s' % (1,) }}", "{{ '%s' % (1, 2) }}", "{{ '%d' % 'x' }}",
     # globals
     "{{ range(3) | list }}|{{ range(1, 10, 3) | list }}|{{ range(5, 0, -2) | list }}|{% for i in range(2) %}{{ i }}{% endfor %}",
     "{{ dict(a=1, b='x') }}|{{ namespace(a=1).a }}",

@@ -11,6 +11,8 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } bench_kinds[] = {
+    {"throughput", cmd_bench_throughput, "offline throughput of the engine on random prompts"},
+    {"latency", cmd_bench_latency, "decode step latency by batch size, prefill latency by prompt length"},
     {"serve", cmd_bench_serve, "online serving benchmark against an OpenAI-compatible server"},
 };
 

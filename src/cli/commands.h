@@ -4,14 +4,18 @@
 #define ATOMC_CLI_COMMANDS_H
 
 int cmd_version(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
 int cmd_bench_runner(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_throughput(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_bench_latency(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 #endif

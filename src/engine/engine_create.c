@@ -129,10 +129,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     if (tok) engine_text_ops_from_tokenizer(&su.text, tok);
     su.num_kv_blocks = model_runner_num_kv_blocks(runner);
     su.vocab_size = cfg->vocab_size;
-    // The runner's rule: the option, else the model's max_position_embeddings, else 2048.
-    su.max_model_len = o->max_model_len > 0 ? o->max_model_len
-                       : cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings
-                                                          : 2048;
+    su.max_model_len = model_runner_max_model_len(runner);
     // EOS: config.json + generation_config.json (merged by the loader), and the tokenizer's.
     for (int i = 0; i < cfg->n_eos; i++) add_eos(&su, cfg->eos_token_ids[i]);
     if (tok) add_eos(&su, tokenizer_eos_id(tok));

@@ -302,12 +302,30 @@ static atomc_status read_value(struct cursor *c, void **arena, enum gguf_type ty
 // ---------------------------------------------------------------------------------
 // Open / close.
 
+// Keys are compared as byte strings (they may, in principle, contain NUL bytes).
+static int cmp_bytes(const char *a, uint64_t alen, const char *b, uint64_t blen) {
+    int c = memcmp(a, b, (size_t)(alen < blen ? alen : blen));
+    if (c) return c;
+    return alen < blen ? -1 : alen > blen ? 1 : 0;
+}
+
+static int cmp_kv(const void *a, const void *b) {
+    const struct gguf_kv *x = *(struct gguf_kv *const *)a, *y = *(struct gguf_kv *const *)b;
+    return cmp_bytes(x->key.s, x->key.len, y->key.s, y->key.len);
+}
+
+static int cmp_tensor(const void *a, const void *b) {
+    return strcmp((*(struct gguf_tensor_info *const *)a)->name, (*(struct gguf_tensor_info *const *)b)->name);
+}
+
 void gguf_close(struct gguf_file *g) {
     if (!g) return;
     if (g->kv)
         for (uint64_t i = 0; i < g->n_kv; i++) value_free(&g->kv[i].value);
     free(g->kv);
     free(g->tensors);
+    free(g->kv_by_key);
+    free(g->tensors_by_name);
     arena_free(g->arena);
     if (g->map.data || g->map.path) mapped_file_close(&g->map);
     free(g->path);
@@ -352,11 +370,15 @@ static atomc_status gguf_parse(struct gguf_file *g, struct error *err) {
         if (type >= GGUF_TYPE_COUNT)
             return error_set(err, ATOMC_ERR_FORMAT, "%s: metadata key '%s': invalid value type %u", g->path,
                              kv->key.s, type);
-        for (uint64_t j = 0; j < i; j++)
-            if (g->kv[j].key.len == kv->key.len && memcmp(g->kv[j].key.s, kv->key.s, kv->key.len) == 0)
-                return error_set(err, ATOMC_ERR_FORMAT, "%s: duplicate metadata key '%s'", g->path, kv->key.s);
         if ((st = read_value(&c, &g->arena, (enum gguf_type)type, &kv->value, kv->key.s, 0))) return st;
     }
+    g->kv_by_key = malloc((g->n_kv ? g->n_kv : 1) * sizeof *g->kv_by_key);
+    if (!g->kv_by_key) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "%s: out of memory", g->path);
+    for (uint64_t i = 0; i < g->n_kv; i++) g->kv_by_key[i] = &g->kv[i];
+    qsort(g->kv_by_key, g->n_kv, sizeof *g->kv_by_key, cmp_kv);
+    for (uint64_t i = 1; i < g->n_kv; i++)
+        if (cmp_kv(&g->kv_by_key[i - 1], &g->kv_by_key[i]) == 0)
+            return error_set(err, ATOMC_ERR_FORMAT, "%s: duplicate metadata key '%s'", g->path, g->kv_by_key[i]->key.s);
     const struct gguf_value *al = gguf_get_value(g, "general.alignment");
     if (al) {
         uint32_t a;
@@ -407,10 +429,15 @@ static atomc_status gguf_parse(struct gguf_file *g, struct error *err) {
         if (t->offset % g->alignment != 0)
             return error_set(err, ATOMC_ERR_FORMAT, "%s: tensor '%s': data offset %" PRIu64
                              " is not a multiple of the alignment %u", g->path, t->name, t->offset, g->alignment);
-        for (uint64_t j = 0; j < i; j++)
-            if (strcmp(g->tensors[j].name, t->name) == 0)
-                return error_set(err, ATOMC_ERR_FORMAT, "%s: duplicate tensor name '%s'", g->path, t->name);
     }
+    g->tensors_by_name = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *g->tensors_by_name);
+    if (!g->tensors_by_name) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "%s: out of memory", g->path);
+    for (uint64_t i = 0; i < g->n_tensors; i++) g->tensors_by_name[i] = &g->tensors[i];
+    qsort(g->tensors_by_name, g->n_tensors, sizeof *g->tensors_by_name, cmp_tensor);
+    for (uint64_t i = 1; i < g->n_tensors; i++)
+        if (strcmp(g->tensors_by_name[i - 1]->name, g->tensors_by_name[i]->name) == 0)
+            return error_set(err, ATOMC_ERR_FORMAT, "%s: duplicate tensor name '%s'", g->path,
+                             g->tensors_by_name[i]->name);
     uint64_t pad = (g->alignment - c.pos % g->alignment) % g->alignment;
     g->data_offset = c.pos + pad;
     if (g->n_tensors > 0 && g->data_offset > g->size)
@@ -468,10 +495,10 @@ atomc_status gguf_open(struct gguf_file **out, const char *path, struct error *e
 // Metadata accessors.
 
 int64_t gguf_find_key(const struct gguf_file *g, const char *key) {
-    size_t len = strlen(key);
-    for (uint64_t i = 0; i < g->n_kv; i++)
-        if (g->kv[i].key.len == len && memcmp(g->kv[i].key.s, key, len) == 0) return (int64_t)i;
-    return -1;
+    struct gguf_kv probe = {.key = {.s = key, .len = strlen(key)}};
+    const struct gguf_kv *pp = &probe;
+    struct gguf_kv **hit = bsearch(&pp, g->kv_by_key, g->n_kv, sizeof *g->kv_by_key, cmp_kv);
+    return hit ? (int64_t)(*hit - g->kv) : -1;
 }
 
 const struct gguf_value *gguf_get_value(const struct gguf_file *g, const char *key) {
@@ -728,9 +755,10 @@ atomc_status gguf_get_arr_f32(const struct gguf_file *g, const char *key, float 
 // Tensors.
 
 const struct gguf_tensor_info *gguf_find_tensor(const struct gguf_file *g, const char *name) {
-    for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (strcmp(g->tensors[i].name, name) == 0) return &g->tensors[i];
-    return NULL;
+    struct gguf_tensor_info probe = {.name = name};
+    const struct gguf_tensor_info *pp = &probe;
+    struct gguf_tensor_info **hit = bsearch(&pp, g->tensors_by_name, g->n_tensors, sizeof *g->tensors_by_name, cmp_tensor);
+    return hit ? *hit : NULL;
 }
 
 atomc_status gguf_get_tensor(const struct gguf_file *g, const char *name, struct tensor *out, struct error *err) {

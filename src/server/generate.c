@@ -133,10 +133,13 @@ static json_t *chunk_new(struct srv_req *r) {
     return o;
 }
 
-static json_t *stop_reason_json(struct srv_choice *c) {
+// vLLM's stop_reason: the stop string or the requested stop token id that ended the choice;
+// null for EOS (and for every other finish).
+static json_t *stop_reason_json(struct srv_req *r, struct srv_choice *c) {
     if (c->finish != ATOMC_FINISH_STOP) return json_null();
     if (c->stop_str) return json_string(c->stop_str);
-    if (c->stop_token >= 0) return json_integer(c->stop_token);
+    for (int i = 0; i < r->oai.n_stop_token_ids; i++)
+        if (r->oai.stop_token_ids[i] == c->stop_token) return json_integer(c->stop_token);
     return json_null();
 }
 
@@ -277,7 +280,7 @@ static void stream_event(struct srv_req *r, struct srv_choice *c, const struct s
                         r->oai.logprobs >= 0 && (ev->n_tokens || echo) ? event_logprobs(r, c, ev, echo && r->oai.echo)
                                                                        : json_null());
     json_object_set_new(ch, "finish_reason", oai_finish_reason_json(ev->finish == ATOMC_FINISH_NONE ? ATOMC_FINISH_NONE : c->finish));
-    if (ev->finish != ATOMC_FINISH_NONE) json_object_set_new(ch, "stop_reason", stop_reason_json(c));
+    if (ev->finish != ATOMC_FINISH_NONE) json_object_set_new(ch, "stop_reason", stop_reason_json(r, c));
     json_t *arr = json_array();
     json_array_append_new(arr, ch);
     json_object_set_new(o, "choices", arr);
@@ -401,7 +404,7 @@ static json_t *final_body(struct srv_req *r, int *code) {
         c->logprobs = NULL;
         json_object_set_new(ch, "logprobs", lp ? lp : json_null());
         json_object_set_new(ch, "finish_reason", oai_finish_reason_json(c->finish));
-        json_object_set_new(ch, "stop_reason", stop_reason_json(c));
+        json_object_set_new(ch, "stop_reason", stop_reason_json(r, c));
         json_array_append_new(choices, ch);
     }
     json_object_set_new(o, "choices", choices);
@@ -650,7 +653,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         struct srv_choice *c = &r->choices[i];
         struct srv_prompt *p = &r->prompts[c->prompt_idx];
         atomc_request ar;
-        memset(&ar, 0, sizeof ar);
+        atomc_request_init(&ar);
         ar.prompt_ids = p->ids;
         ar.n_prompt_ids = p->n_ids;
         ar.params = q->params;

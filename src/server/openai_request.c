@@ -502,7 +502,7 @@ int oai_request_parse(enum oai_endpoint ep, const char *body, size_t len, const 
     r->add_generation_prompt = true;
     r->add_special_tokens = ep == OAI_ENDPOINT_COMPLETIONS;
     // The same defaults as atomc_sampling_params_init, set here so this pure parser has no link
-    // dependency on the engine library (tests/test_server_request.c checks they agree).
+    // dependency on the engine (tests/test_server_request.c checks they agree).
     r->params.temperature = 1.0f;
     r->params.top_p = 1.0f;
     r->params.repetition_penalty = 1.0f;

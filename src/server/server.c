@@ -451,9 +451,10 @@ static void on_request(struct evhttp_request *req, void *arg) {
         return;
     }
     enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-    bool ok = ((rt->flags & R_GET) && cmd == EVHTTP_REQ_GET) || ((rt->flags & R_POST) && cmd == EVHTTP_REQ_POST);
+    bool ok = ((rt->flags & R_GET) && (cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD)) ||
+              ((rt->flags & R_POST) && cmd == EVHTTP_REQ_POST);
     if (!ok) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", (rt->flags & R_GET) ? "GET" : "POST");
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", (rt->flags & R_GET) ? "GET, HEAD" : "POST");
         send_error(s, req, 405, NULL, (rt->flags & R_GET) ? "Method Not Allowed: use GET" : "Method Not Allowed: use POST");
         return;
     }
@@ -618,8 +619,11 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
     if (!s->http) goto fail_msg;
     evhttp_set_max_body_size(s->http, (ev_ssize_t)o->max_body_bytes);
     evhttp_set_max_headers_size(s->http, (ev_ssize_t)o->max_header_bytes);
+    // Every method reaches the router, which answers 405 in OpenAI's error shape (libevent's own
+    // answer to a method outside this set would be an HTML 501).
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
+                                            EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
     // Idle keep-alive connections and stalled reads/writes are dropped after this long; a request
     // waiting for the engine is not subject to it (the connection neither reads nor writes then).
     evhttp_set_timeout(s->http, 300);

@@ -155,6 +155,33 @@ static json_t *flatten_parts(const json_t *content) {
     return s;
 }
 
+// The message's reasoning under any of the names clients use for it (HF's order), or NULL.
+static json_t *reasoning_of(const json_t *m) {
+    static const char *const names[] = {"reasoning_content", "thinking", "reasoning"};
+    for (int i = 0; i < 3; i++) {
+        json_t *v = json_object_get(m, names[i]);
+        if (v && !json_is_null(v)) return v;
+    }
+    return NULL;
+}
+
+// As transformers' _alias_reasoning_fields: {"thinking": r, **message, "reasoning_content": r},
+// so templates reading either name see the reasoning. Consumes m; returns a new object.
+static json_t *alias_reasoning(json_t *m, json_t *reasoning) {
+    json_t *r = json_incref(reasoning);
+    json_t *out = json_object();
+    if (out) {
+        json_object_set(out, "thinking", r);
+        const char *k;
+        json_t *v;
+        json_object_foreach(m, k, v) json_object_set(out, k, v);
+        json_object_set(out, "reasoning_content", r);
+    }
+    json_decref(r);
+    json_decref(m);
+    return out;
+}
+
 #define CONTINUE_TAG "CONTINUE_FINAL_MESSAGE_TAG "
 
 // Python str.strip() of ASCII/Unicode whitespace for the "final message appears" check.
@@ -167,11 +194,13 @@ static void strip_bounds(const char *s, size_t n, size_t *a, size_t *b) {
     *b = j;
 }
 
-atomc_status chat_template_render_ex(const struct chat_template *t, const json_t *messages, const json_t *tools,
-                                     bool add_generation_prompt, bool continue_final_message, const json_t *kwargs,
-                                     const char *bos_token, const char *eos_token,
-                                     const struct jinja_render_options *opt, char **out, struct error *err) {
+static atomc_status render_impl(const struct chat_template *t, const json_t *messages, const json_t *tools,
+                                const json_t *documents, bool add_generation_prompt, bool continue_final_message,
+                                const json_t *kwargs, const char *bos_token, const char *eos_token,
+                                const struct jinja_render_options *opt, char **out, struct error *err) {
     *out = NULL;
+    if (documents && !json_is_null(documents) && !json_is_array(documents))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "'documents' must be an array");
     atomc_status st = chat_template_validate_messages(messages, err);
     if (st != ATOMC_OK) return st;
     if (tools && !json_is_null(tools) && !json_is_array(tools))
@@ -188,13 +217,14 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
     json_t *msgs = (json_t *)messages;
     bool copied = false;
     size_t n = json_array_size(messages);
-    if (!t->content_as_parts || continue_final_message) {
+    {
         for (size_t i = 0; i < n; i++) {
             json_t *m = json_array_get(msgs, i);
             json_t *c = json_object_get(m, "content");
             bool last = i + 1 == n;
             bool flatten = !t->content_as_parts && json_is_array(c);
-            if (!flatten && !(continue_final_message && last)) continue;
+            json_t *reasoning = reasoning_of(m);
+            if (!flatten && !reasoning && !(continue_final_message && last)) continue;
             if (!copied) {
                 msgs = json_copy(msgs); // shallow: messages are replaced one by one below
                 if (!msgs) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of memory");
@@ -206,6 +236,11 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
                 return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of memory");
             }
             if (flatten) json_object_set_new(nm, "content", flatten_parts(c));
+            if (reasoning) nm = alias_reasoning(nm, reasoning);
+            if (!nm) {
+                json_decref(msgs);
+                return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of memory");
+            }
             json_array_set_new(msgs, i, nm);
         }
     }
@@ -272,7 +307,7 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
     }
     json_object_set(vars, "messages", msgs);
     json_object_set_new(vars, "tools", tools ? json_incref((json_t *)tools) : json_null());
-    json_object_set_new(vars, "documents", json_null());
+    json_object_set_new(vars, "documents", documents ? json_incref((json_t *)documents) : json_null());
     json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
     if (copied) json_decref(msgs);
 
@@ -309,11 +344,46 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
     return ATOMC_OK;
 }
 
+atomc_status chat_template_render_ex(const struct chat_template *t, const json_t *messages, const json_t *tools,
+                                     bool add_generation_prompt, bool continue_final_message, const json_t *kwargs,
+                                     const char *bos_token, const char *eos_token,
+                                     const struct jinja_render_options *opt, char **out, struct error *err) {
+    return render_impl(t, messages, tools, NULL, add_generation_prompt, continue_final_message, kwargs, bos_token,
+                       eos_token, opt, out, err);
+}
+
 atomc_status chat_template_render(const struct chat_template *t, const json_t *messages, const json_t *tools,
                                   bool add_generation_prompt, bool continue_final_message, const json_t *kwargs,
                                   const char *bos_token, const char *eos_token, char **out, struct error *err) {
     return chat_template_render_ex(t, messages, tools, add_generation_prompt, continue_final_message, kwargs,
                                    bos_token, eos_token, NULL, out, err);
+}
+
+atomc_status chat_template_render_request(const struct chat_template *t, const json_t *request, const char *bos_token,
+                                          const char *eos_token, char **out, struct error *err) {
+    *out = NULL;
+    if (!json_is_object(request)) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "request body must be a JSON object");
+    json_t *messages = json_object_get(request, "messages");
+    if (!messages) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "'messages' is required");
+    json_t *tools = json_object_get(request, "tools");
+    if (tools && json_is_null(tools)) tools = NULL;
+    const char *bools[2] = {"add_generation_prompt", "continue_final_message"};
+    bool vals[2] = {true, false};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(request, bools[i]);
+        if (v && !json_is_null(v)) {
+            if (!json_is_boolean(v))
+                return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "'%s' must be a boolean", bools[i]);
+            vals[i] = json_is_true(v);
+        }
+    }
+    // continuing the final message implies no new assistant header unless asked explicitly
+    if (vals[1] && !json_is_true(json_object_get(request, "add_generation_prompt"))) vals[0] = false;
+    json_t *kwargs = json_object_get(request, "chat_template_kwargs");
+    if (kwargs && json_is_null(kwargs)) kwargs = NULL;
+    json_t *documents = json_object_get(request, "documents");
+    if (documents && json_is_null(documents)) documents = NULL;
+    return render_impl(t, messages, tools, documents, vals[0], vals[1], kwargs, bos_token, eos_token, NULL, out, err);
 }
 
 // ---------------------------------------------------------------- loading

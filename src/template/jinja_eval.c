@@ -408,7 +408,174 @@ static double py_fmod(double a, double b) {
     return m;
 }
 
+// Python's printf-style `str % args` (conversions s r a d i u f F e E g G x X o c %, flags
+// `-+ #0`, width, precision, %(key)s with a dict).
+static bool percent_format(struct eval *ev, const struct node *at, const struct jv *fmt, const struct jv *args,
+                           struct jv *out) {
+    const struct jv *pos = args;
+    size_t npos = 1, next = 0;
+    bool is_map = args->t == JV_DICT;
+    if (args->t == JV_LIST && args->u.l->is_tuple) {
+        pos = args->u.l->v;
+        npos = args->u.l->n;
+    }
+    bool tolerant = is_map || (args->t == JV_LIST && !args->u.l->is_tuple); // has __getitem__: no "not all converted"
+    struct sbuf b;
+    sbuf_init(&b, ev->lim.max_output_bytes);
+    const char *p = fmt->u.s.p, *end = p + fmt->u.s.n;
+    bool used_map = false;
+    while (p < end) {
+        const char *pc = memchr(p, '%', (size_t)(end - p));
+        if (!pc) {
+            sbuf_put(&b, p, (size_t)(end - p));
+            break;
+        }
+        sbuf_put(&b, p, (size_t)(pc - p));
+        p = pc + 1;
+        if (p >= end) {
+            sbuf_free(&b);
+            return FAIL(at, "incomplete format");
+        }
+        const struct jv *arg = NULL;
+        if (*p == '(') {
+            const char *close = memchr(p, ')', (size_t)(end - p));
+            if (!close) {
+                sbuf_free(&b);
+                return FAIL(at, "incomplete format key");
+            }
+            if (!is_map) {
+                sbuf_free(&b);
+                return FAIL(at, "format requires a mapping");
+            }
+            arg = jdict_get_str(args->u.d, p + 1, (size_t)(close - p - 1));
+            if (!arg) {
+                sbuf_free(&b);
+                return FAIL(at, "'%.*s'", (int)(close - p - 1), p + 1);
+            }
+            used_map = true;
+            p = close + 1;
+        }
+        char flags[8];
+        int nf = 0;
+        while (p < end && strchr("-+ #0", *p) && nf < 7) flags[nf++] = *p++;
+        flags[nf] = '\0';
+        int width = -1, prec = -1;
+        if (p < end && *p == '*') {
+            sbuf_free(&b);
+            return FAIL(at, "'*' widths are not supported in %% formatting");
+        }
+        if (p < end && *p >= '0' && *p <= '9') {
+            width = 0;
+            while (p < end && *p >= '0' && *p <= '9' && width < 100000) width = width * 10 + (*p++ - '0');
+        }
+        if (p < end && *p == '.') {
+            p++;
+            prec = 0;
+            while (p < end && *p >= '0' && *p <= '9' && prec < 1000) prec = prec * 10 + (*p++ - '0');
+        }
+        while (p < end && (*p == 'l' || *p == 'h' || *p == 'L')) p++;
+        if (p >= end) {
+            sbuf_free(&b);
+            return FAIL(at, "incomplete format");
+        }
+        char conv = *p++;
+        if (conv == '%') {
+            sbuf_putc(&b, '%');
+            continue;
+        }
+        if (!arg) {
+            if (is_map && npos == 1 && !(args->t == JV_LIST)) arg = args;
+            else if (next >= npos) {
+                sbuf_free(&b);
+                return FAIL(at, "not enough arguments for format string");
+            } else arg = &pos[next++];
+        }
+        char spec[32], tmp[512];
+        int k = 0;
+        if (strchr("sra", conv)) {
+            struct sbuf t;
+            sbuf_init(&t, ev->lim.max_output_bytes);
+            if (conv == 's') jv_write_str(&t, arg);
+            else jv_write_repr(&t, arg);
+            const char *sp = t.p ? t.p : "";
+            size_t sn = t.n;
+            if (prec >= 0) sn = cp_offset(sp, sn, (size_t)prec);
+            int cps = (int)utf8_count(sp, sn);
+            bool left = strchr(flags, '-') != NULL;
+            if (!left)
+                for (int i = cps; i < width; i++) sbuf_putc(&b, ' ');
+            sbuf_put(&b, sp, sn);
+            if (left)
+                for (int i = cps; i < width; i++) sbuf_putc(&b, ' ');
+            sbuf_free(&t);
+            continue;
+        }
+        if (!jv_is_number(arg) && !(conv == 'c' && arg->t == JV_STR)) {
+            sbuf_free(&b);
+            return FAIL(at, "%%%c format: a real number is required, not %s", conv, jv_type_name(arg));
+        }
+        k = snprintf(spec, sizeof spec, "%%%s", flags);
+        if (width >= 0) k += snprintf(spec + k, sizeof spec - (size_t)k, "%d", width);
+        if (prec >= 0) k += snprintf(spec + k, sizeof spec - (size_t)k, ".%d", prec);
+        if (strchr("diu", conv)) {
+            double d = jv_as_double(arg);
+            long long iv = arg->t == JV_FLOAT ? (long long)d : (long long)(arg->t == JV_INT ? arg->u.i : arg->u.b);
+            if (arg->t == JV_FLOAT && !(fabs(d) < 9.2e18)) {
+                sbuf_free(&b);
+                return FAIL(at, "cannot convert float to integer");
+            }
+            snprintf(spec + k, sizeof spec - (size_t)k, "lld");
+            snprintf(tmp, sizeof tmp, spec, iv);
+        } else if (strchr("xXo", conv)) {
+            if (arg->t == JV_FLOAT) {
+                sbuf_free(&b);
+                return FAIL(at, "%%%c format: an integer is required, not float", conv);
+            }
+            long long iv = arg->t == JV_INT ? arg->u.i : arg->u.b;
+            snprintf(spec + k, sizeof spec - (size_t)k, "ll%c", conv);
+            if (iv < 0) {
+                char t2[480];
+                snprintf(t2, sizeof t2, spec, -iv);
+                snprintf(tmp, sizeof tmp, "-%s", t2);
+            } else snprintf(tmp, sizeof tmp, spec, iv);
+        } else if (strchr("fFeEgG", conv)) {
+            spec[k] = conv;
+            spec[k + 1] = '\0';
+            snprintf(tmp, sizeof tmp, spec, jv_as_double(arg));
+        } else if (conv == 'c') {
+            struct sbuf t;
+            sbuf_init(&t, 16);
+            if (arg->t == JV_STR) {
+                if (utf8_count(arg->u.s.p, arg->u.s.n) != 1) {
+                    sbuf_free(&b);
+                    return FAIL(at, "%%c requires int or char");
+                }
+                sbuf_put(&t, arg->u.s.p, arg->u.s.n);
+            } else {
+                int64_t cp = arg->t == JV_INT ? arg->u.i : arg->u.b;
+                if (arg->t == JV_FLOAT || cp < 0 || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+                    sbuf_free(&b);
+                    return FAIL(at, "%%c arg not in range(0x110000)");
+                }
+                sbuf_put_utf8(&t, (uint32_t)cp);
+            }
+            snprintf(tmp, sizeof tmp, "%s", t.p ? t.p : "");
+            sbuf_free(&t);
+        } else {
+            sbuf_free(&b);
+            return FAIL(at, "unsupported format character '%c'", conv);
+        }
+        sbuf_puts(&b, tmp);
+    }
+    if (!tolerant && !used_map && next < npos) {
+        sbuf_free(&b);
+        return FAIL(at, "not all arguments converted during string formatting");
+    }
+    return sbuf_to_str(ev, at, &b, out);
+}
+
 static bool binop(struct eval *ev, const struct node *at, int op, const struct jv *a, const struct jv *b, struct jv *out) {
+    if (op == '%' && a->t == JV_STR) return percent_format(ev, at, a, b, out); // str(Undefined) is ""
     if (a->t == JV_UNDEF) return undefined_error(ev, at, a);
     if (b->t == JV_UNDEF) return undefined_error(ev, at, b);
     bool na = jv_is_number(a), nb = jv_is_number(b);
@@ -502,7 +669,7 @@ static bool binop(struct eval *ev, const struct node *at, int op, const struct j
         if ((a->t == JV_STR || a->t == JV_LIST) && to_index(b, &k)) return repeat_seq(ev, at, a, k, out);
         if ((b->t == JV_STR || b->t == JV_LIST) && to_index(a, &k)) return repeat_seq(ev, at, b, k, out);
     }
-    if (op == '%' && a->t == JV_STR) return FAIL(at, "printf-style string formatting ('%%') is not supported");
+    if (op == '%' && a->t == JV_STR) return percent_format(ev, at, a, b, out);
     if (op == '+' && a->t == JV_STR)
         return FAIL(at, "can only concatenate str (not \"%s\") to str", jv_type_name(b));
     const char *opname = op == 'f' ? "//" : op == 'p' ? "**" : op == '+' ? "+" : op == '-' ? "-" : op == '*' ? "*"

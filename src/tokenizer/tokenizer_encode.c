@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "tokenizer/tokenizer_internal.h"
 
@@ -43,6 +45,7 @@ struct bpe_symbol {
 };
 struct bpe_merge {
     int32_t rank, pos, new_id;
+    int32_t left, right;  // the pair's ids when pushed (fast validity check)
 };
 
 struct encode_ctx {
@@ -556,6 +559,9 @@ static void bpe_add_symbol(struct encode_ctx *c, int *n_sym, int32_t id, uint32_
     if (i > 0) c->sym[i - 1].next = i;
 }
 
+static void bpe_word_uncached(struct encode_ctx *c, const char *w, size_t n);
+
+// BPE of one pre-tokenized word, through the word cache for short words.
 static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
     const struct tokenizer *t = c->t;
     if (!n) return;
@@ -566,6 +572,40 @@ static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
             return;
         }
     }
+    struct tokenizer *mt = (struct tokenizer *)t;  // the cache is the one mutable part (locked)
+    if (!t->cache || n > TOK_CACHE_WORD) {
+        bpe_word_uncached(c, w, n);
+        return;
+    }
+    uint64_t h = XXH3_64bits(w, n);
+    struct tok_cache_entry *e = &mt->cache[h & (TOK_CACHE_ENTRIES - 1)];
+    int32_t ids[TOK_CACHE_IDS];
+    int n_ids = -1;
+    pthread_mutex_lock(&mt->cache_lock);
+    if (e->hash == h && e->len == n && !memcmp(e->word, w, n)) {
+        n_ids = e->n_ids;
+        memcpy(ids, e->ids, (size_t)n_ids * sizeof *ids);
+    }
+    pthread_mutex_unlock(&mt->cache_lock);
+    if (n_ids >= 0) {
+        for (int i = 0; i < n_ids; i++) ids_push(&c->ids, ids[i]);
+        return;
+    }
+    int start = c->ids.n;
+    bpe_word_uncached(c, w, n);
+    int got = c->ids.n - start;
+    if (c->status || c->ids.failed || got > TOK_CACHE_IDS) return;
+    pthread_mutex_lock(&mt->cache_lock);
+    e->hash = h;
+    e->len = (uint8_t)n;
+    e->n_ids = (uint8_t)got;
+    memcpy(e->word, w, n);
+    memcpy(e->ids, c->ids.v + start, (size_t)got * sizeof *ids);
+    pthread_mutex_unlock(&mt->cache_lock);
+}
+
+static void bpe_word_uncached(struct encode_ctx *c, const char *w, size_t n) {
+    const struct tokenizer *t = c->t;
     if (n + 1 > c->sym_cap) {
         size_t cap = c->sym_cap ? c->sym_cap : 64;
         while (cap < n + 1) cap *= 2;
@@ -660,15 +700,20 @@ static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
     c->heap_n = 0;
     for (int i = 0; i + 1 < n_sym; i++) {
         const struct tok_merge_slot *m = tok_mergemap_get(&t->merges, sym[i].id, sym[i + 1].id);
-        if (m) heap_push(c, (struct bpe_merge){m->rank, i, m->new_id});
+        if (m) heap_push(c, (struct bpe_merge){m->rank, i, m->new_id, sym[i].id, sym[i + 1].id});
     }
     while (c->heap_n && !c->status) {
         struct bpe_merge top = heap_pop(c);
         struct bpe_symbol *cur = &sym[top.pos];
         if (!cur->len || cur->next < 0) continue;
         int nx = cur->next;
-        const struct tok_merge_slot *m = tok_mergemap_get(&t->merges, cur->id, sym[nx].id);
-        if (!m || m->new_id != top.new_id) continue;  // stale entry
+        const struct tok_merge_slot *m;
+        // Stale entry unless the pair now there still merges into the same token (HF's rule: a
+        // different pair with the same result is accepted too).
+        if (cur->id != top.left || sym[nx].id != top.right) {
+            m = tok_mergemap_get(&t->merges, cur->id, sym[nx].id);
+            if (!m || m->new_id != top.new_id) continue;
+        }
         cur->id = top.new_id;
         cur->len += sym[nx].len;
         cur->next = sym[nx].next;
@@ -676,11 +721,11 @@ static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
         if (cur->next >= 0) sym[cur->next].prev = top.pos;
         if (cur->prev >= 0) {
             m = tok_mergemap_get(&t->merges, sym[cur->prev].id, cur->id);
-            if (m) heap_push(c, (struct bpe_merge){m->rank, cur->prev, m->new_id});
+            if (m) heap_push(c, (struct bpe_merge){m->rank, cur->prev, m->new_id, sym[cur->prev].id, cur->id});
         }
         if (cur->next >= 0) {
             m = tok_mergemap_get(&t->merges, cur->id, sym[cur->next].id);
-            if (m) heap_push(c, (struct bpe_merge){m->rank, top.pos, m->new_id});
+            if (m) heap_push(c, (struct bpe_merge){m->rank, top.pos, m->new_id, cur->id, sym[cur->next].id});
         }
     }
     for (int i = 0; i >= 0 && i < n_sym; i = sym[i].next) ids_push(&c->ids, sym[i].id);

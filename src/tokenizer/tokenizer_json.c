@@ -507,11 +507,16 @@ atomc_status tokenizer_load_json(const char *json_path, const char *config_path,
                                  struct error *err) {
     *out = NULL;
     json_error_t jerr;
-    json_t *root = json_load_file(json_path, 0, &jerr);
-    if (!root) {
-        if (!file_exists(json_path)) return error_set(err, ATOMC_ERR_IO, "tokenizer: %s: cannot open", json_path);
-        return error_set(err, ATOMC_ERR_FORMAT, "tokenizer: %s:%d: %s", json_path, jerr.line, jerr.text);
+    // Parse from a mapping: jansson's json_load_file reads with getc, several times slower.
+    struct mapped_file mf;
+    atomc_status st0 = mapped_file_open(&mf, json_path, err);
+    if (st0) {
+        error_prefix(err, "tokenizer: ");
+        return st0;
     }
+    json_t *root = json_loadb((const char *)mf.data, mf.size, 0, &jerr);
+    mapped_file_close(&mf);
+    if (!root) return error_set(err, ATOMC_ERR_FORMAT, "tokenizer: %s:%d: %s", json_path, jerr.line, jerr.text);
     struct tokenizer *t = tokenizer_alloc();
     if (!t) {
         json_decref(root);

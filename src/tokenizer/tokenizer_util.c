@@ -3,6 +3,7 @@
 // share), and open-addressing hash maps keyed with xxhash.
 #include <stdlib.h>
 #include <string.h>
+#define XXH_INLINE_ALL  // inline xxhash's XXH3 into the map probes
 #include <xxhash.h>
 
 #include "tokenizer/tokenizer_internal.h"

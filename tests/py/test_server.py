@@ -288,8 +288,18 @@ def test_not_found_method_auth_size(srv, client):
     # Open endpoints need no key.
     assert srv.request("GET", "/health", auth=False)[0] == 200
     assert srv.request("GET", "/metrics", auth=False)[0] == 200
-    st, _, _ = srv.request("POST", "/v1/completions", b'{"prompt":"' + b"a" * (40 << 20) + b'"}')
-    assert st == 413
+    # A body over the limit (32 MiB) is refused from its Content-Length, before it is read.
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(40 << 20).encode() + b"\r\n\r\n" + b'{"prompt":"' + b"a" * 65536)
+    assert s.recv(4096).split(b" ")[1] == b"413"
+    s.close()
+    # Headers over the limit (64 KiB) are refused too.
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * (100 << 10) + b"\r\n\r\n")
+    reply = s.recv(4096)
+    assert reply == b"" or reply.split(b" ")[1] in (b"400", b"413", b"431")
+    s.close()
     # Still serving.
     assert greedy(client, "ok", 1).choices[0].text is not None
 

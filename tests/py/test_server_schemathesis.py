@@ -28,7 +28,7 @@ def test_schemathesis_finds_no_server_errors(tmp_path):
     cmd = schemathesis_cmd()
     s = Server(SMOLLM2, "--max-model-len", "256", "--max-num-seqs", "8", "--served-model-name", "smol")
     try:
-        examples = os.environ.get("ATOMC_SCHEMATHESIS_EXAMPLES", "15")
+        examples = os.environ.get("ATOMC_SCHEMATHESIS_EXAMPLES", "8")
         r = subprocess.run(cmd + ["run", f"{s.base}/openapi.json", "--checks", "not_a_server_error", "-n", examples,
                                   "--request-timeout", "120", "--workers", "1", "--seed", "1", "--no-color",
                                   "--generation-database", "none", "--suppress-health-check", "all",

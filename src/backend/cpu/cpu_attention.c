@@ -114,7 +114,7 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         const float *K = attn_load_tile(&a->kv->k, a->kv->k_scale, phys, bs, a->hk, g, d, t0, t1 - t0, kt, &ks);
         const float *V = attn_load_tile(&a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);
         // All scores of the tile at once: rows (qa..qb) x rep against keys t0..t1.
-        kern->gemv(S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0, t1 - t0);
+        kern->gemv[CPU_WEIGHT_F32](S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0, t1 - t0);
         for (int qi = qa; qi < qb; qi++) {
             int pos = pos0 + qi;
             int lo = a->window > 0 ? pos - a->window + 1 : 0;
@@ -131,11 +131,7 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
                 float corr = expf(m[row] - mnew); // 0 when m was -inf
                 float *ac = acc + (size_t)row * dv;
                 if (corr != 1.0f) kern->scale(ac, corr, dv);
-                float lsum = 0.0f;
-                for (int t = u0; t < u1; t++) {
-                    sc[t] = expf(sc[t] - mnew);
-                    lsum += sc[t];
-                }
+                float lsum = kern->exp_sum(sc + u0, u1 - u0, mnew);
                 kern->axpy_rows(ac, sc + u0, V + (u0 - t0) * vs, vs, u1 - u0, dv);
                 l[row] = l[row] * corr + lsum;
                 m[row] = mnew;

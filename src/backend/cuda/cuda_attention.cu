@@ -24,7 +24,7 @@ namespace {
 
 constexpr int BN = 64;  // KV tokens per tile
 constexpr int PAD = 8;  // bf16 elements of padding per shared row (conflict-free ldmatrix)
-constexpr int MAX_SPLITS = 64;
+constexpr int MAX_SPLITS = 128;
 
 struct attn_params {
     const __nv_bfloat16 *q;
@@ -73,12 +73,16 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-// Stages KV tile [tok0, tok0 + BN) of one KV head into shared memory (row stride D + PAD).
+// Issues the cp.async copies of KV tile [tok0, tok0 + BN) of one KV head into shared memory:
+// bf16 caches straight into the padded bf16 tiles (row stride D + PAD elements), FP8 caches
+// into raw staging tiles (row stride D bytes) that fp8_tile_convert turns into bf16 later.
 // Tokens outside [lo, hi) are zero-filled and never dereferenced through the block table.
 template <int D, typename KVT, int NT>
-__device__ __forceinline__ void load_kv_tile(__nv_bfloat16 *ks, __nv_bfloat16 *vs, const attn_params &p, int seq, int kvh,
-                                             int tok0, int lo, int hi) {
-    constexpr int CH = D / 8; // 8-element chunks per row
+__device__ __forceinline__ void load_kv_tile(void *ks, void *vs, const attn_params &p, int seq, int kvh, int tok0, int lo,
+                                             int hi) {
+    constexpr int EPC = 16 / sizeof(KVT); // elements per 16-byte chunk
+    constexpr int CH = D / EPC;           // chunks per row
+    constexpr int ROW_BYTES = sizeof(KVT) == 2 ? (D + PAD) * 2 : D;
     const int32_t *bt = p.block_tables + (size_t)seq * p.max_blocks;
     for (int c = threadIdx.x; c < BN * CH; c += NT) {
         int r = c / CH, ch = c % CH;
@@ -88,42 +92,50 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16 *ks, __nv_bfloat16 *v
         if (valid) {
             int page = bt[kpos >> p.bs_shift];
             size_t slot = ((size_t)page << p.bs_shift) + (kpos & (p.block_size - 1));
-            off = (slot * p.hk + kvh) * D + ch * 8;
+            off = (slot * p.hk + kvh) * D + ch * EPC;
         }
-        __nv_bfloat16 *kd = ks + r * (D + PAD) + ch * 8, *vd = vs + r * (D + PAD) + ch * 8;
-        if constexpr (sizeof(KVT) == 2) {
-            cp_async16(smem_addr(kd), (const KVT *)p.kc + off, valid);
-            cp_async16(smem_addr(vd), (const KVT *)p.vc + off, valid);
-        } else {
-            uint2 kr = make_uint2(0, 0), vr = make_uint2(0, 0);
-            if (valid) {
-                kr = __ldg(reinterpret_cast<const uint2 *>((const uint8_t *)p.kc + off));
-                vr = __ldg(reinterpret_cast<const uint2 *>((const uint8_t *)p.vc + off));
-            }
-            uint4 ko, vo;
-            const __nv_fp8x2_storage_t *k2 = reinterpret_cast<const __nv_fp8x2_storage_t *>(&kr);
-            const __nv_fp8x2_storage_t *v2 = reinterpret_cast<const __nv_fp8x2_storage_t *>(&vr);
-            uint32_t *kw = reinterpret_cast<uint32_t *>(&ko), *vw = reinterpret_cast<uint32_t *>(&vo);
+        uint32_t doff = r * ROW_BYTES + ch * 16;
+        cp_async16(smem_addr((char *)ks + doff), (const KVT *)p.kc + off, valid);
+        cp_async16(smem_addr((char *)vs + doff), (const KVT *)p.vc + off, valid);
+    }
+}
+
+// FP8 staging tile (BN, D) bytes -> bf16 tile (BN, D + PAD).
+template <int D, int NT>
+__device__ __forceinline__ void fp8_tile_convert(__nv_bfloat16 *dst, const uint8_t *src) {
+    constexpr int CH = D / 16;
+    for (int c = threadIdx.x; c < BN * CH; c += NT) {
+        int r = c / CH, ch = c % CH;
+        uint4 in = *reinterpret_cast<const uint4 *>(src + r * D + ch * 16);
+        const __nv_fp8x2_storage_t *f2 = reinterpret_cast<const __nv_fp8x2_storage_t *>(&in);
+        uint4 out[2];
+        uint32_t *w = reinterpret_cast<uint32_t *>(out);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float2 kf = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(k2[i], __NV_E4M3)));
-                float2 vf = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(v2[i], __NV_E4M3)));
-                kw[i] = pack_bf16(kf.x, kf.y);
-                vw[i] = pack_bf16(vf.x, vf.y);
-            }
-            *reinterpret_cast<uint4 *>(kd) = ko;
-            *reinterpret_cast<uint4 *>(vd) = vo;
+        for (int i = 0; i < 8; i++) {
+            float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(f2[i], __NV_E4M3)));
+            w[i] = pack_bf16(f.x, f.y);
         }
+        uint4 *d = reinterpret_cast<uint4 *>(dst + r * (D + PAD) + ch * 16);
+        d[0] = out[0];
+        d[1] = out[1];
     }
 }
 
 template <int D, int NW, typename KVT>
 __global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_params p) {
     constexpr int BM = 16 * NW, NT = NW * 32, RS = D + PAD;
+    constexpr bool FP8 = sizeof(KVT) == 1;
+    // Shared memory: Q tile, then bf16 K/V tiles ([2] stages for bf16 caches, [1] for FP8),
+    // then for FP8 the raw staging tiles [2][BN][D] bytes each for K and V.
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __nv_bfloat16 *qs_ = reinterpret_cast<__nv_bfloat16 *>(smem_raw);
-    __nv_bfloat16 *ks_ = qs_ + BM * RS;      // [2][BN][RS]
-    __nv_bfloat16 *vs_ = ks_ + 2 * BN * RS;  // [2][BN][RS]
+    __nv_bfloat16 *ks_ = qs_ + BM * RS;
+    __nv_bfloat16 *vs_ = ks_ + (FP8 ? 1 : 2) * BN * RS;
+    uint8_t *kst_ = reinterpret_cast<uint8_t *>(vs_ + (FP8 ? 1 : 2) * BN * RS);
+    uint8_t *vst_ = kst_ + 2 * BN * D;
+    // Stage buffers of pipeline slot b (where cp.async writes).
+    auto stage_k = [&](int b) -> void * { return FP8 ? (void *)(kst_ + b * BN * D) : (void *)(ks_ + b * BN * RS); };
+    auto stage_v = [&](int b) -> void * { return FP8 ? (void *)(vst_ + b * BN * D) : (void *)(vs_ + b * BN * RS); };
 
     const int seq = blockIdx.z / p.n_splits, split = blockIdx.z % p.n_splits, kvh = blockIdx.y;
     const int qbeg = p.query_start[seq], qlen = p.query_start[seq + 1] - qbeg;
@@ -153,7 +165,7 @@ __global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_par
         }
         *reinterpret_cast<uint4 *>(qs_ + r * RS + ch * 8) = v;
     }
-    if (tb < te) load_kv_tile<D, KVT, NT>(ks_, vs_, p, seq, kvh, tb * BN, kv_lo, kv_hi);
+    if (tb < te) load_kv_tile<D, KVT, NT>(stage_k(0), stage_v(0), p, seq, kvh, tb * BN, kv_lo, kv_hi);
     cp_async_commit();
     __syncthreads();
 
@@ -180,15 +192,19 @@ __global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_par
     for (int t = tb; t < te; t++) {
         const int buf = (t - tb) & 1;
         if (t + 1 < te) {
-            load_kv_tile<D, KVT, NT>(ks_ + (buf ^ 1) * BN * RS, vs_ + (buf ^ 1) * BN * RS, p, seq, kvh, (t + 1) * BN,
-                                     kv_lo, kv_hi);
+            load_kv_tile<D, KVT, NT>(stage_k(buf ^ 1), stage_v(buf ^ 1), p, seq, kvh, (t + 1) * BN, kv_lo, kv_hi);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const __nv_bfloat16 *ks = ks_ + buf * BN * RS, *vs = vs_ + buf * BN * RS;
+        if constexpr (FP8) {
+            fp8_tile_convert<D, NT>(ks_, kst_ + buf * BN * D);
+            fp8_tile_convert<D, NT>(vs_, vst_ + buf * BN * D);
+            __syncthreads();
+        }
+        const __nv_bfloat16 *ks = ks_ + (FP8 ? 0 : buf) * BN * RS, *vs = vs_ + (FP8 ? 0 : buf) * BN * RS;
 
         float s[BN / 8][4];
 #pragma unroll
@@ -329,15 +345,22 @@ __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o,
     for (int i = 0; i < D / 32; i++) out[(size_t)row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);
 }
 
-template <int D, int NW> constexpr size_t attn_smem() { return (size_t)(16 * NW + 4 * BN) * (D + PAD) * 2; }
+template <int D, int NW, typename KVT> constexpr size_t attn_smem() {
+    return sizeof(KVT) == 2 ? (size_t)(16 * NW + 4 * BN) * (D + PAD) * 2
+                            : (size_t)(16 * NW + 2 * BN) * (D + PAD) * 2 + (size_t)4 * BN * D;
+}
 
-template <int D, int NW, typename KVT> void attn_set_smem() {
+template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *cb) {
     CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)attn_smem<D, NW>()));
+                                    (int)attn_smem<D, NW, KVT>()));
+    int occ = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, NW, KVT>, NW * 32,
+                                                             attn_smem<D, NW, KVT>()));
+    cb->attn_occupancy[D == 128][NW == 4][sizeof(KVT) == 1] = occ > 0 ? occ : 1;
 }
 
 template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
-    paged_attention_kernel<D, NW, KVT><<<grid, NW * 32, attn_smem<D, NW>(), s>>>(p);
+    paged_attention_kernel<D, NW, KVT><<<grid, NW * 32, attn_smem<D, NW, KVT>(), s>>>(p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -354,14 +377,14 @@ template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, boo
 } // namespace
 
 void cuda_attention_init(struct cuda_backend *cb) {
-    attn_set_smem<64, 1, __nv_bfloat16>();
-    attn_set_smem<64, 4, __nv_bfloat16>();
-    attn_set_smem<64, 1, __nv_fp8_e4m3>();
-    attn_set_smem<64, 4, __nv_fp8_e4m3>();
-    attn_set_smem<128, 1, __nv_bfloat16>();
-    attn_set_smem<128, 4, __nv_bfloat16>();
-    attn_set_smem<128, 1, __nv_fp8_e4m3>();
-    attn_set_smem<128, 4, __nv_fp8_e4m3>();
+    attn_set_smem<64, 1, __nv_bfloat16>(cb);
+    attn_set_smem<64, 4, __nv_bfloat16>(cb);
+    attn_set_smem<64, 1, __nv_fp8_e4m3>(cb);
+    attn_set_smem<64, 4, __nv_fp8_e4m3>(cb);
+    attn_set_smem<128, 1, __nv_bfloat16>(cb);
+    attn_set_smem<128, 4, __nv_bfloat16>(cb);
+    attn_set_smem<128, 1, __nv_fp8_e4m3>(cb);
+    attn_set_smem<128, 4, __nv_fp8_e4m3>(cb);
 }
 
 void cuda_op_attention(struct backend *b, struct tensor *out, const struct tensor *q, int64_t q_row_stride,
@@ -405,13 +428,16 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     const int nw = rows_per_seq <= 16 ? 1 : 4;
     const int row_tiles = (int)cdiv(rows_per_seq, 16 * nw);
     const int64_t base_ctas = (int64_t)row_tiles * hk * md->n_seqs;
-    // Split-KV: enough CTAs for ~2 waves, never splitting below one 64-token tile of the
-    // largest possible context (max_blocks_per_seq: fixed for a captured graph).
+    // Split-KV: when the natural grid fills fewer than ~4 waves of resident CTAs, cut each
+    // CTA's KV range so that it does (partials are ~1% of the KV bytes, so splitting is
+    // cheap), never below two 64-token tiles of the largest possible context
+    // (max_blocks_per_seq: fixed for a captured graph).
     int splits = 1;
-    if (base_ctas < cb->num_sms) {
-        int64_t cap_tiles = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, BN);
-        int64_t want = cdiv(2 * (int64_t)cb->num_sms, base_ctas);
-        splits = (int)(want < cap_tiles ? want : cap_tiles);
+    const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[D == 128][nw == 4][fp8];
+    if (base_ctas < 4 * slots) {
+        int64_t cap = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, 2 * BN);
+        int64_t want = cdiv(4 * slots, base_ctas);
+        splits = (int)(want < cap ? want : cap);
         if (splits > MAX_SPLITS) splits = MAX_SPLITS;
         if (splits < 1) splits = 1;
     }

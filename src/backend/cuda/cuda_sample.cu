@@ -32,6 +32,7 @@ constexpr int ST = 512;                      // threads per row
 constexpr double FIX_ONE = 1099511627776.0;  // 2^40
 constexpr int32_t PROMPT_FLAG = 1 << 24;
 constexpr float GREEDY_EPS = 1e-5f;          // as the CPU sampler
+constexpr int HIST_REPLICAS = 16;
 
 typedef unsigned long long u64;
 
@@ -61,7 +62,8 @@ struct sample_smem {
         typename cub::BlockReduce<u64, ST>::TempStorage u_red;
         typename cub::BlockScan<u64, ST>::TempStorage scan;
     } cub;
-    u64 hist[256];
+    u64 hist[HIST_REPLICAS][256]; // lane l adds into replica l % HIST_REPLICAS (fewer same-address atomics)
+    u64 bins[256];
     vid b_vid;
     float b_f;
     u64 b_u[2];
@@ -122,32 +124,66 @@ __device__ u64 block_sum_u(sample_smem &sm, u64 v) {
 
 // Radix select over the tokens with pred(i): the key T with weight(keys > T) < need <=
 // weight(keys >= T); *rem = the weight still needed from tokens with key == T. Returns false
-// when the whole weight is < need.
+// when the whole weight is < min_total (>= need). Logits cluster in a few top-byte bins, so
+// the histograms are replicated per lane group to spread shared-memory atomics, and warp 0
+// finds the bin with a shuffle scan.
 template <typename Pred, typename Weight>
-__device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pred, Weight weight, u64 need, uint32_t *T,
-                             u64 *rem) {
+__device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pred, Weight weight, u64 need, u64 min_total,
+                             uint32_t *T, u64 *rem) {
     uint32_t prefix = 0, mask = 0;
+    const int lane = threadIdx.x & 31, rep = lane % HIST_REPLICAS;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += ST) sm.hist[i] = 0;
+        u64 *flat = &sm.hist[0][0];
+        for (int i = threadIdx.x; i < HIST_REPLICAS * 256; i += ST) flat[i] = 0;
         __syncthreads();
         for (int i = threadIdx.x; i < V; i += ST) {
             float x = rv.wt(i);
             uint32_t k = f2key(x);
             if ((k & mask) != prefix || !pred(i, x)) continue;
             u64 wgt = weight(x);
-            if (wgt) atomicAdd(&sm.hist[(k >> shift) & 255], wgt);
+            if (wgt) atomicAdd(&sm.hist[rep][(k >> shift) & 255], wgt);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            u64 cum = 0;
-            int b = 255;
-            for (; b >= 0; b--) {
-                if (cum + sm.hist[b] >= need) break;
-                cum += sm.hist[b];
+        for (int b = threadIdx.x; b < 256; b += ST) {
+            u64 t = 0;
+#pragma unroll
+            for (int r = 0; r < HIST_REPLICAS; r++) t += sm.hist[r][b];
+            sm.bins[b] = t;
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            // Lane l scans bins 255 - 8l down to 248 - 8l (descending key order).
+            u64 local = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) local += sm.bins[255 - 8 * lane - j];
+            u64 incl = local;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                u64 v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
             }
-            sm.b_ok = b >= 0;
-            sm.b_key = b >= 0 ? (uint32_t)b : 0u;
-            sm.b_u[0] = need - cum;
+            u64 total = __shfl_sync(0xffffffffu, incl, 31);
+            u64 excl = incl - local;
+            bool here = excl < need && need <= incl;
+            unsigned hit = __ballot_sync(0xffffffffu, here);
+            if (lane == 0) {
+                sm.b_ok = hit != 0 && !(shift == 24 && total < min_total);
+                sm.b_key = 0;
+                sm.b_u[0] = 0;
+            }
+            __syncwarp();
+            if (here && lane == __ffs(hit) - 1) {
+                u64 cum = excl;
+                for (int j = 0; j < 8; j++) {
+                    int b = 255 - 8 * lane - j;
+                    if (cum + sm.bins[b] >= need) {
+                        sm.b_key = (uint32_t)b;
+                        sm.b_u[0] = need - cum;
+                        break;
+                    }
+                    cum += sm.bins[b];
+                }
+            }
         }
         __syncthreads();
         bool ok = sm.b_ok;
@@ -294,8 +330,7 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
         if (k > 0 && k < V) { // top-k among the min-p survivors
             uint32_t T;
             u64 rem;
-            if (radix_select(sm, rv, V, minp_ok, one, (u64)k + 1, &T, &rem)) { // more than k survivors
-                radix_select(sm, rv, V, minp_ok, one, (u64)k, &T, &rem);
+            if (radix_select(sm, rv, V, minp_ok, one, (u64)k, (u64)k + 1, &T, &rem)) { // more than k survivors
                 bid = find_tie(sm, rv, lo, hi, T, minp_ok, one, rem);
                 bkey = T;
             }
@@ -316,7 +351,7 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
                 if (need < 1) need = 1;
                 uint32_t T;
                 u64 rem;
-                if (need <= total && radix_select(sm, rv, V, kept, mass, need, &T, &rem)) {
+                if (need <= total && radix_select(sm, rv, V, kept, mass, need, need, &T, &rem)) {
                     int id = find_tie(sm, rv, lo, hi, T, kept, mass, rem);
                     bkey = T;
                     bid = id;

@@ -281,9 +281,14 @@ TEST(engine_model_random_stress_equals_alone) {
             CHECK_MSG(atomc_engine_add_request(e, &rq, &q->id, err, sizeof err) == ATOMC_OK, "%s", err);
             n_r++;
         }
-        if (n_r && srnd(100) < 3) {
-            struct sreq *q = &r[srnd((uint32_t)n_r)];
-            if (!q->o.reason && atomc_engine_abort(e, q->id) == ATOMC_OK) q->aborted = true;
+        if (n_r && srnd(100) < 4) { // abort a live request (waiting, mid-prefill or decoding)
+            for (int tries = 0; tries < 8; tries++) {
+                struct sreq *q = &r[n_r - 1 - (int)srnd((uint32_t)(n_r < 12 ? n_r : 12))];
+                if (!q->o.reason && !q->aborted && atomc_engine_abort(e, q->id) == ATOMC_OK) {
+                    q->aborted = true;
+                    break;
+                }
+            }
         }
         atomc_engine_step(e);
     }

@@ -1,0 +1,292 @@
+// `atomc serve`: the OpenAI-compatible HTTP server (flag names follow vLLM's `vllm serve`).
+//
+// The socket is bound first, so /health answers 503 while the model loads on a separate
+// thread; once loaded the engine loop starts and the server begins serving. SIGTERM/SIGINT
+// stop accepting, drain in-flight requests (bounded by --shutdown-timeout) and exit 0.
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "atomc.h"
+#include "cli/commands.h"
+#include "common/log.h"
+#include "server/engine_adapter.h"
+#include "server/server.h"
+
+struct serve_args {
+    atomc_engine_options eo;
+    struct server_options so;
+    const char *model;
+    const char *chat_template;
+    const char *api_key;
+};
+
+enum flag_kind { FLAG_STR, FLAG_INT, FLAG_DOUBLE, FLAG_SIZE, FLAG_BOOL_ON, FLAG_BOOL_OFF, FLAG_NAMES };
+
+struct flag {
+    const char *name;
+    enum flag_kind kind;
+    size_t offset; // into struct serve_args
+    const char *def;
+    const char *help;
+};
+
+#define A(f) offsetof(struct serve_args, f)
+static const struct flag flags[] = {
+    {"--model", FLAG_STR, A(model), "", "required: a .gguf file or a Hugging Face model directory (also positional)"},
+    {"--host", FLAG_STR, A(so.host), "127.0.0.1", "address to listen on (0.0.0.0 for all interfaces)"},
+    {"--port", FLAG_INT, A(so.port), "8000", "TCP port"},
+    {"--served-model-name", FLAG_NAMES, A(so.model_names), "basename of --model",
+     "name(s) clients use in \"model\"; the first is reported in responses and metrics"},
+    {"--api-key", FLAG_STR, A(api_key), "$VLLM_API_KEY or $ATOMC_API_KEY",
+     "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, /apply-template"},
+    {"--chat-template", FLAG_STR, A(chat_template), "the model's", "chat template: a file path or the Jinja text itself"},
+    {"--max-model-len", FLAG_INT, A(eo.max_model_len), "the model's", "context length (prompt + completion) in tokens"},
+    {"--max-num-seqs", FLAG_INT, A(eo.max_num_seqs), "256 (cuda), 16 (cpu)", "sequences per engine step"},
+    {"--max-num-batched-tokens", FLAG_INT, A(eo.max_num_batched_tokens), "8192 (cuda), 2048 (cpu)",
+     "tokens per engine step (longer prompts are prefilled in chunks)"},
+    {"--max-waiting-requests", FLAG_INT, A(eo.max_waiting), "4096",
+     "bounded waiting queue: requests past it get 503 (0 = unbounded)"},
+    {"--block-size", FLAG_INT, A(eo.block_size), "16", "KV-cache block size in tokens"},
+    {"--num-kv-blocks", FLAG_INT, A(eo.num_kv_blocks), "0 (auto)", "KV-cache blocks (overrides sizing by memory)"},
+    {"--gpu-memory-utilization", FLAG_DOUBLE, A(eo.gpu_memory_utilization), "0.9",
+     "fraction of GPU memory for weights + KV cache"},
+    {"--kv-cache-memory-bytes", FLAG_SIZE, A(eo.cpu_kv_cache_bytes), "512 MiB or what --max-model-len needs",
+     "CPU backend KV-cache size in bytes (suffixes K, M, G)"},
+    {"--kv-cache-dtype", FLAG_STR, A(eo.kv_cache_dtype), "auto", "auto, bf16 or fp8"},
+    {"--enable-prefix-caching", FLAG_BOOL_ON, A(eo.enable_prefix_caching), "on", "reuse KV blocks of shared prefixes"},
+    {"--no-enable-prefix-caching", FLAG_BOOL_OFF, A(eo.enable_prefix_caching), "", "disable prefix caching"},
+    {"--generation-config", FLAG_STR, A(eo.generation_config), "auto",
+     "auto: apply the model's generation_config.json (EOS ids); vllm: ignore it"},
+    {"--enforce-eager", FLAG_BOOL_ON, A(eo.enforce_eager), "off", "CUDA: do not capture decode graphs"},
+    {"--dtype", FLAG_STR, A(eo.dtype), "auto", "auto, bfloat16, float16 or float32"},
+    {"--seed", FLAG_SIZE, A(eo.seed), "0", "default sampling seed for requests without one"},
+    {"--device", FLAG_STR, A(eo.device), "cpu", "cpu or cuda"},
+    {"--load-format", FLAG_STR, A(eo.load_format), "auto", "auto, or dummy (random weights from config.json)"},
+    {"--tensor-parallel-size", FLAG_INT, A(eo.tensor_parallel_size), "1", "GPUs per model (tensor parallel)"},
+    {"--num-threads", FLAG_INT, A(eo.num_threads), "0 (all cores)", "CPU backend threads"},
+    {"--max-n", FLAG_INT, A(so.max_n), "64", "largest accepted n (choices per request)"},
+    {"--max-request-body-bytes", FLAG_SIZE, A(so.max_body_bytes), "32 MiB", "larger request bodies get 413"},
+    {"--shutdown-timeout", FLAG_DOUBLE, A(so.drain_timeout_s), "30",
+     "seconds SIGTERM waits for in-flight requests before aborting them"},
+};
+#undef A
+
+static void serve_usage(FILE *f) {
+    fprintf(f, "usage: atomc serve [--model] PATH [options]\n\n"
+               "OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics,\n"
+               "/tokenize, /detokenize, /apply-template, /openapi.json. Log level: ATOMC_LOG=error|warn|info|debug.\n\n"
+               "options:\n");
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        const struct flag *fl = &flags[i];
+        const char *arg = fl->kind == FLAG_BOOL_ON || fl->kind == FLAG_BOOL_OFF ? ""
+                          : fl->kind == FLAG_NAMES                             ? " NAME [NAME...]"
+                          : fl->kind == FLAG_STR                               ? " STR"
+                                                                               : " N";
+        char left[64];
+        snprintf(left, sizeof left, "%s%s", fl->name, arg);
+        fprintf(f, "  %-36s %s", left, fl->help);
+        if (fl->def[0]) fprintf(f, " (default: %s)", fl->def);
+        fputc('\n', f);
+    }
+    fprintf(f, "  %-36s %s\n", "-h, --help", "show this help");
+}
+
+static int parse_size(const char *s, unsigned long long *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return -1;
+    double mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1024, end++;
+    else if (*end == 'm' || *end == 'M') mul = 1024.0 * 1024, end++;
+    else if (*end == 'g' || *end == 'G') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end) return -1;
+    *out = (unsigned long long)(v * mul);
+    return 0;
+}
+
+// Returns 0, 1 (--help printed) or 2 (usage error).
+static int serve_parse(int argc, char **argv, struct serve_args *a) {
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+            serve_usage(stdout);
+            return 1;
+        }
+        if (arg[0] != '-') {
+            if (a->model) {
+                fprintf(stderr, "atomc serve: unexpected argument '%s'\n", arg);
+                return 2;
+            }
+            a->model = arg;
+            continue;
+        }
+        char name[64];
+        const char *val = NULL;
+        const char *eq = strchr(arg, '=');
+        snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - arg) : (int)strlen(arg), arg);
+        if (eq) val = eq + 1;
+        const struct flag *fl = NULL;
+        for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++)
+            if (!strcmp(name, flags[k].name)) fl = &flags[k];
+        if (!fl) {
+            fprintf(stderr, "atomc serve: unknown option '%s' (see --help)\n", name);
+            return 2;
+        }
+        char *base = (char *)a + fl->offset;
+        if (fl->kind == FLAG_BOOL_ON || fl->kind == FLAG_BOOL_OFF) {
+            *(bool *)base = fl->kind == FLAG_BOOL_ON;
+            continue;
+        }
+        if (fl->kind == FLAG_NAMES) {
+            if (val) {
+                if (a->so.n_model_names < SERVER_MAX_MODEL_NAMES) a->so.model_names[a->so.n_model_names++] = val;
+            }
+            while (i + 1 < argc && argv[i + 1][0] != '-') {
+                if (a->so.n_model_names >= SERVER_MAX_MODEL_NAMES) {
+                    fprintf(stderr, "atomc serve: at most %d served model names\n", SERVER_MAX_MODEL_NAMES);
+                    return 2;
+                }
+                a->so.model_names[a->so.n_model_names++] = argv[++i];
+            }
+            if (a->so.n_model_names == 0) {
+                fprintf(stderr, "atomc serve: %s needs a value\n", name);
+                return 2;
+            }
+            continue;
+        }
+        if (!val) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "atomc serve: %s needs a value\n", name);
+                return 2;
+            }
+            val = argv[++i];
+        }
+        char *end = NULL;
+        switch (fl->kind) {
+        case FLAG_STR: *(const char **)base = val; break;
+        case FLAG_INT: {
+            long v = strtol(val, &end, 10);
+            if (!*val || *end || v < 0 || v > 1L << 30) {
+                fprintf(stderr, "atomc serve: %s expects a non-negative integer, got '%s'\n", name, val);
+                return 2;
+            }
+            *(int *)base = (int)v;
+            break;
+        }
+        case FLAG_DOUBLE: {
+            double v = strtod(val, &end);
+            if (!*val || *end || !(v >= 0)) {
+                fprintf(stderr, "atomc serve: %s expects a non-negative number, got '%s'\n", name, val);
+                return 2;
+            }
+            *(double *)base = v;
+            break;
+        }
+        case FLAG_SIZE: {
+            unsigned long long v;
+            if (parse_size(val, &v)) {
+                fprintf(stderr, "atomc serve: %s expects a size such as 4096, 512M or 2G, got '%s'\n", name, val);
+                return 2;
+            }
+            if (fl->offset == offsetof(struct serve_args, eo.seed)) a->eo.seed = v;
+            else *(size_t *)base = (size_t)v;
+            break;
+        }
+        default: break;
+        }
+    }
+    if (!a->model) {
+        fprintf(stderr, "atomc serve: --model is required\n");
+        serve_usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+struct loader {
+    struct serve_args *args;
+    struct server *srv;
+    atomc_engine *engine;
+    struct engine_adapter *adapter;
+    bool failed;
+    pthread_t thread;
+};
+
+static void *load_model(void *arg) {
+    struct loader *l = arg;
+    struct serve_args *a = l->args;
+    char err[1024] = "";
+    LOG_INFO("loading %s", a->model);
+    atomc_status st = atomc_engine_create(&a->eo, &l->engine, err, sizeof err);
+    if (st == ATOMC_OK) {
+        struct error e;
+        error_clear(&e);
+        struct server_engine se;
+        st = engine_adapter_create(l->engine, a->model, a->chat_template, &l->adapter, &se, &e);
+        if (st != ATOMC_OK) snprintf(err, sizeof err, "%s", e.msg);
+        else st = atomc_engine_start(l->engine);
+        if (st == ATOMC_OK) {
+            server_attach_engine(l->srv, &se);
+            const char *host = strcmp(a->so.host, "0.0.0.0") ? a->so.host : "127.0.0.1";
+            fprintf(stderr,
+                    "\natomc is serving '%s' at http://%s:%d/v1 - try:\n"
+                    "  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
+                    "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
+                    "\"max_tokens\": 64}'\n\n",
+                    a->so.model_names[0], host, server_port(l->srv), host, server_port(l->srv),
+                    a->api_key ? " -H \"Authorization: Bearer $API_KEY\"" : "", a->so.model_names[0]);
+            return NULL;
+        }
+    }
+    LOG_ERROR("failed to load %s: %s (%s)", a->model, err, atomc_status_name(st));
+    l->failed = true;
+    server_mark_failed(l->srv, err);
+    server_shutdown(l->srv);
+    return NULL;
+}
+
+int cmd_serve(int argc, char **argv) {
+    struct serve_args a;
+    memset(&a, 0, sizeof a);
+    atomc_engine_options_init(&a.eo);
+    if (a.eo.max_waiting == 0) a.eo.max_waiting = 4096;
+    server_options_init(&a.so);
+    int rc = serve_parse(argc, argv, &a);
+    if (rc) return rc == 1 ? 0 : 2;
+    a.eo.model_path = a.model;
+    if (!a.api_key) a.api_key = getenv("VLLM_API_KEY");
+    if (!a.api_key) a.api_key = getenv("ATOMC_API_KEY");
+    a.so.api_key = a.api_key;
+    char base_name[256];
+    if (a.so.n_model_names == 0) {
+        const char *slash = strrchr(a.model, '/');
+        const char *b = slash && slash[1] ? slash + 1 : a.model;
+        snprintf(base_name, sizeof base_name, "%s", b);
+        size_t n = strlen(base_name);
+        while (n > 1 && base_name[n - 1] == '/') base_name[--n] = '\0';
+        a.so.model_names[a.so.n_model_names++] = base_name;
+    }
+
+    struct error err;
+    error_clear(&err);
+    struct server *srv;
+    if (server_create(&a.so, &srv, &err) != ATOMC_OK) {
+        fprintf(stderr, "atomc serve: %s\n", err.msg);
+        return 1;
+    }
+    LOG_INFO("listening on http://%s:%d (/health is 503 until the model is loaded)", a.so.host, server_port(srv));
+    struct loader l = {.args = &a, .srv = srv};
+    pthread_create(&l.thread, NULL, load_model, &l);
+    server_run(srv);
+    pthread_join(l.thread, NULL);
+    // Stop the engine first: its final callbacks (aborts) still reach the server's queues.
+    if (l.engine) atomc_engine_free(l.engine);
+    server_free(srv);
+    engine_adapter_free(l.adapter);
+    LOG_INFO("server stopped");
+    return l.failed ? 1 : 0;
+}
