@@ -26,7 +26,7 @@
 #define N_GREEDY 16
 
 static const char *MODELS[] = {"llama_gqa",         "llama_mha",  "llama_tied", "llama_rope_llama3",
-                               "llama_rope_linear", "llama_bias", "qwen3",  "qwen3_yarn"};
+                               "llama_rope_linear", "llama_bias", "mistral_sliding", "qwen3", "qwen3_yarn"};
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
 
 struct ref_prompt {

@@ -343,6 +343,13 @@ static atomc_status model_check_config(const struct model_config *c, struct erro
                          c->num_heads, c->num_kv_heads);
     if (c->hidden_act[0] && strcmp(c->hidden_act, "silu") != 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", c->hidden_act);
+    for (int l = 0; l < c->num_layers; l++)
+        if (c->layer_types[l] == LAYER_ATTN_LINEAR)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "layer %d uses linear attention, which %s does not have",
+                             l, c->architecture);
+    if (c->attention_sinks || c->num_experts > 0 || c->q_lora_rank > 0 || c->kv_lora_rank > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for attention sinks, experts or MLA, which the "
+                         "dense forward does not implement", c->architecture);
     int rd = c->rope.rotary_dim > 0 ? c->rope.rotary_dim : c->head_dim;
     if (rd % 2 != 0 || rd > c->head_dim)
         return error_set(err, ATOMC_ERR_FORMAT, "rotary dimension %d is odd or exceeds head_dim %d", rd, c->head_dim);
