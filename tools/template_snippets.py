@@ -49,6 +49,7 @@ S = [
     "{% with a = 5, b = 6 %}{{ a * b }}{% endwith %}{{ a }}",
     "{% filter upper %}abc {{ s }}{% endfilter %}",
     "{% raw %}{{ not evaluated }} {% if %}{% endraw %}",
+    "{% for m in msgs %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}[{{ m.content }}]{% endif %}{% endfor %}",
     "{# comment #}a{# another\n multi-line #}b",
     # macros and call
     "{% macro greet(name, greeting='Hello') %}{{ greeting }}, {{ name }}!{% endmacro %}{{ greet('Bob') }} {{ greet('Al', greeting='Hi') }} {{ greet(name='Z') }}",
