@@ -86,12 +86,12 @@ struct model_runner {
     size_t h_hist_cap;
 
     // Sampling outputs: device and host copies.
-    int32_t *d_out_ids;      // (max_rows)
-    float *d_out_lp;         // (max_rows)
+    int32_t *d_out_ids;      // (max_rows) ids, then (max_rows) F32 logprobs: one allocation, one copy back
+    float *d_out_lp;         // = d_out_ids + max_rows
     int32_t *d_out_top_ids;  // (max_rows, 20)
     float *d_out_top_lp;     // (max_rows, 20)
-    int32_t *h_out_ids;
-    float *h_out_lp;
+    int32_t *h_out_ids;      // (2 max_rows) mirror of d_out_ids
+    float *h_out_lp;         // = h_out_ids + max_rows
     int32_t *h_out_top_ids;
     float *h_out_top_lp;
     // Prompt logprobs (host).
@@ -194,12 +194,12 @@ static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *e
     size_t R = (size_t)r->max_rows, T = (size_t)r->max_tokens, V = (size_t)r->cfg.vocab_size;
     r->h_meta = calloc(1, r->lay.bytes);
     r->d_meta = b->ops->alloc(b, r->lay.bytes);
-    r->d_out_ids = b->ops->alloc(b, R * 4);
-    r->d_out_lp = b->ops->alloc(b, R * 4);
+    r->d_out_ids = b->ops->alloc(b, 2 * R * 4);
+    r->d_out_lp = r->d_out_ids ? (float *)(r->d_out_ids + R) : NULL;
     r->d_out_top_ids = b->ops->alloc(b, R * RUNNER_MAX_LOGPROBS * 4);
     r->d_out_top_lp = b->ops->alloc(b, R * RUNNER_MAX_LOGPROBS * 4);
-    r->h_out_ids = calloc(R, 4);
-    r->h_out_lp = calloc(R, 4);
+    r->h_out_ids = calloc(2 * R, 4);
+    r->h_out_lp = r->h_out_ids ? (float *)(r->h_out_ids + R) : NULL;
     r->h_out_top_ids = calloc(R * RUNNER_MAX_LOGPROBS, 4);
     r->h_out_top_lp = calloc(R * RUNNER_MAX_LOGPROBS, 4);
     r->h_logits = malloc(R * V * sizeof(float));
@@ -221,12 +221,11 @@ static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *e
 
 static void runner_free_buffers(struct model_runner *r) {
     struct backend *b = r->backend;
-    void *dev[] = {r->d_meta, r->d_out_ids, r->d_out_lp, r->d_out_top_ids, r->d_out_top_lp, r->d_hist, r->kv_pool};
+    void *dev[] = {r->d_meta, r->d_out_ids, r->d_out_top_ids, r->d_out_top_lp, r->d_hist, r->kv_pool};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) b->ops->free(b, dev[i]);
     free(r->h_meta);
     free(r->h_out_ids);
-    free(r->h_out_lp);
     free(r->h_out_top_ids);
     free(r->h_out_top_lp);
     free(r->h_logits);
@@ -611,8 +610,8 @@ static atomc_status runner_sample(struct model_runner *r, const struct forward_b
         .out_top_logprobs = n_lp ? r->d_out_top_lp : NULL,
     };
     b->ops->sample(b, &a);
-    b->ops->copy_d2h(b, r->h_out_ids, r->d_out_ids, (size_t)n * 4);
-    b->ops->copy_d2h(b, r->h_out_lp, r->d_out_lp, (size_t)n * 4);
+    // Ids and their logprobs in one transfer (the step's synchronisation point).
+    b->ops->copy_d2h(b, r->h_out_ids, r->d_out_ids, ((size_t)r->max_rows + (size_t)n) * 4);
     if (n_lp) {
         b->ops->copy_d2h(b, r->h_out_top_ids, r->d_out_top_ids, (size_t)n * n_lp * 4);
         b->ops->copy_d2h(b, r->h_out_top_lp, r->d_out_top_lp, (size_t)n * n_lp * 4);
