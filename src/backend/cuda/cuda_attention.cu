@@ -505,9 +505,9 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     const int nw = rows_per_seq <= 16 ? 1 : 4;
     const int row_tiles = (int)cdiv(rows_per_seq, 16 * nw);
     const int64_t base_ctas = (int64_t)row_tiles * hk * md->n_seqs;
-    // Split-KV: when the natural grid fills fewer than attn_split_waves (default 4) waves of
+    // Split-KV: when the natural grid fills fewer than attn_split_waves (default 2) waves of
     // resident CTAs, cut each CTA's KV range so that it does (partials are ~1% of the KV
-    // bytes, so splitting is cheap), never below attn_split_min_tiles (default 2) 64-token
+    // bytes, so splitting is cheap), never below attn_split_min_tiles (default 4) 64-token
     // tiles of the largest possible context
     // (max_blocks_per_seq: fixed for a captured graph).
     int splits = 1;
