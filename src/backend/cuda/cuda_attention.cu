@@ -505,15 +505,16 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     const int nw = rows_per_seq <= 16 ? 1 : 4;
     const int row_tiles = (int)cdiv(rows_per_seq, 16 * nw);
     const int64_t base_ctas = (int64_t)row_tiles * hk * md->n_seqs;
-    // Split-KV: when the natural grid fills fewer than ~4 waves of resident CTAs, cut each
-    // CTA's KV range so that it does (partials are ~1% of the KV bytes, so splitting is
-    // cheap), never below two 64-token tiles of the largest possible context
+    // Split-KV: when the natural grid fills fewer than attn_split_waves (default 2) waves of
+    // resident CTAs, cut each CTA's KV range so that it does (partials are ~1% of the KV
+    // bytes, so splitting is cheap), never below attn_split_min_tiles (default 4) 64-token
+    // tiles of the largest possible context
     // (max_blocks_per_seq: fixed for a captured graph).
     int splits = 1;
     const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[D == 128][nw == 4][fp8];
-    if (base_ctas < 4 * slots) {
-        int64_t cap = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, 2 * BN);
-        int64_t want = cdiv(4 * slots, base_ctas);
+    if (base_ctas < cb->attn_split_waves * slots) {
+        int64_t cap = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, cb->attn_split_min_tiles * BN);
+        int64_t want = cdiv(cb->attn_split_waves * slots, base_ctas);
         splits = (int)(want < cap ? want : cap);
         if (splits > MAX_SPLITS) splits = MAX_SPLITS;
         if (splits < 1) splits = 1;
