@@ -254,6 +254,10 @@ atomc_status atomc_engine_tokenize(atomc_engine *e, const char *text, size_t len
                                    int32_t **ids, int *n_ids);
 atomc_status atomc_engine_detokenize(atomc_engine *e, const int32_t *ids, int n_ids, bool skip_special_tokens,
                                      char **text);
+// Raw bytes of one token as it appears in decoded text (byte-level pieces mapped back to bytes;
+// may be a partial UTF-8 sequence), for logprob "bytes" fields. NULL if the id is invalid or the
+// engine has no tokenizer. Valid as long as the engine.
+const char *atomc_engine_token_bytes(atomc_engine *e, int32_t id, size_t *len);
 void atomc_free(void *p);
 
 #ifdef __cplusplus

@@ -165,6 +165,9 @@ struct backend_options {
     int num_threads;       // CPU: 0 = cores
     int device_id;         // CUDA
     size_t kv_pool_bytes;  // CPU: memory_info reports this as free
+    bool batch_invariant;  // CPU: every matmul through the row-independent kernel, so a token's
+                           // results never depend on the rest of its batch (slower prefill);
+                           // also set by env ATOMC_BATCH_INVARIANT=1
 };
 
 atomc_status backend_cpu_create(const struct backend_options *o, struct backend **out, struct error *err);
