@@ -1,8 +1,10 @@
-// libFuzzer target for the Jinja interpreter: the input is split at the first NUL byte
-// into a template source and a JSON document of variables (if it parses). The template
-// is compiled and, when it compiles, rendered under small limits so that every input
-// finishes quickly. Any crash, sanitizer report, leak or hang is a bug: bad templates
-// must only ever produce error statuses.
+// libFuzzer target for the Jinja interpreter and the chat-template layer. The input is
+// split at the first NUL byte into a template source and a JSON document of variables (if
+// it parses; else a default conversation). The template is compiled and, when it
+// compiles, rendered under small limits so that every input finishes quickly; when the
+// variables hold "messages", the chat-template API renders them too. Any crash, sanitizer
+// report, leak or hang is a bug: bad templates must only ever produce error statuses.
+//   make fuzz && nice build-fuzz/fuzz/fuzz_jinja -dict=fuzz/jinja.dict -max_len=4096 fuzz/corpus/jinja
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -134,6 +134,8 @@ static void stress(uint64_t seed, bool prefix_caching, int steps) {
     }
     while (atomc_engine_has_work(e)) atomc_engine_step(e);
 
+    // Every id is forgotten once finished (the live-id set empties completely).
+    for (int i = 0; i < n_req; i++) ASSERT_EQ(atomc_engine_abort(e, reqs[i].id), ATOMC_ERR_NOT_FOUND);
     int n_free = 0, checked = 0, aborted = 0;
     for (int i = 0; i < bm->num_blocks; i++) n_free += bm->blocks[i].ref_count == 0;
     ASSERT_EQ(n_free, bm->num_blocks);

@@ -338,6 +338,69 @@ TEST(gguf_moe_expert_views) {
     model_files_close(mf);
 }
 
+// Minimal llama GGUF: n_tok tokens, token_embd.weight of emb_rows x 32 (F32, zeros).
+static const char *write_vocab_gguf(const char *fname, int n_tok, int emb_rows) {
+    size_t cap = 4096 + (size_t)emb_rows * 32 * 4 + (size_t)n_tok * 16, n = 0;
+    unsigned char *b = calloc(1, cap);
+    uint32_t u32;
+    uint64_t u64;
+#define PUT(p, len) (memcpy(b + n, (p), (len)), n += (len))
+#define PUT_STR(str) (u64 = strlen(str), PUT(&u64, 8), PUT((str), strlen(str)))
+#define KV_U32(key, v) (PUT_STR(key), u32 = GGUF_TYPE_UINT32, PUT(&u32, 4), u32 = (v), PUT(&u32, 4))
+    PUT("GGUF", 4);
+    u32 = 3, PUT(&u32, 4);
+    u64 = 1, PUT(&u64, 8);
+    u64 = 6, PUT(&u64, 8);
+    PUT_STR("general.architecture");
+    u32 = GGUF_TYPE_STRING, PUT(&u32, 4);
+    PUT_STR("llama");
+    KV_U32("llama.block_count", 1);
+    KV_U32("llama.embedding_length", 32);
+    KV_U32("llama.feed_forward_length", 64);
+    KV_U32("llama.attention.head_count", 2);
+    PUT_STR("tokenizer.ggml.tokens");
+    u32 = GGUF_TYPE_ARRAY, PUT(&u32, 4);
+    u32 = GGUF_TYPE_STRING, PUT(&u32, 4);
+    u64 = (uint64_t)n_tok, PUT(&u64, 8);
+    for (int i = 0; i < n_tok; i++) {
+        char t[16];
+        snprintf(t, sizeof t, "t%d", i);
+        PUT_STR(t);
+    }
+    PUT_STR("token_embd.weight");
+    u32 = 2, PUT(&u32, 4);
+    u64 = 32, PUT(&u64, 8);
+    u64 = (uint64_t)emb_rows, PUT(&u64, 8);
+    u32 = GGML_TYPE_F32, PUT(&u32, 4);
+    u64 = 0, PUT(&u64, 8);
+#undef KV_U32
+#undef PUT_STR
+#undef PUT
+    n = (n + 31) / 32 * 32 + (size_t)emb_rows * 32 * 4;
+    write_file(tmp_dir(), fname, b, n);
+    free(b);
+    static char p[600];
+    snprintf(p, sizeof p, "%s/%s", tmp_dir(), fname);
+    return p;
+}
+
+TEST(gguf_vocab_from_tokens_and_embeddings) {
+    struct error e = {0};
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, write_vocab_gguf("v_eq.gguf", 10, 10), &e));
+    ASSERT_EQ(mf->config.vocab_size, 10);
+    ASSERT_TRUE(mf->config.tie_word_embeddings);
+    model_files_close(mf);
+    // Embedding padded beyond the token list: vocab is the row count.
+    ASSERT_OK(model_files_open(&mf, write_vocab_gguf("v_pad.gguf", 10, 16), &e));
+    ASSERT_EQ(mf->config.vocab_size, 16);
+    model_files_close(mf);
+    // More tokens than embedding rows: refused, naming the tensor and the counts.
+    ASSERT_EQ(model_files_open(&mf, write_vocab_gguf("v_bad.gguf", 20, 16), &e), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(e.msg, "v_bad.gguf") && strstr(e.msg, "'token_embd.weight' has shape [16, 32]") &&
+                strstr(e.msg, "20 tokens"));
+}
+
 TEST(gguf_unsupported_architecture) {
     // GGUF header with general.architecture = "gpt2" and nothing else.
     unsigned char b[128];

@@ -36,6 +36,7 @@ struct fake_engine {
     atomic_int aborts;       // abort calls that hit a live request
     atomic_int finished;     // final outputs delivered
     int step_us;
+    atomic_bool fail_all;    // every request finishes with ATOMC_FINISH_ERROR (a broken device)
     atomic_bool stop;
     pthread_t thread;
 };
@@ -158,6 +159,9 @@ static void *fake_loop(void *arg) {
             char text[2] = {(char)tok, 0};
             if (q.aborted) {
                 o.finish_reason = ATOMC_FINISH_ABORT;
+            } else if (atomic_load(&f->fail_all)) {
+                o.finish_reason = ATOMC_FINISH_ERROR;
+                o.error = "device lost";
             } else {
                 o.new_tokens = &tok;
                 o.n_new_tokens = 1;
@@ -575,6 +579,39 @@ TEST(shutdown_drains_in_flight_requests) {
     atomic_store(&h.fe.stop, true);
     pthread_join(h.fe.thread, NULL);
     server_free(h.srv);
+}
+
+TEST(engine_errors_give_500_and_unhealthy_until_a_success) {
+    struct harness h;
+    harness_start(&h, NULL, 200, 64);
+    harness_attach(&h);
+    atomic_store(&h.fe.fail_all, true);
+    for (int i = 0; i < 8; i++) {
+        struct response r = http(h.port, "POST", "/v1/completions", NULL, "{\"prompt\":\"hi\",\"max_tokens\":3}");
+        ASSERT_EQ(r.status, 500);
+        json_t *j = json_of(&r);
+        ASSERT_TRUE(strstr(error_message(j), "device lost") != NULL);
+        json_decref(j);
+        response_free(&r);
+    }
+    // Streaming: the error arrives as an SSE error event, then [DONE].
+    struct response r = http(h.port, "POST", "/v1/completions", NULL,
+                             "{\"prompt\":\"hi\",\"max_tokens\":3,\"stream\":true}");
+    ASSERT_EQ(r.status, 200);
+    ASSERT_TRUE(strstr(r.body, "\"error\"") && strstr(r.body, "device lost") && strstr(r.body, "data: [DONE]"));
+    response_free(&r);
+    r = http(h.port, "GET", "/health", NULL, NULL);
+    ASSERT_EQ(r.status, 503);
+    ASSERT_TRUE(strstr(r.body, "failing") != NULL);
+    response_free(&r);
+    atomic_store(&h.fe.fail_all, false);
+    r = http(h.port, "POST", "/v1/completions", NULL, "{\"prompt\":\"hi\",\"max_tokens\":2}");
+    ASSERT_EQ(r.status, 200);
+    response_free(&r);
+    r = http(h.port, "GET", "/health", NULL, NULL);
+    ASSERT_EQ(r.status, 200);
+    response_free(&r);
+    harness_stop(&h);
 }
 
 int main(int argc, char **argv) { return test_main(argc, argv); }

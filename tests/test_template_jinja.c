@@ -94,6 +94,7 @@ TEST(syntax_errors_name_line_and_column) {
     expect_error("{{ x ", "missing '}}'", ATOMC_ERR_FORMAT);
     expect_error("{{ (1 }}", "unexpected '}'", ATOMC_ERR_FORMAT);
     expect_error("{% break %}", "outside of a for loop", ATOMC_ERR_FORMAT);
+    expect_error("{{ xs[1, 2:3] }}", "slice cannot be part of a tuple subscript", ATOMC_ERR_FORMAT);
     expect_error("{% include 'x' %}", "not supported", ATOMC_ERR_FORMAT);
     expect_error("{{ 99999999999999999999 }}", "too large", ATOMC_ERR_FORMAT);
     expect_error("\xff\xfe", "not valid UTF-8", ATOMC_ERR_FORMAT);
@@ -275,6 +276,19 @@ TEST(one_template_renders_concurrently) {
         json_decref(msgs[i]);
     }
     chat_template_free(t);
+}
+
+// Inputs the fuzzer found; each once crashed or tripped UBSan.
+TEST(fuzz_regressions) {
+    const char *cases[] = {"{{ ([] | select) | list }}{{ [] | reverse | list }}{% for x in [] | select %}{% endfor %}",
+                           "{{ 'abc'[::2] }}{{ 'abc'[10:2:-2] }}"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct error err = {0};
+        char *out = NULL;
+        if (render_src(cases[i], NULL, NULL, &out, &err) != ATOMC_OK)
+            test_fail(__FILE__, __LINE__, "%s: %s", cases[i], err.msg);
+        free(out);
+    }
 }
 
 TEST(bos_detection) {

@@ -18,6 +18,7 @@ Python implementations so the C loader is checked against them, not against itse
   tiny_llama31_rope.gguf (+ _refs.json)    llama3 rope_scaling as llama.cpp stores it (rope_freqs.weight)
   tiny_moe.gguf                           stacked expert tensors with coordinate-encoding values
   tiny_qwen3_hf/ (+ tiny_qwen3_hf_refs.json) transformers save_pretrained, bf16, sharded + index
+  ../configs/transformers_parsed.json      AutoConfig's effective reading of every config fixture
   smollm2_refs.json                       from the real SmolLM2-135M-Instruct GGUF
                                           ($ATOMC_SMOLLM2): metadata read by gguf.GGUFReader,
                                           dequantized token_embd rows, and q_proj/k_proj
@@ -397,6 +398,62 @@ def gen_tiny_hf_sharded():
         json.dump(ref, fh, indent=0)
 
 
+def gen_config_refs():
+    """How HF transformers itself reads each tests/fixtures/configs/*.json (AutoConfig):
+    the effective values atomc's config parser must reproduce."""
+    import glob
+    import shutil
+    import tempfile
+    from transformers import AutoConfig
+    cdir = os.path.join(OUT, "..", "configs")
+    ref = {}
+    for f in sorted(glob.glob(os.path.join(cdir, "*.json"))):
+        name = os.path.basename(f)
+        if name.startswith("transformers_parsed"):
+            continue
+        d = tempfile.mkdtemp()
+        shutil.copy(f, os.path.join(d, "config.json"))
+        c = AutoConfig.from_pretrained(d)
+        shutil.rmtree(d)
+        g = lambda k, default=None: getattr(c, k, default)
+        rp = dict(g("rope_parameters") or {})
+        if rp and all(isinstance(v, dict) for v in rp.values()):
+            rp = rp.get("full_attention", next(iter(rp.values())))
+        head_dim = g("head_dim") or c.hidden_size // c.num_attention_heads
+        prf = rp.get("partial_rotary_factor", g("partial_rotary_factor", 1.0)) or 1.0
+        experts = g("num_experts") or g("num_local_experts") or g("n_routed_experts") or 0
+        eos = g("eos_token_id")
+        lt = g("layer_types")
+        sw = g("sliding_window") or 0
+        r = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+             "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+             "num_key_value_heads": g("num_key_value_heads") or c.num_attention_heads, "head_dim": head_dim,
+             "vocab_size": c.vocab_size, "max_position_embeddings": c.max_position_embeddings,
+             "rms_norm_eps": c.rms_norm_eps, "tie_word_embeddings": bool(c.tie_word_embeddings),
+             "rope_theta": float(rp.get("rope_theta", g("rope_theta", 10000.0))),
+             "rope_type": rp.get("rope_type", "default"), "rope_factor": float(rp.get("factor", 1.0)),
+             "rotary_dim": int(head_dim * prf),
+             "bos_token_id": g("bos_token_id") if g("bos_token_id") is not None else -1,
+             "eos_token_ids": (eos if isinstance(eos, list) else [eos]) if eos is not None else [],
+             # Effective per-layer attention: sliding only where the layer says so and a window is set.
+             "sliding_window": sw,
+             "layer_types": [t if (t != "sliding_attention" or sw) else "full_attention" for t in lt]
+             if lt else ["sliding_attention" if sw else "full_attention"] * c.num_hidden_layers,
+             "num_experts": experts, "num_experts_per_tok": g("num_experts_per_tok") or 0 if experts else 0}
+        for k in ["low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "beta_fast",
+                  "beta_slow", "mscale", "mscale_all_dim"]:
+            if k in rp:
+                r[k] = float(rp[k])
+        for k in ["moe_intermediate_size", "first_k_dense_replace", "n_shared_experts", "routed_scaling_factor",
+                  "n_group", "topk_group", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                  "v_head_dim", "shared_expert_intermediate_size", "decoder_sparse_step"]:
+            if g(k) is not None:
+                r[k] = g(k)
+        ref[name] = r
+    with open(os.path.join(cdir, "transformers_parsed.json"), "w") as fh:
+        json.dump(ref, fh, indent=1)
+
+
 def gen_smollm2():
     import gguf
     path = os.environ.get("ATOMC_SMOLLM2", "/root/.cache/atomc/models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -482,6 +539,7 @@ if __name__ == "__main__":
     gen_tiny_llama3_rope_gguf()
     gen_tiny_moe_gguf()
     gen_tiny_hf_sharded()
+    gen_config_refs()
     if "--no-smollm2" not in sys.argv:
         gen_smollm2()
     print("wrote", os.path.normpath(OUT))

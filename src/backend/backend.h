@@ -145,13 +145,6 @@ struct backend_ops {
     // Sampling with penalties / temperature / top-k / top-p / min-p / seed; see sample_args.
     void (*sample)(struct backend *b, const struct sample_args *a);
 
-    // Optional (may be NULL): fills t (any float dtype, backend memory) with uniform random
-    // numbers in [lo, hi) from `seed`, on the device. Used by `--load-format dummy` so that
-    // random weights of a large model need not cross the host link; the model falls back to
-    // generating them on the host in chunks when a backend leaves this NULL.
-    atomc_status (*fill_uniform)(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
-                                 struct error *err);
-
     // CUDA graphs (NULL on backends without them).
     atomc_status (*graph_begin)(struct backend *b, struct error *err);
     atomc_status (*graph_end)(struct backend *b, void **graph, struct error *err);
@@ -172,6 +165,9 @@ struct backend_options {
     int num_threads;       // CPU: 0 = cores
     int device_id;         // CUDA
     size_t kv_pool_bytes;  // CPU: memory_info reports this as free
+    bool batch_invariant;  // CPU: every matmul through the row-independent kernel, so a token's
+                           // results never depend on the rest of its batch (slower prefill);
+                           // also set by env ATOMC_BATCH_INVARIANT=1
 };
 
 atomc_status backend_cpu_create(const struct backend_options *o, struct backend **out, struct error *err);

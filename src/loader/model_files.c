@@ -329,8 +329,10 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
     c->torch_dtype = DTYPE_F32;
     for (int l = 0; l < c->num_layers; l++) c->layer_types[l] = LAYER_ATTN_FULL;
 
-    // Vocabulary: the tokenizer's token list (llama.cpp's authority), cross-checked
-    // against the embedding matrix.
+    // Vocabulary: the tokenizer's token list (tokenizer.ggml.tokens; <arch>.vocab_size if
+    // there is none). The embedding matrix may have more rows than tokens (checkpoints pad
+    // the vocabulary to a multiple of 64/128 for the GEMMs); then vocab_size is the row count,
+    // as HF's config would say, and the extra rows are never produced by the tokenizer.
     uint64_t n_tok = 0;
     if (gguf_has_key(g, "tokenizer.ggml.tokens")) {
         TRY(gguf_get_arr_info(g, "tokenizer.ggml.tokens", NULL, &n_tok, err));
@@ -341,14 +343,15 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
     }
     if (n_tok == 0 || n_tok > INT32_MAX)
         return error_set(err, ATOMC_ERR_FORMAT, "%s: vocabulary size %" PRIu64 " is invalid", g->path, n_tok);
-    c->vocab_size = (int)n_tok;
     const struct gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb) return error_set(err, ATOMC_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", g->path);
-    if (emb->ndim != 2 || emb->ne[0] != c->vocab_size || emb->ne[1] != c->hidden_size)
+    if (emb->ndim != 2 || emb->ne[0] < (int64_t)n_tok || emb->ne[0] > INT32_MAX || emb->ne[1] != c->hidden_size)
         return error_set(err, ATOMC_ERR_FORMAT,
-                         "%s: tensor 'token_embd.weight' has shape [%" PRId64 ", %" PRId64 "], expected [%d, %d] "
-                         "(vocab from tokenizer.ggml.tokens, %s.embedding_length)",
-                         g->path, emb->ne[0], emb->ndim > 1 ? emb->ne[1] : 0, c->vocab_size, c->hidden_size, arch);
+                         "%s: tensor 'token_embd.weight' has shape [%" PRId64 ", %" PRId64 "], expected [>= %" PRIu64
+                         ", %d] (%" PRIu64 " tokens in tokenizer.ggml.tokens, %s.embedding_length %d)",
+                         g->path, emb->ne[0], emb->ndim > 1 ? emb->ne[1] : 0, n_tok, c->hidden_size, n_tok, arch,
+                         c->hidden_size);
+    c->vocab_size = (int)emb->ne[0];
     c->tie_word_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     // Biases on q/k/v (Qwen2-style) show up as tensors.
     c->attention_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
@@ -524,7 +527,10 @@ static atomc_status get_gguf(struct model_files *mf, const char *hf_name, struct
     }
     struct tensor t;
     atomc_status st = gguf_get_tensor(mf->gguf, gname, &t, err);
-    if (st) return error_prefix(err, "tensor '%s': ", hf_name);
+    if (st) {
+        error_prefix(err, "%s (GGUF '%s'): ", hf_name, gname);
+        return st;
+    }
     if (m.expert >= 0) {
         if (t.ndim != 3 || m.expert >= t.ne[0])
             return error_set(err, ATOMC_ERR_NOT_FOUND, "%s: missing tensor '%s': '%s' has no expert %d", mf->gguf->path,

@@ -22,6 +22,8 @@
 //   shared experts map to ffn_*_shexp). A GGUF without output.weight has tied embeddings
 //   (config.tie_word_embeddings), and lm_head.weight is then NOT_FOUND. Names with no HF
 //   mapping are looked up verbatim (e.g. llama.cpp's rope_freqs.weight).
+// - Not thread-safe: model_files_get_tensor may fill its cache of owned buffers; load
+//   weights from one thread (views it returned may then be read from any thread).
 // - Errors name the file and the tensor: missing tensor (ATOMC_ERR_NOT_FOUND), wrong
 //   shape or dtype class in model_files_expect (ATOMC_ERR_FORMAT), unsupported dtype.
 //

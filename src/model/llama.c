@@ -6,7 +6,7 @@
 //               qkv = x @ Wqkv^T (+ b)                 (one fused GEMM)
 //               Qwen3: q, k = per-head rmsnorm(q, k)
 //               rope(q, k); write k, v into the paged cache at slot_mapping
-//               attn = paged_attention(q, cache)
+//               attn = paged_attention(q, cache)      (sliding-window layers: Mistral)
 //               h = attn @ Wo^T (+ b)
 //               x = rmsnorm(residual += h)
 //               h = down(silu(gate) * up)              (fused gate_up GEMM, then silu_mul)
@@ -71,7 +71,8 @@ void model_forward(struct model *m, const int32_t *token_ids, const struct attn_
             ops->rmsnorm(b, &kn_all, &heads_all, &ly->k_norm, eps);
         }
         ops->rope_kv_write(b, &q, &k, &v, m->qkv_dim, &m->rope, &kv[l], md);
-        ops->attention(b, &attn, &q, m->qkv_dim, &kv[l], md, scale, 0, NULL);
+        int window = c->layer_types[l] == LAYER_ATTN_SLIDING ? c->sliding_window : 0;
+        ops->attention(b, &attn, &q, m->qkv_dim, &kv[l], md, scale, window, NULL);
         ops->matmul(b, &h, &attn2, &ly->o, opt(&ly->o_bias));
         ops->add_rmsnorm(b, &x, &residual, &h, &ly->mlp_norm, eps);
         ops->matmul(b, &gu, &x, &ly->gate_up, opt(&ly->gate_up_bias));

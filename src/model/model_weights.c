@@ -94,10 +94,26 @@ void model_rope_inv_freq(const struct model_config *cfg, int rotary_dim, float *
 // ---------------------------------------------------------------------------------------------
 // Loading
 
+// Dummy weights come from a few pools of random values (one per (lo, hi, dtype)), already
+// converted to the weight dtype: each tensor copies a run of its pool starting at a seeded
+// offset, wrapping around. Generating billions of independent numbers on one host thread
+// would dominate the start-up of a dummy 8B model; the values only need to be random-looking,
+// finite and of the right scale, and copying keeps dummy loading at the host-to-device rate.
+#define DUMMY_POOL_ELEMS ((int64_t)1 << 22)
+#define DUMMY_MAX_POOLS 8
+
+struct dummy_pool {
+    float lo, hi;
+    enum dtype dtype;
+    unsigned char *data; // DUMMY_POOL_ELEMS elements of dtype
+};
+
 struct weight_loader {
     struct model *m;
     struct model_files *files; // NULL = dummy
     uint64_t seed;             // dummy: advanced per tensor
+    struct dummy_pool pools[DUMMY_MAX_POOLS];
+    int n_pools;
 };
 
 static void weight_release(struct model *m, struct tensor *t) {
@@ -113,8 +129,40 @@ static uint64_t splitmix64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-// Random weights in [lo, hi) written straight into backend memory: on the device when the
-// backend can (fill_uniform), else generated on the host in chunks and copied.
+static const struct dummy_pool *dummy_pool_get(struct weight_loader *L, float lo, float hi, enum dtype dt,
+                                               struct error *err) {
+    for (int i = 0; i < L->n_pools; i++)
+        if (L->pools[i].lo == lo && L->pools[i].hi == hi && L->pools[i].dtype == dt) return &L->pools[i];
+    if (L->n_pools == DUMMY_MAX_POOLS) { // many distinct scales: recycle the oldest pool
+        free(L->pools[0].data);
+        memmove(&L->pools[0], &L->pools[1], sizeof L->pools[0] * (DUMMY_MAX_POOLS - 1));
+        L->n_pools--;
+    }
+    size_t esz = dtype_row_bytes(dt, 1);
+    float *f = malloc((size_t)DUMMY_POOL_ELEMS * sizeof(float));
+    unsigned char *data = malloc((size_t)DUMMY_POOL_ELEMS * esz);
+    if (!f || !data) {
+        free(f);
+        free(data);
+        error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: out of host memory");
+        return NULL;
+    }
+    uint64_t s = L->seed ^ ((uint64_t)L->n_pools * 0x632be59bd9b4e019ull);
+    for (int64_t i = 0; i < DUMMY_POOL_ELEMS; i++)
+        f[i] = lo == hi ? lo : lo + (hi - lo) * (float)((splitmix64(&s) >> 40) * (1.0 / 16777216.0));
+    dtype_from_f32(dt, f, data, DUMMY_POOL_ELEMS);
+    free(f);
+    struct dummy_pool *p = &L->pools[L->n_pools++];
+    *p = (struct dummy_pool){.lo = lo, .hi = hi, .dtype = dt, .data = data};
+    return p;
+}
+
+static void dummy_pools_free(struct weight_loader *L) {
+    for (int i = 0; i < L->n_pools; i++) free(L->pools[i].data);
+    L->n_pools = 0;
+}
+
+// Random weights in [lo, hi) (lo == hi: that constant) copied into backend memory from a pool.
 static atomc_status weight_fill_dummy(struct weight_loader *L, struct tensor *t, float lo, float hi,
                                       const char *name, struct error *err) {
     struct backend *b = L->m->backend;
@@ -124,48 +172,17 @@ static atomc_status weight_fill_dummy(struct weight_loader *L, struct tensor *t,
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: cannot allocate %zu bytes for %s", bytes, name);
     uint64_t seed = L->seed;
     L->seed = splitmix64(&seed);
-    if (lo == hi) { // constant (norm weights = 1)
-        enum { CHUNK = 1 << 16 };
-        float *f = xmalloc(CHUNK * sizeof(float));
-        unsigned char *c = xmalloc(CHUNK * 4);
-        int64_t n = tensor_numel(t), esz = (int64_t)dtype_row_bytes(t->dtype, 1);
-        for (int64_t i = 0; i < CHUNK; i++) f[i] = lo;
-        for (int64_t off = 0; off < n; off += CHUNK) {
-            int64_t k = n - off < CHUNK ? n - off : CHUNK;
-            dtype_from_f32(t->dtype, f, c, k);
-            b->ops->copy_h2d(b, (char *)t->data + off * esz, c, (size_t)(k * esz));
-        }
-        free(f);
-        free(c);
-        return ATOMC_OK;
-    }
-    if (b->ops->fill_uniform) {
-        atomc_status st = b->ops->fill_uniform(b, t, L->seed, lo, hi, err);
-        if (st != ATOMC_OK) return error_prefix(err, "dummy weights %s: ", name);
-        return ATOMC_OK;
-    }
-    enum { CHUNK = 1 << 20 };
-    float *f = malloc(CHUNK * sizeof(float));
-    unsigned char *c = malloc(CHUNK * 4);
-    if (!f || !c) {
-        free(f);
-        free(c);
-        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: out of host memory");
-    }
+    const struct dummy_pool *p = dummy_pool_get(L, lo, hi, t->dtype, err);
+    if (!p) return err ? err->status : ATOMC_ERR_OUT_OF_MEMORY;
     int64_t n = tensor_numel(t), esz = (int64_t)dtype_row_bytes(t->dtype, 1);
-    uint64_t s = L->seed;
-    for (int64_t off = 0; off < n; off += CHUNK) {
-        int64_t k = n - off < CHUNK ? n - off : CHUNK;
-        for (int64_t i = 0; i < k; i++) f[i] = lo + (hi - lo) * (float)((splitmix64(&s) >> 40) * (1.0 / 16777216.0));
-        if (t->dtype == DTYPE_F32) {
-            b->ops->copy_h2d(b, (char *)t->data + off * esz, f, (size_t)(k * esz));
-        } else {
-            dtype_from_f32(t->dtype, f, c, k);
-            b->ops->copy_h2d(b, (char *)t->data + off * esz, c, (size_t)(k * esz));
-        }
+    int64_t src = (int64_t)(L->seed % (uint64_t)DUMMY_POOL_ELEMS);
+    for (int64_t off = 0; off < n;) {
+        int64_t k = DUMMY_POOL_ELEMS - src;
+        if (k > n - off) k = n - off;
+        b->ops->copy_h2d(b, (char *)t->data + off * esz, p->data + src * esz, (size_t)(k * esz));
+        off += k;
+        src = 0;
     }
-    free(f);
-    free(c);
     return ATOMC_OK;
 }
 
@@ -326,6 +343,13 @@ static atomc_status model_check_config(const struct model_config *c, struct erro
                          c->num_heads, c->num_kv_heads);
     if (c->hidden_act[0] && strcmp(c->hidden_act, "silu") != 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", c->hidden_act);
+    for (int l = 0; l < c->num_layers; l++)
+        if (c->layer_types[l] == LAYER_ATTN_LINEAR)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "layer %d uses linear attention, which %s does not have",
+                             l, c->architecture);
+    if (c->attention_sinks || c->num_experts > 0 || c->q_lora_rank > 0 || c->kv_lora_rank > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for attention sinks, experts or MLA, which the "
+                         "dense forward does not implement", c->architecture);
     int rd = c->rope.rotary_dim > 0 ? c->rope.rotary_dim : c->head_dim;
     if (rd % 2 != 0 || rd > c->head_dim)
         return error_set(err, ATOMC_ERR_FORMAT, "rotary dimension %d is odd or exceeds head_dim %d", rd, c->head_dim);
@@ -377,9 +401,13 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     free(h_inv);
     m->rope = (struct rope_args){.inv_freq = m->inv_freq, .rotary_dim = rd, .attn_factor = attn_factor,
                                  .interleaved = cfg->rope.interleaved};
+    b->ops->synchronize(b); // pools are host memory the copies may still read
+    dummy_pools_free(&L);
     *out = m;
     return ATOMC_OK;
 fail:
+    b->ops->synchronize(b);
+    dummy_pools_free(&L);
     model_free(m);
     return st;
 }

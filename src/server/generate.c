@@ -249,7 +249,7 @@ static void stream_event(struct srv_req *r, struct srv_choice *c, const struct s
     stream_start_choice(r, c);
     if (ev->finish == ATOMC_FINISH_ERROR) {
         struct oai_error e;
-        oai_error_set(&e, 500, NULL, "generation failed: %s", ev->error ? ev->error : "engine error");
+        oai_error_set(&e, 500, NULL, "generation failed: %s", c->error ? c->error : "engine error");
         char *s = oai_error_json(&e);
         sse_write(r, s, strlen(s));
         free(s);
@@ -355,7 +355,13 @@ static void apply_event(struct srv_req *r, struct srv_event *ev) {
         r->n_done++;
         metrics_record_request(&s->metrics, c->finish, c->prompt_tokens, c->completion_tokens,
                                c->t_first > 0 ? c->t_first - r->t_arrival : -1, ev->t - r->t_arrival, -1);
-        if (c->finish == ATOMC_FINISH_ERROR && c->error) LOG_WARN("request %s: %s", r->id, c->error);
+        if (c->finish == ATOMC_FINISH_ERROR) {
+            if (c->error) LOG_WARN("request %s: %s", r->id, c->error);
+            s->consecutive_errors++;
+            snprintf(s->last_error, sizeof s->last_error, "%s", c->error ? c->error : "engine error");
+        } else if (c->finish != ATOMC_FINISH_ABORT) {
+            s->consecutive_errors = 0;
+        }
     }
 }
 

@@ -255,6 +255,11 @@ static void handle_health(struct server *s, struct evhttp_request *req) {
     } else if (!s->have_engine) {
         code = 503;
         json_object_set_new(o, "status", json_string("loading"));
+    } else if (s->consecutive_errors >= SERVER_UNHEALTHY_AFTER_ERRORS) {
+        code = 503;
+        json_object_set_new(o, "status", json_string("failing"));
+        snprintf(msg, sizeof msg, "the last %d requests failed in the engine: %.180s", s->consecutive_errors, s->last_error);
+        json_object_set_new(o, "error", json_string(msg));
     } else if (s->draining) {
         code = 503;
         json_object_set_new(o, "status", json_string("shutting down"));

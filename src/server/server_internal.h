@@ -16,6 +16,10 @@ extern const char server_openapi_json[];
 #include "server/openai_request.h"
 #include "server/server.h"
 
+// /health turns 503 when this many requests in a row failed in the engine (a broken device
+// fails every batch; the engine itself keeps running, so only its results tell).
+#define SERVER_UNHEALTHY_AFTER_ERRORS 8
+
 struct srv_req;
 
 struct server {
@@ -49,6 +53,8 @@ struct server {
     struct srv_req *active;      // in-flight generation requests (doubly linked)
     int n_active;
     int n_writing;               // final responses handed to libevent but not yet written out
+    int consecutive_errors;      // generation failures in a row (reset by any success); /health 503 past a bound
+    char last_error[256];
     struct metrics metrics;
     struct oai_limits limits;
     uint64_t rng;                // request ids

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -455,15 +456,17 @@ static atomc_status load_tokenizer_config(const char *path, bool want_tools, str
     return st;
 }
 
-static atomc_status load_gguf(const char *path, struct chat_template_source *out, struct error *err) {
+static atomc_status load_gguf(const char *path, bool want_tools, struct chat_template_source *out,
+                              struct error *err) {
     struct gguf_file *g;
     atomc_status st = gguf_open(&g, path, err);
     if (st != ATOMC_OK) return st;
     const char *s;
     size_t len;
-    if (gguf_has_key(g, "tokenizer.chat_template") &&
-        gguf_get_str(g, "tokenizer.chat_template", &s, &len, err) == ATOMC_OK)
-        out->template_src = strndup(s, len);
+    // named templates live under tokenizer.chat_template.<name> (llama.cpp's convention)
+    const char *key = want_tools && gguf_has_key(g, "tokenizer.chat_template.tool_use") ? "tokenizer.chat_template.tool_use"
+                                                                                          : "tokenizer.chat_template";
+    if (gguf_has_key(g, key) && gguf_get_str(g, key, &s, &len, NULL) == ATOMC_OK) out->template_src = strndup(s, len);
     const char *keys[2] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"};
     char **dst[2] = {&out->bos_token, &out->eos_token};
     enum gguf_type et;
@@ -480,6 +483,22 @@ static atomc_status load_gguf(const char *path, struct chat_template_source *out
     return ATOMC_OK;
 }
 
+// A directory with exactly one .gguf file (and no tokenizer_config.json) means that file.
+static bool find_single_gguf(const char *dir, char *path, size_t n) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    int found = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l > 5 && !strcmp(e->d_name + l - 5, ".gguf")) {
+            if (++found == 1) snprintf(path, n, "%s/%s", dir, e->d_name);
+        }
+    }
+    closedir(d);
+    return found == 1;
+}
+
 atomc_status chat_template_source_load(const char *model_path, const char *override_file, bool want_tools,
                                        struct chat_template_source *out, struct error *err) {
     memset(out, 0, sizeof *out);
@@ -492,6 +511,7 @@ atomc_status chat_template_source_load(const char *model_path, const char *overr
             char p[4096];
             snprintf(p, sizeof p, "%s/tokenizer_config.json", model_path);
             if (stat(p, &sb) == 0) st = load_tokenizer_config(p, want_tools, out, err);
+            else if (find_single_gguf(model_path, p, sizeof p)) st = load_gguf(p, want_tools, out, err);
             // transformers >= 4.43 may keep the template in its own file, which wins
             snprintf(p, sizeof p, "%s/chat_template.jinja", model_path);
             if (st == ATOMC_OK && stat(p, &sb) == 0) {
@@ -500,7 +520,7 @@ atomc_status chat_template_source_load(const char *model_path, const char *overr
                 st = read_file(p, &out->template_src, err);
             }
         } else if (pl >= 5 && !strcmp(model_path + pl - 5, ".gguf")) {
-            st = load_gguf(model_path, out, err);
+            st = load_gguf(model_path, want_tools, out, err);
         } else {
             st = load_tokenizer_config(model_path, want_tools, out, err);
         }

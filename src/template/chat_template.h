@@ -72,8 +72,9 @@ struct chat_template_source {
 };
 
 // Reads the template and BOS/EOS text from `model_path`: a directory holding
-// tokenizer_config.json, that file itself, or a .gguf file (tokenizer.chat_template and
-// the BOS/EOS token ids looked up in tokenizer.ggml.tokens). tokenizer_config.json's
+// tokenizer_config.json (and maybe chat_template.jinja, which wins) or a single .gguf, that
+// file itself, or a .gguf file (tokenizer.chat_template, or tokenizer.chat_template.tool_use
+// when `want_tools`; BOS/EOS ids looked up in tokenizer.ggml.tokens). tokenizer_config.json's
 // chat_template may be a string or a list of {name, template}: "default" is used, or
 // "tool_use" when `want_tools` and it exists. If override_file is non-NULL its contents
 // replace the template (BOS/EOS still come from the model when model_path is given;

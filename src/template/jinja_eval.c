@@ -50,6 +50,8 @@ struct jfunc {
 struct jloop {
     size_t index0, length;
     const struct jv *items;
+    bool has_last; // loop.changed() state
+    struct jv last;
 };
 
 struct eval {
@@ -120,7 +122,7 @@ static const char *owner_desc(const struct jv *v) {
     switch (v->t) {
     case JV_DICT: return "dict object";
     case JV_STR: return "str object";
-    case JV_LIST: return v->u.l->is_tuple ? "tuple object" : "list object";
+    case JV_LIST: return v->u.l->kind != JL_LIST ? "object" : v->u.l->is_tuple ? "tuple object" : "list object";
     case JV_NONE: return "None";
     case JV_INT: return "int object";
     case JV_FLOAT: return "float object";
@@ -155,6 +157,8 @@ static struct jlist *mk_list(struct eval *ev, const struct node *at, size_t n, b
     if (!l) return NULL;
     l->n = n;
     l->is_tuple = tuple;
+    l->kind = JL_LIST;
+    l->pos = 0;
     l->v = NULL;
     if (n) {
         if (n > ev->lim.max_memory_bytes / sizeof(struct jv)) {
@@ -296,7 +300,16 @@ static const char *memmem_s(const char *h, size_t hn, const char *nd, size_t nn)
 static bool iterate(struct eval *ev, const struct node *at, const struct jv *v, const struct jv **items, size_t *n) {
     switch (v->t) {
     case JV_UNDEF: *items = NULL; *n = 0; return true;
-    case JV_LIST: *items = v->u.l->v; *n = v->u.l->n; return true;
+    case JV_LIST:
+        if (jlist_is_iter(v->u.l)) { // iterating consumes a generator
+            *n = v->u.l->n - v->u.l->pos;
+            *items = *n ? v->u.l->v + v->u.l->pos : NULL;
+            v->u.l->pos = v->u.l->n;
+            return true;
+        }
+        *items = v->u.l->v;
+        *n = v->u.l->n;
+        return true;
     case JV_DICT: *items = v->u.d->k; *n = v->u.d->n; return true;
     case JV_NS: *items = v->u.ns->d.k; *n = v->u.ns->d.n; return FAIL(at, "'Namespace' object is not iterable");
     case JV_STR: {
@@ -415,11 +428,11 @@ static bool percent_format(struct eval *ev, const struct node *at, const struct 
     const struct jv *pos = args;
     size_t npos = 1, next = 0;
     bool is_map = args->t == JV_DICT;
-    if (args->t == JV_LIST && args->u.l->is_tuple) {
+    if (args->t == JV_LIST && args->u.l->is_tuple && jlist_is_plain(args->u.l)) {
         pos = args->u.l->v;
         npos = args->u.l->n;
     }
-    bool tolerant = is_map || (args->t == JV_LIST && !args->u.l->is_tuple); // has __getitem__: no "not all converted"
+    bool tolerant = is_map || (args->t == JV_LIST && !args->u.l->is_tuple && jlist_is_plain(args->u.l)); // __getitem__
     struct sbuf b;
     sbuf_init(&b, ev->lim.max_output_bytes);
     const char *p = fmt->u.s.p, *end = p + fmt->u.s.n;
@@ -656,7 +669,8 @@ static bool binop(struct eval *ev, const struct node *at, int op, const struct j
         *out = jv_str(p, n);
         return true;
     }
-    if (op == '+' && a->t == JV_LIST && b->t == JV_LIST && a->u.l->is_tuple == b->u.l->is_tuple) {
+    if (op == '+' && a->t == JV_LIST && b->t == JV_LIST && a->u.l->is_tuple == b->u.l->is_tuple &&
+        jlist_is_plain(a->u.l) && jlist_is_plain(b->u.l)) {
         struct jlist *l = mk_list(ev, at, a->u.l->n + b->u.l->n, a->u.l->is_tuple);
         if (!l) return false;
         if (a->u.l->n) memcpy(l->v, a->u.l->v, a->u.l->n * sizeof *l->v);
@@ -666,8 +680,10 @@ static bool binop(struct eval *ev, const struct node *at, int op, const struct j
     }
     if (op == '*') {
         int64_t k;
-        if ((a->t == JV_STR || a->t == JV_LIST) && to_index(b, &k)) return repeat_seq(ev, at, a, k, out);
-        if ((b->t == JV_STR || b->t == JV_LIST) && to_index(a, &k)) return repeat_seq(ev, at, b, k, out);
+        if ((a->t == JV_STR || (a->t == JV_LIST && jlist_is_plain(a->u.l))) && to_index(b, &k))
+            return repeat_seq(ev, at, a, k, out);
+        if ((b->t == JV_STR || (b->t == JV_LIST && jlist_is_plain(b->u.l))) && to_index(a, &k))
+            return repeat_seq(ev, at, b, k, out);
     }
     if (op == '%' && a->t == JV_STR) return percent_format(ev, at, a, b, out);
     if (op == '+' && a->t == JV_STR)
@@ -684,16 +700,23 @@ static bool contains(struct eval *ev, const struct node *at, const struct jv *it
         if (item->t != JV_STR) return FAIL(at, "'in <string>' requires string as left operand, not %s", jv_type_name(item));
         *res = memmem_s(seq->u.s.p, seq->u.s.n, item->u.s.p, item->u.s.n) != NULL;
         return true;
-    case JV_LIST:
+    case JV_LIST: {
         *res = false;
-        for (size_t i = 0; i < seq->u.l->n; i++)
-            if (jv_equal(&seq->u.l->v[i], item)) {
+        struct jlist *l = seq->u.l;
+        size_t i0 = jlist_is_iter(l) ? l->pos : 0;
+        for (size_t i = i0; i < l->n; i++) {
+            bool eq = jv_equal(&l->v[i], item); // dict_items hold (key, value) tuples: same comparison
+            if (jlist_is_iter(l)) l->pos = i + 1; // `in` consumes a generator up to the match
+            if (eq) {
                 *res = true;
                 break;
             }
+        }
         return true;
+    }
     case JV_DICT:
-        if ((item->t == JV_LIST && !item->u.l->is_tuple) || item->t == JV_DICT || item->t == JV_NS)
+        if ((item->t == JV_LIST && !item->u.l->is_tuple && item->u.l->kind == JL_LIST) || item->t == JV_DICT ||
+            item->t == JV_NS)
             return FAIL(at, "unhashable type: '%s'", jv_type_name(item));
         *res = jdict_get(seq->u.d, item) != NULL;
         return true;
@@ -762,7 +785,7 @@ static bool do_slice(struct eval *ev, const struct node *at, const struct jv *ob
     if ((a && a->t != JV_NONE && !to_index(a, &tmp)) || (b && b->t != JV_NONE && !to_index(b, &tmp)))
         return FAIL(at, "slice indices must be integers or None");
     if (obj->t == JV_UNDEF) return undefined_error(ev, at, obj);
-    if (obj->t == JV_LIST) {
+    if (obj->t == JV_LIST && jlist_is_plain(obj->u.l)) {
         int64_t len = (int64_t)obj->u.l->n, st, sp;
         slice_indices(len, a, b, step, &st, &sp);
         int64_t cnt = step > 0 ? (sp > st ? (sp - st + step - 1) / step : 0) : (st > sp ? (st - sp + (-step) - 1) / (-step) : 0);
@@ -818,6 +841,7 @@ static bool get_item(struct eval *ev, const struct node *at, const struct jv *ob
         break;
     }
     case JV_LIST:
+        if (!jlist_is_plain(obj->u.l)) break; // not subscriptable
         if (to_index(key, &idx)) {
             int64_t n = (int64_t)obj->u.l->n;
             if (idx < 0) idx += n;
@@ -900,7 +924,7 @@ static bool get_attr(struct eval *ev, const struct node *at, const struct jv *ob
         if (name_in(name, STR_METHODS)) return mk_method(ev, at, obj, name, out);
         break;
     case JV_LIST:
-        if (name_in(name, LIST_METHODS)) return mk_method(ev, at, obj, name, out);
+        if (jlist_is_plain(obj->u.l) && name_in(name, LIST_METHODS)) return mk_method(ev, at, obj, name, out);
         break;
     case JV_LOOP: {
         const struct jloop *L = obj->u.loop;
@@ -1519,6 +1543,7 @@ static bool call_method(struct eval *ev, const struct node *at, const struct jv 
         if (!strcmp(m, "items") || !strcmp(m, "keys") || !strcmp(m, "values")) {
             struct jlist *l = mk_list(ev, at, d->n, false);
             if (!l) return false;
+            l->kind = m[0] == 'k' ? JL_DICT_KEYS : m[0] == 'v' ? JL_DICT_VALUES : JL_DICT_ITEMS;
             for (size_t i = 0; i < d->n; i++) {
                 if (m[0] == 'k') l->v[i] = d->k[i];
                 else if (m[0] == 'v') l->v[i] = d->v[i];
@@ -1574,6 +1599,17 @@ static bool call_method(struct eval *ev, const struct node *at, const struct jv 
             *out = a->pos[self->u.loop->index0 % (size_t)a->npos];
             return true;
         }
+        if (!strcmp(m, "changed")) { // True when the arguments differ from the previous call's
+            struct jlist *l = mk_list(ev, at, (size_t)a->npos, true);
+            if (!l) return false;
+            for (int i = 0; i < a->npos; i++) l->v[i] = a->pos[i];
+            struct jv cur = list_val(l);
+            bool changed = !self->u.loop->has_last || !jv_equal(&self->u.loop->last, &cur);
+            self->u.loop->last = cur;
+            self->u.loop->has_last = true;
+            *out = jv_bool(changed);
+            return true;
+        }
         return FAIL(at, "loop.%s() is not supported", m);
     default: break;
     }
@@ -1604,7 +1640,7 @@ static bool eval_call(struct eval *ev, const struct node *x, const struct jv *ca
         const char *name = x->a->name;
         bool is_method = (obj.t == JV_STR && name_in(name, STR_METHODS)) ||
                          (obj.t == JV_DICT && name_in(name, DICT_METHODS)) ||
-                         (obj.t == JV_LIST && name_in(name, LIST_METHODS)) ||
+                         (obj.t == JV_LIST && jlist_is_plain(obj.u.l) && name_in(name, LIST_METHODS)) ||
                          (obj.t == JV_LOOP && name_in(name, LOOP_METHODS));
         if (is_method) {
             if (!eval_args(ev, x, &a)) return false;
@@ -1634,7 +1670,10 @@ static bool len_of(struct eval *ev, const struct node *at, const struct jv *v, i
     switch (v->t) {
     case JV_UNDEF: *n = 0; return true;
     case JV_STR: *n = (int64_t)str_len_cp(v); return true;
-    case JV_LIST: *n = (int64_t)v->u.l->n; return true;
+    case JV_LIST:
+        if (jlist_is_iter(v->u.l)) return FAIL(at, "object of type '%s' has no len()", jv_type_name(v));
+        *n = (int64_t)v->u.l->n;
+        return true;
     case JV_DICT: *n = (int64_t)v->u.d->n; return true;
     default: return FAIL(at, "object of type '%s' has no len()", jv_type_name(v));
     }
@@ -1751,6 +1790,7 @@ static bool select_items(struct eval *ev, const struct node *at, const struct jv
         if (r == want) l->v[k++] = items[i];
     }
     l->n = k;
+    l->kind = JL_GENERATOR;
     *out = list_val(l);
     return true;
 }
@@ -1854,12 +1894,15 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
         if (v->t == JV_UNDEF) {
             struct jlist *l = mk_list(ev, at, 0, false);
             if (!l) return false;
+            l->kind = JL_GENERATOR;
             *out = list_val(l);
             return true;
         }
         if (v->t != JV_DICT) return FAIL(at, "can only get item pairs from a mapping");
         struct args none = {0};
-        return call_method(ev, at, v, "items", &none, out);
+        if (!call_method(ev, at, v, "items", &none, out)) return false;
+        out->u.l->kind = JL_GENERATOR;
+        return true;
     }
     if (!strcmp(f, "list")) {
         const struct jv *items;
@@ -1872,6 +1915,12 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
         return true;
     }
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
+        if (v->t == JV_LIST && jlist_is_iter(v->u.l)) {
+            struct jlist *l = v->u.l;
+            if (f[0] == 'l') return FAIL(at, "'%s' object is not reversible", jv_type_name(v));
+            *out = l->pos < l->n ? l->v[l->pos++] : jv_undef(NULL); // next() consumes one item
+            return true;
+        }
         const struct jv *items;
         size_t n;
         if (!iterate(ev, at, v, &items, &n)) return false;
@@ -1883,12 +1932,16 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
             struct jv step = jv_int(-1);
             return do_slice(ev, at, v, NULL, NULL, &step, out);
         }
+        // reversed(): an iterator for lists, dicts and views; a generator is listed then reversed
+        bool was_iter = v->t == JV_LIST && jlist_is_iter(v->u.l);
+        if (!(v->t == JV_LIST || v->t == JV_DICT || v->t == JV_UNDEF)) return FAIL(at, "argument must be iterable");
         const struct jv *items;
         size_t n;
         if (!iterate(ev, at, v, &items, &n)) return false;
         struct jlist *l = mk_list(ev, at, n, false);
         if (!l) return false;
         for (size_t i = 0; i < n; i++) l->v[i] = items[n - 1 - i];
+        if (!was_iter) l->kind = JL_REVITER;
         *out = list_val(l);
         return true;
     }
@@ -1916,6 +1969,7 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
             for (size_t i = 0; i < n; i++)
                 if (!apply_filter(ev, at, fname, &items[i], &fa, &l->v[i])) return false;
         }
+        l->kind = JL_GENERATOR;
         *out = list_val(l);
         return true;
     }
@@ -2028,6 +2082,7 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
             }
         }
         l->n = k;
+        l->kind = JL_GENERATOR;
         *out = list_val(l);
         return true;
     }
@@ -2203,7 +2258,8 @@ static bool apply_test(struct eval *ev, const struct node *at, const char *t, co
     else if (!strcmp(t, "string")) *r = v->t == JV_STR;
     else if (!strcmp(t, "mapping")) *r = v->t == JV_DICT;
     else if (!strcmp(t, "iterable")) *r = v->t == JV_UNDEF || v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT;
-    else if (!strcmp(t, "sequence")) *r = v->t == JV_UNDEF || v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT;
+    else if (!strcmp(t, "sequence")) // len() and __getitem__
+        *r = v->t == JV_UNDEF || v->t == JV_STR || (v->t == JV_LIST && jlist_is_plain(v->u.l)) || v->t == JV_DICT;
     else if (!strcmp(t, "number")) *r = jv_is_number(v);
     else if (!strcmp(t, "integer")) *r = v->t == JV_INT;
     else if (!strcmp(t, "float")) *r = v->t == JV_FLOAT;
@@ -2289,6 +2345,10 @@ static bool eval_expr(struct eval *ev, const struct node *x, struct jv *out) {
     case N_ITEM: ok = eval_expr(ev, x->a, &a) && eval_expr(ev, x->b, &b) && get_item(ev, x, &a, &b, out); break;
     case N_SLICE: {
         struct jv s0, s1, s2;
+        if (!x->a) { // a slice inside a tuple subscript (x[1, 2:3]): no object takes it
+            *out = jv_undef(NULL);
+            break;
+        }
         ok = eval_expr(ev, x->a, &a) && (!x->b || eval_expr(ev, x->b, &s0)) && (!x->c || eval_expr(ev, x->c, &s1)) &&
              (!x->d || eval_expr(ev, x->d, &s2)) &&
              do_slice(ev, x, &a, x->b ? &s0 : NULL, x->c ? &s1 : NULL, x->d ? &s2 : NULL, out);

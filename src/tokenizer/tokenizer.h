@@ -18,6 +18,9 @@ struct gguf_file;
 // or a .gguf file (tokenizer from its metadata).
 atomc_status tokenizer_load(const char *path, struct tokenizer **out, struct error *err);
 atomc_status tokenizer_load_gguf(const struct gguf_file *g, struct tokenizer **out, struct error *err);
+// From in-memory tokenizer.json (+ optional tokenizer_config.json) text (tests, fuzzing, embedding).
+atomc_status tokenizer_load_json_buffer(const char *json, size_t len, const char *config, size_t config_len,
+                                        struct tokenizer **out, struct error *err);
 void tokenizer_free(struct tokenizer *t);
 
 // Encodes UTF-8 text (invalid UTF-8 is handled as HF does). add_special_tokens adds BOS/EOS

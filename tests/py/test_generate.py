@@ -145,6 +145,12 @@ def test_bench_throughput_reports_vllm_lines(tmp_path):
     assert "Total num output tokens:  72" in out.stdout
     j = json.loads(res.read_text())
     assert j["num_requests"] == 12 and j["total_num_tokens"] == 312 and j["requests_per_second"] > 0
+    # A shared 16-token prefix: after the first step's admissions, every prompt hits 16 tokens.
+    out = run("bench", "throughput", "--model", TINY, "--num-prompts", "12", "--input-len", "20", "--output-len",
+              "2", "--prefix-len", "16", "--num-threads", "2", "--cpu-kv-cache-gb", "0.02")
+    assert out.returncode == 0, out.stderr
+    rate = float(out.stdout.split("prefix cache hit rate ")[1].split("%")[0])
+    assert abs(rate - 100.0 * 11 * 16 / (12 * 20)) < 0.01
 
 
 def smollm2():

@@ -1,11 +1,14 @@
 // The CPU backend: the reference implementation of every op of backend.h, multi-threaded
-// over a persistent thread pool, fp32 activations and weights, GEMMs through OpenBLAS.
+// over a persistent thread pool, fp32 activations and fp32 compute, GEMMs through OpenBLAS.
 //
 // Contracts beyond backend.h:
-// - Memory is host memory (posix_memalign, 64-byte aligned); copies are memcpy.
-// - Weights are F32 after upload_weight (any host dtype is dequantised at load).
+// - Memory is host memory (posix_memalign, 64-byte aligned); copies are memmove.
+// - Weights (matmul w/bias, embedding table, norm weights) may be F32 (weight_dtype, the
+//   default), BF16 or F16, and matmul / embedding weights also Q8_0 / Q4_0 / Q4_1 kept from a
+//   GGUF file; all are computed in fp32. See upload_weight.
 // - Tensors passed to ops are dense row-major unless an op takes an explicit row stride.
-// - out may alias x for rmsnorm, add_rmsnorm (out == residual is not allowed), add and convert.
+// - out may alias x for rmsnorm, add and convert (F32); add_rmsnorm's out must not be residual.
+// - Ops run one at a time per backend (op_lock) and may be called from any thread.
 // - OpenBLAS threading is process-wide: create sets it to this backend's thread count once.
 //   Our pool's workers sleep after a short spin, so they do not compete with OpenBLAS's.
 #include "backend/cpu/cpu_backend.h"
@@ -35,8 +38,12 @@ static void *cpu_aligned_alloc(size_t bytes) {
     return p;
 }
 
-static void *cpu_alloc(struct backend *b, size_t bytes) { return cpu_aligned_alloc(bytes); }
-static void cpu_free(struct backend *b, void *p) { free(p); }
+static void *cpu_alloc(struct backend *b, size_t bytes) {
+    return cpu_aligned_alloc(bytes);
+}
+static void cpu_free(struct backend *b, void *p) {
+    free(p);
+}
 static void cpu_copy(struct backend *b, void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
@@ -83,7 +90,6 @@ void *cpu_shared_reserve(struct cpu_backend *c, size_t bytes) {
     return c->shared;
 }
 
-
 // Rows per chunk so that a chunk holds at least CPU_PAR_MIN_ELEMS / 4 elements.
 static int64_t cpu_row_grain(int64_t cols) {
     int64_t g = (CPU_PAR_MIN_ELEMS / 4) / (cols > 0 ? cols : 1);
@@ -91,26 +97,37 @@ static int64_t cpu_row_grain(int64_t cols) {
 }
 
 static void cpu_parallel_rows(struct cpu_backend *c, int64_t rows, int64_t cols, thread_pool_fn fn, void *ctx) {
-    if (rows * cols < CPU_PAR_MIN_ELEMS) fn(ctx, 0, rows, 0);
-    else thread_pool_parallel_for(c->pool, rows, cpu_row_grain(cols), fn, ctx);
+    if (rows * cols < CPU_PAR_MIN_ELEMS)
+        fn(ctx, 0, rows, 0);
+    else
+        thread_pool_parallel_for(c->pool, rows, cpu_row_grain(cols), fn, ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The matmul kernel index of a weight dtype, or -1 when weights cannot have it.
 static int cpu_weight_kind(enum dtype t) {
     switch (t) {
-    case DTYPE_F32: return CPU_WEIGHT_F32;
-    case DTYPE_BF16: return CPU_WEIGHT_BF16;
-    case DTYPE_F16: return CPU_WEIGHT_F16;
-    case DTYPE_Q8_0: return CPU_WEIGHT_Q8_0;
-    case DTYPE_Q4_0: return CPU_WEIGHT_Q4_0;
-    case DTYPE_Q4_1: return CPU_WEIGHT_Q4_1;
-    default: return -1;
+    case DTYPE_F32:
+        return CPU_WEIGHT_F32;
+    case DTYPE_BF16:
+        return CPU_WEIGHT_BF16;
+    case DTYPE_F16:
+        return CPU_WEIGHT_F16;
+    case DTYPE_Q8_0:
+        return CPU_WEIGHT_Q8_0;
+    case DTYPE_Q4_0:
+        return CPU_WEIGHT_Q4_0;
+    case DTYPE_Q4_1:
+        return CPU_WEIGHT_Q4_1;
+    default:
+        return -1;
     }
 }
 
 // True for the dtypes weights may have on this backend (see upload_weight).
-static bool cpu_weight_dtype_ok(enum dtype t) { return cpu_weight_kind(t) >= 0; }
+static bool cpu_weight_dtype_ok(enum dtype t) {
+    return cpu_weight_kind(t) >= 0;
+}
 
 // A small weight vector (norm weight, bias) as F32: the tensor itself, or a conversion into
 // `buf` (op-level scratch) for BF16/F16 weights.
@@ -154,7 +171,8 @@ static void upload_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
         float *f = dt == DTYPE_F32 ? (float *)d + e : tmp;
         dtype_to_f32(st, s + (size_t)(e / be) * bb, f, n);
         if (scaled)
-            for (int64_t i = 0; i < n; i++) f[i] *= u->src->scale;
+            for (int64_t i = 0; i < n; i++)
+                f[i] *= u->src->scale;
         if (dt != DTYPE_F32) dtype_from_f32(dt, f, d + (size_t)e * de, n);
     }
 }
@@ -170,8 +188,13 @@ static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, con
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: %s weights can only be kept from %s data, not %s",
                          dtype_name(dst->dtype), dtype_name(dst->dtype), dtype_name(src->dtype));
     switch (src->dtype) {
-    case DTYPE_F32: case DTYPE_F16: case DTYPE_BF16: case DTYPE_FP8_E4M3:
-    case DTYPE_Q8_0: case DTYPE_Q4_0: case DTYPE_Q4_1:
+    case DTYPE_F32:
+    case DTYPE_F16:
+    case DTYPE_BF16:
+    case DTYPE_FP8_E4M3:
+    case DTYPE_Q8_0:
+    case DTYPE_Q4_0:
+    case DTYPE_Q4_1:
         break;
     default:
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: cannot convert a %s tensor to %s weights",
@@ -231,8 +254,8 @@ static void cpu_embedding(struct backend *b, struct tensor *out, const struct te
     struct cpu_backend *c = cpu_backend_of(b);
     CHECK(out->dtype == DTYPE_F32 && cpu_weight_dtype_ok(table->dtype) && table->ndim == 2);
     CHECK(tensor_cols(out) == tensor_cols(table));
-    struct embed_ctx e = {out->data, table, ids, tensor_cols(table), table->ne[0],
-                          dtype_row_bytes(table->dtype, tensor_cols(table))};
+    struct embed_ctx e = {out->data,          table,        ids,
+                          tensor_cols(table), table->ne[0], dtype_row_bytes(table->dtype, tensor_cols(table))};
     cpu_lock(c);
     cpu_parallel_rows(c, tensor_rows(out), e.d, embed_rows, &e);
     cpu_unlock(c);
@@ -273,8 +296,10 @@ static void cpu_convert(struct backend *b, struct tensor *out, const struct tens
     CHECK(x->dtype == DTYPE_F32 || (const void *)out->data != x->data);
     int64_t n = tensor_numel(x);
     cpu_lock(c);
-    if (n < CPU_PAR_MIN_ELEMS) convert_range(&v, 0, n, 0);
-    else thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, convert_range, &v);
+    if (n < CPU_PAR_MIN_ELEMS)
+        convert_range(&v, 0, n, 0);
+    else
+        thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, convert_range, &v);
     cpu_unlock(c);
 }
 
@@ -287,7 +312,8 @@ static void add_range(void *vctx, int64_t i0, int64_t i1, int tid) {
     struct add_ctx *a = vctx;
     float *restrict o = a->out;
     const float *restrict x = a->x;
-    for (int64_t i = i0; i < i1; i++) o[i] += x[i];
+    for (int64_t i = i0; i < i1; i++)
+        o[i] += x[i];
 }
 
 static void cpu_add(struct backend *b, struct tensor *out, const struct tensor *x) {
@@ -296,8 +322,10 @@ static void cpu_add(struct backend *b, struct tensor *out, const struct tensor *
     struct add_ctx a = {out->data, x->data};
     int64_t n = tensor_numel(out);
     cpu_lock(c);
-    if (n < CPU_PAR_MIN_ELEMS) add_range(&a, 0, n, 0);
-    else thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, add_range, &a);
+    if (n < CPU_PAR_MIN_ELEMS)
+        add_range(&a, 0, n, 0);
+    else
+        thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, add_range, &a);
     cpu_unlock(c);
 }
 
@@ -306,8 +334,8 @@ static void cpu_add(struct backend *b, struct tensor *out, const struct tensor *
 
 struct norm_ctx {
     float *out;
-    float *residual;   // add_rmsnorm only
-    const float *x;    // may be NULL for add_rmsnorm
+    float *residual; // add_rmsnorm only
+    const float *x;  // may be NULL for add_rmsnorm
     const float *w;
     int64_t d;
     float eps;
@@ -315,14 +343,17 @@ struct norm_ctx {
 
 static inline void norm_row(float *restrict o, const float *h, const float *restrict w, int64_t d, float eps) {
     double ss = 0.0;
-    for (int64_t i = 0; i < d; i++) ss += (double)h[i] * h[i];
+    for (int64_t i = 0; i < d; i++)
+        ss += (double)h[i] * h[i];
     float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
-    for (int64_t i = 0; i < d; i++) o[i] = h[i] * inv * w[i];
+    for (int64_t i = 0; i < d; i++)
+        o[i] = h[i] * inv * w[i];
 }
 
 static void rmsnorm_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     struct norm_ctx *n = vctx;
-    for (int64_t r = r0; r < r1; r++) norm_row(n->out + r * n->d, n->x + r * n->d, n->w, n->d, n->eps);
+    for (int64_t r = r0; r < r1; r++)
+        norm_row(n->out + r * n->d, n->x + r * n->d, n->w, n->d, n->eps);
 }
 
 static void add_rmsnorm_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
@@ -331,7 +362,8 @@ static void add_rmsnorm_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
         float *h = n->residual + r * n->d;
         if (n->x) {
             const float *x = n->x + r * n->d;
-            for (int64_t i = 0; i < n->d; i++) h[i] += x[i];
+            for (int64_t i = 0; i < n->d; i++)
+                h[i] += x[i];
         }
         norm_row(n->out + r * n->d, h, n->w, n->d, n->eps);
     }
@@ -386,9 +418,22 @@ struct gemv_ctx {
     int64_t k, m;
 };
 
+// Output columns [j0, j1) for every row, in cache blocks of up to 64 rows x ~128 KB of weights
+// (only the batch-invariant mode has more than 8 rows). Blocking changes no result: each output
+// is one dot product in the kernel's fixed order.
 static void gemv_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
     struct gemv_ctx *g = vctx;
-    g->kern->gemv[g->wk](g->out, g->m, g->x, g->k, g->nx, g->w, g->bias, g->k, g->k, j0, j1);
+    // A multiple of 12 columns, so the kernels' 4- and 3-column steps leave no slow tails.
+    int64_t jb = (int64_t)(131072 / ((size_t)g->k * 4)) / 12 * 12;
+    if (jb < 12) jb = 12;
+    for (int i0 = 0; i0 < g->nx; i0 += 64) {
+        int ni = g->nx - i0 < 64 ? g->nx - i0 : 64;
+        for (int64_t c0 = j0; c0 < j1; c0 += jb) {
+            int64_t c1 = c0 + jb < j1 ? c0 + jb : j1;
+            g->kern->gemv[g->wk](g->out + (int64_t)i0 * g->m, g->m, g->x + (int64_t)i0 * g->k, g->k, ni, g->w, g->bias,
+                                 g->k, g->k, c0, c1);
+        }
+    }
 }
 
 struct widen_ctx {
@@ -418,7 +463,7 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
     float *o = out->data;
     const int wk = cpu_weight_kind(w->dtype);
     if (wk >= CPU_WEIGHT_Q8_0) CHECK_MSG(k % 32 == 0, "matmul: %s weights need k %% 32 == 0", dtype_name(w->dtype));
-    bool skinny = n <= MATMUL_SKINNY_MAX_ROWS;
+    bool skinny = n <= MATMUL_SKINNY_MAX_ROWS || c->batch_invariant;
     // Op scratch: [bias as F32 (m) | F32 weight tile (half weights, sgemm path)].
     int64_t tile_rows = 0;
     size_t bias_bytes = bias && bias->dtype != DTYPE_F32 ? ((size_t)m * sizeof(float) + 63) & ~(size_t)63 : 0;
@@ -434,12 +479,15 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
         struct gemv_ctx g = {&c->kern, wk, o, x->data, bf, w->data, (int)n, k, m};
         int64_t grain = 16384 / (k > 0 ? k : 1); // >= 64 KB of F32 weights per chunk
         if (grain < 4) grain = 4;
-        if (m * k < 65536) gemv_cols(&g, 0, m, 0);
-        else thread_pool_parallel_for(c->pool, m, grain, gemv_cols, &g);
+        if (m * k * n < 65536)
+            gemv_cols(&g, 0, m, 0);
+        else
+            thread_pool_parallel_for(c->pool, m, grain, gemv_cols, &g);
     } else {
         float beta = 0.0f;
         if (bf) {
-            for (int64_t i = 0; i < n; i++) memcpy(o + i * m, bf, (size_t)m * sizeof(float));
+            for (int64_t i = 0; i < n; i++)
+                memcpy(o + i * m, bf, (size_t)m * sizeof(float));
             beta = 1.0f;
         }
         if (wk == CPU_WEIGHT_F32) {
@@ -450,10 +498,12 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
             for (int64_t j0 = 0; j0 < m; j0 += tile_rows) {
                 int64_t jn = m - j0 < tile_rows ? m - j0 : tile_rows;
                 struct widen_ctx v = {&c->kern, wk, w, tile, j0, k};
-                if (jn * k < CPU_PAR_MIN_ELEMS) widen_rows(&v, 0, jn, 0);
-                else thread_pool_parallel_for(c->pool, jn, cpu_row_grain(k), widen_rows, &v);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)jn, (blasint)k, 1.0f,
-                            x->data, (blasint)k, tile, (blasint)k, beta, o + j0, (blasint)m);
+                if (jn * k < CPU_PAR_MIN_ELEMS)
+                    widen_rows(&v, 0, jn, 0);
+                else
+                    thread_pool_parallel_for(c->pool, jn, cpu_row_grain(k), widen_rows, &v);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)jn, (blasint)k, 1.0f, x->data,
+                            (blasint)k, tile, (blasint)k, beta, o + j0, (blasint)m);
             }
         }
     }
@@ -523,19 +573,24 @@ static inline void rope_head(float *x, const float *cs, const float *sn, int hal
 
 static void kv_store_row(const struct tensor *cache, float scale, int64_t elem_off, const float *src, int n) {
     switch (cache->dtype) {
-    case DTYPE_F32: memcpy((float *)cache->data + elem_off, src, (size_t)n * sizeof(float)); break;
+    case DTYPE_F32:
+        memcpy((float *)cache->data + elem_off, src, (size_t)n * sizeof(float));
+        break;
     case DTYPE_BF16: {
         uint16_t *d = (uint16_t *)cache->data + elem_off;
-        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+        for (int i = 0; i < n; i++)
+            d[i] = f32_to_bf16(src[i]);
         break;
     }
     case DTYPE_FP8_E4M3: {
         uint8_t *d = (uint8_t *)cache->data + elem_off;
         float inv = 1.0f / scale;
-        for (int i = 0; i < n; i++) d[i] = f32_to_fp8_e4m3(src[i] * inv);
+        for (int i = 0; i < n; i++)
+            d[i] = f32_to_fp8_e4m3(src[i] * inv);
         break;
     }
-    default: CHECK_MSG(0, "kv cache dtype %s not supported", dtype_name(cache->dtype));
+    default:
+        CHECK_MSG(0, "kv cache dtype %s not supported", dtype_name(cache->dtype));
     }
 }
 
@@ -552,10 +607,11 @@ static void rope_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
             sn[i] = sinf(a) * r->rope->attn_factor;
         }
         if (r->q)
-            for (int h = 0; h < r->hq; h++) rope_head(r->q + t * r->q_stride + (int64_t)h * r->d, cs, sn, half,
-                                                        r->rope->interleaved);
+            for (int h = 0; h < r->hq; h++)
+                rope_head(r->q + t * r->q_stride + (int64_t)h * r->d, cs, sn, half, r->rope->interleaved);
         float *krow = r->k + t * r->k_stride;
-        for (int h = 0; h < r->hk; h++) rope_head(krow + (int64_t)h * r->d, cs, sn, half, r->rope->interleaved);
+        for (int h = 0; h < r->hk; h++)
+            rope_head(krow + (int64_t)h * r->d, cs, sn, half, r->rope->interleaved);
         int32_t slot = r->slots[t];
         if (slot < 0) continue;
         CHECK_MSG(slot < r->n_slots, "rope_kv_write: slot %d outside the cache (%lld slots)", slot,
@@ -587,12 +643,20 @@ static void cpu_rope_kv_write(struct backend *b, struct tensor *q, struct tensor
         hq = (int)q->ne[1];
     }
     struct rope_ctx r = {
-        .q = q ? q->data : NULL, .k = k->data, .v = v->data,
+        .q = q ? q->data : NULL,
+        .k = k->data,
+        .v = v->data,
         .q_stride = row_stride ? row_stride : (int64_t)hq * d,
         .k_stride = row_stride ? row_stride : (int64_t)hk * d,
         .v_stride = row_stride ? row_stride : (int64_t)hk * dv,
-        .hq = hq, .hk = hk, .d = d, .dv = dv, .rope = rope, .kv = kv,
-        .positions = md->h_positions, .slots = md->h_slot_mapping,
+        .hq = hq,
+        .hk = hk,
+        .d = d,
+        .dv = dv,
+        .rope = rope,
+        .kv = kv,
+        .positions = md->h_positions,
+        .slots = md->h_slot_mapping,
         .n_slots = kv->k.ne[0] * kv->k.ne[1],
     };
     cpu_lock(c);
@@ -617,10 +681,12 @@ static void cpu_destroy(struct backend *b) {
     struct cpu_backend *c = cpu_backend_of(b);
     thread_pool_free(c->pool);
     if (c->scratch)
-        for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
+        for (int i = 0; i < c->n_threads; i++)
+            free(c->scratch[i]);
     free(c->scratch);
     if (c->sample_hist)
-        for (int i = 0; i < c->n_threads; i++) free(c->sample_hist[i]);
+        for (int i = 0; i < c->n_threads; i++)
+            free(c->sample_hist[i]);
     free(c->sample_hist);
     free(c->shared);
     pthread_mutex_destroy(&c->op_lock);
@@ -639,6 +705,8 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
     pthread_mutex_init(&c->op_lock, NULL);
     c->n_threads = n;
     c->kv_pool_bytes = o ? o->kv_pool_bytes : 0;
+    const char *bi = getenv("ATOMC_BATCH_INVARIANT");
+    c->batch_invariant = (o && o->batch_invariant) || (bi && !strcmp(bi, "1"));
     c->scratch = calloc((size_t)n, sizeof(void *));
     c->sample_hist = calloc((size_t)n, sizeof(void *));
     if (!c->scratch || !c->sample_hist) {

@@ -7,15 +7,18 @@
 #include <stdint.h>
 
 // Weight dtypes of the matmul kernels (index of widen[] / gemv[]).
-enum { CPU_WEIGHT_F32 = 0, CPU_WEIGHT_BF16, CPU_WEIGHT_F16, CPU_WEIGHT_Q8_0, CPU_WEIGHT_Q4_0, CPU_WEIGHT_Q4_1,
-       CPU_WEIGHT_COUNT };
+enum {
+    CPU_WEIGHT_F32 = 0,
+    CPU_WEIGHT_BF16,
+    CPU_WEIGHT_F16,
+    CPU_WEIGHT_Q8_0,
+    CPU_WEIGHT_Q4_0,
+    CPU_WEIGHT_Q4_1,
+    CPU_WEIGHT_COUNT
+};
 
 struct cpu_kernels {
     const char *name; // "avx2" (AVX2 + FMA + F16C) or "generic"
-    // sum a[i] * b[i]
-    float (*dot)(const float *a, const float *b, int64_t n);
-    // y[i] += a * x[i]
-    void (*axpy)(float *y, float a, const float *x, int64_t n);
     // y[i] += sum over t < nt of p[t] * v[t * vs + i], i < n (attention's P @ V for one row)
     void (*axpy_rows)(float *y, const float *p, const float *v, int64_t vs, int nt, int64_t n);
     // y[i] = exp(y[i] - m) in place; returns the sum of the new y (attention's softmax numerators).
@@ -32,8 +35,8 @@ struct cpu_kernels {
     // ws elements apart (k and ws multiples of 32 for the Q types):
     //   out[i * out_stride + j] = dot(x + i * x_stride, w + j * ws, k) (+ bias[j] if bias)
     // Each weight row is read once per group of up to 4 rows (the weights are the traffic).
-    void (*gemv[CPU_WEIGHT_COUNT])(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, const void *w,
-                    const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
+    void (*gemv[CPU_WEIGHT_COUNT])(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx,
+                                   const void *w, const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
 };
 
 // Fills k with the best implementation this CPU supports (ATOMC_CPU_KERNELS=generic forces

@@ -42,6 +42,7 @@
 
 #define SAMPLE_GREEDY_EPS 1e-5f
 #define SAMPLE_MAX_LOGPROBS 20
+#define SAMPLE_TOPP_TAU 1e-4f // e below which top-p candidates may be pre-filtered (see sample_row)
 
 struct cand {
     float v;
@@ -49,7 +50,9 @@ struct cand {
 };
 
 // The sampler's total order: higher value first, then lower id.
-static inline int cand_before(struct cand a, struct cand b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
+static inline int cand_before(struct cand a, struct cand b) {
+    return a.v > b.v || (a.v == b.v && a.id < b.id);
+}
 
 static inline void cand_swap(struct cand *a, struct cand *b) {
     struct cand t = *a;
@@ -80,8 +83,10 @@ static void cand_select_top(struct cand *c, int64_t n, int64_t k) {
     while (hi - lo > 1) {
         int64_t st = cand_partition(c, lo, hi);
         if (st == k || st + 1 == k) return;
-        if (st > k) hi = st;
-        else lo = st + 1;
+        if (st > k)
+            hi = st;
+        else
+            lo = st + 1;
     }
 }
 
@@ -94,7 +99,8 @@ static int64_t cand_select_top_p(struct cand *c, int64_t n, const float *e, doub
         if (hi - lo == 1) return lo + 1;
         int64_t st = cand_partition(c, lo, hi);
         double upper = 0.0;
-        for (int64_t i = lo; i < st; i++) upper += e[c[i].id];
+        for (int64_t i = lo; i < st; i++)
+            upper += e[c[i].id];
         if (base + upper >= target) {
             if (st == lo) return lo + 1; // only by rounding
             hi = st;
@@ -119,7 +125,8 @@ static void sample_logprobs(const struct sample_args *a, int r, const float *raw
     for (int i = 0; i < V; i++)
         if (raw[i] > mx) mx = raw[i];
     double sum = 0.0;
-    for (int i = 0; i < V; i++) sum += exp((double)raw[i] - mx);
+    for (int i = 0; i < V; i++)
+        sum += exp((double)raw[i] - mx);
     float lse = (float)(mx + log(sum));
     if (a->out_logprob) a->out_logprob[r] = raw[chosen] - lse;
     int n = a->n_logprobs;
@@ -171,8 +178,8 @@ static void sample_penalties(const struct sample_args *a, int r, float *w, int V
     }
 }
 
-static int32_t sample_row(const struct sample_args *a, int r, const float *raw, float *w, float *e,
-                          struct cand *cands, int32_t *cnt, uint8_t *seen) {
+static int32_t sample_row(const struct sample_args *a, int r, const float *raw, float *w, float *e, struct cand *cands,
+                          int32_t *cnt, uint8_t *seen) {
     const int V = a->vocab_size;
     memcpy(w, raw, (size_t)V * sizeof(float));
     if (a->any_penalty) sample_penalties(a, r, w, V, cnt, seen);
@@ -190,20 +197,37 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
         w[i] *= inv_t;
         if (w[i] > m) m = w[i];
     }
-    for (int i = 0; i < V; i++) e[i] = expf(w[i] - m); // unnormalised probabilities, max 1
+    for (int i = 0; i < V; i++)
+        e[i] = expf(w[i] - m); // unnormalised probabilities, max 1
     float min_p = a->min_p ? a->min_p[r] : 0.0f;
     int k = a->top_k ? a->top_k[r] : 0;
     float top_p = a->top_p ? a->top_p[r] : 1.0f;
-    bool use_k = k > 0 && k < V, use_p = top_p < 1.0f, use_min_p = min_p > 0.0f;
+    bool use_k = k > 0 && k < V, use_p = top_p<1.0f, use_min_p = min_p> 0.0f;
 
     // The kept set as a prefix of the total order, described by its last element `boundary`;
     // without top-k / top-p, by the min-p threshold alone.
     bool have_boundary = false;
     struct cand boundary = {0, 0};
     if (use_k || use_p) {
+        // Top-p without top-k: tokens with e below SAMPLE_TOPP_TAU may be left out of the
+        // selection when their total mass is below (1 - top_p) of all survivors' mass, because
+        // the kept prefix (mass >= top_p) then ends before reaching any of them. Exact; usually
+        // leaves a few hundred candidates instead of the whole vocabulary.
+        double total_all = -1.0;
+        float tau = 0.0f;
+        if (use_p && !use_k && top_p > 0.0f) {
+            double below = 0.0;
+            total_all = 0.0;
+            for (int i = 0; i < V; i++)
+                if (!use_min_p || e[i] >= min_p) {
+                    total_all += e[i];
+                    if (e[i] < SAMPLE_TOPP_TAU) below += e[i];
+                }
+            if (below < (1.0 - (double)top_p) * total_all) tau = SAMPLE_TOPP_TAU;
+        }
         int64_t n = 0;
         for (int i = 0; i < V; i++)
-            if (!use_min_p || e[i] >= min_p) cands[n++] = (struct cand){w[i], i};
+            if ((!use_min_p || e[i] >= min_p) && e[i] >= tau) cands[n++] = (struct cand){w[i], i};
         if (n == 0) { // only when min_p > 1: keep the max (lowest id among equals)
             for (int i = 0; i < V && n == 0; i++)
                 if (w[i] == m) cands[n++] = (struct cand){w[i], i};
@@ -214,8 +238,12 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
         }
         if (use_p) {
             if (top_p > 0.0f) {
-                double total = 0.0;
-                for (int64_t i = 0; i < n; i++) total += e[cands[i].id];
+                double total = total_all;
+                if (total < 0.0) { // after top-k: the mass of the k kept
+                    total = 0.0;
+                    for (int64_t i = 0; i < n; i++)
+                        total += e[cands[i].id];
+                }
                 n = cand_select_top_p(cands, n, e, (double)top_p * total);
             } else {
                 cand_select_top(cands, n, 1);
@@ -228,7 +256,7 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
         have_boundary = true;
     }
 
-#define SAMPLE_KEPT(i) \
+#define SAMPLE_KEPT(i)                                                                                                 \
     (have_boundary ? (w[i] > boundary.v || (w[i] == boundary.v && (i) <= boundary.id)) : (!use_min_p || e[i] >= min_p))
     double total = 0.0;
     int32_t last = -1;
