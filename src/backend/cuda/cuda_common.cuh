@@ -208,8 +208,6 @@ void cuda_op_add(struct backend *b, struct tensor *out, const struct tensor *x);
 void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows, int n_rows);
 void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor *x);
 void cuda_op_sample(struct backend *b, const struct sample_args *a);
-atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
-                                  struct error *err);
 
 void cuda_matmul_plans_destroy(struct cuda_backend *cb);
 void cuda_attention_init(struct cuda_backend *cb);
