@@ -208,8 +208,6 @@ void cuda_op_add(struct backend *b, struct tensor *out, const struct tensor *x);
 void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows, int n_rows);
 void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor *x);
 void cuda_op_sample(struct backend *b, const struct sample_args *a);
-atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
-                                  struct error *err);
 // Mixture of experts (cuda_moe.cu).
 void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
                        int32_t *topk_ids, float *topk_w);
