@@ -21,6 +21,7 @@
 
 #include "common/check.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 static inline struct tensor view2(void *data, enum dtype dt, int64_t rows, int64_t cols) {
     return tensor_2d(data, dt, rows, cols);
@@ -75,6 +76,10 @@ void model_forward(struct model *m, const int32_t *token_ids, const struct attn_
         ops->attention(b, &attn, &q, m->qkv_dim, &kv[l], md, scale, window, NULL);
         ops->matmul(b, &h, &attn2, &ly->o, opt(&ly->o_bias));
         ops->add_rmsnorm(b, &x, &residual, &h, &ly->mlp_norm, eps);
+        if (ly->moe) { // Qwen3-MoE / Mixtral sparse layers: router + fused experts (moe.c)
+            model_moe_forward(m, ly, &h, &x);
+            continue;
+        }
         ops->matmul(b, &gu, &x, &ly->gate_up, opt(&ly->gate_up_bias));
         ops->silu_mul(b, &act, &gu);
         ops->matmul(b, &h, &act, &ly->down, opt(&ly->down_bias));
