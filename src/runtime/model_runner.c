@@ -4,8 +4,9 @@
 // Start-up (model_runner_create):
 //   backend_create -> config (checkpoint, or config.json alone for --load-format dummy)
 //   -> weights (model_load; dtype: auto = the backend's weight dtype, F32 on CPU, BF16 on CUDA)
-//   -> persistent step buffers (metadata, sampling parameters, outputs: one device block with
-//      fixed offsets, so captured CUDA graphs keep valid pointers)
+//   -> persistent step buffers (metadata + sampling parameters in one host/device block pair,
+//      laid out densely per eager step and at fixed offsets for decode graphs, whose captured
+//      kernels keep their pointers; sampling outputs)
 //   -> scratch activations for max_num_batched_tokens
 //   -> KV pool: num_kv_blocks if given; CPU: cpu_kv_cache_bytes; CUDA: a profile forward of
 //      the largest batch, then memory_info and gpu_memory_utilization (as vLLM does)
