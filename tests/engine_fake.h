@@ -6,8 +6,9 @@
 // through the block table and slot layout, so wrong block tables, slot mappings, prefix-cache
 // hits on wrong content, or lost KV after preemption all change the output. The reference
 // (fake_reference_next) hashes the plain token list: engine output must equal it.
-// It also checks, for every write, that the block written is owned by exactly one sequence
-// (refcount 1) and that no slot is written twice in a step.
+// It also checks, for every write, that the block has a single writer, is not held by any
+// sequence outside the batch (only same-step sharers, who read it after the write), and that no
+// slot is written twice in a step.
 #ifndef ATOMC_TESTS_ENGINE_FAKE_H
 #define ATOMC_TESTS_ENGINE_FAKE_H
 
@@ -25,6 +26,9 @@ struct fake_model {
     int vocab, num_blocks, block_size;
     int32_t *kv_tok, *kv_pos; // (num_blocks * block_size)
     uint32_t *written_step;   // step stamp of the last write per slot
+    uint32_t *block_step;     // (num_blocks) step of the last write per block ...
+    int32_t *block_writer;    // ... and the batch row (sequence) that wrote it
+    int32_t *batch_refs;      // (num_blocks) holders among the current batch
     uint32_t step;
     atomc_engine *engine;     // set after creation (write-ownership checks)
     int violations;           // invariant breaks seen
@@ -78,15 +82,31 @@ static inline atomc_status fake_execute(void *ctx, const struct forward_batch *f
     m->executed_tokens += (uint64_t)fb->n_tokens;
     const struct block_manager *bm = m->engine ? engine_block_manager(m->engine) : NULL;
     int bs = m->block_size;
-    // Writes: every new token's K/V goes to its slot.
+    // Holders of each block among this batch's sequences (their used table entries).
+    if (bm) {
+        memset(m->batch_refs, 0, (size_t)m->num_blocks * sizeof *m->batch_refs);
+        for (int s = 0; s < fb->n_seqs; s++) {
+            const int32_t *table = fb->block_tables + (size_t)s * fb->max_blocks_per_seq;
+            for (int b = 0; b < (fb->context_lens[s] + bs - 1) / bs; b++) m->batch_refs[table[b]]++;
+        }
+    }
+    // Writes: every new token's K/V goes to its slot. A block written this step has one writer,
+    // and may be shared only with sequences of this same batch (same-step prefix sharing: they
+    // read it after the write); a block held by anyone outside the batch is never written.
+    int s_row = 0;
     for (int i = 0; i < fb->n_tokens; i++) {
+        while (i >= fb->query_start[s_row + 1]) s_row++;
         int32_t slot = fb->slot_mapping[i];
         if (slot < 0 || slot >= m->num_blocks * bs) {
             m->violations++;
             continue;
         }
-        if (m->written_step[slot] == m->step) m->violations++;                     // written twice in a step
-        if (bm && bm->blocks[slot / bs].ref_count != 1) m->violations++;           // shared block written
+        int blk = slot / bs;
+        if (m->written_step[slot] == m->step) m->violations++; // written twice in a step
+        if (m->block_step[blk] == m->step && m->block_writer[blk] != s_row) m->violations++; // two writers
+        m->block_step[blk] = m->step;
+        m->block_writer[blk] = s_row;
+        if (bm && bm->blocks[blk].ref_count != m->batch_refs[blk]) m->violations++; // held outside the batch
         m->written_step[slot] = m->step;
         m->kv_tok[slot] = fb->token_ids[i];
         m->kv_pos[slot] = fb->positions[i];
@@ -158,6 +178,9 @@ static inline void fake_model_free(void *ctx) {
     free(m->kv_tok);
     free(m->kv_pos);
     free(m->written_step);
+    free(m->block_step);
+    free(m->block_writer);
+    free(m->batch_refs);
     free(m->ids);
     free(m->lps);
     free(m->top_ids);
@@ -250,6 +273,9 @@ static inline atomc_status fake_engine_create_tok(const atomc_engine_options *o,
     m->kv_tok = xmalloc(slots * sizeof *m->kv_tok);
     m->kv_pos = xmalloc(slots * sizeof *m->kv_pos);
     m->written_step = xcalloc(slots, sizeof *m->written_step);
+    m->block_step = xcalloc((size_t)num_blocks, sizeof *m->block_step);
+    m->block_writer = xcalloc((size_t)num_blocks, sizeof *m->block_writer);
+    m->batch_refs = xcalloc((size_t)num_blocks, sizeof *m->batch_refs);
     for (size_t i = 0; i < slots; i++) m->kv_tok[i] = m->kv_pos[i] = -1;
     struct engine_setup su;
     memset(&su, 0, sizeof su);

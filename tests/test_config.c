@@ -1,11 +1,13 @@
 // model_config parsing against real-world config.json texts (tests/fixtures/configs/)
 // and against malformed variants: every error must name the file and the key.
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/mapped_file.h"
 #include "model/config.h"
 #include "test.h"
+#include <stddef.h>
 
 static struct model_config cfg; // large (per-layer arrays): keep off the stack
 
@@ -24,6 +26,114 @@ static atomc_status load_fixture(const char *name, struct error *err) {
 
 static atomc_status parse_text(const char *text, struct error *err) {
     return model_config_parse_json(&cfg, text, "bad/config.json", err);
+}
+
+// Every fixture against transformers' own reading of it (AutoConfig; transformers_parsed.json
+// made by tools/gen_loader_refs.py): the effective values, defaults included.
+TEST(every_fixture_matches_transformers_autoconfig) {
+    struct error e = {0};
+    char *text;
+    ASSERT_OK(file_read_all(test_fixture("configs/transformers_parsed.json"), &text, NULL, &e));
+    json_t *all = json_loads(text, 0, NULL);
+    free(text);
+    ASSERT_TRUE(all != NULL);
+    ASSERT_TRUE(json_object_size(all) >= 12);
+    const char *name;
+    json_t *r;
+    json_object_foreach(all, name, r) {
+        atomc_status st = load_fixture(name, &e);
+        if (st) {
+            test_fail(__FILE__, __LINE__, "%s: %s", name, e.msg);
+            break;
+        }
+#define I(key) json_integer_value(json_object_get(r, key))
+#define F(key) json_number_value(json_object_get(r, key))
+#define CMP(field, want)                                                                                    \
+    if ((double)(field) != (double)(want)) {                                                                \
+        test_fail(__FILE__, __LINE__, "%s: %s = %g, transformers says %g", name, #field, (double)(field),     \
+                  (double)(want));                                                                          \
+        break;                                                                                              \
+    }
+        CMP(cfg.hidden_size, I("hidden_size"));
+        CMP(cfg.intermediate_size, I("intermediate_size"));
+        CMP(cfg.num_layers, I("num_hidden_layers"));
+        CMP(cfg.num_heads, I("num_attention_heads"));
+        CMP(cfg.num_kv_heads, I("num_key_value_heads"));
+        CMP(cfg.head_dim, I("head_dim"));
+        CMP(cfg.vocab_size, I("vocab_size"));
+        CMP(cfg.max_position_embeddings, I("max_position_embeddings"));
+        CMP(cfg.rms_norm_eps, (float)F("rms_norm_eps"));
+        CMP(cfg.tie_word_embeddings, json_is_true(json_object_get(r, "tie_word_embeddings")));
+        CMP(cfg.rope.theta, (float)F("rope_theta"));
+        CMP(cfg.rope.rotary_dim, I("rotary_dim"));
+        const char *rt = json_string_value(json_object_get(r, "rope_type"));
+        enum rope_scaling_type want_rt = !strcmp(rt, "linear")   ? ROPE_SCALING_LINEAR
+                                         : !strcmp(rt, "llama3") ? ROPE_SCALING_LLAMA3
+                                         : !strcmp(rt, "yarn")   ? ROPE_SCALING_YARN
+                                         : !strcmp(rt, "dynamic") ? ROPE_SCALING_DYNAMIC
+                                                                  : ROPE_SCALING_NONE;
+        CMP(cfg.rope.scaling, want_rt);
+        if (want_rt != ROPE_SCALING_NONE) CMP(cfg.rope.factor, (float)F("rope_factor"));
+        if (json_object_get(r, "low_freq_factor")) CMP(cfg.rope.low_freq_factor, (float)F("low_freq_factor"));
+        if (json_object_get(r, "high_freq_factor")) CMP(cfg.rope.high_freq_factor, (float)F("high_freq_factor"));
+        if (json_object_get(r, "original_max_position_embeddings"))
+            CMP(cfg.rope.original_max_position, F("original_max_position_embeddings"));
+        if (json_object_get(r, "beta_fast")) CMP(cfg.rope.beta_fast, (float)F("beta_fast"));
+        if (json_object_get(r, "beta_slow")) CMP(cfg.rope.beta_slow, (float)F("beta_slow"));
+        if (json_object_get(r, "mscale")) CMP(cfg.rope.mscale, (float)F("mscale"));
+        if (json_object_get(r, "mscale_all_dim")) CMP(cfg.rope.mscale_all_dim, (float)F("mscale_all_dim"));
+        CMP(cfg.bos_token_id, I("bos_token_id"));
+        json_t *eos = json_object_get(r, "eos_token_ids");
+        CMP(cfg.n_eos, json_array_size(eos));
+        for (int i = 0; i < cfg.n_eos; i++) CMP(cfg.eos_token_ids[i], json_integer_value(json_array_get(eos, (size_t)i)));
+        CMP(cfg.sliding_window, I("sliding_window"));
+        json_t *lt = json_object_get(r, "layer_types");
+        CMP(json_array_size(lt), cfg.num_layers);
+        for (int l = 0; l < cfg.num_layers; l++) {
+            const char *t = json_string_value(json_array_get(lt, (size_t)l));
+            enum layer_attn_type want = !strcmp(t, "sliding_attention") ? LAYER_ATTN_SLIDING
+                                        : !strcmp(t, "linear_attention") ? LAYER_ATTN_LINEAR
+                                                                          : LAYER_ATTN_FULL;
+            CMP(cfg.layer_types[l], want);
+        }
+        CMP(cfg.num_experts, I("num_experts"));
+        CMP(cfg.num_experts_per_tok, I("num_experts_per_tok"));
+        static const struct {
+            const char *key;
+            size_t off;
+        } ints[] = {
+            {"moe_intermediate_size", offsetof(struct model_config, moe_intermediate_size)},
+            {"first_k_dense_replace", offsetof(struct model_config, first_k_dense_replace)},
+            {"n_shared_experts", offsetof(struct model_config, n_shared_experts)},
+            {"n_group", offsetof(struct model_config, n_group)},
+            {"topk_group", offsetof(struct model_config, topk_group)},
+            {"q_lora_rank", offsetof(struct model_config, q_lora_rank)},
+            {"kv_lora_rank", offsetof(struct model_config, kv_lora_rank)},
+            {"qk_nope_head_dim", offsetof(struct model_config, qk_nope_head_dim)},
+            {"qk_rope_head_dim", offsetof(struct model_config, qk_rope_head_dim)},
+            {"v_head_dim", offsetof(struct model_config, v_head_dim)},
+            {"shared_expert_intermediate_size", offsetof(struct model_config, shared_expert_intermediate_size)},
+            {"decoder_sparse_step", offsetof(struct model_config, decoder_sparse_step)},
+        };
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
+            json_t *v = json_object_get(r, ints[k].key);
+            if (!v) continue;
+            int have;
+            memcpy(&have, (const char *)&cfg + ints[k].off, sizeof have);
+            if (have != json_integer_value(v)) {
+                test_fail(__FILE__, __LINE__, "%s: %s = %d, transformers says %lld", name, ints[k].key, have,
+                          (long long)json_integer_value(v));
+                break;
+            }
+        }
+        if (json_object_get(r, "routed_scaling_factor"))
+            CMP(cfg.routed_scaling_factor, (float)F("routed_scaling_factor"));
+#undef CMP
+#undef F
+#undef I
+        if (test_failed_now()) break;
+    }
+    json_decref(all);
 }
 
 TEST(llama31_8b_llama3_rope) {

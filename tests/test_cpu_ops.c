@@ -23,11 +23,18 @@ static uint64_t rng_u64(void) {
     rng_state ^= rng_state << 17;
     return rng_state;
 }
-static float rng_uniform(void) { return (float)((rng_u64() >> 11) * (1.0 / 9007199254740992.0)); }
-static float rng_sym(void) { return 2.0f * rng_uniform() - 1.0f; }
-static int rng_int(int n) { return (int)(rng_u64() % (uint64_t)n); }
+static float rng_uniform(void) {
+    return (float)((rng_u64() >> 11) * (1.0 / 9007199254740992.0));
+}
+static float rng_sym(void) {
+    return 2.0f * rng_uniform() - 1.0f;
+}
+static int rng_int(int n) {
+    return (int)(rng_u64() % (uint64_t)n);
+}
 static void fill_sym(float *x, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = rng_sym() * scale;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = rng_sym() * scale;
 }
 
 #define GUARD 64
@@ -81,7 +88,8 @@ struct pool_count_ctx {
 };
 static void pool_count(void *vctx, int64_t b, int64_t e, int tid) {
     struct pool_count_ctx *c = vctx;
-    for (int64_t i = b; i < e; i++) __atomic_fetch_add(&c->hits[i], 1, __ATOMIC_RELAXED);
+    for (int64_t i = b; i < e; i++)
+        __atomic_fetch_add(&c->hits[i], 1, __ATOMIC_RELAXED);
 }
 
 struct pool_thread_arg {
@@ -110,10 +118,39 @@ TEST(thread_pool_covers_every_index_once_from_concurrent_callers) {
     ASSERT_EQ(thread_pool_size(p), 3);
     struct pool_thread_arg a[3] = {{p, 0}, {p, 0}, {p, 0}};
     pthread_t th[3];
-    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, pool_hammer, &a[i]);
-    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, pool_hammer, &a[i]);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
     thread_pool_free(p);
-    for (int i = 0; i < 3; i++) ASSERT_TRUE(a[i].ok);
+    for (int i = 0; i < 3; i++)
+        ASSERT_TRUE(a[i].ok);
+}
+
+// More threads than cores (workers routinely descheduled mid-job): many small and large jobs
+// still cover every index exactly once, and creating / destroying pools is clean.
+TEST(thread_pool_oversubscribed_many_jobs) {
+    struct thread_pool *p;
+    struct error err;
+    ASSERT_OK(thread_pool_create(8, &p, &err));
+    for (int rep = 0; rep < 300; rep++) {
+        int n = 1 + (rep * 37) % 5000;
+        int *hits = calloc((size_t)n, sizeof(int));
+        struct pool_count_ctx c = {hits};
+        thread_pool_parallel_for(p, n, 1 + rep % 5, pool_count, &c);
+        for (int i = 0; i < n; i++)
+            if (hits[i] != 1) {
+                test_fail(__FILE__, __LINE__, "job %d index %d hit %d times", rep, i, hits[i]);
+                rep = 300;
+                break;
+            }
+        free(hits);
+    }
+    thread_pool_free(p);
+    for (int i = 0; i < 20; i++) {
+        ASSERT_OK(thread_pool_create(1 + i % 6, &p, &err));
+        thread_pool_free(p);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -131,7 +168,8 @@ TEST(memory_ops_and_info) {
     ASSERT_TRUE(p && q);
     ASSERT_EQ((uintptr_t)p % 64, 0);
     unsigned char src[1001];
-    for (int i = 0; i < 1001; i++) src[i] = (unsigned char)(i * 31);
+    for (int i = 0; i < 1001; i++)
+        src[i] = (unsigned char)(i * 31);
     b->ops->copy_h2d(b, p, src, 1001);
     b->ops->copy_d2d(b, q, p, 1001);
     unsigned char back[1001];
@@ -162,7 +200,8 @@ static void make_quant_rows(enum dtype dt, void *dst, int64_t n_elems) {
     size_t bb = dtype_block_bytes(dt);
     for (int64_t i = 0; i < blocks; i++) {
         unsigned char *blk = p + i * bb;
-        for (size_t j = 0; j < bb; j++) blk[j] = (unsigned char)rng_u64();
+        for (size_t j = 0; j < bb; j++)
+            blk[j] = (unsigned char)rng_u64();
         uint16_t d = f32_to_f16(0.01f + 0.1f * rng_uniform());
         memcpy(blk, &d, 2);
         if (dt == DTYPE_Q4_1) {
@@ -204,10 +243,38 @@ TEST(upload_weight_dequantises_every_dtype) {
             free(host);
         }
     }
+    // Half-precision destinations (kept as BF16 / F16 for the matmul): exactly the source
+    // rounded once to the destination dtype (a copy when the dtypes match).
+    enum dtype halves[] = {DTYPE_BF16, DTYPE_F16};
+    for (int hi = 0; hi < 2; hi++)
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+            enum dtype dt = dts[di];
+            int64_t rows = 1031, cols = 1056, n = rows * cols; // parallel path
+            size_t bytes = dtype_row_bytes(dt, cols) * (size_t)rows;
+            void *host = malloc(bytes);
+            float *tmp = malloc((size_t)n * 4);
+            if (dt == DTYPE_Q8_0 || dt == DTYPE_Q4_0 || dt == DTYPE_Q4_1) {
+                make_quant_rows(dt, host, n);
+            } else {
+                fill_sym(tmp, n, 3.0f);
+                dtype_from_f32(dt, tmp, host, n);
+            }
+            dtype_to_f32(dt, host, tmp, n);
+            uint16_t *expect = malloc((size_t)n * 2);
+            dtype_from_f32(halves[hi], tmp, expect, n);
+            struct tensor src = tensor_2d(host, dt, rows, cols), dst = tensor_2d(NULL, halves[hi], rows, cols);
+            struct error err = {0};
+            ASSERT_OK(b->ops->upload_weight(b, &dst, &src, &err));
+            ASSERT_TRUE(memcmp(dst.data, expect, (size_t)n * 2) == 0);
+            b->ops->free(b, dst.data);
+            free(host);
+            free(tmp);
+            free(expect);
+        }
     // Errors: wrong destination dtype, element count mismatch, integer source.
     float w[64] = {0};
     struct tensor src = tensor_2d(w, DTYPE_F32, 4, 16);
-    struct tensor dst = tensor_2d(NULL, DTYPE_BF16, 4, 16);
+    struct tensor dst = tensor_2d(NULL, DTYPE_FP8_E4M3, 4, 16);
     struct error err = {0};
     ASSERT_EQ(b->ops->upload_weight(b, &dst, &src, &err), ATOMC_ERR_UNSUPPORTED);
     dst = tensor_2d(NULL, DTYPE_F32, 4, 15);
@@ -228,18 +295,21 @@ TEST(embedding_and_gather_rows) {
     float *table = malloc((size_t)vocab * d * 4);
     fill_sym(table, (int64_t)vocab * d, 1.0f);
     int32_t *ids = malloc((size_t)n * 4);
-    for (int i = 0; i < n; i++) ids[i] = rng_int(vocab);
+    for (int i = 0; i < n; i++)
+        ids[i] = rng_int(vocab);
     float *out = gbuf((size_t)n * d * 4);
     struct tensor tt = tensor_2d(table, DTYPE_F32, vocab, d), to = tensor_2d(out, DTYPE_F32, n, d);
     b->ops->embedding(b, &to, &tt, ids);
-    for (int i = 0; i < n; i++) ASSERT_TRUE(memcmp(out + (size_t)i * d, table + (size_t)ids[i] * d, d * 4) == 0);
+    for (int i = 0; i < n; i++)
+        ASSERT_TRUE(memcmp(out + (size_t)i * d, table + (size_t)ids[i] * d, d * 4) == 0);
     ASSERT_TRUE(guard_ok(out, (size_t)n * d * 4));
 
     int32_t rows[5] = {7, 0, 2599, 7, 1234};
     float *g = gbuf(5 * (size_t)d * 4);
     struct tensor tg = tensor_2d(g, DTYPE_F32, 5, d);
     b->ops->gather_rows(b, &tg, &to, rows, 5);
-    for (int i = 0; i < 5; i++) ASSERT_TRUE(memcmp(g + i * d, out + (size_t)rows[i] * d, d * 4) == 0);
+    for (int i = 0; i < 5; i++)
+        ASSERT_TRUE(memcmp(g + i * d, out + (size_t)rows[i] * d, d * 4) == 0);
     ASSERT_TRUE(guard_ok(g, 5 * (size_t)d * 4));
     free(table);
     free(ids);
@@ -277,7 +347,8 @@ TEST(convert_add_silu_mul) {
         fill_sym(acc, ne, 1.0f);
         fill_sym(y, ne, 1.0f);
         double *ref = malloc(ne * 8);
-        for (int64_t i = 0; i < ne; i++) ref[i] = (double)acc[i] + y[i];
+        for (int64_t i = 0; i < ne; i++)
+            ref[i] = (double)acc[i] + y[i];
         struct tensor ta = tensor_2d(acc, DTYPE_F32, n, f), ty = tensor_2d(y, DTYPE_F32, n, f);
         b->ops->add(b, &ta, &ty);
         ASSERT_TRUE(nmse(acc, ref, ne) < 1e-13);
@@ -310,9 +381,11 @@ TEST(convert_add_silu_mul) {
 
 static void ref_rmsnorm(double *out, const float *h, const float *w, int d, float eps) {
     double ss = 0;
-    for (int i = 0; i < d; i++) ss += (double)h[i] * h[i];
+    for (int i = 0; i < d; i++)
+        ss += (double)h[i] * h[i];
     double inv = 1.0 / sqrt(ss / d + eps);
-    for (int i = 0; i < d; i++) out[i] = h[i] * inv * w[i];
+    for (int i = 0; i < d; i++)
+        out[i] = h[i] * inv * w[i];
 }
 
 TEST(rmsnorm_and_add_rmsnorm) {
@@ -326,7 +399,8 @@ TEST(rmsnorm_and_add_rmsnorm) {
         fill_sym(w, d, 1.5f);
         fill_sym(res, ne, 2.0f);
         double *ref = malloc(ne * 8);
-        for (int r = 0; r < n; r++) ref_rmsnorm(ref + (int64_t)r * d, x + (int64_t)r * d, w, d, 1e-6f);
+        for (int r = 0; r < n; r++)
+            ref_rmsnorm(ref + (int64_t)r * d, x + (int64_t)r * d, w, d, 1e-6f);
         struct tensor tx = tensor_2d(x, DTYPE_F32, n, d), tw = tensor_2d(w, DTYPE_F32, 1, d);
         struct tensor to = tensor_2d(o, DTYPE_F32, n, d);
         tw.ndim = 1;
@@ -342,8 +416,10 @@ TEST(rmsnorm_and_add_rmsnorm) {
         ASSERT_TRUE(memcmp(xc, o, ne * 4) == 0);
         // add_rmsnorm: residual += x; out = norm(residual) * w.
         float *h = malloc(ne * 4);
-        for (int64_t i = 0; i < ne; i++) h[i] = res[i] + x[i];
-        for (int r = 0; r < n; r++) ref_rmsnorm(ref + (int64_t)r * d, h + (int64_t)r * d, w, d, 1e-5f);
+        for (int64_t i = 0; i < ne; i++)
+            h[i] = res[i] + x[i];
+        for (int r = 0; r < n; r++)
+            ref_rmsnorm(ref + (int64_t)r * d, h + (int64_t)r * d, w, d, 1e-5f);
         struct tensor tr = tensor_2d(res, DTYPE_F32, n, d);
         b->ops->add_rmsnorm(b, &to, &tr, &tx, &tw, 1e-5f);
         ASSERT_TRUE(memcmp(res, h, ne * 4) == 0);
@@ -372,8 +448,8 @@ TEST(matmul_with_and_without_bias) {
     struct backend *b = make_backend(2);
     // n <= 8 takes the skinny (decode) kernel, larger n OpenBLAS; k not a multiple of 8 and
     // m not a multiple of 4 exercise the kernels' tails; m * k >= 65536 the parallel path.
-    int shapes[][3] = {{1, 7, 5},     {3, 64, 13},  {17, 129, 257}, {1, 576, 1536},
-                       {33, 80, 1},   {2, 129, 257}, {4, 100, 1029}, {7, 31, 3}, {9, 40, 70}};
+    int shapes[][3] = {{1, 7, 5},     {3, 64, 13},    {17, 129, 257}, {1, 576, 1536}, {33, 80, 1},
+                       {2, 129, 257}, {4, 100, 1029}, {7, 31, 3},     {9, 40, 70}};
     for (int si = 0; si < 9; si++) {
         int n = shapes[si][0], k = shapes[si][1], m = shapes[si][2];
         float *x = malloc((size_t)n * k * 4), *w = malloc((size_t)m * k * 4), *bias = malloc(m * 4);
@@ -386,7 +462,8 @@ TEST(matmul_with_and_without_bias) {
             for (int i = 0; i < n; i++)
                 for (int j = 0; j < m; j++) {
                     double s = with_bias ? bias[j] : 0.0;
-                    for (int t = 0; t < k; t++) s += (double)x[(size_t)i * k + t] * w[(size_t)j * k + t];
+                    for (int t = 0; t < k; t++)
+                        s += (double)x[(size_t)i * k + t] * w[(size_t)j * k + t];
                     ref[(size_t)i * m + j] = s;
                 }
             struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, DTYPE_F32, m, k);
@@ -406,10 +483,161 @@ TEST(matmul_with_and_without_bias) {
     backend_destroy(b);
 }
 
+// BF16 / F16 weights (fp32 compute): matmul (skinny and tiled-sgemm paths, half bias),
+// embedding and norms, against double references over the weights' exact F32 values.
+TEST(half_precision_weights) {
+    struct backend *b = make_backend(2);
+    enum dtype halves[] = {DTYPE_BF16, DTYPE_F16};
+    int shapes[][3] = {{1, 129, 257}, {3, 64, 13}, {8, 200, 301}, {9, 72, 1500}, {33, 576, 2100}};
+    for (int hi = 0; hi < 2; hi++) {
+        enum dtype ht = halves[hi];
+        for (int si = 0; si < 5; si++) {
+            int n = shapes[si][0], k = shapes[si][1], m = shapes[si][2];
+            float *x = malloc((size_t)n * k * 4), *wf = malloc((size_t)m * k * 4), *bf = malloc(m * 4);
+            uint16_t *wh = malloc((size_t)m * k * 2), *bh = malloc(m * 2);
+            float *o = gbuf((size_t)n * m * 4);
+            double *ref = malloc((size_t)n * m * 8);
+            fill_sym(x, (int64_t)n * k, 1.0f);
+            fill_sym(wf, (int64_t)m * k, 0.5f);
+            fill_sym(bf, m, 1.0f);
+            dtype_from_f32(ht, wf, wh, (int64_t)m * k);
+            dtype_to_f32(ht, wh, wf, (int64_t)m * k);
+            dtype_from_f32(ht, bf, bh, m);
+            dtype_to_f32(ht, bh, bf, m);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < m; j++) {
+                    double acc = bf[j];
+                    for (int t = 0; t < k; t++)
+                        acc += (double)x[(size_t)i * k + t] * wf[(size_t)j * k + t];
+                    ref[(size_t)i * m + j] = acc;
+                }
+            struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(wh, ht, m, k);
+            struct tensor to = tensor_2d(o, DTYPE_F32, n, m), tb = tensor_2d(bh, ht, 1, m);
+            b->ops->matmul(b, &to, &tx, &tw, &tb);
+            double e = nmse(o, ref, (int64_t)n * m);
+            if (!(e < 1e-11)) test_fail(__FILE__, __LINE__, "%s matmul %dx%dx%d nmse %g", dtype_name(ht), n, k, m, e);
+            ASSERT_TRUE(guard_ok(o, (size_t)n * m * 4));
+            free(x);
+            free(wf);
+            free(bf);
+            free(wh);
+            free(bh);
+            free(o);
+            free(ref);
+        }
+        // Embedding from a half table, norms with a half weight.
+        int vocab = 50, d = 72, rows = 5;
+        float *tf = malloc((size_t)vocab * d * 4), *nw = malloc(d * 4), *out = gbuf((size_t)rows * d * 4);
+        uint16_t *th = malloc((size_t)vocab * d * 2), *nwh = malloc(d * 2);
+        fill_sym(tf, (int64_t)vocab * d, 1.0f);
+        fill_sym(nw, d, 1.0f);
+        dtype_from_f32(ht, tf, th, (int64_t)vocab * d);
+        dtype_to_f32(ht, th, tf, (int64_t)vocab * d);
+        dtype_from_f32(ht, nw, nwh, d);
+        dtype_to_f32(ht, nwh, nw, d);
+        int32_t ids[5] = {3, 49, 0, 3, 17};
+        struct tensor tt = tensor_2d(th, ht, vocab, d), to = tensor_2d(out, DTYPE_F32, rows, d);
+        b->ops->embedding(b, &to, &tt, ids);
+        for (int i = 0; i < rows; i++)
+            ASSERT_TRUE(memcmp(out + i * d, tf + ids[i] * d, d * 4) == 0);
+        double ref[5 * 72];
+        for (int i = 0; i < rows; i++)
+            ref_rmsnorm(ref + i * d, out + i * d, nw, d, 1e-5f);
+        float *nout = gbuf((size_t)rows * d * 4);
+        struct tensor tn = tensor_2d(nout, DTYPE_F32, rows, d), tnw = tensor_2d(nwh, ht, 1, d);
+        b->ops->rmsnorm(b, &tn, &to, &tnw, 1e-5f);
+        ASSERT_TRUE(nmse(nout, ref, rows * d) < 1e-12);
+        b->ops->add_rmsnorm(b, &tn, &to, NULL, &tnw, 1e-5f);
+        ASSERT_TRUE(nmse(nout, ref, rows * d) < 1e-12);
+        ASSERT_TRUE(guard_ok(nout, (size_t)rows * d * 4) && guard_ok(out, (size_t)rows * d * 4));
+        free(tf);
+        free(nw);
+        free(out);
+        free(th);
+        free(nwh);
+        free(nout);
+    }
+    backend_destroy(b);
+}
+
+// GGUF quantised weights kept as is (Q8_0 / Q4_0 / Q4_1): the kernels dequantise in registers
+// with dtype_to_f32's arithmetic, so the decode matmul (n <= 8) must equal the F32 path on the
+// weights dequantised at load bit for bit, and the sgemm path (n > 8) to rounding. Embedding
+// rows from a quantised table likewise.
+TEST(quantised_weights_match_dequantised_f32) {
+    struct backend *b = make_backend(2);
+    enum dtype qts[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1};
+    int ks[] = {96, 576}, ns[] = {1, 2, 3, 4, 5, 8, 9, 33};
+    const int m = 301;
+    for (int qi = 0; qi < 3; qi++)
+        for (int ki = 0; ki < 2; ki++) {
+            enum dtype qt = qts[qi];
+            int k = ks[ki];
+            size_t qbytes = dtype_row_bytes(qt, k) * m;
+            void *host = malloc(qbytes);
+            make_quant_rows(qt, host, (int64_t)m * k);
+            struct tensor src = tensor_2d(host, qt, m, k);
+            struct tensor wq = tensor_2d(NULL, qt, m, k), wf = tensor_2d(NULL, DTYPE_F32, m, k);
+            struct error err = {0};
+            ASSERT_OK(b->ops->upload_weight(b, &wq, &src, &err));
+            ASSERT_OK(b->ops->upload_weight(b, &wf, &src, &err));
+            ASSERT_TRUE(memcmp(wq.data, host, qbytes) == 0);
+            float *bias = malloc(m * 4);
+            fill_sym(bias, m, 1.0f);
+            struct tensor tb = tensor_2d(bias, DTYPE_F32, 1, m);
+            for (int ni = 0; ni < 8; ni++) {
+                int n = ns[ni];
+                float *x = malloc((size_t)n * k * 4), *oq = gbuf((size_t)n * m * 4), *of = malloc((size_t)n * m * 4);
+                fill_sym(x, (int64_t)n * k, 1.0f);
+                struct tensor tx = tensor_2d(x, DTYPE_F32, n, k);
+                struct tensor toq = tensor_2d(oq, DTYPE_F32, n, m), tof = tensor_2d(of, DTYPE_F32, n, m);
+                b->ops->matmul(b, &toq, &tx, &wq, &tb);
+                b->ops->matmul(b, &tof, &tx, &wf, &tb);
+                if (n <= 8) {
+                    if (memcmp(oq, of, (size_t)n * m * 4))
+                        test_fail(__FILE__, __LINE__, "%s k %d n %d: differs from the F32 path", dtype_name(qt), k, n);
+                } else {
+                    double *ref = malloc((size_t)n * m * 8);
+                    for (int64_t i = 0; i < (int64_t)n * m; i++)
+                        ref[i] = of[i];
+                    double e = nmse(oq, ref, (int64_t)n * m);
+                    if (!(e < 1e-12)) test_fail(__FILE__, __LINE__, "%s k %d n %d: nmse %g", dtype_name(qt), k, n, e);
+                    free(ref);
+                }
+                ASSERT_TRUE(guard_ok(oq, (size_t)n * m * 4));
+                free(x);
+                free(oq);
+                free(of);
+            }
+            // Embedding rows from the quantised table equal those of the dequantised one.
+            int32_t ids[4] = {0, 300, 17, 17};
+            float *eq = malloc((size_t)4 * k * 4), *ef = malloc((size_t)4 * k * 4);
+            struct tensor teq = tensor_2d(eq, DTYPE_F32, 4, k), tef = tensor_2d(ef, DTYPE_F32, 4, k);
+            b->ops->embedding(b, &teq, &wq, ids);
+            b->ops->embedding(b, &tef, &wf, ids);
+            ASSERT_TRUE(memcmp(eq, ef, (size_t)4 * k * 4) == 0);
+            free(eq);
+            free(ef);
+            free(bias);
+            free(host);
+            b->ops->free(b, wq.data);
+            b->ops->free(b, wf.data);
+        }
+    // Quantised destinations only from the same quantised type.
+    float w[64] = {0};
+    struct tensor src = tensor_2d(w, DTYPE_F32, 2, 32), dst = tensor_2d(NULL, DTYPE_Q4_1, 2, 32);
+    struct error err = {0};
+    ASSERT_EQ(b->ops->upload_weight(b, &dst, &src, &err), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(err.msg, "Q4_1") != NULL);
+    backend_destroy(b);
+}
+
 // ---------------------------------------------------------------------------------------------
 // RoPE + KV write and paged attention
 
-static double kv_tol(enum dtype dt) { return dt == DTYPE_F32 ? 1e-12 : dt == DTYPE_BF16 ? 1e-4 : 5e-3; }
+static double kv_tol(enum dtype dt) {
+    return dt == DTYPE_F32 ? 1e-12 : dt == DTYPE_BF16 ? 1e-4 : 5e-3;
+}
 
 // Reference RoPE of one head in double (angle from the fp32 product, as the op computes it).
 static void ref_rope(double *x, int pos, const float *inv_freq, int rot, float attn_factor, bool inter) {
@@ -426,10 +654,14 @@ static void ref_rope(double *x, int pos, const float *inv_freq, int rot, float a
 
 static float kv_read(const struct tensor *t, float scale, int64_t idx) {
     switch (t->dtype) {
-    case DTYPE_F32: return ((const float *)t->data)[idx];
-    case DTYPE_BF16: return bf16_to_f32(((const uint16_t *)t->data)[idx]);
-    case DTYPE_FP8_E4M3: return fp8_e4m3_to_f32(((const uint8_t *)t->data)[idx]) * scale;
-    default: abort();
+    case DTYPE_F32:
+        return ((const float *)t->data)[idx];
+    case DTYPE_BF16:
+        return bf16_to_f32(((const uint16_t *)t->data)[idx]);
+    case DTYPE_FP8_E4M3:
+        return fp8_e4m3_to_f32(((const uint8_t *)t->data)[idx]) * scale;
+    default:
+        abort();
     }
 }
 
@@ -440,9 +672,9 @@ struct attn_case {
     int hq, hk, d, dv, bs;
     int window;
     bool sinks;
-    bool fused;       // q/k/v as views into one (n, (hq + 2 hk) d) buffer
+    bool fused; // q/k/v as views into one (n, (hq + 2 hk) d) buffer
     bool interleaved;
-    int rot;          // rotary dim
+    int rot; // rotary dim
     enum dtype kv_dtype;
 };
 
@@ -463,7 +695,8 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
     int num_blocks = total_blocks + 3; // some unused blocks
     // Non-contiguous block tables: a random permutation of physical blocks.
     int *perm = malloc(num_blocks * sizeof(int));
-    for (int i = 0; i < num_blocks; i++) perm[i] = i;
+    for (int i = 0; i < num_blocks; i++)
+        perm[i] = i;
     for (int i = num_blocks - 1; i > 0; i--) {
         int j = rng_int(i + 1), t = perm[i];
         perm[i] = perm[j];
@@ -472,7 +705,8 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
     int32_t *bt = calloc((size_t)c->n_seqs * max_blocks, 4);
     int used = 0;
     for (int s = 0; s < c->n_seqs; s++)
-        for (int j = 0; j < (c->ctx_lens[s] + bs - 1) / bs; j++) bt[s * max_blocks + j] = perm[used++];
+        for (int j = 0; j < (c->ctx_lens[s] + bs - 1) / bs; j++)
+            bt[s * max_blocks + j] = perm[used++];
 
     size_t esz = dtype_block_bytes(c->kv_dtype);
     int64_t k_elems = (int64_t)num_blocks * bs * hk * d, v_elems = (int64_t)num_blocks * bs * hk * dv;
@@ -486,7 +720,8 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
 
     int half = c->rot / 2;
     float *inv_freq = malloc((half > 0 ? half : 1) * 4);
-    for (int i = 0; i < half; i++) inv_freq[i] = powf(10000.0f, -2.0f * i / c->rot);
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = powf(10000.0f, -2.0f * i / c->rot);
     struct rope_args rope = {inv_freq, c->rot, 1.0f, c->interleaved};
     if (c->fused) rope.attn_factor = 1.1f;
 
@@ -518,8 +753,8 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
             pos[i] = i;
             slot[i] = bt[s * max_blocks + i / bs] * bs + i % bs;
         }
-        struct attn_metadata md = {.n_seqs = 1, .n_tokens = n_prev, .block_size = bs, .h_positions = pos,
-                                   .h_slot_mapping = slot};
+        struct attn_metadata md = {
+            .n_seqs = 1, .n_tokens = n_prev, .block_size = bs, .h_positions = pos, .h_slot_mapping = slot};
         int64_t kne3[3] = {n_prev, hk, d}, vne3[3] = {n_prev, hk, dv};
         struct tensor tk = tensor_make(k, DTYPE_F32, 3, kne3), tv = tensor_make(v, DTYPE_F32, 3, vne3);
         b->ops->rope_kv_write(b, NULL, &tk, &tv, 0, &rope, &kv, &md);
@@ -564,9 +799,15 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
     fill_sym(qb + t * qstride, (int64_t)hq * d, 1.0f);
     fill_sym(kb + t * kstride, (int64_t)hk * d, 1.0f);
     struct attn_metadata md = {
-        .n_seqs = c->n_seqs, .n_tokens = n_tokens, .max_blocks_per_seq = max_blocks, .block_size = bs,
-        .h_query_start = qs, .h_context_lens = c->ctx_lens, .h_block_tables = bt,
-        .h_positions = pos, .h_slot_mapping = slot,
+        .n_seqs = c->n_seqs,
+        .n_tokens = n_tokens,
+        .max_blocks_per_seq = max_blocks,
+        .block_size = bs,
+        .h_query_start = qs,
+        .h_context_lens = c->ctx_lens,
+        .h_block_tables = bt,
+        .h_positions = pos,
+        .h_slot_mapping = slot,
     };
     md.query_start = md.h_query_start;
     md.context_lens = md.h_context_lens;
@@ -590,9 +831,11 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
             int g = ctx_off[s] + i;
             for (int h = 0; h < hq; h++) {
                 double *r = rq + ((size_t)t * hq + h) * d;
-                for (int e = 0; e < d; e++) r[e] = all_q[((size_t)g * hq + h) * d + e];
+                for (int e = 0; e < d; e++)
+                    r[e] = all_q[((size_t)g * hq + h) * d + e];
                 ref_rope(r, i, inv_freq, c->rot, rope.attn_factor, c->interleaved);
-                for (int e = 0; e < d; e++) gq[((size_t)t * hq + h) * d + e] = qb[t * qstride + h * d + e];
+                for (int e = 0; e < d; e++)
+                    gq[((size_t)t * hq + h) * d + e] = qb[t * qstride + h * d + e];
             }
         }
     double e_q = nmse(gq, rq, (int64_t)n_tokens * hq * d);
@@ -602,7 +845,8 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
             int g = ctx_off[s] + i;
             int64_t sl = (int64_t)bt[s * max_blocks + i / bs] * bs + i % bs;
             for (int h = 0; h < hk; h++) {
-                for (int e = 0; e < d; e++) ref[e] = all_k[((size_t)g * hk + h) * d + e];
+                for (int e = 0; e < d; e++)
+                    ref[e] = all_k[((size_t)g * hk + h) * d + e];
                 ref_rope(ref, i, inv_freq, c->rot, rope.attn_factor, c->interleaved);
                 for (int e = 0; e < d; e++) {
                     double dd = kv_read(&kv.k, kv.k_scale, (sl * hk + h) * d + e) - ref[e];
@@ -654,18 +898,22 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
                 for (int j = lo; j <= i; j++) {
                     int64_t sl = (int64_t)bt[s * max_blocks + j / bs] * bs + j % bs;
                     double acc = 0;
-                    for (int e = 0; e < d; e++) acc += qv[e] * kv_read(&kv.k, kv.k_scale, (sl * hk + g) * d + e);
+                    for (int e = 0; e < d; e++)
+                        acc += qv[e] * kv_read(&kv.k, kv.k_scale, (sl * hk + g) * d + e);
                     sc[j] = acc * scale;
                     if (sc[j] > mx) mx = sc[j];
                 }
                 double den = c->sinks ? exp(sinks[h] - mx) : 0.0;
-                for (int j = lo; j <= i; j++) den += exp(sc[j] - mx);
+                for (int j = lo; j <= i; j++)
+                    den += exp(sc[j] - mx);
                 double *o = ro + ((size_t)t * hq + h) * dv;
-                for (int e = 0; e < dv; e++) o[e] = 0;
+                for (int e = 0; e < dv; e++)
+                    o[e] = 0;
                 for (int j = lo; j <= i; j++) {
                     int64_t sl = (int64_t)bt[s * max_blocks + j / bs] * bs + j % bs;
                     double p = exp(sc[j] - mx) / den;
-                    for (int e = 0; e < dv; e++) o[e] += p * kv_read(&kv.v, kv.v_scale, (sl * hk + g) * dv + e);
+                    for (int e = 0; e < dv; e++)
+                        o[e] += p * kv_read(&kv.v, kv.v_scale, (sl * hk + g) * dv + e);
                 }
             }
         }
@@ -678,17 +926,40 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
     size_t buf_bytes = c->fused ? (size_t)n_rows * row * 4 : (size_t)n_rows * (hq * d + hk * d + hk * dv) * 4;
     if (!guard_ok(buf, buf_bytes)) test_fail(__FILE__, __LINE__, "rope_kv_write wrote past q/k/v");
 
-    free(perm); free(bt); free(kc); free(vc); free(inv_freq); free(all_q); free(all_k); free(all_v);
-    free(sinks); free(buf); free(pos); free(slot); free(ref); free(rq); free(gq); free(out); free(ro); free(sc);
+    free(perm);
+    free(bt);
+    free(kc);
+    free(vc);
+    free(inv_freq);
+    free(all_q);
+    free(all_k);
+    free(all_v);
+    free(sinks);
+    free(buf);
+    free(pos);
+    free(slot);
+    free(ref);
+    free(rq);
+    free(gq);
+    free(out);
+    free(ro);
+    free(sc);
 }
 
 TEST(attention_decode_only_gqa_ratios) {
     struct backend *b = make_backend(2);
     int ratios[][2] = {{13, 13}, {8, 2}, {16, 2}};
     for (int r = 0; r < 3; r++) {
-        struct attn_case c = {.n_seqs = 4, .q_lens = {1, 1, 1, 1}, .ctx_lens = {1, 17, 40, 16},
-                              .hq = ratios[r][0], .hk = ratios[r][1], .d = 64, .dv = 64, .bs = 16,
-                              .rot = 64, .kv_dtype = DTYPE_F32};
+        struct attn_case c = {.n_seqs = 4,
+                              .q_lens = {1, 1, 1, 1},
+                              .ctx_lens = {1, 17, 40, 16},
+                              .hq = ratios[r][0],
+                              .hk = ratios[r][1],
+                              .d = 64,
+                              .dv = 64,
+                              .bs = 16,
+                              .rot = 64,
+                              .kv_dtype = DTYPE_F32};
         run_attn_case(b, &c);
         if (test_failed_now()) break;
     }
@@ -698,17 +969,35 @@ TEST(attention_decode_only_gqa_ratios) {
 TEST(attention_mixed_prefill_decode_head_dim_80) {
     struct backend *b = make_backend(2);
     // Fresh prefill, decode, chunked prefill over cached context, odd lengths.
-    struct attn_case c = {.n_seqs = 4, .q_lens = {21, 1, 37, 1}, .ctx_lens = {21, 50, 70, 3},
-                          .hq = 12, .hk = 3, .d = 80, .dv = 80, .bs = 16, .rot = 80, .kv_dtype = DTYPE_F32};
+    struct attn_case c = {.n_seqs = 4,
+                          .q_lens = {21, 1, 37, 1},
+                          .ctx_lens = {21, 50, 70, 3},
+                          .hq = 12,
+                          .hk = 3,
+                          .d = 80,
+                          .dv = 80,
+                          .bs = 16,
+                          .rot = 80,
+                          .kv_dtype = DTYPE_F32};
     run_attn_case(b, &c);
     backend_destroy(b);
 }
 
 TEST(attention_sliding_window_sinks_partial_rotary_interleaved) {
     struct backend *b = make_backend(3);
-    struct attn_case c = {.n_seqs = 3, .q_lens = {19, 1, 5}, .ctx_lens = {40, 33, 5}, .hq = 8, .hk = 1,
-                          .d = 32, .dv = 32, .bs = 8, .window = 7, .sinks = true, .interleaved = true,
-                          .rot = 16, .kv_dtype = DTYPE_F32};
+    struct attn_case c = {.n_seqs = 3,
+                          .q_lens = {19, 1, 5},
+                          .ctx_lens = {40, 33, 5},
+                          .hq = 8,
+                          .hk = 1,
+                          .d = 32,
+                          .dv = 32,
+                          .bs = 8,
+                          .window = 7,
+                          .sinks = true,
+                          .interleaved = true,
+                          .rot = 16,
+                          .kv_dtype = DTYPE_F32};
     run_attn_case(b, &c);
     backend_destroy(b);
 }
@@ -717,8 +1006,17 @@ TEST(attention_fused_qkv_bf16_and_fp8_cache) {
     struct backend *b = make_backend(2);
     enum dtype dts[] = {DTYPE_BF16, DTYPE_FP8_E4M3};
     for (int i = 0; i < 2; i++) {
-        struct attn_case c = {.n_seqs = 3, .q_lens = {9, 1, 1}, .ctx_lens = {25, 18, 64}, .hq = 8, .hk = 2,
-                              .d = 64, .dv = 64, .bs = 16, .fused = true, .rot = 48, .kv_dtype = dts[i]};
+        struct attn_case c = {.n_seqs = 3,
+                              .q_lens = {9, 1, 1},
+                              .ctx_lens = {25, 18, 64},
+                              .hq = 8,
+                              .hk = 2,
+                              .d = 64,
+                              .dv = 64,
+                              .bs = 16,
+                              .fused = true,
+                              .rot = 48,
+                              .kv_dtype = dts[i]};
         run_attn_case(b, &c);
         if (test_failed_now()) break;
     }
@@ -754,6 +1052,128 @@ TEST(attention_random_shapes) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Results do not depend on the thread count: every output element is computed by one thread
+// in a fixed order, so 1 and 3 threads agree bit for bit (the skinny matmul, norms, attention),
+// and a decode row's matmul output does not depend on the other rows of its batch (n <= 8).
+
+TEST(outputs_identical_across_thread_counts) {
+    struct backend *b1 = make_backend(1), *b3 = make_backend(3);
+    int n = 3, k = 200, m = 700, d = 64, rows = 900;
+    float *x = malloc((size_t)n * k * 4), *w = malloc((size_t)m * k * 4), *o1 = malloc((size_t)n * m * 4);
+    float *o3 = malloc((size_t)n * m * 4), *nx = malloc((size_t)rows * d * 4), *nw = malloc(d * 4);
+    float *r1 = malloc((size_t)rows * d * 4), *r3 = malloc((size_t)rows * d * 4);
+    fill_sym(x, (int64_t)n * k, 1.0f);
+    fill_sym(w, (int64_t)m * k, 1.0f);
+    fill_sym(nx, (int64_t)rows * d, 2.0f);
+    fill_sym(nw, d, 1.0f);
+    struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, DTYPE_F32, m, k);
+    struct tensor t1 = tensor_2d(o1, DTYPE_F32, n, m), t3 = tensor_2d(o3, DTYPE_F32, n, m);
+    b1->ops->matmul(b1, &t1, &tx, &tw, NULL);
+    b3->ops->matmul(b3, &t3, &tx, &tw, NULL);
+    ASSERT_TRUE(memcmp(o1, o3, (size_t)n * m * 4) == 0);
+    // Batch invariance of the skinny (decode) matmul: row i alone == row i of the batch of 3.
+    for (int i = 0; i < n; i++) {
+        struct tensor xi = tensor_2d(x + (size_t)i * k, DTYPE_F32, 1, k), oi = tensor_2d(o3, DTYPE_F32, 1, m);
+        b3->ops->matmul(b3, &oi, &xi, &tw, NULL);
+        ASSERT_TRUE(memcmp(o3, o1 + (size_t)i * m, (size_t)m * 4) == 0);
+    }
+    struct tensor tnx = tensor_2d(nx, DTYPE_F32, rows, d), tnw = tensor_2d(nw, DTYPE_F32, 1, d);
+    struct tensor tr1 = tensor_2d(r1, DTYPE_F32, rows, d), tr3 = tensor_2d(r3, DTYPE_F32, rows, d);
+    b1->ops->rmsnorm(b1, &tr1, &tnx, &tnw, 1e-6f);
+    b3->ops->rmsnorm(b3, &tr3, &tnx, &tnw, 1e-6f);
+    ASSERT_TRUE(memcmp(r1, r3, (size_t)rows * d * 4) == 0);
+    // Attention over a mixed batch: same cache, same queries.
+    int hq = 8, hk = 2, bs = 16, n_seqs = 3;
+    int32_t qs[4] = {0, 40, 41, 50}, cl[3] = {40, 70, 30}, bt[3 * 5], pos[50], slot[50];
+    for (int i = 0; i < 15; i++)
+        bt[i] = (i * 7) % 16;
+    int64_t kne[4] = {16, bs, hk, d};
+    float *kc = malloc((size_t)16 * bs * hk * d * 4), *vc = malloc((size_t)16 * bs * hk * d * 4);
+    fill_sym(kc, (int64_t)16 * bs * hk * d, 1.0f);
+    fill_sym(vc, (int64_t)16 * bs * hk * d, 1.0f);
+    struct kv_layer kv = {tensor_make(kc, DTYPE_F32, 4, kne), tensor_make(vc, DTYPE_F32, 4, kne), 1.0f, 1.0f};
+    struct attn_metadata md = {.n_seqs = n_seqs,
+                               .n_tokens = 50,
+                               .max_blocks_per_seq = 5,
+                               .block_size = bs,
+                               .h_query_start = qs,
+                               .h_context_lens = cl,
+                               .h_block_tables = bt,
+                               .h_positions = pos,
+                               .h_slot_mapping = slot};
+    float *q = malloc((size_t)50 * hq * d * 4), *a1 = malloc((size_t)50 * hq * d * 4),
+          *a3 = malloc((size_t)50 * hq * d * 4);
+    fill_sym(q, (int64_t)50 * hq * d, 1.0f);
+    int64_t qne[3] = {50, hq, d};
+    struct tensor tq = tensor_make(q, DTYPE_F32, 3, qne), ta1 = tensor_make(a1, DTYPE_F32, 3, qne);
+    struct tensor ta3 = tensor_make(a3, DTYPE_F32, 3, qne);
+    b1->ops->attention(b1, &ta1, &tq, 0, &kv, &md, 0.125f, 0, NULL);
+    b3->ops->attention(b3, &ta3, &tq, 0, &kv, &md, 0.125f, 0, NULL);
+    ASSERT_TRUE(memcmp(a1, a3, (size_t)50 * hq * d * 4) == 0);
+    free(x);
+    free(w);
+    free(o1);
+    free(o3);
+    free(nx);
+    free(nw);
+    free(r1);
+    free(r3);
+    free(kc);
+    free(vc);
+    free(q);
+    free(a1);
+    free(a3);
+    backend_destroy(b1);
+    backend_destroy(b3);
+}
+
+// Batch-invariant mode: every matmul goes through the row-independent kernel, so a row's output
+// is the same bits whether it is computed alone or inside a large batch (prefill chunk); the
+// default mode's OpenBLAS path (n > 8) does not promise that.
+TEST(batch_invariant_mode_matmul_rows_independent_of_batch) {
+    struct backend_options o = {.num_threads = 2, .batch_invariant = true};
+    struct backend *b = NULL;
+    struct error err = {0};
+    ASSERT_OK(backend_cpu_create(&o, &b, &err));
+    enum dtype wdts[] = {DTYPE_F32, DTYPE_BF16};
+    for (int wi = 0; wi < 2; wi++) {
+        int n = 75, k = 136, m = 203;
+        float *x = malloc((size_t)n * k * 4), *wf = malloc((size_t)m * k * 4), *big = gbuf((size_t)n * m * 4);
+        float *one = malloc((size_t)m * 4);
+        void *w = malloc((size_t)m * k * 4);
+        fill_sym(x, (int64_t)n * k, 1.0f);
+        fill_sym(wf, (int64_t)m * k, 1.0f);
+        dtype_from_f32(wdts[wi], wf, w, (int64_t)m * k);
+        struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, wdts[wi], m, k);
+        struct tensor tbig = tensor_2d(big, DTYPE_F32, n, m);
+        b->ops->matmul(b, &tbig, &tx, &tw, NULL);
+        ASSERT_TRUE(guard_ok(big, (size_t)n * m * 4));
+        double *ref = malloc((size_t)n * m * 8);
+        dtype_to_f32(wdts[wi], w, wf, (int64_t)m * k);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) {
+                double acc = 0;
+                for (int t = 0; t < k; t++)
+                    acc += (double)x[(size_t)i * k + t] * wf[(size_t)j * k + t];
+                ref[(size_t)i * m + j] = acc;
+            }
+        ASSERT_TRUE(nmse(big, ref, (int64_t)n * m) < 1e-11);
+        for (int i = 0; i < n; i += 7) {
+            struct tensor xi = tensor_2d(x + (size_t)i * k, DTYPE_F32, 1, k), oi = tensor_2d(one, DTYPE_F32, 1, m);
+            b->ops->matmul(b, &oi, &xi, &tw, NULL);
+            ASSERT_TRUE(memcmp(one, big + (size_t)i * m, (size_t)m * 4) == 0);
+        }
+        free(x);
+        free(wf);
+        free(big);
+        free(one);
+        free(w);
+        free(ref);
+    }
+    backend_destroy(b);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Concurrent callers on one backend
 
 struct conc_arg {
@@ -765,9 +1185,12 @@ static void *conc_matmul(void *varg) {
     int n = 9, k = 300, m = 200;
     float *x = malloc((size_t)n * k * 4), *w = malloc((size_t)m * k * 4), *o = malloc((size_t)n * m * 4);
     float *o2 = malloc((size_t)n * m * 4), *res = malloc((size_t)n * m * 4), *nw = malloc((size_t)m * 4);
-    for (int i = 0; i < n * k; i++) x[i] = (float)((i * 7) % 13) - 6;
-    for (int i = 0; i < m * k; i++) w[i] = (float)((i * 5) % 11) - 5;
-    for (int i = 0; i < m; i++) nw[i] = 1.0f;
+    for (int i = 0; i < n * k; i++)
+        x[i] = (float)((i * 7) % 13) - 6;
+    for (int i = 0; i < m * k; i++)
+        w[i] = (float)((i * 5) % 11) - 5;
+    for (int i = 0; i < m; i++)
+        nw[i] = 1.0f;
     struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, DTYPE_F32, m, k);
     struct tensor to = tensor_2d(o, DTYPE_F32, n, m), to2 = tensor_2d(o2, DTYPE_F32, n, m);
     struct tensor tr = tensor_2d(res, DTYPE_F32, n, m), tn = tensor_2d(nw, DTYPE_F32, 1, m);
@@ -780,7 +1203,12 @@ static void *conc_matmul(void *varg) {
         a->b->ops->add_rmsnorm(a->b, &to2, &tr, &to, &tn, 1e-6f);
         if (memcmp(res, o, (size_t)n * m * 4)) a->ok = 0;
     }
-    free(x); free(w); free(o); free(o2); free(res); free(nw);
+    free(x);
+    free(w);
+    free(o);
+    free(o2);
+    free(res);
+    free(nw);
     return NULL;
 }
 
@@ -788,10 +1216,15 @@ TEST(concurrent_callers_share_one_backend) {
     struct backend *b = make_backend(2);
     struct conc_arg a[3] = {{b, 0}, {b, 0}, {b, 0}};
     pthread_t th[3];
-    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, conc_matmul, &a[i]);
-    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
-    for (int i = 0; i < 3; i++) ASSERT_TRUE(a[i].ok);
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, conc_matmul, &a[i]);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++)
+        ASSERT_TRUE(a[i].ok);
     backend_destroy(b);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

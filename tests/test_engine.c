@@ -183,6 +183,41 @@ TEST(engine_prefix_cache_hit_gives_identical_output) {
     atomc_engine_free(e);
 }
 
+TEST(engine_same_step_requests_share_the_prefix) {
+    struct fake_model *m;
+    atomc_engine *e = make_engine(64, 8, 128, true, &m);
+    int32_t p[30];
+    prompt_of(p, 30, 11);
+    struct collect a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    ASSERT_OK(add(e, p, 30, 6, &a, NULL));
+    ASSERT_OK(add(e, p, 30, 6, &b, NULL)); // same prompt, same step (like n > 1)
+    atomc_engine_step(e);
+    ASSERT_EQ(m->executed_tokens, 30 + 2); // b computed only what a's full blocks do not cover
+    run_all(e);
+    ASSERT_EQ(b.cached_tokens, 28);
+    ASSERT_EQ(a.n, b.n);
+    for (int k = 0; k < a.n; k++) ASSERT_EQ(a.toks[k], b.toks[k]);
+    ASSERT_EQ(m->violations, 0);
+    ASSERT_TRUE(all_free(e));
+    // A failed step drops what it registered: a later identical prompt runs cold.
+    struct collect c, d;
+    memset(&c, 0, sizeof c);
+    memset(&d, 0, sizeof d);
+    int32_t q[21];
+    prompt_of(q, 21, 12);
+    ASSERT_OK(add(e, q, 21, 3, &c, NULL));
+    m->fail_next = 1;
+    atomc_engine_step(e);
+    ASSERT_EQ(c.reason, ATOMC_FINISH_ERROR);
+    ASSERT_OK(add(e, q, 21, 3, &d, NULL));
+    run_all(e);
+    ASSERT_EQ(d.cached_tokens, 0);
+    ASSERT_EQ(m->violations, 0);
+    atomc_engine_free(e);
+}
+
 TEST(engine_stop_rules) {
     atomc_engine *e = make_engine(64, 8, 64, true, NULL);
     int32_t p[10];

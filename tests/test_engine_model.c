@@ -221,6 +221,20 @@ TEST(engine_model_prefix_hit_identical_to_cold) {
     atomc_engine_get_stats(e, &st);
     ASSERT_EQ(st.prefix_cache_hits, 32);
     ASSERT_EQ(st.prefix_cache_queries, 90);
+    // Same-step sharing: two new identical prompts submitted together; the second reads the
+    // first's blocks as they are written in the same forward pass.
+    int32_t ids2[40];
+    for (int i = 0; i < 40; i++) ids2[i] = (int32_t)((i * 53 + 11) % 250 + 3);
+    struct out x, y;
+    add(e, ids2, 40, 16, &x);
+    add(e, ids2, 40, 16, &y);
+    run(e);
+    ASSERT_EQ(x.cached, 0);
+    ASSERT_EQ(y.cached, 32);
+    for (int k = 0; k < x.n; k++) {
+        ASSERT_EQ(y.toks[k], x.toks[k]);
+        ASSERT_NEAR(y.lp[k], x.lp[k], 1e-4);
+    }
     atomc_engine_free(e);
 }
 
@@ -281,9 +295,14 @@ TEST(engine_model_random_stress_equals_alone) {
             CHECK_MSG(atomc_engine_add_request(e, &rq, &q->id, err, sizeof err) == ATOMC_OK, "%s", err);
             n_r++;
         }
-        if (n_r && srnd(100) < 3) {
-            struct sreq *q = &r[srnd((uint32_t)n_r)];
-            if (!q->o.reason && atomc_engine_abort(e, q->id) == ATOMC_OK) q->aborted = true;
+        if (n_r && srnd(100) < 4) { // abort a live request (waiting, mid-prefill or decoding)
+            for (int tries = 0; tries < 8; tries++) {
+                struct sreq *q = &r[n_r - 1 - (int)srnd((uint32_t)(n_r < 12 ? n_r : 12))];
+                if (!q->o.reason && !q->aborted && atomc_engine_abort(e, q->id) == ATOMC_OK) {
+                    q->aborted = true;
+                    break;
+                }
+            }
         }
         atomc_engine_step(e);
     }

@@ -112,9 +112,14 @@ static void stress(uint64_t seed, bool prefix_caching, int steps) {
             n_req++;
         }
         // Aborts of random live requests (any state).
-        if (n_req && rnd(100) < 4) {
-            struct req *r = &reqs[rnd((uint32_t)n_req)];
-            if (!r->done && atomc_engine_abort(e, r->id) == ATOMC_OK) r->aborted_by_us = true;
+        if (n_req && rnd(100) < 5) { // abort a live request (waiting, mid-prefill or decoding)
+            for (int tries = 0; tries < 8; tries++) {
+                struct req *r = &reqs[n_req - 1 - (int)rnd((uint32_t)(n_req < 16 ? n_req : 16))];
+                if (!r->done && !r->aborted_by_us && atomc_engine_abort(e, r->id) == ATOMC_OK) {
+                    r->aborted_by_us = true;
+                    break;
+                }
+            }
         }
         atomc_engine_step(e);
         struct error ce = {0};
@@ -129,6 +134,8 @@ static void stress(uint64_t seed, bool prefix_caching, int steps) {
     }
     while (atomc_engine_has_work(e)) atomc_engine_step(e);
 
+    // Every id is forgotten once finished (the live-id set empties completely).
+    for (int i = 0; i < n_req; i++) ASSERT_EQ(atomc_engine_abort(e, reqs[i].id), ATOMC_ERR_NOT_FOUND);
     int n_free = 0, checked = 0, aborted = 0;
     for (int i = 0; i < bm->num_blocks; i++) n_free += bm->blocks[i].ref_count == 0;
     ASSERT_EQ(n_free, bm->num_blocks);

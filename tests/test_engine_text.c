@@ -150,6 +150,23 @@ TEST(engine_text_stop_strings_real_tokenizer) {
     teardown(&c);
 }
 
+TEST(engine_text_token_bytes) {
+    struct ctx c;
+    if (!setup(&c)) return;
+    size_t len = 0, total = 0;
+    char buf[1024];
+    for (int i = 0; i < c.n_script; i++) {
+        const char *b = atomc_engine_token_bytes(c.e, c.script[i], &len);
+        ASSERT_TRUE(b != NULL);
+        memcpy(buf + total, b, len);
+        total += len;
+    }
+    buf[total] = '\0';
+    ASSERT_STREQ(buf, TEXT); // the pieces' bytes concatenate to the text
+    ASSERT_TRUE(atomc_engine_token_bytes(c.e, -1, &len) == NULL);
+    teardown(&c);
+}
+
 TEST(engine_text_eos_has_no_text) {
     struct ctx c;
     if (!setup(&c)) return;

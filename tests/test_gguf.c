@@ -451,6 +451,56 @@ TEST(corrupt_tensor_infos) {
     }
 }
 
+TEST(many_tensors_and_keys_parse_in_n_log_n) {
+    // 200k tensor infos and 200k keys: quadratic duplicate checks would take minutes.
+    enum { N = 200000 };
+    size_t cap = (size_t)N * 64 + 4096, n = 0;
+    unsigned char *b = malloc(cap);
+#define PUT(p, len) (memcpy(b + n, (p), (len)), n += (len))
+    uint32_t u32;
+    uint64_t u64;
+    PUT("GGUF", 4);
+    u32 = 3, PUT(&u32, 4);
+    u64 = N, PUT(&u64, 8);
+    u64 = N, PUT(&u64, 8);
+    char name[32];
+    for (int i = 0; i < N; i++) {
+        int len = snprintf(name, sizeof name, "k.%d", i);
+        u64 = (uint64_t)len, PUT(&u64, 8);
+        PUT(name, (size_t)len);
+        u32 = GGUF_TYPE_UINT8, PUT(&u32, 4);
+        b[n++] = (unsigned char)i;
+    }
+    for (int i = 0; i < N; i++) {
+        int len = snprintf(name, sizeof name, "t.%d", i);
+        u64 = (uint64_t)len, PUT(&u64, 8);
+        PUT(name, (size_t)len);
+        u32 = 1, PUT(&u32, 4);
+        u64 = 8, PUT(&u64, 8);
+        u32 = GGML_TYPE_F32, PUT(&u32, 4);
+        u64 = 0, PUT(&u64, 8);
+    }
+#undef PUT
+    while (n % 32) b[n++] = 0;
+    memset(b + n, 0, 32);
+    n += 32;
+    struct error e = {0};
+    struct gguf_file *g;
+    ASSERT_OK(gguf_open_memory(&g, b, n, "many.gguf", &e));
+    ASSERT_EQ(g->n_tensors, N);
+    const struct gguf_tensor_info *t = gguf_find_tensor(g, "t.123456");
+    ASSERT_TRUE(t != NULL && t == &g->tensors[123456]);
+    uint32_t v;
+    ASSERT_OK(gguf_get_u32(g, "k.199999", &v, &e));
+    ASSERT_EQ(v, 199999 & 0xff);
+    gguf_close(g);
+    // One duplicate among them is found.
+    memcpy(b + 4 + 4 + 8 + 8 + 8, "k.1", 3); // key "k.0" -> "k.1"
+    ASSERT_EQ(gguf_open_memory(&g, b, n, "many.gguf", &e), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(e.msg, "duplicate metadata key 'k.1'") != NULL);
+    free(b);
+}
+
 TEST(open_errors_name_the_path) {
     struct error e = {0};
     struct gguf_file *g;

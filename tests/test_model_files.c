@@ -137,6 +137,101 @@ TEST(tiny_gguf_matches_transformers) {
     json_decref(ref);
 }
 
+TEST(tiny_qwen3_gguf_matches_transformers) {
+    struct error e = {0};
+    json_t *ref = load_json("loader/tiny_qwen3_refs.json");
+    ASSERT_TRUE(ref != NULL);
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_qwen3.gguf"), &e));
+    ASSERT_TRUE(!mf->gguf_permuted_qk);
+    const struct model_config *c = &mf->config;
+    json_t *rc = json_object_get(ref, "config");
+    ASSERT_EQ(c->arch, MODEL_ARCH_QWEN3);
+    ASSERT_STREQ(c->architecture, json_string_value(json_object_get(rc, "architecture")));
+    ASSERT_EQ(c->head_dim, json_integer_value(json_object_get(rc, "head_dim")));
+    ASSERT_EQ(c->num_heads, json_integer_value(json_object_get(rc, "num_attention_heads")));
+    ASSERT_EQ(c->num_kv_heads, json_integer_value(json_object_get(rc, "num_key_value_heads")));
+    ASSERT_EQ(c->num_layers, json_integer_value(json_object_get(rc, "num_hidden_layers")));
+    ASSERT_EQ(c->vocab_size, json_integer_value(json_object_get(rc, "vocab_size")));
+    ASSERT_NEAR(c->rope.theta, json_number_value(json_object_get(rc, "rope_theta")), 0);
+    ASSERT_EQ(c->tie_word_embeddings, json_is_true(json_object_get(rc, "tie_word_embeddings")));
+    ASSERT_TRUE(c->qk_norm);
+    ASSERT_EQ(c->rope.rotary_dim, 128);
+    ASSERT_EQ(c->bos_token_id, -1);
+    ASSERT_EQ(c->eos_token_ids[0], 3);
+    const char *name;
+    json_t *r;
+    float row[512];
+    json_object_foreach(json_object_get(ref, "tensors"), name, r) {
+        struct tensor t;
+        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
+        json_t *shape = json_object_get(r, "shape"), *vals = json_object_get(r, "values");
+        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
+        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
+        int64_t n_rows = json_integer_value(json_object_get(r, "n_rows")), cols = tensor_cols(&t);
+        if (t.ndim == 1) {
+            cols = n_rows;
+            n_rows = 1;
+        }
+        for (int64_t i = 0; i < n_rows; i++) {
+            if (t.ndim == 1) dtype_to_f32(t.dtype, t.data, row, cols);
+            else row_f32(&t, i, row);
+            for (int64_t j = 0; j < cols; j++) {
+                double want = json_number_value(json_array_get(vals, (size_t)(i * cols + j)));
+                if (!close_rel(row[j], want)) {
+                    test_fail(__FILE__, __LINE__, "%s[%lld, %lld] = %.9g, transformers says %.9g", name, (long long)i,
+                              (long long)j, row[j], want);
+                    model_files_close(mf);
+                    json_decref(ref);
+                    return;
+                }
+            }
+        }
+    }
+    struct tensor t;
+    ASSERT_EQ(model_files_get_tensor(mf, "lm_head.weight", &t, &e), ATOMC_ERR_NOT_FOUND);
+    ASSERT_TRUE(strstr(e.msg, "tied") != NULL);
+    ASSERT_OK(model_files_expect(mf, "model.layers.0.self_attn.q_proj.weight", TENSOR_CLASS_WEIGHT, &t, &e, 512, 64));
+    ASSERT_OK(model_files_expect(mf, "model.layers.0.self_attn.q_norm.weight", TENSOR_CLASS_FLOAT, &t, &e, 128));
+    model_files_close(mf);
+    json_decref(ref);
+}
+
+TEST(gguf_llama31_rope_freqs_recovered) {
+    // llama.cpp stores Llama-3.1's rope_scaling only as rope_freqs.weight; the config must
+    // come back as the HF llama3 parameters it was made from.
+    struct error e = {0};
+    json_t *ref = load_json("loader/tiny_llama31_rope_refs.json");
+    ASSERT_TRUE(ref != NULL);
+    json_t *sc = json_object_get(ref, "rope_scaling");
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_llama31_rope.gguf"), &e));
+    const struct rope_config *r = &mf->config.rope;
+    ASSERT_EQ(r->scaling, ROPE_SCALING_LLAMA3);
+    ASSERT_NEAR(r->theta, json_number_value(json_object_get(ref, "rope_theta")), 0);
+    ASSERT_NEAR(r->factor, json_number_value(json_object_get(sc, "factor")), 0);
+    ASSERT_NEAR(r->low_freq_factor, json_number_value(json_object_get(sc, "low_freq_factor")), 0);
+    ASSERT_NEAR(r->high_freq_factor, json_number_value(json_object_get(sc, "high_freq_factor")), 0);
+    ASSERT_EQ(r->original_max_position, json_integer_value(json_object_get(sc, "original_max_position_embeddings")));
+    // Factors that fit no llama3 parameters are refused, naming the tensor.
+    const struct gguf_tensor_info *ti = gguf_find_tensor(mf->gguf, "rope_freqs.weight");
+    ASSERT_TRUE(ti != NULL);
+    size_t off = (size_t)((const unsigned char *)ti->data - mf->gguf->data);
+    char *data;
+    size_t n;
+    ASSERT_OK(file_read_all(test_fixture("loader/tiny_llama31_rope.gguf"), &data, &n, &e));
+    model_files_close(mf);
+    float bad = 3.0f;
+    memcpy(data + off + 4 * 2, &bad, 4); // a short-wavelength factor that should be 1
+    write_file(tmp_dir(), "badrope.gguf", data, n);
+    free(data);
+    char p[600];
+    snprintf(p, sizeof p, "%s/badrope.gguf", tmp_dir());
+    ASSERT_EQ(model_files_open(&mf, p, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "badrope.gguf") && strstr(e.msg, "rope_freqs.weight"));
+    json_decref(ref);
+}
+
 TEST(gguf_errors_name_file_and_tensor) {
     struct error e = {0};
     struct model_files *mf;
@@ -183,6 +278,12 @@ TEST(gguf_name_mapping) {
         {"model.layers.5.post_attention_layernorm.weight", "blk.5.ffn_norm.weight"},
         {"model.layers.5.mlp.gate.weight", "blk.5.ffn_gate_inp.weight"},
         {"model.layers.5.mlp.experts.17.up_proj.weight", "blk.5.ffn_up_exps.weight"},
+        {"model.layers.5.block_sparse_moe.gate.weight", "blk.5.ffn_gate_inp.weight"},
+        {"model.layers.5.block_sparse_moe.experts.7.w1.weight", "blk.5.ffn_gate_exps.weight"},
+        {"model.layers.5.block_sparse_moe.experts.7.w2.weight", "blk.5.ffn_down_exps.weight"},
+        {"model.layers.5.block_sparse_moe.experts.7.w3.weight", "blk.5.ffn_up_exps.weight"},
+        {"model.layers.2.mlp.shared_expert.down_proj.weight", "blk.2.ffn_down_shexp.weight"},
+        {"model.layers.2.mlp.shared_expert_gate.weight", "blk.2.ffn_gate_inp_shexp.weight"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ASSERT_TRUE(model_files_gguf_name(cases[i].hf, n, sizeof n));
@@ -191,6 +292,113 @@ TEST(gguf_name_mapping) {
     ASSERT_TRUE(!model_files_gguf_name("model.layers.x.mlp.up_proj.weight", n, sizeof n));
     ASSERT_TRUE(!model_files_gguf_name("model.layers.1.mlp.up_proj.weightX", n, sizeof n));
     ASSERT_TRUE(!model_files_gguf_name("model.layers.1.mlp.experts.2.foo_proj.weight", n, sizeof n));
+}
+
+TEST(gguf_moe_expert_views) {
+    // tiny_moe.gguf (gguf package writer): expert tensors stacked (n_expert, rows, cols), each
+    // value = expert * 1000 + row + col / 1000 (+0.5 up, +0.25 down).
+    struct error e = {0};
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_moe.gguf"), &e));
+    const struct model_config *c = &mf->config;
+    ASSERT_EQ(c->arch, MODEL_ARCH_QWEN3_MOE);
+    ASSERT_EQ(c->num_experts, 4);
+    ASSERT_EQ(c->num_experts_per_tok, 2);
+    ASSERT_EQ(c->moe_intermediate_size, 16);
+    ASSERT_TRUE(model_config_layer_is_moe(c, 0));
+    static const struct {
+        const char *proj;
+        int rows, cols;
+        float extra;
+    } projs[] = {{"gate", 16, 32, 0.0f}, {"up", 16, 32, 0.5f}, {"down", 32, 16, 0.25f}};
+    for (int ex = 0; ex < 4; ex++)
+        for (int p = 0; p < 3; p++) {
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.0.mlp.experts.%d.%s_proj.weight", ex, projs[p].proj);
+            struct tensor t;
+            ASSERT_OK(model_files_expect(mf, name, TENSOR_CLASS_FLOAT, &t, &e, projs[p].rows, projs[p].cols));
+            const float *v = t.data;
+            for (int r = 0; r < projs[p].rows; r++)
+                for (int col = 0; col < projs[p].cols; col++) {
+                    float want = (float)(ex * 1000 + r) + (float)col / 1000.0f + projs[p].extra;
+                    if (fabsf(v[r * projs[p].cols + col] - want) > 1e-3f) {
+                        test_fail(__FILE__, __LINE__, "%s[%d, %d] = %g, want %g", name, r, col,
+                                  v[r * projs[p].cols + col], want);
+                        model_files_close(mf);
+                        return;
+                    }
+                }
+        }
+    struct tensor t;
+    ASSERT_EQ(model_files_get_tensor(mf, "model.layers.0.mlp.experts.4.up_proj.weight", &t, &e), ATOMC_ERR_NOT_FOUND);
+    ASSERT_TRUE(strstr(e.msg, "no expert 4") != NULL);
+    ASSERT_TRUE(!model_files_has_tensor(mf, "model.layers.0.mlp.experts.4.up_proj.weight"));
+    ASSERT_TRUE(model_files_has_tensor(mf, "model.layers.0.mlp.experts.3.up_proj.weight"));
+    ASSERT_OK(model_files_expect(mf, "model.layers.0.mlp.gate.weight", TENSOR_CLASS_FLOAT, &t, &e, 4, 32));
+    model_files_close(mf);
+}
+
+// Minimal llama GGUF: n_tok tokens, token_embd.weight of emb_rows x 32 (F32, zeros).
+static const char *write_vocab_gguf(const char *fname, int n_tok, int emb_rows) {
+    size_t cap = 4096 + (size_t)emb_rows * 32 * 4 + (size_t)n_tok * 16, n = 0;
+    unsigned char *b = calloc(1, cap);
+    uint32_t u32;
+    uint64_t u64;
+#define PUT(p, len) (memcpy(b + n, (p), (len)), n += (len))
+#define PUT_STR(str) (u64 = strlen(str), PUT(&u64, 8), PUT((str), strlen(str)))
+#define KV_U32(key, v) (PUT_STR(key), u32 = GGUF_TYPE_UINT32, PUT(&u32, 4), u32 = (v), PUT(&u32, 4))
+    PUT("GGUF", 4);
+    u32 = 3, PUT(&u32, 4);
+    u64 = 1, PUT(&u64, 8);
+    u64 = 6, PUT(&u64, 8);
+    PUT_STR("general.architecture");
+    u32 = GGUF_TYPE_STRING, PUT(&u32, 4);
+    PUT_STR("llama");
+    KV_U32("llama.block_count", 1);
+    KV_U32("llama.embedding_length", 32);
+    KV_U32("llama.feed_forward_length", 64);
+    KV_U32("llama.attention.head_count", 2);
+    PUT_STR("tokenizer.ggml.tokens");
+    u32 = GGUF_TYPE_ARRAY, PUT(&u32, 4);
+    u32 = GGUF_TYPE_STRING, PUT(&u32, 4);
+    u64 = (uint64_t)n_tok, PUT(&u64, 8);
+    for (int i = 0; i < n_tok; i++) {
+        char t[16];
+        snprintf(t, sizeof t, "t%d", i);
+        PUT_STR(t);
+    }
+    PUT_STR("token_embd.weight");
+    u32 = 2, PUT(&u32, 4);
+    u64 = 32, PUT(&u64, 8);
+    u64 = (uint64_t)emb_rows, PUT(&u64, 8);
+    u32 = GGML_TYPE_F32, PUT(&u32, 4);
+    u64 = 0, PUT(&u64, 8);
+#undef KV_U32
+#undef PUT_STR
+#undef PUT
+    n = (n + 31) / 32 * 32 + (size_t)emb_rows * 32 * 4;
+    write_file(tmp_dir(), fname, b, n);
+    free(b);
+    static char p[600];
+    snprintf(p, sizeof p, "%s/%s", tmp_dir(), fname);
+    return p;
+}
+
+TEST(gguf_vocab_from_tokens_and_embeddings) {
+    struct error e = {0};
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, write_vocab_gguf("v_eq.gguf", 10, 10), &e));
+    ASSERT_EQ(mf->config.vocab_size, 10);
+    ASSERT_TRUE(mf->config.tie_word_embeddings);
+    model_files_close(mf);
+    // Embedding padded beyond the token list: vocab is the row count.
+    ASSERT_OK(model_files_open(&mf, write_vocab_gguf("v_pad.gguf", 10, 16), &e));
+    ASSERT_EQ(mf->config.vocab_size, 16);
+    model_files_close(mf);
+    // More tokens than embedding rows: refused, naming the tensor and the counts.
+    ASSERT_EQ(model_files_open(&mf, write_vocab_gguf("v_bad.gguf", 20, 16), &e), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(e.msg, "v_bad.gguf") && strstr(e.msg, "'token_embd.weight' has shape [16, 32]") &&
+                strstr(e.msg, "20 tokens"));
 }
 
 TEST(gguf_unsupported_architecture) {
@@ -302,6 +510,83 @@ TEST(hf_directory) {
     ASSERT_EQ(model_files_get_tensor_slice(mf, "model.embed_tokens.weight", 1, 6, 4, &t, &e),
               ATOMC_ERR_INVALID_ARGUMENT);
     ASSERT_TRUE(strstr(e.msg, "slice [6, 10) of dim 1 is out of range") != NULL);
+    model_files_close(mf);
+}
+
+TEST(hf_sharded_checkpoint_from_transformers) {
+    // tiny_qwen3_hf/: transformers save_pretrained (bf16, 4 shards + index, transformers-5
+    // config with rope_parameters, generation_config with two eos ids).
+    struct error e = {0};
+    json_t *ref = load_json("loader/tiny_qwen3_hf_refs.json");
+    ASSERT_TRUE(ref != NULL);
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_qwen3_hf"), &e));
+    ASSERT_EQ(mf->kind, MODEL_FILES_HF);
+    ASSERT_EQ(mf->st->n_files, 4);
+    ASSERT_TRUE(mf->has_generation_config);
+    const struct model_config *c = &mf->config;
+    ASSERT_EQ(c->arch, MODEL_ARCH_QWEN3);
+    ASSERT_EQ(c->head_dim, 16);
+    ASSERT_EQ(c->num_kv_heads, 2);
+    ASSERT_NEAR(c->rope.theta, 10000.0, 0);
+    ASSERT_EQ(c->torch_dtype, DTYPE_BF16);
+    ASSERT_EQ(c->n_eos, 2);
+    ASSERT_EQ(c->eos_token_ids[1], 5);
+    ASSERT_TRUE(!c->tie_word_embeddings);
+    ASSERT_EQ(mf->st->n_entries, json_object_size(ref));
+    const char *name;
+    json_t *r;
+    json_object_foreach(ref, name, r) {
+        struct tensor t;
+        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
+        ASSERT_EQ(t.dtype, DTYPE_BF16);
+        json_t *shape = json_object_get(r, "shape");
+        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
+        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
+        int64_t n = tensor_numel(&t);
+        float *buf = malloc((size_t)n * sizeof(float));
+        dtype_to_f32(t.dtype, t.data, buf, n);
+        double sum = 0;
+        for (int64_t i = 0; i < n; i++) sum += buf[i];
+        json_t *first = json_object_get(r, "first");
+        for (size_t i = 0; i < json_array_size(first); i++)
+            ASSERT_TRUE(buf[i] == (float)json_number_value(json_array_get(first, i)));
+        free(buf);
+        ASSERT_NEAR(sum, json_number_value(json_object_get(r, "sum")), 1e-9 * (1 + fabs(sum)));
+        // Every view points into the shard the index names.
+        const char *src = model_files_source(mf, name);
+        ASSERT_TRUE(strstr(src, "model-0000") != NULL);
+    }
+    struct tensor t;
+    ASSERT_OK(model_files_expect(mf, "model.layers.1.self_attn.k_norm.weight", TENSOR_CLASS_FLOAT, &t, &e, 16));
+    ASSERT_OK(model_files_expect(mf, "lm_head.weight", TENSOR_CLASS_FLOAT, &t, &e, 64, 32));
+    model_files_close(mf);
+    json_decref(ref);
+}
+
+TEST(misaligned_views_are_copied_aligned) {
+    struct error e = {0};
+    const char *dir = make_hf_dir("misaligned");
+    write_file(dir, "config.json", TINY_CONFIG, strlen(TINY_CONFIG));
+    // A 1-byte padded header: the data buffer starts at an odd address within the mapping.
+    float emb[32];
+    for (int i = 0; i < 32; i++) emb[i] = 0.5f * (float)i;
+    char hdr[256];
+    snprintf(hdr, sizeof hdr, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[4,8],"
+                              "\"data_offsets\":[0,128]}}");
+    size_t hl = strlen(hdr);
+    if ((8 + hl) % 4 == 0) hdr[hl++] = ' ', hdr[hl] = '\0'; // force misalignment
+    write_st(dir, "model.safetensors", hdr, emb, sizeof emb);
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, dir, &e));
+    const struct safetensors_entry *en = safetensors_set_find(mf->st, "model.embed_tokens.weight");
+    ASSERT_TRUE(en && (uintptr_t)en->tensor->data % 4 != 0);
+    struct tensor t, t2;
+    ASSERT_OK(model_files_get_tensor(mf, "model.embed_tokens.weight", &t, &e));
+    ASSERT_TRUE((uintptr_t)t.data % 4 == 0);
+    ASSERT_TRUE(memcmp(t.data, emb, sizeof emb) == 0);
+    ASSERT_OK(model_files_get_tensor(mf, "model.embed_tokens.weight", &t2, &e));
+    ASSERT_TRUE(t.data == t2.data); // cached
     model_files_close(mf);
 }
 

@@ -13,84 +13,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/mapped_file.h"
+#include "model/model.h"
+#include "model_refs.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
 #include "test.h"
 
 #define LOGIT_RTOL 1e-4
 #define MARGIN_FACTOR 4.0
-#define MAX_PROMPTS 8
-#define MAX_POS 8
-#define N_GREEDY 16
-
-static const char *MODELS[] = {"llama_gqa",         "llama_mha",  "llama_tied", "llama_rope_llama3",
-                               "llama_rope_linear", "llama_bias", "qwen3"};
-#define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
-
-struct ref_prompt {
-    int32_t ids[128];
-    int n;
-    int pos[MAX_POS];
-    int n_pos;
-    float *logits; // (n_pos, vocab)
-    int32_t greedy[N_GREEDY];
-    float margins[N_GREEDY];
-};
-
-struct refs {
-    struct ref_prompt p[MAX_PROMPTS];
-    int n;
-    int vocab;
-    double tol;        // absolute logit tolerance
-    double min_margin; // greedy steps with a margin above this must match
-};
-
-static void refs_free(struct refs *r) {
-    for (int i = 0; i < r->n; i++) free(r->p[i].logits);
-}
-
-static int refs_load(const char *model, struct refs *out) {
-    memset(out, 0, sizeof *out);
-    char rel[256];
-    snprintf(rel, sizeof rel, "models/%s/refs.json", model);
-    json_error_t je;
-    json_t *root = json_load_file(test_fixture(rel), 0, &je);
-    if (!root) {
-        fprintf(stderr, "cannot read %s: %s\n", rel, je.text);
-        return -1;
-    }
-    json_t *prompts = json_object_get(root, "prompts");
-    double scale = 1.0;
-    size_t i;
-    json_t *jp;
-    json_array_foreach(prompts, i, jp) {
-        if (i >= MAX_PROMPTS) break;
-        struct ref_prompt *p = &out->p[out->n++];
-        json_t *ids = json_object_get(jp, "ids"), *pos = json_object_get(jp, "logit_positions");
-        json_t *lg = json_object_get(jp, "logits"), *gr = json_object_get(jp, "greedy");
-        json_t *mg = json_object_get(jp, "greedy_margins");
-        p->n = (int)json_array_size(ids);
-        for (int k = 0; k < p->n; k++) p->ids[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
-        p->n_pos = (int)json_array_size(pos);
-        for (int k = 0; k < p->n_pos; k++) p->pos[k] = (int)json_integer_value(json_array_get(pos, (size_t)k));
-        out->vocab = (int)json_array_size(json_array_get(lg, 0));
-        p->logits = malloc(sizeof(float) * (size_t)p->n_pos * (size_t)out->vocab);
-        for (int k = 0; k < p->n_pos; k++)
-            for (int v = 0; v < out->vocab; v++) {
-                double x = json_number_value(json_array_get(json_array_get(lg, (size_t)k), (size_t)v));
-                p->logits[(size_t)k * out->vocab + v] = (float)x;
-                if (fabs(x) > scale) scale = fabs(x);
-            }
-        for (int k = 0; k < N_GREEDY; k++) {
-            p->greedy[k] = (int32_t)json_integer_value(json_array_get(gr, (size_t)k));
-            p->margins[k] = (float)json_number_value(json_array_get(mg, (size_t)k));
-        }
-    }
-    json_decref(root);
-    out->tol = LOGIT_RTOL * scale;
-    out->min_margin = MARGIN_FACTOR * out->tol;
-    return out->n > 0 ? 0 : -1;
-}
 
 static struct runner_options base_options(const char *path) {
     struct runner_options o = {
@@ -116,38 +47,11 @@ static struct model_runner *open_model(const char *name) {
     return r;
 }
 
-static double max_abs_diff(const float *a, const float *b, int n) {
-    double m = 0;
-    for (int i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= m)) m = d; // NaN propagates as a failure
-    }
-    return m;
-}
-
-// Compares greedy tokens against HF's with the margin rule; returns the number of steps
-// that were required to match, or -1 on a mismatch at a clear margin.
-static int greedy_compare(const struct refs *R, const struct ref_prompt *p, const int32_t *got, const char *what) {
-    int checked = 0;
-    for (int k = 0; k < N_GREEDY; k++) {
-        if (got[k] != p->greedy[k]) {
-            if (p->margins[k] > R->min_margin) {
-                fprintf(stderr, "  %s: greedy step %d: got %d, HF %d (HF margin %.5f > %.5f)\n", what, k, got[k],
-                        p->greedy[k], p->margins[k], R->min_margin);
-                return -1;
-            }
-            break; // a near-tie flipped: the continuations legitimately differ from here
-        }
-        if (p->margins[k] > R->min_margin) checked++;
-    }
-    return checked;
-}
-
 // Full-prompt logits at the reference positions, one prefill per prompt.
 TEST(models_logits_match_hf) {
     for (int mi = 0; mi < N_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R), 0);
+        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
         struct model_runner *r = open_model(MODELS[mi]);
         ASSERT_TRUE(r != NULL);
         ASSERT_EQ(model_runner_config(r)->vocab_size, R.vocab);
@@ -187,7 +91,7 @@ TEST(models_logits_match_hf) {
 TEST(models_greedy_match_hf) {
     for (int mi = 0; mi < N_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R), 0);
+        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
         struct model_runner *r = open_model(MODELS[mi]);
         ASSERT_TRUE(r != NULL);
         struct sim *s = malloc(sizeof *s);
@@ -232,7 +136,7 @@ TEST(models_greedy_match_hf) {
 TEST(models_mixed_batch_chunked_prefill) {
     for (int mi = 0; mi < N_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R), 0);
+        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
         struct model_runner *r = open_model(MODELS[mi]);
         ASSERT_TRUE(r != NULL);
         struct sim *s = malloc(sizeof *s);
@@ -293,7 +197,7 @@ TEST(models_mixed_batch_chunked_prefill) {
 TEST(models_chunked_prefill_logits) {
     for (int mi = 0; mi < N_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R), 0);
+        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
         struct model_runner *r = open_model(MODELS[mi]);
         ASSERT_TRUE(r != NULL);
         struct sim *s = malloc(sizeof *s);
@@ -329,7 +233,7 @@ TEST(models_chunked_prefill_logits) {
 TEST(models_prefix_cache_reuse) {
     for (int mi = 0; mi < N_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R), 0);
+        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
         struct model_runner *r = open_model(MODELS[mi]);
         ASSERT_TRUE(r != NULL);
         int bs = model_runner_block_size(r);
@@ -396,7 +300,7 @@ TEST(models_prefix_cache_reuse) {
 // log-softmax; plus the sampled token's logprob.
 TEST(models_prompt_logprobs) {
     struct refs R;
-    ASSERT_EQ(refs_load("llama_gqa", &R), 0);
+    ASSERT_EQ(refs_load("llama_gqa", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
     struct model_runner *r = open_model("llama_gqa");
     ASSERT_TRUE(r != NULL);
     struct sim *s = malloc(sizeof *s);
@@ -459,6 +363,72 @@ TEST(models_prompt_logprobs) {
     free(s);
     model_runner_free(r);
     refs_free(&R);
+}
+
+// Penalty histories reach the sampler row by row: two sequences in one batch with different
+// penalties and histories; the greedy ids equal the argmax of the raw logits penalised on the
+// host with vLLM's definitions (repetition over prompt + output, frequency / presence over output).
+TEST(models_penalties_reach_sampler) {
+    struct model_runner *r = open_model("llama_gqa");
+    ASSERT_TRUE(r != NULL);
+    const int V = model_runner_config(r)->vocab_size;
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 4u);
+    struct sim_seq *q = calloc(2, sizeof *q);
+    int32_t a_ids[9] = {10, 11, 12, 13, 14, 15, 16, 17, 18}, b_ids[5] = {40, 41, 42, 43, 44};
+    sim_seq_init(&q[0], a_ids, 9);
+    sim_seq_init(&q[1], b_ids, 5);
+    float *raw = malloc(sizeof(float) * 2 * (size_t)V);
+    struct error err = {0};
+    // Raw logits of both rows first (execute_logits writes the same K/V that execute then rewrites).
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 9, 1), 0);
+    ASSERT_EQ(sim_step_add(s, &q[1], 5, 1), 0);
+    struct forward_batch fb = sim_step_batch(s);
+    ASSERT_OK(model_runner_execute_logits(r, &fb, raw, &err));
+    // Penalise each row's current top tokens so the choice must change: outputs are the top-3
+    // raw tokens of each row (as if generated before), the prompt is the prompt.
+    int32_t outs[2][3];
+    for (int row = 0; row < 2; row++)
+        for (int k = 0; k < 3; k++) {
+            int best = -1;
+            for (int v = 0; v < V; v++) {
+                bool used = false;
+                for (int j = 0; j < k; j++) used |= outs[row][j] == v;
+                if (!used && (best < 0 || raw[row * V + v] > raw[row * V + best])) best = v;
+            }
+            outs[row][k] = best;
+        }
+    s->samp[0].repetition_penalty = 1.8f;
+    s->samp[0].output_ids = outs[0];
+    s->samp[0].n_output = 3;
+    s->samp[1].frequency_penalty = 0.7f;
+    s->samp[1].presence_penalty = 2.5f;
+    s->samp[1].output_ids = outs[1];
+    s->samp[1].n_output = 2;
+    struct runner_output out;
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    for (int row = 0; row < 2; row++) {
+        const struct sample_row *sr = &s->samp[row];
+        float *w = raw + (size_t)row * V;
+        for (int v = 0; v < V; v++) {
+            bool in_hist = false;
+            int count = 0;
+            for (int j = 0; j < sr->n_prompt; j++) in_hist |= sr->prompt_ids[j] == v;
+            for (int j = 0; j < sr->n_output; j++) count += sr->output_ids[j] == v;
+            if (in_hist || count) w[v] = w[v] > 0 ? w[v] / sr->repetition_penalty : w[v] * sr->repetition_penalty;
+            w[v] -= sr->frequency_penalty * count + sr->presence_penalty * (count > 0);
+        }
+        int best = 0;
+        for (int v = 1; v < V; v++) best = w[v] > w[best] ? v : best;
+        ASSERT_EQ(out.ids[row], best);
+        ASSERT_NE(out.ids[row], outs[row][0]); // the penalty changed the choice
+    }
+    free(raw);
+    free(q);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
 }
 
 // Bad batches are rejected with a status and a message; the runner keeps working.
@@ -585,6 +555,37 @@ TEST(models_dummy_weights) {
     sim_free(s);
     free(s);
     model_runner_free(r);
+}
+
+// The benchmark shapes under bench/configs parse and have their published parameter counts.
+TEST(models_bench_configs) {
+    static const struct {
+        const char *file;
+        int64_t params;
+    } want[] = {
+        {"bench/configs/llama3_8b.json", 8030261248LL},
+        {"bench/configs/llama3_1_8b.json", 8030261248LL},
+        {"bench/configs/llama3_2_1b.json", 1235814400LL},
+        {"bench/configs/qwen3_8b.json", 8190735360LL},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char *json = NULL;
+        struct error err = {0};
+        ASSERT_OK(file_read_all(want[i].file, &json, NULL, &err));
+        struct model_config c;
+        memset(&c, 0, sizeof c);
+        ASSERT_OK(model_config_parse_json(&c, json, want[i].file, &err));
+        free(json);
+        ASSERT_OK(model_config_validate(&c, want[i].file, &err));
+        ASSERT_EQ(model_param_count(&c), want[i].params);
+    }
+    struct model_config c;
+    char *json = NULL;
+    memset(&c, 0, sizeof c);
+    ASSERT_OK(file_read_all("bench/configs/llama3_1_8b.json", &json, NULL, NULL));
+    ASSERT_OK(model_config_parse_json(&c, json, "llama3_1_8b.json", NULL));
+    free(json);
+    ASSERT_EQ(c.rope.scaling, ROPE_SCALING_LLAMA3);
 }
 
 int main(int argc, char **argv) { return test_main(argc, argv); }

@@ -83,11 +83,27 @@ static void sample_rows(const float *logits, int V, int n, const struct row_para
     }
     struct tensor tl = tensor_2d((void *)logits, DTYPE_F32, n, V);
     struct sample_args a = {
-        .n_rows = n, .vocab_size = V, .logits = &tl, .temperature = temp, .top_p = top_p, .top_k = top_k,
-        .min_p = min_p, .presence_penalty = pres, .frequency_penalty = freq, .repetition_penalty = rep,
-        .seed = seed, .step = step, .hist_start = hs, .hist_ids = hist, .hist_prompt_len = hpl,
-        .any_penalty = any_pen, .n_logprobs = nlp, .out_ids = ids, .out_logprob = lp,
-        .out_top_ids = top_ids, .out_top_logprobs = top_lp,
+        .n_rows = n,
+        .vocab_size = V,
+        .logits = &tl,
+        .temperature = temp,
+        .top_p = top_p,
+        .top_k = top_k,
+        .min_p = min_p,
+        .presence_penalty = pres,
+        .frequency_penalty = freq,
+        .repetition_penalty = rep,
+        .seed = seed,
+        .step = step,
+        .hist_start = hs,
+        .hist_ids = hist,
+        .hist_prompt_len = hpl,
+        .any_penalty = any_pen,
+        .n_logprobs = nlp,
+        .out_ids = ids,
+        .out_logprob = lp,
+        .out_top_ids = top_ids,
+        .out_top_logprobs = top_lp,
     };
     b->ops->sample(b, &a);
     for (int r = 0; r < n; r++) {
@@ -98,8 +114,22 @@ static void sample_rows(const float *logits, int V, int n, const struct row_para
             res[r].top_lp[j] = top_lp[r * nlp + j];
         }
     }
-    free(temp); free(top_p); free(min_p); free(pres); free(freq); free(rep); free(lp); free(top_k);
-    free(hs); free(hpl); free(ids); free(seed); free(step); free(hist); free(top_ids); free(top_lp);
+    free(temp);
+    free(top_p);
+    free(min_p);
+    free(pres);
+    free(freq);
+    free(rep);
+    free(lp);
+    free(top_k);
+    free(hs);
+    free(hpl);
+    free(ids);
+    free(seed);
+    free(step);
+    free(hist);
+    free(top_ids);
+    free(top_lp);
 }
 
 // Samples one row whose logits are `logits` (a single row of V) with params p.
@@ -153,7 +183,8 @@ static int check_draws(const float *logits, int V, struct row_params p, const do
 }
 
 static void log_probs(float *logits, const double *probs, int V) {
-    for (int i = 0; i < V; i++) logits[i] = (float)log(probs[i]);
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)log(probs[i]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -203,10 +234,12 @@ TEST(temperature_sampling_matches_inverse_cdf_exactly) {
     p.seed = 1234;
     double w[5];
     int kept[5] = {1, 1, 1, 1, 1};
-    for (int i = 0; i < 5; i++) w[i] = (double)(l[i] * (1.0f / 0.7f));
+    for (int i = 0; i < 5; i++)
+        w[i] = (double)(l[i] * (1.0f / 0.7f));
     int seen[5] = {0};
     ASSERT_EQ(check_draws(l, 5, p, w, kept, seen), 0);
-    for (int i = 0; i < 5; i++) ASSERT_TRUE(seen[i] > 0);
+    for (int i = 0; i < 5; i++)
+        ASSERT_TRUE(seen[i] > 0);
 }
 
 TEST(top_k_keeps_k_largest_ties_by_lowest_id) {
@@ -216,7 +249,8 @@ TEST(top_k_keeps_k_largest_ties_by_lowest_id) {
     struct row_params p = defaults();
     p.seed = 99;
     double w[5];
-    for (int i = 0; i < 5; i++) w[i] = l[i];
+    for (int i = 0; i < 5; i++)
+        w[i] = l[i];
     int k2[5] = {1, 1, 0, 0, 0}, k3[5] = {1, 1, 1, 0, 0}, k1[5] = {1, 0, 0, 0, 0}, all[5] = {1, 1, 1, 1, 1};
     int seen[5] = {0};
     p.top_k = 2;
@@ -238,7 +272,8 @@ TEST(top_p_keeps_smallest_prefix_reaching_p) {
     float l[4];
     log_probs(l, probs, 4);
     double w[4];
-    for (int i = 0; i < 4; i++) w[i] = l[i];
+    for (int i = 0; i < 4; i++)
+        w[i] = l[i];
     struct row_params p = defaults();
     p.seed = 7;
     int only1[4] = {0, 1, 0, 0}, k13[4] = {0, 1, 0, 1}, k123[4] = {0, 1, 1, 1}, all[4] = {1, 1, 1, 1};
@@ -265,7 +300,8 @@ TEST(min_p_drops_tokens_below_fraction_of_max) {
     float l[4];
     log_probs(l, probs, 4);
     double w[4];
-    for (int i = 0; i < 4; i++) w[i] = l[i];
+    for (int i = 0; i < 4; i++)
+        w[i] = l[i];
     struct row_params p = defaults();
     p.seed = 5;
     p.min_p = 0.1f;
@@ -287,7 +323,8 @@ TEST(min_p_drops_tokens_below_fraction_of_max) {
     p.top_p = 1.0f;
     p.temperature = 2.0f;
     int all[4] = {1, 1, 1, 1};
-    for (int i = 0; i < 4; i++) w[i] = (double)(l[i] * 0.5f);
+    for (int i = 0; i < 4; i++)
+        w[i] = (double)(l[i] * 0.5f);
     ASSERT_EQ(check_draws(l, 4, p, w, all, NULL), 0);
 }
 
@@ -340,7 +377,8 @@ TEST(penalties_follow_vllm_definitions) {
 TEST(logprobs_are_raw_log_softmax_with_sorted_top_n) {
     float l[6] = {1.0f, 3.0f, 0.0f, 3.0f, -1.0f, 2.0f};
     double lse = 0;
-    for (int i = 0; i < 6; i++) lse += exp(l[i]);
+    for (int i = 0; i < 6; i++)
+        lse += exp(l[i]);
     lse = log(lse);
     struct row_params p = defaults();
     p.n_logprobs = 4;
@@ -465,7 +503,8 @@ TEST(large_vocab_top_k_top_p_match_sorted_reference) {
                 qsort(pairs, V, 16, cmp_desc);
                 int n = tks[ki] > 0 ? tks[ki] : V;
                 double m = pairs[0], total = 0;
-                for (int i = 0; i < n; i++) total += exp(pairs[2 * i] - m);
+                for (int i = 0; i < n; i++)
+                    total += exp(pairs[2 * i] - m);
                 int cut = n;
                 double acc = 0;
                 for (int i = 0; i < n; i++) {
@@ -476,15 +515,17 @@ TEST(large_vocab_top_k_top_p_match_sorted_reference) {
                     }
                 }
                 memset(kept, 0, V * sizeof(int));
-                for (int i = 0; i < cut; i++) kept[(int)pairs[2 * i + 1]] = 1;
+                for (int i = 0; i < cut; i++)
+                    kept[(int)pairs[2 * i + 1]] = 1;
                 struct row_params p = defaults();
                 p.temperature = temps[ti];
                 p.top_p = tps[pi];
                 p.top_k = tks[ki];
                 p.seed = 555;
                 int bad = check_draws_n(l, V, p, w, kept, NULL, 40);
-                if (bad) test_fail(__FILE__, __LINE__, "T %g top_p %g top_k %d: %d mismatches", temps[ti], tps[pi],
-                                   tks[ki], bad);
+                if (bad)
+                    test_fail(__FILE__, __LINE__, "T %g top_p %g top_k %d: %d mismatches", temps[ti], tps[pi], tks[ki],
+                              bad);
             }
     free(l);
     free(w);
@@ -509,15 +550,17 @@ TEST(draw_distribution_chi_square) {
     struct row_result *r = malloc(N * sizeof *r);
     sample_rows(ls, 5, N, p, r);
     int count[5] = {0};
-    for (int i = 0; i < N; i++) count[r[i].id]++;
+    for (int i = 0; i < N; i++)
+        count[r[i].id]++;
     double chi = 0;
     for (int i = 0; i < 5; i++) {
         double e = probs[i] * N;
         chi += (count[i] - e) * (count[i] - e) / e;
     }
     // df = 4: P(chi2 > 18.47) = 0.001.
-    if (!(chi < 18.47)) test_fail(__FILE__, __LINE__, "chi-square %g (counts %d %d %d %d %d)", chi, count[0],
-                                  count[1], count[2], count[3], count[4]);
+    if (!(chi < 18.47))
+        test_fail(__FILE__, __LINE__, "chi-square %g (counts %d %d %d %d %d)", chi, count[0], count[1], count[2],
+                  count[3], count[4]);
     free(p);
     free(ls);
     free(r);

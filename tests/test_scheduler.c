@@ -289,6 +289,35 @@ TEST(scheduler_prefix_hit_skips_cached_tokens) {
     fx_free(&f);
 }
 
+TEST(scheduler_same_step_admissions_share_prefix_blocks) {
+    struct fixture f;
+    fx_init(&f, 32, 4, 8, 64, true);
+    struct sequence *a = seq_new(1, 13, 0), *b = seq_new(2, 13, 0), *c = seq_new(3, 6, 0);
+    scheduler_add(f.s, a);
+    scheduler_add(f.s, b);
+    scheduler_add(f.s, c);
+    struct scheduler_output o;
+    step(&f, &o);
+    // a computes 13 tokens and registers its 3 full blocks when scheduled; b and c, admitted
+    // in the same step, share them (never covering their own last token).
+    ASSERT_EQ(sched_of(&f, a), 13);
+    ASSERT_EQ(b->n_cached, 12);
+    ASSERT_EQ(sched_of(&f, b), 1);
+    ASSERT_EQ(c->n_cached, 4);
+    ASSERT_EQ(sched_of(&f, c), 2);
+    for (int i = 0; i < 3; i++) ASSERT_EQ(b->bt.ids[i], a->bt.ids[i]);
+    ASSERT_EQ(c->bt.ids[0], a->bt.ids[0]);
+    ASSERT_EQ(f.bm->blocks[a->bt.ids[0]].ref_count, 3);
+    scheduler_remove(f.s, a);
+    scheduler_remove(f.s, b);
+    scheduler_remove(f.s, c);
+    ASSERT_TRUE(consistent(f.bm));
+    seq_del(a);
+    seq_del(b);
+    seq_del(c);
+    fx_free(&f);
+}
+
 TEST(scheduler_remove_in_every_state_frees_blocks) {
     struct fixture f;
     fx_init(&f, 64, 4, 8, 16, true);
@@ -316,6 +345,89 @@ TEST(scheduler_remove_in_every_state_frees_blocks) {
     seq_del(dec);
     seq_del(mid);
     seq_del(wait);
+    fx_free(&f);
+}
+
+// Randomized scheduler properties over thousands of steps (no model): the token budget and
+// max_num_seqs always hold, decodes come first and every running sequence with one token left
+// is decoded or preempted in each step (never starved), chunks never exceed what remains, block
+// tables cover what is computed, first admissions follow arrival order, and at the end every
+// block is free.
+TEST(scheduler_randomized_properties) {
+    struct fixture f;
+    const int budget = 20, max_seqs = 5;
+    fx_init(&f, 30, 4, max_seqs, budget, true);
+    enum { N = 600 };
+    static struct sequence *seqs[N];
+    int n = 0, admitted_in_order = 0, finished = 0;
+    uint64_t next_first = 1, rng = 0x9e3779b97f4a7c15ull;
+#define RND(k) (rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17, (int)(rng % (uint64_t)(k)))
+    int max_out[N];
+    for (int stepno = 0; stepno < 4000 && (n < N || finished < n); stepno++) {
+        if (n < N && RND(3) == 0) {
+            int len = 1 + RND(40);
+            seqs[n] = seq_new((uint64_t)n + 1, len, RND(4) ? 0 : 1000 * n); // many share a prefix
+            max_out[n] = 1 + RND(24);
+            scheduler_add(f.s, seqs[n]);
+            n++;
+        }
+        // Sequences with one token left before the step: each must be decoded or preempted.
+        struct sequence *dec[64];
+        int n_dec = 0;
+        for (int i = 0; i < f.s->n_running; i++)
+            if (sequence_n_remaining(f.s->running[i]) == 1) dec[n_dec++] = f.s->running[i];
+        struct scheduler_output o;
+        scheduler_schedule(f.s, (double)stepno, &o);
+        ASSERT_TRUE(o.n_tokens <= budget);
+        ASSERT_TRUE(o.n_seqs <= max_seqs && f.s->n_running <= max_seqs);
+        int sum = 0;
+        for (int i = 0; i < o.n_seqs; i++) {
+            struct sequence *q = o.seqs[i];
+            ASSERT_TRUE(q->n_sched >= 1 && q->n_sched <= sequence_n_remaining(q));
+            ASSERT_TRUE(q->bt.n * 4 >= q->n_computed + q->n_sched);
+            if (i < o.n_decodes) ASSERT_EQ(q->n_sched, 1);
+            sum += q->n_sched;
+            if (q->admitted_once && q->t_first_scheduled == (double)stepno && q->id >= next_first) {
+                ASSERT_EQ(q->id, next_first); // first admissions in arrival order
+                next_first++;
+                admitted_in_order++;
+            }
+        }
+        ASSERT_EQ(sum, o.n_tokens);
+        for (int d = 0; d < n_dec; d++) {
+            bool sched = false;
+            for (int i = 0; i < o.n_seqs; i++) sched |= o.seqs[i] == dec[d];
+            ASSERT_TRUE(sched || dec[d]->status == SEQ_STATUS_WAITING);
+        }
+        scheduler_complete_step(f.s);
+        for (int i = 0; i < o.n_seqs; i++) {
+            struct sequence *q = o.seqs[i];
+            if (q->n_computed < q->n_tokens) continue;
+            CHECK(q->n_tokens < q->cap);
+            q->tokens[q->n_tokens] = 7 + RND(50);
+            q->n_tokens++;
+        }
+        // Finish sequences that reached their length (out of the scheduler, blocks freed).
+        for (int i = 0; i < n; i++) {
+            struct sequence *q = seqs[i];
+            if (q->status == SEQ_STATUS_RUNNING && sequence_n_output(q) >= max_out[i] && q->n_sched == 0) {
+                scheduler_remove(f.s, q);
+                q->status = SEQ_STATUS_FINISHED;
+                finished++;
+            }
+        }
+        struct error err = {0};
+        if (!block_manager_check(f.bm, &err)) {
+            test_fail(__FILE__, __LINE__, "step %d: %s", stepno, err.msg);
+            return;
+        }
+    }
+#undef RND
+    ASSERT_EQ(finished, N);
+    ASSERT_EQ(admitted_in_order, N);
+    ASSERT_TRUE(f.s->num_preemptions > 0);
+    ASSERT_EQ(block_manager_num_free(f.bm), 30);
+    for (int i = 0; i < N; i++) seq_del(seqs[i]);
     fx_free(&f);
 }
 

@@ -5,6 +5,7 @@
 // message text. Part 2 checks what the fixtures cannot: line/column in syntax errors,
 // limits (steps, output, depth), the strftime_now clock, thread-independent renders.
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,6 +94,7 @@ TEST(syntax_errors_name_line_and_column) {
     expect_error("{{ x ", "missing '}}'", ATOMC_ERR_FORMAT);
     expect_error("{{ (1 }}", "unexpected '}'", ATOMC_ERR_FORMAT);
     expect_error("{% break %}", "outside of a for loop", ATOMC_ERR_FORMAT);
+    expect_error("{{ xs[1, 2:3] }}", "slice cannot be part of a tuple subscript", ATOMC_ERR_FORMAT);
     expect_error("{% include 'x' %}", "not supported", ATOMC_ERR_FORMAT);
     expect_error("{{ 99999999999999999999 }}", "too large", ATOMC_ERR_FORMAT);
     expect_error("\xff\xfe", "not valid UTF-8", ATOMC_ERR_FORMAT);
@@ -195,6 +197,98 @@ TEST(chat_template_validates_messages) {
     json_decref(kw);
     json_decref(m);
     chat_template_free(t);
+}
+
+TEST(render_request_reads_openai_fields) {
+    struct chat_template *t;
+    struct error err = {0};
+    ASSERT_OK(chat_template_compile("{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+                                    "{% if tools %}T{{ tools | length }}{% endif %}{% if add_generation_prompt %}>{% endif %}"
+                                    "{{ enable_thinking }}",
+                                    &t, &err));
+    json_t *req = json_loads("{\"model\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                             "\"chat_template_kwargs\":{\"enable_thinking\":false}}", 0, NULL);
+    char *out = NULL;
+    ASSERT_OK(chat_template_render_request(t, req, NULL, NULL, &out, &err));
+    ASSERT_STREQ(out, "[user:hi]T1>False");
+    free(out);
+    json_object_set_new(req, "add_generation_prompt", json_string("yes"));
+    ASSERT_EQ(chat_template_render_request(t, req, NULL, NULL, &out, &err), ATOMC_ERR_INVALID_ARGUMENT);
+    ASSERT_TRUE(strstr(err.msg, "add_generation_prompt") != NULL);
+    json_object_del(req, "add_generation_prompt");
+    json_object_set_new(req, "continue_final_message", json_true());
+    json_object_set_new(req, "messages", json_loads("[{\"role\":\"assistant\",\"content\":\"Once upon\"}]", 0, NULL));
+    ASSERT_OK(chat_template_render_request(t, req, NULL, NULL, &out, &err));
+    ASSERT_STREQ(out, "[assistant:Once upon");
+    free(out);
+    json_object_set_new(req, "documents", json_integer(3));
+    ASSERT_EQ(chat_template_render_request(t, req, NULL, NULL, &out, &err), ATOMC_ERR_INVALID_ARGUMENT);
+    ASSERT_TRUE(strstr(err.msg, "documents") != NULL);
+    json_object_del(req, "messages");
+    ASSERT_EQ(chat_template_render_request(t, req, NULL, NULL, &out, &err), ATOMC_ERR_INVALID_ARGUMENT);
+    json_decref(req);
+    chat_template_free(t);
+}
+
+struct thread_arg {
+    const struct chat_template *t;
+    const json_t *messages;
+    const char *want;
+    int ok;
+};
+
+static void *render_many(void *p) {
+    struct thread_arg *a = p;
+    a->ok = 1;
+    for (int i = 0; i < 300; i++) {
+        struct error err;
+        char *out = NULL;
+        if (chat_template_render(a->t, a->messages, NULL, true, false, NULL, "<s>", "</s>", &out, &err) != ATOMC_OK ||
+            strcmp(out, a->want))
+            a->ok = 0;
+        free(out);
+    }
+    return NULL;
+}
+
+TEST(one_template_renders_concurrently) {
+    struct chat_template *t;
+    struct error err = {0};
+    ASSERT_OK(chat_template_compile("{{ bos_token }}{% set ns = namespace(n=0) %}{% for m in messages %}"
+                                    "{% set ns.n = ns.n + 1 %}{{ m.role | upper }}:{{ m.content | tojson }}{{ ns.n }}"
+                                    "{% endfor %}{{ eos_token }}",
+                                    &t, &err));
+    json_t *msgs[4];
+    char want[4][128];
+    pthread_t th[4];
+    struct thread_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        msgs[i] = json_pack("[{s:s,s:s+},{s:s,s:s}]", "role", "user", "content", "thread ", i == 0 ? "0" : i == 1 ? "1" : i == 2 ? "2" : "3",
+                            "role", "assistant", "content", "ok");
+        snprintf(want[i], sizeof want[i], "<s>USER:\"thread %d\"1ASSISTANT:\"ok\"2</s>", i);
+        args[i] = (struct thread_arg){t, msgs[i], want[i], 0};
+        pthread_create(&th[i], NULL, render_many, &args[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ASSERT_EQ(args[i].ok, 1);
+        json_decref(msgs[i]);
+    }
+    chat_template_free(t);
+}
+
+// Inputs the fuzzer found; each once crashed or tripped UBSan.
+TEST(fuzz_regressions) {
+    const char *cases[] = {"{{ ([] | select) | list }}{{ [] | reverse | list }}{% for x in [] | select %}{% endfor %}",
+                           "{{ 'abc'[::2] }}{{ 'abc'[10:2:-2] }}"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct error err = {0};
+        char *out = NULL;
+        if (render_src(cases[i], NULL, NULL, &out, &err) != ATOMC_OK)
+            test_fail(__FILE__, __LINE__, "%s: %s", cases[i], err.msg);
+        free(out);
+    }
 }
 
 TEST(bos_detection) {

@@ -168,6 +168,8 @@ PROPERTY_TEST(gpt_oss, load_shared("gpt_oss"))
 PROPERTY_TEST(tiny_spm, load_fixture("tokenizer/tiny_spm.gguf"))
 PROPERTY_TEST(synth_word, load_fixture("tokenizer/synth_word.json"))
 PROPERTY_TEST(synth_meta, load_fixture("tokenizer/synth_meta.json"))
+PROPERTY_TEST(synth_bytelevel, load_fixture("tokenizer/synth_bytelevel.json"))
+PROPERTY_TEST(tiny_bpe_qwen2, load_fixture("tokenizer/tiny_bpe_qwen2.gguf"))
 
 // SentencePiece: the first streamed token loses its leading space exactly as the full decode does,
 // later ones keep it.
@@ -351,6 +353,52 @@ TEST(encode_unknown_char_error) {
     ASSERT_STREQ(text, "ab a");
     free(text);
     tokenizer_free(t);
+}
+
+// tokenizer_config.json handling from memory: AddedToken-dict bos/eos, add_bos/add_eos override for a
+// Llama class, chat_template as a list of {name, template}; lstrip/rstrip added tokens.
+TEST(config_overrides_from_buffer) {
+    static const char json[] =
+        "{\"added_tokens\": [{\"id\": 3, \"content\": \"<s>\", \"special\": true, \"normalized\": false},"
+        "                   {\"id\": 4, \"content\": \"</s>\", \"special\": true, \"normalized\": false},"
+        "                   {\"id\": 5, \"content\": \"<m>\", \"special\": true, \"normalized\": false,"
+        "                    \"lstrip\": true, \"rstrip\": true}],"
+        " \"post_processor\": {\"type\": \"ByteLevel\"},"
+        " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \" \": 2}, \"merges\": []}}";
+    static const char cfg[] =
+        "{\"tokenizer_class\": \"LlamaTokenizerFast\", \"add_bos_token\": true, \"add_eos_token\": true,"
+        " \"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<s>\"}, \"eos_token\": \"</s>\","
+        " \"model_max_length\": 1000000000000000019884624838656,"
+        " \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}, {\"name\": \"default\", \"template\": \"D\"}]}";
+    struct error err = {0};
+    struct tokenizer *t;
+    ASSERT_OK(tokenizer_load_json_buffer(json, sizeof json - 1, cfg, sizeof cfg - 1, &t, &err));
+    ASSERT_EQ(tokenizer_bos_id(t), 3);
+    ASSERT_EQ(tokenizer_eos_id(t), 4);
+    ASSERT_TRUE(tokenizer_adds_bos(t));
+    ASSERT_STREQ(tokenizer_chat_template(t), "D");
+    int32_t *ids;
+    int n;
+    ASSERT_OK(tokenizer_encode(t, "a  <m>  b", 9, true, &ids, &n, &err));
+    // <s> a <m> (both-side whitespace absorbed) b </s>
+    ASSERT_EQ(n, 5);
+    ASSERT_EQ(ids[0], 3);
+    ASSERT_EQ(ids[1], 0);
+    ASSERT_EQ(ids[2], 5);
+    ASSERT_EQ(ids[3], 1);
+    ASSERT_EQ(ids[4], 4);
+    free(ids);
+    tokenizer_free(t);
+    // Without the Llama class the post-processor of tokenizer.json stays (no bos/eos added).
+    static const char cfg2[] = "{\"tokenizer_class\": \"Qwen2Tokenizer\", \"add_bos_token\": true, \"bos_token\": \"<s>\"}";
+    ASSERT_OK(tokenizer_load_json_buffer(json, sizeof json - 1, cfg2, sizeof cfg2 - 1, &t, &err));
+    ASSERT_TRUE(!tokenizer_adds_bos(t));
+    ASSERT_OK(tokenizer_encode(t, "ab", 2, true, &ids, &n, &err));
+    ASSERT_EQ(n, 2);
+    free(ids);
+    tokenizer_free(t);
+    ASSERT_EQ(tokenizer_load_json_buffer(json, sizeof json - 1, "{", 1, &t, &err), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(err.msg, "tokenizer_config.json") != NULL);
 }
 
 struct thread_arg {

@@ -221,10 +221,24 @@ TEST(conformance_gpt_oss) { check_shared("gpt_oss"); }
 
 // Synthetic tokenizer.json files exercising the components the real ones do not use.
 TEST(conformance_synth_word) { ASSERT_EQ(check_tokenizer("synth_word", test_fixture("tokenizer/synth_word.json")), 0); }
+TEST(conformance_synth_bytelevel) {
+    ASSERT_EQ(check_tokenizer("synth_bytelevel", test_fixture("tokenizer/synth_bytelevel.json")), 0);
+}
 TEST(conformance_synth_meta) { ASSERT_EQ(check_tokenizer("synth_meta", test_fixture("tokenizer/synth_meta.json")), 0); }
 
 // A small SentencePiece GGUF (fixture): merges derived from scores, byte fallback, Metaspace.
 TEST(conformance_tiny_spm_gguf) { ASSERT_EQ(check_tokenizer("tiny_spm", test_fixture("tokenizer/tiny_spm.gguf")), 0); }
+
+// Small byte-level GGUFs (fixtures) with the Qwen2 and Llama-3 split regexes chosen by tokenizer.ggml.pre.
+TEST(conformance_tiny_bpe_qwen2_gguf) {
+    ASSERT_EQ(check_tokenizer("tiny_bpe_qwen2", test_fixture("tokenizer/tiny_bpe_qwen2.gguf")), 0);
+}
+TEST(conformance_tiny_bpe_llama_bpe_gguf) {
+    ASSERT_EQ(check_tokenizer("tiny_bpe_llama_bpe", test_fixture("tokenizer/tiny_bpe_llama_bpe.gguf")), 0);
+}
+
+// tokenizer.ggml.pre = "deepseek-v3" against DeepSeek-V3's own pre-tokenizer (same small vocabulary).
+TEST(conformance_tiny_dsv3_gguf) { ASSERT_EQ(check_tokenizer("tiny_dsv3", test_fixture("tokenizer/tiny_dsv3.gguf")), 0); }
 
 TEST(conformance_smollm2_gguf) {
     const char *p = getenv("ATOMC_SMOLLM2");

@@ -95,6 +95,41 @@ def gen(r):
     return "".join(stmt(r) for _ in range(r.randint(1, 4))) + r.choice(["", "\n", "\n\n"])
 
 
+def gen_ws(r):
+    """Whitespace-control stress: random text and tags with -/+ markers, no expressions."""
+    def t():
+        return "".join(r.choice([" ", "  ", "\t", "\n", "\n\n", "x", "y ", " z\n", "\r\n", "\u00a0", "\u3000"])
+                       for _ in range(r.randint(0, 4)))
+
+    def m():
+        return r.choice(["", "", "-", "+"])
+
+    def block(depth):
+        out = []
+        for _ in range(r.randint(1, 4)):
+            k = r.random()
+            if k < 0.25 or depth > 2:
+                out.append(t() + "{{" + m() + " " + r.choice(["n", "'a'", "' b '", "e", "'\\n'"]) + " " + m() + "}}")
+            elif k < 0.45:
+                out.append(t() + "{%" + m() + " if " + r.choice(["true", "false", "n"]) + " " + m() + "%}" + block(depth + 1)
+                           + (t() + "{%" + m() + " else " + m() + "%}" + block(depth + 1) if r.random() < 0.3 else "")
+                           + t() + "{%" + m() + " endif " + m() + "%}")
+            elif k < 0.6:
+                out.append(t() + "{%" + m() + " for i in xs " + m() + "%}" + block(depth + 1) + t() + "{%" + m() + " endfor "
+                           + m() + "%}")
+            elif k < 0.72:
+                out.append(t() + "{#" + m() + " c " + m() + "#}")
+            elif k < 0.8:
+                out.append(t() + "{%" + m() + " raw " + m() + "%}" + t() + "{{ x }}" + t() + "{%" + m() + " endraw " + m() + "%}")
+            elif k < 0.9:
+                out.append(t() + "{%" + m() + " set v = 1 " + m() + "%}")
+            else:
+                out.append(t() + "{%" + m() + " set v " + m() + "%}" + block(depth + 1) + "{%" + m() + " endset " + m() + "%}{{ v }}")
+        return "".join(out) + t()
+
+    return block(0) + r.choice(["", "\n", "\n\n", "\r\n"])
+
+
 def jinja_render(src):
     try:
         return _compile_jinja_template(src).render(messages=MESSAGES, tools=None, documents=None,
@@ -109,6 +144,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--atomc", default="build/atomc")
     ap.add_argument("--show", type=int, default=10)
+    ap.add_argument("--mode", choices=["expr", "ws"], default="expr", help="expressions+statements, or whitespace control")
     args = ap.parse_args()
     r = random.Random(args.seed)
     tmp = tempfile.mkdtemp()
@@ -117,9 +153,9 @@ def main():
     kwargs = json.dumps(V)
     bad = 0
     for i in range(args.n):
-        src = gen(r)
+        src = gen(r) if args.mode == "expr" else gen_ws(r)
         want, err = jinja_render(src)
-        with open(tpl_path, "w") as fh:
+        with open(tpl_path, "w", newline="") as fh:
             fh.write(src)
         p = subprocess.run([args.atomc, "chat-template", "--chat-template", tpl_path, "--messages", msg_path,
                             "--kwargs", kwargs], capture_output=True)

@@ -8,7 +8,9 @@ tojson / raise_exception / strftime_now), with the variables apply_chat_template
 messages, tools, documents=None, add_generation_prompt, bos_token, eos_token, **kwargs.
 continue_final_message is applied as transformers' render_jinja_template does it.
 
-Messages are passed as given (atomc does not drop None-valued keys); content given as a
+Messages are passed as given (atomc does not drop None-valued keys) except for HF's
+reasoning aliasing (_alias_reasoning_fields: reasoning sent as reasoning_content, thinking
+or reasoning is visible under reasoning_content and thinking); content given as a
 list of text parts is joined with "\n" first unless the template walks the parts itself
 (the same rule as src/template/chat_template.c, after vLLM's "string" content format).
 
@@ -25,7 +27,7 @@ import json
 import os
 import sys
 
-from transformers.utils.chat_template_utils import _compile_jinja_template
+from transformers.utils.chat_template_utils import _alias_reasoning_fields, _compile_jinja_template
 
 import re
 
@@ -54,7 +56,7 @@ def flatten(messages, template):
 
 
 def render(template, case, bos, eos):
-    messages = flatten(copy.deepcopy(case["messages"]), template)
+    messages = _alias_reasoning_fields(flatten(copy.deepcopy(case["messages"]), template))
     kwargs = dict(case.get("kwargs") or {})
     variables = {}
     if bos is not None:
@@ -103,6 +105,16 @@ TOOLS = [
         "parameters": {"type": "object", "properties": {
             "query": {"type": "string"}, "max_results": {"type": "integer", "default": 5},
             "safe": {"type": "boolean"}, "weight": {"type": "number"}}, "required": ["query"]}}},
+    {"type": "function", "function": {
+        "name": "schedule", "description": "Schedule events (nested schema: arrays, oneOf, nullable, type lists).",
+        "parameters": {"type": "object", "properties": {
+            "events": {"type": "array", "items": {"type": "object", "properties": {
+                "title": {"type": "string"}, "at": {"type": ["string", "null"]},
+                "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["title"]}},
+            "priority": {"oneOf": [{"type": "integer", "description": "1-5"}, {"type": "string", "enum": ["low", "high"]}]},
+            "note": {"type": "string", "nullable": True, "default": None},
+            "ratio": {"type": "number", "default": 0.25}},
+            "required": ["events"]}}},
 ]
 
 
@@ -214,6 +226,9 @@ def cases():
                                         "reasoning_content": "18C is mild."}],
         tools=TOOLS, kwargs={"enable_thinking": True})
     add("content_none_user", [{"role": "user", "content": None}], add_generation_prompt=True)
+    add("reasoning_field_alias", [u("2+2?"), {"role": "assistant", "content": "4", "reasoning": "simple sum"}])
+    add("thinking_field_alias", [u("2+2?"), {"role": "assistant", "content": "4", "thinking": "add them"},
+                                 u("and 3+3?")], add_generation_prompt=True)
     return C
 
 

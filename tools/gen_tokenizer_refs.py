@@ -321,6 +321,116 @@ def synth_meta_tokenizer(shared):
     return json.dumps(out, ensure_ascii=False)
 
 
+def write_tiny_bpe_gguf(shared, path, pre):
+    """A small byte-level ("gpt2") GGUF cut from the Qwen3 vocabulary (first 6000 tokens, the merges
+    among them, three CONTROL tokens and one USER_DEFINED), with tokenizer.ggml.pre = pre."""
+    import gguf
+    with open(os.path.join(shared, "tokenizers", "qwen3", "tokenizer.json")) as f:
+        j = json.load(f)
+    vocab = j["model"]["vocab"]
+    inv = {v: k for k, v in vocab.items()}
+    toks = [inv[i] for i in range(6000)]
+    keep = set(toks)
+    merges = [f"{a} {b}" for a, b in j["model"]["merges"] if a in keep and b in keep and a + b in keep]
+    types = [1] * len(toks)
+    for extra, ty in (("<|endoftext|>", 3), ("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4)):
+        toks.append(extra)
+        types.append(ty)
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_block_count(1)
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(6000)
+    w.add_eos_token_id(6002)
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def synth_bytelevel_tokenizer(shared):
+    """Byte-level components the real files leave out: NFKC normalizer, a literal-String Split with
+    Removed behaviour, individual Digits, ByteLevel with add_prefix_space and its own GPT-2 regex,
+    normalized and single_word added tokens, a <|endoftext|> A <|endoftext|> template, decoders
+    ByteLevel + Strip. Vocabulary: Qwen3's first 6000 tokens and the merges among them."""
+    with open(os.path.join(shared, "tokenizers", "qwen3", "tokenizer.json")) as f:
+        j = json.load(f)
+    inv = {v: k for k, v in j["model"]["vocab"].items()}
+    vocab = {inv[i]: i for i in range(6000)}
+    merges = [[a, b] for a, b in j["model"]["merges"] if a in vocab and b in vocab and a + b in vocab]
+    added = [(6000, "<|endoftext|>", True, False, False), (6001, "<tag>", False, True, False),
+             (6002, "hello", False, True, True)]
+    out = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": sw, "lstrip": False, "rstrip": False,
+                          "normalized": norm, "special": sp} for i, c, sp, norm, sw in added],
+        "normalizer": {"type": "NFKC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": "||"}, "behavior": "Removed", "invert": False},
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [6000],
+                                                                "tokens": ["<|endoftext|>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},  # stop>0 panics in HF on an empty text
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }
+    return json.dumps(out, ensure_ascii=False)
+
+
+def write_tiny_dsv3(shared, gguf_path, json_path):
+    """tokenizer.ggml.pre = "deepseek-v3": transformers' GGUF conversion has no entry for it (it would
+    fall back to GPT-2's regex), so the reference here is DeepSeek-V3's own pre-tokenizer from its
+    tokenizer.json, on a small vocabulary (DeepSeek's first 6000 tokens plus the byte alphabet, the
+    merges among them); the same vocabulary goes into a "gpt2" GGUF that atomc loads."""
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    with open(os.path.join(shared, "tokenizers", "deepseek_v3", "tokenizer.json")) as f:
+        j = json.load(f)
+    vocab = j["model"]["vocab"]
+    inv = {v: k for k, v in vocab.items()}
+    alphabet = set(bytes_to_unicode().values())
+    keep = [inv[i] for i in sorted(inv) if i < 6000 or (len(inv[i]) == 1 and inv[i] in alphabet)]
+    new_vocab = {t: i for i, t in enumerate(keep)}
+    merges = [m for m in j["model"]["merges"] if (lambda a, b: a in new_vocab and b in new_vocab and a + b in new_vocab)(*m.split(" "))]
+    control = [a["content"] for a in j["added_tokens"] if a["content"] in new_vocab and a["special"]]
+    ref = dict(j)
+    ref["added_tokens"] = [{"id": new_vocab[c], "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                            "normalized": False, "special": True} for c in control]
+    ref["normalizer"] = None
+    ref["post_processor"] = None
+    ref["model"] = dict(j["model"], vocab=new_vocab, merges=merges)
+    with open(json_path, "w", encoding="utf-8") as f:
+        json.dump(ref, f, ensure_ascii=False)
+    w = gguf.GGUFWriter(gguf_path, "deepseek2")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("deepseek-v3")
+    w.add_token_list(keep)
+    w.add_token_types([3 if t in control else 1 for t in keep])
+    w.add_token_merges(merges)
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def gguf_reference(path):
     import warnings
     warnings.filterwarnings("ignore")
@@ -375,7 +485,23 @@ def main():
         f.write(synth_meta_tokenizer(args.shared))
     write_json(os.path.join(OUT, "ref_synth_meta.json"),
                make_ref("synth_meta", tokenizers.Tokenizer.from_file(meta_path), corpus))
+    bl_path = os.path.join(OUT, "synth_bytelevel.json")
+    with open(bl_path, "w", encoding="utf-8") as f:
+        f.write(synth_bytelevel_tokenizer(args.shared))
+    write_json(os.path.join(OUT, "ref_synth_bytelevel.json"),
+               make_ref("synth_bytelevel", tokenizers.Tokenizer.from_file(bl_path), corpus))
     print("wrote synthetic tokenizers", file=sys.stderr)
+    for pre in ("qwen2", "llama-bpe"):
+        name = "tiny_bpe_" + pre.replace("-", "_")
+        p = os.path.join(OUT, name + ".gguf")
+        write_tiny_bpe_gguf(args.shared, p, pre)
+        write_json(os.path.join(OUT, f"ref_{name}.json"), make_ref(name, gguf_reference(p), corpus))
+        print("wrote", name, file=sys.stderr)
+    ds_json = "/tmp/atomc_tiny_dsv3_reference.json"  # the reference tokenizer; not a fixture
+    write_tiny_dsv3(args.shared, os.path.join(OUT, "tiny_dsv3.gguf"), ds_json)
+    write_json(os.path.join(OUT, "ref_tiny_dsv3.json"),
+               make_ref("tiny_dsv3", tokenizers.Tokenizer.from_file(ds_json), corpus))
+    print("wrote tiny_dsv3", file=sys.stderr)
     spm = os.path.join(OUT, "tiny_spm.gguf")
     write_tiny_spm_gguf(args.shared, spm)
     write_json(os.path.join(OUT, "ref_tiny_spm.json"), make_ref("tiny_spm", gguf_reference(spm), corpus))

@@ -26,13 +26,16 @@ import json
 import os
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 VOCAB = 256
 GREEDY_TOKENS = 16
 PROMPT_LENGTHS = [1, 6, 19, 37]
 
-BASE = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+# head_dim 64 (128 for qwen3): the sizes the CUDA attention kernels are built for, so the same
+# fixtures serve the GPU tests; hidden 64 keeps every matrix small.
+BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, head_dim=64,
             num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-5,
             bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
 
@@ -47,16 +50,24 @@ MODELS = {
                           dict(rope_theta=500000.0, max_position_embeddings=2048,
                                rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                  high_freq_factor=4.0, original_max_position_embeddings=256)),
-                          torch.float32, True),
+                          torch.bfloat16, True),
     "llama_rope_linear": (LlamaConfig, LlamaForCausalLM,
-                          dict(rope_theta=10000.0, rope_scaling=dict(rope_type="linear", factor=4.0)),
-                          torch.float32, False),
-    "llama_bias": (LlamaConfig, LlamaForCausalLM, dict(attention_bias=True, mlp_bias=True, rope_theta=10000.0),
-                   torch.float32, False),
+                          dict(rope_theta=10000.0, rope_scaling=dict(rope_type="linear", factor=4.0),
+                               num_hidden_layers=2), torch.bfloat16, False),
+    "llama_bias": (LlamaConfig, LlamaForCausalLM, dict(attention_bias=True, mlp_bias=True, rope_theta=10000.0,
+                                                       num_hidden_layers=2), torch.bfloat16, False),
+    # Mistral = Llama + sliding-window attention: prompts up to 37 + 16 tokens cross the window of 8.
+    "mistral_sliding": (MistralConfig, MistralForCausalLM, dict(rope_theta=10000.0, num_hidden_layers=2,
+                                                                sliding_window=8), torch.bfloat16, False),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM,
-              dict(head_dim=32, rope_theta=1000000.0, num_hidden_layers=2, max_window_layers=2,
+              dict(head_dim=128, rope_theta=1000000.0, num_hidden_layers=2, max_window_layers=2,
                    use_sliding_window=False, bos_token_id=None, eos_token_id=3),
               torch.bfloat16, False),
+    "qwen3_yarn": (Qwen3Config, Qwen3ForCausalLM,
+                   dict(head_dim=64, rope_theta=10000.0, num_hidden_layers=2, max_window_layers=2,
+                        use_sliding_window=False, bos_token_id=None, eos_token_id=3, max_position_embeddings=128,
+                        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32)),
+                   torch.bfloat16, False),
 }
 
 

@@ -36,7 +36,7 @@ S = [
     "{% if no %}a{% elif e %}b{% endif %}|",
     "{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
     "{% for x in xs %}{{ loop.previtem }}-{{ loop.nextitem }}-{{ loop.cycle('a', 'b') }};{% endfor %}",
-    "{% for x in [] %}x{% else %}empty{% endfor %}", "{% for x in xs if x > 1 %}{{ x }}{{ loop.index }}{{ loop.last }}{% endfor %}",
+    "{% for x in [] %}x{% else %}empty{% endfor %}", "{% for m in msgs %}{% if loop.changed(m.role) %}[{{ m.role }}]{% endif %}{% endfor %}{% for x in [1, 1, 2, 1] %}{{ loop.changed(x) }}{% endfor %}", "{% for x in xs if x > 1 %}{{ x }}{{ loop.index }}{{ loop.last }}{% endfor %}",
     "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", "{% for k in d %}{{ k }}{% endfor %}",
     "{% for c in 'héé' %}[{{ c }}]{% endfor %}", "{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}",
     "{% for x in xs %}{% if x == 1 %}{% continue %}{% endif %}{% if x == 2 %}{% break %}{% endif %}{{ x }}{% endfor %}",
@@ -49,6 +49,7 @@ S = [
     "{% with a = 5, b = 6 %}{{ a * b }}{% endwith %}{{ a }}",
     "{% filter upper %}abc {{ s }}{% endfilter %}",
     "{% raw %}{{ not evaluated }} {% if %}{% endraw %}",
+    "{% for m in msgs %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}[{{ m.content }}]{% endif %}{% endfor %}",
     "{# comment #}a{# another\n multi-line #}b",
     # macros and call
     "{% macro greet(name, greeting='Hello') %}{{ greeting }}, {{ name }}!{% endmacro %}{{ greet('Bob') }} {{ greet('Al', greeting='Hi') }} {{ greet(name='Z') }}",
@@ -102,6 +103,23 @@ S = [
     "{{ 'k=v=w'.partition('=') }}|{{ 'k=v=w'.rpartition('=') }}|{{ 'prefix_x'.removeprefix('prefix_') }}",
     "{{ d.get('a') }}|{{ d.get('zz') }}|{{ d.get('zz', 5) }}|{{ d.keys() | list }}|{{ d.values() | list }}|{{ xs.index(2) }}|{{ xs.count(3) }}",
     "{{ msgs[0]['role'] }}|{{ msgs[0].get('content') }}|{{ d['items'] is defined }}",
+    # printf-style formatting
+    "{{ '%s and %s' % (n, s) }}|{{ '%d|%5d|%-5d|%05d|%+d' % (n, n, n, n, n) }}|{{ '%.2f|%8.3f|%e|%g' % (f, f, big, tiny) }}|{{ '%x %X %o' % (255, 255, 8) }}",
+    "{{ '%s' % xs }}|{{ '%s' % d }}|{{ '%(b)s-%(a)s' % d }}|{{ '%r' % s }}|{{ '%c%c' % (65, 'é') }}|{{ '100%%' % () }}|{{ '%s' % zz }}|{{ '%.3s|%5s|%-5s|' % (u, 'ab', 'ab') }}",
+    "{{ '%s %s' % (1,) }}", "{{ '%s' % (1, 2) }}", "{{ '%d' % 'x' }}",
+    # generator / iterator / view semantics (always truthy, consumed once, no len, not subscriptable)
+    "{% if [] | select %}T{% endif %}|{% if [] | map('upper') %}T{% endif %}|{% if xs | reverse %}T{% endif %}|{% if {} | items %}T{% endif %}|{% if {}.items() %}T{% else %}F{% endif %}|{% if msgs | selectattr('role', 'equalto', 'system') %}T{% endif %}",
+    "{% set g = xs | select %}{% for a in g %}{{ a }}{% endfor %}/{% for a in g %}{{ a }}{% endfor %}|{% set h = xs | reject('odd') %}{{ h | first }}{{ h | list }}|{% set r = xs | reverse %}{{ r | first }}{{ r | list }}{{ r | list }}",
+    "{{ (xs | select)[0] }}|{{ (xs | reverse)[0] }}|{{ d.items()[0] }}|{{ d.items() }}|{{ d.keys() }}|{{ d.values() | list }}|{{ d.items() | length }}|{{ ('a', [1, 2]) in d.items() }}|{{ 'b' in d.keys() }}",
+    "{{ xs | select == xs }}|{{ d.keys() == ['b', 'a', 'c'] }}|{{ xs | select is sequence }}|{{ d.keys() is sequence }}|{{ xs | select is iterable }}|{% set g = xs | select %}{{ 3 in g }}{{ g | list }}",
+    "{{ xs | select | length }}", "{{ xs | select | tojson }}", "{{ xs | select | last }}", "{{ xs | reverse | last }}",
+    "{{ d.items() | tojson }}", "{{ xs | select + [1] }}",
+    # str.format
+    "{{ '{} and {}'.format(n, s) }}|{{ '{1}-{0}-{1}'.format('a', 'b') }}|{{ '{x}/{y}'.format(x=1, y=xs) }}|{{ '{{literal}} {}'.format(none) }}|{{ '{0.a}|{0[b]}|{1[0]}'.format(d, xs) }}",
+    "{{ '[{:>8}][{:<6}][{:^7}][{:*^9}][{:.3}]'.format('ab', 'cd', 'ef', 'gh', 'héllo') }}|{{ '[{:5d}][{:<5d}][{:05d}][{:+d}][{:x}][{:#x}][{:o}][{:#o}][{:b}][{:#b}][{:c}]'.format(42, 42, -42, 42, 255, 255, 8, 8, 5, 5, 65) }}",
+    "{{ '[{:.2f}][{:8.3f}][{:e}][{:.3g}][{:%}][{:.1%}][{}][{:10}][{:<10}][{:010.2f}]'.format(f, f, big, tiny, 0.25, 0.125, f, f, tiny, -f) }}",
+    "{{ '{!r} {!s} {!r}'.format(s, n, xs) }}|{{ '{:>5}'.format(true) }}|{{ '{}'.format(true) }}|{{ '{:05}'.format('ab') }}|{{ '{:<05}'.format(7) }}",
+    "{{ '{} {}'.format(1) }}", "{{ '{0} {}'.format(1, 2) }}", "{{ '{:d}'.format('x') }}", "{{ '{:>5}'.format(xs) }}", "{{ '{z}'.format(a=1) }}", "{{ '{'.format() }}",
     # globals
     "{{ range(3) | list }}|{{ range(1, 10, 3) | list }}|{{ range(5, 0, -2) | list }}|{% for i in range(2) %}{{ i }}{% endfor %}",
     "{{ dict(a=1, b='x') }}|{{ namespace(a=1).a }}",

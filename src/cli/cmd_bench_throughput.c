@@ -17,9 +17,11 @@
 static void throughput_usage(FILE *f) {
     fprintf(f,
             "usage: atomc bench throughput --model PATH [--num-prompts N] [--input-len I] [--output-len O] [options]\n"
-            "  Random prompts of I token ids, O output tokens each (ignore_eos), all submitted at once;\n"
+            "  Random prompts of I token ids (vLLM's random dataset), O output tokens each (ignore_eos),\n"
+            "  all submitted at once;\n"
             "  reports requests/s and input/output/total tokens/s.\n"
             "  --num-prompts N (default 1000)  --input-len I (default 1024)  --output-len O (default 128)\n"
+            "  --prefix-len P (first P tokens shared by all prompts, default 0)\n"
             "  --seed S (prompt generator, default 0)  --output-json FILE\n"
             "%s",
             CLI_ENGINE_OPTIONS_HELP);
@@ -50,10 +52,11 @@ static uint64_t tp_rng(uint64_t *s) {
 }
 
 int cmd_bench_throughput(int argc, char **argv) {
-    enum { T_NUM = 1000, T_IN, T_OUT, T_SEED, T_JSON, T_HELP };
+    enum { T_NUM = 1000, T_IN, T_OUT, T_PREFIX, T_SEED, T_JSON, T_HELP };
     static const struct option opts[] = {{"num-prompts", required_argument, 0, T_NUM},
                                          {"input-len", required_argument, 0, T_IN},
                                          {"output-len", required_argument, 0, T_OUT},
+                                         {"prefix-len", required_argument, 0, T_PREFIX},
                                          {"seed", required_argument, 0, T_SEED},
                                          {"output-json", required_argument, 0, T_JSON},
                                          {"help", no_argument, 0, T_HELP},
@@ -61,7 +64,7 @@ int cmd_bench_throughput(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     struct cli_engine_args ea;
     cli_engine_args_init(&ea);
-    int num = 1000, in_len = 1024, out_len = 128, seed = 0;
+    int num = 1000, in_len = 1024, out_len = 128, prefix_len = 0, seed = 0;
     const char *json_path = NULL;
     optind = 1;
     int c;
@@ -71,6 +74,7 @@ int cmd_bench_throughput(int argc, char **argv) {
         case T_NUM: ok = cli_parse_int(optarg, "--num-prompts", 1, 10000000, &num); break;
         case T_IN: ok = cli_parse_int(optarg, "--input-len", 1, 1 << 24, &in_len); break;
         case T_OUT: ok = cli_parse_int(optarg, "--output-len", 1, 1 << 24, &out_len); break;
+        case T_PREFIX: ok = cli_parse_int(optarg, "--prefix-len", 0, 1 << 24, &prefix_len); break;
         case T_SEED: ok = cli_parse_int(optarg, "--seed", 0, 1 << 30, &seed); break;
         case T_JSON: json_path = optarg; break;
         case T_HELP: throughput_usage(stdout); return 0;
@@ -86,6 +90,10 @@ int cmd_bench_throughput(int argc, char **argv) {
         fprintf(stderr, optind < argc ? "atomc bench throughput: unexpected argument '%s'\n"
                                       : "atomc bench throughput: --model is required%s\n",
                 optind < argc ? argv[optind] : "");
+        return 2;
+    }
+    if (prefix_len > in_len) {
+        fprintf(stderr, "atomc bench throughput: --prefix-len %d exceeds --input-len %d\n", prefix_len, in_len);
         return 2;
     }
     if (ea.o.max_model_len == 0) ea.o.max_model_len = in_len + out_len;
@@ -112,9 +120,16 @@ int cmd_bench_throughput(int argc, char **argv) {
     }
     uint64_t rs = 0x9e3779b97f4a7c15ull ^ (uint64_t)seed;
     for (size_t i = 0; i < (size_t)num * in_len; i++) ids[i] = (int32_t)(tp_rng(&rs) % (uint64_t)info.vocab_size);
+    for (int i = 1; i < num; i++) // a common prefix (prefix caching): the first prompt's first tokens
+        memcpy(ids + (size_t)i * in_len, ids, (size_t)prefix_len * sizeof *ids);
 
     struct tp_state st;
     memset(&st, 0, sizeof st);
+    if (!cli_profile_start(e, &ea)) {
+        free(ids);
+        atomc_engine_free(e);
+        return 1;
+    }
     double t0 = time_now_s();
     int rc = 0;
     for (int i = 0; i < num; i++) {
@@ -136,6 +151,7 @@ int cmd_bench_throughput(int argc, char **argv) {
     }
     while (!rc && st.done < num) atomc_engine_step(e);
     double elapsed = time_now_s() - t0;
+    cli_profile_stop(e, &ea);
     if (!rc && st.errors) {
         fprintf(stderr, "atomc bench throughput: %d requests failed: %s\n", st.errors, st.first_error);
         rc = 1;

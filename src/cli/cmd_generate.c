@@ -200,7 +200,7 @@ struct gen_args {
     const char *prompt, *prompt_ids, *system;
     bool chat, json, help, no_add_special;
     atomc_sampling_params p;
-    bool set_temp, set_top_p, set_top_k, set_min_p, set_rep;
+    bool set_temp, set_top_p, set_top_k, set_min_p, set_rep, set_max;
     const char *stops[64];
     int32_t stop_ids[64];
 };
@@ -212,7 +212,9 @@ static int parse_gen_flag(struct gen_args *a, int c, const char *arg) {
     case G_PROMPT_IDS: a->prompt_ids = arg; return 1;
     case G_CHAT: a->chat = true; return 1;
     case G_SYSTEM: a->system = arg; return 1;
-    case G_MAX_TOKENS: return cli_parse_int(arg, "--max-tokens", -1, INT_MAX, &a->p.max_tokens) ? 1 : -1;
+    case G_MAX_TOKENS:
+        a->set_max = true;
+        return cli_parse_int(arg, "--max-tokens", -1, INT_MAX, &a->p.max_tokens) && a->p.max_tokens != 0 ? 1 : -1;
     case G_MIN_TOKENS: return cli_parse_int(arg, "--min-tokens", 0, INT_MAX, &a->p.min_tokens) ? 1 : -1;
     case G_TEMP: a->set_temp = true; return cli_parse_float(arg, "--temperature", &a->p.temperature) ? 1 : -1;
     case G_TOP_P: a->set_top_p = true; return cli_parse_float(arg, "--top-p", &a->p.top_p) ? 1 : -1;
@@ -309,6 +311,7 @@ static void apply_generation_defaults(atomc_engine *e, struct gen_args *a) {
     if (!a->set_top_k && info.default_top_k >= 0) a->p.top_k = info.default_top_k;
     if (!a->set_min_p && info.default_min_p >= 0) a->p.min_p = info.default_min_p;
     if (!a->set_rep && info.default_repetition_penalty > 0) a->p.repetition_penalty = info.default_repetition_penalty;
+    if (!a->set_max && info.default_max_tokens > 0) a->p.max_tokens = info.default_max_tokens;
 }
 
 static void print_json(const struct gen_state *g, const int32_t *prompt_ids, int n_prompt) {
@@ -415,12 +418,14 @@ int cmd_generate(int argc, char **argv) {
     int n_used = n_pids;
     if (!pids && a.json)
         atomc_engine_tokenize(e, r.prompt, strlen(r.prompt), r.add_special_tokens, &used, &n_used);
-    rc = run_request(e, &r, &g);
+    rc = cli_profile_start(e, &ea) ? run_request(e, &r, &g) : 1;
+    cli_profile_stop(e, &ea);
     if (!rc) {
         if (a.json) {
             print_json(&g, used, n_used);
         } else {
             if (g.text_len && g.text[g.text_len - 1] != '\n') putchar('\n');
+            fflush(stdout);
             double gen_s = g.t_finish - g.t_first;
             fprintf(stderr,
                     "[%d prompt tokens (%d cached), %d generated, finish: %s; TTFT %.1f ms, %.2f tokens/s decode]\n",
@@ -488,8 +493,8 @@ int cmd_chat(int argc, char **argv) {
         fprintf(stderr, "atomc chat: %s\n", err);
         return 1;
     }
+    if (!a.set_max) a.p.max_tokens = -1; // answers run to EOS (or the context) unless limited
     if (ea.o.generation_config == NULL || strcmp(ea.o.generation_config, "vllm")) apply_generation_defaults(e, &a);
-    if (a.p.max_tokens == 128) a.p.max_tokens = -1; // answers run to EOS unless limited
     json_t *history = json_array();
     if (a.system) json_array_append_new(history, json_pack("{s:s,s:s}", "role", "system", "content", a.system));
     bool tty = isatty_stdin();

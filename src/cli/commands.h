@@ -10,6 +10,7 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
 int cmd_bench_runner(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_throughput(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

@@ -12,16 +12,17 @@ struct command {
 };
 
 static const struct command commands[] = {
-    {"version", cmd_version, "print the version and build features"},
-    {"tokenize", cmd_tokenize, "text -> token ids with a model's tokenizer"},
-    {"detokenize", cmd_detokenize, "token ids -> text with a model's tokenizer"},
-    {"chat-template", cmd_chat_template, "render a conversation with a model's chat template"},
-    {"bench-runner", cmd_bench_runner, "time the model runner alone: prefill and decode tokens/s, bandwidth"},
-    {"generate", cmd_generate, "generate text for a prompt (one shot)"},
-    {"chat", cmd_chat, "interactive chat with a model"},
+    {"generate", cmd_generate, "generate text for one prompt (streams it, or --json)"},
+    {"chat", cmd_chat, "interactive multi-turn chat with a model"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (vLLM's flags)"},
     {"bench", cmd_bench, "benchmarks: throughput, latency (offline engine), serve (HTTP client)"},
     {"eval", cmd_eval, "accuracy evaluations (perplexity)"},
+    {"tokenize", cmd_tokenize, "text -> token ids with a model's tokenizer"},
+    {"detokenize", cmd_detokenize, "token ids -> text with a model's tokenizer"},
+    {"chat-template", cmd_chat_template, "render a conversation with a model's chat template"},
+    {"inspect", cmd_inspect, "open and validate a model (HF dir or .gguf); print its config and tensors"},
+    {"bench-runner", cmd_bench_runner, "time the model runner alone: prefill and decode tokens/s, bandwidth"},
+    {"version", cmd_version, "print the version and build features"},
 };
 
 static void usage(FILE *f) {

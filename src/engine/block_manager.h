@@ -3,14 +3,19 @@
 // The KV pool is `num_blocks` fixed-size blocks of `block_size` token slots. A sequence owns
 // a block table (its blocks in order); slot of position p = table[p / bs] * bs + p % bs.
 //
-// Prefix caching (on by default): once a FULL block's KV has been computed, it is registered
-// under a chained hash h_i = XXH64(tokens of block i, seed = h_{i-1}) (h_{-1} = 0), so a hash
+// Prefix caching (on by default): once a FULL block's KV is computed (or scheduled to be
+// computed in the current step), it is registered under a chained hash h_i = XXH64(tokens of block i, seed = h_{i-1}) (h_{-1} = 0), so a hash
 // identifies the whole prefix up to and including block i. A lookup walks a new sequence's
 // full blocks through the table; a candidate block matches only if its hash, its parent hash
 // and its token ids are all equal (the token comparison guards against hash collisions).
 // Matched blocks are shared (refcount + 1) and never written again: the last, partial block
 // of a sequence is never shared, and a lookup never covers a prompt's last token, so a
 // fully cached prompt still recomputes at least one token (its logits are needed).
+//
+// Same-step sharing: the scheduler registers the blocks a step will fill when it schedules
+// them, so a sequence admitted later in the same step can share them. This is safe because every
+// backend writes the K/V of the whole batch before attention, layer by layer; the sharer's rows
+// only read those blocks. If the forward pass fails, the engine drops the cached free blocks.
 //
 // Free blocks come in two kinds: never-registered blocks (a stack, reused first) and
 // cached-but-free blocks (refcount 0 but still findable by hash), kept in an LRU list and
@@ -96,8 +101,8 @@ void block_manager_acquire_prefix(struct block_manager *bm, struct block_table *
 // changes nothing) if the free pool is too small.
 bool block_manager_allocate(struct block_manager *bm, struct block_table *bt, int n_tokens);
 
-// Registers bt's blocks that became full with computed KV (the first n_computed tokens of
-// `tokens` are in the cache) in the prefix cache. If an identical block is already cached,
+// Registers bt's blocks that are full once the first n_computed tokens of `tokens` are in the
+// cache (computed, or being computed in the current step) in the prefix cache. If an identical block is already cached,
 // this one stays private (it is simply not registered).
 void block_manager_commit(struct block_manager *bm, struct block_table *bt, const int32_t *tokens, int n_computed);
 

@@ -12,14 +12,18 @@
 // (KV now computed, full blocks enter the prefix cache) -> for every sampled row: append the
 // token, stop rules, incremental detokenization, stop strings, callback; finished sequences
 // leave the scheduler (their blocks return to the pool) and are freed.
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/log.h"
 #include "common/timeutil.h"
+#include "common/trace.h"
 #include "engine/block_manager.h"
 #include "engine/engine_internal.h"
 #include "engine/scheduler.h"
@@ -42,7 +46,7 @@ struct atomc_engine {
     int n_inbox, inbox_cap;
     uint64_t *aborts;
     int n_aborts, aborts_cap;
-    uint64_t *live; // sorted ids of requests not yet finished
+    uint64_t *live; // (live_cap) open-addressing set of ids not yet finished; 0 = empty slot
     int n_live, live_cap;
     uint64_t next_id;
     bool thread_on, stop_requested;
@@ -69,6 +73,11 @@ struct atomc_engine {
     int o_top_cap;
     struct sequence **drained;
     int drained_cap;
+
+    // Profiling (options.profile_dir): spans of every step; NVTX ranges in CUDA builds.
+    struct trace *trace;
+    char *profile_dir;
+    int profile_count;
 };
 
 // --- defaults ------------------------------------------------------------------------------------
@@ -131,15 +140,57 @@ static uint64_t mix64(uint64_t x) { // splitmix64 finalizer
     return x ^ (x >> 31);
 }
 
-static int live_find(const atomc_engine *e, uint64_t id) {
-    int lo = 0, hi = e->n_live - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        if (e->live[mid] == id) return mid;
-        if (e->live[mid] < id) lo = mid + 1;
-        else hi = mid - 1;
+// The set of live request ids (under mu): linear probing in a power-of-two table kept at most
+// half full, deletion by backward shift (no tombstones). Ids are never 0.
+static size_t live_slot(uint64_t id, int cap) { return (size_t)(mix64(id) & (uint64_t)(cap - 1)); }
+
+static bool live_contains(const atomc_engine *e, uint64_t id) {
+    if (!e->live_cap) return false;
+    for (size_t i = live_slot(id, e->live_cap);; i = (i + 1) & (size_t)(e->live_cap - 1)) {
+        if (e->live[i] == id) return true;
+        if (e->live[i] == 0) return false;
     }
-    return -1;
+}
+
+static void live_insert_nogrow(uint64_t *t, int cap, uint64_t id) {
+    size_t i = live_slot(id, cap);
+    while (t[i]) i = (i + 1) & (size_t)(cap - 1);
+    t[i] = id;
+}
+
+static void live_insert(atomc_engine *e, uint64_t id) {
+    if (2 * (e->n_live + 1) > e->live_cap) {
+        int cap = e->live_cap ? e->live_cap * 2 : 64;
+        uint64_t *t = xcalloc((size_t)cap, sizeof *t);
+        for (int i = 0; i < e->live_cap; i++)
+            if (e->live[i]) live_insert_nogrow(t, cap, e->live[i]);
+        free(e->live);
+        e->live = t;
+        e->live_cap = cap;
+    }
+    live_insert_nogrow(e->live, e->live_cap, id);
+    e->n_live++;
+}
+
+static void live_remove(atomc_engine *e, uint64_t id) {
+    size_t mask = (size_t)e->live_cap - 1, i = live_slot(id, e->live_cap);
+    while (e->live[i] != id) {
+        CHECK(e->live[i] != 0);
+        i = (i + 1) & mask;
+    }
+    // Backward-shift deletion: move later entries of the probe run into the hole when their
+    // home slot does not lie cyclically in (hole, j].
+    size_t hole = i;
+    for (size_t j = (i + 1) & mask; e->live[j]; j = (j + 1) & mask) {
+        size_t home = live_slot(e->live[j], e->live_cap);
+        bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+        if (!stays) {
+            e->live[hole] = e->live[j];
+            hole = j;
+        }
+    }
+    e->live[hole] = 0;
+    e->n_live--;
 }
 
 static bool is_eos(const atomc_engine *e, int32_t t) {
@@ -361,10 +412,7 @@ static void retire(atomc_engine *e, struct sequence *s, atomc_finish_reason reas
     s->t_finish = time_now_s();
     emit(e, s, n_new, lp, error);
     pthread_mutex_lock(&e->mu);
-    int i = live_find(e, s->id);
-    CHECK(i >= 0);
-    memmove(e->live + i, e->live + i + 1, (size_t)(e->n_live - i - 1) * sizeof *e->live);
-    e->n_live--;
+    live_remove(e, s->id);
     pthread_cond_broadcast(&e->done);
     pthread_mutex_unlock(&e->mu);
     e->num_finished++;
@@ -378,8 +426,10 @@ static bool detok_feed(atomc_engine *e, struct sequence *s, int n_ids, int n_new
     if (!s->detok || s->stop.matched >= 0) return false;
     char *delta = NULL;
     size_t len = 0;
+    trace_begin(e->trace, "detokenize");
     atomc_status st =
         e->su.text.detok_step(s->detok, s->tokens + s->n_prompt, n_ids, n_new, final, &delta, &len);
+    trace_end(e->trace, "detokenize");
     if (st != ATOMC_OK) {
         LOG_WARN("request %llu: detokenization failed (%s)", (unsigned long long)s->id, atomc_status_name(st));
         free(delta);
@@ -623,30 +673,43 @@ int atomc_engine_step(atomc_engine *e) {
     drain_inbox(e);
     double now = time_now_s();
     struct scheduler_output so;
+    trace_begin(e->trace, "schedule");
     scheduler_schedule(e->sched, now, &so);
+    trace_end(e->trace, "schedule");
     if (so.n_seqs == 0) {
         refresh_stats(e);
         return 0;
     }
+    trace_begin(e->trace, "step");
+    trace_counter(e->trace, "batch_seqs", so.n_seqs);
     struct forward_batch fb;
+    trace_begin(e->trace, "prepare_inputs");
     build_batch(e, &so, &fb);
+    trace_end(e->trace, "prepare_inputs");
+    trace_counter(e->trace, "batch_tokens", fb.n_tokens);
     struct runner_output ro;
     memset(&ro, 0, sizeof ro);
     struct error err = {0};
+    trace_begin(e->trace, "execute");
     atomc_status st = e->su.model.execute(e->su.model.ctx, &fb, &ro, &err);
+    trace_end(e->trace, "execute");
     int n_seqs = so.n_seqs;
     e->num_steps++;
     if (st != ATOMC_OK) {
         // The batch failed: its sequences fail with the message; the engine keeps serving.
         LOG_ERROR("forward pass failed: %s", err.msg);
-        // Nothing is committed: their KV was not written and must not enter the prefix cache.
         e->drained = grow(e->drained, &e->drained_cap, n_seqs, sizeof *e->drained);
         memcpy(e->drained, so.seqs, (size_t)n_seqs * sizeof *e->drained); // retire compacts so.seqs
         for (int i = 0; i < n_seqs; i++) retire(e, e->drained[i], ATOMC_FINISH_ERROR, 0, NULL, err.msg);
         scheduler_complete_step(e->sched);
+        // Blocks registered for this step hold no valid KV: with the batch released they are all
+        // cached-but-free, and dropping those keeps them out of every later lookup.
+        block_manager_reset_prefix_cache(e->bm);
         refresh_stats(e);
+        trace_end(e->trace, "step");
         return n_seqs;
     }
+    trace_begin(e->trace, "postprocess");
     scheduler_complete_step(e->sched);
     if (fb.n_prompt_lp) collect_prompt_logprobs(e, &fb, &ro);
     now = time_now_s();
@@ -676,6 +739,8 @@ int atomc_engine_step(atomc_engine *e) {
         process_token(e, s, t, lpp, now);
     }
     refresh_stats(e);
+    trace_end(e->trace, "postprocess");
+    trace_end(e->trace, "step");
     return n_seqs;
 }
 
@@ -683,20 +748,25 @@ int atomc_engine_step(atomc_engine *e) {
 
 static int resolve(int v, int dflt) { return v > 0 ? v : dflt; }
 
+void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int *max_num_batched_tokens) {
+    bool cuda = o->device && !strcmp(o->device, "cuda");
+    *max_num_seqs = resolve(o->max_num_seqs, cuda ? 256 : 16);
+    *max_num_batched_tokens = resolve(o->max_num_batched_tokens, cuda ? 8192 : 2048);
+    if (*max_num_batched_tokens < *max_num_seqs && o->max_num_batched_tokens <= 0)
+        *max_num_batched_tokens = *max_num_seqs;
+}
+
 atomc_status engine_create_with(const atomc_engine_options *o, struct engine_setup *setup, atomc_engine **out,
                                 struct error *err) {
     *out = NULL;
     atomc_engine *e = xcalloc(1, sizeof *e);
     e->su = *setup;
     memset(setup, 0, sizeof *setup); // ownership moved
-    bool cuda = o->device && !strcmp(o->device, "cuda");
     e->block_size = o->block_size > 0 ? o->block_size : 16;
-    e->max_num_seqs = resolve(o->max_num_seqs, cuda ? 256 : 16);
-    e->max_num_batched_tokens = resolve(o->max_num_batched_tokens, cuda ? 8192 : 2048);
-    if (e->max_num_batched_tokens < e->max_num_seqs && o->max_num_batched_tokens <= 0)
-        e->max_num_batched_tokens = e->max_num_seqs;
+    engine_resolve_limits(o, &e->max_num_seqs, &e->max_num_batched_tokens);
     e->max_waiting = o->max_waiting;
     e->seed = o->seed;
+
     e->max_model_len = e->su.max_model_len;
     atomc_status st = ATOMC_OK;
     if (o->max_model_len < 0) {
@@ -718,6 +788,14 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
                        "max_model_len.",
                        e->max_model_len, (long)e->su.num_kv_blocks * e->block_size, e->su.num_kv_blocks,
                        e->block_size);
+    if (st == ATOMC_OK && o->profile_dir && *o->profile_dir) {
+        if (mkdir(o->profile_dir, 0755) != 0 && errno != EEXIST) {
+            st = error_set(err, ATOMC_ERR_IO, "profile directory %s: %s", o->profile_dir, strerror(errno));
+        } else {
+            e->profile_dir = xstrdup(o->profile_dir);
+            e->trace = trace_create(0);
+        }
+    }
     if (st == ATOMC_OK)
         st = block_manager_create(e->su.num_kv_blocks, e->block_size, o->enable_prefix_caching, &e->bm, err);
     if (st == ATOMC_OK) {
@@ -756,8 +834,7 @@ atomc_status atomc_engine_add_request(atomc_engine *e, const atomc_request *r, u
             s->id = e->next_id++;
             e->inbox = grow(e->inbox, &e->inbox_cap, e->n_inbox + 1, sizeof *e->inbox);
             e->inbox[e->n_inbox++] = s;
-            e->live = grow(e->live, &e->live_cap, e->n_live + 1, sizeof *e->live);
-            e->live[e->n_live++] = s->id; // ids increase: stays sorted
+            live_insert(e, s->id);
             if (out_id) *out_id = s->id;
             pthread_cond_signal(&e->wake);
         }
@@ -771,7 +848,7 @@ atomc_status atomc_engine_add_request(atomc_engine *e, const atomc_request *r, u
 atomc_status atomc_engine_abort(atomc_engine *e, uint64_t id) {
     atomc_status st = ATOMC_OK;
     pthread_mutex_lock(&e->mu);
-    if (live_find(e, id) < 0) {
+    if (id == 0 || !live_contains(e, id)) {
         st = ATOMC_ERR_NOT_FOUND;
     } else {
         e->aborts = grow(e->aborts, &e->aborts_cap, e->n_aborts + 1, sizeof *e->aborts);
@@ -874,7 +951,48 @@ void atomc_engine_free(atomc_engine *e) {
     free(e->b_plp_seq);
     free(e->o_top);
     free(e->drained);
+    trace_free(e->trace);
+    free(e->profile_dir);
     free(e);
+}
+
+static void copy_msg(char *buf, size_t len, const char *msg) {
+    if (buf && len) snprintf(buf, len, "%s", msg);
+}
+
+atomc_status atomc_engine_start_profile(atomc_engine *e, char *err, size_t err_len) {
+    if (!e->trace) {
+        copy_msg(err, err_len, "profiling is off: start the engine with a profile directory (--profile-dir DIR)");
+        return ATOMC_ERR_INVALID_ARGUMENT;
+    }
+    trace_start(e->trace);
+    return ATOMC_OK;
+}
+
+atomc_status atomc_engine_stop_profile(atomc_engine *e, char *path_out, size_t path_len, char *err_buf,
+                                       size_t err_len) {
+    if (!e->trace) {
+        copy_msg(err_buf, err_len, "profiling is off: start the engine with a profile directory (--profile-dir DIR)");
+        return ATOMC_ERR_INVALID_ARGUMENT;
+    }
+    if (!trace_is_enabled(e->trace)) {
+        copy_msg(err_buf, err_len, "no profile is running (start one first)");
+        return ATOMC_ERR_INVALID_ARGUMENT;
+    }
+    trace_stop(e->trace);
+    char path[4096];
+    pthread_mutex_lock(&e->mu);
+    int n = e->profile_count++;
+    pthread_mutex_unlock(&e->mu);
+    snprintf(path, sizeof path, "%s/atomc-trace-%d-%d.json", e->profile_dir, (int)getpid(), n);
+    struct error err = {0};
+    atomc_status st = trace_write_json(e->trace, path, NULL, &err);
+    if (st != ATOMC_OK) {
+        copy_msg(err_buf, err_len, err.msg);
+        return st;
+    }
+    copy_msg(path_out, path_len, path);
+    return ATOMC_OK;
 }
 
 void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s) {
@@ -896,6 +1014,12 @@ atomc_status atomc_engine_detokenize(atomc_engine *e, const int32_t *ids, int n_
                                      char **text) {
     if (!e->su.text.ctx) return ATOMC_ERR_UNSUPPORTED;
     return e->su.text.decode(e->su.text.ctx, ids, n_ids, skip_special_tokens, text, NULL);
+}
+
+const char *atomc_engine_token_bytes(atomc_engine *e, int32_t id, size_t *len) {
+    *len = 0;
+    if (!e->su.text.ctx || !e->su.text.token_bytes || id < 0) return NULL;
+    return e->su.text.token_bytes(e->su.text.ctx, id, len);
 }
 
 // --- blocking generate ---------------------------------------------------------------------------

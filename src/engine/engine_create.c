@@ -88,7 +88,8 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
                        o->generation_config);
         goto fail;
     }
-    bool cuda = o->device && !strcmp(o->device, "cuda");
+    int max_seqs, max_tokens;
+    engine_resolve_limits(o, &max_seqs, &max_tokens);
     struct runner_options ro = {
         .model_path = o->model_path,
         .device = o->device ? o->device : "cpu",
@@ -99,8 +100,8 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
         .num_kv_blocks = o->num_kv_blocks,
         .gpu_memory_utilization = o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9,
         .cpu_kv_cache_bytes = o->cpu_kv_cache_bytes,
-        .max_num_seqs = o->max_num_seqs > 0 ? o->max_num_seqs : (cuda ? 256 : 16),
-        .max_num_batched_tokens = o->max_num_batched_tokens > 0 ? o->max_num_batched_tokens : (cuda ? 8192 : 2048),
+        .max_num_seqs = max_seqs,
+        .max_num_batched_tokens = max_tokens,
         .max_model_len = o->max_model_len,
         .enforce_eager = o->enforce_eager,
         .num_threads = o->num_threads,

@@ -33,6 +33,7 @@ struct engine_text_ops {
     atomc_status (*detok_step)(void *state, const int32_t *ids, int n_ids, int n_new, bool final, char **out,
                                size_t *out_len);
     void (*detok_free)(void *state);
+    const char *(*token_bytes)(void *ctx, int32_t id, size_t *len); // may be NULL
     void (*free)(void *ctx); // may be NULL
 };
 
@@ -57,6 +58,10 @@ struct engine_setup {
 // Takes ownership of setup's contexts (freed with the engine, also on failure).
 atomc_status engine_create_with(const atomc_engine_options *o, struct engine_setup *setup, atomc_engine **out,
                                 struct error *err);
+
+// max_num_seqs / max_num_batched_tokens after defaults (0 = auto: 256 / 8192 on cuda, 16 / 2048
+// on cpu; the token budget is raised to max_num_seqs when only the latter was given).
+void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int *max_num_batched_tokens);
 
 // For tests: the engine's block manager (only touch it between steps, loop thread stopped).
 struct block_manager *engine_block_manager(atomc_engine *e);

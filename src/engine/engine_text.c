@@ -35,6 +35,8 @@ static void tok_detok_free(void *state) {
 
 static void tok_free(void *ctx) { tokenizer_free(ctx); }
 
+static const char *tok_token_bytes(void *ctx, int32_t id, size_t *len) { return tokenizer_token_bytes(ctx, id, len); }
+
 void engine_text_ops_from_tokenizer(struct engine_text_ops *ops, struct tokenizer *tok) {
     *ops = (struct engine_text_ops){.ctx = tok,
                                     .encode = tok_encode,
@@ -42,5 +44,6 @@ void engine_text_ops_from_tokenizer(struct engine_text_ops *ops, struct tokenize
                                     .detok_new = tok_detok_new,
                                     .detok_step = tok_detok_step,
                                     .detok_free = tok_detok_free,
+                                    .token_bytes = tok_token_bytes,
                                     .free = tok_free};
 }

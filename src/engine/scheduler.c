@@ -137,6 +137,9 @@ static void mark_scheduled(struct scheduler *s, struct sequence *seq, int n, int
     CHECK(n > 0 && seq->n_sched == 0 && s->n_scheduled < s->run_cap);
     bool ok = block_manager_allocate(s->bm, &seq->bt, seq->n_computed + n);
     CHECK(ok);
+    // Blocks this step fills are registered now, so sequences admitted later in the same step
+    // share them instead of recomputing (see block_manager.h on same-step sharing).
+    block_manager_commit(s->bm, &seq->bt, seq->tokens, seq->n_computed + n);
     seq->n_sched = n;
     s->scheduled[s->n_scheduled++] = seq;
     *budget -= n;
@@ -229,7 +232,6 @@ void scheduler_complete_step(struct scheduler *s) {
         seq->n_computed += seq->n_sched;
         CHECK(seq->n_computed <= seq->n_tokens);
         seq->n_sched = 0;
-        block_manager_commit(s->bm, &seq->bt, seq->tokens, seq->n_computed);
     }
     s->n_scheduled = 0;
 }

@@ -67,8 +67,10 @@ void scheduler_add(struct scheduler *s, struct sequence *seq); // to the back of
 // their blocks, sets t_first_scheduled on first admission.
 void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output *out);
 
-// After the forward pass: n_computed += n_sched for each scheduled sequence, newly full
-// blocks registered in the prefix cache, n_sched reset.
+// After the forward pass: n_computed += n_sched for each scheduled sequence, n_sched reset.
+// (Blocks a step fills are registered in the prefix cache when it is scheduled; if the forward
+// pass fails, the caller must drop them: block_manager_reset_prefix_cache once the batch's
+// sequences are released.)
 void scheduler_complete_step(struct scheduler *s);
 
 // Removes a sequence from the waiting queue or the running set and releases its blocks; also

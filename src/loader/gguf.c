@@ -5,6 +5,7 @@
 #include "loader/gguf.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -144,6 +145,27 @@ static uint64_t rd_le(const unsigned char *p, int n) {
     return v;
 }
 
+// Adds context after the file name: "<file>: <ctx><rest of the message>". Returns st, so
+// callers keep the original status even when err is NULL.
+static atomc_status with_ctx(atomc_status st, struct error *err, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static atomc_status with_ctx(atomc_status st, struct error *err, const char *path, const char *fmt, ...) {
+    if (!err || st == ATOMC_OK) return st;
+    char ctx[ERROR_MSG_MAX], tmp[3 * ERROR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx, sizeof ctx, fmt, ap);
+    va_end(ap);
+    const char *rest = err->msg;
+    size_t pl = strlen(path);
+    if (strncmp(rest, path, pl) == 0 && rest[pl] == ':' && rest[pl + 1] == ' ') rest += pl + 2;
+    snprintf(tmp, sizeof tmp, "%s: %s%s", path, ctx, rest);
+    size_t n = strnlen(tmp, sizeof err->msg - 1);
+    memcpy(err->msg, tmp, n);
+    err->msg[n] = '\0';
+    return st;
+}
+
 static atomc_status cur_need(struct cursor *c, uint64_t n, const char *what) {
     if (n > c->size - c->pos)
         return error_set(c->err, ATOMC_ERR_FORMAT,
@@ -203,7 +225,7 @@ static atomc_status read_array(struct cursor *c, void **arena, struct gguf_value
     uint64_t n;
     atomc_status st;
     if ((st = cur_u32(c, &et, "array element type")) || (st = cur_u64(c, &n, "array length")))
-        return error_prefix(c->err, "metadata key '%s': ", key);
+        return with_ctx(st, c->err, c->name, "metadata key '%s': ", key);
     if (et >= GGUF_TYPE_COUNT)
         return error_set(c->err, ATOMC_ERR_FORMAT, "%s: metadata key '%s': invalid array element type %u", c->name, key,
                          et);
@@ -237,7 +259,7 @@ static atomc_status read_array(struct cursor *c, void **arena, struct gguf_value
         v->arr_len = n;
         for (uint64_t i = 0; i < n; i++)
             if ((st = cur_string(c, arena, &v->strs[i], "array string")))
-                return error_prefix(c->err, "metadata key '%s' element %" PRIu64 ": ", key, i);
+                return with_ctx(st, c->err, c->name, "metadata key '%s' element %" PRIu64 ": ", key, i);
         return ATOMC_OK;
     }
     v->items = calloc(n ? n : 1, sizeof *v->items);
@@ -260,7 +282,7 @@ static atomc_status read_value(struct cursor *c, void **arena, enum gguf_type ty
     atomc_status st;
     size_t es = gguf_scalar_size(type);
     if (es) {
-        if ((st = cur_need(c, es, "metadata value"))) return error_prefix(c->err, "metadata key '%s': ", key);
+        if ((st = cur_need(c, es, "metadata value"))) return with_ctx(st, c->err, c->name, "metadata key '%s': ", key);
         uint64_t raw = rd_le(c->p + c->pos, (int)es);
         c->pos += es;
         switch (type) {
@@ -291,7 +313,7 @@ static atomc_status read_value(struct cursor *c, void **arena, enum gguf_type ty
     }
     if (type == GGUF_TYPE_STRING) {
         if ((st = cur_string(c, arena, &v->v.str, "string value")))
-            return error_prefix(c->err, "metadata key '%s': ", key);
+            return with_ctx(st, c->err, c->name, "metadata key '%s': ", key);
         return ATOMC_OK;
     }
     if (type == GGUF_TYPE_ARRAY) return read_array(c, arena, v, key, depth);
@@ -302,12 +324,30 @@ static atomc_status read_value(struct cursor *c, void **arena, enum gguf_type ty
 // ---------------------------------------------------------------------------------
 // Open / close.
 
+// Keys are compared as byte strings (they may, in principle, contain NUL bytes).
+static int cmp_bytes(const char *a, uint64_t alen, const char *b, uint64_t blen) {
+    int c = memcmp(a, b, (size_t)(alen < blen ? alen : blen));
+    if (c) return c;
+    return alen < blen ? -1 : alen > blen ? 1 : 0;
+}
+
+static int cmp_kv(const void *a, const void *b) {
+    const struct gguf_kv *x = *(struct gguf_kv *const *)a, *y = *(struct gguf_kv *const *)b;
+    return cmp_bytes(x->key.s, x->key.len, y->key.s, y->key.len);
+}
+
+static int cmp_tensor(const void *a, const void *b) {
+    return strcmp((*(struct gguf_tensor_info *const *)a)->name, (*(struct gguf_tensor_info *const *)b)->name);
+}
+
 void gguf_close(struct gguf_file *g) {
     if (!g) return;
     if (g->kv)
         for (uint64_t i = 0; i < g->n_kv; i++) value_free(&g->kv[i].value);
     free(g->kv);
     free(g->tensors);
+    free(g->kv_by_key);
+    free(g->tensors_by_name);
     arena_free(g->arena);
     if (g->map.data || g->map.path) mapped_file_close(&g->map);
     free(g->path);
@@ -345,18 +385,22 @@ static atomc_status gguf_parse(struct gguf_file *g, struct error *err) {
     for (uint64_t i = 0; i < n_kv_total; i++) {
         struct gguf_kv *kv = &g->kv[i];
         if ((st = cur_string(&c, &g->arena, &kv->key, "metadata key")))
-            return error_prefix(err, "metadata entry %" PRIu64 ": ", i);
+            return with_ctx(st, err, g->path, "metadata entry %" PRIu64 ": ", i);
         uint32_t type;
-        if ((st = cur_u32(&c, &type, "metadata value type"))) return error_prefix(err, "key '%s': ", kv->key.s);
+        if ((st = cur_u32(&c, &type, "metadata value type"))) return with_ctx(st, err, g->path, "key '%s': ", kv->key.s);
         g->n_kv = i + 1;
         if (type >= GGUF_TYPE_COUNT)
             return error_set(err, ATOMC_ERR_FORMAT, "%s: metadata key '%s': invalid value type %u", g->path,
                              kv->key.s, type);
-        for (uint64_t j = 0; j < i; j++)
-            if (g->kv[j].key.len == kv->key.len && memcmp(g->kv[j].key.s, kv->key.s, kv->key.len) == 0)
-                return error_set(err, ATOMC_ERR_FORMAT, "%s: duplicate metadata key '%s'", g->path, kv->key.s);
         if ((st = read_value(&c, &g->arena, (enum gguf_type)type, &kv->value, kv->key.s, 0))) return st;
     }
+    g->kv_by_key = malloc((g->n_kv ? g->n_kv : 1) * sizeof *g->kv_by_key);
+    if (!g->kv_by_key) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "%s: out of memory", g->path);
+    for (uint64_t i = 0; i < g->n_kv; i++) g->kv_by_key[i] = &g->kv[i];
+    qsort(g->kv_by_key, g->n_kv, sizeof *g->kv_by_key, cmp_kv);
+    for (uint64_t i = 1; i < g->n_kv; i++)
+        if (cmp_kv(&g->kv_by_key[i - 1], &g->kv_by_key[i]) == 0)
+            return error_set(err, ATOMC_ERR_FORMAT, "%s: duplicate metadata key '%s'", g->path, g->kv_by_key[i]->key.s);
     const struct gguf_value *al = gguf_get_value(g, "general.alignment");
     if (al) {
         uint32_t a;
@@ -372,10 +416,10 @@ static atomc_status gguf_parse(struct gguf_file *g, struct error *err) {
         struct gguf_tensor_info *t = &g->tensors[i];
         struct gguf_string name;
         if ((st = cur_string(&c, &g->arena, &name, "tensor name")))
-            return error_prefix(err, "tensor info %" PRIu64 ": ", i);
+            return with_ctx(st, err, g->path, "tensor info %" PRIu64 ": ", i);
         t->name = name.s;
         uint32_t nd;
-        if ((st = cur_u32(&c, &nd, "tensor ndim"))) return error_prefix(err, "tensor '%s': ", t->name);
+        if ((st = cur_u32(&c, &nd, "tensor ndim"))) return with_ctx(st, err, g->path, "tensor '%s': ", t->name);
         if (nd == 0 || nd > GGUF_MAX_DIMS)
             return error_set(err, ATOMC_ERR_FORMAT, "%s: tensor '%s': %u dimensions (must be 1..%d)", g->path, t->name,
                              nd, GGUF_MAX_DIMS);
@@ -383,7 +427,7 @@ static atomc_status gguf_parse(struct gguf_file *g, struct error *err) {
         uint64_t dims[GGUF_MAX_DIMS];
         uint64_t numel = 1;
         for (uint32_t d = 0; d < nd; d++) {
-            if ((st = cur_u64(&c, &dims[d], "tensor dimension"))) return error_prefix(err, "tensor '%s': ", t->name);
+            if ((st = cur_u64(&c, &dims[d], "tensor dimension"))) return with_ctx(st, err, g->path, "tensor '%s': ", t->name);
             if (dims[d] == 0 || dims[d] > (uint64_t)INT64_MAX || numel > (uint64_t)INT64_MAX / dims[d])
                 return error_set(err, ATOMC_ERR_FORMAT, "%s: tensor '%s': invalid dimension %" PRIu64, g->path,
                                  t->name, dims[d]);
@@ -391,7 +435,7 @@ static atomc_status gguf_parse(struct gguf_file *g, struct error *err) {
         }
         for (uint32_t d = 0; d < nd; d++) t->ne[d] = (int64_t)dims[nd - 1 - d];
         if ((st = cur_u32(&c, &t->ggml_type, "tensor type")) || (st = cur_u64(&c, &t->offset, "tensor offset")))
-            return error_prefix(err, "tensor '%s': ", t->name);
+            return with_ctx(st, err, g->path, "tensor '%s': ", t->name);
         struct ggml_type_desc td = ggml_type_desc(t->ggml_type);
         t->supported = ggml_type_to_dtype(t->ggml_type, &t->dtype);
         if (td.block_elems) {
@@ -407,10 +451,15 @@ static atomc_status gguf_parse(struct gguf_file *g, struct error *err) {
         if (t->offset % g->alignment != 0)
             return error_set(err, ATOMC_ERR_FORMAT, "%s: tensor '%s': data offset %" PRIu64
                              " is not a multiple of the alignment %u", g->path, t->name, t->offset, g->alignment);
-        for (uint64_t j = 0; j < i; j++)
-            if (strcmp(g->tensors[j].name, t->name) == 0)
-                return error_set(err, ATOMC_ERR_FORMAT, "%s: duplicate tensor name '%s'", g->path, t->name);
     }
+    g->tensors_by_name = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *g->tensors_by_name);
+    if (!g->tensors_by_name) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "%s: out of memory", g->path);
+    for (uint64_t i = 0; i < g->n_tensors; i++) g->tensors_by_name[i] = &g->tensors[i];
+    qsort(g->tensors_by_name, g->n_tensors, sizeof *g->tensors_by_name, cmp_tensor);
+    for (uint64_t i = 1; i < g->n_tensors; i++)
+        if (strcmp(g->tensors_by_name[i - 1]->name, g->tensors_by_name[i]->name) == 0)
+            return error_set(err, ATOMC_ERR_FORMAT, "%s: duplicate tensor name '%s'", g->path,
+                             g->tensors_by_name[i]->name);
     uint64_t pad = (g->alignment - c.pos % g->alignment) % g->alignment;
     g->data_offset = c.pos + pad;
     if (g->n_tensors > 0 && g->data_offset > g->size)
@@ -468,10 +517,10 @@ atomc_status gguf_open(struct gguf_file **out, const char *path, struct error *e
 // Metadata accessors.
 
 int64_t gguf_find_key(const struct gguf_file *g, const char *key) {
-    size_t len = strlen(key);
-    for (uint64_t i = 0; i < g->n_kv; i++)
-        if (g->kv[i].key.len == len && memcmp(g->kv[i].key.s, key, len) == 0) return (int64_t)i;
-    return -1;
+    struct gguf_kv probe = {.key = {.s = key, .len = strlen(key)}};
+    const struct gguf_kv *pp = &probe;
+    struct gguf_kv **hit = bsearch(&pp, g->kv_by_key, g->n_kv, sizeof *g->kv_by_key, cmp_kv);
+    return hit ? (int64_t)(*hit - g->kv) : -1;
 }
 
 const struct gguf_value *gguf_get_value(const struct gguf_file *g, const char *key) {
@@ -728,9 +777,10 @@ atomc_status gguf_get_arr_f32(const struct gguf_file *g, const char *key, float 
 // Tensors.
 
 const struct gguf_tensor_info *gguf_find_tensor(const struct gguf_file *g, const char *name) {
-    for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (strcmp(g->tensors[i].name, name) == 0) return &g->tensors[i];
-    return NULL;
+    struct gguf_tensor_info probe = {.name = name};
+    const struct gguf_tensor_info *pp = &probe;
+    struct gguf_tensor_info **hit = bsearch(&pp, g->tensors_by_name, g->n_tensors, sizeof *g->tensors_by_name, cmp_tensor);
+    return hit ? *hit : NULL;
 }
 
 atomc_status gguf_get_tensor(const struct gguf_file *g, const char *name, struct tensor *out, struct error *err) {

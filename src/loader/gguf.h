@@ -139,6 +139,8 @@ struct gguf_file {
     struct gguf_kv *kv;         // (n_kv)
     uint64_t n_tensors;
     struct gguf_tensor_info *tensors; // (n_tensors), in file order
+    struct gguf_kv **kv_by_key;       // (n_kv) sorted by key: O(log n) lookups, O(n log n) duplicate checks
+    struct gguf_tensor_info **tensors_by_name; // (n_tensors) sorted by name
     void *arena;                // owned string storage (opaque)
 };
 

@@ -2,6 +2,8 @@
 #include "loader/model_files.h"
 
 #include <inttypes.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +101,14 @@ static bool map_hf_to_gguf(const char *hf, struct gguf_mapping *m) {
         {"mlp.up_proj", "ffn_up", 0},
         {"mlp.down_proj", "ffn_down", 0},
         {"mlp.gate", "ffn_gate_inp", 0}, // MoE router
+        {"block_sparse_moe.gate", "ffn_gate_inp", 0}, // Mixtral router
+        {"mlp.shared_expert.gate_proj", "ffn_gate_shexp", 0},
+        {"mlp.shared_expert.up_proj", "ffn_up_shexp", 0},
+        {"mlp.shared_expert.down_proj", "ffn_down_shexp", 0},
+        {"mlp.shared_expert_gate", "ffn_gate_inp_shexp", 0},
+        {"mlp.shared_experts.gate_proj", "ffn_gate_shexp", 0}, // DeepSeek naming
+        {"mlp.shared_experts.up_proj", "ffn_up_shexp", 0},
+        {"mlp.shared_experts.down_proj", "ffn_down_shexp", 0},
         {"input_layernorm", "attn_norm", 0},
         {"post_attention_layernorm", "ffn_norm", 0},
     };
@@ -115,6 +125,16 @@ static bool map_hf_to_gguf(const char *hf, struct gguf_mapping *m) {
     if (sscanf(rest, "mlp.experts.%d.%15[a-z]_proj.weight%n", &expert, proj, &k) == 2 && rest[k] == '\0' &&
         expert >= 0 && (!strcmp(proj, "gate") || !strcmp(proj, "up") || !strcmp(proj, "down"))) {
         snprintf(m->name, sizeof m->name, "blk.%d.ffn_%s_exps.weight", layer, proj);
+        m->expert = expert;
+        return true;
+    }
+    // Mixtral: block_sparse_moe.experts.E.w1 (gate) / w3 (up) / w2 (down).
+    int wi;
+    k = 0;
+    if (sscanf(rest, "block_sparse_moe.experts.%d.w%d.weight%n", &expert, &wi, &k) == 2 && rest[k] == '\0' &&
+        expert >= 0 && wi >= 1 && wi <= 3) {
+        static const char *which[] = {"", "gate", "down", "up"};
+        snprintf(m->name, sizeof m->name, "blk.%d.ffn_%s_exps.weight", layer, which[wi]);
         m->expert = expert;
         return true;
     }
@@ -175,6 +195,59 @@ static atomc_status arch_f32(const struct gguf_file *g, const char *arch, const 
         if (st_ != ATOMC_OK) return st_; \
     } while (0)
 
+// llama.cpp's converter turns HF's llama3 rope_scaling into a rope_freqs.weight tensor of
+// per-frequency divisors (1 for short wavelengths, `factor` for long ones, a smooth blend
+// between) and writes no scaling metadata. Recover the HF parameters by matching the
+// tensor against the llama3 formula over the values real checkpoints use; if nothing
+// matches, refuse rather than run with silently wrong positions.
+static void llama3_factors(float theta, int dim, float factor, float low, float high, int orig, float *out) {
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < dim / 2; i++) {
+        double freq = 1.0 / pow((double)theta, (double)(2 * i) / dim);
+        double wavelen = 2 * pi / freq;
+        if (wavelen < orig / high) out[i] = 1.0f;
+        else if (wavelen > orig / low) out[i] = factor;
+        else {
+            double smooth = (orig / wavelen - low) / (high - low);
+            out[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+}
+
+static atomc_status gguf_llama3_rope(const struct gguf_file *g, struct model_config *c, struct error *err) {
+    const struct gguf_tensor_info *ti = gguf_find_tensor(g, "rope_freqs.weight");
+    if (!ti) return ATOMC_OK;
+    int half = c->rope.rotary_dim / 2;
+    if (ti->ggml_type != GGML_TYPE_F32 || ti->ndim != 1 || ti->ne[0] != half || half <= 0 || half > 1024)
+        return error_set(err, ATOMC_ERR_FORMAT, "%s: tensor 'rope_freqs.weight' must be F32 of shape [%d]", g->path,
+                         half);
+    float have[1024], want[1024];
+    memcpy(have, ti->data, (size_t)half * sizeof(float));
+    float factor = 1.0f;
+    for (int i = 0; i < half; i++) factor = have[i] > factor ? have[i] : factor;
+    if (factor == 1.0f) return ATOMC_OK; // all ones: no scaling
+    static const float lows[] = {1.0f, 0.5f, 2.0f}, highs[] = {4.0f, 2.0f, 8.0f};
+    static const int origs[] = {8192, 4096, 16384, 32768, 2048, 65536, 131072};
+    for (size_t a = 0; a < sizeof lows / sizeof lows[0]; a++)
+        for (size_t b = 0; b < sizeof highs / sizeof highs[0]; b++)
+            for (size_t o = 0; o < sizeof origs / sizeof origs[0]; o++) {
+                if (highs[b] <= lows[a]) continue;
+                llama3_factors(c->rope.theta, c->rope.rotary_dim, factor, lows[a], highs[b], origs[o], want);
+                bool ok = true;
+                for (int i = 0; ok && i < half; i++) ok = fabsf(have[i] - want[i]) <= 1e-4f * want[i];
+                if (!ok) continue;
+                c->rope.scaling = ROPE_SCALING_LLAMA3;
+                c->rope.factor = factor;
+                c->rope.low_freq_factor = lows[a];
+                c->rope.high_freq_factor = highs[b];
+                c->rope.original_max_position = origs[o];
+                return ATOMC_OK;
+            }
+    return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                     "%s: tensor 'rope_freqs.weight' holds RoPE frequency factors that match no llama3 "
+                     "rope_scaling (factor %g); atomc cannot reproduce them", g->path, factor);
+}
+
 static atomc_status gguf_config(struct model_files *mf, struct error *err) {
     const struct gguf_file *g = mf->gguf;
     struct model_config *c = &mf->config;
@@ -201,7 +274,9 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
     if (c->num_heads <= 0) return error_set(err, ATOMC_ERR_FORMAT, "%s: %s.attention.head_count is 0", g->path, arch);
     c->num_kv_heads = c->num_heads;
     TRY(arch_u32(g, arch, "attention.head_count_kv", false, &c->num_kv_heads, err));
-    c->head_dim = c->hidden_size / c->num_heads;
+    // head_dim: attention.key_length when present; else Qwen3's fixed 128 (as
+    // transformers' Qwen3Config assumes), else hidden / heads.
+    c->head_dim = (c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE) ? 128 : c->hidden_size / c->num_heads;
     TRY(arch_u32(g, arch, "attention.key_length", false, &c->head_dim, err));
     c->max_position_embeddings = 2048;
     TRY(arch_u32(g, arch, "context_length", false, &c->max_position_embeddings, err));
@@ -231,10 +306,7 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
             if (!c->rope.original_max_position) c->rope.original_max_position = c->max_position_embeddings;
         }
     }
-    // Llama-3 style frequency scaling is stored by llama.cpp as a rope_freqs.weight
-    // tensor (per-dimension divisors), not as metadata: tell the model through the name.
-    if (gguf_find_tensor(g, "rope_freqs.weight"))
-        LOG_INFO("%s: has rope_freqs.weight (precomputed RoPE frequency factors)", g->path);
+    TRY(gguf_llama3_rope(g, c, err));
 
     // MoE.
     TRY(arch_u32(g, arch, "expert_count", false, &c->num_experts, err));
@@ -257,8 +329,10 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
     c->torch_dtype = DTYPE_F32;
     for (int l = 0; l < c->num_layers; l++) c->layer_types[l] = LAYER_ATTN_FULL;
 
-    // Vocabulary: the tokenizer's token list (llama.cpp's authority), cross-checked
-    // against the embedding matrix.
+    // Vocabulary: the tokenizer's token list (tokenizer.ggml.tokens; <arch>.vocab_size if
+    // there is none). The embedding matrix may have more rows than tokens (checkpoints pad
+    // the vocabulary to a multiple of 64/128 for the GEMMs); then vocab_size is the row count,
+    // as HF's config would say, and the extra rows are never produced by the tokenizer.
     uint64_t n_tok = 0;
     if (gguf_has_key(g, "tokenizer.ggml.tokens")) {
         TRY(gguf_get_arr_info(g, "tokenizer.ggml.tokens", NULL, &n_tok, err));
@@ -269,14 +343,15 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
     }
     if (n_tok == 0 || n_tok > INT32_MAX)
         return error_set(err, ATOMC_ERR_FORMAT, "%s: vocabulary size %" PRIu64 " is invalid", g->path, n_tok);
-    c->vocab_size = (int)n_tok;
     const struct gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb) return error_set(err, ATOMC_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", g->path);
-    if (emb->ndim != 2 || emb->ne[0] != c->vocab_size || emb->ne[1] != c->hidden_size)
+    if (emb->ndim != 2 || emb->ne[0] < (int64_t)n_tok || emb->ne[0] > INT32_MAX || emb->ne[1] != c->hidden_size)
         return error_set(err, ATOMC_ERR_FORMAT,
-                         "%s: tensor 'token_embd.weight' has shape [%" PRId64 ", %" PRId64 "], expected [%d, %d] "
-                         "(vocab from tokenizer.ggml.tokens, %s.embedding_length)",
-                         g->path, emb->ne[0], emb->ndim > 1 ? emb->ne[1] : 0, c->vocab_size, c->hidden_size, arch);
+                         "%s: tensor 'token_embd.weight' has shape [%" PRId64 ", %" PRId64 "], expected [>= %" PRIu64
+                         ", %d] (%" PRIu64 " tokens in tokenizer.ggml.tokens, %s.embedding_length %d)",
+                         g->path, emb->ne[0], emb->ndim > 1 ? emb->ne[1] : 0, n_tok, c->hidden_size, n_tok, arch,
+                         c->hidden_size);
+    c->vocab_size = (int)emb->ne[0];
     c->tie_word_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     // Biases on q/k/v (Qwen2-style) show up as tensors.
     c->attention_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
@@ -452,7 +527,10 @@ static atomc_status get_gguf(struct model_files *mf, const char *hf_name, struct
     }
     struct tensor t;
     atomc_status st = gguf_get_tensor(mf->gguf, gname, &t, err);
-    if (st) return error_prefix(err, "tensor '%s': ", hf_name);
+    if (st) {
+        error_prefix(err, "%s (GGUF '%s'): ", hf_name, gname);
+        return st;
+    }
     if (m.expert >= 0) {
         if (t.ndim != 3 || m.expert >= t.ne[0])
             return error_set(err, ATOMC_ERR_NOT_FOUND, "%s: missing tensor '%s': '%s' has no expert %d", mf->gguf->path,
@@ -469,14 +547,44 @@ static atomc_status get_gguf(struct model_files *mf, const char *hf_name, struct
     return ATOMC_OK;
 }
 
+// Files only promise the alignment their writer gave them (safetensors: none beyond the
+// header's padding; GGUF: general.alignment, which may be 1). Kernels may load elements
+// through typed pointers, so a plain-typed view that is not aligned to its element size
+// is copied once into an owned (malloc-aligned) buffer. Quantised blocks are byte-addressed.
+static atomc_status ensure_aligned(struct model_files *mf, const char *hf_name, struct tensor *t, struct error *err) {
+    size_t align = dtype_block_elems(t->dtype) == 1 ? dtype_block_bytes(t->dtype) : 1;
+    if (align <= 1 || (uintptr_t)t->data % align == 0) return ATOMC_OK;
+    char key[300];
+    snprintf(key, sizeof key, "%s#aligned", hf_name);
+    const struct tensor *cached = owned_find(mf, key);
+    if (cached) {
+        *t = *cached;
+        return ATOMC_OK;
+    }
+    size_t bytes = tensor_bytes(t);
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf)
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "%s: out of memory aligning tensor '%s'",
+                         model_files_source(mf, hf_name), hf_name);
+    memcpy(buf, t->data, bytes);
+    *t = *owned_add(mf, key, buf, *t);
+    return ATOMC_OK;
+}
+
 atomc_status model_files_get_tensor(struct model_files *mf, const char *hf_name, struct tensor *out,
                                     struct error *err) {
-    if (mf->kind == MODEL_FILES_GGUF) return get_gguf(mf, hf_name, out, err);
-    const char *file;
-    atomc_status st = safetensors_set_get_tensor(mf->st, hf_name, out, &file, err);
-    if (st == ATOMC_ERR_NOT_FOUND)
-        return error_set(err, ATOMC_ERR_NOT_FOUND, "%s: missing tensor '%s'", model_files_source(mf, hf_name), hf_name);
-    return st;
+    atomc_status st;
+    if (mf->kind == MODEL_FILES_GGUF) {
+        st = get_gguf(mf, hf_name, out, err);
+    } else {
+        const char *file;
+        st = safetensors_set_get_tensor(mf->st, hf_name, out, &file, err);
+        if (st == ATOMC_ERR_NOT_FOUND)
+            return error_set(err, ATOMC_ERR_NOT_FOUND, "%s: missing tensor '%s'", model_files_source(mf, hf_name),
+                             hf_name);
+    }
+    if (st) return st;
+    return ensure_aligned(mf, hf_name, out, err);
 }
 
 static bool class_accepts(enum tensor_class c, enum dtype d) {

@@ -12,13 +12,18 @@
 //   LLaMA-architecture files, whose rows llama.cpp's converter permuted
 //   (w.reshape(n_head, 2, head_dim/2, in).swapaxes(1, 2)); they are un-permuted into an
 //   owned buffer, in the same dtype (rows are whole quantisation blocks, so moving rows
-//   is exact), and cached. Owned buffers live until model_files_close().
+//   is exact), and cached. Likewise a plain-typed view whose address is not a multiple of
+//   its element size (a writer that did not pad) is copied once into an aligned owned
+//   buffer. Owned buffers live until model_files_close().
 // - GGUF names are mapped from HF names (model.embed_tokens.weight <- token_embd.weight,
 //   model.layers.N.self_attn.q_proj.weight <- blk.N.attn_q.weight, ...; per-expert
-//   weights model.layers.N.mlp.experts.E.gate_proj.weight are views of expert E of
-//   blk.N.ffn_gate_exps.weight). A GGUF without output.weight has tied embeddings
+//   weights model.layers.N.mlp.experts.E.gate_proj.weight, or Mixtral's
+//   block_sparse_moe.experts.E.w1/w3/w2, are views of expert E of blk.N.ffn_{gate,up,down}_exps;
+//   shared experts map to ffn_*_shexp). A GGUF without output.weight has tied embeddings
 //   (config.tie_word_embeddings), and lm_head.weight is then NOT_FOUND. Names with no HF
 //   mapping are looked up verbatim (e.g. llama.cpp's rope_freqs.weight).
+// - Not thread-safe: model_files_get_tensor may fill its cache of owned buffers; load
+//   weights from one thread (views it returned may then be read from any thread).
 // - Errors name the file and the tensor: missing tensor (ATOMC_ERR_NOT_FOUND), wrong
 //   shape or dtype class in model_files_expect (ATOMC_ERR_FORMAT), unsupported dtype.
 //

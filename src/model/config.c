@@ -334,7 +334,24 @@ static atomc_status parse_dtype(struct ctx *x, const json_t *root, enum dtype *o
     return ATOMC_OK;
 }
 
+static atomc_status parse_layer_types_list(struct ctx *x, const json_t *root, struct model_config *c);
+
 static atomc_status parse_layer_types(struct ctx *x, const json_t *root, struct model_config *c) {
+    // Qwen configs carry sliding_window but switch it off with use_sliding_window (default
+    // false there, as in transformers' Qwen3 configs); a layer typed "sliding_attention"
+    // without a window attends fully, which is what transformers does.
+    bool qwen = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_QWEN3_NEXT;
+    bool use_sw = !qwen;
+    TRY(get_bool(x, root, "use_sliding_window", &use_sw));
+    if (!use_sw) c->sliding_window = 0;
+    TRY(parse_layer_types_list(x, root, c));
+    if (c->sliding_window == 0)
+        for (int l = 0; l < c->num_layers; l++)
+            if (c->layer_types[l] == LAYER_ATTN_SLIDING) c->layer_types[l] = LAYER_ATTN_FULL;
+    return ATOMC_OK;
+}
+
+static atomc_status parse_layer_types_list(struct ctx *x, const json_t *root, struct model_config *c) {
     const json_t *lt = jget(root, "layer_types");
     if (lt) {
         if (!json_is_array(lt)) return bad_type(x, "layer_types", lt, "a list of strings");
@@ -361,9 +378,6 @@ static atomc_status parse_layer_types(struct ctx *x, const json_t *root, struct 
             c->layer_types[l] = (l + 1) % interval == 0 ? LAYER_ATTN_FULL : LAYER_ATTN_LINEAR;
         return ATOMC_OK;
     }
-    bool use_sw = true; // Qwen configs carry sliding_window but switch it off with use_sliding_window
-    TRY(get_bool(x, root, "use_sliding_window", &use_sw));
-    if (!use_sw) c->sliding_window = 0;
     for (int l = 0; l < c->num_layers; l++) c->layer_types[l] = c->sliding_window > 0 ? LAYER_ATTN_SLIDING : LAYER_ATTN_FULL;
     return ATOMC_OK;
 }
@@ -492,8 +506,10 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     TRY(get_int(x, root, "qk_rope_head_dim", false, 0, 1 << 16, &c->qk_rope_head_dim));
     TRY(get_int(x, root, "v_head_dim", false, 0, 1 << 16, &c->v_head_dim));
     if (c->kv_lora_rank > 0) {
-        // MLA: RoPE covers only the qk_rope_head_dim part of each head; DeepSeek's
-        // checkpoints store those dims interleaved (rope_interleave, default true).
+        // MLA: RoPE covers only the qk_rope_head_dim part of each head (transformers'
+        // DeepseekV3Config sets head_dim to it, so do we); DeepSeek's checkpoints store those
+        // dims interleaved (rope_interleave, default true).
+        if (c->qk_rope_head_dim > 0) c->head_dim = c->qk_rope_head_dim;
         c->rope.rotary_dim = c->qk_rope_head_dim;
         c->rope.interleaved = true;
         TRY(get_bool(x, root, "rope_interleave", &c->rope.interleaved));

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "loader/model_files.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 // ---------------------------------------------------------------------------------------------
 // RoPE inverse frequencies
@@ -94,10 +95,26 @@ void model_rope_inv_freq(const struct model_config *cfg, int rotary_dim, float *
 // ---------------------------------------------------------------------------------------------
 // Loading
 
+// Dummy weights come from a few pools of random values (one per (lo, hi, dtype)), already
+// converted to the weight dtype: each tensor copies a run of its pool starting at a seeded
+// offset, wrapping around. Generating billions of independent numbers on one host thread
+// would dominate the start-up of a dummy 8B model; the values only need to be random-looking,
+// finite and of the right scale, and copying keeps dummy loading at the host-to-device rate.
+#define DUMMY_POOL_ELEMS ((int64_t)1 << 22)
+#define DUMMY_MAX_POOLS 8
+
+struct dummy_pool {
+    float lo, hi;
+    enum dtype dtype;
+    unsigned char *data; // DUMMY_POOL_ELEMS elements of dtype
+};
+
 struct weight_loader {
     struct model *m;
     struct model_files *files; // NULL = dummy
     uint64_t seed;             // dummy: advanced per tensor
+    struct dummy_pool pools[DUMMY_MAX_POOLS];
+    int n_pools;
 };
 
 static void weight_release(struct model *m, struct tensor *t) {
@@ -113,8 +130,40 @@ static uint64_t splitmix64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-// Random weights in [lo, hi) written straight into backend memory: on the device when the
-// backend can (fill_uniform), else generated on the host in chunks and copied.
+static const struct dummy_pool *dummy_pool_get(struct weight_loader *L, float lo, float hi, enum dtype dt,
+                                               struct error *err) {
+    for (int i = 0; i < L->n_pools; i++)
+        if (L->pools[i].lo == lo && L->pools[i].hi == hi && L->pools[i].dtype == dt) return &L->pools[i];
+    if (L->n_pools == DUMMY_MAX_POOLS) { // many distinct scales: recycle the oldest pool
+        free(L->pools[0].data);
+        memmove(&L->pools[0], &L->pools[1], sizeof L->pools[0] * (DUMMY_MAX_POOLS - 1));
+        L->n_pools--;
+    }
+    size_t esz = dtype_row_bytes(dt, 1);
+    float *f = malloc((size_t)DUMMY_POOL_ELEMS * sizeof(float));
+    unsigned char *data = malloc((size_t)DUMMY_POOL_ELEMS * esz);
+    if (!f || !data) {
+        free(f);
+        free(data);
+        error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: out of host memory");
+        return NULL;
+    }
+    uint64_t s = L->seed ^ ((uint64_t)L->n_pools * 0x632be59bd9b4e019ull);
+    for (int64_t i = 0; i < DUMMY_POOL_ELEMS; i++)
+        f[i] = lo == hi ? lo : lo + (hi - lo) * (float)((splitmix64(&s) >> 40) * (1.0 / 16777216.0));
+    dtype_from_f32(dt, f, data, DUMMY_POOL_ELEMS);
+    free(f);
+    struct dummy_pool *p = &L->pools[L->n_pools++];
+    *p = (struct dummy_pool){.lo = lo, .hi = hi, .dtype = dt, .data = data};
+    return p;
+}
+
+static void dummy_pools_free(struct weight_loader *L) {
+    for (int i = 0; i < L->n_pools; i++) free(L->pools[i].data);
+    L->n_pools = 0;
+}
+
+// Random weights in [lo, hi) (lo == hi: that constant) copied into backend memory from a pool.
 static atomc_status weight_fill_dummy(struct weight_loader *L, struct tensor *t, float lo, float hi,
                                       const char *name, struct error *err) {
     struct backend *b = L->m->backend;
@@ -124,48 +173,17 @@ static atomc_status weight_fill_dummy(struct weight_loader *L, struct tensor *t,
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: cannot allocate %zu bytes for %s", bytes, name);
     uint64_t seed = L->seed;
     L->seed = splitmix64(&seed);
-    if (lo == hi) { // constant (norm weights = 1)
-        enum { CHUNK = 1 << 16 };
-        float *f = xmalloc(CHUNK * sizeof(float));
-        unsigned char *c = xmalloc(CHUNK * 4);
-        int64_t n = tensor_numel(t), esz = (int64_t)dtype_row_bytes(t->dtype, 1);
-        for (int64_t i = 0; i < CHUNK; i++) f[i] = lo;
-        for (int64_t off = 0; off < n; off += CHUNK) {
-            int64_t k = n - off < CHUNK ? n - off : CHUNK;
-            dtype_from_f32(t->dtype, f, c, k);
-            b->ops->copy_h2d(b, (char *)t->data + off * esz, c, (size_t)(k * esz));
-        }
-        free(f);
-        free(c);
-        return ATOMC_OK;
-    }
-    if (b->ops->fill_uniform) {
-        atomc_status st = b->ops->fill_uniform(b, t, L->seed, lo, hi, err);
-        if (st != ATOMC_OK) return error_prefix(err, "dummy weights %s: ", name);
-        return ATOMC_OK;
-    }
-    enum { CHUNK = 1 << 20 };
-    float *f = malloc(CHUNK * sizeof(float));
-    unsigned char *c = malloc(CHUNK * 4);
-    if (!f || !c) {
-        free(f);
-        free(c);
-        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: out of host memory");
-    }
+    const struct dummy_pool *p = dummy_pool_get(L, lo, hi, t->dtype, err);
+    if (!p) return err ? err->status : ATOMC_ERR_OUT_OF_MEMORY;
     int64_t n = tensor_numel(t), esz = (int64_t)dtype_row_bytes(t->dtype, 1);
-    uint64_t s = L->seed;
-    for (int64_t off = 0; off < n; off += CHUNK) {
-        int64_t k = n - off < CHUNK ? n - off : CHUNK;
-        for (int64_t i = 0; i < k; i++) f[i] = lo + (hi - lo) * (float)((splitmix64(&s) >> 40) * (1.0 / 16777216.0));
-        if (t->dtype == DTYPE_F32) {
-            b->ops->copy_h2d(b, (char *)t->data + off * esz, f, (size_t)(k * esz));
-        } else {
-            dtype_from_f32(t->dtype, f, c, k);
-            b->ops->copy_h2d(b, (char *)t->data + off * esz, c, (size_t)(k * esz));
-        }
+    int64_t src = (int64_t)(L->seed % (uint64_t)DUMMY_POOL_ELEMS);
+    for (int64_t off = 0; off < n;) {
+        int64_t k = DUMMY_POOL_ELEMS - src;
+        if (k > n - off) k = n - off;
+        b->ops->copy_h2d(b, (char *)t->data + off * esz, p->data + src * esz, (size_t)(k * esz));
+        off += k;
+        src = 0;
     }
-    free(f);
-    free(c);
     return ATOMC_OK;
 }
 
@@ -246,6 +264,16 @@ static atomc_status weight_load_fused(struct weight_loader *L, struct tensor *ds
     return ATOMC_OK;
 }
 
+atomc_status model_weight_load(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
+                               const int64_t *ne, int kind, struct error *err) {
+    return weight_load(L, dst, name, ndim, ne, kind, err);
+}
+
+atomc_status model_weight_load_fused(struct weight_loader *L, struct tensor *dst, int n, const char *const *names,
+                                     const int64_t *rows, int64_t cols, int kind, struct error *err) {
+    return weight_load_fused(L, dst, n, names, rows, cols, kind, err);
+}
+
 static bool weight_exists(struct weight_loader *L, const char *name) {
     return L->files && model_files_has_tensor(L->files, name);
 }
@@ -288,6 +316,7 @@ static atomc_status model_load_layer(struct weight_loader *L, int l, struct erro
         LNAME(n[0], "self_attn.k_norm.weight");
         if ((st = weight_load(L, &ly->k_norm, n[0], 1, (int64_t[]){D}, 1, err))) return st;
     }
+    if (model_config_layer_is_moe(c, l)) return model_moe_load_layer(L, m, l, err); // moe.c
     int64_t gu_rows[2] = {I, I};
     LNAME(n[0], "mlp.gate_proj.weight");
     LNAME(n[1], "mlp.up_proj.weight");
@@ -309,12 +338,15 @@ static void model_layer_free(struct model *m, struct model_layer *ly) {
     struct tensor *ts[] = {&ly->attn_norm, &ly->qkv,      &ly->qkv_bias,     &ly->q_norm, &ly->k_norm,   &ly->o,
                            &ly->o_bias,    &ly->mlp_norm, &ly->gate_up,      &ly->gate_up_bias, &ly->down, &ly->down_bias};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) weight_release(m, ts[i]);
+    model_moe_layer_free(m, ly);
 }
 
 static atomc_status model_check_config(const struct model_config *c, struct error *err) {
-    if (c->arch != MODEL_ARCH_LLAMA && c->arch != MODEL_ARCH_QWEN3)
+    bool moe_arch = c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_MIXTRAL;
+    if (c->arch != MODEL_ARCH_LLAMA && c->arch != MODEL_ARCH_QWEN3 && !moe_arch)
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
-                         "architecture %s is not supported yet (supported: LlamaForCausalLM, Qwen3ForCausalLM)",
+                         "architecture %s is not supported yet (supported: LlamaForCausalLM, Qwen3ForCausalLM, "
+                         "Qwen3MoeForCausalLM, MixtralForCausalLM)",
                          c->architecture[0] ? c->architecture : model_arch_name(c->arch));
     if (c->hidden_size <= 0 || c->num_layers <= 0 || c->num_heads <= 0 || c->num_kv_heads <= 0 || c->head_dim <= 0 ||
         c->vocab_size <= 0 || c->intermediate_size <= 0)
@@ -326,6 +358,24 @@ static atomc_status model_check_config(const struct model_config *c, struct erro
                          c->num_heads, c->num_kv_heads);
     if (c->hidden_act[0] && strcmp(c->hidden_act, "silu") != 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", c->hidden_act);
+    for (int l = 0; l < c->num_layers; l++)
+        if (c->layer_types[l] == LAYER_ATTN_LINEAR)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "layer %d uses linear attention, which %s does not have",
+                             l, c->architecture);
+    if (moe_arch && (c->num_experts <= 0 || c->num_experts > 1024 || c->num_experts_per_tok <= 0 ||
+                     c->num_experts_per_tok > c->num_experts || c->moe_intermediate_size <= 0))
+        return error_set(err, ATOMC_ERR_FORMAT, "%s config: %d experts, top-%d, moe_intermediate_size %d (need 1..1024 "
+                         "experts, 1 <= top-k <= experts)", c->architecture, c->num_experts, c->num_experts_per_tok,
+                         c->moe_intermediate_size);
+    if (moe_arch && c->n_shared_experts > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for %d shared experts, which the MoE block does "
+                         "not load yet", c->architecture, c->n_shared_experts);
+    if (moe_arch && (c->n_group > 1 || (c->scoring_func[0] && strcmp(c->scoring_func, "softmax"))))
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for grouped top-k (n_group %d) or '%s' scoring; "
+                         "the MoE router implements softmax top-k only", c->architecture, c->n_group, c->scoring_func);
+    if (c->attention_sinks || (c->num_experts > 0 && !moe_arch) || c->q_lora_rank > 0 || c->kv_lora_rank > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for attention sinks, experts or MLA, which the "
+                         "dense forward does not implement", c->architecture);
     int rd = c->rope.rotary_dim > 0 ? c->rope.rotary_dim : c->head_dim;
     if (rd % 2 != 0 || rd > c->head_dim)
         return error_set(err, ATOMC_ERR_FORMAT, "rotary dimension %d is odd or exceeds head_dim %d", rd, c->head_dim);
@@ -345,6 +395,7 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     m->kv_dim = cfg->num_kv_heads * cfg->head_dim;
     m->qkv_dim = m->q_dim + 2 * m->kv_dim;
     m->layers = xcalloc((size_t)cfg->num_layers, sizeof *m->layers);
+    if (cfg->num_experts > 0) m->moe_route = model_moe_route_args(cfg);
     struct weight_loader L = {.m = m, .files = o->files, .seed = o->dummy_seed ^ 0x5eedULL};
     int64_t V = cfg->vocab_size, H = cfg->hidden_size;
 
@@ -377,22 +428,40 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     free(h_inv);
     m->rope = (struct rope_args){.inv_freq = m->inv_freq, .rotary_dim = rd, .attn_factor = attn_factor,
                                  .interleaved = cfg->rope.interleaved};
+    b->ops->synchronize(b); // pools are host memory the copies may still read
+    dummy_pools_free(&L);
     *out = m;
     return ATOMC_OK;
 fail:
+    b->ops->synchronize(b);
+    dummy_pools_free(&L);
     model_free(m);
     return st;
+}
+
+int64_t model_param_count(const struct model_config *c) {
+    int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, V = c->vocab_size;
+    int64_t q = (int64_t)c->num_heads * D, kv = (int64_t)c->num_kv_heads * D;
+    int64_t layer = H * (q + 2 * kv) + q * H + 2 * H;
+    if (c->attention_bias) layer += q + 2 * kv + H;
+    if (c->mlp_bias) layer += 2 * I + H;
+    if (c->qk_norm) layer += 2 * D;
+    int64_t mlp = 0;
+    for (int l = 0; l < c->num_layers; l++)
+        mlp += model_config_layer_is_moe(c, l) ? model_moe_layer_params(c, false) : 3 * H * I;
+    return V * H * (c->tie_word_embeddings ? 1 : 2) + layer * c->num_layers + mlp + H;
 }
 
 static void model_scratch_free(struct model *m) {
     struct model_scratch *s = &m->scratch;
     void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->qn, &s->kn, &s->attn, &s->gate_up, &s->act,
-                   &s->lg_res, &s->lg_h, &s->lg_x, &s->lg_act, (void **)&s->logits};
+                   &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
         if (*ps[i]) m->backend->ops->free(m->backend, *ps[i]);
         *ps[i] = NULL;
     }
     s->bytes = 0;
+    model_moe_scratch_free(m);
 }
 
 atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits_rows, struct error *err) {
@@ -420,7 +489,6 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {&s->lg_res, R * H * e},
         {&s->lg_h, R * H * e},
         {&s->lg_x, R * H * e},
-        {&s->lg_act, b->act_dtype != DTYPE_F32 ? R * (size_t)c->vocab_size * e : 0},
         {(void **)&s->logits, R * (size_t)c->vocab_size * sizeof(float)},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -435,6 +503,12 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         }
         s->bytes += want[i].bytes;
     }
+    atomc_status st = model_moe_scratch_alloc(m, max_tokens, err);
+    if (st != ATOMC_OK) {
+        model_scratch_free(m);
+        return st;
+    }
+    s->bytes += s->moe.bytes;
     return ATOMC_OK;
 }
 

@@ -12,6 +12,8 @@
 #include "common/error.h"
 #include "model/config.h"
 
+struct backend;
+
 // Sampling parameters of one logits row (copied from the request's atomc_sampling_params).
 struct sample_row {
     float temperature, top_p, min_p;
@@ -88,6 +90,9 @@ struct runner_options {
     bool enforce_eager;
     int num_threads;
     uint64_t dummy_seed;
+    // Optional: run on this already created backend instead of creating one from `device`.
+    // Ownership passes to the runner (freed by model_runner_free, also on a failed create).
+    struct backend *backend;
 };
 
 struct model_runner;
@@ -113,5 +118,7 @@ int model_runner_max_model_len(const struct model_runner *r);
 int model_runner_block_size(const struct model_runner *r);
 size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
 int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element
+int model_runner_num_graphs(const struct model_runner *r);        // captured decode graphs
+uint64_t model_runner_num_graph_replays(const struct model_runner *r);
 
 #endif

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -155,6 +156,33 @@ static json_t *flatten_parts(const json_t *content) {
     return s;
 }
 
+// The message's reasoning under any of the names clients use for it (HF's order), or NULL.
+static json_t *reasoning_of(const json_t *m) {
+    static const char *const names[] = {"reasoning_content", "thinking", "reasoning"};
+    for (int i = 0; i < 3; i++) {
+        json_t *v = json_object_get(m, names[i]);
+        if (v && !json_is_null(v)) return v;
+    }
+    return NULL;
+}
+
+// As transformers' _alias_reasoning_fields: {"thinking": r, **message, "reasoning_content": r},
+// so templates reading either name see the reasoning. Consumes m; returns a new object.
+static json_t *alias_reasoning(json_t *m, json_t *reasoning) {
+    json_t *r = json_incref(reasoning);
+    json_t *out = json_object();
+    if (out) {
+        json_object_set(out, "thinking", r);
+        const char *k;
+        json_t *v;
+        json_object_foreach(m, k, v) json_object_set(out, k, v);
+        json_object_set(out, "reasoning_content", r);
+    }
+    json_decref(r);
+    json_decref(m);
+    return out;
+}
+
 #define CONTINUE_TAG "CONTINUE_FINAL_MESSAGE_TAG "
 
 // Python str.strip() of ASCII/Unicode whitespace for the "final message appears" check.
@@ -167,11 +195,13 @@ static void strip_bounds(const char *s, size_t n, size_t *a, size_t *b) {
     *b = j;
 }
 
-atomc_status chat_template_render_ex(const struct chat_template *t, const json_t *messages, const json_t *tools,
-                                     bool add_generation_prompt, bool continue_final_message, const json_t *kwargs,
-                                     const char *bos_token, const char *eos_token,
-                                     const struct jinja_render_options *opt, char **out, struct error *err) {
+static atomc_status render_impl(const struct chat_template *t, const json_t *messages, const json_t *tools,
+                                const json_t *documents, bool add_generation_prompt, bool continue_final_message,
+                                const json_t *kwargs, const char *bos_token, const char *eos_token,
+                                const struct jinja_render_options *opt, char **out, struct error *err) {
     *out = NULL;
+    if (documents && !json_is_null(documents) && !json_is_array(documents))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "'documents' must be an array");
     atomc_status st = chat_template_validate_messages(messages, err);
     if (st != ATOMC_OK) return st;
     if (tools && !json_is_null(tools) && !json_is_array(tools))
@@ -188,13 +218,14 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
     json_t *msgs = (json_t *)messages;
     bool copied = false;
     size_t n = json_array_size(messages);
-    if (!t->content_as_parts || continue_final_message) {
+    {
         for (size_t i = 0; i < n; i++) {
             json_t *m = json_array_get(msgs, i);
             json_t *c = json_object_get(m, "content");
             bool last = i + 1 == n;
             bool flatten = !t->content_as_parts && json_is_array(c);
-            if (!flatten && !(continue_final_message && last)) continue;
+            json_t *reasoning = reasoning_of(m);
+            if (!flatten && !reasoning && !(continue_final_message && last)) continue;
             if (!copied) {
                 msgs = json_copy(msgs); // shallow: messages are replaced one by one below
                 if (!msgs) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of memory");
@@ -206,6 +237,11 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
                 return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of memory");
             }
             if (flatten) json_object_set_new(nm, "content", flatten_parts(c));
+            if (reasoning) nm = alias_reasoning(nm, reasoning);
+            if (!nm) {
+                json_decref(msgs);
+                return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of memory");
+            }
             json_array_set_new(msgs, i, nm);
         }
     }
@@ -272,7 +308,7 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
     }
     json_object_set(vars, "messages", msgs);
     json_object_set_new(vars, "tools", tools ? json_incref((json_t *)tools) : json_null());
-    json_object_set_new(vars, "documents", json_null());
+    json_object_set_new(vars, "documents", documents ? json_incref((json_t *)documents) : json_null());
     json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
     if (copied) json_decref(msgs);
 
@@ -309,11 +345,46 @@ atomc_status chat_template_render_ex(const struct chat_template *t, const json_t
     return ATOMC_OK;
 }
 
+atomc_status chat_template_render_ex(const struct chat_template *t, const json_t *messages, const json_t *tools,
+                                     bool add_generation_prompt, bool continue_final_message, const json_t *kwargs,
+                                     const char *bos_token, const char *eos_token,
+                                     const struct jinja_render_options *opt, char **out, struct error *err) {
+    return render_impl(t, messages, tools, NULL, add_generation_prompt, continue_final_message, kwargs, bos_token,
+                       eos_token, opt, out, err);
+}
+
 atomc_status chat_template_render(const struct chat_template *t, const json_t *messages, const json_t *tools,
                                   bool add_generation_prompt, bool continue_final_message, const json_t *kwargs,
                                   const char *bos_token, const char *eos_token, char **out, struct error *err) {
     return chat_template_render_ex(t, messages, tools, add_generation_prompt, continue_final_message, kwargs,
                                    bos_token, eos_token, NULL, out, err);
+}
+
+atomc_status chat_template_render_request(const struct chat_template *t, const json_t *request, const char *bos_token,
+                                          const char *eos_token, char **out, struct error *err) {
+    *out = NULL;
+    if (!json_is_object(request)) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "request body must be a JSON object");
+    json_t *messages = json_object_get(request, "messages");
+    if (!messages) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "'messages' is required");
+    json_t *tools = json_object_get(request, "tools");
+    if (tools && json_is_null(tools)) tools = NULL;
+    const char *bools[2] = {"add_generation_prompt", "continue_final_message"};
+    bool vals[2] = {true, false};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(request, bools[i]);
+        if (v && !json_is_null(v)) {
+            if (!json_is_boolean(v))
+                return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "'%s' must be a boolean", bools[i]);
+            vals[i] = json_is_true(v);
+        }
+    }
+    // continuing the final message implies no new assistant header unless asked explicitly
+    if (vals[1] && !json_is_true(json_object_get(request, "add_generation_prompt"))) vals[0] = false;
+    json_t *kwargs = json_object_get(request, "chat_template_kwargs");
+    if (kwargs && json_is_null(kwargs)) kwargs = NULL;
+    json_t *documents = json_object_get(request, "documents");
+    if (documents && json_is_null(documents)) documents = NULL;
+    return render_impl(t, messages, tools, documents, vals[0], vals[1], kwargs, bos_token, eos_token, NULL, out, err);
 }
 
 // ---------------------------------------------------------------- loading
@@ -385,15 +456,17 @@ static atomc_status load_tokenizer_config(const char *path, bool want_tools, str
     return st;
 }
 
-static atomc_status load_gguf(const char *path, struct chat_template_source *out, struct error *err) {
+static atomc_status load_gguf(const char *path, bool want_tools, struct chat_template_source *out,
+                              struct error *err) {
     struct gguf_file *g;
     atomc_status st = gguf_open(&g, path, err);
     if (st != ATOMC_OK) return st;
     const char *s;
     size_t len;
-    if (gguf_has_key(g, "tokenizer.chat_template") &&
-        gguf_get_str(g, "tokenizer.chat_template", &s, &len, err) == ATOMC_OK)
-        out->template_src = strndup(s, len);
+    // named templates live under tokenizer.chat_template.<name> (llama.cpp's convention)
+    const char *key = want_tools && gguf_has_key(g, "tokenizer.chat_template.tool_use") ? "tokenizer.chat_template.tool_use"
+                                                                                          : "tokenizer.chat_template";
+    if (gguf_has_key(g, key) && gguf_get_str(g, key, &s, &len, NULL) == ATOMC_OK) out->template_src = strndup(s, len);
     const char *keys[2] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"};
     char **dst[2] = {&out->bos_token, &out->eos_token};
     enum gguf_type et;
@@ -410,6 +483,22 @@ static atomc_status load_gguf(const char *path, struct chat_template_source *out
     return ATOMC_OK;
 }
 
+// A directory with exactly one .gguf file (and no tokenizer_config.json) means that file.
+static bool find_single_gguf(const char *dir, char *path, size_t n) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    int found = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l > 5 && !strcmp(e->d_name + l - 5, ".gguf")) {
+            if (++found == 1) snprintf(path, n, "%s/%s", dir, e->d_name);
+        }
+    }
+    closedir(d);
+    return found == 1;
+}
+
 atomc_status chat_template_source_load(const char *model_path, const char *override_file, bool want_tools,
                                        struct chat_template_source *out, struct error *err) {
     memset(out, 0, sizeof *out);
@@ -422,6 +511,7 @@ atomc_status chat_template_source_load(const char *model_path, const char *overr
             char p[4096];
             snprintf(p, sizeof p, "%s/tokenizer_config.json", model_path);
             if (stat(p, &sb) == 0) st = load_tokenizer_config(p, want_tools, out, err);
+            else if (find_single_gguf(model_path, p, sizeof p)) st = load_gguf(p, want_tools, out, err);
             // transformers >= 4.43 may keep the template in its own file, which wins
             snprintf(p, sizeof p, "%s/chat_template.jinja", model_path);
             if (st == ATOMC_OK && stat(p, &sb) == 0) {
@@ -430,7 +520,7 @@ atomc_status chat_template_source_load(const char *model_path, const char *overr
                 st = read_file(p, &out->template_src, err);
             }
         } else if (pl >= 5 && !strcmp(model_path + pl - 5, ".gguf")) {
-            st = load_gguf(model_path, out, err);
+            st = load_gguf(model_path, want_tools, out, err);
         } else {
             st = load_tokenizer_config(model_path, want_tools, out, err);
         }

@@ -50,6 +50,8 @@ struct jfunc {
 struct jloop {
     size_t index0, length;
     const struct jv *items;
+    bool has_last; // loop.changed() state
+    struct jv last;
 };
 
 struct eval {
@@ -120,7 +122,7 @@ static const char *owner_desc(const struct jv *v) {
     switch (v->t) {
     case JV_DICT: return "dict object";
     case JV_STR: return "str object";
-    case JV_LIST: return v->u.l->is_tuple ? "tuple object" : "list object";
+    case JV_LIST: return v->u.l->kind != JL_LIST ? "object" : v->u.l->is_tuple ? "tuple object" : "list object";
     case JV_NONE: return "None";
     case JV_INT: return "int object";
     case JV_FLOAT: return "float object";
@@ -155,6 +157,8 @@ static struct jlist *mk_list(struct eval *ev, const struct node *at, size_t n, b
     if (!l) return NULL;
     l->n = n;
     l->is_tuple = tuple;
+    l->kind = JL_LIST;
+    l->pos = 0;
     l->v = NULL;
     if (n) {
         if (n > ev->lim.max_memory_bytes / sizeof(struct jv)) {
@@ -296,7 +300,16 @@ static const char *memmem_s(const char *h, size_t hn, const char *nd, size_t nn)
 static bool iterate(struct eval *ev, const struct node *at, const struct jv *v, const struct jv **items, size_t *n) {
     switch (v->t) {
     case JV_UNDEF: *items = NULL; *n = 0; return true;
-    case JV_LIST: *items = v->u.l->v; *n = v->u.l->n; return true;
+    case JV_LIST:
+        if (jlist_is_iter(v->u.l)) { // iterating consumes a generator
+            *n = v->u.l->n - v->u.l->pos;
+            *items = *n ? v->u.l->v + v->u.l->pos : NULL;
+            v->u.l->pos = v->u.l->n;
+            return true;
+        }
+        *items = v->u.l->v;
+        *n = v->u.l->n;
+        return true;
     case JV_DICT: *items = v->u.d->k; *n = v->u.d->n; return true;
     case JV_NS: *items = v->u.ns->d.k; *n = v->u.ns->d.n; return FAIL(at, "'Namespace' object is not iterable");
     case JV_STR: {
@@ -408,7 +421,174 @@ static double py_fmod(double a, double b) {
     return m;
 }
 
+// Python's printf-style `str % args` (conversions s r a d i u f F e E g G x X o c %, flags
+// `-+ #0`, width, precision, %(key)s with a dict).
+static bool percent_format(struct eval *ev, const struct node *at, const struct jv *fmt, const struct jv *args,
+                           struct jv *out) {
+    const struct jv *pos = args;
+    size_t npos = 1, next = 0;
+    bool is_map = args->t == JV_DICT;
+    if (args->t == JV_LIST && args->u.l->is_tuple && jlist_is_plain(args->u.l)) {
+        pos = args->u.l->v;
+        npos = args->u.l->n;
+    }
+    bool tolerant = is_map || (args->t == JV_LIST && !args->u.l->is_tuple && jlist_is_plain(args->u.l)); // __getitem__
+    struct sbuf b;
+    sbuf_init(&b, ev->lim.max_output_bytes);
+    const char *p = fmt->u.s.p, *end = p + fmt->u.s.n;
+    bool used_map = false;
+    while (p < end) {
+        const char *pc = memchr(p, '%', (size_t)(end - p));
+        if (!pc) {
+            sbuf_put(&b, p, (size_t)(end - p));
+            break;
+        }
+        sbuf_put(&b, p, (size_t)(pc - p));
+        p = pc + 1;
+        if (p >= end) {
+            sbuf_free(&b);
+            return FAIL(at, "incomplete format");
+        }
+        const struct jv *arg = NULL;
+        if (*p == '(') {
+            const char *close = memchr(p, ')', (size_t)(end - p));
+            if (!close) {
+                sbuf_free(&b);
+                return FAIL(at, "incomplete format key");
+            }
+            if (!is_map) {
+                sbuf_free(&b);
+                return FAIL(at, "format requires a mapping");
+            }
+            arg = jdict_get_str(args->u.d, p + 1, (size_t)(close - p - 1));
+            if (!arg) {
+                sbuf_free(&b);
+                return FAIL(at, "'%.*s'", (int)(close - p - 1), p + 1);
+            }
+            used_map = true;
+            p = close + 1;
+        }
+        char flags[8];
+        int nf = 0;
+        while (p < end && strchr("-+ #0", *p) && nf < 7) flags[nf++] = *p++;
+        flags[nf] = '\0';
+        int width = -1, prec = -1;
+        if (p < end && *p == '*') {
+            sbuf_free(&b);
+            return FAIL(at, "'*' widths are not supported in %% formatting");
+        }
+        if (p < end && *p >= '0' && *p <= '9') {
+            width = 0;
+            while (p < end && *p >= '0' && *p <= '9' && width < 100000) width = width * 10 + (*p++ - '0');
+        }
+        if (p < end && *p == '.') {
+            p++;
+            prec = 0;
+            while (p < end && *p >= '0' && *p <= '9' && prec < 1000) prec = prec * 10 + (*p++ - '0');
+        }
+        while (p < end && (*p == 'l' || *p == 'h' || *p == 'L')) p++;
+        if (p >= end) {
+            sbuf_free(&b);
+            return FAIL(at, "incomplete format");
+        }
+        char conv = *p++;
+        if (conv == '%') {
+            sbuf_putc(&b, '%');
+            continue;
+        }
+        if (!arg) {
+            if (is_map && npos == 1 && !(args->t == JV_LIST)) arg = args;
+            else if (next >= npos) {
+                sbuf_free(&b);
+                return FAIL(at, "not enough arguments for format string");
+            } else arg = &pos[next++];
+        }
+        char spec[32], tmp[512];
+        int k = 0;
+        if (strchr("sra", conv)) {
+            struct sbuf t;
+            sbuf_init(&t, ev->lim.max_output_bytes);
+            if (conv == 's') jv_write_str(&t, arg);
+            else jv_write_repr(&t, arg);
+            const char *sp = t.p ? t.p : "";
+            size_t sn = t.n;
+            if (prec >= 0) sn = cp_offset(sp, sn, (size_t)prec);
+            int cps = (int)utf8_count(sp, sn);
+            bool left = strchr(flags, '-') != NULL;
+            if (!left)
+                for (int i = cps; i < width; i++) sbuf_putc(&b, ' ');
+            sbuf_put(&b, sp, sn);
+            if (left)
+                for (int i = cps; i < width; i++) sbuf_putc(&b, ' ');
+            sbuf_free(&t);
+            continue;
+        }
+        if (!jv_is_number(arg) && !(conv == 'c' && arg->t == JV_STR)) {
+            sbuf_free(&b);
+            return FAIL(at, "%%%c format: a real number is required, not %s", conv, jv_type_name(arg));
+        }
+        k = snprintf(spec, sizeof spec, "%%%s", flags);
+        if (width >= 0) k += snprintf(spec + k, sizeof spec - (size_t)k, "%d", width);
+        if (prec >= 0) k += snprintf(spec + k, sizeof spec - (size_t)k, ".%d", prec);
+        if (strchr("diu", conv)) {
+            double d = jv_as_double(arg);
+            long long iv = arg->t == JV_FLOAT ? (long long)d : (long long)(arg->t == JV_INT ? arg->u.i : arg->u.b);
+            if (arg->t == JV_FLOAT && !(fabs(d) < 9.2e18)) {
+                sbuf_free(&b);
+                return FAIL(at, "cannot convert float to integer");
+            }
+            snprintf(spec + k, sizeof spec - (size_t)k, "lld");
+            snprintf(tmp, sizeof tmp, spec, iv);
+        } else if (strchr("xXo", conv)) {
+            if (arg->t == JV_FLOAT) {
+                sbuf_free(&b);
+                return FAIL(at, "%%%c format: an integer is required, not float", conv);
+            }
+            long long iv = arg->t == JV_INT ? arg->u.i : arg->u.b;
+            snprintf(spec + k, sizeof spec - (size_t)k, "ll%c", conv);
+            if (iv < 0) {
+                char t2[480];
+                snprintf(t2, sizeof t2, spec, -iv);
+                snprintf(tmp, sizeof tmp, "-%s", t2);
+            } else snprintf(tmp, sizeof tmp, spec, iv);
+        } else if (strchr("fFeEgG", conv)) {
+            spec[k] = conv;
+            spec[k + 1] = '\0';
+            snprintf(tmp, sizeof tmp, spec, jv_as_double(arg));
+        } else if (conv == 'c') {
+            struct sbuf t;
+            sbuf_init(&t, 16);
+            if (arg->t == JV_STR) {
+                if (utf8_count(arg->u.s.p, arg->u.s.n) != 1) {
+                    sbuf_free(&b);
+                    return FAIL(at, "%%c requires int or char");
+                }
+                sbuf_put(&t, arg->u.s.p, arg->u.s.n);
+            } else {
+                int64_t cp = arg->t == JV_INT ? arg->u.i : arg->u.b;
+                if (arg->t == JV_FLOAT || cp < 0 || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+                    sbuf_free(&b);
+                    return FAIL(at, "%%c arg not in range(0x110000)");
+                }
+                sbuf_put_utf8(&t, (uint32_t)cp);
+            }
+            snprintf(tmp, sizeof tmp, "%s", t.p ? t.p : "");
+            sbuf_free(&t);
+        } else {
+            sbuf_free(&b);
+            return FAIL(at, "unsupported format character '%c'", conv);
+        }
+        sbuf_puts(&b, tmp);
+    }
+    if (!tolerant && !used_map && next < npos) {
+        sbuf_free(&b);
+        return FAIL(at, "not all arguments converted during string formatting");
+    }
+    return sbuf_to_str(ev, at, &b, out);
+}
+
 static bool binop(struct eval *ev, const struct node *at, int op, const struct jv *a, const struct jv *b, struct jv *out) {
+    if (op == '%' && a->t == JV_STR) return percent_format(ev, at, a, b, out); // str(Undefined) is ""
     if (a->t == JV_UNDEF) return undefined_error(ev, at, a);
     if (b->t == JV_UNDEF) return undefined_error(ev, at, b);
     bool na = jv_is_number(a), nb = jv_is_number(b);
@@ -489,7 +669,8 @@ static bool binop(struct eval *ev, const struct node *at, int op, const struct j
         *out = jv_str(p, n);
         return true;
     }
-    if (op == '+' && a->t == JV_LIST && b->t == JV_LIST && a->u.l->is_tuple == b->u.l->is_tuple) {
+    if (op == '+' && a->t == JV_LIST && b->t == JV_LIST && a->u.l->is_tuple == b->u.l->is_tuple &&
+        jlist_is_plain(a->u.l) && jlist_is_plain(b->u.l)) {
         struct jlist *l = mk_list(ev, at, a->u.l->n + b->u.l->n, a->u.l->is_tuple);
         if (!l) return false;
         if (a->u.l->n) memcpy(l->v, a->u.l->v, a->u.l->n * sizeof *l->v);
@@ -499,10 +680,12 @@ static bool binop(struct eval *ev, const struct node *at, int op, const struct j
     }
     if (op == '*') {
         int64_t k;
-        if ((a->t == JV_STR || a->t == JV_LIST) && to_index(b, &k)) return repeat_seq(ev, at, a, k, out);
-        if ((b->t == JV_STR || b->t == JV_LIST) && to_index(a, &k)) return repeat_seq(ev, at, b, k, out);
+        if ((a->t == JV_STR || (a->t == JV_LIST && jlist_is_plain(a->u.l))) && to_index(b, &k))
+            return repeat_seq(ev, at, a, k, out);
+        if ((b->t == JV_STR || (b->t == JV_LIST && jlist_is_plain(b->u.l))) && to_index(a, &k))
+            return repeat_seq(ev, at, b, k, out);
     }
-    if (op == '%' && a->t == JV_STR) return FAIL(at, "printf-style string formatting ('%%') is not supported");
+    if (op == '%' && a->t == JV_STR) return percent_format(ev, at, a, b, out);
     if (op == '+' && a->t == JV_STR)
         return FAIL(at, "can only concatenate str (not \"%s\") to str", jv_type_name(b));
     const char *opname = op == 'f' ? "//" : op == 'p' ? "**" : op == '+' ? "+" : op == '-' ? "-" : op == '*' ? "*"
@@ -517,16 +700,23 @@ static bool contains(struct eval *ev, const struct node *at, const struct jv *it
         if (item->t != JV_STR) return FAIL(at, "'in <string>' requires string as left operand, not %s", jv_type_name(item));
         *res = memmem_s(seq->u.s.p, seq->u.s.n, item->u.s.p, item->u.s.n) != NULL;
         return true;
-    case JV_LIST:
+    case JV_LIST: {
         *res = false;
-        for (size_t i = 0; i < seq->u.l->n; i++)
-            if (jv_equal(&seq->u.l->v[i], item)) {
+        struct jlist *l = seq->u.l;
+        size_t i0 = jlist_is_iter(l) ? l->pos : 0;
+        for (size_t i = i0; i < l->n; i++) {
+            bool eq = jv_equal(&l->v[i], item); // dict_items hold (key, value) tuples: same comparison
+            if (jlist_is_iter(l)) l->pos = i + 1; // `in` consumes a generator up to the match
+            if (eq) {
                 *res = true;
                 break;
             }
+        }
         return true;
+    }
     case JV_DICT:
-        if ((item->t == JV_LIST && !item->u.l->is_tuple) || item->t == JV_DICT || item->t == JV_NS)
+        if ((item->t == JV_LIST && !item->u.l->is_tuple && item->u.l->kind == JL_LIST) || item->t == JV_DICT ||
+            item->t == JV_NS)
             return FAIL(at, "unhashable type: '%s'", jv_type_name(item));
         *res = jdict_get(seq->u.d, item) != NULL;
         return true;
@@ -595,7 +785,7 @@ static bool do_slice(struct eval *ev, const struct node *at, const struct jv *ob
     if ((a && a->t != JV_NONE && !to_index(a, &tmp)) || (b && b->t != JV_NONE && !to_index(b, &tmp)))
         return FAIL(at, "slice indices must be integers or None");
     if (obj->t == JV_UNDEF) return undefined_error(ev, at, obj);
-    if (obj->t == JV_LIST) {
+    if (obj->t == JV_LIST && jlist_is_plain(obj->u.l)) {
         int64_t len = (int64_t)obj->u.l->n, st, sp;
         slice_indices(len, a, b, step, &st, &sp);
         int64_t cnt = step > 0 ? (sp > st ? (sp - st + step - 1) / step : 0) : (st > sp ? (st - sp + (-step) - 1) / (-step) : 0);
@@ -651,6 +841,7 @@ static bool get_item(struct eval *ev, const struct node *at, const struct jv *ob
         break;
     }
     case JV_LIST:
+        if (!jlist_is_plain(obj->u.l)) break; // not subscriptable
         if (to_index(key, &idx)) {
             int64_t n = (int64_t)obj->u.l->n;
             if (idx < 0) idx += n;
@@ -733,7 +924,7 @@ static bool get_attr(struct eval *ev, const struct node *at, const struct jv *ob
         if (name_in(name, STR_METHODS)) return mk_method(ev, at, obj, name, out);
         break;
     case JV_LIST:
-        if (name_in(name, LIST_METHODS)) return mk_method(ev, at, obj, name, out);
+        if (jlist_is_plain(obj->u.l) && name_in(name, LIST_METHODS)) return mk_method(ev, at, obj, name, out);
         break;
     case JV_LOOP: {
         const struct jloop *L = obj->u.loop;
@@ -990,6 +1181,308 @@ static bool join_strs(struct eval *ev, const struct node *at, const struct jv *s
     return sbuf_to_str(ev, at, &b, out);
 }
 
+static bool to_str_val(struct eval *ev, const struct node *at, const struct jv *v, struct jv *out);
+
+// One replacement field's value formatted with a Python format spec
+// ([[fill]align][sign][0][width][.precision][type]; no grouping).
+static bool format_value(struct eval *ev, const struct node *at, const struct jv *v, const char *spec, size_t sn,
+                         struct sbuf *b) {
+    if (sn == 0) {
+        jv_write_str(b, v);
+        return true;
+    }
+    size_t i = 0;
+    char align = 0;
+    const char *fill = " ";
+    size_t fill_n = 1;
+    // fill is any single code point followed by an align char
+    if (sn >= 2) {
+        size_t j = 0;
+        utf8_next(spec, sn, &j);
+        if (j < sn && strchr("<>=^", spec[j])) {
+            fill = spec;
+            fill_n = j;
+            align = spec[j];
+            i = j + 1;
+        }
+    }
+    bool explicit_fill = align != 0;
+    if (!align && i < sn && strchr("<>=^", spec[i])) align = spec[i++];
+    bool explicit_align = align != 0;
+    char sign = 0;
+    if (i < sn && strchr("+- ", spec[i])) sign = spec[i++];
+    bool alt = false, zero = false;
+    if (i < sn && spec[i] == '#') {
+        alt = true;
+        i++;
+    }
+    if (i < sn && spec[i] == '0') {
+        zero = true;
+        i++;
+    }
+    int width = 0, prec = -1;
+    while (i < sn && spec[i] >= '0' && spec[i] <= '9' && width < 100000) width = width * 10 + (spec[i++] - '0');
+    if (i < sn && (spec[i] == ',' || spec[i] == '_')) return FAIL(at, "digit grouping in format specs is not supported");
+    if (i < sn && spec[i] == '.') {
+        i++;
+        prec = 0;
+        while (i < sn && spec[i] >= '0' && spec[i] <= '9' && prec < 1000) prec = prec * 10 + (spec[i++] - '0');
+    }
+    char type = i < sn ? spec[i++] : 0;
+    if (i != sn) return FAIL(at, "Invalid format specifier '%.*s'", (int)sn, spec);
+    struct sbuf body;
+    sbuf_init(&body, ev->lim.max_output_bytes);
+    bool numeric = false;
+    if (v->t == JV_STR && (!type || type == 's')) {
+        if (sign) {
+            sbuf_free(&body);
+            return FAIL(at, "Sign not allowed in string format specifier");
+        }
+        size_t n = prec >= 0 ? cp_offset(v->u.s.p, v->u.s.n, (size_t)prec) : v->u.s.n;
+        sbuf_put(&body, v->u.s.p, n);
+        if (!align) align = '<';
+    } else if (jv_is_number(v) && !(v->t == JV_FLOAT && strchr("dxXobc", type ? type : 'g'))) {
+        numeric = true;
+        char fmt[32], tmp[512];
+        int k = snprintf(fmt, sizeof fmt, "%%%s%s", sign == '+' ? "+" : sign == ' ' ? " " : "", alt ? "#" : "");
+        if (prec >= 0 && type && strchr("eEfFgG%", type)) k += snprintf(fmt + k, sizeof fmt - (size_t)k, ".%d", prec);
+        if (v->t != JV_FLOAT && (!type || strchr("dxXobcn", type))) {
+            long long iv = v->t == JV_INT ? v->u.i : v->u.b;
+            char t = !type || type == 'n' ? 'd' : type;
+            if (t == 'c') {
+                if (iv < 0 || iv > 0x10FFFF) {
+                    sbuf_free(&body);
+                    return FAIL(at, "%%c arg not in range(0x110000)");
+                }
+                sbuf_put_utf8(&body, (uint32_t)iv);
+            } else if (t == 'b') {
+                char bits[80];
+                int nb = 0;
+                unsigned long long u = iv < 0 ? (unsigned long long)(-(iv + 1)) + 1 : (unsigned long long)iv;
+                do {
+                    bits[nb++] = (char)('0' + (u & 1));
+                    u >>= 1;
+                } while (u);
+                if (iv < 0) sbuf_putc(&body, '-');
+                else if (sign == '+' || sign == ' ') sbuf_putc(&body, sign);
+                if (alt) sbuf_puts(&body, "0b");
+                while (nb) sbuf_putc(&body, bits[--nb]);
+            } else {
+                if (t == 'o' && alt) { // Python writes 0o17, C writes 017
+                    snprintf(fmt + k - 1, sizeof fmt - (size_t)k + 1, "llo");
+                    snprintf(tmp, sizeof tmp, fmt, iv < 0 ? -iv : iv);
+                    sbuf_printf(&body, "%s0o%s", iv < 0 ? "-" : sign == '+' ? "+" : sign == ' ' ? " " : "", tmp);
+                } else {
+                    snprintf(fmt + k, sizeof fmt - (size_t)k, "ll%c", t);
+                    if ((t == 'x' || t == 'X') && iv < 0) {
+                        snprintf(tmp, sizeof tmp, fmt, -iv);
+                        sbuf_printf(&body, "-%s", tmp);
+                    } else {
+                        snprintf(tmp, sizeof tmp, fmt, iv);
+                        sbuf_puts(&body, tmp);
+                    }
+                }
+            }
+        } else {
+            double d = jv_as_double(v);
+            char t = type ? type : 0;
+            if (!t) { // no type: like str() but honouring precision as 'g' with at least one digit kept
+                if (prec < 0) {
+                    char r[40];
+                    py_float_repr(d, r);
+                    if (sign == '+' && d >= 0) sbuf_putc(&body, '+');
+                    else if (sign == ' ' && d >= 0) sbuf_putc(&body, ' ');
+                    sbuf_puts(&body, r);
+                } else {
+                    snprintf(fmt + k, sizeof fmt - (size_t)k, ".%dg", prec ? prec : 1);
+                    snprintf(tmp, sizeof tmp, fmt, d);
+                    sbuf_puts(&body, tmp);
+                }
+            } else if (t == '%') {
+                snprintf(fmt + k, sizeof fmt - (size_t)k, "%sf", prec >= 0 ? "" : ".6");
+                snprintf(tmp, sizeof tmp, fmt, d * 100.0);
+                sbuf_puts(&body, tmp);
+                sbuf_putc(&body, '%');
+            } else if (strchr("eEfFgG", t)) {
+                snprintf(fmt + k, sizeof fmt - (size_t)k, "%s%c", prec >= 0 ? "" : (t == 'g' || t == 'G') ? "" : ".6", t);
+                snprintf(tmp, sizeof tmp, fmt, d);
+                sbuf_puts(&body, tmp);
+            } else {
+                sbuf_free(&body);
+                return FAIL(at, "Unknown format code '%c' for object of type '%s'", t, jv_type_name(v));
+            }
+        }
+        if (!align) align = '>';
+    } else {
+        sbuf_free(&body);
+        if (v->t == JV_STR || jv_is_number(v))
+            return FAIL(at, "Unknown format code '%c' for object of type '%s'", type, jv_type_name(v));
+        return FAIL(at, "unsupported format string passed to %s.__format__", jv_type_name(v));
+    }
+    if (body.overflow) {
+        sbuf_free(&body);
+        return ev_fail(ev, at, ATOMC_ERR_TOO_LONG, "formatted value too large");
+    }
+    const char *bp = body.p ? body.p : "";
+    size_t bn = body.n;
+    int cps = (int)utf8_count(bp, bn);
+    int pad = width > cps ? width - cps : 0;
+    if (zero && !explicit_fill) { // '0' before the width: zero fill, sign-aware for numbers
+        fill = "0";
+        fill_n = 1;
+        if (!explicit_align) align = numeric ? '=' : '<';
+    }
+    int left = align == '<' ? 0 : align == '^' ? pad / 2 : pad;
+    if (align == '=' && bn && strchr("+- ", bp[0])) {
+        sbuf_putc(b, bp[0]);
+        bp++;
+        bn--;
+    }
+    for (int k = 0; k < left; k++) sbuf_put(b, fill, fill_n);
+    sbuf_put(b, bp, bn);
+    for (int k = left; k < pad; k++) sbuf_put(b, fill, fill_n);
+    sbuf_free(&body);
+    return true;
+}
+
+// str.format(*args, **kwargs): {} {0} {name} {name.attr} {0[key]}, !r/!s/!a, format specs.
+static bool str_format(struct eval *ev, const struct node *at, const struct jv *fmt, struct args *a, struct jv *out) {
+    struct sbuf b;
+    sbuf_init(&b, ev->lim.max_output_bytes);
+    const char *p = fmt->u.s.p, *end = p + fmt->u.s.n;
+    int auto_idx = 0, mode = 0; // 1 automatic, 2 manual numbering
+    bool ok = true;
+    while (p < end && ok) {
+        char c = *p;
+        if (c == '}') {
+            if (p + 1 < end && p[1] == '}') {
+                sbuf_putc(&b, '}');
+                p += 2;
+                continue;
+            }
+            ok = FAIL(at, "Single '}' encountered in format string");
+            break;
+        }
+        if (c != '{') {
+            sbuf_putc(&b, c);
+            p++;
+            continue;
+        }
+        if (p + 1 < end && p[1] == '{') {
+            sbuf_putc(&b, '{');
+            p += 2;
+            continue;
+        }
+        const char *close = memchr(p, '}', (size_t)(end - p));
+        if (!close) {
+            ok = FAIL(at, "Single '{' encountered in format string");
+            break;
+        }
+        const char *f = p + 1, *fe = close, *conv = NULL, *spec = NULL;
+        for (const char *q = f; q < fe; q++) {
+            if (*q == '{') {
+                ok = FAIL(at, "nested replacement fields in format specs are not supported");
+                break;
+            }
+            if (*q == '!' && !conv && !spec) conv = q;
+            if (*q == ':' && !spec) spec = q;
+        }
+        if (!ok) break;
+        const char *name_end = conv ? conv : spec ? spec : fe;
+        // argument name: digits, identifier, or empty; then .attr / [key] chain
+        const char *q = f;
+        while (q < name_end && *q != '.' && *q != '[') q++;
+        struct jv val;
+        if (q == f) {
+            if (mode == 2) {
+                ok = FAIL(at, "cannot switch from manual field specification to automatic field numbering");
+                break;
+            }
+            mode = 1;
+            if (auto_idx >= a->npos) {
+                ok = FAIL(at, "tuple index out of range (replacement field %d)", auto_idx);
+                break;
+            }
+            val = a->pos[auto_idx++];
+        } else if (*f >= '0' && *f <= '9') {
+            if (mode == 1) {
+                ok = FAIL(at, "cannot switch from automatic field numbering to manual field specification");
+                break;
+            }
+            mode = 2;
+            long idx = strtol(f, NULL, 10);
+            if (idx >= a->npos) {
+                ok = FAIL(at, "tuple index out of range (replacement field %ld)", idx);
+                break;
+            }
+            val = a->pos[idx];
+        } else {
+            const struct jv *kv = NULL;
+            for (int k = 0; k < a->nkw; k++)
+                if (strlen(a->kwn[k]) == (size_t)(q - f) && !memcmp(a->kwn[k], f, (size_t)(q - f))) kv = &a->kw[k];
+            if (!kv) {
+                ok = FAIL(at, "'%.*s'", (int)(q - f), f);
+                break;
+            }
+            val = *kv;
+        }
+        while (ok && q < name_end) {
+            if (*q == '.') {
+                const char *e2 = q + 1;
+                while (e2 < name_end && *e2 != '.' && *e2 != '[') e2++;
+                char *nm = ev_alloc(ev, at, (size_t)(e2 - q));
+                if (!nm) {
+                    ok = false;
+                    break;
+                }
+                memcpy(nm, q + 1, (size_t)(e2 - q - 1));
+                nm[e2 - q - 1] = '\0';
+                ok = get_attr(ev, at, &val, nm, &val);
+                q = e2;
+            } else { // [key]: digits index, else a string key
+                const char *e2 = memchr(q, ']', (size_t)(name_end - q));
+                if (!e2) {
+                    ok = FAIL(at, "Missing ']' in format string");
+                    break;
+                }
+                struct jv key = jv_str(q + 1, (size_t)(e2 - q - 1));
+                bool digits = e2 > q + 1;
+                for (const char *d = q + 1; d < e2; d++)
+                    if (*d < '0' || *d > '9') digits = false;
+                if (digits) key = jv_int(strtol(q + 1, NULL, 10));
+                ok = get_item(ev, at, &val, &key, &val);
+                q = e2 + 1;
+            }
+        }
+        if (!ok) break;
+        if (val.t == JV_UNDEF) { // format() of Undefined: str() is ""
+            val = jv_str("", 0);
+        }
+        struct jv conv_v = val;
+        if (conv) {
+            char cc = conv + 1 < fe ? conv[1] : 0;
+            if (cc == 'r' || cc == 'a') {
+                struct sbuf t;
+                sbuf_init(&t, ev->lim.max_output_bytes);
+                jv_write_repr(&t, &val);
+                ok = sbuf_to_str(ev, at, &t, &conv_v);
+            } else if (cc == 's') {
+                ok = to_str_val(ev, at, &val, &conv_v);
+            } else {
+                ok = FAIL(at, "Unknown conversion specifier %c", cc ? cc : '?');
+            }
+            if (!ok) break;
+        }
+        ok = format_value(ev, at, &conv_v, spec ? spec + 1 : fe, spec ? (size_t)(fe - spec - 1) : 0, &b);
+        p = close + 1;
+    }
+    if (!ok) {
+        sbuf_free(&b);
+        return false;
+    }
+    return sbuf_to_str(ev, at, &b, out);
+}
+
 static bool call_str_method(struct eval *ev, const struct node *at, const struct jv *s, const char *m, struct args *a,
                             struct jv *out) {
     const struct jv *a0 = arg_get(a, 0, "\x01"), *a1 = arg_get(a, 1, "\x01");
@@ -1183,6 +1676,7 @@ static bool call_str_method(struct eval *ev, const struct node *at, const struct
         for (int64_t i = left; i < pad; i++) sbuf_put(&b, fill, fill_n);
         return sbuf_to_str(ev, at, &b, out);
     }
+    if (!strcmp(m, "format")) return str_format(ev, at, s, a, out);
     return FAIL(at, "str.%s() is not supported", m);
 }
 
@@ -1352,6 +1846,7 @@ static bool call_method(struct eval *ev, const struct node *at, const struct jv 
         if (!strcmp(m, "items") || !strcmp(m, "keys") || !strcmp(m, "values")) {
             struct jlist *l = mk_list(ev, at, d->n, false);
             if (!l) return false;
+            l->kind = m[0] == 'k' ? JL_DICT_KEYS : m[0] == 'v' ? JL_DICT_VALUES : JL_DICT_ITEMS;
             for (size_t i = 0; i < d->n; i++) {
                 if (m[0] == 'k') l->v[i] = d->k[i];
                 else if (m[0] == 'v') l->v[i] = d->v[i];
@@ -1407,6 +1902,17 @@ static bool call_method(struct eval *ev, const struct node *at, const struct jv 
             *out = a->pos[self->u.loop->index0 % (size_t)a->npos];
             return true;
         }
+        if (!strcmp(m, "changed")) { // True when the arguments differ from the previous call's
+            struct jlist *l = mk_list(ev, at, (size_t)a->npos, true);
+            if (!l) return false;
+            for (int i = 0; i < a->npos; i++) l->v[i] = a->pos[i];
+            struct jv cur = list_val(l);
+            bool changed = !self->u.loop->has_last || !jv_equal(&self->u.loop->last, &cur);
+            self->u.loop->last = cur;
+            self->u.loop->has_last = true;
+            *out = jv_bool(changed);
+            return true;
+        }
         return FAIL(at, "loop.%s() is not supported", m);
     default: break;
     }
@@ -1437,7 +1943,7 @@ static bool eval_call(struct eval *ev, const struct node *x, const struct jv *ca
         const char *name = x->a->name;
         bool is_method = (obj.t == JV_STR && name_in(name, STR_METHODS)) ||
                          (obj.t == JV_DICT && name_in(name, DICT_METHODS)) ||
-                         (obj.t == JV_LIST && name_in(name, LIST_METHODS)) ||
+                         (obj.t == JV_LIST && jlist_is_plain(obj.u.l) && name_in(name, LIST_METHODS)) ||
                          (obj.t == JV_LOOP && name_in(name, LOOP_METHODS));
         if (is_method) {
             if (!eval_args(ev, x, &a)) return false;
@@ -1467,7 +1973,10 @@ static bool len_of(struct eval *ev, const struct node *at, const struct jv *v, i
     switch (v->t) {
     case JV_UNDEF: *n = 0; return true;
     case JV_STR: *n = (int64_t)str_len_cp(v); return true;
-    case JV_LIST: *n = (int64_t)v->u.l->n; return true;
+    case JV_LIST:
+        if (jlist_is_iter(v->u.l)) return FAIL(at, "object of type '%s' has no len()", jv_type_name(v));
+        *n = (int64_t)v->u.l->n;
+        return true;
     case JV_DICT: *n = (int64_t)v->u.d->n; return true;
     default: return FAIL(at, "object of type '%s' has no len()", jv_type_name(v));
     }
@@ -1584,6 +2093,7 @@ static bool select_items(struct eval *ev, const struct node *at, const struct jv
         if (r == want) l->v[k++] = items[i];
     }
     l->n = k;
+    l->kind = JL_GENERATOR;
     *out = list_val(l);
     return true;
 }
@@ -1687,12 +2197,15 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
         if (v->t == JV_UNDEF) {
             struct jlist *l = mk_list(ev, at, 0, false);
             if (!l) return false;
+            l->kind = JL_GENERATOR;
             *out = list_val(l);
             return true;
         }
         if (v->t != JV_DICT) return FAIL(at, "can only get item pairs from a mapping");
         struct args none = {0};
-        return call_method(ev, at, v, "items", &none, out);
+        if (!call_method(ev, at, v, "items", &none, out)) return false;
+        out->u.l->kind = JL_GENERATOR;
+        return true;
     }
     if (!strcmp(f, "list")) {
         const struct jv *items;
@@ -1705,6 +2218,12 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
         return true;
     }
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
+        if (v->t == JV_LIST && jlist_is_iter(v->u.l)) {
+            struct jlist *l = v->u.l;
+            if (f[0] == 'l') return FAIL(at, "'%s' object is not reversible", jv_type_name(v));
+            *out = l->pos < l->n ? l->v[l->pos++] : jv_undef(NULL); // next() consumes one item
+            return true;
+        }
         const struct jv *items;
         size_t n;
         if (!iterate(ev, at, v, &items, &n)) return false;
@@ -1716,12 +2235,16 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
             struct jv step = jv_int(-1);
             return do_slice(ev, at, v, NULL, NULL, &step, out);
         }
+        // reversed(): an iterator for lists, dicts and views; a generator is listed then reversed
+        bool was_iter = v->t == JV_LIST && jlist_is_iter(v->u.l);
+        if (!(v->t == JV_LIST || v->t == JV_DICT || v->t == JV_UNDEF)) return FAIL(at, "argument must be iterable");
         const struct jv *items;
         size_t n;
         if (!iterate(ev, at, v, &items, &n)) return false;
         struct jlist *l = mk_list(ev, at, n, false);
         if (!l) return false;
         for (size_t i = 0; i < n; i++) l->v[i] = items[n - 1 - i];
+        if (!was_iter) l->kind = JL_REVITER;
         *out = list_val(l);
         return true;
     }
@@ -1749,6 +2272,7 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
             for (size_t i = 0; i < n; i++)
                 if (!apply_filter(ev, at, fname, &items[i], &fa, &l->v[i])) return false;
         }
+        l->kind = JL_GENERATOR;
         *out = list_val(l);
         return true;
     }
@@ -1861,6 +2385,7 @@ static bool apply_filter(struct eval *ev, const struct node *at, const char *f, 
             }
         }
         l->n = k;
+        l->kind = JL_GENERATOR;
         *out = list_val(l);
         return true;
     }
@@ -2036,7 +2561,8 @@ static bool apply_test(struct eval *ev, const struct node *at, const char *t, co
     else if (!strcmp(t, "string")) *r = v->t == JV_STR;
     else if (!strcmp(t, "mapping")) *r = v->t == JV_DICT;
     else if (!strcmp(t, "iterable")) *r = v->t == JV_UNDEF || v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT;
-    else if (!strcmp(t, "sequence")) *r = v->t == JV_UNDEF || v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT;
+    else if (!strcmp(t, "sequence")) // len() and __getitem__
+        *r = v->t == JV_UNDEF || v->t == JV_STR || (v->t == JV_LIST && jlist_is_plain(v->u.l)) || v->t == JV_DICT;
     else if (!strcmp(t, "number")) *r = jv_is_number(v);
     else if (!strcmp(t, "integer")) *r = v->t == JV_INT;
     else if (!strcmp(t, "float")) *r = v->t == JV_FLOAT;
@@ -2122,6 +2648,10 @@ static bool eval_expr(struct eval *ev, const struct node *x, struct jv *out) {
     case N_ITEM: ok = eval_expr(ev, x->a, &a) && eval_expr(ev, x->b, &b) && get_item(ev, x, &a, &b, out); break;
     case N_SLICE: {
         struct jv s0, s1, s2;
+        if (!x->a) { // a slice inside a tuple subscript (x[1, 2:3]): no object takes it
+            *out = jv_undef(NULL);
+            break;
+        }
         ok = eval_expr(ev, x->a, &a) && (!x->b || eval_expr(ev, x->b, &s0)) && (!x->c || eval_expr(ev, x->c, &s1)) &&
              (!x->d || eval_expr(ev, x->d, &s2)) &&
              do_slice(ev, x, &a, x->b ? &s0 : NULL, x->c ? &s1 : NULL, x->d ? &s2 : NULL, out);

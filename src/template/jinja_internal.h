@@ -97,11 +97,29 @@ struct jv {
     const char *undef_owner; // JV_UNDEF from a missing attribute: the owner's description
 };
 
+// What Python object a JV_LIST stands for. jinja2's map/select/reject/selectattr/
+// rejectattr/unique/items filters return generators and |reverse a list_reverseiterator:
+// always truthy, no len(), not subscriptable, consumed by iteration. dict.items()/keys()/
+// values() return views: sized, iterable, printed as dict_items([...]), not subscriptable.
+enum jlist_kind {
+    JL_LIST = 0, // list, or tuple when is_tuple
+    JL_GENERATOR,
+    JL_REVITER,
+    JL_DICT_ITEMS,
+    JL_DICT_KEYS,
+    JL_DICT_VALUES,
+};
+
 struct jlist {
     size_t n;
     bool is_tuple;
+    unsigned char kind; // enum jlist_kind
+    size_t pos;         // iterators: items before pos are consumed
     struct jv *v;
 };
+
+static inline bool jlist_is_iter(const struct jlist *l) { return l->kind == JL_GENERATOR || l->kind == JL_REVITER; }
+static inline bool jlist_is_plain(const struct jlist *l) { return l->kind == JL_LIST; }
 
 struct jdict { // also the storage of namespaces (then mutable, grown by cap)
     size_t n, cap;

@@ -392,6 +392,11 @@ static struct node *parse_postfix(struct parser *P, struct node *node) {
                 arg = args.v[0];
                 free(args.v);
             } else {
+                for (int j = 0; j < args.n; j++)
+                    if (args.v[j]->kind == N_SLICE) { // jinja2 emits invalid Python for this
+                        free(args.v);
+                        return pfail(P, k, "a slice cannot be part of a tuple subscript");
+                    }
                 arg = mk(P, N_TUPLE, k);
                 if (!arg) return NULL;
                 arg->list = nvec_finish(P, &args, &arg->n_list);

@@ -296,7 +296,15 @@ const char *jv_type_name(const struct jv *v) {
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v->u.l->is_tuple ? "tuple" : "list";
+    case JV_LIST:
+        switch (v->u.l->kind) {
+        case JL_GENERATOR: return "generator";
+        case JL_REVITER: return "list_reverseiterator";
+        case JL_DICT_ITEMS: return "dict_items";
+        case JL_DICT_KEYS: return "dict_keys";
+        case JL_DICT_VALUES: return "dict_values";
+        default: return v->u.l->is_tuple ? "tuple" : "list";
+        }
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_FUNC: return "function";
@@ -312,7 +320,7 @@ bool jv_truthy(const struct jv *v) {
     case JV_INT: return v->u.i != 0;
     case JV_FLOAT: return v->u.f != 0.0;
     case JV_STR: return v->u.s.n != 0;
-    case JV_LIST: return v->u.l->n != 0;
+    case JV_LIST: return jlist_is_iter(v->u.l) || v->u.l->n != 0;
     case JV_DICT: return v->u.d->n != 0;
     default: return true;
     }
@@ -336,6 +344,8 @@ bool jv_equal(const struct jv *a, const struct jv *b) {
     case JV_UNDEF: case JV_NONE: return true;
     case JV_STR: return a->u.s.n == b->u.s.n && !memcmp(a->u.s.p, b->u.s.p, a->u.s.n);
     case JV_LIST:
+        if (a->u.l == b->u.l) return true;
+        if (jlist_is_iter(a->u.l) || jlist_is_iter(b->u.l) || a->u.l->kind != b->u.l->kind) return false;
         if (a->u.l->is_tuple != b->u.l->is_tuple || a->u.l->n != b->u.l->n) return false;
         for (size_t i = 0; i < a->u.l->n; i++)
             if (!jv_equal(&a->u.l->v[i], &b->u.l->v[i])) return false;
@@ -375,7 +385,8 @@ bool jv_order(const struct jv *a, const struct jv *b, int *cmp) {
         *cmp = c ? (c < 0 ? -1 : 1) : (a->u.s.n < b->u.s.n ? -1 : a->u.s.n > b->u.s.n);
         return true;
     }
-    if (a->t == JV_LIST && b->t == JV_LIST && a->u.l->is_tuple == b->u.l->is_tuple) {
+    if (a->t == JV_LIST && b->t == JV_LIST && a->u.l->is_tuple == b->u.l->is_tuple && jlist_is_plain(a->u.l) &&
+        jlist_is_plain(b->u.l)) {
         size_t n = a->u.l->n < b->u.l->n ? a->u.l->n : b->u.l->n;
         for (size_t i = 0; i < n; i++) {
             if (jv_equal(&a->u.l->v[i], &b->u.l->v[i])) continue;
@@ -434,6 +445,14 @@ static void write_repr_depth(struct sbuf *b, const struct jv *v, int depth);
 
 static void write_seq(struct sbuf *b, const struct jv *v, int depth) {
     const struct jlist *l = v->u.l;
+    if (jlist_is_iter(l)) { // CPython prints an address here; there is nothing to match
+        sbuf_printf(b, "<%s object>", jv_type_name(v));
+        return;
+    }
+    if (l->kind != JL_LIST) { // dict_items([...])
+        sbuf_puts(b, jv_type_name(v));
+        sbuf_putc(b, '(');
+    }
     sbuf_putc(b, l->is_tuple ? '(' : '[');
     for (size_t i = 0; i < l->n; i++) {
         if (i) sbuf_puts(b, ", ");
@@ -441,6 +460,7 @@ static void write_seq(struct sbuf *b, const struct jv *v, int depth) {
     }
     if (l->is_tuple && l->n == 1) sbuf_putc(b, ',');
     sbuf_putc(b, l->is_tuple ? ')' : ']');
+    if (l->kind != JL_LIST) sbuf_putc(b, ')');
 }
 
 static void write_dict(struct sbuf *b, const struct jdict *d, int depth) {
@@ -586,6 +606,10 @@ bool jv_write_json(struct sbuf *b, const struct jv *v, const struct tojson_opts 
     case JV_STR: write_json_str(b, v->u.s.p, v->u.s.n, o->ensure_ascii); return true;
     case JV_LIST: {
         const struct jlist *l = v->u.l;
+        if (!jlist_is_plain(l)) {
+            *bad = jv_type_name(v);
+            return false;
+        }
         if (l->n == 0) {
             sbuf_puts(b, "[]");
             return true;
@@ -658,6 +682,8 @@ bool jv_from_json(struct arena *a, const json_t *j, struct jv *out, int depth) {
             if (!jv_from_json(a, json_array_get(j, i), &v[i], depth + 1)) return false;
         l->n = n;
         l->is_tuple = false;
+        l->kind = JL_LIST;
+        l->pos = 0;
         l->v = v;
         out->t = JV_LIST;
         out->u.l = l;

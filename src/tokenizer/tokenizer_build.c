@@ -22,6 +22,7 @@ struct tokenizer *tokenizer_alloc(void) {
     t->bos_id = -1;
     t->eos_id = -1;
     for (int i = 0; i < 256; i++) t->byte_token[i] = -1;
+    pthread_mutex_init(&t->cache_lock, NULL);
     return t;
 }
 
@@ -201,6 +202,7 @@ atomc_status tokenizer_finish(struct tokenizer *t, struct error *err) {
     tok_buf_free(&out);
     tok_pieces_free(&one);
     if (failed) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "tokenizer: output bytes");
+    t->cache = calloc(TOK_CACHE_ENTRIES, sizeof *t->cache);  // optional: encoding works without it
     if (t->bos_id >= t->vocab_size) t->bos_id = -1;
     if (t->eos_id >= t->vocab_size) t->eos_id = -1;
     return ATOMC_OK;
@@ -227,6 +229,8 @@ void tokenizer_free(struct tokenizer *t) {
     free(t->trie_raw.nodes);
     free(t->trie_norm.nodes);
     free(t->tmpl);
+    free(t->cache);
+    pthread_mutex_destroy(&t->cache_lock);
     for (int i = 0; i < t->n_pool_blocks; i++) free(t->pool_blocks[i]);
     free(t->pool_blocks);
     free(t);
@@ -255,7 +259,7 @@ atomc_status tokenizer_load(const char *path, struct tokenizer **out, struct err
         if (file_exists(json)) {
             st = tokenizer_load_json(json, file_exists(cfg) ? cfg : NULL, out, err);
         } else {
-            st = error_set(err, ATOMC_ERR_IO, "tokenizer: %s: no tokenizer.json in the model directory", path);
+            st = error_set(err, ATOMC_ERR_IO, "tokenizer: %s: no tokenizer.json in the model directory (for a GGUF model pass the .gguf file)", path);
         }
         free(json);
         free(cfg);

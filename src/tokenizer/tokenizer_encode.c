@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "tokenizer/tokenizer_internal.h"
 
@@ -43,6 +45,7 @@ struct bpe_symbol {
 };
 struct bpe_merge {
     int32_t rank, pos, new_id;
+    int32_t left, right;  // the pair's ids when pushed (fast validity check)
 };
 
 struct encode_ctx {
@@ -92,27 +95,38 @@ static bool is_ascii(const char *s, size_t n) {
 }
 
 // ---- regex
-// Finds the next match of re in s[0..n) at or after `start`; false when none. Empty matches are skipped.
-static bool regex_next(struct encode_ctx *c, const pcre2_code *re, const char *s, size_t n, size_t start,
+// Match iteration as HF's (Oniguruma-based) find_iter: empty matches are reported, except one that
+// ends where the previous match ended; the search then resumes one character later.
+struct regex_iter {
+    size_t last_end;
+    bool have_last;
+    size_t last_match_end;
+};
+
+static bool regex_next(struct encode_ctx *c, const pcre2_code *re, const char *s, size_t n, struct regex_iter *it,
                        size_t *ms, size_t *me) {
-    while (start <= n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, c->md, NULL);
+    while (it->last_end <= n) {
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, it->last_end, PCRE2_NO_UTF_CHECK, c->md, NULL);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-            rc = pcre2_match(re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, c->md, NULL);
+            rc = pcre2_match(re, (PCRE2_SPTR)s, n, it->last_end, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, c->md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) return false;
         if (rc < 0) {
             if (!c->status) c->status = ATOMC_ERR_INTERNAL;
             return false;
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
-        if (ov[1] > ov[0]) {
-            *ms = ov[0];
-            *me = ov[1];
-            return true;
+        if (ov[1] == ov[0] && it->have_last && it->last_match_end == ov[1]) {
+            size_t step = 1;  // one character (one byte past the end)
+            while (it->last_end + step < n && ((unsigned char)s[it->last_end + step] & 0xC0) == 0x80) step++;
+            it->last_end += step;
+            continue;
         }
-        // Empty match: move on by one character.
-        start = ov[0] + 1;
-        while (start < n && ((unsigned char)s[start] & 0xC0) == 0x80) start++;
+        it->last_end = ov[1];
+        it->have_last = true;
+        it->last_match_end = ov[1];
+        *ms = ov[0];
+        *me = ov[1];
+        return true;
     }
     return false;
 }
@@ -168,7 +182,8 @@ static void normalize_one(struct encode_ctx *c, const struct tok_normalizer *nm,
             replace_literal(s, n, nm->str, nm->str_len, nm->content, nm->content_len, out);
         } else {
             size_t pos = 0, ms, me;
-            while (regex_next(c, nm->re, s, n, pos, &ms, &me)) {
+            struct regex_iter it = {0};
+            while (regex_next(c, nm->re, s, n, &it, &ms, &me)) {
                 tok_buf_append(out, s + pos, ms - pos);
                 tok_buf_append(out, nm->content, nm->content_len);
                 pos = me;
@@ -395,7 +410,8 @@ static void emit_splits(struct spans *sp, enum tok_split_behavior behavior, bool
 
 static void spans_regex(struct encode_ctx *c, const pcre2_code *re, const char *s, size_t n, struct spans *sp) {
     size_t pos = 0, ms, me;
-    while (pos < n && regex_next(c, re, s, n, pos, &ms, &me)) {
+    struct regex_iter it = {0};
+    while (regex_next(c, re, s, n, &it, &ms, &me)) {
         if (ms > pos) spans_push(sp, pos, ms, false);
         spans_push(sp, ms, me, true);
         pos = me;
@@ -556,6 +572,9 @@ static void bpe_add_symbol(struct encode_ctx *c, int *n_sym, int32_t id, uint32_
     if (i > 0) c->sym[i - 1].next = i;
 }
 
+static void bpe_word_uncached(struct encode_ctx *c, const char *w, size_t n);
+
+// BPE of one pre-tokenized word, through the word cache for short words.
 static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
     const struct tokenizer *t = c->t;
     if (!n) return;
@@ -566,6 +585,40 @@ static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
             return;
         }
     }
+    struct tokenizer *mt = (struct tokenizer *)t;  // the cache is the one mutable part (locked)
+    if (!t->cache || n > TOK_CACHE_WORD) {
+        bpe_word_uncached(c, w, n);
+        return;
+    }
+    uint64_t h = XXH3_64bits(w, n);
+    struct tok_cache_entry *e = &mt->cache[h & (TOK_CACHE_ENTRIES - 1)];
+    int32_t ids[TOK_CACHE_IDS];
+    int n_ids = -1;
+    pthread_mutex_lock(&mt->cache_lock);
+    if (e->hash == h && e->len == n && !memcmp(e->word, w, n)) {
+        n_ids = e->n_ids;
+        memcpy(ids, e->ids, (size_t)n_ids * sizeof *ids);
+    }
+    pthread_mutex_unlock(&mt->cache_lock);
+    if (n_ids >= 0) {
+        for (int i = 0; i < n_ids; i++) ids_push(&c->ids, ids[i]);
+        return;
+    }
+    int start = c->ids.n;
+    bpe_word_uncached(c, w, n);
+    int got = c->ids.n - start;
+    if (c->status || c->ids.failed || got > TOK_CACHE_IDS) return;
+    pthread_mutex_lock(&mt->cache_lock);
+    e->hash = h;
+    e->len = (uint8_t)n;
+    e->n_ids = (uint8_t)got;
+    memcpy(e->word, w, n);
+    memcpy(e->ids, c->ids.v + start, (size_t)got * sizeof *ids);
+    pthread_mutex_unlock(&mt->cache_lock);
+}
+
+static void bpe_word_uncached(struct encode_ctx *c, const char *w, size_t n) {
+    const struct tokenizer *t = c->t;
     if (n + 1 > c->sym_cap) {
         size_t cap = c->sym_cap ? c->sym_cap : 64;
         while (cap < n + 1) cap *= 2;
@@ -660,15 +713,20 @@ static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
     c->heap_n = 0;
     for (int i = 0; i + 1 < n_sym; i++) {
         const struct tok_merge_slot *m = tok_mergemap_get(&t->merges, sym[i].id, sym[i + 1].id);
-        if (m) heap_push(c, (struct bpe_merge){m->rank, i, m->new_id});
+        if (m) heap_push(c, (struct bpe_merge){m->rank, i, m->new_id, sym[i].id, sym[i + 1].id});
     }
     while (c->heap_n && !c->status) {
         struct bpe_merge top = heap_pop(c);
         struct bpe_symbol *cur = &sym[top.pos];
         if (!cur->len || cur->next < 0) continue;
         int nx = cur->next;
-        const struct tok_merge_slot *m = tok_mergemap_get(&t->merges, cur->id, sym[nx].id);
-        if (!m || m->new_id != top.new_id) continue;  // stale entry
+        const struct tok_merge_slot *m;
+        // Stale entry unless the pair now there still merges into the same token (HF's rule: a
+        // different pair with the same result is accepted too).
+        if (cur->id != top.left || sym[nx].id != top.right) {
+            m = tok_mergemap_get(&t->merges, cur->id, sym[nx].id);
+            if (!m || m->new_id != top.new_id) continue;
+        }
         cur->id = top.new_id;
         cur->len += sym[nx].len;
         cur->next = sym[nx].next;
@@ -676,11 +734,11 @@ static void bpe_word(struct encode_ctx *c, const char *w, size_t n) {
         if (cur->next >= 0) sym[cur->next].prev = top.pos;
         if (cur->prev >= 0) {
             m = tok_mergemap_get(&t->merges, sym[cur->prev].id, cur->id);
-            if (m) heap_push(c, (struct bpe_merge){m->rank, cur->prev, m->new_id});
+            if (m) heap_push(c, (struct bpe_merge){m->rank, cur->prev, m->new_id, sym[cur->prev].id, cur->id});
         }
         if (cur->next >= 0) {
             m = tok_mergemap_get(&t->merges, cur->id, sym[cur->next].id);
-            if (m) heap_push(c, (struct bpe_merge){m->rank, top.pos, m->new_id});
+            if (m) heap_push(c, (struct bpe_merge){m->rank, top.pos, m->new_id, cur->id, sym[cur->next].id});
         }
     }
     for (int i = 0; i >= 0 && i < n_sym; i = sym[i].next) ids_push(&c->ids, sym[i].id);

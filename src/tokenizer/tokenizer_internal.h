@@ -11,6 +11,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -176,6 +177,18 @@ struct tok_trie {
     int n, cap;
 };
 
+// Word cache (as HF's BPE cache): direct-mapped, keyed by the XXH3 hash of a pre-tokenized word;
+// short words with few ids only. Guarded by tokenizer.cache_lock (encode is called from many threads).
+#define TOK_CACHE_WORD 22
+#define TOK_CACHE_IDS 7
+#define TOK_CACHE_ENTRIES 16384
+struct tok_cache_entry {
+    uint64_t hash;
+    uint8_t len, n_ids;
+    char word[TOK_CACHE_WORD];
+    int32_t ids[TOK_CACHE_IDS];
+};
+
 struct tokenizer {
     // id -> piece (added-token content where the id is an added token, else the model's token).
     int vocab_size;
@@ -220,6 +233,10 @@ struct tokenizer {
     int32_t bos_id, eos_id;
     char *bos_text, *eos_text;
     char *chat_template;
+
+    // The only state that changes after loading (a cache; results never depend on it).
+    pthread_mutex_t cache_lock;
+    struct tok_cache_entry *cache;  // (TOK_CACHE_ENTRIES), NULL = no caching
 
     // Owned storage.
     char **pool_blocks;  // string storage blocks

@@ -3,6 +3,7 @@
 // share), and open-addressing hash maps keyed with xxhash.
 #include <stdlib.h>
 #include <string.h>
+#define XXH_INLINE_ALL  // inline xxhash's XXH3 into the map probes
 #include <xxhash.h>
 
 #include "tokenizer/tokenizer_internal.h"
@@ -51,6 +52,10 @@ void tok_pieces_push(struct tok_pieces *p, const char *s, size_t len, int32_t id
         }
         p->v = v;
         p->cap = cap;
+    }
+    if (!p->text.p) {  // keep text.p non-NULL so `text.p + off` is defined even for empty pieces
+        tok_buf_putc(&p->text, '\0');
+        p->text.len = 0;
     }
     size_t off = p->text.len;
     tok_buf_append(&p->text, s, len);

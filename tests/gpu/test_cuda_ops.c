@@ -69,6 +69,7 @@ struct pool {
         struct backend *b;
         void *p;
         size_t bytes;
+        bool guarded; // false: a weight allocation made by upload_weight (no guard after it)
     } a[MAX_ALLOCS];
 };
 
@@ -83,6 +84,7 @@ static void *pool_alloc(struct pool *P, struct backend *b, size_t bytes) {
     P->a[P->n].b = b;
     P->a[P->n].p = p;
     P->a[P->n].bytes = bytes;
+    P->a[P->n].guarded = true;
     P->n++;
     return p;
 }
@@ -93,8 +95,8 @@ static int pool_release(struct pool *P) {
     unsigned char g[GUARD];
     for (int i = 0; i < P->n; i++) {
         struct backend *b = P->a[i].b;
-        b->ops->copy_d2h(b, g, (char *)P->a[i].p + P->a[i].bytes, GUARD);
-        if (memcmp(g, guard_pattern, GUARD)) {
+        if (P->a[i].guarded) b->ops->copy_d2h(b, g, (char *)P->a[i].p + P->a[i].bytes, GUARD);
+        if (P->a[i].guarded && memcmp(g, guard_pattern, GUARD)) {
             fprintf(stderr, "  guard bytes overwritten after a %zu-byte %s buffer\n", P->a[i].bytes, b->ops->name);
             bad++;
         }
@@ -203,6 +205,7 @@ static struct tensor upload_w(struct pool *P, struct backend *b, const float *ho
     P->a[P->n].b = b;
     P->a[P->n].p = dst.data;
     P->a[P->n].bytes = 0;
+    P->a[P->n].guarded = false;
     P->n++;
     return dst;
 }
@@ -605,11 +608,10 @@ static void run_rope_case(struct pool *P, int D, int rotary_dim, bool interleave
     if (!(e >= 0 && e < thr)) test_fail(__FILE__, __LINE__, "rope k cache (%s): nmse %g", dtype_name(kvdt), e);
     e = cmp_tensors(&kvg.v, &kvc.v);
     if (!(e >= 0 && e < thr)) test_fail(__FILE__, __LINE__, "rope v cache (%s): nmse %g", dtype_name(kvdt), e);
-    // The padding token's slot (its would-be position) stays zero in the GPU cache.
+    // The padding token (token 3: sequence 1, its would-be position) left its slot untouched.
     float *kcache = get(gpu_be, &kvg.k);
-    int s3 = kb.qs[3] + 0, p3 = kb.pos[s3];
-    (void)s3;
-    int64_t pad_slot = (int64_t)kb.bt[3 * kb.max_blocks + p3 / 16] * 16 + p3 % 16;
+    int p3 = kb.pos[3];
+    int64_t pad_slot = (int64_t)kb.bt[1 * kb.max_blocks + p3 / 16] * 16 + p3 % 16;
     for (int i = 0; i < hk * D; i++)
         if (kcache[pad_slot * hk * D + i] != 0.f) {
             test_fail(__FILE__, __LINE__, "slot -1 token was written to the cache");
@@ -736,6 +738,7 @@ TEST(cuda_sampler_agrees_with_cpu_sampler) {
             int mismatch;
             double lp_err;
             run_sample_case(&P, 24, vocabs[v], &cases[c], &mismatch, &lp_err);
+            ASSERT_EQ(pool_release(&P), 0);
             if (mismatch || lp_err > 2e-3)
                 test_fail(__FILE__, __LINE__, "sample case %zu vocab %d: %d id mismatches, logprob error %g", c, vocabs[v],
                           mismatch, lp_err);
@@ -750,6 +753,7 @@ TEST(cuda_sampler_same_seed_same_ids) {
     double e;
     uint64_t saved = rng_state;
     run_sample_case(&P, 16, 50000, &sc, &m1, &e);
+    ASSERT_EQ(pool_release(&P), 0);
     rng_state = saved;
     run_sample_case(&P, 16, 50000, &sc, &m2, &e);
     ASSERT_EQ(m1, 0);
@@ -844,6 +848,35 @@ TEST(cuda_graph_replay_equals_eager) {
     kv_batch_free(&kb);
     END();
 #undef STEP
+}
+
+TEST(cuda_fill_uniform_range_and_seeds) {
+    BEGIN();
+    ASSERT_TRUE(G->ops->fill_uniform != NULL);
+    int64_t n = 1 << 20;
+    struct tensor a = mk2(&P, G, DTYPE_F32, 1024, n / 1024, NULL), bt = mk2(&P, G, DTYPE_BF16, 1024, n / 1024, NULL);
+    struct tensor c = mk2(&P, G, DTYPE_F32, 1024, n / 1024, NULL);
+    struct error err = {0};
+    ASSERT_OK(G->ops->fill_uniform(G, &a, 42, -0.5f, 1.5f, &err));
+    ASSERT_OK(G->ops->fill_uniform(G, &bt, 42, -0.5f, 1.5f, &err));
+    ASSERT_OK(G->ops->fill_uniform(G, &c, 43, -0.5f, 1.5f, &err));
+    float *fa = get(G, &a), *fb = get(G, &bt), *fc = get(G, &c);
+    double mean = 0, var = 0;
+    int64_t same = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!(fa[i] >= -0.5f && fa[i] < 1.5f)) { test_fail(__FILE__, __LINE__, "value %g out of range", fa[i]); break; }
+        if (fabsf(fb[i] - round_bf16(fa[i])) > 0.01f) { test_fail(__FILE__, __LINE__, "bf16 fill differs"); break; }
+        same += fa[i] == fc[i];
+        mean += fa[i];
+        var += (double)fa[i] * fa[i];
+    }
+    mean /= n;
+    var = var / n - mean * mean;
+    ASSERT_NEAR(mean, 0.5, 0.01);
+    ASSERT_NEAR(var, 4.0 / 12.0, 0.01); // (hi - lo)^2 / 12
+    ASSERT_TRUE(same < n / 1000);       // another seed, another stream
+    free(fa); free(fb); free(fc);
+    END();
 }
 
 int main(int argc, char **argv) {

@@ -145,6 +145,12 @@ def test_bench_throughput_reports_vllm_lines(tmp_path):
     assert "Total num output tokens:  72" in out.stdout
     j = json.loads(res.read_text())
     assert j["num_requests"] == 12 and j["total_num_tokens"] == 312 and j["requests_per_second"] > 0
+    # A shared 16-token prefix: after the first step's admissions, every prompt hits 16 tokens.
+    out = run("bench", "throughput", "--model", TINY, "--num-prompts", "12", "--input-len", "20", "--output-len",
+              "2", "--prefix-len", "16", "--num-threads", "2", "--cpu-kv-cache-gb", "0.02")
+    assert out.returncode == 0, out.stderr
+    rate = float(out.stdout.split("prefix cache hit rate ")[1].split("%")[0])
+    assert abs(rate - 100.0 * 11 * 16 / (12 * 20)) < 0.01
 
 
 def smollm2():
@@ -174,3 +180,25 @@ def test_smollm2_greedy_and_text():
                      "--stop", ".")
         assert s["finish_reason"] == "stop" and s["stop_reason"] == "."
         assert s["text"] == j["text"][:cut]
+
+
+def test_smollm2_chat_answers_sensibly():
+    model = smollm2()
+    out = run("generate", "--model", model, "--chat", "--prompt", "What is the capital of France?",
+              "--temperature", "0", "--max-tokens", "30", "--max-model-len", "1024")
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert "finish: stop" in out.stderr  # ended by the chat EOS (<|im_end|>), whose text is not printed
+    assert "<|im_end|>" not in out.stdout
+
+
+def test_smollm2_chat_repl_keeps_history():
+    model = smollm2()
+    p = subprocess.run([ATOMC, "chat", "--model", model, "--temperature", "0", "--max-tokens", "40",
+                        "--max-model-len", "1024"], input="What is 2+2?\nAnd what is that times 3?\n",
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = [l for l in p.stdout.splitlines() if l.strip()]
+    assert len(lines) >= 2
+    assert "4" in lines[0]
+    assert "12" in "\n".join(lines[1:])  # the second answer needs the first turn

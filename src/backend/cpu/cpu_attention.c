@@ -21,7 +21,7 @@
 struct attn_ctx {
     float *out;
     const float *q;
-    int64_t q_stride;   // elements between consecutive tokens' q rows
+    int64_t q_stride; // elements between consecutive tokens' q rows
     const struct kv_layer *kv;
     const struct attn_metadata *md;
     const float *sinks; // (hq) or NULL
@@ -47,16 +47,19 @@ static const float *attn_load_tile(const struct tensor *cache, float scale, int6
     case DTYPE_BF16: {
         const uint16_t *s = (const uint16_t *)cache->data + first;
         for (int t = 0; t < n; t++)
-            for (int i = 0; i < width; i++) buf[(int64_t)t * width + i] = bf16_to_f32(s[t * rs + i]);
+            for (int i = 0; i < width; i++)
+                buf[(int64_t)t * width + i] = bf16_to_f32(s[t * rs + i]);
         break;
     }
     case DTYPE_FP8_E4M3: {
         const uint8_t *s = (const uint8_t *)cache->data + first;
         for (int t = 0; t < n; t++)
-            for (int i = 0; i < width; i++) buf[(int64_t)t * width + i] = fp8_e4m3_to_f32(s[t * rs + i]) * scale;
+            for (int i = 0; i < width; i++)
+                buf[(int64_t)t * width + i] = fp8_e4m3_to_f32(s[t * rs + i]) * scale;
         break;
     }
-    default: CHECK_MSG(0, "attention: kv cache dtype %s not supported", dtype_name(cache->dtype));
+    default:
+        CHECK_MSG(0, "attention: kv cache dtype %s not supported", dtype_name(cache->dtype));
     }
     *stride = width;
     return buf;
@@ -71,26 +74,27 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
     CHECK_MSG(ctx_len >= q_len, "attention: sequence %d has %d new tokens but context_len %d", s, q_len, ctx_len);
     int i0 = chunk * ATTN_QCHUNK;
     int nq = q_len - i0 < ATTN_QCHUNK ? q_len - i0 : ATTN_QCHUNK;
-    int pos0 = ctx_len - q_len + i0;     // position of the chunk's first query
+    int pos0 = ctx_len - q_len + i0; // position of the chunk's first query
     int pos_last = pos0 + nq - 1;
     int kmin = a->window > 0 ? pos0 - a->window + 1 : 0;
     if (kmin < 0) kmin = 0;
 
-    const int nrow = nq * rep;           // (query, head) pairs of this item
-    float *qs = scr;                     // (nrow, d) scaled queries
-    float *acc = qs + (size_t)nrow * d;  // (nrow, dv)
-    float *m = acc + (size_t)nrow * dv;  // (nrow) running max
-    float *l = m + nrow;                 // (nrow) running denominator
-    float *kt = l + nrow;                // (bs, d) dequantised K tile
-    float *vt = kt + (size_t)bs * d;     // (bs, dv)
-    float *S = vt + (size_t)bs * dv;     // (nrow, bs) scores of one tile
+    const int nrow = nq * rep;          // (query, head) pairs of this item
+    float *qs = scr;                    // (nrow, d) scaled queries
+    float *acc = qs + (size_t)nrow * d; // (nrow, dv)
+    float *m = acc + (size_t)nrow * dv; // (nrow) running max
+    float *l = m + nrow;                // (nrow) running denominator
+    float *kt = l + nrow;               // (bs, d) dequantised K tile
+    float *vt = kt + (size_t)bs * d;    // (bs, dv)
+    float *S = vt + (size_t)bs * dv;    // (nrow, bs) scores of one tile
 
     for (int qi = 0; qi < nq; qi++) {
         const float *qrow = a->q + (int64_t)(q_begin + i0 + qi) * a->q_stride;
         for (int r = 0; r < rep; r++) {
             int h = g * rep + r, row = qi * rep + r;
             const float *src = qrow + (int64_t)h * d;
-            for (int i = 0; i < d; i++) qs[(size_t)row * d + i] = src[i] * a->scale;
+            for (int i = 0; i < d; i++)
+                qs[(size_t)row * d + i] = src[i] * a->scale;
             m[row] = a->sinks ? a->sinks[h] : -INFINITY;
             l[row] = a->sinks ? 1.0f : 0.0f;
         }
@@ -114,7 +118,7 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         const float *K = attn_load_tile(&a->kv->k, a->kv->k_scale, phys, bs, a->hk, g, d, t0, t1 - t0, kt, &ks);
         const float *V = attn_load_tile(&a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);
         // All scores of the tile at once: rows (qa..qb) x rep against keys t0..t1.
-        kern->gemv(S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0, t1 - t0);
+        kern->gemv[CPU_WEIGHT_F32](S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0, t1 - t0);
         for (int qi = qa; qi < qb; qi++) {
             int pos = pos0 + qi;
             int lo = a->window > 0 ? pos - a->window + 1 : 0;
@@ -131,11 +135,7 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
                 float corr = expf(m[row] - mnew); // 0 when m was -inf
                 float *ac = acc + (size_t)row * dv;
                 if (corr != 1.0f) kern->scale(ac, corr, dv);
-                float lsum = 0.0f;
-                for (int t = u0; t < u1; t++) {
-                    sc[t] = expf(sc[t] - mnew);
-                    lsum += sc[t];
-                }
+                float lsum = kern->exp_sum(sc + u0, u1 - u0, mnew);
                 kern->axpy_rows(ac, sc + u0, V + (u0 - t0) * vs, vs, u1 - u0, dv);
                 l[row] = l[row] * corr + lsum;
                 m[row] = mnew;
@@ -147,7 +147,8 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         for (int r = 0; r < rep; r++) {
             int row = qi * rep + r, h = g * rep + r;
             float inv = 1.0f / l[row];
-            for (int i = 0; i < dv; i++) orow[(int64_t)h * dv + i] = acc[(size_t)row * dv + i] * inv;
+            for (int i = 0; i < dv; i++)
+                orow[(int64_t)h * dv + i] = acc[(size_t)row * dv + i] * inv;
         }
     }
 }
@@ -162,8 +163,10 @@ static void attn_items(void *vctx, int64_t it0, int64_t it1, int tid) {
         int lo = 0, hi = n_seqs - 1;
         while (lo < hi) {
             int mid = (lo + hi + 1) / 2;
-            if (a->item_start[mid] <= ci) lo = mid;
-            else hi = mid - 1;
+            if (a->item_start[mid] <= ci)
+                lo = mid;
+            else
+                hi = mid - 1;
         }
         attn_item(a, lo, (int)(ci - a->item_start[lo]), g, a->scratch[tid]);
     }
@@ -197,10 +200,23 @@ void cpu_attention(struct backend *b, struct tensor *out, const struct tensor *q
     size_t nrow = (size_t)ATTN_QCHUNK * rep;
     cpu_scratch_reserve(c, (nrow * (d + dv + 2 + (size_t)bs) + (size_t)bs * (d + dv)) * sizeof(float) + 64);
     struct attn_ctx a = {
-        .out = out->data, .q = q->data, .q_stride = q_row_stride ? q_row_stride : (int64_t)hq * d,
-        .kv = kv, .md = md, .sinks = sinks ? sinks->data : NULL, .scale = scale, .window = sliding_window,
-        .hq = hq, .hk = hk, .rep = rep, .d = d, .dv = dv, .bs = bs, .item_start = item_start,
-        .kern = &c->kern, .scratch = c->scratch,
+        .out = out->data,
+        .q = q->data,
+        .q_stride = q_row_stride ? q_row_stride : (int64_t)hq * d,
+        .kv = kv,
+        .md = md,
+        .sinks = sinks ? sinks->data : NULL,
+        .scale = scale,
+        .window = sliding_window,
+        .hq = hq,
+        .hk = hk,
+        .rep = rep,
+        .d = d,
+        .dv = dv,
+        .bs = bs,
+        .item_start = item_start,
+        .kern = &c->kern,
+        .scratch = c->scratch,
     };
     if (n_items > 0) thread_pool_parallel_for(c->pool, n_items, 1, attn_items, &a);
     cpu_unlock(c);

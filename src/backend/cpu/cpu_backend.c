@@ -1,11 +1,14 @@
 // The CPU backend: the reference implementation of every op of backend.h, multi-threaded
-// over a persistent thread pool, fp32 activations and weights, GEMMs through OpenBLAS.
+// over a persistent thread pool, fp32 activations and fp32 compute, GEMMs through OpenBLAS.
 //
 // Contracts beyond backend.h:
-// - Memory is host memory (posix_memalign, 64-byte aligned); copies are memcpy.
-// - Weights are F32 after upload_weight (any host dtype is dequantised at load).
+// - Memory is host memory (posix_memalign, 64-byte aligned); copies are memmove.
+// - Weights (matmul w/bias, embedding table, norm weights) may be F32 (weight_dtype, the
+//   default), BF16 or F16, and matmul / embedding weights also Q8_0 / Q4_0 / Q4_1 kept from a
+//   GGUF file; all are computed in fp32. See upload_weight.
 // - Tensors passed to ops are dense row-major unless an op takes an explicit row stride.
-// - out may alias x for rmsnorm, add_rmsnorm (out == residual is not allowed), add and convert.
+// - out may alias x for rmsnorm, add and convert (F32); add_rmsnorm's out must not be residual.
+// - Ops run one at a time per backend (op_lock) and may be called from any thread.
 // - OpenBLAS threading is process-wide: create sets it to this backend's thread count once.
 //   Our pool's workers sleep after a short spin, so they do not compete with OpenBLAS's.
 #include "backend/cpu/cpu_backend.h"
@@ -35,8 +38,12 @@ static void *cpu_aligned_alloc(size_t bytes) {
     return p;
 }
 
-static void *cpu_alloc(struct backend *b, size_t bytes) { return cpu_aligned_alloc(bytes); }
-static void cpu_free(struct backend *b, void *p) { free(p); }
+static void *cpu_alloc(struct backend *b, size_t bytes) {
+    return cpu_aligned_alloc(bytes);
+}
+static void cpu_free(struct backend *b, void *p) {
+    free(p);
+}
 static void cpu_copy(struct backend *b, void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
@@ -83,7 +90,6 @@ void *cpu_shared_reserve(struct cpu_backend *c, size_t bytes) {
     return c->shared;
 }
 
-
 // Rows per chunk so that a chunk holds at least CPU_PAR_MIN_ELEMS / 4 elements.
 static int64_t cpu_row_grain(int64_t cols) {
     int64_t g = (CPU_PAR_MIN_ELEMS / 4) / (cols > 0 ? cols : 1);
@@ -91,39 +97,108 @@ static int64_t cpu_row_grain(int64_t cols) {
 }
 
 static void cpu_parallel_rows(struct cpu_backend *c, int64_t rows, int64_t cols, thread_pool_fn fn, void *ctx) {
-    if (rows * cols < CPU_PAR_MIN_ELEMS) fn(ctx, 0, rows, 0);
-    else thread_pool_parallel_for(c->pool, rows, cpu_row_grain(cols), fn, ctx);
+    if (rows * cols < CPU_PAR_MIN_ELEMS)
+        fn(ctx, 0, rows, 0);
+    else
+        thread_pool_parallel_for(c->pool, rows, cpu_row_grain(cols), fn, ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Weight upload: any host dtype -> F32, converted in parallel row chunks.
+// The matmul kernel index of a weight dtype, or -1 when weights cannot have it.
+static int cpu_weight_kind(enum dtype t) {
+    switch (t) {
+    case DTYPE_F32:
+        return CPU_WEIGHT_F32;
+    case DTYPE_BF16:
+        return CPU_WEIGHT_BF16;
+    case DTYPE_F16:
+        return CPU_WEIGHT_F16;
+    case DTYPE_Q8_0:
+        return CPU_WEIGHT_Q8_0;
+    case DTYPE_Q4_0:
+        return CPU_WEIGHT_Q4_0;
+    case DTYPE_Q4_1:
+        return CPU_WEIGHT_Q4_1;
+    default:
+        return -1;
+    }
+}
+
+// True for the dtypes weights may have on this backend (see upload_weight).
+static bool cpu_weight_dtype_ok(enum dtype t) {
+    return cpu_weight_kind(t) >= 0;
+}
+
+// A small weight vector (norm weight, bias) as F32: the tensor itself, or a conversion into
+// `buf` (op-level scratch) for BF16/F16 weights.
+static const float *cpu_weight_f32(const struct tensor *w, float *buf) {
+    if (w->dtype == DTYPE_F32) return w->data;
+    CHECK(cpu_weight_dtype_ok(w->dtype));
+    dtype_to_f32(w->dtype, w->data, buf, tensor_numel(w));
+    return buf;
+}
+
+// Weight upload: any host dtype -> F32, BF16 or F16, or a GGUF quant type kept as is (Q8_0 /
+// Q4_0 / Q4_1 from the same type); the ops compute in fp32 over any of them. Conversions run in
+// parallel row chunks; same-dtype uploads are copies. A BF16/F16 checkpoint kept in its dtype is
+// lossless and halves the decode's memory traffic; a kept GGUF quant gives bit-identical
+// results to dequantising at load (the kernels dequantise with the same arithmetic).
+
+#define UPLOAD_PIECE 4096 // elements converted through the stack per step (a multiple of 32)
 
 struct upload_ctx {
     const struct tensor *src;
-    float *dst;
+    struct tensor *dst;
     int64_t cols;
-    size_t src_row_bytes;
 };
 
 static void upload_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     struct upload_ctx *u = vctx;
-    const uint8_t *s = (const uint8_t *)u->src->data + (size_t)r0 * u->src_row_bytes;
-    dtype_to_f32(u->src->dtype, s, u->dst + r0 * u->cols, (r1 - r0) * u->cols);
+    const enum dtype st = u->src->dtype, dt = u->dst->dtype;
+    const int be = dtype_block_elems(st);
+    const size_t bb = dtype_block_bytes(st), de = dtype_block_bytes(dt);
+    const bool scaled = st == DTYPE_FP8_E4M3 && u->src->scale != 1.0f;
+    const int64_t e0 = r0 * u->cols, e1 = r1 * u->cols; // e0 is a multiple of be (whole-block rows)
+    const uint8_t *s = u->src->data;
+    uint8_t *d = u->dst->data;
+    if (st == dt && !scaled) {
+        memcpy(d + (size_t)(e0 / be) * bb, s + (size_t)(e0 / be) * bb, (size_t)((e1 - e0) / be) * bb);
+        return;
+    }
+    float tmp[UPLOAD_PIECE];
+    for (int64_t e = e0; e < e1; e += UPLOAD_PIECE) {
+        int64_t n = e1 - e < UPLOAD_PIECE ? e1 - e : UPLOAD_PIECE;
+        float *f = dt == DTYPE_F32 ? (float *)d + e : tmp;
+        dtype_to_f32(st, s + (size_t)(e / be) * bb, f, n);
+        if (scaled)
+            for (int64_t i = 0; i < n; i++)
+                f[i] *= u->src->scale;
+        if (dt != DTYPE_F32) dtype_from_f32(dt, f, d + (size_t)e * de, n);
+    }
 }
 
 static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, const struct tensor *src,
                                       struct error *err) {
     struct cpu_backend *c = cpu_backend_of(b);
-    if (dst->dtype != DTYPE_F32)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: weights are stored as F32, not %s",
+    if (!cpu_weight_dtype_ok(dst->dtype))
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "cpu backend: weights are stored as F32, BF16, F16, Q8_0, Q4_0 or Q4_1, not %s",
                          dtype_name(dst->dtype));
+    if (dtype_block_elems(dst->dtype) > 1 && src->dtype != dst->dtype)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: %s weights can only be kept from %s data, not %s",
+                         dtype_name(dst->dtype), dtype_name(dst->dtype), dtype_name(src->dtype));
     switch (src->dtype) {
-    case DTYPE_F32: case DTYPE_F16: case DTYPE_BF16: case DTYPE_FP8_E4M3:
-    case DTYPE_Q8_0: case DTYPE_Q4_0: case DTYPE_Q4_1:
+    case DTYPE_F32:
+    case DTYPE_F16:
+    case DTYPE_BF16:
+    case DTYPE_FP8_E4M3:
+    case DTYPE_Q8_0:
+    case DTYPE_Q4_0:
+    case DTYPE_Q4_1:
         break;
     default:
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: cannot convert a %s tensor to F32 weights",
-                         dtype_name(src->dtype));
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: cannot convert a %s tensor to %s weights",
+                         dtype_name(src->dtype), dtype_name(dst->dtype));
     }
     if (src->ndim < 1 || dst->ndim < 1 || tensor_numel(src) != tensor_numel(dst))
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
@@ -133,21 +208,19 @@ static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, con
     if (cols % dtype_block_elems(src->dtype) != 0)
         return error_set(err, ATOMC_ERR_FORMAT, "cpu backend: %s row of %lld elements is not whole blocks",
                          dtype_name(src->dtype), (long long)cols);
-    size_t bytes = (size_t)tensor_numel(dst) * sizeof(float);
-    float *data = cpu_aligned_alloc(bytes);
+    size_t bytes = dtype_row_bytes(dst->dtype, cols) * (size_t)rows;
+    void *data = cpu_aligned_alloc(bytes);
     if (!data)
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate %zu bytes for a weight", bytes);
-    struct upload_ctx u = {src, data, cols, dtype_row_bytes(src->dtype, cols)};
+    struct tensor out = *dst;
+    out.data = data;
+    struct upload_ctx u = {src, &out, cols};
     cpu_lock(c);
-    if (src->dtype == DTYPE_FP8_E4M3 || rows * cols < (1 << 20)) {
+    if (rows * cols < (1 << 20)) {
         upload_rows(&u, 0, rows, 0);
     } else {
         int64_t grain = (1 << 18) / cols;
         thread_pool_parallel_for(c->pool, rows, grain < 1 ? 1 : grain, upload_rows, &u);
-    }
-    if (src->dtype == DTYPE_FP8_E4M3 && src->scale != 1.0f) {
-        int64_t n = tensor_numel(dst);
-        for (int64_t i = 0; i < n; i++) data[i] *= src->scale;
     }
     cpu_unlock(c);
     dst->data = data;
@@ -160,9 +233,10 @@ static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, con
 
 struct embed_ctx {
     float *out;
-    const float *table;
+    const struct tensor *table;
     const int32_t *ids;
     int64_t d, vocab;
+    size_t row_bytes;
 };
 
 static void embed_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
@@ -171,15 +245,17 @@ static void embed_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
         int64_t id = e->ids[r];
         CHECK_MSG(id >= 0 && id < e->vocab, "embedding: token id %lld outside [0, %lld)", (long long)id,
                   (long long)e->vocab);
-        memcpy(e->out + r * e->d, e->table + id * e->d, (size_t)e->d * sizeof(float));
+        dtype_to_f32(e->table->dtype, (const uint8_t *)e->table->data + (size_t)id * e->row_bytes, e->out + r * e->d,
+                     e->d);
     }
 }
 
 static void cpu_embedding(struct backend *b, struct tensor *out, const struct tensor *table, const int32_t *ids) {
     struct cpu_backend *c = cpu_backend_of(b);
-    CHECK(out->dtype == DTYPE_F32 && table->dtype == DTYPE_F32 && table->ndim == 2);
+    CHECK(out->dtype == DTYPE_F32 && cpu_weight_dtype_ok(table->dtype) && table->ndim == 2);
     CHECK(tensor_cols(out) == tensor_cols(table));
-    struct embed_ctx e = {out->data, table->data, ids, tensor_cols(table), table->ne[0]};
+    struct embed_ctx e = {out->data,          table,        ids,
+                          tensor_cols(table), table->ne[0], dtype_row_bytes(table->dtype, tensor_cols(table))};
     cpu_lock(c);
     cpu_parallel_rows(c, tensor_rows(out), e.d, embed_rows, &e);
     cpu_unlock(c);
@@ -220,8 +296,10 @@ static void cpu_convert(struct backend *b, struct tensor *out, const struct tens
     CHECK(x->dtype == DTYPE_F32 || (const void *)out->data != x->data);
     int64_t n = tensor_numel(x);
     cpu_lock(c);
-    if (n < CPU_PAR_MIN_ELEMS) convert_range(&v, 0, n, 0);
-    else thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, convert_range, &v);
+    if (n < CPU_PAR_MIN_ELEMS)
+        convert_range(&v, 0, n, 0);
+    else
+        thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, convert_range, &v);
     cpu_unlock(c);
 }
 
@@ -234,7 +312,8 @@ static void add_range(void *vctx, int64_t i0, int64_t i1, int tid) {
     struct add_ctx *a = vctx;
     float *restrict o = a->out;
     const float *restrict x = a->x;
-    for (int64_t i = i0; i < i1; i++) o[i] += x[i];
+    for (int64_t i = i0; i < i1; i++)
+        o[i] += x[i];
 }
 
 static void cpu_add(struct backend *b, struct tensor *out, const struct tensor *x) {
@@ -243,8 +322,10 @@ static void cpu_add(struct backend *b, struct tensor *out, const struct tensor *
     struct add_ctx a = {out->data, x->data};
     int64_t n = tensor_numel(out);
     cpu_lock(c);
-    if (n < CPU_PAR_MIN_ELEMS) add_range(&a, 0, n, 0);
-    else thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, add_range, &a);
+    if (n < CPU_PAR_MIN_ELEMS)
+        add_range(&a, 0, n, 0);
+    else
+        thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, add_range, &a);
     cpu_unlock(c);
 }
 
@@ -253,8 +334,8 @@ static void cpu_add(struct backend *b, struct tensor *out, const struct tensor *
 
 struct norm_ctx {
     float *out;
-    float *residual;   // add_rmsnorm only
-    const float *x;    // may be NULL for add_rmsnorm
+    float *residual; // add_rmsnorm only
+    const float *x;  // may be NULL for add_rmsnorm
     const float *w;
     int64_t d;
     float eps;
@@ -262,14 +343,17 @@ struct norm_ctx {
 
 static inline void norm_row(float *restrict o, const float *h, const float *restrict w, int64_t d, float eps) {
     double ss = 0.0;
-    for (int64_t i = 0; i < d; i++) ss += (double)h[i] * h[i];
+    for (int64_t i = 0; i < d; i++)
+        ss += (double)h[i] * h[i];
     float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
-    for (int64_t i = 0; i < d; i++) o[i] = h[i] * inv * w[i];
+    for (int64_t i = 0; i < d; i++)
+        o[i] = h[i] * inv * w[i];
 }
 
 static void rmsnorm_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     struct norm_ctx *n = vctx;
-    for (int64_t r = r0; r < r1; r++) norm_row(n->out + r * n->d, n->x + r * n->d, n->w, n->d, n->eps);
+    for (int64_t r = r0; r < r1; r++)
+        norm_row(n->out + r * n->d, n->x + r * n->d, n->w, n->d, n->eps);
 }
 
 static void add_rmsnorm_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
@@ -278,7 +362,8 @@ static void add_rmsnorm_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
         float *h = n->residual + r * n->d;
         if (n->x) {
             const float *x = n->x + r * n->d;
-            for (int64_t i = 0; i < n->d; i++) h[i] += x[i];
+            for (int64_t i = 0; i < n->d; i++)
+                h[i] += x[i];
         }
         norm_row(n->out + r * n->d, h, n->w, n->d, n->eps);
     }
@@ -287,11 +372,12 @@ static void add_rmsnorm_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
 static void cpu_rmsnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
                         float eps) {
     struct cpu_backend *c = cpu_backend_of(b);
-    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && w->dtype == DTYPE_F32);
+    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && cpu_weight_dtype_ok(w->dtype));
     int64_t d = tensor_cols(x);
     CHECK(tensor_numel(w) == d && tensor_numel(out) == tensor_numel(x));
-    struct norm_ctx n = {out->data, NULL, x->data, w->data, d, eps};
     cpu_lock(c);
+    const float *wf = cpu_weight_f32(w, cpu_shared_reserve(c, (size_t)d * sizeof(float)));
+    struct norm_ctx n = {out->data, NULL, x->data, wf, d, eps};
     cpu_parallel_rows(c, tensor_rows(x), d, rmsnorm_rows, &n);
     cpu_unlock(c);
 }
@@ -299,63 +385,127 @@ static void cpu_rmsnorm(struct backend *b, struct tensor *out, const struct tens
 static void cpu_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
                             const struct tensor *w, float eps) {
     struct cpu_backend *c = cpu_backend_of(b);
-    CHECK(out->dtype == DTYPE_F32 && residual->dtype == DTYPE_F32 && w->dtype == DTYPE_F32);
+    CHECK(out->dtype == DTYPE_F32 && residual->dtype == DTYPE_F32 && cpu_weight_dtype_ok(w->dtype));
     CHECK(out->data != residual->data);
     int64_t d = tensor_cols(residual);
     CHECK(tensor_numel(w) == d && tensor_numel(out) == tensor_numel(residual));
     if (x) CHECK(x->dtype == DTYPE_F32 && tensor_numel(x) == tensor_numel(residual));
-    struct norm_ctx n = {out->data, residual->data, x ? x->data : NULL, w->data, d, eps};
     cpu_lock(c);
+    const float *wf = cpu_weight_f32(w, cpu_shared_reserve(c, (size_t)d * sizeof(float)));
+    struct norm_ctx n = {out->data, residual->data, x ? x->data : NULL, wf, d, eps};
     cpu_parallel_rows(c, tensor_rows(residual), d, add_rmsnorm_rows, &n);
     cpu_unlock(c);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Matmul: out(n, m) = x(n, k) @ w(m, k)^T + bias.
-// Few rows (decode, n <= 8): our own skinny kernel, parallel over output columns, which streams each
-// weight row once for all rows (OpenBLAS's sgemm is slow at n = 1..4 and its gemv cannot share
-// the weight stream between rows). More rows: one OpenBLAS sgemm, threaded by OpenBLAS.
+// Matmul: out(n, m) = x(n, k) @ w(m, k)^T + bias, w in F32, BF16 or F16 (fp32 compute).
+// Few rows (decode, n <= 8): our own skinny kernel, parallel over output columns, which streams
+// each weight row once per group of up to 4 rows and converts BF16/F16 weights in registers
+// (OpenBLAS's sgemm is slow at tiny n and its gemv cannot share the weight stream between rows).
+// More rows: OpenBLAS sgemm, threaded by OpenBLAS; BF16/F16 weights are converted to F32 a tile
+// of rows at a time (in parallel) into op scratch, one sgemm per tile.
 
 #define MATMUL_SKINNY_MAX_ROWS 8
+#define MATMUL_TILE_BYTES (4u << 20) // F32 weight tile of the half-weight sgemm path
 
 struct gemv_ctx {
     const struct cpu_kernels *kern;
+    int wk; // CPU_WEIGHT_*
     float *out;
-    const float *x, *w, *bias;
+    const float *x, *bias;
+    const void *w;
     int nx;
     int64_t k, m;
 };
 
+// Output columns [j0, j1) for every row, in cache blocks of up to 64 rows x ~128 KB of weights
+// (only the batch-invariant mode has more than 8 rows). Blocking changes no result: each output
+// is one dot product in the kernel's fixed order.
 static void gemv_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
     struct gemv_ctx *g = vctx;
-    g->kern->gemv(g->out, g->m, g->x, g->k, g->nx, g->w, g->bias, g->k, g->k, j0, j1);
+    // A multiple of 12 columns, so the kernels' 4- and 3-column steps leave no slow tails.
+    int64_t jb = (int64_t)(131072 / ((size_t)g->k * 4)) / 12 * 12;
+    if (jb < 12) jb = 12;
+    for (int i0 = 0; i0 < g->nx; i0 += 64) {
+        int ni = g->nx - i0 < 64 ? g->nx - i0 : 64;
+        for (int64_t c0 = j0; c0 < j1; c0 += jb) {
+            int64_t c1 = c0 + jb < j1 ? c0 + jb : j1;
+            g->kern->gemv[g->wk](g->out + (int64_t)i0 * g->m, g->m, g->x + (int64_t)i0 * g->k, g->k, ni, g->w, g->bias,
+                                 g->k, g->k, c0, c1);
+        }
+    }
+}
+
+struct widen_ctx {
+    const struct cpu_kernels *kern;
+    int wk;
+    const struct tensor *w;
+    float *dst;
+    int64_t row0, k;
+};
+
+static void widen_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
+    struct widen_ctx *v = vctx;
+    size_t rb = dtype_row_bytes(v->w->dtype, v->k);
+    v->kern->widen[v->wk](v->dst + r0 * v->k, (const uint8_t *)v->w->data + (size_t)(v->row0 + r0) * rb,
+                          (r1 - r0) * v->k);
 }
 
 static void cpu_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
                        const struct tensor *bias) {
     struct cpu_backend *c = cpu_backend_of(b);
-    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && w->dtype == DTYPE_F32 && w->ndim == 2);
+    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && cpu_weight_dtype_ok(w->dtype) && w->ndim == 2);
     int64_t n = tensor_rows(x), k = tensor_cols(x), m = w->ne[0];
     CHECK_MSG(w->ne[1] == k, "matmul: x has %lld columns, w has %lld", (long long)k, (long long)w->ne[1]);
     CHECK(tensor_cols(out) == m && tensor_rows(out) == n);
-    if (bias) CHECK(bias->dtype == DTYPE_F32 && tensor_numel(bias) == m);
+    if (bias) CHECK(cpu_weight_dtype_ok(bias->dtype) && tensor_numel(bias) == m);
     if (n == 0) return;
     float *o = out->data;
+    const int wk = cpu_weight_kind(w->dtype);
+    if (wk >= CPU_WEIGHT_Q8_0) CHECK_MSG(k % 32 == 0, "matmul: %s weights need k %% 32 == 0", dtype_name(w->dtype));
+    bool skinny = n <= MATMUL_SKINNY_MAX_ROWS || c->batch_invariant;
+    // Op scratch: [bias as F32 (m) | F32 weight tile (half weights, sgemm path)].
+    int64_t tile_rows = 0;
+    size_t bias_bytes = bias && bias->dtype != DTYPE_F32 ? ((size_t)m * sizeof(float) + 63) & ~(size_t)63 : 0;
+    if (!skinny && wk != CPU_WEIGHT_F32) {
+        tile_rows = (int64_t)(MATMUL_TILE_BYTES / ((size_t)k * sizeof(float)));
+        if (tile_rows < 16) tile_rows = 16;
+        if (tile_rows > m) tile_rows = m;
+    }
     cpu_lock(c);
-    if (n <= MATMUL_SKINNY_MAX_ROWS) {
-        struct gemv_ctx g = {&c->kern, o, x->data, w->data, bias ? bias->data : NULL, (int)n, k, m};
-        int64_t grain = 16384 / (k > 0 ? k : 1); // >= 64 KB of weights per chunk
+    uint8_t *scr = cpu_shared_reserve(c, bias_bytes + (size_t)tile_rows * (size_t)k * sizeof(float) + 64);
+    const float *bf = bias ? cpu_weight_f32(bias, (float *)scr) : NULL;
+    if (skinny) {
+        struct gemv_ctx g = {&c->kern, wk, o, x->data, bf, w->data, (int)n, k, m};
+        int64_t grain = 16384 / (k > 0 ? k : 1); // >= 64 KB of F32 weights per chunk
         if (grain < 4) grain = 4;
-        if (m * k < 65536) gemv_cols(&g, 0, m, 0);
-        else thread_pool_parallel_for(c->pool, m, grain, gemv_cols, &g);
+        if (m * k * n < 65536)
+            gemv_cols(&g, 0, m, 0);
+        else
+            thread_pool_parallel_for(c->pool, m, grain, gemv_cols, &g);
     } else {
         float beta = 0.0f;
-        if (bias) {
-            for (int64_t i = 0; i < n; i++) memcpy(o + i * m, bias->data, (size_t)m * sizeof(float));
+        if (bf) {
+            for (int64_t i = 0; i < n; i++)
+                memcpy(o + i * m, bf, (size_t)m * sizeof(float));
             beta = 1.0f;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)m, (blasint)k, 1.0f, x->data,
-                    (blasint)k, w->data, (blasint)k, beta, o, (blasint)m);
+        if (wk == CPU_WEIGHT_F32) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)m, (blasint)k, 1.0f, x->data,
+                        (blasint)k, w->data, (blasint)k, beta, o, (blasint)m);
+        } else {
+            float *tile = (float *)(scr + bias_bytes);
+            for (int64_t j0 = 0; j0 < m; j0 += tile_rows) {
+                int64_t jn = m - j0 < tile_rows ? m - j0 : tile_rows;
+                struct widen_ctx v = {&c->kern, wk, w, tile, j0, k};
+                if (jn * k < CPU_PAR_MIN_ELEMS)
+                    widen_rows(&v, 0, jn, 0);
+                else
+                    thread_pool_parallel_for(c->pool, jn, cpu_row_grain(k), widen_rows, &v);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)jn, (blasint)k, 1.0f, x->data,
+                            (blasint)k, tile, (blasint)k, beta, o + j0, (blasint)m);
+            }
+        }
     }
     cpu_unlock(c);
 }
@@ -364,6 +514,7 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
 // SiLU * mul
 
 struct silu_ctx {
+    const struct cpu_kernels *kern;
     float *out;
     const float *gu;
     int64_t f;
@@ -372,9 +523,8 @@ struct silu_ctx {
 static void silu_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     struct silu_ctx *s = vctx;
     for (int64_t r = r0; r < r1; r++) {
-        const float *g = s->gu + r * 2 * s->f, *u = g + s->f;
-        float *o = s->out + r * s->f;
-        for (int64_t i = 0; i < s->f; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        const float *g = s->gu + r * 2 * s->f;
+        s->kern->silu_mul(s->out + r * s->f, g, g + s->f, s->f);
     }
 }
 
@@ -383,7 +533,7 @@ static void cpu_silu_mul(struct backend *b, struct tensor *out, const struct ten
     CHECK(out->dtype == DTYPE_F32 && gate_up->dtype == DTYPE_F32);
     int64_t f = tensor_cols(out), n = tensor_rows(out);
     CHECK(tensor_cols(gate_up) == 2 * f && tensor_rows(gate_up) == n);
-    struct silu_ctx s = {out->data, gate_up->data, f};
+    struct silu_ctx s = {&c->kern, out->data, gate_up->data, f};
     cpu_lock(c);
     cpu_parallel_rows(c, n, 2 * f, silu_rows, &s);
     cpu_unlock(c);
@@ -423,19 +573,24 @@ static inline void rope_head(float *x, const float *cs, const float *sn, int hal
 
 static void kv_store_row(const struct tensor *cache, float scale, int64_t elem_off, const float *src, int n) {
     switch (cache->dtype) {
-    case DTYPE_F32: memcpy((float *)cache->data + elem_off, src, (size_t)n * sizeof(float)); break;
+    case DTYPE_F32:
+        memcpy((float *)cache->data + elem_off, src, (size_t)n * sizeof(float));
+        break;
     case DTYPE_BF16: {
         uint16_t *d = (uint16_t *)cache->data + elem_off;
-        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+        for (int i = 0; i < n; i++)
+            d[i] = f32_to_bf16(src[i]);
         break;
     }
     case DTYPE_FP8_E4M3: {
         uint8_t *d = (uint8_t *)cache->data + elem_off;
         float inv = 1.0f / scale;
-        for (int i = 0; i < n; i++) d[i] = f32_to_fp8_e4m3(src[i] * inv);
+        for (int i = 0; i < n; i++)
+            d[i] = f32_to_fp8_e4m3(src[i] * inv);
         break;
     }
-    default: CHECK_MSG(0, "kv cache dtype %s not supported", dtype_name(cache->dtype));
+    default:
+        CHECK_MSG(0, "kv cache dtype %s not supported", dtype_name(cache->dtype));
     }
 }
 
@@ -452,10 +607,11 @@ static void rope_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
             sn[i] = sinf(a) * r->rope->attn_factor;
         }
         if (r->q)
-            for (int h = 0; h < r->hq; h++) rope_head(r->q + t * r->q_stride + (int64_t)h * r->d, cs, sn, half,
-                                                        r->rope->interleaved);
+            for (int h = 0; h < r->hq; h++)
+                rope_head(r->q + t * r->q_stride + (int64_t)h * r->d, cs, sn, half, r->rope->interleaved);
         float *krow = r->k + t * r->k_stride;
-        for (int h = 0; h < r->hk; h++) rope_head(krow + (int64_t)h * r->d, cs, sn, half, r->rope->interleaved);
+        for (int h = 0; h < r->hk; h++)
+            rope_head(krow + (int64_t)h * r->d, cs, sn, half, r->rope->interleaved);
         int32_t slot = r->slots[t];
         if (slot < 0) continue;
         CHECK_MSG(slot < r->n_slots, "rope_kv_write: slot %d outside the cache (%lld slots)", slot,
@@ -487,12 +643,20 @@ static void cpu_rope_kv_write(struct backend *b, struct tensor *q, struct tensor
         hq = (int)q->ne[1];
     }
     struct rope_ctx r = {
-        .q = q ? q->data : NULL, .k = k->data, .v = v->data,
+        .q = q ? q->data : NULL,
+        .k = k->data,
+        .v = v->data,
         .q_stride = row_stride ? row_stride : (int64_t)hq * d,
         .k_stride = row_stride ? row_stride : (int64_t)hk * d,
         .v_stride = row_stride ? row_stride : (int64_t)hk * dv,
-        .hq = hq, .hk = hk, .d = d, .dv = dv, .rope = rope, .kv = kv,
-        .positions = md->h_positions, .slots = md->h_slot_mapping,
+        .hq = hq,
+        .hk = hk,
+        .d = d,
+        .dv = dv,
+        .rope = rope,
+        .kv = kv,
+        .positions = md->h_positions,
+        .slots = md->h_slot_mapping,
         .n_slots = kv->k.ne[0] * kv->k.ne[1],
     };
     cpu_lock(c);
@@ -517,10 +681,12 @@ static void cpu_destroy(struct backend *b) {
     struct cpu_backend *c = cpu_backend_of(b);
     thread_pool_free(c->pool);
     if (c->scratch)
-        for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
+        for (int i = 0; i < c->n_threads; i++)
+            free(c->scratch[i]);
     free(c->scratch);
     if (c->sample_hist)
-        for (int i = 0; i < c->n_threads; i++) free(c->sample_hist[i]);
+        for (int i = 0; i < c->n_threads; i++)
+            free(c->sample_hist[i]);
     free(c->sample_hist);
     free(c->shared);
     pthread_mutex_destroy(&c->op_lock);
@@ -539,6 +705,8 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
     pthread_mutex_init(&c->op_lock, NULL);
     c->n_threads = n;
     c->kv_pool_bytes = o ? o->kv_pool_bytes : 0;
+    const char *bi = getenv("ATOMC_BATCH_INVARIANT");
+    c->batch_invariant = (o && o->batch_invariant) || (bi && !strcmp(bi, "1"));
     c->scratch = calloc((size_t)n, sizeof(void *));
     c->sample_hist = calloc((size_t)n, sizeof(void *));
     if (!c->scratch || !c->sample_hist) {
@@ -595,4 +763,6 @@ static const struct backend_ops cpu_ops = {
     .graph_end = NULL,
     .graph_launch = NULL,
     .graph_destroy = NULL,
+    .moe_route = cpu_moe_route,
+    .moe_experts = cpu_moe_experts,
 };

@@ -16,24 +16,31 @@
 #include "backend/cpu/thread_pool.h"
 
 struct cpu_backend {
-    struct backend base;      // base.impl points back to this struct
+    struct backend base; // base.impl points back to this struct
     struct thread_pool *pool;
-    struct cpu_kernels kern;  // inner loops chosen for this CPU (AVX2 or portable)
+    struct cpu_kernels kern; // inner loops chosen for this CPU (AVX2 or portable)
     pthread_mutex_t op_lock;
     size_t kv_pool_bytes;
+    bool batch_invariant; // all matmuls through the skinny kernel (see backend_options)
     int n_threads;
-    void **scratch;           // (n_threads) per-thread scratch, 64-byte aligned
-    size_t scratch_bytes;     // current size of each
-    void *shared;             // op-level scratch (work lists), 64-byte aligned
+    void **scratch;       // (n_threads) per-thread scratch, 64-byte aligned
+    size_t scratch_bytes; // current size of each
+    void *shared;         // op-level scratch (work lists), 64-byte aligned
     size_t shared_bytes;
     void **sample_hist;       // (n_threads) sampler penalty counters: int32 count[V] + uint8 seen[V],
     size_t sample_hist_vocab; // kept all-zero between uses (cleared by the sampler after each row)
 };
 
-static inline void cpu_lock(struct cpu_backend *c) { pthread_mutex_lock(&c->op_lock); }
-static inline void cpu_unlock(struct cpu_backend *c) { pthread_mutex_unlock(&c->op_lock); }
+static inline void cpu_lock(struct cpu_backend *c) {
+    pthread_mutex_lock(&c->op_lock);
+}
+static inline void cpu_unlock(struct cpu_backend *c) {
+    pthread_mutex_unlock(&c->op_lock);
+}
 
-static inline struct cpu_backend *cpu_backend_of(struct backend *b) { return (struct cpu_backend *)b->impl; }
+static inline struct cpu_backend *cpu_backend_of(struct backend *b) {
+    return (struct cpu_backend *)b->impl;
+}
 
 // Ensures every per-thread scratch buffer holds at least `bytes`; aborts when memory is
 // exhausted (scratch sizes are bounded by the model's shapes, fixed after the first steps).
@@ -48,5 +55,11 @@ void cpu_attention(struct backend *b, struct tensor *out, const struct tensor *q
                    const struct kv_layer *kv, const struct attn_metadata *md, float scale, int sliding_window,
                    const struct tensor *sinks);
 void cpu_sample(struct backend *b, const struct sample_args *a);
+// Mixture-of-experts ops (cpu_moe.c).
+void cpu_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a, int32_t *topk_ids,
+                   float *topk_w);
+void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
+                     const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+                     void *workspace);
 
 #endif

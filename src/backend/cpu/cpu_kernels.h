@@ -6,22 +6,37 @@
 
 #include <stdint.h>
 
+// Weight dtypes of the matmul kernels (index of widen[] / gemv[]).
+enum {
+    CPU_WEIGHT_F32 = 0,
+    CPU_WEIGHT_BF16,
+    CPU_WEIGHT_F16,
+    CPU_WEIGHT_Q8_0,
+    CPU_WEIGHT_Q4_0,
+    CPU_WEIGHT_Q4_1,
+    CPU_WEIGHT_COUNT
+};
+
 struct cpu_kernels {
-    const char *name; // "avx2" or "generic"
-    // sum a[i] * b[i]
-    float (*dot)(const float *a, const float *b, int64_t n);
-    // y[i] += a * x[i]
-    void (*axpy)(float *y, float a, const float *x, int64_t n);
+    const char *name; // "avx2" (AVX2 + FMA + F16C) or "generic"
     // y[i] += sum over t < nt of p[t] * v[t * vs + i], i < n (attention's P @ V for one row)
     void (*axpy_rows)(float *y, const float *p, const float *v, int64_t vs, int nt, int64_t n);
+    // y[i] = exp(y[i] - m) in place; returns the sum of the new y (attention's softmax numerators).
+    // The AVX2 version uses a polynomial exp within ~2 ulp of expf; inputs below -87 give ~1e-38.
+    float (*exp_sum)(float *y, int64_t n, float m);
+    // out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]
+    void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
     // y[i] *= a
     void (*scale)(float *y, float a, int64_t n);
-    // Skinny matmul for few rows (decode; also attention scores): for output columns j in
-    // [j0, j1) and rows i < nx, with weight rows ws elements apart:
+    // dst[i] = src[i] as F32, src in the weight dtype (index CPU_WEIGHT_*; n whole blocks for Q types).
+    void (*widen[CPU_WEIGHT_COUNT])(float *dst, const void *src, int64_t n);
+    // Skinny matmul for few rows (decode; also attention scores), one per weight dtype
+    // (index CPU_WEIGHT_*): for output columns j in [j0, j1) and rows i < nx, with weight rows
+    // ws elements apart (k and ws multiples of 32 for the Q types):
     //   out[i * out_stride + j] = dot(x + i * x_stride, w + j * ws, k) (+ bias[j] if bias)
     // Each weight row is read once per group of up to 4 rows (the weights are the traffic).
-    void (*gemv)(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx, const float *w,
-                 const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
+    void (*gemv[CPU_WEIGHT_COUNT])(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx,
+                                   const void *w, const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
 };
 
 // Fills k with the best implementation this CPU supports (ATOMC_CPU_KERNELS=generic forces

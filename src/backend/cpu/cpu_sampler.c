@@ -42,6 +42,7 @@
 
 #define SAMPLE_GREEDY_EPS 1e-5f
 #define SAMPLE_MAX_LOGPROBS 20
+#define SAMPLE_TOPP_TAU 1e-4f // e below which top-p candidates may be pre-filtered (see sample_row)
 
 struct cand {
     float v;
@@ -49,7 +50,9 @@ struct cand {
 };
 
 // The sampler's total order: higher value first, then lower id.
-static inline int cand_before(struct cand a, struct cand b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
+static inline int cand_before(struct cand a, struct cand b) {
+    return a.v > b.v || (a.v == b.v && a.id < b.id);
+}
 
 static inline void cand_swap(struct cand *a, struct cand *b) {
     struct cand t = *a;
@@ -80,26 +83,29 @@ static void cand_select_top(struct cand *c, int64_t n, int64_t k) {
     while (hi - lo > 1) {
         int64_t st = cand_partition(c, lo, hi);
         if (st == k || st + 1 == k) return;
-        if (st > k) hi = st;
-        else lo = st + 1;
+        if (st > k)
+            hi = st;
+        else
+            lo = st + 1;
     }
 }
 
 // Top-p cut over c[0, n) (any order): rearranges c so that c[0, cut) is the shortest prefix of
-// the total order whose mass of e = expf(v - m) reaches `target`; returns cut (>= 1).
-static int64_t cand_select_top_p(struct cand *c, int64_t n, float m, double target) {
+// the total order whose mass of e[id] = expf(v - m) reaches `target`; returns cut (>= 1).
+static int64_t cand_select_top_p(struct cand *c, int64_t n, const float *e, double target) {
     int64_t lo = 0, hi = n;
     double base = 0.0; // mass of c[0, lo), all of them kept; invariant base < target
     while (lo < hi) {
         if (hi - lo == 1) return lo + 1;
         int64_t st = cand_partition(c, lo, hi);
         double upper = 0.0;
-        for (int64_t i = lo; i < st; i++) upper += expf(c[i].v - m);
+        for (int64_t i = lo; i < st; i++)
+            upper += e[c[i].id];
         if (base + upper >= target) {
             if (st == lo) return lo + 1; // only by rounding
             hi = st;
         } else {
-            double with_pivot = base + upper + expf(c[st].v - m);
+            double with_pivot = base + upper + e[c[st].id];
             if (with_pivot >= target) return st + 1;
             base = with_pivot;
             lo = st + 1;
@@ -119,7 +125,8 @@ static void sample_logprobs(const struct sample_args *a, int r, const float *raw
     for (int i = 0; i < V; i++)
         if (raw[i] > mx) mx = raw[i];
     double sum = 0.0;
-    for (int i = 0; i < V; i++) sum += exp((double)raw[i] - mx);
+    for (int i = 0; i < V; i++)
+        sum += exp((double)raw[i] - mx);
     float lse = (float)(mx + log(sum));
     if (a->out_logprob) a->out_logprob[r] = raw[chosen] - lse;
     int n = a->n_logprobs;
@@ -171,7 +178,7 @@ static void sample_penalties(const struct sample_args *a, int r, float *w, int V
     }
 }
 
-static int32_t sample_row(const struct sample_args *a, int r, const float *raw, float *w, struct cand *cands,
+static int32_t sample_row(const struct sample_args *a, int r, const float *raw, float *w, float *e, struct cand *cands,
                           int32_t *cnt, uint8_t *seen) {
     const int V = a->vocab_size;
     memcpy(w, raw, (size_t)V * sizeof(float));
@@ -190,28 +197,54 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
         w[i] *= inv_t;
         if (w[i] > m) m = w[i];
     }
+    for (int i = 0; i < V; i++)
+        e[i] = expf(w[i] - m); // unnormalised probabilities, max 1
     float min_p = a->min_p ? a->min_p[r] : 0.0f;
     int k = a->top_k ? a->top_k[r] : 0;
     float top_p = a->top_p ? a->top_p[r] : 1.0f;
-    bool use_k = k > 0 && k < V, use_p = top_p < 1.0f;
+    bool use_k = k > 0 && k < V, use_p = top_p<1.0f, use_min_p = min_p> 0.0f;
 
-    // The kept set as a prefix of the total order: boundary (bv, bid), or the min-p threshold.
+    // The kept set as a prefix of the total order, described by its last element `boundary`;
+    // without top-k / top-p, by the min-p threshold alone.
     bool have_boundary = false;
     struct cand boundary = {0, 0};
     if (use_k || use_p) {
+        // Top-p without top-k: tokens with e below SAMPLE_TOPP_TAU may be left out of the
+        // selection when their total mass is below (1 - top_p) of all survivors' mass, because
+        // the kept prefix (mass >= top_p) then ends before reaching any of them. Exact; usually
+        // leaves a few hundred candidates instead of the whole vocabulary.
+        double total_all = -1.0;
+        float tau = 0.0f;
+        if (use_p && !use_k && top_p > 0.0f) {
+            double below = 0.0;
+            total_all = 0.0;
+            for (int i = 0; i < V; i++)
+                if (!use_min_p || e[i] >= min_p) {
+                    total_all += e[i];
+                    if (e[i] < SAMPLE_TOPP_TAU) below += e[i];
+                }
+            if (below < (1.0 - (double)top_p) * total_all) tau = SAMPLE_TOPP_TAU;
+        }
         int64_t n = 0;
         for (int i = 0; i < V; i++)
-            if (!(min_p > 0.0f) || expf(w[i] - m) >= min_p) cands[n++] = (struct cand){w[i], i};
-        if (n == 0) cands[n++] = (struct cand){m, 0}; // unreachable unless min_p > 1; keep the max
+            if ((!use_min_p || e[i] >= min_p) && e[i] >= tau) cands[n++] = (struct cand){w[i], i};
+        if (n == 0) { // only when min_p > 1: keep the max (lowest id among equals)
+            for (int i = 0; i < V && n == 0; i++)
+                if (w[i] == m) cands[n++] = (struct cand){w[i], i};
+        }
         if (use_k && k < n) {
             cand_select_top(cands, n, k);
             n = k;
         }
         if (use_p) {
-            double total = 0.0;
-            for (int64_t i = 0; i < n; i++) total += expf(cands[i].v - m);
             if (top_p > 0.0f) {
-                n = cand_select_top_p(cands, n, m, (double)top_p * total);
+                double total = total_all;
+                if (total < 0.0) { // after top-k: the mass of the k kept
+                    total = 0.0;
+                    for (int64_t i = 0; i < n; i++)
+                        total += e[cands[i].id];
+                }
+                n = cand_select_top_p(cands, n, e, (double)top_p * total);
             } else {
                 cand_select_top(cands, n, 1);
                 n = 1;
@@ -223,17 +256,16 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
         have_boundary = true;
     }
 
+#define SAMPLE_KEPT(i)                                                                                                 \
+    (have_boundary ? (w[i] > boundary.v || (w[i] == boundary.v && (i) <= boundary.id)) : (!use_min_p || e[i] >= min_p))
     double total = 0.0;
     int32_t last = -1;
-    for (int i = 0; i < V; i++) {
-        bool kept = have_boundary ? (w[i] > boundary.v || (w[i] == boundary.v && i <= boundary.id))
-                                  : (!(min_p > 0.0f) || expf(w[i] - m) >= min_p);
-        if (kept) {
-            total += expf(w[i] - m);
+    for (int i = 0; i < V; i++)
+        if (SAMPLE_KEPT(i)) {
+            total += e[i];
             last = i;
         }
-    }
-    if (last < 0) { // min_p > 1 with no filter boundary: fall back to the argmax
+    if (last < 0) { // min_p > 1 without top-k / top-p: keep the max (lowest id among equals)
         for (int i = 0; i < V; i++)
             if (w[i] == m) return i;
         return 0;
@@ -241,13 +273,12 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
     double target = sample_rng_uniform(a->seed ? a->seed[r] : 0, a->step ? a->step[r] : 0) * total;
     double acc = 0.0;
     for (int i = 0; i <= last; i++) {
-        bool kept = have_boundary ? (w[i] > boundary.v || (w[i] == boundary.v && i <= boundary.id))
-                                  : (!(min_p > 0.0f) || expf(w[i] - m) >= min_p);
-        if (!kept) continue;
-        acc += expf(w[i] - m);
+        if (!SAMPLE_KEPT(i)) continue;
+        acc += e[i];
         if (acc > target) return i;
     }
     return last;
+#undef SAMPLE_KEPT
 }
 
 static void sample_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
@@ -256,12 +287,13 @@ static void sample_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     const int V = a->vocab_size;
     uint8_t *base = s->scratch[tid];
     float *w = (float *)base;
-    struct cand *cands = (struct cand *)(base + (size_t)V * sizeof(float));
+    float *e = w + V;
+    struct cand *cands = (struct cand *)(base + (size_t)V * 2 * sizeof(float));
     int32_t *cnt = (int32_t *)s->hist[tid];
     uint8_t *seen = (uint8_t *)(cnt + V);
     for (int64_t r = r0; r < r1; r++) {
         const float *raw = (const float *)a->logits->data + r * V;
-        int32_t id = sample_row(a, (int)r, raw, w, cands, cnt, seen);
+        int32_t id = sample_row(a, (int)r, raw, w, e, cands, cnt, seen);
         a->out_ids[r] = id;
         if (a->out_logprob || a->n_logprobs > 0) sample_logprobs(a, (int)r, raw, V, id);
     }
@@ -277,7 +309,7 @@ void cpu_sample(struct backend *b, const struct sample_args *a) {
     if (a->n_rows <= 0) return;
     cpu_lock(c);
     size_t V = (size_t)a->vocab_size;
-    cpu_scratch_reserve(c, V * (sizeof(float) + sizeof(struct cand)) + 64);
+    cpu_scratch_reserve(c, V * (2 * sizeof(float) + sizeof(struct cand)) + 64);
     if (a->any_penalty) cpu_sample_hist_reserve(c, V);
     struct sample_ctx s = {a, c->scratch, c->sample_hist};
     thread_pool_parallel_for(c->pool, a->n_rows, 1, sample_rows, &s);

@@ -135,8 +135,7 @@ atomc_status thread_pool_create(int n_threads, struct thread_pool **out, struct 
             free(wa);
             p->n_threads = i;
             thread_pool_free(p);
-            return error_set(err, ATOMC_ERR_INTERNAL, "thread pool: cannot start worker thread %d of %d", i,
-                             n_threads);
+            return error_set(err, ATOMC_ERR_INTERNAL, "thread pool: cannot start worker thread %d of %d", i, n_threads);
         }
     }
     *out = p;
@@ -149,7 +148,8 @@ void thread_pool_free(struct thread_pool *p) {
     atomic_store_explicit(&p->stop, true, memory_order_release);
     pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
-    for (int i = 1; i < p->n_threads && p->threads; i++) pthread_join(p->threads[i], NULL);
+    for (int i = 1; i < p->n_threads && p->threads; i++)
+        pthread_join(p->threads[i], NULL);
     free(p->threads);
     pthread_cond_destroy(&p->cv_work);
     pthread_cond_destroy(&p->cv_done);
@@ -158,7 +158,9 @@ void thread_pool_free(struct thread_pool *p) {
     free(p);
 }
 
-int thread_pool_size(const struct thread_pool *p) { return p->n_threads; }
+int thread_pool_size(const struct thread_pool *p) {
+    return p->n_threads;
+}
 
 void thread_pool_parallel_for(struct thread_pool *p, int64_t n, int64_t grain, thread_pool_fn fn, void *ctx) {
     if (n <= 0) return;
@@ -174,8 +176,10 @@ void thread_pool_parallel_for(struct thread_pool *p, int64_t n, int64_t grain, t
     // Close the previous job: odd generation, then wait for stragglers still inside it.
     atomic_fetch_add(&p->generation, 1);
     for (int spins = 0; atomic_load(&p->refs) > 0; spins++) {
-        if (spins < POOL_SPIN_ITERS) CPU_RELAX();
-        else sched_yield(); // a straggler was descheduled inside the old job
+        if (spins < POOL_SPIN_ITERS)
+            CPU_RELAX();
+        else
+            sched_yield(); // a straggler was descheduled inside the old job
     }
     // About four chunks per thread balances uneven items (attention rows, busy shared cores)
     // without making the claim counter hot.
@@ -205,7 +209,8 @@ void thread_pool_parallel_for(struct thread_pool *p, int64_t n, int64_t grain, t
         }
         pthread_mutex_lock(&p->mu);
         atomic_store(&p->caller_sleeping, true);
-        while (atomic_load(&p->done) < n) pthread_cond_wait(&p->cv_done, &p->mu);
+        while (atomic_load(&p->done) < n)
+            pthread_cond_wait(&p->cv_done, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }
     pthread_mutex_unlock(&p->dispatch);

@@ -4,17 +4,19 @@
 // Work decomposition. A CTA owns one (sequence, KV head, row tile, KV split). Its rows are
 // (query token, query head of this KV head) pairs packed token-major, so every query head
 // that shares a KV head (GQA) is served by one read of K/V, and a decode step (one token)
-// still fills G rows of the MMA. Row tiles are 16 rows per warp: 1 warp for decode-like
-// tiles (max_query_len * G <= 16), 4 warps otherwise. K/V tiles of 64 tokens are read through
-// the block table (cp.async, double-buffered, zero-filled outside the visible range; FP8
-// caches are converted to bf16 while staging into shared memory, their scales folded into
-// the softmax scale and the output). Online softmax in exp2 form; rows are causal against
+// still fills G rows of the MMA. Prefill-like tiles: 4 warps x 16 rows, launched heaviest
+// (latest rows) first. Decode-like tiles (max_query_len * G <= 16): 1 warp of rows and 4
+// warps that split each KV tile's tokens, each with its own softmax state, merged in shared
+// memory at the end. K/V tiles of 64 tokens are read through the block table (cp.async,
+// double-buffered, page ids shared by warp shuffle, zero-filled outside the visible range;
+// FP8 caches are staged raw and converted to bf16 in shared memory, their scales folded
+// into the softmax scale and the output). Online softmax in exp2 form; rows are causal against
 // their absolute position ctx - qlen + i, so prefix-cached context and new tokens are one
 // range. Sliding window: keys with qpos - kpos < window. Sinks (GPT-OSS): one extra logit
 // per head in the denominator.
 //
-// Split-KV (flash-decoding): when (row tiles x KV heads x sequences) cannot fill the GPU, the
-// visible KV range of each CTA is cut into n_splits equal runs of tiles; each writes its
+// Split-KV (flash-decoding): when (row tiles x KV heads x sequences) fills fewer than ~2 waves
+// of resident CTAs, the visible KV range of each CTA is cut into n_splits equal runs of tiles; each writes its
 // normalised partial output and log-sum-exp to scratch, and a reduce kernel combines them.
 // n_splits depends only on values that are fixed for a captured decode graph (n_seqs,
 // max_query_len, max_blocks_per_seq, the scratch size), never on context lengths.
@@ -24,7 +26,7 @@ namespace {
 
 constexpr int BN = 64;  // KV tokens per tile
 constexpr int PAD = 8;  // bf16 elements of padding per shared row (conflict-free ldmatrix)
-constexpr int MAX_SPLITS = 64;
+constexpr int MAX_SPLITS = 128;
 
 struct attn_params {
     const __nv_bfloat16 *q;
@@ -73,63 +75,89 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-// Stages KV tile [tok0, tok0 + BN) of one KV head into shared memory (row stride D + PAD).
+// Issues the cp.async copies of KV tile [tok0, tok0 + BN) of one KV head into shared memory:
+// bf16 caches straight into the padded bf16 tiles (row stride D + PAD elements), FP8 caches
+// into raw staging tiles (row stride D bytes) that fp8_tile_convert turns into bf16 later.
 // Tokens outside [lo, hi) are zero-filled and never dereferenced through the block table.
 template <int D, typename KVT, int NT>
-__device__ __forceinline__ void load_kv_tile(__nv_bfloat16 *ks, __nv_bfloat16 *vs, const attn_params &p, int seq, int kvh,
-                                             int tok0, int lo, int hi) {
-    constexpr int CH = D / 8; // 8-element chunks per row
+__device__ __forceinline__ void load_kv_tile(void *ks, void *vs, const attn_params &p, int seq, int kvh, int tok0, int lo,
+                                             int hi) {
+    constexpr int EPC = 16 / sizeof(KVT); // elements per 16-byte chunk
+    constexpr int CH = D / EPC;           // chunks per row
+    constexpr int ROW_BYTES = sizeof(KVT) == 2 ? (D + PAD) * 2 : D;
+    static_assert((BN * CH) % NT == 0, "tile chunks must divide evenly among threads");
+    // The tile's page ids: lane L of every warp holds page (tok0 >> shift) + L; each chunk
+    // takes its page by shuffle instead of a dependent global load.
     const int32_t *bt = p.block_tables + (size_t)seq * p.max_blocks;
-    for (int c = threadIdx.x; c < BN * CH; c += NT) {
+    const int pg0 = tok0 >> p.bs_shift, lane = threadIdx.x & 31;
+    const int pg_last = min((min(hi, tok0 + BN) - 1) >> p.bs_shift, p.max_blocks - 1);
+    int my_page = (pg0 + lane <= pg_last) ? bt[pg0 + lane] : 0;
+#pragma unroll
+    for (int j = 0; j < BN * CH / NT; j++) {
+        int c = threadIdx.x + j * NT;
         int r = c / CH, ch = c % CH;
         int kpos = tok0 + r;
         bool valid = kpos >= lo && kpos < hi;
+        int page = __shfl_sync(0xffffffffu, my_page, ((kpos >> p.bs_shift) - pg0) & 31);
         size_t off = 0;
         if (valid) {
-            int page = bt[kpos >> p.bs_shift];
             size_t slot = ((size_t)page << p.bs_shift) + (kpos & (p.block_size - 1));
-            off = (slot * p.hk + kvh) * D + ch * 8;
+            off = (slot * p.hk + kvh) * D + ch * EPC;
         }
-        __nv_bfloat16 *kd = ks + r * (D + PAD) + ch * 8, *vd = vs + r * (D + PAD) + ch * 8;
-        if constexpr (sizeof(KVT) == 2) {
-            cp_async16(smem_addr(kd), (const KVT *)p.kc + off, valid);
-            cp_async16(smem_addr(vd), (const KVT *)p.vc + off, valid);
-        } else {
-            uint2 kr = make_uint2(0, 0), vr = make_uint2(0, 0);
-            if (valid) {
-                kr = __ldg(reinterpret_cast<const uint2 *>((const uint8_t *)p.kc + off));
-                vr = __ldg(reinterpret_cast<const uint2 *>((const uint8_t *)p.vc + off));
-            }
-            uint4 ko, vo;
-            const __nv_fp8x2_storage_t *k2 = reinterpret_cast<const __nv_fp8x2_storage_t *>(&kr);
-            const __nv_fp8x2_storage_t *v2 = reinterpret_cast<const __nv_fp8x2_storage_t *>(&vr);
-            uint32_t *kw = reinterpret_cast<uint32_t *>(&ko), *vw = reinterpret_cast<uint32_t *>(&vo);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float2 kf = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(k2[i], __NV_E4M3)));
-                float2 vf = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(v2[i], __NV_E4M3)));
-                kw[i] = pack_bf16(kf.x, kf.y);
-                vw[i] = pack_bf16(vf.x, vf.y);
-            }
-            *reinterpret_cast<uint4 *>(kd) = ko;
-            *reinterpret_cast<uint4 *>(vd) = vo;
-        }
+        uint32_t doff = r * ROW_BYTES + ch * 16;
+        cp_async16(smem_addr((char *)ks + doff), (const KVT *)p.kc + off, valid);
+        cp_async16(smem_addr((char *)vs + doff), (const KVT *)p.vc + off, valid);
     }
 }
 
-template <int D, int NW, typename KVT>
-__global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_params p) {
-    constexpr int BM = 16 * NW, NT = NW * 32, RS = D + PAD;
+// FP8 staging tile (BN, D) bytes -> bf16 tile (BN, D + PAD).
+template <int D, int NT>
+__device__ __forceinline__ void fp8_tile_convert(__nv_bfloat16 *dst, const uint8_t *src) {
+    constexpr int CH = D / 16;
+    for (int c = threadIdx.x; c < BN * CH; c += NT) {
+        int r = c / CH, ch = c % CH;
+        uint4 in = *reinterpret_cast<const uint4 *>(src + r * D + ch * 16);
+        const __nv_fp8x2_storage_t *f2 = reinterpret_cast<const __nv_fp8x2_storage_t *>(&in);
+        uint4 out[2];
+        uint32_t *w = reinterpret_cast<uint32_t *>(out);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(f2[i], __NV_E4M3)));
+            w[i] = pack_bf16(f.x, f.y);
+        }
+        uint4 *d = reinterpret_cast<uint4 *>(dst + r * (D + PAD) + ch * 16);
+        d[0] = out[0];
+        d[1] = out[1];
+    }
+}
+
+// NW warps own 16 query rows each; KS warps (KS > 1: decode) share the same 16 rows and
+// split every KV tile's tokens between them, each with its own online-softmax state, merged
+// through shared memory at the end.
+template <int D, int NW, int KS, typename KVT>
+__global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const attn_params p) {
+    static_assert(NW == 1 || KS == 1, "either row warps or KV-split warps");
+    constexpr int BM = 16 * NW, NT = NW * KS * 32, RS = D + PAD, TW = BN / KS; // TW: tokens per warp per tile
+    constexpr bool FP8 = sizeof(KVT) == 1;
+    // Shared memory: Q tile, then bf16 K/V tiles ([2] stages for bf16 caches, [1] for FP8),
+    // then for FP8 the raw staging tiles [2][BN][D] bytes each for K and V.
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __nv_bfloat16 *qs_ = reinterpret_cast<__nv_bfloat16 *>(smem_raw);
-    __nv_bfloat16 *ks_ = qs_ + BM * RS;      // [2][BN][RS]
-    __nv_bfloat16 *vs_ = ks_ + 2 * BN * RS;  // [2][BN][RS]
+    __nv_bfloat16 *ks_ = qs_ + BM * RS;
+    __nv_bfloat16 *vs_ = ks_ + (FP8 ? 1 : 2) * BN * RS;
+    uint8_t *kst_ = reinterpret_cast<uint8_t *>(vs_ + (FP8 ? 1 : 2) * BN * RS);
+    uint8_t *vst_ = kst_ + 2 * BN * D;
+    // Stage buffers of pipeline slot b (where cp.async writes).
+    auto stage_k = [&](int b) -> void * { return FP8 ? (void *)(kst_ + b * BN * D) : (void *)(ks_ + b * BN * RS); };
+    auto stage_v = [&](int b) -> void * { return FP8 ? (void *)(vst_ + b * BN * D) : (void *)(vs_ + b * BN * RS); };
 
     const int seq = blockIdx.z / p.n_splits, split = blockIdx.z % p.n_splits, kvh = blockIdx.y;
     const int qbeg = p.query_start[seq], qlen = p.query_start[seq + 1] - qbeg;
     const int ctx = p.context_lens[seq];
     const int rows_total = qlen * p.group;
-    const int row0 = blockIdx.x * BM;
+    // Row tiles in reverse: under a causal mask the last tiles have the most work; starting
+    // them first shortens the tail of the grid.
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;
     if (row0 >= rows_total) return;
     const int row_last = min(row0 + BM, rows_total) - 1;
     const int pos_off = ctx - qlen; // absolute position of new token 0
@@ -153,11 +181,13 @@ __global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_par
         }
         *reinterpret_cast<uint4 *>(qs_ + r * RS + ch * 8) = v;
     }
-    if (tb < te) load_kv_tile<D, KVT, NT>(ks_, vs_, p, seq, kvh, tb * BN, kv_lo, kv_hi);
+    if (tb < te) load_kv_tile<D, KVT, NT>(stage_k(0), stage_v(0), p, seq, kvh, tb * BN, kv_lo, kv_hi);
     cp_async_commit();
     __syncthreads();
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int wid = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int warp = KS > 1 ? 0 : wid;   // row group
+    const int wk = KS > 1 ? wid : 0;     // KV token slice of each tile
     uint32_t qf[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
@@ -180,33 +210,38 @@ __global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_par
     for (int t = tb; t < te; t++) {
         const int buf = (t - tb) & 1;
         if (t + 1 < te) {
-            load_kv_tile<D, KVT, NT>(ks_ + (buf ^ 1) * BN * RS, vs_ + (buf ^ 1) * BN * RS, p, seq, kvh, (t + 1) * BN,
-                                     kv_lo, kv_hi);
+            load_kv_tile<D, KVT, NT>(stage_k(buf ^ 1), stage_v(buf ^ 1), p, seq, kvh, (t + 1) * BN, kv_lo, kv_hi);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const __nv_bfloat16 *ks = ks_ + buf * BN * RS, *vs = vs_ + buf * BN * RS;
+        if constexpr (FP8) {
+            fp8_tile_convert<D, NT>(ks_, kst_ + buf * BN * D);
+            fp8_tile_convert<D, NT>(vs_, vst_ + buf * BN * D);
+            __syncthreads();
+        }
+        const __nv_bfloat16 *ks = ks_ + (FP8 ? 0 : buf) * BN * RS, *vs = vs_ + (FP8 ? 0 : buf) * BN * RS;
 
-        float s[BN / 8][4];
+        float s[TW / 8][4];
 #pragma unroll
-        for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < TW / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        const int toff = wk * TW; // this warp's tokens within the tile
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
 #pragma unroll
-            for (int j = 0; j < BN / 16; j++) {
+            for (int j = 0; j < TW / 16; j++) {
                 uint32_t b[4];
-                ldsm_x4(b, smem_addr(ks + (j * 16 + (lane % 8) + (lane / 16) * 8) * RS + kk * 16 + ((lane / 8) % 2) * 8));
+                ldsm_x4(b, smem_addr(ks + (toff + j * 16 + (lane % 8) + (lane / 16) * 8) * RS + kk * 16 + ((lane / 8) % 2) * 8));
                 mma_bf16(s[2 * j], qf[kk], b[0], b[1]);
                 mma_bf16(s[2 * j + 1], qf[kk], b[2], b[3]);
             }
         }
-        const int kbase = t * BN;
-        const bool need_mask = kbase + BN - 1 > min_qpos || kbase < kv_lo || kbase + BN > kv_hi || p.window > 0;
+        const int kbase = t * BN + toff;
+        const bool need_mask = kbase + TW - 1 > min_qpos || kbase < kv_lo || kbase + TW > kv_hi || p.window > 0;
 #pragma unroll
-        for (int i = 0; i < BN / 8; i++) {
+        for (int i = 0; i < TW / 8; i++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float v = s[i][e] * p.scale_log2;
@@ -224,7 +259,7 @@ __global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_par
         for (int h = 0; h < 2; h++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < BN / 8; i++) mx = fmaxf(mx, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+            for (int i = 0; i < TW / 8; i++) mx = fmaxf(mx, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             float mn = fmaxf(m[h], mx);
@@ -233,7 +268,7 @@ __global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_par
             m[h] = mn;
             float sum = 0.f;
 #pragma unroll
-            for (int i = 0; i < BN / 8; i++) {
+            for (int i = 0; i < TW / 8; i++) {
                 s[i][2 * h] = exp2f(s[i][2 * h] - mu);
                 s[i][2 * h + 1] = exp2f(s[i][2 * h + 1] - mu);
                 sum += s[i][2 * h] + s[i][2 * h + 1];
@@ -247,13 +282,13 @@ __global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_par
         }
         // O += P V.
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
+        for (int kk = 0; kk < TW / 16; kk++) {
             uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int dt = 0; dt < D / 16; dt++) {
                 uint32_t b[4];
-                ldsm_x4_t(b, smem_addr(vs + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + dt * 16 + (lane / 16) * 8));
+                ldsm_x4_t(b, smem_addr(vs + (toff + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + dt * 16 + (lane / 16) * 8));
                 mma_bf16(o[2 * dt], a, b[0], b[1]);
                 mma_bf16(o[2 * dt + 1], a, b[2], b[3]);
             }
@@ -261,11 +296,65 @@ __global__ void __launch_bounds__(NW * 32) paged_attention_kernel(const attn_par
         __syncthreads(); // the buffer is refilled next iteration
     }
 
-    // Finalise this thread's two rows.
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    if constexpr (KS > 1) {
+        // Merge the KS warps' states (the K/V tiles are free now): warps 1.. publish m, l and O;
+        // warp 0 rescales to the common max and sums.
+        float *mo = reinterpret_cast<float *>(ks_);   // [KS][16][D]
+        float *ml = mo + KS * 16 * D;                 // [KS][16][2]
+        if (wk > 0) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = g + h * 8;
+#pragma unroll
+                for (int i = 0; i < D / 8; i++)
+                    *reinterpret_cast<float2 *>(mo + ((size_t)wk * 16 + row) * D + i * 8 + 2 * t4) =
+                        make_float2(o[i][2 * h], o[i][2 * h + 1]);
+                if (t4 == 0) {
+                    ml[(wk * 16 + row) * 2] = m[h];
+                    ml[(wk * 16 + row) * 2 + 1] = l[h];
+                }
+            }
+        }
+        __syncthreads();
+        if (wk > 0) return;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = g + h * 8;
+            float mx = m[h];
+#pragma unroll
+            for (int w = 1; w < KS; w++) mx = fmaxf(mx, ml[(w * 16 + row) * 2]);
+            float mu = mx == -INFINITY ? 0.f : mx;
+            float a0 = exp2f(m[h] - mu);
+            float ll = l[h] * a0;
+#pragma unroll
+            for (int i = 0; i < D / 8; i++) {
+                o[i][2 * h] *= a0;
+                o[i][2 * h + 1] *= a0;
+            }
+#pragma unroll
+            for (int w = 1; w < KS; w++) {
+                float aw = exp2f(ml[(w * 16 + row) * 2] - mu);
+                ll += ml[(w * 16 + row) * 2 + 1] * aw;
+#pragma unroll
+                for (int i = 0; i < D / 8; i++) {
+                    float2 v = *reinterpret_cast<const float2 *>(mo + ((size_t)w * 16 + row) * D + i * 8 + 2 * t4);
+                    o[i][2 * h] += v.x * aw;
+                    o[i][2 * h + 1] += v.y * aw;
+                }
+            }
+            m[h] = mx;
+            l[h] = ll;
+        }
+    }
+
+    // Finalise this thread's two rows.
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
         int pr = row0 + warp * 16 + g + h * 8;
         if (pr >= rows_total) continue;
         int tok = pr / p.group, head = kvh * p.group + pr % p.group;
@@ -329,15 +418,27 @@ __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o,
     for (int i = 0; i < D / 32; i++) out[(size_t)row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);
 }
 
-template <int D, int NW> constexpr size_t attn_smem() { return (size_t)(16 * NW + 4 * BN) * (D + PAD) * 2; }
+template <int D, int NW, int KS, typename KVT> constexpr size_t attn_smem() {
+    size_t main = sizeof(KVT) == 2 ? (size_t)(16 * NW + 4 * BN) * (D + PAD) * 2
+                                   : (size_t)(16 * NW + 2 * BN) * (D + PAD) * 2 + (size_t)4 * BN * D;
+    size_t merge = (size_t)16 * NW * (D + PAD) * 2 + (size_t)KS * 16 * (D + 2) * 4; // KS-warp merge area
+    return main > merge ? main : merge;
+}
 
-template <int D, int NW, typename KVT> void attn_set_smem() {
-    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)attn_smem<D, NW>()));
+// Variants: NW = 4 row warps (prefill tiles), or 1 row warp with KS = 4 KV-split warps (decode).
+template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *cb) {
+    constexpr int KS = NW == 1 ? 4 : 1;
+    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)attn_smem<D, NW, KS, KVT>()));
+    int occ = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, NW, KS, KVT>, NW * KS * 32,
+                                                             attn_smem<D, NW, KS, KVT>()));
+    cb->attn_occupancy[D == 128][NW == 4][sizeof(KVT) == 1] = occ > 0 ? occ : 1;
 }
 
 template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
-    paged_attention_kernel<D, NW, KVT><<<grid, NW * 32, attn_smem<D, NW>(), s>>>(p);
+    constexpr int KS = NW == 1 ? 4 : 1;
+    paged_attention_kernel<D, NW, KS, KVT><<<grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s>>>(p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -354,14 +455,14 @@ template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, boo
 } // namespace
 
 void cuda_attention_init(struct cuda_backend *cb) {
-    attn_set_smem<64, 1, __nv_bfloat16>();
-    attn_set_smem<64, 4, __nv_bfloat16>();
-    attn_set_smem<64, 1, __nv_fp8_e4m3>();
-    attn_set_smem<64, 4, __nv_fp8_e4m3>();
-    attn_set_smem<128, 1, __nv_bfloat16>();
-    attn_set_smem<128, 4, __nv_bfloat16>();
-    attn_set_smem<128, 1, __nv_fp8_e4m3>();
-    attn_set_smem<128, 4, __nv_fp8_e4m3>();
+    attn_set_smem<64, 1, __nv_bfloat16>(cb);
+    attn_set_smem<64, 4, __nv_bfloat16>(cb);
+    attn_set_smem<64, 1, __nv_fp8_e4m3>(cb);
+    attn_set_smem<64, 4, __nv_fp8_e4m3>(cb);
+    attn_set_smem<128, 1, __nv_bfloat16>(cb);
+    attn_set_smem<128, 4, __nv_bfloat16>(cb);
+    attn_set_smem<128, 1, __nv_fp8_e4m3>(cb);
+    attn_set_smem<128, 4, __nv_fp8_e4m3>(cb);
 }
 
 void cuda_op_attention(struct backend *b, struct tensor *out, const struct tensor *q, int64_t q_row_stride,
@@ -394,6 +495,7 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     CHECK_MSG(md->block_size > 0 && (md->block_size & (md->block_size - 1)) == 0, "KV block size %d is not a power of 2",
               md->block_size);
     p.bs_shift = __builtin_ctz((unsigned)md->block_size);
+    CHECK_MSG(BN / md->block_size <= 32, "KV block size %d too small for the attention tile", md->block_size);
     p.hq = hq;
     p.hk = hk;
     p.group = hq / hk;
@@ -405,13 +507,17 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     const int nw = rows_per_seq <= 16 ? 1 : 4;
     const int row_tiles = (int)cdiv(rows_per_seq, 16 * nw);
     const int64_t base_ctas = (int64_t)row_tiles * hk * md->n_seqs;
-    // Split-KV: enough CTAs for ~2 waves, never splitting below one 64-token tile of the
-    // largest possible context (max_blocks_per_seq: fixed for a captured graph).
+    // Split-KV: when the natural grid fills fewer than attn_split_waves (default 2) waves of
+    // resident CTAs, cut each CTA's KV range so that it does (partials are ~1% of the KV
+    // bytes, so splitting is cheap), never below attn_split_min_tiles (default 4) 64-token
+    // tiles of the largest possible context
+    // (max_blocks_per_seq: fixed for a captured graph).
     int splits = 1;
-    if (base_ctas < cb->num_sms) {
-        int64_t cap_tiles = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, BN);
-        int64_t want = cdiv(2 * (int64_t)cb->num_sms, base_ctas);
-        splits = (int)(want < cap_tiles ? want : cap_tiles);
+    const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[D == 128][nw == 4][fp8];
+    if (base_ctas < cb->attn_split_waves * slots) {
+        int64_t cap = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, cb->attn_split_min_tiles * BN);
+        int64_t want = cdiv(cb->attn_split_waves * slots, base_ctas);
+        splits = (int)(want < cap ? want : cap);
         if (splits > MAX_SPLITS) splits = MAX_SPLITS;
         if (splits < 1) splits = 1;
     }

@@ -104,6 +104,9 @@ struct cuda_backend {
     // Split-KV attention partials: (rows, splits, head_dim) f32 outputs + (rows, splits) lse.
     void *attn_scratch;
     size_t attn_scratch_bytes;
+    int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
+    int attn_split_waves;        // split-KV target in waves of resident CTAs (env ATOMC_ATTN_SPLIT_WAVES, default 2)
+    int attn_split_min_tiles;    // fewest 64-token tiles per split (env ATOMC_ATTN_SPLIT_MIN_TILES, default 4)
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
     // calls; per-row work area.
     int32_t *sample_counts;
@@ -205,6 +208,14 @@ void cuda_op_add(struct backend *b, struct tensor *out, const struct tensor *x);
 void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows, int n_rows);
 void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor *x);
 void cuda_op_sample(struct backend *b, const struct sample_args *a);
+atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
+                                  struct error *err);
+// Mixture of experts (cuda_moe.cu).
+void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
+                       int32_t *topk_ids, float *topk_w);
+void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
+                         const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+                         void *workspace);
 
 void cuda_matmul_plans_destroy(struct cuda_backend *cb);
 void cuda_attention_init(struct cuda_backend *cb);

@@ -5,8 +5,9 @@
 // Only ids and logprobs reach the host; the logits are left unchanged.
 //
 // One 512-thread CTA per logits row. Order-independent passes (maxima, histograms, integer
-// sums) stride over the row for coalescing; the passes that follow id order give thread i
-// the contiguous ids [i * C, (i + 1) * C), C = ceil(vocab / 512), and use a block scan.
+// sums) stride over the row for coalescing; the searches in ascending id order give each
+// warp a contiguous id range read 32 ids at a time (warp totals, then one warp scans its
+// range: block_find_running).
 // Probability mass is 64-bit fixed point: e = expf(w - max) (the max has e = 1) times 2^40,
 // so sums are exact integers, identical on every run whatever the reduction order; the CPU
 // sums the same e in double, so the two differ only when a threshold falls within ~1e-7 of
@@ -21,7 +22,6 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
 
 #include "backend/sample_rng.h"
@@ -32,6 +32,7 @@ constexpr int ST = 512;                      // threads per row
 constexpr double FIX_ONE = 1099511627776.0;  // 2^40
 constexpr int32_t PROMPT_FLAG = 1 << 24;
 constexpr float GREEDY_EPS = 1e-5f;          // as the CPU sampler
+constexpr int HIST_REPLICAS = 16;
 
 typedef unsigned long long u64;
 
@@ -59,9 +60,10 @@ struct sample_smem {
         typename cub::BlockReduce<vid, ST>::TempStorage vid_red;
         typename cub::BlockReduce<float, ST>::TempStorage f_red;
         typename cub::BlockReduce<u64, ST>::TempStorage u_red;
-        typename cub::BlockScan<u64, ST>::TempStorage scan;
     } cub;
-    u64 hist[256];
+    u64 hist[HIST_REPLICAS][256]; // lane l adds into replica l % HIST_REPLICAS (fewer same-address atomics)
+    u64 bins[256];
+    u64 warp_tot[ST / 32];
     vid b_vid;
     float b_f;
     u64 b_u[2];
@@ -76,9 +78,9 @@ struct row_view {
     const int32_t *cnt; // null without penalties
     float rp, fp, pp, inv_t, m;
 
-    // Penalised logit with the CPU sampler's exact float operations (no FMA contraction).
-    __device__ __forceinline__ float w(int i) const {
-        float v = raw[i];
+    // Penalised logit (raw value v of token i) with the CPU sampler's exact float operations
+    // (no FMA contraction).
+    __device__ __forceinline__ float pen(int i, float v) const {
         if (cnt) {
             int32_t c = cnt[i];
             if (c) {
@@ -89,10 +91,25 @@ struct row_view {
         }
         return v;
     }
-    __device__ __forceinline__ float wt(int i) const { return __fmul_rn(w(i), inv_t); }
+    __device__ __forceinline__ float wt_of(int i, float v) const { return __fmul_rn(pen(i, v), inv_t); }
     __device__ __forceinline__ float e(float wti) const { return expf(__fsub_rn(wti, m)); }
     __device__ __forceinline__ u64 mass(float wti) const { return (u64)((double)e(wti) * FIX_ONE); }
 };
+
+// Calls f(i, raw[i]) for i = start, start + stride, ... < end with U loads in flight at once
+// (the passes over a row are latency-bound otherwise: one CTA per row).
+template <int U, typename F>
+__device__ __forceinline__ void row_foreach(const float *raw, int start, int end, int stride, F f) {
+    int i = start;
+    for (; i + (U - 1) * stride < end; i += U * stride) {
+        float x[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) x[u] = raw[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < U; u++) f(i + u * stride, x[u]);
+    }
+    for (; i < end; i += stride) f(i, raw[i]);
+}
 
 template <typename T, typename Op> __device__ T block_all_reduce(sample_smem &sm, T v, Op op);
 template <> __device__ vid block_all_reduce<vid, vid_first>(sample_smem &sm, vid v, vid_first op) {
@@ -122,32 +139,66 @@ __device__ u64 block_sum_u(sample_smem &sm, u64 v) {
 
 // Radix select over the tokens with pred(i): the key T with weight(keys > T) < need <=
 // weight(keys >= T); *rem = the weight still needed from tokens with key == T. Returns false
-// when the whole weight is < need.
+// when the whole weight is < min_total (>= need). Logits cluster in a few top-byte bins, so
+// the histograms are replicated per lane group to spread shared-memory atomics, and warp 0
+// finds the bin with a shuffle scan.
 template <typename Pred, typename Weight>
-__device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pred, Weight weight, u64 need, uint32_t *T,
-                             u64 *rem) {
+__device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pred, Weight weight, u64 need, u64 min_total,
+                             uint32_t *T, u64 *rem) {
     uint32_t prefix = 0, mask = 0;
+    const int lane = threadIdx.x & 31, rep = lane % HIST_REPLICAS;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += ST) sm.hist[i] = 0;
+        u64 *flat = &sm.hist[0][0];
+        for (int i = threadIdx.x; i < HIST_REPLICAS * 256; i += ST) flat[i] = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < V; i += ST) {
-            float x = rv.wt(i);
+        row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float r) {
+            float x = rv.wt_of(i, r);
             uint32_t k = f2key(x);
-            if ((k & mask) != prefix || !pred(i, x)) continue;
+            if ((k & mask) != prefix || !pred(i, x)) return;
             u64 wgt = weight(x);
-            if (wgt) atomicAdd(&sm.hist[(k >> shift) & 255], wgt);
+            if (wgt) atomicAdd(&sm.hist[rep][(k >> shift) & 255], wgt);
+        });
+        __syncthreads();
+        for (int b = threadIdx.x; b < 256; b += ST) {
+            u64 t = 0;
+#pragma unroll
+            for (int r = 0; r < HIST_REPLICAS; r++) t += sm.hist[r][b];
+            sm.bins[b] = t;
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            u64 cum = 0;
-            int b = 255;
-            for (; b >= 0; b--) {
-                if (cum + sm.hist[b] >= need) break;
-                cum += sm.hist[b];
+        if (threadIdx.x < 32) {
+            // Lane l scans bins 255 - 8l down to 248 - 8l (descending key order).
+            u64 local = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) local += sm.bins[255 - 8 * lane - j];
+            u64 incl = local;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                u64 v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
             }
-            sm.b_ok = b >= 0;
-            sm.b_key = b >= 0 ? (uint32_t)b : 0u;
-            sm.b_u[0] = need - cum;
+            u64 total = __shfl_sync(0xffffffffu, incl, 31);
+            u64 excl = incl - local;
+            bool here = excl < need && need <= incl;
+            unsigned hit = __ballot_sync(0xffffffffu, here);
+            if (lane == 0) {
+                sm.b_ok = hit != 0 && !(shift == 24 && total < min_total);
+                sm.b_key = 0;
+                sm.b_u[0] = 0;
+            }
+            __syncwarp();
+            if (here && lane == __ffs(hit) - 1) {
+                u64 cum = excl;
+                for (int j = 0; j < 8; j++) {
+                    int b = 255 - 8 * lane - j;
+                    if (cum + sm.bins[b] >= need) {
+                        sm.b_key = (uint32_t)b;
+                        sm.b_u[0] = need - cum;
+                        break;
+                    }
+                    cum += sm.bins[b];
+                }
+            }
         }
         __syncthreads();
         bool ok = sm.b_ok;
@@ -162,35 +213,86 @@ __device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pr
     return true;
 }
 
-// Among tokens with pred(i) and key == T, in ascending id order: the first whose running
-// weight reaches rem.
-template <typename Pred, typename Weight>
-__device__ int find_tie(sample_smem &sm, const row_view &rv, int lo, int hi, uint32_t T, Pred pred, Weight weight, u64 rem) {
-    u64 local = 0;
-    for (int i = lo; i < hi; i++) {
-        float x = rv.wt(i);
-        if (f2key(x) == T && pred(i, x)) local += weight(x);
-    }
-    u64 before;
-    cub::BlockScan<u64, ST>(sm.cub.scan).ExclusiveSum(local, before);
+// Ascending-id running-sum search: the first id whose running sum of wfn(i, raw[i]) exceeds
+// target_of(total); -1 if none. Three coalesced levels: the row is cut into one contiguous
+// segment per warp (warp totals, batched loads); the segment holding the target is cut again
+// among all warps; the one sub-segment holding it (<= 32 loads a lane, L1-hot) is walked by
+// its warp with warp scans. Weights are exact integers, so the levels agree.
+template <typename Wf, typename Tf>
+__device__ int block_find_running(sample_smem &sm, const float *raw, int V, Wf wfn, Tf target_of) {
+    constexpr int NWARP = ST / 32;
+    const int wid = threadIdx.x / 32, lane = threadIdx.x & 31;
+    auto warp_total = [&](int a, int b) {
+        u64 t = 0;
+        row_foreach<8>(raw, a + lane, b, 32, [&](int i, float x) { t += wfn(i, x); });
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        return t;
+    };
+    // Level 1.
+    const int seg = ((V + NWARP - 1) / NWARP + 31) & ~31;
+    u64 t1 = warp_total(min(V, wid * seg), min(V, wid * seg + seg));
+    if (lane == 0) sm.warp_tot[wid] = t1;
     if (threadIdx.x == 0) sm.b_id = -1;
     __syncthreads();
-    if (before < rem && rem <= before + local) {
-        u64 cum = before;
-        for (int i = lo; i < hi; i++) {
-            float x = rv.wt(i);
-            if (f2key(x) != T || !pred(i, x)) continue;
-            cum += weight(x);
-            if (cum >= rem) {
-                sm.b_id = i;
+    u64 total = 0;
+    for (int w = 0; w < NWARP; w++) total += sm.warp_tot[w];
+    const u64 target = target_of(total);
+    int W = -1;
+    u64 before = 0;
+    for (int w = 0; w < NWARP && W < 0; w++) {
+        if (target < before + sm.warp_tot[w]) W = w;
+        else before += sm.warp_tot[w];
+    }
+    __syncthreads();
+    if (W < 0) return -1;
+    // Level 2.
+    const int S0 = min(V, W * seg), S1 = min(V, S0 + seg);
+    const int sub = ((S1 - S0 + NWARP - 1) / NWARP + 31) & ~31;
+    const int q0 = min(S1, S0 + wid * sub), q1 = min(S1, q0 + sub);
+    u64 t2 = warp_total(q0, q1);
+    if (lane == 0) sm.warp_tot[wid] = t2;
+    __syncthreads();
+    int W2 = -1;
+    for (int w = 0; w < NWARP && W2 < 0; w++) {
+        if (target < before + sm.warp_tot[w]) W2 = w;
+        else before += sm.warp_tot[w];
+    }
+    // Level 3.
+    if (wid == W2) {
+        u64 run = before;
+        for (int base = q0; base < q1; base += 32) {
+            int i = base + lane;
+            u64 x = i < q1 ? wfn(i, raw[i]) : 0ull;
+            u64 incl = x;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                u64 v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            unsigned hit = __ballot_sync(0xffffffffu, run + incl > target);
+            if (hit) {
+                if (lane == 0) sm.b_id = base + __ffs(hit) - 1;
                 break;
             }
+            run += __shfl_sync(0xffffffffu, incl, 31);
         }
     }
     __syncthreads();
     int id = sm.b_id;
     __syncthreads();
     return id;
+}
+
+// Among tokens with pred(i) and key == T, in ascending id order: the first whose running
+// weight reaches rem (>= 1).
+template <typename Pred, typename Weight>
+__device__ int find_tie(sample_smem &sm, const row_view &rv, int V, uint32_t T, Pred pred, Weight weight, u64 rem) {
+    auto wfn = [&](int i, float r) -> u64 {
+        float x = rv.wt_of(i, r);
+        return (f2key(x) == T && pred(i, x)) ? weight(x) : 0ull;
+    };
+    return block_find_running(sm, rv.raw, V, wfn, [&](u64) { return rem - 1; });
 }
 
 __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, int32_t *counts, const int32_t *hist_start,
@@ -212,8 +314,6 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
     rv.m = 0.f;
     int32_t *cnt = counts ? counts + (size_t)r * V : nullptr;
     const bool penalise = cnt && !(rv.rp == 1.f && rv.fp == 0.f && rv.pp == 0.f);
-    const int C = (V + ST - 1) / ST;
-    const int lo = min(V, (int)threadIdx.x * C), hi = min(V, lo + C);
 
     // 0. Penalty counts: output occurrences (+1 each), prompt occurrences (flag).
     if (penalise) {
@@ -233,19 +333,19 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
     float lse = 0.f;
     if (want_lp) {
         vid best = {-INFINITY, INT32_MAX};
-        for (int i = threadIdx.x; i < V; i += ST)
-            if (before_in_order(rv.raw[i], i, best.v, best.id)) best = {rv.raw[i], i};
+        row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float x) {
+            if (before_in_order(x, i, best.v, best.id)) best = {x, i};
+        });
         best = block_all_reduce(sm, best, vid_first());
         float s = 0.f;
-        for (int i = threadIdx.x; i < V; i += ST) s += expf(rv.raw[i] - best.v);
+        row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int, float x) { s += expf(x - best.v); });
         lse = best.v + logf(block_sum_f(sm, s));
         vid prev = {INFINITY, -1};
         for (int j = 0; j < n_logprobs; j++) {
             vid b2 = {-INFINITY, INT32_MAX};
-            for (int i = threadIdx.x; i < V; i += ST) {
-                float x = rv.raw[i];
+            row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float x) {
                 if (before_in_order(prev.v, prev.id, x, i) && before_in_order(x, i, b2.v, b2.id)) b2 = {x, i};
-            }
+            });
             b2 = block_all_reduce(sm, b2, vid_first());
             if (threadIdx.x == 0) {
                 bool ok = j < V;
@@ -259,23 +359,22 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
     // 2. Greedy: argmax of the penalised logits, lowest id on ties.
     const float temp = temperature ? temperature[r] : 0.f;
     int chosen;
+    vid wbest;
     {
         vid best = {-INFINITY, INT32_MAX};
-        for (int i = threadIdx.x; i < V; i += ST) {
-            float x = rv.w(i);
+        row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float r) {
+            float x = rv.pen(i, r);
             if (before_in_order(x, i, best.v, best.id)) best = {x, i};
-        }
+        });
         best = block_all_reduce(sm, best, vid_first());
         chosen = best.id < V ? best.id : 0;
+        wbest = best;
     }
     if (temp >= GREEDY_EPS) {
         rv.inv_t = __fdiv_rn(1.f, temp);
-        vid best = {-INFINITY, INT32_MAX};
-        for (int i = threadIdx.x; i < V; i += ST) {
-            float x = rv.wt(i);
-            if (before_in_order(x, i, best.v, best.id)) best = {x, i};
-        }
-        best = block_all_reduce(sm, best, vid_first());
+        // max_i fl(w_i * inv_t) == fl(max_i w_i * inv_t): rounding is monotone, so the
+        // greedy pass's maximum gives the scaled one (the same token is first in order).
+        vid best = {__fmul_rn(wbest.v, rv.inv_t), wbest.id};
         rv.m = best.v;
         const float mp = min_p ? min_p[r] : 0.f;
         const int k = top_k ? top_k[r] : 0;
@@ -294,65 +393,47 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
         if (k > 0 && k < V) { // top-k among the min-p survivors
             uint32_t T;
             u64 rem;
-            if (radix_select(sm, rv, V, minp_ok, one, (u64)k + 1, &T, &rem)) { // more than k survivors
-                radix_select(sm, rv, V, minp_ok, one, (u64)k, &T, &rem);
-                bid = find_tie(sm, rv, lo, hi, T, minp_ok, one, rem);
+            if (radix_select(sm, rv, V, minp_ok, one, (u64)k, (u64)k + 1, &T, &rem)) { // more than k survivors
+                bid = find_tie(sm, rv, V, T, minp_ok, one, rem);
                 bkey = T;
             }
         }
         if (tp < 1.f) { // top-p over the survivors
-            if (!(tp > 0.f)) {
-                bkey = f2key(best.v);
-                bid = best.id;
+            if (!(tp > 0.f)) { // keep only the first token of the order: the lowest id at the max
+                vid f = {-INFINITY, INT32_MAX};
+                row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float r) {
+                    if (rv.wt_of(i, r) == rv.m && i < f.id) f = {rv.m, i};
+                });
+                f = block_all_reduce(sm, f, vid_first());
+                bkey = f2key(rv.m);
+                bid = f.id;
             } else {
                 u64 local = 0;
-                for (int i = threadIdx.x; i < V; i += ST) {
-                    float x = rv.wt(i);
+                row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float r) {
+                    float x = rv.wt_of(i, r);
                     if (kept(i, x)) local += rv.mass(x);
-                }
+                });
                 u64 total = block_sum_u(sm, local);
                 double target = (double)tp * (double)total;
                 u64 need = (u64)ceil(target);
                 if (need < 1) need = 1;
                 uint32_t T;
                 u64 rem;
-                if (need <= total && radix_select(sm, rv, V, kept, mass, need, &T, &rem)) {
-                    int id = find_tie(sm, rv, lo, hi, T, kept, mass, rem);
+                if (need <= total && radix_select(sm, rv, V, kept, mass, need, need, &T, &rem)) {
+                    int id = find_tie(sm, rv, V, T, kept, mass, rem);
                     bkey = T;
                     bid = id;
                 }
             }
         }
         // 3. The draw: inverse CDF over the kept tokens in ascending id order.
-        u64 local = 0;
-        for (int i = lo; i < hi; i++) {
-            float x = rv.wt(i);
-            if (kept(i, x)) local += rv.mass(x);
-        }
-        u64 before;
-        cub::BlockScan<u64, ST>(sm.cub.scan).ExclusiveSum(local, before);
-        __syncthreads();
-        u64 total = block_sum_u(sm, local);
-        if (total > 0) {
-            double u = sample_rng_uniform(seed ? seed[r] : 0, step ? step[r] : 0);
-            u64 target = (u64)(u * (double)total);
-            if (threadIdx.x == 0) sm.b_id = -1;
-            __syncthreads();
-            if (target >= before && target < before + local) {
-                u64 cum = before;
-                for (int i = lo; i < hi; i++) {
-                    float x = rv.wt(i);
-                    if (!kept(i, x)) continue;
-                    cum += rv.mass(x);
-                    if (cum > target) {
-                        sm.b_id = i;
-                        break;
-                    }
-                }
-            }
-            __syncthreads();
-            if (sm.b_id >= 0) chosen = sm.b_id;
-        }
+        const double u = sample_rng_uniform(seed ? seed[r] : 0, step ? step[r] : 0);
+        auto wfn = [&](int i, float r) -> u64 {
+            float x = rv.wt_of(i, r);
+            return kept(i, x) ? rv.mass(x) : 0ull;
+        };
+        int id = block_find_running(sm, rv.raw, V, wfn, [&](u64 total) { return (u64)(u * (double)total); });
+        if (id >= 0) chosen = id;
     }
     if (threadIdx.x == 0) {
         out_ids[r] = chosen;

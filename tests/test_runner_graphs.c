@@ -1,0 +1,370 @@
+// The runner's decode-graph path (bucket choice, padding to the bucket with slot -1 and a
+// dummy block table, block tables re-strided to the capacity, logits of every slot from the
+// fixed iota rows, recomputing when the rows asked for are a subset), exercised on the CPU:
+// a wrapper backend implements graph_begin/end/launch by recording the ops issued during
+// capture (their arguments by value, as a CUDA graph freezes kernel arguments) and replaying
+// them. Replayed steps must give the logits and tokens of a plain eager runner.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "runner_sim.h"
+#include "runtime/model_runner.h"
+#include "test.h"
+
+enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT };
+
+struct rec {
+    enum rec_kind kind;
+    struct tensor t[4];
+    bool has[4];
+    const int32_t *ids;
+    int64_t stride;
+    float f;
+    int n;
+    struct rope_args rope;
+    struct attn_metadata md;
+    struct kv_layer *kv;
+};
+
+struct rec_graph {
+    struct rec *recs;
+    int n, cap;
+};
+
+struct rec_backend {
+    struct backend pub; // first: ops receive &pub
+    struct backend *real;
+    struct backend_ops ops;
+    struct rec_graph *capturing;
+    int n_captured, n_launched;
+};
+
+static struct rec_backend *rb_of(struct backend *b) { return (struct rec_backend *)b; }
+
+static struct rec *rec_push(struct rec_backend *rb, enum rec_kind k) {
+    struct rec_graph *g = rb->capturing;
+    if (g->n == g->cap) {
+        g->cap = g->cap ? 2 * g->cap : 64;
+        g->recs = realloc(g->recs, sizeof *g->recs * (size_t)g->cap);
+    }
+    struct rec *r = &g->recs[g->n++];
+    memset(r, 0, sizeof *r);
+    r->kind = k;
+    return r;
+}
+
+#define REAL(rb) ((rb)->real)
+#define OPT(r, i) ((r)->has[i] ? &(r)->t[i] : NULL)
+
+static void w_embedding(struct backend *b, struct tensor *out, const struct tensor *table, const int32_t *ids) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->embedding(REAL(rb), out, table, ids);
+    struct rec *r = rec_push(rb, REC_EMBED);
+    r->t[0] = *out, r->t[1] = *table, r->ids = ids;
+}
+static void w_rmsnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w, float eps) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->rmsnorm(REAL(rb), out, x, w, eps);
+    struct rec *r = rec_push(rb, REC_NORM);
+    r->t[0] = *out, r->t[1] = *x, r->t[2] = *w, r->f = eps;
+}
+static void w_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *res, const struct tensor *x,
+                          const struct tensor *w, float eps) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->add_rmsnorm(REAL(rb), out, res, x, w, eps);
+    struct rec *r = rec_push(rb, REC_ADD_NORM);
+    r->t[0] = *out, r->t[1] = *res, r->t[3] = *w, r->f = eps;
+    if (x) r->t[2] = *x, r->has[2] = true;
+}
+static void w_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+                     const struct tensor *bias) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->matmul(REAL(rb), out, x, w, bias);
+    struct rec *r = rec_push(rb, REC_MATMUL);
+    r->t[0] = *out, r->t[1] = *x, r->t[2] = *w;
+    if (bias) r->t[3] = *bias, r->has[3] = true;
+}
+static void w_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
+                            int64_t stride, const struct rope_args *rope, struct kv_layer *kv,
+                            const struct attn_metadata *md) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->rope_kv_write(REAL(rb), q, k, v, stride, rope, kv, md);
+    struct rec *r = rec_push(rb, REC_ROPE);
+    r->t[0] = *q, r->t[1] = *k, r->t[2] = *v, r->stride = stride, r->rope = *rope, r->kv = kv, r->md = *md;
+}
+static void w_attention(struct backend *b, struct tensor *out, const struct tensor *q, int64_t stride,
+                        const struct kv_layer *kv, const struct attn_metadata *md, float scale, int window,
+                        const struct tensor *sinks) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->attention(REAL(rb), out, q, stride, kv, md, scale, window, sinks);
+    struct rec *r = rec_push(rb, REC_ATTN);
+    r->t[0] = *out, r->t[1] = *q, r->stride = stride, r->kv = (struct kv_layer *)kv, r->md = *md, r->f = scale;
+    r->n = window;
+    if (sinks) r->t[2] = *sinks, r->has[2] = true;
+}
+static void w_silu_mul(struct backend *b, struct tensor *out, const struct tensor *gu) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->silu_mul(REAL(rb), out, gu);
+    struct rec *r = rec_push(rb, REC_SILU);
+    r->t[0] = *out, r->t[1] = *gu;
+}
+static void w_add(struct backend *b, struct tensor *out, const struct tensor *x) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->add(REAL(rb), out, x);
+    struct rec *r = rec_push(rb, REC_ADD);
+    r->t[0] = *out, r->t[1] = *x;
+}
+static void w_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows, int n) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->gather_rows(REAL(rb), out, x, rows, n);
+    struct rec *r = rec_push(rb, REC_GATHER);
+    r->t[0] = *out, r->t[1] = *x, r->ids = rows, r->n = n;
+}
+static void w_convert(struct backend *b, struct tensor *out, const struct tensor *x) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->convert(REAL(rb), out, x);
+    struct rec *r = rec_push(rb, REC_CONVERT);
+    r->t[0] = *out, r->t[1] = *x;
+}
+
+static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
+    struct backend *b = REAL(rb);
+    const struct backend_ops *o = b->ops;
+    for (int i = 0; i < g->n; i++) {
+        struct rec *r = &g->recs[i];
+        switch (r->kind) {
+        case REC_EMBED: o->embedding(b, &r->t[0], &r->t[1], r->ids); break;
+        case REC_NORM: o->rmsnorm(b, &r->t[0], &r->t[1], &r->t[2], r->f); break;
+        case REC_ADD_NORM: o->add_rmsnorm(b, &r->t[0], &r->t[1], OPT(r, 2), &r->t[3], r->f); break;
+        case REC_MATMUL: o->matmul(b, &r->t[0], &r->t[1], &r->t[2], OPT(r, 3)); break;
+        case REC_ROPE: o->rope_kv_write(b, &r->t[0], &r->t[1], &r->t[2], r->stride, &r->rope, r->kv, &r->md); break;
+        case REC_ATTN: o->attention(b, &r->t[0], &r->t[1], r->stride, r->kv, &r->md, r->f, r->n, OPT(r, 2)); break;
+        case REC_SILU: o->silu_mul(b, &r->t[0], &r->t[1]); break;
+        case REC_ADD: o->add(b, &r->t[0], &r->t[1]); break;
+        case REC_GATHER: o->gather_rows(b, &r->t[0], &r->t[1], r->ids, r->n); break;
+        case REC_CONVERT: o->convert(b, &r->t[0], &r->t[1]); break;
+        }
+    }
+}
+
+static atomc_status w_graph_begin(struct backend *b, struct error *err) {
+    struct rec_backend *rb = rb_of(b);
+    if (rb->capturing) return error_set(err, ATOMC_ERR_INTERNAL, "nested capture");
+    rb->capturing = calloc(1, sizeof(struct rec_graph));
+    return ATOMC_OK;
+}
+static atomc_status w_graph_end(struct backend *b, void **graph, struct error *err) {
+    struct rec_backend *rb = rb_of(b);
+    *graph = rb->capturing;
+    rb->capturing = NULL;
+    rb->n_captured++;
+    return ATOMC_OK;
+}
+static atomc_status w_graph_launch(struct backend *b, void *graph, struct error *err) {
+    struct rec_backend *rb = rb_of(b);
+    rec_replay(rb, graph);
+    rb->n_launched++;
+    return ATOMC_OK;
+}
+static void w_graph_destroy(struct backend *b, void *graph) {
+    struct rec_graph *g = graph;
+    if (g) free(g->recs);
+    free(g);
+}
+
+// Memory and sampling go straight to the real backend.
+static void w_destroy(struct backend *b) {
+    struct rec_backend *rb = rb_of(b);
+    backend_destroy(rb->real);
+    free(rb);
+}
+static void *w_alloc(struct backend *b, size_t n) { return REAL(rb_of(b))->ops->alloc(REAL(rb_of(b)), n); }
+static void w_free(struct backend *b, void *p) { REAL(rb_of(b))->ops->free(REAL(rb_of(b)), p); }
+static void w_h2d(struct backend *b, void *d, const void *s, size_t n) { REAL(rb_of(b))->ops->copy_h2d(REAL(rb_of(b)), d, s, n); }
+static void w_d2h(struct backend *b, void *d, const void *s, size_t n) { REAL(rb_of(b))->ops->copy_d2h(REAL(rb_of(b)), d, s, n); }
+static void w_d2d(struct backend *b, void *d, const void *s, size_t n) { REAL(rb_of(b))->ops->copy_d2d(REAL(rb_of(b)), d, s, n); }
+static void w_zero(struct backend *b, void *d, size_t n) { REAL(rb_of(b))->ops->memset_zero(REAL(rb_of(b)), d, n); }
+static void w_sync(struct backend *b) { REAL(rb_of(b))->ops->synchronize(REAL(rb_of(b))); }
+static void w_meminfo(struct backend *b, size_t *f, size_t *t) { REAL(rb_of(b))->ops->memory_info(REAL(rb_of(b)), f, t); }
+static atomc_status w_upload(struct backend *b, struct tensor *d, const struct tensor *s, struct error *e) {
+    return REAL(rb_of(b))->ops->upload_weight(REAL(rb_of(b)), d, s, e);
+}
+static void w_sample(struct backend *b, const struct sample_args *a) { REAL(rb_of(b))->ops->sample(REAL(rb_of(b)), a); }
+
+static struct rec_backend *rec_backend_create(void) {
+    struct backend_options bo = {.num_threads = 2};
+    struct backend *real = NULL;
+    struct error err = {0};
+    if (backend_create("cpu", &bo, &real, &err) != ATOMC_OK) return NULL;
+    struct rec_backend *rb = calloc(1, sizeof *rb);
+    rb->real = real;
+    rb->pub = *real;
+    rb->ops = (struct backend_ops){
+        .name = "cpu+recorded-graphs", .destroy = w_destroy, .alloc = w_alloc, .free = w_free, .copy_h2d = w_h2d,
+        .copy_d2h = w_d2h, .copy_d2d = w_d2d, .memset_zero = w_zero, .synchronize = w_sync, .memory_info = w_meminfo,
+        .upload_weight = w_upload, .embedding = w_embedding, .rmsnorm = w_rmsnorm, .add_rmsnorm = w_add_rmsnorm,
+        .matmul = w_matmul, .rope_kv_write = w_rope_kv_write, .attention = w_attention, .silu_mul = w_silu_mul,
+        .add = w_add, .gather_rows = w_gather_rows, .convert = w_convert, .sample = w_sample,
+        .graph_begin = w_graph_begin, .graph_end = w_graph_end, .graph_launch = w_graph_launch,
+        .graph_destroy = w_graph_destroy,
+    };
+    rb->pub.ops = &rb->ops;
+    return rb;
+}
+
+static struct model_runner *open_runner(const char *model, struct backend *b, bool eager) {
+    char path[4096];
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s", model);
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    struct runner_options o = {
+        .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8,
+        .max_num_batched_tokens = 128, .max_model_len = 128, .num_threads = 2, .enforce_eager = eager, .backend = b,
+    };
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  create: %s\n", err.msg);
+    return r;
+}
+
+// Runs the same schedule on a graph runner and an eager runner: prefill of `n` prompts, then
+// decode steps with a varying number of live sequences (so buckets 1, 2, 4 and 8 are used
+// with padding), sometimes asking logits of only some sequences. Logits must agree.
+static void run_schedule(const char *model) {
+    struct rec_backend *rb = rec_backend_create();
+    ASSERT_TRUE(rb != NULL);
+    struct model_runner *rg = open_runner(model, &rb->pub, false);
+    struct model_runner *re = open_runner(model, NULL, true);
+    ASSERT_TRUE(rg != NULL && re != NULL);
+    ASSERT_EQ(model_runner_num_graphs(rg), 4); // buckets 1, 2, 4, 8
+    ASSERT_EQ(model_runner_num_graphs(re), 0);
+    const int V = model_runner_config(rg)->vocab_size;
+    enum { N = 7 };
+    struct sim *sg = malloc(sizeof *sg), *se = malloc(sizeof *se);
+    sim_init(sg, rg, 123u);
+    sim_init(se, re, 123u);
+    struct sim_seq *qg = calloc(N, sizeof *qg), *qe = calloc(N, sizeof *qe);
+    for (int i = 0; i < N; i++) {
+        int32_t ids[40];
+        for (int k = 0; k < 3 + 5 * i; k++) ids[k] = (int32_t)((i * 37 + k * 11) % (V - 4) + 4);
+        sim_seq_init(&qg[i], ids, 3 + 5 * i);
+        sim_seq_init(&qe[i], ids, 3 + 5 * i);
+    }
+    float *lg = malloc(sizeof(float) * 8 * (size_t)V), *le = malloc(sizeof(float) * 8 * (size_t)V);
+    struct error err = {0};
+    // Prefill everyone (eager on both: not decode-only).
+    for (int i = 0; i < N; i++) {
+        sim_step_begin(sg);
+        sim_step_begin(se);
+        ASSERT_EQ(sim_step_add(sg, &qg[i], qg[i].n_ids, 1), 0);
+        ASSERT_EQ(sim_step_add(se, &qe[i], qe[i].n_ids, 1), 0);
+        struct forward_batch fg = sim_step_batch(sg), fe = sim_step_batch(se);
+        ASSERT_OK(model_runner_execute_logits(rg, &fg, lg, &err));
+        ASSERT_OK(model_runner_execute_logits(re, &fe, le, &err));
+        sim_step_commit(sg);
+        sim_step_commit(se);
+        int best = 0;
+        for (int v = 1; v < V; v++) best = le[v] > le[best] ? v : best;
+        qg[i].ids[qg[i].n_ids++] = best;
+        qe[i].ids[qe[i].n_ids++] = best;
+    }
+    ASSERT_EQ(model_runner_num_graph_replays(rg), 0);
+    // Decode: live sets of sizes 3, 1, 7, 2, 5, 4, 6 (each padded to its bucket), two rounds.
+    static const int live[] = {3, 1, 7, 2, 5, 4, 6, 3, 1, 7, 2, 5, 4, 6};
+    double worst = 0;
+    for (size_t st = 0; st < sizeof live / sizeof live[0]; st++) {
+        int n = live[st];
+        sim_step_begin(sg);
+        sim_step_begin(se);
+        for (int j = 0; j < n; j++) {
+            int i = (int)((j * 3 + st) % N); // a different subset / order each step
+            bool dup = false;
+            for (int k = 0; k < sg->n_seqs; k++) dup |= sg->seqs[k] == &qg[i];
+            if (dup) continue;
+            ASSERT_EQ(sim_step_add(sg, &qg[i], 1, 1), 0);
+            ASSERT_EQ(sim_step_add(se, &qe[i], 1, 1), 0);
+        }
+        struct forward_batch fg = sim_step_batch(sg), fe = sim_step_batch(se);
+        if (st % 4 == 3 && fg.n_logits > 1) { // only some rows: the replay must recompute them
+            sg->rows[0] = sg->rows[fg.n_logits - 1];
+            se->rows[0] = se->rows[fe.n_logits - 1];
+            fg.n_logits = fe.n_logits = 1;
+        }
+        uint64_t before = model_runner_num_graph_replays(rg);
+        ASSERT_OK(model_runner_execute_logits(rg, &fg, lg, &err));
+        ASSERT_OK(model_runner_execute_logits(re, &fe, le, &err));
+        ASSERT_EQ(model_runner_num_graph_replays(rg), before + 1);
+        sim_step_commit(sg);
+        sim_step_commit(se);
+        for (int k = 0; k < fe.n_logits * V; k++) {
+            double d = fabs((double)lg[k] - le[k]);
+            if (!(d <= worst)) worst = d;
+        }
+        // Every live sequence advances by its own greedy token (from the eager runner's
+        // logits where available, else a fixed token), identically in both simulations.
+        for (int k = 0; k < sg->n_seqs; k++) {
+            int32_t t = 5;
+            if (k < fe.n_logits && fe.n_logits == sg->n_seqs) {
+                int best = 0;
+                for (int v = 1; v < V; v++) best = le[(size_t)k * V + v] > le[(size_t)k * V + best] ? v : best;
+                t = best;
+            }
+            sg->seqs[k]->ids[sg->seqs[k]->n_ids++] = t;
+            se->seqs[k]->ids[se->seqs[k]->n_ids++] = t;
+        }
+    }
+    fprintf(stderr, "  %s: %d graphs, %llu replays, max |logit graph - eager| = %.2e\n", model,
+            model_runner_num_graphs(rg), (unsigned long long)model_runner_num_graph_replays(rg), worst);
+    ASSERT_TRUE(worst <= 1e-4);
+    ASSERT_EQ(rb->n_launched, (int)(sizeof live / sizeof live[0]));
+    free(lg);
+    free(le);
+    free(qg);
+    free(qe);
+    sim_free(sg);
+    sim_free(se);
+    free(sg);
+    free(se);
+    model_runner_free(rg);
+    model_runner_free(re);
+}
+
+TEST(graphs_replay_equals_eager_llama) { run_schedule("llama_gqa"); }
+TEST(graphs_replay_equals_eager_qwen3) { run_schedule("qwen3"); }
+
+// Batches that are not decode-only, or larger than every bucket, run eagerly.
+TEST(graphs_not_used_for_prefill) {
+    struct rec_backend *rb = rec_backend_create();
+    ASSERT_TRUE(rb != NULL);
+    struct model_runner *r = open_runner("llama_gqa", &rb->pub, false);
+    ASSERT_TRUE(r != NULL);
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 1u);
+    int32_t ids[4] = {4, 5, 6, 7};
+    struct sim_seq *q = calloc(2, sizeof *q);
+    sim_seq_init(&q[0], ids, 4);
+    sim_seq_init(&q[1], ids, 2);
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 4, 1), 0);
+    struct forward_batch fb = sim_step_batch(s);
+    struct runner_output out;
+    struct error err = {0};
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    sim_step_commit(s);
+    q[0].ids[q[0].n_ids++] = out.ids[0];
+    // One decode token mixed with a prefill: eager.
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 1, 1), 0);
+    ASSERT_EQ(sim_step_add(s, &q[1], 2, 1), 0);
+    fb = sim_step_batch(s);
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    ASSERT_EQ(model_runner_num_graph_replays(r), 0);
+    free(q);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
+}
+
+int main(int argc, char **argv) { return test_main(argc, argv); }
