@@ -40,6 +40,18 @@ int64_t model_moe_layer_params(const struct model_config *c, bool active_only) {
     return n * 3 * H * I + E * H;
 }
 
+double model_moe_decode_weight_bytes(const struct model_config *c, double weight_bytes, int batch) {
+    if (c->num_experts <= 0) return weight_bytes;
+    double per_param = weight_bytes / (double)model_param_count(c);
+    int64_t touched = (int64_t)batch * c->num_experts_per_tok;
+    if (touched > c->num_experts) touched = c->num_experts;
+    double idle = 0;
+    for (int l = 0; l < c->num_layers; l++)
+        if (model_config_layer_is_moe(c, l))
+            idle += (double)(c->num_experts - touched) * 3.0 * c->hidden_size * c->moe_intermediate_size;
+    return weight_bytes - idle * per_param;
+}
+
 atomc_status model_moe_load_layer(struct weight_loader *L, struct model *m, int l, struct error *err) {
     const struct model_config *c = &m->cfg;
     struct model_layer *ly = &m->layers[l];

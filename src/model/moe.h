@@ -31,6 +31,11 @@ struct moe_route_args model_moe_route_args(const struct model_config *cfg);
 // Parameters of one MoE layer's experts + router, and the active (per-token) part of them.
 int64_t model_moe_layer_params(const struct model_config *c, bool active_only);
 
+// Weight bytes one decode step of `batch` tokens reads: everything but the experts, plus the
+// experts the step touches per MoE layer, min(E, batch * top_k) (exact under the benchmark's
+// round-robin routing, an upper bound otherwise). weight_bytes: the model's total.
+double model_moe_decode_weight_bytes(const struct model_config *c, double weight_bytes, int batch);
+
 // Exported by model_weights.c for this file: load one tensor / rows of several tensors stacked.
 atomc_status model_weight_load(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
                                const int64_t *ne, int kind, struct error *err);
