@@ -41,7 +41,7 @@ TEST_SUPPORT_C := $(filter-out $(TEST_C),$(wildcard tests/*.c))
 
 ifeq ($(CUDA),1)
   CUDA_HOME ?= /usr/local/cuda
-  CU_SRC := $(shell find src/backend/cuda -name '*.cu' | sort)
+  CU_SRC := $(shell find src/backend/cuda src/parallel -name '*.cu' | sort)
   CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
   CFLAGS += -DATOMC_CUDA=1 -I$(CUDA_HOME)/include
   # -gencode (not -arch=sm_90a): nvcc 13.0's shorthand also runs a plain sm_90 pass.

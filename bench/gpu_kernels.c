@@ -7,8 +7,10 @@
 // per case: time per launch, achieved TFLOP/s and GB/s, and the ratio to the ceilings
 // measured on the H200 (790 TFLOP/s dense bf16, 4.3 TB/s copy).
 //
-//   build-cuda/bench/gpu_kernels [filter]
+//   build-cuda/bench/gpu_kernels [matmul|attention|decode|norm|sample]
+// The split-KV heuristic reads ATOMC_ATTN_SPLIT_WAVES / ATOMC_ATTN_SPLIT_MIN_TILES (sweeps).
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,16 +286,19 @@ int main(int argc, char **argv) {
         bench_matmul("lm_head", 1, 128256, 4096);
         bench_matmul("lm_head", 256, 128256, 4096);
     }
-    if (strstr("attention", filter) || !*filter) {
-        int bss[] = {1, 1, 1, 8, 64, 256};
-        int ctxs[] = {1024, 4096, 32768, 4096, 2048, 1024};
-        for (int i = 0; i < 6; i++) {
+    bool decode_only = !strcmp(filter, "decode"); // decode attention cases alone (split-KV sweeps)
+    if (strstr("attention", filter) || !*filter || decode_only) {
+        int bss[] = {1, 1, 1, 8, 32, 64, 256};
+        int ctxs[] = {1024, 4096, 32768, 4096, 4096, 2048, 1024};
+        for (int i = 0; i < 7; i++) {
             bench_attention(bss[i], ctxs[i], 1, DTYPE_BF16);
             bench_attention(bss[i], ctxs[i], 1, DTYPE_FP8_E4M3);
         }
-        bench_attention(1, 1024, 1024, DTYPE_BF16);
-        bench_attention(1, 8192, 8192, DTYPE_BF16);
-        bench_attention(4, 2048, 2048, DTYPE_BF16);
+        if (!decode_only) {
+            bench_attention(1, 1024, 1024, DTYPE_BF16);
+            bench_attention(1, 8192, 8192, DTYPE_BF16);
+            bench_attention(4, 2048, 2048, DTYPE_BF16);
+        }
     }
     if (strstr("norm", filter) || !*filter) {
         bench_norm_silu(1);

@@ -66,6 +66,7 @@ typedef struct atomc_engine_options {
     uint64_t seed;                 // default seed for requests without one
     int tensor_parallel_size;      // default 1
     int max_waiting;               // bounded waiting queue (ATOMC_ERR_BUSY past it); 0 = unbounded
+    const char *profile_dir;       // enables atomc_engine_start_profile / stop_profile (Chrome traces written here)
 } atomc_engine_options;
 
 void atomc_engine_options_init(atomc_engine_options *o);
@@ -192,6 +193,13 @@ bool atomc_engine_has_work(atomc_engine *e);
 // Background loop thread.
 atomc_status atomc_engine_start(atomc_engine *e);
 void atomc_engine_stop(atomc_engine *e);
+
+// Per-step timeline profiling (needs options.profile_dir): start clears and records the spans of
+// every step (schedule, prepare_inputs, execute, postprocess, detokenize); stop writes them as
+// Chrome trace JSON to profile_dir/atomc-trace-<pid>-<n>.json and returns that path in path_out.
+// In CUDA builds the same spans are NVTX ranges (Nsight Systems), recorded or not.
+atomc_status atomc_engine_start_profile(atomc_engine *e, char *err, size_t err_len);
+atomc_status atomc_engine_stop_profile(atomc_engine *e, char *path_out, size_t path_len, char *err, size_t err_len);
 
 // Blocking batch generation (runs the loop itself if no thread is running). The requests'
 // on_output / user fields are ignored. If one request is rejected, none runs: the error is

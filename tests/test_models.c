@@ -365,6 +365,72 @@ TEST(models_prompt_logprobs) {
     refs_free(&R);
 }
 
+// Penalty histories reach the sampler row by row: two sequences in one batch with different
+// penalties and histories; the greedy ids equal the argmax of the raw logits penalised on the
+// host with vLLM's definitions (repetition over prompt + output, frequency / presence over output).
+TEST(models_penalties_reach_sampler) {
+    struct model_runner *r = open_model("llama_gqa");
+    ASSERT_TRUE(r != NULL);
+    const int V = model_runner_config(r)->vocab_size;
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 4u);
+    struct sim_seq *q = calloc(2, sizeof *q);
+    int32_t a_ids[9] = {10, 11, 12, 13, 14, 15, 16, 17, 18}, b_ids[5] = {40, 41, 42, 43, 44};
+    sim_seq_init(&q[0], a_ids, 9);
+    sim_seq_init(&q[1], b_ids, 5);
+    float *raw = malloc(sizeof(float) * 2 * (size_t)V);
+    struct error err = {0};
+    // Raw logits of both rows first (execute_logits writes the same K/V that execute then rewrites).
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 9, 1), 0);
+    ASSERT_EQ(sim_step_add(s, &q[1], 5, 1), 0);
+    struct forward_batch fb = sim_step_batch(s);
+    ASSERT_OK(model_runner_execute_logits(r, &fb, raw, &err));
+    // Penalise each row's current top tokens so the choice must change: outputs are the top-3
+    // raw tokens of each row (as if generated before), the prompt is the prompt.
+    int32_t outs[2][3];
+    for (int row = 0; row < 2; row++)
+        for (int k = 0; k < 3; k++) {
+            int best = -1;
+            for (int v = 0; v < V; v++) {
+                bool used = false;
+                for (int j = 0; j < k; j++) used |= outs[row][j] == v;
+                if (!used && (best < 0 || raw[row * V + v] > raw[row * V + best])) best = v;
+            }
+            outs[row][k] = best;
+        }
+    s->samp[0].repetition_penalty = 1.8f;
+    s->samp[0].output_ids = outs[0];
+    s->samp[0].n_output = 3;
+    s->samp[1].frequency_penalty = 0.7f;
+    s->samp[1].presence_penalty = 2.5f;
+    s->samp[1].output_ids = outs[1];
+    s->samp[1].n_output = 2;
+    struct runner_output out;
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    for (int row = 0; row < 2; row++) {
+        const struct sample_row *sr = &s->samp[row];
+        float *w = raw + (size_t)row * V;
+        for (int v = 0; v < V; v++) {
+            bool in_hist = false;
+            int count = 0;
+            for (int j = 0; j < sr->n_prompt; j++) in_hist |= sr->prompt_ids[j] == v;
+            for (int j = 0; j < sr->n_output; j++) count += sr->output_ids[j] == v;
+            if (in_hist || count) w[v] = w[v] > 0 ? w[v] / sr->repetition_penalty : w[v] * sr->repetition_penalty;
+            w[v] -= sr->frequency_penalty * count + sr->presence_penalty * (count > 0);
+        }
+        int best = 0;
+        for (int v = 1; v < V; v++) best = w[v] > w[best] ? v : best;
+        ASSERT_EQ(out.ids[row], best);
+        ASSERT_NE(out.ids[row], outs[row][0]); // the penalty changed the choice
+    }
+    free(raw);
+    free(q);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
+}
+
 // Bad batches are rejected with a status and a message; the runner keeps working.
 TEST(models_bad_batches_rejected) {
     struct model_runner *r = open_model("llama_gqa");

@@ -237,6 +237,9 @@ TEST(conformance_tiny_bpe_llama_bpe_gguf) {
     ASSERT_EQ(check_tokenizer("tiny_bpe_llama_bpe", test_fixture("tokenizer/tiny_bpe_llama_bpe.gguf")), 0);
 }
 
+// tokenizer.ggml.pre = "deepseek-v3" against DeepSeek-V3's own pre-tokenizer (same small vocabulary).
+TEST(conformance_tiny_dsv3_gguf) { ASSERT_EQ(check_tokenizer("tiny_dsv3", test_fixture("tokenizer/tiny_dsv3.gguf")), 0); }
+
 TEST(conformance_smollm2_gguf) {
     const char *p = getenv("ATOMC_SMOLLM2");
     if (!p || !*p) {

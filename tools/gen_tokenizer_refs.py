@@ -394,6 +394,43 @@ def synth_bytelevel_tokenizer(shared):
     return json.dumps(out, ensure_ascii=False)
 
 
+def write_tiny_dsv3(shared, gguf_path, json_path):
+    """tokenizer.ggml.pre = "deepseek-v3": transformers' GGUF conversion has no entry for it (it would
+    fall back to GPT-2's regex), so the reference here is DeepSeek-V3's own pre-tokenizer from its
+    tokenizer.json, on a small vocabulary (DeepSeek's first 6000 tokens plus the byte alphabet, the
+    merges among them); the same vocabulary goes into a "gpt2" GGUF that atomc loads."""
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    with open(os.path.join(shared, "tokenizers", "deepseek_v3", "tokenizer.json")) as f:
+        j = json.load(f)
+    vocab = j["model"]["vocab"]
+    inv = {v: k for k, v in vocab.items()}
+    alphabet = set(bytes_to_unicode().values())
+    keep = [inv[i] for i in sorted(inv) if i < 6000 or (len(inv[i]) == 1 and inv[i] in alphabet)]
+    new_vocab = {t: i for i, t in enumerate(keep)}
+    merges = [m for m in j["model"]["merges"] if (lambda a, b: a in new_vocab and b in new_vocab and a + b in new_vocab)(*m.split(" "))]
+    control = [a["content"] for a in j["added_tokens"] if a["content"] in new_vocab and a["special"]]
+    ref = dict(j)
+    ref["added_tokens"] = [{"id": new_vocab[c], "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                            "normalized": False, "special": True} for c in control]
+    ref["normalizer"] = None
+    ref["post_processor"] = None
+    ref["model"] = dict(j["model"], vocab=new_vocab, merges=merges)
+    with open(json_path, "w", encoding="utf-8") as f:
+        json.dump(ref, f, ensure_ascii=False)
+    w = gguf.GGUFWriter(gguf_path, "deepseek2")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("deepseek-v3")
+    w.add_token_list(keep)
+    w.add_token_types([3 if t in control else 1 for t in keep])
+    w.add_token_merges(merges)
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def gguf_reference(path):
     import warnings
     warnings.filterwarnings("ignore")
@@ -460,6 +497,11 @@ def main():
         write_tiny_bpe_gguf(args.shared, p, pre)
         write_json(os.path.join(OUT, f"ref_{name}.json"), make_ref(name, gguf_reference(p), corpus))
         print("wrote", name, file=sys.stderr)
+    ds_json = "/tmp/atomc_tiny_dsv3_reference.json"  # the reference tokenizer; not a fixture
+    write_tiny_dsv3(args.shared, os.path.join(OUT, "tiny_dsv3.gguf"), ds_json)
+    write_json(os.path.join(OUT, "ref_tiny_dsv3.json"),
+               make_ref("tiny_dsv3", tokenizers.Tokenizer.from_file(ds_json), corpus))
+    print("wrote tiny_dsv3", file=sys.stderr)
     spm = os.path.join(OUT, "tiny_spm.gguf")
     write_tiny_spm_gguf(args.shared, spm)
     write_json(os.path.join(OUT, "ref_tiny_spm.json"), make_ref("tiny_spm", gguf_reference(spm), corpus))

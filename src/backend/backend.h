@@ -160,7 +160,8 @@ struct backend_ops {
     // residual += x ; out = rmsnorm(residual) * w. (x may be NULL: then only the norm.)
     void (*add_rmsnorm)(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
                         const struct tensor *w, float eps);
-    // out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)). w is in the weight dtype.
+    // out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)). w is in the weight dtype; out is in the act
+    // dtype or F32 (the lm_head writes F32 logits directly; bias, if any, in out's dtype).
     void (*matmul)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
                    const struct tensor *bias);
     // Applies RoPE to q (n, hq, d) in place and to k (n, hk, d), then writes k and v into the

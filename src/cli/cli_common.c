@@ -78,6 +78,7 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_EAGER: o->enforce_eager = true; return 1;
     case CLI_E_THREADS: return cli_parse_int(arg, "--num-threads", 0, 4096, &o->num_threads) ? 1 : -1;
     case CLI_E_GEN_CONFIG: o->generation_config = arg; return 1;
+    case CLI_E_PROFILE_DIR: o->profile_dir = arg; return 1;
     case CLI_E_ENGINE_SEED: {
         char *end;
         unsigned long long v = strtoull(arg, &end, 10);
@@ -90,4 +91,23 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     }
     }
     return 0;
+}
+
+bool cli_profile_start(atomc_engine *e, const struct cli_engine_args *a) {
+    if (!a->o.profile_dir) return true;
+    char msg[512];
+    if (atomc_engine_start_profile(e, msg, sizeof msg) != ATOMC_OK) {
+        fprintf(stderr, "atomc: %s\n", msg);
+        return false;
+    }
+    return true;
+}
+
+void cli_profile_stop(atomc_engine *e, const struct cli_engine_args *a) {
+    if (!a->o.profile_dir) return;
+    char path[4096], msg[512];
+    if (atomc_engine_stop_profile(e, path, sizeof path, msg, sizeof msg) != ATOMC_OK)
+        fprintf(stderr, "atomc: writing the profile failed: %s\n", msg);
+    else
+        fprintf(stderr, "atomc: profile written to %s (open in chrome://tracing or ui.perfetto.dev)\n", path);
 }

@@ -54,16 +54,18 @@ static void usage(void) {
            "  --max-num-batched-tokens N    default max(prompt lens)\n"
            "  --enforce-eager               no CUDA graphs\n"
            "  --kv-cache-dtype auto|bf16|fp8\n"
-           "  --output-json FILE            write the results as JSON\n");
+           "  --output-json FILE            write the results as JSON\n"
+           "  --profile-dir DIR             record a per-step Chrome trace of the whole run into DIR\n");
 }
 
 int cmd_bench_latency(int argc, char **argv) {
     const char *model = NULL, *device = "cpu", *load_format = "auto", *json_path = NULL, *kv_dtype = "auto";
+    const char *profile_dir = NULL;
     int bs[MAX_POINTS] = {1, 2, 4, 8, 16, 32, 64}, n_bs = 7;
     int pl[MAX_POINTS] = {128, 512, 1024, 2048}, n_pl = 4;
     int input_len = 128, output_len = 32, iters = 3, max_batched = 0;
     bool eager = false;
-    enum { O_MODEL = 1, O_DEVICE, O_LOAD, O_BS, O_IN, O_OUT, O_PL, O_ITERS, O_BATCHED, O_EAGER, O_KV, O_JSON, O_HELP };
+    enum { O_MODEL = 1, O_DEVICE, O_LOAD, O_BS, O_IN, O_OUT, O_PL, O_ITERS, O_BATCHED, O_EAGER, O_KV, O_JSON, O_PROFILE, O_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL}, {"device", required_argument, 0, O_DEVICE},
         {"load-format", required_argument, 0, O_LOAD}, {"batch-sizes", required_argument, 0, O_BS},
@@ -71,6 +73,7 @@ int cmd_bench_latency(int argc, char **argv) {
         {"prompt-lens", required_argument, 0, O_PL}, {"num-iters", required_argument, 0, O_ITERS},
         {"max-num-batched-tokens", required_argument, 0, O_BATCHED}, {"enforce-eager", no_argument, 0, O_EAGER},
         {"kv-cache-dtype", required_argument, 0, O_KV}, {"output-json", required_argument, 0, O_JSON},
+        {"profile-dir", required_argument, 0, O_PROFILE},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0},
     };
     optind = 1;
@@ -90,6 +93,7 @@ int cmd_bench_latency(int argc, char **argv) {
         case O_EAGER: eager = true; break;
         case O_KV: kv_dtype = optarg; break;
         case O_JSON: json_path = optarg; break;
+        case O_PROFILE: profile_dir = optarg; break;
         case O_HELP: usage(); return 0;
         default: fprintf(stderr, "atomc bench latency: bad option '%s'\n", argv[optind - 1]); return 2;
         }
@@ -109,6 +113,7 @@ int cmd_bench_latency(int argc, char **argv) {
     o.kv_cache_dtype = kv_dtype;
     o.enforce_eager = eager;
     o.enable_prefix_caching = false;
+    o.profile_dir = profile_dir;
     o.max_num_seqs = max_bs;
     o.max_num_batched_tokens = max_batched > 0 ? max_batched : (max_pl > max_bs * input_len ? max_pl : max_bs * input_len);
     if (o.max_num_batched_tokens < 256) o.max_num_batched_tokens = 256;
@@ -116,6 +121,11 @@ int cmd_bench_latency(int argc, char **argv) {
     atomc_engine *e;
     if (atomc_engine_create(&o, &e, msg, sizeof msg) != ATOMC_OK) {
         fprintf(stderr, "atomc bench latency: %s\n", msg);
+        return 1;
+    }
+    if (profile_dir && atomc_engine_start_profile(e, msg, sizeof msg) != ATOMC_OK) {
+        fprintf(stderr, "atomc bench latency: %s\n", msg);
+        atomc_engine_free(e);
         return 1;
     }
     atomc_model_info info;
@@ -219,6 +229,15 @@ int cmd_bench_latency(int argc, char **argv) {
                         pre_ms[l][0], pre_ms[l][1]);
             fprintf(f, "]}\n");
             fclose(f);
+        }
+    }
+    if (profile_dir) {
+        char path[4096];
+        if (atomc_engine_stop_profile(e, path, sizeof path, msg, sizeof msg) != ATOMC_OK) {
+            fprintf(stderr, "atomc bench latency: writing the profile failed: %s\n", msg);
+            rc = 1;
+        } else {
+            fprintf(stderr, "atomc bench latency: profile written to %s\n", path);
         }
     }
     free(ids);

@@ -125,6 +125,11 @@ int cmd_bench_throughput(int argc, char **argv) {
 
     struct tp_state st;
     memset(&st, 0, sizeof st);
+    if (!cli_profile_start(e, &ea)) {
+        free(ids);
+        atomc_engine_free(e);
+        return 1;
+    }
     double t0 = time_now_s();
     int rc = 0;
     for (int i = 0; i < num; i++) {
@@ -146,6 +151,7 @@ int cmd_bench_throughput(int argc, char **argv) {
     }
     while (!rc && st.done < num) atomc_engine_step(e);
     double elapsed = time_now_s() - t0;
+    cli_profile_stop(e, &ea);
     if (!rc && st.errors) {
         fprintf(stderr, "atomc bench throughput: %d requests failed: %s\n", st.errors, st.first_error);
         rc = 1;

@@ -418,7 +418,8 @@ int cmd_generate(int argc, char **argv) {
     int n_used = n_pids;
     if (!pids && a.json)
         atomc_engine_tokenize(e, r.prompt, strlen(r.prompt), r.add_special_tokens, &used, &n_used);
-    rc = run_request(e, &r, &g);
+    rc = cli_profile_start(e, &ea) ? run_request(e, &r, &g) : 1;
+    cli_profile_stop(e, &ea);
     if (!rc) {
         if (a.json) {
             print_json(&g, used, n_used);

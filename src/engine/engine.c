@@ -12,14 +12,18 @@
 // (KV now computed, full blocks enter the prefix cache) -> for every sampled row: append the
 // token, stop rules, incremental detokenization, stop strings, callback; finished sequences
 // leave the scheduler (their blocks return to the pool) and are freed.
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/log.h"
 #include "common/timeutil.h"
+#include "common/trace.h"
 #include "engine/block_manager.h"
 #include "engine/engine_internal.h"
 #include "engine/scheduler.h"
@@ -69,6 +73,11 @@ struct atomc_engine {
     int o_top_cap;
     struct sequence **drained;
     int drained_cap;
+
+    // Profiling (options.profile_dir): spans of every step; NVTX ranges in CUDA builds.
+    struct trace *trace;
+    char *profile_dir;
+    int profile_count;
 };
 
 // --- defaults ------------------------------------------------------------------------------------
@@ -417,8 +426,10 @@ static bool detok_feed(atomc_engine *e, struct sequence *s, int n_ids, int n_new
     if (!s->detok || s->stop.matched >= 0) return false;
     char *delta = NULL;
     size_t len = 0;
+    trace_begin(e->trace, "detokenize");
     atomc_status st =
         e->su.text.detok_step(s->detok, s->tokens + s->n_prompt, n_ids, n_new, final, &delta, &len);
+    trace_end(e->trace, "detokenize");
     if (st != ATOMC_OK) {
         LOG_WARN("request %llu: detokenization failed (%s)", (unsigned long long)s->id, atomc_status_name(st));
         free(delta);
@@ -662,17 +673,26 @@ int atomc_engine_step(atomc_engine *e) {
     drain_inbox(e);
     double now = time_now_s();
     struct scheduler_output so;
+    trace_begin(e->trace, "schedule");
     scheduler_schedule(e->sched, now, &so);
+    trace_end(e->trace, "schedule");
     if (so.n_seqs == 0) {
         refresh_stats(e);
         return 0;
     }
+    trace_begin(e->trace, "step");
+    trace_counter(e->trace, "batch_seqs", so.n_seqs);
     struct forward_batch fb;
+    trace_begin(e->trace, "prepare_inputs");
     build_batch(e, &so, &fb);
+    trace_end(e->trace, "prepare_inputs");
+    trace_counter(e->trace, "batch_tokens", fb.n_tokens);
     struct runner_output ro;
     memset(&ro, 0, sizeof ro);
     struct error err = {0};
+    trace_begin(e->trace, "execute");
     atomc_status st = e->su.model.execute(e->su.model.ctx, &fb, &ro, &err);
+    trace_end(e->trace, "execute");
     int n_seqs = so.n_seqs;
     e->num_steps++;
     if (st != ATOMC_OK) {
@@ -686,8 +706,10 @@ int atomc_engine_step(atomc_engine *e) {
         // cached-but-free, and dropping those keeps them out of every later lookup.
         block_manager_reset_prefix_cache(e->bm);
         refresh_stats(e);
+        trace_end(e->trace, "step");
         return n_seqs;
     }
+    trace_begin(e->trace, "postprocess");
     scheduler_complete_step(e->sched);
     if (fb.n_prompt_lp) collect_prompt_logprobs(e, &fb, &ro);
     now = time_now_s();
@@ -717,6 +739,8 @@ int atomc_engine_step(atomc_engine *e) {
         process_token(e, s, t, lpp, now);
     }
     refresh_stats(e);
+    trace_end(e->trace, "postprocess");
+    trace_end(e->trace, "step");
     return n_seqs;
 }
 
@@ -742,6 +766,7 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
     engine_resolve_limits(o, &e->max_num_seqs, &e->max_num_batched_tokens);
     e->max_waiting = o->max_waiting;
     e->seed = o->seed;
+
     e->max_model_len = e->su.max_model_len;
     atomc_status st = ATOMC_OK;
     if (o->max_model_len < 0) {
@@ -763,6 +788,14 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
                        "max_model_len.",
                        e->max_model_len, (long)e->su.num_kv_blocks * e->block_size, e->su.num_kv_blocks,
                        e->block_size);
+    if (st == ATOMC_OK && o->profile_dir && *o->profile_dir) {
+        if (mkdir(o->profile_dir, 0755) != 0 && errno != EEXIST) {
+            st = error_set(err, ATOMC_ERR_IO, "profile directory %s: %s", o->profile_dir, strerror(errno));
+        } else {
+            e->profile_dir = xstrdup(o->profile_dir);
+            e->trace = trace_create(0);
+        }
+    }
     if (st == ATOMC_OK)
         st = block_manager_create(e->su.num_kv_blocks, e->block_size, o->enable_prefix_caching, &e->bm, err);
     if (st == ATOMC_OK) {
@@ -918,7 +951,48 @@ void atomc_engine_free(atomc_engine *e) {
     free(e->b_plp_seq);
     free(e->o_top);
     free(e->drained);
+    trace_free(e->trace);
+    free(e->profile_dir);
     free(e);
+}
+
+static void copy_msg(char *buf, size_t len, const char *msg) {
+    if (buf && len) snprintf(buf, len, "%s", msg);
+}
+
+atomc_status atomc_engine_start_profile(atomc_engine *e, char *err, size_t err_len) {
+    if (!e->trace) {
+        copy_msg(err, err_len, "profiling is off: start the engine with a profile directory (--profile-dir DIR)");
+        return ATOMC_ERR_INVALID_ARGUMENT;
+    }
+    trace_start(e->trace);
+    return ATOMC_OK;
+}
+
+atomc_status atomc_engine_stop_profile(atomc_engine *e, char *path_out, size_t path_len, char *err_buf,
+                                       size_t err_len) {
+    if (!e->trace) {
+        copy_msg(err_buf, err_len, "profiling is off: start the engine with a profile directory (--profile-dir DIR)");
+        return ATOMC_ERR_INVALID_ARGUMENT;
+    }
+    if (!trace_is_enabled(e->trace)) {
+        copy_msg(err_buf, err_len, "no profile is running (start one first)");
+        return ATOMC_ERR_INVALID_ARGUMENT;
+    }
+    trace_stop(e->trace);
+    char path[4096];
+    pthread_mutex_lock(&e->mu);
+    int n = e->profile_count++;
+    pthread_mutex_unlock(&e->mu);
+    snprintf(path, sizeof path, "%s/atomc-trace-%d-%d.json", e->profile_dir, (int)getpid(), n);
+    struct error err = {0};
+    atomc_status st = trace_write_json(e->trace, path, NULL, &err);
+    if (st != ATOMC_OK) {
+        copy_msg(err_buf, err_len, err.msg);
+        return st;
+    }
+    copy_msg(path_out, path_len, path);
+    return ATOMC_OK;
 }
 
 void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s) {

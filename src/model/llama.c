@@ -103,12 +103,8 @@ struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_r
     ops->gather_rows(b, &gres, &residual, rows, n_rows);
     ops->gather_rows(b, &gh, &h, rows, n_rows);
     ops->add_rmsnorm(b, &gx, &gres, &gh, &m->final_norm, c->rms_norm_eps);
-    if (dt == DTYPE_F32) {
-        ops->matmul(b, &logits, &gx, &m->lm_head, NULL);
-    } else {
-        struct tensor la = view2(s->lg_act, dt, n_rows, V);
-        ops->matmul(b, &la, &gx, &m->lm_head, NULL);
-        ops->convert(b, &logits, &la);
-    }
+    // F32 logits straight from the GEMM (backend.h: matmul may write F32 from act-dtype input),
+    // so no rounding of logits to BF16 and no conversion pass.
+    ops->matmul(b, &logits, &gx, &m->lm_head, NULL);
     return logits;
 }

@@ -72,7 +72,6 @@ struct model_scratch {
     void *lg_res;     // (max_logits_rows, hidden) gathered residual rows
     void *lg_h;       // (max_logits_rows, hidden) gathered last-block output rows
     void *lg_x;       // (max_logits_rows, hidden) final-normed rows
-    void *lg_act;     // (max_logits_rows, vocab) logits in act dtype (NULL when act is F32)
     float *logits;    // (max_logits_rows, vocab) F32
     size_t bytes;     // total allocated
     struct model_moe_scratch moe;

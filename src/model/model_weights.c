@@ -455,7 +455,7 @@ int64_t model_param_count(const struct model_config *c) {
 static void model_scratch_free(struct model *m) {
     struct model_scratch *s = &m->scratch;
     void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->qn, &s->kn, &s->attn, &s->gate_up, &s->act,
-                   &s->lg_res, &s->lg_h, &s->lg_x, &s->lg_act, (void **)&s->logits};
+                   &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
         if (*ps[i]) m->backend->ops->free(m->backend, *ps[i]);
         *ps[i] = NULL;
@@ -489,7 +489,6 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {&s->lg_res, R * H * e},
         {&s->lg_h, R * H * e},
         {&s->lg_x, R * H * e},
-        {&s->lg_act, b->act_dtype != DTYPE_F32 ? R * (size_t)c->vocab_size * e : 0},
         {(void **)&s->logits, R * (size_t)c->vocab_size * sizeof(float)},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {

@@ -12,8 +12,8 @@
 //   -> CUDA graphs of decode-only batches per batch-size bucket (unless enforce_eager).
 //
 // A step (model_runner_execute): validate the batch (every bad value is a status, not a
-// crash), pack all int32 metadata and sampling parameters into one host staging block and
-// copy it to the device in one transfer, run the forward (graph replay when the batch is
+// crash), pack its metadata, logits rows and sampling parameters into one host staging block
+// and copy it to the device in one transfer, run the forward (graph replay when the batch is
 // decode-only and fits a bucket), compute logits only for the rows asked for, sample on the
 // backend, copy the ids (and logprobs) back: that copy is the step's only synchronisation.
 // Prompt logprobs (echo) are computed in chunks of max_logits_rows rows; their log-softmax is
@@ -41,22 +41,24 @@ struct runner_graph {
     void *graph;
 };
 
-// Offsets (in bytes) of the arrays inside the metadata block; the same layout on the host
-// staging copy and on the device.
+// Offsets (in bytes) of a step's arrays inside the metadata block; the same layout on the
+// host staging copy and on the device, so a step is uploaded with one copy. Eager steps use
+// a dense layout built for the step's own sizes; decode-graph steps use a fixed layout with
+// the capacity of max_num_seqs (captured kernels keep its pointers). The block table comes
+// last so that only the rows in use are copied.
 struct runner_layout {
-    size_t token_ids, positions, slot_mapping; // (max_tokens) int32
-    size_t query_start;                        // (max_seqs + 1) int32
-    size_t context_lens;                       // (max_seqs) int32
-    size_t block_tables;                       // (max_seqs, max_blocks) int32
-    size_t logits_rows;                        // (max_rows) int32
-    size_t iota;                               // (max_rows) int32 0, 1, 2, ...: graph logits rows
-    size_t lp_rows;                            // (max_tokens) int32: prompt-logprob rows
-    size_t temperature, top_p, min_p;          // (max_rows) float
-    size_t top_k;                              // (max_rows) int32
-    size_t presence, frequency, repetition;    // (max_rows) float
-    size_t hist_start;                         // (max_rows + 1) int32
-    size_t hist_prompt_len;                    // (max_rows) int32
-    size_t seed, step;                         // (max_rows) uint64
+    size_t token_ids, positions, slot_mapping; // (T) int32
+    size_t query_start;                        // (S + 1) int32
+    size_t context_lens;                       // (S) int32
+    size_t logits_rows;                        // (R) int32
+    size_t lp_rows;                            // (L) int32: prompt-logprob rows
+    size_t temperature, top_p, min_p;          // (R) float
+    size_t top_k;                              // (R) int32
+    size_t presence, frequency, repetition;    // (R) float
+    size_t hist_start;                         // (R + 1) int32
+    size_t hist_prompt_len;                    // (R) int32
+    size_t seed, step;                         // (R) uint64
+    size_t block_tables;                       // (S, W) int32
     size_t bytes;
 };
 
@@ -77,9 +79,12 @@ struct model_runner {
     size_t kv_bytes;
     struct kv_layer *kv;     // (num_layers)
 
-    struct runner_layout lay;
-    unsigned char *h_meta;   // host staging (lay.bytes)
-    unsigned char *d_meta;   // backend memory (lay.bytes)
+    struct runner_layout lay; // this step's layout
+    struct runner_layout dec; // fixed layout of decode-graph steps
+    size_t meta_cap;          // bytes of h_meta / d_meta: the largest layout a valid batch needs
+    unsigned char *h_meta;    // host staging
+    unsigned char *d_meta;    // backend memory
+    int32_t *d_iota;          // (max_rows) 0, 1, 2, ...: logits rows of captured decode graphs
     int32_t *d_hist;         // penalty token history, grown on demand
     size_t hist_cap;         // elements
     int32_t *h_hist;
@@ -159,18 +164,17 @@ static atomc_status runner_read_dummy_config(const char *path, struct model_conf
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-static void runner_layout_init(struct runner_layout *l, int max_tokens, int max_seqs, int max_blocks, int max_rows) {
-    size_t o = 0, T = (size_t)max_tokens, S = (size_t)max_seqs, R = (size_t)max_rows;
-#define FIELD(f, bytes) (l->f = o, o = align_up(o + (bytes), 256))
+// T tokens, S sequences, block-table width W, R logits rows, L prompt-logprob rows.
+static void runner_layout_build(struct runner_layout *l, int T, int S, int W, int R, int L) {
+    size_t o = 0;
+#define FIELD(f, bytes) (l->f = o, o = align_up(o + (size_t)(bytes), 16))
     FIELD(token_ids, T * 4);
     FIELD(positions, T * 4);
     FIELD(slot_mapping, T * 4);
     FIELD(query_start, (S + 1) * 4);
     FIELD(context_lens, S * 4);
-    FIELD(block_tables, S * (size_t)max_blocks * 4);
     FIELD(logits_rows, R * 4);
-    FIELD(iota, R * 4);
-    FIELD(lp_rows, T * 4);
+    FIELD(lp_rows, L * 4);
     FIELD(temperature, R * 4);
     FIELD(top_p, R * 4);
     FIELD(min_p, R * 4);
@@ -182,6 +186,7 @@ static void runner_layout_init(struct runner_layout *l, int max_tokens, int max_
     FIELD(hist_prompt_len, R * 4);
     FIELD(seed, R * 8);
     FIELD(step, R * 8);
+    FIELD(block_tables, (size_t)S * (size_t)W * 4);
 #undef FIELD
     l->bytes = o;
 }
@@ -191,10 +196,16 @@ static void runner_layout_init(struct runner_layout *l, int max_tokens, int max_
 
 static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *err) {
     struct backend *b = r->backend;
-    runner_layout_init(&r->lay, r->max_tokens, r->max_seqs, r->max_blocks, r->max_rows);
+    struct runner_layout cap;
+    runner_layout_build(&cap, r->max_tokens, r->max_seqs, r->max_blocks, r->max_rows, r->max_tokens);
+    runner_layout_build(&r->dec, r->max_seqs, r->max_seqs, r->max_blocks, r->max_rows, 0);
+    CHECK(r->dec.bytes <= cap.bytes);
+    r->meta_cap = cap.bytes;
+    r->lay = r->dec;
     size_t R = (size_t)r->max_rows, T = (size_t)r->max_tokens, V = (size_t)r->cfg.vocab_size;
-    r->h_meta = calloc(1, r->lay.bytes);
-    r->d_meta = b->ops->alloc(b, r->lay.bytes);
+    r->h_meta = calloc(1, r->meta_cap);
+    r->d_meta = b->ops->alloc(b, r->meta_cap);
+    r->d_iota = b->ops->alloc(b, R * 4);
     r->d_out_ids = b->ops->alloc(b, 2 * R * 4);
     r->d_out_lp = r->d_out_ids ? (float *)(r->d_out_ids + R) : NULL;
     r->d_out_top_ids = b->ops->alloc(b, R * RUNNER_MAX_LOGPROBS * 4);
@@ -207,22 +218,22 @@ static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *e
     r->h_plp = calloc(T, 4);
     r->h_plp_top_ids = calloc(T * RUNNER_MAX_LOGPROBS, 4);
     r->h_plp_top_lp = calloc(T * RUNNER_MAX_LOGPROBS, 4);
-    if (!r->h_meta || !r->d_meta || !r->d_out_ids || !r->d_out_lp || !r->d_out_top_ids || !r->d_out_top_lp ||
+    if (!r->h_meta || !r->d_meta || !r->d_iota || !r->d_out_ids || !r->d_out_lp || !r->d_out_top_ids || !r->d_out_top_lp ||
         !r->h_out_ids || !r->h_out_lp || !r->h_out_top_ids || !r->h_out_top_lp || !r->h_logits || !r->h_plp ||
         !r->h_plp_top_ids || !r->h_plp_top_lp)
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate the runner's step buffers (%zu bytes of metadata)",
-                         r->lay.bytes);
-    b->ops->memset_zero(b, r->d_meta, r->lay.bytes);
-    int32_t *iota = HPTR(r, iota, int32_t);
+                         r->meta_cap);
+    b->ops->memset_zero(b, r->d_meta, r->meta_cap);
+    int32_t *iota = (int32_t *)r->h_meta;
     for (int i = 0; i < r->max_rows; i++) iota[i] = i;
-    b->ops->copy_h2d(b, r->d_meta + r->lay.iota, iota, R * 4);
+    b->ops->copy_h2d(b, r->d_iota, iota, R * 4);
     b->ops->synchronize(b);
     return ATOMC_OK;
 }
 
 static void runner_free_buffers(struct model_runner *r) {
     struct backend *b = r->backend;
-    void *dev[] = {r->d_meta, r->d_out_ids, r->d_out_top_ids, r->d_out_top_lp, r->d_hist, r->kv_pool};
+    void *dev[] = {r->d_meta, r->d_iota, r->d_out_ids, r->d_out_top_ids, r->d_out_top_lp, r->d_hist, r->kv_pool};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) b->ops->free(b, dev[i]);
     free(r->h_meta);
@@ -366,12 +377,12 @@ static struct runner_graph *runner_graph_for(struct model_runner *r, int n) {
     return NULL;
 }
 
-// Packs the batch into the host staging block (padding it to `pad_seqs` decode slots when
-// > n_seqs: padded slots have slot -1, context 1, block 0, token 0) and fills md.
-// bt_stride: block table row stride on the device (the batch's own width, or the capacity
-// for graph replay, whose kernels were captured with that stride).
-static void runner_pack(struct model_runner *r, const struct forward_batch *fb, int pad_seqs, int bt_stride,
-                        struct attn_metadata *md) {
+// Packs the batch into the host staging block under r->lay (padding it to `pad_seqs` decode
+// slots when > n_seqs: padded slots have slot -1, context 1, block 0, token 0; their block
+// table rows use the layout's width), with the logits rows, prompt-logprob rows and the
+// sampling parameters of each logits row, and fills md. Returns the bytes to upload.
+static size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int pad_seqs, int bt_stride,
+                          struct attn_metadata *md) {
     int S = pad_seqs > fb->n_seqs ? pad_seqs : fb->n_seqs;
     int T = fb->n_tokens + (S - fb->n_seqs); // padded slots are decode tokens
     int32_t *tok = HPTR(r, token_ids, int32_t), *pos = HPTR(r, positions, int32_t);
@@ -407,6 +418,26 @@ static void runner_pack(struct model_runner *r, const struct forward_batch *fb, 
         ctx[s] = 1;
         memset(bt + (size_t)s * bt_stride, 0, (size_t)bt_stride * 4);
     }
+    if (fb->n_logits) memcpy(HPTR(r, logits_rows, int32_t), fb->logits_rows, (size_t)fb->n_logits * 4);
+    if (fb->n_prompt_lp) memcpy(HPTR(r, lp_rows, int32_t), fb->prompt_lp_rows, (size_t)fb->n_prompt_lp * 4);
+    if (fb->sampling) {
+        float *temp = HPTR(r, temperature, float), *top_p = HPTR(r, top_p, float), *min_p = HPTR(r, min_p, float);
+        float *pres = HPTR(r, presence, float), *freq = HPTR(r, frequency, float), *rep = HPTR(r, repetition, float);
+        int32_t *top_k = HPTR(r, top_k, int32_t);
+        uint64_t *seed = HPTR(r, seed, uint64_t), *step = HPTR(r, step, uint64_t);
+        for (int i = 0; i < fb->n_logits; i++) {
+            const struct sample_row *sr = &fb->sampling[i];
+            temp[i] = sr->temperature;
+            top_p[i] = sr->top_p;
+            min_p[i] = sr->min_p;
+            top_k[i] = sr->top_k;
+            pres[i] = sr->presence_penalty;
+            freq[i] = sr->frequency_penalty;
+            rep[i] = sr->repetition_penalty;
+            seed[i] = sr->seed;
+            step[i] = sr->step;
+        }
+    }
     *md = (struct attn_metadata){
         .n_seqs = S,
         .n_tokens = T,
@@ -426,27 +457,13 @@ static void runner_pack(struct model_runner *r, const struct forward_batch *fb, 
         .h_positions = pos,
         .h_slot_mapping = slot,
     };
+    return r->lay.block_tables + (size_t)S * (size_t)bt_stride * 4;
 }
 
-// Copies the used prefix of every metadata array to the device (one copy of the whole
-// block up to the last array in use would move mostly padding; the arrays are small, so
-// copying each array's used part keeps transfers proportional to the batch).
-static void runner_upload(struct model_runner *r, const struct attn_metadata *md, int n_rows, int n_lp) {
-    struct backend *b = r->backend;
-    struct {
-        size_t off, bytes;
-    } parts[] = {
-        {r->lay.token_ids, (size_t)md->n_tokens * 4},
-        {r->lay.positions, (size_t)md->n_tokens * 4},
-        {r->lay.slot_mapping, (size_t)md->n_tokens * 4},
-        {r->lay.query_start, (size_t)(md->n_seqs + 1) * 4},
-        {r->lay.context_lens, (size_t)md->n_seqs * 4},
-        {r->lay.block_tables, (size_t)md->n_seqs * (size_t)md->max_blocks_per_seq * 4},
-        {r->lay.logits_rows, (size_t)n_rows * 4},
-        {r->lay.lp_rows, (size_t)n_lp * 4},
-    };
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-        if (parts[i].bytes) b->ops->copy_h2d(b, r->d_meta + parts[i].off, r->h_meta + parts[i].off, parts[i].bytes);
+// The step's only host-to-device copy of metadata (penalty histories aside).
+static void runner_upload(struct model_runner *r, size_t bytes) {
+    CHECK(bytes <= r->meta_cap);
+    r->backend->ops->copy_h2d(r->backend, r->d_meta, r->h_meta, bytes);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -459,14 +476,8 @@ static atomc_status runner_forward(struct model_runner *r, const struct forward_
     struct runner_graph *g = NULL;
     if (r->graphs_enabled && runner_is_decode_only(fb) && fb->n_prompt_lp == 0) g = runner_graph_for(r, fb->n_seqs);
     if (g) {
-        runner_pack(r, fb, g->batch_size, r->max_blocks, &md);
-    } else {
-        runner_pack(r, fb, 0, fb->max_blocks_per_seq, &md);
-    }
-    memcpy(HPTR(r, logits_rows, int32_t), fb->logits_rows, (size_t)n_rows * 4);
-    if (fb->n_prompt_lp) memcpy(HPTR(r, lp_rows, int32_t), fb->prompt_lp_rows, (size_t)fb->n_prompt_lp * 4);
-    runner_upload(r, &md, n_rows, fb->n_prompt_lp);
-    if (g) {
+        r->lay = r->dec;
+        runner_upload(r, runner_pack(r, fb, g->batch_size, r->max_blocks, &md));
         atomc_status st = b->ops->graph_launch(b, g->graph, err);
         if (st != ATOMC_OK) return error_prefix(err, "replaying the decode graph of batch %d: ", g->batch_size);
         r->n_graph_replays++;
@@ -478,6 +489,8 @@ static atomc_status runner_forward(struct model_runner *r, const struct forward_
         if (!identity && n_rows > 0) model_compute_logits(r->model, DPTR(r, logits_rows, int32_t), n_rows);
         return ATOMC_OK;
     }
+    runner_layout_build(&r->lay, fb->n_tokens, fb->n_seqs, fb->max_blocks_per_seq, fb->n_logits, fb->n_prompt_lp);
+    runner_upload(r, runner_pack(r, fb, 0, fb->max_blocks_per_seq, &md));
     model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
     if (n_rows > 0) model_compute_logits(r->model, DPTR(r, logits_rows, int32_t), n_rows);
     return ATOMC_OK;
@@ -542,31 +555,19 @@ static atomc_status runner_sample(struct model_runner *r, const struct forward_b
                                   struct error *err) {
     struct backend *b = r->backend;
     const int n = fb->n_logits;
-    float *temp = HPTR(r, temperature, float), *top_p = HPTR(r, top_p, float), *min_p = HPTR(r, min_p, float);
-    float *pres = HPTR(r, presence, float), *freq = HPTR(r, frequency, float), *rep = HPTR(r, repetition, float);
-    int32_t *top_k = HPTR(r, top_k, int32_t), *hs = HPTR(r, hist_start, int32_t), *hp = HPTR(r, hist_prompt_len, int32_t);
-    uint64_t *seed = HPTR(r, seed, uint64_t), *step = HPTR(r, step, uint64_t);
+    int32_t *hs = HPTR(r, hist_start, int32_t), *hp = HPTR(r, hist_prompt_len, int32_t);
     bool any_penalty = false;
     int n_lp = 0;
     size_t hist_total = 0;
     for (int i = 0; i < n; i++) {
         const struct sample_row *sr = &fb->sampling[i];
-        temp[i] = sr->temperature;
-        top_p[i] = sr->top_p;
-        min_p[i] = sr->min_p;
-        top_k[i] = sr->top_k;
-        pres[i] = sr->presence_penalty;
-        freq[i] = sr->frequency_penalty;
-        rep[i] = sr->repetition_penalty;
-        seed[i] = sr->seed;
-        step[i] = sr->step;
-        if (sr->presence_penalty != 0 || sr->frequency_penalty != 0 || (sr->repetition_penalty != 1.0f &&
-                                                                         sr->repetition_penalty > 0))
+        if (sr->presence_penalty != 0 || sr->frequency_penalty != 0 ||
+            (sr->repetition_penalty != 1.0f && sr->repetition_penalty > 0))
             any_penalty = true;
         if (sr->n_logprobs > n_lp) n_lp = sr->n_logprobs;
         hist_total += (size_t)sr->n_prompt + (size_t)sr->n_output;
     }
-    if (any_penalty) {
+    if (any_penalty) { // rare: the token histories go up in their own copies
         atomc_status st = runner_hist_reserve(r, hist_total, err);
         if (st != ATOMC_OK) return st;
         size_t o = 0;
@@ -581,10 +582,9 @@ static atomc_status runner_sample(struct model_runner *r, const struct forward_b
         }
         hs[n] = (int32_t)o;
         if (o) b->ops->copy_h2d(b, r->d_hist, r->h_hist, o * 4);
+        size_t p0 = r->lay.hist_start, p1 = r->lay.hist_prompt_len + (size_t)n * 4;
+        b->ops->copy_h2d(b, r->d_meta + p0, r->h_meta + p0, p1 - p0);
     }
-    // One copy of the sampling-parameter region (temperature .. step are laid out contiguously).
-    size_t p0 = r->lay.temperature, p1 = r->lay.step + (size_t)n * 8;
-    b->ops->copy_h2d(b, r->d_meta + p0, r->h_meta + p0, p1 - p0);
 
     struct tensor logits = tensor_2d(r->model->scratch.logits, DTYPE_F32, n, r->cfg.vocab_size);
     struct sample_args a = {
@@ -669,36 +669,26 @@ atomc_status model_runner_execute_logits(struct model_runner *r, const struct fo
 // per-sequence context_lens they read on the device.
 static atomc_status runner_capture_one(struct model_runner *r, int bs, struct error *err) {
     struct backend *b = r->backend;
-    int32_t *tok = HPTR(r, token_ids, int32_t), *pos = HPTR(r, positions, int32_t);
-    int32_t *slot = HPTR(r, slot_mapping, int32_t), *qs = HPTR(r, query_start, int32_t);
-    int32_t *ctx = HPTR(r, context_lens, int32_t), *bt = HPTR(r, block_tables, int32_t);
-    for (int s = 0; s < bs; s++) {
-        tok[s] = 0;
-        pos[s] = 0;
-        slot[s] = -1;
-        qs[s + 1] = s + 1;
-        ctx[s] = 1;
-        memset(bt + (size_t)s * r->max_blocks, 0, (size_t)r->max_blocks * 4);
-    }
-    qs[0] = 0;
-    struct attn_metadata md = {
-        .n_seqs = bs, .n_tokens = bs, .max_query_len = 1, .max_context_len = r->max_model_len,
-        .max_blocks_per_seq = r->max_blocks, .block_size = r->block_size, .decode_only = true,
-        .query_start = DPTR(r, query_start, int32_t), .context_lens = DPTR(r, context_lens, int32_t),
-        .block_tables = DPTR(r, block_tables, int32_t), .positions = DPTR(r, positions, int32_t),
-        .slot_mapping = DPTR(r, slot_mapping, int32_t), .h_query_start = qs, .h_context_lens = ctx,
-        .h_block_tables = bt, .h_positions = pos, .h_slot_mapping = slot,
-    };
-    runner_upload(r, &md, 0, 0);
+    // A decode batch of bs dummy slots (all padding: slot -1, so nothing is written).
+    int32_t tok[1] = {0}, pos[1] = {0}, slot[1] = {-1}, qs[2] = {0, 1}, ctx[1] = {1};
+    int32_t *bt = xcalloc((size_t)r->max_blocks, 4);
+    struct forward_batch fb = {.n_seqs = 1, .n_tokens = 1, .token_ids = tok, .positions = pos, .query_start = qs,
+                               .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = r->max_blocks,
+                               .slot_mapping = slot};
+    struct attn_metadata md;
+    r->lay = r->dec;
+    runner_upload(r, runner_pack(r, &fb, bs, r->max_blocks, &md));
+    free(bt);
+    md.max_context_len = r->max_model_len; // replays see any context length up to this
     b->ops->synchronize(b);
     // Warm-up run outside capture (lazy per-shape set-up such as GEMM algorithm choice).
     model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
-    model_compute_logits(r->model, DPTR(r, iota, int32_t), bs);
+    model_compute_logits(r->model, r->d_iota, bs);
     b->ops->synchronize(b);
     atomc_status st = b->ops->graph_begin(b, err);
     if (st != ATOMC_OK) return st;
     model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
-    model_compute_logits(r->model, DPTR(r, iota, int32_t), bs);
+    model_compute_logits(r->model, r->d_iota, bs);
     void *graph = NULL;
     st = b->ops->graph_end(b, &graph, err);
     if (st != ATOMC_OK) return st;

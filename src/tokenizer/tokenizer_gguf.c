@@ -14,8 +14,10 @@
 //           transformers' generate_merges); Metaspace (prepend "first" unless
 //           tokenizer.ggml.add_space_prefix is false, no split); decoder Replace(U+2581 -> " "),
 //           ByteFallback, Fuse, Strip(1 leading space).
-// Token types: CONTROL (3) become special added tokens (byte-level: only if spelled in the byte
-// alphabet), USER_DEFINED (4) plain added tokens; bos/eos/unk/padding ids are special too.
+// Token types: CONTROL (3) become special added tokens, USER_DEFINED (4) plain added tokens, both
+// matched by their text as stored (transformers skips byte-level ones not spelled in the byte
+// alphabet, e.g. DeepSeek's <\uff5cbegin\u2581of\u2581sentence\uff5c>; we keep them, as llama.cpp does);
+// bos/eos/unk/padding ids are special too.
 // add_bos_token (default: true for "llama", false otherwise) / add_eos_token give the template.
 // This mirrors transformers' GGUF tokenizer conversion, the reference of the conformance test.
 #include <stdio.h>
@@ -344,17 +346,15 @@ static atomc_status build(struct gguf_builder *B) {
     for (int id = 0; id < n_vocab && typ; id++) {
         int64_t ty;
         if (!gguf_value_arr_i64(typ, (uint64_t)id, &ty)) return gbad(B, ATOMC_ERR_FORMAT, "tokenizer.ggml.token_type");
-        const char *s = t->piece[id];
-        size_t len = t->piece_len[id];
-        if (!len) continue;
-        if (ty == GGUF_TOKEN_CONTROL) {
+        if (ty == GGUF_TOKEN_CONTROL || ty == GGUF_TOKEN_USER_DEFINED) {
+            // Added tokens match their text as written in the file. A byte-level file may store them
+            // as plain text (DeepSeek's "<\xEF\xBD\x9Cbegin\xE2\x96\x81of...>"): use the original, as
+            // llama.cpp does (transformers' conversion drops such tokens).
             const char *orig;
             size_t olen;
-            gguf_value_arr_str(tv, (uint64_t)id, &orig, &olen);
-            if (byte_level && (olen != len || memcmp(orig, s, len))) continue;  // not byte-alphabet: mislabel
-            st = tokenizer_add_token(t, id, s, len, true, false, false, false, false, B->err);
-        } else if (ty == GGUF_TOKEN_USER_DEFINED) {
-            st = tokenizer_add_token(t, id, s, len, false, false, false, false, false, B->err);
+            if (!gguf_value_arr_str(tv, (uint64_t)id, &orig, &olen)) return gbad(B, ATOMC_ERR_FORMAT, "tokenizer.ggml.tokens");
+            if (!olen) continue;
+            st = tokenizer_add_token(t, id, orig, olen, ty == GGUF_TOKEN_CONTROL, false, false, false, false, B->err);
         }
         if (st) return st;
     }

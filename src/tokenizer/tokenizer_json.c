@@ -433,7 +433,7 @@ static const char *config_token(json_t *cfg, const char *key) {
     return NULL;
 }
 
-// cfg: the parsed tokenizer_config.json (may be NULL; taken over); json_path: where to look for
+// cfg: the parsed tokenizer_config.json (may be NULL; the caller keeps ownership); json_path: where to look for
 // chat_template.jinja (NULL: nowhere).
 static atomc_status load_config(struct json_loader *L, json_t *cfg, const char *json_path) {
     struct tokenizer *t = L->t;
@@ -489,12 +489,8 @@ static atomc_status load_config(struct json_loader *L, json_t *cfg, const char *
             if (!st) st = tmpl_push(L, -1);
             if (!st && add_eos) st = tmpl_push(L, t->eos_id);
         }
-        if (st) {
-            json_decref(cfg);
-            return st;
-        }
+        if (st) return st;
     }
-    json_decref(cfg);
     return ATOMC_OK;
 }
 

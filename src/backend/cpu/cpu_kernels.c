@@ -243,7 +243,7 @@ AVX2_FN static void scale_avx2(float *y, float a, int64_t n) {
 // floats, SCALARW(p, t) one. Every (x row, weight row) pair is one 8-lane FMA chain in order
 // over k, hsum256, then the scalar tail in order: the canonical dot order of this backend, so an
 // output does not depend on how rows/columns are grouped. Blocking: 1 x row against 4 weight
-// rows, 2 x rows against 4, 4 x rows against 2, written out by hand so the accumulators stay
+// rows, 2 x rows against 4, 4 x rows against 3, written out by hand so the accumulators stay
 // in registers (GCC at -O2 neither unrolls nor scalarises small accumulator arrays); each
 // weight row streams once per group of up to 4 x rows.
 #define LOADW_F32(p) _mm256_loadu_ps(p)
@@ -335,41 +335,49 @@ AVX2_FN static void scale_avx2(float *y, float a, int64_t n) {
     AVX2_FN static void gemv4_##SUFFIX(float *out, int64_t os, const float *x, int64_t xs, const WT *w,                \
                                        const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {             \
         const float *x0 = x, *x1 = x + xs, *x2 = x + 2 * xs, *x3 = x + 3 * xs;                                         \
+        const float *xr[4] = {x0, x1, x2, x3};                                                                         \
         int64_t j = j0;                                                                                                \
-        for (; j + 2 <= j1; j += 2) {                                                                                  \
-            const WT *w0 = w + j * ws, *w1 = w0 + ws;                                                                  \
+        for (; j + 3 <= j1; j += 3) {                                                                                  \
+            const WT *w0 = w + j * ws, *w1 = w0 + ws, *w2 = w1 + ws;                                                   \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;            \
+            __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;                                                                 \
             int64_t kk = 0;                                                                                            \
             for (; kk + 8 <= k; kk += 8) {                                                                             \
-                __m256 v0 = LOADW(w0 + kk), v1 = LOADW(w1 + kk);                                                       \
+                __m256 v0 = LOADW(w0 + kk), v1 = LOADW(w1 + kk), v2 = LOADW(w2 + kk);                                  \
                 __m256 xv = _mm256_loadu_ps(x0 + kk);                                                                  \
                 a0 = _mm256_fmadd_ps(xv, v0, a0);                                                                      \
                 b0 = _mm256_fmadd_ps(xv, v1, b0);                                                                      \
+                c0 = _mm256_fmadd_ps(xv, v2, c0);                                                                      \
                 xv = _mm256_loadu_ps(x1 + kk);                                                                         \
                 a1 = _mm256_fmadd_ps(xv, v0, a1);                                                                      \
                 b1 = _mm256_fmadd_ps(xv, v1, b1);                                                                      \
+                c1 = _mm256_fmadd_ps(xv, v2, c1);                                                                      \
                 xv = _mm256_loadu_ps(x2 + kk);                                                                         \
                 a2 = _mm256_fmadd_ps(xv, v0, a2);                                                                      \
                 b2 = _mm256_fmadd_ps(xv, v1, b2);                                                                      \
+                c2 = _mm256_fmadd_ps(xv, v2, c2);                                                                      \
                 xv = _mm256_loadu_ps(x3 + kk);                                                                         \
                 a3 = _mm256_fmadd_ps(xv, v0, a3);                                                                      \
                 b3 = _mm256_fmadd_ps(xv, v1, b3);                                                                      \
+                c3 = _mm256_fmadd_ps(xv, v2, c3);                                                                      \
             }                                                                                                          \
             float va[4] = {hsum256(a0), hsum256(a1), hsum256(a2), hsum256(a3)};                                        \
             float vb[4] = {hsum256(b0), hsum256(b1), hsum256(b2), hsum256(b3)};                                        \
-            const float *xr[4] = {x0, x1, x2, x3};                                                                     \
+            float vc[4] = {hsum256(c0), hsum256(c1), hsum256(c2), hsum256(c3)};                                        \
             for (int i = 0; i < 4; i++) {                                                                              \
                 for (int64_t t = kk; t < k; t++) {                                                                     \
                     va[i] += xr[i][t] * SCALARW(w0, t);                                                                \
                     vb[i] += xr[i][t] * SCALARW(w1, t);                                                                \
+                    vc[i] += xr[i][t] * SCALARW(w2, t);                                                                \
                 }                                                                                                      \
                 out[i * os + j] = bias ? va[i] + bias[j] : va[i];                                                      \
                 out[i * os + j + 1] = bias ? vb[i] + bias[j + 1] : vb[i];                                              \
+                out[i * os + j + 2] = bias ? vc[i] + bias[j + 2] : vc[i];                                              \
             }                                                                                                          \
         }                                                                                                              \
         for (; j < j1; j++)                                                                                            \
             for (int i = 0; i < 4; i++) {                                                                              \
-                float v = dotw_##SUFFIX(x + i * xs, w + j * ws, k);                                                    \
+                float v = dotw_##SUFFIX(xr[i], w + j * ws, k);                                                         \
                 out[i * os + j] = bias ? v + bias[j] : v;                                                              \
             }                                                                                                          \
     }                                                                                                                  \

@@ -4,17 +4,19 @@
 // Work decomposition. A CTA owns one (sequence, KV head, row tile, KV split). Its rows are
 // (query token, query head of this KV head) pairs packed token-major, so every query head
 // that shares a KV head (GQA) is served by one read of K/V, and a decode step (one token)
-// still fills G rows of the MMA. Row tiles are 16 rows per warp: 1 warp for decode-like
-// tiles (max_query_len * G <= 16), 4 warps otherwise. K/V tiles of 64 tokens are read through
-// the block table (cp.async, double-buffered, zero-filled outside the visible range; FP8
-// caches are converted to bf16 while staging into shared memory, their scales folded into
-// the softmax scale and the output). Online softmax in exp2 form; rows are causal against
+// still fills G rows of the MMA. Prefill-like tiles: 4 warps x 16 rows, launched heaviest
+// (latest rows) first. Decode-like tiles (max_query_len * G <= 16): 1 warp of rows and 4
+// warps that split each KV tile's tokens, each with its own softmax state, merged in shared
+// memory at the end. K/V tiles of 64 tokens are read through the block table (cp.async,
+// double-buffered, page ids shared by warp shuffle, zero-filled outside the visible range;
+// FP8 caches are staged raw and converted to bf16 in shared memory, their scales folded
+// into the softmax scale and the output). Online softmax in exp2 form; rows are causal against
 // their absolute position ctx - qlen + i, so prefix-cached context and new tokens are one
 // range. Sliding window: keys with qpos - kpos < window. Sinks (GPT-OSS): one extra logit
 // per head in the denominator.
 //
-// Split-KV (flash-decoding): when (row tiles x KV heads x sequences) cannot fill the GPU, the
-// visible KV range of each CTA is cut into n_splits equal runs of tiles; each writes its
+// Split-KV (flash-decoding): when (row tiles x KV heads x sequences) fills fewer than ~2 waves
+// of resident CTAs, the visible KV range of each CTA is cut into n_splits equal runs of tiles; each writes its
 // normalised partial output and log-sum-exp to scratch, and a reduce kernel combines them.
 // n_splits depends only on values that are fixed for a captured decode graph (n_seqs,
 // max_query_len, max_blocks_per_seq, the scratch size), never on context lengths.
@@ -505,15 +507,16 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     const int nw = rows_per_seq <= 16 ? 1 : 4;
     const int row_tiles = (int)cdiv(rows_per_seq, 16 * nw);
     const int64_t base_ctas = (int64_t)row_tiles * hk * md->n_seqs;
-    // Split-KV: when the natural grid fills fewer than ~4 waves of resident CTAs, cut each
-    // CTA's KV range so that it does (partials are ~1% of the KV bytes, so splitting is
-    // cheap), never below two 64-token tiles of the largest possible context
+    // Split-KV: when the natural grid fills fewer than attn_split_waves (default 2) waves of
+    // resident CTAs, cut each CTA's KV range so that it does (partials are ~1% of the KV
+    // bytes, so splitting is cheap), never below attn_split_min_tiles (default 4) 64-token
+    // tiles of the largest possible context
     // (max_blocks_per_seq: fixed for a captured graph).
     int splits = 1;
     const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[D == 128][nw == 4][fp8];
-    if (base_ctas < 4 * slots) {
-        int64_t cap = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, 2 * BN);
-        int64_t want = cdiv(4 * slots, base_ctas);
+    if (base_ctas < cb->attn_split_waves * slots) {
+        int64_t cap = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, cb->attn_split_min_tiles * BN);
+        int64_t want = cdiv(cb->attn_split_waves * slots, base_ctas);
         splits = (int)(want < cap ? want : cap);
         if (splits > MAX_SPLITS) splits = MAX_SPLITS;
         if (splits < 1) splits = 1;

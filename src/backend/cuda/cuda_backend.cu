@@ -348,6 +348,14 @@ extern "C" atomc_status backend_cuda_create(const struct backend_options *o, str
     // Initial scratch so that small captured batches need no growth.
     cuda_scratch_reserve(cb, &cb->attn_scratch, &cb->attn_scratch_bytes, 32u << 20);
     cuda_attention_init(cb);
+    // Split-KV tuning knobs (benchmarks sweep them; the defaults won a 3x3 sweep of decode
+    // cases on the H200, docs/perf.md).
+    cb->attn_split_waves = 2;
+    cb->attn_split_min_tiles = 4;
+    const char *ev = getenv("ATOMC_ATTN_SPLIT_WAVES");
+    if (ev && atoi(ev) > 0) cb->attn_split_waves = atoi(ev);
+    ev = getenv("ATOMC_ATTN_SPLIT_MIN_TILES");
+    if (ev && atoi(ev) > 0) cb->attn_split_min_tiles = atoi(ev);
     CREATE_TRY(cudaStreamSynchronize(cb->stream));
     *out = &cb->base;
     return ATOMC_OK;

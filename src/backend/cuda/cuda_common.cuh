@@ -105,6 +105,8 @@ struct cuda_backend {
     void *attn_scratch;
     size_t attn_scratch_bytes;
     int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
+    int attn_split_waves;        // split-KV target in waves of resident CTAs (env ATOMC_ATTN_SPLIT_WAVES, default 2)
+    int attn_split_min_tiles;    // fewest 64-token tiles per split (env ATOMC_ATTN_SPLIT_MIN_TILES, default 4)
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
     // calls; per-row work area.
     int32_t *sample_counts;
