@@ -2,7 +2,7 @@
 // the dense forward (llama.c) for the layers model_config_layer_is_moe() selects; the other
 // layers keep the dense MLP (Qwen3-MoE mlp_only_layers / decoder_sparse_step).
 //
-//   logits = x @ W_router^T                (E, H) router in the weight dtype; logits in act dtype
+//   logits = x @ W_router^T                (E, H) router in the weight dtype; logits F32
 //   ids, w = moe_route(logits)             fp32 softmax, top-k, renormalised when norm_topk_prob
 //   h      = moe_experts(x, ids, w)        fused: group by expert, gate_up GEMM, SiLU*mul, down,
 //                                          weighted combine
