@@ -149,9 +149,10 @@ static atomc_status runner_read_dummy_config(const char *path, struct model_conf
     free(json);
     if (st != ATOMC_OK) return st;
     if (dir_exists(path)) {
-        snprintf(buf, sizeof buf, "%s/generation_config.json", path);
-        if (file_exists(buf) && file_read_all(buf, &json, NULL, NULL) == ATOMC_OK) {
-            st = model_config_merge_generation_config(cfg, json, buf, err);
+        char gen[4096]; // not buf: cfg_path points into it and names config.json in errors below
+        snprintf(gen, sizeof gen, "%s/generation_config.json", path);
+        if (file_exists(gen) && file_read_all(gen, &json, NULL, NULL) == ATOMC_OK) {
+            st = model_config_merge_generation_config(cfg, json, gen, err);
             free(json);
             if (st != ATOMC_OK) return st;
         }
