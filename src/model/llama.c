@@ -21,6 +21,7 @@
 
 #include "common/check.h"
 #include "model/model.h"
+#include "parallel/comm.h"
 
 static inline struct tensor view2(void *data, enum dtype dt, int64_t rows, int64_t cols) {
     return tensor_2d(data, dt, rows, cols);
@@ -29,6 +30,12 @@ static inline struct tensor view2(void *data, enum dtype dt, int64_t rows, int64
 static inline struct tensor view3(void *data, enum dtype dt, int64_t a, int64_t b, int64_t c) {
     int64_t ne[3] = {a, b, c};
     return tensor_make(data, dt, 3, ne);
+}
+
+// Tensor parallelism: sums a row-parallel output over the ranks (in place, backend memory).
+static void model_tp_all_reduce(struct model *m, struct tensor *t) {
+    if (!m->comm || m->comm_status != ATOMC_OK) return;
+    m->comm_status = comm_all_reduce_sum(m->comm, t->data, t->dtype, (size_t)tensor_numel(t), &m->comm_err);
 }
 
 static inline const struct tensor *opt(const struct tensor *t) { return t->data ? t : NULL; }
@@ -74,10 +81,12 @@ void model_forward(struct model *m, const int32_t *token_ids, const struct attn_
         int window = c->layer_types[l] == LAYER_ATTN_SLIDING ? c->sliding_window : 0;
         ops->attention(b, &attn, &q, m->qkv_dim, &kv[l], md, scale, window, NULL);
         ops->matmul(b, &h, &attn2, &ly->o, opt(&ly->o_bias));
+        model_tp_all_reduce(m, &h);
         ops->add_rmsnorm(b, &x, &residual, &h, &ly->mlp_norm, eps);
         ops->matmul(b, &gu, &x, &ly->gate_up, opt(&ly->gate_up_bias));
         ops->silu_mul(b, &act, &gu);
         ops->matmul(b, &h, &act, &ly->down, opt(&ly->down_bias));
+        model_tp_all_reduce(m, &h);
     }
     m->last_tokens = (int)T;
 }
