@@ -114,6 +114,12 @@ S = [
     "{{ xs | select == xs }}|{{ d.keys() == ['b', 'a', 'c'] }}|{{ xs | select is sequence }}|{{ d.keys() is sequence }}|{{ xs | select is iterable }}|{% set g = xs | select %}{{ 3 in g }}{{ g | list }}",
     "{{ xs | select | length }}", "{{ xs | select | tojson }}", "{{ xs | select | last }}", "{{ xs | reverse | last }}",
     "{{ d.items() | tojson }}", "{{ xs | select + [1] }}",
+    # str.format
+    "{{ '{} and {}'.format(n, s) }}|{{ '{1}-{0}-{1}'.format('a', 'b') }}|{{ '{x}/{y}'.format(x=1, y=xs) }}|{{ '{{literal}} {}'.format(none) }}|{{ '{0.a}|{0[b]}|{1[0]}'.format(d, xs) }}",
+    "{{ '[{:>8}][{:<6}][{:^7}][{:*^9}][{:.3}]'.format('ab', 'cd', 'ef', 'gh', 'héllo') }}|{{ '[{:5d}][{:<5d}][{:05d}][{:+d}][{:x}][{:#x}][{:o}][{:#o}][{:b}][{:#b}][{:c}]'.format(42, 42, -42, 42, 255, 255, 8, 8, 5, 5, 65) }}",
+    "{{ '[{:.2f}][{:8.3f}][{:e}][{:.3g}][{:%}][{:.1%}][{}][{:10}][{:<10}][{:010.2f}]'.format(f, f, big, tiny, 0.25, 0.125, f, f, tiny, -f) }}",
+    "{{ '{!r} {!s} {!r}'.format(s, n, xs) }}|{{ '{:>5}'.format(true) }}|{{ '{}'.format(true) }}|{{ '{:05}'.format('ab') }}|{{ '{:<05}'.format(7) }}",
+    "{{ '{} {}'.format(1) }}", "{{ '{0} {}'.format(1, 2) }}", "{{ '{:d}'.format('x') }}", "{{ '{:>5}'.format(xs) }}", "{{ '{z}'.format(a=1) }}", "{{ '{'.format() }}",
     # globals
     "{{ range(3) | list }}|{{ range(1, 10, 3) | list }}|{{ range(5, 0, -2) | list }}|{% for i in range(2) %}{{ i }}{% endfor %}",
     "{{ dict(a=1, b='x') }}|{{ namespace(a=1).a }}",

@@ -88,6 +88,49 @@ struct sample_args {
     float *out_top_logprobs;         // (n_rows, n_logprobs)
 };
 
+// Mixture-of-experts routing (moe_route). The router's logits (T, E) are turned into top_k
+// expert ids and combine weights per token, in fp32:
+//   scores = softmax(logits) over the E experts (SCORING_SOFTMAX; SCORING_SIGMOID is the hook
+//            for DeepSeek-V3-style routers and is not implemented yet: backends CHECK)
+//   ids    = the top_k experts by score, larger score first; exact ties go to the lower expert
+//            id (a total order; torch.topk leaves tie order unspecified)
+//   w      = the top_k scores, divided by their sum when renormalize (Qwen3-MoE norm_topk_prob;
+//            Mixtral always, which equals a softmax over the top-k logits), times scale
+//            (routed_scaling_factor, 1 otherwise)
+// Hooks for the next architectures, written into the contract now so every backend keeps one
+// code path: n_group > 1 = DeepSeek grouped top-k (CHECKed unsupported for now); n_shared > 0 =
+// shared experts folded into the same fused op: slots top_k .. top_k + n_shared - 1 of every
+// token get expert ids E .. E + n_shared - 1 with weight shared_weight (the stacked expert
+// weights then hold E + n_shared experts), so moe_experts needs no special case for them.
+// force_uniform (BENCHMARK ONLY, env ATOMC_MOE_FORCE_UNIFORM=1 via the model): ignores the
+// logits; token t's slot j gets expert (t * top_k + j) mod E with weight 1 / top_k, i.e. a
+// perfectly balanced round-robin load over the experts (random dummy router weights otherwise
+// concentrate traffic, which real routers spread).
+enum moe_scoring { MOE_SCORING_SOFTMAX = 0, MOE_SCORING_SIGMOID };
+
+struct moe_route_args {
+    int num_experts;    // E (routed experts; the logits' columns)
+    int top_k;
+    enum moe_scoring scoring;
+    bool renormalize;
+    float scale;        // multiplies the routed weights (1.0 for Qwen3-MoE / Mixtral)
+    int n_group, topk_group; // grouped top-k hook (0/1 = off)
+    int n_shared;       // shared-expert slots appended per token (0 = none)
+    float shared_weight;
+    bool force_uniform; // benchmark-only round-robin routing, see above
+};
+
+// Scratch bytes moe_experts needs for up to `n_tokens` tokens with `n_slots` (top_k + n_shared)
+// experts each, E_total stacked experts, hidden H, expert intermediate I, activations of
+// act_bytes per element. The caller allocates it in backend memory once (model scratch).
+static inline size_t moe_workspace_bytes(int64_t n_tokens, int n_slots, int E_total, int64_t H, int64_t I,
+                                         size_t act_bytes) {
+    int64_t R = n_tokens * n_slots; // routed rows
+    size_t ints = (size_t)(4 * (E_total + 1) + 3 * R + 64) * sizeof(int32_t);
+    size_t acts = (size_t)R * (size_t)(H + 2 * I + I + H) * act_bytes;
+    return ((ints + 255) & ~(size_t)255) + acts + 256;
+}
+
 struct backend;
 
 struct backend_ops {
@@ -117,7 +160,8 @@ struct backend_ops {
     // residual += x ; out = rmsnorm(residual) * w. (x may be NULL: then only the norm.)
     void (*add_rmsnorm)(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
                         const struct tensor *w, float eps);
-    // out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)). w is in the weight dtype.
+    // out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)). w is in the weight dtype; out is in the act
+    // dtype or F32 (the lm_head writes F32 logits directly; bias, if any, in out's dtype).
     void (*matmul)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
                    const struct tensor *bias);
     // Applies RoPE to q (n, hq, d) in place and to k (n, hk, d), then writes k and v into the
@@ -145,11 +189,35 @@ struct backend_ops {
     // Sampling with penalties / temperature / top-k / top-p / min-p / seed; see sample_args.
     void (*sample)(struct backend *b, const struct sample_args *a);
 
+    // Optional (may be NULL): fills t (any float dtype, backend memory) with uniform random
+    // numbers in [lo, hi) from `seed`, on the device, so random weights of a large model need not
+    // cross the host link. (The runner's dummy loader currently uses pooled host copies.)
+    atomc_status (*fill_uniform)(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
+                                 struct error *err);
+
     // CUDA graphs (NULL on backends without them).
     atomc_status (*graph_begin)(struct backend *b, struct error *err);
     atomc_status (*graph_end)(struct backend *b, void **graph, struct error *err);
     atomc_status (*graph_launch)(struct backend *b, void *graph, struct error *err);
     void (*graph_destroy)(struct backend *b, void *graph);
+
+    // ---- Mixture of experts (appended; see moe_route_args above) ----
+    // Routes n tokens: logits (n, E) in act dtype or F32 -> topk_ids (n, top_k + n_shared) int32
+    // and topk_w (n, top_k + n_shared) F32, both backend memory. No host synchronisation.
+    void (*moe_route)(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
+                      int32_t *topk_ids, float *topk_w);
+    // The fused expert MLP: out(n, H) = sum_j topk_w[t, j] * down_e(silu(gate_e x_t) * up_e x_t)
+    // with e = topk_ids[t, j], over j < n_slots. x (n, H) and out (n, H) in act dtype (out must not
+    // alias x); gate_up (E_total, 2I, H) with gate rows first and down (E_total, H, I) are the
+    // stacked expert weights in the weight dtype. workspace: moe_workspace_bytes(n, n_slots,
+    // E_total, H, I, act bytes) of backend memory. Rows are grouped by expert (counts and offsets
+    // computed by the backend, on the device for CUDA: no host sync, fixed launch shapes for a
+    // given n, so decode stays graph-capturable); each active expert runs as one GEMM over its
+    // rows; the combine sums a token's slots in slot order (deterministic). Ids outside
+    // [0, E_total) are a programmer error (the CPU backend CHECKs them; CUDA skips the slot).
+    void (*moe_experts)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
+                        const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+                        void *workspace);
 };
 
 struct backend {

@@ -21,6 +21,7 @@
 
 #include "common/check.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "parallel/comm.h"
 
 static inline struct tensor view2(void *data, enum dtype dt, int64_t rows, int64_t cols) {
@@ -83,6 +84,10 @@ void model_forward(struct model *m, const int32_t *token_ids, const struct attn_
         ops->matmul(b, &h, &attn2, &ly->o, opt(&ly->o_bias));
         model_tp_all_reduce(m, &h);
         ops->add_rmsnorm(b, &x, &residual, &h, &ly->mlp_norm, eps);
+        if (ly->moe) { // Qwen3-MoE / Mixtral sparse layers: router + fused experts (moe.c)
+            model_moe_forward(m, ly, &h, &x);
+            continue;
+        }
         ops->matmul(b, &gu, &x, &ly->gate_up, opt(&ly->gate_up_bias));
         ops->silu_mul(b, &act, &gu);
         ops->matmul(b, &h, &act, &ly->down, opt(&ly->down_bias));
@@ -107,12 +112,8 @@ struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_r
     ops->gather_rows(b, &gres, &residual, rows, n_rows);
     ops->gather_rows(b, &gh, &h, rows, n_rows);
     ops->add_rmsnorm(b, &gx, &gres, &gh, &m->final_norm, c->rms_norm_eps);
-    if (dt == DTYPE_F32) {
-        ops->matmul(b, &logits, &gx, &m->lm_head, NULL);
-    } else {
-        struct tensor la = view2(s->lg_act, dt, n_rows, V);
-        ops->matmul(b, &la, &gx, &m->lm_head, NULL);
-        ops->convert(b, &logits, &la);
-    }
+    // F32 logits straight from the GEMM (backend.h: matmul may write F32 from act-dtype input),
+    // so no rounding of logits to BF16 and no conversion pass.
+    ops->matmul(b, &logits, &gx, &m->lm_head, NULL);
     return logits;
 }

@@ -40,6 +40,20 @@ struct model_layer {
     struct tensor gate_up_bias; // (2 inter) or data == NULL
     struct tensor down;         // (hidden, inter)
     struct tensor down_bias;    // (hidden) or data == NULL
+    // Mixture-of-experts layers (moe.c): then gate_up/down above are unused (data == NULL).
+    bool moe;
+    struct tensor router;        // (E, hidden)
+    struct tensor exp_gate_up;   // (E, 2 moe_inter, hidden): per expert gate rows, then up rows
+    struct tensor exp_down;      // (E, hidden, moe_inter)
+};
+
+// MoE scratch (moe.c), allocated with the rest of the scratch when the model has MoE layers.
+struct model_moe_scratch {
+    void *logits;       // (max_tokens, E) act dtype router logits
+    int32_t *topk_ids;  // (max_tokens, top_k) expert ids
+    float *topk_w;      // (max_tokens, top_k) F32 combine weights
+    void *workspace;    // moe_workspace_bytes(max_tokens, top_k, E, hidden, moe_inter)
+    size_t bytes;
 };
 
 // Activations of one step, allocated once for `max_tokens` rows (max_num_batched_tokens)
@@ -59,9 +73,9 @@ struct model_scratch {
     void *lg_res;     // (max_logits_rows, hidden) gathered residual rows
     void *lg_h;       // (max_logits_rows, hidden) gathered last-block output rows
     void *lg_x;       // (max_logits_rows, hidden) final-normed rows
-    void *lg_act;     // (max_logits_rows, vocab) logits in act dtype (NULL when act is F32)
     float *logits;    // (max_logits_rows, vocab) F32
     size_t bytes;     // total allocated
+    struct model_moe_scratch moe;
 };
 
 struct model {
@@ -93,6 +107,7 @@ struct model {
 
     size_t weight_bytes;          // bytes of weights in backend memory
     struct model_scratch scratch;
+    struct moe_route_args moe_route; // MoE models: routing parameters (moe.c)
     int last_tokens;              // rows of the last model_forward (what compute_logits gathers from)
 };
 

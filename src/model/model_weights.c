@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "loader/model_files.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 // ---------------------------------------------------------------------------------------------
 // RoPE inverse frequencies
@@ -277,6 +278,16 @@ static atomc_status weight_load_fused(struct weight_loader *L, struct tensor *ds
     return ATOMC_OK;
 }
 
+atomc_status model_weight_load(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
+                               const int64_t *ne, int kind, struct error *err) {
+    return weight_load(L, dst, name, ndim, ne, kind, err);
+}
+
+atomc_status model_weight_load_fused(struct weight_loader *L, struct tensor *dst, int n, const char *const *names,
+                                     const int64_t *rows, int64_t cols, int kind, struct error *err) {
+    return weight_load_fused(L, dst, n, names, rows, NULL, cols, kind, err);
+}
+
 static bool weight_exists(struct weight_loader *L, const char *name) {
     return L->files && model_files_has_tensor(L->files, name);
 }
@@ -328,6 +339,7 @@ static atomc_status model_load_layer(struct weight_loader *L, int l, struct erro
         LNAME(n[0], "self_attn.k_norm.weight");
         if ((st = weight_load(L, &ly->k_norm, n[0], 1, (int64_t[]){D}, 1, err))) return st;
     }
+    if (model_config_layer_is_moe(c, l)) return model_moe_load_layer(L, m, l, err); // moe.c
     int64_t gu_rows[2] = {I, I};
     LNAME(n[0], "mlp.gate_proj.weight");
     LNAME(n[1], "mlp.up_proj.weight");
@@ -349,12 +361,15 @@ static void model_layer_free(struct model *m, struct model_layer *ly) {
     struct tensor *ts[] = {&ly->attn_norm, &ly->qkv,      &ly->qkv_bias,     &ly->q_norm, &ly->k_norm,   &ly->o,
                            &ly->o_bias,    &ly->mlp_norm, &ly->gate_up,      &ly->gate_up_bias, &ly->down, &ly->down_bias};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) weight_release(m, ts[i]);
+    model_moe_layer_free(m, ly);
 }
 
 static atomc_status model_check_config(const struct model_config *c, struct error *err) {
-    if (c->arch != MODEL_ARCH_LLAMA && c->arch != MODEL_ARCH_QWEN3)
+    bool moe_arch = c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_MIXTRAL;
+    if (c->arch != MODEL_ARCH_LLAMA && c->arch != MODEL_ARCH_QWEN3 && !moe_arch)
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
-                         "architecture %s is not supported yet (supported: LlamaForCausalLM, Qwen3ForCausalLM)",
+                         "architecture %s is not supported yet (supported: LlamaForCausalLM, Qwen3ForCausalLM, "
+                         "Qwen3MoeForCausalLM, MixtralForCausalLM)",
                          c->architecture[0] ? c->architecture : model_arch_name(c->arch));
     if (c->hidden_size <= 0 || c->num_layers <= 0 || c->num_heads <= 0 || c->num_kv_heads <= 0 || c->head_dim <= 0 ||
         c->vocab_size <= 0 || c->intermediate_size <= 0)
@@ -370,7 +385,18 @@ static atomc_status model_check_config(const struct model_config *c, struct erro
         if (c->layer_types[l] == LAYER_ATTN_LINEAR)
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "layer %d uses linear attention, which %s does not have",
                              l, c->architecture);
-    if (c->attention_sinks || c->num_experts > 0 || c->q_lora_rank > 0 || c->kv_lora_rank > 0)
+    if (moe_arch && (c->num_experts <= 0 || c->num_experts > 1024 || c->num_experts_per_tok <= 0 ||
+                     c->num_experts_per_tok > c->num_experts || c->moe_intermediate_size <= 0))
+        return error_set(err, ATOMC_ERR_FORMAT, "%s config: %d experts, top-%d, moe_intermediate_size %d (need 1..1024 "
+                         "experts, 1 <= top-k <= experts)", c->architecture, c->num_experts, c->num_experts_per_tok,
+                         c->moe_intermediate_size);
+    if (moe_arch && c->n_shared_experts > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for %d shared experts, which the MoE block does "
+                         "not load yet", c->architecture, c->n_shared_experts);
+    if (moe_arch && (c->n_group > 1 || (c->scoring_func[0] && strcmp(c->scoring_func, "softmax"))))
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for grouped top-k (n_group %d) or '%s' scoring; "
+                         "the MoE router implements softmax top-k only", c->architecture, c->n_group, c->scoring_func);
+    if (c->attention_sinks || (c->num_experts > 0 && !moe_arch) || c->q_lora_rank > 0 || c->kv_lora_rank > 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for attention sinks, experts or MLA, which the "
                          "dense forward does not implement", c->architecture);
     int rd = c->rope.rotary_dim > 0 ? c->rope.rotary_dim : c->head_dim;
@@ -386,6 +412,10 @@ static atomc_status model_tp_check(const struct model_config *c, int tp, int ran
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel rank %d outside [0, %d)", rank, tp);
     if (!comm)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d needs a communicator", tp);
+    if (c->num_experts > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "tensor parallelism of mixture-of-experts models (%s) is not "
+                         "implemented yet (expert shards are the next step); use tensor_parallel_size 1",
+                         c->architecture);
     if (c->num_heads % tp != 0)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d does not divide "
                          "num_attention_heads %d", tp, c->num_heads);
@@ -432,6 +462,7 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     m->kv_dim = m->cfg.num_kv_heads * cfg->head_dim;
     m->qkv_dim = m->q_dim + 2 * m->kv_dim;
     m->layers = xcalloc((size_t)cfg->num_layers, sizeof *m->layers);
+    if (cfg->num_experts > 0) m->moe_route = model_moe_route_args(cfg);
     struct weight_loader L = {.m = m, .files = o->files, .seed = o->dummy_seed ^ 0x5eedULL};
     int64_t V = cfg->vocab_size, H = cfg->hidden_size;
 
@@ -478,22 +509,26 @@ fail:
 int64_t model_param_count(const struct model_config *c) {
     int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, V = c->vocab_size;
     int64_t q = (int64_t)c->num_heads * D, kv = (int64_t)c->num_kv_heads * D;
-    int64_t layer = H * (q + 2 * kv) + q * H + 3 * H * I + 2 * H;
+    int64_t layer = H * (q + 2 * kv) + q * H + 2 * H;
     if (c->attention_bias) layer += q + 2 * kv + H;
     if (c->mlp_bias) layer += 2 * I + H;
     if (c->qk_norm) layer += 2 * D;
-    return V * H * (c->tie_word_embeddings ? 1 : 2) + layer * c->num_layers + H;
+    int64_t mlp = 0;
+    for (int l = 0; l < c->num_layers; l++)
+        mlp += model_config_layer_is_moe(c, l) ? model_moe_layer_params(c, false) : 3 * H * I;
+    return V * H * (c->tie_word_embeddings ? 1 : 2) + layer * c->num_layers + mlp + H;
 }
 
 static void model_scratch_free(struct model *m) {
     struct model_scratch *s = &m->scratch;
     void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->qn, &s->kn, &s->attn, &s->gate_up, &s->act,
-                   &s->lg_res, &s->lg_h, &s->lg_x, &s->lg_act, (void **)&s->logits};
+                   &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
         if (*ps[i]) m->backend->ops->free(m->backend, *ps[i]);
         *ps[i] = NULL;
     }
     s->bytes = 0;
+    model_moe_scratch_free(m);
 }
 
 atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits_rows, struct error *err) {
@@ -521,7 +556,6 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {&s->lg_res, R * H * e},
         {&s->lg_h, R * H * e},
         {&s->lg_x, R * H * e},
-        {&s->lg_act, b->act_dtype != DTYPE_F32 ? R * (size_t)c->vocab_size * e : 0},
         {(void **)&s->logits, R * (size_t)c->vocab_size * sizeof(float)},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -536,6 +570,12 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         }
         s->bytes += want[i].bytes;
     }
+    atomc_status st = model_moe_scratch_alloc(m, max_tokens, err);
+    if (st != ATOMC_OK) {
+        model_scratch_free(m);
+        return st;
+    }
+    s->bytes += s->moe.bytes;
     return ATOMC_OK;
 }
 

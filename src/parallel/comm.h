@@ -73,6 +73,8 @@ struct backend;
 // NCCL communicator on `b`'s stream (comm_nccl.cu). unique_id: the 128-byte ncclUniqueId
 // made by comm_nccl_unique_id on rank 0 and handed out by the rendezvous.
 #define COMM_NCCL_ID_BYTES 128
+// Number of visible CUDA devices (for the "fewer GPUs than ranks" check).
+atomc_status comm_nccl_device_count(int *count, struct error *err);
 atomc_status comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES], struct error *err);
 atomc_status comm_nccl_create(struct backend *b, const unsigned char id[COMM_NCCL_ID_BYTES], int rank,
                               int world_size, double timeout_s, struct comm **out, struct error *err);

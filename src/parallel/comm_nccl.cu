@@ -150,6 +150,18 @@ static const struct comm_ops NCCL_OPS = {
     "nccl", nccl_all_reduce_sum, nccl_all_gather, nccl_broadcast_host, nccl_barrier, nccl_destroy,
 };
 
+extern "C" atomc_status comm_nccl_device_count(int *count, struct error *err) {
+    *count = 0;
+    cudaError_t e = cudaGetDeviceCount(count);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+        cudaGetLastError();
+        *count = 0;
+        return ATOMC_OK;
+    }
+    CUDA_TRY(err, e);
+    return ATOMC_OK;
+}
+
 extern "C" atomc_status comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES], struct error *err) {
     nccl_env_defaults();
     ncclUniqueId u;

@@ -1181,6 +1181,308 @@ static bool join_strs(struct eval *ev, const struct node *at, const struct jv *s
     return sbuf_to_str(ev, at, &b, out);
 }
 
+static bool to_str_val(struct eval *ev, const struct node *at, const struct jv *v, struct jv *out);
+
+// One replacement field's value formatted with a Python format spec
+// ([[fill]align][sign][0][width][.precision][type]; no grouping).
+static bool format_value(struct eval *ev, const struct node *at, const struct jv *v, const char *spec, size_t sn,
+                         struct sbuf *b) {
+    if (sn == 0) {
+        jv_write_str(b, v);
+        return true;
+    }
+    size_t i = 0;
+    char align = 0;
+    const char *fill = " ";
+    size_t fill_n = 1;
+    // fill is any single code point followed by an align char
+    if (sn >= 2) {
+        size_t j = 0;
+        utf8_next(spec, sn, &j);
+        if (j < sn && strchr("<>=^", spec[j])) {
+            fill = spec;
+            fill_n = j;
+            align = spec[j];
+            i = j + 1;
+        }
+    }
+    bool explicit_fill = align != 0;
+    if (!align && i < sn && strchr("<>=^", spec[i])) align = spec[i++];
+    bool explicit_align = align != 0;
+    char sign = 0;
+    if (i < sn && strchr("+- ", spec[i])) sign = spec[i++];
+    bool alt = false, zero = false;
+    if (i < sn && spec[i] == '#') {
+        alt = true;
+        i++;
+    }
+    if (i < sn && spec[i] == '0') {
+        zero = true;
+        i++;
+    }
+    int width = 0, prec = -1;
+    while (i < sn && spec[i] >= '0' && spec[i] <= '9' && width < 100000) width = width * 10 + (spec[i++] - '0');
+    if (i < sn && (spec[i] == ',' || spec[i] == '_')) return FAIL(at, "digit grouping in format specs is not supported");
+    if (i < sn && spec[i] == '.') {
+        i++;
+        prec = 0;
+        while (i < sn && spec[i] >= '0' && spec[i] <= '9' && prec < 1000) prec = prec * 10 + (spec[i++] - '0');
+    }
+    char type = i < sn ? spec[i++] : 0;
+    if (i != sn) return FAIL(at, "Invalid format specifier '%.*s'", (int)sn, spec);
+    struct sbuf body;
+    sbuf_init(&body, ev->lim.max_output_bytes);
+    bool numeric = false;
+    if (v->t == JV_STR && (!type || type == 's')) {
+        if (sign) {
+            sbuf_free(&body);
+            return FAIL(at, "Sign not allowed in string format specifier");
+        }
+        size_t n = prec >= 0 ? cp_offset(v->u.s.p, v->u.s.n, (size_t)prec) : v->u.s.n;
+        sbuf_put(&body, v->u.s.p, n);
+        if (!align) align = '<';
+    } else if (jv_is_number(v) && !(v->t == JV_FLOAT && strchr("dxXobc", type ? type : 'g'))) {
+        numeric = true;
+        char fmt[32], tmp[512];
+        int k = snprintf(fmt, sizeof fmt, "%%%s%s", sign == '+' ? "+" : sign == ' ' ? " " : "", alt ? "#" : "");
+        if (prec >= 0 && type && strchr("eEfFgG%", type)) k += snprintf(fmt + k, sizeof fmt - (size_t)k, ".%d", prec);
+        if (v->t != JV_FLOAT && (!type || strchr("dxXobcn", type))) {
+            long long iv = v->t == JV_INT ? v->u.i : v->u.b;
+            char t = !type || type == 'n' ? 'd' : type;
+            if (t == 'c') {
+                if (iv < 0 || iv > 0x10FFFF) {
+                    sbuf_free(&body);
+                    return FAIL(at, "%%c arg not in range(0x110000)");
+                }
+                sbuf_put_utf8(&body, (uint32_t)iv);
+            } else if (t == 'b') {
+                char bits[80];
+                int nb = 0;
+                unsigned long long u = iv < 0 ? (unsigned long long)(-(iv + 1)) + 1 : (unsigned long long)iv;
+                do {
+                    bits[nb++] = (char)('0' + (u & 1));
+                    u >>= 1;
+                } while (u);
+                if (iv < 0) sbuf_putc(&body, '-');
+                else if (sign == '+' || sign == ' ') sbuf_putc(&body, sign);
+                if (alt) sbuf_puts(&body, "0b");
+                while (nb) sbuf_putc(&body, bits[--nb]);
+            } else {
+                if (t == 'o' && alt) { // Python writes 0o17, C writes 017
+                    snprintf(fmt + k - 1, sizeof fmt - (size_t)k + 1, "llo");
+                    snprintf(tmp, sizeof tmp, fmt, iv < 0 ? -iv : iv);
+                    sbuf_printf(&body, "%s0o%s", iv < 0 ? "-" : sign == '+' ? "+" : sign == ' ' ? " " : "", tmp);
+                } else {
+                    snprintf(fmt + k, sizeof fmt - (size_t)k, "ll%c", t);
+                    if ((t == 'x' || t == 'X') && iv < 0) {
+                        snprintf(tmp, sizeof tmp, fmt, -iv);
+                        sbuf_printf(&body, "-%s", tmp);
+                    } else {
+                        snprintf(tmp, sizeof tmp, fmt, iv);
+                        sbuf_puts(&body, tmp);
+                    }
+                }
+            }
+        } else {
+            double d = jv_as_double(v);
+            char t = type ? type : 0;
+            if (!t) { // no type: like str() but honouring precision as 'g' with at least one digit kept
+                if (prec < 0) {
+                    char r[40];
+                    py_float_repr(d, r);
+                    if (sign == '+' && d >= 0) sbuf_putc(&body, '+');
+                    else if (sign == ' ' && d >= 0) sbuf_putc(&body, ' ');
+                    sbuf_puts(&body, r);
+                } else {
+                    snprintf(fmt + k, sizeof fmt - (size_t)k, ".%dg", prec ? prec : 1);
+                    snprintf(tmp, sizeof tmp, fmt, d);
+                    sbuf_puts(&body, tmp);
+                }
+            } else if (t == '%') {
+                snprintf(fmt + k, sizeof fmt - (size_t)k, "%sf", prec >= 0 ? "" : ".6");
+                snprintf(tmp, sizeof tmp, fmt, d * 100.0);
+                sbuf_puts(&body, tmp);
+                sbuf_putc(&body, '%');
+            } else if (strchr("eEfFgG", t)) {
+                snprintf(fmt + k, sizeof fmt - (size_t)k, "%s%c", prec >= 0 ? "" : (t == 'g' || t == 'G') ? "" : ".6", t);
+                snprintf(tmp, sizeof tmp, fmt, d);
+                sbuf_puts(&body, tmp);
+            } else {
+                sbuf_free(&body);
+                return FAIL(at, "Unknown format code '%c' for object of type '%s'", t, jv_type_name(v));
+            }
+        }
+        if (!align) align = '>';
+    } else {
+        sbuf_free(&body);
+        if (v->t == JV_STR || jv_is_number(v))
+            return FAIL(at, "Unknown format code '%c' for object of type '%s'", type, jv_type_name(v));
+        return FAIL(at, "unsupported format string passed to %s.__format__", jv_type_name(v));
+    }
+    if (body.overflow) {
+        sbuf_free(&body);
+        return ev_fail(ev, at, ATOMC_ERR_TOO_LONG, "formatted value too large");
+    }
+    const char *bp = body.p ? body.p : "";
+    size_t bn = body.n;
+    int cps = (int)utf8_count(bp, bn);
+    int pad = width > cps ? width - cps : 0;
+    if (zero && !explicit_fill) { // '0' before the width: zero fill, sign-aware for numbers
+        fill = "0";
+        fill_n = 1;
+        if (!explicit_align) align = numeric ? '=' : '<';
+    }
+    int left = align == '<' ? 0 : align == '^' ? pad / 2 : pad;
+    if (align == '=' && bn && strchr("+- ", bp[0])) {
+        sbuf_putc(b, bp[0]);
+        bp++;
+        bn--;
+    }
+    for (int k = 0; k < left; k++) sbuf_put(b, fill, fill_n);
+    sbuf_put(b, bp, bn);
+    for (int k = left; k < pad; k++) sbuf_put(b, fill, fill_n);
+    sbuf_free(&body);
+    return true;
+}
+
+// str.format(*args, **kwargs): {} {0} {name} {name.attr} {0[key]}, !r/!s/!a, format specs.
+static bool str_format(struct eval *ev, const struct node *at, const struct jv *fmt, struct args *a, struct jv *out) {
+    struct sbuf b;
+    sbuf_init(&b, ev->lim.max_output_bytes);
+    const char *p = fmt->u.s.p, *end = p + fmt->u.s.n;
+    int auto_idx = 0, mode = 0; // 1 automatic, 2 manual numbering
+    bool ok = true;
+    while (p < end && ok) {
+        char c = *p;
+        if (c == '}') {
+            if (p + 1 < end && p[1] == '}') {
+                sbuf_putc(&b, '}');
+                p += 2;
+                continue;
+            }
+            ok = FAIL(at, "Single '}' encountered in format string");
+            break;
+        }
+        if (c != '{') {
+            sbuf_putc(&b, c);
+            p++;
+            continue;
+        }
+        if (p + 1 < end && p[1] == '{') {
+            sbuf_putc(&b, '{');
+            p += 2;
+            continue;
+        }
+        const char *close = memchr(p, '}', (size_t)(end - p));
+        if (!close) {
+            ok = FAIL(at, "Single '{' encountered in format string");
+            break;
+        }
+        const char *f = p + 1, *fe = close, *conv = NULL, *spec = NULL;
+        for (const char *q = f; q < fe; q++) {
+            if (*q == '{') {
+                ok = FAIL(at, "nested replacement fields in format specs are not supported");
+                break;
+            }
+            if (*q == '!' && !conv && !spec) conv = q;
+            if (*q == ':' && !spec) spec = q;
+        }
+        if (!ok) break;
+        const char *name_end = conv ? conv : spec ? spec : fe;
+        // argument name: digits, identifier, or empty; then .attr / [key] chain
+        const char *q = f;
+        while (q < name_end && *q != '.' && *q != '[') q++;
+        struct jv val;
+        if (q == f) {
+            if (mode == 2) {
+                ok = FAIL(at, "cannot switch from manual field specification to automatic field numbering");
+                break;
+            }
+            mode = 1;
+            if (auto_idx >= a->npos) {
+                ok = FAIL(at, "tuple index out of range (replacement field %d)", auto_idx);
+                break;
+            }
+            val = a->pos[auto_idx++];
+        } else if (*f >= '0' && *f <= '9') {
+            if (mode == 1) {
+                ok = FAIL(at, "cannot switch from automatic field numbering to manual field specification");
+                break;
+            }
+            mode = 2;
+            long idx = strtol(f, NULL, 10);
+            if (idx >= a->npos) {
+                ok = FAIL(at, "tuple index out of range (replacement field %ld)", idx);
+                break;
+            }
+            val = a->pos[idx];
+        } else {
+            const struct jv *kv = NULL;
+            for (int k = 0; k < a->nkw; k++)
+                if (strlen(a->kwn[k]) == (size_t)(q - f) && !memcmp(a->kwn[k], f, (size_t)(q - f))) kv = &a->kw[k];
+            if (!kv) {
+                ok = FAIL(at, "'%.*s'", (int)(q - f), f);
+                break;
+            }
+            val = *kv;
+        }
+        while (ok && q < name_end) {
+            if (*q == '.') {
+                const char *e2 = q + 1;
+                while (e2 < name_end && *e2 != '.' && *e2 != '[') e2++;
+                char *nm = ev_alloc(ev, at, (size_t)(e2 - q));
+                if (!nm) {
+                    ok = false;
+                    break;
+                }
+                memcpy(nm, q + 1, (size_t)(e2 - q - 1));
+                nm[e2 - q - 1] = '\0';
+                ok = get_attr(ev, at, &val, nm, &val);
+                q = e2;
+            } else { // [key]: digits index, else a string key
+                const char *e2 = memchr(q, ']', (size_t)(name_end - q));
+                if (!e2) {
+                    ok = FAIL(at, "Missing ']' in format string");
+                    break;
+                }
+                struct jv key = jv_str(q + 1, (size_t)(e2 - q - 1));
+                bool digits = e2 > q + 1;
+                for (const char *d = q + 1; d < e2; d++)
+                    if (*d < '0' || *d > '9') digits = false;
+                if (digits) key = jv_int(strtol(q + 1, NULL, 10));
+                ok = get_item(ev, at, &val, &key, &val);
+                q = e2 + 1;
+            }
+        }
+        if (!ok) break;
+        if (val.t == JV_UNDEF) { // format() of Undefined: str() is ""
+            val = jv_str("", 0);
+        }
+        struct jv conv_v = val;
+        if (conv) {
+            char cc = conv + 1 < fe ? conv[1] : 0;
+            if (cc == 'r' || cc == 'a') {
+                struct sbuf t;
+                sbuf_init(&t, ev->lim.max_output_bytes);
+                jv_write_repr(&t, &val);
+                ok = sbuf_to_str(ev, at, &t, &conv_v);
+            } else if (cc == 's') {
+                ok = to_str_val(ev, at, &val, &conv_v);
+            } else {
+                ok = FAIL(at, "Unknown conversion specifier %c", cc ? cc : '?');
+            }
+            if (!ok) break;
+        }
+        ok = format_value(ev, at, &conv_v, spec ? spec + 1 : fe, spec ? (size_t)(fe - spec - 1) : 0, &b);
+        p = close + 1;
+    }
+    if (!ok) {
+        sbuf_free(&b);
+        return false;
+    }
+    return sbuf_to_str(ev, at, &b, out);
+}
+
 static bool call_str_method(struct eval *ev, const struct node *at, const struct jv *s, const char *m, struct args *a,
                             struct jv *out) {
     const struct jv *a0 = arg_get(a, 0, "\x01"), *a1 = arg_get(a, 1, "\x01");
@@ -1374,6 +1676,7 @@ static bool call_str_method(struct eval *ev, const struct node *at, const struct
         for (int64_t i = left; i < pad; i++) sbuf_put(&b, fill, fill_n);
         return sbuf_to_str(ev, at, &b, out);
     }
+    if (!strcmp(m, "format")) return str_format(ev, at, s, a, out);
     return FAIL(at, "str.%s() is not supported", m);
 }
 

@@ -23,8 +23,12 @@ atomc_status tokenizer_load_json_buffer(const char *json, size_t len, const char
                                         struct tokenizer **out, struct error *err);
 void tokenizer_free(struct tokenizer *t);
 
-// Encodes UTF-8 text (invalid UTF-8 is handled as HF does). add_special_tokens adds BOS/EOS
-// per tokenizer_config / the post-processor. *ids is malloc'd.
+// Encodes UTF-8 text. Invalid UTF-8 is first replaced by U+FFFD, one per maximal invalid subpart
+// (what Python's bytes.decode("utf-8", errors="replace") gives, the string HF would be handed).
+// add_special_tokens applies the post-processor template (BOS/EOS), with tokenizer_config.json's
+// add_bos_token/add_eos_token for Llama/Gemma tokenizer classes as transformers does. *ids is
+// malloc'd (never NULL on success, even for 0 ids). A character with no token, no unk and no byte
+// fallback gives ATOMC_ERR_INVALID_ARGUMENT.
 atomc_status tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special_tokens,
                               int32_t **ids, int *n_ids, struct error *err);
 // Decodes ids to UTF-8 (*out malloc'd). Invalid ids give ATOMC_ERR_INVALID_ARGUMENT.

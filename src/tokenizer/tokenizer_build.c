@@ -259,7 +259,7 @@ atomc_status tokenizer_load(const char *path, struct tokenizer **out, struct err
         if (file_exists(json)) {
             st = tokenizer_load_json(json, file_exists(cfg) ? cfg : NULL, out, err);
         } else {
-            st = error_set(err, ATOMC_ERR_IO, "tokenizer: %s: no tokenizer.json in the model directory", path);
+            st = error_set(err, ATOMC_ERR_IO, "tokenizer: %s: no tokenizer.json in the model directory (for a GGUF model pass the .gguf file)", path);
         }
         free(json);
         free(cfg);

@@ -95,27 +95,38 @@ static bool is_ascii(const char *s, size_t n) {
 }
 
 // ---- regex
-// Finds the next match of re in s[0..n) at or after `start`; false when none. Empty matches are skipped.
-static bool regex_next(struct encode_ctx *c, const pcre2_code *re, const char *s, size_t n, size_t start,
+// Match iteration as HF's (Oniguruma-based) find_iter: empty matches are reported, except one that
+// ends where the previous match ended; the search then resumes one character later.
+struct regex_iter {
+    size_t last_end;
+    bool have_last;
+    size_t last_match_end;
+};
+
+static bool regex_next(struct encode_ctx *c, const pcre2_code *re, const char *s, size_t n, struct regex_iter *it,
                        size_t *ms, size_t *me) {
-    while (start <= n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, c->md, NULL);
+    while (it->last_end <= n) {
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, it->last_end, PCRE2_NO_UTF_CHECK, c->md, NULL);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-            rc = pcre2_match(re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, c->md, NULL);
+            rc = pcre2_match(re, (PCRE2_SPTR)s, n, it->last_end, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, c->md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) return false;
         if (rc < 0) {
             if (!c->status) c->status = ATOMC_ERR_INTERNAL;
             return false;
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
-        if (ov[1] > ov[0]) {
-            *ms = ov[0];
-            *me = ov[1];
-            return true;
+        if (ov[1] == ov[0] && it->have_last && it->last_match_end == ov[1]) {
+            size_t step = 1;  // one character (one byte past the end)
+            while (it->last_end + step < n && ((unsigned char)s[it->last_end + step] & 0xC0) == 0x80) step++;
+            it->last_end += step;
+            continue;
         }
-        // Empty match: move on by one character.
-        start = ov[0] + 1;
-        while (start < n && ((unsigned char)s[start] & 0xC0) == 0x80) start++;
+        it->last_end = ov[1];
+        it->have_last = true;
+        it->last_match_end = ov[1];
+        *ms = ov[0];
+        *me = ov[1];
+        return true;
     }
     return false;
 }
@@ -171,7 +182,8 @@ static void normalize_one(struct encode_ctx *c, const struct tok_normalizer *nm,
             replace_literal(s, n, nm->str, nm->str_len, nm->content, nm->content_len, out);
         } else {
             size_t pos = 0, ms, me;
-            while (regex_next(c, nm->re, s, n, pos, &ms, &me)) {
+            struct regex_iter it = {0};
+            while (regex_next(c, nm->re, s, n, &it, &ms, &me)) {
                 tok_buf_append(out, s + pos, ms - pos);
                 tok_buf_append(out, nm->content, nm->content_len);
                 pos = me;
@@ -398,7 +410,8 @@ static void emit_splits(struct spans *sp, enum tok_split_behavior behavior, bool
 
 static void spans_regex(struct encode_ctx *c, const pcre2_code *re, const char *s, size_t n, struct spans *sp) {
     size_t pos = 0, ms, me;
-    while (pos < n && regex_next(c, re, s, n, pos, &ms, &me)) {
+    struct regex_iter it = {0};
+    while (regex_next(c, re, s, n, &it, &ms, &me)) {
         if (ms > pos) spans_push(sp, pos, ms, false);
         spans_push(sp, ms, me, true);
         pos = me;

@@ -114,3 +114,29 @@ def test_errors_are_reported():
     assert r.returncode != 0 and b"999999" in r.stderr
     r = run(["tokenize", "--model", path, "--bogus"])
     assert r.returncode == 2
+
+
+def test_regex_empty_matches_live(tmp_path):
+    """Split / Replace with patterns that match the empty string follow HF's find_iter rules."""
+    tokenizers = pytest.importorskip("tokenizers")
+    pieces = ["?", "a", "b", "x", "-", "\u00e9", " ", "ax", "xx", "xb", "ba", "ab", "-a", "b-", "x-", "\u00e9 ", "x\u00e9"]
+    merges = [["a", "x"], ["x", "x"], ["x", "b"], ["b", "a"], ["a", "b"], ["-", "a"], ["b", "-"], ["x", "-"],
+              ["\u00e9", " "], ["x", "\u00e9"]]
+    cases = [({"type": "Split", "pattern": {"Regex": "x*"}, "behavior": b, "invert": inv}, None)
+             for b in ["Isolated", "Removed", "MergedWithNext", "MergedWithPrevious", "Contiguous"] for inv in (False, True)]
+    cases += [({"type": "Split", "pattern": {"Regex": "(?=b)"}, "behavior": "Isolated", "invert": False}, None),
+              (None, {"type": "Replace", "pattern": {"Regex": "x*"}, "content": "-"}),
+              (None, {"type": "Replace", "pattern": {"Regex": "(?=b)"}, "content": "-"})]
+    path = tmp_path / "tokenizer.json"
+    for pre, norm in cases:
+        j = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": norm,
+             "pre_tokenizer": pre, "post_processor": None, "decoder": None,
+             "model": {"type": "BPE", "dropout": None, "unk_token": "?", "continuing_subword_prefix": None,
+                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                       "vocab": {c: i for i, c in enumerate(pieces)}, "merges": merges}}
+        path.write_text(json.dumps(j))
+        tok = tokenizers.Tokenizer.from_file(str(path))
+        for text in ["axxbx", "abab", "x", "x\u00e9 x", "bbxab"]:
+            r = run(["tokenize", "--model", str(path), "--no-special", "--text", text])
+            assert r.returncode == 0, r.stderr.decode()
+            assert [int(x) for x in r.stdout.split()] == tok.encode(text, add_special_tokens=False).ids, (pre, norm, text)

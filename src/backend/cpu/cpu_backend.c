@@ -763,4 +763,6 @@ static const struct backend_ops cpu_ops = {
     .graph_end = NULL,
     .graph_launch = NULL,
     .graph_destroy = NULL,
+    .moe_route = cpu_moe_route,
+    .moe_experts = cpu_moe_experts,
 };

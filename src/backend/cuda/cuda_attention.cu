@@ -4,17 +4,19 @@
 // Work decomposition. A CTA owns one (sequence, KV head, row tile, KV split). Its rows are
 // (query token, query head of this KV head) pairs packed token-major, so every query head
 // that shares a KV head (GQA) is served by one read of K/V, and a decode step (one token)
-// still fills G rows of the MMA. Row tiles are 16 rows per warp: 1 warp for decode-like
-// tiles (max_query_len * G <= 16), 4 warps otherwise. K/V tiles of 64 tokens are read through
-// the block table (cp.async, double-buffered, zero-filled outside the visible range; FP8
-// caches are converted to bf16 while staging into shared memory, their scales folded into
-// the softmax scale and the output). Online softmax in exp2 form; rows are causal against
+// still fills G rows of the MMA. Prefill-like tiles: 4 warps x 16 rows, launched heaviest
+// (latest rows) first. Decode-like tiles (max_query_len * G <= 16): 1 warp of rows and 4
+// warps that split each KV tile's tokens, each with its own softmax state, merged in shared
+// memory at the end. K/V tiles of 64 tokens are read through the block table (cp.async,
+// double-buffered, page ids shared by warp shuffle, zero-filled outside the visible range;
+// FP8 caches are staged raw and converted to bf16 in shared memory, their scales folded
+// into the softmax scale and the output). Online softmax in exp2 form; rows are causal against
 // their absolute position ctx - qlen + i, so prefix-cached context and new tokens are one
 // range. Sliding window: keys with qpos - kpos < window. Sinks (GPT-OSS): one extra logit
 // per head in the denominator.
 //
-// Split-KV (flash-decoding): when (row tiles x KV heads x sequences) cannot fill the GPU, the
-// visible KV range of each CTA is cut into n_splits equal runs of tiles; each writes its
+// Split-KV (flash-decoding): when (row tiles x KV heads x sequences) fills fewer than ~2 waves
+// of resident CTAs, the visible KV range of each CTA is cut into n_splits equal runs of tiles; each writes its
 // normalised partial output and log-sum-exp to scratch, and a reduce kernel combines them.
 // n_splits depends only on values that are fixed for a captured decode graph (n_seqs,
 // max_query_len, max_blocks_per_seq, the scratch size), never on context lengths.

@@ -277,6 +277,8 @@ static const struct backend_ops cuda_ops = {
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,
     .graph_destroy = cuda_graph_destroy,
+    .moe_route = cuda_op_moe_route,
+    .moe_experts = cuda_op_moe_experts,
 };
 
 static atomc_status cuda_create_fail(struct cuda_backend *cb, struct error *err, atomc_status st) {

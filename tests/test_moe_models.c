@@ -1,0 +1,339 @@
+// Whole-model tests of the mixture-of-experts architectures (Qwen3MoeForCausalLM,
+// MixtralForCausalLM) on the CPU backend against HF transformers: tiny random-weight
+// checkpoints written with their references by tools/make_tiny_moe_models.py (8 experts
+// top-4 with norm_topk_prob and an mlp_only layer; 8 experts top-2 without norm_topk_prob and
+// decoder_sparse_step 2; Mixtral 4 experts top-2 with a sliding window the prompts cross).
+//
+// Tolerances as tests/test_models.c: logits within LOGIT_RTOL * max(1, max |HF logit|), greedy
+// tokens equal to HF's where the HF top-2 margin is clear. The fixtures' routing decisions are
+// at least 2e-4 (probability) away from a tie, so fp32 noise cannot change the experts chosen.
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/mapped_file.h"
+#include "model/model.h"
+#include "model_refs.h"
+#include "runner_sim.h"
+#include "runtime/model_runner.h"
+#include "test.h"
+
+static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral"};
+#define N_MOE_MODELS ((int)(sizeof MOE_MODELS / sizeof MOE_MODELS[0]))
+
+#define LOGIT_RTOL 1e-4
+#define MARGIN_FACTOR 4.0
+
+static struct runner_options base_options(const char *path) {
+    struct runner_options o = {
+        .model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
+        .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8, .max_num_batched_tokens = 256,
+        .max_model_len = 128, .num_threads = 2,
+    };
+    return o;
+}
+
+static struct model_runner *open_model(const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    struct runner_options o = base_options(path);
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) {
+        fprintf(stderr, "  %s: model_runner_create: %s\n", name, err.msg);
+        return NULL;
+    }
+    return r;
+}
+
+// Full-prompt logits at the reference positions, one prefill per prompt.
+TEST(moe_models_logits_match_hf) {
+    for (int mi = 0; mi < N_MOE_MODELS; mi++) {
+        struct refs R;
+        ASSERT_EQ(refs_load(MOE_MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(MOE_MODELS[mi]);
+        ASSERT_TRUE(r != NULL);
+        ASSERT_EQ(model_runner_config(r)->vocab_size, R.vocab);
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 7u + (unsigned)mi);
+        double worst = 0;
+        for (int pi = 0; pi < R.n; pi++) {
+            struct ref_prompt *p = &R.p[pi];
+            struct sim_seq *q = malloc(sizeof *q);
+            sim_seq_init(q, p->ids, p->n);
+            sim_step_begin(s);
+            ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
+            for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+            s->n_rows = p->n_pos;
+            struct forward_batch fb = sim_step_batch(s);
+            float *lg = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
+            struct error err = {0};
+            ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
+            double d = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
+            if (!(d <= R.tol))
+                test_fail(__FILE__, __LINE__, "%s prompt %d (%d tokens): max |logit - HF| = %g > %g", MOE_MODELS[mi], pi,
+                          p->n, d, R.tol);
+            if (d > worst) worst = d;
+            free(lg);
+            sim_seq_release(s, q);
+            free(q);
+        }
+        fprintf(stderr, "  %-18s max |logit - HF| = %.2e (tolerance %.2e)\n", MOE_MODELS[mi], worst, R.tol);
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+        refs_free(&R);
+    }
+}
+
+// Prefill, then 16 greedy decode steps through the runner's sampler, one sequence at a time.
+TEST(moe_models_greedy_match_hf) {
+    for (int mi = 0; mi < N_MOE_MODELS; mi++) {
+        struct refs R;
+        ASSERT_EQ(refs_load(MOE_MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(MOE_MODELS[mi]);
+        ASSERT_TRUE(r != NULL);
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 11u + (unsigned)mi);
+        int checked = 0;
+        for (int pi = 0; pi < R.n; pi++) {
+            struct ref_prompt *p = &R.p[pi];
+            struct sim_seq *q = malloc(sizeof *q);
+            sim_seq_init(q, p->ids, p->n);
+            int32_t got[N_GREEDY];
+            for (int k = 0; k < N_GREEDY; k++) {
+                sim_step_begin(s);
+                ASSERT_EQ(sim_step_add(s, q, q->n_ids - q->n_cached, 1), 0);
+                struct forward_batch fb = sim_step_batch(s);
+                struct runner_output out;
+                struct error err = {0};
+                ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+                sim_step_commit(s);
+                got[k] = out.ids[0];
+                q->ids[q->n_ids++] = out.ids[0];
+            }
+            char what[128];
+            snprintf(what, sizeof what, "%s prompt %d", MOE_MODELS[mi], pi);
+            int c = greedy_compare(&R, p, got, what);
+            ASSERT_TRUE(c >= 0);
+            checked += c;
+            sim_seq_release(s, q);
+            free(q);
+        }
+        fprintf(stderr, "  %-18s %d greedy steps with a clear margin matched HF\n", MOE_MODELS[mi], checked);
+        ASSERT_TRUE(checked >= R.n * N_GREEDY / 2); // the comparison must have teeth
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+        refs_free(&R);
+    }
+}
+
+// All prompts of a model at once, as the engine would run them: a token budget per step,
+// prompts chunked (at most 7 tokens of one prompt per step), decodes mixed with prefill
+// chunks in the same batch. Every sequence's greedy continuation must equal HF's.
+TEST(moe_models_mixed_batch_chunked_prefill) {
+    for (int mi = 0; mi < N_MOE_MODELS; mi++) {
+        struct refs R;
+        ASSERT_EQ(refs_load(MOE_MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(MOE_MODELS[mi]);
+        ASSERT_TRUE(r != NULL);
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 99u + (unsigned)mi);
+        struct sim_seq *q = calloc((size_t)R.n, sizeof *q);
+        int32_t got[MAX_PROMPTS][N_GREEDY];
+        int n_got[MAX_PROMPTS] = {0};
+        for (int pi = 0; pi < R.n; pi++) sim_seq_init(&q[pi], R.p[pi].ids, R.p[pi].n);
+        int steps = 0, mixed_steps = 0;
+        for (;;) {
+            sim_step_begin(s);
+            int budget = 16, n_prefill = 0, n_decode = 0, owner[MAX_PROMPTS];
+            // Start sequences in a staggered way (sequence i joins at step 2 i) so prefill
+            // chunks of late arrivals mix with decodes of early ones.
+            for (int pi = 0; pi < R.n && budget > 0; pi++) {
+                if (n_got[pi] == N_GREEDY || steps < 2 * pi) continue;
+                int remaining = q[pi].n_ids - q[pi].n_cached;
+                int take = remaining < 7 ? remaining : 7;
+                if (take > budget) take = budget;
+                int completes = take == remaining;
+                owner[s->n_rows] = pi;
+                ASSERT_EQ(sim_step_add(s, &q[pi], take, completes), 0);
+                budget -= take;
+                if (take > 1 || !completes) n_prefill++;
+                else n_decode++;
+            }
+            if (s->n_seqs == 0) break;
+            if (n_prefill && n_decode) mixed_steps++;
+            struct forward_batch fb = sim_step_batch(s);
+            struct runner_output out;
+            struct error err = {0};
+            ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+            sim_step_commit(s);
+            for (int k = 0; k < fb.n_logits; k++) {
+                int pi = owner[k];
+                got[pi][n_got[pi]++] = out.ids[k];
+                q[pi].ids[q[pi].n_ids++] = out.ids[k];
+            }
+            steps++;
+            ASSERT_TRUE(steps < 1000);
+        }
+        ASSERT_TRUE(mixed_steps > 0);
+        for (int pi = 0; pi < R.n; pi++) {
+            char what[128];
+            snprintf(what, sizeof what, "%s mixed batch, prompt %d", MOE_MODELS[mi], pi);
+            ASSERT_TRUE(greedy_compare(&R, &R.p[pi], got[pi], what) >= 0);
+        }
+        free(q);
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+        refs_free(&R);
+    }
+}
+
+
+// The loaded model has the architecture's layer kinds: MoE where HF puts them, dense MLPs on
+// mlp_only / off-step layers, stacked expert weights of the right shapes.
+TEST(moe_models_layer_kinds) {
+    struct {
+        const char *name;
+        bool moe[3];
+        int n_layers, E, k;
+        bool renorm;
+    } want[] = {
+        {"qwen3_moe", {true, false, true}, 3, 8, 4, true},
+        {"qwen3_moe_sparse2", {false, true, false}, 3, 8, 2, false},
+        {"mixtral", {true, true, false}, 2, 4, 2, true},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        struct model_runner *r = open_model(want[i].name);
+        ASSERT_TRUE(r != NULL);
+        const struct model_config *c = model_runner_config(r);
+        ASSERT_EQ(c->num_layers, want[i].n_layers);
+        ASSERT_EQ(c->num_experts, want[i].E);
+        ASSERT_EQ(c->num_experts_per_tok, want[i].k);
+        ASSERT_EQ(c->norm_topk_prob, want[i].renorm);
+        for (int l = 0; l < c->num_layers; l++) ASSERT_EQ(model_config_layer_is_moe(c, l), want[i].moe[l]);
+        model_runner_free(r);
+    }
+}
+
+// The dense fixtures (model_refs.h's list) have no MoE layer: the hook in the dense forward
+// stays off for them.
+TEST(moe_models_dense_fixtures_have_no_moe_layers) {
+    for (int mi = 0; mi < N_MODELS; mi++) {
+        char rel[256], *json = NULL;
+        snprintf(rel, sizeof rel, "models/%s/config.json", MODELS[mi]);
+        ASSERT_OK(file_read_all(test_fixture(rel), &json, NULL, NULL));
+        struct model_config c;
+        memset(&c, 0, sizeof c);
+        struct error err = {0};
+        ASSERT_OK(model_config_parse_json(&c, json, rel, &err));
+        free(json);
+        ASSERT_EQ(c.num_experts, 0);
+        for (int l = 0; l < c.num_layers; l++) ASSERT_TRUE(!model_config_layer_is_moe(&c, l));
+    }
+}
+
+// Benchmark-only uniform routing changes the outputs (the router is really bypassed) and is
+// deterministic.
+TEST(moe_models_force_uniform_routing) {
+    struct refs R;
+    ASSERT_EQ(refs_load("qwen3_moe", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    float *lg[2];
+    for (int pass = 0; pass < 2; pass++) {
+        setenv("ATOMC_MOE_FORCE_UNIFORM", "1", 1);
+        struct model_runner *r = open_model("qwen3_moe");
+        unsetenv("ATOMC_MOE_FORCE_UNIFORM");
+        ASSERT_TRUE(r != NULL);
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 3u);
+        struct ref_prompt *p = &R.p[R.n - 1];
+        struct sim_seq *q = malloc(sizeof *q);
+        sim_seq_init(q, p->ids, p->n);
+        sim_step_begin(s);
+        ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
+        for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+        s->n_rows = p->n_pos;
+        struct forward_batch fb = sim_step_batch(s);
+        lg[pass] = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
+        struct error err = {0};
+        ASSERT_OK(model_runner_execute_logits(r, &fb, lg[pass], &err));
+        sim_seq_release(s, q);
+        free(q);
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+    }
+    struct ref_prompt *p = &R.p[R.n - 1];
+    int n = p->n_pos * R.vocab;
+    ASSERT_TRUE(max_abs_diff(lg[0], lg[1], n) == 0.0);
+    ASSERT_TRUE(max_abs_diff(lg[0], p->logits, n) > 100 * R.tol);
+    free(lg[0]);
+    free(lg[1]);
+    refs_free(&R);
+}
+
+// Qwen3-30B-A3B's published shape: the bench config parses into the right MoE config and the
+// parameter count is the published 30.5B (3.3B active).
+TEST(moe_models_bench_config_qwen3_30b_a3b) {
+    char *json = NULL;
+    ASSERT_OK(file_read_all("bench/configs/qwen3_30b_a3b.json", &json, NULL, NULL));
+    struct model_config c;
+    struct error err = {0};
+    memset(&c, 0, sizeof c);
+    ASSERT_OK(model_config_parse_json(&c, json, "qwen3_30b_a3b.json", &err));
+    ASSERT_OK(model_config_validate(&c, "qwen3_30b_a3b.json", &err));
+    free(json);
+    ASSERT_EQ(c.arch, MODEL_ARCH_QWEN3_MOE);
+    ASSERT_EQ(c.num_experts, 128);
+    ASSERT_EQ(c.num_experts_per_tok, 8);
+    ASSERT_EQ(c.moe_intermediate_size, 768);
+    ASSERT_TRUE(c.norm_topk_prob && c.qk_norm);
+    for (int l = 0; l < c.num_layers; l++) ASSERT_TRUE(model_config_layer_is_moe(&c, l));
+    int64_t n = model_param_count(&c);
+    fprintf(stderr, "  qwen3_30b_a3b: %lld parameters\n", (long long)n);
+    ASSERT_EQ(n, 30532122624LL);
+}
+
+// Bad MoE configs are refused with a message, never a crash.
+TEST(moe_models_bad_configs_rejected) {
+    const char *bad[] = {
+        // top-k larger than the experts
+        "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
+        "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":64,"
+        "\"vocab_size\":256,\"num_experts\":4,\"num_experts_per_tok\":5,\"moe_intermediate_size\":32}",
+        // shared experts (not implemented yet)
+        "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
+        "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":64,"
+        "\"vocab_size\":256,\"num_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,"
+        "\"n_shared_experts\":1}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char dir[] = "/tmp/atomc_moe_badXXXXXX";
+        ASSERT_TRUE(mkdtemp(dir) != NULL);
+        char path[256];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        ASSERT_TRUE(f != NULL);
+        fputs(bad[i], f);
+        fclose(f);
+        struct runner_options o = base_options(dir);
+        o.load_format = "dummy";
+        struct model_runner *r = NULL;
+        struct error err = {0};
+        atomc_status st = model_runner_create(&o, &r, &err);
+        ASSERT_TRUE(st != ATOMC_OK);
+        ASSERT_TRUE(r == NULL);
+        ASSERT_TRUE(strlen(err.msg) > 0);
+        fprintf(stderr, "  rejected: %s\n", err.msg);
+        unlink(path);
+        rmdir(dir);
+    }
+}
+
+int main(int argc, char **argv) { return test_main(argc, argv); }
