@@ -74,6 +74,8 @@ struct model_scratch {
     void *lg_h;       // (max_logits_rows, hidden) gathered last-block output rows
     void *lg_x;       // (max_logits_rows, hidden) final-normed rows
     float *logits;    // (max_logits_rows, vocab) F32
+    float *lg_shard;  // TP only: (max_logits_rows, vocab / tp) F32 this rank's vocab-parallel logits
+    float *lg_gather; // TP only: (tp, max_logits_rows, vocab / tp) F32 staging of the all-gather
     size_t bytes;     // total allocated
     struct model_moe_scratch moe;
 };
@@ -97,7 +99,9 @@ struct model {
     // heads than ranks) and intermediate columns [inter0, inter0 + cfg.intermediate_size): cfg
     // holds this rank's LOCAL sizes, global_* the checkpoint's. o_proj and down_proj are
     // row-parallel (their outputs are all-reduced over `comm`; their biases live on rank 0
-    // only); embeddings, norms and lm_head are replicated (so every rank computes the same logits).
+    // only). lm_head is vocab-parallel: rows [tp_rank V/tp, (tp_rank+1) V/tp) (of the embedding
+    // table when tied), whose logits are all-gathered so every rank holds (and samples) the
+    // same full logits. Embeddings and norms are replicated.
     int tp_rank, tp_size;
     struct comm *comm;            // not owned; NULL when tp_size == 1
     int global_num_heads, global_num_kv_heads, global_intermediate_size;

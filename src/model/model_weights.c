@@ -423,6 +423,9 @@ static atomc_status model_tp_check(const struct model_config *c, int tp, int ran
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d and num_key_value_heads %d: one "
                          "must divide the other (KV heads are split, or replicated when fewer than ranks)", tp,
                          c->num_kv_heads);
+    if (c->vocab_size % tp != 0)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d does not divide vocab_size %d "
+                         "(the lm_head is split by vocabulary rows)", tp, c->vocab_size);
     if (c->intermediate_size % tp != 0)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d does not divide intermediate_size "
                          "%d", tp, c->intermediate_size);
@@ -473,7 +476,15 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     // A checkpoint without lm_head.weight ties it to the embeddings whatever the config says
     // (GGUF files drop output.weight when tied).
     bool tied = cfg->tie_word_embeddings || (o->files && !model_files_has_tensor(o->files, "lm_head.weight"));
-    if (tied) {
+    if (tp > 1) {
+        // Vocab-parallel lm_head: this rank's rows (a copy of the embedding rows when tied).
+        int64_t Vs = V / tp;
+        const char *name = tied ? "model.embed_tokens.weight" : "lm_head.weight";
+        if ((st = weight_load_slice(&L, &m->lm_head, name, 2, (int64_t[]){Vs, H}, 0, 0, (int64_t)m->tp_rank * Vs,
+                                    err)))
+            goto fail;
+        if (tied) m->cfg.tie_word_embeddings = true;
+    } else if (tied) {
         m->lm_head = m->embed;
         m->cfg.tie_word_embeddings = true;
     } else if ((st = weight_load(&L, &m->lm_head, "lm_head.weight", 2, (int64_t[]){V, H}, 0, err))) {
@@ -522,7 +533,8 @@ int64_t model_param_count(const struct model_config *c) {
 static void model_scratch_free(struct model *m) {
     struct model_scratch *s = &m->scratch;
     void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->qn, &s->kn, &s->attn, &s->gate_up, &s->act,
-                   &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits};
+                   &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits, (void **)&s->lg_shard,
+                   (void **)&s->lg_gather};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
         if (*ps[i]) m->backend->ops->free(m->backend, *ps[i]);
         *ps[i] = NULL;
@@ -557,6 +569,8 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {&s->lg_h, R * H * e},
         {&s->lg_x, R * H * e},
         {(void **)&s->logits, R * (size_t)c->vocab_size * sizeof(float)},
+        {(void **)&s->lg_shard, m->tp_size > 1 ? R * (size_t)(c->vocab_size / m->tp_size) * sizeof(float) : 0},
+        {(void **)&s->lg_gather, m->tp_size > 1 ? R * (size_t)c->vocab_size * sizeof(float) : 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         if (!want[i].bytes) continue;

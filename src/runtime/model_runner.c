@@ -491,11 +491,11 @@ static atomc_status runner_forward(struct model_runner *r, const struct forward_
     runner_layout_build(&r->lay, fb->n_tokens, fb->n_seqs, fb->max_blocks_per_seq, fb->n_logits, fb->n_prompt_lp);
     runner_upload(r, runner_pack(r, fb, 0, fb->max_blocks_per_seq, &md));
     model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
+    if (n_rows > 0) model_compute_logits(r->model, DPTR(r, logits_rows, int32_t), n_rows);
     if (r->model->comm_status != ATOMC_OK) { // a tensor-parallel collective failed (peer died / timed out)
         if (err) *err = r->model->comm_err;
         return r->model->comm_status;
     }
-    if (n_rows > 0) model_compute_logits(r->model, DPTR(r, logits_rows, int32_t), n_rows);
     return ATOMC_OK;
 }
 
