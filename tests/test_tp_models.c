@@ -14,7 +14,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
 #include "model_refs.h"
+#include "parallel/comm.h"
+#include "parallel/rendezvous.h"
 #include "parallel/tp_runner.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
@@ -222,6 +226,88 @@ TEST(tp3_smollm2_gguf_matches_tp1) {
     free(l3);
     any_free(&a1);
     any_free(&a3);
+}
+
+// Ranks as separate processes (the multi-node shape on one host): two processes meet through the
+// TCP rendezvous on loopback, which hands out the shm segment name; each loads its shard
+// (model_runner with tp_rank / tp_size / comm) and runs the same batches; rank 0's logits must
+// equal TP=1's within the TP tolerance.
+static int process_rank_logits(int rank, int port, const struct refs *R, float **out, char *msg, size_t msg_n) {
+    struct rendezvous_options ro = {.nnodes = 2, .node_rank = rank, .master_addr = "127.0.0.1", .master_port = port,
+                                    .timeout_s = 60};
+    char name[96];
+    snprintf(name, sizeof name, "/atomc-test-tpproc-%d", (int)getpid());
+    struct error err = {0};
+    struct rendezvous *rdv = NULL;
+    void *blob = NULL;
+    size_t blob_len = 0;
+    if (rendezvous_join(&ro, name, strlen(name), &rdv, &blob, &blob_len, &err) != ATOMC_OK) {
+        snprintf(msg, msg_n, "rank %d rendezvous: %.400s", rank, err.msg);
+        return 1;
+    }
+    struct comm *c = NULL;
+    int rc = 1;
+    if (comm_shm_create(blob, rank, 2, 0, 60, &c, &err) != ATOMC_OK) {
+        snprintf(msg, msg_n, "rank %d comm: %.400s", rank, err.msg);
+    } else {
+        char path[4096];
+        struct runner_options o = base_options(model_path("llama_gqa", path, sizeof path));
+        o.tp_rank = rank;
+        o.tp_size = 2;
+        o.comm = c;
+        o.num_threads = 1;
+        struct any_runner a = {0};
+        if (model_runner_create(&o, &a.r, &err) != ATOMC_OK) {
+            snprintf(msg, msg_n, "rank %d runner: %.400s", rank, err.msg);
+        } else {
+            *out = all_logits(&a, R, 4);
+            rc = *out ? 0 : 1;
+            if (rc) snprintf(msg, msg_n, "rank %d: forward failed", rank);
+            any_free(&a);
+        }
+        comm_destroy(c);
+    }
+    if (!rc && rendezvous_barrier(rdv, &err) != ATOMC_OK) {
+        snprintf(msg, msg_n, "rank %d final barrier: %.400s", rank, err.msg);
+        rc = 1;
+    }
+    free(blob);
+    rendezvous_close(rdv);
+    return rc;
+}
+
+TEST(tp2_ranks_as_processes_via_rendezvous) {
+    struct refs R;
+    ASSERT_EQ(refs_load("llama_gqa", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    const int port = 21000 + (int)(getpid() % 20000);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char msg[512] = "";
+        float *lg = NULL;
+        int rc = process_rank_logits(1, port, &R, &lg, msg, sizeof msg);
+        if (rc) fprintf(stderr, "  child: %s\n", msg);
+        _exit(rc);
+    }
+    char msg[512] = "";
+    float *ln = NULL;
+    int rc = process_rank_logits(0, port, &R, &ln, msg, sizeof msg);
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    if (rc) test_fail(__FILE__, __LINE__, "%s", msg);
+    ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    struct any_runner a1;
+    ASSERT_EQ(any_open(&a1, "llama_gqa", 1), 0);
+    float *l1 = all_logits(&a1, &R, 3);
+    ASSERT_TRUE(l1 && ln);
+    int rows = 0;
+    for (int pi = 0; pi < R.n; pi++) rows += R.p[pi].n_pos;
+    double d = max_abs_diff(ln, l1, rows * R.vocab), tol = R.tol / LOGIT_RTOL * TP_RTOL;
+    fprintf(stderr, "  llama_gqa TP=2 as 2 processes: max |logit - TP=1| %.2e (tol %.2e)\n", d, tol);
+    ASSERT_TRUE(d <= tol);
+    free(l1);
+    free(ln);
+    any_free(&a1);
+    refs_free(&R);
 }
 
 TEST(tp_size_must_divide_heads) {
