@@ -123,6 +123,7 @@ S = [
     # globals
     "{{ range(3) | list }}|{{ range(1, 10, 3) | list }}|{{ range(5, 0, -2) | list }}|{% for i in range(2) %}{{ i }}{% endfor %}",
     "{{ dict(a=1, b='x') }}|{{ namespace(a=1).a }}",
+    "{% set j = joiner(' | ') %}{% for x in xs %}{{ j() }}{{ x }}{% endfor %}|{% set j2 = joiner() %}{{ j2() }}{{ j2() }}{{ j2() }}|{% set c = cycler('odd', 'even') %}{% for x in xs %}{{ c.next() }}{{ c.current }};{% endfor %}{{ c.reset() }}{{ c.current }}",
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}",
     # errors
     "{{ zz.attr }}", "{{ d.zz.attr }}", "{{ 1 + 'a' }}", "{{ 'a' + 1 }}", "{{ zz + 1 }}", "{{ 1 / 0 }}", "{{ 1 // 0 }}",

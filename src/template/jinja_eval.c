@@ -35,14 +35,14 @@ struct scope {
     struct jv *vals;
 };
 
-enum func_kind { FN_BUILTIN, FN_MACRO, FN_METHOD, FN_CALLER };
-enum builtin_id { B_RANGE, B_NAMESPACE, B_DICT, B_RAISE, B_STRFTIME, B_COUNT };
+enum func_kind { FN_BUILTIN, FN_MACRO, FN_METHOD, FN_CALLER, FN_JOINER, FN_CYCLER };
+enum builtin_id { B_RANGE, B_NAMESPACE, B_DICT, B_RAISE, B_STRFTIME, B_JOINER, B_CYCLER, B_COUNT };
 
 struct jfunc {
     enum func_kind kind;
-    int id;             // FN_BUILTIN
+    int id;             // FN_BUILTIN: which; FN_JOINER: calls so far; FN_CYCLER: position
     const char *name;   // method / macro name
-    struct jv self;     // FN_METHOD
+    struct jv self;     // FN_METHOD: the object; FN_JOINER: separator; FN_CYCLER: items (list)
     const struct node *node; // FN_MACRO: N_MACRO; FN_CALLER: N_CALLBLOCK
     struct scope *closure;   // FN_CALLER
 };
@@ -265,7 +265,8 @@ static bool scope_set(struct eval *ev, const struct node *at, struct scope *s, c
     return true;
 }
 
-static const char *const BUILTIN_NAMES[B_COUNT] = {"range", "namespace", "dict", "raise_exception", "strftime_now"};
+static const char *const BUILTIN_NAMES[B_COUNT] = {"range",        "namespace", "dict",  "raise_exception",
+                                                   "strftime_now", "joiner",    "cycler"};
 
 static struct jv lookup(struct eval *ev, const char *name) {
     for (struct scope *s = ev->scope; s; s = s->parent)
@@ -925,6 +926,16 @@ static bool get_attr(struct eval *ev, const struct node *at, const struct jv *ob
         break;
     case JV_LIST:
         if (jlist_is_plain(obj->u.l) && name_in(name, LIST_METHODS)) return mk_method(ev, at, obj, name, out);
+        break;
+    case JV_FUNC:
+        if (obj->u.fn->kind == FN_CYCLER) {
+            const struct jlist *items = obj->u.fn->self.u.l;
+            if (!strcmp(name, "current")) {
+                *out = items->v[(size_t)obj->u.fn->id % items->n];
+                return true;
+            }
+            if (!strcmp(name, "next") || !strcmp(name, "reset")) return mk_method(ev, at, obj, name, out);
+        }
         break;
     case JV_LOOP: {
         const struct jloop *L = obj->u.loop;
@@ -1754,6 +1765,26 @@ static bool call_builtin(struct eval *ev, const struct node *at, int id, struct 
         sbuf_free(&b);
         return false;
     }
+    case B_JOINER:
+    case B_CYCLER: {
+        struct jfunc *f = ev_alloc(ev, at, sizeof *f);
+        if (!f) return false;
+        memset(f, 0, sizeof *f);
+        if (id == B_JOINER) {
+            const struct jv *sep = arg_get(a, 0, "sep");
+            f->kind = FN_JOINER;
+            f->self = sep ? *sep : jv_str(", ", 2);
+        } else {
+            if (a->npos == 0) return FAIL(at, "at least one item has to be provided");
+            struct jlist *l = mk_list(ev, at, (size_t)a->npos, false);
+            if (!l) return false;
+            for (int i = 0; i < a->npos; i++) l->v[i] = a->pos[i];
+            f->kind = FN_CYCLER;
+            f->self = list_val(l);
+        }
+        *out = func_val(f);
+        return true;
+    }
     case B_STRFTIME: {
         const struct jv *f = arg_get(a, 0, "format");
         if (!f || f->t != JV_STR) return FAIL(at, "strftime_now() needs a format string");
@@ -1914,6 +1945,19 @@ static bool call_method(struct eval *ev, const struct node *at, const struct jv 
             return true;
         }
         return FAIL(at, "loop.%s() is not supported", m);
+    case JV_FUNC:
+        if (self->u.fn->kind == FN_CYCLER) {
+            struct jfunc *f = self->u.fn;
+            if (!strcmp(m, "reset")) {
+                f->id = 0;
+                *out = jv_none();
+                return true;
+            }
+            *out = f->self.u.l->v[(size_t)f->id % f->self.u.l->n]; // next(): current item, then advance
+            f->id = (int)(((size_t)f->id + 1) % f->self.u.l->n);
+            return true;
+        }
+        break;
     default: break;
     }
     return FAIL(at, "'%s' object has no method '%s'", jv_type_name(self), m);
@@ -1929,6 +1973,12 @@ static bool call_value(struct eval *ev, const struct node *at, const struct jv *
     case FN_MACRO:
     case FN_CALLER: return call_macro(ev, at, f, a, f->kind == FN_MACRO ? caller : NULL, out);
     case FN_METHOD: return call_method(ev, at, &f->self, f->name, a, out);
+    case FN_JOINER: { // "" the first time, the separator after
+        struct jfunc *mf = fn->u.fn;
+        *out = mf->id++ ? mf->self : jv_str("", 0);
+        return true;
+    }
+    case FN_CYCLER: return FAIL(at, "'Cycler' object is not callable");
     }
     return FAIL(at, "not callable");
 }

@@ -72,6 +72,12 @@ def test_cli_reads_model_dir_and_rejects_bad_input(tmp_path):
     msgs.write_text('[{"role": 1}]')
     p = subprocess.run([ATOMC, "chat-template", "--model", str(tmp_path), "--messages", str(msgs)], capture_output=True)
     assert p.returncode == 1 and b"messages[0].role must be a string" in p.stderr
+    # transformers >= 4.43 keeps the template in chat_template.jinja, which wins
+    (tmp_path / "chat_template.jinja").write_text("J{{ messages | length }}{{ bos_token }}\n")
+    msgs.write_text('[{"role": "user", "content": "hi"}]')
+    p = subprocess.run([ATOMC, "chat-template", "--model", str(tmp_path), "--messages", str(msgs)], capture_output=True)
+    assert p.returncode == 0 and p.stdout == b"J1<B>", p.stderr  # one trailing newline dropped, as jinja2 does
+    msgs.write_text('[{"role": 1}]')
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for x in y %}\n{{ x }")
     p = subprocess.run([ATOMC, "chat-template", "--chat-template", str(bad), "--messages", str(msgs)], capture_output=True)
@@ -90,3 +96,10 @@ def test_cli_reads_gguf_template(tmp_path):
                        capture_output=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.decode() == case["expected"]
+    # a model directory holding just the .gguf works too
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "model.gguf").symlink_to(os.path.abspath(gguf))
+    p = subprocess.run([ATOMC, "chat-template", "--model", str(d), "--messages", str(msgs), "--add-generation-prompt"],
+                       capture_output=True)
+    assert p.returncode == 0 and p.stdout.decode() == case["expected"], p.stderr
