@@ -69,6 +69,10 @@ static void on_engine_output(void *user, const atomc_output *o) {
     ev->completion_tokens = o->completion_tokens;
     ev->cached_tokens = o->cached_tokens;
     ev->error = o->error ? xstrdup(o->error) : NULL;
+    ev->arrival_time = o->arrival_time;
+    ev->first_scheduled_time = o->first_scheduled_time;
+    ev->first_token_time = o->first_token_time;
+    ev->finish_time = o->finish_time;
 
     pthread_mutex_lock(&r->mu);
     if (r->ev_tail) r->ev_tail->next = ev;
@@ -372,8 +376,13 @@ static void apply_event(struct srv_req *r, struct srv_event *ev) {
     if (ev->finish != ATOMC_FINISH_NONE) {
         c->done = true;
         r->n_done++;
+        // Latencies as the client sees them (from the HTTP request's arrival, so parsing, chat
+        // rendering and tokenization count); queue time from the engine's own clock.
+        double queue = -1;
+        if (ev->arrival_time > 0 && ev->first_scheduled_time >= ev->arrival_time)
+            queue = ev->first_scheduled_time - ev->arrival_time;
         metrics_record_request(&s->metrics, c->finish, c->prompt_tokens, c->completion_tokens,
-                               c->t_first > 0 ? c->t_first - r->t_arrival : -1, ev->t - r->t_arrival, -1);
+                               c->t_first > 0 ? c->t_first - r->t_arrival : -1, ev->t - r->t_arrival, queue);
         if (c->finish == ATOMC_FINISH_ERROR) {
             if (c->error) LOG_WARN("request %s: %s", r->id, c->error);
             s->consecutive_errors++;

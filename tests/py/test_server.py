@@ -338,6 +338,9 @@ def test_metrics_names(srv, client):
         assert n in names, n
     assert srv.metric("vllm:generation_tokens_total") >= 2
     assert srv.metric("vllm:request_success_total", finished_reason="length") >= 1
+    assert srv.metric("vllm:request_queue_time_seconds_count") >= 1  # from the engine's timestamps
+    assert srv.metric("vllm:time_to_first_token_seconds_count") >= 1
+    assert srv.metric("vllm:e2e_request_latency_seconds_sum") > 0
     assert all('model_name="smol"' in k for k in m if k.startswith("vllm:"))
 
 
