@@ -52,10 +52,16 @@ static void on_engine_output(void *user, const atomc_output *o) {
     ev->choice = (int)(c - r->choices);
     ev->t = time_now_s();
     if (o->text_len) {
-        ev->text = xmalloc(o->text_len + 1);
-        memcpy(ev->text, o->text, o->text_len);
-        ev->text[o->text_len] = '\0';
-        ev->text_len = o->text_len;
+        // JSON strings must be valid UTF-8: a delta that is not (which the engine promises never
+        // to send) is repaired with U+FFFD rather than dropped.
+        if (oai_utf8_valid(o->text, o->text_len)) {
+            ev->text = xmalloc(o->text_len + 1);
+            memcpy(ev->text, o->text, o->text_len);
+            ev->text[o->text_len] = '\0';
+            ev->text_len = o->text_len;
+        } else {
+            ev->text = oai_utf8_sanitize(o->text, o->text_len, &ev->text_len);
+        }
     }
     ev->n_tokens = nt;
     if (nt && o->new_tokens) memcpy(ev->tokens, o->new_tokens, (size_t)nt * sizeof(int32_t));
@@ -601,9 +607,12 @@ static int build_prompts(struct server *s, struct srv_req *r, struct oai_error *
                 p->ids = xmalloc((size_t)(p->n_ids ? p->n_ids : 1) * sizeof(int32_t));
                 memcpy(p->ids, q->prompts[i].ids, (size_t)p->n_ids * sizeof(int32_t));
                 if (q->echo) {
-                    if (s->eng.detokenize(s->eng.ctx, p->ids, p->n_ids, false, &p->text, &err) != ATOMC_OK)
+                    char *raw = NULL;
+                    if (s->eng.detokenize(s->eng.ctx, p->ids, p->n_ids, false, &raw, &err) != ATOMC_OK)
                         return oai_error_set(e, 400, "prompt", "cannot decode the prompt's token ids: %s", err.msg);
-                    p->text_len = strlen(p->text);
+                    // Ids may end inside a UTF-8 sequence; the echo must still be valid JSON text.
+                    p->text = oai_utf8_sanitize(raw, strlen(raw), &p->text_len);
+                    free(raw);
                 }
             } else {
                 p->text = xmalloc(q->prompts[i].text_len + 1);
