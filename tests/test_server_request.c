@@ -278,6 +278,14 @@ TEST(logprobs_shapes) {
     char *s = oai_token_string(&tt, 1);
     ASSERT_STREQ(s, "\xef\xbf\xbd"); // partial UTF-8 -> U+FFFD
     free(s);
+    ASSERT_TRUE(oai_utf8_valid("a\xc3\xa9", 3));
+    ASSERT_TRUE(!oai_utf8_valid("a\xc3", 2));
+    ASSERT_TRUE(!oai_utf8_valid("a\0b", 3));
+    size_t sl;
+    char *fixed = oai_utf8_sanitize("a\xc3", 2, &sl);
+    ASSERT_STREQ(fixed, "a\xef\xbf\xbd");
+    ASSERT_EQ(sl, 4);
+    free(fixed);
     struct oai_token_text ids = {tb, NULL, true};
     s = oai_token_string(&ids, 3);
     ASSERT_STREQ(s, "token_id:3");

@@ -52,10 +52,16 @@ static void on_engine_output(void *user, const atomc_output *o) {
     ev->choice = (int)(c - r->choices);
     ev->t = time_now_s();
     if (o->text_len) {
-        ev->text = xmalloc(o->text_len + 1);
-        memcpy(ev->text, o->text, o->text_len);
-        ev->text[o->text_len] = '\0';
-        ev->text_len = o->text_len;
+        // JSON strings must be valid UTF-8: a delta that is not (which the engine promises never
+        // to send) is repaired with U+FFFD rather than dropped.
+        if (oai_utf8_valid(o->text, o->text_len)) {
+            ev->text = xmalloc(o->text_len + 1);
+            memcpy(ev->text, o->text, o->text_len);
+            ev->text[o->text_len] = '\0';
+            ev->text_len = o->text_len;
+        } else {
+            ev->text = oai_utf8_sanitize(o->text, o->text_len, &ev->text_len);
+        }
     }
     ev->n_tokens = nt;
     if (nt && o->new_tokens) memcpy(ev->tokens, o->new_tokens, (size_t)nt * sizeof(int32_t));
@@ -69,6 +75,10 @@ static void on_engine_output(void *user, const atomc_output *o) {
     ev->completion_tokens = o->completion_tokens;
     ev->cached_tokens = o->cached_tokens;
     ev->error = o->error ? xstrdup(o->error) : NULL;
+    ev->arrival_time = o->arrival_time;
+    ev->first_scheduled_time = o->first_scheduled_time;
+    ev->first_token_time = o->first_token_time;
+    ev->finish_time = o->finish_time;
 
     pthread_mutex_lock(&r->mu);
     if (r->ev_tail) r->ev_tail->next = ev;
@@ -372,8 +382,13 @@ static void apply_event(struct srv_req *r, struct srv_event *ev) {
     if (ev->finish != ATOMC_FINISH_NONE) {
         c->done = true;
         r->n_done++;
+        // Latencies as the client sees them (from the HTTP request's arrival, so parsing, chat
+        // rendering and tokenization count); queue time from the engine's own clock.
+        double queue = -1;
+        if (ev->arrival_time > 0 && ev->first_scheduled_time >= ev->arrival_time)
+            queue = ev->first_scheduled_time - ev->arrival_time;
         metrics_record_request(&s->metrics, c->finish, c->prompt_tokens, c->completion_tokens,
-                               c->t_first > 0 ? c->t_first - r->t_arrival : -1, ev->t - r->t_arrival, -1);
+                               c->t_first > 0 ? c->t_first - r->t_arrival : -1, ev->t - r->t_arrival, queue);
         if (c->finish == ATOMC_FINISH_ERROR) {
             if (c->error) LOG_WARN("request %s: %s", r->id, c->error);
             s->consecutive_errors++;
@@ -592,9 +607,12 @@ static int build_prompts(struct server *s, struct srv_req *r, struct oai_error *
                 p->ids = xmalloc((size_t)(p->n_ids ? p->n_ids : 1) * sizeof(int32_t));
                 memcpy(p->ids, q->prompts[i].ids, (size_t)p->n_ids * sizeof(int32_t));
                 if (q->echo) {
-                    if (s->eng.detokenize(s->eng.ctx, p->ids, p->n_ids, false, &p->text, &err) != ATOMC_OK)
+                    char *raw = NULL;
+                    if (s->eng.detokenize(s->eng.ctx, p->ids, p->n_ids, false, &raw, &err) != ATOMC_OK)
                         return oai_error_set(e, 400, "prompt", "cannot decode the prompt's token ids: %s", err.msg);
-                    p->text_len = strlen(p->text);
+                    // Ids may end inside a UTF-8 sequence; the echo must still be valid JSON text.
+                    p->text = oai_utf8_sanitize(raw, strlen(raw), &p->text_len);
+                    free(raw);
                 }
             } else {
                 p->text = xmalloc(q->prompts[i].text_len + 1);

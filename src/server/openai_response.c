@@ -30,6 +30,17 @@ char *oai_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
     return out;
 }
 
+bool oai_utf8_valid(const char *s, size_t len) {
+    size_t i = 0;
+    while (i < len) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t n = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(len - i), &cp);
+        if (n <= 0 || cp == 0) return false;
+        i += (size_t)n;
+    }
+    return true;
+}
+
 size_t oai_utf8_length(const char *s, size_t len) {
     size_t count = 0, i = 0;
     while (i < len) {

@@ -21,6 +21,8 @@ struct oai_token_text {
 char *oai_token_string(const struct oai_token_text *tt, int32_t id);
 // Number of Unicode code points in valid UTF-8 s (invalid bytes count one each).
 size_t oai_utf8_length(const char *s, size_t len);
+// True if s is valid UTF-8 without NUL bytes (what jansson's json_stringn accepts).
+bool oai_utf8_valid(const char *s, size_t len);
 // Copies s, replacing invalid UTF-8 sequences with U+FFFD (malloc'd, NUL-terminated; *out_len set).
 char *oai_utf8_sanitize(const char *s, size_t len, size_t *out_len);
 

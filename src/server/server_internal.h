@@ -99,6 +99,7 @@ struct srv_event {
     int32_t stop_token;
     int prompt_tokens, completion_tokens, cached_tokens;
     char *error;
+    double arrival_time, first_scheduled_time, first_token_time, finish_time; // engine clock, 0 = unknown
     int32_t tokens[]; // n_tokens
 };
 

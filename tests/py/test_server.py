@@ -338,6 +338,9 @@ def test_metrics_names(srv, client):
         assert n in names, n
     assert srv.metric("vllm:generation_tokens_total") >= 2
     assert srv.metric("vllm:request_success_total", finished_reason="length") >= 1
+    assert srv.metric("vllm:request_queue_time_seconds_count") >= 1  # from the engine's timestamps
+    assert srv.metric("vllm:time_to_first_token_seconds_count") >= 1
+    assert srv.metric("vllm:e2e_request_latency_seconds_sum") > 0
     assert all('model_name="smol"' in k for k in m if k.startswith("vllm:"))
 
 
@@ -372,3 +375,11 @@ def test_client_disconnect_mid_stream_aborts(srv):
     assert srv.metric("vllm:request_success_total", finished_reason="abort") == before + 1
     assert srv.metric("vllm:num_requests_running") == 0
     assert srv.metric("vllm:kv_cache_usage_perc") == 0
+
+
+def test_echo_of_partial_utf8_token_ids_is_valid_json(srv, client):
+    """Token ids that end inside a UTF-8 character still give valid JSON (U+FFFD for the cut bytes)."""
+    st, tok = srv.json("POST", "/tokenize", {"prompt": "✓", "add_special_tokens": False})
+    assert st == 200 and tok["count"] >= 2, tok  # byte-level pieces of a 3-byte character
+    r = client.completions.create(model="smol", prompt=tok["tokens"][:1], max_tokens=1, echo=True, temperature=0)
+    assert r.choices[0].text.startswith("\ufffd")

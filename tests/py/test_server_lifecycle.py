@@ -82,3 +82,18 @@ def test_load_smoke_concurrent_streams_with_aborts():
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     assert summary["ok"] and all(not w["broken_examples"] for w in summary["waves"])
     assert sum(w["outcomes"].get("complete", 0) for w in summary["waves"]) > 0
+
+
+@pytest.mark.skipif(not SMOLLM2, reason="set ATOMC_SMOLLM2")
+def test_chat_template_override_inline_and_file(tmp_path):
+    """--chat-template takes the Jinja text itself or a file (as vLLM's)."""
+    tmpl = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    f = tmp_path / "t.jinja"
+    f.write_text(tmpl.replace("[", "<"))
+    for arg, want in [(tmpl, "[user]hi[assistant]"), (str(f), "<user]hi<assistant]")]:
+        s = Server(SMOLLM2, "--max-model-len", "256", "--chat-template", arg)
+        try:
+            st, body = s.json("POST", "/apply-template", {"messages": [{"role": "user", "content": "hi"}]})
+            assert st == 200 and body["prompt"] == want
+        finally:
+            assert s.stop() == 0
