@@ -49,7 +49,7 @@ struct model_layer {
 
 // MoE scratch (moe.c), allocated with the rest of the scratch when the model has MoE layers.
 struct model_moe_scratch {
-    void *logits;       // (max_tokens, E) act dtype router logits
+    float *logits;      // (max_tokens, E) F32 router logits
     int32_t *topk_ids;  // (max_tokens, top_k) expert ids
     float *topk_w;      // (max_tokens, top_k) F32 combine weights
     void *workspace;    // moe_workspace_bytes(max_tokens, top_k, E, hidden, moe_inter)

@@ -167,7 +167,8 @@ static void dummy_pools_free(struct weight_loader *L) {
     L->n_pools = 0;
 }
 
-// Random weights in [lo, hi) (lo == hi: that constant) copied into backend memory from a pool.
+// Random weights in [lo, hi) (lo == hi: that constant) written into backend memory: on the
+// device when the backend has fill_uniform (CUDA), else copied from a host pool.
 static atomc_status weight_fill_dummy(struct weight_loader *L, struct tensor *t, float lo, float hi,
                                       const char *name, struct error *err) {
     struct backend *b = L->m->backend;
@@ -177,6 +178,11 @@ static atomc_status weight_fill_dummy(struct weight_loader *L, struct tensor *t,
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: cannot allocate %zu bytes for %s", bytes, name);
     uint64_t seed = L->seed;
     L->seed = splitmix64(&seed);
+    if (lo != hi && b->ops->fill_uniform) { // on the device: nothing crosses the host link
+        atomc_status st = b->ops->fill_uniform(b, t, L->seed, lo, hi, err);
+        if (st != ATOMC_OK) return error_prefix(err, "dummy weights %s: ", name);
+        return ATOMC_OK;
+    }
     const struct dummy_pool *p = dummy_pool_get(L, lo, hi, t->dtype, err);
     if (!p) return err ? err->status : ATOMC_ERR_OUT_OF_MEMORY;
     int64_t n = tensor_numel(t), esz = (int64_t)dtype_row_bytes(t->dtype, 1);

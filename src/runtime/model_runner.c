@@ -4,8 +4,9 @@
 // Start-up (model_runner_create):
 //   backend_create -> config (checkpoint, or config.json alone for --load-format dummy)
 //   -> weights (model_load; dtype: auto = the backend's weight dtype, F32 on CPU, BF16 on CUDA)
-//   -> persistent step buffers (metadata, sampling parameters, outputs: one device block with
-//      fixed offsets, so captured CUDA graphs keep valid pointers)
+//   -> persistent step buffers (metadata + sampling parameters in one host/device block pair,
+//      laid out densely per eager step and at fixed offsets for decode graphs, whose captured
+//      kernels keep their pointers; sampling outputs)
 //   -> scratch activations for max_num_batched_tokens
 //   -> KV pool: num_kv_blocks if given; CPU: cpu_kv_cache_bytes; CUDA: a profile forward of
 //      the largest batch, then memory_info and gpu_memory_utilization (as vLLM does)
@@ -148,9 +149,10 @@ static atomc_status runner_read_dummy_config(const char *path, struct model_conf
     free(json);
     if (st != ATOMC_OK) return st;
     if (dir_exists(path)) {
-        snprintf(buf, sizeof buf, "%s/generation_config.json", path);
-        if (file_exists(buf) && file_read_all(buf, &json, NULL, NULL) == ATOMC_OK) {
-            st = model_config_merge_generation_config(cfg, json, buf, err);
+        char gen[4096]; // not buf: cfg_path points into it and names config.json in errors below
+        snprintf(gen, sizeof gen, "%s/generation_config.json", path);
+        if (file_exists(gen) && file_read_all(gen, &json, NULL, NULL) == ATOMC_OK) {
+            st = model_config_merge_generation_config(cfg, json, gen, err);
             free(json);
             if (st != ATOMC_OK) return st;
         }

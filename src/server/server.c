@@ -29,6 +29,7 @@ void server_options_init(struct server_options *o) {
     o->max_n = 64;
     o->drain_timeout_s = 30;
     o->max_pending_output_bytes = 64u << 20;
+    o->idle_timeout_s = 300;
     o->install_signal_handlers = true;
 }
 
@@ -629,9 +630,11 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
                                             EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
-    // Idle keep-alive connections and stalled reads/writes are dropped after this long; a request
-    // waiting for the engine is not subject to it (the connection neither reads nor writes then).
-    evhttp_set_timeout(s->http, 300);
+    // Idle keep-alive connections and stalled reads/writes are dropped after this long; while a
+    // generation request is in flight its connection has no read timeout (generate.c).
+    struct timeval idle = {(time_t)o->idle_timeout_s,
+                           (suseconds_t)((o->idle_timeout_s - (time_t)o->idle_timeout_s) * 1e6)};
+    evhttp_set_timeout_tv(s->http, &idle);
     evhttp_set_gencb(s->http, on_request, s);
     s->bound = evhttp_bind_socket_with_handle(s->http, s->host, (ev_uint16_t)o->port);
     if (!s->bound) {
