@@ -143,6 +143,28 @@ bool dp_router_has_work(struct dp_router *r) {
     return false;
 }
 
+void dp_router_get_stats(struct dp_router *r, atomc_stats *s) {
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < r->n; i++) {
+        atomc_stats x;
+        atomc_engine_get_stats(r->replicas[i], &x);
+        s->num_running += x.num_running;
+        s->num_waiting += x.num_waiting;
+        s->num_kv_blocks += x.num_kv_blocks;
+        s->num_free_kv_blocks += x.num_free_kv_blocks;
+        s->prefix_cache_queries += x.prefix_cache_queries;
+        s->prefix_cache_hits += x.prefix_cache_hits;
+        s->num_preemptions += x.num_preemptions;
+        s->prompt_tokens_total += x.prompt_tokens_total;
+        s->generation_tokens_total += x.generation_tokens_total;
+        s->num_steps += x.num_steps;
+        s->num_requests_finished += x.num_requests_finished;
+        s->num_requests_aborted += x.num_requests_aborted;
+        s->prefix_cache_evictions += x.prefix_cache_evictions;
+    }
+    s->kv_cache_usage = s->num_kv_blocks ? 1.0 - (double)s->num_free_kv_blocks / s->num_kv_blocks : 0;
+}
+
 int dp_router_size(const struct dp_router *r) { return r->n; }
 atomc_engine *dp_router_replica(struct dp_router *r, int i) { return r->replicas[i]; }
 int64_t dp_router_outstanding(const struct dp_router *r, int i) { return atomic_load(&r->outstanding[i]); }

@@ -41,6 +41,9 @@ atomc_status dp_router_start(struct dp_router *r);
 int dp_router_step(struct dp_router *r);     // one step of every replica; sequences processed
 bool dp_router_has_work(struct dp_router *r);
 
+// Sums of the replicas' counters; kv_cache_usage = used blocks / total blocks over all replicas.
+void dp_router_get_stats(struct dp_router *r, atomc_stats *s);
+
 int dp_router_size(const struct dp_router *r);
 atomc_engine *dp_router_replica(struct dp_router *r, int i);
 int64_t dp_router_outstanding(const struct dp_router *r, int i);
