@@ -192,13 +192,14 @@ TEST(comm_shm_rank_never_arrives_times_out) {
     char name[96];
     shm_name(name, sizeof name, "late");
     // Rank 1 attaches, then never joins the all_reduce.
-    struct rank_job j1 = {.name = name, .rank = 1, .world = 2, .timeout_s = 0.5, .skip_ops = 1};
+    struct rank_job j1 = {.name = name, .rank = 1, .world = 2, .timeout_s = 30, .skip_ops = 1};
     pthread_t th;
     pthread_create(&th, NULL, rank_thread, &j1);
     struct error err = {0};
     struct comm *c = NULL;
-    ASSERT_OK(comm_shm_create(name, 0, 2, 0, 0.5, &c, &err));
+    ASSERT_OK(comm_shm_create(name, 0, 2, 0, 30, &c, &err));
     pthread_join(th, NULL);
+    c->timeout_s = 0.5; // rank 1 has attached and gone: the all_reduce must give up after this
     float x[5] = {1, 2, 3, 4, 5};
     double t0 = time_now_s();
     atomc_status st = comm_all_reduce_sum(c, x, DTYPE_F32, 5, &err);
@@ -245,13 +246,14 @@ TEST(comm_shm_dead_process_detected) {
     }
     struct error err = {0};
     struct comm *c = NULL;
-    ASSERT_OK(comm_shm_create(name, 0, 2, 0, 0.5, &c, &err));
+    ASSERT_OK(comm_shm_create(name, 0, 2, 0, 30, &c, &err)); // generous while the child starts (loaded CI)
     float x = 2;
     ASSERT_OK(comm_all_reduce_sum(c, &x, DTYPE_F32, 1, &err));
     ASSERT_EQ((int)x, 3);
     int ws = 0;
     waitpid(pid, &ws, 0);
     ASSERT_TRUE(WIFSIGNALED(ws));
+    c->timeout_s = 0.5; // the peer is dead now: the next op must give up after this
     ASSERT_EQ(comm_all_reduce_sum(c, &x, DTYPE_F32, 1, &err), ATOMC_ERR_BACKEND);
     ASSERT_TRUE(strstr(err.msg, "timed out") != NULL);
     comm_destroy(c);
