@@ -3,12 +3,15 @@
 // broadcast), a
 // rank that never arrives (timeout error, never a hang, later ops fail at once), and the TCP
 // rendezvous on loopback with several processes (blob hand-out, refused, world size mismatch).
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -275,7 +278,17 @@ TEST(comm_shm_bad_arguments) {
 // ---------------------------------------------------------------------------------------------
 // Rendezvous
 
-static int test_port(int k) { return 20000 + (int)(getpid() % 20000) + k * 7; }
+// A loopback port that was free a moment ago (the kernel's choice), for node 0 to listen on.
+static int test_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port ? port : 20000 + (int)(getpid() % 20000);
+}
 
 // Process body for one node: join, create the shm communicator named by the blob, check sums.
 static int node_main(int nnodes, int node_rank, int port, char *msg, size_t msg_n) {
@@ -310,7 +323,7 @@ static int node_main(int nnodes, int node_rank, int port, char *msg, size_t msg_
 }
 
 TEST(rendezvous_loopback_processes_share_comm) {
-    const int nnodes = 4, port = test_port(0);
+    const int nnodes = 4, port = test_port();
     pid_t pids[4];
     // Children first (they retry until node 0 listens).
     for (int k = 1; k < nnodes; k++) {
@@ -334,7 +347,7 @@ TEST(rendezvous_loopback_processes_share_comm) {
 
 TEST(rendezvous_refused_times_out_with_clear_error) {
     struct rendezvous_options o = {.nnodes = 2, .node_rank = 1, .master_addr = "127.0.0.1",
-                                   .master_port = test_port(1), .timeout_s = 0.4};
+                                   .master_port = test_port(), .timeout_s = 0.4};
     struct error err = {0};
     struct rendezvous *r = NULL;
     void *blob;
@@ -353,7 +366,7 @@ TEST(rendezvous_refused_times_out_with_clear_error) {
 }
 
 TEST(rendezvous_world_size_mismatch) {
-    const int port = test_port(2);
+    const int port = test_port();
     pid_t pid = fork();
     if (pid == 0) {
         struct rendezvous_options o = {.nnodes = 3, .node_rank = 1, .master_addr = "127.0.0.1", .master_port = port,

@@ -49,7 +49,7 @@ struct comm {
     const struct comm_ops *ops;
     int rank;
     int world_size;
-    double timeout_s;  // longest wait for a peer in one op
+    double timeout_s;  // longest wait for a peer in one op (may be changed between ops)
     bool broken;       // set by the first failed op
     void *impl;
 };
