@@ -332,6 +332,7 @@ TEST(tp2_ranks_as_processes_via_rendezvous) {
 TEST(tp2_dead_rank_process_is_an_error_not_a_hang) {
     struct refs R;
     ASSERT_EQ(refs_load("llama_gqa", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    const int n_prompts = R.n;
     R.n = 1; // one prompt per batch
     char name[96];
     snprintf(name, sizeof name, "/atomc-test-tpdead-%d", (int)getpid());
@@ -386,6 +387,7 @@ TEST(tp2_dead_rank_process_is_an_error_not_a_hang) {
     free(s);
     any_free(&a);
     comm_destroy(c);
+    R.n = n_prompts;
     refs_free(&R);
 }
 
