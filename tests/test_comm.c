@@ -3,12 +3,15 @@
 // broadcast), a
 // rank that never arrives (timeout error, never a hang, later ops fail at once), and the TCP
 // rendezvous on loopback with several processes (blob hand-out, refused, world size mismatch).
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -192,13 +195,14 @@ TEST(comm_shm_rank_never_arrives_times_out) {
     char name[96];
     shm_name(name, sizeof name, "late");
     // Rank 1 attaches, then never joins the all_reduce.
-    struct rank_job j1 = {.name = name, .rank = 1, .world = 2, .timeout_s = 0.5, .skip_ops = 1};
+    struct rank_job j1 = {.name = name, .rank = 1, .world = 2, .timeout_s = 30, .skip_ops = 1};
     pthread_t th;
     pthread_create(&th, NULL, rank_thread, &j1);
     struct error err = {0};
     struct comm *c = NULL;
-    ASSERT_OK(comm_shm_create(name, 0, 2, 0, 0.5, &c, &err));
+    ASSERT_OK(comm_shm_create(name, 0, 2, 0, 30, &c, &err));
     pthread_join(th, NULL);
+    c->timeout_s = 0.5; // rank 1 has attached and gone: the all_reduce must give up after this
     float x[5] = {1, 2, 3, 4, 5};
     double t0 = time_now_s();
     atomc_status st = comm_all_reduce_sum(c, x, DTYPE_F32, 5, &err);
@@ -245,13 +249,14 @@ TEST(comm_shm_dead_process_detected) {
     }
     struct error err = {0};
     struct comm *c = NULL;
-    ASSERT_OK(comm_shm_create(name, 0, 2, 0, 0.5, &c, &err));
+    ASSERT_OK(comm_shm_create(name, 0, 2, 0, 30, &c, &err)); // generous while the child starts (loaded CI)
     float x = 2;
     ASSERT_OK(comm_all_reduce_sum(c, &x, DTYPE_F32, 1, &err));
     ASSERT_EQ((int)x, 3);
     int ws = 0;
     waitpid(pid, &ws, 0);
     ASSERT_TRUE(WIFSIGNALED(ws));
+    c->timeout_s = 0.5; // the peer is dead now: the next op must give up after this
     ASSERT_EQ(comm_all_reduce_sum(c, &x, DTYPE_F32, 1, &err), ATOMC_ERR_BACKEND);
     ASSERT_TRUE(strstr(err.msg, "timed out") != NULL);
     comm_destroy(c);
@@ -273,7 +278,17 @@ TEST(comm_shm_bad_arguments) {
 // ---------------------------------------------------------------------------------------------
 // Rendezvous
 
-static int test_port(int k) { return 20000 + (int)(getpid() % 20000) + k * 7; }
+// A loopback port that was free a moment ago (the kernel's choice), for node 0 to listen on.
+static int test_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port ? port : 20000 + (int)(getpid() % 20000);
+}
 
 // Process body for one node: join, create the shm communicator named by the blob, check sums.
 static int node_main(int nnodes, int node_rank, int port, char *msg, size_t msg_n) {
@@ -308,7 +323,7 @@ static int node_main(int nnodes, int node_rank, int port, char *msg, size_t msg_
 }
 
 TEST(rendezvous_loopback_processes_share_comm) {
-    const int nnodes = 4, port = test_port(0);
+    const int nnodes = 4, port = test_port();
     pid_t pids[4];
     // Children first (they retry until node 0 listens).
     for (int k = 1; k < nnodes; k++) {
@@ -332,7 +347,7 @@ TEST(rendezvous_loopback_processes_share_comm) {
 
 TEST(rendezvous_refused_times_out_with_clear_error) {
     struct rendezvous_options o = {.nnodes = 2, .node_rank = 1, .master_addr = "127.0.0.1",
-                                   .master_port = test_port(1), .timeout_s = 0.4};
+                                   .master_port = test_port(), .timeout_s = 0.4};
     struct error err = {0};
     struct rendezvous *r = NULL;
     void *blob;
@@ -351,7 +366,7 @@ TEST(rendezvous_refused_times_out_with_clear_error) {
 }
 
 TEST(rendezvous_world_size_mismatch) {
-    const int port = test_port(2);
+    const int port = test_port();
     pid_t pid = fork();
     if (pid == 0) {
         struct rendezvous_options o = {.nnodes = 3, .node_rank = 1, .master_addr = "127.0.0.1", .master_port = port,

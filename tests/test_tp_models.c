@@ -14,8 +14,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
+#include "common/timeutil.h"
 #include "model_refs.h"
 #include "parallel/comm.h"
 #include "parallel/rendezvous.h"
@@ -232,6 +237,18 @@ TEST(tp3_smollm2_gguf_matches_tp1) {
 // TCP rendezvous on loopback, which hands out the shm segment name; each loads its shard
 // (model_runner with tp_rank / tp_size / comm) and runs the same batches; rank 0's logits must
 // equal TP=1's within the TP tolerance.
+// A loopback port that was free a moment ago (the kernel's choice), for rank 0 to listen on.
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port ? port : 21000 + (int)(getpid() % 20000);
+}
+
 static int process_rank_logits(int rank, int port, const struct refs *R, float **out, char *msg, size_t msg_n) {
     struct rendezvous_options ro = {.nnodes = 2, .node_rank = rank, .master_addr = "127.0.0.1", .master_port = port,
                                     .timeout_s = 60};
@@ -279,7 +296,7 @@ static int process_rank_logits(int rank, int port, const struct refs *R, float *
 TEST(tp2_ranks_as_processes_via_rendezvous) {
     struct refs R;
     ASSERT_EQ(refs_load("llama_gqa", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-    const int port = 21000 + (int)(getpid() % 20000);
+    const int port = free_port();
     pid_t pid = fork();
     if (pid == 0) {
         char msg[512] = "";
@@ -307,6 +324,70 @@ TEST(tp2_ranks_as_processes_via_rendezvous) {
     free(l1);
     free(ln);
     any_free(&a1);
+    refs_free(&R);
+}
+
+// A rank process that dies (SIGKILL) after the first batch: rank 0's next forward fails with a
+// timeout error naming the wait (no hang), and the one after fails at once with the same cause.
+TEST(tp2_dead_rank_process_is_an_error_not_a_hang) {
+    struct refs R;
+    ASSERT_EQ(refs_load("llama_gqa", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    const int n_prompts = R.n;
+    R.n = 1; // one prompt per batch
+    char name[96];
+    snprintf(name, sizeof name, "/atomc-test-tpdead-%d", (int)getpid());
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct error err = {0};
+        struct comm *c = NULL;
+        if (comm_shm_create(name, 1, 2, 0, 30, &c, &err) != ATOMC_OK) _exit(2);
+        char path[4096];
+        struct runner_options o = base_options(model_path("llama_gqa", path, sizeof path));
+        o.tp_rank = 1, o.tp_size = 2, o.comm = c, o.num_threads = 1;
+        struct any_runner a = {0};
+        if (model_runner_create(&o, &a.r, &err) != ATOMC_OK) _exit(3);
+        float *lg = all_logits(&a, &R, 4);
+        if (!lg) _exit(4);
+        kill(getpid(), SIGKILL);
+        _exit(5);
+    }
+    struct error err = {0};
+    struct comm *c = NULL;
+    ASSERT_OK(comm_shm_create(name, 0, 2, 0, 60, &c, &err)); // generous while the child loads (loaded CI)
+    char path[4096];
+    struct runner_options o = base_options(model_path("llama_gqa", path, sizeof path));
+    o.tp_rank = 0, o.tp_size = 2, o.comm = c, o.num_threads = 1;
+    struct any_runner a = {0};
+    ASSERT_OK(model_runner_create(&o, &a.r, &err));
+    float *lg = all_logits(&a, &R, 4); // both ranks alive
+    ASSERT_TRUE(lg != NULL);
+    free(lg);
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    ASSERT_TRUE(WIFSIGNALED(ws));
+    c->timeout_s = 1.0; // the peer is dead now: the next collective must give up after this
+    double t0 = time_now_s();
+    ASSERT_TRUE(all_logits(&a, &R, 4) == NULL); // peer gone: timeout error (printed), not a hang
+    ASSERT_TRUE(time_now_s() - t0 < 10);
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, a.r, 1);
+    struct sim_seq *q = malloc(sizeof *q);
+    sim_seq_init(q, R.p[0].ids, R.p[0].n);
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, q, R.p[0].n, 1), 0);
+    struct forward_batch fb = sim_step_batch(s);
+    struct runner_output out;
+    t0 = time_now_s();
+    ASSERT_EQ(model_runner_execute(a.r, &fb, &out, &err), ATOMC_ERR_BACKEND);
+    ASSERT_TRUE(strstr(err.msg, "timed out") != NULL); // the failure is sticky and names its cause
+    ASSERT_TRUE(time_now_s() - t0 < 0.5);
+    sim_seq_release(s, q);
+    free(q);
+    sim_free(s);
+    free(s);
+    any_free(&a);
+    comm_destroy(c);
+    R.n = n_prompts;
     refs_free(&R);
 }
 

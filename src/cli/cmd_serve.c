@@ -11,6 +11,8 @@
 #include "atomc.h"
 #include "cli/commands.h"
 #include "common/log.h"
+#include "parallel/dp_router.h"
+#include "parallel/dp_serve.h"
 #include "server/engine_adapter.h"
 #include "server/server.h"
 
@@ -20,6 +22,7 @@ struct serve_args {
     const char *model;
     const char *chat_template;
     const char *api_key;
+    int data_parallel_size;
 };
 
 enum flag_kind { FLAG_STR, FLAG_INT, FLAG_DOUBLE, FLAG_SIZE, FLAG_BOOL_ON, FLAG_BOOL_OFF, FLAG_NAMES };
@@ -64,7 +67,10 @@ static const struct flag flags[] = {
     {"--seed", FLAG_SIZE, A(eo.seed), "0", "default sampling seed for requests without one"},
     {"--device", FLAG_STR, A(eo.device), "cpu", "cpu or cuda"},
     {"--load-format", FLAG_STR, A(eo.load_format), "auto", "auto, or dummy (random weights from config.json)"},
-    {"--tensor-parallel-size", FLAG_INT, A(eo.tensor_parallel_size), "1", "GPUs per model (tensor parallel)"},
+    {"--tensor-parallel-size", FLAG_INT, A(eo.tensor_parallel_size), "1",
+     "ranks per model, tensor parallel (CPU: threads; CUDA: one GPU each; alias -tp)"},
+    {"--data-parallel-size", FLAG_INT, A(data_parallel_size), "1",
+     "engine replicas behind this server, each request to the least loaded (CPU; alias -dp)"},
     {"--num-threads", FLAG_INT, A(eo.num_threads), "0 (all cores)", "CPU backend threads"},
     {"--profile-dir", FLAG_STR, A(eo.profile_dir), "off",
      "enable POST /start_profile and /stop_profile: per-step Chrome traces written here"},
@@ -214,6 +220,8 @@ struct loader {
     struct server *srv;
     atomc_engine *engine;
     struct engine_adapter *adapter;
+    struct dp_router *router; // --data-parallel-size > 1: owns the replicas (engine = replica 0)
+    struct dp_serve *dp;
     bool failed;
     pthread_t thread;
 };
@@ -223,14 +231,26 @@ static void *load_model(void *arg) {
     struct serve_args *a = l->args;
     char err[1024] = "";
     LOG_INFO("loading %s", a->model);
-    atomc_status st = atomc_engine_create(&a->eo, &l->engine, err, sizeof err);
+    atomc_status st;
+    if (a->data_parallel_size != 1) { // the router rejects sizes < 1
+        st = dp_router_create(&a->eo, a->data_parallel_size, &l->router, err, sizeof err);
+        if (st == ATOMC_OK) l->engine = dp_router_replica(l->router, 0);
+    } else {
+        st = atomc_engine_create(&a->eo, &l->engine, err, sizeof err);
+    }
     if (st == ATOMC_OK) {
         struct error e;
         error_clear(&e);
         struct server_engine se;
         st = engine_adapter_create(l->engine, a->model, a->chat_template, &l->adapter, &se, &e);
         if (st != ATOMC_OK) snprintf(err, sizeof err, "%s", e.msg);
-        else st = atomc_engine_start(l->engine);
+        else if (l->router) {
+            struct server_engine inner = se;
+            l->dp = dp_serve_wrap(l->router, &inner, &se);
+            st = dp_router_start(l->router);
+        } else {
+            st = atomc_engine_start(l->engine);
+        }
         if (st == ATOMC_OK) {
             server_attach_engine(l->srv, &se);
             const char *host = strcmp(a->so.host, "0.0.0.0") ? a->so.host : "127.0.0.1";
@@ -256,6 +276,7 @@ int cmd_serve(int argc, char **argv) {
     memset(&a, 0, sizeof a);
     atomc_engine_options_init(&a.eo);
     if (a.eo.max_waiting == 0) a.eo.max_waiting = 4096;
+    a.data_parallel_size = 1;
     server_options_init(&a.so);
     int rc = serve_parse(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
@@ -286,9 +307,11 @@ int cmd_serve(int argc, char **argv) {
     server_run(srv);
     pthread_join(l.thread, NULL);
     // Stop the engine first: its final callbacks (aborts) still reach the server's queues.
-    if (l.engine) atomc_engine_free(l.engine);
+    if (l.router) dp_router_free(l.router); // owns l.engine (replica 0)
+    else if (l.engine) atomc_engine_free(l.engine);
     server_free(srv);
     engine_adapter_free(l.adapter);
+    dp_serve_free(l.dp);
     LOG_INFO("server stopped");
     return l.failed ? 1 : 0;
 }

@@ -12,6 +12,10 @@
 //               h = down(silu(gate) * up)              (fused gate_up GEMM, then silu_mul)
 //   logits rows only: gather residual and h rows, add_rmsnorm with the final norm, lm_head
 //
+// Tensor parallelism (m->tp_size > 1, see model.h and src/parallel/): the same code runs on
+// every rank with local head / intermediate counts in m->cfg; h is all-reduced after o_proj
+// and after down_proj (row-parallel), and the vocab-parallel lm_head's logits are all-gathered.
+//
 // Q, K and V stay inside the fused qkv buffer: the RoPE/KV-write and attention ops take the
 // row stride, so no copies. Qwen3's per-head norm has no strided op, so the norm is applied to
 // the whole qkv buffer viewed as (n * (hq + 2 hk), head_dim) rows, once with q_norm into

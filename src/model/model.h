@@ -106,7 +106,8 @@ struct model {
     struct comm *comm;            // not owned; NULL when tp_size == 1
     int global_num_heads, global_num_kv_heads, global_intermediate_size;
     int q_head0, kv_head0, inter0;
-    atomc_status comm_status;     // first collective failure of a forward (ATOMC_OK otherwise)
+    atomc_status comm_status;     // first collective failure (ATOMC_OK otherwise); sticky: the
+                                  // group is unusable after it, every later forward reports it
     struct error comm_err;
 
     size_t weight_bytes;          // bytes of weights in backend memory

@@ -3,6 +3,10 @@
 // q/k/v and gate/up, and precomputes RoPE inverse frequencies. Also the dummy (random)
 // weights of `--load-format dummy` and the scratch activations.
 //
+// Tensor parallelism: with tp_size > 1 each rank reads only its shard through
+// model_files_get_tensor_slice (rows of q/k/v, gate/up and lm_head; input columns of o_proj
+// and down_proj; row-parallel biases on rank 0 only) and m->cfg gets the local sizes.
+//
 // The weight source (struct model_files) already maps GGUF names to HF names and undoes
 // llama.cpp's q/k row permutation, so this file only ever sees HF names and layouts.
 #include <math.h>

@@ -49,7 +49,7 @@ struct comm {
     const struct comm_ops *ops;
     int rank;
     int world_size;
-    double timeout_s;  // longest wait for a peer in one op
+    double timeout_s;  // longest wait for a peer in one op (may be changed between ops)
     bool broken;       // set by the first failed op
     void *impl;
 };
@@ -81,6 +81,9 @@ struct backend;
 // NCCL communicator on `b`'s stream (comm_nccl.cu). unique_id: the 128-byte ncclUniqueId
 // made by comm_nccl_unique_id on rank 0 and handed out by the rendezvous.
 #define COMM_NCCL_ID_BYTES 128
+// Makes b's device current on the calling thread (CUDA's current device is per thread; a rank's
+// worker thread, loader thread and the caller running rank 0 each bind before using b).
+void comm_nccl_bind_device(struct backend *b);
 // Number of visible CUDA devices (for the "fewer GPUs than ranks" check).
 atomc_status comm_nccl_device_count(int *count, struct error *err);
 atomc_status comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES], struct error *err);

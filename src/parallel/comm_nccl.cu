@@ -165,6 +165,10 @@ static const struct comm_ops NCCL_OPS = {
     "nccl", nccl_all_reduce_sum, nccl_all_gather, nccl_all_gather_cols, nccl_broadcast_host, nccl_barrier, nccl_destroy,
 };
 
+extern "C" void comm_nccl_bind_device(struct backend *b) {
+    if (b && b->kind == BACKEND_CUDA) CUDA_CHECK(cudaSetDevice(cuda_impl(b)->device));
+}
+
 extern "C" atomc_status comm_nccl_device_count(int *count, struct error *err) {
     *count = 0;
     cudaError_t e = cudaGetDeviceCount(count);

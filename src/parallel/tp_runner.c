@@ -18,6 +18,7 @@ enum tp_job { TP_JOB_NONE = 0, TP_JOB_EXECUTE, TP_JOB_LOGITS, TP_JOB_EXIT };
 struct tp_rank {
     struct tp_runner *t;
     int rank;
+    struct backend *backend; // CUDA: the rank's backend (its device is bound on every thread using it)
     struct model_runner *runner;
     struct comm *comm;
     pthread_t thread;
@@ -55,10 +56,20 @@ static void tp_rank_run(struct tp_rank *rk, enum tp_job job, const struct forwar
     rk->st = model_runner_execute_logits(rk->runner, fb, rk->logits, &rk->err);
 }
 
+// CUDA's current device is per thread: bind the rank's device before using its backend.
+static void tp_bind(struct tp_rank *rk) {
+#ifdef ATOMC_CUDA
+    comm_nccl_bind_device(rk->backend);
+#else
+    (void)rk;
+#endif
+}
+
 static void *tp_worker(void *arg) {
     struct tp_rank *rk = arg;
     struct tp_runner *t = rk->t;
     uint64_t seen = 0;
+    tp_bind(rk);
     for (;;) {
         pthread_mutex_lock(&t->mu);
         while (t->job_seq == seen) pthread_cond_wait(&t->cv_job, &t->mu);
@@ -95,6 +106,7 @@ atomc_status tp_runner_execute(struct tp_runner *t, const struct forward_batch *
                                struct error *err) {
     tp_post(t, TP_JOB_EXECUTE, fb);
     struct tp_rank *r0 = &t->ranks[0];
+    tp_bind(r0);
     error_clear(&r0->err);
     r0->st = model_runner_execute(r0->runner, fb, out, &r0->err);
     tp_wait(t);
@@ -110,6 +122,7 @@ atomc_status tp_runner_execute_logits(struct tp_runner *t, const struct forward_
                                       struct error *err) {
     tp_post(t, TP_JOB_LOGITS, fb);
     struct tp_rank *r0 = &t->ranks[0];
+    tp_bind(r0);
     error_clear(&r0->err);
     r0->st = model_runner_execute_logits(r0->runner, fb, logits, &r0->err);
     tp_wait(t);
@@ -147,8 +160,9 @@ void tp_runner_free(struct tp_runner *t) {
             if (t->ranks[k].started) pthread_join(t->ranks[k].thread, NULL);
     }
     for (int k = 0; k < t->n; k++) {
+        if (t->ranks[k].runner) tp_bind(&t->ranks[k]); // (a failed create already freed the backend)
+        comm_destroy(t->ranks[k].comm);               // before the backend whose stream it used
         model_runner_free(t->ranks[k].runner);
-        comm_destroy(t->ranks[k].comm);
         free(t->ranks[k].logits);
     }
     pthread_mutex_destroy(&t->mu);
@@ -178,6 +192,23 @@ static void *tp_comm_thread(void *arg) {
     }
 #endif
     j->st = comm_shm_create(j->shm_name, j->rk->rank, n, 0, 0, &j->rk->comm, &j->err);
+    return NULL;
+}
+
+// Each rank loads its shard on its own thread (own model_files, own backend), so start-up
+// takes about one shard's load time instead of tp_size of them.
+struct tp_load_job {
+    struct tp_rank *rk;
+    struct runner_options ro;
+    struct model_runner **out;
+    atomc_status st;
+    struct error err;
+};
+
+static void *tp_load_thread(void *arg) {
+    struct tp_load_job *j = arg;
+    tp_bind(j->rk);
+    j->st = model_runner_create(&j->ro, j->out, &j->err);
     return NULL;
 }
 
@@ -249,19 +280,31 @@ atomc_status tp_runner_create(const struct runner_options *o, int tp_size, struc
         free(th);
         if (st != ATOMC_OK) goto fail;
     }
-    for (int k = 0; k < tp_size; k++) {
-        struct runner_options ro = *o;
-        ro.tp_rank = k;
-        ro.tp_size = tp_size;
-        ro.comm = t->ranks[k].comm;
-        ro.num_threads = per_rank_threads;
-        ro.cpu_kv_cache_bytes = o->cpu_kv_cache_bytes / (size_t)tp_size;
-        ro.backend = backends[k]; // NULL on the CPU: the runner creates it
-        backends[k] = NULL;       // owned by the runner from here, also on failure
-        if ((st = model_runner_create(&ro, &t->ranks[k].runner, err)) != ATOMC_OK) {
-            error_prefix(err, "tensor parallel rank %d of %d: ", k, tp_size);
-            goto fail;
+    {
+        struct tp_load_job *jobs = xcalloc((size_t)tp_size, sizeof *jobs);
+        pthread_t *th = xcalloc((size_t)tp_size, sizeof *th);
+        for (int k = 0; k < tp_size; k++) {
+            struct runner_options ro = *o;
+            ro.tp_rank = k;
+            ro.tp_size = tp_size;
+            ro.comm = t->ranks[k].comm;
+            ro.num_threads = per_rank_threads;
+            ro.cpu_kv_cache_bytes = o->cpu_kv_cache_bytes / (size_t)tp_size;
+            ro.backend = backends[k]; // NULL on the CPU: the runner creates it
+            t->ranks[k].backend = backends[k];
+            backends[k] = NULL;       // owned by the runner from here, also on failure
+            jobs[k] = (struct tp_load_job){.rk = &t->ranks[k], .ro = ro, .out = &t->ranks[k].runner};
+            pthread_create(&th[k], NULL, tp_load_thread, &jobs[k]);
         }
+        for (int k = 0; k < tp_size; k++) pthread_join(th[k], NULL);
+        for (int k = 0; k < tp_size && st == ATOMC_OK; k++)
+            if (jobs[k].st != ATOMC_OK) {
+                if (err) *err = jobs[k].err;
+                st = error_prefix(err, "tensor parallel rank %d of %d: ", k, tp_size);
+            }
+        free(jobs);
+        free(th);
+        if (st != ATOMC_OK) goto fail;
     }
     for (int k = 1; k < tp_size; k++) {
         if (pthread_create(&t->ranks[k].thread, NULL, tp_worker, &t->ranks[k]) != 0) {

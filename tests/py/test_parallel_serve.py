@@ -1,0 +1,58 @@
+"""`atomc serve` with --data-parallel-size 2 (two engine replicas behind one server, each request
+to the replica with the fewest outstanding tokens) and with -tp 3 (SmolLM2's 9 heads over 3 ranks):
+concurrent greedy completions equal the single-engine server's, /metrics sums both replicas, and
+a bad data-parallel size is a clear startup failure. Needs ATOMC_SMOLLM2."""
+import concurrent.futures
+import subprocess
+
+import pytest
+
+from server_util import ATOMC_BIN, SMOLLM2, Server
+
+PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time", "def fibonacci(n):",
+           "The best thing about Mondays is", "Water boils at"]
+
+
+def complete(srv, prompt):
+    status, body = srv.json("POST", "/v1/completions",
+                            {"model": srv.model_name, "prompt": prompt, "max_tokens": 10, "temperature": 0})
+    assert status == 200, body
+    return body["choices"][0]["text"], body["usage"]["completion_tokens"]
+
+
+def run_all(srv):
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as ex:
+        return list(ex.map(lambda p: complete(srv, p), PROMPTS))
+
+
+def served_name():
+    return SMOLLM2.rstrip("/").split("/")[-1]
+
+
+@pytest.mark.skipif(not SMOLLM2, reason="set ATOMC_SMOLLM2")
+def test_data_parallel_and_tensor_parallel_match_single_engine():
+    ref_srv = Server(SMOLLM2, "--num-threads", "2")
+    ref_srv.model_name = served_name()
+    try:
+        ref = run_all(ref_srv)
+    finally:
+        ref_srv.stop()
+    for extra in (["-dp", "2"], ["-tp", "3"]):
+        srv = Server(SMOLLM2, "--num-threads", "2", *extra)
+        srv.model_name = served_name()
+        try:
+            got = run_all(srv)
+            assert got == ref, extra
+            metrics = srv.request("GET", "/metrics")[2].decode()
+            gen = [l for l in metrics.splitlines() if l.startswith("vllm:generation_tokens_total")]
+            assert gen and float(gen[0].split()[-1]) == sum(n for _, n in ref), extra
+        finally:
+            srv.stop()
+
+
+def test_bad_data_parallel_size_fails_startup():
+    if not SMOLLM2:
+        pytest.skip("set ATOMC_SMOLLM2")
+    r = subprocess.run([ATOMC_BIN, "serve", "--model", SMOLLM2, "--port", "0", "-dp", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "data parallel size 0" in r.stderr
