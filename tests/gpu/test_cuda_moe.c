@@ -219,7 +219,8 @@ TEST(cuda_moe_experts_match_cpu) {
     if (!backends_ready()) return;
     check_experts(1, 128, 8, 256, 96, ROUTE_RANDOM, false);   // batch-1 decode, Qwen3-MoE-like routing width
     check_experts(13, 16, 4, 201, 72, ROUTE_RANDOM, false);   // odd sizes: tile edges, scalar-load path (K = 201)
-    check_experts(300, 8, 2, 256, 128, ROUTE_RANDOM, false);  // prefill: 600 rows, 64-row tiles
+    check_experts(300, 8, 2, 256, 128, ROUTE_RANDOM, false);  // prefill: 600 rows, 64-row tiles (tensor cores)
+    check_experts(300, 8, 2, 200, 72, ROUTE_RANDOM, false);   // prefill, K % 32 != 0: CUDA-core fallback
     check_experts(1, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B layer shape, decode
 }
 
