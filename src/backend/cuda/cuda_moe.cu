@@ -26,9 +26,10 @@
 // per row tile, so a decode batch (one tile per active expert, BM = 16) reads every active
 // expert's weights exactly once: the memory-bound grouped GEMV. Inactive experts cost nothing.
 //
-// Decode-sized batches (R <= 512, BM = 16) use fp32 FMAs on CUDA cores from shared-memory tiles
-// (bound by weight bandwidth anyway); larger batches of BF16 use a WMMA tensor-core kernel on
-// 64 x 64 tiles (moe_gemm_wmma_kernel). A Hopper wgmma/TMA pipeline is the next step for
+// Decode-sized batches (R <= 512, 16-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp
+// per output column streams the weight row once with 16-byte loads); larger batches of BF16 use
+// a WMMA tensor-core kernel on 64 x 64 tiles (moe_gemm_wmma_kernel), other dtypes / unaligned
+// shapes the CUDA-core tile kernel (moe_gemm_kernel). A Hopper wgmma/TMA pipeline is the next step for
 // prefill-heavy loads.
 #include "backend/cuda/cuda_common.cuh"
 
@@ -371,6 +372,76 @@ __global__ void __launch_bounds__(128) moe_gemm_wmma_kernel(__nv_bfloat16 *out, 
     }
 }
 
+// Decode-sized batches (16-row tiles): a memory-bound grouped GEMV. Each warp owns one output
+// column n of one expert's row tile and streams W[e][n, :] once with 16-byte loads (eight in
+// flight per lane for K = 2048), multiplying it into every row of the tile (rows read through
+// L1/L2; they are tiny next to the weights). Warp-sum at the end; no shared memory, no syncs.
+#define MOE_GEMV_WARPS 8
+#define MOE_GEMV_ROWS 16
+
+template <typename T>
+__global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, const T *A, const int32_t *a_index,
+                                                                       int n_slots, const T *W,
+                                                                       const int32_t *offsets,
+                                                                       const int32_t *tile_start, int E, int N,
+                                                                       int K, bool vec) {
+    const int tile = blockIdx.y;
+    if (tile >= tile_start[E]) return;
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tile_start[mid] <= tile) lo = mid;
+        else hi = mid - 1;
+    }
+    const int e = lo;
+    const int row0 = offsets[e] + (tile - tile_start[e]) * MOE_GEMV_ROWS;
+    const int nrows = min(MOE_GEMV_ROWS, offsets[e + 1] - row0);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n = blockIdx.x * MOE_GEMV_WARPS + warp;
+    if (n >= N) return;
+    const T *w = W + ((size_t)e * N + n) * K;
+    const T *arow[MOE_GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+        int p = row0 + (r < nrows ? r : 0);
+        arow[r] = A + (int64_t)(a_index ? a_index[p] / n_slots : p) * K;
+    }
+    float acc[MOE_GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_ROWS; r++) acc[r] = 0.f;
+    constexpr int VEC = 16 / sizeof(T);
+    if (vec) {
+#pragma unroll 4
+        for (int k = lane * VEC; k < K; k += 32 * VEC) {
+            float wv[VEC];
+            vec_load<T, VEC>(w + k, wv);
+#pragma unroll
+            for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+                if (r < nrows) {
+                    float av[VEC];
+                    vec_load<T, VEC>(arow[r] + k, av);
+#pragma unroll
+                    for (int j = 0; j < VEC; j++) acc[r] += wv[j] * av[j];
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < K; k += 32) {
+            float wv = to_f32(w[k]);
+#pragma unroll
+            for (int r = 0; r < MOE_GEMV_ROWS; r++)
+                if (r < nrows) acc[r] += wv * to_f32(arow[r][k]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+        if (r < nrows) {
+            float v = warp_sum(acc[r]);
+            if (lane == 0) out[(int64_t)(row0 + r) * N + n] = from_f32<T>(v);
+        }
+    }
+}
+
 // Launches the grouped GEMM for rows tiled by BM: tensor cores for BF16 prefill-sized tiles
 // (BM 64, K % 32 == 0, 16-byte aligned operands), the CUDA-core kernel otherwise.
 template <typename T, int BM>
@@ -378,6 +449,13 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
                      const int32_t *offsets, const int32_t *tiles, int E, int64_t R, int N, int K) {
     dim3 grid(cdiv(N, MOE_BN), (unsigned)(cdiv(R, BM) + E));
     const bool aligned = ((uintptr_t)A % 16 == 0) && ((uintptr_t)W % 16 == 0);
+    if constexpr (BM == MOE_GEMV_ROWS) {
+        const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
+        dim3 g(cdiv(N, MOE_GEMV_WARPS), (unsigned)(cdiv(R, BM) + E));
+        moe_gemv_kernel<T><<<g, 32 * MOE_GEMV_WARPS, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if constexpr (std::is_same<T, __nv_bfloat16>::value && BM == MOE_WMMA_BM) {
         if (K % MOE_WMMA_BK == 0 && aligned) {
             moe_gemm_wmma_kernel<<<grid, 128, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K);
