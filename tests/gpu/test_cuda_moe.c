@@ -245,7 +245,10 @@ TEST(cuda_moe_models_match_hf) {
     static const char *models[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral"};
     for (int mi = 0; mi < 3; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(models[mi], &R, 3e-2, 2.0), 0);
+        // The dense GPU model tests' tolerances (tests/gpu/test_cuda_models.c). The fixtures' fp32
+        // routing decisions are >= 2e-4 from a tie; BF16 hidden states could still flip a near
+        // one, which the printed worst error would show.
+        ASSERT_EQ(refs_load(models[mi], &R, 5e-2, 1.2), 0);
         char rel[256], path[4096];
         snprintf(rel, sizeof rel, "models/%s", models[mi]);
         snprintf(path, sizeof path, "%s", test_fixture(rel));
