@@ -189,6 +189,12 @@ struct backend_ops {
     // Sampling with penalties / temperature / top-k / top-p / min-p / seed; see sample_args.
     void (*sample)(struct backend *b, const struct sample_args *a);
 
+    // Optional (may be NULL): fills t (any float dtype, backend memory) with uniform random
+    // numbers in [lo, hi) from `seed`, on the device, so random weights of a large model need not
+    // cross the host link. The dummy loader uses it when present, pooled host copies otherwise.
+    atomc_status (*fill_uniform)(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
+                                 struct error *err);
+
     // CUDA graphs (NULL on backends without them).
     atomc_status (*graph_begin)(struct backend *b, struct error *err);
     atomc_status (*graph_end)(struct backend *b, void **graph, struct error *err);

@@ -32,6 +32,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    for (int i = 2; i < argc; i++) // vLLM's short form -tp N (getopt has no two-letter short options)
+        if (!strcmp(argv[i], "-tp")) argv[i] = "--tensor-parallel-size";
     if (argc < 2) {
         usage(stderr);
         return 2;

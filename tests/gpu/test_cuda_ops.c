@@ -850,6 +850,35 @@ TEST(cuda_graph_replay_equals_eager) {
 #undef STEP
 }
 
+TEST(cuda_fill_uniform_range_and_seeds) {
+    BEGIN();
+    ASSERT_TRUE(G->ops->fill_uniform != NULL);
+    int64_t n = 1 << 20;
+    struct tensor a = mk2(&P, G, DTYPE_F32, 1024, n / 1024, NULL), bt = mk2(&P, G, DTYPE_BF16, 1024, n / 1024, NULL);
+    struct tensor c = mk2(&P, G, DTYPE_F32, 1024, n / 1024, NULL);
+    struct error err = {0};
+    ASSERT_OK(G->ops->fill_uniform(G, &a, 42, -0.5f, 1.5f, &err));
+    ASSERT_OK(G->ops->fill_uniform(G, &bt, 42, -0.5f, 1.5f, &err));
+    ASSERT_OK(G->ops->fill_uniform(G, &c, 43, -0.5f, 1.5f, &err));
+    float *fa = get(G, &a), *fb = get(G, &bt), *fc = get(G, &c);
+    double mean = 0, var = 0;
+    int64_t same = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!(fa[i] >= -0.5f && fa[i] < 1.5f)) { test_fail(__FILE__, __LINE__, "value %g out of range", fa[i]); break; }
+        if (fabsf(fb[i] - round_bf16(fa[i])) > 0.01f) { test_fail(__FILE__, __LINE__, "bf16 fill differs"); break; }
+        same += fa[i] == fc[i];
+        mean += fa[i];
+        var += (double)fa[i] * fa[i];
+    }
+    mean /= n;
+    var = var / n - mean * mean;
+    ASSERT_NEAR(mean, 0.5, 0.01);
+    ASSERT_NEAR(var, 4.0 / 12.0, 0.01); // (hi - lo)^2 / 12
+    ASSERT_TRUE(same < n / 1000);       // another seed, another stream
+    free(fa); free(fb); free(fc);
+    END();
+}
+
 int main(int argc, char **argv) {
     int rc = test_main(argc, argv);
     backend_destroy(gpu_be);

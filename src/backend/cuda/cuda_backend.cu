@@ -272,6 +272,7 @@ static const struct backend_ops cuda_ops = {
     .gather_rows = cuda_op_gather_rows,
     .convert = cuda_op_convert,
     .sample = cuda_op_sample,
+    .fill_uniform = cuda_op_fill_uniform,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,

@@ -214,6 +214,8 @@ void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const str
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
                          const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                          void *workspace);
+atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
+                                  struct error *err);
 
 void cuda_matmul_plans_destroy(struct cuda_backend *cb);
 void cuda_attention_init(struct cuda_backend *cb);

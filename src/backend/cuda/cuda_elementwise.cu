@@ -275,3 +275,33 @@ void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor 
     })
     CUDA_CHECK_LAUNCH();
 }
+
+// ---------------------------------------------------------------------------------------
+// fill_uniform: t[i] = lo + (hi - lo) * u(seed, i), u from splitmix64 of (seed, i), 24 bits.
+
+template <typename T>
+__global__ void fill_uniform_kernel(T *t, int64_t n, float lo, float hi, uint64_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+        t[i] = from_f32<T>(lo + (hi - lo) * u);
+    }
+}
+
+atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
+                                  struct error *err) {
+    int64_t n = tensor_numel(t);
+    if (t->dtype != DTYPE_F32 && t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "fill_uniform: %s tensors are not supported on CUDA",
+                         dtype_name(t->dtype));
+    if (n == 0) return ATOMC_OK;
+    cudaStream_t s = cuda_impl(b)->stream;
+    DISPATCH_ACT(t->dtype, T, {
+        fill_uniform_kernel<T><<<grid_for(n, 256), 256, 0, s>>>((T *)t->data, n, lo, hi, seed);
+    })
+    CUDA_TRY(err, cudaGetLastError());
+    return ATOMC_OK;
+}
