@@ -28,9 +28,17 @@ static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral"};
 
 static struct runner_options base_options(const char *path) {
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
-        .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8, .max_num_batched_tokens = 256,
-        .max_model_len = 128, .num_threads = 2,
+        .model_path = path,
+        .device = "cpu",
+        .dtype = "auto",
+        .load_format = "auto",
+        .kv_cache_dtype = "auto",
+        .block_size = 4,
+        .num_kv_blocks = 256,
+        .max_num_seqs = 8,
+        .max_num_batched_tokens = 256,
+        .max_model_len = 128,
+        .num_threads = 2,
     };
     return o;
 }
@@ -67,7 +75,8 @@ TEST(moe_models_logits_match_hf) {
             sim_seq_init(q, p->ids, p->n);
             sim_step_begin(s);
             ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
-            for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+            for (int k = 0; k < p->n_pos; k++)
+                s->rows[k] = p->pos[k];
             s->n_rows = p->n_pos;
             struct forward_batch fb = sim_step_batch(s);
             float *lg = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
@@ -75,8 +84,8 @@ TEST(moe_models_logits_match_hf) {
             ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
             double d = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
             if (!(d <= R.tol))
-                test_fail(__FILE__, __LINE__, "%s prompt %d (%d tokens): max |logit - HF| = %g > %g", MOE_MODELS[mi], pi,
-                          p->n, d, R.tol);
+                test_fail(__FILE__, __LINE__, "%s prompt %d (%d tokens): max |logit - HF| = %g > %g", MOE_MODELS[mi],
+                          pi, p->n, d, R.tol);
             if (d > worst) worst = d;
             free(lg);
             sim_seq_release(s, q);
@@ -147,7 +156,8 @@ TEST(moe_models_mixed_batch_chunked_prefill) {
         struct sim_seq *q = calloc((size_t)R.n, sizeof *q);
         int32_t got[MAX_PROMPTS][N_GREEDY];
         int n_got[MAX_PROMPTS] = {0};
-        for (int pi = 0; pi < R.n; pi++) sim_seq_init(&q[pi], R.p[pi].ids, R.p[pi].n);
+        for (int pi = 0; pi < R.n; pi++)
+            sim_seq_init(&q[pi], R.p[pi].ids, R.p[pi].n);
         int steps = 0, mixed_steps = 0;
         for (;;) {
             sim_step_begin(s);
@@ -163,8 +173,10 @@ TEST(moe_models_mixed_batch_chunked_prefill) {
                 owner[s->n_rows] = pi;
                 ASSERT_EQ(sim_step_add(s, &q[pi], take, completes), 0);
                 budget -= take;
-                if (take > 1 || !completes) n_prefill++;
-                else n_decode++;
+                if (take > 1 || !completes)
+                    n_prefill++;
+                else
+                    n_decode++;
             }
             if (s->n_seqs == 0) break;
             if (n_prefill && n_decode) mixed_steps++;
@@ -195,7 +207,6 @@ TEST(moe_models_mixed_batch_chunked_prefill) {
     }
 }
 
-
 // The loaded model has the architecture's layer kinds: MoE where HF puts them, dense MLPs on
 // mlp_only / off-step layers, stacked expert weights of the right shapes.
 TEST(moe_models_layer_kinds) {
@@ -217,7 +228,8 @@ TEST(moe_models_layer_kinds) {
         ASSERT_EQ(c->num_experts, want[i].E);
         ASSERT_EQ(c->num_experts_per_tok, want[i].k);
         ASSERT_EQ(c->norm_topk_prob, want[i].renorm);
-        for (int l = 0; l < c->num_layers; l++) ASSERT_EQ(model_config_layer_is_moe(c, l), want[i].moe[l]);
+        for (int l = 0; l < c->num_layers; l++)
+            ASSERT_EQ(model_config_layer_is_moe(c, l), want[i].moe[l]);
         model_runner_free(r);
     }
 }
@@ -235,7 +247,8 @@ TEST(moe_models_dense_fixtures_have_no_moe_layers) {
         ASSERT_OK(model_config_parse_json(&c, json, rel, &err));
         free(json);
         ASSERT_EQ(c.num_experts, 0);
-        for (int l = 0; l < c.num_layers; l++) ASSERT_TRUE(!model_config_layer_is_moe(&c, l));
+        for (int l = 0; l < c.num_layers; l++)
+            ASSERT_TRUE(!model_config_layer_is_moe(&c, l));
     }
 }
 
@@ -257,7 +270,8 @@ TEST(moe_models_force_uniform_routing) {
         sim_seq_init(q, p->ids, p->n);
         sim_step_begin(s);
         ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
-        for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+        for (int k = 0; k < p->n_pos; k++)
+            s->rows[k] = p->pos[k];
         s->n_rows = p->n_pos;
         struct forward_batch fb = sim_step_batch(s);
         lg[pass] = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
@@ -294,7 +308,8 @@ TEST(moe_models_bench_config_qwen3_30b_a3b) {
     ASSERT_EQ(c.num_experts_per_tok, 8);
     ASSERT_EQ(c.moe_intermediate_size, 768);
     ASSERT_TRUE(c.norm_topk_prob && c.qk_norm);
-    for (int l = 0; l < c.num_layers; l++) ASSERT_TRUE(model_config_layer_is_moe(&c, l));
+    for (int l = 0; l < c.num_layers; l++)
+        ASSERT_TRUE(model_config_layer_is_moe(&c, l));
     int64_t n = model_param_count(&c);
     fprintf(stderr, "  qwen3_30b_a3b: %lld parameters\n", (long long)n);
     ASSERT_EQ(n, 30532122624LL);
@@ -336,4 +351,6 @@ TEST(moe_models_bad_configs_rejected) {
     }
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

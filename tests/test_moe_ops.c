@@ -21,8 +21,12 @@ static uint64_t rng_u64(void) {
     rng_state ^= rng_state << 17;
     return rng_state;
 }
-static float rng_sym(void) { return (float)((rng_u64() >> 11) * (2.0 / 9007199254740992.0) - 1.0); }
-static int rng_int(int n) { return (int)(rng_u64() % (uint64_t)n); }
+static float rng_sym(void) {
+    return (float)((rng_u64() >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+static int rng_int(int n) {
+    return (int)(rng_u64() % (uint64_t)n);
+}
 
 static struct backend *cpu(void) {
     struct backend_options o = {.num_threads = 2};
@@ -38,9 +42,12 @@ static struct backend *cpu(void) {
 // Reference: softmax in double, the top k by (prob desc, id asc), renormalised in double.
 static void ref_route(const float *logits, int E, const struct moe_route_args *a, int32_t *ids, double *w) {
     double mx = -INFINITY, sum = 0, p[1024];
-    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
-    for (int e = 0; e < E; e++) sum += p[e] = exp((double)logits[e] - mx);
-    for (int e = 0; e < E; e++) p[e] /= sum;
+    for (int e = 0; e < E; e++)
+        mx = logits[e] > mx ? logits[e] : mx;
+    for (int e = 0; e < E; e++)
+        sum += p[e] = exp((double)logits[e] - mx);
+    for (int e = 0; e < E; e++)
+        p[e] /= sum;
     bool used[1024] = {0};
     double s = 0;
     for (int j = 0; j < a->top_k; j++) {
@@ -52,7 +59,8 @@ static void ref_route(const float *logits, int E, const struct moe_route_args *a
         w[j] = p[best];
         s += p[best];
     }
-    for (int j = 0; j < a->top_k; j++) w[j] = (a->renormalize ? w[j] / s : w[j]) * a->scale;
+    for (int j = 0; j < a->top_k; j++)
+        w[j] = (a->renormalize ? w[j] / s : w[j]) * a->scale;
     for (int j = 0; j < a->n_shared; j++) {
         ids[a->top_k + j] = E + j;
         w[a->top_k + j] = a->shared_weight;
@@ -63,7 +71,8 @@ static void check_route(struct backend *b, int n, int E, struct moe_route_args a
     a.num_experts = E;
     int slots = a.top_k + a.n_shared;
     float *logits = malloc(sizeof(float) * (size_t)n * E);
-    for (int i = 0; i < n * E; i++) logits[i] = ties ? (float)rng_int(3) : 3.0f * rng_sym();
+    for (int i = 0; i < n * E; i++)
+        logits[i] = ties ? (float)rng_int(3) : 3.0f * rng_sym();
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * slots), *rid = malloc(sizeof(int32_t) * (size_t)slots);
     float *w = malloc(sizeof(float) * (size_t)n * slots);
     double *rw = malloc(sizeof(double) * (size_t)slots);
@@ -91,21 +100,21 @@ TEST(moe_route_matches_reference) {
     struct backend *b = cpu();
     ASSERT_TRUE(b != NULL);
     struct moe_route_args a = {.top_k = 2, .renormalize = true, .scale = 1.0f};
-    check_route(b, 7, 8, a, false);          // Qwen3-MoE-like, tiny
+    check_route(b, 7, 8, a, false); // Qwen3-MoE-like, tiny
     a.top_k = 8;
-    check_route(b, 300, 128, a, false);      // Qwen3-30B-A3B's 128 experts top-8, threaded rows
+    check_route(b, 300, 128, a, false); // Qwen3-30B-A3B's 128 experts top-8, threaded rows
     a.renormalize = false;
-    check_route(b, 33, 128, a, false);       // norm_topk_prob = false
+    check_route(b, 33, 128, a, false); // norm_topk_prob = false
     a.top_k = 4;
-    check_route(b, 5, 4, a, false);          // top-k = number of experts
+    check_route(b, 5, 4, a, false); // top-k = number of experts
     a.renormalize = true;
     a.top_k = 3;
-    check_route(b, 64, 6, a, true);          // exact ties: the lower expert id first
+    check_route(b, 64, 6, a, true); // exact ties: the lower expert id first
     a.top_k = 2;
     a.scale = 2.5f;
     a.n_shared = 2;
     a.shared_weight = 1.0f;
-    check_route(b, 9, 8, a, false);          // routed scaling + shared-expert slots (DeepSeek hooks)
+    check_route(b, 9, 8, a, false); // routed scaling + shared-expert slots (DeepSeek hooks)
     backend_destroy(b);
 }
 
@@ -144,7 +153,8 @@ TEST(moe_route_force_uniform_is_balanced) {
             ASSERT_NEAR(w[t * k + j], 1.0 / k, 1e-7);
             count[ids[t * k + j]]++;
         }
-    for (int e = 0; e < E; e++) ASSERT_EQ(count[e], n * k / E);
+    for (int e = 0; e < E; e++)
+        ASSERT_EQ(count[e], n * k / E);
     free(logits);
     free(ids);
     free(w);
@@ -154,14 +164,17 @@ TEST(moe_route_force_uniform_is_balanced) {
 // ---------------------------------------------------------------------------------------------
 // Fused experts
 
-static double silu(double g) { return g / (1.0 + exp(-g)); }
+static double silu(double g) {
+    return g / (1.0 + exp(-g));
+}
 
 // out[t] = sum_j w[t,j] * down_e(silu(gate_e x) * up_e x), e = ids[t,j]; weights as F32.
 static void ref_experts(double *out, const float *x, const float *gu, const float *dn, const int32_t *ids,
                         const float *w, int n, int slots, int H, int I) {
     double *a = malloc(sizeof(double) * (size_t)I);
     for (int t = 0; t < n; t++) {
-        for (int h = 0; h < H; h++) out[(size_t)t * H + h] = 0;
+        for (int h = 0; h < H; h++)
+            out[(size_t)t * H + h] = 0;
         for (int j = 0; j < slots; j++) {
             int e = ids[t * slots + j];
             const float *G = gu + (size_t)e * 2 * I * H, *D = dn + (size_t)e * H * I;
@@ -175,7 +188,8 @@ static void ref_experts(double *out, const float *x, const float *gu, const floa
             }
             for (int h = 0; h < H; h++) {
                 double s = 0;
-                for (int i = 0; i < I; i++) s += (double)D[(size_t)h * I + i] * a[i];
+                for (int i = 0; i < I; i++)
+                    s += (double)D[(size_t)h * I + i] * a[i];
                 out[(size_t)t * H + h] += w[t * slots + j] * s;
             }
         }
@@ -189,12 +203,17 @@ enum routing { ROUTE_RANDOM, ROUTE_ONE_EXPERT, ROUTE_TWO_EXPERTS, ROUTE_ALL };
 static void check_experts(struct backend *b, int n, int E, int slots, int H, int I, enum routing rt, enum dtype wdt) {
     float *x = malloc(sizeof(float) * (size_t)n * H);
     float *gu = malloc(sizeof(float) * (size_t)E * 2 * I * H), *dn = malloc(sizeof(float) * (size_t)E * H * I);
-    for (int i = 0; i < n * H; i++) x[i] = rng_sym();
-    for (size_t i = 0; i < (size_t)E * 2 * I * H; i++) gu[i] = rng_sym() / sqrtf((float)H);
-    for (size_t i = 0; i < (size_t)E * H * I; i++) dn[i] = rng_sym() / sqrtf((float)I);
+    for (int i = 0; i < n * H; i++)
+        x[i] = rng_sym();
+    for (size_t i = 0; i < (size_t)E * 2 * I * H; i++)
+        gu[i] = rng_sym() / sqrtf((float)H);
+    for (size_t i = 0; i < (size_t)E * H * I; i++)
+        dn[i] = rng_sym() / sqrtf((float)I);
     if (wdt == DTYPE_BF16) { // the reference sees the rounded weights
-        for (size_t i = 0; i < (size_t)E * 2 * I * H; i++) gu[i] = bf16_to_f32(f32_to_bf16(gu[i]));
-        for (size_t i = 0; i < (size_t)E * H * I; i++) dn[i] = bf16_to_f32(f32_to_bf16(dn[i]));
+        for (size_t i = 0; i < (size_t)E * 2 * I * H; i++)
+            gu[i] = bf16_to_f32(f32_to_bf16(gu[i]));
+        for (size_t i = 0; i < (size_t)E * H * I; i++)
+            dn[i] = bf16_to_f32(f32_to_bf16(dn[i]));
     }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * slots);
     float *w = malloc(sizeof(float) * (size_t)n * slots);
@@ -202,10 +221,18 @@ static void check_experts(struct backend *b, int n, int E, int slots, int H, int
         for (int j = 0; j < slots; j++) {
             int e;
             switch (rt) {
-            case ROUTE_ONE_EXPERT: e = E - 1; break;                 // every slot of every token: one expert
-            case ROUTE_TWO_EXPERTS: e = (j % 2) ? 1 : E - 2; break;  // all other experts empty
-            case ROUTE_ALL: e = j; break;                             // top-k = E: every expert, every token
-            default: e = rng_int(E); break;
+            case ROUTE_ONE_EXPERT:
+                e = E - 1;
+                break; // every slot of every token: one expert
+            case ROUTE_TWO_EXPERTS:
+                e = (j % 2) ? 1 : E - 2;
+                break; // all other experts empty
+            case ROUTE_ALL:
+                e = j;
+                break; // top-k = E: every expert, every token
+            default:
+                e = rng_int(E);
+                break;
             }
             ids[t * slots + j] = e;
             w[t * slots + j] = 0.1f + (float)(rng_u64() % 1000) / 1000.0f;
@@ -237,7 +264,8 @@ static void check_experts(struct backend *b, int n, int E, int slots, int H, int
     if (!(e2 < 1e-10))
         test_fail(__FILE__, __LINE__, "moe_experts n=%d E=%d slots=%d H=%d I=%d routing %d %s: nmse %.3g", n, E, slots,
                   H, I, (int)rt, dtype_name(wdt), e2);
-    for (int i = 0; i < 64; i++) ASSERT_EQ(out[out_bytes + i], 0xA5);
+    for (int i = 0; i < 64; i++)
+        ASSERT_EQ(out[out_bytes + i], 0xA5);
     // Deterministic: the same call again gives the same bits.
     float *again = malloc(out_bytes);
     struct tensor ta = tensor_2d(again, DTYPE_F32, n, H);
@@ -259,17 +287,17 @@ static void check_experts(struct backend *b, int n, int E, int slots, int H, int
 TEST(moe_experts_random_routing) {
     struct backend *b = cpu();
     ASSERT_TRUE(b != NULL);
-    check_experts(b, 1, 8, 2, 64, 32, ROUTE_RANDOM, DTYPE_F32);    // one decode token
-    check_experts(b, 5, 8, 4, 64, 48, ROUTE_RANDOM, DTYPE_F32);    // decode batch (skinny kernel per expert)
-    check_experts(b, 67, 16, 4, 72, 40, ROUTE_RANDOM, DTYPE_F32);  // prefill (OpenBLAS per expert), odd sizes
-    check_experts(b, 40, 8, 2, 64, 32, ROUTE_RANDOM, DTYPE_BF16);  // BF16 stacked weights
+    check_experts(b, 1, 8, 2, 64, 32, ROUTE_RANDOM, DTYPE_F32);   // one decode token
+    check_experts(b, 5, 8, 4, 64, 48, ROUTE_RANDOM, DTYPE_F32);   // decode batch (skinny kernel per expert)
+    check_experts(b, 67, 16, 4, 72, 40, ROUTE_RANDOM, DTYPE_F32); // prefill (OpenBLAS per expert), odd sizes
+    check_experts(b, 40, 8, 2, 64, 32, ROUTE_RANDOM, DTYPE_BF16); // BF16 stacked weights
     backend_destroy(b);
 }
 
 TEST(moe_experts_skewed_routing) {
     struct backend *b = cpu();
     ASSERT_TRUE(b != NULL);
-    check_experts(b, 50, 8, 2, 64, 32, ROUTE_ONE_EXPERT, DTYPE_F32);  // all tokens (both slots) to one expert
+    check_experts(b, 50, 8, 2, 64, 32, ROUTE_ONE_EXPERT, DTYPE_F32); // all tokens (both slots) to one expert
     check_experts(b, 3, 8, 2, 64, 32, ROUTE_ONE_EXPERT, DTYPE_F32);
     check_experts(b, 33, 16, 2, 64, 32, ROUTE_TWO_EXPERTS, DTYPE_F32); // 14 of 16 experts empty
     check_experts(b, 21, 4, 4, 64, 32, ROUTE_ALL, DTYPE_F32);          // top-k = number of experts
@@ -277,4 +305,6 @@ TEST(moe_experts_skewed_routing) {
     backend_destroy(b);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -129,7 +129,10 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     // --skip-tokenizer-init): text prompts and stop strings are then rejected per request.
     char tok_path[4096];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o->model_path);
-    if (dir_exists(o->model_path) && !file_exists(tok_path)) {
+    // A bare config.json file (--load-format dummy with bench/configs/*.json) likewise.
+    size_t mp_len = strlen(o->model_path);
+    bool bare_config = !dir_exists(o->model_path) && mp_len >= 5 && !strcmp(o->model_path + mp_len - 5, ".json");
+    if ((dir_exists(o->model_path) && !file_exists(tok_path)) || bare_config) {
         LOG_WARN("%s has no tokenizer.json: token-id prompts only, no text output", o->model_path);
     } else {
         st = tokenizer_load(o->model_path, &tok, &err);

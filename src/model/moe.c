@@ -12,8 +12,8 @@
 #include "model/moe.h"
 
 struct moe_names {
-    const char *block;               // "mlp" or "block_sparse_moe"
-    const char *gate, *up, *down;    // per-expert suffixes
+    const char *block;            // "mlp" or "block_sparse_moe"
+    const char *gate, *up, *down; // per-expert suffixes
 };
 
 static struct moe_names moe_names_of(const struct model_config *c) {
@@ -136,7 +136,8 @@ atomc_status model_moe_scratch_alloc(struct model *m, int max_tokens, struct err
             model_moe_scratch_free(m);
             return error_set(err, ATOMC_ERR_OUT_OF_MEMORY,
                              "cannot allocate %.1f MiB of MoE activations for %d batched tokens (lower "
-                             "max_num_batched_tokens)", (double)total / (1 << 20), max_tokens);
+                             "max_num_batched_tokens)",
+                             (double)total / (1 << 20), max_tokens);
         }
         s->bytes += want[i].bytes;
     }

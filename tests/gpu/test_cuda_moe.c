@@ -28,9 +28,15 @@ static uint64_t rng_next(void) {
     rng_state ^= rng_state << 17;
     return rng_state;
 }
-static float rng_sym(float s) { return (float)(((rng_next() >> 40) * (1.0 / 16777216.0)) * 2.0 - 1.0) * s; }
-static int rng_int(int n) { return (int)(rng_next() % (uint64_t)n); }
-static float rbf(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+static float rng_sym(float s) {
+    return (float)(((rng_next() >> 40) * (1.0 / 16777216.0)) * 2.0 - 1.0) * s;
+}
+static int rng_int(int n) {
+    return (int)(rng_next() % (uint64_t)n);
+}
+static float rbf(float x) {
+    return bf16_to_f32(f32_to_bf16(x));
+}
 
 static int backends_ready(void) {
     if (cpu_be && gpu_be) return 1;
@@ -48,8 +54,10 @@ static int backends_ready(void) {
 static void *to_gpu(const float *x, int64_t n, bool bf16) {
     size_t bytes = (size_t)n * (bf16 ? 2 : 4);
     void *h = malloc(bytes);
-    if (bf16) dtype_from_f32(DTYPE_BF16, x, h, n);
-    else memcpy(h, x, bytes);
+    if (bf16)
+        dtype_from_f32(DTYPE_BF16, x, h, n);
+    else
+        memcpy(h, x, bytes);
     void *d = gpu_be->ops->alloc(gpu_be, bytes);
     gpu_be->ops->copy_h2d(gpu_be, d, h, bytes);
     gpu_be->ops->synchronize(gpu_be);
@@ -63,16 +71,19 @@ static void gpu_to_f32(float *dst, const void *src, int64_t n, bool bf16) {
     gpu_be->ops->synchronize(gpu_be);
     gpu_be->ops->copy_d2h(gpu_be, h, src, bytes);
     gpu_be->ops->synchronize(gpu_be);
-    if (bf16) dtype_to_f32(DTYPE_BF16, h, dst, n);
-    else memcpy(dst, h, bytes);
+    if (bf16)
+        dtype_to_f32(DTYPE_BF16, h, dst, n);
+    else
+        memcpy(dst, h, bytes);
     free(h);
 }
 
 static void check_route(int n, int E, int k, bool renorm, bool uniform) {
     float *lg = malloc(sizeof(float) * (size_t)n * E);
-    for (int i = 0; i < n * E; i++) lg[i] = rbf(rng_sym(4.0f));
-    struct moe_route_args a = {.num_experts = E, .top_k = k, .renormalize = renorm, .scale = 1.0f,
-                               .force_uniform = uniform};
+    for (int i = 0; i < n * E; i++)
+        lg[i] = rbf(rng_sym(4.0f));
+    struct moe_route_args a = {
+        .num_experts = E, .top_k = k, .renormalize = renorm, .scale = 1.0f, .force_uniform = uniform};
     int32_t *ci = malloc(sizeof(int32_t) * (size_t)n * k), *gi = malloc(sizeof(int32_t) * (size_t)n * k);
     float *cw = malloc(sizeof(float) * (size_t)n * k), *gw = malloc(sizeof(float) * (size_t)n * k);
     struct tensor ct = tensor_2d(lg, DTYPE_F32, n, E);
@@ -94,8 +105,10 @@ static void check_route(int n, int E, int k, bool renorm, bool uniform) {
                 // Only a near-tie (weights equal to fp32 summation noise) may swap experts; the
                 // rest of this token's order may then differ too.
                 if (!(fabsf(gw[c] - cw[c]) <= 1e-5f))
-                    test_fail(__FILE__, __LINE__, "route n=%d E=%d k=%d token %d slot %d: GPU expert %d (w %.7f), CPU %d "
-                              "(w %.7f)", n, E, k, t, j, gi[c], gw[c], ci[c], cw[c]);
+                    test_fail(__FILE__, __LINE__,
+                              "route n=%d E=%d k=%d token %d slot %d: GPU expert %d (w %.7f), CPU %d "
+                              "(w %.7f)",
+                              n, E, k, t, j, gi[c], gw[c], ci[c], cw[c]);
                 break;
             }
             ASSERT_NEAR(gw[c], cw[c], 1e-5);
@@ -115,12 +128,12 @@ static void check_route(int n, int E, int k, bool renorm, bool uniform) {
 
 TEST(cuda_moe_route_matches_cpu) {
     if (!backends_ready()) return;
-    check_route(1, 128, 8, true, false);   // Qwen3-30B-A3B decode
+    check_route(1, 128, 8, true, false); // Qwen3-30B-A3B decode
     check_route(37, 128, 8, true, false);
-    check_route(300, 8, 2, true, false);   // Mixtral-like
-    check_route(64, 8, 2, false, false);   // norm_topk_prob = false
-    check_route(9, 4, 4, true, false);     // top-k = E
-    check_route(65, 128, 8, true, true);   // benchmark round-robin
+    check_route(300, 8, 2, true, false); // Mixtral-like
+    check_route(64, 8, 2, false, false); // norm_topk_prob = false
+    check_route(9, 4, 4, true, false);   // top-k = E
+    check_route(65, 128, 8, true, true); // benchmark round-robin
 }
 
 enum routing { ROUTE_RANDOM, ROUTE_ONE_EXPERT, ROUTE_TWO_EXPERTS, ROUTE_ALL };
@@ -128,9 +141,10 @@ enum routing { ROUTE_RANDOM, ROUTE_ONE_EXPERT, ROUTE_TWO_EXPERTS, ROUTE_ALL };
 static void make_routing(int32_t *ids, float *w, int n, int E, int slots, enum routing rt) {
     for (int t = 0; t < n; t++)
         for (int j = 0; j < slots; j++) {
-            int e = rt == ROUTE_ONE_EXPERT ? E - 1 : rt == ROUTE_TWO_EXPERTS ? ((j % 2) ? 1 : E - 2)
-                                                 : rt == ROUTE_ALL          ? j
-                                                                            : rng_int(E);
+            int e = rt == ROUTE_ONE_EXPERT    ? E - 1
+                    : rt == ROUTE_TWO_EXPERTS ? ((j % 2) ? 1 : E - 2)
+                    : rt == ROUTE_ALL         ? j
+                                              : rng_int(E);
             ids[t * slots + j] = e;
             w[t * slots + j] = 0.1f + (float)(rng_next() % 1000) / 1000.0f;
         }
@@ -140,9 +154,12 @@ static void check_experts(int n, int E, int slots, int H, int I, enum routing rt
     int64_t ngu = (int64_t)E * 2 * I * H, ndn = (int64_t)E * H * I;
     float *x = malloc(sizeof(float) * (size_t)n * H), *gu = malloc(sizeof(float) * (size_t)ngu);
     float *dn = malloc(sizeof(float) * (size_t)ndn);
-    for (int64_t i = 0; i < (int64_t)n * H; i++) x[i] = rbf(rng_sym(1.0f));
-    for (int64_t i = 0; i < ngu; i++) gu[i] = rbf(rng_sym(1.0f / sqrtf((float)H)));
-    for (int64_t i = 0; i < ndn; i++) dn[i] = rbf(rng_sym(1.0f / sqrtf((float)I)));
+    for (int64_t i = 0; i < (int64_t)n * H; i++)
+        x[i] = rbf(rng_sym(1.0f));
+    for (int64_t i = 0; i < ngu; i++)
+        gu[i] = rbf(rng_sym(1.0f / sqrtf((float)H)));
+    for (int64_t i = 0; i < ndn; i++)
+        dn[i] = rbf(rng_sym(1.0f / sqrtf((float)I)));
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * slots);
     float *w = malloc(sizeof(float) * (size_t)n * slots);
     make_routing(ids, w, n, E, slots, rt);
@@ -204,7 +221,8 @@ static void check_experts(int n, int E, int slots, int H, int I, enum routing rt
             graph ? " (graph)" : "", e2);
     ASSERT_TRUE(e2 < 1e-4);
     void *ptrs[] = {dx, dgu, ddn, dids, dw, dout, gws};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) gpu_be->ops->free(gpu_be, ptrs[i]);
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        gpu_be->ops->free(gpu_be, ptrs[i]);
     cpu_be->ops->free(cpu_be, cws);
     free(x);
     free(gu);
@@ -219,13 +237,14 @@ TEST(cuda_moe_experts_match_cpu) {
     if (!backends_ready()) return;
     check_experts(1, 128, 8, 256, 96, ROUTE_RANDOM, false);   // batch-1 decode, Qwen3-MoE-like routing width
     check_experts(13, 16, 4, 201, 72, ROUTE_RANDOM, false);   // odd sizes: tile edges, scalar-load path (K = 201)
-    check_experts(300, 8, 2, 256, 128, ROUTE_RANDOM, false);  // prefill: 600 rows, 64-row tiles
+    check_experts(300, 8, 2, 256, 128, ROUTE_RANDOM, false);  // prefill: 600 rows, 64-row tiles (tensor cores)
+    check_experts(300, 8, 2, 200, 72, ROUTE_RANDOM, false);   // prefill, K % 32 != 0: CUDA-core fallback
     check_experts(1, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B layer shape, decode
 }
 
 TEST(cuda_moe_experts_skewed_routing) {
     if (!backends_ready()) return;
-    check_experts(100, 8, 2, 128, 64, ROUTE_ONE_EXPERT, false);  // every token to one expert (several tiles)
+    check_experts(100, 8, 2, 128, 64, ROUTE_ONE_EXPERT, false); // every token to one expert (several tiles)
     check_experts(300, 8, 2, 128, 64, ROUTE_ONE_EXPERT, false);
     check_experts(33, 16, 2, 128, 64, ROUTE_TWO_EXPERTS, false); // 14 of 16 experts empty
     check_experts(21, 4, 4, 128, 64, ROUTE_ALL, false);          // top-k = number of experts
@@ -244,14 +263,25 @@ TEST(cuda_moe_models_match_hf) {
     static const char *models[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral"};
     for (int mi = 0; mi < 3; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(models[mi], &R, 3e-2, 2.0), 0);
+        // The dense GPU model tests' tolerances (tests/gpu/test_cuda_models.c). The fixtures' fp32
+        // routing decisions are >= 2e-4 from a tie; BF16 hidden states could still flip a near
+        // one, which the printed worst error would show.
+        ASSERT_EQ(refs_load(models[mi], &R, 5e-2, 1.2), 0);
         char rel[256], path[4096];
         snprintf(rel, sizeof rel, "models/%s", models[mi]);
         snprintf(path, sizeof path, "%s", test_fixture(rel));
         struct runner_options o = {
-            .model_path = path, .device = "cuda", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
-            .block_size = 16, .num_kv_blocks = 512, .max_num_seqs = 8, .max_num_batched_tokens = 512,
-            .max_model_len = 128, .gpu_memory_utilization = 0.3,
+            .model_path = path,
+            .device = "cuda",
+            .dtype = "auto",
+            .load_format = "auto",
+            .kv_cache_dtype = "auto",
+            .block_size = 16,
+            .num_kv_blocks = 512,
+            .max_num_seqs = 8,
+            .max_num_batched_tokens = 512,
+            .max_model_len = 128,
+            .gpu_memory_utilization = 0.3,
         };
         struct model_runner *r = NULL;
         struct error err = {0};
@@ -267,7 +297,8 @@ TEST(cuda_moe_models_match_hf) {
             sim_seq_init(q, p->ids, p->n);
             sim_step_begin(s);
             ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
-            for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+            for (int k = 0; k < p->n_pos; k++)
+                s->rows[k] = p->pos[k];
             s->n_rows = p->n_pos;
             struct forward_batch fb = sim_step_batch(s);
             ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
@@ -279,7 +310,8 @@ TEST(cuda_moe_models_match_hf) {
             int32_t got[N_GREEDY];
             const float *last = lg + (size_t)(p->n_pos - 1) * R.vocab;
             int best = 0;
-            for (int v = 1; v < R.vocab; v++) best = last[v] > last[best] ? v : best;
+            for (int v = 1; v < R.vocab; v++)
+                best = last[v] > last[best] ? v : best;
             got[0] = best;
             q->ids[q->n_ids++] = best;
             for (int k = 1; k < N_GREEDY; k++) {
@@ -300,7 +332,8 @@ TEST(cuda_moe_models_match_hf) {
             sim_seq_release(s, q);
             free(q);
         }
-        fprintf(stderr, "  %-18s max |logit - HF| = %.3g (tol %.3g), %d clear-margin greedy steps equal, %llu graph replays\n",
+        fprintf(stderr,
+                "  %-18s max |logit - HF| = %.3g (tol %.3g), %d clear-margin greedy steps equal, %llu graph replays\n",
                 models[mi], worst, R.tol, checked, (unsigned long long)model_runner_num_graph_replays(r));
         ASSERT_TRUE(model_runner_num_graph_replays(r) > 0);
         free(lg);
@@ -311,4 +344,6 @@ TEST(cuda_moe_models_match_hf) {
     }
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -57,20 +57,23 @@ static void route_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
                 dtype_to_f32(r->logits->dtype, (const char *)r->logits->data + dtype_row_bytes(r->logits->dtype, E) * t,
                              p, E);
             float mx = -INFINITY;
-            for (int e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+            for (int e = 0; e < E; e++)
+                mx = p[e] > mx ? p[e] : mx;
             double sum = 0;
             for (int e = 0; e < E; e++) {
                 p[e] = expf(p[e] - mx);
                 sum += p[e];
             }
             float inv = (float)(1.0 / sum);
-            for (int e = 0; e < E; e++) p[e] *= inv;
+            for (int e = 0; e < E; e++)
+                p[e] *= inv;
             // Selection of the top k under the total order (score desc, id asc): k <= E, small.
             for (int j = 0; j < k; j++) {
                 int best = -1;
                 for (int e = 0; e < E; e++) {
                     bool taken = false;
-                    for (int i = 0; i < j; i++) taken |= ids[i] == e;
+                    for (int i = 0; i < j; i++)
+                        taken |= ids[i] == e;
                     if (taken) continue;
                     if (best < 0 || route_before(p[e], e, p[best], best)) best = e;
                 }
@@ -78,9 +81,11 @@ static void route_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
                 w[j] = p[best];
             }
             float s = 0;
-            for (int j = 0; j < k; j++) s += w[j];
+            for (int j = 0; j < k; j++)
+                s += w[j];
             float f = a->renormalize ? a->scale / s : a->scale;
-            for (int j = 0; j < k; j++) w[j] *= f;
+            for (int j = 0; j < k; j++)
+                w[j] *= f;
         }
         for (int j = 0; j < a->n_shared; j++) {
             ids[k + j] = E + j;
@@ -138,11 +143,13 @@ static void combine_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
     struct combine_ctx *c = vctx;
     for (int64_t t = t0; t < t1; t++) {
         float *o = c->out + t * c->H;
-        for (int64_t h = 0; h < c->H; h++) o[h] = 0.0f;
+        for (int64_t h = 0; h < c->H; h++)
+            o[h] = 0.0f;
         for (int j = 0; j < c->slots; j++) {
             float wj = c->w[t * c->slots + j];
             const float *y = c->y + (int64_t)c->pos[t * c->slots + j] * c->H;
-            for (int64_t h = 0; h < c->H; h++) o[h] += wj * y[h];
+            for (int64_t h = 0; h < c->H; h++)
+                o[h] += wj * y[h];
         }
     }
     (void)tid;
@@ -182,7 +189,8 @@ void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor 
         counts[e]++;
     }
     offsets[0] = 0;
-    for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + counts[e];
+    for (int e = 0; e < E; e++)
+        offsets[e + 1] = offsets[e] + counts[e];
     memcpy(fill, offsets, (size_t)(E + 1) * sizeof(int32_t));
     for (int64_t s = 0; s < R; s++) {
         int32_t p = fill[topk_ids[s]]++;

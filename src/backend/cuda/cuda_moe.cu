@@ -26,10 +26,15 @@
 // per row tile, so a decode batch (one tile per active expert, BM = 16) reads every active
 // expert's weights exactly once: the memory-bound grouped GEMV. Inactive experts cost nothing.
 //
-// This first version computes the GEMMs with fp32 FMAs on CUDA cores from shared-memory
-// tiles (no tensor cores): right for decode, which is bound by weight bandwidth; prefill of
-// large batches is compute-bound and wants a tensor-core (wgmma) grouped GEMM next.
+// Decode-sized batches (R <= 512, 16-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp
+// per output column streams the weight row once with 16-byte loads); larger batches of BF16 use
+// a WMMA tensor-core kernel on 64 x 64 tiles (moe_gemm_wmma_kernel), other dtypes / unaligned
+// shapes the CUDA-core tile kernel (moe_gemm_kernel). A Hopper wgmma/TMA pipeline is the next step for
+// prefill-heavy loads.
 #include "backend/cuda/cuda_common.cuh"
+
+#include <mma.h>
+#include <type_traits>
 
 #define MOE_ROUTE_WARPS 4
 #define MOE_MAX_EXPERTS 1024
@@ -209,7 +214,8 @@ __global__ void moe_place_kernel(const int32_t *ids, int64_t R, const int32_t *o
 template <typename T, int BM>
 __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *A, const int32_t *a_index, int n_slots,
                                                                const T *W, const int32_t *offsets,
-                                                               const int32_t *tile_start, int E, int N, int K) {
+                                                               const int32_t *tile_start, int E, int N, int K,
+                                                               bool vec) {
     __shared__ float As[BM][MOE_BK + 1];
     __shared__ float Ws[MOE_BK][MOE_BN + 1];
     const int tile = blockIdx.y;
@@ -230,9 +236,8 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
     float acc[RPT];
 #pragma unroll
     for (int i = 0; i < RPT; i++) acc[i] = 0.f;
-    // 16-byte loads when every row start is 16-byte aligned (K a multiple of the vector).
+    // vec: 16-byte loads (every row start of A and W is 16-byte aligned; checked by the launcher).
     constexpr int VEC = 16 / sizeof(T);
-    const bool vec = K % VEC == 0;
     for (int k0 = 0; k0 < K; k0 += MOE_BK) {
         if (vec) {
             for (int i = threadIdx.x; i < BM * (MOE_BK / VEC); i += MOE_THREADS) {
@@ -287,6 +292,182 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
     }
 }
 
+// Tensor-core variant for prefill-sized batches (BF16, K % 32 == 0): 64 x 64 output tiles,
+// four warps of 2 x 2 WMMA 16x16x16 fragments, fp32 accumulation, BK = 32 slices of A and W
+// staged in shared memory with 16-byte loads. Same tile bookkeeping as moe_gemm_kernel.
+#define MOE_WMMA_BM 64
+#define MOE_WMMA_BK 32
+#define MOE_WMMA_LD (MOE_WMMA_BK + 8)
+#define MOE_WMMA_CLD (MOE_BN + 4)
+
+__global__ void __launch_bounds__(128) moe_gemm_wmma_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *A,
+                                                            const int32_t *a_index, int n_slots,
+                                                            const __nv_bfloat16 *W, const int32_t *offsets,
+                                                            const int32_t *tile_start, int E, int N, int K) {
+    using namespace nvcuda;
+    __shared__ __align__(128) __nv_bfloat16 As[MOE_WMMA_BM * MOE_WMMA_LD];
+    __shared__ __align__(128) __nv_bfloat16 Ws[MOE_BN * MOE_WMMA_LD];
+    __shared__ __align__(128) float Cs[MOE_WMMA_BM * MOE_WMMA_CLD];
+    const int tile = blockIdx.y;
+    if (tile >= tile_start[E]) return;
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tile_start[mid] <= tile) lo = mid;
+        else hi = mid - 1;
+    }
+    const int e = lo;
+    const int row0 = offsets[e] + (tile - tile_start[e]) * MOE_WMMA_BM, row_end = offsets[e + 1];
+    const int n0 = blockIdx.x * MOE_BN;
+    const __nv_bfloat16 *We = W + (size_t)e * N * K;
+    const int warp = threadIdx.x / 32, wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    constexpr int VPR = MOE_WMMA_BK / 8; // 16-byte vectors per row slice
+    for (int k0 = 0; k0 < K; k0 += MOE_WMMA_BK) {
+        for (int i = threadIdx.x; i < MOE_WMMA_BM * VPR; i += 128) {
+            int r = i / VPR, kv = (i % VPR) * 8, p = row0 + r;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (p < row_end) {
+                int64_t arow = a_index ? a_index[p] / n_slots : p;
+                v = __ldg(reinterpret_cast<const uint4 *>(A + arow * K + k0 + kv));
+            }
+            *reinterpret_cast<uint4 *>(As + r * MOE_WMMA_LD + kv) = v;
+        }
+        for (int i = threadIdx.x; i < MOE_BN * VPR; i += 128) {
+            int n = i / VPR, kv = (i % VPR) * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (n0 + n < N) v = __ldg(reinterpret_cast<const uint4 *>(We + (size_t)(n0 + n) * K + k0 + kv));
+            *reinterpret_cast<uint4 *>(Ws + n * MOE_WMMA_LD + kv) = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < MOE_WMMA_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * MOE_WMMA_LD + kk, MOE_WMMA_LD);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Ws + (wn + 16 * j) * MOE_WMMA_LD + kk, MOE_WMMA_LD);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(Cs + (wm + 16 * i) * MOE_WMMA_CLD + wn + 16 * j, acc[i][j], MOE_WMMA_CLD,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int i = threadIdx.x; i < MOE_WMMA_BM * MOE_BN; i += 128) {
+        int r = i / MOE_BN, c = i % MOE_BN, p = row0 + r;
+        if (p < row_end && n0 + c < N) out[(int64_t)p * N + n0 + c] = __float2bfloat16_rn(Cs[r * MOE_WMMA_CLD + c]);
+    }
+}
+
+// Decode-sized batches (16-row tiles): a memory-bound grouped GEMV. Each warp owns one output
+// column n of one expert's row tile and streams W[e][n, :] once with 16-byte loads (eight in
+// flight per lane for K = 2048), multiplying it into every row of the tile (rows read through
+// L1/L2; they are tiny next to the weights). Warp-sum at the end; no shared memory, no syncs.
+#define MOE_GEMV_WARPS 8
+#define MOE_GEMV_ROWS 16
+
+template <typename T>
+__global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, const T *A, const int32_t *a_index,
+                                                                       int n_slots, const T *W,
+                                                                       const int32_t *offsets,
+                                                                       const int32_t *tile_start, int E, int N,
+                                                                       int K, bool vec) {
+    const int tile = blockIdx.y;
+    if (tile >= tile_start[E]) return;
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tile_start[mid] <= tile) lo = mid;
+        else hi = mid - 1;
+    }
+    const int e = lo;
+    const int row0 = offsets[e] + (tile - tile_start[e]) * MOE_GEMV_ROWS;
+    const int nrows = min(MOE_GEMV_ROWS, offsets[e + 1] - row0);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n = blockIdx.x * MOE_GEMV_WARPS + warp;
+    if (n >= N) return;
+    const T *w = W + ((size_t)e * N + n) * K;
+    const T *arow[MOE_GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+        int p = row0 + (r < nrows ? r : 0);
+        arow[r] = A + (int64_t)(a_index ? a_index[p] / n_slots : p) * K;
+    }
+    float acc[MOE_GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_ROWS; r++) acc[r] = 0.f;
+    constexpr int VEC = 16 / sizeof(T);
+    if (vec) {
+#pragma unroll 4
+        for (int k = lane * VEC; k < K; k += 32 * VEC) {
+            float wv[VEC];
+            vec_load<T, VEC>(w + k, wv);
+#pragma unroll
+            for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+                if (r < nrows) {
+                    float av[VEC];
+                    vec_load<T, VEC>(arow[r] + k, av);
+#pragma unroll
+                    for (int j = 0; j < VEC; j++) acc[r] += wv[j] * av[j];
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < K; k += 32) {
+            float wv = to_f32(w[k]);
+#pragma unroll
+            for (int r = 0; r < MOE_GEMV_ROWS; r++)
+                if (r < nrows) acc[r] += wv * to_f32(arow[r][k]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+        if (r < nrows) {
+            float v = warp_sum(acc[r]);
+            if (lane == 0) out[(int64_t)(row0 + r) * N + n] = from_f32<T>(v);
+        }
+    }
+}
+
+// Launches the grouped GEMM for rows tiled by BM: tensor cores for BF16 prefill-sized tiles
+// (BM 64, K % 32 == 0, 16-byte aligned operands), the CUDA-core kernel otherwise.
+template <typename T, int BM>
+static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index, int n_slots, const T *W,
+                     const int32_t *offsets, const int32_t *tiles, int E, int64_t R, int N, int K) {
+    dim3 grid(cdiv(N, MOE_BN), (unsigned)(cdiv(R, BM) + E));
+    const bool aligned = ((uintptr_t)A % 16 == 0) && ((uintptr_t)W % 16 == 0);
+    if constexpr (BM == MOE_GEMV_ROWS) {
+        const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
+        dim3 g(cdiv(N, MOE_GEMV_WARPS), (unsigned)(cdiv(R, BM) + E));
+        moe_gemv_kernel<T><<<g, 32 * MOE_GEMV_WARPS, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
+    if constexpr (std::is_same<T, __nv_bfloat16>::value && BM == MOE_WMMA_BM) {
+        if (K % MOE_WMMA_BK == 0 && aligned) {
+            moe_gemm_wmma_kernel<<<grid, 128, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K);
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
+    const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
+    moe_gemm_kernel<T, BM><<<grid, MOE_THREADS, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
+    CUDA_CHECK_LAUNCH();
+}
+
 template <typename T>
 __global__ void moe_combine_kernel(T *out, const T *y, const int32_t *ids, const float *w, const int32_t *pos,
                                    int64_t n, int slots, int E, int64_t H) {
@@ -313,15 +494,10 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
     CUDA_CHECK_LAUNCH();
     moe_place_kernel<<<E, MOE_THREADS, 0, s>>>(ids, R, offsets, sorted, pos);
     CUDA_CHECK_LAUNCH();
-    dim3 g1(cdiv(2 * I, MOE_BN), (unsigned)(cdiv(R, BM) + E));
-    moe_gemm_kernel<T, BM><<<g1, MOE_THREADS, 0, s>>>(gu, x, sorted, n_slots, wgu, offsets, tiles, E, (int)(2 * I),
-                                                      (int)H);
-    CUDA_CHECK_LAUNCH();
+    moe_gemm<T, BM>(s, gu, x, sorted, n_slots, wgu, offsets, tiles, E, R, (int)(2 * I), (int)H);
     struct tensor gu_t = tensor_2d(gu, b->act_dtype, R, 2 * I), act_t = tensor_2d(act, b->act_dtype, R, I);
     cuda_op_silu_mul(b, &act_t, &gu_t);
-    dim3 g2(cdiv(H, MOE_BN), (unsigned)(cdiv(R, BM) + E));
-    moe_gemm_kernel<T, BM><<<g2, MOE_THREADS, 0, s>>>(y, act, NULL, 1, wdown, offsets, tiles, E, (int)H, (int)I);
-    CUDA_CHECK_LAUNCH();
+    moe_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
     int64_t total = n * H;
     unsigned grid = (unsigned)(total / 256 + 1 < 65535 * 8 ? total / 256 + 1 : 65535 * 8);
     moe_combine_kernel<T><<<grid, 256, 0, s>>>(out, y, ids, w, pos, n, n_slots, E, H);
@@ -348,7 +524,13 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     size_t ints = (size_t)(4 * (E + 1) + 3 * R + 64) * sizeof(int32_t);
     char *acts = (char *)workspace + ((ints + 255) & ~(size_t)255);
     size_t es = dtype_row_bytes(x->dtype, 1);
-    char *gu = acts + (size_t)R * H * es, *act = gu + (size_t)R * 2 * I * es, *y = act + (size_t)R * I * es;
+    // Each buffer starts 256-byte aligned (moe_workspace_bytes leaves room), so the GEMMs' 16-byte
+    // loads see aligned rows whatever R, H and I are.
+#define MOE_ALIGN256(p) ((char *)(((uintptr_t)(p) + 255) & ~(uintptr_t)255))
+    char *gu = MOE_ALIGN256(acts + (size_t)R * H * es);
+    char *act = MOE_ALIGN256(gu + (size_t)R * 2 * I * es);
+    char *y = MOE_ALIGN256(act + (size_t)R * I * es);
+#undef MOE_ALIGN256
     moe_count_kernel<<<E, MOE_THREADS, 0, s>>>(topk_ids, R, counts);
     CUDA_CHECK_LAUNCH();
     const bool small = R <= 512; // decode-sized batches: 16-row tiles (one per active expert)
