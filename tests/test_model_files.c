@@ -28,6 +28,43 @@ static void row_f32(const struct tensor *t, int64_t r, float *out) {
     dtype_to_f32(t->dtype, (const char *)t->data + (size_t)r * rb, out, tensor_cols(t));
 }
 
+// Every tensor of `refs` ({name: {shape, n_rows, values}}, values row-major over the first
+// n_rows rows; for 1-D tensors the first n_rows elements) as model_files serves it, against
+// transformers' values. Reports the first mismatch through test_fail.
+static void expect_tensors_match(struct model_files *mf, json_t *refs) {
+    struct error e = {0};
+    const char *name;
+    json_t *r;
+    json_object_foreach(refs, name, r) {
+        struct tensor t;
+        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
+        json_t *shape = json_object_get(r, "shape"), *vals = json_object_get(r, "values");
+        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
+        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
+        int64_t n_rows = json_integer_value(json_object_get(r, "n_rows")), cols = tensor_cols(&t);
+        if (t.ndim == 1) {
+            cols = n_rows;
+            n_rows = 1;
+        }
+        float *row = malloc((size_t)cols * sizeof *row);
+        ASSERT_TRUE(row != NULL);
+        for (int64_t i = 0; i < n_rows; i++) {
+            if (t.ndim == 1) dtype_to_f32(t.dtype, t.data, row, cols);
+            else row_f32(&t, i, row);
+            for (int64_t j = 0; j < cols; j++) {
+                double want = json_number_value(json_array_get(vals, (size_t)(i * cols + j)));
+                if (!test_close_rel(row[j], want)) {
+                    test_fail(__FILE__, __LINE__, "%s[%lld, %lld] = %.9g, transformers says %.9g", name, (long long)i,
+                              (long long)j, row[j], want);
+                    free(row);
+                    return;
+                }
+            }
+        }
+        free(row);
+    }
+}
+
 // ---------------------------------------------------------------------------------
 
 TEST(tiny_gguf_matches_transformers) {
@@ -57,34 +94,11 @@ TEST(tiny_gguf_matches_transformers) {
     ASSERT_EQ(c->n_eos, 1);
     ASSERT_EQ(c->eos_token_ids[0], 2);
 
-    const char *name;
-    json_t *r;
-    float row[128];
-    json_object_foreach(json_object_get(ref, "tensors"), name, r) {
-        struct tensor t;
-        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
-        json_t *shape = json_object_get(r, "shape"), *vals = json_object_get(r, "values");
-        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
-        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
-        int64_t n_rows = json_integer_value(json_object_get(r, "n_rows")), cols = tensor_cols(&t);
-        if (t.ndim == 1) { // 1-D: the reference holds the first n_rows elements
-            cols = n_rows;
-            n_rows = 1;
-        }
-        for (int64_t i = 0; i < n_rows; i++) {
-            if (t.ndim == 1) dtype_to_f32(t.dtype, t.data, row, cols);
-            else row_f32(&t, i, row);
-            for (int64_t j = 0; j < cols; j++) {
-                double want = json_number_value(json_array_get(vals, (size_t)(i * cols + j)));
-                if (!test_close_rel(row[j], want)) {
-                    test_fail(__FILE__, __LINE__, "%s[%lld, %lld] = %.9g, transformers says %.9g", name, (long long)i,
-                              (long long)j, row[j], want);
-                    model_files_close(mf);
-                    json_decref(ref);
-                    return;
-                }
-            }
-        }
+    expect_tensors_match(mf, json_object_get(ref, "tensors"));
+    if (test_failed_now()) {
+        model_files_close(mf);
+        json_decref(ref);
+        return;
     }
     // q stays Q8_0 (rows moved, not requantised), k stays F16; both in owned buffers, cached.
     struct tensor q, q2, k, raw;
@@ -135,34 +149,11 @@ TEST(tiny_qwen3_gguf_matches_transformers) {
     ASSERT_EQ(c->rope.rotary_dim, 128);
     ASSERT_EQ(c->bos_token_id, -1);
     ASSERT_EQ(c->eos_token_ids[0], 3);
-    const char *name;
-    json_t *r;
-    float row[512];
-    json_object_foreach(json_object_get(ref, "tensors"), name, r) {
-        struct tensor t;
-        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
-        json_t *shape = json_object_get(r, "shape"), *vals = json_object_get(r, "values");
-        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
-        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
-        int64_t n_rows = json_integer_value(json_object_get(r, "n_rows")), cols = tensor_cols(&t);
-        if (t.ndim == 1) {
-            cols = n_rows;
-            n_rows = 1;
-        }
-        for (int64_t i = 0; i < n_rows; i++) {
-            if (t.ndim == 1) dtype_to_f32(t.dtype, t.data, row, cols);
-            else row_f32(&t, i, row);
-            for (int64_t j = 0; j < cols; j++) {
-                double want = json_number_value(json_array_get(vals, (size_t)(i * cols + j)));
-                if (!test_close_rel(row[j], want)) {
-                    test_fail(__FILE__, __LINE__, "%s[%lld, %lld] = %.9g, transformers says %.9g", name, (long long)i,
-                              (long long)j, row[j], want);
-                    model_files_close(mf);
-                    json_decref(ref);
-                    return;
-                }
-            }
-        }
+    expect_tensors_match(mf, json_object_get(ref, "tensors"));
+    if (test_failed_now()) {
+        model_files_close(mf);
+        json_decref(ref);
+        return;
     }
     struct tensor t;
     ASSERT_EQ(model_files_get_tensor(mf, "lm_head.weight", &t, &e), ATOMC_ERR_NOT_FOUND);
