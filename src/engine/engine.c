@@ -57,21 +57,24 @@ struct atomc_engine {
     // Loop-side counters.
     uint64_t prompt_tokens_total, generation_tokens_total, num_steps, num_finished, num_aborted;
 
-    // Per-step buffers, grown on demand, never shrunk (no per-token allocation).
-    int32_t *b_tokens, *b_positions, *b_slots;
+    // Per-step buffers, grown on demand, never shrunk (no per-token allocation). They back the
+    // forward_batch that build_batch hands the model; capacities in *_cap.
+    int32_t *b_tokens, *b_positions, *b_slots; // (n_tokens) ids, positions, KV slot of each new token
     int b_tok_cap;
-    int32_t *b_qstart, *b_ctx, *b_logit_rows;
-    struct sample_row *b_rows;
-    struct sequence **b_row_seq;
+    int32_t *b_qstart;                // (n_seqs + 1) prefix sums of new tokens
+    int32_t *b_ctx;                   // (n_seqs) tokens in KV after the step
+    int32_t *b_logit_rows;            // (n_logits) token row sampled for each finishing prefill / decode
+    struct sample_row *b_rows;        // (n_logits) sampling parameters of those rows
+    struct sequence **b_row_seq;      // (n_logits) the sequence each row belongs to
     int b_seq_cap;
-    int32_t *b_tables;
+    int32_t *b_tables;                // (n_seqs, max_blocks_per_seq) block ids, zero-padded
     size_t b_tables_cap;
-    int32_t *b_plp_rows, *b_plp_targets, *b_plp_pos;
-    struct sequence **b_plp_seq;
+    int32_t *b_plp_rows, *b_plp_targets, *b_plp_pos; // (n_prompt_lp) prompt-logprob row, next id, position
+    struct sequence **b_plp_seq;      // (n_prompt_lp) owner of each prompt-logprob row
     int b_plp_cap;
-    atomc_top_logprob *o_top;
+    atomc_top_logprob *o_top;         // (k + 1) top logprobs of the output being delivered
     int o_top_cap;
-    struct sequence **drained;
+    struct sequence **drained;        // (n_inbox) requests taken from the inbox; also a failed batch's sequences
     int drained_cap;
 
     // Profiling (options.profile_dir): spans of every step; NVTX ranges in CUDA builds.
