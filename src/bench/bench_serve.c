@@ -250,7 +250,7 @@ atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, cha
         case O_RESULT_DIR: o->result_dir = a; break;
         case O_RESULT_FILE: o->result_filename = a; break;
         case O_GPUS: ok = int_arg(a, &o->num_gpus); break;
-        case O_SEED: o->data.seed = strtoull(a, NULL, 10); break;
+        case O_SEED: o->data.seed = strtoull(a, &end, 10); break;
         case O_TIMEOUT: o->timeout_s = strtod(a, &end); break;
         case O_NO_TQDM: o->progress = false; break;
         case O_HELP: *help = true; return ATOMC_OK;

@@ -18,6 +18,19 @@ bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out
     return true;
 }
 
+bool cli_parse_u64(const char *s, const char *flag, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    // strtoull accepts a sign and wraps "-1" to the maximum: only plain digits are taken.
+    if (!*s || *s == '-' || *s == '+' || *end || errno) {
+        fprintf(stderr, "atomc: %s expects a non-negative integer, got '%s'\n", flag, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
 bool cli_parse_double(const char *s, const char *flag, double *out) {
     char *end;
     errno = 0;
@@ -79,16 +92,7 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_THREADS: return cli_parse_int(arg, "--num-threads", 0, 4096, &o->num_threads) ? 1 : -1;
     case CLI_E_GEN_CONFIG: o->generation_config = arg; return 1;
     case CLI_E_PROFILE_DIR: o->profile_dir = arg; return 1;
-    case CLI_E_ENGINE_SEED: {
-        char *end;
-        unsigned long long v = strtoull(arg, &end, 10);
-        if (!*arg || *end) {
-            fprintf(stderr, "atomc: --engine-seed expects a non-negative integer, got '%s'\n", arg);
-            return -1;
-        }
-        o->seed = v;
-        return 1;
-    }
+    case CLI_E_ENGINE_SEED: return cli_parse_u64(arg, "--engine-seed", &o->seed) ? 1 : -1;
     }
     return 0;
 }

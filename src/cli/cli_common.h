@@ -5,6 +5,7 @@
 
 #include <getopt.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "atomc.h"
 
@@ -56,7 +57,9 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg);
 bool cli_profile_start(atomc_engine *e, const struct cli_engine_args *a);
 void cli_profile_stop(atomc_engine *e, const struct cli_engine_args *a);
 
+// Whole-string parsers: print "atomc: FLAG expects ..." and return false on a bad value.
 bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out);
+bool cli_parse_u64(const char *s, const char *flag, uint64_t *out);
 bool cli_parse_float(const char *s, const char *flag, float *out);
 bool cli_parse_double(const char *s, const char *flag, double *out);
 bool isatty_stdin(void);

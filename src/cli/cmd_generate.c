@@ -223,17 +223,7 @@ static int parse_gen_flag(struct gen_args *a, int c, const char *arg) {
     case G_REP: a->set_rep = true; return cli_parse_float(arg, "--repetition-penalty", &a->p.repetition_penalty) ? 1 : -1;
     case G_PRES: return cli_parse_float(arg, "--presence-penalty", &a->p.presence_penalty) ? 1 : -1;
     case G_FREQ: return cli_parse_float(arg, "--frequency-penalty", &a->p.frequency_penalty) ? 1 : -1;
-    case G_SEED: {
-        char *end;
-        unsigned long long v = strtoull(arg, &end, 10);
-        if (!*arg || *end) {
-            fprintf(stderr, "atomc: --seed expects a non-negative integer, got '%s'\n", arg);
-            return -1;
-        }
-        a->p.has_seed = true;
-        a->p.seed = v;
-        return 1;
-    }
+    case G_SEED: a->p.has_seed = true; return cli_parse_u64(arg, "--seed", &a->p.seed) ? 1 : -1;
     case G_STOP:
         if (a->p.n_stop >= 64) {
             fprintf(stderr, "atomc: at most 64 --stop strings\n");
