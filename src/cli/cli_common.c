@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out) {
@@ -51,6 +52,28 @@ bool cli_parse_float(const char *s, const char *flag, float *out) {
 }
 
 bool isatty_stdin(void) { return isatty(0); }
+
+static void cli_usage(FILE *f, const struct cli_command *rows, size_t n_rows, const char *prog, const char *noun) {
+    fprintf(f, "usage: %s <%s> [options]   (%s <%s> --help for its options)\n\n%ss:\n", prog, noun, prog, noun, noun);
+    for (size_t i = 0; i < n_rows; i++) fprintf(f, "  %-14s %s\n", rows[i].name, rows[i].help);
+}
+
+int cli_dispatch(const struct cli_command *rows, size_t n_rows, const char *prog, const char *noun, int argc,
+                 char **argv) {
+    if (argc < 2) {
+        cli_usage(stderr, rows, n_rows, prog, noun);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        cli_usage(stdout, rows, n_rows, prog, noun);
+        return 0;
+    }
+    for (size_t i = 0; i < n_rows; i++)
+        if (!strcmp(argv[1], rows[i].name)) return rows[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "%s: unknown %s '%s'\n", prog, noun, argv[1]);
+    cli_usage(stderr, rows, n_rows, prog, noun);
+    return 2;
+}
 
 void cli_engine_args_init(struct cli_engine_args *a) { atomc_engine_options_init(&a->o); }
 

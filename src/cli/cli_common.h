@@ -5,6 +5,7 @@
 
 #include <getopt.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "atomc.h"
@@ -63,5 +64,18 @@ bool cli_parse_u64(const char *s, const char *flag, uint64_t *out);
 bool cli_parse_float(const char *s, const char *flag, float *out);
 bool cli_parse_double(const char *s, const char *flag, double *out);
 bool isatty_stdin(void);
+
+// One row of a subcommand table (`atomc <command>`, `atomc bench <kind>`).
+struct cli_command {
+    const char *name;
+    int (*run)(int argc, char **argv); // argv[0] is the row's name
+    const char *help;
+};
+
+// Runs the row argv[1] names. With no name or an unknown one it prints the table to stderr and
+// returns 2; --help, -h or help print it to stdout and return 0. `prog` ("atomc bench") and
+// `noun` ("kind") word the usage line.
+int cli_dispatch(const struct cli_command *rows, size_t n_rows, const char *prog, const char *noun, int argc,
+                 char **argv);
 
 #endif
