@@ -1,5 +1,6 @@
 // Communicator and rendezvous tests: the shared-memory communicator with ranks as threads and
-// as forked processes (sums exact for odd sizes and chunked ops, all_gather, broadcast), a
+// as forked processes (sums exact for odd sizes and chunked ops, all_gather, all_gather_cols,
+// broadcast), a
 // rank that never arrives (timeout error, never a hang, later ops fail at once), and the TCP
 // rendezvous on loopback with several processes (blob hand-out, refused, world size mismatch).
 #include <pthread.h>
@@ -81,6 +82,26 @@ static int check_collectives(struct comm *c, int world, char *msg, size_t msg_n)
                     return 1;
                 }
         free(f), free(b), free(src), free(dst);
+        // all_gather_cols: (rows, cols) per rank side by side into (rows, world * cols)
+        size_t rows = 9 + n % 5, cols = n % 100 + 1;
+        float *gs = malloc(rows * cols * sizeof(float)), *gd = malloc(rows * cols * (size_t)world * sizeof(float));
+        float *tmp = malloc(rows * cols * (size_t)world * sizeof(float));
+        for (size_t i = 0; i < rows * cols; i++) gs[i] = (float)(c->rank * 1000000 + (int)i);
+        if (comm_all_gather_cols(c, gd, gs, tmp, DTYPE_F32, rows, cols, &err) != ATOMC_OK) {
+            snprintf(msg, msg_n, "all_gather_cols n=%zu: %.400s", n, err.msg);
+            free(gs), free(gd), free(tmp);
+            return 1;
+        }
+        for (size_t i = 0; i < rows; i++)
+            for (int r = 0; r < world; r++)
+                for (size_t j = 0; j < cols; j++)
+                    if (gd[(i * (size_t)world + (size_t)r) * cols + j] != (float)(r * 1000000 + (int)(i * cols + j))) {
+                        snprintf(msg, msg_n, "all_gather_cols rank %d: row %zu rank-block %d col %zu wrong", c->rank, i,
+                                 r, j);
+                        free(gs), free(gd), free(tmp);
+                        return 1;
+                    }
+        free(gs), free(gd), free(tmp);
     }
     char text[3000];
     int root = world - 1;

@@ -194,6 +194,8 @@ static void *server_thread(void *arg) {
     return NULL;
 }
 
+static double harness_idle_timeout = 300;
+
 static void harness_start(struct harness *h, const char *api_key, int step_us, int max_live) {
     memset(h, 0, sizeof *h);
     pthread_mutex_init(&h->fe.mu, NULL);
@@ -209,6 +211,7 @@ static void harness_start(struct harness *h, const char *api_key, int step_us, i
     o.max_body_bytes = 1 << 16;
     o.install_signal_handlers = false;
     o.drain_timeout_s = 5;
+    o.idle_timeout_s = harness_idle_timeout;
     struct error err;
     CHECK(server_create(&o, &h->srv, &err) == ATOMC_OK);
     h->port = server_port(h->srv);
@@ -611,6 +614,30 @@ TEST(engine_errors_give_500_and_unhealthy_until_a_success) {
     r = http(h.port, "GET", "/health", NULL, NULL);
     ASSERT_EQ(r.status, 200);
     response_free(&r);
+    harness_stop(&h);
+}
+
+// A request waiting longer than the idle timeout for its tokens is not cut off (streaming with
+// no output yet, and non-streaming), while an idle keep-alive connection still is.
+TEST(slow_generation_outlives_idle_timeout) {
+    struct harness h;
+    harness_idle_timeout = 0.3;
+    harness_start(&h, NULL, 400000, 64); // one token per 400 ms: gaps longer than the timeout
+    harness_idle_timeout = 300;
+    harness_attach(&h);
+    struct response r = http(h.port, "POST", "/v1/completions", NULL,
+                             "{\"prompt\":\"hi\",\"max_tokens\":3,\"stream\":true}");
+    ASSERT_EQ(r.status, 200);
+    ASSERT_TRUE(strstr(r.body, "data: [DONE]") != NULL);
+    response_free(&r);
+    r = http(h.port, "POST", "/v1/completions", NULL, "{\"prompt\":\"hi\",\"max_tokens\":3}");
+    ASSERT_EQ(r.status, 200);
+    ASSERT_TRUE(strstr(r.body, "abc") != NULL);
+    response_free(&r);
+    int fd = connect_to(h.port); // idle: closed by the server after ~0.3 s
+    char c;
+    ASSERT_EQ(recv(fd, &c, 1, 0), 0);
+    close(fd);
     harness_stop(&h);
 }
 

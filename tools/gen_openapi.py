@@ -153,6 +153,15 @@ doc = {
             "503": {"description": "not ready", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
         "/version": get("server version", {"type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}}),
         "/metrics": get("Prometheus metrics (vLLM names)", {"type": "string"}, "text/plain"),
+        "/tokenizer_info": get("tokenizer facts for remote-tokenizer clients (vLLM's)", {"type": "object", "required": ["bos_token", "eos_token", "chat_template", "model_max_length"], "properties": {
+            "tokenizer_class": {"type": "string"}, "bos_token": {"type": "string", "nullable": True},
+            "eos_token": {"type": "string", "nullable": True}, "pad_token": {"type": "string", "nullable": True},
+            "chat_template": {"type": "string", "nullable": True}, "model_max_length": {"type": "integer"},
+            "vocab_size": {"type": "integer"}}}, extra=(401, 503)),
+        "/start_profile": {"post": {"summary": "start recording per-step Chrome traces (needs --profile-dir)",
+            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}, **errs(400, 401, 503)}}},
+        "/stop_profile": {"post": {"summary": "stop recording and write the trace (path in 'trace')",
+            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}, **errs(400, 401, 500, 503)}}},
         "/openapi.json": get("this document", {"type": "object"}),
         "/v1/models": get("served models", {"type": "object", "required": ["object", "data"], "properties": {
             "object": {"type": "string"}, "data": {"type": "array", "items": {"type": "object", "required": ["id", "object"], "properties": {

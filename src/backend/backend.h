@@ -191,7 +191,7 @@ struct backend_ops {
 
     // Optional (may be NULL): fills t (any float dtype, backend memory) with uniform random
     // numbers in [lo, hi) from `seed`, on the device, so random weights of a large model need not
-    // cross the host link. (The runner's dummy loader currently uses pooled host copies.)
+    // cross the host link. The dummy loader uses it when present, pooled host copies otherwise.
     atomc_status (*fill_uniform)(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
                                  struct error *err);
 

@@ -115,6 +115,7 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_THREADS: return cli_parse_int(arg, "--num-threads", 0, 4096, &o->num_threads) ? 1 : -1;
     case CLI_E_GEN_CONFIG: o->generation_config = arg; return 1;
     case CLI_E_PROFILE_DIR: o->profile_dir = arg; return 1;
+    case CLI_E_TP: return cli_parse_int(arg, "--tensor-parallel-size", 1, 64, &o->tensor_parallel_size) ? 1 : -1;
     case CLI_E_ENGINE_SEED: return cli_parse_u64(arg, "--engine-seed", &o->seed) ? 1 : -1;
     }
     return 0;

@@ -18,7 +18,7 @@ enum {
     CLI_E_MODEL = 2000, CLI_E_DEVICE, CLI_E_DTYPE, CLI_E_LOAD_FORMAT, CLI_E_KV_DTYPE, CLI_E_MAX_MODEL_LEN,
     CLI_E_MAX_NUM_SEQS, CLI_E_MAX_BATCHED, CLI_E_BLOCK_SIZE, CLI_E_NUM_KV_BLOCKS, CLI_E_GPU_UTIL, CLI_E_CPU_KV_GB,
     CLI_E_PREFIX_ON, CLI_E_PREFIX_OFF, CLI_E_EAGER, CLI_E_THREADS, CLI_E_GEN_CONFIG, CLI_E_ENGINE_SEED,
-    CLI_E_PROFILE_DIR,
+    CLI_E_PROFILE_DIR, CLI_E_TP,
 };
 
 #define CLI_ENGINE_LONG_OPTIONS                                                                                      \
@@ -37,7 +37,8 @@ enum {
         {"enforce-eager", no_argument, 0, CLI_E_EAGER}, {"num-threads", required_argument, 0, CLI_E_THREADS},        \
         {"generation-config", required_argument, 0, CLI_E_GEN_CONFIG},                                              \
         {"engine-seed", required_argument, 0, CLI_E_ENGINE_SEED},                                                  \
-        {"profile-dir", required_argument, 0, CLI_E_PROFILE_DIR}
+        {"profile-dir", required_argument, 0, CLI_E_PROFILE_DIR},                                                  \
+        {"tensor-parallel-size", required_argument, 0, CLI_E_TP}
 
 #define CLI_ENGINE_OPTIONS_HELP                                                                                      \
     "engine options:\n"                                                                                              \
@@ -47,7 +48,8 @@ enum {
     "  --max-model-len N   --max-num-seqs N   --max-num-batched-tokens N   --block-size N\n"                         \
     "  --gpu-memory-utilization F   --cpu-kv-cache-gb F   --num-gpu-blocks-override N\n"                             \
     "  --no-enable-prefix-caching   --enforce-eager   --generation-config auto|vllm   --engine-seed N\n"    \
-    "  --profile-dir DIR      record a per-step Chrome trace of the run into DIR\n"
+    "  --profile-dir DIR      record a per-step Chrome trace of the run into DIR\n"                            \
+    "  --tensor-parallel-size / -tp N   split the model over N ranks (CPU: threads; CUDA: GPUs)\n"
 
 void cli_engine_args_init(struct cli_engine_args *a);
 // Handles one engine flag: 1 = handled, 0 = not an engine flag, -1 = bad value (message printed).

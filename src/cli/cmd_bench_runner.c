@@ -14,6 +14,7 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/timeutil.h"
+#include "model/moe.h"
 #include "runtime/model_runner.h"
 
 static void bench_runner_usage(FILE *f) {
@@ -265,7 +266,8 @@ int cmd_bench_runner(int argc, char **argv) {
         memcpy(last, out.ids, (size_t)batch * 4);
     }
     {
-        double wbytes = (double)model_runner_weight_bytes(r);
+        // MoE: only the experts a step touches are read (moe.h), not every expert's weights.
+        double wbytes = model_moe_decode_weight_bytes(cfg, (double)model_runner_weight_bytes(r), batch);
         double bytes = wbytes * steps + kv_bytes_read;
         double bw = bytes / t_decode / 1e9;
         double tps = (double)batch * steps / t_decode;
@@ -280,7 +282,10 @@ int cmd_bench_runner(int argc, char **argv) {
         } else {
             printf("model %s (%s), device %s, batch %d, prompt %d, %d decode steps\n", o.model_path,
                    cfg->architecture, o.device, batch, prompt_len, steps);
-            printf("load         %.2f s (weights %.1f MiB)\n", t_load, wbytes / 1048576.0);
+            printf("load         %.2f s (weights %.1f MiB)\n", t_load, model_runner_weight_bytes(r) / 1048576.0);
+            if (cfg->num_experts > 0)
+                printf("moe          %.1f MiB of weights read per step (experts touched: min(E, batch * top_k))\n",
+                       wbytes / 1048576.0);
             printf("prefill      %.3f s, %.1f tokens/s\n", t_prefill, batch * prompt_len / t_prefill);
             printf("decode       %.2f tokens/s, %.2f ms/step\n", tps, 1e3 * t_decode / steps);
             printf("bytes read   %.2f GB/s (weights + KV per step)", bw);

@@ -66,6 +66,8 @@ static const struct flag flags[] = {
     {"--load-format", FLAG_STR, A(eo.load_format), "auto", "auto, or dummy (random weights from config.json)"},
     {"--tensor-parallel-size", FLAG_INT, A(eo.tensor_parallel_size), "1", "GPUs per model (tensor parallel)"},
     {"--num-threads", FLAG_INT, A(eo.num_threads), "0 (all cores)", "CPU backend threads"},
+    {"--profile-dir", FLAG_STR, A(eo.profile_dir), "off",
+     "enable POST /start_profile and /stop_profile: per-step Chrome traces written here"},
     {"--max-n", FLAG_INT, A(so.max_n), "64", "largest accepted n (choices per request)"},
     {"--max-request-body-bytes", FLAG_SIZE, A(so.max_body_bytes), "32 MiB", "larger request bodies get 413"},
     {"--shutdown-timeout", FLAG_DOUBLE, A(so.drain_timeout_s), "30",

@@ -1,5 +1,7 @@
 // atomc command-line entry point: dispatches to one subcommand per file in src/cli/.
 // Only the CLI calls exit(); subcommands return the process status.
+#include <string.h>
+
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 
@@ -18,5 +20,7 @@ static const struct cli_command commands[] = {
 };
 
 int main(int argc, char **argv) {
+    for (int i = 2; i < argc; i++) // vLLM's short form -tp N (getopt has no two-letter short options)
+        if (!strcmp(argv[i], "-tp")) argv[i] = "--tensor-parallel-size";
     return cli_dispatch(commands, sizeof commands / sizeof commands[0], "atomc", "command", argc, argv);
 }

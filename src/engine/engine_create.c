@@ -11,6 +11,7 @@
 #include "common/mapped_file.h"
 #include "engine/engine_internal.h"
 #include "model/config.h"
+#include "parallel/tp_runner.h"
 #include "runtime/model_runner.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,6 +21,14 @@ static atomc_status runner_execute(void *ctx, const struct forward_batch *fb, st
 }
 
 static void runner_free(void *ctx) { model_runner_free(ctx); }
+
+// Tensor parallelism: the engine drives a tp_runner through the same seam.
+static atomc_status tp_execute(void *ctx, const struct forward_batch *fb, struct runner_output *out,
+                               struct error *err) {
+    return tp_runner_execute(ctx, fb, out, err);
+}
+
+static void tp_free(void *ctx) { tp_runner_free(ctx); }
 
 static void add_eos(struct engine_setup *su, int32_t id) {
     if (id < 0 || su->n_eos >= ENGINE_MAX_EOS) return;
@@ -73,6 +82,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     atomc_status st = ATOMC_OK;
     *out = NULL;
     struct model_runner *runner = NULL;
+    struct tp_runner *tp = NULL;
     struct tokenizer *tok = NULL;
     if (!o || !o->model_path || !o->model_path[0]) {
         st = error_set(&err, ATOMC_ERR_INVALID_ARGUMENT, "no model path given");
@@ -102,7 +112,13 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
         .num_threads = o->num_threads,
         .dummy_seed = o->seed,
     };
-    st = model_runner_create(&ro, &runner, &err);
+    int tp_size = o->tensor_parallel_size > 0 ? o->tensor_parallel_size : 1;
+    if (tp_size > 1) {
+        st = tp_runner_create(&ro, tp_size, &tp, &err);
+        if (st == ATOMC_OK) runner = tp_runner_rank(tp, 0); // rank 0 answers the config queries; tp owns it
+    } else {
+        st = model_runner_create(&ro, &runner, &err);
+    }
     if (st != ATOMC_OK) goto fail;
     // A model directory without tokenizer.json runs on token ids only (as vLLM's
     // --skip-tokenizer-init): text prompts and stop strings are then rejected per request.
@@ -122,8 +138,9 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     struct engine_setup su;
     memset(&su, 0, sizeof su);
     su.model = (struct engine_model_ops){.ctx = runner, .execute = runner_execute, .free = runner_free};
+    if (tp) su.model = (struct engine_model_ops){.ctx = tp, .execute = tp_execute, .free = tp_free};
     if (tok) engine_text_ops_from_tokenizer(&su.text, tok);
-    su.num_kv_blocks = model_runner_num_kv_blocks(runner);
+    su.num_kv_blocks = tp ? tp_runner_num_kv_blocks(tp) : model_runner_num_kv_blocks(runner); // smallest rank's pool
     su.vocab_size = cfg->vocab_size;
     su.max_model_len = model_runner_max_model_len(runner);
     // EOS: config.json + generation_config.json (merged by the loader), and the tokenizer's.
@@ -142,6 +159,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     su.info.default_min_p = -1;
     if (!o->generation_config || strcmp(o->generation_config, "vllm")) read_generation_defaults(o->model_path, &su.info);
     runner = NULL; // owned by the setup from here
+    tp = NULL;
     tok = NULL;
     atomc_engine_options eo = *o;
     eo.max_model_len = su.max_model_len;
@@ -150,7 +168,8 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     return ATOMC_OK;
 
 fail:
-    if (runner) model_runner_free(runner);
+    if (tp) tp_runner_free(tp); // owns its ranks' runners
+    else if (runner) model_runner_free(runner);
     if (tok) tokenizer_free(tok);
     if (err_buf && err_len) snprintf(err_buf, err_len, "%s", err.msg);
     return st;

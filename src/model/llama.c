@@ -22,6 +22,7 @@
 #include "common/check.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "parallel/comm.h"
 
 static inline struct tensor view2(void *data, enum dtype dt, int64_t rows, int64_t cols) {
     return tensor_2d(data, dt, rows, cols);
@@ -30,6 +31,12 @@ static inline struct tensor view2(void *data, enum dtype dt, int64_t rows, int64
 static inline struct tensor view3(void *data, enum dtype dt, int64_t a, int64_t b, int64_t c) {
     int64_t ne[3] = {a, b, c};
     return tensor_make(data, dt, 3, ne);
+}
+
+// Tensor parallelism: sums a row-parallel output over the ranks (in place, backend memory).
+static void model_tp_all_reduce(struct model *m, struct tensor *t) {
+    if (!m->comm || m->comm_status != ATOMC_OK) return;
+    m->comm_status = comm_all_reduce_sum(m->comm, t->data, t->dtype, (size_t)tensor_numel(t), &m->comm_err);
 }
 
 static inline const struct tensor *opt(const struct tensor *t) { return t->data ? t : NULL; }
@@ -75,6 +82,7 @@ void model_forward(struct model *m, const int32_t *token_ids, const struct attn_
         int window = c->layer_types[l] == LAYER_ATTN_SLIDING ? c->sliding_window : 0;
         ops->attention(b, &attn, &q, m->qkv_dim, &kv[l], md, scale, window, NULL);
         ops->matmul(b, &h, &attn2, &ly->o, opt(&ly->o_bias));
+        model_tp_all_reduce(m, &h);
         ops->add_rmsnorm(b, &x, &residual, &h, &ly->mlp_norm, eps);
         if (ly->moe) { // Qwen3-MoE / Mixtral sparse layers: router + fused experts (moe.c)
             model_moe_forward(m, ly, &h, &x);
@@ -83,6 +91,7 @@ void model_forward(struct model *m, const int32_t *token_ids, const struct attn_
         ops->matmul(b, &gu, &x, &ly->gate_up, opt(&ly->gate_up_bias));
         ops->silu_mul(b, &act, &gu);
         ops->matmul(b, &h, &act, &ly->down, opt(&ly->down_bias));
+        model_tp_all_reduce(m, &h);
     }
     m->last_tokens = (int)T;
 }
@@ -105,6 +114,16 @@ struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_r
     ops->add_rmsnorm(b, &gx, &gres, &gh, &m->final_norm, c->rms_norm_eps);
     // F32 logits straight from the GEMM (backend.h: matmul may write F32 from act-dtype input),
     // so no rounding of logits to BF16 and no conversion pass.
+    if (m->tp_size > 1) {
+        // Vocab-parallel lm_head: this rank's (n, V/tp) logits, all-gathered side by side.
+        int64_t Vs = V / m->tp_size;
+        struct tensor shard = view2(s->lg_shard, DTYPE_F32, n_rows, Vs);
+        ops->matmul(b, &shard, &gx, &m->lm_head, NULL);
+        if (m->comm_status == ATOMC_OK)
+            m->comm_status = comm_all_gather_cols(m->comm, s->logits, s->lg_shard, s->lg_gather, DTYPE_F32,
+                                                  (size_t)n_rows, (size_t)Vs, &m->comm_err);
+        return logits;
+    }
     ops->matmul(b, &logits, &gx, &m->lm_head, NULL);
     return logits;
 }

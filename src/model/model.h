@@ -25,6 +25,7 @@
 #include "model/config.h"
 
 struct model_files;
+struct comm;
 
 struct model_layer {
     struct tensor attn_norm;    // (hidden)
@@ -48,7 +49,7 @@ struct model_layer {
 
 // MoE scratch (moe.c), allocated with the rest of the scratch when the model has MoE layers.
 struct model_moe_scratch {
-    void *logits;       // (max_tokens, E) act dtype router logits
+    float *logits;      // (max_tokens, E) F32 router logits
     int32_t *topk_ids;  // (max_tokens, top_k) expert ids
     float *topk_w;      // (max_tokens, top_k) F32 combine weights
     void *workspace;    // moe_workspace_bytes(max_tokens, top_k, E, hidden, moe_inter)
@@ -73,6 +74,8 @@ struct model_scratch {
     void *lg_h;       // (max_logits_rows, hidden) gathered last-block output rows
     void *lg_x;       // (max_logits_rows, hidden) final-normed rows
     float *logits;    // (max_logits_rows, vocab) F32
+    float *lg_shard;  // TP only: (max_logits_rows, vocab / tp) F32 this rank's vocab-parallel logits
+    float *lg_gather; // TP only: (tp, max_logits_rows, vocab / tp) F32 staging of the all-gather
     size_t bytes;     // total allocated
     struct model_moe_scratch moe;
 };
@@ -91,6 +94,21 @@ struct model {
     float *inv_freq;              // (rotary_dim / 2) backend memory
     struct rope_args rope;
 
+    // Tensor parallelism (tp_size > 1): this rank holds heads [q_head0, q_head0 + cfg.num_heads),
+    // KV heads [kv_head0, kv_head0 + cfg.num_kv_heads) (replicated when the model has fewer KV
+    // heads than ranks) and intermediate columns [inter0, inter0 + cfg.intermediate_size): cfg
+    // holds this rank's LOCAL sizes, global_* the checkpoint's. o_proj and down_proj are
+    // row-parallel (their outputs are all-reduced over `comm`; their biases live on rank 0
+    // only). lm_head is vocab-parallel: rows [tp_rank V/tp, (tp_rank+1) V/tp) (of the embedding
+    // table when tied), whose logits are all-gathered so every rank holds (and samples) the
+    // same full logits. Embeddings and norms are replicated.
+    int tp_rank, tp_size;
+    struct comm *comm;            // not owned; NULL when tp_size == 1
+    int global_num_heads, global_num_kv_heads, global_intermediate_size;
+    int q_head0, kv_head0, inter0;
+    atomc_status comm_status;     // first collective failure of a forward (ATOMC_OK otherwise)
+    struct error comm_err;
+
     size_t weight_bytes;          // bytes of weights in backend memory
     struct model_scratch scratch;
     struct moe_route_args moe_route; // MoE models: routing parameters (moe.c)
@@ -102,6 +120,10 @@ struct model_load_options {
     struct model_files *files;    // NULL = dummy (random) weights
     uint64_t dummy_seed;
     enum dtype weight_dtype;      // dtype weights are converted to in backend memory
+    // Tensor parallelism: this rank's slice of every sharded weight is read (through
+    // model_files_get_tensor_slice); tp_size 0 or 1 = the whole model. comm: not owned.
+    int tp_rank, tp_size;
+    struct comm *comm;
 };
 
 // Loads (or generates) every weight of `cfg`'s architecture into backend memory, fuses
@@ -128,6 +150,9 @@ void model_rope_inv_freq(const struct model_config *cfg, int rotary_dim, float *
 void model_forward(struct model *m, const int32_t *token_ids, const struct attn_metadata *md,
                    struct kv_layer *kv);
 
+// Errors of the collectives of a tensor-parallel forward are recorded in m->comm_status /
+// m->comm_err (the forward itself cannot fail otherwise); the caller checks them.
+//
 // After model_forward: logits (F32, in m->scratch.logits) of n_rows rows (<= max_logits_rows)
 // given by rows (backend int32 array of token row indices). Returns the F32 logits tensor.
 struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_rows);

@@ -163,7 +163,8 @@ static void dummy_pools_free(struct weight_loader *L) {
     L->n_pools = 0;
 }
 
-// Random weights in [lo, hi) (lo == hi: that constant) copied into backend memory from a pool.
+// Random weights in [lo, hi) (lo == hi: that constant) written into backend memory: on the
+// device when the backend has fill_uniform (CUDA), else copied from a host pool.
 static atomc_status weight_fill_dummy(struct weight_loader *L, struct tensor *t, float lo, float hi,
                                       const char *name, struct error *err) {
     struct backend *b = L->m->backend;
@@ -173,6 +174,11 @@ static atomc_status weight_fill_dummy(struct weight_loader *L, struct tensor *t,
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: cannot allocate %zu bytes for %s", bytes, name);
     uint64_t seed = L->seed;
     L->seed = splitmix64(&seed);
+    if (lo != hi && b->ops->fill_uniform) { // on the device: nothing crosses the host link
+        atomc_status st = b->ops->fill_uniform(b, t, L->seed, lo, hi, err);
+        if (st != ATOMC_OK) return error_prefix(err, "dummy weights %s: ", name);
+        return ATOMC_OK;
+    }
     const struct dummy_pool *p = dummy_pool_get(L, lo, hi, t->dtype, err);
     if (!p) return err ? err->status : ATOMC_ERR_OUT_OF_MEMORY;
     int64_t n = tensor_numel(t), esz = (int64_t)dtype_row_bytes(t->dtype, 1);
@@ -197,8 +203,11 @@ static void shape_string(char *buf, size_t n, const struct tensor *t) {
 
 // Loads one tensor named `name` of shape ne[0..ndim) into backend memory as `dt`.
 // kind: 0 = matrix (dummy: uniform +-1/sqrt(cols)), 1 = norm weight (dummy: ones), 2 = bias (dummy: small).
-static atomc_status weight_load(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
-                                const int64_t *ne, int kind, struct error *err) {
+// slice_dim >= 0: ne is this rank's shard, read from the checkpoint as [slice_start,
+// slice_start + ne[slice_dim]) of dim slice_dim (tensor parallelism); -1 = the whole tensor.
+static atomc_status weight_load_slice(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
+                                      const int64_t *ne, int kind, int slice_dim, int64_t slice_start,
+                                      struct error *err) {
     struct model *m = L->m;
     *dst = tensor_make(NULL, m->weight_dtype, ndim, ne);
     // Norm weights and biases are stored in the weight dtype too: the ops take every weight in it.
@@ -210,7 +219,9 @@ static atomc_status weight_load(struct weight_loader *L, struct tensor *dst, con
         return st;
     }
     struct tensor src;
-    atomc_status st = model_files_get_tensor(L->files, name, &src, err);
+    atomc_status st = slice_dim < 0 ? model_files_get_tensor(L->files, name, &src, err)
+                                    : model_files_get_tensor_slice(L->files, name, slice_dim, slice_start,
+                                                                   ne[slice_dim], &src, err);
     if (st != ATOMC_OK) return st;
     if (tensor_numel(&src) != tensor_numel(dst) || tensor_cols(&src) != tensor_cols(dst)) {
         char want[96], got[96];
@@ -224,11 +235,19 @@ static atomc_status weight_load(struct weight_loader *L, struct tensor *dst, con
     return ATOMC_OK;
 }
 
+static atomc_status weight_load(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
+                                const int64_t *ne, int kind, struct error *err) {
+    return weight_load_slice(L, dst, name, ndim, ne, kind, -1, 0, err);
+}
+
 // Loads `n` tensors with the same column count and stacks their rows into one tensor
 // (q,k,v -> qkv; gate,up -> gate_up). Parts are uploaded, then copied into the fused
 // allocation in backend memory and freed, so the peak overhead is one layer's parts.
+// starts != NULL: part i is rows [starts[i], starts[i] + rows[i]) of its checkpoint tensor
+// (a tensor-parallel shard).
 static atomc_status weight_load_fused(struct weight_loader *L, struct tensor *dst, int n, const char *const *names,
-                                      const int64_t *rows, int64_t cols, int kind, struct error *err) {
+                                      const int64_t *rows, const int64_t *starts, int64_t cols, int kind,
+                                      struct error *err) {
     struct model *m = L->m;
     struct backend *b = m->backend;
     int64_t total = 0;
@@ -248,7 +267,8 @@ static atomc_status weight_load_fused(struct weight_loader *L, struct tensor *ds
         int64_t pne[2] = {rows[i], cols};
         if (ndim == 1) pne[0] = rows[i];
         size_t wb = m->weight_bytes;
-        atomc_status st = weight_load(L, &part, names[i], ndim, pne, kind, err);
+        atomc_status st = weight_load_slice(L, &part, names[i], ndim, pne, kind, starts ? 0 : -1,
+                                            starts ? starts[i] : 0, err);
         m->weight_bytes = wb;
         if (st != ATOMC_OK) {
             weight_release(m, dst);
@@ -271,7 +291,7 @@ atomc_status model_weight_load(struct weight_loader *L, struct tensor *dst, cons
 
 atomc_status model_weight_load_fused(struct weight_loader *L, struct tensor *dst, int n, const char *const *names,
                                      const int64_t *rows, int64_t cols, int kind, struct error *err) {
-    return weight_load_fused(L, dst, n, names, rows, cols, kind, err);
+    return weight_load_fused(L, dst, n, names, rows, NULL, cols, kind, err);
 }
 
 static bool weight_exists(struct weight_loader *L, const char *name) {
@@ -294,21 +314,30 @@ static atomc_status model_load_layer(struct weight_loader *L, int l, struct erro
     if ((st = weight_load(L, &ly->mlp_norm, n[0], 1, (int64_t[]){H}, 1, err))) return st;
 
     int64_t qkv_rows[3] = {m->q_dim, m->kv_dim, m->kv_dim};
+    // Tensor parallelism: this rank's heads / intermediate columns (all zero starts when tp_size == 1).
+    const bool tp = m->tp_size > 1;
+    int64_t qkv_starts[3] = {(int64_t)m->q_head0 * D, (int64_t)m->kv_head0 * D, (int64_t)m->kv_head0 * D};
+    int64_t gu_starts[2] = {m->inter0, m->inter0};
+    const int64_t *qkv_s = tp ? qkv_starts : NULL, *gu_s = tp ? gu_starts : NULL;
+    const int row_dim = tp ? 1 : -1; // row-parallel o_proj / down_proj: their input columns are sharded
+    const bool row_bias = !tp || m->tp_rank == 0; // row-parallel biases are added once, before the all-reduce
     LNAME(n[0], "self_attn.q_proj.weight");
     LNAME(n[1], "self_attn.k_proj.weight");
     LNAME(n[2], "self_attn.v_proj.weight");
-    if ((st = weight_load_fused(L, &ly->qkv, 3, names, qkv_rows, H, 0, err))) return st;
+    if ((st = weight_load_fused(L, &ly->qkv, 3, names, qkv_rows, qkv_s, H, 0, err))) return st;
     if (c->attention_bias) {
         LNAME(n[0], "self_attn.q_proj.bias");
         LNAME(n[1], "self_attn.k_proj.bias");
         LNAME(n[2], "self_attn.v_proj.bias");
-        if ((st = weight_load_fused(L, &ly->qkv_bias, 3, names, qkv_rows, 0, 2, err))) return st;
+        if ((st = weight_load_fused(L, &ly->qkv_bias, 3, names, qkv_rows, qkv_s, 0, 2, err))) return st;
     }
     LNAME(n[0], "self_attn.o_proj.weight");
-    if ((st = weight_load(L, &ly->o, n[0], 2, (int64_t[]){H, m->q_dim}, 0, err))) return st;
+    if ((st = weight_load_slice(L, &ly->o, n[0], 2, (int64_t[]){H, m->q_dim}, 0, row_dim,
+                                (int64_t)m->q_head0 * D, err)))
+        return st;
     LNAME(n[0], "self_attn.o_proj.bias");
     // HF Llama and Qwen3 give o_proj a bias exactly when attention_bias is set.
-    if (c->attention_out_bias || c->attention_bias || weight_exists(L, n[0]))
+    if (row_bias && (c->attention_out_bias || c->attention_bias || weight_exists(L, n[0])))
         if ((st = weight_load(L, &ly->o_bias, n[0], 1, (int64_t[]){H}, 2, err))) return st;
     if (c->qk_norm) {
         LNAME(n[0], "self_attn.q_norm.weight");
@@ -320,15 +349,15 @@ static atomc_status model_load_layer(struct weight_loader *L, int l, struct erro
     int64_t gu_rows[2] = {I, I};
     LNAME(n[0], "mlp.gate_proj.weight");
     LNAME(n[1], "mlp.up_proj.weight");
-    if ((st = weight_load_fused(L, &ly->gate_up, 2, names, gu_rows, H, 0, err))) return st;
+    if ((st = weight_load_fused(L, &ly->gate_up, 2, names, gu_rows, gu_s, H, 0, err))) return st;
     LNAME(n[0], "mlp.down_proj.weight");
-    if ((st = weight_load(L, &ly->down, n[0], 2, (int64_t[]){H, I}, 0, err))) return st;
+    if ((st = weight_load_slice(L, &ly->down, n[0], 2, (int64_t[]){H, I}, 0, row_dim, m->inter0, err))) return st;
     if (c->mlp_bias) {
         LNAME(n[0], "mlp.gate_proj.bias");
         LNAME(n[1], "mlp.up_proj.bias");
-        if ((st = weight_load_fused(L, &ly->gate_up_bias, 2, names, gu_rows, 0, 2, err))) return st;
+        if ((st = weight_load_fused(L, &ly->gate_up_bias, 2, names, gu_rows, gu_s, 0, 2, err))) return st;
         LNAME(n[0], "mlp.down_proj.bias");
-        if ((st = weight_load(L, &ly->down_bias, n[0], 1, (int64_t[]){H}, 2, err))) return st;
+        if (row_bias && (st = weight_load(L, &ly->down_bias, n[0], 1, (int64_t[]){H}, 2, err))) return st;
     }
 #undef LNAME
     return ATOMC_OK;
@@ -382,17 +411,64 @@ static atomc_status model_check_config(const struct model_config *c, struct erro
     return ATOMC_OK;
 }
 
+// Tensor parallelism over tp ranks: what must divide, with messages naming the numbers.
+static atomc_status model_tp_check(const struct model_config *c, int tp, int rank, struct comm *comm,
+                                   struct error *err) {
+    if (rank < 0 || rank >= tp)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel rank %d outside [0, %d)", rank, tp);
+    if (!comm)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d needs a communicator", tp);
+    if (c->num_experts > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "tensor parallelism of mixture-of-experts models (%s) is not "
+                         "implemented yet (expert shards are the next step); use tensor_parallel_size 1",
+                         c->architecture);
+    if (c->num_heads % tp != 0)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d does not divide "
+                         "num_attention_heads %d", tp, c->num_heads);
+    if (c->num_kv_heads % tp != 0 && tp % c->num_kv_heads != 0)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d and num_key_value_heads %d: one "
+                         "must divide the other (KV heads are split, or replicated when fewer than ranks)", tp,
+                         c->num_kv_heads);
+    if (c->vocab_size % tp != 0)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d does not divide vocab_size %d "
+                         "(the lm_head is split by vocabulary rows)", tp, c->vocab_size);
+    if (c->intermediate_size % tp != 0)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d does not divide intermediate_size "
+                         "%d", tp, c->intermediate_size);
+    return ATOMC_OK;
+}
+
 atomc_status model_load(struct model **out, struct backend *b, const struct model_config *cfg,
                         const struct model_load_options *o, struct error *err) {
     *out = NULL;
     atomc_status st = model_check_config(cfg, err);
     if (st != ATOMC_OK) return st;
+    const int tp = o->tp_size > 1 ? o->tp_size : 1;
+    if (tp > 1 && (st = model_tp_check(cfg, tp, o->tp_rank, o->comm, err)) != ATOMC_OK) return st;
     struct model *m = xcalloc(1, sizeof *m);
     m->cfg = *cfg;
     m->backend = b;
     m->weight_dtype = o->weight_dtype;
-    m->q_dim = cfg->num_heads * cfg->head_dim;
-    m->kv_dim = cfg->num_kv_heads * cfg->head_dim;
+    m->tp_size = tp;
+    m->tp_rank = tp > 1 ? o->tp_rank : 0;
+    m->comm = tp > 1 ? o->comm : NULL;
+    m->global_num_heads = cfg->num_heads;
+    m->global_num_kv_heads = cfg->num_kv_heads;
+    m->global_intermediate_size = cfg->intermediate_size;
+    if (tp > 1) {
+        // Heads and intermediate columns split evenly; with fewer KV heads than ranks each KV
+        // head is replicated on tp / num_kv_heads consecutive ranks (those whose query heads
+        // it serves).
+        int hq = cfg->num_heads / tp, hk = cfg->num_kv_heads >= tp ? cfg->num_kv_heads / tp : 1;
+        m->q_head0 = m->tp_rank * hq;
+        m->kv_head0 = cfg->num_kv_heads >= tp ? m->tp_rank * hk : m->tp_rank * cfg->num_kv_heads / tp;
+        m->inter0 = m->tp_rank * (cfg->intermediate_size / tp);
+        m->cfg.num_heads = hq;
+        m->cfg.num_kv_heads = hk;
+        m->cfg.intermediate_size = cfg->intermediate_size / tp;
+    }
+    m->q_dim = m->cfg.num_heads * cfg->head_dim;
+    m->kv_dim = m->cfg.num_kv_heads * cfg->head_dim;
     m->qkv_dim = m->q_dim + 2 * m->kv_dim;
     m->layers = xcalloc((size_t)cfg->num_layers, sizeof *m->layers);
     if (cfg->num_experts > 0) m->moe_route = model_moe_route_args(cfg);
@@ -406,7 +482,15 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     // A checkpoint without lm_head.weight ties it to the embeddings whatever the config says
     // (GGUF files drop output.weight when tied).
     bool tied = cfg->tie_word_embeddings || (o->files && !model_files_has_tensor(o->files, "lm_head.weight"));
-    if (tied) {
+    if (tp > 1) {
+        // Vocab-parallel lm_head: this rank's rows (a copy of the embedding rows when tied).
+        int64_t Vs = V / tp;
+        const char *name = tied ? "model.embed_tokens.weight" : "lm_head.weight";
+        if ((st = weight_load_slice(&L, &m->lm_head, name, 2, (int64_t[]){Vs, H}, 0, 0, (int64_t)m->tp_rank * Vs,
+                                    err)))
+            goto fail;
+        if (tied) m->cfg.tie_word_embeddings = true;
+    } else if (tied) {
         m->lm_head = m->embed;
         m->cfg.tie_word_embeddings = true;
     } else if ((st = weight_load(&L, &m->lm_head, "lm_head.weight", 2, (int64_t[]){V, H}, 0, err))) {
@@ -455,7 +539,8 @@ int64_t model_param_count(const struct model_config *c) {
 static void model_scratch_free(struct model *m) {
     struct model_scratch *s = &m->scratch;
     void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->qn, &s->kn, &s->attn, &s->gate_up, &s->act,
-                   &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits};
+                   &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits, (void **)&s->lg_shard,
+                   (void **)&s->lg_gather};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
         if (*ps[i]) m->backend->ops->free(m->backend, *ps[i]);
         *ps[i] = NULL;
@@ -490,6 +575,8 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {&s->lg_h, R * H * e},
         {&s->lg_x, R * H * e},
         {(void **)&s->logits, R * (size_t)c->vocab_size * sizeof(float)},
+        {(void **)&s->lg_shard, m->tp_size > 1 ? R * (size_t)(c->vocab_size / m->tp_size) * sizeof(float) : 0},
+        {(void **)&s->lg_gather, m->tp_size > 1 ? R * (size_t)c->vocab_size * sizeof(float) : 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         if (!want[i].bytes) continue;

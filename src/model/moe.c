@@ -40,6 +40,18 @@ int64_t model_moe_layer_params(const struct model_config *c, bool active_only) {
     return n * 3 * H * I + E * H;
 }
 
+double model_moe_decode_weight_bytes(const struct model_config *c, double weight_bytes, int batch) {
+    if (c->num_experts <= 0) return weight_bytes;
+    double per_param = weight_bytes / (double)model_param_count(c);
+    int64_t touched = (int64_t)batch * c->num_experts_per_tok;
+    if (touched > c->num_experts) touched = c->num_experts;
+    double idle = 0;
+    for (int l = 0; l < c->num_layers; l++)
+        if (model_config_layer_is_moe(c, l))
+            idle += (double)(c->num_experts - touched) * 3.0 * c->hidden_size * c->moe_intermediate_size;
+    return weight_bytes - idle * per_param;
+}
+
 atomc_status model_moe_load_layer(struct weight_loader *L, struct model *m, int l, struct error *err) {
     const struct model_config *c = &m->cfg;
     struct model_layer *ly = &m->layers[l];
@@ -92,7 +104,7 @@ void model_moe_layer_free(struct model *m, struct model_layer *ly) {
 
 void model_moe_scratch_free(struct model *m) {
     struct model_moe_scratch *s = &m->scratch.moe;
-    void **ps[] = {&s->logits, (void **)&s->topk_ids, (void **)&s->topk_w, &s->workspace};
+    void **ps[] = {(void **)&s->logits, (void **)&s->topk_ids, (void **)&s->topk_w, &s->workspace};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
         if (*ps[i]) m->backend->ops->free(m->backend, *ps[i]);
         *ps[i] = NULL;
@@ -112,7 +124,7 @@ atomc_status model_moe_scratch_alloc(struct model *m, int max_tokens, struct err
         void **p;
         size_t bytes;
     } want[] = {
-        {&s->logits, T * E * e},
+        {(void **)&s->logits, T * E * sizeof(float)},
         {(void **)&s->topk_ids, T * k * sizeof(int32_t)},
         {(void **)&s->topk_w, T * k * sizeof(float)},
         {&s->workspace, moe_workspace_bytes((int64_t)T, (int)k, (int)E, c->hidden_size, c->moe_intermediate_size, e)},
@@ -137,7 +149,9 @@ void model_moe_forward(struct model *m, const struct model_layer *ly, struct ten
     struct model_moe_scratch *s = &m->scratch.moe;
     const int64_t T = tensor_rows(x);
     CHECK(ly->moe && s->workspace != NULL);
-    struct tensor logits = tensor_2d(s->logits, b->act_dtype, T, c->num_experts);
+    // F32 router logits straight from the GEMM (matmul may write F32): routing decisions do not
+    // see a BF16 rounding of the logits on the GPU.
+    struct tensor logits = tensor_2d(s->logits, DTYPE_F32, T, c->num_experts);
     b->ops->matmul(b, &logits, x, &ly->router, NULL);
     b->ops->moe_route(b, &logits, &m->moe_route, s->topk_ids, s->topk_w);
     b->ops->moe_experts(b, h, x, &ly->exp_gate_up, &ly->exp_down, s->topk_ids, s->topk_w, c->num_experts_per_tok,

@@ -2,7 +2,7 @@
 // the dense forward (llama.c) for the layers model_config_layer_is_moe() selects; the other
 // layers keep the dense MLP (Qwen3-MoE mlp_only_layers / decoder_sparse_step).
 //
-//   logits = x @ W_router^T                (E, H) router in the weight dtype; logits in act dtype
+//   logits = x @ W_router^T                (E, H) router in the weight dtype; logits F32
 //   ids, w = moe_route(logits)             fp32 softmax, top-k, renormalised when norm_topk_prob
 //   h      = moe_experts(x, ids, w)        fused: group by expert, gate_up GEMM, SiLU*mul, down,
 //                                          weighted combine
@@ -30,6 +30,11 @@ void model_moe_forward(struct model *m, const struct model_layer *ly, struct ten
 struct moe_route_args model_moe_route_args(const struct model_config *cfg);
 // Parameters of one MoE layer's experts + router, and the active (per-token) part of them.
 int64_t model_moe_layer_params(const struct model_config *c, bool active_only);
+
+// Weight bytes one decode step of `batch` tokens reads: everything but the experts, plus the
+// experts the step touches per MoE layer, min(E, batch * top_k) (exact under the benchmark's
+// round-robin routing, an upper bound otherwise). weight_bytes: the model's total.
+double model_moe_decode_weight_bytes(const struct model_config *c, double weight_bytes, int batch);
 
 // Exported by model_weights.c for this file: load one tensor / rows of several tensors stacked.
 atomc_status model_weight_load(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,

@@ -47,6 +47,17 @@ atomc_status comm_all_gather(struct comm *c, void *dst, const void *src, enum dt
     return comm_finish(c, c->ops->all_gather(c, dst, src, dt, count, err));
 }
 
+atomc_status comm_all_gather_cols(struct comm *c, void *dst, const void *src, void *tmp, enum dtype dt, size_t rows,
+                                  size_t cols, struct error *err) {
+    atomc_status st = comm_usable(c, "all_gather_cols", err);
+    if (st != ATOMC_OK) return st;
+    if (!comm_dtype_ok(dt) && dt != DTYPE_I32)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "all_gather_cols: dtype %s (F32, BF16, I32 only)",
+                         dtype_name(dt));
+    if (rows == 0 || cols == 0) return ATOMC_OK;
+    return comm_finish(c, c->ops->all_gather_cols(c, dst, src, tmp, dt, rows, cols, err));
+}
+
 atomc_status comm_broadcast_host(struct comm *c, void *buf, size_t bytes, int root, struct error *err) {
     atomc_status st = comm_usable(c, "broadcast", err);
     if (st != ATOMC_OK) return st;

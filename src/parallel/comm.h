@@ -17,6 +17,10 @@
 //   replicated computation after a reduction stays identical across ranks.
 // - all_gather: dst (world_size * count elements) receives rank r's src at offset
 //   r * count; src and dst must not overlap.
+// - all_gather_cols: every rank holds src (rows, cols); dst (rows, world_size * cols) gets
+//   rank r's block in columns [r * cols, (r + 1) * cols) (the vocab-parallel lm_head's logits
+//   shards side by side). tmp: world_size * rows * cols elements of backend memory that an
+//   implementation may use for staging (NCCL gathers there, then one strided copy per rank).
 // - broadcast_host: `bytes` of host memory from `root` to every rank.
 #ifndef ATOMC_PARALLEL_COMM_H
 #define ATOMC_PARALLEL_COMM_H
@@ -34,6 +38,8 @@ struct comm_ops {
     atomc_status (*all_reduce_sum)(struct comm *c, void *buf, enum dtype dt, size_t count, struct error *err);
     atomc_status (*all_gather)(struct comm *c, void *dst, const void *src, enum dtype dt, size_t count,
                                struct error *err);
+    atomc_status (*all_gather_cols)(struct comm *c, void *dst, const void *src, void *tmp, enum dtype dt,
+                                    size_t rows, size_t cols, struct error *err);
     atomc_status (*broadcast_host)(struct comm *c, void *buf, size_t bytes, int root, struct error *err);
     atomc_status (*barrier)(struct comm *c, struct error *err);
     void (*destroy)(struct comm *c);
@@ -56,6 +62,8 @@ double comm_default_timeout_s(void);
 atomc_status comm_all_reduce_sum(struct comm *c, void *buf, enum dtype dt, size_t count, struct error *err);
 atomc_status comm_all_gather(struct comm *c, void *dst, const void *src, enum dtype dt, size_t count,
                              struct error *err);
+atomc_status comm_all_gather_cols(struct comm *c, void *dst, const void *src, void *tmp, enum dtype dt, size_t rows,
+                                  size_t cols, struct error *err);
 atomc_status comm_broadcast_host(struct comm *c, void *buf, size_t bytes, int root, struct error *err);
 atomc_status comm_barrier(struct comm *c, struct error *err);
 void comm_destroy(struct comm *c);
@@ -73,6 +81,8 @@ struct backend;
 // NCCL communicator on `b`'s stream (comm_nccl.cu). unique_id: the 128-byte ncclUniqueId
 // made by comm_nccl_unique_id on rank 0 and handed out by the rendezvous.
 #define COMM_NCCL_ID_BYTES 128
+// Number of visible CUDA devices (for the "fewer GPUs than ranks" check).
+atomc_status comm_nccl_device_count(int *count, struct error *err);
 atomc_status comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES], struct error *err);
 atomc_status comm_nccl_create(struct backend *b, const unsigned char id[COMM_NCCL_ID_BYTES], int rank,
                               int world_size, double timeout_s, struct comm **out, struct error *err);

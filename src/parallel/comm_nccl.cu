@@ -111,6 +111,21 @@ static atomc_status nccl_all_gather(struct comm *cm, void *dst, const void *src,
     return nccl_enqueued(c, r, "all_gather", err);
 }
 
+static atomc_status nccl_all_gather_cols(struct comm *cm, void *dst, const void *src, void *tmp, enum dtype dt,
+                                        size_t rows, size_t cols, struct error *err) {
+    struct nccl_comm *c = (struct nccl_comm *)cm;
+    cudaStream_t s = cuda_impl(c->backend)->stream;
+    const size_t esz = dtype_row_bytes(dt, 1), block = rows * cols;
+    atomc_status st = nccl_enqueued(c, ncclAllGather(src, tmp, block, nccl_type(dt), c->nc, s), "all_gather_cols", err);
+    if (st != ATOMC_OK) return st;
+    // tmp is (world, rows, cols): rank r's block goes to columns [r cols, (r+1) cols) of dst.
+    for (int r = 0; r < cm->world_size; r++)
+        CUDA_TRY(err, cudaMemcpy2DAsync((char *)dst + (size_t)r * cols * esz, (size_t)cm->world_size * cols * esz,
+                                        (const char *)tmp + (size_t)r * block * esz, cols * esz, cols * esz, rows,
+                                        cudaMemcpyDeviceToDevice, s));
+    return ATOMC_OK;
+}
+
 static atomc_status nccl_broadcast_host(struct comm *cm, void *buf, size_t bytes, int root, struct error *err) {
     struct nccl_comm *c = (struct nccl_comm *)cm;
     cudaStream_t s = cuda_impl(c->backend)->stream;
@@ -147,8 +162,20 @@ static void nccl_destroy(struct comm *cm) {
 }
 
 static const struct comm_ops NCCL_OPS = {
-    "nccl", nccl_all_reduce_sum, nccl_all_gather, nccl_broadcast_host, nccl_barrier, nccl_destroy,
+    "nccl", nccl_all_reduce_sum, nccl_all_gather, nccl_all_gather_cols, nccl_broadcast_host, nccl_barrier, nccl_destroy,
 };
+
+extern "C" atomc_status comm_nccl_device_count(int *count, struct error *err) {
+    *count = 0;
+    cudaError_t e = cudaGetDeviceCount(count);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+        cudaGetLastError();
+        *count = 0;
+        return ATOMC_OK;
+    }
+    CUDA_TRY(err, e);
+    return ATOMC_OK;
+}
 
 extern "C" atomc_status comm_nccl_unique_id(unsigned char id[COMM_NCCL_ID_BYTES], struct error *err) {
     nccl_env_defaults();

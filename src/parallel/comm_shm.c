@@ -177,6 +177,30 @@ static atomc_status shm_all_gather(struct comm *c, void *dst, const void *src, e
     return ATOMC_OK;
 }
 
+static atomc_status shm_all_gather_cols(struct comm *c, void *dst, const void *src, void *tmp, enum dtype dt,
+                                       size_t rows, size_t cols, struct error *err) {
+    struct shm_comm *s = (struct shm_comm *)c;
+    const int W = c->world_size, me = c->rank;
+    const size_t row_bytes = dtype_row_bytes(dt, (int64_t)cols);
+    if (row_bytes > s->half_bytes)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "shm communicator %s: all_gather_cols row of %zu bytes exceeds "
+                         "the %zu-byte slot half (create it with a larger slot)", s->name, row_bytes, s->half_bytes);
+    const size_t per_chunk = s->half_bytes / row_bytes;
+    for (size_t r0 = 0; r0 < rows; r0 += per_chunk) {
+        size_t n = rows - r0 < per_chunk ? rows - r0 : per_chunk;
+        memcpy(slot_half(s, me, s->phase), (const unsigned char *)src + r0 * row_bytes, n * row_bytes);
+        atomc_status st = shm_barrier_wait(s, "all_gather_cols", err);
+        if (st != ATOMC_OK) return st;
+        for (int j = 0; j < W; j++)
+            for (size_t i = 0; i < n; i++)
+                memcpy((unsigned char *)dst + ((r0 + i) * (size_t)W + (size_t)j) * row_bytes,
+                       slot_half(s, j, s->phase) + i * row_bytes, row_bytes);
+        s->phase ^= 1;
+    }
+    (void)tmp;
+    return ATOMC_OK;
+}
+
 static atomc_status shm_broadcast_host(struct comm *c, void *buf, size_t bytes, int root, struct error *err) {
     struct shm_comm *s = (struct shm_comm *)c;
     for (size_t off = 0; off < bytes; off += s->half_bytes) {
@@ -204,6 +228,7 @@ static const struct comm_ops SHM_OPS = {
     .name = "shm",
     .all_reduce_sum = shm_all_reduce_sum,
     .all_gather = shm_all_gather,
+    .all_gather_cols = shm_all_gather_cols,
     .broadcast_host = shm_broadcast_host,
     .barrier = shm_barrier,
     .destroy = shm_destroy,

@@ -4,8 +4,9 @@
 // Start-up (model_runner_create):
 //   backend_create -> config (checkpoint, or config.json alone for --load-format dummy)
 //   -> weights (model_load; dtype: auto = the backend's weight dtype, F32 on CPU, BF16 on CUDA)
-//   -> persistent step buffers (metadata, sampling parameters, outputs: one device block with
-//      fixed offsets, so captured CUDA graphs keep valid pointers)
+//   -> persistent step buffers (metadata + sampling parameters in one host/device block pair,
+//      laid out densely per eager step and at fixed offsets for decode graphs, whose captured
+//      kernels keep their pointers; sampling outputs)
 //   -> scratch activations for max_num_batched_tokens
 //   -> KV pool: num_kv_blocks if given; CPU: cpu_kv_cache_bytes; CUDA: a profile forward of
 //      the largest batch, then memory_info and gpu_memory_utilization (as vLLM does)
@@ -148,9 +149,10 @@ static atomc_status runner_read_dummy_config(const char *path, struct model_conf
     free(json);
     if (st != ATOMC_OK) return st;
     if (dir_exists(path)) {
-        snprintf(buf, sizeof buf, "%s/generation_config.json", path);
-        if (file_exists(buf) && file_read_all(buf, &json, NULL, NULL) == ATOMC_OK) {
-            st = model_config_merge_generation_config(cfg, json, buf, err);
+        char gen[4096]; // not buf: cfg_path points into it and names config.json in errors below
+        snprintf(gen, sizeof gen, "%s/generation_config.json", path);
+        if (file_exists(gen) && file_read_all(gen, &json, NULL, NULL) == ATOMC_OK) {
+            st = model_config_merge_generation_config(cfg, json, gen, err);
             free(json);
             if (st != ATOMC_OK) return st;
         }
@@ -492,6 +494,10 @@ static atomc_status runner_forward(struct model_runner *r, const struct forward_
     runner_upload(r, runner_pack(r, fb, 0, fb->max_blocks_per_seq, &md));
     model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
     if (n_rows > 0) model_compute_logits(r->model, DPTR(r, logits_rows, int32_t), n_rows);
+    if (r->model->comm_status != ATOMC_OK) { // a tensor-parallel collective failed (peer died / timed out)
+        if (err) *err = r->model->comm_err;
+        return r->model->comm_status;
+    }
     return ATOMC_OK;
 }
 
@@ -878,7 +884,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     r->max_blocks = (r->max_model_len + r->block_size - 1) / r->block_size;
     r->max_rows = r->max_seqs;
 
-    struct model_load_options lo = {.files = files, .dummy_seed = o->dummy_seed, .weight_dtype = wdt};
+    struct model_load_options lo = {.files = files, .dummy_seed = o->dummy_seed, .weight_dtype = wdt,
+                                    .tp_rank = o->tp_rank, .tp_size = o->tp_size, .comm = o->comm};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
     r->cfg = r->model->cfg; // the loader may have resolved tied embeddings

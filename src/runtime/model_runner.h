@@ -13,6 +13,7 @@
 #include "model/config.h"
 
 struct backend;
+struct comm;
 
 // Sampling parameters of one logits row (copied from the request's atomc_sampling_params).
 struct sample_row {
@@ -93,6 +94,11 @@ struct runner_options {
     // Optional: run on this already created backend instead of creating one from `device`.
     // Ownership passes to the runner (freed by model_runner_free, also on a failed create).
     struct backend *backend;
+    // Tensor parallelism (src/parallel/tp_runner.c drives one runner per rank): this runner
+    // loads rank tp_rank's shard of a tp_size-way split and all-reduces over comm (not owned).
+    // tp_size 0 or 1 = the whole model.
+    int tp_rank, tp_size;
+    struct comm *comm;
 };
 
 struct model_runner;

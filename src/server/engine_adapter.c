@@ -17,6 +17,7 @@ struct engine_adapter {
     struct tokenizer *tok;
     struct chat_template *tmpl; // NULL: the model has no chat template
     char *bos, *eos;
+    char *template_text;        // the chat template's source (GET /tokenizer_info)
     char *model_path;
     int max_model_len, vocab_size;
 };
@@ -59,6 +60,16 @@ static atomc_status a_render(void *ctx, json_t *messages, json_t *tools, bool ad
     return chat_template_render(a->tmpl, messages, tools, add_gen, cont, kwargs, a->bos, a->eos, out, err);
 }
 
+static atomc_status a_start_profile(void *ctx, char *err, size_t err_len) {
+    struct engine_adapter *a = ctx;
+    return atomc_engine_start_profile(a->engine, err, err_len);
+}
+
+static atomc_status a_stop_profile(void *ctx, char *path, size_t path_len, char *err, size_t err_len) {
+    struct engine_adapter *a = ctx;
+    return atomc_engine_stop_profile(a->engine, path, path_len, err, err_len);
+}
+
 static bool is_file(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
@@ -92,7 +103,7 @@ atomc_status engine_adapter_create(atomc_engine *e, const char *model_path, cons
     src.bos_token = src.eos_token = NULL;
     if (src.template_src) {
         st = chat_template_compile(src.template_src, &a->tmpl, err);
-        free(src.template_src);
+        a->template_text = src.template_src;
         if (st != ATOMC_OK) {
             error_prefix(err, "compiling the chat template: ");
             goto fail;
@@ -116,9 +127,14 @@ atomc_status engine_adapter_create(atomc_engine *e, const char *model_path, cons
     out->detokenize = a_detokenize;
     out->token_bytes = a_token_bytes;
     out->render_chat = a_render;
+    out->start_profile = a_start_profile;
+    out->stop_profile = a_stop_profile;
     out->max_model_len = a->max_model_len;
     out->vocab_size = a->vocab_size;
     out->model_path = a->model_path;
+    out->bos_token = a->bos;
+    out->eos_token = a->eos;
+    out->chat_template = a->template_text;
     *adapter = a;
     return ATOMC_OK;
 fail:
@@ -132,6 +148,7 @@ void engine_adapter_free(struct engine_adapter *a) {
     if (a->tok) tokenizer_free(a->tok);
     free(a->bos);
     free(a->eos);
+    free(a->template_text);
     free(a->model_path);
     free(a);
 }

@@ -145,12 +145,31 @@ static json_t *stop_reason_json(struct srv_req *r, struct srv_choice *c) {
 
 static bool http_alive(struct srv_req *r) { return r->http && !r->client_gone && !r->responded; }
 
+static struct timeval idle_tv(struct server *s) {
+    struct timeval tv = {(time_t)s->opt.idle_timeout_s,
+                         (suseconds_t)((s->opt.idle_timeout_s - (time_t)s->opt.idle_timeout_s) * 1e6)};
+    return tv;
+}
+
+// While the engine works the client legitimately sends nothing (and, queued, receives nothing),
+// so the connection's read timeout is lifted; the write timeout stays (a client that stops
+// reading still stalls out). Restored when the response ends.
+static void connection_timeouts_for_generation(struct srv_req *r) {
+    struct bufferevent *bev = r->conn ? evhttp_connection_get_bufferevent(r->conn) : NULL;
+    struct timeval w = idle_tv(r->srv);
+    if (bev) bufferevent_set_timeouts(bev, NULL, &w);
+}
+
 static void clear_closecb(struct srv_req *r) {
     if (r->close_watch) {
         event_free(r->close_watch);
         r->close_watch = NULL;
     }
-    if (r->conn && !r->client_gone) evhttp_connection_set_closecb(r->conn, NULL, NULL);
+    if (r->conn && !r->client_gone) {
+        evhttp_connection_set_closecb(r->conn, NULL, NULL);
+        struct timeval tv = idle_tv(r->srv);
+        evhttp_connection_set_timeout_tv(r->conn, &tv);
+    }
 }
 
 static void abort_engine(struct srv_req *r) {
@@ -713,6 +732,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         return;
     }
     evhttp_connection_set_closecb(r->conn, on_conn_close, r);
+    connection_timeouts_for_generation(r);
     if (q->stream) {
         stream_begin(r); // libevent notices a vanished client on the next write
     } else {

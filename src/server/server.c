@@ -29,6 +29,7 @@ void server_options_init(struct server_options *o) {
     o->max_n = 64;
     o->drain_timeout_s = 30;
     o->max_pending_output_bytes = 64u << 20;
+    o->idle_timeout_s = 300;
     o->install_signal_handlers = true;
 }
 
@@ -390,12 +391,49 @@ static void handle_detokenize(struct server *s, struct evhttp_request *req) {
     oai_detokenize_free(&d);
 }
 
+// GET /tokenizer_info (vLLM's): what a client needs to use the server as its tokenizer, e.g.
+// lm-eval-harness with tokenizer_backend=remote (plus /tokenize and /detokenize).
+static void handle_tokenizer_info(struct server *s, struct evhttp_request *req) {
+    json_t *o = json_object();
+    json_object_set_new(o, "tokenizer_class", json_string("atomc"));
+    json_object_set_new(o, "bos_token", s->eng.bos_token ? json_string(s->eng.bos_token) : json_null());
+    json_object_set_new(o, "eos_token", s->eng.eos_token ? json_string(s->eng.eos_token) : json_null());
+    json_object_set_new(o, "pad_token", json_null());
+    json_object_set_new(o, "chat_template", s->eng.chat_template ? json_string(s->eng.chat_template) : json_null());
+    json_object_set_new(o, "model_max_length", json_integer(s->eng.max_model_len));
+    json_object_set_new(o, "vocab_size", json_integer(s->eng.vocab_size));
+    server_send_json(s, req, 200, o);
+}
+
+// POST /start_profile, /stop_profile (vLLM's): per-step Chrome traces, needs --profile-dir.
+static void handle_profile(struct server *s, struct evhttp_request *req, bool start) {
+    char msg[512] = "", path[4096] = "";
+    atomc_status st;
+    if (!s->eng.start_profile || !s->eng.stop_profile) {
+        st = ATOMC_ERR_UNSUPPORTED;
+        snprintf(msg, sizeof msg, "this engine cannot profile");
+    } else if (start) {
+        st = s->eng.start_profile(s->eng.ctx, msg, sizeof msg);
+    } else {
+        st = s->eng.stop_profile(s->eng.ctx, path, sizeof path, msg, sizeof msg);
+    }
+    if (st != ATOMC_OK) {
+        send_error(s, req, st == ATOMC_ERR_IO ? 500 : 400, NULL, msg);
+        return;
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "status", json_string(start ? "profiling" : "stopped"));
+    if (!start) json_object_set_new(o, "trace", json_string(path));
+    server_send_json(s, req, 200, o);
+}
+
 // ---------------------------------------------------------------- routing
 
 enum route_flags { R_GET = 1, R_POST = 2, R_AUTH = 4, R_ENGINE = 8, R_PREFIX = 16 };
 
 enum route_id { RT_HEALTH, RT_PING, RT_METRICS, RT_MODELS, RT_MODEL, RT_COMPLETIONS, RT_CHAT, RT_TOKENIZE,
-                RT_DETOKENIZE, RT_APPLY_TEMPLATE, RT_OPENAPI, RT_VERSION };
+                RT_DETOKENIZE, RT_APPLY_TEMPLATE, RT_OPENAPI, RT_VERSION, RT_TOKENIZER_INFO, RT_START_PROFILE,
+                RT_STOP_PROFILE };
 
 static const struct route {
     const char *path;
@@ -414,6 +452,9 @@ static const struct route {
     {"/tokenize", RT_TOKENIZE, R_POST | R_AUTH | R_ENGINE},
     {"/detokenize", RT_DETOKENIZE, R_POST | R_AUTH | R_ENGINE},
     {"/apply-template", RT_APPLY_TEMPLATE, R_POST | R_AUTH | R_ENGINE},
+    {"/tokenizer_info", RT_TOKENIZER_INFO, R_GET | R_AUTH | R_ENGINE},
+    {"/start_profile", RT_START_PROFILE, R_POST | R_AUTH | R_ENGINE},
+    {"/stop_profile", RT_STOP_PROFILE, R_POST | R_AUTH | R_ENGINE},
 };
 
 // Constant-time comparison so the key cannot be guessed byte by byte from response times.
@@ -507,6 +548,9 @@ static void on_request(struct evhttp_request *req, void *arg) {
     case RT_TOKENIZE: handle_tokenize(s, req, false); break;
     case RT_APPLY_TEMPLATE: handle_tokenize(s, req, true); break;
     case RT_DETOKENIZE: handle_detokenize(s, req); break;
+    case RT_TOKENIZER_INFO: handle_tokenizer_info(s, req); break;
+    case RT_START_PROFILE:
+    case RT_STOP_PROFILE: handle_profile(s, req, rt->id == RT_START_PROFILE); break;
     }
 }
 
@@ -629,9 +673,11 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
                                             EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
-    // Idle keep-alive connections and stalled reads/writes are dropped after this long; a request
-    // waiting for the engine is not subject to it (the connection neither reads nor writes then).
-    evhttp_set_timeout(s->http, 300);
+    // Idle keep-alive connections and stalled reads/writes are dropped after this long; while a
+    // generation request is in flight its connection has no read timeout (generate.c).
+    struct timeval idle = {(time_t)o->idle_timeout_s,
+                           (suseconds_t)((o->idle_timeout_s - (time_t)o->idle_timeout_s) * 1e6)};
+    evhttp_set_timeout_tv(s->http, &idle);
     evhttp_set_gencb(s->http, on_request, s);
     s->bound = evhttp_bind_socket_with_handle(s->http, s->host, (ev_uint16_t)o->port);
     if (!s->bound) {

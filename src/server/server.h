@@ -34,6 +34,8 @@ struct server_options {
     int max_n;                                         // upper bound on n (default 64)
     double drain_timeout_s;                            // SIGTERM: wait this long for in-flight requests (default 30)
     size_t max_pending_output_bytes;                   // per connection; a slower reader is aborted (default 64 MiB)
+    double idle_timeout_s;                             // idle keep-alive / stalled transfer timeout (default 300);
+                                                       // a request waiting for the engine is exempt
     bool install_signal_handlers;                      // SIGINT/SIGTERM drain (default true)
 };
 void server_options_init(struct server_options *o);

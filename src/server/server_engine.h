@@ -29,9 +29,15 @@ struct server_engine {
     // ATOMC_ERR_UNSUPPORTED when the model has no chat template.
     atomc_status (*render_chat)(void *ctx, json_t *messages, json_t *tools, bool add_generation_prompt,
                                 bool continue_final_message, json_t *kwargs, char **out, struct error *err);
+    // Profiling (POST /start_profile, /stop_profile); NULL when the engine cannot profile.
+    atomc_status (*start_profile)(void *ctx, char *err, size_t err_len);
+    atomc_status (*stop_profile)(void *ctx, char *path, size_t path_len, char *err, size_t err_len);
     int max_model_len;
     int vocab_size;
-    const char *model_path; // shown as "root" in /v1/models
+    const char *model_path;    // shown as "root" in /v1/models
+    const char *bos_token;     // GET /tokenizer_info; NULL when the model has none
+    const char *eos_token;
+    const char *chat_template; // template source, NULL when the model has none
 };
 
 #endif

@@ -3,6 +3,7 @@ SIGTERM drains an in-flight streaming request and exits 0, a bad model path exit
 import json
 import os
 import signal
+import sys
 import subprocess
 import threading
 import time
@@ -66,3 +67,18 @@ def test_api_key_from_env_and_sigterm_drains():
     finally:
         if s.proc.poll() is None:
             s.proc.kill()
+
+
+@pytest.mark.skipif(not SMOLLM2, reason="set ATOMC_SMOLLM2")
+def test_load_smoke_concurrent_streams_with_aborts():
+    """A small run of tools/load_test.py (the full 500-client run is recorded in docs/perf.md):
+    every request completes or ends with a proper error, KV usage returns to 0, RSS stays flat,
+    SIGTERM exits 0."""
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "load_test.py")
+    r = subprocess.run([sys.executable, tool, "--model", SMOLLM2, "--atomc", ATOMC_BIN, "--clients", "100",
+                        "--waves", "2", "--max-tokens", "4", "--server-args", "--max-model-len 256"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    summary = json.loads(r.stdout[r.stdout.index("{"):])
+    assert summary["ok"] and all(not w["broken_examples"] for w in summary["waves"])
+    assert sum(w["outcomes"].get("complete", 0) for w in summary["waves"]) > 0

@@ -208,14 +208,14 @@ void cuda_op_add(struct backend *b, struct tensor *out, const struct tensor *x);
 void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows, int n_rows);
 void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor *x);
 void cuda_op_sample(struct backend *b, const struct sample_args *a);
-atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
-                                  struct error *err);
 // Mixture of experts (cuda_moe.cu).
 void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
                        int32_t *topk_ids, float *topk_w);
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
                          const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                          void *workspace);
+atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
+                                  struct error *err);
 
 void cuda_matmul_plans_destroy(struct cuda_backend *cb);
 void cuda_attention_init(struct cuda_backend *cb);

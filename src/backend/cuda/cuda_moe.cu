@@ -230,19 +230,46 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
     float acc[RPT];
 #pragma unroll
     for (int i = 0; i < RPT; i++) acc[i] = 0.f;
+    // 16-byte loads when every row start is 16-byte aligned (K a multiple of the vector).
+    constexpr int VEC = 16 / sizeof(T);
+    const bool vec = K % VEC == 0;
     for (int k0 = 0; k0 < K; k0 += MOE_BK) {
-        for (int i = threadIdx.x; i < BM * MOE_BK; i += MOE_THREADS) {
-            int r = i / MOE_BK, kk = i % MOE_BK, p = row0 + r;
-            float v = 0.f;
-            if (p < row_end && k0 + kk < K) {
-                int64_t arow = a_index ? a_index[p] / n_slots : p;
-                v = to_f32(A[arow * K + k0 + kk]);
+        if (vec) {
+            for (int i = threadIdx.x; i < BM * (MOE_BK / VEC); i += MOE_THREADS) {
+                int r = i / (MOE_BK / VEC), kv = (i % (MOE_BK / VEC)) * VEC, p = row0 + r;
+                float f[VEC];
+#pragma unroll
+                for (int j = 0; j < VEC; j++) f[j] = 0.f;
+                if (p < row_end && k0 + kv < K) {
+                    int64_t arow = a_index ? a_index[p] / n_slots : p;
+                    vec_load<T, VEC>(A + arow * K + k0 + kv, f);
+                }
+#pragma unroll
+                for (int j = 0; j < VEC; j++) As[r][kv + j] = f[j];
             }
-            As[r][kk] = v;
-        }
-        for (int i = threadIdx.x; i < MOE_BN * MOE_BK; i += MOE_THREADS) {
-            int n = i / MOE_BK, kk = i % MOE_BK;
-            Ws[kk][n] = (n0 + n < N && k0 + kk < K) ? to_f32(We[(size_t)(n0 + n) * K + k0 + kk]) : 0.f;
+            for (int i = threadIdx.x; i < MOE_BN * (MOE_BK / VEC); i += MOE_THREADS) {
+                int n = i / (MOE_BK / VEC), kv = (i % (MOE_BK / VEC)) * VEC;
+                float f[VEC];
+#pragma unroll
+                for (int j = 0; j < VEC; j++) f[j] = 0.f;
+                if (n0 + n < N && k0 + kv < K) vec_load<T, VEC>(We + (size_t)(n0 + n) * K + k0 + kv, f);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) Ws[kv + j][n] = f[j];
+            }
+        } else {
+            for (int i = threadIdx.x; i < BM * MOE_BK; i += MOE_THREADS) {
+                int r = i / MOE_BK, kk = i % MOE_BK, p = row0 + r;
+                float v = 0.f;
+                if (p < row_end && k0 + kk < K) {
+                    int64_t arow = a_index ? a_index[p] / n_slots : p;
+                    v = to_f32(A[arow * K + k0 + kk]);
+                }
+                As[r][kk] = v;
+            }
+            for (int i = threadIdx.x; i < MOE_BN * MOE_BK; i += MOE_THREADS) {
+                int n = i / MOE_BK, kk = i % MOE_BK;
+                Ws[kk][n] = (n0 + n < N && k0 + kk < K) ? to_f32(We[(size_t)(n0 + n) * K + k0 + kk]) : 0.f;
+            }
         }
         __syncthreads();
 #pragma unroll 8

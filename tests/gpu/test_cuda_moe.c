@@ -1,0 +1,314 @@
+// The CUDA fused MoE against the CPU backend's MoE ops (themselves checked against naive
+// references in tests/test_moe_ops.c), and the tiny MoE models on CUDA against HF. Runs only
+// where a GPU is (make CUDA=1 gpu-tests; build-cuda/tests/gpu/test_cuda_moe).
+//
+// Inputs are rounded to BF16 first and the CPU sees the same values in F32, so differences
+// come from the GPU's BF16 intermediates (gate_up, SiLU*mul and down outputs are stored in
+// BF16) and summation order: expert outputs within NMSE 1e-4 of the CPU's; routing ids equal
+// wherever the k-th/(k+1)-th probability gap is above 1e-5 (fp32 summation-order noise);
+// weights within 1e-5. Skewed routing: all tokens to one expert, most experts empty,
+// top-k = number of experts; decode sizes (16-row tiles) and prefill sizes (64-row tiles);
+// a CUDA graph of route + experts replayed with new inputs equals eager execution.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "model_refs.h"
+#include "runner_sim.h"
+#include "runtime/model_runner.h"
+#include "test.h"
+
+static struct backend *cpu_be, *gpu_be;
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+static uint64_t rng_next(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static float rng_sym(float s) { return (float)(((rng_next() >> 40) * (1.0 / 16777216.0)) * 2.0 - 1.0) * s; }
+static int rng_int(int n) { return (int)(rng_next() % (uint64_t)n); }
+static float rbf(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+static int backends_ready(void) {
+    if (cpu_be && gpu_be) return 1;
+    struct error err = {0};
+    struct backend_options o = {.num_threads = 0, .device_id = 0, .kv_pool_bytes = 64u << 20};
+    if (backend_create("cpu", &o, &cpu_be, &err) != ATOMC_OK) return 0;
+    if (backend_create("cuda", &o, &gpu_be, &err) != ATOMC_OK) {
+        fprintf(stderr, "  no CUDA backend: %s\n", err.msg);
+        return 0;
+    }
+    return 1;
+}
+
+// Device copy of n floats as BF16 (or F32 when bf16 is false).
+static void *to_gpu(const float *x, int64_t n, bool bf16) {
+    size_t bytes = (size_t)n * (bf16 ? 2 : 4);
+    void *h = malloc(bytes);
+    if (bf16) dtype_from_f32(DTYPE_BF16, x, h, n);
+    else memcpy(h, x, bytes);
+    void *d = gpu_be->ops->alloc(gpu_be, bytes);
+    gpu_be->ops->copy_h2d(gpu_be, d, h, bytes);
+    gpu_be->ops->synchronize(gpu_be);
+    free(h);
+    return d;
+}
+
+static void gpu_to_f32(float *dst, const void *src, int64_t n, bool bf16) {
+    size_t bytes = (size_t)n * (bf16 ? 2 : 4);
+    void *h = malloc(bytes);
+    gpu_be->ops->synchronize(gpu_be);
+    gpu_be->ops->copy_d2h(gpu_be, h, src, bytes);
+    gpu_be->ops->synchronize(gpu_be);
+    if (bf16) dtype_to_f32(DTYPE_BF16, h, dst, n);
+    else memcpy(dst, h, bytes);
+    free(h);
+}
+
+static void check_route(int n, int E, int k, bool renorm, bool uniform) {
+    float *lg = malloc(sizeof(float) * (size_t)n * E);
+    for (int i = 0; i < n * E; i++) lg[i] = rbf(rng_sym(4.0f));
+    struct moe_route_args a = {.num_experts = E, .top_k = k, .renormalize = renorm, .scale = 1.0f,
+                               .force_uniform = uniform};
+    int32_t *ci = malloc(sizeof(int32_t) * (size_t)n * k), *gi = malloc(sizeof(int32_t) * (size_t)n * k);
+    float *cw = malloc(sizeof(float) * (size_t)n * k), *gw = malloc(sizeof(float) * (size_t)n * k);
+    struct tensor ct = tensor_2d(lg, DTYPE_F32, n, E);
+    cpu_be->ops->moe_route(cpu_be, &ct, &a, ci, cw);
+    void *dl = to_gpu(lg, (int64_t)n * E, true);
+    int32_t *di = gpu_be->ops->alloc(gpu_be, sizeof(int32_t) * (size_t)n * k);
+    float *dw = gpu_be->ops->alloc(gpu_be, sizeof(float) * (size_t)n * k);
+    struct tensor gt = tensor_2d(dl, DTYPE_BF16, n, E);
+    gpu_be->ops->moe_route(gpu_be, &gt, &a, di, dw);
+    gpu_be->ops->synchronize(gpu_be);
+    gpu_be->ops->copy_d2h(gpu_be, gi, di, sizeof(int32_t) * (size_t)n * k);
+    gpu_be->ops->copy_d2h(gpu_be, gw, dw, sizeof(float) * (size_t)n * k);
+    gpu_be->ops->synchronize(gpu_be);
+    int compared = 0;
+    for (int t = 0; t < n; t++) {
+        for (int j = 0; j < k; j++) {
+            int c = t * k + j;
+            if (gi[c] != ci[c]) {
+                // Only a near-tie (weights equal to fp32 summation noise) may swap experts; the
+                // rest of this token's order may then differ too.
+                if (!(fabsf(gw[c] - cw[c]) <= 1e-5f))
+                    test_fail(__FILE__, __LINE__, "route n=%d E=%d k=%d token %d slot %d: GPU expert %d (w %.7f), CPU %d "
+                              "(w %.7f)", n, E, k, t, j, gi[c], gw[c], ci[c], cw[c]);
+                break;
+            }
+            ASSERT_NEAR(gw[c], cw[c], 1e-5);
+            compared++;
+        }
+    }
+    ASSERT_TRUE(compared >= n * k / 2);
+    gpu_be->ops->free(gpu_be, dl);
+    gpu_be->ops->free(gpu_be, di);
+    gpu_be->ops->free(gpu_be, dw);
+    free(lg);
+    free(ci);
+    free(gi);
+    free(cw);
+    free(gw);
+}
+
+TEST(cuda_moe_route_matches_cpu) {
+    if (!backends_ready()) return;
+    check_route(1, 128, 8, true, false);   // Qwen3-30B-A3B decode
+    check_route(37, 128, 8, true, false);
+    check_route(300, 8, 2, true, false);   // Mixtral-like
+    check_route(64, 8, 2, false, false);   // norm_topk_prob = false
+    check_route(9, 4, 4, true, false);     // top-k = E
+    check_route(65, 128, 8, true, true);   // benchmark round-robin
+}
+
+enum routing { ROUTE_RANDOM, ROUTE_ONE_EXPERT, ROUTE_TWO_EXPERTS, ROUTE_ALL };
+
+static void make_routing(int32_t *ids, float *w, int n, int E, int slots, enum routing rt) {
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < slots; j++) {
+            int e = rt == ROUTE_ONE_EXPERT ? E - 1 : rt == ROUTE_TWO_EXPERTS ? ((j % 2) ? 1 : E - 2)
+                                                 : rt == ROUTE_ALL          ? j
+                                                                            : rng_int(E);
+            ids[t * slots + j] = e;
+            w[t * slots + j] = 0.1f + (float)(rng_next() % 1000) / 1000.0f;
+        }
+}
+
+static void check_experts(int n, int E, int slots, int H, int I, enum routing rt, bool graph) {
+    int64_t ngu = (int64_t)E * 2 * I * H, ndn = (int64_t)E * H * I;
+    float *x = malloc(sizeof(float) * (size_t)n * H), *gu = malloc(sizeof(float) * (size_t)ngu);
+    float *dn = malloc(sizeof(float) * (size_t)ndn);
+    for (int64_t i = 0; i < (int64_t)n * H; i++) x[i] = rbf(rng_sym(1.0f));
+    for (int64_t i = 0; i < ngu; i++) gu[i] = rbf(rng_sym(1.0f / sqrtf((float)H)));
+    for (int64_t i = 0; i < ndn; i++) dn[i] = rbf(rng_sym(1.0f / sqrtf((float)I)));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * slots);
+    float *w = malloc(sizeof(float) * (size_t)n * slots);
+    make_routing(ids, w, n, E, slots, rt);
+
+    // CPU reference op.
+    float *cout = malloc(sizeof(float) * (size_t)n * H);
+    void *cws = cpu_be->ops->alloc(cpu_be, moe_workspace_bytes(n, slots, E, H, I, 4));
+    struct tensor cgu = tensor_make(gu, DTYPE_F32, 3, (int64_t[]){E, 2 * I, H});
+    struct tensor cdn = tensor_make(dn, DTYPE_F32, 3, (int64_t[]){E, H, I});
+    struct tensor cx = tensor_2d(x, DTYPE_F32, n, H), co = tensor_2d(cout, DTYPE_F32, n, H);
+    cpu_be->ops->moe_experts(cpu_be, &co, &cx, &cgu, &cdn, ids, w, slots, cws);
+
+    // GPU.
+    void *dx = to_gpu(x, (int64_t)n * H, true), *dgu = to_gpu(gu, ngu, true), *ddn = to_gpu(dn, ndn, true);
+    int32_t *dids = gpu_be->ops->alloc(gpu_be, sizeof(int32_t) * (size_t)n * slots);
+    float *dw = gpu_be->ops->alloc(gpu_be, sizeof(float) * (size_t)n * slots);
+    gpu_be->ops->copy_h2d(gpu_be, dids, ids, sizeof(int32_t) * (size_t)n * slots);
+    gpu_be->ops->copy_h2d(gpu_be, dw, w, sizeof(float) * (size_t)n * slots);
+    size_t out_bytes = (size_t)n * H * 2;
+    unsigned char *dout = gpu_be->ops->alloc(gpu_be, out_bytes + 256);
+    unsigned char guard[256];
+    memset(guard, 0xA5, sizeof guard);
+    gpu_be->ops->copy_h2d(gpu_be, dout + out_bytes, guard, sizeof guard);
+    void *gws = gpu_be->ops->alloc(gpu_be, moe_workspace_bytes(n, slots, E, H, I, 2));
+    struct tensor ggu = tensor_make(dgu, DTYPE_BF16, 3, (int64_t[]){E, 2 * I, H});
+    struct tensor gdn = tensor_make(ddn, DTYPE_BF16, 3, (int64_t[]){E, H, I});
+    struct tensor gx = tensor_2d(dx, DTYPE_BF16, n, H), go = tensor_2d(dout, DTYPE_BF16, n, H);
+    struct error err = {0};
+    if (graph) {
+        // Capture with these inputs' buffers, then replay with new routing written in place.
+        void *g = NULL;
+        ASSERT_OK(gpu_be->ops->graph_begin(gpu_be, &err));
+        gpu_be->ops->moe_experts(gpu_be, &go, &gx, &ggu, &gdn, dids, dw, slots, gws);
+        ASSERT_OK(gpu_be->ops->graph_end(gpu_be, &g, &err));
+        make_routing(ids, w, n, E, slots, rt);
+        cpu_be->ops->moe_experts(cpu_be, &co, &cx, &cgu, &cdn, ids, w, slots, cws);
+        gpu_be->ops->copy_h2d(gpu_be, dids, ids, sizeof(int32_t) * (size_t)n * slots);
+        gpu_be->ops->copy_h2d(gpu_be, dw, w, sizeof(float) * (size_t)n * slots);
+        ASSERT_OK(gpu_be->ops->graph_launch(gpu_be, g, &err));
+        gpu_be->ops->synchronize(gpu_be);
+        gpu_be->ops->graph_destroy(gpu_be, g);
+    } else {
+        gpu_be->ops->moe_experts(gpu_be, &go, &gx, &ggu, &gdn, dids, dw, slots, gws);
+    }
+    float *gout = malloc(sizeof(float) * (size_t)n * H);
+    gpu_to_f32(gout, dout, (int64_t)n * H, true);
+    unsigned char back[256];
+    gpu_be->ops->copy_d2h(gpu_be, back, dout + out_bytes, sizeof back);
+    gpu_be->ops->synchronize(gpu_be);
+    ASSERT_TRUE(memcmp(back, guard, sizeof guard) == 0);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < (int64_t)n * H; i++) {
+        ASSERT_TRUE(isfinite(gout[i]));
+        num += (gout[i] - cout[i]) * (double)(gout[i] - cout[i]);
+        den += (double)cout[i] * cout[i];
+    }
+    double e2 = num / (den > 0 ? den : 1);
+    fprintf(stderr, "  n=%d E=%d slots=%d H=%d I=%d routing %d%s: nmse %.2e\n", n, E, slots, H, I, (int)rt,
+            graph ? " (graph)" : "", e2);
+    ASSERT_TRUE(e2 < 1e-4);
+    void *ptrs[] = {dx, dgu, ddn, dids, dw, dout, gws};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) gpu_be->ops->free(gpu_be, ptrs[i]);
+    cpu_be->ops->free(cpu_be, cws);
+    free(x);
+    free(gu);
+    free(dn);
+    free(ids);
+    free(w);
+    free(cout);
+    free(gout);
+}
+
+TEST(cuda_moe_experts_match_cpu) {
+    if (!backends_ready()) return;
+    check_experts(1, 128, 8, 256, 96, ROUTE_RANDOM, false);   // batch-1 decode, Qwen3-MoE-like routing width
+    check_experts(13, 16, 4, 201, 72, ROUTE_RANDOM, false);   // odd sizes: tile edges, scalar-load path (K = 201)
+    check_experts(300, 8, 2, 256, 128, ROUTE_RANDOM, false);  // prefill: 600 rows, 64-row tiles
+    check_experts(1, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B layer shape, decode
+}
+
+TEST(cuda_moe_experts_skewed_routing) {
+    if (!backends_ready()) return;
+    check_experts(100, 8, 2, 128, 64, ROUTE_ONE_EXPERT, false);  // every token to one expert (several tiles)
+    check_experts(300, 8, 2, 128, 64, ROUTE_ONE_EXPERT, false);
+    check_experts(33, 16, 2, 128, 64, ROUTE_TWO_EXPERTS, false); // 14 of 16 experts empty
+    check_experts(21, 4, 4, 128, 64, ROUTE_ALL, false);          // top-k = number of experts
+}
+
+TEST(cuda_moe_experts_graph_replay) {
+    if (!backends_ready()) return;
+    check_experts(8, 128, 8, 256, 96, ROUTE_RANDOM, true); // decode batch of 8, new routing at replay
+    check_experts(4, 8, 2, 128, 64, ROUTE_ONE_EXPERT, true);
+}
+
+// The tiny MoE fixtures on CUDA (BF16, decode through CUDA graphs) against HF.
+TEST(cuda_moe_models_match_hf) {
+    if (!backends_ready()) return;
+    (void)MODELS; // model_refs.h's dense fixtures are tests/gpu/test_cuda_models.c's
+    static const char *models[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral"};
+    for (int mi = 0; mi < 3; mi++) {
+        struct refs R;
+        ASSERT_EQ(refs_load(models[mi], &R, 3e-2, 2.0), 0);
+        char rel[256], path[4096];
+        snprintf(rel, sizeof rel, "models/%s", models[mi]);
+        snprintf(path, sizeof path, "%s", test_fixture(rel));
+        struct runner_options o = {
+            .model_path = path, .device = "cuda", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
+            .block_size = 16, .num_kv_blocks = 512, .max_num_seqs = 8, .max_num_batched_tokens = 512,
+            .max_model_len = 128, .gpu_memory_utilization = 0.3,
+        };
+        struct model_runner *r = NULL;
+        struct error err = {0};
+        ASSERT_OK(model_runner_create(&o, &r, &err));
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 41u + (unsigned)mi);
+        float *lg = malloc(sizeof(float) * MAX_POS * (size_t)R.vocab);
+        double worst = 0;
+        int checked = 0;
+        for (int pi = 0; pi < R.n; pi++) {
+            struct ref_prompt *p = &R.p[pi];
+            struct sim_seq *q = malloc(sizeof *q);
+            sim_seq_init(q, p->ids, p->n);
+            sim_step_begin(s);
+            ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
+            for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+            s->n_rows = p->n_pos;
+            struct forward_batch fb = sim_step_batch(s);
+            ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
+            sim_step_commit(s);
+            double d = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
+            if (!(d <= R.tol))
+                test_fail(__FILE__, __LINE__, "%s prompt %d: max |logit - HF| = %g > %g", models[mi], pi, d, R.tol);
+            worst = d > worst ? d : worst;
+            int32_t got[N_GREEDY];
+            const float *last = lg + (size_t)(p->n_pos - 1) * R.vocab;
+            int best = 0;
+            for (int v = 1; v < R.vocab; v++) best = last[v] > last[best] ? v : best;
+            got[0] = best;
+            q->ids[q->n_ids++] = best;
+            for (int k = 1; k < N_GREEDY; k++) {
+                sim_step_begin(s);
+                ASSERT_EQ(sim_step_add(s, q, 1, 1), 0);
+                fb = sim_step_batch(s);
+                struct runner_output out;
+                ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+                sim_step_commit(s);
+                got[k] = out.ids[0];
+                q->ids[q->n_ids++] = out.ids[0];
+            }
+            char what[128];
+            snprintf(what, sizeof what, "%s (CUDA) prompt %d", models[mi], pi);
+            int c = greedy_compare(&R, p, got, what);
+            ASSERT_TRUE(c >= 0);
+            checked += c;
+            sim_seq_release(s, q);
+            free(q);
+        }
+        fprintf(stderr, "  %-18s max |logit - HF| = %.3g (tol %.3g), %d clear-margin greedy steps equal, %llu graph replays\n",
+                models[mi], worst, R.tol, checked, (unsigned long long)model_runner_num_graph_replays(r));
+        ASSERT_TRUE(model_runner_num_graph_replays(r) > 0);
+        free(lg);
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+        refs_free(&R);
+    }
+}
+
+int main(int argc, char **argv) { return test_main(argc, argv); }
