@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/mapped_file.h"
 #include "common/timeutil.h"
@@ -59,8 +60,9 @@ int cmd_tokenize(int argc, char **argv) {
         if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(a, "--text") && i + 1 < argc) text = argv[++i];
         else if (!strcmp(a, "--file") && i + 1 < argc) file = argv[++i];
-        else if (!strcmp(a, "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
-        else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--seconds") && i + 1 < argc) {
+            if (!cli_parse_double(argv[++i], "--seconds", &seconds)) return 2;
+        } else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--no-special")) special = false;
         else if (!strcmp(a, "--bench")) bench = true;
         else if (!strcmp(a, "--docs")) docs = true;
