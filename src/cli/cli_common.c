@@ -53,6 +53,64 @@ bool cli_parse_float(const char *s, const char *flag, float *out) {
 
 bool isatty_stdin(void) { return isatty(0); }
 
+char *cli_read_stream(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) return NULL;
+    for (;;) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        cap *= 2;
+        char *b = realloc(buf, cap + 1);
+        if (!b) {
+            free(buf);
+            return NULL;
+        }
+        buf = b;
+    }
+    if (ferror(f)) {
+        perror("atomc: reading input");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+int cli_parse_token_ids(const char *s, int32_t **out) {
+    *out = NULL;
+    size_t cap = 64;
+    int n = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return -1;
+    for (const char *p = s;;) {
+        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' || *p == ']') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) {
+            fprintf(stderr, "atomc: bad token id near \"%.20s\"\n", p);
+            free(v);
+            return -1;
+        }
+        if ((size_t)n == cap) {
+            int32_t *w = realloc(v, (cap *= 2) * sizeof *w);
+            if (!w) {
+                free(v);
+                return -1;
+            }
+            v = w;
+        }
+        v[n++] = (int32_t)x;
+        p = end;
+    }
+    *out = v;
+    return n;
+}
+
 static void cli_usage(FILE *f, const struct cli_command *rows, size_t n_rows, const char *prog, const char *noun) {
     fprintf(f, "usage: %s <%s> [options]   (%s <%s> --help for its options)\n\n%ss:\n", prog, noun, prog, noun, noun);
     for (size_t i = 0; i < n_rows; i++) fprintf(f, "  %-14s %s\n", rows[i].name, rows[i].help);

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "atomc.h"
 
@@ -66,6 +67,11 @@ bool cli_parse_u64(const char *s, const char *flag, uint64_t *out);
 bool cli_parse_float(const char *s, const char *flag, float *out);
 bool cli_parse_double(const char *s, const char *flag, double *out);
 bool isatty_stdin(void);
+// All of f into a NUL-terminated malloc'd buffer (*len bytes); NULL on a read error or no memory.
+char *cli_read_stream(FILE *f, size_t *len);
+// Token ids separated by commas, whitespace or JSON brackets ("1,2,3", "[1, 2]"), each in
+// [0, 2^31). Returns how many (*out malloc'd, caller frees) or -1 with a message printed.
+int cli_parse_token_ids(const char *s, int32_t **out);
 
 // One row of a subcommand table (`atomc <command>`, `atomc bench <kind>`).
 struct cli_command {

@@ -123,24 +123,6 @@ static void usage_chat(FILE *f) {
             CLI_ENGINE_OPTIONS_HELP);
 }
 
-static bool parse_ids(const char *s, int32_t **out, int *n) {
-    int cap = 16;
-    *out = xmalloc((size_t)cap * sizeof **out);
-    *n = 0;
-    while (*s) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < INT32_MIN || v > INT32_MAX) return false;
-        if (*n == cap) *out = xrealloc(*out, (size_t)(cap *= 2) * sizeof **out);
-        (*out)[(*n)++] = (int32_t)v;
-        s = end;
-        while (*s == ' ') s++;
-        if (*s == ',') s++;
-        else if (*s) return false;
-    }
-    return *n > 0;
-}
-
 // Renders messages with the model's chat template (generation prompt added).
 static int render_chat(const char *model_path, json_t *messages, char **prompt, bool *has_bos) {
 #ifdef HAVE_CHAT_TEMPLATE
@@ -358,8 +340,8 @@ int cmd_generate(int argc, char **argv) {
     }
     int32_t *pids = NULL;
     int n_pids = 0;
-    if (a.prompt_ids && !parse_ids(a.prompt_ids, &pids, &n_pids)) {
-        fprintf(stderr, "atomc generate: --prompt-ids expects comma-separated integers, got '%s'\n", a.prompt_ids);
+    if (a.prompt_ids && (n_pids = cli_parse_token_ids(a.prompt_ids, &pids)) <= 0) {
+        fprintf(stderr, "atomc generate: --prompt-ids expects comma-separated token ids, got '%s'\n", a.prompt_ids);
         free(pids);
         return 2;
     }

@@ -30,27 +30,6 @@ static double thread_cpu_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-char *cli_read_stream(FILE *f, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) return NULL;
-    for (;;) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        cap *= 2;
-        char *b = realloc(buf, cap + 1);
-        if (!b) {
-            free(buf);
-            return NULL;
-        }
-        buf = b;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *text = NULL, *file = NULL;
     bool json = false, special = true, bench = false, docs = false;
