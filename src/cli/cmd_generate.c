@@ -341,7 +341,7 @@ int cmd_generate(int argc, char **argv) {
     int32_t *pids = NULL;
     int n_pids = 0;
     if (a.prompt_ids && (n_pids = cli_parse_token_ids(a.prompt_ids, &pids)) <= 0) {
-        fprintf(stderr, "atomc generate: --prompt-ids expects comma-separated token ids, got '%s'\n", a.prompt_ids);
+        fprintf(stderr, "atomc generate: --prompt-ids expects comma-separated integers, got '%s'\n", a.prompt_ids);
         free(pids);
         return 2;
     }
