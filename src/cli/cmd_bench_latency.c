@@ -147,6 +147,7 @@ int cmd_bench_latency(int argc, char **argv) {
     int total = input_len + output_len + 8 > max_pl ? input_len + output_len + 8 : max_pl;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)total * (size_t)max_bs);
     struct lat_req *reqs = calloc((size_t)max_bs, sizeof *reqs);
+    uint64_t *req_ids = calloc((size_t)max_bs, sizeof *req_ids);
     double dec_ms[MAX_POINTS][3] = {{0}}, pre_ms[MAX_POINTS][2] = {{0}};
     int rc = 0;
 
@@ -161,19 +162,22 @@ int cmd_bench_latency(int argc, char **argv) {
             atomc_request_init(&r);
             r.prompt_ids = p;
             r.n_prompt_ids = input_len;
-            r.params.max_tokens = output_len + 2;
+            // Long enough that no request finishes before the last one has been prefilled (prefill
+            // of B prompts takes about B * input_len / max_num_batched_tokens steps); the run is
+            // cut short by aborts once output_len decode steps have been timed.
+            r.params.max_tokens = output_len + 4 + (B * input_len) / o.max_num_batched_tokens + 2 * B;
             r.params.temperature = 0;
             r.params.ignore_eos = true;
             r.on_output = on_lat_output;
             r.user = &reqs[i];
-            uint64_t id;
-            if (atomc_engine_add_request(e, &r, &id, msg, sizeof msg) != ATOMC_OK) {
+            if (atomc_engine_add_request(e, &r, &req_ids[i], msg, sizeof msg) != ATOMC_OK) {
                 fprintf(stderr, "atomc bench latency: %s\n", msg);
                 rc = 1;
                 break;
             }
         }
         struct sample_vec steps = {0};
+        bool aborted = false;
         while (rc == 0 && atomc_engine_has_work(e)) {
             bool all_started = true;
             for (int i = 0; i < B; i++) all_started &= reqs[i].tokens > 0;
@@ -183,6 +187,11 @@ int cmd_bench_latency(int argc, char **argv) {
             bool all_alive = true;
             for (int i = 0; i < B; i++) all_alive &= !reqs[i].finished;
             if (all_started && all_alive && (int)steps.n < output_len) sample_vec_push(&steps, dt);
+            if ((int)steps.n >= output_len && !aborted) { // measured: finish the level quickly
+                for (int i = 0; i < B; i++)
+                    if (!reqs[i].finished) atomc_engine_abort(e, req_ids[i]);
+                aborted = true;
+            }
         }
         double mean = stats_mean(steps.v, steps.n);
         dec_ms[b][0] = mean;
@@ -251,6 +260,7 @@ int cmd_bench_latency(int argc, char **argv) {
     }
     free(ids);
     free(reqs);
+    free(req_ids);
     atomc_engine_free(e);
     return rc;
 }
