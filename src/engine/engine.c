@@ -556,6 +556,30 @@ static void fill_sample_row(const atomc_engine *e, const struct sequence *s, str
     }
 }
 
+// Appends the prompt-logprob rows of s computed this step (rows from q_start; the last prompt
+// token has no target) at b_plp_*[*n_plp], growing them; whether any were added.
+static bool add_prompt_logprob_rows(atomc_engine *e, struct sequence *s, int q_start, int *n_plp) {
+    int first = s->n_computed, last = s->n_computed + s->n_sched; // positions [first, last)
+    if (last > s->n_prompt - 1) last = s->n_prompt - 1;
+    if (last <= first) return false;
+    int need = *n_plp + (last - first);
+    if (need > e->b_plp_cap) {
+        int c = e->b_plp_cap;
+        e->b_plp_rows = grow(e->b_plp_rows, &c, need, sizeof *e->b_plp_rows);
+        e->b_plp_targets = xrealloc(e->b_plp_targets, (size_t)c * sizeof *e->b_plp_targets);
+        e->b_plp_pos = xrealloc(e->b_plp_pos, (size_t)c * sizeof *e->b_plp_pos);
+        e->b_plp_seq = xrealloc(e->b_plp_seq, (size_t)c * sizeof *e->b_plp_seq);
+        e->b_plp_cap = c;
+    }
+    for (int p = first; p < last; p++, (*n_plp)++) {
+        e->b_plp_rows[*n_plp] = q_start + (p - s->n_computed);
+        e->b_plp_targets[*n_plp] = s->tokens[p + 1];
+        e->b_plp_pos[*n_plp] = p;
+        e->b_plp_seq[*n_plp] = s;
+    }
+    return true;
+}
+
 // Fills the per-step buffers from the scheduler output.
 static void build_batch(atomc_engine *e, const struct scheduler_output *so, struct forward_batch *fb) {
     int n_seqs = so->n_seqs, n_tok = so->n_tokens, bs = e->block_size, max_blocks = 1;
@@ -601,29 +625,9 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
             e->b_row_seq[n_logits] = s;
             n_logits++;
         }
-        if (s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent) {
-            int first = s->n_computed, last = s->n_computed + s->n_sched; // rows [first, last)
-            if (last > s->n_prompt - 1) last = s->n_prompt - 1;
-            if (last > first) {
-                int need = n_plp + (last - first);
-                if (need > e->b_plp_cap) {
-                    int c = e->b_plp_cap;
-                    e->b_plp_rows = grow(e->b_plp_rows, &c, need, sizeof *e->b_plp_rows);
-                    e->b_plp_targets = xrealloc(e->b_plp_targets, (size_t)c * sizeof *e->b_plp_targets);
-                    e->b_plp_pos = xrealloc(e->b_plp_pos, (size_t)c * sizeof *e->b_plp_pos);
-                    e->b_plp_seq = xrealloc(e->b_plp_seq, (size_t)c * sizeof *e->b_plp_seq);
-                    e->b_plp_cap = c;
-                }
-                for (int p = first; p < last; p++) {
-                    e->b_plp_rows[n_plp] = e->b_qstart[i] + (p - s->n_computed);
-                    e->b_plp_targets[n_plp] = s->tokens[p + 1];
-                    e->b_plp_pos[n_plp] = p;
-                    e->b_plp_seq[n_plp] = s;
-                    n_plp++;
-                }
-                if (s->params.prompt_logprobs > plp_k) plp_k = s->params.prompt_logprobs;
-            }
-        }
+        bool wants_plp = s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent;
+        if (wants_plp && add_prompt_logprob_rows(e, s, e->b_qstart[i], &n_plp) && s->params.prompt_logprobs > plp_k)
+            plp_k = s->params.prompt_logprobs;
     }
     e->b_qstart[n_seqs] = tok;
     CHECK(tok == n_tok);
