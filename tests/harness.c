@@ -1,5 +1,8 @@
 // Support code for tests/test.h, linked into every test binary.
+#include <ftw.h>
+#include <jansson.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "test.h"
@@ -37,6 +40,50 @@ const char *test_fixture(const char *rel) {
     return buf;
 }
 
+// The binary's scratch directory: made on first use, removed by test_main.
+static char tmp_dir[64];
+
+const char *test_tmp_dir(void) {
+    if (!tmp_dir[0]) {
+        snprintf(tmp_dir, sizeof tmp_dir, "/tmp/atomc_test_XXXXXX");
+        if (!mkdtemp(tmp_dir)) {
+            perror("mkdtemp");
+            abort();
+        }
+    }
+    return tmp_dir;
+}
+
+const char *test_tmp_path(const char *name) {
+    static char bufs[8][512];
+    static int next;
+    char *p = bufs[next++ % 8];
+    int n = snprintf(p, sizeof bufs[0], "%s/%s", test_tmp_dir(), name);
+    if (n < 0 || (size_t)n >= sizeof bufs[0]) abort();
+    return p;
+}
+
+void test_write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) {
+        perror(path);
+        abort();
+    }
+}
+
+json_t *test_fixture_json(const char *rel) {
+    json_error_t je;
+    json_t *j = json_load_file(test_fixture(rel), 0, &je);
+    if (!j) fprintf(stderr, "  %s: %s (line %d)\n", test_fixture(rel), je.text, je.line);
+    return j;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    if (remove(path) != 0) perror(path);
+    return 0;
+}
+
 int test_main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
     int passed = 0, failed = 0;
@@ -52,6 +99,7 @@ int test_main(int argc, char **argv) {
             fprintf(stderr, "ok   %s\n", tests[i].name);
         }
     }
+    if (tmp_dir[0]) nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

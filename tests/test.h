@@ -19,6 +19,20 @@ void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((
 int test_failed_now(void);
 // Path of a fixture file under tests/fixtures (honours ATOMC_FIXTURES).
 const char *test_fixture(const char *rel);
+// Fixture `rel` parsed as JSON (json_t from jansson; caller decrefs), or NULL with the
+// reason on stderr.
+struct json_t *test_fixture_json(const char *rel);
+
+// Scratch files. test_tmp_dir() is a private directory made on first use and removed, with
+// everything in it, when test_main returns. test_tmp_path(name) is name inside it, in one of 8
+// rotating buffers (so a few paths can be live at once). test_write_file writes n bytes to
+// path and aborts on any I/O error: a broken test setup is not a test result.
+const char *test_tmp_dir(void);
+const char *test_tmp_path(const char *name);
+void test_write_file(const char *path, const void *data, size_t n);
+
+// a equals the reference b up to float rounding: |a - b| <= 1e-6 (1 + |b|).
+static inline int test_close_rel(double a, double b) { return fabs(a - b) <= 1e-6 * (1.0 + fabs(b)); }
 
 #define TEST(name)                                                                 \
     static void test_##name(void);                                                 \

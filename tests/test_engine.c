@@ -161,9 +161,7 @@ TEST(engine_prefix_cache_hit_gives_identical_output) {
     atomc_engine *e = make_engine(64, 8, 64, true, &m);
     int32_t p[30];
     prompt_of(p, 30, 3);
-    struct collect a, b;
-    memset(&a, 0, sizeof a);
-    memset(&b, 0, sizeof b);
+    struct collect a = {0}, b = {0};
     ASSERT_OK(add(e, p, 30, 12, &a, NULL));
     run_all(e);
     uint64_t before = m->executed_tokens;
@@ -188,9 +186,7 @@ TEST(engine_same_step_requests_share_the_prefix) {
     atomc_engine *e = make_engine(64, 8, 128, true, &m);
     int32_t p[30];
     prompt_of(p, 30, 11);
-    struct collect a, b;
-    memset(&a, 0, sizeof a);
-    memset(&b, 0, sizeof b);
+    struct collect a = {0}, b = {0};
     ASSERT_OK(add(e, p, 30, 6, &a, NULL));
     ASSERT_OK(add(e, p, 30, 6, &b, NULL)); // same prompt, same step (like n > 1)
     atomc_engine_step(e);
@@ -202,9 +198,7 @@ TEST(engine_same_step_requests_share_the_prefix) {
     ASSERT_EQ(m->violations, 0);
     ASSERT_TRUE(all_free(e));
     // A failed step drops what it registered: a later identical prompt runs cold.
-    struct collect c, d;
-    memset(&c, 0, sizeof c);
-    memset(&d, 0, sizeof d);
+    struct collect c = {0}, d = {0};
     int32_t q[21];
     prompt_of(q, 21, 12);
     ASSERT_OK(add(e, q, 21, 3, &c, NULL));
@@ -343,8 +337,7 @@ TEST(engine_logprobs_and_prompt_logprobs) {
     atomc_engine *e = make_engine(64, 8, 8, true, &m);
     int32_t p[20];
     prompt_of(p, 20, 5);
-    struct collect c;
-    memset(&c, 0, sizeof c);
+    struct collect c = {0};
     atomc_request r;
     atomc_request_init(&r);
     r.prompt_ids = p;
@@ -445,11 +438,7 @@ TEST(engine_abort_in_every_state) {
     atomc_engine *e = make_engine(64, 8, 8, true, &m);
     int32_t p[40];
     prompt_of(p, 40, 9);
-    struct collect waiting, prefill, decoding, other;
-    memset(&waiting, 0, sizeof waiting);
-    memset(&prefill, 0, sizeof prefill);
-    memset(&decoding, 0, sizeof decoding);
-    memset(&other, 0, sizeof other);
+    struct collect waiting = {0}, prefill = {0}, decoding = {0}, other = {0};
     uint64_t id_dec, id_pre, id_wait, id_other;
     ASSERT_OK(add(e, p, 3, 100, &decoding, &id_dec));
     atomc_engine_step(e);
@@ -485,9 +474,7 @@ TEST(engine_forward_failure_fails_batch_and_recovers) {
     atomc_engine *e = make_engine(64, 8, 64, true, &m);
     int32_t p[9];
     prompt_of(p, 9, 2);
-    struct collect a, b;
-    memset(&a, 0, sizeof a);
-    memset(&b, 0, sizeof b);
+    struct collect a = {0}, b = {0};
     ASSERT_OK(add(e, p, 9, 4, &a, NULL));
     m->fail_next = 1;
     run_all(e);
@@ -604,9 +591,7 @@ TEST(engine_loop_thread_serves_many_producers) {
 TEST(engine_free_aborts_pending_requests) {
     atomc_engine *e = make_engine(64, 8, 64, true, NULL);
     int32_t p[5] = {1, 2, 3, 4, 5};
-    struct collect a, b;
-    memset(&a, 0, sizeof a);
-    memset(&b, 0, sizeof b);
+    struct collect a = {0}, b = {0};
     ASSERT_OK(add(e, p, 5, 50, &a, NULL));
     atomc_engine_step(e);
     ASSERT_OK(add(e, p, 5, 50, &b, NULL));

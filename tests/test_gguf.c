@@ -12,17 +12,6 @@
 #include "loader/gguf.h"
 #include "test.h"
 
-static json_t *load_json(const char *rel) {
-    struct error e = {0};
-    char *text;
-    if (file_read_all(test_fixture(rel), &text, NULL, &e)) return NULL;
-    json_t *j = json_loads(text, 0, NULL);
-    free(text);
-    return j;
-}
-
-static int close_rel(double a, double b) { return fabs(a - b) <= 1e-6 * (1.0 + fabs(b)); }
-
 TEST(reference_metadata_all_types) {
     struct error e = {0};
     struct gguf_file *g;
@@ -146,7 +135,7 @@ TEST(reference_arrays) {
 
 TEST(reference_tensors_match_gguf_package) {
     struct error e = {0};
-    json_t *ref = load_json("loader/ref_gguf.json");
+    json_t *ref = test_fixture_json("loader/ref_gguf.json");
     ASSERT_TRUE(ref != NULL);
     struct gguf_file *g;
     ASSERT_OK(gguf_open(&g, test_fixture("loader/ref.gguf"), &e));
@@ -172,7 +161,7 @@ TEST(reference_tensors_match_gguf_package) {
         dtype_to_f32(t.dtype, t.data, buf, n);
         for (int64_t i = 0; i < n; i++) {
             double want = json_number_value(json_array_get(vals, (size_t)i));
-            if (!close_rel(buf[i], want)) {
+            if (!test_close_rel(buf[i], want)) {
                 test_fail(__FILE__, __LINE__, "%s[%lld] = %g, gguf package says %g", name, (long long)i, buf[i], want);
                 free(buf);
                 gguf_close(g);
@@ -206,7 +195,7 @@ TEST(every_truncation_is_an_error) {
     char *data;
     size_t n;
     ASSERT_OK(file_read_all(test_fixture("loader/ref.gguf"), &data, &n, &e));
-    json_t *ref = load_json("loader/ref_gguf.json");
+    json_t *ref = test_fixture_json("loader/ref_gguf.json");
     // The last tensor (q4_k, 288 bytes) ends here; any shorter file must be rejected.
     size_t end = (size_t)json_integer_value(json_object_get(ref, "data_offset")) + 2240 + 288;
     json_decref(ref);
@@ -521,7 +510,7 @@ TEST(smollm2_metadata_and_embeddings) {
         printf("note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 GGUF check\n");
         return;
     }
-    json_t *ref = load_json("loader/smollm2_refs.json");
+    json_t *ref = test_fixture_json("loader/smollm2_refs.json");
     ASSERT_TRUE(ref != NULL);
     struct error e = {0};
     struct gguf_file *g;

@@ -16,32 +16,10 @@
 #include "loader/model_files.h"
 #include "test.h"
 
-static char tmpdir[256];
-
-static const char *tmp_dir(void) {
-    if (!tmpdir[0]) {
-        snprintf(tmpdir, sizeof tmpdir, "/tmp/atomc_mf_XXXXXX");
-        if (!mkdtemp(tmpdir)) abort();
-    }
-    return tmpdir;
-}
-
 static void write_file(const char *dir, const char *name, const void *data, size_t n) {
     char p[700];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "wb");
-    if (!f) abort();
-    if (n) fwrite(data, 1, n, f);
-    fclose(f);
-}
-
-static json_t *load_json(const char *rel) {
-    struct error e = {0};
-    char *text;
-    if (file_read_all(test_fixture(rel), &text, NULL, &e)) return NULL;
-    json_t *j = json_loads(text, 0, NULL);
-    free(text);
-    return j;
+    test_write_file(p, data, n);
 }
 
 // Dequantised row r of a 2-D tensor into out (cols floats).
@@ -50,13 +28,48 @@ static void row_f32(const struct tensor *t, int64_t r, float *out) {
     dtype_to_f32(t->dtype, (const char *)t->data + (size_t)r * rb, out, tensor_cols(t));
 }
 
-static int close_rel(double a, double b) { return fabs(a - b) <= 1e-6 * (1.0 + fabs(b)); }
+// Every tensor of `refs` ({name: {shape, n_rows, values}}, values row-major over the first
+// n_rows rows; for 1-D tensors the first n_rows elements) as model_files serves it, against
+// transformers' values. Reports the first mismatch through test_fail.
+static void expect_tensors_match(struct model_files *mf, json_t *refs) {
+    struct error e = {0};
+    const char *name;
+    json_t *r;
+    json_object_foreach(refs, name, r) {
+        struct tensor t;
+        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
+        json_t *shape = json_object_get(r, "shape"), *vals = json_object_get(r, "values");
+        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
+        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
+        int64_t n_rows = json_integer_value(json_object_get(r, "n_rows")), cols = tensor_cols(&t);
+        if (t.ndim == 1) {
+            cols = n_rows;
+            n_rows = 1;
+        }
+        float *row = malloc((size_t)cols * sizeof *row);
+        ASSERT_TRUE(row != NULL);
+        for (int64_t i = 0; i < n_rows; i++) {
+            if (t.ndim == 1) dtype_to_f32(t.dtype, t.data, row, cols);
+            else row_f32(&t, i, row);
+            for (int64_t j = 0; j < cols; j++) {
+                double want = json_number_value(json_array_get(vals, (size_t)(i * cols + j)));
+                if (!test_close_rel(row[j], want)) {
+                    test_fail(__FILE__, __LINE__, "%s[%lld, %lld] = %.9g, transformers says %.9g", name, (long long)i,
+                              (long long)j, row[j], want);
+                    free(row);
+                    return;
+                }
+            }
+        }
+        free(row);
+    }
+}
 
 // ---------------------------------------------------------------------------------
 
 TEST(tiny_gguf_matches_transformers) {
     struct error e = {0};
-    json_t *ref = load_json("loader/tiny_llama_refs.json");
+    json_t *ref = test_fixture_json("loader/tiny_llama_refs.json");
     ASSERT_TRUE(ref != NULL);
     struct model_files *mf;
     ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_llama.gguf"), &e));
@@ -81,34 +94,11 @@ TEST(tiny_gguf_matches_transformers) {
     ASSERT_EQ(c->n_eos, 1);
     ASSERT_EQ(c->eos_token_ids[0], 2);
 
-    const char *name;
-    json_t *r;
-    float row[128];
-    json_object_foreach(json_object_get(ref, "tensors"), name, r) {
-        struct tensor t;
-        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
-        json_t *shape = json_object_get(r, "shape"), *vals = json_object_get(r, "values");
-        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
-        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
-        int64_t n_rows = json_integer_value(json_object_get(r, "n_rows")), cols = tensor_cols(&t);
-        if (t.ndim == 1) { // 1-D: the reference holds the first n_rows elements
-            cols = n_rows;
-            n_rows = 1;
-        }
-        for (int64_t i = 0; i < n_rows; i++) {
-            if (t.ndim == 1) dtype_to_f32(t.dtype, t.data, row, cols);
-            else row_f32(&t, i, row);
-            for (int64_t j = 0; j < cols; j++) {
-                double want = json_number_value(json_array_get(vals, (size_t)(i * cols + j)));
-                if (!close_rel(row[j], want)) {
-                    test_fail(__FILE__, __LINE__, "%s[%lld, %lld] = %.9g, transformers says %.9g", name, (long long)i,
-                              (long long)j, row[j], want);
-                    model_files_close(mf);
-                    json_decref(ref);
-                    return;
-                }
-            }
-        }
+    expect_tensors_match(mf, json_object_get(ref, "tensors"));
+    if (test_failed_now()) {
+        model_files_close(mf);
+        json_decref(ref);
+        return;
     }
     // q stays Q8_0 (rows moved, not requantised), k stays F16; both in owned buffers, cached.
     struct tensor q, q2, k, raw;
@@ -139,7 +129,7 @@ TEST(tiny_gguf_matches_transformers) {
 
 TEST(tiny_qwen3_gguf_matches_transformers) {
     struct error e = {0};
-    json_t *ref = load_json("loader/tiny_qwen3_refs.json");
+    json_t *ref = test_fixture_json("loader/tiny_qwen3_refs.json");
     ASSERT_TRUE(ref != NULL);
     struct model_files *mf;
     ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_qwen3.gguf"), &e));
@@ -159,34 +149,11 @@ TEST(tiny_qwen3_gguf_matches_transformers) {
     ASSERT_EQ(c->rope.rotary_dim, 128);
     ASSERT_EQ(c->bos_token_id, -1);
     ASSERT_EQ(c->eos_token_ids[0], 3);
-    const char *name;
-    json_t *r;
-    float row[512];
-    json_object_foreach(json_object_get(ref, "tensors"), name, r) {
-        struct tensor t;
-        ASSERT_OK(model_files_get_tensor(mf, name, &t, &e));
-        json_t *shape = json_object_get(r, "shape"), *vals = json_object_get(r, "values");
-        ASSERT_EQ(t.ndim, (int)json_array_size(shape));
-        for (int d = 0; d < t.ndim; d++) ASSERT_EQ(t.ne[d], json_integer_value(json_array_get(shape, (size_t)d)));
-        int64_t n_rows = json_integer_value(json_object_get(r, "n_rows")), cols = tensor_cols(&t);
-        if (t.ndim == 1) {
-            cols = n_rows;
-            n_rows = 1;
-        }
-        for (int64_t i = 0; i < n_rows; i++) {
-            if (t.ndim == 1) dtype_to_f32(t.dtype, t.data, row, cols);
-            else row_f32(&t, i, row);
-            for (int64_t j = 0; j < cols; j++) {
-                double want = json_number_value(json_array_get(vals, (size_t)(i * cols + j)));
-                if (!close_rel(row[j], want)) {
-                    test_fail(__FILE__, __LINE__, "%s[%lld, %lld] = %.9g, transformers says %.9g", name, (long long)i,
-                              (long long)j, row[j], want);
-                    model_files_close(mf);
-                    json_decref(ref);
-                    return;
-                }
-            }
-        }
+    expect_tensors_match(mf, json_object_get(ref, "tensors"));
+    if (test_failed_now()) {
+        model_files_close(mf);
+        json_decref(ref);
+        return;
     }
     struct tensor t;
     ASSERT_EQ(model_files_get_tensor(mf, "lm_head.weight", &t, &e), ATOMC_ERR_NOT_FOUND);
@@ -201,7 +168,7 @@ TEST(gguf_llama31_rope_freqs_recovered) {
     // llama.cpp stores Llama-3.1's rope_scaling only as rope_freqs.weight; the config must
     // come back as the HF llama3 parameters it was made from.
     struct error e = {0};
-    json_t *ref = load_json("loader/tiny_llama31_rope_refs.json");
+    json_t *ref = test_fixture_json("loader/tiny_llama31_rope_refs.json");
     ASSERT_TRUE(ref != NULL);
     json_t *sc = json_object_get(ref, "rope_scaling");
     struct model_files *mf;
@@ -223,10 +190,9 @@ TEST(gguf_llama31_rope_freqs_recovered) {
     model_files_close(mf);
     float bad = 3.0f;
     memcpy(data + off + 4 * 2, &bad, 4); // a short-wavelength factor that should be 1
-    write_file(tmp_dir(), "badrope.gguf", data, n);
+    const char *p = test_tmp_path("badrope.gguf");
+    test_write_file(p, data, n);
     free(data);
-    char p[600];
-    snprintf(p, sizeof p, "%s/badrope.gguf", tmp_dir());
     ASSERT_EQ(model_files_open(&mf, p, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(e.msg, "badrope.gguf") && strstr(e.msg, "rope_freqs.weight"));
     json_decref(ref);
@@ -377,10 +343,9 @@ static const char *write_vocab_gguf(const char *fname, int n_tok, int emb_rows) 
 #undef PUT_STR
 #undef PUT
     n = (n + 31) / 32 * 32 + (size_t)emb_rows * 32 * 4;
-    write_file(tmp_dir(), fname, b, n);
+    const char *p = test_tmp_path(fname);
+    test_write_file(p, b, n);
     free(b);
-    static char p[600];
-    snprintf(p, sizeof p, "%s/%s", tmp_dir(), fname);
     return p;
 }
 
@@ -419,9 +384,8 @@ TEST(gguf_unsupported_architecture) {
     u64 = 4, PUT(u64);
     memcpy(b + n, "gpt2", 4), n += 4;
 #undef PUT
-    write_file(tmp_dir(), "gpt2.gguf", b, n);
-    char p[600];
-    snprintf(p, sizeof p, "%s/gpt2.gguf", tmp_dir());
+    const char *p = test_tmp_path("gpt2.gguf");
+    test_write_file(p, b, n);
     struct error e = {0};
     struct model_files *mf;
     ASSERT_EQ(model_files_open(&mf, p, &e), ATOMC_ERR_UNSUPPORTED);
@@ -448,9 +412,8 @@ static const char *TINY_CONFIG =
     "\"tie_word_embeddings\":true,\"torch_dtype\":\"float32\"}";
 
 static const char *make_hf_dir(const char *sub) {
-    static char dir[600];
-    snprintf(dir, sizeof dir, "%s/%s", tmp_dir(), sub);
-    mkdir(dir, 0755);
+    const char *dir = test_tmp_path(sub);
+    if (mkdir(dir, 0755) != 0) abort();
     return dir;
 }
 
@@ -517,7 +480,7 @@ TEST(hf_sharded_checkpoint_from_transformers) {
     // tiny_qwen3_hf/: transformers save_pretrained (bf16, 4 shards + index, transformers-5
     // config with rope_parameters, generation_config with two eos ids).
     struct error e = {0};
-    json_t *ref = load_json("loader/tiny_qwen3_hf_refs.json");
+    json_t *ref = test_fixture_json("loader/tiny_qwen3_hf_refs.json");
     ASSERT_TRUE(ref != NULL);
     struct model_files *mf;
     ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_qwen3_hf"), &e));
@@ -625,7 +588,7 @@ TEST(smollm2_gguf_matches_transformers) {
         printf("note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 q/k un-permutation check\n");
         return;
     }
-    json_t *ref = load_json("loader/smollm2_refs.json");
+    json_t *ref = test_fixture_json("loader/smollm2_refs.json");
     ASSERT_TRUE(ref != NULL);
     struct error e = {0};
     struct model_files *mf;
@@ -676,7 +639,7 @@ TEST(smollm2_gguf_matches_transformers) {
             for (size_t j = 0; j < json_array_size(vals); j++) {
                 size_t col = shape ? (size_t)json_integer_value(json_array_get(cols, j)) : j;
                 double want = json_number_value(json_array_get(vals, j));
-                if (!close_rel(row[col], want)) {
+                if (!test_close_rel(row[col], want)) {
                     test_fail(__FILE__, __LINE__, "%s[%s, %zu] = %.9g, transformers says %.9g", name, key, col, row[col],
                               want);
                     model_files_close(mf);
@@ -690,12 +653,4 @@ TEST(smollm2_gguf_matches_transformers) {
     json_decref(ref);
 }
 
-int main(int argc, char **argv) {
-    int rc = test_main(argc, argv);
-    if (tmpdir[0]) {
-        char cmd[600];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
-    }
-    return rc;
-}
+int main(int argc, char **argv) { return test_main(argc, argv); }

@@ -12,31 +12,6 @@
 #include "loader/safetensors.h"
 #include "test.h"
 
-static char tmpdir[256];
-
-static const char *tmp_dir(void) {
-    if (!tmpdir[0]) {
-        snprintf(tmpdir, sizeof tmpdir, "/tmp/atomc_st_XXXXXX");
-        if (!mkdtemp(tmpdir)) abort();
-    }
-    return tmpdir;
-}
-
-static char *tmp_path(const char *name) {
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmp_dir(), name);
-    return p;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) abort();
-    if (n) fwrite(data, 1, n, f);
-    fclose(f);
-}
-
 // Writes [u64 len][header][data] with header length `hlen_override` if non-zero.
 static const char *write_st(const char *name, const char *header, const void *data, size_t dlen,
                             uint64_t hlen_override) {
@@ -47,8 +22,8 @@ static const char *write_st(const char *name, const char *header, const void *da
     for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(n >> (8 * i));
     memcpy(buf + 8, header, hl);
     if (dlen) memcpy(buf + 8 + hl, data, dlen);
-    const char *p = tmp_path(name);
-    write_bytes(p, buf, total);
+    const char *p = test_tmp_path(name);
+    test_write_file(p, buf, total);
     free(buf);
     return p;
 }
@@ -162,8 +137,8 @@ TEST(corrupt_files_are_clear_errors) {
     // Absurd header length (garbage file).
     if (!expect_bad(write_st("huge.safetensors", "{}", NULL, 0, 0xffffffffffffull), "larger than the file")) return;
     // Too short.
-    write_bytes(tmp_path("short.safetensors"), "abc", 3);
-    if (!expect_bad(tmp_path("short.safetensors"), "too short")) return;
+    test_write_file(test_tmp_path("short.safetensors"), "abc", 3);
+    if (!expect_bad(test_tmp_path("short.safetensors"), "too short")) return;
     // Not JSON / not an object.
     if (!expect_bad(write_st("nojson.safetensors", "{\"a\": nope}", NULL, 0, 0), "not valid JSON")) return;
     if (!expect_bad(write_st("arr.safetensors", "[1, 2]", NULL, 0, 0), "not a JSON object")) return;
@@ -235,15 +210,15 @@ TEST(truncated_real_file) {
     char *data;
     size_t n;
     ASSERT_OK(file_read_all(test_fixture("loader/ref.safetensors"), &data, &n, &e));
-    const char *p = tmp_path("trunc.safetensors");
-    write_bytes(p, data, n - 3);
+    const char *p = test_tmp_path("trunc.safetensors");
+    test_write_file(p, data, n - 3);
     free(data);
     struct safetensors_file *f = NULL;
     ASSERT_EQ(safetensors_open(&f, p, &e), ATOMC_ERR_FORMAT);
     ASSERT_TRUE(strstr(e.msg, "trunc.safetensors") && strstr(e.msg, "tensor '") && strstr(e.msg, "truncated"));
     // Header cut in half.
     ASSERT_OK(file_read_all(test_fixture("loader/ref.safetensors"), &data, &n, &e));
-    write_bytes(p, data, 100);
+    test_write_file(p, data, 100);
     free(data);
     ASSERT_EQ(safetensors_open(&f, p, &e), ATOMC_ERR_FORMAT);
     ASSERT_TRUE(strstr(e.msg, "trunc.safetensors") && strstr(e.msg, "larger than the file"));
@@ -287,7 +262,7 @@ TEST(memory_entry_point) {
 TEST(sharded_checkpoint_via_index) {
     struct error e = {0};
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/sharded", tmp_dir());
+    snprintf(dir, sizeof dir, "%s/sharded", test_tmp_dir());
     mkdir(dir, 0755);
     char s1[700], s2[700], idx[700];
     snprintf(s1, sizeof s1, "sharded/model-00001-of-00002.safetensors");
@@ -299,7 +274,7 @@ TEST(sharded_checkpoint_via_index) {
     const char *index = "{\"metadata\":{\"total_size\":24},\"weight_map\":{"
                         "\"a\":\"model-00001-of-00002.safetensors\",\"b\":\"model-00001-of-00002.safetensors\","
                         "\"c\":\"model-00002-of-00002.safetensors\"}}";
-    write_bytes(idx, index, strlen(index));
+    test_write_file(idx, index, strlen(index));
     struct safetensors_set *s;
     ASSERT_OK(safetensors_set_open(&s, dir, &e)); // directory -> index preferred
     ASSERT_EQ(s->n_files, 2);
@@ -320,27 +295,27 @@ TEST(sharded_checkpoint_via_index) {
 
     // Index naming a tensor its shard lacks.
     const char *bad = "{\"weight_map\":{\"a\":\"model-00002-of-00002.safetensors\"}}";
-    write_bytes(idx, bad, strlen(bad));
+    test_write_file(idx, bad, strlen(bad));
     ASSERT_EQ(safetensors_set_open(&s, idx, &e), ATOMC_ERR_FORMAT);
     ASSERT_TRUE(strstr(e.msg, "index.json") && strstr(e.msg, "'a'") && strstr(e.msg, "model-00002-of-00002"));
     // Path traversal in a shard name.
     bad = "{\"weight_map\":{\"a\":\"../x.safetensors\"}}";
-    write_bytes(idx, bad, strlen(bad));
+    test_write_file(idx, bad, strlen(bad));
     ASSERT_EQ(safetensors_set_open(&s, idx, &e), ATOMC_ERR_FORMAT);
     ASSERT_TRUE(strstr(e.msg, "not a plain file name") != NULL);
     // Missing shard file.
     bad = "{\"weight_map\":{\"a\":\"model-00009.safetensors\"}}";
-    write_bytes(idx, bad, strlen(bad));
+    test_write_file(idx, bad, strlen(bad));
     ASSERT_EQ(safetensors_set_open(&s, idx, &e), ATOMC_ERR_IO);
     ASSERT_TRUE(strstr(e.msg, "model-00009.safetensors") && strstr(e.msg, "'a'"));
     // weight_map missing.
-    write_bytes(idx, "{}", 2);
+    test_write_file(idx, "{}", 2);
     ASSERT_EQ(safetensors_set_open(&s, idx, &e), ATOMC_ERR_FORMAT);
     ASSERT_TRUE(strstr(e.msg, "weight_map") != NULL);
     // A corrupt shard is reported with the index and the tensor that led to it.
     write_st("sharded/model-00003.safetensors", "[]", NULL, 0, 0);
     bad = "{\"weight_map\":{\"a\":\"model-00003.safetensors\"}}";
-    write_bytes(idx, bad, strlen(bad));
+    test_write_file(idx, bad, strlen(bad));
     ASSERT_EQ(safetensors_set_open(&s, idx, &e), ATOMC_ERR_FORMAT);
     ASSERT_TRUE(strstr(e.msg, "model-00003.safetensors") && strstr(e.msg, "not a JSON object"));
 }
@@ -348,19 +323,11 @@ TEST(sharded_checkpoint_via_index) {
 TEST(directory_without_weights) {
     struct error e = {0};
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/emptydir", tmp_dir());
+    snprintf(dir, sizeof dir, "%s/emptydir", test_tmp_dir());
     mkdir(dir, 0755);
     struct safetensors_set *s;
     ASSERT_EQ(safetensors_set_open(&s, dir, &e), ATOMC_ERR_IO);
     ASSERT_TRUE(strstr(e.msg, "emptydir") && strstr(e.msg, "model.safetensors"));
 }
 
-int main(int argc, char **argv) {
-    int rc = test_main(argc, argv);
-    if (tmpdir[0]) {
-        char cmd[600];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
-    }
-    return rc;
-}
+int main(int argc, char **argv) { return test_main(argc, argv); }

@@ -12,18 +12,16 @@ struct fixture {
     struct scheduler *s;
     struct sequence *last[64]; // scheduled in the last step, with their token counts
     int last_n[64], n_last;
+    struct sequence *owned[8]; // made by fx_seq, deleted by fx_free
+    int n_owned;
 };
 
 static void fx_init(struct fixture *f, int blocks, int bs, int max_seqs, int budget, bool cache) {
+    memset(f, 0, sizeof *f);
     struct error err;
     CHECK(block_manager_create(blocks, bs, cache, &f->bm, &err) == ATOMC_OK);
     struct scheduler_config cfg = {.max_num_seqs = max_seqs, .max_num_batched_tokens = budget};
     CHECK(scheduler_create(&cfg, f->bm, &f->s, &err) == ATOMC_OK);
-}
-
-static void fx_free(struct fixture *f) {
-    scheduler_free(f->s);
-    block_manager_free(f->bm);
 }
 
 static struct sequence *seq_new(uint64_t id, int n_prompt, int32_t base) {
@@ -41,6 +39,18 @@ static void seq_del(struct sequence *s) {
     block_table_free(&s->bt);
     free(s->tokens);
     free(s);
+}
+
+// A sequence the fixture owns: the test removes it from the scheduler, fx_free deletes it.
+static struct sequence *fx_seq(struct fixture *f, uint64_t id, int n_prompt, int32_t base) {
+    CHECK(f->n_owned < (int)(sizeof f->owned / sizeof f->owned[0]));
+    return f->owned[f->n_owned++] = seq_new(id, n_prompt, base);
+}
+
+static void fx_free(struct fixture *f) {
+    for (int i = 0; i < f->n_owned; i++) seq_del(f->owned[i]);
+    scheduler_free(f->s);
+    block_manager_free(f->bm);
 }
 
 // One step: schedule, "compute", append a token to every sequence that reached its end.
@@ -92,7 +102,7 @@ TEST(scheduler_validates_config) {
 TEST(scheduler_admits_fcfs_up_to_max_num_seqs) {
     struct fixture f;
     fx_init(&f, 64, 4, 2, 64, false);
-    struct sequence *a = seq_new(1, 5, 0), *b = seq_new(2, 5, 100), *c = seq_new(3, 5, 200);
+    struct sequence *a = fx_seq(&f, 1, 5, 0), *b = fx_seq(&f, 2, 5, 100), *c = fx_seq(&f, 3, 5, 200);
     scheduler_add(f.s, a);
     scheduler_add(f.s, b);
     scheduler_add(f.s, c);
@@ -114,16 +124,13 @@ TEST(scheduler_admits_fcfs_up_to_max_num_seqs) {
     scheduler_remove(f.s, b);
     scheduler_remove(f.s, c);
     ASSERT_EQ(block_manager_num_free(f.bm), 64);
-    seq_del(a);
-    seq_del(b);
-    seq_del(c);
     fx_free(&f);
 }
 
 TEST(scheduler_chunks_long_prompts_without_starving_decodes) {
     struct fixture f;
     fx_init(&f, 256, 16, 4, 32, true);
-    struct sequence *d = seq_new(1, 3, 0), *p = seq_new(2, 100, 500);
+    struct sequence *d = fx_seq(&f, 1, 3, 0), *p = fx_seq(&f, 2, 100, 500);
     scheduler_add(f.s, d);
     struct scheduler_output o;
     step(&f, &o); // d prefilled
@@ -149,15 +156,13 @@ TEST(scheduler_chunks_long_prompts_without_starving_decodes) {
     scheduler_remove(f.s, p);
     ASSERT_TRUE(consistent(f.bm));
     ASSERT_EQ(block_manager_num_free(f.bm), 256);
-    seq_del(d);
-    seq_del(p);
     fx_free(&f);
 }
 
 TEST(scheduler_waiting_head_blocks_later_requests) {
     struct fixture f;
     fx_init(&f, 6, 4, 8, 64, false);
-    struct sequence *a = seq_new(1, 16, 0), *big = seq_new(2, 20, 100), *small = seq_new(3, 2, 200);
+    struct sequence *a = fx_seq(&f, 1, 16, 0), *big = fx_seq(&f, 2, 20, 100), *small = fx_seq(&f, 3, 2, 200);
     scheduler_add(f.s, a);
     struct scheduler_output o;
     step(&f, &o);
@@ -173,9 +178,6 @@ TEST(scheduler_waiting_head_blocks_later_requests) {
     scheduler_remove(f.s, big);
     scheduler_remove(f.s, small);
     ASSERT_EQ(block_manager_num_free(f.bm), 6);
-    seq_del(a);
-    seq_del(big);
-    seq_del(small);
     fx_free(&f);
 }
 
@@ -183,8 +185,8 @@ TEST(scheduler_preempts_the_newest_and_requeues_it_first) {
     struct fixture f;
     // 6 blocks of 4 tokens; three sequences of 7 tokens use 2 blocks each.
     fx_init(&f, 6, 4, 8, 64, false);
-    struct sequence *a = seq_new(1, 7, 0), *b = seq_new(2, 7, 100), *c = seq_new(3, 7, 200),
-                    *w = seq_new(4, 3, 300);
+    struct sequence *a = fx_seq(&f, 1, 7, 0), *b = fx_seq(&f, 2, 7, 100), *c = fx_seq(&f, 3, 7, 200),
+                    *w = fx_seq(&f, 4, 3, 300);
     scheduler_add(f.s, a);
     scheduler_add(f.s, b);
     scheduler_add(f.s, c);
@@ -234,17 +236,13 @@ TEST(scheduler_preempts_the_newest_and_requeues_it_first) {
     scheduler_remove(f.s, w);
     ASSERT_EQ(block_manager_num_free(f.bm), 6);
     ASSERT_TRUE(consistent(f.bm));
-    seq_del(a);
-    seq_del(b);
-    seq_del(c);
-    seq_del(w);
     fx_free(&f);
 }
 
 TEST(scheduler_decode_preempts_itself_when_newest) {
     struct fixture f;
     fx_init(&f, 2, 4, 8, 64, false);
-    struct sequence *a = seq_new(1, 4, 0), *b = seq_new(2, 3, 100);
+    struct sequence *a = fx_seq(&f, 1, 4, 0), *b = fx_seq(&f, 2, 3, 100);
     scheduler_add(f.s, a);
     scheduler_add(f.s, b);
     struct scheduler_output o;
@@ -256,15 +254,13 @@ TEST(scheduler_decode_preempts_itself_when_newest) {
     ASSERT_EQ(b->status, SEQ_STATUS_WAITING);
     scheduler_remove(f.s, a);
     scheduler_remove(f.s, b);
-    seq_del(a);
-    seq_del(b);
     fx_free(&f);
 }
 
 TEST(scheduler_prefix_hit_skips_cached_tokens) {
     struct fixture f;
     fx_init(&f, 32, 4, 8, 64, true);
-    struct sequence *a = seq_new(1, 10, 0), *b = seq_new(2, 10, 0), *c = seq_new(3, 8, 0);
+    struct sequence *a = fx_seq(&f, 1, 10, 0), *b = fx_seq(&f, 2, 10, 0), *c = fx_seq(&f, 3, 8, 0);
     scheduler_add(f.s, a);
     struct scheduler_output o;
     step(&f, &o);
@@ -283,16 +279,13 @@ TEST(scheduler_prefix_hit_skips_cached_tokens) {
     scheduler_remove(f.s, b);
     scheduler_remove(f.s, c);
     ASSERT_TRUE(consistent(f.bm));
-    seq_del(a);
-    seq_del(b);
-    seq_del(c);
     fx_free(&f);
 }
 
 TEST(scheduler_same_step_admissions_share_prefix_blocks) {
     struct fixture f;
     fx_init(&f, 32, 4, 8, 64, true);
-    struct sequence *a = seq_new(1, 13, 0), *b = seq_new(2, 13, 0), *c = seq_new(3, 6, 0);
+    struct sequence *a = fx_seq(&f, 1, 13, 0), *b = fx_seq(&f, 2, 13, 0), *c = fx_seq(&f, 3, 6, 0);
     scheduler_add(f.s, a);
     scheduler_add(f.s, b);
     scheduler_add(f.s, c);
@@ -312,16 +305,13 @@ TEST(scheduler_same_step_admissions_share_prefix_blocks) {
     scheduler_remove(f.s, b);
     scheduler_remove(f.s, c);
     ASSERT_TRUE(consistent(f.bm));
-    seq_del(a);
-    seq_del(b);
-    seq_del(c);
     fx_free(&f);
 }
 
 TEST(scheduler_remove_in_every_state_frees_blocks) {
     struct fixture f;
     fx_init(&f, 64, 4, 8, 16, true);
-    struct sequence *dec = seq_new(1, 3, 0), *mid = seq_new(2, 40, 100), *wait = seq_new(3, 5, 200);
+    struct sequence *dec = fx_seq(&f, 1, 3, 0), *mid = fx_seq(&f, 2, 40, 100), *wait = fx_seq(&f, 3, 5, 200);
     scheduler_add(f.s, dec);
     struct scheduler_output o;
     step(&f, &o);
@@ -342,9 +332,6 @@ TEST(scheduler_remove_in_every_state_frees_blocks) {
     ASSERT_EQ(scheduler_num_running(f.s), 0);
     ASSERT_EQ(block_manager_num_free(f.bm), 64);
     ASSERT_TRUE(consistent(f.bm));
-    seq_del(dec);
-    seq_del(mid);
-    seq_del(wait);
     fx_free(&f);
 }
 

@@ -14,6 +14,7 @@
 #include <event2/keyvalq_struct.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +107,16 @@ static int parse_int_list(const char *s, int *out, int max) {
     return n;
 }
 
+// The whole of s as a decimal int (a sign allowed); false on empty input, trailing text or overflow.
+static bool int_arg(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < INT_MIN || v > INT_MAX) return false;
+    *out = (int)v;
+    return true;
+}
+
 atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, char **argv, bool *help,
                                     struct error *err) {
     enum {
@@ -138,7 +149,6 @@ atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, cha
         {"disable-tqdm", no_argument, 0, O_NO_TQDM}, {"label", required_argument, 0, O_LABEL},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0},
     };
-    static char host_buf[256];
     bool save = false;
     *help = false;
     o->api_key = getenv("OPENAI_API_KEY");
@@ -147,22 +157,30 @@ atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, cha
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         const char *a = optarg;
-        char *end = NULL;
+        char *end = NULL; // set by the strtod cases: trailing text is an error
+        bool ok = true;   // cleared by int_arg
         switch (c) {
         case O_BASE_URL: {
             const char *p = strstr(a, "://");
             p = p ? p + 3 : a;
             const char *colon = strchr(p, ':'), *slash = strchr(p, '/');
             size_t hl = colon ? (size_t)(colon - p) : slash ? (size_t)(slash - p) : strlen(p);
-            if (hl == 0 || hl >= sizeof host_buf) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "bad --base-url '%s'", a);
-            memcpy(host_buf, p, hl);
-            host_buf[hl] = '\0';
-            o->host = host_buf;
-            o->port = colon ? atoi(colon + 1) : 80;
+            if (hl == 0 || hl >= sizeof o->host_buf)
+                return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "bad --base-url '%s'", a);
+            memcpy(o->host_buf, p, hl);
+            o->host_buf[hl] = '\0';
+            o->host = o->host_buf;
+            o->port = 80;
+            if (colon) {
+                o->port = (int)strtol(colon + 1, &end, 10);
+                if (end == colon + 1 || (*end && *end != '/'))
+                    return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "bad port in --base-url '%s'", a);
+                end = NULL;
+            }
             break;
         }
         case O_HOST: o->host = a; break;
-        case O_PORT: o->port = atoi(a); break;
+        case O_PORT: ok = int_arg(a, &o->port); break;
         case O_ENDPOINT: o->endpoint = a; break;
         case O_BACKEND:
             if (!strcmp(a, "openai-chat")) {
@@ -178,24 +196,24 @@ atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, cha
         case O_API_KEY: o->api_key = a; break;
         case O_DATASET: o->data.name = a; break;
         case O_DATASET_PATH: o->data.path = a; break;
-        case O_NUM_PROMPTS: o->data.num_prompts = atoi(a); break;
-        case O_IN: o->data.input_len = atoi(a); break;
-        case O_OUT: o->data.output_len = atoi(a); break;
+        case O_NUM_PROMPTS: ok = int_arg(a, &o->data.num_prompts); break;
+        case O_IN: ok = int_arg(a, &o->data.input_len); break;
+        case O_OUT: ok = int_arg(a, &o->data.output_len); break;
         case O_RANGE: o->data.range_ratio = strtod(a, &end); break;
-        case O_PREFIX: o->data.prefix_len = atoi(a); break;
-        case O_VOCAB: o->data.vocab_size = atoi(a); break;
-        case O_PR_PREFIX: o->data.prefix_len = atoi(a); break;
-        case O_PR_SUFFIX: o->data.suffix_len = atoi(a); break;
-        case O_PR_NUM: o->data.num_prefixes = atoi(a); break;
-        case O_PR_OUT: o->data.output_len = atoi(a); break;
-        case O_SG_OUT: o->data.sharegpt_output_len = atoi(a); break;
+        case O_PREFIX: ok = int_arg(a, &o->data.prefix_len); break;
+        case O_VOCAB: ok = int_arg(a, &o->data.vocab_size); break;
+        case O_PR_PREFIX: ok = int_arg(a, &o->data.prefix_len); break;
+        case O_PR_SUFFIX: ok = int_arg(a, &o->data.suffix_len); break;
+        case O_PR_NUM: ok = int_arg(a, &o->data.num_prefixes); break;
+        case O_PR_OUT: ok = int_arg(a, &o->data.output_len); break;
+        case O_SG_OUT: ok = int_arg(a, &o->data.sharegpt_output_len); break;
         case O_RATE: o->request_rate = !strcmp(a, "inf") ? 0 : strtod(a, &end); break;
         case O_BURST: o->burstiness = strtod(a, &end); break;
         case O_CONC:
             o->n_levels = parse_int_list(a, o->levels, BENCH_MAX_LEVELS);
             if (o->n_levels <= 0) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "bad --max-concurrency '%s'", a);
             break;
-        case O_WARMUP: o->num_warmups = atoi(a); break;
+        case O_WARMUP: ok = int_arg(a, &o->num_warmups); break;
         case O_IGNORE_EOS: o->ignore_eos = true; break;
         case O_NO_IGNORE_EOS: o->ignore_eos = false; break;
         case O_TEMP: o->temperature = strtod(a, &end); break;
@@ -231,8 +249,8 @@ atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, cha
         case O_SAVE: save = true; break;
         case O_RESULT_DIR: o->result_dir = a; break;
         case O_RESULT_FILE: o->result_filename = a; break;
-        case O_GPUS: o->num_gpus = atoi(a); break;
-        case O_SEED: o->data.seed = strtoull(a, NULL, 10); break;
+        case O_GPUS: ok = int_arg(a, &o->num_gpus); break;
+        case O_SEED: o->data.seed = strtoull(a, &end, 10); break;
         case O_TIMEOUT: o->timeout_s = strtod(a, &end); break;
         case O_NO_TQDM: o->progress = false; break;
         case O_HELP: *help = true; return ATOMC_OK;
@@ -240,7 +258,7 @@ atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, cha
             return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "unknown or incomplete option '%s'",
                              argv[optind - 1 < argc ? optind - 1 : argc - 1]);
         }
-        if (end && *end) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "bad number '%s'", a);
+        if (!ok || (end && (end == a || *end))) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "bad number '%s'", a);
     }
     if (optind < argc) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "unexpected argument '%s'", argv[optind]);
     if (!o->model) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "--model is required");

@@ -14,7 +14,8 @@
 #define BENCH_MAX_PCTS 8
 
 struct bench_serve_options {
-    const char *host;
+    const char *host;         // points into argv, or at host_buf when taken from --base-url
+    char host_buf[256];
     int port;
     const char *endpoint;     // "/v1/completions" or "/v1/chat/completions"
     bool chat;                // request shape: chat messages instead of prompt

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out) {
@@ -15,6 +16,19 @@ bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out
         return false;
     }
     *out = (int)v;
+    return true;
+}
+
+bool cli_parse_u64(const char *s, const char *flag, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    // strtoull accepts a sign and wraps "-1" to the maximum: only plain digits are taken.
+    if (!*s || *s == '-' || *s == '+' || *end || errno) {
+        fprintf(stderr, "atomc: %s expects a non-negative integer, got '%s'\n", flag, s);
+        return false;
+    }
+    *out = v;
     return true;
 }
 
@@ -38,6 +52,86 @@ bool cli_parse_float(const char *s, const char *flag, float *out) {
 }
 
 bool isatty_stdin(void) { return isatty(0); }
+
+char *cli_read_stream(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) return NULL;
+    for (;;) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        cap *= 2;
+        char *b = realloc(buf, cap + 1);
+        if (!b) {
+            free(buf);
+            return NULL;
+        }
+        buf = b;
+    }
+    if (ferror(f)) {
+        perror("atomc: reading input");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+int cli_parse_token_ids(const char *s, int32_t **out) {
+    *out = NULL;
+    size_t cap = 64;
+    int n = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return -1;
+    for (const char *p = s;;) {
+        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' || *p == ']') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) {
+            fprintf(stderr, "atomc: bad token id near \"%.20s\"\n", p);
+            free(v);
+            return -1;
+        }
+        if ((size_t)n == cap) {
+            int32_t *w = realloc(v, (cap *= 2) * sizeof *w);
+            if (!w) {
+                free(v);
+                return -1;
+            }
+            v = w;
+        }
+        v[n++] = (int32_t)x;
+        p = end;
+    }
+    *out = v;
+    return n;
+}
+
+static void cli_usage(FILE *f, const struct cli_command *rows, size_t n_rows, const char *prog, const char *noun) {
+    fprintf(f, "usage: %s <%s> [options]   (%s <%s> --help for its options)\n\n%ss:\n", prog, noun, prog, noun, noun);
+    for (size_t i = 0; i < n_rows; i++) fprintf(f, "  %-14s %s\n", rows[i].name, rows[i].help);
+}
+
+int cli_dispatch(const struct cli_command *rows, size_t n_rows, const char *prog, const char *noun, int argc,
+                 char **argv) {
+    if (argc < 2) {
+        cli_usage(stderr, rows, n_rows, prog, noun);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        cli_usage(stdout, rows, n_rows, prog, noun);
+        return 0;
+    }
+    for (size_t i = 0; i < n_rows; i++)
+        if (!strcmp(argv[1], rows[i].name)) return rows[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "%s: unknown %s '%s'\n", prog, noun, argv[1]);
+    cli_usage(stderr, rows, n_rows, prog, noun);
+    return 2;
+}
 
 void cli_engine_args_init(struct cli_engine_args *a) { atomc_engine_options_init(&a->o); }
 
@@ -80,16 +174,7 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_GEN_CONFIG: o->generation_config = arg; return 1;
     case CLI_E_PROFILE_DIR: o->profile_dir = arg; return 1;
     case CLI_E_TP: return cli_parse_int(arg, "--tensor-parallel-size", 1, 64, &o->tensor_parallel_size) ? 1 : -1;
-    case CLI_E_ENGINE_SEED: {
-        char *end;
-        unsigned long long v = strtoull(arg, &end, 10);
-        if (!*arg || *end) {
-            fprintf(stderr, "atomc: --engine-seed expects a non-negative integer, got '%s'\n", arg);
-            return -1;
-        }
-        o->seed = v;
-        return 1;
-    }
+    case CLI_E_ENGINE_SEED: return cli_parse_u64(arg, "--engine-seed", &o->seed) ? 1 : -1;
     }
     return 0;
 }

@@ -5,6 +5,9 @@
 
 #include <getopt.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include "atomc.h"
 
@@ -58,9 +61,29 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg);
 bool cli_profile_start(atomc_engine *e, const struct cli_engine_args *a);
 void cli_profile_stop(atomc_engine *e, const struct cli_engine_args *a);
 
+// Whole-string parsers: print "atomc: FLAG expects ..." and return false on a bad value.
 bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out);
+bool cli_parse_u64(const char *s, const char *flag, uint64_t *out);
 bool cli_parse_float(const char *s, const char *flag, float *out);
 bool cli_parse_double(const char *s, const char *flag, double *out);
 bool isatty_stdin(void);
+// All of f into a NUL-terminated malloc'd buffer (*len bytes); NULL on a read error or no memory.
+char *cli_read_stream(FILE *f, size_t *len);
+// Token ids separated by commas, whitespace or JSON brackets ("1,2,3", "[1, 2]"), each in
+// [0, 2^31). Returns how many (*out malloc'd, caller frees) or -1 with a message printed.
+int cli_parse_token_ids(const char *s, int32_t **out);
+
+// One row of a subcommand table (`atomc <command>`, `atomc bench <kind>`).
+struct cli_command {
+    const char *name;
+    int (*run)(int argc, char **argv); // argv[0] is the row's name
+    const char *help;
+};
+
+// Runs the row argv[1] names. With no name or an unknown one it prints the table to stderr and
+// returns 2; --help, -h or help print it to stdout and return 0. `prog` ("atomc bench") and
+// `noun` ("kind") word the usage line.
+int cli_dispatch(const struct cli_command *rows, size_t n_rows, const char *prog, const char *noun, int argc,
+                 char **argv);
 
 #endif

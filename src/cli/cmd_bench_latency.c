@@ -6,6 +6,7 @@
 //   prefill: one request of L random tokens, max_tokens 1 (prefix caching off, fresh prompt
 //           each iteration): the time until its first token is the prefill latency (TTFT).
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "atomc.h"
 #include "bench/bench_dataset.h"
 #include "bench/bench_stats.h"
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/timeutil.h"
 
@@ -34,7 +36,7 @@ static int parse_list(const char *s, int *out) {
     for (const char *p = s; *p && n < MAX_POINTS;) {
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 1) return -1;
+        if (end == p || v < 1 || v > 1 << 20) return -1;
         out[n++] = (int)v;
         p = *end == ',' ? end + 1 : end;
         if (*end && *end != ',') return -1;
@@ -85,11 +87,19 @@ int cmd_bench_latency(int argc, char **argv) {
         case O_DEVICE: device = optarg; break;
         case O_LOAD: load_format = optarg; break;
         case O_BS: n_bs = parse_list(optarg, bs); break;
-        case O_IN: input_len = atoi(optarg); break;
-        case O_OUT: output_len = atoi(optarg); break;
+        case O_IN:
+            if (!cli_parse_int(optarg, "--input-len", 1, 1 << 24, &input_len)) return 2;
+            break;
+        case O_OUT:
+            if (!cli_parse_int(optarg, "--output-len", 1, 1 << 24, &output_len)) return 2;
+            break;
         case O_PL: n_pl = parse_list(optarg, pl); break;
-        case O_ITERS: iters = atoi(optarg); break;
-        case O_BATCHED: max_batched = atoi(optarg); break;
+        case O_ITERS:
+            if (!cli_parse_int(optarg, "--num-iters", 1, 1 << 30, &iters)) return 2;
+            break;
+        case O_BATCHED:
+            if (!cli_parse_int(optarg, "--max-num-batched-tokens", 1, 1 << 30, &max_batched)) return 2;
+            break;
         case O_EAGER: eager = true; break;
         case O_KV: kv_dtype = optarg; break;
         case O_JSON: json_path = optarg; break;
@@ -115,7 +125,9 @@ int cmd_bench_latency(int argc, char **argv) {
     o.enable_prefix_caching = false;
     o.profile_dir = profile_dir;
     o.max_num_seqs = max_bs;
-    o.max_num_batched_tokens = max_batched > 0 ? max_batched : (max_pl > max_bs * input_len ? max_pl : max_bs * input_len);
+    long long batch_tokens = (long long)max_bs * input_len;
+    if (batch_tokens > 1 << 30) batch_tokens = 1 << 30;
+    o.max_num_batched_tokens = max_batched > 0 ? max_batched : (int)(max_pl > batch_tokens ? max_pl : batch_tokens);
     if (o.max_num_batched_tokens < 256) o.max_num_batched_tokens = 256;
     char msg[512];
     atomc_engine *e;
@@ -222,23 +234,20 @@ int cmd_bench_latency(int argc, char **argv) {
         sample_vec_free(&t);
     }
     if (json_path && rc == 0) {
-        FILE *f = fopen(json_path, "w");
-        if (!f) {
+        json_t *decode = json_array(), *prefill = json_array();
+        for (int b = 0; b < n_bs; b++)
+            json_array_append_new(decode, json_pack("{s:i, s:f, s:f, s:f}", "batch_size", bs[b], "mean_ms", dec_ms[b][0],
+                                                    "median_ms", dec_ms[b][1], "p90_ms", dec_ms[b][2]));
+        for (int l = 0; l < n_pl; l++)
+            json_array_append_new(prefill, json_pack("{s:i, s:f, s:f}", "prompt_len", pl[l], "mean_ms", pre_ms[l][0],
+                                                     "median_ms", pre_ms[l][1]));
+        json_t *j = json_pack("{s:s, s:s, s:i, s:o, s:o}", "model", info.model_name, "device", device, "input_len",
+                              input_len, "decode", decode, "prefill", prefill);
+        if (!j || json_dump_file(j, json_path, JSON_INDENT(2)) != 0) {
             fprintf(stderr, "atomc bench latency: cannot write %s\n", json_path);
             rc = 1;
-        } else {
-            fprintf(f, "{\"model\": \"%s\", \"device\": \"%s\", \"input_len\": %d, \"decode\": [", info.model_name, device,
-                    input_len);
-            for (int b = 0; b < n_bs; b++)
-                fprintf(f, "%s{\"batch_size\": %d, \"mean_ms\": %.4f, \"median_ms\": %.4f, \"p90_ms\": %.4f}",
-                        b ? ", " : "", bs[b], dec_ms[b][0], dec_ms[b][1], dec_ms[b][2]);
-            fprintf(f, "], \"prefill\": [");
-            for (int l = 0; l < n_pl; l++)
-                fprintf(f, "%s{\"prompt_len\": %d, \"mean_ms\": %.4f, \"median_ms\": %.4f}", l ? ", " : "", pl[l],
-                        pre_ms[l][0], pre_ms[l][1]);
-            fprintf(f, "]}\n");
-            fclose(f);
         }
+        json_decref(j);
     }
     if (profile_dir) {
         char path[4096];

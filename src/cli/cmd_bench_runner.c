@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/timeutil.h"
 #include "model/moe.h"
@@ -55,7 +56,8 @@ static void *bw_read(void *arg) {
     return NULL;
 }
 
-// Read bandwidth (GB/s) of `threads` threads summing a 1 GiB buffer, best of 5.
+// Read bandwidth (GB/s) of `threads` threads summing a 1 GiB buffer, best of 5; 0 when it
+// cannot be measured (no memory or no threads).
 static double bench_measure_bw(int threads) {
     size_t bytes = (size_t)1 << 30, n = bytes / 8;
     uint64_t *buf = malloc(bytes);
@@ -68,16 +70,22 @@ static double bench_measure_bw(int threads) {
         pthread_t th[64];
         struct bw_ctx ctx[64];
         double t0 = time_now_s();
-        for (int t = 0; t < threads; t++) {
-            ctx[t] = (struct bw_ctx){buf + n / threads * t, n / threads, 0};
-            pthread_create(&th[t], NULL, bw_read, &ctx[t]);
+        int started = 0;
+        for (; started < threads; started++) {
+            ctx[started] = (struct bw_ctx){buf + n / threads * started, n / threads, 0};
+            if (pthread_create(&th[started], NULL, bw_read, &ctx[started]) != 0) break;
         }
         uint64_t sink = 0;
-        for (int t = 0; t < threads; t++) {
+        for (int t = 0; t < started; t++) {
             pthread_join(th[t], NULL);
             sink += ctx[t].sum;
         }
         double dt = time_now_s() - t0;
+        if (started < threads) { // no threads left: report "not measured" rather than a wrong figure
+            fprintf(stderr, "atomc bench-runner: could not start %d bandwidth threads\n", threads);
+            best = 0;
+            break;
+        }
         if (sink == 42) fprintf(stderr, " ");
         if (bytes / dt / 1e9 > best) best = bytes / dt / 1e9;
     }
@@ -109,14 +117,28 @@ int cmd_bench_runner(int argc, char **argv) {
         case 't': o.dtype = optarg; break;
         case 'l': o.load_format = optarg; break;
         case 'k': o.kv_cache_dtype = optarg; break;
-        case 'b': batch = atoi(optarg); break;
-        case 'p': prompt_len = atoi(optarg); break;
-        case 'n': steps = atoi(optarg); break;
-        case 'w': warmup = atoi(optarg); break;
-        case 'T': o.max_num_batched_tokens = atoi(optarg); break;
-        case 'j': o.num_threads = atoi(optarg); break;
+        case 'b':
+            if (!cli_parse_int(optarg, "--batch", 1, 1 << 20, &batch)) return 2;
+            break;
+        case 'p':
+            if (!cli_parse_int(optarg, "--prompt-len", 1, 1 << 24, &prompt_len)) return 2;
+            break;
+        case 'n':
+            if (!cli_parse_int(optarg, "--decode-steps", 1, 1 << 24, &steps)) return 2;
+            break;
+        case 'w':
+            if (!cli_parse_int(optarg, "--warmup", 0, 1 << 24, &warmup)) return 2;
+            break;
+        case 'T':
+            if (!cli_parse_int(optarg, "--max-num-batched-tokens", 1, 1 << 30, &o.max_num_batched_tokens)) return 2;
+            break;
+        case 'j':
+            if (!cli_parse_int(optarg, "--threads", 0, 4096, &o.num_threads)) return 2;
+            break;
         case 'e': o.enforce_eager = true; break;
-        case 'P': peak_bw = atof(optarg); break;
+        case 'P':
+            if (!cli_parse_double(optarg, "--peak-bw", &peak_bw)) return 2;
+            break;
         case 'M': measure = 1; break;
         case 'J': json = 1; break;
         case 'h': bench_runner_usage(stdout); return 0;

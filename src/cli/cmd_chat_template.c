@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/timeutil.h"
 #include "template/chat_template.h"
@@ -43,7 +44,7 @@ int cmd_chat_template(int argc, char **argv) {
     const char *model = NULL, *messages_path = NULL, *tools_path = NULL, *kwargs_text = NULL, *template_path = NULL;
     const char *bos = NULL, *eos = NULL;
     bool gen = false, cont = false;
-    long bench = 0;
+    int bench = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -57,7 +58,9 @@ int cmd_chat_template(int argc, char **argv) {
         case 'T': template_path = optarg; break;
         case 'b': bos = optarg; break;
         case 'e': eos = optarg; break;
-        case 'B': bench = strtol(optarg, NULL, 10); break;
+        case 'B':
+            if (!cli_parse_int(optarg, "--bench", 0, 1 << 30, &bench)) return 2;
+            break;
         case 'h': chat_template_usage(stdout); return 0;
         default: chat_template_usage(stderr); return 2;
         }
@@ -94,7 +97,7 @@ int cmd_chat_template(int argc, char **argv) {
     if (bench > 0) {
         // compiled once above; each iteration validates, converts the JSON and renders
         double t0 = time_now_s();
-        for (long i = 0; i < bench; i++) {
+        for (int i = 0; i < bench; i++) {
             char *o = NULL;
             if (chat_template_render(t, messages, tools, gen, cont, kwargs, bos ? bos : src.bos_token,
                                      eos ? eos : src.eos_token, &o, &err) != ATOMC_OK) {
@@ -104,7 +107,7 @@ int cmd_chat_template(int argc, char **argv) {
             free(o);
         }
         double dt = time_now_s() - t0;
-        fprintf(stderr, "bench: %ld renders, %.2f us/render, %zu bytes of output each\n", bench, dt * 1e6 / (double)bench,
+        fprintf(stderr, "bench: %d renders, %.2f us/render, %zu bytes of output each\n", bench, dt * 1e6 / (double)bench,
                 strlen(out));
     }
     fwrite(out, 1, strlen(out), stdout);

@@ -1,53 +1,17 @@
 // `atomc detokenize`: token ids -> text.
 //   atomc detokenize --model PATH [--ids 1,2,3 | (ids on stdin)] [--skip-special]
 // Ids are separated by commas, spaces or newlines. The text is written as is (no newline added).
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "tokenizer/tokenizer.h"
-
-char *cli_read_stream(FILE *f, size_t *len);
 
 static int usage(void) {
     fprintf(stderr, "usage: atomc detokenize --model PATH [--ids 1,2,3 | stdin] [--skip-special]\n");
     return 2;
-}
-
-// Parses ids separated by commas / whitespace. Returns -1 (with a message) on a bad entry.
-static int parse_ids(const char *s, int32_t **out) {
-    size_t cap = 64;
-    int n = 0;
-    int32_t *v = malloc(cap * sizeof *v);
-    if (!v) return -1;
-    const char *p = s;
-    for (;;) {
-        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' || *p == ']') p++;
-        if (!*p) break;
-        char *end;
-        errno = 0;
-        long x = strtol(p, &end, 10);
-        if (end == p || errno || x < 0 || x > INT32_MAX) {
-            fprintf(stderr, "atomc detokenize: bad token id near \"%.20s\"\n", p);
-            free(v);
-            return -1;
-        }
-        if ((size_t)n == cap) {
-            cap *= 2;
-            int32_t *w = realloc(v, cap * sizeof *w);
-            if (!w) {
-                free(v);
-                return -1;
-            }
-            v = w;
-        }
-        v[n++] = (int32_t)x;
-        p = end;
-    }
-    *out = v;
-    return n;
 }
 
 int cmd_detokenize(int argc, char **argv) {
@@ -78,7 +42,7 @@ int cmd_detokenize(int argc, char **argv) {
         ids_arg = owned;
     }
     int32_t *ids;
-    int n = parse_ids(ids_arg, &ids);
+    int n = cli_parse_token_ids(ids_arg, &ids);
     free(owned);
     if (n < 0) return 1;
     struct error err = {0};

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "atomc.h"
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/mapped_file.h"
 #include "common/timeutil.h"
@@ -68,11 +69,19 @@ static int eval_perplexity(int argc, char **argv) {
         switch (c) {
         case O_MODEL: model = optarg; break;
         case O_FILE: file = optarg; break;
-        case O_CTX: ctx = atoi(optarg); break;
-        case O_STRIDE: stride = atoi(optarg); break;
+        case O_CTX:
+            if (!cli_parse_int(optarg, "--ctx", 2, 1 << 30, &ctx)) return 2;
+            break;
+        case O_STRIDE:
+            if (!cli_parse_int(optarg, "--stride", 1, 1 << 30, &stride)) return 2;
+            break;
         case O_DEVICE: device = optarg; break;
-        case O_SEQS: max_num_seqs = atoi(optarg); break;
-        case O_BATCHED: max_batched = atoi(optarg); break;
+        case O_SEQS:
+            if (!cli_parse_int(optarg, "--max-num-seqs", 1, 1 << 20, &max_num_seqs)) return 2;
+            break;
+        case O_BATCHED:
+            if (!cli_parse_int(optarg, "--max-num-batched-tokens", 1, 1 << 30, &max_batched)) return 2;
+            break;
         case O_JSON: json = true; break;
         case O_HELP: eval_usage(); return 0;
         default: fprintf(stderr, "atomc eval perplexity: bad option '%s'\n", argv[optind - 1]); return 2;

@@ -123,24 +123,6 @@ static void usage_chat(FILE *f) {
             CLI_ENGINE_OPTIONS_HELP);
 }
 
-static bool parse_ids(const char *s, int32_t **out, int *n) {
-    int cap = 16;
-    *out = xmalloc((size_t)cap * sizeof **out);
-    *n = 0;
-    while (*s) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < INT32_MIN || v > INT32_MAX) return false;
-        if (*n == cap) *out = xrealloc(*out, (size_t)(cap *= 2) * sizeof **out);
-        (*out)[(*n)++] = (int32_t)v;
-        s = end;
-        while (*s == ' ') s++;
-        if (*s == ',') s++;
-        else if (*s) return false;
-    }
-    return *n > 0;
-}
-
 // Renders messages with the model's chat template (generation prompt added).
 static int render_chat(const char *model_path, json_t *messages, char **prompt, bool *has_bos) {
 #ifdef HAVE_CHAT_TEMPLATE
@@ -223,17 +205,7 @@ static int parse_gen_flag(struct gen_args *a, int c, const char *arg) {
     case G_REP: a->set_rep = true; return cli_parse_float(arg, "--repetition-penalty", &a->p.repetition_penalty) ? 1 : -1;
     case G_PRES: return cli_parse_float(arg, "--presence-penalty", &a->p.presence_penalty) ? 1 : -1;
     case G_FREQ: return cli_parse_float(arg, "--frequency-penalty", &a->p.frequency_penalty) ? 1 : -1;
-    case G_SEED: {
-        char *end;
-        unsigned long long v = strtoull(arg, &end, 10);
-        if (!*arg || *end) {
-            fprintf(stderr, "atomc: --seed expects a non-negative integer, got '%s'\n", arg);
-            return -1;
-        }
-        a->p.has_seed = true;
-        a->p.seed = v;
-        return 1;
-    }
+    case G_SEED: a->p.has_seed = true; return cli_parse_u64(arg, "--seed", &a->p.seed) ? 1 : -1;
     case G_STOP:
         if (a->p.n_stop >= 64) {
             fprintf(stderr, "atomc: at most 64 --stop strings\n");
@@ -368,7 +340,7 @@ int cmd_generate(int argc, char **argv) {
     }
     int32_t *pids = NULL;
     int n_pids = 0;
-    if (a.prompt_ids && !parse_ids(a.prompt_ids, &pids, &n_pids)) {
+    if (a.prompt_ids && (n_pids = cli_parse_token_ids(a.prompt_ids, &pids)) <= 0) {
         fprintf(stderr, "atomc generate: --prompt-ids expects comma-separated integers, got '%s'\n", a.prompt_ids);
         free(pids);
         return 2;

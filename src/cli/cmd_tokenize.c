@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/mapped_file.h"
 #include "common/timeutil.h"
@@ -29,27 +30,6 @@ static double thread_cpu_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-char *cli_read_stream(FILE *f, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) return NULL;
-    for (;;) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        cap *= 2;
-        char *b = realloc(buf, cap + 1);
-        if (!b) {
-            free(buf);
-            return NULL;
-        }
-        buf = b;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *text = NULL, *file = NULL;
     bool json = false, special = true, bench = false, docs = false;
@@ -59,8 +39,9 @@ int cmd_tokenize(int argc, char **argv) {
         if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(a, "--text") && i + 1 < argc) text = argv[++i];
         else if (!strcmp(a, "--file") && i + 1 < argc) file = argv[++i];
-        else if (!strcmp(a, "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
-        else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--seconds") && i + 1 < argc) {
+            if (!cli_parse_double(argv[++i], "--seconds", &seconds)) return 2;
+        } else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--no-special")) special = false;
         else if (!strcmp(a, "--bench")) bench = true;
         else if (!strcmp(a, "--docs")) docs = true;

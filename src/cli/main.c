@@ -1,17 +1,11 @@
 // atomc command-line entry point: dispatches to one subcommand per file in src/cli/.
 // Only the CLI calls exit(); subcommands return the process status.
-#include <stdio.h>
 #include <string.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 
-struct command {
-    const char *name;
-    int (*run)(int argc, char **argv);
-    const char *help;
-};
-
-static const struct command commands[] = {
+static const struct cli_command commands[] = {
     {"generate", cmd_generate, "generate text for one prompt (streams it, or --json)"},
     {"chat", cmd_chat, "interactive multi-turn chat with a model"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (vLLM's flags)"},
@@ -24,12 +18,6 @@ static const struct command commands[] = {
     {"bench-runner", cmd_bench_runner, "time the model runner alone: prefill and decode tokens/s, bandwidth"},
     {"version", cmd_version, "print the version and build features"},
 };
-
-static void usage(FILE *f) {
-    fprintf(f, "usage: atomc <command> [options]   (atomc <command> --help for its options)\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].help);
-}
 
 int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) // vLLM's short forms -tp N / -dp N (getopt has no two-letter short options)
@@ -48,4 +36,5 @@ int main(int argc, char **argv) {
     fprintf(stderr, "atomc: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
+    return cli_dispatch(commands, sizeof commands / sizeof commands[0], "atomc", "command", argc, argv);
 }

@@ -1,3 +1,5 @@
+// Clocks for timestamps and benchmarks: the monotonic clock measures intervals (request
+// timings, step latencies); the wall clock only stamps results (e.g. OpenAI `created`).
 #ifndef ATOMC_COMMON_TIMEUTIL_H
 #define ATOMC_COMMON_TIMEUTIL_H
 

@@ -57,21 +57,24 @@ struct atomc_engine {
     // Loop-side counters.
     uint64_t prompt_tokens_total, generation_tokens_total, num_steps, num_finished, num_aborted;
 
-    // Per-step buffers, grown on demand, never shrunk (no per-token allocation).
-    int32_t *b_tokens, *b_positions, *b_slots;
+    // Per-step buffers, grown on demand, never shrunk (no per-token allocation). They back the
+    // forward_batch that build_batch hands the model; capacities in *_cap.
+    int32_t *b_tokens, *b_positions, *b_slots; // (n_tokens) ids, positions, KV slot of each new token
     int b_tok_cap;
-    int32_t *b_qstart, *b_ctx, *b_logit_rows;
-    struct sample_row *b_rows;
-    struct sequence **b_row_seq;
+    int32_t *b_qstart;                // (n_seqs + 1) prefix sums of new tokens
+    int32_t *b_ctx;                   // (n_seqs) tokens in KV after the step
+    int32_t *b_logit_rows;            // (n_logits) token row sampled for each finishing prefill / decode
+    struct sample_row *b_rows;        // (n_logits) sampling parameters of those rows
+    struct sequence **b_row_seq;      // (n_logits) the sequence each row belongs to
     int b_seq_cap;
-    int32_t *b_tables;
+    int32_t *b_tables;                // (n_seqs, max_blocks_per_seq) block ids, zero-padded
     size_t b_tables_cap;
-    int32_t *b_plp_rows, *b_plp_targets, *b_plp_pos;
-    struct sequence **b_plp_seq;
+    int32_t *b_plp_rows, *b_plp_targets, *b_plp_pos; // (n_prompt_lp) prompt-logprob row, next id, position
+    struct sequence **b_plp_seq;      // (n_prompt_lp) owner of each prompt-logprob row
     int b_plp_cap;
-    atomc_top_logprob *o_top;
+    atomc_top_logprob *o_top;         // (k + 1) top logprobs of the output being delivered
     int o_top_cap;
-    struct sequence **drained;
+    struct sequence **drained;        // (n_inbox) requests taken from the inbox; also a failed batch's sequences
     int drained_cap;
 
     // Profiling (options.profile_dir): spans of every step; NVTX ranges in CUDA builds.
@@ -553,6 +556,30 @@ static void fill_sample_row(const atomc_engine *e, const struct sequence *s, str
     }
 }
 
+// Appends the prompt-logprob rows of s computed this step (rows from q_start; the last prompt
+// token has no target) at b_plp_*[*n_plp], growing them; whether any were added.
+static bool add_prompt_logprob_rows(atomc_engine *e, struct sequence *s, int q_start, int *n_plp) {
+    int first = s->n_computed, last = s->n_computed + s->n_sched; // positions [first, last)
+    if (last > s->n_prompt - 1) last = s->n_prompt - 1;
+    if (last <= first) return false;
+    int need = *n_plp + (last - first);
+    if (need > e->b_plp_cap) {
+        int c = e->b_plp_cap;
+        e->b_plp_rows = grow(e->b_plp_rows, &c, need, sizeof *e->b_plp_rows);
+        e->b_plp_targets = xrealloc(e->b_plp_targets, (size_t)c * sizeof *e->b_plp_targets);
+        e->b_plp_pos = xrealloc(e->b_plp_pos, (size_t)c * sizeof *e->b_plp_pos);
+        e->b_plp_seq = xrealloc(e->b_plp_seq, (size_t)c * sizeof *e->b_plp_seq);
+        e->b_plp_cap = c;
+    }
+    for (int p = first; p < last; p++, (*n_plp)++) {
+        e->b_plp_rows[*n_plp] = q_start + (p - s->n_computed);
+        e->b_plp_targets[*n_plp] = s->tokens[p + 1];
+        e->b_plp_pos[*n_plp] = p;
+        e->b_plp_seq[*n_plp] = s;
+    }
+    return true;
+}
+
 // Fills the per-step buffers from the scheduler output.
 static void build_batch(atomc_engine *e, const struct scheduler_output *so, struct forward_batch *fb) {
     int n_seqs = so->n_seqs, n_tok = so->n_tokens, bs = e->block_size, max_blocks = 1;
@@ -598,29 +625,9 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
             e->b_row_seq[n_logits] = s;
             n_logits++;
         }
-        if (s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent) {
-            int first = s->n_computed, last = s->n_computed + s->n_sched; // rows [first, last)
-            if (last > s->n_prompt - 1) last = s->n_prompt - 1;
-            if (last > first) {
-                int need = n_plp + (last - first);
-                if (need > e->b_plp_cap) {
-                    int c = e->b_plp_cap;
-                    e->b_plp_rows = grow(e->b_plp_rows, &c, need, sizeof *e->b_plp_rows);
-                    e->b_plp_targets = xrealloc(e->b_plp_targets, (size_t)c * sizeof *e->b_plp_targets);
-                    e->b_plp_pos = xrealloc(e->b_plp_pos, (size_t)c * sizeof *e->b_plp_pos);
-                    e->b_plp_seq = xrealloc(e->b_plp_seq, (size_t)c * sizeof *e->b_plp_seq);
-                    e->b_plp_cap = c;
-                }
-                for (int p = first; p < last; p++) {
-                    e->b_plp_rows[n_plp] = e->b_qstart[i] + (p - s->n_computed);
-                    e->b_plp_targets[n_plp] = s->tokens[p + 1];
-                    e->b_plp_pos[n_plp] = p;
-                    e->b_plp_seq[n_plp] = s;
-                    n_plp++;
-                }
-                if (s->params.prompt_logprobs > plp_k) plp_k = s->params.prompt_logprobs;
-            }
-        }
+        bool wants_plp = s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent;
+        if (wants_plp && add_prompt_logprob_rows(e, s, e->b_qstart[i], &n_plp) && s->params.prompt_logprobs > plp_k)
+            plp_k = s->params.prompt_logprobs;
     }
     e->b_qstart[n_seqs] = tok;
     CHECK(tok == n_tok);

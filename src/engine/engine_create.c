@@ -37,11 +37,24 @@ static void add_eos(struct engine_setup *su, int32_t id) {
     su->eos_ids[su->n_eos++] = id;
 }
 
-// Sampling defaults from <model dir>/generation_config.json (absent for GGUF files).
+// j[key] into *out when it is a number (an integer for the int form); whether it was.
+static bool json_take_float(json_t *j, const char *key, float *out) {
+    json_t *v = json_object_get(j, key);
+    if (!json_is_number(v)) return false;
+    *out = (float)json_number_value(v);
+    return true;
+}
+
+static bool json_take_int(json_t *j, const char *key, int *out) {
+    json_t *v = json_object_get(j, key);
+    if (!json_is_integer(v)) return false;
+    *out = (int)json_integer_value(v);
+    return true;
+}
+
+// Sampling defaults from <model dir>/generation_config.json (absent for GGUF files). As vLLM,
+// only these keys count (do_sample is ignored); info's "unset" values are left otherwise.
 static void read_generation_defaults(const char *model_path, atomc_model_info *info) {
-    info->default_temperature = -1;
-    info->default_top_k = -1;
-    info->default_min_p = -1;
     if (!dir_exists(model_path)) return;
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", model_path);
@@ -53,32 +66,14 @@ static void read_generation_defaults(const char *model_path, atomc_model_info *i
         json_decref(j);
         return;
     }
-    json_t *v;
-    if (json_is_number(v = json_object_get(j, "temperature"))) {
-        info->default_temperature = (float)json_number_value(v);
-        info->has_generation_defaults = true;
-    }
-    if (json_is_number(v = json_object_get(j, "top_p"))) {
-        info->default_top_p = (float)json_number_value(v);
-        info->has_generation_defaults = true;
-    }
-    if (json_is_integer(v = json_object_get(j, "top_k"))) {
-        info->default_top_k = (int)json_integer_value(v);
-        info->has_generation_defaults = true;
-    }
-    if (json_is_number(v = json_object_get(j, "min_p"))) {
-        info->default_min_p = (float)json_number_value(v);
-        info->has_generation_defaults = true;
-    }
-    if (json_is_number(v = json_object_get(j, "repetition_penalty"))) {
-        info->default_repetition_penalty = (float)json_number_value(v);
-        info->has_generation_defaults = true;
-    }
-    if (json_is_integer(v = json_object_get(j, "max_new_tokens"))) {
-        info->default_max_tokens = (int)json_integer_value(v);
-        info->has_generation_defaults = true;
-    }
-    // As vLLM, only these keys count (do_sample is ignored).
+    bool any = false;
+    any |= json_take_float(j, "temperature", &info->default_temperature);
+    any |= json_take_float(j, "top_p", &info->default_top_p);
+    any |= json_take_int(j, "top_k", &info->default_top_k);
+    any |= json_take_float(j, "min_p", &info->default_min_p);
+    any |= json_take_float(j, "repetition_penalty", &info->default_repetition_penalty);
+    any |= json_take_int(j, "max_new_tokens", &info->default_max_tokens);
+    info->has_generation_defaults = any;
     json_decref(j);
 }
 
@@ -162,12 +157,10 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     su.info.chat_template = tok ? tokenizer_chat_template(tok) : NULL;
     su.info.bos_token = tok ? tokenizer_bos_text(tok) : NULL;
     su.info.eos_token = tok ? tokenizer_eos_text(tok) : NULL;
+    su.info.default_temperature = -1; // unset
+    su.info.default_top_k = -1;
+    su.info.default_min_p = -1;
     if (!o->generation_config || strcmp(o->generation_config, "vllm")) read_generation_defaults(o->model_path, &su.info);
-    else {
-        su.info.default_temperature = -1;
-        su.info.default_top_k = -1;
-        su.info.default_min_p = -1;
-    }
     runner = NULL; // owned by the setup from here
     tp = NULL;
     tok = NULL;

@@ -214,6 +214,28 @@ static void value_free(struct gguf_value *v) {
     v->items = NULL;
 }
 
+// A fixed-size scalar's little-endian bits `raw` into the union member its type uses: signed
+// types sign-extended into i64, floats widened into f64, unsigned and bool into u64.
+static void scalar_from_raw(enum gguf_type type, uint64_t raw, struct gguf_value *v) {
+    switch (type) {
+    case GGUF_TYPE_INT8: v->v.i64 = (int8_t)raw; break;
+    case GGUF_TYPE_INT16: v->v.i64 = (int16_t)raw; break;
+    case GGUF_TYPE_INT32: v->v.i64 = (int32_t)raw; break;
+    case GGUF_TYPE_INT64: v->v.i64 = (int64_t)raw; break;
+    case GGUF_TYPE_FLOAT32: {
+        uint32_t u = (uint32_t)raw;
+        float f;
+        memcpy(&f, &u, 4);
+        v->v.f64 = f;
+        break;
+    }
+    case GGUF_TYPE_FLOAT64: memcpy(&v->v.f64, &raw, 8); break;
+    case GGUF_TYPE_UINT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_UINT32: case GGUF_TYPE_UINT64:
+    case GGUF_TYPE_BOOL: v->v.u64 = raw; break;
+    default: CHECK(0); // only called for the types gguf_scalar_size knows
+    }
+}
+
 static atomc_status read_value(struct cursor *c, void **arena, enum gguf_type type, struct gguf_value *v,
                                const char *key, int depth);
 
@@ -285,30 +307,10 @@ static atomc_status read_value(struct cursor *c, void **arena, enum gguf_type ty
         if ((st = cur_need(c, es, "metadata value"))) return with_ctx(st, c->err, c->name, "metadata key '%s': ", key);
         uint64_t raw = rd_le(c->p + c->pos, (int)es);
         c->pos += es;
-        switch (type) {
-        case GGUF_TYPE_UINT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_UINT32: case GGUF_TYPE_UINT64:
-            v->v.u64 = raw;
-            break;
-        case GGUF_TYPE_BOOL:
-            if (raw > 1)
-                return error_set(c->err, ATOMC_ERR_FORMAT, "%s: metadata key '%s': bool has value %" PRIu64, c->name,
-                                 key, raw);
-            v->v.u64 = raw;
-            break;
-        case GGUF_TYPE_INT8: v->v.i64 = (int8_t)raw; break;
-        case GGUF_TYPE_INT16: v->v.i64 = (int16_t)raw; break;
-        case GGUF_TYPE_INT32: v->v.i64 = (int32_t)raw; break;
-        case GGUF_TYPE_INT64: v->v.i64 = (int64_t)raw; break;
-        case GGUF_TYPE_FLOAT32: {
-            uint32_t u = (uint32_t)raw;
-            float f;
-            memcpy(&f, &u, 4);
-            v->v.f64 = f;
-            break;
-        }
-        case GGUF_TYPE_FLOAT64: memcpy(&v->v.f64, &raw, 8); break;
-        default: CHECK(0);
-        }
+        if (type == GGUF_TYPE_BOOL && raw > 1)
+            return error_set(c->err, ATOMC_ERR_FORMAT, "%s: metadata key '%s': bool has value %" PRIu64, c->name,
+                             key, raw);
+        scalar_from_raw(type, raw, v);
         return ATOMC_OK;
     }
     if (type == GGUF_TYPE_STRING) {
@@ -671,21 +673,7 @@ static bool arr_scalar(const struct gguf_value *v, uint64_t i, struct gguf_value
     uint64_t raw = rd_le(v->raw + i * es, (int)es);
     memset(e, 0, sizeof *e);
     e->type = v->arr_type;
-    switch (v->arr_type) {
-    case GGUF_TYPE_INT8: e->v.i64 = (int8_t)raw; break;
-    case GGUF_TYPE_INT16: e->v.i64 = (int16_t)raw; break;
-    case GGUF_TYPE_INT32: e->v.i64 = (int32_t)raw; break;
-    case GGUF_TYPE_INT64: e->v.i64 = (int64_t)raw; break;
-    case GGUF_TYPE_FLOAT32: {
-        uint32_t u = (uint32_t)raw;
-        float f;
-        memcpy(&f, &u, 4);
-        e->v.f64 = f;
-        break;
-    }
-    case GGUF_TYPE_FLOAT64: memcpy(&e->v.f64, &raw, 8); break;
-    default: e->v.u64 = raw; break; // unsigned, bool
-    }
+    scalar_from_raw(v->arr_type, raw, e);
     return true;
 }
 

@@ -19,9 +19,9 @@
 #define ATTN_QCHUNK 16
 
 struct attn_ctx {
-    float *out;
-    const float *q;
-    int64_t q_stride; // elements between consecutive tokens' q rows
+    float *out;       // (n_tokens, hq, dv)
+    const float *q;   // (n_tokens, q_stride): head h of a token at [h * d, (h + 1) * d)
+    int64_t q_stride; // elements between consecutive tokens' q rows (>= hq * d: q may sit in fused qkv)
     const struct kv_layer *kv;
     const struct attn_metadata *md;
     const float *sinks; // (hq) or NULL

@@ -296,10 +296,7 @@ static void cpu_convert(struct backend *b, struct tensor *out, const struct tens
     CHECK(x->dtype == DTYPE_F32 || (const void *)out->data != x->data);
     int64_t n = tensor_numel(x);
     cpu_lock(c);
-    if (n < CPU_PAR_MIN_ELEMS)
-        convert_range(&v, 0, n, 0);
-    else
-        thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, convert_range, &v);
+    cpu_parallel_rows(c, n, 1, convert_range, &v); // elementwise: rows of one element
     cpu_unlock(c);
 }
 
@@ -322,10 +319,7 @@ static void cpu_add(struct backend *b, struct tensor *out, const struct tensor *
     struct add_ctx a = {out->data, x->data};
     int64_t n = tensor_numel(out);
     cpu_lock(c);
-    if (n < CPU_PAR_MIN_ELEMS)
-        add_range(&a, 0, n, 0);
-    else
-        thread_pool_parallel_for(c->pool, n, CPU_PAR_MIN_ELEMS / 4, add_range, &a);
+    cpu_parallel_rows(c, n, 1, add_range, &a); // elementwise: rows of one element
     cpu_unlock(c);
 }
 
@@ -709,14 +703,9 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
     c->batch_invariant = (o && o->batch_invariant) || (bi && !strcmp(bi, "1"));
     c->scratch = calloc((size_t)n, sizeof(void *));
     c->sample_hist = calloc((size_t)n, sizeof(void *));
-    if (!c->scratch || !c->sample_hist) {
-        free(c->scratch);
-        free(c->sample_hist);
-        pthread_mutex_destroy(&c->op_lock);
-        free(c);
-        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
-    }
-    atomc_status st = thread_pool_create(n, &c->pool, err);
+    atomc_status st = !c->scratch || !c->sample_hist
+                          ? error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cpu backend: out of memory")
+                          : thread_pool_create(n, &c->pool, err);
     if (st != ATOMC_OK) {
         free(c->scratch);
         free(c->sample_hist);

@@ -281,21 +281,40 @@ static const struct backend_ops cuda_ops = {
     .moe_experts = cuda_op_moe_experts,
 };
 
-static atomc_status cuda_create_fail(struct cuda_backend *cb, struct error *err, atomc_status st) {
-    cuda_destroy(&cb->base);
-    return st;
+// Everything backend_cuda_create makes after the struct itself; on failure the caller frees
+// what was made with cuda_destroy (every field it releases starts NULL).
+static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error *err) {
+    CUDA_TRY(err, cudaSetDevice(cb->device));
+    CUDA_TRY(err, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    cublasStatus_t ls = cublasLtCreate(&cb->lt);
+    if (ls != CUBLAS_STATUS_SUCCESS) {
+        cb->lt = NULL;
+        return error_set(err, ATOMC_ERR_BACKEND, "cublasLtCreate failed: %s", cublas_status_str(ls));
+    }
+    cb->lt_workspace_bytes = 64u << 20;
+    CUDA_TRY(err, cudaMalloc(&cb->lt_workspace, cb->lt_workspace_bytes));
+    cb->plans = (struct matmul_plan *)calloc(MATMUL_PLAN_CAP, sizeof(struct matmul_plan));
+    if (!cb->plans) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory");
+    cb->staging_bytes = 32u << 20;
+    for (int i = 0; i < 2; i++) {
+        CUDA_TRY(err, cudaHostAlloc(&cb->pinned[i], cb->staging_bytes, cudaHostAllocDefault));
+        CUDA_TRY(err, cudaMalloc(&cb->staging[i], cb->staging_bytes));
+        CUDA_TRY(err, cudaEventCreateWithFlags(&cb->staging_done[i], cudaEventDisableTiming));
+    }
+    // Initial scratch so that small captured batches need no growth.
+    cuda_scratch_reserve(cb, &cb->attn_scratch, &cb->attn_scratch_bytes, 32u << 20);
+    cuda_attention_init(cb);
+    // Split-KV tuning knobs (benchmarks sweep them; the defaults won a 3x3 sweep of decode
+    // cases on the H200, docs/perf.md).
+    cb->attn_split_waves = 2;
+    cb->attn_split_min_tiles = 4;
+    const char *ev = getenv("ATOMC_ATTN_SPLIT_WAVES");
+    if (ev && atoi(ev) > 0) cb->attn_split_waves = atoi(ev);
+    ev = getenv("ATOMC_ATTN_SPLIT_MIN_TILES");
+    if (ev && atoi(ev) > 0) cb->attn_split_min_tiles = atoi(ev);
+    CUDA_TRY(err, cudaStreamSynchronize(cb->stream));
+    return ATOMC_OK;
 }
-
-#define CREATE_TRY(expr)                                                                                  \
-    do {                                                                                                  \
-        cudaError_t _e = (expr);                                                                          \
-        if (_e != cudaSuccess) {                                                                          \
-            cudaGetLastError();                                                                           \
-            error_set(err, ATOMC_ERR_BACKEND, "CUDA error %s at %s:%d: %s", cudaGetErrorString(_e), __FILE__, \
-                      __LINE__, #expr);                                                                   \
-            return cuda_create_fail(cb, err, ATOMC_ERR_BACKEND);                                          \
-        }                                                                                                 \
-    } while (0)
 
 extern "C" atomc_status backend_cuda_create(const struct backend_options *o, struct backend **out, struct error *err) {
     *out = NULL;
@@ -327,37 +346,11 @@ extern "C" atomc_status backend_cuda_create(const struct backend_options *o, str
     cb->num_sms = prop.multiProcessorCount;
     cb->max_smem_optin = prop.sharedMemPerBlockOptin;
 
-    CREATE_TRY(cudaSetDevice(dev));
-    CREATE_TRY(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
-    if (cublasLtCreate(&cb->lt) != CUBLAS_STATUS_SUCCESS) {
-        error_set(err, ATOMC_ERR_BACKEND, "cublasLtCreate failed");
-        return cuda_create_fail(cb, err, ATOMC_ERR_BACKEND);
+    atomc_status st = cuda_create_resources(cb, err);
+    if (st != ATOMC_OK) {
+        cuda_destroy(&cb->base);
+        return st;
     }
-    cb->lt_workspace_bytes = 64u << 20;
-    CREATE_TRY(cudaMalloc(&cb->lt_workspace, cb->lt_workspace_bytes));
-    cb->plans = (struct matmul_plan *)calloc(MATMUL_PLAN_CAP, sizeof(struct matmul_plan));
-    if (!cb->plans) {
-        error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory");
-        return cuda_create_fail(cb, err, ATOMC_ERR_OUT_OF_MEMORY);
-    }
-    cb->staging_bytes = 32u << 20;
-    for (int i = 0; i < 2; i++) {
-        CREATE_TRY(cudaHostAlloc(&cb->pinned[i], cb->staging_bytes, cudaHostAllocDefault));
-        CREATE_TRY(cudaMalloc(&cb->staging[i], cb->staging_bytes));
-        CREATE_TRY(cudaEventCreateWithFlags(&cb->staging_done[i], cudaEventDisableTiming));
-    }
-    // Initial scratch so that small captured batches need no growth.
-    cuda_scratch_reserve(cb, &cb->attn_scratch, &cb->attn_scratch_bytes, 32u << 20);
-    cuda_attention_init(cb);
-    // Split-KV tuning knobs (benchmarks sweep them; the defaults won a 3x3 sweep of decode
-    // cases on the H200, docs/perf.md).
-    cb->attn_split_waves = 2;
-    cb->attn_split_min_tiles = 4;
-    const char *ev = getenv("ATOMC_ATTN_SPLIT_WAVES");
-    if (ev && atoi(ev) > 0) cb->attn_split_waves = atoi(ev);
-    ev = getenv("ATOMC_ATTN_SPLIT_MIN_TILES");
-    if (ev && atoi(ev) > 0) cb->attn_split_min_tiles = atoi(ev);
-    CREATE_TRY(cudaStreamSynchronize(cb->stream));
     *out = &cb->base;
     return ATOMC_OK;
 }
