@@ -23,18 +23,5 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) // vLLM's short forms -tp N / -dp N (getopt has no two-letter short options)
         if (!strcmp(argv[i], "-tp")) argv[i] = "--tensor-parallel-size";
         else if (!strcmp(argv[i], "-dp")) argv[i] = "--data-parallel-size";
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
-    }
-    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
-        usage(stdout);
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "atomc: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return 2;
     return cli_dispatch(commands, sizeof commands / sizeof commands[0], "atomc", "command", argc, argv);
 }
