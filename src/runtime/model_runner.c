@@ -592,6 +592,18 @@ static atomc_status runner_sample(struct model_runner *r, const struct forward_b
     }
 
     struct tensor logits = tensor_2d(r->model->scratch.logits, DTYPE_F32, n, r->cfg.vocab_size);
+    // min_tokens: ids the engine bans until a sequence has enough output (EOS, stop ids) get
+    // -inf logits. Rare (only while min_tokens is pending), so one small copy per banned id.
+    static const float neg_inf = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const struct sample_row *sr = &fb->sampling[i];
+        for (int k = 0; k < sr->n_banned; k++) {
+            int32_t id = sr->banned_ids[k];
+            if (id < 0 || id >= r->cfg.vocab_size) continue;
+            float *dst = (float *)r->model->scratch.logits + (size_t)i * r->cfg.vocab_size + id;
+            b->ops->copy_h2d(b, dst, &neg_inf, sizeof neg_inf);
+        }
+    }
     struct sample_args a = {
         .n_rows = n,
         .vocab_size = r->cfg.vocab_size,
