@@ -26,7 +26,7 @@ def main():
         doc = json.loads(line)
         row = []
         for choice in doc["choices"]:
-            ctx, cont = doc["question"], choice
+            ctx, cont = doc["question"], " " + choice
             n_sp = len(ctx) - len(ctx.rstrip())
             if n_sp:
                 cont, ctx = ctx[-n_sp:] + cont, ctx[:-n_sp]
