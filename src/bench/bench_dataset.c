@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "tokenizer/tokenizer.h"
 
 uint64_t bench_rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -126,11 +127,35 @@ static atomc_status build_sharegpt(const struct bench_dataset_options *o, struct
     return ATOMC_OK;
 }
 
+// Replaces token-id prompts by their text (special tokens skipped, so the server tokenizes
+// ordinary text); the token count stays the id count (an estimate once re-tokenized).
+static atomc_status ids_to_text(const struct tokenizer *tok, struct bench_dataset *d, struct error *err) {
+    for (int i = 0; i < d->n; i++) {
+        struct bench_request *r = &d->reqs[i];
+        if (!r->ids) continue;
+        char *text = NULL;
+        atomc_status st = tokenizer_decode(tok, r->ids, r->n_ids, true, &text, err);
+        if (st != ATOMC_OK) return st;
+        free(r->ids);
+        r->ids = NULL;
+        r->text = text;
+    }
+    return ATOMC_OK;
+}
+
 atomc_status bench_dataset_build(const struct bench_dataset_options *o, struct bench_dataset *d, struct error *err) {
     memset(d, 0, sizeof *d);
     if (o->num_prompts < 1) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "--num-prompts must be >= 1");
     if (o->vocab_size <= o->first_id)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "vocabulary size %d too small", o->vocab_size);
+    struct tokenizer *tok = NULL;
+    struct bench_dataset_options oo = *o;
+    if (o->tokenizer) {
+        atomc_status ts = tokenizer_load(o->tokenizer, &tok, err);
+        if (ts != ATOMC_OK) return ts;
+        oo.vocab_size = tokenizer_vocab_size(tok);
+        o = &oo;
+    }
     uint64_t rng = o->seed ^ 0x5eed5eedull;
     d->n = o->num_prompts;
     d->reqs = xcalloc((size_t)d->n, sizeof *d->reqs);
@@ -147,6 +172,8 @@ atomc_status bench_dataset_build(const struct bench_dataset_options *o, struct b
         st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
                        "unknown --dataset-name '%s' (expected random, sharegpt or prefix_repetition)", o->name);
     }
+    if (st == ATOMC_OK && tok) st = ids_to_text(tok, d, err);
+    tokenizer_free(tok);
     if (st != ATOMC_OK) bench_dataset_free(d);
     return st;
 }

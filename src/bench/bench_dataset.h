@@ -35,6 +35,8 @@ struct bench_dataset_options {
     int num_prefixes, suffix_len; // prefix_repetition (prefix length = prefix_len)
     int sharegpt_output_len; // fixed output length for sharegpt (0 = estimate from the answer)
     uint64_t seed;
+    const char *tokenizer;   // optional (model dir, tokenizer.json or GGUF): token-id prompts are
+                             // sent as text (their decoding, as vLLM does), ids drawn from its vocab
 };
 
 atomc_status bench_dataset_build(const struct bench_dataset_options *o, struct bench_dataset *d, struct error *err);

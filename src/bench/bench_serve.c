@@ -73,6 +73,8 @@ void bench_serve_usage(void) {
         "  --random-range-ratio R       lengths uniform in [len*(1-R), len*(1+R)] (default 0)\n"
         "  --random-prefix-len N        shared prefix tokens before every random prompt (default 0)\n"
         "  --random-vocab-size N        token ids drawn from [100, N) (default 10000)\n"
+        "  --tokenizer PATH             send prompts as text: random ids from this tokenizer's vocabulary,\n"
+        "                               decoded (needed for --backend openai-chat with random prompts)\n"
         "  --prefix-repetition-prefix-len N / --prefix-repetition-suffix-len N\n"
         "  --prefix-repetition-num-prefixes N / --prefix-repetition-output-len N\n"
         "  --sharegpt-output-len N      fixed output length for sharegpt prompts\n"
@@ -123,7 +125,7 @@ atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, cha
         O_BASE_URL = 1000, O_HOST, O_PORT, O_ENDPOINT, O_BACKEND, O_MODEL, O_API_KEY, O_DATASET, O_DATASET_PATH,
         O_NUM_PROMPTS, O_IN, O_OUT, O_RANGE, O_PREFIX, O_VOCAB, O_PR_PREFIX, O_PR_SUFFIX, O_PR_NUM, O_PR_OUT,
         O_SG_OUT, O_RATE, O_BURST, O_CONC, O_WARMUP, O_IGNORE_EOS, O_NO_IGNORE_EOS, O_TEMP, O_PCTS, O_GOODPUT,
-        O_SAVE, O_RESULT_DIR, O_RESULT_FILE, O_GPUS, O_SEED, O_TIMEOUT, O_NO_TQDM, O_LABEL, O_HELP,
+        O_SAVE, O_RESULT_DIR, O_RESULT_FILE, O_GPUS, O_SEED, O_TIMEOUT, O_NO_TQDM, O_LABEL, O_TOKENIZER, O_HELP,
     };
     static const struct option opts[] = {
         {"base-url", required_argument, 0, O_BASE_URL}, {"host", required_argument, 0, O_HOST},
@@ -133,7 +135,7 @@ atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, cha
         {"dataset-path", required_argument, 0, O_DATASET_PATH}, {"num-prompts", required_argument, 0, O_NUM_PROMPTS},
         {"random-input-len", required_argument, 0, O_IN}, {"random-output-len", required_argument, 0, O_OUT},
         {"random-range-ratio", required_argument, 0, O_RANGE}, {"random-prefix-len", required_argument, 0, O_PREFIX},
-        {"random-vocab-size", required_argument, 0, O_VOCAB},
+        {"random-vocab-size", required_argument, 0, O_VOCAB}, {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"prefix-repetition-prefix-len", required_argument, 0, O_PR_PREFIX},
         {"prefix-repetition-suffix-len", required_argument, 0, O_PR_SUFFIX},
         {"prefix-repetition-num-prefixes", required_argument, 0, O_PR_NUM},
@@ -202,6 +204,7 @@ atomc_status bench_serve_parse_args(struct bench_serve_options *o, int argc, cha
         case O_RANGE: o->data.range_ratio = strtod(a, &end); break;
         case O_PREFIX: ok = int_arg(a, &o->data.prefix_len); break;
         case O_VOCAB: ok = int_arg(a, &o->data.vocab_size); break;
+        case O_TOKENIZER: o->data.tokenizer = a; break;
         case O_PR_PREFIX: ok = int_arg(a, &o->data.prefix_len); break;
         case O_PR_SUFFIX: ok = int_arg(a, &o->data.suffix_len); break;
         case O_PR_NUM: ok = int_arg(a, &o->data.num_prefixes); break;
@@ -759,7 +762,7 @@ atomc_status bench_serve_run(const struct bench_serve_options *o, struct error *
     if (st != ATOMC_OK) return st;
     if (o->chat && d.reqs[0].ids)
         return bench_dataset_free(&d), error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
-                                                 "--backend openai-chat needs text prompts (--dataset-name sharegpt)");
+                                                 "--backend openai-chat needs text prompts (--tokenizer PATH, or --dataset-name sharegpt)");
     struct event_base *base = event_base_new();
     if (!base) return bench_dataset_free(&d), error_set(err, ATOMC_ERR_INTERNAL, "event_base_new failed");
     struct level_summary sums[BENCH_MAX_LEVELS];

@@ -116,3 +116,41 @@ def test_plot_overlays_results(stub, tmp_path):
     assert png.stat().st_size > 10000
     with open(png, "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_text_prompts_from_a_tokenizer_and_chat_backend(stub, tmp_path):
+    shared = os.environ.get("ATOMC_SHARED", os.path.join(HERE, "..", "..", "..", "shared"))
+    tok = os.path.join(shared, "tokenizers", "llama3")
+    if not os.path.exists(os.path.join(tok, "tokenizer.json")):
+        pytest.skip("shared tokenizers not found")
+    # Without a tokenizer, random prompts are ids: the chat backend refuses them clearly.
+    out = subprocess.run([ATOMC, *BENCH, "--port", str(stub), "--model", "m", "--backend", "openai-chat",
+                          "--num-prompts", "2"], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "--tokenizer" in out.stderr
+    bench(stub, tmp_path, "--backend", "openai-chat", "--tokenizer", tok, "--num-prompts", "6",
+          "--random-input-len", "32", "--random-output-len", "5", "--max-concurrency", "3")
+    r = json.load(open(tmp_path / "r"))
+    assert r["completed"] == 6 and r["failed"] == 0
+    assert r["total_output_tokens"] == 30
+    assert r["endpoint"] == "/v1/chat/completions"
+
+
+def test_sharegpt_and_prefix_workloads(stub, tmp_path):
+    conv = [{"conversations": [{"from": "human", "value": f"Question number {i}: tell me about the sea."},
+                               {"from": "gpt", "value": "The sea is large. " * (i + 1)}]} for i in range(5)]
+    conv.append({"conversations": [{"from": "human", "value": "only one turn"}]})  # unusable: skipped
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(conv))
+    bench(stub, tmp_path, "--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", "5",
+          "--sharegpt-output-len", "3", "--max-concurrency", "5")
+    r = json.load(open(tmp_path / "r"))
+    assert r["completed"] == 5 and r["total_output_tokens"] == 15 and r["dataset_name"] == "sharegpt"
+    out = subprocess.run([ATOMC, *BENCH, "--port", str(stub), "--model", "m", "--dataset-name", "sharegpt",
+                          "--dataset-path", str(path), "--num-prompts", "6"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0 and "only 5 usable conversations" in out.stderr
+    bench(stub, tmp_path, "--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "16",
+          "--prefix-repetition-suffix-len", "4", "--prefix-repetition-num-prefixes", "2",
+          "--prefix-repetition-output-len", "2", "--num-prompts", "8")
+    r = json.load(open(tmp_path / "r"))
+    assert r["completed"] == 8 and r["total_input_tokens"] == 8 * 20
