@@ -1,6 +1,6 @@
 // Whole-model tests on the CPU backend against HF transformers: tiny random-weight
-// checkpoints of every supported dense architecture (tests/fixtures/models/*, written with
-// their reference outputs by tools/make_tiny_models.py).
+// checkpoints of every supported architecture (tests/fixtures/models/*, written with their
+// reference outputs by tools/make_tiny_models.py and tools/make_tiny_moe_models.py).
 //
 // Tolerances: logits must be within LOGIT_RTOL * max(1, max |HF logit|) of HF (fp32 on both
 // sides; BF16/F16 checkpoints are exact in F32). Greedy tokens must equal HF's at every step
@@ -22,6 +22,10 @@
 
 #define LOGIT_RTOL 1e-4
 #define MARGIN_FACTOR 4.0
+
+// Dense fixtures, then the MoE ones: the reference checks below run on all of them.
+#define N_ALL_MODELS (N_MODELS + N_MOE_MODELS)
+static const char *all_models(int i) { return i < N_MODELS ? MODELS[i] : MOE_MODELS[i - N_MODELS]; }
 
 static struct runner_options base_options(const char *path) {
     struct runner_options o = {
@@ -49,10 +53,10 @@ static struct model_runner *open_model(const char *name) {
 
 // Full-prompt logits at the reference positions, one prefill per prompt.
 TEST(models_logits_match_hf) {
-    for (int mi = 0; mi < N_MODELS; mi++) {
+    for (int mi = 0; mi < N_ALL_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(MODELS[mi]);
+        ASSERT_EQ(refs_load(all_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(all_models(mi));
         ASSERT_TRUE(r != NULL);
         ASSERT_EQ(model_runner_config(r)->vocab_size, R.vocab);
         struct sim *s = malloc(sizeof *s);
@@ -72,14 +76,14 @@ TEST(models_logits_match_hf) {
             ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
             double d = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
             if (!(d <= R.tol))
-                test_fail(__FILE__, __LINE__, "%s prompt %d (%d tokens): max |logit - HF| = %g > %g", MODELS[mi], pi,
+                test_fail(__FILE__, __LINE__, "%s prompt %d (%d tokens): max |logit - HF| = %g > %g", all_models(mi), pi,
                           p->n, d, R.tol);
             if (d > worst) worst = d;
             free(lg);
             sim_seq_release(s, q);
             free(q);
         }
-        fprintf(stderr, "  %-18s max |logit - HF| = %.2e (tolerance %.2e)\n", MODELS[mi], worst, R.tol);
+        fprintf(stderr, "  %-18s max |logit - HF| = %.2e (tolerance %.2e)\n", all_models(mi), worst, R.tol);
         sim_free(s);
         free(s);
         model_runner_free(r);
@@ -89,10 +93,10 @@ TEST(models_logits_match_hf) {
 
 // Prefill, then 16 greedy decode steps through the runner's sampler, one sequence at a time.
 TEST(models_greedy_match_hf) {
-    for (int mi = 0; mi < N_MODELS; mi++) {
+    for (int mi = 0; mi < N_ALL_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(MODELS[mi]);
+        ASSERT_EQ(refs_load(all_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(all_models(mi));
         ASSERT_TRUE(r != NULL);
         struct sim *s = malloc(sizeof *s);
         sim_init(s, r, 11u + (unsigned)mi);
@@ -114,14 +118,14 @@ TEST(models_greedy_match_hf) {
                 q->ids[q->n_ids++] = out.ids[0];
             }
             char what[128];
-            snprintf(what, sizeof what, "%s prompt %d", MODELS[mi], pi);
+            snprintf(what, sizeof what, "%s prompt %d", all_models(mi), pi);
             int c = greedy_compare(&R, p, got, what);
             ASSERT_TRUE(c >= 0);
             checked += c;
             sim_seq_release(s, q);
             free(q);
         }
-        fprintf(stderr, "  %-18s %d greedy steps with a clear margin matched HF\n", MODELS[mi], checked);
+        fprintf(stderr, "  %-18s %d greedy steps with a clear margin matched HF\n", all_models(mi), checked);
         ASSERT_TRUE(checked >= R.n * N_GREEDY / 2); // the comparison must have teeth
         sim_free(s);
         free(s);
@@ -134,10 +138,10 @@ TEST(models_greedy_match_hf) {
 // prompts chunked (at most 7 tokens of one prompt per step), decodes mixed with prefill
 // chunks in the same batch. Every sequence's greedy continuation must equal HF's.
 TEST(models_mixed_batch_chunked_prefill) {
-    for (int mi = 0; mi < N_MODELS; mi++) {
+    for (int mi = 0; mi < N_ALL_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(MODELS[mi]);
+        ASSERT_EQ(refs_load(all_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(all_models(mi));
         ASSERT_TRUE(r != NULL);
         struct sim *s = malloc(sizeof *s);
         sim_init(s, r, 99u + (unsigned)mi);
@@ -181,7 +185,7 @@ TEST(models_mixed_batch_chunked_prefill) {
         ASSERT_TRUE(mixed_steps > 0);
         for (int pi = 0; pi < R.n; pi++) {
             char what[128];
-            snprintf(what, sizeof what, "%s mixed batch, prompt %d", MODELS[mi], pi);
+            snprintf(what, sizeof what, "%s mixed batch, prompt %d", all_models(mi), pi);
             ASSERT_TRUE(greedy_compare(&R, &R.p[pi], got[pi], what) >= 0);
         }
         free(q);

@@ -4,9 +4,10 @@
 // top-4 with norm_topk_prob and an mlp_only layer; 8 experts top-2 without norm_topk_prob and
 // decoder_sparse_step 2; Mixtral 4 experts top-2 with a sliding window the prompts cross).
 //
-// Tolerances as tests/test_models.c: logits within LOGIT_RTOL * max(1, max |HF logit|), greedy
-// tokens equal to HF's where the HF top-2 margin is clear. The fixtures' routing decisions are
-// at least 2e-4 (probability) away from a tie, so fp32 noise cannot change the experts chosen.
+// The reference checks every fixture gets (logits and greedy tokens vs HF, mixed chunked-prefill
+// batches) run in tests/test_models.c over the dense and MoE fixtures together; this file holds
+// the MoE-specific ones. The fixtures' routing decisions are at least 2e-4 (probability) away
+// from a tie, so fp32 noise cannot change the experts chosen.
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -19,9 +20,6 @@
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
 #include "test.h"
-
-static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral"};
-#define N_MOE_MODELS ((int)(sizeof MOE_MODELS / sizeof MOE_MODELS[0]))
 
 #define LOGIT_RTOL 1e-4
 #define MARGIN_FACTOR 4.0
@@ -58,157 +56,6 @@ static struct model_runner *open_model(const char *name) {
     return r;
 }
 
-// Full-prompt logits at the reference positions, one prefill per prompt.
-TEST(moe_models_logits_match_hf) {
-    for (int mi = 0; mi < N_MOE_MODELS; mi++) {
-        struct refs R;
-        ASSERT_EQ(refs_load(MOE_MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(MOE_MODELS[mi]);
-        ASSERT_TRUE(r != NULL);
-        ASSERT_EQ(model_runner_config(r)->vocab_size, R.vocab);
-        struct sim *s = malloc(sizeof *s);
-        sim_init(s, r, 7u + (unsigned)mi);
-        double worst = 0;
-        for (int pi = 0; pi < R.n; pi++) {
-            struct ref_prompt *p = &R.p[pi];
-            struct sim_seq *q = malloc(sizeof *q);
-            sim_seq_init(q, p->ids, p->n);
-            sim_step_begin(s);
-            ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
-            for (int k = 0; k < p->n_pos; k++)
-                s->rows[k] = p->pos[k];
-            s->n_rows = p->n_pos;
-            struct forward_batch fb = sim_step_batch(s);
-            float *lg = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
-            struct error err = {0};
-            ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
-            double d = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
-            if (!(d <= R.tol))
-                test_fail(__FILE__, __LINE__, "%s prompt %d (%d tokens): max |logit - HF| = %g > %g", MOE_MODELS[mi],
-                          pi, p->n, d, R.tol);
-            if (d > worst) worst = d;
-            free(lg);
-            sim_seq_release(s, q);
-            free(q);
-        }
-        fprintf(stderr, "  %-18s max |logit - HF| = %.2e (tolerance %.2e)\n", MOE_MODELS[mi], worst, R.tol);
-        sim_free(s);
-        free(s);
-        model_runner_free(r);
-        refs_free(&R);
-    }
-}
-
-// Prefill, then 16 greedy decode steps through the runner's sampler, one sequence at a time.
-TEST(moe_models_greedy_match_hf) {
-    for (int mi = 0; mi < N_MOE_MODELS; mi++) {
-        struct refs R;
-        ASSERT_EQ(refs_load(MOE_MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(MOE_MODELS[mi]);
-        ASSERT_TRUE(r != NULL);
-        struct sim *s = malloc(sizeof *s);
-        sim_init(s, r, 11u + (unsigned)mi);
-        int checked = 0;
-        for (int pi = 0; pi < R.n; pi++) {
-            struct ref_prompt *p = &R.p[pi];
-            struct sim_seq *q = malloc(sizeof *q);
-            sim_seq_init(q, p->ids, p->n);
-            int32_t got[N_GREEDY];
-            for (int k = 0; k < N_GREEDY; k++) {
-                sim_step_begin(s);
-                ASSERT_EQ(sim_step_add(s, q, q->n_ids - q->n_cached, 1), 0);
-                struct forward_batch fb = sim_step_batch(s);
-                struct runner_output out;
-                struct error err = {0};
-                ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
-                sim_step_commit(s);
-                got[k] = out.ids[0];
-                q->ids[q->n_ids++] = out.ids[0];
-            }
-            char what[128];
-            snprintf(what, sizeof what, "%s prompt %d", MOE_MODELS[mi], pi);
-            int c = greedy_compare(&R, p, got, what);
-            ASSERT_TRUE(c >= 0);
-            checked += c;
-            sim_seq_release(s, q);
-            free(q);
-        }
-        fprintf(stderr, "  %-18s %d greedy steps with a clear margin matched HF\n", MOE_MODELS[mi], checked);
-        ASSERT_TRUE(checked >= R.n * N_GREEDY / 2); // the comparison must have teeth
-        sim_free(s);
-        free(s);
-        model_runner_free(r);
-        refs_free(&R);
-    }
-}
-
-// All prompts of a model at once, as the engine would run them: a token budget per step,
-// prompts chunked (at most 7 tokens of one prompt per step), decodes mixed with prefill
-// chunks in the same batch. Every sequence's greedy continuation must equal HF's.
-TEST(moe_models_mixed_batch_chunked_prefill) {
-    for (int mi = 0; mi < N_MOE_MODELS; mi++) {
-        struct refs R;
-        ASSERT_EQ(refs_load(MOE_MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(MOE_MODELS[mi]);
-        ASSERT_TRUE(r != NULL);
-        struct sim *s = malloc(sizeof *s);
-        sim_init(s, r, 99u + (unsigned)mi);
-        struct sim_seq *q = calloc((size_t)R.n, sizeof *q);
-        int32_t got[MAX_PROMPTS][N_GREEDY];
-        int n_got[MAX_PROMPTS] = {0};
-        for (int pi = 0; pi < R.n; pi++)
-            sim_seq_init(&q[pi], R.p[pi].ids, R.p[pi].n);
-        int steps = 0, mixed_steps = 0;
-        for (;;) {
-            sim_step_begin(s);
-            int budget = 16, n_prefill = 0, n_decode = 0, owner[MAX_PROMPTS];
-            // Start sequences in a staggered way (sequence i joins at step 2 i) so prefill
-            // chunks of late arrivals mix with decodes of early ones.
-            for (int pi = 0; pi < R.n && budget > 0; pi++) {
-                if (n_got[pi] == N_GREEDY || steps < 2 * pi) continue;
-                int remaining = q[pi].n_ids - q[pi].n_cached;
-                int take = remaining < 7 ? remaining : 7;
-                if (take > budget) take = budget;
-                int completes = take == remaining;
-                owner[s->n_rows] = pi;
-                ASSERT_EQ(sim_step_add(s, &q[pi], take, completes), 0);
-                budget -= take;
-                if (take > 1 || !completes)
-                    n_prefill++;
-                else
-                    n_decode++;
-            }
-            if (s->n_seqs == 0) break;
-            if (n_prefill && n_decode) mixed_steps++;
-            struct forward_batch fb = sim_step_batch(s);
-            struct runner_output out;
-            struct error err = {0};
-            ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
-            sim_step_commit(s);
-            for (int k = 0; k < fb.n_logits; k++) {
-                int pi = owner[k];
-                got[pi][n_got[pi]++] = out.ids[k];
-                q[pi].ids[q[pi].n_ids++] = out.ids[k];
-            }
-            steps++;
-            ASSERT_TRUE(steps < 1000);
-        }
-        ASSERT_TRUE(mixed_steps > 0);
-        for (int pi = 0; pi < R.n; pi++) {
-            char what[128];
-            snprintf(what, sizeof what, "%s mixed batch, prompt %d", MOE_MODELS[mi], pi);
-            ASSERT_TRUE(greedy_compare(&R, &R.p[pi], got[pi], what) >= 0);
-        }
-        free(q);
-        sim_free(s);
-        free(s);
-        model_runner_free(r);
-        refs_free(&R);
-    }
-}
-
-// The loaded model has the architecture's layer kinds: MoE where HF puts them, dense MLPs on
-// mlp_only / off-step layers, stacked expert weights of the right shapes.
 TEST(moe_models_layer_kinds) {
     struct {
         const char *name;
