@@ -97,15 +97,16 @@ static struct node *mk(struct parser *P, enum node_kind kind, const struct token
     return x;
 }
 
-// Growable node-pointer vectors (malloc while building, copied into the arena).
-struct nvec {
-    struct node **v;
+// Growable pointer vectors (node pointers, name strings): malloc while building, copied into
+// the arena by pvec_finish.
+struct pvec {
+    void **v;
     int n, cap;
 };
-static bool nvec_push(struct parser *P, struct nvec *a, struct node *x) {
+static bool pvec_push(struct parser *P, struct pvec *a, const void *x) {
     if (a->n == a->cap) {
         int cap = a->cap ? a->cap * 2 : 8;
-        struct node **p = realloc(a->v, (size_t)cap * sizeof *p);
+        void **p = realloc(a->v, (size_t)cap * sizeof *p);
         if (!p) {
             pfail(P, cur(P), "out of memory");
             return false;
@@ -113,12 +114,12 @@ static bool nvec_push(struct parser *P, struct nvec *a, struct node *x) {
         a->v = p;
         a->cap = cap;
     }
-    a->v[a->n++] = x;
+    a->v[a->n++] = (void *)x;
     return true;
 }
-static struct node **nvec_finish(struct parser *P, struct nvec *a, int *n) {
+static void **pvec_finish(struct parser *P, struct pvec *a, int *n) {
     *n = a->n;
-    struct node **out = NULL;
+    void **out = NULL;
     if (a->n) {
         out = arena_alloc(&P->t->ar, (size_t)a->n * sizeof *out);
         if (out) memcpy(out, a->v, (size_t)a->n * sizeof *out);
@@ -129,38 +130,8 @@ static struct node **nvec_finish(struct parser *P, struct nvec *a, int *n) {
     a->n = a->cap = 0;
     return out;
 }
-
-struct svec {
-    const char **v;
-    int n, cap;
-};
-static bool svec_push(struct parser *P, struct svec *a, const char *s) {
-    if (a->n == a->cap) {
-        int cap = a->cap ? a->cap * 2 : 8;
-        const char **p = realloc(a->v, (size_t)cap * sizeof *p);
-        if (!p) {
-            pfail(P, cur(P), "out of memory");
-            return false;
-        }
-        a->v = p;
-        a->cap = cap;
-    }
-    a->v[a->n++] = s;
-    return true;
-}
-static const char **svec_finish(struct parser *P, struct svec *a, int *n) {
-    *n = a->n;
-    const char **out = NULL;
-    if (a->n) {
-        out = arena_alloc(&P->t->ar, (size_t)a->n * sizeof *out);
-        if (out) memcpy(out, a->v, (size_t)a->n * sizeof *out);
-        else pfail(P, cur(P), "out of memory");
-    }
-    free(a->v);
-    a->v = NULL;
-    a->n = a->cap = 0;
-    return out;
-}
+#define nvec_finish(P, a, n) ((struct node **)pvec_finish((P), (a), (n)))
+#define svec_finish(P, a, n) ((const char **)pvec_finish((P), (a), (n)))
 
 static struct node *parse_expression(struct parser *P, bool with_condexpr);
 static struct node *parse_tuple(struct parser *P, bool with_condexpr, const char *extra_end, bool explicit_parens);
@@ -181,8 +152,8 @@ static void leave(struct parser *P) { P->depth--; }
 // (args, kw=values) after '('; fills node->list / kwnames / list2.
 static bool parse_call_args(struct parser *P, struct node *call) {
     if (!expect_op(P, "(")) return false;
-    struct nvec args = {0}, kwv = {0};
-    struct svec kwn = {0};
+    struct pvec args = {0}, kwv = {0};
+    struct pvec kwn = {0};
     bool ok = true;
     while (!is_op(cur(P), ")")) {
         if (args.n || kwv.n) {
@@ -201,7 +172,7 @@ static bool parse_call_args(struct parser *P, struct node *call) {
             const char *nm = cur(P)->str;
             P->i += 2;
             struct node *v = parse_expression(P, true);
-            if (!v || !svec_push(P, &kwn, nm) || !nvec_push(P, &kwv, v)) {
+            if (!v || !pvec_push(P, &kwn, nm) || !pvec_push(P, &kwv, v)) {
                 ok = false;
                 break;
             }
@@ -212,7 +183,7 @@ static bool parse_call_args(struct parser *P, struct node *call) {
                 break;
             }
             struct node *v = parse_expression(P, true);
-            if (!v || !nvec_push(P, &args, v)) {
+            if (!v || !pvec_push(P, &args, v)) {
                 ok = false;
                 break;
             }
@@ -372,12 +343,12 @@ static struct node *parse_postfix(struct parser *P, struct node *node) {
             }
         } else if (is_op(k, "[")) {
             P->i++;
-            struct nvec args = {0};
+            struct pvec args = {0};
             while (!is_op(cur(P), "]")) {
                 if (args.n && !expect_op(P, ",")) break;
                 if (args.n && is_op(cur(P), "]")) break;
                 struct node *x = parse_subscribed(P);
-                if (!x || !nvec_push(P, &args, x)) break;
+                if (!x || !pvec_push(P, &args, x)) break;
             }
             if (P->failed || !expect_op(P, "]")) {
                 free(args.v);
@@ -393,7 +364,7 @@ static struct node *parse_postfix(struct parser *P, struct node *node) {
                 free(args.v);
             } else {
                 for (int j = 0; j < args.n; j++)
-                    if (args.v[j]->kind == N_SLICE) { // jinja2 emits invalid Python for this
+                    if (((struct node *)args.v[j])->kind == N_SLICE) { // jinja2 emits invalid Python for this
                         free(args.v);
                         return pfail(P, k, "a slice cannot be part of a tuple subscript");
                     }
@@ -467,12 +438,12 @@ static struct node *parse_primary(struct parser *P) {
         if (x && !expect_op(P, ")")) x = NULL;
     } else if (is_op(k, "[")) {
         P->i++;
-        struct nvec items = {0};
+        struct pvec items = {0};
         while (!is_op(cur(P), "]")) {
             if (items.n && !expect_op(P, ",")) break;
             if (is_op(cur(P), "]")) break;
             struct node *e = parse_expression(P, true);
-            if (!e || !nvec_push(P, &items, e)) break;
+            if (!e || !pvec_push(P, &items, e)) break;
         }
         if (!P->failed && expect_op(P, "]")) {
             x = mk(P, N_LIST, k);
@@ -481,14 +452,14 @@ static struct node *parse_primary(struct parser *P) {
         free(items.v);
     } else if (is_op(k, "{")) {
         P->i++;
-        struct nvec keys = {0}, vals = {0};
+        struct pvec keys = {0}, vals = {0};
         while (!is_op(cur(P), "}")) {
             if (keys.n && !expect_op(P, ",")) break;
             if (is_op(cur(P), "}")) break;
             struct node *kk = parse_expression(P, true);
             if (!kk || !expect_op(P, ":")) break;
             struct node *vv = parse_expression(P, true);
-            if (!vv || !nvec_push(P, &keys, kk) || !nvec_push(P, &vals, vv)) break;
+            if (!vv || !pvec_push(P, &keys, kk) || !pvec_push(P, &vals, vv)) break;
         }
         if (!P->failed && expect_op(P, "}")) {
             x = mk(P, N_DICT, k);
@@ -563,12 +534,12 @@ static struct node *parse_concat(struct parser *P) {
     struct token *at = cur(P);
     struct node *first = parse_math2(P);
     if (!first || !is_op(cur(P), "~")) return first;
-    struct nvec args = {0};
-    nvec_push(P, &args, first);
+    struct pvec args = {0};
+    pvec_push(P, &args, first);
     while (is_op(cur(P), "~")) {
         P->i++;
         struct node *x = parse_math2(P);
-        if (!x || !nvec_push(P, &args, x)) {
+        if (!x || !pvec_push(P, &args, x)) {
             free(args.v);
             return NULL;
         }
@@ -599,7 +570,7 @@ static struct node *parse_compare(struct parser *P) {
     struct token *at = cur(P);
     struct node *expr = parse_math1(P);
     if (!expr) return NULL;
-    struct nvec ops = {0};
+    struct pvec ops = {0};
     int opcodes[64];
     while (!P->failed) {
         struct token *k = cur(P);
@@ -621,7 +592,7 @@ static struct node *parse_compare(struct parser *P) {
             return pfail(P, k, "comparison chain too long");
         }
         struct node *r = parse_math1(P);
-        if (!r || !nvec_push(P, &ops, r)) {
+        if (!r || !pvec_push(P, &ops, r)) {
             free(ops.v);
             return NULL;
         }
@@ -733,7 +704,7 @@ static bool is_tuple_end(struct parser *P, const char *extra_end) {
 
 static struct node *parse_tuple(struct parser *P, bool with_condexpr, const char *extra_end, bool explicit_parens) {
     struct token *at = cur(P);
-    struct nvec items = {0};
+    struct pvec items = {0};
     bool is_tuple = false;
     while (true) {
         if (items.n) {
@@ -743,7 +714,7 @@ static struct node *parse_tuple(struct parser *P, bool with_condexpr, const char
         }
         if (is_tuple_end(P, extra_end)) break;
         struct node *x = parse_expression(P, with_condexpr);
-        if (!x || !nvec_push(P, &items, x)) {
+        if (!x || !pvec_push(P, &items, x)) {
             free(items.v);
             return NULL;
         }
@@ -777,7 +748,7 @@ static bool parse_body(struct parser *P, const char *const *end_tags, struct nod
                        const char **which_end, const struct token *opened_at, const char *opened_tag);
 
 // name or name, name (optionally in parentheses)
-static bool parse_assign_names(struct parser *P, struct svec *names, const char *stop_word) {
+static bool parse_assign_names(struct parser *P, struct pvec *names, const char *stop_word) {
     bool paren = false;
     if (is_op(cur(P), "(")) {
         paren = true;
@@ -796,7 +767,7 @@ static bool parse_assign_names(struct parser *P, struct svec *names, const char 
             pfail(P, k, "cannot assign to '%s'", k->str);
             return false;
         }
-        if (!svec_push(P, names, k->str)) return false;
+        if (!pvec_push(P, names, k->str)) return false;
         P->i++;
         if (!is_op(cur(P), ",")) break;
         P->i++;
@@ -809,7 +780,7 @@ static bool parse_assign_names(struct parser *P, struct svec *names, const char 
 static struct node *parse_for(struct parser *P, struct token *at) {
     struct node *f = mk(P, N_FOR, at);
     if (!f) return NULL;
-    struct svec names = {0};
+    struct pvec names = {0};
     if (!parse_assign_names(P, &names, "in")) {
         free(names.v);
         return NULL;
@@ -873,7 +844,7 @@ static struct node *parse_set(struct parser *P, struct token *at) {
         x->name = peek(P, 2)->str;
         P->i += 3;
     } else {
-        struct svec names = {0};
+        struct pvec names = {0};
         if (!parse_assign_names(P, &names, NULL)) {
             free(names.v);
             return NULL;
@@ -903,8 +874,8 @@ static struct node *parse_set(struct parser *P, struct token *at) {
 
 // (a, b=default, ...) for macros and call blocks
 static bool parse_signature(struct parser *P, struct node *x) {
-    struct svec names = {0};
-    struct nvec defs = {0};
+    struct pvec names = {0};
+    struct pvec defs = {0};
     bool ok = expect_op(P, "(");
     while (ok && !is_op(cur(P), ")")) {
         if (names.n && !(ok = expect_op(P, ","))) break;
@@ -929,7 +900,7 @@ static bool parse_signature(struct parser *P, struct node *x) {
             ok = false;
             break;
         }
-        if (!svec_push(P, &names, k->str) || !nvec_push(P, &defs, def)) {
+        if (!pvec_push(P, &names, k->str) || !pvec_push(P, &defs, def)) {
             ok = false;
             break;
         }
@@ -988,8 +959,8 @@ static struct node *parse_filter_block(struct parser *P, struct token *at) {
 static struct node *parse_with(struct parser *P, struct token *at) {
     struct node *x = mk(P, N_WITH, at);
     if (!x) return NULL;
-    struct svec names = {0};
-    struct nvec vals = {0};
+    struct pvec names = {0};
+    struct pvec vals = {0};
     while (cur(P)->t != TK_BLOCK_END && !P->failed) {
         if (names.n && !expect_op(P, ",")) break;
         struct token *k = cur(P);
@@ -1000,7 +971,7 @@ static struct node *parse_with(struct parser *P, struct token *at) {
         P->i++;
         if (!expect_op(P, "=")) break;
         struct node *v = parse_expression(P, true);
-        if (!v || !svec_push(P, &names, k->str) || !nvec_push(P, &vals, v)) break;
+        if (!v || !pvec_push(P, &names, k->str) || !pvec_push(P, &vals, v)) break;
     }
     x->names = svec_finish(P, &names, &x->n_names);
     x->list = nvec_finish(P, &vals, &x->n_list);
@@ -1050,7 +1021,7 @@ static struct node *parse_statement(struct parser *P) {
 // Parses nodes until one of end_tags (NULL-terminated list; NULL list = top level, until EOF).
 static bool parse_body(struct parser *P, const char *const *end_tags, struct node ***body, int *n_body,
                        const char **which_end, const struct token *opened_at, const char *opened_tag) {
-    struct nvec out = {0};
+    struct pvec out = {0};
     bool ok = false;
     while (!P->failed) {
         struct token *k = cur(P);
@@ -1068,7 +1039,7 @@ static bool parse_body(struct parser *P, const char *const *end_tags, struct nod
             if (!d) break;
             d->lit = jv_str(k->str, k->str_len);
             P->i++;
-            if (!nvec_push(P, &out, d)) break;
+            if (!pvec_push(P, &out, d)) break;
         } else if (k->t == TK_VAR_BEGIN) {
             P->i++;
             struct node *o = mk(P, N_OUTPUT, k);
@@ -1082,7 +1053,7 @@ static bool parse_body(struct parser *P, const char *const *end_tags, struct nod
                 break;
             }
             P->i++;
-            if (!nvec_push(P, &out, o)) break;
+            if (!pvec_push(P, &out, o)) break;
         } else if (k->t == TK_BLOCK_BEGIN) {
             struct token *nm = peek(P, 1);
             if (end_tags && nm->t == TK_NAME) {
@@ -1108,7 +1079,7 @@ static bool parse_body(struct parser *P, const char *const *end_tags, struct nod
             }
             P->i++;
             struct node *s = parse_statement(P);
-            if (!s || !nvec_push(P, &out, s)) break;
+            if (!s || !pvec_push(P, &out, s)) break;
         } else {
             char d[64];
             tok_describe(k, d, sizeof d);
