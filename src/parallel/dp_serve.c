@@ -46,6 +46,19 @@ static atomc_status d_render(void *ctx, json_t *messages, json_t *tools, bool ad
     return d->inner.render_chat(d->inner.ctx, messages, tools, add_gen, cont, kwargs, out, err);
 }
 
+// Profiling covers the replica the inner table was built over (its engine's steps).
+static atomc_status d_start_profile(void *ctx, char *err, size_t err_len) {
+    struct dp_serve *d = ctx;
+    return d->inner.start_profile(d->inner.ctx, err, err_len);
+}
+
+static atomc_status d_stop_profile(void *ctx, char *path, size_t path_len, char *err, size_t err_len) {
+    struct dp_serve *d = ctx;
+    return d->inner.stop_profile(d->inner.ctx, path, path_len, err, err_len);
+}
+
+// Every function pointer of `inner` must be wrapped here: the copy gets ctx = d, so an unwrapped
+// one would be called with the wrong context.
 struct dp_serve *dp_serve_wrap(struct dp_router *r, const struct server_engine *inner, struct server_engine *out) {
     struct dp_serve *d = xcalloc(1, sizeof *d);
     d->router = r;
@@ -59,6 +72,8 @@ struct dp_serve *dp_serve_wrap(struct dp_router *r, const struct server_engine *
     out->detokenize = d_detokenize;
     out->token_bytes = d_token_bytes;
     out->render_chat = d_render;
+    out->start_profile = inner->start_profile ? d_start_profile : NULL;
+    out->stop_profile = inner->stop_profile ? d_stop_profile : NULL;
     return d;
 }
 

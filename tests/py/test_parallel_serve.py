@@ -56,3 +56,20 @@ def test_bad_data_parallel_size_fails_startup():
     r = subprocess.run([ATOMC_BIN, "serve", "--model", SMOLLM2, "--port", "0", "-dp", "0"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "data parallel size 0" in r.stderr
+
+
+@pytest.mark.skipif(not SMOLLM2, reason="set ATOMC_SMOLLM2")
+def test_data_parallel_profiling_and_tokenizer_info(tmp_path):
+    # The routed engine table must forward every engine function (profiling included) to a real
+    # replica rather than calling it with the router's context.
+    srv = Server(SMOLLM2, "--num-threads", "2", "-dp", "2", "--profile-dir", str(tmp_path / "p"))
+    try:
+        st, info = srv.json("GET", "/tokenizer_info")
+        assert st == 200 and info["eos_token"] == "<|im_end|>"
+        assert srv.json("POST", "/start_profile")[0] == 200
+        st, _ = srv.json("POST", "/v1/completions", {"model": served_name(), "prompt": "Hi", "max_tokens": 2})
+        assert st == 200
+        st, body = srv.json("POST", "/stop_profile")
+        assert st == 200 and body["trace"].startswith(str(tmp_path / "p"))
+    finally:
+        assert srv.stop() == 0
