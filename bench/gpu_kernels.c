@@ -276,8 +276,9 @@ int main(int argc, char **argv) {
     }
     printf("ceilings: %.0f TFLOP/s bf16 dense, %.0f GB/s copy (H200, measured)\n", PEAK_TFLOPS, PEAK_GBS);
     if (strstr("matmul", filter) || !*filter) {
-        int64_t ns[] = {1, 16, 64, 256, 8192};
-        for (int i = 0; i < 5; i++) {
+        // n = 1 qkv / o: the GEMV kernel (ATOMC_GEMV_MAX_ROWS=0 times cuBLASLt instead).
+        int64_t ns[] = {1, 4, 8, 16, 64, 256, 8192};
+        for (int i = 0; i < 7; i++) {
             bench_matmul("qkv", ns[i], 6144, 4096);
             bench_matmul("o", ns[i], 4096, 4096);
             bench_matmul("gate_up", ns[i], 28672, 4096);

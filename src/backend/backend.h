@@ -81,6 +81,8 @@ struct sample_args {
     const int32_t *hist_prompt_len;  // (n_rows)
     bool any_penalty;                // false = skip the penalty pass entirely
     int n_logprobs;                  // 0 = none; else top-n alternatives per row (max 20)
+    bool all_greedy;                 // hint: every row greedy (temperature < 1e-5), no penalties, no
+                                     // logprobs; a backend may then run a plain arg-max (same result)
     // Outputs.
     int32_t *out_ids;                // (n_rows)
     float *out_logprob;              // (n_rows) logprob of the chosen token (of the raw distribution), may be NULL

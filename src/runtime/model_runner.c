@@ -561,11 +561,12 @@ static atomc_status runner_sample(struct model_runner *r, const struct forward_b
     struct backend *b = r->backend;
     const int n = fb->n_logits;
     int32_t *hs = HPTR(r, hist_start, int32_t), *hp = HPTR(r, hist_prompt_len, int32_t);
-    bool any_penalty = false;
+    bool any_penalty = false, all_greedy = true;
     int n_lp = 0;
     size_t hist_total = 0;
     for (int i = 0; i < n; i++) {
         const struct sample_row *sr = &fb->sampling[i];
+        if (!(sr->temperature < 1e-5f)) all_greedy = false;
         if (sr->presence_penalty != 0 || sr->frequency_penalty != 0 ||
             (sr->repetition_penalty != 1.0f && sr->repetition_penalty > 0))
             any_penalty = true;
@@ -622,6 +623,7 @@ static atomc_status runner_sample(struct model_runner *r, const struct forward_b
         .hist_prompt_len = DPTR(r, hist_prompt_len, int32_t),
         .any_penalty = any_penalty,
         .n_logprobs = n_lp,
+        .all_greedy = all_greedy && !any_penalty && n_lp == 0,
         .out_ids = r->d_out_ids,
         .out_logprob = r->d_out_lp,
         .out_top_ids = n_lp ? r->d_out_top_ids : NULL,

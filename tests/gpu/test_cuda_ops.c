@@ -308,9 +308,12 @@ TEST(cuda_rmsnorm_and_add_rmsnorm_match_cpu) {
 
 TEST(cuda_matmul_matches_cpu) {
     BEGIN();
-    // (n, m, k, bias)
-    int64_t shapes[][4] = {{1, 1024, 512, 0}, {37, 3000, 1000, 1}, {128, 512, 4096, 0}, {5, 96, 200, 1}, {300, 130, 64, 0}};
-    for (int s = 0; s < 5; s++) {
+    // (n, m, k, bias). n <= 8 with k % 8 == 0 runs the GEMV kernel (odd m, bias, every n
+    // handled by its own template), the rest cuBLASLt (n = 9, k = 201).
+    int64_t shapes[][4] = {{1, 1024, 512, 0}, {37, 3000, 1000, 1}, {128, 512, 4096, 0}, {5, 96, 200, 1},
+                           {300, 130, 64, 0}, {8, 4099, 1032, 1}, {2, 77, 201, 0},  {9, 640, 1024, 0},
+                           {4, 6144, 4096, 0}};
+    for (int s = 0; s < 9; s++) {
         int64_t n = shapes[s][0], m = shapes[s][1], k = shapes[s][2];
         int bias = (int)shapes[s][3];
         float *x = rand_vec(n * k, 1.f), *w = rand_vec(m * k, 0.05f), *bv = rand_vec(m, 1.f);
@@ -688,6 +691,7 @@ static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct s
         a.hist_prompt_len = mk_i32(P, b, hpl, n_rows);
         a.any_penalty = sc->presence != 0 || sc->frequency != 0 || sc->repetition != 1;
         a.n_logprobs = nl;
+        a.all_greedy = sc->temperature < 1e-5f && !a.any_penalty && nl == 0; // CUDA: the multi-CTA arg-max
         a.out_ids = pool_alloc(P, b, n_rows * 4);
         a.out_logprob = pool_alloc(P, b, n_rows * 4);
         if (nl) {
@@ -731,6 +735,7 @@ TEST(cuda_sampler_agrees_with_cpu_sampler) {
         {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 20}, // all filters
         {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 3},   // penalties
         {0.f, 1.f, 0.f, 0, 1.f, 1.f, 1.5f, 0},     // greedy with penalties
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0},      // plain greedy: the all_greedy arg-max path
     };
     int vocabs[] = {32000, 128256, 1000};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
@@ -742,6 +747,26 @@ TEST(cuda_sampler_agrees_with_cpu_sampler) {
             if (mismatch || lp_err > 2e-3)
                 test_fail(__FILE__, __LINE__, "sample case %zu vocab %d: %d id mismatches, logprob error %g", c, vocabs[v],
                           mismatch, lp_err);
+        }
+    END();
+}
+
+TEST(cuda_sampler_greedy_argmax_any_batch) {
+    BEGIN();
+    // The all_greedy path splits a row over many CTAs when the batch is small: ids equal the
+    // CPU's, logprobs close, for batch sizes from 1 (most parts per row) to 64.
+    struct sample_case sc = {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0};
+    int rows[] = {1, 2, 7, 64};
+    int vocabs[] = {128256, 151936, 1000, 49152};
+    for (int i = 0; i < 4; i++)
+        for (int v = 0; v < 4; v++) {
+            int mismatch;
+            double lp_err;
+            run_sample_case(&P, rows[i], vocabs[v], &sc, &mismatch, &lp_err);
+            ASSERT_EQ(pool_release(&P), 0);
+            if (mismatch || lp_err > 2e-3)
+                test_fail(__FILE__, __LINE__, "greedy rows %d vocab %d: %d id mismatches, logprob error %g", rows[i],
+                          vocabs[v], mismatch, lp_err);
         }
     END();
 }

@@ -312,6 +312,9 @@ static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error 
     if (ev && atoi(ev) > 0) cb->attn_split_waves = atoi(ev);
     ev = getenv("ATOMC_ATTN_SPLIT_MIN_TILES");
     if (ev && atoi(ev) > 0) cb->attn_split_min_tiles = atoi(ev);
+    cb->gemv_max_rows = 1;
+    ev = getenv("ATOMC_GEMV_MAX_ROWS");
+    if (ev && atoi(ev) >= 0) cb->gemv_max_rows = atoi(ev) < 8 ? atoi(ev) : 8;
     CUDA_TRY(err, cudaStreamSynchronize(cb->stream));
     return ATOMC_OK;
 }

@@ -107,10 +107,16 @@ struct cuda_backend {
     int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
     int attn_split_waves;        // split-KV target in waves of resident CTAs (env ATOMC_ATTN_SPLIT_WAVES, default 2)
     int attn_split_min_tiles;    // fewest 64-token tiles per split (env ATOMC_ATTN_SPLIT_MIN_TILES, default 4)
+    int gemv_max_rows;           // BF16 matmuls with at most this many rows use the GEMV kernel instead of
+                                 // cuBLASLt (env ATOMC_GEMV_MAX_ROWS, default 1, at most 8, 0 = never)
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
     // calls; per-row work area.
     int32_t *sample_counts;
     size_t sample_counts_bytes;
+    // Greedy arg-max across several CTAs per row: per-row tickets (int32, self-resetting) then
+    // per-(row, part) partials {max, id, sum of exp}.
+    void *argmax_scratch;
+    size_t argmax_scratch_bytes;
 
     // Weight upload: two pinned host buffers and two device buffers, double-buffered.
     void *pinned[2];
@@ -120,6 +126,9 @@ struct cuda_backend {
 };
 
 static inline struct cuda_backend *cuda_impl(struct backend *b) { return (struct cuda_backend *)b->impl; }
+
+// True when p may be read / written with 16-byte vector accesses.
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 // True while the backend stream is being captured into a graph (no allocation allowed).
 static inline bool cuda_is_capturing(struct cuda_backend *cb) {

@@ -13,7 +13,6 @@
     default: CHECK_MSG(0, "CUDA op: unsupported dtype %s", dtype_name(dt));        \
     }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 // ---------------------------------------------------------------------------------------
 // RMSNorm. One warp per row for d <= 1024, one 256-thread block per row otherwise.

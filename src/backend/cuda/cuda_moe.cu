@@ -8,31 +8,34 @@
 // routing and shared-expert slots as the contract says.
 //
 // moe_experts, per call (R = n_tokens * n_slots routed rows; workspace layout = CPU's):
-//   1. moe_count_kernel   (grid E_total)  counts[e] = slots routed to e (block-wide ballots)
-//   2. moe_scan_kernel    (1 block)       offsets[e] (prefix sums) and tile_start[e] (prefix sums
-//                                         of ceil(counts / BM)): expert e's rows are sorted
-//                                         positions [offsets[e], offsets[e+1]) and its row tiles
-//                                         the GEMM tiles [tile_start[e], tile_start[e+1])
-//   3. moe_place_kernel   (grid E_total)  sorted[p] = slot, pos[slot] = p, stable in slot order
-//   4. moe_gemm_kernel    gate_up:  gu[p] = x[sorted[p] / n_slots] @ W_gu[e]^T   (x read through
+//   1. moe_sort_kernel    (1 block)       counts per expert (shared atomics), offsets[e] and
+//                                         tile_start[e] (block scans of counts and of
+//                                         ceil(counts / BM)), sorted[p] = slot, pos[slot] = p:
+//                                         expert e's rows are sorted positions
+//                                         [offsets[e], offsets[e+1]), its row tiles the GEMM
+//                                         tiles [tile_start[e], tile_start[e+1])
+//   2. grouped GEMM       gate_up:  gu[p] = x[sorted[p] / n_slots] @ W_gu[e]^T   (x read through
 //                                   the index: no gathered copy of x)
-//   5. silu_mul over all R rows (cuda_op_silu_mul)
-//   6. moe_gemm_kernel    down:     y[p] = act[p] @ W_down[e]^T
-//   7. moe_combine_kernel out[t] = sum_j w[t, j] * y[pos[t * n_slots + j]] (fp32 sums, slot order)
-// The grouped GEMM grid is (N / BN, ceil(R / BM) + E_total): an upper bound on the number of
-// row tiles over all experts (each expert adds at most one partial tile), so the shape is
-// fixed for a given R; a block looks its tile up in tile_start (binary search) and exits when
-// it is past the last tile. Each (expert, column block) pair streams its weight slice once
-// per row tile, so a decode batch (one tile per active expert, BM = 16) reads every active
-// expert's weights exactly once: the memory-bound grouped GEMV. Inactive experts cost nothing.
+//   3. silu_mul over all R rows (prefill-sized batches; decode fuses it into step 4's reads)
+//   4. grouped GEMM       down:     y[p] = act[p] @ W_down[e]^T
+//   5. moe_combine_kernel out[t] = sum_j w[t, j] * y[pos[t * n_slots + j]] (fp32 sums, slot order)
+// The grouped GEMM grid is (N / BN, min(R, ceil(R / BM) + E)): an upper bound on the number
+// of row tiles over all experts (each expert adds at most one partial tile, and every tile
+// holds a row), so the shape is fixed for a given R; a block looks its tile up in tile_start
+// (binary search) and exits when it is past the last tile. Each (expert, column block) pair
+// streams its weight slice once per row tile, so a decode batch (one tile per active expert,
+// BM = 4) reads every active expert's weights once (from HBM; more tiles re-read from L2): the memory-bound grouped GEMV.
+// Inactive experts cost nothing.
 //
-// Decode-sized batches (R <= 512, 16-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp
-// per output column streams the weight row once with 16-byte loads); larger batches of BF16 use
+// Decode-sized batches (R <= 512, 4-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp
+// per output column streams the weight row once with 16-byte loads; the down projection
+// computes SiLU*mul of the gate_up row on the fly); larger batches of BF16 use
 // a WMMA tensor-core kernel on 64 x 64 tiles (moe_gemm_wmma_kernel), other dtypes / unaligned
 // shapes the CUDA-core tile kernel (moe_gemm_kernel). A Hopper wgmma/TMA pipeline is the next step for
 // prefill-heavy loads.
 #include "backend/cuda/cuda_common.cuh"
 
+#include <cub/block/block_scan.cuh>
 #include <mma.h>
 #include <type_traits>
 
@@ -146,65 +149,49 @@ void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const str
 // ---------------------------------------------------------------------------------------
 // Sorting rows by expert (counts / offsets / tiles on the device)
 
-// Block-wide exclusive scan of one flag per thread (blockDim.x == MOE_THREADS); returns the
-// thread's rank among flagged threads and writes the block total to *total.
-__device__ __forceinline__ int block_rank(bool flag, int *warp_tot, int *total) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    unsigned m = __ballot_sync(0xffffffffu, flag);
-    int r = __popc(m & ((1u << lane) - 1u));
-    if (lane == 0) warp_tot[warp] = __popc(m);
+// One-block sort for every batch size (replaces count + scan + place: one launch instead of
+// three, no serial scan): expert counts by shared-memory atomics, one BlockScan for offsets and
+// one for tile starts, then each slot takes the next free position of its expert
+// (atomicAdd on the shared cursor). Positions inside an expert's range are therefore not in
+// slot order, which changes nothing: every GEMM/GEMV output row depends only on its own input
+// row (the row's place in a tile does not change its summation order), and the combine sums a
+// token's slots in slot order through pos. Slots with ids outside [0, E) are left out.
+#define MOE_SORT_THREADS 1024
+__global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort_kernel(const int32_t *ids, int64_t R, int E, int bm,
+                                                                    int32_t *offsets, int32_t *tile_start,
+                                                                    int32_t *sorted, int32_t *pos) {
+    typedef cub::BlockScan<int, MOE_SORT_THREADS> scan_t;
+    __shared__ typename scan_t::TempStorage scan_tmp;
+    __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < E; e += MOE_SORT_THREADS) cnt[e] = 0;
     __syncthreads();
-    int before = 0, all = 0;
-    for (int i = 0; i < MOE_THREADS / 32; i++) {
-        if (i < warp) before += warp_tot[i];
-        all += warp_tot[i];
+    for (int64_t s = tid; s < R; s += MOE_SORT_THREADS) {
+        int e = ids[s];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
-    *total = all;
-    return before + r;
-}
-
-__global__ void moe_count_kernel(const int32_t *ids, int64_t R, int32_t *counts) {
-    __shared__ int warp_tot[MOE_THREADS / 32];
-    const int e = blockIdx.x;
-    int c = 0;
-    for (int64_t s0 = 0; s0 < R; s0 += MOE_THREADS) {
-        int64_t s = s0 + threadIdx.x;
-        int tot;
-        block_rank(s < R && ids[s] == e, warp_tot, &tot);
-        c += tot;
+    const int c = tid < E ? cnt[tid] : 0, tl = (c + bm - 1) / bm;
+    int co, ctot, to, ttot;
+    scan_t(scan_tmp).ExclusiveSum(c, co, ctot);
+    __syncthreads();
+    scan_t(scan_tmp).ExclusiveSum(tl, to, ttot);
+    if (tid < E) {
+        offsets[tid] = co;
+        tile_start[tid] = to;
+        cur[tid] = co;
     }
-    if (threadIdx.x == 0) counts[e] = c;
-}
-
-__global__ void moe_scan_kernel(const int32_t *counts, int E, int bm, int32_t *offsets, int32_t *tile_start) {
-    if (threadIdx.x != 0) return;
-    int32_t o = 0, t = 0;
-    for (int e = 0; e < E; e++) {
-        offsets[e] = o;
-        tile_start[e] = t;
-        o += counts[e];
-        t += (counts[e] + bm - 1) / bm;
+    if (tid == 0) {
+        offsets[E] = ctot;
+        tile_start[E] = ttot;
     }
-    offsets[E] = o;
-    tile_start[E] = t;
-}
-
-__global__ void moe_place_kernel(const int32_t *ids, int64_t R, const int32_t *offsets, int32_t *sorted,
-                                 int32_t *pos) {
-    __shared__ int warp_tot[MOE_THREADS / 32];
-    const int e = blockIdx.x;
-    int base = offsets[e];
-    for (int64_t s0 = 0; s0 < R; s0 += MOE_THREADS) {
-        int64_t s = s0 + threadIdx.x;
-        bool mine = s < R && ids[s] == e;
-        int tot;
-        int r = block_rank(mine, warp_tot, &tot);
-        if (mine) {
-            sorted[base + r] = (int32_t)s;
-            pos[s] = base + r;
-        }
-        base += tot;
+    __syncthreads();
+    for (int64_t s = tid; s < R; s += MOE_SORT_THREADS) {
+        int e = ids[s];
+        if (e < 0 || e >= E) continue;
+        int p = atomicAdd(&cur[e], 1);
+        sorted[p] = (int32_t)s;
+        pos[s] = p;
     }
 }
 
@@ -372,14 +359,41 @@ __global__ void __launch_bounds__(128) moe_gemm_wmma_kernel(__nv_bfloat16 *out, 
     }
 }
 
-// Decode-sized batches (16-row tiles): a memory-bound grouped GEMV. Each warp owns one output
+// Decode-sized batches (4-row tiles: an expert with more rows gets more tiles, which re-read
+// its weights mostly from L2; 16-row tiles needed 240 registers per thread, one block per SM,
+// and ran at 13% of HBM bandwidth): a memory-bound grouped GEMV. Each warp owns one output
 // column n of one expert's row tile and streams W[e][n, :] once with 16-byte loads (eight in
 // flight per lane for K = 2048), multiplying it into every row of the tile (rows read through
 // L1/L2; they are tiny next to the weights). Warp-sum at the end; no shared memory, no syncs.
 #define MOE_GEMV_WARPS 8
-#define MOE_GEMV_ROWS 16
+#define MOE_GEMV_ROWS 4
 
-template <typename T>
+// SILU: A is the gate_up output (rows of 2K: gate then up) and the row used is
+// bf16(silu(gate) * up), computed on the fly exactly as cuda_op_silu_mul computes and rounds
+// it, so the decode path needs no SiLU*mul launch and no act buffer.
+template <typename T, bool SILU>
+__device__ __forceinline__ void moe_gemv_row_load(const T *row, int k, int K, float (&out)[16 / sizeof(T)]) {
+    constexpr int VEC = 16 / sizeof(T);
+    if constexpr (SILU) {
+        float g[VEC], u[VEC];
+        vec_load<T, VEC>(row + k, g);
+        vec_load<T, VEC>(row + K + k, u);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) out[j] = to_f32(from_f32<T>(g[j] / (1.f + __expf(-g[j])) * u[j]));
+    } else {
+        vec_load<T, VEC>(row + k, out);
+    }
+}
+template <typename T, bool SILU> __device__ __forceinline__ float moe_gemv_row_elem(const T *row, int k, int K) {
+    if constexpr (SILU) {
+        float g = to_f32(row[k]), u = to_f32(row[K + k]);
+        return to_f32(from_f32<T>(g / (1.f + __expf(-g)) * u));
+    } else {
+        return to_f32(row[k]);
+    }
+}
+
+template <typename T, bool SILU>
 __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, const T *A, const int32_t *a_index,
                                                                        int n_slots, const T *W,
                                                                        const int32_t *offsets,
@@ -400,18 +414,19 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
     const int n = blockIdx.x * MOE_GEMV_WARPS + warp;
     if (n >= N) return;
     const T *w = W + ((size_t)e * N + n) * K;
+    const int64_t a_ld = SILU ? 2 * (int64_t)K : K;
     const T *arow[MOE_GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_ROWS; r++) {
         int p = row0 + (r < nrows ? r : 0);
-        arow[r] = A + (int64_t)(a_index ? a_index[p] / n_slots : p) * K;
+        arow[r] = A + (int64_t)(a_index ? a_index[p] / n_slots : p) * a_ld;
     }
     float acc[MOE_GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_ROWS; r++) acc[r] = 0.f;
     constexpr int VEC = 16 / sizeof(T);
     if (vec) {
-#pragma unroll 4
+#pragma unroll 8
         for (int k = lane * VEC; k < K; k += 32 * VEC) {
             float wv[VEC];
             vec_load<T, VEC>(w + k, wv);
@@ -419,7 +434,7 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
             for (int r = 0; r < MOE_GEMV_ROWS; r++) {
                 if (r < nrows) {
                     float av[VEC];
-                    vec_load<T, VEC>(arow[r] + k, av);
+                    moe_gemv_row_load<T, SILU>(arow[r], k, K, av);
 #pragma unroll
                     for (int j = 0; j < VEC; j++) acc[r] += wv[j] * av[j];
                 }
@@ -430,7 +445,7 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
             float wv = to_f32(w[k]);
 #pragma unroll
             for (int r = 0; r < MOE_GEMV_ROWS; r++)
-                if (r < nrows) acc[r] += wv * to_f32(arow[r][k]);
+                if (r < nrows) acc[r] += wv * moe_gemv_row_elem<T, SILU>(arow[r], k, K);
         }
     }
 #pragma unroll
@@ -442,19 +457,27 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
     }
 }
 
-// Launches the grouped GEMM for rows tiled by BM: tensor cores for BF16 prefill-sized tiles
-// (BM 64, K % 32 == 0, 16-byte aligned operands), the CUDA-core kernel otherwise.
-template <typename T, int BM>
+// Launches the grouped GEMM for rows tiled by BM: the grouped GEMV for decode-sized tiles
+// (BM 16; SILU fuses SiLU*mul into its A reads), tensor cores for BF16 prefill-sized tiles
+// (BM 64, K % 32 == 0, 16-byte aligned operands), the CUDA-core kernel otherwise. Grid rows:
+// every tile holds at least one row, so there are at most min(R, ceil(R / BM) + E) of them -
+// for a decode step of R = 8 routed rows, 8 rows of blocks instead of 129 (idle blocks cost
+// launch slots even when they exit at once).
+template <typename T, int BM, bool SILU = false>
 static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index, int n_slots, const T *W,
                      const int32_t *offsets, const int32_t *tiles, int E, int64_t R, int N, int K) {
-    dim3 grid(cdiv(N, MOE_BN), (unsigned)(cdiv(R, BM) + E));
+    const int64_t max_tiles = R < cdiv(R, BM) + E ? R : cdiv(R, BM) + E;
+    dim3 grid(cdiv(N, MOE_BN), (unsigned)max_tiles);
     const bool aligned = ((uintptr_t)A % 16 == 0) && ((uintptr_t)W % 16 == 0);
     if constexpr (BM == MOE_GEMV_ROWS) {
         const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
-        dim3 g(cdiv(N, MOE_GEMV_WARPS), (unsigned)(cdiv(R, BM) + E));
-        moe_gemv_kernel<T><<<g, 32 * MOE_GEMV_WARPS, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
+        dim3 g(cdiv(N, MOE_GEMV_WARPS), (unsigned)max_tiles);
+        moe_gemv_kernel<T, SILU>
+            <<<g, 32 * MOE_GEMV_WARPS, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
         CUDA_CHECK_LAUNCH();
         return;
+    } else {
+        static_assert(!SILU, "SiLU*mul is fused only into the grouped GEMV");
     }
     if constexpr (std::is_same<T, __nv_bfloat16>::value && BM == MOE_WMMA_BM) {
         if (K % MOE_WMMA_BK == 0 && aligned) {
@@ -490,14 +513,16 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
                                int32_t *tiles, int32_t *sorted, int32_t *pos, T *gu, T *act, T *y,
                                struct backend *b) {
     const int64_t R = n * n_slots;
-    moe_scan_kernel<<<1, 32, 0, s>>>(offsets + 3 * (E + 1), E, BM, offsets, tiles); // counts live after tiles
-    CUDA_CHECK_LAUNCH();
-    moe_place_kernel<<<E, MOE_THREADS, 0, s>>>(ids, R, offsets, sorted, pos);
+    moe_sort_kernel<<<1, MOE_SORT_THREADS, 0, s>>>(ids, R, E, BM, offsets, tiles, sorted, pos);
     CUDA_CHECK_LAUNCH();
     moe_gemm<T, BM>(s, gu, x, sorted, n_slots, wgu, offsets, tiles, E, R, (int)(2 * I), (int)H);
-    struct tensor gu_t = tensor_2d(gu, b->act_dtype, R, 2 * I), act_t = tensor_2d(act, b->act_dtype, R, I);
-    cuda_op_silu_mul(b, &act_t, &gu_t);
-    moe_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
+    if constexpr (BM == MOE_GEMV_ROWS) {
+        moe_gemm<T, BM, true>(s, y, gu, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
+    } else {
+        struct tensor gu_t = tensor_2d(gu, b->act_dtype, R, 2 * I), act_t = tensor_2d(act, b->act_dtype, R, I);
+        cuda_op_silu_mul(b, &act_t, &gu_t);
+        moe_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
+    }
     int64_t total = n * H;
     unsigned grid = (unsigned)(total / 256 + 1 < 65535 * 8 ? total / 256 + 1 : 65535 * 8);
     moe_combine_kernel<T><<<grid, 256, 0, s>>>(out, y, ids, w, pos, n, n_slots, E, H);
@@ -511,15 +536,16 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
           down->dtype == x->dtype);
     const int64_t n = tensor_rows(x), H = tensor_cols(x), I = down->ne[2];
     const int E = (int)gate_up->ne[0];
+    CHECK_MSG(E >= 1 && E <= MOE_MAX_EXPERTS, "moe_experts: %d experts (at most %d)", E, MOE_MAX_EXPERTS);
     CHECK_MSG(gate_up->ne[1] == 2 * I && gate_up->ne[2] == H && down->ne[0] == E && down->ne[1] == H,
               "moe_experts: stacked weight shapes do not match H %lld", (long long)H);
     CHECK(tensor_rows(out) == n && tensor_cols(out) == H && out->data != x->data && n_slots >= 1);
     if (n == 0) return;
     const int64_t R = n * n_slots;
     cudaStream_t s = cuda_impl(b)->stream;
-    // Workspace layout (moe_workspace_bytes): ints [offsets | tiles | spare | counts] (E + 1 each),
+    // Workspace layout (moe_workspace_bytes): ints [offsets | tiles | spare | spare] (E + 1 each),
     // sorted (R), pos (R), spare (R); then, 256-byte aligned, xs (unused here), gu, act, y.
-    int32_t *offsets = (int32_t *)workspace, *tiles = offsets + (E + 1), *counts = offsets + 3 * (E + 1);
+    int32_t *offsets = (int32_t *)workspace, *tiles = offsets + (E + 1);
     int32_t *sorted = offsets + 4 * (E + 1), *pos = sorted + R;
     size_t ints = (size_t)(4 * (E + 1) + 3 * R + 64) * sizeof(int32_t);
     char *acts = (char *)workspace + ((ints + 255) & ~(size_t)255);
@@ -531,14 +557,12 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     char *act = MOE_ALIGN256(gu + (size_t)R * 2 * I * es);
     char *y = MOE_ALIGN256(act + (size_t)R * I * es);
 #undef MOE_ALIGN256
-    moe_count_kernel<<<E, MOE_THREADS, 0, s>>>(topk_ids, R, counts);
-    CUDA_CHECK_LAUNCH();
-    const bool small = R <= 512; // decode-sized batches: 16-row tiles (one per active expert)
+    const bool small = R <= 512; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
     switch (x->dtype) {
     case DTYPE_BF16: {
         typedef __nv_bfloat16 T;
         if (small)
-            moe_experts_launch<T, 16>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,
+            moe_experts_launch<T, MOE_GEMV_ROWS>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,
                                       (const T *)down->data, topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles,
                                       sorted, pos, (T *)gu, (T *)act, (T *)y, b);
         else
@@ -550,7 +574,7 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     case DTYPE_F32: {
         typedef float T;
         if (small)
-            moe_experts_launch<T, 16>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,
+            moe_experts_launch<T, MOE_GEMV_ROWS>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,
                                       (const T *)down->data, topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles,
                                       sorted, pos, (T *)gu, (T *)act, (T *)y, b);
         else

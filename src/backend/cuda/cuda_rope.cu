@@ -1,7 +1,7 @@
-// Fused RoPE + paged KV-cache write: one block per token. The block computes the token's
-// cos/sin table once (rotary_dim / 2 entries, f32, sincosf of pos * inv_freq like the CPU
-// reference), rotates q in place and k (also in place), and stores k and v at the token's
-// slot of the paged cache, quantised to FP8 E4M3 (value / scale) when the cache is FP8.
+// Fused RoPE + paged KV-cache write: grid (token, item block). Each thread rotates one (i,
+// i + half) pair of a q or k head (sincosf of pos * inv_freq, f32, like the CPU reference) in
+// place, or copies one k / v element; k and v land at the token's slot of the paged cache,
+// quantised to FP8 E4M3 (value / scale) when the cache is FP8.
 // Padding tokens (slot -1) are rotated but not stored. Metadata comes from device arrays,
 // so the launch is graph-capture safe.
 #include "backend/cuda/cuda_common.cuh"
@@ -14,52 +14,53 @@ template <> __device__ __forceinline__ __nv_fp8_e4m3 cache_from_f32<__nv_fp8_e4m
     return __nv_fp8_e4m3(v * inv_scale); // saturating conversion (satfinite)
 }
 
-// Rotates the head rows [0, nh) of x (token row base pointer) with the cos/sin table; pairs
-// are (i, i + half) for NeoX, (2i, 2i+1) interleaved.
-template <typename T>
-__device__ __forceinline__ void rope_rotate_heads(T *x, int nh, int hd, int half, bool interleaved, const float *cs,
-                                                  const float *sn) {
-    for (int idx = threadIdx.x; idx < nh * half; idx += blockDim.x) {
-        int h = idx / half, i = idx % half;
-        T *row = x + (size_t)h * hd;
-        int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
-        float a = to_f32(row[i0]), c = to_f32(row[i1]);
-        row[i0] = from_f32<T>(a * cs[i] - c * sn[i]);
-        row[i1] = from_f32<T>(c * cs[i] + a * sn[i]);
-    }
-}
-
+// Work items of one token, in this order: q rotation pairs (hq * half), k rotation pairs
+// (hk * half, each also stores its two rotated elements), k elements past rotary_dim (partial
+// rotary: copied to the cache unrotated), v elements (hk * dv). Every item is independent, so
+// a token's items spread over grid.y blocks (a batch-1 decode step runs ~14 blocks instead of
+// one), and each thread recomputes its own sincosf (exact, as the CPU reference).
 template <typename T, typename C>
-__global__ void rope_kv_write_kernel(T *q, T *k, const T *v, int64_t q_stride, int64_t k_stride, int64_t v_stride, int hq,
-                                     int hk, int hd, int dv,
-                                     const float *inv_freq, int rotary_dim, float attn_factor, bool interleaved,
-                                     const int32_t *positions, const int32_t *slot_mapping, C *kc, C *vc, float k_inv,
-                                     float v_inv) {
-    extern __shared__ float tab[]; // cos (half), sin (half)
-    int t = blockIdx.x;
-    int half = rotary_dim / 2;
-    float pos = (float)positions[t];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float s, c;
-        sincosf(pos * inv_freq[i], &s, &c);
-        tab[i] = c * attn_factor;
-        tab[half + i] = s * attn_factor;
-    }
-    __syncthreads();
-    T *kt = k + (size_t)t * k_stride;
-    if (q) rope_rotate_heads(q + (size_t)t * q_stride, hq, hd, half, interleaved, tab, tab + half);
-    rope_rotate_heads(kt, hk, hd, half, interleaved, tab, tab + half);
-    int32_t slot = slot_mapping[t];
-    if (slot < 0) return;
-    __syncthreads(); // k rotated by other threads
-    const T *vt = v + (size_t)t * v_stride;
-    for (int idx = threadIdx.x; idx < hk * hd; idx += blockDim.x) {
-        int h = idx / hd, d = idx % hd;
-        kc[(size_t)slot * hk * hd + idx] = cache_from_f32<C>(to_f32(kt[(size_t)h * hd + d]), k_inv);
-    }
-    for (int idx = threadIdx.x; idx < hk * dv; idx += blockDim.x) {
-        int h = idx / dv, d = idx % dv;
-        vc[(size_t)slot * hk * dv + idx] = cache_from_f32<C>(to_f32(vt[(size_t)h * dv + d]), v_inv);
+__global__ void __launch_bounds__(256) rope_kv_write_kernel(T *q, T *k, const T *v, int64_t q_stride, int64_t k_stride,
+                                                           int64_t v_stride, int hq, int hk, int hd, int dv,
+                                                           const float *inv_freq, int rotary_dim, float attn_factor,
+                                                           bool interleaved, const int32_t *positions,
+                                                           const int32_t *slot_mapping, C *kc, C *vc, float k_inv,
+                                                           float v_inv) {
+    const int t = blockIdx.x;
+    const int half = rotary_dim / 2, pass = hd - rotary_dim;
+    const int nq = q ? hq * half : 0, nk = hk * half, np = hk * pass, nv = hk * dv;
+    const int total = nq + nk + np + nv;
+    const int32_t slot = slot_mapping[t];
+    const float pos = (float)positions[t];
+    for (int idx = blockIdx.y * blockDim.x + threadIdx.x; idx < total; idx += gridDim.y * blockDim.x) {
+        if (idx < nq + nk) {
+            const bool is_q = idx < nq;
+            const int j = is_q ? idx : idx - nq, h = j / half, i = j % half;
+            T *row = is_q ? q + (size_t)t * q_stride + (size_t)h * hd : k + (size_t)t * k_stride + (size_t)h * hd;
+            float sn, cs;
+            sincosf(pos * inv_freq[i], &sn, &cs);
+            cs *= attn_factor;
+            sn *= attn_factor;
+            const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+            const float a = to_f32(row[i0]), c = to_f32(row[i1]);
+            const T r0 = from_f32<T>(a * cs - c * sn), r1 = from_f32<T>(c * cs + a * sn);
+            row[i0] = r0;
+            row[i1] = r1;
+            if (!is_q && slot >= 0) {
+                C *dst = kc + (size_t)slot * hk * hd + (size_t)h * hd;
+                dst[i0] = cache_from_f32<C>(to_f32(r0), k_inv);
+                dst[i1] = cache_from_f32<C>(to_f32(r1), k_inv);
+            }
+        } else if (slot < 0) {
+            break; // padding token: nothing left to do (only stores follow)
+        } else if (idx < nq + nk + np) {
+            const int j = idx - nq - nk, h = j / pass, d = rotary_dim + j % pass;
+            kc[(size_t)slot * hk * hd + (size_t)h * hd + d] =
+                cache_from_f32<C>(to_f32(k[(size_t)t * k_stride + (size_t)h * hd + d]), k_inv);
+        } else {
+            const int j = idx - nq - nk - np, h = j / dv, d = j % dv;
+            vc[(size_t)slot * hk * dv + j] = cache_from_f32<C>(to_f32(v[(size_t)t * v_stride + (size_t)h * dv + d]), v_inv);
+        }
     }
 }
 
@@ -82,14 +83,15 @@ void cuda_op_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k
     int64_t vs = row_stride ? row_stride : (int64_t)hk * dv;
     T *qp = q ? (T *)q->data : nullptr;
     cudaStream_t s = cuda_impl(b)->stream;
-    size_t smem = (size_t)rope->rotary_dim * sizeof(float) + 16;
+    const int items = hq * (rope->rotary_dim / 2) + hk * (hd - rope->rotary_dim / 2) + hk * dv;
+    const dim3 grid((unsigned)n, (unsigned)cdiv(items, 256));
     if (kv->k.dtype == DTYPE_BF16) {
-        rope_kv_write_kernel<T, __nv_bfloat16><<<n, 128, smem, s>>>(
+        rope_kv_write_kernel<T, __nv_bfloat16><<<grid, 256, 0, s>>>(
             qp, (T *)k->data, (const T *)v->data, qs, ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim,
             rope->attn_factor, rope->interleaved, md->positions, md->slot_mapping, (__nv_bfloat16 *)kv->k.data,
             (__nv_bfloat16 *)kv->v.data, 1.f, 1.f);
     } else if (kv->k.dtype == DTYPE_FP8_E4M3) {
-        rope_kv_write_kernel<T, __nv_fp8_e4m3><<<n, 128, smem, s>>>(
+        rope_kv_write_kernel<T, __nv_fp8_e4m3><<<grid, 256, 0, s>>>(
             qp, (T *)k->data, (const T *)v->data, qs, ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim,
             rope->attn_factor, rope->interleaved, md->positions, md->slot_mapping, (__nv_fp8_e4m3 *)kv->k.data,
             (__nv_fp8_e4m3 *)kv->v.data, 1.f / kv->k_scale, 1.f / kv->v_scale);

@@ -450,7 +450,107 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
     }
 }
 
+// Greedy rows only (sample_args.all_greedy): the arg-max of the raw logits (lowest id on ties)
+// and its logprob, with each row spread over `parts` CTAs so that a batch-1 step reads its
+// 128K-entry row with many SMs instead of one (one CTA is latency-bound at ~45 us there). Each
+// CTA reduces its slice to {max, id, sum exp(x - max)}; the CTA that takes the row's last
+// ticket merges the partials in part order (max by the sampler's total order, sums rescaled
+// to the common max), writes the id and logprob = max - lse, and resets the ticket.
+constexpr int AM_THREADS = 256;
+struct am_part {
+    float m;
+    int id;
+    float s;
+};
+
+__global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits, int V, int parts, int32_t *tickets,
+                                                            am_part *partial, int32_t *out_ids, float *out_logprob) {
+    __shared__ vid red_v[AM_THREADS / 32];
+    __shared__ float red_s[AM_THREADS / 32];
+    __shared__ bool last;
+    const int r = blockIdx.x, part = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const float *row = logits + (size_t)r * V;
+    const int per = (V + parts - 1) / parts, lo = part * per, hi = min(V, lo + per);
+    vid best = {-INFINITY, INT32_MAX};
+    for (int i = lo + threadIdx.x; i < hi; i += AM_THREADS) {
+        float x = __ldg(row + i);
+        if (before_in_order(x, i, best.v, best.id)) best = {x, i};
+    }
+    vid_first op;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        vid other = {__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.id, o)};
+        best = op(best, other);
+    }
+    if (lane == 0) red_v[warp] = best;
+    __syncthreads();
+    best = red_v[0];
+    for (int w = 1; w < AM_THREADS / 32; w++) best = op(best, red_v[w]);
+    float sum = 0.f;
+    for (int i = lo + threadIdx.x; i < hi; i += AM_THREADS) sum += expf(__ldg(row + i) - best.v);
+    sum = warp_sum(sum);
+    if (lane == 0) red_s[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int w = 0; w < AM_THREADS / 32; w++) t += red_s[w];
+        partial[(size_t)r * parts + part] = {best.v, best.id, t};
+        __threadfence();
+        last = atomicAdd(&tickets[r], 1) == parts - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    // The last CTA merges the row's partials, one per thread (parts <= AM_THREADS), in parallel.
+    __threadfence();
+    const am_part *pp = partial + (size_t)r * parts;
+    vid g = {-INFINITY, INT32_MAX};
+    float pm = -INFINITY, ps = 0.f;
+    if (threadIdx.x < parts) {
+        pm = __ldcg(&pp[threadIdx.x].m);
+        ps = __ldcg(&pp[threadIdx.x].s);
+        g = {pm, __ldcg(&pp[threadIdx.x].id)};
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        vid other = {__shfl_xor_sync(0xffffffffu, g.v, o), __shfl_xor_sync(0xffffffffu, g.id, o)};
+        g = op(g, other);
+    }
+    __syncthreads(); // red_v / red_s reuse
+    if (lane == 0) red_v[warp] = g;
+    __syncthreads();
+    g = red_v[0];
+    for (int w = 1; w < AM_THREADS / 32; w++) g = op(g, red_v[w]);
+    float t = ps > 0.f ? ps * expf(pm - g.v) : 0.f;
+    t = warp_sum(t);
+    if (lane == 0) red_s[warp] = t;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float tot = 0.f;
+        for (int w = 0; w < AM_THREADS / 32; w++) tot += red_s[w];
+        out_ids[r] = g.id < V ? g.id : 0;
+        if (out_logprob) out_logprob[r] = g.id < V ? -logf(tot) : -INFINITY;
+        tickets[r] = 0;
+    }
+}
+
 } // namespace
+
+static bool cuda_sample_greedy(struct cuda_backend *cb, const struct sample_args *a) {
+    const int n = a->n_rows, V = a->vocab_size;
+    int parts = (2 * cb->num_sms + n - 1) / n; // about two CTAs per SM over the batch
+    const int max_parts = (V + 4 * AM_THREADS - 1) / (4 * AM_THREADS); // >= 4 elements per thread
+    if (parts > max_parts) parts = max_parts;
+    if (parts > AM_THREADS) parts = AM_THREADS; // the merge takes one partial per thread
+    if (parts < 1) parts = 1;
+    size_t tick = ((size_t)n * sizeof(int32_t) + 255) & ~(size_t)255;
+    size_t need = tick + (size_t)n * parts * sizeof(am_part);
+    if (cuda_scratch_reserve(cb, &cb->argmax_scratch, &cb->argmax_scratch_bytes, need) < need) return false;
+    argmax_kernel<<<dim3((unsigned)n, (unsigned)parts), AM_THREADS, 0, cb->stream>>>(
+        (const float *)a->logits->data, V, parts, (int32_t *)cb->argmax_scratch,
+        (am_part *)((char *)cb->argmax_scratch + tick), a->out_ids, a->out_logprob);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
 
 void cuda_op_sample(struct backend *b, const struct sample_args *a) {
     struct cuda_backend *cb = cuda_impl(b);
@@ -460,6 +560,7 @@ void cuda_op_sample(struct backend *b, const struct sample_args *a) {
     CHECK(a->n_logprobs == 0 || (a->out_top_ids && a->out_top_logprobs));
     CHECK(!a->any_penalty || (a->hist_start && a->hist_ids && a->hist_prompt_len));
     if (a->n_rows <= 0) return;
+    if (a->all_greedy && a->n_rows <= 65535 && cuda_sample_greedy(cb, a)) return;
     int32_t *counts = nullptr;
     if (a->any_penalty) {
         size_t need = (size_t)a->n_rows * a->vocab_size * sizeof(int32_t);
