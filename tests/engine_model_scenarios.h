@@ -16,10 +16,10 @@
 // "Equals alone" (es_compare): the greedy tokens of the batched run equal the alone run's up to
 // the first position where they differ, and that position must be a near tie of the alone run
 // (top-2 logprob margin below setup->margin_tol); from there the continuations legitimately
-// differ. Logprobs agree within setup->lp_tol wherever the contexts are still the same, and
-// a fraction setup->min_clear of all tokens must have been equal at a clear margin. The CPU backend is fp32
-// and gives a row the same result whatever the batch up to summation order, so its margin_tol
-// is fp32 noise (1e-4). On the GPU a row's bf16 logits depend on the batch (cuBLASLt picks its
+// differ. Logprobs agree within setup->lp_tol wherever the contexts are still the same, and a
+// fraction setup->min_clear of all tokens must have been equal at a clear margin. The CPU
+// backend is fp32 and gives a row the same result whatever the batch up to summation order, so
+// its margin_tol is fp32 noise (1e-4). On the GPU a row's bf16 logits depend on the batch (cuBLASLt picks its
 // algorithm by M; attention splits by batch shape; chunked vs whole prefill), so a near tie
 // there is anything below that noise; see tests/gpu/test_cuda_engine.c.
 #ifndef ATOMC_TESTS_ENGINE_MODEL_SCENARIOS_H
@@ -37,7 +37,7 @@
 struct es_setup {
     const char *device;  // "cpu" or "cuda"
     bool enforce_eager;  // CUDA: no graphs
-    float margin_tol;    // compare greedy tokens while the reference's top-2 logprob margin >= this
+    float margin_tol;    // a reference top-2 logprob margin below this is a near tie (see es_compare)
     float lp_tol;        // |logprob - alone| at compared positions (batched vs alone)
     float lp_tol_cached; // |logprob - cold| at compared positions (prefix-cache hit vs cold run)
     double min_clear;    // fraction of all tokens that must have been equal at a clear margin
