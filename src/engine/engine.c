@@ -125,6 +125,9 @@ void atomc_result_free(atomc_result *r) {
 }
 
 struct block_manager *engine_block_manager(atomc_engine *e) { return e->bm; }
+uint64_t engine_graph_replays(atomc_engine *e) {
+    return e->su.model.graph_replays ? e->su.model.graph_replays(e->su.model.ctx) : 0;
+}
 
 // --- small helpers -----------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ static atomc_status runner_execute(void *ctx, const struct forward_batch *fb, st
 }
 
 static void runner_free(void *ctx) { model_runner_free(ctx); }
+static uint64_t runner_graph_replays(void *ctx) { return model_runner_num_graph_replays(ctx); }
 
 // Tensor parallelism: the engine drives a tp_runner through the same seam.
 static atomc_status tp_execute(void *ctx, const struct forward_batch *fb, struct runner_output *out,
@@ -29,6 +30,7 @@ static atomc_status tp_execute(void *ctx, const struct forward_batch *fb, struct
 }
 
 static void tp_free(void *ctx) { tp_runner_free(ctx); }
+static uint64_t tp_graph_replays(void *ctx) { return model_runner_num_graph_replays(tp_runner_rank(ctx, 0)); }
 
 static void add_eos(struct engine_setup *su, int32_t id) {
     if (id < 0 || su->n_eos >= ENGINE_MAX_EOS) return;
@@ -140,8 +142,11 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     const struct model_config *cfg = model_runner_config(runner);
     struct engine_setup su;
     memset(&su, 0, sizeof su);
-    su.model = (struct engine_model_ops){.ctx = runner, .execute = runner_execute, .free = runner_free};
-    if (tp) su.model = (struct engine_model_ops){.ctx = tp, .execute = tp_execute, .free = tp_free};
+    su.model = (struct engine_model_ops){
+        .ctx = runner, .execute = runner_execute, .free = runner_free, .graph_replays = runner_graph_replays};
+    if (tp)
+        su.model = (struct engine_model_ops){
+            .ctx = tp, .execute = tp_execute, .free = tp_free, .graph_replays = tp_graph_replays};
     if (tok) engine_text_ops_from_tokenizer(&su.text, tok);
     su.num_kv_blocks = tp ? tp_runner_num_kv_blocks(tp) : model_runner_num_kv_blocks(runner); // smallest rank's pool
     su.vocab_size = cfg->vocab_size;

@@ -18,6 +18,8 @@ struct engine_model_ops {
     // Computes fb (writes KV at slot_mapping, samples logits rows); see model_runner_execute.
     atomc_status (*execute)(void *ctx, const struct forward_batch *fb, struct runner_output *out, struct error *err);
     void (*free)(void *ctx); // may be NULL
+    // CUDA graph replays so far (tests check the decode graphs ran); may be NULL (= 0).
+    uint64_t (*graph_replays)(void *ctx);
 };
 
 // Text side. ctx NULL = no tokenizer: text prompts and stop strings are rejected, outputs
@@ -65,5 +67,7 @@ void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int
 
 // For tests: the engine's block manager (only touch it between steps, loop thread stopped).
 struct block_manager *engine_block_manager(atomc_engine *e);
+// For tests: the model's CUDA graph replays so far (0 on the CPU or with --enforce-eager).
+uint64_t engine_graph_replays(atomc_engine *e);
 
 #endif

@@ -263,9 +263,9 @@ TEST(cuda_moe_models_match_hf) {
     static const char *models[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral"};
     for (int mi = 0; mi < 3; mi++) {
         struct refs R;
-        // The dense GPU model tests' tolerances (tests/gpu/test_cuda_models.c). The fixtures' fp32
-        // routing decisions are >= 2e-4 from a tie; BF16 hidden states could still flip a near
-        // one, which the printed worst error would show.
+        // The dense GPU model tests' tolerances (tests/gpu/test_cuda_models.c). The fixtures'
+        // routing decisions are >= 2e-2 in probability (0.25 in router logits, 5x the largest
+        // change a BF16 forward makes there) from a tie, so BF16 hidden states pick the reference's experts.
         ASSERT_EQ(refs_load(models[mi], &R, 5e-2, 1.2), 0);
         char rel[256], path[4096];
         snprintf(rel, sizeof rel, "models/%s", models[mi]);

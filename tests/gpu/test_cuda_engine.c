@@ -1,0 +1,94 @@
+// The engine on the CUDA backend (issue 6: "the engine stress test of the engine issue passes on
+// the CUDA backend"): the scenarios of tests/engine_model_scenarios.h, which
+// tests/test_engine_model.c runs on the CPU, with device "cuda" (BF16 weights, activations and
+// KV cache; decode steps through CUDA graphs, or eager). Runs only where a GPU is
+// (make CUDA=1 gpu-tests; build-cuda/tests/gpu/test_cuda_engine from the repository root);
+// without one every test prints why and passes.
+//
+//   cuda_engine_random_stress_equals_alone      llama_gqa, ~3000 steps of random arrivals,
+//       shared prefixes, exact repeats and aborts on a 32-block pool (forced preemption),
+//       token budget 16 (chunked prefill), decode graphs on: every block free and every id
+//       forgotten at the end, the decode graphs replayed, every finished request equal to the
+//       prompt decoded alone.
+//   cuda_engine_random_stress_eager             the same on qwen3 (head_dim 128), --enforce-eager.
+//   cuda_engine_moe_random_stress_equals_alone  the same on mixtral (MoE, sliding window 16).
+//   cuda_engine_batched_under_preemption_equals_alone, cuda_engine_prefix_hit_identical_to_cold.
+//
+// Tolerances. The CPU runs compare exactly (fp32, margin 1e-4). On the GPU a row's BF16 logits
+// depend on the rest of its batch: cuBLASLt chooses its GEMM algorithm by M, the attention
+// kernel's KV split depends on the batch shape, chunked and whole prefills sum in different
+// orders, so a request run inside a changing batch and run alone are not bitwise equal, and
+// exact equality cannot be asked. Instead: tokens must be equal up to the first position where
+// the two runs differ, and that position must be a near tie of the alone run (top-2 logprob
+// margin below MARGIN_TOL); logprobs must agree within LP_TOL wherever the contexts are still
+// equal. MARGIN_TOL = LP_TOL = 0.3 is 5% of these fixtures' logit scale (max |logit| ~6), the
+// BF16 tolerance tests/gpu/test_cuda_models.c states against HF fp32 (worst measured 3.05%);
+// two GPU runs share the BF16 weight rounding, so they differ by less. At least 30% of all
+// tokens must have been equal at a margin above MARGIN_TOL (about 55-60% of the tokens of
+// these fixtures have such a margin), so the comparison cannot pass vacuously.
+#include <stdio.h>
+
+#include "backend/backend.h"
+#include "engine_model_scenarios.h"
+#include "test.h"
+
+#define MARGIN_TOL 0.3f
+#define LP_TOL 0.3f
+
+static const struct es_setup GRAPHS = {.device = "cuda",
+                                       .enforce_eager = false,
+                                       .margin_tol = MARGIN_TOL,
+                                       .lp_tol = LP_TOL,
+                                       .lp_tol_cached = LP_TOL,
+                                       .min_clear = 0.3};
+static const struct es_setup EAGER = {.device = "cuda",
+                                      .enforce_eager = true,
+                                      .margin_tol = MARGIN_TOL,
+                                      .lp_tol = LP_TOL,
+                                      .lp_tol_cached = LP_TOL,
+                                      .min_clear = 0.3};
+
+// Whether a CUDA device can be opened (checked once; the tests skip without one).
+static bool gpu_present(void) {
+    static int state = -1;
+    if (state < 0) {
+        struct backend *b = NULL;
+        struct error err = {0};
+        struct backend_options o = {.device_id = 0, .kv_pool_bytes = 16u << 20};
+        state = backend_create("cuda", &o, &b, &err) == ATOMC_OK;
+        if (state)
+            backend_destroy(b);
+        else
+            fprintf(stderr, "  no CUDA backend (%s): skipped\n", err.msg);
+    }
+    return state == 1;
+}
+
+TEST(cuda_engine_random_stress_equals_alone) {
+    if (!gpu_present()) return;
+    es_random_stress_equals_alone(&GRAPHS, "llama_gqa", 0x5eed1234ull);
+}
+
+TEST(cuda_engine_random_stress_eager) {
+    if (!gpu_present()) return;
+    es_random_stress_equals_alone(&EAGER, "qwen3", 0x0ddba11ull);
+}
+
+TEST(cuda_engine_moe_random_stress_equals_alone) {
+    if (!gpu_present()) return;
+    es_random_stress_equals_alone(&GRAPHS, "mixtral", 0x5eed1234ull);
+}
+
+TEST(cuda_engine_batched_under_preemption_equals_alone) {
+    if (!gpu_present()) return;
+    es_batched_under_preemption_equals_alone(&GRAPHS, "llama_gqa");
+}
+
+TEST(cuda_engine_prefix_hit_identical_to_cold) {
+    if (!gpu_present()) return;
+    es_prefix_hit_identical_to_cold(&GRAPHS, "qwen3");
+}
+
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}
