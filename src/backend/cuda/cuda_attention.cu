@@ -43,40 +43,7 @@ struct attn_params {
     int n_splits;
     float *part_o;   // (n_tokens * hq, n_splits, D)
     float *part_lse; // (n_tokens * hq, n_splits), log2 domain
-    int *tickets;    // decode variant with splits: per (seq, kv head, row tile) counters, zero between
-                     // launches; the CTA that finishes a row tile's last split merges it (no reduce
-                     // launch). NULL = the separate attention_reduce_kernel merges.
 };
-
-// Merges the n_splits partial outputs of one (token, head) row: one warp. Partials may come
-// from other CTAs of the same launch, so they are read through L2 (__ldcg), never L1.
-template <int D>
-__device__ __forceinline__ void attention_merge_row(__nv_bfloat16 *out, const float *part_o, const float *part_lse,
-                                                    size_t row, int n_splits, int head, const float *sinks,
-                                                    float v_scale, int lane) {
-    const float *lse = part_lse + row * n_splits;
-    float mx = -INFINITY;
-    for (int s = lane; s < n_splits; s += 32) mx = fmaxf(mx, __ldcg(lse + s));
-    mx = warp_max(mx);
-    float sk = sinks ? sinks[head] * 1.4426950408889634f : -INFINITY;
-    float mf = fmaxf(mx, sk);
-    if (mf == -INFINITY) mf = 0.f;
-    float acc[D / 32];
-#pragma unroll
-    for (int i = 0; i < D / 32; i++) acc[i] = 0.f;
-    float den = sinks ? exp2f(sk - mf) : 0.f;
-    for (int s = 0; s < n_splits; s++) {
-        float w = exp2f(__ldcg(lse + s) - mf);
-        if (w == 0.f) continue;
-        den += w;
-        const float *po = part_o + (row * n_splits + s) * D;
-#pragma unroll
-        for (int i = 0; i < D / 32; i++) acc[i] += w * __ldcg(po + lane + 32 * i);
-    }
-    float inv = den > 0.f ? v_scale / den : 0.f;
-#pragma unroll
-    for (int i = 0; i < D / 32; i++) out[row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -419,36 +386,36 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
             if (t4 == 0) p.part_lse[grow * p.n_splits + split] = ll > 0.f ? mm + log2f(ll) : -INFINITY;
         }
     }
-    if constexpr (KS > 1) {
-        // Only warp 0 is left. The last split CTA of this (seq, kv head, row tile) to finish
-        // merges its rows; the counter goes back to zero for the next launch.
-        if (p.n_splits > 1 && p.tickets) {
-            __threadfence();
-            __syncwarp();
-            int *ticket = p.tickets + ((size_t)seq * p.hk + kvh) * gridDim.x + blockIdx.x;
-            int last = 0;
-            if (lane == 0) last = atomicAdd(ticket, 1) == p.n_splits - 1;
-            last = __shfl_sync(0xffffffffu, last, 0);
-            if (!last) return;
-            __threadfence();
-            for (int pr = row0; pr <= row_last; pr++) {
-                int tok = pr / p.group, head = kvh * p.group + pr % p.group;
-                attention_merge_row<D>(p.out, p.part_o, p.part_lse, (size_t)(qbeg + tok) * p.hq + head, p.n_splits,
-                                       head, p.sinks, p.v_scale, lane);
-            }
-            if (lane == 0) *ticket = 0;
-        }
-    }
 }
 
-// Combines the splits of each (token, head) row: one warp per row (prefill-shaped launches,
-// or when the ticket array is too small for the decode launch).
+// Combines the splits of each (token, head) row: one warp per row.
 template <int D>
 __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o, const float *part_lse, int n_rows,
                                         int n_splits, int hq, const float *sinks, float v_scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n_rows) return;
-    attention_merge_row<D>(out, part_o, part_lse, (size_t)row, n_splits, row % hq, sinks, v_scale, lane);
+    const float *lse = part_lse + (size_t)row * n_splits;
+    float mx = -INFINITY;
+    for (int s = lane; s < n_splits; s += 32) mx = fmaxf(mx, lse[s]);
+    mx = warp_max(mx);
+    float sk = sinks ? sinks[row % hq] * 1.4426950408889634f : -INFINITY;
+    float mf = fmaxf(mx, sk);
+    if (mf == -INFINITY) mf = 0.f;
+    float acc[D / 32];
+#pragma unroll
+    for (int i = 0; i < D / 32; i++) acc[i] = 0.f;
+    float den = sinks ? exp2f(sk - mf) : 0.f;
+    for (int s = 0; s < n_splits; s++) {
+        float w = exp2f(lse[s] - mf);
+        if (w == 0.f) continue;
+        den += w;
+        const float *po = part_o + ((size_t)row * n_splits + s) * D;
+#pragma unroll
+        for (int i = 0; i < D / 32; i++) acc[i] += w * po[lane + 32 * i];
+    }
+    float inv = den > 0.f ? v_scale / den : 0.f;
+#pragma unroll
+    for (int i = 0; i < D / 32; i++) out[(size_t)row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);
 }
 
 template <int D, int NW, int KS, typename KVT> constexpr size_t attn_smem() {
@@ -488,9 +455,6 @@ template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, boo
 } // namespace
 
 void cuda_attention_init(struct cuda_backend *cb) {
-    cb->attn_n_tickets = 1 << 20; // (seqs x KV heads x row tiles) of any decode launch up to 65535 x 16
-    CUDA_CHECK(cudaMalloc(&cb->attn_tickets, (size_t)cb->attn_n_tickets * sizeof(int)));
-    CUDA_CHECK(cudaMemset(cb->attn_tickets, 0, (size_t)cb->attn_n_tickets * sizeof(int)));
     attn_set_smem<64, 1, __nv_bfloat16>(cb);
     attn_set_smem<64, 4, __nv_bfloat16>(cb);
     attn_set_smem<64, 1, __nv_fp8_e4m3>(cb);
@@ -564,16 +528,13 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
         if (splits < 2) splits = 1;
     }
     p.n_splits = splits;
-    // Decode launches merge their splits in-kernel when the ticket array covers the grid.
-    const int64_t n_tickets = (int64_t)row_tiles * hk * md->n_seqs;
-    p.tickets = splits > 1 && nw == 1 && n_tickets <= cb->attn_n_tickets ? cb->attn_tickets : nullptr;
     p.part_o = (float *)cb->attn_scratch;
     p.part_lse = p.part_o + (size_t)n * hq * splits * D;
     CHECK_MSG((int64_t)md->n_seqs * splits <= 65535, "CUDA attention: too many sequences (%d)", md->n_seqs);
     dim3 grid(row_tiles, hk, md->n_seqs * splits);
     if (D == 64) attn_dispatch<64>(p, grid, nw, fp8, cb->stream);
     else attn_dispatch<128>(p, grid, nw, fp8, cb->stream);
-    if (splits > 1 && !p.tickets) {
+    if (splits > 1) {
         int rows = n * hq;
         if (D == 64)
             attention_reduce_kernel<64><<<cdiv(rows, 8), 256, 0, cb->stream>>>(p.out, p.part_o, p.part_lse, rows, splits,

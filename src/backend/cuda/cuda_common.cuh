@@ -106,8 +106,6 @@ struct cuda_backend {
     size_t attn_scratch_bytes;
     int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
     int attn_split_waves;        // split-KV target in waves of resident CTAs (env ATOMC_ATTN_SPLIT_WAVES, default 2)
-    int *attn_tickets;           // split-KV decode: per-(seq, KV head, row tile) counters, zero between launches
-    int64_t attn_n_tickets;
     int attn_split_min_tiles;    // fewest 64-token tiles per split (env ATOMC_ATTN_SPLIT_MIN_TILES, default 4)
     int gemv_max_rows;           // BF16 matmuls with at most this many rows use the GEMV kernel instead of
                                  // cuBLASLt (env ATOMC_GEMV_MAX_ROWS, default 1, at most 8, 0 = never)
