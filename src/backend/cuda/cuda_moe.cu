@@ -16,7 +16,7 @@
 //                                         tiles [tile_start[e], tile_start[e+1])
 //   2. grouped GEMM       gate_up:  gu[p] = x[sorted[p] / n_slots] @ W_gu[e]^T   (x read through
 //                                   the index: no gathered copy of x)
-//   3. silu_mul over all R rows (prefill-sized batches; decode fuses it into step 4's reads)
+//   3. silu_mul over all R rows (R > 32; smaller batches fuse it into step 4's reads)
 //   4. grouped GEMM       down:     y[p] = act[p] @ W_down[e]^T
 //   5. moe_combine_kernel out[t] = sum_j w[t, j] * y[pos[t * n_slots + j]] (fp32 sums, slot order)
 // The grouped GEMM grid is (N / BN, min(R, ceil(R / BM) + E)): an upper bound on the number
@@ -27,7 +27,7 @@
 // BM = 4) reads every active expert's weights once (from HBM; more tiles re-read from L2): the memory-bound grouped GEMV.
 // Inactive experts cost nothing.
 //
-// Decode-sized batches (R <= 512, 4-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp
+// Decode-sized batches (R <= 128, 4-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp
 // per output column streams the weight row once with 16-byte loads; the down projection
 // computes SiLU*mul of the gate_up row on the fly); larger batches of BF16 use
 // a WMMA tensor-core kernel on 64 x 64 tiles (moe_gemm_wmma_kernel), other dtypes / unaligned
@@ -367,6 +367,8 @@ __global__ void __launch_bounds__(128) moe_gemm_wmma_kernel(__nv_bfloat16 *out, 
 // L1/L2; they are tiny next to the weights). Warp-sum at the end; no shared memory, no syncs.
 #define MOE_GEMV_WARPS 8
 #define MOE_GEMV_ROWS 4
+#define MOE_GEMV_MAX_ROWS 128   // routed rows up to which the GEMV path runs (b16 x top-8); WMMA tiles above
+#define MOE_FUSED_SILU_ROWS 32  // routed rows up to which the down GEMV computes SiLU*mul itself
 
 // SILU: A is the gate_up output (rows of 2K: gate then up) and the row used is
 // bf16(silu(gate) * up), computed on the fly exactly as cuda_op_silu_mul computes and rounds
@@ -393,6 +395,12 @@ template <typename T, bool SILU> __device__ __forceinline__ float moe_gemv_row_e
     }
 }
 
+// Each warp computes MOE_GEMV_COLS adjacent output columns of its tile's rows: per 16-byte
+// step it streams one vector of each column's weight row (MOE_GEMV_COLS loads in flight, eight
+// steps unrolled) and reads each A row chunk once for all of them (the SiLU*mul of a gate_up row
+// is computed once per chunk, not once per column). One column per warp meant 16K warps of
+// 1.5 KB each for the down projection: block scheduling, not HBM, set the pace.
+#define MOE_GEMV_COLS 4
 template <typename T, bool SILU>
 __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, const T *A, const int32_t *a_index,
                                                                        int n_slots, const T *W,
@@ -411,9 +419,12 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
     const int row0 = offsets[e] + (tile - tile_start[e]) * MOE_GEMV_ROWS;
     const int nrows = min(MOE_GEMV_ROWS, offsets[e + 1] - row0);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n = blockIdx.x * MOE_GEMV_WARPS + warp;
-    if (n >= N) return;
-    const T *w = W + ((size_t)e * N + n) * K;
+    const int n0 = (blockIdx.x * MOE_GEMV_WARPS + warp) * MOE_GEMV_COLS;
+    if (n0 >= N) return;
+    const int ncols = min(MOE_GEMV_COLS, N - n0);
+    const T *w[MOE_GEMV_COLS];
+#pragma unroll
+    for (int c = 0; c < MOE_GEMV_COLS; c++) w[c] = W + ((size_t)e * N + n0 + (c < ncols ? c : 0)) * K;
     const int64_t a_ld = SILU ? 2 * (int64_t)K : K;
     const T *arow[MOE_GEMV_ROWS];
 #pragma unroll
@@ -421,38 +432,53 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
         int p = row0 + (r < nrows ? r : 0);
         arow[r] = A + (int64_t)(a_index ? a_index[p] / n_slots : p) * a_ld;
     }
-    float acc[MOE_GEMV_ROWS];
+    float acc[MOE_GEMV_ROWS][MOE_GEMV_COLS];
 #pragma unroll
-    for (int r = 0; r < MOE_GEMV_ROWS; r++) acc[r] = 0.f;
+    for (int r = 0; r < MOE_GEMV_ROWS; r++)
+#pragma unroll
+        for (int c = 0; c < MOE_GEMV_COLS; c++) acc[r][c] = 0.f;
     constexpr int VEC = 16 / sizeof(T);
     if (vec) {
-#pragma unroll 8
+#pragma unroll 2
         for (int k = lane * VEC; k < K; k += 32 * VEC) {
-            float wv[VEC];
-            vec_load<T, VEC>(w + k, wv);
+            float wv[MOE_GEMV_COLS][VEC];
+#pragma unroll
+            for (int c = 0; c < MOE_GEMV_COLS; c++) vec_load<T, VEC>(w[c] + k, wv[c]);
 #pragma unroll
             for (int r = 0; r < MOE_GEMV_ROWS; r++) {
                 if (r < nrows) {
                     float av[VEC];
                     moe_gemv_row_load<T, SILU>(arow[r], k, K, av);
 #pragma unroll
-                    for (int j = 0; j < VEC; j++) acc[r] += wv[j] * av[j];
+                    for (int c = 0; c < MOE_GEMV_COLS; c++)
+#pragma unroll
+                        for (int j = 0; j < VEC; j++) acc[r][c] += wv[c][j] * av[j];
                 }
             }
         }
     } else {
         for (int k = lane; k < K; k += 32) {
-            float wv = to_f32(w[k]);
+            float wv[MOE_GEMV_COLS];
 #pragma unroll
-            for (int r = 0; r < MOE_GEMV_ROWS; r++)
-                if (r < nrows) acc[r] += wv * moe_gemv_row_elem<T, SILU>(arow[r], k, K);
+            for (int c = 0; c < MOE_GEMV_COLS; c++) wv[c] = to_f32(w[c][k]);
+#pragma unroll
+            for (int r = 0; r < MOE_GEMV_ROWS; r++) {
+                if (r < nrows) {
+                    float av = moe_gemv_row_elem<T, SILU>(arow[r], k, K);
+#pragma unroll
+                    for (int c = 0; c < MOE_GEMV_COLS; c++) acc[r][c] += wv[c] * av;
+                }
+            }
         }
     }
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_ROWS; r++) {
         if (r < nrows) {
-            float v = warp_sum(acc[r]);
-            if (lane == 0) out[(int64_t)(row0 + r) * N + n] = from_f32<T>(v);
+#pragma unroll
+            for (int c = 0; c < MOE_GEMV_COLS; c++) {
+                float v = warp_sum(acc[r][c]);
+                if (lane == 0 && c < ncols) out[(int64_t)(row0 + r) * N + n0 + c] = from_f32<T>(v);
+            }
         }
     }
 }
@@ -471,7 +497,7 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
     const bool aligned = ((uintptr_t)A % 16 == 0) && ((uintptr_t)W % 16 == 0);
     if constexpr (BM == MOE_GEMV_ROWS) {
         const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
-        dim3 g(cdiv(N, MOE_GEMV_WARPS), (unsigned)max_tiles);
+        dim3 g(cdiv(N, MOE_GEMV_WARPS * MOE_GEMV_COLS), (unsigned)max_tiles);
         moe_gemv_kernel<T, SILU>
             <<<g, 32 * MOE_GEMV_WARPS, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
         CUDA_CHECK_LAUNCH();
@@ -517,7 +543,13 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
     CUDA_CHECK_LAUNCH();
     moe_gemm<T, BM>(s, gu, x, sorted, n_slots, wgu, offsets, tiles, E, R, (int)(2 * I), (int)H);
     if constexpr (BM == MOE_GEMV_ROWS) {
-        moe_gemm<T, BM, true>(s, y, gu, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
+        if (R <= MOE_FUSED_SILU_ROWS) { // few rows: recomputing SiLU*mul per column block beats a launch
+            moe_gemm<T, BM, true>(s, y, gu, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
+        } else {
+            struct tensor gu_t = tensor_2d(gu, b->act_dtype, R, 2 * I), act_t = tensor_2d(act, b->act_dtype, R, I);
+            cuda_op_silu_mul(b, &act_t, &gu_t);
+            moe_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
+        }
     } else {
         struct tensor gu_t = tensor_2d(gu, b->act_dtype, R, 2 * I), act_t = tensor_2d(act, b->act_dtype, R, I);
         cuda_op_silu_mul(b, &act_t, &gu_t);
@@ -557,7 +589,7 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     char *act = MOE_ALIGN256(gu + (size_t)R * 2 * I * es);
     char *y = MOE_ALIGN256(act + (size_t)R * I * es);
 #undef MOE_ALIGN256
-    const bool small = R <= 512; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
+    const bool small = R <= MOE_GEMV_MAX_ROWS; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
     switch (x->dtype) {
     case DTYPE_BF16: {
         typedef __nv_bfloat16 T;
