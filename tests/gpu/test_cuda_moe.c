@@ -7,7 +7,8 @@
 // BF16) and summation order: expert outputs within NMSE 1e-4 of the CPU's; routing ids equal
 // wherever the k-th/(k+1)-th probability gap is above 1e-5 (fp32 summation-order noise);
 // weights within 1e-5. Skewed routing: all tokens to one expert, most experts empty,
-// top-k = number of experts; decode sizes (16-row tiles) and prefill sizes (64-row tiles);
+// top-k = number of experts; decode sizes (GEMV tiles), batched-decode sizes (16-row MMA tiles)
+// and prefill sizes (64-row MMA tiles, CUDA-core fallback when K % 32 != 0);
 // a CUDA graph of route + experts replayed with new inputs equals eager execution.
 #include <math.h>
 #include <stdlib.h>
@@ -240,6 +241,11 @@ TEST(cuda_moe_experts_match_cpu) {
     check_experts(300, 8, 2, 256, 128, ROUTE_RANDOM, false);  // prefill: 600 rows, 64-row tiles (tensor cores)
     check_experts(300, 8, 2, 200, 72, ROUTE_RANDOM, false);   // prefill, K % 32 != 0: CUDA-core fallback
     check_experts(1, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B layer shape, decode
+    // Past the GEMV range (R > 128): mma.sync tiles of 16 rows (few rows per expert) and 64 rows.
+    check_experts(64, 128, 8, 256, 96, ROUTE_RANDOM, false);   // R 512, ~4 rows/expert: 16-row MMA tiles
+    check_experts(160, 32, 4, 256, 80, ROUTE_RANDOM, false);   // N 160 (partial column block); down K 80: CUDA-core
+    check_experts(256, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B shape, batch-256 decode
+    check_experts(600, 128, 8, 512, 256, ROUTE_RANDOM, false);  // R 4800, ~37 rows/expert: 64-row MMA tiles
 }
 
 TEST(cuda_moe_experts_skewed_routing) {

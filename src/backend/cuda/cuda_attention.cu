@@ -9,8 +9,8 @@
 // warps that split each KV tile's tokens, each with its own softmax state, merged in shared
 // memory at the end. K/V tiles of 64 tokens are read through the block table (cp.async,
 // double-buffered, page ids shared by warp shuffle, zero-filled outside the visible range;
-// FP8 caches are staged raw and converted to bf16 in shared memory, their scales folded
-// into the softmax scale and the output). Online softmax in exp2 form; rows are causal against
+// FP8 caches are staged raw and converted to f16 in shared memory (the MMAs then run in f16),
+// their scales folded into the softmax scale and the output). Online softmax in exp2 form; rows are causal against
 // their absolute position ctx - qlen + i, so prefix-cached context and new tokens are one
 // range. Sliding window: keys with qpos - kpos < window. Sinks (GPT-OSS): one extra logit
 // per head in the denominator.
@@ -45,39 +45,9 @@ struct attn_params {
     float *part_lse; // (n_tokens * hq, n_splits), log2 domain
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
 // Issues the cp.async copies of KV tile [tok0, tok0 + BN) of one KV head into shared memory:
 // bf16 caches straight into the padded bf16 tiles (row stride D + PAD elements), FP8 caches
-// into raw staging tiles (row stride D bytes) that fp8_tile_convert turns into bf16 later.
+// into raw staging tiles (row stride D bytes) that fp8_tile_convert turns into f16 later.
 // Tokens outside [lo, hi) are zero-filled and never dereferenced through the block table.
 template <int D, typename KVT, int NT>
 __device__ __forceinline__ void load_kv_tile(void *ks, void *vs, const attn_params &p, int seq, int kvh, int tok0, int lo,
@@ -110,7 +80,29 @@ __device__ __forceinline__ void load_kv_tile(void *ks, void *vs, const attn_para
     }
 }
 
-// FP8 staging tile (BN, D) bytes -> bf16 tile (BN, D + PAD).
+// FP8 caches compute in f16: e4m3 -> f16 is exact and one instruction per pair
+// (cvt.rn.f16x2.e4m3x2), where e4m3 -> bf16 took four (via f16 and f32); Q is converted to f16
+// once per CTA (|q| beyond 65504 saturates) and P is packed as f16. BF16 caches stay bf16.
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <bool F16> __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (F16) mma_f16(c, a, b0, b1);
+    else mma_bf16(c, a, b0, b1);
+}
+template <bool F16> __device__ __forceinline__ uint32_t pack2(float a, float b) {
+    if constexpr (F16) {
+        __half2 v = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&v);
+    } else {
+        return pack_bf16(a, b);
+    }
+}
+
+// FP8 staging tile (BN, D) bytes -> f16 tile (BN, D + PAD), one cvt per pair.
 template <int D, int NT>
 __device__ __forceinline__ void fp8_tile_convert(__nv_bfloat16 *dst, const uint8_t *src) {
     constexpr int CH = D / 16;
@@ -122,8 +114,8 @@ __device__ __forceinline__ void fp8_tile_convert(__nv_bfloat16 *dst, const uint8
         uint32_t *w = reinterpret_cast<uint32_t *>(out);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(f2[i], __NV_E4M3)));
-            w[i] = pack_bf16(f.x, f.y);
+            __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(f2[i], __NV_E4M3);
+            w[i] = (uint32_t)h.x | ((uint32_t)h.y << 16);
         }
         uint4 *d = reinterpret_cast<uint4 *>(dst + r * (D + PAD) + ch * 16);
         d[0] = out[0];
@@ -178,6 +170,17 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
         if (pr < rows_total) {
             int tok = pr / p.group, h = kvh * p.group + pr % p.group;
             v = *reinterpret_cast<const uint4 *>(p.q + (size_t)(qbeg + tok) * p.q_stride + (size_t)h * D + ch * 8);
+        }
+        if constexpr (FP8) { // f16 for the f16 MMAs (saturating at +-65504)
+            const __nv_bfloat162 *bq = reinterpret_cast<const __nv_bfloat162 *>(&v);
+            uint32_t *hq = reinterpret_cast<uint32_t *>(&v);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float2 f = __bfloat1622float2(bq[i]);
+                f.x = fminf(fmaxf(f.x, -65504.f), 65504.f);
+                f.y = fminf(fmaxf(f.y, -65504.f), 65504.f);
+                hq[i] = pack2<true>(f.x, f.y);
+            }
         }
         *reinterpret_cast<uint4 *>(qs_ + r * RS + ch * 8) = v;
     }
@@ -234,8 +237,8 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
             for (int j = 0; j < TW / 16; j++) {
                 uint32_t b[4];
                 ldsm_x4(b, smem_addr(ks + (toff + j * 16 + (lane % 8) + (lane / 16) * 8) * RS + kk * 16 + ((lane / 8) % 2) * 8));
-                mma_bf16(s[2 * j], qf[kk], b[0], b[1]);
-                mma_bf16(s[2 * j + 1], qf[kk], b[2], b[3]);
+                mma_16816<FP8>(s[2 * j], qf[kk], b[0], b[1]);
+                mma_16816<FP8>(s[2 * j + 1], qf[kk], b[2], b[3]);
             }
         }
         const int kbase = t * BN + toff;
@@ -283,14 +286,14 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
         // O += P V.
 #pragma unroll
         for (int kk = 0; kk < TW / 16; kk++) {
-            uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t a[4] = {pack2<FP8>(s[2 * kk][0], s[2 * kk][1]), pack2<FP8>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<FP8>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<FP8>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int dt = 0; dt < D / 16; dt++) {
                 uint32_t b[4];
                 ldsm_x4_t(b, smem_addr(vs + (toff + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + dt * 16 + (lane / 16) * 8));
-                mma_bf16(o[2 * dt], a, b[0], b[1]);
-                mma_bf16(o[2 * dt + 1], a, b[2], b[3]);
+                mma_16816<FP8>(o[2 * dt], a, b[0], b[1]);
+                mma_16816<FP8>(o[2 * dt + 1], a, b[2], b[3]);
             }
         }
         __syncthreads(); // the buffer is refilled next iteration
@@ -388,15 +391,25 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
     }
 }
 
-// Combines the splits of each (token, head) row: one warp per row.
+// Combines the splits of each (token, head) row: one warp per row. A captured decode graph
+// fixes n_splits for the longest context (up to MAX_SPLITS), so for a short context most
+// splits are empty (log-sum-exp -inf): each lane weighs its own splits in registers and the
+// warp then visits only the non-empty ones (ballot), instead of every split in turn.
 template <int D>
 __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o, const float *part_lse, int n_rows,
                                         int n_splits, int hq, const float *sinks, float v_scale) {
+    constexpr int SPL = MAX_SPLITS / 32; // splits per lane
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n_rows) return;
     const float *lse = part_lse + (size_t)row * n_splits;
+    float l[SPL];
     float mx = -INFINITY;
-    for (int s = lane; s < n_splits; s += 32) mx = fmaxf(mx, lse[s]);
+#pragma unroll
+    for (int i = 0; i < SPL; i++) {
+        int sp = lane + 32 * i;
+        l[i] = sp < n_splits ? lse[sp] : -INFINITY;
+        mx = fmaxf(mx, l[i]);
+    }
     mx = warp_max(mx);
     float sk = sinks ? sinks[row % hq] * 1.4426950408889634f : -INFINITY;
     float mf = fmaxf(mx, sk);
@@ -404,15 +417,22 @@ __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o,
     float acc[D / 32];
 #pragma unroll
     for (int i = 0; i < D / 32; i++) acc[i] = 0.f;
-    float den = sinks ? exp2f(sk - mf) : 0.f;
-    for (int s = 0; s < n_splits; s++) {
-        float w = exp2f(lse[s] - mf);
-        if (w == 0.f) continue;
-        den += w;
-        const float *po = part_o + ((size_t)row * n_splits + s) * D;
+    float den = 0.f;
 #pragma unroll
-        for (int i = 0; i < D / 32; i++) acc[i] += w * po[lane + 32 * i];
+    for (int i = 0; i < SPL; i++) {
+        float w = exp2f(l[i] - mf); // 0 for empty splits
+        den += w;
+        unsigned live = __ballot_sync(0xffffffffu, w > 0.f);
+        while (live) {
+            int src = __ffs(live) - 1;
+            live &= live - 1;
+            float ws = __shfl_sync(0xffffffffu, w, src);
+            const float *po = part_o + ((size_t)row * n_splits + src + 32 * i) * D;
+#pragma unroll
+            for (int j = 0; j < D / 32; j++) acc[j] += ws * po[lane + 32 * j];
+        }
     }
+    den = warp_sum(den) + (sinks ? exp2f(sk - mf) : 0.f);
     float inv = den > 0.f ? v_scale / den : 0.f;
 #pragma unroll
     for (int i = 0; i < D / 32; i++) out[(size_t)row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);

@@ -29,14 +29,13 @@
 //
 // Decode-sized batches (R <= 128, 4-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp
 // per output column streams the weight row once with 16-byte loads; the down projection
-// computes SiLU*mul of the gate_up row on the fly); larger batches of BF16 use
-// a WMMA tensor-core kernel on 64 x 64 tiles (moe_gemm_wmma_kernel), other dtypes / unaligned
-// shapes the CUDA-core tile kernel (moe_gemm_kernel). A Hopper wgmma/TMA pipeline is the next step for
-// prefill-heavy loads.
+// computes SiLU*mul of the gate_up row on the fly while R <= 32); larger batches of BF16 use the
+// mma.sync tensor-core kernel (moe_mma_kernel: 16-row tiles for batched decode, 64-row tiles for
+// prefill, cp.async multi-stage pipeline), other dtypes / unaligned shapes the CUDA-core tile
+// kernel (moe_gemm_kernel). A Hopper wgmma/TMA pipeline is the next step for prefill-heavy loads.
 #include "backend/cuda/cuda_common.cuh"
 
 #include <cub/block/block_scan.cuh>
-#include <mma.h>
 #include <type_traits>
 
 #define MOE_ROUTE_WARPS 4
@@ -279,22 +278,36 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
     }
 }
 
-// Tensor-core variant for prefill-sized batches (BF16, K % 32 == 0): 64 x 64 output tiles,
-// four warps of 2 x 2 WMMA 16x16x16 fragments, fp32 accumulation, BK = 32 slices of A and W
-// staged in shared memory with 16-byte loads. Same tile bookkeeping as moe_gemm_kernel.
-#define MOE_WMMA_BM 64
-#define MOE_WMMA_BK 32
-#define MOE_WMMA_LD (MOE_WMMA_BK + 8)
-#define MOE_WMMA_CLD (MOE_BN + 4)
+// Grouped tensor-core GEMM for batches past the GEMV range: out[p, n] = A[row(p)] . W[e][n] over
+// BM-row tiles of one expert and MMA_BN = 128 columns; mma.sync m16n8k16 (bf16 in, f32
+// accumulate) from ldmatrix fragments, BK = 32 slices of A and W streamed by cp.async through
+// a STAGES-deep ring in shared memory (the slice for step kt + STAGES - 1 is issued before step
+// kt computes), so each block keeps ~30 KB of weights in flight. BM = 16 (4 warps side by side,
+// 16 x 32 each) when experts get a few rows each (batched decode: every active expert's weights
+// stream once at full width, little MMA work wasted); BM = 64 (2 x 2 warps of 32 x 64) for
+// prefill. Rows past the expert's range are zero-filled and not stored. Needs K % 32 == 0,
+// N even, 16-byte aligned A and W.
+#define MMA_BN 128
+#define MMA_BK 32
+#define MMA_LD (MMA_BK + 8) // padded smem row (80 bytes): conflict-free ldmatrix
 
-__global__ void __launch_bounds__(128) moe_gemm_wmma_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *A,
-                                                            const int32_t *a_index, int n_slots,
-                                                            const __nv_bfloat16 *W, const int32_t *offsets,
-                                                            const int32_t *tile_start, int E, int N, int K) {
-    using namespace nvcuda;
-    __shared__ __align__(128) __nv_bfloat16 As[MOE_WMMA_BM * MOE_WMMA_LD];
-    __shared__ __align__(128) __nv_bfloat16 Ws[MOE_BN * MOE_WMMA_LD];
-    __shared__ __align__(128) float Cs[MOE_WMMA_BM * MOE_WMMA_CLD];
+template <int BM> struct moe_mma_cfg {
+    static constexpr int WM = BM == 16 ? 1 : 2, WN = BM == 16 ? 4 : 2; // warp grid
+    static constexpr int TM = BM / WM, TN = MMA_BN / WN;               // warp tile
+    static constexpr int MT = TM / 16, NT = TN / 8;                    // m16 / n8 tiles per warp
+    static constexpr int STAGES = BM == 16 ? 4 : 3;                    // 46 KB of static smem either way
+    static constexpr int A_CH = BM * (MMA_BK / 8), A_PER = (A_CH + 127) / 128;
+    static constexpr int W_PER = MMA_BN * (MMA_BK / 8) / 128;
+};
+
+template <int BM>
+__global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *A,
+                                                      const int32_t *a_index, int n_slots, const __nv_bfloat16 *W,
+                                                      const int32_t *offsets, const int32_t *tile_start, int E, int N,
+                                                      int K) {
+    typedef moe_mma_cfg<BM> C;
+    __shared__ __align__(128) __nv_bfloat16 As[C::STAGES][BM * MMA_LD];
+    __shared__ __align__(128) __nv_bfloat16 Ws[C::STAGES][MMA_BN * MMA_LD];
     const int tile = blockIdx.y;
     if (tile >= tile_start[E]) return;
     int lo = 0, hi = E - 1;
@@ -304,59 +317,89 @@ __global__ void __launch_bounds__(128) moe_gemm_wmma_kernel(__nv_bfloat16 *out, 
         else hi = mid - 1;
     }
     const int e = lo;
-    const int row0 = offsets[e] + (tile - tile_start[e]) * MOE_WMMA_BM, row_end = offsets[e + 1];
-    const int n0 = blockIdx.x * MOE_BN;
+    const int row0 = offsets[e] + (tile - tile_start[e]) * BM, row_end = offsets[e + 1];
+    const int n0 = blockIdx.x * MMA_BN;
     const __nv_bfloat16 *We = W + (size_t)e * N * K;
-    const int warp = threadIdx.x / 32, wm = (warp / 2) * 32, wn = (warp % 2) * 32;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // This thread's 16-byte chunks of every A and W slice (fixed over k): source, destination.
+    const __nv_bfloat16 *a_src[C::A_PER], *w_src[C::W_PER];
+    int a_dst[C::A_PER], w_dst[C::W_PER];
+    bool a_ok[C::A_PER], w_ok[C::W_PER];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < C::A_PER; i++) {
+        int c = tid + i * 128, r = c / (MMA_BK / 8), kc = (c % (MMA_BK / 8)) * 8, p = row0 + r;
+        a_ok[i] = c < C::A_CH && p < row_end;
+        int64_t arow = a_ok[i] ? (a_index ? a_index[p] / n_slots : p) : 0;
+        a_src[i] = A + arow * K + kc;
+        a_dst[i] = r * MMA_LD + kc;
+    }
 #pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    constexpr int VPR = MOE_WMMA_BK / 8; // 16-byte vectors per row slice
-    for (int k0 = 0; k0 < K; k0 += MOE_WMMA_BK) {
-        for (int i = threadIdx.x; i < MOE_WMMA_BM * VPR; i += 128) {
-            int r = i / VPR, kv = (i % VPR) * 8, p = row0 + r;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (p < row_end) {
-                int64_t arow = a_index ? a_index[p] / n_slots : p;
-                v = __ldg(reinterpret_cast<const uint4 *>(A + arow * K + k0 + kv));
+    for (int i = 0; i < C::W_PER; i++) {
+        int c = tid + i * 128, n = c / (MMA_BK / 8), kc = (c % (MMA_BK / 8)) * 8;
+        w_ok[i] = n0 + n < N;
+        w_src[i] = We + (size_t)(w_ok[i] ? n0 + n : 0) * K + kc;
+        w_dst[i] = n * MMA_LD + kc;
+    }
+    auto load_stage = [&](int stage, int kt) {
+        const int k0 = kt * MMA_BK;
+#pragma unroll
+        for (int i = 0; i < C::A_PER; i++)
+            if (tid + i * 128 < C::A_CH) cp_async16(smem_addr(&As[stage][a_dst[i]]), a_src[i] + k0, a_ok[i]);
+#pragma unroll
+        for (int i = 0; i < C::W_PER; i++) cp_async16(smem_addr(&Ws[stage][w_dst[i]]), w_src[i] + k0, w_ok[i]);
+    };
+    const int KT = K / MMA_BK;
+#pragma unroll
+    for (int st = 0; st < C::STAGES - 1; st++) {
+        if (st < KT) load_stage(st, st);
+        cp_async_commit();
+    }
+    float acc[C::MT][C::NT][4];
+#pragma unroll
+    for (int i = 0; i < C::MT; i++)
+#pragma unroll
+        for (int j = 0; j < C::NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    const int wm = (warp / C::WN) * C::TM, wn = (warp % C::WN) * C::TN;
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<C::STAGES - 2>(); // slice kt has landed (this thread's part)
+        __syncthreads();                 // ... everyone's; and slice kt - 1's stage is free again
+        const int nk = kt + C::STAGES - 1;
+        if (nk < KT) load_stage(nk % C::STAGES, nk);
+        cp_async_commit();
+        const __nv_bfloat16 *as = As[kt % C::STAGES], *ws = Ws[kt % C::STAGES];
+#pragma unroll
+        for (int kk = 0; kk < MMA_BK; kk += 16) {
+            uint32_t af[C::MT][4];
+#pragma unroll
+            for (int mt = 0; mt < C::MT; mt++)
+                ldsm_x4(af[mt], smem_addr(as + (wm + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * MMA_LD + kk +
+                                          (lane / 16) * 8));
+#pragma unroll
+            for (int j = 0; j < C::NT / 2; j++) {
+                uint32_t bf[4];
+                ldsm_x4(bf, smem_addr(ws + (wn + j * 16 + (lane % 8) + (lane / 16) * 8) * MMA_LD + kk +
+                                      ((lane / 8) % 2) * 8));
+#pragma unroll
+                for (int mt = 0; mt < C::MT; mt++) {
+                    mma_bf16(acc[mt][2 * j], af[mt], bf[0], bf[1]);
+                    mma_bf16(acc[mt][2 * j + 1], af[mt], bf[2], bf[3]);
+                }
             }
-            *reinterpret_cast<uint4 *>(As + r * MOE_WMMA_LD + kv) = v;
         }
-        for (int i = threadIdx.x; i < MOE_BN * VPR; i += 128) {
-            int n = i / VPR, kv = (i % VPR) * 8;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (n0 + n < N) v = __ldg(reinterpret_cast<const uint4 *>(We + (size_t)(n0 + n) * K + k0 + kv));
-            *reinterpret_cast<uint4 *>(Ws + n * MOE_WMMA_LD + kv) = v;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < MOE_WMMA_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm + 16 * i) * MOE_WMMA_LD + kk, MOE_WMMA_LD);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Ws + (wn + 16 * j) * MOE_WMMA_LD + kk, MOE_WMMA_LD);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-        __syncthreads();
     }
+    cp_async_wait<0>();
+    const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int mt = 0; mt < C::MT; mt++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(Cs + (wm + 16 * i) * MOE_WMMA_CLD + wn + 16 * j, acc[i][j], MOE_WMMA_CLD,
-                                    wmma::mem_row_major);
-    __syncthreads();
-    for (int i = threadIdx.x; i < MOE_WMMA_BM * MOE_BN; i += 128) {
-        int r = i / MOE_BN, c = i % MOE_BN, p = row0 + r;
-        if (p < row_end && n0 + c < N) out[(int64_t)p * N + n0 + c] = __float2bfloat16_rn(Cs[r * MOE_WMMA_CLD + c]);
-    }
+        for (int nt = 0; nt < C::NT; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int p = row0 + wm + mt * 16 + g + h * 8, n = n0 + wn + nt * 8 + 2 * t4;
+                if (p < row_end && n < N)
+                    *reinterpret_cast<uint32_t *>(out + (int64_t)p * N + n) =
+                        pack_bf16(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+            }
 }
 
 // Decode-sized batches (4-row tiles: an expert with more rows gets more tiles, which re-read
@@ -367,7 +410,7 @@ __global__ void __launch_bounds__(128) moe_gemm_wmma_kernel(__nv_bfloat16 *out, 
 // L1/L2; they are tiny next to the weights). Warp-sum at the end; no shared memory, no syncs.
 #define MOE_GEMV_WARPS 8
 #define MOE_GEMV_ROWS 4
-#define MOE_GEMV_MAX_ROWS 128   // routed rows up to which the GEMV path runs (b16 x top-8); WMMA tiles above
+#define MOE_GEMV_MAX_ROWS 128   // routed rows up to which the GEMV path runs (b16 x top-8); MMA tiles above
 #define MOE_FUSED_SILU_ROWS 32  // routed rows up to which the down GEMV computes SiLU*mul itself
 
 // SILU: A is the gate_up output (rows of 2K: gate then up) and the row used is
@@ -505,9 +548,10 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
     } else {
         static_assert(!SILU, "SiLU*mul is fused only into the grouped GEMV");
     }
-    if constexpr (std::is_same<T, __nv_bfloat16>::value && BM == MOE_WMMA_BM) {
-        if (K % MOE_WMMA_BK == 0 && aligned) {
-            moe_gemm_wmma_kernel<<<grid, 128, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K);
+    if constexpr (std::is_same<T, __nv_bfloat16>::value && BM != MOE_GEMV_ROWS) {
+        if (K % MMA_BK == 0 && N % 2 == 0 && aligned) {
+            dim3 gm(cdiv(N, MMA_BN), (unsigned)max_tiles);
+            moe_mma_kernel<BM><<<gm, 128, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K);
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -590,31 +634,24 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     char *y = MOE_ALIGN256(act + (size_t)R * I * es);
 #undef MOE_ALIGN256
     const bool small = R <= MOE_GEMV_MAX_ROWS; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
+    // Tile rows: GEMV tiles for decode-sized batches; then 16-row MMA tiles while experts average
+    // at most 24 rows (batched decode), 64-row tiles beyond (prefill).
+    const int bm = small ? MOE_GEMV_ROWS : R <= 24 * (int64_t)E ? 16 : 64;
+#define MOE_LAUNCH(T, BMV)                                                                                     \
+    moe_experts_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,                \
+                               (const T *)down->data, topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles, sorted, \
+                               pos, (T *)gu, (T *)act, (T *)y, b)
+#define MOE_LAUNCH_BM(T)                                                                                       \
+    do {                                                                                                       \
+        if (bm == MOE_GEMV_ROWS) MOE_LAUNCH(T, MOE_GEMV_ROWS);                                                 \
+        else if (bm == 16) MOE_LAUNCH(T, 16);                                                                  \
+        else MOE_LAUNCH(T, 64);                                                                                \
+    } while (0)
     switch (x->dtype) {
-    case DTYPE_BF16: {
-        typedef __nv_bfloat16 T;
-        if (small)
-            moe_experts_launch<T, MOE_GEMV_ROWS>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,
-                                      (const T *)down->data, topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles,
-                                      sorted, pos, (T *)gu, (T *)act, (T *)y, b);
-        else
-            moe_experts_launch<T, 64>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,
-                                      (const T *)down->data, topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles,
-                                      sorted, pos, (T *)gu, (T *)act, (T *)y, b);
-        break;
-    }
-    case DTYPE_F32: {
-        typedef float T;
-        if (small)
-            moe_experts_launch<T, MOE_GEMV_ROWS>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,
-                                      (const T *)down->data, topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles,
-                                      sorted, pos, (T *)gu, (T *)act, (T *)y, b);
-        else
-            moe_experts_launch<T, 64>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,
-                                      (const T *)down->data, topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles,
-                                      sorted, pos, (T *)gu, (T *)act, (T *)y, b);
-        break;
-    }
+    case DTYPE_BF16: MOE_LAUNCH_BM(__nv_bfloat16); break;
+    case DTYPE_F32: MOE_LAUNCH_BM(float); break;
     default: CHECK_MSG(0, "moe_experts: dtype %s unsupported", dtype_name(x->dtype));
     }
+#undef MOE_LAUNCH_BM
+#undef MOE_LAUNCH
 }
