@@ -128,6 +128,7 @@ __device__ __forceinline__ void fp8_tile_convert(__nv_bfloat16 *dst, const uint8
 // through shared memory at the end.
 template <int D, int NW, int KS, typename KVT>
 __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const attn_params p) {
+    pdl_begin();
     static_assert(NW == 1 || KS == 1, "either row warps or KV-split warps");
     constexpr int BM = 16 * NW, NT = NW * KS * 32, RS = D + PAD, TW = BN / KS; // TW: tokens per warp per tile
     constexpr bool FP8 = sizeof(KVT) == 1;
@@ -398,6 +399,7 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
 template <int D>
 __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o, const float *part_lse, int n_rows,
                                         int n_splits, int hq, const float *sinks, float v_scale) {
+    pdl_begin();
     constexpr int SPL = MAX_SPLITS / 32; // splits per lane
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n_rows) return;
@@ -458,7 +460,7 @@ template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *c
 
 template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
     constexpr int KS = NW == 1 ? 4 : 1;
-    paged_attention_kernel<D, NW, KS, KVT><<<grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s>>>(p);
+    pdl_launch(paged_attention_kernel<D, NW, KS, KVT>, grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s, p);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -557,10 +559,10 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     if (splits > 1) {
         int rows = n * hq;
         if (D == 64)
-            attention_reduce_kernel<64><<<cdiv(rows, 8), 256, 0, cb->stream>>>(p.out, p.part_o, p.part_lse, rows, splits,
+            pdl_launch(attention_reduce_kernel<64>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse, rows, splits,
                                                                              hq, p.sinks, p.v_scale);
         else
-            attention_reduce_kernel<128><<<cdiv(rows, 8), 256, 0, cb->stream>>>(p.out, p.part_o, p.part_lse, rows, splits,
+            pdl_launch(attention_reduce_kernel<128>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse, rows, splits,
                                                                               hq, p.sinks, p.v_scale);
         CUDA_CHECK_LAUNCH();
     }

@@ -19,6 +19,7 @@ __device__ __forceinline__ float half_bits_to_f32(const uint8_t *p) {
 
 template <typename D>
 __global__ void dequant_kernel(D *dst, const uint8_t *src, int sdt, int64_t n) {
+    pdl_begin();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float v;
@@ -62,9 +63,9 @@ void cuda_launch_dequant(cudaStream_t s, void *dst, enum dtype ddt, const void *
     unsigned grid = (unsigned)(n / 256 + 1 < 65536 ? n / 256 + 1 : 65536);
     const uint8_t *sp = (const uint8_t *)src;
     switch (ddt) {
-    case DTYPE_F32: dequant_kernel<float><<<grid, 256, 0, s>>>((float *)dst, sp, sdt, n); break;
-    case DTYPE_BF16: dequant_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>((__nv_bfloat16 *)dst, sp, sdt, n); break;
-    case DTYPE_F16: dequant_kernel<__half><<<grid, 256, 0, s>>>((__half *)dst, sp, sdt, n); break;
+    case DTYPE_F32: pdl_launch(dequant_kernel<float>, grid, 256, 0, s, (float *)dst, sp, sdt, n); break;
+    case DTYPE_BF16: pdl_launch(dequant_kernel<__nv_bfloat16>, grid, 256, 0, s, (__nv_bfloat16 *)dst, sp, sdt, n); break;
+    case DTYPE_F16: pdl_launch(dequant_kernel<__half>, grid, 256, 0, s, (__half *)dst, sp, sdt, n); break;
     default: CHECK_MSG(0, "dequant to %s unsupported", dtype_name(ddt));
     }
     CUDA_CHECK_LAUNCH();

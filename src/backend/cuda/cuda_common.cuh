@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <utility>
+
 extern "C" {
 #include "backend/backend.h"
 #include "common/check.h"
@@ -186,6 +188,46 @@ template <typename T, int N> __device__ __forceinline__ void vec_store(T *p, con
 #pragma unroll
         for (int i = 0; i < N; i++) p[i] = from_f32<T>(f[i]);
     }
+}
+
+// Programmatic dependent launch (Hopper). Every kernel of this backend starts with pdl_begin():
+// griddepcontrol.wait (returns once the grids it depends on have completed and their writes are
+// visible; a no-op when launched without the attribute), then griddepcontrol.launch_dependents
+// (once every block of this grid has passed it, the next kernel on the stream may be scheduled).
+// Kernels are launched with pdl_launch, so the next kernel's launch and block scheduling overlap
+// this kernel's run instead of following its completion: over the ~330 kernels of a decode step
+// that shortens every gap of the replayed CUDA graph. Nothing runs before the wait, so the
+// ordering of memory accesses is exactly that of plain stream order. cuBLASLt kernels are launched
+// normally (they cannot wait), so a kernel after them still starts only after they finish.
+// ATOMC_PDL=0 turns the attribute off (A/B measurements).
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+static inline bool pdl_enabled() {
+    static const bool on = [] {
+        const char *e = getenv("ATOMC_PDL");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
+
+template <typename... K, typename... A>
+static inline void pdl_launch(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
 }
 
 // Tensor-core building blocks (mma.sync m16n8k16 bf16 -> f32, ldmatrix, cp.async), shared by

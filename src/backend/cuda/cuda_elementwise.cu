@@ -69,6 +69,7 @@ __device__ __forceinline__ void rmsnorm_row(T *out, T *res, const T *x, const W 
 
 template <typename T, typename W, int V, bool ADD>
 __global__ void rmsnorm_warp_kernel(T *out, T *res, const T *x, const W *w, int64_t rows, int d, float eps) {
+    pdl_begin();
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= rows) return;
     size_t off = (size_t)row * d;
@@ -78,6 +79,7 @@ __global__ void rmsnorm_warp_kernel(T *out, T *res, const T *x, const W *w, int6
 
 template <typename T, typename W, int V, bool ADD>
 __global__ void rmsnorm_block_kernel(T *out, T *res, const T *x, const W *w, int64_t rows, int d, float eps) {
+    pdl_begin();
     __shared__ float red[32];
     size_t off = (size_t)blockIdx.x * d;
     rmsnorm_row<T, W, V, ADD>(out + off, ADD ? res + off : nullptr, x ? x + off : nullptr, w, d, eps, threadIdx.x,
@@ -92,12 +94,12 @@ static void rmsnorm_launch(cudaStream_t s, T *out, T *res, const T *x, const W *
     if (rows == 0) return;
     if (d <= 1024) {
         unsigned grid = cdiv(rows, 8);
-        if (vec) rmsnorm_warp_kernel<T, W, VT, ADD><<<grid, 256, 0, s>>>(out, res, x, w, rows, d, eps);
-        else rmsnorm_warp_kernel<T, W, 1, ADD><<<grid, 256, 0, s>>>(out, res, x, w, rows, d, eps);
+        if (vec) pdl_launch(rmsnorm_warp_kernel<T, W, VT, ADD>, grid, 256, 0, s, out, res, x, w, rows, d, eps);
+        else pdl_launch(rmsnorm_warp_kernel<T, W, 1, ADD>, grid, 256, 0, s, out, res, x, w, rows, d, eps);
     } else {
         unsigned threads = d >= 4096 ? 512 : 256;
-        if (vec) rmsnorm_block_kernel<T, W, VT, ADD><<<(unsigned)rows, threads, 0, s>>>(out, res, x, w, rows, d, eps);
-        else rmsnorm_block_kernel<T, W, 1, ADD><<<(unsigned)rows, threads, 0, s>>>(out, res, x, w, rows, d, eps);
+        if (vec) pdl_launch(rmsnorm_block_kernel<T, W, VT, ADD>, (unsigned)rows, threads, 0, s, out, res, x, w, rows, d, eps);
+        else pdl_launch(rmsnorm_block_kernel<T, W, 1, ADD>, (unsigned)rows, threads, 0, s, out, res, x, w, rows, d, eps);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -137,6 +139,7 @@ void cuda_op_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *r
 
 template <typename T, int V>
 __global__ void silu_mul_kernel(T *out, const T *gu, int64_t n, int64_t f) {
+    pdl_begin();
     int64_t per_row = f / V;
     int64_t total = n * per_row;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -164,9 +167,9 @@ void cuda_op_silu_mul(struct backend *b, struct tensor *out, const struct tensor
     DISPATCH_ACT(out->dtype, T, {
         constexpr int VT = 16 / sizeof(T);
         if (f % VT == 0 && aligned16(out->data) && aligned16(gu->data))
-            silu_mul_kernel<T, VT><<<grid_for(n * f / VT, 256), 256, 0, s>>>((T *)out->data, (const T *)gu->data, n, f);
+            pdl_launch(silu_mul_kernel<T, VT>, grid_for(n * f / VT, 256), 256, 0, s, (T *)out->data, (const T *)gu->data, n, f);
         else
-            silu_mul_kernel<T, 1><<<grid_for(n * f, 256), 256, 0, s>>>((T *)out->data, (const T *)gu->data, n, f);
+            pdl_launch(silu_mul_kernel<T, 1>, grid_for(n * f, 256), 256, 0, s, (T *)out->data, (const T *)gu->data, n, f);
     })
     CUDA_CHECK_LAUNCH();
 }
@@ -176,6 +179,7 @@ void cuda_op_silu_mul(struct backend *b, struct tensor *out, const struct tensor
 
 template <typename T, int V>
 __global__ void add_kernel(T *out, const T *x, int64_t nvec) {
+    pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += (int64_t)gridDim.x * blockDim.x) {
         float a[V], c[V];
         vec_load<T, V>(out + i * V, a);
@@ -194,9 +198,9 @@ void cuda_op_add(struct backend *b, struct tensor *out, const struct tensor *x) 
     DISPATCH_ACT(out->dtype, T, {
         constexpr int VT = 16 / sizeof(T);
         if (n % VT == 0 && aligned16(out->data) && aligned16(x->data))
-            add_kernel<T, VT><<<grid_for(n / VT, 256), 256, 0, s>>>((T *)out->data, (const T *)x->data, n / VT);
+            pdl_launch(add_kernel<T, VT>, grid_for(n / VT, 256), 256, 0, s, (T *)out->data, (const T *)x->data, n / VT);
         else
-            add_kernel<T, 1><<<grid_for(n, 256), 256, 0, s>>>((T *)out->data, (const T *)x->data, n);
+            pdl_launch(add_kernel<T, 1>, grid_for(n, 256), 256, 0, s, (T *)out->data, (const T *)x->data, n);
     })
     CUDA_CHECK_LAUNCH();
 }
@@ -207,6 +211,7 @@ void cuda_op_add(struct backend *b, struct tensor *out, const struct tensor *x) 
 
 template <typename TO, typename TI, int V>
 __global__ void gather_kernel(TO *out, const TI *src, const int32_t *idx, int n_rows, int64_t src_rows, int64_t d) {
+    pdl_begin();
     int row = blockIdx.x;
     if (row >= n_rows) return;
     int32_t r = idx[row];
@@ -233,10 +238,10 @@ static void gather_launch(cudaStream_t s, struct tensor *out, const struct tenso
             constexpr int V = 8;
             if (d % V == 0 && aligned16(out->data) && aligned16(src->data) && (V * sizeof(TO)) % 16 == 0 &&
                 (V * sizeof(TI)) % 16 == 0)
-                gather_kernel<TO, TI, V><<<(unsigned)n, threads, 0, s>>>((TO *)out->data, (const TI *)src->data, idx, n,
+                pdl_launch(gather_kernel<TO, TI, V>, (unsigned)n, threads, 0, s, (TO *)out->data, (const TI *)src->data, idx, n,
                                                                        tensor_rows(src), d);
             else
-                gather_kernel<TO, TI, 1><<<(unsigned)n, threads, 0, s>>>((TO *)out->data, (const TI *)src->data, idx, n,
+                pdl_launch(gather_kernel<TO, TI, 1>, (unsigned)n, threads, 0, s, (TO *)out->data, (const TI *)src->data, idx, n,
                                                                        tensor_rows(src), d);
         })
     })
@@ -256,6 +261,7 @@ void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct ten
 
 template <typename TI>
 __global__ void convert_kernel(float *out, const TI *x, int64_t n) {
+    pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = to_f32(x[i]);
 }
@@ -270,7 +276,7 @@ void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor 
         return;
     }
     DISPATCH_ACT(x->dtype, TI, {
-        convert_kernel<TI><<<grid_for(n, 256), 256, 0, s>>>((float *)out->data, (const TI *)x->data, n);
+        pdl_launch(convert_kernel<TI>, grid_for(n, 256), 256, 0, s, (float *)out->data, (const TI *)x->data, n);
     })
     CUDA_CHECK_LAUNCH();
 }
@@ -280,6 +286,7 @@ void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor 
 
 template <typename T>
 __global__ void fill_uniform_kernel(T *t, int64_t n, float lo, float hi, uint64_t seed) {
+    pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         uint64_t z = seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -299,7 +306,7 @@ atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t 
     if (n == 0) return ATOMC_OK;
     cudaStream_t s = cuda_impl(b)->stream;
     DISPATCH_ACT(t->dtype, T, {
-        fill_uniform_kernel<T><<<grid_for(n, 256), 256, 0, s>>>((T *)t->data, n, lo, hi, seed);
+        pdl_launch(fill_uniform_kernel<T>, grid_for(n, 256), 256, 0, s, (T *)t->data, n, lo, hi, seed);
     })
     CUDA_TRY(err, cudaGetLastError());
     return ATOMC_OK;

@@ -42,6 +42,7 @@ template <int NR, typename TO>
 __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_bf16_kernel(TO *out, const __nv_bfloat16 *x,
                                                                     const __nv_bfloat16 *w, const TO *bias,
                                                                     int64_t m, int64_t k) {
+    pdl_begin();
     const int lane = threadIdx.x % 32;
     const int64_t col = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
     if (col >= m) return;
@@ -77,7 +78,7 @@ static void gemv_bf16(cudaStream_t s, int n, TO *out, const __nv_bfloat16 *x, co
     const unsigned grid = (unsigned)cdiv(m, GEMV_WARPS);
     switch (n) {
 #define GEMV_CASE(NR)                                                                                          \
-    case NR: gemv_bf16_kernel<NR, TO><<<grid, 32 * GEMV_WARPS, 0, s>>>(out, x, w, bias, m, k); break;
+    case NR: pdl_launch(gemv_bf16_kernel<NR, TO>, grid, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k); break;
         GEMV_CASE(1)
         GEMV_CASE(2)
         GEMV_CASE(3)

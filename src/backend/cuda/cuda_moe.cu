@@ -50,6 +50,7 @@
 template <typename T>
 __global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_args a, int32_t *ids_out,
                                  float *w_out) {
+    pdl_begin();
     extern __shared__ float route_smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = (int64_t)blockIdx.x * MOE_ROUTE_WARPS + warp;
@@ -129,15 +130,15 @@ void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const str
     size_t smem = (size_t)MOE_ROUTE_WARPS * a->num_experts * sizeof(float);
     switch (logits->dtype) {
     case DTYPE_F32:
-        moe_route_kernel<float><<<grid, 32 * MOE_ROUTE_WARPS, smem, s>>>((const float *)logits->data, n, *a, topk_ids,
+        pdl_launch(moe_route_kernel<float>, grid, 32 * MOE_ROUTE_WARPS, smem, s, (const float *)logits->data, n, *a, topk_ids,
                                                                          topk_w);
         break;
     case DTYPE_BF16:
-        moe_route_kernel<__nv_bfloat16><<<grid, 32 * MOE_ROUTE_WARPS, smem, s>>>(
+        pdl_launch(moe_route_kernel<__nv_bfloat16>, grid, 32 * MOE_ROUTE_WARPS, smem, s,
             (const __nv_bfloat16 *)logits->data, n, *a, topk_ids, topk_w);
         break;
     case DTYPE_F16:
-        moe_route_kernel<__half><<<grid, 32 * MOE_ROUTE_WARPS, smem, s>>>((const __half *)logits->data, n, *a,
+        pdl_launch(moe_route_kernel<__half>, grid, 32 * MOE_ROUTE_WARPS, smem, s, (const __half *)logits->data, n, *a,
                                                                           topk_ids, topk_w);
         break;
     default: CHECK_MSG(0, "moe_route: logits dtype %s unsupported", dtype_name(logits->dtype));
@@ -159,6 +160,7 @@ void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const str
 __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort_kernel(const int32_t *ids, int64_t R, int E, int bm,
                                                                     int32_t *offsets, int32_t *tile_start,
                                                                     int32_t *sorted, int32_t *pos) {
+    pdl_begin();
     typedef cub::BlockScan<int, MOE_SORT_THREADS> scan_t;
     __shared__ typename scan_t::TempStorage scan_tmp;
     __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
@@ -202,6 +204,7 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
                                                                const T *W, const int32_t *offsets,
                                                                const int32_t *tile_start, int E, int N, int K,
                                                                bool vec) {
+    pdl_begin();
     __shared__ float As[BM][MOE_BK + 1];
     __shared__ float Ws[MOE_BK][MOE_BN + 1];
     const int tile = blockIdx.y;
@@ -305,6 +308,7 @@ __global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const 
                                                       const int32_t *a_index, int n_slots, const __nv_bfloat16 *W,
                                                       const int32_t *offsets, const int32_t *tile_start, int E, int N,
                                                       int K) {
+    pdl_begin();
     typedef moe_mma_cfg<BM> C;
     __shared__ __align__(128) __nv_bfloat16 As[C::STAGES][BM * MMA_LD];
     __shared__ __align__(128) __nv_bfloat16 Ws[C::STAGES][MMA_BN * MMA_LD];
@@ -450,6 +454,7 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
                                                                        const int32_t *offsets,
                                                                        const int32_t *tile_start, int E, int N,
                                                                        int K, bool vec) {
+    pdl_begin();
     const int tile = blockIdx.y;
     if (tile >= tile_start[E]) return;
     int lo = 0, hi = E - 1;
@@ -541,8 +546,7 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
     if constexpr (BM == MOE_GEMV_ROWS) {
         const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
         dim3 g(cdiv(N, MOE_GEMV_WARPS * MOE_GEMV_COLS), (unsigned)max_tiles);
-        moe_gemv_kernel<T, SILU>
-            <<<g, 32 * MOE_GEMV_WARPS, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
+        pdl_launch(moe_gemv_kernel<T, SILU>, g, 32 * MOE_GEMV_WARPS, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
         CUDA_CHECK_LAUNCH();
         return;
     } else {
@@ -551,19 +555,20 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
     if constexpr (std::is_same<T, __nv_bfloat16>::value && BM != MOE_GEMV_ROWS) {
         if (K % MMA_BK == 0 && N % 2 == 0 && aligned) {
             dim3 gm(cdiv(N, MMA_BN), (unsigned)max_tiles);
-            moe_mma_kernel<BM><<<gm, 128, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K);
+            pdl_launch(moe_mma_kernel<BM>, gm, 128, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N, K);
             CUDA_CHECK_LAUNCH();
             return;
         }
     }
     const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
-    moe_gemm_kernel<T, BM><<<grid, MOE_THREADS, 0, s>>>(out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
+    pdl_launch(moe_gemm_kernel<T, BM>, grid, MOE_THREADS, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
     CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 __global__ void moe_combine_kernel(T *out, const T *y, const int32_t *ids, const float *w, const int32_t *pos,
                                    int64_t n, int slots, int E, int64_t H) {
+    pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * H; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / H, h = i % H;
         float acc = 0.f;
@@ -583,7 +588,7 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
                                int32_t *tiles, int32_t *sorted, int32_t *pos, T *gu, T *act, T *y,
                                struct backend *b) {
     const int64_t R = n * n_slots;
-    moe_sort_kernel<<<1, MOE_SORT_THREADS, 0, s>>>(ids, R, E, BM, offsets, tiles, sorted, pos);
+    pdl_launch(moe_sort_kernel, 1, MOE_SORT_THREADS, 0, s, ids, R, E, BM, offsets, tiles, sorted, pos);
     CUDA_CHECK_LAUNCH();
     moe_gemm<T, BM>(s, gu, x, sorted, n_slots, wgu, offsets, tiles, E, R, (int)(2 * I), (int)H);
     if constexpr (BM == MOE_GEMV_ROWS) {
@@ -601,7 +606,7 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
     }
     int64_t total = n * H;
     unsigned grid = (unsigned)(total / 256 + 1 < 65535 * 8 ? total / 256 + 1 : 65535 * 8);
-    moe_combine_kernel<T><<<grid, 256, 0, s>>>(out, y, ids, w, pos, n, n_slots, E, H);
+    pdl_launch(moe_combine_kernel<T>, grid, 256, 0, s, out, y, ids, w, pos, n, n_slots, E, H);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -26,6 +26,7 @@ __global__ void __launch_bounds__(256) rope_kv_write_kernel(T *q, T *k, const T 
                                                            bool interleaved, const int32_t *positions,
                                                            const int32_t *slot_mapping, C *kc, C *vc, float k_inv,
                                                            float v_inv) {
+    pdl_begin();
     const int t = blockIdx.x;
     const int half = rotary_dim / 2, pass = hd - rotary_dim;
     const int nq = q ? hq * half : 0, nk = hk * half, np = hk * pass, nv = hk * dv;
@@ -86,12 +87,12 @@ void cuda_op_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k
     const int items = hq * (rope->rotary_dim / 2) + hk * (hd - rope->rotary_dim / 2) + hk * dv;
     const dim3 grid((unsigned)n, (unsigned)cdiv(items, 256));
     if (kv->k.dtype == DTYPE_BF16) {
-        rope_kv_write_kernel<T, __nv_bfloat16><<<grid, 256, 0, s>>>(
+        pdl_launch(rope_kv_write_kernel<T, __nv_bfloat16>, grid, 256, 0, s,
             qp, (T *)k->data, (const T *)v->data, qs, ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim,
             rope->attn_factor, rope->interleaved, md->positions, md->slot_mapping, (__nv_bfloat16 *)kv->k.data,
             (__nv_bfloat16 *)kv->v.data, 1.f, 1.f);
     } else if (kv->k.dtype == DTYPE_FP8_E4M3) {
-        rope_kv_write_kernel<T, __nv_fp8_e4m3><<<grid, 256, 0, s>>>(
+        pdl_launch(rope_kv_write_kernel<T, __nv_fp8_e4m3>, grid, 256, 0, s,
             qp, (T *)k->data, (const T *)v->data, qs, ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim,
             rope->attn_factor, rope->interleaved, md->positions, md->slot_mapping, (__nv_fp8_e4m3 *)kv->k.data,
             (__nv_fp8_e4m3 *)kv->v.data, 1.f / kv->k_scale, 1.f / kv->v_scale);

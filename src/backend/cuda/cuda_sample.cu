@@ -302,6 +302,7 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
                                                     const float *repetition, const uint64_t *seed, const uint64_t *step,
                                                     int n_logprobs, int32_t *out_ids, float *out_logprob,
                                                     int32_t *out_top_ids, float *out_top_logprobs) {
+    pdl_begin();
     __shared__ sample_smem sm;
     const int r = blockIdx.x;
     row_view rv;
@@ -465,6 +466,7 @@ struct am_part {
 
 __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits, int V, int parts, int32_t *tickets,
                                                             am_part *partial, int32_t *out_ids, float *out_logprob) {
+    pdl_begin();
     __shared__ vid red_v[AM_THREADS / 32];
     __shared__ float red_s[AM_THREADS / 32];
     __shared__ bool last;
@@ -545,7 +547,7 @@ static bool cuda_sample_greedy(struct cuda_backend *cb, const struct sample_args
     size_t tick = ((size_t)n * sizeof(int32_t) + 255) & ~(size_t)255;
     size_t need = tick + (size_t)n * parts * sizeof(am_part);
     if (cuda_scratch_reserve(cb, &cb->argmax_scratch, &cb->argmax_scratch_bytes, need) < need) return false;
-    argmax_kernel<<<dim3((unsigned)n, (unsigned)parts), AM_THREADS, 0, cb->stream>>>(
+    pdl_launch(argmax_kernel, dim3((unsigned)n, (unsigned)parts), AM_THREADS, 0, cb->stream,
         (const float *)a->logits->data, V, parts, (int32_t *)cb->argmax_scratch,
         (am_part *)((char *)cb->argmax_scratch + tick), a->out_ids, a->out_logprob);
     CUDA_CHECK_LAUNCH();
@@ -571,7 +573,7 @@ void cuda_op_sample(struct backend *b, const struct sample_args *a) {
                   need);
         counts = cb->sample_counts;
     }
-    sample_kernel<<<a->n_rows, ST, 0, cb->stream>>>(
+    pdl_launch(sample_kernel, a->n_rows, ST, 0, cb->stream,
         (const float *)a->logits->data, a->vocab_size, counts, a->hist_start, a->hist_ids, a->hist_prompt_len,
         a->temperature, a->top_p, a->top_k, a->min_p, a->presence_penalty, a->frequency_penalty, a->repetition_penalty,
         a->seed, a->step, a->n_logprobs, a->out_ids, a->out_logprob, a->out_top_ids, a->out_top_logprobs);
