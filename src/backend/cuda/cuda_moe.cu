@@ -282,25 +282,27 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
 }
 
 // Grouped tensor-core GEMM for batches past the GEMV range: out[p, n] = A[row(p)] . W[e][n] over
-// BM-row tiles of one expert and MMA_BN = 128 columns; mma.sync m16n8k16 (bf16 in, f32
-// accumulate) from ldmatrix fragments, BK = 32 slices of A and W streamed by cp.async through
-// a STAGES-deep ring in shared memory (the slice for step kt + STAGES - 1 is issued before step
+// BM-row tiles of one expert and BN columns; mma.sync m16n8k16 (bf16 in, f32 accumulate) from
+// ldmatrix fragments, BK-wide slices of A and W streamed by cp.async through a STAGES-deep
+// ring in shared memory (the slice for step kt + STAGES - 1 is issued before step
 // kt computes), so each block keeps ~30 KB of weights in flight. BM = 16 (4 warps side by side,
-// 16 x 32 each) when experts get a few rows each (batched decode: every active expert's weights
+// 16 x 16 each) when experts get a few rows each (batched decode: every active expert's weights
 // stream once at full width, little MMA work wasted); BM = 64 (2 x 2 warps of 32 x 64) for
-// prefill. Rows past the expert's range are zero-filled and not stored. Needs K % 32 == 0,
+// prefill. Rows past the expert's range are zero-filled and not stored. Needs K % BK == 0,
 // N even, 16-byte aligned A and W.
-#define MMA_BN 128
-#define MMA_BK 32
-#define MMA_LD (MMA_BK + 8) // padded smem row (80 bytes): conflict-free ldmatrix
-
+// Tile shapes. BM = 16 (streaming: weight bound) takes BK = 64 so that every weight row is read
+// in whole 128-byte lines per stage (BK = 32 fetched 64-byte pieces of 128 rows at a time and
+// reached ~58% of HBM bandwidth at batch 256), with BN = 64 to stay in 46 KB of static shared
+// memory at 4 stages; BM = 64 (compute bound) keeps BN = 128, BK = 32, 3 stages. Shared rows
+// are padded by 8 elements (80 or 144 bytes): conflict-free ldmatrix.
 template <int BM> struct moe_mma_cfg {
+    static constexpr int BN = BM == 16 ? 64 : 128, BK = BM == 16 ? 64 : 32, LD = BK + 8;
     static constexpr int WM = BM == 16 ? 1 : 2, WN = BM == 16 ? 4 : 2; // warp grid
-    static constexpr int TM = BM / WM, TN = MMA_BN / WN;               // warp tile
+    static constexpr int TM = BM / WM, TN = BN / WN;                   // warp tile
     static constexpr int MT = TM / 16, NT = TN / 8;                    // m16 / n8 tiles per warp
     static constexpr int STAGES = BM == 16 ? 4 : 3;                    // 46 KB of static smem either way
-    static constexpr int A_CH = BM * (MMA_BK / 8), A_PER = (A_CH + 127) / 128;
-    static constexpr int W_PER = MMA_BN * (MMA_BK / 8) / 128;
+    static constexpr int A_CH = BM * (BK / 8), A_PER = (A_CH + 127) / 128;
+    static constexpr int W_PER = BN * (BK / 8) / 128;
 };
 
 template <int BM>
@@ -310,8 +312,8 @@ __global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const 
                                                       int K) {
     pdl_begin();
     typedef moe_mma_cfg<BM> C;
-    __shared__ __align__(128) __nv_bfloat16 As[C::STAGES][BM * MMA_LD];
-    __shared__ __align__(128) __nv_bfloat16 Ws[C::STAGES][MMA_BN * MMA_LD];
+    __shared__ __align__(128) __nv_bfloat16 As[C::STAGES][BM * C::LD];
+    __shared__ __align__(128) __nv_bfloat16 Ws[C::STAGES][C::BN * C::LD];
     const int tile = blockIdx.y;
     if (tile >= tile_start[E]) return;
     int lo = 0, hi = E - 1;
@@ -322,7 +324,7 @@ __global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const 
     }
     const int e = lo;
     const int row0 = offsets[e] + (tile - tile_start[e]) * BM, row_end = offsets[e + 1];
-    const int n0 = blockIdx.x * MMA_BN;
+    const int n0 = blockIdx.x * C::BN;
     const __nv_bfloat16 *We = W + (size_t)e * N * K;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     // This thread's 16-byte chunks of every A and W slice (fixed over k): source, destination.
@@ -331,28 +333,28 @@ __global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const 
     bool a_ok[C::A_PER], w_ok[C::W_PER];
 #pragma unroll
     for (int i = 0; i < C::A_PER; i++) {
-        int c = tid + i * 128, r = c / (MMA_BK / 8), kc = (c % (MMA_BK / 8)) * 8, p = row0 + r;
+        int c = tid + i * 128, r = c / (C::BK / 8), kc = (c % (C::BK / 8)) * 8, p = row0 + r;
         a_ok[i] = c < C::A_CH && p < row_end;
         int64_t arow = a_ok[i] ? (a_index ? a_index[p] / n_slots : p) : 0;
         a_src[i] = A + arow * K + kc;
-        a_dst[i] = r * MMA_LD + kc;
+        a_dst[i] = r * C::LD + kc;
     }
 #pragma unroll
     for (int i = 0; i < C::W_PER; i++) {
-        int c = tid + i * 128, n = c / (MMA_BK / 8), kc = (c % (MMA_BK / 8)) * 8;
+        int c = tid + i * 128, n = c / (C::BK / 8), kc = (c % (C::BK / 8)) * 8;
         w_ok[i] = n0 + n < N;
         w_src[i] = We + (size_t)(w_ok[i] ? n0 + n : 0) * K + kc;
-        w_dst[i] = n * MMA_LD + kc;
+        w_dst[i] = n * C::LD + kc;
     }
     auto load_stage = [&](int stage, int kt) {
-        const int k0 = kt * MMA_BK;
+        const int k0 = kt * C::BK;
 #pragma unroll
         for (int i = 0; i < C::A_PER; i++)
             if (tid + i * 128 < C::A_CH) cp_async16(smem_addr(&As[stage][a_dst[i]]), a_src[i] + k0, a_ok[i]);
 #pragma unroll
         for (int i = 0; i < C::W_PER; i++) cp_async16(smem_addr(&Ws[stage][w_dst[i]]), w_src[i] + k0, w_ok[i]);
     };
-    const int KT = K / MMA_BK;
+    const int KT = K / C::BK;
 #pragma unroll
     for (int st = 0; st < C::STAGES - 1; st++) {
         if (st < KT) load_stage(st, st);
@@ -372,16 +374,16 @@ __global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const 
         cp_async_commit();
         const __nv_bfloat16 *as = As[kt % C::STAGES], *ws = Ws[kt % C::STAGES];
 #pragma unroll
-        for (int kk = 0; kk < MMA_BK; kk += 16) {
+        for (int kk = 0; kk < C::BK; kk += 16) {
             uint32_t af[C::MT][4];
 #pragma unroll
             for (int mt = 0; mt < C::MT; mt++)
-                ldsm_x4(af[mt], smem_addr(as + (wm + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * MMA_LD + kk +
+                ldsm_x4(af[mt], smem_addr(as + (wm + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * C::LD + kk +
                                           (lane / 16) * 8));
 #pragma unroll
             for (int j = 0; j < C::NT / 2; j++) {
                 uint32_t bf[4];
-                ldsm_x4(bf, smem_addr(ws + (wn + j * 16 + (lane % 8) + (lane / 16) * 8) * MMA_LD + kk +
+                ldsm_x4(bf, smem_addr(ws + (wn + j * 16 + (lane % 8) + (lane / 16) * 8) * C::LD + kk +
                                       ((lane / 8) % 2) * 8));
 #pragma unroll
                 for (int mt = 0; mt < C::MT; mt++) {
@@ -553,8 +555,8 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
         static_assert(!SILU, "SiLU*mul is fused only into the grouped GEMV");
     }
     if constexpr (std::is_same<T, __nv_bfloat16>::value && BM != MOE_GEMV_ROWS) {
-        if (K % MMA_BK == 0 && N % 2 == 0 && aligned) {
-            dim3 gm(cdiv(N, MMA_BN), (unsigned)max_tiles);
+        if (K % moe_mma_cfg<BM>::BK == 0 && N % 2 == 0 && aligned) {
+            dim3 gm(cdiv(N, moe_mma_cfg<BM>::BN), (unsigned)max_tiles);
             pdl_launch(moe_mma_kernel<BM>, gm, 128, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N, K);
             CUDA_CHECK_LAUNCH();
             return;
