@@ -24,11 +24,11 @@
 // holds a row), so the shape is fixed for a given R; a block looks its tile up in tile_start
 // (binary search) and exits when it is past the last tile. Each (expert, column block) pair
 // streams its weight slice once per row tile, so a decode batch (one tile per active expert,
-// BM = 4) reads every active expert's weights once (from HBM; more tiles re-read from L2): the memory-bound grouped GEMV.
-// Inactive experts cost nothing.
+// BM = 4) reads every active expert's weights once from HBM (further tiles of a busy expert
+// re-read them mostly from L2). Inactive experts cost nothing.
 //
 // Decode-sized batches (R <= 128, 4-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp
-// per output column streams the weight row once with 16-byte loads; the down projection
+// per four output columns streams their weight rows once with 16-byte loads; the down projection
 // computes SiLU*mul of the gate_up row on the fly while R <= 32); larger batches of BF16 use the
 // mma.sync tensor-core kernel (moe_mma_kernel: 16-row tiles for batched decode, 64-row tiles for
 // prefill, cp.async multi-stage pipeline), other dtypes / unaligned shapes the CUDA-core tile
