@@ -24,8 +24,8 @@
 
 namespace {
 
-constexpr int BN = 64;  // KV tokens per tile
-constexpr int PAD = 8;  // bf16 elements of padding per shared row (conflict-free ldmatrix)
+constexpr int BN = 64; // KV tokens per tile
+constexpr int PAD = 8; // bf16 elements of padding per shared row (conflict-free ldmatrix)
 constexpr int MAX_SPLITS = 128;
 
 struct attn_params {
@@ -50,8 +50,8 @@ struct attn_params {
 // into raw staging tiles (row stride D bytes) that fp8_tile_convert turns into f16 later.
 // Tokens outside [lo, hi) are zero-filled and never dereferenced through the block table.
 template <int D, typename KVT, int NT>
-__device__ __forceinline__ void load_kv_tile(void *ks, void *vs, const attn_params &p, int seq, int kvh, int tok0, int lo,
-                                             int hi) {
+__device__ __forceinline__ void load_kv_tile(void *ks, void *vs, const attn_params &p, int seq, int kvh, int tok0,
+                                             int lo, int hi) {
     constexpr int EPC = 16 / sizeof(KVT); // elements per 16-byte chunk
     constexpr int CH = D / EPC;           // chunks per row
     constexpr int ROW_BYTES = sizeof(KVT) == 2 ? (D + PAD) * 2 : D;
@@ -89,9 +89,12 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-template <bool F16> __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    if constexpr (F16) mma_f16(c, a, b0, b1);
-    else mma_bf16(c, a, b0, b1);
+template <bool F16>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (F16)
+        mma_f16(c, a, b0, b1);
+    else
+        mma_bf16(c, a, b0, b1);
 }
 template <bool F16> __device__ __forceinline__ uint32_t pack2(float a, float b) {
     if constexpr (F16) {
@@ -103,8 +106,7 @@ template <bool F16> __device__ __forceinline__ uint32_t pack2(float a, float b) 
 }
 
 // FP8 staging tile (BN, D) bytes -> f16 tile (BN, D + PAD), one cvt per pair.
-template <int D, int NT>
-__device__ __forceinline__ void fp8_tile_convert(__nv_bfloat16 *dst, const uint8_t *src) {
+template <int D, int NT> __device__ __forceinline__ void fp8_tile_convert(__nv_bfloat16 *dst, const uint8_t *src) {
     constexpr int CH = D / 16;
     for (int c = threadIdx.x; c < BN * CH; c += NT) {
         int r = c / CH, ch = c % CH;
@@ -127,7 +129,7 @@ __device__ __forceinline__ void fp8_tile_convert(__nv_bfloat16 *dst, const uint8
 // split every KV tile's tokens between them, each with its own online-softmax state, merged
 // through shared memory at the end.
 template <int D, int NW, int KS, typename KVT>
-__global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const attn_params p) {
+__global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn_params p) {
     pdl_begin();
     static_assert(NW == 1 || KS == 1, "either row warps or KV-split warps");
     constexpr int BM = 16 * NW, NT = NW * KS * 32, RS = D + PAD, TW = BN / KS; // TW: tokens per warp per tile
@@ -190,12 +192,13 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
     __syncthreads();
 
     const int wid = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    const int warp = KS > 1 ? 0 : wid;   // row group
-    const int wk = KS > 1 ? wid : 0;     // KV token slice of each tile
+    const int warp = KS > 1 ? 0 : wid; // row group
+    const int wk = KS > 1 ? wid : 0;   // KV token slice of each tile
     uint32_t qf[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        ldsm_x4(qf[kk], smem_addr(qs_ + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + kk * 16 + (lane / 16) * 8));
+        ldsm_x4(qf[kk],
+                smem_addr(qs_ + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + kk * 16 + (lane / 16) * 8));
 
     // This thread's two rows (g and g + 8 of the warp's 16) and their query positions.
     int qpos[2];
@@ -208,7 +211,8 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
 
     float o[D / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < D / 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
     for (int t = tb; t < te; t++) {
@@ -230,14 +234,16 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
 
         float s[TW / 8][4];
 #pragma unroll
-        for (int i = 0; i < TW / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < TW / 8; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
         const int toff = wk * TW; // this warp's tokens within the tile
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
 #pragma unroll
             for (int j = 0; j < TW / 16; j++) {
                 uint32_t b[4];
-                ldsm_x4(b, smem_addr(ks + (toff + j * 16 + (lane % 8) + (lane / 16) * 8) * RS + kk * 16 + ((lane / 8) % 2) * 8));
+                ldsm_x4(b, smem_addr(ks + (toff + j * 16 + (lane % 8) + (lane / 16) * 8) * RS + kk * 16 +
+                                     ((lane / 8) % 2) * 8));
                 mma_16816<FP8>(s[2 * j], qf[kk], b[0], b[1]);
                 mma_16816<FP8>(s[2 * j + 1], qf[kk], b[2], b[3]);
             }
@@ -263,7 +269,8 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
         for (int h = 0; h < 2; h++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < TW / 8; i++) mx = fmaxf(mx, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+            for (int i = 0; i < TW / 8; i++)
+                mx = fmaxf(mx, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             float mn = fmaxf(m[h], mx);
@@ -288,11 +295,13 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
 #pragma unroll
         for (int kk = 0; kk < TW / 16; kk++) {
             uint32_t a[4] = {pack2<FP8>(s[2 * kk][0], s[2 * kk][1]), pack2<FP8>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<FP8>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<FP8>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                             pack2<FP8>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack2<FP8>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int dt = 0; dt < D / 16; dt++) {
                 uint32_t b[4];
-                ldsm_x4_t(b, smem_addr(vs + (toff + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + dt * 16 + (lane / 16) * 8));
+                ldsm_x4_t(b, smem_addr(vs + (toff + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + dt * 16 +
+                                       (lane / 16) * 8));
                 mma_16816<FP8>(o[2 * dt], a, b[0], b[1]);
                 mma_16816<FP8>(o[2 * dt + 1], a, b[2], b[3]);
             }
@@ -308,8 +317,8 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
     if constexpr (KS > 1) {
         // Merge the KS warps' states (the K/V tiles are free now): warps 1.. publish m, l and O;
         // warp 0 rescales to the common max and sums.
-        float *mo = reinterpret_cast<float *>(ks_);   // [KS][16][D]
-        float *ml = mo + KS * 16 * D;                 // [KS][16][2]
+        float *mo = reinterpret_cast<float *>(ks_); // [KS][16][D]
+        float *ml = mo + KS * 16 * D;               // [KS][16][2]
         if (wk > 0) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -331,7 +340,8 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
             int row = g + h * 8;
             float mx = m[h];
 #pragma unroll
-            for (int w = 1; w < KS; w++) mx = fmaxf(mx, ml[(w * 16 + row) * 2]);
+            for (int w = 1; w < KS; w++)
+                mx = fmaxf(mx, ml[(w * 16 + row) * 2]);
             float mu = mx == -INFINITY ? 0.f : mx;
             float a0 = exp2f(m[h] - mu);
             float ll = l[h] * a0;
@@ -380,13 +390,15 @@ __global__ void __launch_bounds__(NW * KS * 32) paged_attention_kernel(const att
             __nv_bfloat16 *dst = p.out + grow * D;
 #pragma unroll
             for (int i = 0; i < D / 8; i++)
-                *reinterpret_cast<uint32_t *>(dst + i * 8 + 2 * t4) = pack_bf16(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+                *reinterpret_cast<uint32_t *>(dst + i * 8 + 2 * t4) =
+                    pack_bf16(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
         } else {
             float inv = ll > 0.f ? 1.f / ll : 0.f;
             float *dst = p.part_o + (grow * p.n_splits + split) * D;
 #pragma unroll
             for (int i = 0; i < D / 8; i++)
-                *reinterpret_cast<float2 *>(dst + i * 8 + 2 * t4) = make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+                *reinterpret_cast<float2 *>(dst + i * 8 + 2 * t4) =
+                    make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
             if (t4 == 0) p.part_lse[grow * p.n_splits + split] = ll > 0.f ? mm + log2f(ll) : -INFINITY;
         }
     }
@@ -418,7 +430,8 @@ __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o,
     if (mf == -INFINITY) mf = 0.f;
     float acc[D / 32];
 #pragma unroll
-    for (int i = 0; i < D / 32; i++) acc[i] = 0.f;
+    for (int i = 0; i < D / 32; i++)
+        acc[i] = 0.f;
     float den = 0.f;
 #pragma unroll
     for (int i = 0; i < SPL; i++) {
@@ -431,13 +444,15 @@ __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o,
             float ws = __shfl_sync(0xffffffffu, w, src);
             const float *po = part_o + ((size_t)row * n_splits + src + 32 * i) * D;
 #pragma unroll
-            for (int j = 0; j < D / 32; j++) acc[j] += ws * po[lane + 32 * j];
+            for (int j = 0; j < D / 32; j++)
+                acc[j] += ws * po[lane + 32 * j];
         }
     }
     den = warp_sum(den) + (sinks ? exp2f(sk - mf) : 0.f);
     float inv = den > 0.f ? v_scale / den : 0.f;
 #pragma unroll
-    for (int i = 0; i < D / 32; i++) out[(size_t)row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);
+    for (int i = 0; i < D / 32; i++)
+        out[(size_t)row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);
 }
 
 template <int D, int NW, int KS, typename KVT> constexpr size_t attn_smem() {
@@ -466,11 +481,15 @@ template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, di
 
 template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, bool fp8, cudaStream_t s) {
     if (nw == 1) {
-        if (fp8) attn_launch<D, 1, __nv_fp8_e4m3>(p, grid, s);
-        else attn_launch<D, 1, __nv_bfloat16>(p, grid, s);
+        if (fp8)
+            attn_launch<D, 1, __nv_fp8_e4m3>(p, grid, s);
+        else
+            attn_launch<D, 1, __nv_bfloat16>(p, grid, s);
     } else {
-        if (fp8) attn_launch<D, 4, __nv_fp8_e4m3>(p, grid, s);
-        else attn_launch<D, 4, __nv_bfloat16>(p, grid, s);
+        if (fp8)
+            attn_launch<D, 4, __nv_fp8_e4m3>(p, grid, s);
+        else
+            attn_launch<D, 4, __nv_bfloat16>(p, grid, s);
     }
 }
 
@@ -514,8 +533,8 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     p.block_tables = md->block_tables;
     p.max_blocks = md->max_blocks_per_seq;
     p.block_size = md->block_size;
-    CHECK_MSG(md->block_size > 0 && (md->block_size & (md->block_size - 1)) == 0, "KV block size %d is not a power of 2",
-              md->block_size);
+    CHECK_MSG(md->block_size > 0 && (md->block_size & (md->block_size - 1)) == 0,
+              "KV block size %d is not a power of 2", md->block_size);
     p.bs_shift = __builtin_ctz((unsigned)md->block_size);
     CHECK_MSG(BN / md->block_size <= 32, "KV block size %d too small for the attention tile", md->block_size);
     p.hq = hq;
@@ -554,16 +573,18 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     p.part_lse = p.part_o + (size_t)n * hq * splits * D;
     CHECK_MSG((int64_t)md->n_seqs * splits <= 65535, "CUDA attention: too many sequences (%d)", md->n_seqs);
     dim3 grid(row_tiles, hk, md->n_seqs * splits);
-    if (D == 64) attn_dispatch<64>(p, grid, nw, fp8, cb->stream);
-    else attn_dispatch<128>(p, grid, nw, fp8, cb->stream);
+    if (D == 64)
+        attn_dispatch<64>(p, grid, nw, fp8, cb->stream);
+    else
+        attn_dispatch<128>(p, grid, nw, fp8, cb->stream);
     if (splits > 1) {
         int rows = n * hq;
         if (D == 64)
-            pdl_launch(attention_reduce_kernel<64>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse, rows, splits,
-                                                                             hq, p.sinks, p.v_scale);
+            pdl_launch(attention_reduce_kernel<64>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse,
+                       rows, splits, hq, p.sinks, p.v_scale);
         else
-            pdl_launch(attention_reduce_kernel<128>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse, rows, splits,
-                                                                              hq, p.sinks, p.v_scale);
+            pdl_launch(attention_reduce_kernel<128>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse,
+                       rows, splits, hq, p.sinks, p.v_scale);
         CUDA_CHECK_LAUNCH();
     }
 }

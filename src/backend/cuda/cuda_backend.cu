@@ -17,16 +17,21 @@ __device__ __forceinline__ float half_bits_to_f32(const uint8_t *p) {
     return __half2float(__ushort_as_half(h));
 }
 
-template <typename D>
-__global__ void dequant_kernel(D *dst, const uint8_t *src, int sdt, int64_t n) {
+template <typename D> __global__ void dequant_kernel(D *dst, const uint8_t *src, int sdt, int64_t n) {
     pdl_begin();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float v;
         switch (sdt) {
-        case DTYPE_F32: v = reinterpret_cast<const float *>(src)[i]; break;
-        case DTYPE_F16: v = __half2float(reinterpret_cast<const __half *>(src)[i]); break;
-        case DTYPE_BF16: v = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(src)[i]); break;
+        case DTYPE_F32:
+            v = reinterpret_cast<const float *>(src)[i];
+            break;
+        case DTYPE_F16:
+            v = __half2float(reinterpret_cast<const __half *>(src)[i]);
+            break;
+        case DTYPE_BF16:
+            v = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(src)[i]);
+            break;
         case DTYPE_FP8_E4M3: {
             __nv_fp8_e4m3 f;
             f.__x = src[i];
@@ -52,7 +57,9 @@ __global__ void dequant_kernel(D *dst, const uint8_t *src, int sdt, int64_t n) {
             v = half_bits_to_f32(blk) * (float)q + half_bits_to_f32(blk + 2);
             break;
         }
-        default: v = 0.0f; break;
+        default:
+            v = 0.0f;
+            break;
         }
         dst[i] = from_f32<D>(v);
     }
@@ -63,10 +70,17 @@ void cuda_launch_dequant(cudaStream_t s, void *dst, enum dtype ddt, const void *
     unsigned grid = (unsigned)(n / 256 + 1 < 65536 ? n / 256 + 1 : 65536);
     const uint8_t *sp = (const uint8_t *)src;
     switch (ddt) {
-    case DTYPE_F32: pdl_launch(dequant_kernel<float>, grid, 256, 0, s, (float *)dst, sp, sdt, n); break;
-    case DTYPE_BF16: pdl_launch(dequant_kernel<__nv_bfloat16>, grid, 256, 0, s, (__nv_bfloat16 *)dst, sp, sdt, n); break;
-    case DTYPE_F16: pdl_launch(dequant_kernel<__half>, grid, 256, 0, s, (__half *)dst, sp, sdt, n); break;
-    default: CHECK_MSG(0, "dequant to %s unsupported", dtype_name(ddt));
+    case DTYPE_F32:
+        pdl_launch(dequant_kernel<float>, grid, 256, 0, s, (float *)dst, sp, sdt, n);
+        break;
+    case DTYPE_BF16:
+        pdl_launch(dequant_kernel<__nv_bfloat16>, grid, 256, 0, s, (__nv_bfloat16 *)dst, sp, sdt, n);
+        break;
+    case DTYPE_F16:
+        pdl_launch(dequant_kernel<__half>, grid, 256, 0, s, (__half *)dst, sp, sdt, n);
+        break;
+    default:
+        CHECK_MSG(0, "dequant to %s unsupported", dtype_name(ddt));
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -109,7 +123,9 @@ static void cuda_memset_zero(struct backend *b, void *dst, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cuda_impl(b)->stream));
 }
 
-static void cuda_synchronize(struct backend *b) { CUDA_CHECK(cudaStreamSynchronize(cuda_impl(b)->stream)); }
+static void cuda_synchronize(struct backend *b) {
+    CUDA_CHECK(cudaStreamSynchronize(cuda_impl(b)->stream));
+}
 
 static void cuda_memory_info(struct backend *b, size_t *free_bytes, size_t *total_bytes) {
     CUDA_CHECK(cudaSetDevice(cuda_impl(b)->device));
@@ -178,8 +194,8 @@ static atomc_status cuda_upload_weight(struct backend *b, struct tensor *dst, co
             } else {
                 e = cudaMemcpyAsync(cb->staging[slot], cb->pinned[slot], bytes, cudaMemcpyHostToDevice, cb->stream);
                 if (e == cudaSuccess)
-                    cuda_launch_dequant(cb->stream, (uint8_t *)d + dtype_row_bytes(ddt, e0), ddt, cb->staging[slot], sdt,
-                                        nb * be);
+                    cuda_launch_dequant(cb->stream, (uint8_t *)d + dtype_row_bytes(ddt, e0), ddt, cb->staging[slot],
+                                        sdt, nb * be);
             }
         }
         if (e == cudaSuccess) e = cudaEventRecord(cb->staging_done[slot], cb->stream);
@@ -335,8 +351,9 @@ extern "C" atomc_status backend_cuda_create(const struct backend_options *o, str
     cudaDeviceProp prop;
     CUDA_TRY(err, cudaGetDeviceProperties(&prop, dev));
     if (prop.major < 9)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "CUDA device %d (%s, sm_%d%d) is not Hopper: atomc is built for sm_90a",
-                         dev, prop.name, prop.major, prop.minor);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "CUDA device %d (%s, sm_%d%d) is not Hopper: atomc is built for sm_90a", dev, prop.name,
+                         prop.major, prop.minor);
 
     struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof *cb);
     if (!cb) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory");

@@ -30,22 +30,22 @@ extern "C" {
 #include "common/error.h"
 }
 
-#define CUDA_REPORT_ABORT(what, code_str, expr)                                                        \
-    do {                                                                                               \
-        fprintf(stderr, "atomc: %s error %s at %s:%d: %s\n", what, code_str, __FILE__, __LINE__, expr); \
-        abort();                                                                                       \
+#define CUDA_REPORT_ABORT(what, code_str, expr)                                                                        \
+    do {                                                                                                               \
+        fprintf(stderr, "atomc: %s error %s at %s:%d: %s\n", what, code_str, __FILE__, __LINE__, expr);                \
+        abort();                                                                                                       \
     } while (0)
 
-#define CUDA_CHECK(expr)                                                              \
-    do {                                                                              \
-        cudaError_t _e = (expr);                                                      \
-        if (_e != cudaSuccess) CUDA_REPORT_ABORT("CUDA", cudaGetErrorString(_e), #expr); \
+#define CUDA_CHECK(expr)                                                                                               \
+    do {                                                                                                               \
+        cudaError_t _e = (expr);                                                                                       \
+        if (_e != cudaSuccess) CUDA_REPORT_ABORT("CUDA", cudaGetErrorString(_e), #expr);                               \
     } while (0)
 
-#define CUBLAS_CHECK(expr)                                                                \
-    do {                                                                                  \
-        cublasStatus_t _s = (expr);                                                       \
-        if (_s != CUBLAS_STATUS_SUCCESS) CUDA_REPORT_ABORT("cuBLAS", cublas_status_str(_s), #expr); \
+#define CUBLAS_CHECK(expr)                                                                                             \
+    do {                                                                                                               \
+        cublasStatus_t _s = (expr);                                                                                    \
+        if (_s != CUBLAS_STATUS_SUCCESS) CUDA_REPORT_ABORT("cuBLAS", cublas_status_str(_s), #expr);                    \
     } while (0)
 
 // Checks the launch that just happened (configuration errors); device faults surface at the
@@ -53,27 +53,36 @@ extern "C" {
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 // Status-returning form: on failure records "CUDA error <name> at file:line: expr" in err.
-#define CUDA_TRY(err, expr)                                                                        \
-    do {                                                                                           \
-        cudaError_t _e = (expr);                                                                   \
-        if (_e != cudaSuccess) {                                                                   \
-            cudaGetLastError();                                                                    \
-            return error_set(err, _e == cudaErrorMemoryAllocation ? ATOMC_ERR_OUT_OF_MEMORY : ATOMC_ERR_BACKEND, \
-                             "CUDA error %s at %s:%d: %s", cudaGetErrorString(_e), __FILE__, __LINE__, #expr); \
-        }                                                                                          \
+#define CUDA_TRY(err, expr)                                                                                            \
+    do {                                                                                                               \
+        cudaError_t _e = (expr);                                                                                       \
+        if (_e != cudaSuccess) {                                                                                       \
+            cudaGetLastError();                                                                                        \
+            return error_set(err, _e == cudaErrorMemoryAllocation ? ATOMC_ERR_OUT_OF_MEMORY : ATOMC_ERR_BACKEND,       \
+                             "CUDA error %s at %s:%d: %s", cudaGetErrorString(_e), __FILE__, __LINE__, #expr);         \
+        }                                                                                                              \
     } while (0)
 
 static inline const char *cublas_status_str(cublasStatus_t s) {
     switch (s) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "NOT_SUPPORTED";
-    default: return "UNKNOWN";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+        return "NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return "ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+        return "INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+        return "ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+        return "MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+        return "EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+        return "INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+        return "NOT_SUPPORTED";
+    default:
+        return "UNKNOWN";
     }
 }
 
@@ -127,10 +136,14 @@ struct cuda_backend {
     cudaEvent_t staging_done[2];
 };
 
-static inline struct cuda_backend *cuda_impl(struct backend *b) { return (struct cuda_backend *)b->impl; }
+static inline struct cuda_backend *cuda_impl(struct backend *b) {
+    return (struct cuda_backend *)b->impl;
+}
 
 // True when p may be read / written with 16-byte vector accesses.
-static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+static inline bool aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
 
 // True while the backend stream is being captured into a graph (no allocation allowed).
 static inline bool cuda_is_capturing(struct cuda_backend *cb) {
@@ -143,16 +156,30 @@ static inline bool cuda_is_capturing(struct cuda_backend *cb) {
 // available (may be smaller than need while capturing).
 size_t cuda_scratch_reserve(struct cuda_backend *cb, void **buf, size_t *cap, size_t need);
 
-static inline unsigned cdiv(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+static inline unsigned cdiv(int64_t a, int64_t b) {
+    return (unsigned)((a + b - 1) / b);
+}
 
 // Scalar load/store helpers for the activation types (float, bf16, half).
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(float x) {
+    return x;
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_f32(__half x) {
+    return __half2float(x);
+}
 template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ float from_f32<float>(float x) {
+    return x;
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) {
+    return __float2half_rn(x);
+}
 
 // N consecutive elements of T as f32; vectorised as 16-byte accesses when N * sizeof(T) is
 // a multiple of 16 (the caller guarantees the alignment).
@@ -165,11 +192,13 @@ template <typename T, int N, bool LDG = true> __device__ __forceinline__ void ve
             uint4 u = LDG ? __ldg(reinterpret_cast<const uint4 *>(p) + v) : reinterpret_cast<const uint4 *>(p)[v];
             const T *e = reinterpret_cast<const T *>(&u);
 #pragma unroll
-            for (int i = 0; i < 16 / (int)sizeof(T); i++) f[v * (16 / sizeof(T)) + i] = to_f32(e[i]);
+            for (int i = 0; i < 16 / (int)sizeof(T); i++)
+                f[v * (16 / sizeof(T)) + i] = to_f32(e[i]);
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < N; i++) f[i] = to_f32(p[i]);
+        for (int i = 0; i < N; i++)
+            f[i] = to_f32(p[i]);
     }
 }
 
@@ -181,12 +210,14 @@ template <typename T, int N> __device__ __forceinline__ void vec_store(T *p, con
             uint4 u;
             T *e = reinterpret_cast<T *>(&u);
 #pragma unroll
-            for (int i = 0; i < 16 / (int)sizeof(T); i++) e[i] = from_f32<T>(f[v * (16 / sizeof(T)) + i]);
+            for (int i = 0; i < 16 / (int)sizeof(T); i++)
+                e[i] = from_f32<T>(f[v * (16 / sizeof(T)) + i]);
             reinterpret_cast<uint4 *>(p)[v] = u;
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < N; i++) p[i] = from_f32<T>(f[i]);
+        for (int i = 0; i < N; i++)
+            p[i] = from_f32<T>(f[i]);
     }
 }
 
@@ -232,7 +263,9 @@ static inline void pdl_launch(void (*kernel)(K...), dim3 grid, dim3 block, size_
 
 // Tensor-core building blocks (mma.sync m16n8k16 bf16 -> f32, ldmatrix, cp.async), shared by
 // the attention and grouped-GEMM kernels.
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -254,8 +287,12 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool v
     int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
     __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
@@ -264,12 +301,14 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
@@ -288,7 +327,8 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
                        const struct tensor *sinks);
 void cuda_op_silu_mul(struct backend *b, struct tensor *out, const struct tensor *gate_up);
 void cuda_op_add(struct backend *b, struct tensor *out, const struct tensor *x);
-void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows, int n_rows);
+void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows,
+                         int n_rows);
 void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor *x);
 void cuda_op_sample(struct backend *b, const struct sample_args *a);
 // Mixture of experts (cuda_moe.cu).

@@ -5,14 +5,23 @@
 #include "backend/cuda/cuda_common.cuh"
 
 // Dispatch helper: runs F with the C++ type of an activation dtype.
-#define DISPATCH_ACT(dt, T, ...)                                                   \
-    switch (dt) {                                                                  \
-    case DTYPE_F32: { using T = float; __VA_ARGS__; } break;                       \
-    case DTYPE_BF16: { using T = __nv_bfloat16; __VA_ARGS__; } break;              \
-    case DTYPE_F16: { using T = __half; __VA_ARGS__; } break;                      \
-    default: CHECK_MSG(0, "CUDA op: unsupported dtype %s", dtype_name(dt));        \
+#define DISPATCH_ACT(dt, T, ...)                                                                                       \
+    switch (dt) {                                                                                                      \
+    case DTYPE_F32: {                                                                                                  \
+        using T = float;                                                                                               \
+        __VA_ARGS__;                                                                                                   \
+    } break;                                                                                                           \
+    case DTYPE_BF16: {                                                                                                 \
+        using T = __nv_bfloat16;                                                                                       \
+        __VA_ARGS__;                                                                                                   \
+    } break;                                                                                                           \
+    case DTYPE_F16: {                                                                                                  \
+        using T = __half;                                                                                              \
+        __VA_ARGS__;                                                                                                   \
+    } break;                                                                                                           \
+    default:                                                                                                           \
+        CHECK_MSG(0, "CUDA op: unsupported dtype %s", dtype_name(dt));                                                 \
     }
-
 
 // ---------------------------------------------------------------------------------------
 // RMSNorm. One warp per row for d <= 1024, one 256-thread block per row otherwise.
@@ -31,16 +40,19 @@ __device__ __forceinline__ void rmsnorm_row(T *out, T *res, const T *x, const W 
             if (x) {
                 vec_load<T, V>(x + i, bx);
 #pragma unroll
-                for (int j = 0; j < V; j++) a[j] += bx[j];
+                for (int j = 0; j < V; j++)
+                    a[j] += bx[j];
 #pragma unroll
-                for (int j = 0; j < V; j++) a[j] = to_f32(from_f32<T>(a[j])); // the residual as stored
+                for (int j = 0; j < V; j++)
+                    a[j] = to_f32(from_f32<T>(a[j])); // the residual as stored
                 vec_store<T, V>(res + i, a);
             }
         } else {
             vec_load<T, V>(x + i, a);
         }
 #pragma unroll
-        for (int j = 0; j < V; j++) ss += a[j] * a[j];
+        for (int j = 0; j < V; j++)
+            ss += a[j] * a[j];
     }
     ss = warp_sum(ss);
     if (red) { // block reduction
@@ -48,7 +60,8 @@ __device__ __forceinline__ void rmsnorm_row(T *out, T *res, const T *x, const W 
         if ((lane & 31) == 0) red[wid] = ss;
         __syncthreads();
         float t = 0.f;
-        for (int i = 0; i < nthreads / 32; i++) t += red[i];
+        for (int i = 0; i < nthreads / 32; i++)
+            t += red[i];
         ss = t;
     }
     float r = rsqrtf(ss / (float)d + eps);
@@ -62,7 +75,8 @@ __device__ __forceinline__ void rmsnorm_row(T *out, T *res, const T *x, const W 
         }
         vec_load<W, V>(w + i, ww);
 #pragma unroll
-        for (int j = 0; j < V; j++) a[j] = a[j] * r * ww[j];
+        for (int j = 0; j < V; j++)
+            a[j] = a[j] * r * ww[j];
         vec_store<T, V>(out + i, a);
     }
 }
@@ -73,8 +87,8 @@ __global__ void rmsnorm_warp_kernel(T *out, T *res, const T *x, const W *w, int6
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= rows) return;
     size_t off = (size_t)row * d;
-    rmsnorm_row<T, W, V, ADD>(out + off, ADD ? res + off : nullptr, x ? x + off : nullptr, w, d, eps, threadIdx.x & 31, 32,
-                              nullptr);
+    rmsnorm_row<T, W, V, ADD>(out + off, ADD ? res + off : nullptr, x ? x + off : nullptr, w, d, eps, threadIdx.x & 31,
+                              32, nullptr);
 }
 
 template <typename T, typename W, int V, bool ADD>
@@ -94,12 +108,17 @@ static void rmsnorm_launch(cudaStream_t s, T *out, T *res, const T *x, const W *
     if (rows == 0) return;
     if (d <= 1024) {
         unsigned grid = cdiv(rows, 8);
-        if (vec) pdl_launch(rmsnorm_warp_kernel<T, W, VT, ADD>, grid, 256, 0, s, out, res, x, w, rows, d, eps);
-        else pdl_launch(rmsnorm_warp_kernel<T, W, 1, ADD>, grid, 256, 0, s, out, res, x, w, rows, d, eps);
+        if (vec)
+            pdl_launch(rmsnorm_warp_kernel<T, W, VT, ADD>, grid, 256, 0, s, out, res, x, w, rows, d, eps);
+        else
+            pdl_launch(rmsnorm_warp_kernel<T, W, 1, ADD>, grid, 256, 0, s, out, res, x, w, rows, d, eps);
     } else {
         unsigned threads = d >= 4096 ? 512 : 256;
-        if (vec) pdl_launch(rmsnorm_block_kernel<T, W, VT, ADD>, (unsigned)rows, threads, 0, s, out, res, x, w, rows, d, eps);
-        else pdl_launch(rmsnorm_block_kernel<T, W, 1, ADD>, (unsigned)rows, threads, 0, s, out, res, x, w, rows, d, eps);
+        if (vec)
+            pdl_launch(rmsnorm_block_kernel<T, W, VT, ADD>, (unsigned)rows, threads, 0, s, out, res, x, w, rows, d,
+                       eps);
+        else
+            pdl_launch(rmsnorm_block_kernel<T, W, 1, ADD>, (unsigned)rows, threads, 0, s, out, res, x, w, rows, d, eps);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -137,8 +156,7 @@ void cuda_op_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *r
 // ---------------------------------------------------------------------------------------
 // SiLU * mul: out(n, f) = silu(gu[:, :f]) * gu[:, f:].
 
-template <typename T, int V>
-__global__ void silu_mul_kernel(T *out, const T *gu, int64_t n, int64_t f) {
+template <typename T, int V> __global__ void silu_mul_kernel(T *out, const T *gu, int64_t n, int64_t f) {
     pdl_begin();
     int64_t per_row = f / V;
     int64_t total = n * per_row;
@@ -148,7 +166,8 @@ __global__ void silu_mul_kernel(T *out, const T *gu, int64_t n, int64_t f) {
         vec_load<T, V>(gu + r * 2 * f + c, g);
         vec_load<T, V>(gu + r * 2 * f + f + c, u);
 #pragma unroll
-        for (int j = 0; j < V; j++) g[j] = g[j] / (1.f + __expf(-g[j])) * u[j];
+        for (int j = 0; j < V; j++)
+            g[j] = g[j] / (1.f + __expf(-g[j])) * u[j];
         vec_store<T, V>(out + r * f + c, g);
     }
 }
@@ -167,9 +186,11 @@ void cuda_op_silu_mul(struct backend *b, struct tensor *out, const struct tensor
     DISPATCH_ACT(out->dtype, T, {
         constexpr int VT = 16 / sizeof(T);
         if (f % VT == 0 && aligned16(out->data) && aligned16(gu->data))
-            pdl_launch(silu_mul_kernel<T, VT>, grid_for(n * f / VT, 256), 256, 0, s, (T *)out->data, (const T *)gu->data, n, f);
+            pdl_launch(silu_mul_kernel<T, VT>, grid_for(n * f / VT, 256), 256, 0, s, (T *)out->data,
+                       (const T *)gu->data, n, f);
         else
-            pdl_launch(silu_mul_kernel<T, 1>, grid_for(n * f, 256), 256, 0, s, (T *)out->data, (const T *)gu->data, n, f);
+            pdl_launch(silu_mul_kernel<T, 1>, grid_for(n * f, 256), 256, 0, s, (T *)out->data, (const T *)gu->data, n,
+                       f);
     })
     CUDA_CHECK_LAUNCH();
 }
@@ -177,15 +198,15 @@ void cuda_op_silu_mul(struct backend *b, struct tensor *out, const struct tensor
 // ---------------------------------------------------------------------------------------
 // add: out += x.
 
-template <typename T, int V>
-__global__ void add_kernel(T *out, const T *x, int64_t nvec) {
+template <typename T, int V> __global__ void add_kernel(T *out, const T *x, int64_t nvec) {
     pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += (int64_t)gridDim.x * blockDim.x) {
         float a[V], c[V];
         vec_load<T, V>(out + i * V, a);
         vec_load<T, V>(x + i * V, c);
 #pragma unroll
-        for (int j = 0; j < V; j++) a[j] += c[j];
+        for (int j = 0; j < V; j++)
+            a[j] += c[j];
         vec_store<T, V>(out + i * V, a);
     }
 }
@@ -222,7 +243,8 @@ __global__ void gather_kernel(TO *out, const TI *src, const int32_t *idx, int n_
             vec_load<TI, V>(src + (int64_t)r * d + c, v);
         } else {
 #pragma unroll
-            for (int j = 0; j < V; j++) v[j] = 0.f;
+            for (int j = 0; j < V; j++)
+                v[j] = 0.f;
         }
         vec_store<TO, V>(out + (int64_t)row * d + c, v);
     }
@@ -233,18 +255,16 @@ static void gather_launch(cudaStream_t s, struct tensor *out, const struct tenso
     CHECK(tensor_cols(out) == d && tensor_rows(out) >= n);
     if (n == 0 || d == 0) return;
     unsigned threads = d >= 2048 ? 256 : 128;
-    DISPATCH_ACT(out->dtype, TO, {
-        DISPATCH_ACT(src->dtype, TI, {
-            constexpr int V = 8;
-            if (d % V == 0 && aligned16(out->data) && aligned16(src->data) && (V * sizeof(TO)) % 16 == 0 &&
-                (V * sizeof(TI)) % 16 == 0)
-                pdl_launch(gather_kernel<TO, TI, V>, (unsigned)n, threads, 0, s, (TO *)out->data, (const TI *)src->data, idx, n,
-                                                                       tensor_rows(src), d);
-            else
-                pdl_launch(gather_kernel<TO, TI, 1>, (unsigned)n, threads, 0, s, (TO *)out->data, (const TI *)src->data, idx, n,
-                                                                       tensor_rows(src), d);
-        })
-    })
+    DISPATCH_ACT(out->dtype, TO, {DISPATCH_ACT(src->dtype, TI, {
+                     constexpr int V = 8;
+                     if (d % V == 0 && aligned16(out->data) && aligned16(src->data) && (V * sizeof(TO)) % 16 == 0 &&
+                         (V * sizeof(TI)) % 16 == 0)
+                         pdl_launch(gather_kernel<TO, TI, V>, (unsigned)n, threads, 0, s, (TO *)out->data,
+                                    (const TI *)src->data, idx, n, tensor_rows(src), d);
+                     else
+                         pdl_launch(gather_kernel<TO, TI, 1>, (unsigned)n, threads, 0, s, (TO *)out->data,
+                                    (const TI *)src->data, idx, n, tensor_rows(src), d);
+                 })})
     CUDA_CHECK_LAUNCH();
 }
 
@@ -252,15 +272,15 @@ void cuda_op_embedding(struct backend *b, struct tensor *out, const struct tenso
     gather_launch(cuda_impl(b)->stream, out, table, ids, (int)tensor_rows(out));
 }
 
-void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows, int n_rows) {
+void cuda_op_gather_rows(struct backend *b, struct tensor *out, const struct tensor *x, const int32_t *rows,
+                         int n_rows) {
     gather_launch(cuda_impl(b)->stream, out, x, rows, n_rows);
 }
 
 // ---------------------------------------------------------------------------------------
 // convert: x (any activation dtype) -> out (F32).
 
-template <typename TI>
-__global__ void convert_kernel(float *out, const TI *x, int64_t n) {
+template <typename TI> __global__ void convert_kernel(float *out, const TI *x, int64_t n) {
     pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = to_f32(x[i]);
@@ -284,8 +304,7 @@ void cuda_op_convert(struct backend *b, struct tensor *out, const struct tensor 
 // ---------------------------------------------------------------------------------------
 // fill_uniform: t[i] = lo + (hi - lo) * u(seed, i), u from splitmix64 of (seed, i), 24 bits.
 
-template <typename T>
-__global__ void fill_uniform_kernel(T *t, int64_t n, float lo, float hi, uint64_t seed) {
+template <typename T> __global__ void fill_uniform_kernel(T *t, int64_t n, float lo, float hi, uint64_t seed) {
     pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         uint64_t z = seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
@@ -305,9 +324,8 @@ atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t 
                          dtype_name(t->dtype));
     if (n == 0) return ATOMC_OK;
     cudaStream_t s = cuda_impl(b)->stream;
-    DISPATCH_ACT(t->dtype, T, {
-        pdl_launch(fill_uniform_kernel<T>, grid_for(n, 256), 256, 0, s, (T *)t->data, n, lo, hi, seed);
-    })
+    DISPATCH_ACT(t->dtype, T,
+                 { pdl_launch(fill_uniform_kernel<T>, grid_for(n, 256), 256, 0, s, (T *)t->data, n, lo, hi, seed); })
     CUDA_TRY(err, cudaGetLastError());
     return ATOMC_OK;
 }

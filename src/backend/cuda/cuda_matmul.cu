@@ -39,9 +39,8 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4 &u, float (&f)[8]) {
 
 // out(NR, m) = x(NR, k) @ w(m, k)^T (+ bias); k % 8 == 0, x and w 16-byte aligned.
 template <int NR, typename TO>
-__global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_bf16_kernel(TO *out, const __nv_bfloat16 *x,
-                                                                    const __nv_bfloat16 *w, const TO *bias,
-                                                                    int64_t m, int64_t k) {
+__global__ void __launch_bounds__(32 * GEMV_WARPS)
+    gemv_bf16_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k) {
     pdl_begin();
     const int lane = threadIdx.x % 32;
     const int64_t col = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
@@ -49,7 +48,8 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_bf16_kernel(TO *out, con
     const __nv_bfloat16 *wr = w + col * k;
     float acc[NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.f;
+    for (int r = 0; r < NR; r++)
+        acc[r] = 0.f;
 #pragma unroll 8
     for (int64_t kk = lane * 8; kk < k; kk += 32 * 8) {
         float wf[8];
@@ -59,7 +59,8 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_bf16_kernel(TO *out, con
             float xf[8];
             bf16x8_to_f32(__ldg(reinterpret_cast<const uint4 *>(x + r * k + kk)), xf);
 #pragma unroll
-            for (int j = 0; j < 8; j++) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+            for (int j = 0; j < 8; j++)
+                acc[r] = fmaf(wf[j], xf[j], acc[r]);
         }
     }
 #pragma unroll
@@ -77,8 +78,10 @@ static void gemv_bf16(cudaStream_t s, int n, TO *out, const __nv_bfloat16 *x, co
                       int64_t m, int64_t k) {
     const unsigned grid = (unsigned)cdiv(m, GEMV_WARPS);
     switch (n) {
-#define GEMV_CASE(NR)                                                                                          \
-    case NR: pdl_launch(gemv_bf16_kernel<NR, TO>, grid, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k); break;
+#define GEMV_CASE(NR)                                                                                                  \
+    case NR:                                                                                                           \
+        pdl_launch(gemv_bf16_kernel<NR, TO>, grid, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k);                      \
+        break;
         GEMV_CASE(1)
         GEMV_CASE(2)
         GEMV_CASE(3)
@@ -88,17 +91,22 @@ static void gemv_bf16(cudaStream_t s, int n, TO *out, const __nv_bfloat16 *x, co
         GEMV_CASE(7)
         GEMV_CASE(8)
 #undef GEMV_CASE
-    default: CHECK_MSG(0, "gemv: %d rows (at most 8)", n);
+    default:
+        CHECK_MSG(0, "gemv: %d rows (at most 8)", n);
     }
     CUDA_CHECK_LAUNCH();
 }
 
 static cudaDataType_t lt_type(enum dtype t) {
     switch (t) {
-    case DTYPE_F32: return CUDA_R_32F;
-    case DTYPE_BF16: return CUDA_R_16BF;
-    case DTYPE_F16: return CUDA_R_16F;
-    default: CHECK_MSG(0, "matmul: unsupported dtype %s", dtype_name(t));
+    case DTYPE_F32:
+        return CUDA_R_32F;
+    case DTYPE_BF16:
+        return CUDA_R_16BF;
+    case DTYPE_F16:
+        return CUDA_R_16F;
+    default:
+        CHECK_MSG(0, "matmul: unsupported dtype %s", dtype_name(t));
     }
     return CUDA_R_32F;
 }
@@ -124,7 +132,8 @@ static void plan_release(struct matmul_plan *p) {
 
 void cuda_matmul_plans_destroy(struct cuda_backend *cb) {
     if (!cb->plans) return;
-    for (int i = 0; i < MATMUL_PLAN_CAP; i++) plan_release(&cb->plans[i]);
+    for (int i = 0; i < MATMUL_PLAN_CAP; i++)
+        plan_release(&cb->plans[i]);
     cb->n_plans = 0;
 }
 
@@ -134,7 +143,8 @@ static struct matmul_plan *plan_get(struct cuda_backend *cb, int64_t m, int64_t 
     for (int probe = 0; probe < MATMUL_PLAN_CAP; probe++) {
         struct matmul_plan *p = &cb->plans[(h + probe) % MATMUL_PLAN_CAP];
         if (!p->used) break;
-        if (p->m == m && p->n == n && p->k == k && p->in_dtype == it && p->out_dtype == ot && p->has_bias == bias) return p;
+        if (p->m == m && p->n == n && p->k == k && p->in_dtype == it && p->out_dtype == ot && p->has_bias == bias)
+            return p;
     }
     // Not cached: make it. A full table (an unbounded stream of prefill sizes) starts over;
     // a plan in use by queued work is only host-side descriptors, so this is safe.
@@ -145,7 +155,12 @@ static struct matmul_plan *plan_get(struct cuda_backend *cb, int64_t m, int64_t 
         if (!p->used) break;
     }
     memset(p, 0, sizeof *p);
-    p->m = m; p->n = n; p->k = k; p->in_dtype = it; p->out_dtype = ot; p->has_bias = bias;
+    p->m = m;
+    p->n = n;
+    p->k = k;
+    p->in_dtype = it;
+    p->out_dtype = ot;
+    p->has_bias = bias;
     cublasComputeType_t ct = it == DTYPE_F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F));
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -181,7 +196,8 @@ void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *
     struct cuda_backend *cb = cuda_impl(b);
     int64_t k = tensor_cols(x), n = tensor_rows(x), m = tensor_rows(w);
     CHECK_MSG(tensor_cols(w) == k, "matmul: x has %lld columns, w %lld", (long long)k, (long long)tensor_cols(w));
-    CHECK_MSG(tensor_cols(out) == m && tensor_rows(out) == n, "matmul: out is not (%lld, %lld)", (long long)n, (long long)m);
+    CHECK_MSG(tensor_cols(out) == m && tensor_rows(out) == n, "matmul: out is not (%lld, %lld)", (long long)n,
+              (long long)m);
     CHECK_MSG(x->dtype == w->dtype, "matmul: x %s, w %s (weights must be in the activation dtype on CUDA)",
               dtype_name(x->dtype), dtype_name(w->dtype));
     CHECK(!bias || (tensor_numel(bias) == m && bias->dtype == out->dtype));
@@ -193,12 +209,12 @@ void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *
     // The GEMV beats cuBLASLt's small-n kernels only for single rows of moderate shape
     // (measured on the H200: qkv / o 79% / 71% of HBM bandwidth vs 73% / 63%; gate_up and
     // down (k = 14336) 94% / 86% vs 100% / 90%; at n = 4 and 8 it is L1-bound, 62% / 38%).
-    if (n <= cb->gemv_max_rows && k <= 8192 && m <= 16384 && x->dtype == DTYPE_BF16 && k % 8 == 0 && aligned16(x->data) && aligned16(w->data) &&
-        (out->dtype == DTYPE_BF16 || out->dtype == DTYPE_F32)) {
+    if (n <= cb->gemv_max_rows && k <= 8192 && m <= 16384 && x->dtype == DTYPE_BF16 && k % 8 == 0 &&
+        aligned16(x->data) && aligned16(w->data) && (out->dtype == DTYPE_BF16 || out->dtype == DTYPE_F32)) {
         if (out->dtype == DTYPE_BF16)
             gemv_bf16<__nv_bfloat16>(cb->stream, (int)n, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
-                                     (const __nv_bfloat16 *)w->data,
-                                     bias ? (const __nv_bfloat16 *)bias->data : nullptr, m, k);
+                                     (const __nv_bfloat16 *)w->data, bias ? (const __nv_bfloat16 *)bias->data : nullptr,
+                                     m, k);
         else
             gemv_bf16<float>(cb->stream, (int)n, (float *)out->data, (const __nv_bfloat16 *)x->data,
                              (const __nv_bfloat16 *)w->data, bias ? (const float *)bias->data : nullptr, m, k);

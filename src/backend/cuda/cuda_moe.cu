@@ -48,8 +48,7 @@
 // Routing
 
 template <typename T>
-__global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_args a, int32_t *ids_out,
-                                 float *w_out) {
+__global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_args a, int32_t *ids_out, float *w_out) {
     pdl_begin();
     extern __shared__ float route_smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -79,7 +78,8 @@ __global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_ar
         }
         sum = warp_sum(sum);
         float inv = 1.0f / sum;
-        for (int e = lane; e < E; e += 32) p[e] *= inv;
+        for (int e = lane; e < E; e += 32)
+            p[e] *= inv;
         __syncwarp();
         float picked_sum = 0.f;
         for (int j = 0; j < k; j++) {
@@ -109,7 +109,8 @@ __global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_ar
         }
         float f = a.renormalize ? a.scale / picked_sum : a.scale;
         __syncwarp();
-        for (int j = lane; j < k; j += 32) w[j] *= f;
+        for (int j = lane; j < k; j += 32)
+            w[j] *= f;
     }
     for (int j = lane; j < a.n_shared; j += 32) {
         ids[k + j] = E + j;
@@ -118,7 +119,7 @@ __global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_ar
 }
 
 void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
-                                  int32_t *topk_ids, float *topk_w) {
+                       int32_t *topk_ids, float *topk_w) {
     CHECK_MSG(a->scoring == MOE_SCORING_SOFTMAX, "moe_route: only softmax scoring is implemented");
     CHECK_MSG(a->n_group <= 1, "moe_route: grouped top-k is not implemented yet");
     CHECK(a->num_experts > 0 && a->num_experts <= MOE_MAX_EXPERTS && a->top_k >= 1 && a->top_k <= a->num_experts);
@@ -130,18 +131,19 @@ void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const str
     size_t smem = (size_t)MOE_ROUTE_WARPS * a->num_experts * sizeof(float);
     switch (logits->dtype) {
     case DTYPE_F32:
-        pdl_launch(moe_route_kernel<float>, grid, 32 * MOE_ROUTE_WARPS, smem, s, (const float *)logits->data, n, *a, topk_ids,
-                                                                         topk_w);
+        pdl_launch(moe_route_kernel<float>, grid, 32 * MOE_ROUTE_WARPS, smem, s, (const float *)logits->data, n, *a,
+                   topk_ids, topk_w);
         break;
     case DTYPE_BF16:
         pdl_launch(moe_route_kernel<__nv_bfloat16>, grid, 32 * MOE_ROUTE_WARPS, smem, s,
-            (const __nv_bfloat16 *)logits->data, n, *a, topk_ids, topk_w);
+                   (const __nv_bfloat16 *)logits->data, n, *a, topk_ids, topk_w);
         break;
     case DTYPE_F16:
         pdl_launch(moe_route_kernel<__half>, grid, 32 * MOE_ROUTE_WARPS, smem, s, (const __half *)logits->data, n, *a,
-                                                                          topk_ids, topk_w);
+                   topk_ids, topk_w);
         break;
-    default: CHECK_MSG(0, "moe_route: logits dtype %s unsupported", dtype_name(logits->dtype));
+    default:
+        CHECK_MSG(0, "moe_route: logits dtype %s unsupported", dtype_name(logits->dtype));
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -157,15 +159,16 @@ void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const str
 // row (the row's place in a tile does not change its summation order), and the combine sums a
 // token's slots in slot order through pos. Slots with ids outside [0, E) are left out.
 #define MOE_SORT_THREADS 1024
-__global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort_kernel(const int32_t *ids, int64_t R, int E, int bm,
-                                                                    int32_t *offsets, int32_t *tile_start,
-                                                                    int32_t *sorted, int32_t *pos) {
+__global__ void __launch_bounds__(MOE_SORT_THREADS)
+    moe_sort_kernel(const int32_t *ids, int64_t R, int E, int bm, int32_t *offsets, int32_t *tile_start,
+                    int32_t *sorted, int32_t *pos) {
     pdl_begin();
     typedef cub::BlockScan<int, MOE_SORT_THREADS> scan_t;
     __shared__ typename scan_t::TempStorage scan_tmp;
     __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS];
     const int tid = threadIdx.x;
-    for (int e = tid; e < E; e += MOE_SORT_THREADS) cnt[e] = 0;
+    for (int e = tid; e < E; e += MOE_SORT_THREADS)
+        cnt[e] = 0;
     __syncthreads();
     for (int64_t s = tid; s < R; s += MOE_SORT_THREADS) {
         int e = ids[s];
@@ -200,10 +203,9 @@ __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort_kernel(const int32_
 // Grouped GEMM over experts: out[p, :] = A[row(p), :] @ W[e]^T for the sorted rows p of expert e.
 // A row: a_index ? a_index[p] / n_slots (token of the slot) : p. W (E, N, K) stacked.
 template <typename T, int BM>
-__global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *A, const int32_t *a_index, int n_slots,
-                                                               const T *W, const int32_t *offsets,
-                                                               const int32_t *tile_start, int E, int N, int K,
-                                                               bool vec) {
+__global__ void __launch_bounds__(MOE_THREADS)
+    moe_gemm_kernel(T *out, const T *A, const int32_t *a_index, int n_slots, const T *W, const int32_t *offsets,
+                    const int32_t *tile_start, int E, int N, int K, bool vec) {
     pdl_begin();
     __shared__ float As[BM][MOE_BK + 1];
     __shared__ float Ws[MOE_BK][MOE_BN + 1];
@@ -212,8 +214,10 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
     int lo = 0, hi = E - 1; // the expert whose tiles contain `tile`: last e with tile_start[e] <= tile
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= tile) lo = mid;
-        else hi = mid - 1;
+        if (tile_start[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     const int e = lo;
     const int row0 = offsets[e] + (tile - tile_start[e]) * BM, row_end = offsets[e + 1];
@@ -224,7 +228,8 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
     const int c = threadIdx.x % MOE_BN, rr = threadIdx.x / MOE_BN;
     float acc[RPT];
 #pragma unroll
-    for (int i = 0; i < RPT; i++) acc[i] = 0.f;
+    for (int i = 0; i < RPT; i++)
+        acc[i] = 0.f;
     // vec: 16-byte loads (every row start of A and W is 16-byte aligned; checked by the launcher).
     constexpr int VEC = 16 / sizeof(T);
     for (int k0 = 0; k0 < K; k0 += MOE_BK) {
@@ -233,22 +238,26 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
                 int r = i / (MOE_BK / VEC), kv = (i % (MOE_BK / VEC)) * VEC, p = row0 + r;
                 float f[VEC];
 #pragma unroll
-                for (int j = 0; j < VEC; j++) f[j] = 0.f;
+                for (int j = 0; j < VEC; j++)
+                    f[j] = 0.f;
                 if (p < row_end && k0 + kv < K) {
                     int64_t arow = a_index ? a_index[p] / n_slots : p;
                     vec_load<T, VEC>(A + arow * K + k0 + kv, f);
                 }
 #pragma unroll
-                for (int j = 0; j < VEC; j++) As[r][kv + j] = f[j];
+                for (int j = 0; j < VEC; j++)
+                    As[r][kv + j] = f[j];
             }
             for (int i = threadIdx.x; i < MOE_BN * (MOE_BK / VEC); i += MOE_THREADS) {
                 int n = i / (MOE_BK / VEC), kv = (i % (MOE_BK / VEC)) * VEC;
                 float f[VEC];
 #pragma unroll
-                for (int j = 0; j < VEC; j++) f[j] = 0.f;
+                for (int j = 0; j < VEC; j++)
+                    f[j] = 0.f;
                 if (n0 + n < N && k0 + kv < K) vec_load<T, VEC>(We + (size_t)(n0 + n) * K + k0 + kv, f);
 #pragma unroll
-                for (int j = 0; j < VEC; j++) Ws[kv + j][n] = f[j];
+                for (int j = 0; j < VEC; j++)
+                    Ws[kv + j][n] = f[j];
             }
         } else {
             for (int i = threadIdx.x; i < BM * MOE_BK; i += MOE_THREADS) {
@@ -270,7 +279,8 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_kernel(T *out, const T *
         for (int kk = 0; kk < MOE_BK; kk++) {
             float wv = Ws[kk][c];
 #pragma unroll
-            for (int i = 0; i < RPT; i++) acc[i] += As[rr + i * RSTEP][kk] * wv;
+            for (int i = 0; i < RPT; i++)
+                acc[i] += As[rr + i * RSTEP][kk] * wv;
         }
         __syncthreads();
     }
@@ -306,10 +316,9 @@ template <int BM> struct moe_mma_cfg {
 };
 
 template <int BM>
-__global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *A,
-                                                      const int32_t *a_index, int n_slots, const __nv_bfloat16 *W,
-                                                      const int32_t *offsets, const int32_t *tile_start, int E, int N,
-                                                      int K) {
+__global__ void __launch_bounds__(128)
+    moe_mma_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *A, const int32_t *a_index, int n_slots,
+                   const __nv_bfloat16 *W, const int32_t *offsets, const int32_t *tile_start, int E, int N, int K) {
     pdl_begin();
     typedef moe_mma_cfg<BM> C;
     __shared__ __align__(128) __nv_bfloat16 As[C::STAGES][BM * C::LD];
@@ -319,8 +328,10 @@ __global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const 
     int lo = 0, hi = E - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= tile) lo = mid;
-        else hi = mid - 1;
+        if (tile_start[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     const int e = lo;
     const int row0 = offsets[e] + (tile - tile_start[e]) * BM, row_end = offsets[e + 1];
@@ -352,7 +363,8 @@ __global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const 
         for (int i = 0; i < C::A_PER; i++)
             if (tid + i * 128 < C::A_CH) cp_async16(smem_addr(&As[stage][a_dst[i]]), a_src[i] + k0, a_ok[i]);
 #pragma unroll
-        for (int i = 0; i < C::W_PER; i++) cp_async16(smem_addr(&Ws[stage][w_dst[i]]), w_src[i] + k0, w_ok[i]);
+        for (int i = 0; i < C::W_PER; i++)
+            cp_async16(smem_addr(&Ws[stage][w_dst[i]]), w_src[i] + k0, w_ok[i]);
     };
     const int KT = K / C::BK;
 #pragma unroll
@@ -364,11 +376,12 @@ __global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const 
 #pragma unroll
     for (int i = 0; i < C::MT; i++)
 #pragma unroll
-        for (int j = 0; j < C::NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+        for (int j = 0; j < C::NT; j++)
+            acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
     const int wm = (warp / C::WN) * C::TM, wn = (warp % C::WN) * C::TN;
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<C::STAGES - 2>(); // slice kt has landed (this thread's part)
-        __syncthreads();                 // ... everyone's; and slice kt - 1's stage is free again
+        __syncthreads();                // ... everyone's; and slice kt - 1's stage is free again
         const int nk = kt + C::STAGES - 1;
         if (nk < KT) load_stage(nk % C::STAGES, nk);
         cp_async_commit();
@@ -416,8 +429,8 @@ __global__ void __launch_bounds__(128) moe_mma_kernel(__nv_bfloat16 *out, const 
 // L1/L2; they are tiny next to the weights). Warp-sum at the end; no shared memory, no syncs.
 #define MOE_GEMV_WARPS 8
 #define MOE_GEMV_ROWS 4
-#define MOE_GEMV_MAX_ROWS 128   // routed rows up to which the GEMV path runs (b16 x top-8); MMA tiles above
-#define MOE_FUSED_SILU_ROWS 32  // routed rows up to which the down GEMV computes SiLU*mul itself
+#define MOE_GEMV_MAX_ROWS 128  // routed rows up to which the GEMV path runs (b16 x top-8); MMA tiles above
+#define MOE_FUSED_SILU_ROWS 32 // routed rows up to which the down GEMV computes SiLU*mul itself
 
 // SILU: A is the gate_up output (rows of 2K: gate then up) and the row used is
 // bf16(silu(gate) * up), computed on the fly exactly as cuda_op_silu_mul computes and rounds
@@ -430,7 +443,8 @@ __device__ __forceinline__ void moe_gemv_row_load(const T *row, int k, int K, fl
         vec_load<T, VEC>(row + k, g);
         vec_load<T, VEC>(row + K + k, u);
 #pragma unroll
-        for (int j = 0; j < VEC; j++) out[j] = to_f32(from_f32<T>(g[j] / (1.f + __expf(-g[j])) * u[j]));
+        for (int j = 0; j < VEC; j++)
+            out[j] = to_f32(from_f32<T>(g[j] / (1.f + __expf(-g[j])) * u[j]));
     } else {
         vec_load<T, VEC>(row + k, out);
     }
@@ -451,19 +465,19 @@ template <typename T, bool SILU> __device__ __forceinline__ float moe_gemv_row_e
 // 1.5 KB each for the down projection: block scheduling, not HBM, set the pace.
 #define MOE_GEMV_COLS 4
 template <typename T, bool SILU>
-__global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, const T *A, const int32_t *a_index,
-                                                                       int n_slots, const T *W,
-                                                                       const int32_t *offsets,
-                                                                       const int32_t *tile_start, int E, int N,
-                                                                       int K, bool vec) {
+__global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
+    moe_gemv_kernel(T *out, const T *A, const int32_t *a_index, int n_slots, const T *W, const int32_t *offsets,
+                    const int32_t *tile_start, int E, int N, int K, bool vec) {
     pdl_begin();
     const int tile = blockIdx.y;
     if (tile >= tile_start[E]) return;
     int lo = 0, hi = E - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= tile) lo = mid;
-        else hi = mid - 1;
+        if (tile_start[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     const int e = lo;
     const int row0 = offsets[e] + (tile - tile_start[e]) * MOE_GEMV_ROWS;
@@ -474,7 +488,8 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
     const int ncols = min(MOE_GEMV_COLS, N - n0);
     const T *w[MOE_GEMV_COLS];
 #pragma unroll
-    for (int c = 0; c < MOE_GEMV_COLS; c++) w[c] = W + ((size_t)e * N + n0 + (c < ncols ? c : 0)) * K;
+    for (int c = 0; c < MOE_GEMV_COLS; c++)
+        w[c] = W + ((size_t)e * N + n0 + (c < ncols ? c : 0)) * K;
     const int64_t a_ld = SILU ? 2 * (int64_t)K : K;
     const T *arow[MOE_GEMV_ROWS];
 #pragma unroll
@@ -486,14 +501,16 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_ROWS; r++)
 #pragma unroll
-        for (int c = 0; c < MOE_GEMV_COLS; c++) acc[r][c] = 0.f;
+        for (int c = 0; c < MOE_GEMV_COLS; c++)
+            acc[r][c] = 0.f;
     constexpr int VEC = 16 / sizeof(T);
     if (vec) {
 #pragma unroll 2
         for (int k = lane * VEC; k < K; k += 32 * VEC) {
             float wv[MOE_GEMV_COLS][VEC];
 #pragma unroll
-            for (int c = 0; c < MOE_GEMV_COLS; c++) vec_load<T, VEC>(w[c] + k, wv[c]);
+            for (int c = 0; c < MOE_GEMV_COLS; c++)
+                vec_load<T, VEC>(w[c] + k, wv[c]);
 #pragma unroll
             for (int r = 0; r < MOE_GEMV_ROWS; r++) {
                 if (r < nrows) {
@@ -502,7 +519,8 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
 #pragma unroll
                     for (int c = 0; c < MOE_GEMV_COLS; c++)
 #pragma unroll
-                        for (int j = 0; j < VEC; j++) acc[r][c] += wv[c][j] * av[j];
+                        for (int j = 0; j < VEC; j++)
+                            acc[r][c] += wv[c][j] * av[j];
                 }
             }
         }
@@ -510,13 +528,15 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS) moe_gemv_kernel(T *out, c
         for (int k = lane; k < K; k += 32) {
             float wv[MOE_GEMV_COLS];
 #pragma unroll
-            for (int c = 0; c < MOE_GEMV_COLS; c++) wv[c] = to_f32(w[c][k]);
+            for (int c = 0; c < MOE_GEMV_COLS; c++)
+                wv[c] = to_f32(w[c][k]);
 #pragma unroll
             for (int r = 0; r < MOE_GEMV_ROWS; r++) {
                 if (r < nrows) {
                     float av = moe_gemv_row_elem<T, SILU>(arow[r], k, K);
 #pragma unroll
-                    for (int c = 0; c < MOE_GEMV_COLS; c++) acc[r][c] += wv[c] * av;
+                    for (int c = 0; c < MOE_GEMV_COLS; c++)
+                        acc[r][c] += wv[c] * av;
                 }
             }
         }
@@ -548,7 +568,8 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
     if constexpr (BM == MOE_GEMV_ROWS) {
         const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
         dim3 g(cdiv(N, MOE_GEMV_WARPS * MOE_GEMV_COLS), (unsigned)max_tiles);
-        pdl_launch(moe_gemv_kernel<T, SILU>, g, 32 * MOE_GEMV_WARPS, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
+        pdl_launch(moe_gemv_kernel<T, SILU>, g, 32 * MOE_GEMV_WARPS, 0, s, out, A, a_index, n_slots, W, offsets, tiles,
+                   E, N, K, vec);
         CUDA_CHECK_LAUNCH();
         return;
     } else {
@@ -563,7 +584,8 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
         }
     }
     const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
-    pdl_launch(moe_gemm_kernel<T, BM>, grid, MOE_THREADS, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N, K, vec);
+    pdl_launch(moe_gemm_kernel<T, BM>, grid, MOE_THREADS, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N, K,
+               vec);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -587,8 +609,7 @@ __global__ void moe_combine_kernel(T *out, const T *y, const int32_t *ids, const
 template <typename T, int BM>
 static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu, const T *wdown, const int32_t *ids,
                                const float *w, int n_slots, int64_t n, int E, int64_t H, int64_t I, int32_t *offsets,
-                               int32_t *tiles, int32_t *sorted, int32_t *pos, T *gu, T *act, T *y,
-                               struct backend *b) {
+                               int32_t *tiles, int32_t *sorted, int32_t *pos, T *gu, T *act, T *y, struct backend *b) {
     const int64_t R = n * n_slots;
     pdl_launch(moe_sort_kernel, 1, MOE_SORT_THREADS, 0, s, ids, R, E, BM, offsets, tiles, sorted, pos);
     CUDA_CHECK_LAUNCH();
@@ -612,9 +633,9 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x,
-                                    const struct tensor *gate_up, const struct tensor *down, const int32_t *topk_ids,
-                                    const float *topk_w, int n_slots, void *workspace) {
+void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
+                         const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+                         void *workspace) {
     CHECK(gate_up->ndim == 3 && down->ndim == 3 && x->dtype == out->dtype && gate_up->dtype == x->dtype &&
           down->dtype == x->dtype);
     const int64_t n = tensor_rows(x), H = tensor_cols(x), I = down->ne[2];
@@ -644,20 +665,28 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     // Tile rows: GEMV tiles for decode-sized batches; then 16-row MMA tiles while experts average
     // at most 24 rows (batched decode), 64-row tiles beyond (prefill).
     const int bm = small ? MOE_GEMV_ROWS : R <= 24 * (int64_t)E ? 16 : 64;
-#define MOE_LAUNCH(T, BMV)                                                                                     \
-    moe_experts_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,                \
-                               (const T *)down->data, topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles, sorted, \
-                               pos, (T *)gu, (T *)act, (T *)y, b)
-#define MOE_LAUNCH_BM(T)                                                                                       \
-    do {                                                                                                       \
-        if (bm == MOE_GEMV_ROWS) MOE_LAUNCH(T, MOE_GEMV_ROWS);                                                 \
-        else if (bm == 16) MOE_LAUNCH(T, 16);                                                                  \
-        else MOE_LAUNCH(T, 64);                                                                                \
+#define MOE_LAUNCH(T, BMV)                                                                                             \
+    moe_experts_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data, (const T *)down->data, \
+                               topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles, sorted, pos, (T *)gu, (T *)act,  \
+                               (T *)y, b)
+#define MOE_LAUNCH_BM(T)                                                                                               \
+    do {                                                                                                               \
+        if (bm == MOE_GEMV_ROWS)                                                                                       \
+            MOE_LAUNCH(T, MOE_GEMV_ROWS);                                                                              \
+        else if (bm == 16)                                                                                             \
+            MOE_LAUNCH(T, 16);                                                                                         \
+        else                                                                                                           \
+            MOE_LAUNCH(T, 64);                                                                                         \
     } while (0)
     switch (x->dtype) {
-    case DTYPE_BF16: MOE_LAUNCH_BM(__nv_bfloat16); break;
-    case DTYPE_F32: MOE_LAUNCH_BM(float); break;
-    default: CHECK_MSG(0, "moe_experts: dtype %s unsupported", dtype_name(x->dtype));
+    case DTYPE_BF16:
+        MOE_LAUNCH_BM(__nv_bfloat16);
+        break;
+    case DTYPE_F32:
+        MOE_LAUNCH_BM(float);
+        break;
+    default:
+        CHECK_MSG(0, "moe_experts: dtype %s unsupported", dtype_name(x->dtype));
     }
 #undef MOE_LAUNCH_BM
 #undef MOE_LAUNCH

@@ -20,12 +20,11 @@ template <> __device__ __forceinline__ __nv_fp8_e4m3 cache_from_f32<__nv_fp8_e4m
 // a token's items spread over grid.y blocks (a batch-1 decode step runs ~14 blocks instead of
 // one), and each thread recomputes its own sincosf (exact, as the CPU reference).
 template <typename T, typename C>
-__global__ void __launch_bounds__(256) rope_kv_write_kernel(T *q, T *k, const T *v, int64_t q_stride, int64_t k_stride,
-                                                           int64_t v_stride, int hq, int hk, int hd, int dv,
-                                                           const float *inv_freq, int rotary_dim, float attn_factor,
-                                                           bool interleaved, const int32_t *positions,
-                                                           const int32_t *slot_mapping, C *kc, C *vc, float k_inv,
-                                                           float v_inv) {
+__global__ void __launch_bounds__(256)
+    rope_kv_write_kernel(T *q, T *k, const T *v, int64_t q_stride, int64_t k_stride, int64_t v_stride, int hq, int hk,
+                         int hd, int dv, const float *inv_freq, int rotary_dim, float attn_factor, bool interleaved,
+                         const int32_t *positions, const int32_t *slot_mapping, C *kc, C *vc, float k_inv,
+                         float v_inv) {
     pdl_begin();
     const int t = blockIdx.x;
     const int half = rotary_dim / 2, pass = hd - rotary_dim;
@@ -60,7 +59,8 @@ __global__ void __launch_bounds__(256) rope_kv_write_kernel(T *q, T *k, const T 
                 cache_from_f32<C>(to_f32(k[(size_t)t * k_stride + (size_t)h * hd + d]), k_inv);
         } else {
             const int j = idx - nq - nk - np, h = j / dv, d = j % dv;
-            vc[(size_t)slot * hk * dv + j] = cache_from_f32<C>(to_f32(v[(size_t)t * v_stride + (size_t)h * dv + d]), v_inv);
+            vc[(size_t)slot * hk * dv + j] =
+                cache_from_f32<C>(to_f32(v[(size_t)t * v_stride + (size_t)h * dv + d]), v_inv);
         }
     }
 }
@@ -87,15 +87,14 @@ void cuda_op_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k
     const int items = hq * (rope->rotary_dim / 2) + hk * (hd - rope->rotary_dim / 2) + hk * dv;
     const dim3 grid((unsigned)n, (unsigned)cdiv(items, 256));
     if (kv->k.dtype == DTYPE_BF16) {
-        pdl_launch(rope_kv_write_kernel<T, __nv_bfloat16>, grid, 256, 0, s,
-            qp, (T *)k->data, (const T *)v->data, qs, ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim,
-            rope->attn_factor, rope->interleaved, md->positions, md->slot_mapping, (__nv_bfloat16 *)kv->k.data,
-            (__nv_bfloat16 *)kv->v.data, 1.f, 1.f);
+        pdl_launch(rope_kv_write_kernel<T, __nv_bfloat16>, grid, 256, 0, s, qp, (T *)k->data, (const T *)v->data, qs,
+                   ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim, rope->attn_factor, rope->interleaved,
+                   md->positions, md->slot_mapping, (__nv_bfloat16 *)kv->k.data, (__nv_bfloat16 *)kv->v.data, 1.f, 1.f);
     } else if (kv->k.dtype == DTYPE_FP8_E4M3) {
-        pdl_launch(rope_kv_write_kernel<T, __nv_fp8_e4m3>, grid, 256, 0, s,
-            qp, (T *)k->data, (const T *)v->data, qs, ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim,
-            rope->attn_factor, rope->interleaved, md->positions, md->slot_mapping, (__nv_fp8_e4m3 *)kv->k.data,
-            (__nv_fp8_e4m3 *)kv->v.data, 1.f / kv->k_scale, 1.f / kv->v_scale);
+        pdl_launch(rope_kv_write_kernel<T, __nv_fp8_e4m3>, grid, 256, 0, s, qp, (T *)k->data, (const T *)v->data, qs,
+                   ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim, rope->attn_factor, rope->interleaved,
+                   md->positions, md->slot_mapping, (__nv_fp8_e4m3 *)kv->k.data, (__nv_fp8_e4m3 *)kv->v.data,
+                   1.f / kv->k_scale, 1.f / kv->v_scale);
     } else {
         CHECK_MSG(0, "CUDA KV cache dtype %s unsupported (BF16 or FP8_E4M3)", dtype_name(kv->k.dtype));
     }

@@ -23,15 +23,14 @@
 
 #include <cub/block/block_reduce.cuh>
 
-
 #include "backend/sample_rng.h"
 
 namespace {
 
-constexpr int ST = 512;                      // threads per row
-constexpr double FIX_ONE = 1099511627776.0;  // 2^40
+constexpr int ST = 512;                     // threads per row
+constexpr double FIX_ONE = 1099511627776.0; // 2^40
 constexpr int32_t PROMPT_FLAG = 1 << 24;
-constexpr float GREEDY_EPS = 1e-5f;          // as the CPU sampler
+constexpr float GREEDY_EPS = 1e-5f; // as the CPU sampler
 constexpr int HIST_REPLICAS = 16;
 
 typedef unsigned long long u64;
@@ -104,11 +103,14 @@ __device__ __forceinline__ void row_foreach(const float *raw, int start, int end
     for (; i + (U - 1) * stride < end; i += U * stride) {
         float x[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) x[u] = raw[i + u * stride];
+        for (int u = 0; u < U; u++)
+            x[u] = raw[i + u * stride];
 #pragma unroll
-        for (int u = 0; u < U; u++) f(i + u * stride, x[u]);
+        for (int u = 0; u < U; u++)
+            f(i + u * stride, x[u]);
     }
-    for (; i < end; i += stride) f(i, raw[i]);
+    for (; i < end; i += stride)
+        f(i, raw[i]);
 }
 
 template <typename T, typename Op> __device__ T block_all_reduce(sample_smem &sm, T v, Op op);
@@ -143,13 +145,14 @@ __device__ u64 block_sum_u(sample_smem &sm, u64 v) {
 // the histograms are replicated per lane group to spread shared-memory atomics, and warp 0
 // finds the bin with a shuffle scan.
 template <typename Pred, typename Weight>
-__device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pred, Weight weight, u64 need, u64 min_total,
-                             uint32_t *T, u64 *rem) {
+__device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pred, Weight weight, u64 need,
+                             u64 min_total, uint32_t *T, u64 *rem) {
     uint32_t prefix = 0, mask = 0;
     const int lane = threadIdx.x & 31, rep = lane % HIST_REPLICAS;
     for (int shift = 24; shift >= 0; shift -= 8) {
         u64 *flat = &sm.hist[0][0];
-        for (int i = threadIdx.x; i < HIST_REPLICAS * 256; i += ST) flat[i] = 0;
+        for (int i = threadIdx.x; i < HIST_REPLICAS * 256; i += ST)
+            flat[i] = 0;
         __syncthreads();
         row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float r) {
             float x = rv.wt_of(i, r);
@@ -162,7 +165,8 @@ __device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pr
         for (int b = threadIdx.x; b < 256; b += ST) {
             u64 t = 0;
 #pragma unroll
-            for (int r = 0; r < HIST_REPLICAS; r++) t += sm.hist[r][b];
+            for (int r = 0; r < HIST_REPLICAS; r++)
+                t += sm.hist[r][b];
             sm.bins[b] = t;
         }
         __syncthreads();
@@ -170,7 +174,8 @@ __device__ bool radix_select(sample_smem &sm, const row_view &rv, int V, Pred pr
             // Lane l scans bins 255 - 8l down to 248 - 8l (descending key order).
             u64 local = 0;
 #pragma unroll
-            for (int j = 0; j < 8; j++) local += sm.bins[255 - 8 * lane - j];
+            for (int j = 0; j < 8; j++)
+                local += sm.bins[255 - 8 * lane - j];
             u64 incl = local;
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
@@ -226,7 +231,8 @@ __device__ int block_find_running(sample_smem &sm, const float *raw, int V, Wf w
         u64 t = 0;
         row_foreach<8>(raw, a + lane, b, 32, [&](int i, float x) { t += wfn(i, x); });
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        for (int o = 16; o > 0; o >>= 1)
+            t += __shfl_xor_sync(0xffffffffu, t, o);
         return t;
     };
     // Level 1.
@@ -236,13 +242,16 @@ __device__ int block_find_running(sample_smem &sm, const float *raw, int V, Wf w
     if (threadIdx.x == 0) sm.b_id = -1;
     __syncthreads();
     u64 total = 0;
-    for (int w = 0; w < NWARP; w++) total += sm.warp_tot[w];
+    for (int w = 0; w < NWARP; w++)
+        total += sm.warp_tot[w];
     const u64 target = target_of(total);
     int W = -1;
     u64 before = 0;
     for (int w = 0; w < NWARP && W < 0; w++) {
-        if (target < before + sm.warp_tot[w]) W = w;
-        else before += sm.warp_tot[w];
+        if (target < before + sm.warp_tot[w])
+            W = w;
+        else
+            before += sm.warp_tot[w];
     }
     __syncthreads();
     if (W < 0) return -1;
@@ -255,8 +264,10 @@ __device__ int block_find_running(sample_smem &sm, const float *raw, int V, Wf w
     __syncthreads();
     int W2 = -1;
     for (int w = 0; w < NWARP && W2 < 0; w++) {
-        if (target < before + sm.warp_tot[w]) W2 = w;
-        else before += sm.warp_tot[w];
+        if (target < before + sm.warp_tot[w])
+            W2 = w;
+        else
+            before += sm.warp_tot[w];
     }
     // Level 3.
     if (wid == W2) {
@@ -295,13 +306,12 @@ __device__ int find_tie(sample_smem &sm, const row_view &rv, int V, uint32_t T, 
     return block_find_running(sm, rv.raw, V, wfn, [&](u64) { return rem - 1; });
 }
 
-__global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, int32_t *counts, const int32_t *hist_start,
-                                                    const int32_t *hist_ids, const int32_t *hist_prompt_len,
-                                                    const float *temperature, const float *top_p, const int32_t *top_k,
-                                                    const float *min_p, const float *presence, const float *frequency,
-                                                    const float *repetition, const uint64_t *seed, const uint64_t *step,
-                                                    int n_logprobs, int32_t *out_ids, float *out_logprob,
-                                                    int32_t *out_top_ids, float *out_top_logprobs) {
+__global__ void __launch_bounds__(ST)
+    sample_kernel(const float *logits, int V, int32_t *counts, const int32_t *hist_start, const int32_t *hist_ids,
+                  const int32_t *hist_prompt_len, const float *temperature, const float *top_p, const int32_t *top_k,
+                  const float *min_p, const float *presence, const float *frequency, const float *repetition,
+                  const uint64_t *seed, const uint64_t *step, int n_logprobs, int32_t *out_ids, float *out_logprob,
+                  int32_t *out_top_ids, float *out_top_logprobs) {
     pdl_begin();
     __shared__ sample_smem sm;
     const int r = blockIdx.x;
@@ -322,8 +332,10 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
         for (int i = b + threadIdx.x; i < e; i += ST) {
             int id = hist_ids[i];
             if (id < 0 || id >= V) continue;
-            if (i - b < np) atomicOr(&cnt[id], PROMPT_FLAG);
-            else atomicAdd(&cnt[id], 1);
+            if (i - b < np)
+                atomicOr(&cnt[id], PROMPT_FLAG);
+            else
+                atomicAdd(&cnt[id], 1);
         }
         __syncthreads();
         rv.cnt = cnt;
@@ -399,7 +411,7 @@ __global__ void __launch_bounds__(ST) sample_kernel(const float *logits, int V, 
                 bkey = T;
             }
         }
-        if (tp < 1.f) { // top-p over the survivors
+        if (tp < 1.f) {        // top-p over the survivors
             if (!(tp > 0.f)) { // keep only the first token of the order: the lowest id at the max
                 vid f = {-INFINITY, INT32_MAX};
                 row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float r) {
@@ -487,15 +499,18 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
     if (lane == 0) red_v[warp] = best;
     __syncthreads();
     best = red_v[0];
-    for (int w = 1; w < AM_THREADS / 32; w++) best = op(best, red_v[w]);
+    for (int w = 1; w < AM_THREADS / 32; w++)
+        best = op(best, red_v[w]);
     float sum = 0.f;
-    for (int i = lo + threadIdx.x; i < hi; i += AM_THREADS) sum += expf(__ldg(row + i) - best.v);
+    for (int i = lo + threadIdx.x; i < hi; i += AM_THREADS)
+        sum += expf(__ldg(row + i) - best.v);
     sum = warp_sum(sum);
     if (lane == 0) red_s[warp] = sum;
     __syncthreads();
     if (threadIdx.x == 0) {
         float t = 0.f;
-        for (int w = 0; w < AM_THREADS / 32; w++) t += red_s[w];
+        for (int w = 0; w < AM_THREADS / 32; w++)
+            t += red_s[w];
         partial[(size_t)r * parts + part] = {best.v, best.id, t};
         __threadfence();
         last = atomicAdd(&tickets[r], 1) == parts - 1;
@@ -521,14 +536,16 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
     if (lane == 0) red_v[warp] = g;
     __syncthreads();
     g = red_v[0];
-    for (int w = 1; w < AM_THREADS / 32; w++) g = op(g, red_v[w]);
+    for (int w = 1; w < AM_THREADS / 32; w++)
+        g = op(g, red_v[w]);
     float t = ps > 0.f ? ps * expf(pm - g.v) : 0.f;
     t = warp_sum(t);
     if (lane == 0) red_s[warp] = t;
     __syncthreads();
     if (threadIdx.x == 0) {
         float tot = 0.f;
-        for (int w = 0; w < AM_THREADS / 32; w++) tot += red_s[w];
+        for (int w = 0; w < AM_THREADS / 32; w++)
+            tot += red_s[w];
         out_ids[r] = g.id < V ? g.id : 0;
         if (out_logprob) out_logprob[r] = g.id < V ? -logf(tot) : -INFINITY;
         tickets[r] = 0;
@@ -539,7 +556,7 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
 
 static bool cuda_sample_greedy(struct cuda_backend *cb, const struct sample_args *a) {
     const int n = a->n_rows, V = a->vocab_size;
-    int parts = (2 * cb->num_sms + n - 1) / n; // about two CTAs per SM over the batch
+    int parts = (2 * cb->num_sms + n - 1) / n;                         // about two CTAs per SM over the batch
     const int max_parts = (V + 4 * AM_THREADS - 1) / (4 * AM_THREADS); // >= 4 elements per thread
     if (parts > max_parts) parts = max_parts;
     if (parts > AM_THREADS) parts = AM_THREADS; // the merge takes one partial per thread
@@ -548,8 +565,8 @@ static bool cuda_sample_greedy(struct cuda_backend *cb, const struct sample_args
     size_t need = tick + (size_t)n * parts * sizeof(am_part);
     if (cuda_scratch_reserve(cb, &cb->argmax_scratch, &cb->argmax_scratch_bytes, need) < need) return false;
     pdl_launch(argmax_kernel, dim3((unsigned)n, (unsigned)parts), AM_THREADS, 0, cb->stream,
-        (const float *)a->logits->data, V, parts, (int32_t *)cb->argmax_scratch,
-        (am_part *)((char *)cb->argmax_scratch + tick), a->out_ids, a->out_logprob);
+               (const float *)a->logits->data, V, parts, (int32_t *)cb->argmax_scratch,
+               (am_part *)((char *)cb->argmax_scratch + tick), a->out_ids, a->out_logprob);
     CUDA_CHECK_LAUNCH();
     return true;
 }
@@ -573,9 +590,9 @@ void cuda_op_sample(struct backend *b, const struct sample_args *a) {
                   need);
         counts = cb->sample_counts;
     }
-    pdl_launch(sample_kernel, a->n_rows, ST, 0, cb->stream,
-        (const float *)a->logits->data, a->vocab_size, counts, a->hist_start, a->hist_ids, a->hist_prompt_len,
-        a->temperature, a->top_p, a->top_k, a->min_p, a->presence_penalty, a->frequency_penalty, a->repetition_penalty,
-        a->seed, a->step, a->n_logprobs, a->out_ids, a->out_logprob, a->out_top_ids, a->out_top_logprobs);
+    pdl_launch(sample_kernel, a->n_rows, ST, 0, cb->stream, (const float *)a->logits->data, a->vocab_size, counts,
+               a->hist_start, a->hist_ids, a->hist_prompt_len, a->temperature, a->top_p, a->top_k, a->min_p,
+               a->presence_penalty, a->frequency_penalty, a->repetition_penalty, a->seed, a->step, a->n_logprobs,
+               a->out_ids, a->out_logprob, a->out_top_ids, a->out_top_logprobs);
     CUDA_CHECK_LAUNCH();
 }
