@@ -37,6 +37,7 @@ struct fake_engine {
     atomic_int finished;     // final outputs delivered
     int step_us;
     atomic_bool fail_all;    // every request finishes with ATOMC_FINISH_ERROR (a broken device)
+    const char *script;      // if set: the text every request generates (one byte per step), then stop
     atomic_bool stop;
     pthread_t thread;
 };
@@ -155,7 +156,7 @@ static void *fake_loop(void *arg) {
             o.request_id = q.id;
             o.prompt_tokens = q.n_prompt;
             o.stop_token = -1;
-            int32_t tok = 'a' + q.generated % 26;
+            int32_t tok = f->script ? (unsigned char)f->script[q.generated] : 'a' + q.generated % 26;
             char text[2] = {(char)tok, 0};
             if (q.aborted) {
                 o.finish_reason = ATOMC_FINISH_ABORT;
@@ -168,7 +169,8 @@ static void *fake_loop(void *arg) {
                 o.text = text;
                 o.text_len = 1;
                 f->reqs[i].generated++;
-                if (f->reqs[i].generated >= q.max_tokens) o.finish_reason = ATOMC_FINISH_LENGTH;
+                if (f->script && !f->script[f->reqs[i].generated]) o.finish_reason = ATOMC_FINISH_STOP;
+                else if (f->reqs[i].generated >= q.max_tokens) o.finish_reason = ATOMC_FINISH_LENGTH;
             }
             o.completion_tokens = f->reqs[i].generated;
             if (o.finish_reason != ATOMC_FINISH_NONE) f->reqs[i].live = false;
@@ -195,6 +197,8 @@ static void *server_thread(void *arg) {
 }
 
 static double harness_idle_timeout = 300;
+static enum tool_parser_kind harness_tool_parser = TOOL_PARSER_NONE;
+static int harness_max_model_len = 64;
 
 static void harness_start(struct harness *h, const char *api_key, int step_us, int max_live) {
     memset(h, 0, sizeof *h);
@@ -212,6 +216,7 @@ static void harness_start(struct harness *h, const char *api_key, int step_us, i
     o.install_signal_handlers = false;
     o.drain_timeout_s = 5;
     o.idle_timeout_s = harness_idle_timeout;
+    o.tool_parser = harness_tool_parser;
     struct error err;
     CHECK(server_create(&o, &h->srv, &err) == ATOMC_OK);
     h->port = server_port(h->srv);
@@ -222,7 +227,7 @@ static void harness_attach(struct harness *h) {
     struct server_engine e = {
         .ctx = &h->fe, .add_request = fake_add, .abort_request = fake_abort, .get_stats = fake_stats,
         .tokenize = fake_tokenize, .detokenize = fake_detokenize, .token_bytes = fake_token_bytes,
-        .render_chat = fake_render, .max_model_len = 64, .vocab_size = 256, .model_path = "/models/fake"};
+        .render_chat = fake_render, .max_model_len = harness_max_model_len, .vocab_size = 256, .model_path = "/models/fake"};
     server_attach_engine(h->srv, &e);
 }
 
@@ -638,6 +643,114 @@ TEST(slow_generation_outlives_idle_timeout) {
     char c;
     ASSERT_EQ(recv(fd, &c, 1, 0), 0);
     close(fd);
+    harness_stop(&h);
+}
+
+// ---------------------------------------------------------------- tool calls (hermes parser)
+
+static const char TOOL_SCRIPT[] = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                                  "{\"city\": \"Paris\"}}\n</tool_call>";
+static const char TOOL_REQ[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"max_tokens\":200,"
+                               "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                               "\"parameters\":{\"type\":\"object\"}}}]%s}";
+
+static void tool_harness_start(struct harness *h, enum tool_parser_kind parser) {
+    harness_tool_parser = parser;
+    harness_max_model_len = 512;
+    harness_start(h, NULL, 100, 64);
+    h->fe.script = TOOL_SCRIPT;
+    harness_attach(h);
+    harness_tool_parser = TOOL_PARSER_NONE;
+    harness_max_model_len = 64;
+}
+
+static json_t *tool_chat(struct harness *h, const char *extra) {
+    char body[1024];
+    snprintf(body, sizeof body, TOOL_REQ, extra);
+    struct response r = http(h->port, "POST", "/v1/chat/completions", NULL, body);
+    CHECK(r.status == 200);
+    json_t *j = json_of(&r);
+    response_free(&r);
+    return json_array_get(json_object_get(j, "choices"), 0) ? j : NULL;
+}
+
+TEST(chat_tool_calls_parsed_non_stream) {
+    struct harness h;
+    tool_harness_start(&h, TOOL_PARSER_HERMES);
+    json_t *j = tool_chat(&h, "");
+    ASSERT_TRUE(j != NULL);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(ch, "message");
+    ASSERT_STREQ(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls");
+    ASSERT_STREQ(json_string_value(json_object_get(msg, "content")), "Sure.");
+    json_t *calls = json_object_get(msg, "tool_calls");
+    ASSERT_EQ(json_array_size(calls), 1);
+    json_t *call = json_array_get(calls, 0), *fn = json_object_get(call, "function");
+    ASSERT_STREQ(json_string_value(json_object_get(call, "type")), "function");
+    ASSERT_TRUE(!strncmp(json_string_value(json_object_get(call, "id")), "chatcmpl-tool-", 14));
+    ASSERT_STREQ(json_string_value(json_object_get(fn, "name")), "get_weather");
+    ASSERT_STREQ(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Paris\"}");
+    json_decref(j);
+    // tool_choice "none": the text comes back as it was generated.
+    j = tool_chat(&h, ",\"tool_choice\":\"none\"");
+    ch = json_array_get(json_object_get(j, "choices"), 0);
+    msg = json_object_get(ch, "message");
+    ASSERT_STREQ(json_string_value(json_object_get(msg, "content")), TOOL_SCRIPT);
+    ASSERT_EQ(json_array_size(json_object_get(msg, "tool_calls")), 0);
+    ASSERT_STREQ(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    json_decref(j);
+    harness_stop(&h);
+    // Without --enable-auto-tool-choice the server never parses.
+    tool_harness_start(&h, TOOL_PARSER_NONE);
+    j = tool_chat(&h, "");
+    msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    ASSERT_STREQ(json_string_value(json_object_get(msg, "content")), TOOL_SCRIPT);
+    json_decref(j);
+    harness_stop(&h);
+}
+
+TEST(chat_tool_calls_parsed_stream) {
+    struct harness h;
+    tool_harness_start(&h, TOOL_PARSER_HERMES);
+    char body[1024];
+    snprintf(body, sizeof body, TOOL_REQ, ",\"stream\":true");
+    struct response r = http(h.port, "POST", "/v1/chat/completions", NULL, body);
+    ASSERT_EQ(r.status, 200);
+    char content[256] = "";
+    int n_calls = 0;
+    const char *finish = NULL;
+    json_t *first_call = NULL;
+    for (char *p = r.body; (p = strstr(p, "data: "));) {
+        p += 6;
+        char *end = strstr(p, "\n\n");
+        ASSERT_TRUE(end != NULL);
+        *end = '\0';
+        if (strcmp(p, "[DONE]")) {
+            json_t *j = json_loads(p, 0, NULL);
+            ASSERT_TRUE(j);
+            json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *d = json_object_get(ch, "delta");
+            const char *c = json_string_value(json_object_get(d, "content"));
+            if (c) strncat(content, c, sizeof content - strlen(content) - 1);
+            json_t *calls = json_object_get(d, "tool_calls");
+            for (size_t i = 0; i < json_array_size(calls); i++, n_calls++)
+                if (!first_call) first_call = json_incref(json_array_get(calls, i));
+            if (json_is_string(json_object_get(ch, "finish_reason")))
+                finish = strdup(json_string_value(json_object_get(ch, "finish_reason")));
+            json_decref(j);
+        }
+        p = end + 1;
+    }
+    // The tags never reach the client as content; the call arrives whole, with its index.
+    ASSERT_STREQ(content, "Sure.\n");
+    ASSERT_EQ(n_calls, 1);
+    ASSERT_EQ(json_integer_value(json_object_get(first_call, "index")), 0);
+    ASSERT_TRUE(!strncmp(json_string_value(json_object_get(first_call, "id")), "chatcmpl-tool-", 14));
+    json_t *fn = json_object_get(first_call, "function");
+    ASSERT_STREQ(json_string_value(json_object_get(fn, "name")), "get_weather");
+    ASSERT_STREQ(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Paris\"}");
+    ASSERT_STREQ(finish, "tool_calls");
+    free((void *)finish);
+    json_decref(first_call);
+    response_free(&r);
     harness_stop(&h);
 }
 

@@ -94,6 +94,12 @@ usage = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "t
     "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
     "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}}}}
 finish = {"type": "string", "enum": ["stop", "length", "abort", "error"], "nullable": True}
+# Chat choices that called tools (server started with --enable-auto-tool-choice) finish with "tool_calls".
+chat_finish = {"type": "string", "enum": ["stop", "length", "abort", "error", "tool_calls"], "nullable": True}
+tool_call = {"type": "object", "required": ["id", "type", "function"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"type": "string"}, "arguments": {"type": "string"}}}}}
 completion_resp = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
     "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"}, "model": {"type": "string"},
     "choices": {"type": "array", "items": {"type": "object", "required": ["index", "text", "finish_reason"], "properties": {
@@ -103,9 +109,10 @@ completion_resp = {"type": "object", "required": ["id", "object", "created", "mo
 chat_resp = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
     "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"}, "model": {"type": "string"},
     "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"], "properties": {
-        "index": {"type": "integer"}, "finish_reason": finish, "logprobs": {"type": "object", "nullable": True},
+        "index": {"type": "integer"}, "finish_reason": chat_finish, "logprobs": {"type": "object", "nullable": True},
         "message": {"type": "object", "required": ["role", "content"], "properties": {
-            "role": {"type": "string"}, "content": {"type": "string", "nullable": True}}}}}},
+            "role": {"type": "string"}, "content": {"type": "string", "nullable": True},
+            "tool_calls": {"type": "array", "items": tool_call}}}}}},
     "usage": usage}}
 error = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"], "properties": {

@@ -23,6 +23,8 @@ struct serve_args {
     const char *chat_template;
     const char *api_key;
     int data_parallel_size;
+    bool enable_auto_tool_choice;
+    const char *tool_call_parser;
 };
 
 enum flag_kind { FLAG_STR, FLAG_INT, FLAG_DOUBLE, FLAG_SIZE, FLAG_BOOL_ON, FLAG_BOOL_OFF, FLAG_NAMES };
@@ -45,6 +47,10 @@ static const struct flag flags[] = {
     {"--api-key", FLAG_STR, A(api_key), "$VLLM_API_KEY or $ATOMC_API_KEY",
      "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, /apply-template"},
     {"--chat-template", FLAG_STR, A(chat_template), "the model's", "chat template: a file path or the Jinja text itself"},
+    {"--enable-auto-tool-choice", FLAG_BOOL_ON, A(enable_auto_tool_choice), "off",
+     "parse chat output of requests with tools for tool calls (needs --tool-call-parser)"},
+    {"--tool-call-parser", FLAG_STR, A(tool_call_parser), "none",
+     "tool-call format: hermes (<tool_call>{json}</tool_call>: Hermes, Qwen2.5, Qwen3)"},
     {"--max-model-len", FLAG_INT, A(eo.max_model_len), "the model's", "context length (prompt + completion) in tokens"},
     {"--max-num-seqs", FLAG_INT, A(eo.max_num_seqs), "256 (cuda), 16 (cpu)", "sequences per engine step"},
     {"--max-num-batched-tokens", FLAG_INT, A(eo.max_num_batched_tokens), "8192 (cuda), 2048 (cpu)",
@@ -280,6 +286,15 @@ int cmd_serve(int argc, char **argv) {
     server_options_init(&a.so);
     int rc = serve_parse(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
+    if (a.tool_call_parser && tool_parser_from_name(a.tool_call_parser) == TOOL_PARSER_NONE) {
+        fprintf(stderr, "atomc serve: unknown --tool-call-parser '%s' (supported: hermes)\n", a.tool_call_parser);
+        return 2;
+    }
+    if (a.enable_auto_tool_choice && !a.tool_call_parser) {
+        fprintf(stderr, "atomc serve: --enable-auto-tool-choice needs --tool-call-parser (supported: hermes)\n");
+        return 2;
+    }
+    a.so.tool_parser = a.enable_auto_tool_choice ? tool_parser_from_name(a.tool_call_parser) : TOOL_PARSER_NONE;
     a.eo.model_path = a.model;
     if (!a.api_key) a.api_key = getenv("VLLM_API_KEY");
     if (!a.api_key) a.api_key = getenv("ATOMC_API_KEY");

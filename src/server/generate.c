@@ -274,6 +274,25 @@ static void merge_logprobs(json_t *acc, json_t *add) {
     json_decref(add);
 }
 
+// Tool calls found by the parser get their OpenAI ids ("chatcmpl-tool-..."), and in a stream
+// their position among the choice's calls ("index", first = index of calls[0]).
+static void tool_calls_finish(struct srv_req *r, json_t *calls, int first) {
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call) {
+        char id[64];
+        id_random(r->srv, "chatcmpl-tool-", id, sizeof id);
+        json_object_set_new(call, "id", json_string(id));
+        if (first >= 0) json_object_set_new(call, "index", json_integer(first + (json_int_t)i));
+    }
+}
+
+// A choice that called tools and then stopped reports "tool_calls" (as OpenAI / vLLM do).
+static json_t *choice_finish_json(struct srv_choice *c, atomc_finish_reason f) {
+    if (f == ATOMC_FINISH_STOP && c->tools_on && c->tools.n_calls > 0) return json_string("tool_calls");
+    return oai_finish_reason_json(f);
+}
+
 static void stream_event(struct srv_req *r, struct srv_choice *c, const struct srv_event *ev, bool first) {
     stream_start_choice(r, c);
     if (ev->finish == ATOMC_FINISH_ERROR) {
@@ -287,7 +306,25 @@ static void stream_event(struct srv_req *r, struct srv_choice *c, const struct s
     if (!ev->text_len && !ev->n_tokens && ev->finish == ATOMC_FINISH_NONE && !echo) return;
     json_t *o = chunk_new(r), *ch = json_object();
     json_object_set_new(ch, "index", json_integer(c->index));
-    if (is_chat(r)) {
+    if (is_chat(r) && c->tools_on) {
+        // Content the parser has released, and the calls completed by this delta.
+        struct tool_text content = {0};
+        json_t *calls = json_array();
+        int before = c->tools.n_calls;
+        tool_stream_feed(&c->tools, ev->text ? ev->text : "", ev->text_len, &content, calls);
+        if (ev->finish != ATOMC_FINISH_NONE) tool_stream_finish(&c->tools, &content);
+        json_t *delta = json_object();
+        if (content.len || (ev->finish == ATOMC_FINISH_NONE && !json_array_size(calls)))
+            json_object_set_new(delta, "content", json_stringn(content.p ? content.p : "", content.len));
+        if (json_array_size(calls)) {
+            tool_calls_finish(r, calls, before);
+            json_object_set_new(delta, "tool_calls", calls);
+        } else {
+            json_decref(calls);
+        }
+        tool_text_free(&content);
+        json_object_set_new(ch, "delta", delta);
+    } else if (is_chat(r)) {
         json_t *delta = json_object();
         if (ev->text_len || ev->finish == ATOMC_FINISH_NONE)
             json_object_set_new(delta, "content", json_stringn(ev->text ? ev->text : "", ev->text_len));
@@ -308,7 +345,8 @@ static void stream_event(struct srv_req *r, struct srv_choice *c, const struct s
     json_object_set_new(ch, "logprobs",
                         r->oai.logprobs >= 0 && (ev->n_tokens || echo) ? event_logprobs(r, c, ev, echo && r->oai.echo)
                                                                        : json_null());
-    json_object_set_new(ch, "finish_reason", oai_finish_reason_json(ev->finish == ATOMC_FINISH_NONE ? ATOMC_FINISH_NONE : c->finish));
+    json_object_set_new(ch, "finish_reason",
+                        choice_finish_json(c, ev->finish == ATOMC_FINISH_NONE ? ATOMC_FINISH_NONE : c->finish));
     if (ev->finish != ATOMC_FINISH_NONE) json_object_set_new(ch, "stop_reason", stop_reason_json(r, c));
     json_t *arr = json_array();
     json_array_append_new(arr, ch);
@@ -426,8 +464,26 @@ static json_t *final_body(struct srv_req *r, int *code) {
         if (is_chat(r)) {
             json_t *msg = json_object();
             json_object_set_new(msg, "role", json_string("assistant"));
-            json_object_set_new(msg, "content", json_stringn(c->text ? c->text : "", c->text_len));
-            json_object_set_new(msg, "tool_calls", json_array());
+            json_t *calls = json_array();
+            if (c->tools_on) { // the whole text through the same parser as a stream
+                struct tool_text content = {0};
+                tool_stream_feed(&c->tools, c->text ? c->text : "", c->text_len, &content, calls);
+                tool_stream_finish(&c->tools, &content);
+                if (json_array_size(calls)) {
+                    // Around calls, whitespace-only content is no content (null), as vLLM returns it.
+                    size_t b = 0, e = content.len;
+                    while (b < e && strchr(" \t\r\n", content.p[b])) b++;
+                    while (e > b && strchr(" \t\r\n", content.p[e - 1])) e--;
+                    json_object_set_new(msg, "content", e > b ? json_stringn(content.p + b, e - b) : json_null());
+                    tool_calls_finish(r, calls, -1);
+                } else {
+                    json_object_set_new(msg, "content", json_stringn(content.p ? content.p : "", content.len));
+                }
+                tool_text_free(&content);
+            } else {
+                json_object_set_new(msg, "content", json_stringn(c->text ? c->text : "", c->text_len));
+            }
+            json_object_set_new(msg, "tool_calls", calls);
             json_object_set_new(ch, "message", msg);
         } else {
             json_object_set_new(ch, "text", json_stringn(c->text ? c->text : "", c->text_len));
@@ -443,7 +499,7 @@ static json_t *final_body(struct srv_req *r, int *code) {
         }
         c->logprobs = NULL;
         json_object_set_new(ch, "logprobs", lp ? lp : json_null());
-        json_object_set_new(ch, "finish_reason", oai_finish_reason_json(c->finish));
+        json_object_set_new(ch, "finish_reason", choice_finish_json(c, c->finish));
         json_object_set_new(ch, "stop_reason", stop_reason_json(r, c));
         json_array_append_new(choices, ch);
     }
@@ -687,6 +743,9 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         r->choices[i].index = i;
         r->choices[i].prompt_idx = i / q->n;
         r->choices[i].stop_token = -1;
+        r->choices[i].tools_on = ep == OAI_ENDPOINT_CHAT && s->opt.tool_parser != TOOL_PARSER_NONE && q->tools &&
+                                 json_array_size(q->tools) > 0 && !q->tool_choice_none;
+        tool_stream_init(&r->choices[i].tools);
     }
 
     // Submit one engine request per choice.

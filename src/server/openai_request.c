@@ -467,8 +467,10 @@ static int parse_field(const struct field *f, const char *key, const json_t *v, 
         r->tools = json_deep_copy(v);
         return 0;
     case F_TOOL_CHOICE:
-        if (json_is_string(v) && (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto")))
+        if (json_is_string(v) && (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto"))) {
+            r->tool_choice_none = !strcmp(json_string_value(v), "none");
             return 0;
+        }
         return oai_error_set(e, 400, key, "'tool_choice' supports only \"none\" and \"auto\" (no constrained tool calling)");
     case F_RESPONSE_FORMAT: {
         const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;

@@ -61,6 +61,7 @@ struct oai_request {
     // chat
     json_t *messages;             // owned ref: array of {role, content(string|null), ...}; content parts joined
     json_t *tools;                // owned ref or NULL
+    bool tool_choice_none;        // "tool_choice": "none" (tools rendered, output never parsed for calls)
     json_t *chat_template_kwargs; // owned ref (object) or NULL
     bool add_generation_prompt;   // default true
     bool continue_final_message;  // default false

@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "server/server_engine.h"
+#include "server/tool_parser.h"
 
 #define SERVER_MAX_MODEL_NAMES 8
 
@@ -37,6 +38,9 @@ struct server_options {
     double idle_timeout_s;                             // idle keep-alive / stalled transfer timeout (default 300);
                                                        // a request waiting for the engine is exempt
     bool install_signal_handlers;                      // SIGINT/SIGTERM drain (default true)
+    enum tool_parser_kind tool_parser;                 // chat output parsed for tool calls when the request
+                                                       // has tools (vLLM --enable-auto-tool-choice
+                                                       // --tool-call-parser); default NONE
 };
 void server_options_init(struct server_options *o);
 

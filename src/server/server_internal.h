@@ -81,6 +81,8 @@ struct srv_choice {
     char *error;
     int prompt_tokens, completion_tokens, cached_tokens;
     double t_first, t_last;
+    bool tools_on;          // the output is parsed for tool calls (server parser + request tools)
+    struct tool_stream tools; // streaming: the parser's state
 };
 
 // One engine output, copied on the engine thread.

@@ -1,0 +1,143 @@
+// Hermes-style tool-call extraction (see tool_parser.h for the contract).
+#include "server/tool_parser.h"
+
+#include <string.h>
+
+#include "common/check.h"
+
+static const char OPEN_TAG[] = "<tool_call>";
+static const char CLOSE_TAG[] = "</tool_call>";
+#define OPEN_LEN (sizeof OPEN_TAG - 1)
+#define CLOSE_LEN (sizeof CLOSE_TAG - 1)
+
+enum tool_parser_kind tool_parser_from_name(const char *name) {
+    if (name && !strcmp(name, "hermes")) return TOOL_PARSER_HERMES;
+    return TOOL_PARSER_NONE;
+}
+
+static void text_add(struct tool_text *s, const char *p, size_t n) {
+    if (!n) return;
+    if (s->len + n + 1 > s->cap) {
+        s->cap = (s->len + n + 1) * 2;
+        s->p = xrealloc(s->p, s->cap);
+    }
+    memcpy(s->p + s->len, p, n);
+    s->len += n;
+    s->p[s->len] = '\0';
+}
+
+void tool_text_free(struct tool_text *s) {
+    free(s->p);
+    memset(s, 0, sizeof *s);
+}
+
+void tool_stream_init(struct tool_stream *t) {
+    memset(t, 0, sizeof *t);
+}
+
+void tool_stream_free(struct tool_stream *t) {
+    free(t->held);
+    memset(t, 0, sizeof *t);
+}
+
+static void held_add(struct tool_stream *t, const char *p, size_t n) {
+    if (!n) return;
+    if (t->held_len + n + 1 > t->held_cap) {
+        t->held_cap = (t->held_len + n + 1) * 2;
+        t->held = xrealloc(t->held, t->held_cap);
+    }
+    memcpy(t->held + t->held_len, p, n);
+    t->held_len += n;
+    t->held[t->held_len] = '\0';
+}
+
+static void held_drop(struct tool_stream *t, size_t n) {
+    memmove(t->held, t->held + n, t->held_len - n);
+    t->held_len -= n;
+    if (t->held) t->held[t->held_len] = '\0';
+}
+
+static const char *find(const char *hay, size_t n, const char *needle, size_t m) {
+    if (m > n) return NULL;
+    for (size_t i = 0; i + m <= n; i++)
+        if (hay[i] == needle[0] && !memcmp(hay + i, needle, m)) return hay + i;
+    return NULL;
+}
+
+// Length of the longest suffix of p[0, n) that is a proper prefix of the tag.
+static size_t tag_prefix_suffix(const char *p, size_t n, const char *tag, size_t tag_len) {
+    size_t best = 0;
+    for (size_t k = 1; k < tag_len && k <= n; k++)
+        if (!memcmp(p + n - k, tag, k)) best = k;
+    return best;
+}
+
+// The call object of a block body, or NULL if the body is not {"name": STRING, "arguments"?: ...}.
+static json_t *call_from_body(const char *body, size_t n) {
+    json_t *o = json_loadb(body, n, JSON_DECODE_ANY, NULL);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return NULL;
+    }
+    json_t *name = json_object_get(o, "name"), *args = json_object_get(o, "arguments");
+    if (!json_is_string(name) || json_string_length(name) == 0) {
+        json_decref(o);
+        return NULL;
+    }
+    char *args_text = NULL;
+    if (json_is_string(args))
+        args_text = strdup(json_string_value(args));
+    else if (args)
+        args_text = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY);
+    else
+        args_text = strdup("{}");
+    CHECK(args_text != NULL);
+    json_t *fn = json_object(), *call = json_object();
+    json_object_set(fn, "name", name);
+    json_object_set_new(fn, "arguments", json_string(args_text));
+    free(args_text);
+    json_object_set_new(call, "type", json_string("function"));
+    json_object_set_new(call, "function", fn);
+    json_decref(o);
+    return call;
+}
+
+void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struct tool_text *content, json_t *calls) {
+    held_add(t, text, len);
+    for (;;) {
+        if (!t->in_call) {
+            const char *open = find(t->held, t->held_len, OPEN_TAG, OPEN_LEN);
+            if (open) {
+                size_t before = (size_t)(open - t->held);
+                text_add(content, t->held, before);
+                held_drop(t, before + OPEN_LEN);
+                t->in_call = true;
+                continue;
+            }
+            size_t keep = tag_prefix_suffix(t->held, t->held_len, OPEN_TAG, OPEN_LEN);
+            text_add(content, t->held, t->held_len - keep);
+            held_drop(t, t->held_len - keep);
+            return;
+        }
+        const char *close = find(t->held, t->held_len, CLOSE_TAG, CLOSE_LEN);
+        if (!close) return; // the body is still arriving
+        size_t body = (size_t)(close - t->held);
+        json_t *call = call_from_body(t->held, body);
+        if (call) {
+            json_array_append_new(calls, call);
+            t->n_calls++;
+        } else { // not a call: the block's raw text is content
+            text_add(content, OPEN_TAG, OPEN_LEN);
+            text_add(content, t->held, body + CLOSE_LEN);
+        }
+        held_drop(t, body + CLOSE_LEN);
+        t->in_call = false;
+    }
+}
+
+void tool_stream_finish(struct tool_stream *t, struct tool_text *content) {
+    if (t->in_call) text_add(content, OPEN_TAG, OPEN_LEN);
+    text_add(content, t->held, t->held_len);
+    held_drop(t, t->held_len);
+    t->in_call = false;
+}
