@@ -32,12 +32,12 @@ struct fake_engine {
     pthread_mutex_t mu;
     struct fake_req reqs[FAKE_MAX];
     uint64_t next_id;
-    int max_live;            // ATOMC_ERR_BUSY past this many
-    atomic_int aborts;       // abort calls that hit a live request
-    atomic_int finished;     // final outputs delivered
+    int max_live;        // ATOMC_ERR_BUSY past this many
+    atomic_int aborts;   // abort calls that hit a live request
+    atomic_int finished; // final outputs delivered
     int step_us;
-    atomic_bool fail_all;    // every request finishes with ATOMC_FINISH_ERROR (a broken device)
-    const char *script;      // if set: the text every request generates (one byte per step), then stop
+    atomic_bool fail_all; // every request finishes with ATOMC_FINISH_ERROR (a broken device)
+    const char *script;   // if set: the text every request generates (one byte per step), then stop
     atomic_bool stop;
     pthread_t thread;
 };
@@ -47,8 +47,10 @@ static atomc_status fake_add(void *ctx, const atomc_request *r, uint64_t *id, ch
     pthread_mutex_lock(&f->mu);
     int live = 0, slot = -1;
     for (int i = 0; i < FAKE_MAX; i++) {
-        if (f->reqs[i].live) live++;
-        else if (slot < 0) slot = i;
+        if (f->reqs[i].live)
+            live++;
+        else if (slot < 0)
+            slot = i;
     }
     if (live >= f->max_live || slot < 0) {
         pthread_mutex_unlock(&f->mu);
@@ -87,7 +89,8 @@ static void fake_stats(void *ctx, atomc_stats *s) {
     struct fake_engine *f = ctx;
     memset(s, 0, sizeof *s);
     pthread_mutex_lock(&f->mu);
-    for (int i = 0; i < FAKE_MAX; i++) s->num_running += f->reqs[i].live;
+    for (int i = 0; i < FAKE_MAX; i++)
+        s->num_running += f->reqs[i].live;
     pthread_mutex_unlock(&f->mu);
     s->num_kv_blocks = 100;
     s->num_free_kv_blocks = 100 - s->num_running;
@@ -98,14 +101,16 @@ static void fake_stats(void *ctx, atomc_stats *s) {
 static atomc_status fake_tokenize(void *ctx, const char *text, size_t len, bool add_special, int32_t **ids, int *n,
                                   struct error *err) {
     *ids = malloc((len + 1) * sizeof **ids);
-    for (size_t i = 0; i < len; i++) (*ids)[i] = (unsigned char)text[i];
+    for (size_t i = 0; i < len; i++)
+        (*ids)[i] = (unsigned char)text[i];
     *n = (int)len;
     return ATOMC_OK;
 }
 
 static atomc_status fake_detokenize(void *ctx, const int32_t *ids, int n, bool skip, char **text, struct error *err) {
     *text = malloc((size_t)n + 1);
-    for (int i = 0; i < n; i++) (*text)[i] = (char)ids[i];
+    for (int i = 0; i < n; i++)
+        (*text)[i] = (char)ids[i];
     (*text)[n] = '\0';
     return ATOMC_OK;
 }
@@ -169,8 +174,10 @@ static void *fake_loop(void *arg) {
                 o.text = text;
                 o.text_len = 1;
                 f->reqs[i].generated++;
-                if (f->script && !f->script[f->reqs[i].generated]) o.finish_reason = ATOMC_FINISH_STOP;
-                else if (f->reqs[i].generated >= q.max_tokens) o.finish_reason = ATOMC_FINISH_LENGTH;
+                if (f->script && !f->script[f->reqs[i].generated])
+                    o.finish_reason = ATOMC_FINISH_STOP;
+                else if (f->reqs[i].generated >= q.max_tokens)
+                    o.finish_reason = ATOMC_FINISH_LENGTH;
             }
             o.completion_tokens = f->reqs[i].generated;
             if (o.finish_reason != ATOMC_FINISH_NONE) f->reqs[i].live = false;
@@ -224,10 +231,17 @@ static void harness_start(struct harness *h, const char *api_key, int step_us, i
 }
 
 static void harness_attach(struct harness *h) {
-    struct server_engine e = {
-        .ctx = &h->fe, .add_request = fake_add, .abort_request = fake_abort, .get_stats = fake_stats,
-        .tokenize = fake_tokenize, .detokenize = fake_detokenize, .token_bytes = fake_token_bytes,
-        .render_chat = fake_render, .max_model_len = harness_max_model_len, .vocab_size = 256, .model_path = "/models/fake"};
+    struct server_engine e = {.ctx = &h->fe,
+                              .add_request = fake_add,
+                              .abort_request = fake_abort,
+                              .get_stats = fake_stats,
+                              .tokenize = fake_tokenize,
+                              .detokenize = fake_detokenize,
+                              .token_bytes = fake_token_bytes,
+                              .render_chat = fake_render,
+                              .max_model_len = harness_max_model_len,
+                              .vocab_size = 256,
+                              .model_path = "/models/fake"};
     server_attach_engine(h->srv, &e);
 }
 
@@ -332,7 +346,9 @@ static void response_free(struct response *r) {
     free(r->body);
 }
 
-static json_t *json_of(const struct response *r) { return json_loads(r->body, 0, NULL); }
+static json_t *json_of(const struct response *r) {
+    return json_loads(r->body, 0, NULL);
+}
 
 static const char *error_message(json_t *j) {
     return json_string_value(json_object_get(json_object_get(j, "error"), "message"));
@@ -348,7 +364,8 @@ static double metric_value(int port, const char *needle) {
 }
 
 static void wait_until(bool (*cond)(void *), void *arg) {
-    for (int i = 0; i < 500 && !cond(arg); i++) usleep(10000);
+    for (int i = 0; i < 500 && !cond(arg); i++)
+        usleep(10000);
 }
 
 // ---------------------------------------------------------------- tests
@@ -410,7 +427,7 @@ TEST(chat_stream_sends_role_content_usage_done) {
     char text[64] = "";
     int n_events = 0;
     bool saw_role = false, saw_usage = false, saw_done = false, saw_finish = false;
-    for (char *p = r.body; (p = strstr(p, "data: ")); ) {
+    for (char *p = r.body; (p = strstr(p, "data: "));) {
         p += 6;
         char *end = strstr(p, "\n\n");
         ASSERT_TRUE(end != NULL);
@@ -502,7 +519,9 @@ TEST(errors_have_openai_shape_and_status) {
     harness_stop(&h);
 }
 
-static bool aborted_one(void *arg) { return atomic_load(&((struct harness *)arg)->fe.aborts) >= 1; }
+static bool aborted_one(void *arg) {
+    return atomic_load(&((struct harness *)arg)->fe.aborts) >= 1;
+}
 
 TEST(client_disconnect_mid_stream_aborts_request) {
     struct harness h;
@@ -516,9 +535,13 @@ TEST(client_disconnect_mid_stream_aborts_request) {
     close(fd);
     wait_until(aborted_one, &h);
     ASSERT_EQ(atomic_load(&h.fe.aborts), 1);
-    for (int i = 0; i < 100 && metric_value(h.port, "vllm:request_success_total{finished_reason=\"abort\",model_name=\"fake\"} ") < 1; i++)
+    for (int i = 0;
+         i < 100 &&
+         metric_value(h.port, "vllm:request_success_total{finished_reason=\"abort\",model_name=\"fake\"} ") < 1;
+         i++)
         usleep(10000);
-    ASSERT_NEAR(metric_value(h.port, "vllm:request_success_total{finished_reason=\"abort\",model_name=\"fake\"} "), 1, 0);
+    ASSERT_NEAR(metric_value(h.port, "vllm:request_success_total{finished_reason=\"abort\",model_name=\"fake\"} "), 1,
+                0);
     ASSERT_NEAR(metric_value(h.port, "vllm:num_requests_running{model_name=\"fake\"} "), 0, 0);
     harness_stop(&h);
 }
@@ -603,8 +626,8 @@ TEST(engine_errors_give_500_and_unhealthy_until_a_success) {
         response_free(&r);
     }
     // Streaming: the error arrives as an SSE error event, then [DONE].
-    struct response r = http(h.port, "POST", "/v1/completions", NULL,
-                             "{\"prompt\":\"hi\",\"max_tokens\":3,\"stream\":true}");
+    struct response r =
+        http(h.port, "POST", "/v1/completions", NULL, "{\"prompt\":\"hi\",\"max_tokens\":3,\"stream\":true}");
     ASSERT_EQ(r.status, 200);
     ASSERT_TRUE(strstr(r.body, "\"error\"") && strstr(r.body, "device lost") && strstr(r.body, "data: [DONE]"));
     response_free(&r);
@@ -630,8 +653,8 @@ TEST(slow_generation_outlives_idle_timeout) {
     harness_start(&h, NULL, 400000, 64); // one token per 400 ms: gaps longer than the timeout
     harness_idle_timeout = 300;
     harness_attach(&h);
-    struct response r = http(h.port, "POST", "/v1/completions", NULL,
-                             "{\"prompt\":\"hi\",\"max_tokens\":3,\"stream\":true}");
+    struct response r =
+        http(h.port, "POST", "/v1/completions", NULL, "{\"prompt\":\"hi\",\"max_tokens\":3,\"stream\":true}");
     ASSERT_EQ(r.status, 200);
     ASSERT_TRUE(strstr(r.body, "data: [DONE]") != NULL);
     response_free(&r);
@@ -654,14 +677,18 @@ static const char TOOL_REQ[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"
                                "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
                                "\"parameters\":{\"type\":\"object\"}}}]%s}";
 
-static void tool_harness_start(struct harness *h, enum tool_parser_kind parser) {
+static void tool_harness_start_script(struct harness *h, enum tool_parser_kind parser, const char *script) {
     harness_tool_parser = parser;
     harness_max_model_len = 512;
     harness_start(h, NULL, 100, 64);
-    h->fe.script = TOOL_SCRIPT;
+    h->fe.script = script;
     harness_attach(h);
     harness_tool_parser = TOOL_PARSER_NONE;
     harness_max_model_len = 64;
+}
+
+static void tool_harness_start(struct harness *h, enum tool_parser_kind parser) {
+    tool_harness_start_script(h, parser, TOOL_SCRIPT);
 }
 
 static json_t *tool_chat(struct harness *h, const char *extra) {
@@ -754,4 +781,21 @@ TEST(chat_tool_calls_parsed_stream) {
     harness_stop(&h);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+TEST(chat_tool_calls_llama3_json) {
+    struct harness h;
+    tool_harness_start_script(&h, TOOL_PARSER_LLAMA3_JSON,
+                              "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}");
+    json_t *j = tool_chat(&h, "");
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(ch, "message");
+    ASSERT_STREQ(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls");
+    ASSERT_TRUE(json_is_null(json_object_get(msg, "content")));
+    json_t *fn = json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "function");
+    ASSERT_STREQ(json_string_value(json_object_get(fn, "name")), "get_weather");
+    ASSERT_STREQ(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Paris\"}");
+    json_decref(j);
+    harness_stop(&h);
+}
+
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

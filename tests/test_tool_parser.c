@@ -1,4 +1,4 @@
-// Hermes tool-call parser (src/server/tool_parser.c): whole-text and incremental parsing agree
+// Tool-call parsers (src/server/tool_parser.c, hermes and llama3_json): whole-text and incremental parsing agree
 // for every split of the input, tags split across deltas are held back and never leak as
 // content, malformed or unterminated blocks come back as content.
 #include <string.h>
@@ -13,10 +13,10 @@ struct parsed {
 
 // Feeds `text` in pieces of `step` bytes (0 = all at once); *max_held gets the most bytes held back
 // at any point while not inside a call.
-static struct parsed parse_steps(const char *text, size_t step, size_t *max_held) {
+static struct parsed parse_steps_kind(enum tool_parser_kind kind, const char *text, size_t step, size_t *max_held) {
     struct parsed r = {{0}, json_array()};
     struct tool_stream t;
-    tool_stream_init(&t);
+    tool_stream_init(&t, kind);
     size_t n = strlen(text), i = 0;
     if (max_held) *max_held = 0;
     while (i < n) {
@@ -28,6 +28,10 @@ static struct parsed parse_steps(const char *text, size_t step, size_t *max_held
     tool_stream_finish(&t, &r.content);
     tool_stream_free(&t);
     return r;
+}
+
+static struct parsed parse_steps(const char *text, size_t step, size_t *max_held) {
+    return parse_steps_kind(TOOL_PARSER_HERMES, text, step, max_held);
 }
 
 static const char *content_of(struct parsed *p) {
@@ -107,7 +111,7 @@ TEST(tool_parser_holds_back_only_tag_prefixes) {
     struct tool_stream t;
     struct tool_text c = {0};
     json_t *calls = json_array();
-    tool_stream_init(&t);
+    tool_stream_init(&t, TOOL_PARSER_HERMES);
     feed_str(&t, "hello <tool", &c, calls);
     ASSERT_STREQ(c.p, "hello ");
     feed_str(&t, "box", &c, calls); // not a tag after all: released
@@ -144,8 +148,63 @@ TEST(tool_parser_malformed_and_unterminated_blocks_are_content) {
     check_all_splits(cut);
 }
 
+// Every split size gives the same content and calls as the whole text (llama3_json).
+static void check_all_splits_l3(const char *text) {
+    struct parsed whole = parse_steps_kind(TOOL_PARSER_LLAMA3_JSON, text, 0, NULL);
+    for (size_t step = 1; step <= strlen(text); step++) {
+        struct parsed p = parse_steps_kind(TOOL_PARSER_LLAMA3_JSON, text, step, NULL);
+        ASSERT_STREQ(content_of(&p), content_of(&whole));
+        ASSERT_TRUE(json_equal(p.calls, whole.calls));
+        parsed_free(&p);
+    }
+    parsed_free(&whole);
+}
+
+TEST(tool_parser_llama3_json_calls) {
+    const char *one = "  {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}";
+    struct parsed p = parse_steps_kind(TOOL_PARSER_LLAMA3_JSON, one, 0, NULL);
+    ASSERT_EQ(json_array_size(p.calls), 1);
+    ASSERT_STREQ(call_name(p.calls, 0), "get_weather");
+    ASSERT_STREQ(call_args(p.calls, 0), "{\"city\":\"Paris\"}"); // "parameters" read as the arguments
+    ASSERT_STREQ(content_of(&p), "");
+    parsed_free(&p);
+    check_all_splits_l3(one);
+    const char *two = "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"arguments\": "
+                      "{\"s\": \"x;}{\"}}\n";
+    p = parse_steps_kind(TOOL_PARSER_LLAMA3_JSON, two, 0, NULL);
+    ASSERT_EQ(json_array_size(p.calls), 2);
+    ASSERT_STREQ(call_name(p.calls, 1), "b");
+    ASSERT_STREQ(call_args(p.calls, 1), "{\"s\":\"x;}{\"}"); // separators inside strings are data
+    ASSERT_STREQ(content_of(&p), "\n");
+    parsed_free(&p);
+    check_all_splits_l3(two);
+}
+
+TEST(tool_parser_llama3_json_plain_and_broken_outputs_are_content) {
+    const char *texts[] = {
+        "The answer is {42}.",                      // does not start with an object
+        "{\"name\": 7, \"parameters\": {}}",        // not a call
+        "{\"name\": \"f\", \"parameters\": {\"a\"", // cut off
+        "<|python_ta",                              // a tag prefix, then the end
+        "{not json} at all",                        // invalid
+    };
+    for (int i = 0; i < 5; i++) {
+        struct parsed p = parse_steps_kind(TOOL_PARSER_LLAMA3_JSON, texts[i], 0, NULL);
+        ASSERT_EQ(json_array_size(p.calls), 0);
+        ASSERT_STREQ(content_of(&p), texts[i]);
+        parsed_free(&p);
+        check_all_splits_l3(texts[i]);
+    }
+    // A call followed by prose: the call, then the prose as content.
+    struct parsed p = parse_steps_kind(TOOL_PARSER_LLAMA3_JSON, "{\"name\": \"f\"} ok", 0, NULL);
+    ASSERT_EQ(json_array_size(p.calls), 1);
+    ASSERT_STREQ(content_of(&p), "ok");
+    parsed_free(&p);
+}
+
 TEST(tool_parser_names) {
     ASSERT_EQ(tool_parser_from_name("hermes"), TOOL_PARSER_HERMES);
+    ASSERT_EQ(tool_parser_from_name("llama3_json"), TOOL_PARSER_LLAMA3_JSON);
     ASSERT_EQ(tool_parser_from_name("mistral"), TOOL_PARSER_NONE);
     ASSERT_EQ(tool_parser_from_name(NULL), TOOL_PARSER_NONE);
 }

@@ -50,7 +50,8 @@ static const struct flag flags[] = {
     {"--enable-auto-tool-choice", FLAG_BOOL_ON, A(enable_auto_tool_choice), "off",
      "parse chat output of requests with tools for tool calls (needs --tool-call-parser)"},
     {"--tool-call-parser", FLAG_STR, A(tool_call_parser), "none",
-     "tool-call format: hermes (<tool_call>{json}</tool_call>: Hermes, Qwen2.5, Qwen3)"},
+     "tool-call format: hermes (<tool_call>{json}</tool_call>: Hermes, Qwen2.5, Qwen3) or llama3_json "
+     "(Llama 3.1-3.3 JSON calls)"},
     {"--max-model-len", FLAG_INT, A(eo.max_model_len), "the model's", "context length (prompt + completion) in tokens"},
     {"--max-num-seqs", FLAG_INT, A(eo.max_num_seqs), "256 (cuda), 16 (cpu)", "sequences per engine step"},
     {"--max-num-batched-tokens", FLAG_INT, A(eo.max_num_batched_tokens), "8192 (cuda), 2048 (cpu)",
@@ -287,11 +288,11 @@ int cmd_serve(int argc, char **argv) {
     int rc = serve_parse(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
     if (a.tool_call_parser && tool_parser_from_name(a.tool_call_parser) == TOOL_PARSER_NONE) {
-        fprintf(stderr, "atomc serve: unknown --tool-call-parser '%s' (supported: hermes)\n", a.tool_call_parser);
+        fprintf(stderr, "atomc serve: unknown --tool-call-parser '%s' (supported: hermes, llama3_json)\n", a.tool_call_parser);
         return 2;
     }
     if (a.enable_auto_tool_choice && !a.tool_call_parser) {
-        fprintf(stderr, "atomc serve: --enable-auto-tool-choice needs --tool-call-parser (supported: hermes)\n");
+        fprintf(stderr, "atomc serve: --enable-auto-tool-choice needs --tool-call-parser (supported: hermes, llama3_json)\n");
         return 2;
     }
     a.so.tool_parser = a.enable_auto_tool_choice ? tool_parser_from_name(a.tool_call_parser) : TOOL_PARSER_NONE;

@@ -745,7 +745,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         r->choices[i].stop_token = -1;
         r->choices[i].tools_on = ep == OAI_ENDPOINT_CHAT && s->opt.tool_parser != TOOL_PARSER_NONE && q->tools &&
                                  json_array_size(q->tools) > 0 && !q->tool_choice_none;
-        tool_stream_init(&r->choices[i].tools);
+        tool_stream_init(&r->choices[i].tools, s->opt.tool_parser);
     }
 
     // Submit one engine request per choice.

@@ -1,4 +1,4 @@
-// Hermes-style tool-call extraction (see tool_parser.h for the contract).
+// Tool-call extraction, hermes and llama3_json formats (see tool_parser.h for the contract).
 #include "server/tool_parser.h"
 
 #include <string.h>
@@ -10,8 +10,12 @@ static const char CLOSE_TAG[] = "</tool_call>";
 #define OPEN_LEN (sizeof OPEN_TAG - 1)
 #define CLOSE_LEN (sizeof CLOSE_TAG - 1)
 
+static const char PYTHON_TAG[] = "<|python_tag|>";
+#define PYTHON_TAG_LEN (sizeof PYTHON_TAG - 1)
+
 enum tool_parser_kind tool_parser_from_name(const char *name) {
     if (name && !strcmp(name, "hermes")) return TOOL_PARSER_HERMES;
+    if (name && !strcmp(name, "llama3_json")) return TOOL_PARSER_LLAMA3_JSON;
     return TOOL_PARSER_NONE;
 }
 
@@ -31,8 +35,9 @@ void tool_text_free(struct tool_text *s) {
     memset(s, 0, sizeof *s);
 }
 
-void tool_stream_init(struct tool_stream *t) {
+void tool_stream_init(struct tool_stream *t, enum tool_parser_kind kind) {
     memset(t, 0, sizeof *t);
+    t->kind = kind;
 }
 
 void tool_stream_free(struct tool_stream *t) {
@@ -72,14 +77,15 @@ static size_t tag_prefix_suffix(const char *p, size_t n, const char *tag, size_t
     return best;
 }
 
-// The call object of a block body, or NULL if the body is not {"name": STRING, "arguments"?: ...}.
-static json_t *call_from_body(const char *body, size_t n) {
-    json_t *o = json_loadb(body, n, JSON_DECODE_ANY, NULL);
+// The call object of a parsed JSON value (reference taken over), or NULL if it is not
+// {"name": STRING, "arguments" (or llama3's "parameters")?: ...}.
+static json_t *call_from_json(json_t *o) {
     if (!json_is_object(o)) {
         json_decref(o);
         return NULL;
     }
     json_t *name = json_object_get(o, "name"), *args = json_object_get(o, "arguments");
+    if (!args) args = json_object_get(o, "parameters");
     if (!json_is_string(name) || json_string_length(name) == 0) {
         json_decref(o);
         return NULL;
@@ -102,8 +108,68 @@ static json_t *call_from_body(const char *body, size_t n) {
     return call;
 }
 
+enum { L3_START = 0, L3_CALLS = 1, L3_CONTENT = 2 };
+
+static bool is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+// llama3_json: decide at the first non-space bytes whether the output is calls; then take one
+// JSON object at a time off the front (jansson stops after the first value and says how many
+// bytes it read; "premature end of input" means the object is still arriving).
+static void llama3_feed(struct tool_stream *t, struct tool_text *content, json_t *calls) {
+    for (;;) {
+        if (t->mode == L3_CONTENT) {
+            text_add(content, t->held, t->held_len);
+            held_drop(t, t->held_len);
+            return;
+        }
+        size_t ws = 0;
+        while (ws < t->held_len && (is_space(t->held[ws]) || (t->mode == L3_CALLS && t->held[ws] == ';')))
+            ws++;
+        const char *rest = t->held + ws;
+        size_t n = t->held_len - ws;
+        if (n == 0) return; // only whitespace / separators so far
+        if (t->mode == L3_START) {
+            if (rest[0] == '{') {
+                t->mode = L3_CALLS;
+            } else if (n < PYTHON_TAG_LEN && !memcmp(rest, PYTHON_TAG, n)) {
+                return; // maybe the tag, still arriving
+            } else if (n >= PYTHON_TAG_LEN && !memcmp(rest, PYTHON_TAG, PYTHON_TAG_LEN)) {
+                held_drop(t, ws + PYTHON_TAG_LEN);
+                t->mode = L3_CALLS;
+            } else {
+                t->mode = L3_CONTENT;
+            }
+            continue;
+        }
+        if (rest[0] != '{') { // text after the calls: content from here on
+            held_drop(t, ws);
+            t->mode = L3_CONTENT;
+            continue;
+        }
+        json_error_t err;
+        json_t *v = json_loadb(rest, n, JSON_DISABLE_EOF_CHECK, &err);
+        if (!v && json_error_code(&err) == json_error_premature_end_of_input) return;
+        size_t used = v ? (size_t)err.position : 0;
+        json_t *call = v ? call_from_json(v) : NULL;
+        if (!call) { // not a call: the rest is content
+            held_drop(t, ws);
+            t->mode = L3_CONTENT;
+            continue;
+        }
+        json_array_append_new(calls, call);
+        t->n_calls++;
+        held_drop(t, ws + used);
+    }
+}
+
 void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struct tool_text *content, json_t *calls) {
     held_add(t, text, len);
+    if (t->kind == TOOL_PARSER_LLAMA3_JSON) {
+        llama3_feed(t, content, calls);
+        return;
+    }
     for (;;) {
         if (!t->in_call) {
             const char *open = find(t->held, t->held_len, OPEN_TAG, OPEN_LEN);
@@ -122,7 +188,7 @@ void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struc
         const char *close = find(t->held, t->held_len, CLOSE_TAG, CLOSE_LEN);
         if (!close) return; // the body is still arriving
         size_t body = (size_t)(close - t->held);
-        json_t *call = call_from_body(t->held, body);
+        json_t *call = call_from_json(json_loadb(t->held, body, JSON_DECODE_ANY, NULL));
         if (call) {
             json_array_append_new(calls, call);
             t->n_calls++;
@@ -136,7 +202,7 @@ void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struc
 }
 
 void tool_stream_finish(struct tool_stream *t, struct tool_text *content) {
-    if (t->in_call) text_add(content, OPEN_TAG, OPEN_LEN);
+    if (t->kind == TOOL_PARSER_HERMES && t->in_call) text_add(content, OPEN_TAG, OPEN_LEN);
     text_add(content, t->held, t->held_len);
     held_drop(t, t->held_len);
     t->in_call = false;

@@ -1,9 +1,11 @@
-// Tool calls in generated text, as vLLM's `--tool-call-parser hermes` reads them: Hermes, Qwen2.5
-// and Qwen3 chat templates ask the model to answer a tool request with
-//   <tool_call>
-//   {"name": "get_weather", "arguments": {"city": "Paris"}}
-//   </tool_call>
-// blocks (several in a row for parallel calls). The parser is incremental so that streaming and
+// Tool calls in generated text, as vLLM's `--tool-call-parser` reads them:
+//   hermes       Hermes, Qwen2.5, Qwen3: <tool_call>{"name": N, "arguments": {...}}</tool_call>
+//                blocks anywhere in the output (several in a row for parallel calls);
+//   llama3_json  Llama 3.1-3.3 JSON tool calling: an output that starts (after whitespace, and an
+//                optional <|python_tag|>, which default detokenization drops as a special token
+//                anyway) with {"name": N, "parameters": {...}} objects, separated by ';' for
+//                parallel calls; an output starting otherwise is plain content. The parser is incremental so that
+//                streaming and
 // non-streaming responses share one code path: text deltas go in, in order; content that can no
 // longer be the start of a tag comes out at once, a possible tag prefix ("<tool_c") is held back
 // until the next delta decides it, and a call comes out when its closing tag has arrived.
@@ -20,13 +22,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-enum tool_parser_kind { TOOL_PARSER_NONE = 0, TOOL_PARSER_HERMES };
+enum tool_parser_kind { TOOL_PARSER_NONE = 0, TOOL_PARSER_HERMES, TOOL_PARSER_LLAMA3_JSON };
 
-// "hermes" -> TOOL_PARSER_HERMES; anything else -> TOOL_PARSER_NONE (caller reports the error).
+// "hermes", "llama3_json" -> the kind; anything else -> TOOL_PARSER_NONE (caller reports the error).
 enum tool_parser_kind tool_parser_from_name(const char *name);
 
 struct tool_stream {
-    bool in_call; // inside <tool_call> ... (waiting for the closing tag)
+    enum tool_parser_kind kind;
+    int mode;     // llama3_json: 0 = start not seen yet, 1 = calls, 2 = plain content
+    bool in_call; // hermes: inside <tool_call> ... (waiting for the closing tag)
     char *held;   // held-back text: a possible opening-tag prefix, or the call body so far
     size_t held_len, held_cap;
     int n_calls; // calls emitted so far
@@ -38,7 +42,7 @@ struct tool_text {
     size_t len, cap;
 };
 
-void tool_stream_init(struct tool_stream *t);
+void tool_stream_init(struct tool_stream *t, enum tool_parser_kind kind);
 void tool_stream_free(struct tool_stream *t);
 // Feeds `len` bytes of generated text; appends released content to *content and each completed
 // call to `calls` (a JSON array).
