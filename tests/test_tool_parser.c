@@ -51,15 +51,22 @@ static const char *call_args(json_t *calls, size_t i) {
 }
 
 // Every split size gives the same content and calls as the whole text.
-static void check_all_splits(const char *text) {
-    struct parsed whole = parse_steps(text, 0, NULL);
+static void check_splits_kind(enum tool_parser_kind kind, const char *text) {
+    struct parsed whole = parse_steps_kind(kind, text, 0, NULL);
     for (size_t step = 1; step <= strlen(text); step++) {
-        struct parsed p = parse_steps(text, step, NULL);
+        struct parsed p = parse_steps_kind(kind, text, step, NULL);
         ASSERT_STREQ(content_of(&p), content_of(&whole));
         ASSERT_TRUE(json_equal(p.calls, whole.calls));
         parsed_free(&p);
     }
     parsed_free(&whole);
+}
+
+static void check_all_splits(const char *text) {
+    check_splits_kind(TOOL_PARSER_HERMES, text);
+}
+static void check_all_splits_l3(const char *text) {
+    check_splits_kind(TOOL_PARSER_LLAMA3_JSON, text);
 }
 
 TEST(tool_parser_plain_text_passes_through) {
@@ -146,18 +153,6 @@ TEST(tool_parser_malformed_and_unterminated_blocks_are_content) {
     ASSERT_STREQ(content_of(&p), cut);
     parsed_free(&p);
     check_all_splits(cut);
-}
-
-// Every split size gives the same content and calls as the whole text (llama3_json).
-static void check_all_splits_l3(const char *text) {
-    struct parsed whole = parse_steps_kind(TOOL_PARSER_LLAMA3_JSON, text, 0, NULL);
-    for (size_t step = 1; step <= strlen(text); step++) {
-        struct parsed p = parse_steps_kind(TOOL_PARSER_LLAMA3_JSON, text, step, NULL);
-        ASSERT_STREQ(content_of(&p), content_of(&whole));
-        ASSERT_TRUE(json_equal(p.calls, whole.calls));
-        parsed_free(&p);
-    }
-    parsed_free(&whole);
 }
 
 TEST(tool_parser_llama3_json_calls) {

@@ -102,13 +102,8 @@ static void tp_wait(struct tp_runner *t) {
     pthread_mutex_unlock(&t->mu);
 }
 
-atomc_status tp_runner_execute(struct tp_runner *t, const struct forward_batch *fb, struct runner_output *out,
-                               struct error *err) {
-    tp_post(t, TP_JOB_EXECUTE, fb);
-    struct tp_rank *r0 = &t->ranks[0];
-    tp_bind(r0);
-    error_clear(&r0->err);
-    r0->st = model_runner_execute(r0->runner, fb, out, &r0->err);
+// Waits for the other ranks and returns the first failure of any rank (rank 0 included).
+static atomc_status tp_collect(struct tp_runner *t, struct error *err) {
     tp_wait(t);
     for (int k = 0; k < t->n; k++)
         if (t->ranks[k].st != ATOMC_OK) {
@@ -118,6 +113,16 @@ atomc_status tp_runner_execute(struct tp_runner *t, const struct forward_batch *
     return ATOMC_OK;
 }
 
+atomc_status tp_runner_execute(struct tp_runner *t, const struct forward_batch *fb, struct runner_output *out,
+                               struct error *err) {
+    tp_post(t, TP_JOB_EXECUTE, fb);
+    struct tp_rank *r0 = &t->ranks[0];
+    tp_bind(r0);
+    error_clear(&r0->err);
+    r0->st = model_runner_execute(r0->runner, fb, out, &r0->err);
+    return tp_collect(t, err);
+}
+
 atomc_status tp_runner_execute_logits(struct tp_runner *t, const struct forward_batch *fb, float *logits,
                                       struct error *err) {
     tp_post(t, TP_JOB_LOGITS, fb);
@@ -125,13 +130,7 @@ atomc_status tp_runner_execute_logits(struct tp_runner *t, const struct forward_
     tp_bind(r0);
     error_clear(&r0->err);
     r0->st = model_runner_execute_logits(r0->runner, fb, logits, &r0->err);
-    tp_wait(t);
-    for (int k = 0; k < t->n; k++)
-        if (t->ranks[k].st != ATOMC_OK) {
-            if (err) *err = t->ranks[k].err;
-            return error_prefix(err, "tensor parallel rank %d of %d: ", k, t->n);
-        }
-    return ATOMC_OK;
+    return tp_collect(t, err);
 }
 
 int tp_runner_size(const struct tp_runner *t) { return t->n; }

@@ -626,13 +626,16 @@ static struct node *parse_not(struct parser *P) {
     return parse_compare(P);
 }
 
-static struct node *parse_and(struct parser *P) {
-    struct node *l = parse_not(P);
-    while (l && is_name(cur(P), "and")) {
+// Left-associative chain `operand (word operand)*` of one boolean operator ("and" over not-
+// expressions, "or" over and-chains).
+static struct node *parse_bool_chain(struct parser *P, const char *word, enum node_kind kind,
+                                     struct node *(*operand)(struct parser *)) {
+    struct node *l = operand(P);
+    while (l && is_name(cur(P), word)) {
         struct token *at = cur(P);
         P->i++;
-        struct node *r = parse_not(P);
-        struct node *x = r ? mk(P, N_AND, at) : NULL;
+        struct node *r = operand(P);
+        struct node *x = r ? mk(P, kind, at) : NULL;
         if (x) {
             x->a = l;
             x->b = r;
@@ -642,21 +645,9 @@ static struct node *parse_and(struct parser *P) {
     return l;
 }
 
-static struct node *parse_or(struct parser *P) {
-    struct node *l = parse_and(P);
-    while (l && is_name(cur(P), "or")) {
-        struct token *at = cur(P);
-        P->i++;
-        struct node *r = parse_and(P);
-        struct node *x = r ? mk(P, N_OR, at) : NULL;
-        if (x) {
-            x->a = l;
-            x->b = r;
-        }
-        l = x;
-    }
-    return l;
-}
+static struct node *parse_and(struct parser *P) { return parse_bool_chain(P, "and", N_AND, parse_not); }
+
+static struct node *parse_or(struct parser *P) { return parse_bool_chain(P, "or", N_OR, parse_and); }
 
 static struct node *parse_condexpr(struct parser *P) {
     if (!enter(P)) return NULL;

@@ -15,7 +15,7 @@ from server_util import ATOMC_BIN, SMOLLM2, Server
 FLAGS = ["--model", "--host", "--port", "--served-model-name", "--api-key", "--max-model-len", "--max-num-seqs",
          "--max-num-batched-tokens", "--block-size", "--gpu-memory-utilization", "--kv-cache-dtype",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--chat-template", "--generation-config",
-         "--enforce-eager", "--dtype", "--seed"]
+         "--enforce-eager", "--dtype", "--seed", "--enable-auto-tool-choice", "--tool-call-parser"]
 
 
 def test_help_documents_flags_and_defaults():
@@ -35,6 +35,13 @@ def test_bad_arguments_and_missing_model():
     assert r.returncode == 2 and "--bogus" in r.stderr
     r = subprocess.run([ATOMC_BIN, "serve", "--model", "x", "--port", "abc"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
+    # Tool-call flags as vLLM's: an unknown parser, or auto tool choice without a parser, is a usage error.
+    r = subprocess.run([ATOMC_BIN, "serve", "--model", "x", "--enable-auto-tool-choice", "--tool-call-parser", "mistral"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "unknown --tool-call-parser 'mistral'" in r.stderr and "hermes" in r.stderr
+    r = subprocess.run([ATOMC_BIN, "serve", "--model", "x", "--enable-auto-tool-choice"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "needs --tool-call-parser" in r.stderr
 
 
 @pytest.mark.skipif(not SMOLLM2, reason="set ATOMC_SMOLLM2")

@@ -200,6 +200,20 @@ __global__ void __launch_bounds__(MOE_SORT_THREADS)
 }
 
 // ---------------------------------------------------------------------------------------
+// The expert whose row tiles contain `tile`: the last e with tile_start[e] <= tile (binary
+// search over the E + 1 prefix sums the sort kernel wrote). Shared by every grouped-GEMM kernel.
+__device__ __forceinline__ int moe_tile_expert(const int32_t *tile_start, int E, int tile) {
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tile_start[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 // Grouped GEMM over experts: out[p, :] = A[row(p), :] @ W[e]^T for the sorted rows p of expert e.
 // A row: a_index ? a_index[p] / n_slots (token of the slot) : p. W (E, N, K) stacked.
 template <typename T, int BM>
@@ -211,15 +225,7 @@ __global__ void __launch_bounds__(MOE_THREADS)
     __shared__ float Ws[MOE_BK][MOE_BN + 1];
     const int tile = blockIdx.y;
     if (tile >= tile_start[E]) return;
-    int lo = 0, hi = E - 1; // the expert whose tiles contain `tile`: last e with tile_start[e] <= tile
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= tile)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int e = lo;
+    const int e = moe_tile_expert(tile_start, E, tile);
     const int row0 = offsets[e] + (tile - tile_start[e]) * BM, row_end = offsets[e + 1];
     const int n0 = blockIdx.x * MOE_BN;
     const T *We = W + (size_t)e * N * K;
@@ -325,15 +331,7 @@ __global__ void __launch_bounds__(128)
     __shared__ __align__(128) __nv_bfloat16 Ws[C::STAGES][C::BN * C::LD];
     const int tile = blockIdx.y;
     if (tile >= tile_start[E]) return;
-    int lo = 0, hi = E - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= tile)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int e = lo;
+    const int e = moe_tile_expert(tile_start, E, tile);
     const int row0 = offsets[e] + (tile - tile_start[e]) * BM, row_end = offsets[e + 1];
     const int n0 = blockIdx.x * C::BN;
     const __nv_bfloat16 *We = W + (size_t)e * N * K;
@@ -471,15 +469,7 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
     pdl_begin();
     const int tile = blockIdx.y;
     if (tile >= tile_start[E]) return;
-    int lo = 0, hi = E - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= tile)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int e = lo;
+    const int e = moe_tile_expert(tile_start, E, tile);
     const int row0 = offsets[e] + (tile - tile_start[e]) * MOE_GEMV_ROWS;
     const int nrows = min(MOE_GEMV_ROWS, offsets[e + 1] - row0);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
