@@ -321,6 +321,7 @@ static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error 
     // Initial scratch so that small captured batches need no growth.
     cuda_scratch_reserve(cb, &cb->attn_scratch, &cb->attn_scratch_bytes, 32u << 20);
     cuda_attention_init(cb);
+    cuda_moe_init(cb);
     // Split-KV tuning knobs (benchmarks sweep them; the defaults won a 3x3 sweep of decode
     // cases on the H200, docs/perf.md).
     cb->attn_split_waves = 2;

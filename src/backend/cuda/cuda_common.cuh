@@ -342,6 +342,7 @@ atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t 
 
 void cuda_matmul_plans_destroy(struct cuda_backend *cb);
 void cuda_attention_init(struct cuda_backend *cb);
+void cuda_moe_init(struct cuda_backend *cb);
 // Launches the dequantise/convert kernel: n elements of src (dtype sdt, device bytes) to dst (ddt).
 void cuda_launch_dequant(cudaStream_t s, void *dst, enum dtype ddt, const void *src, enum dtype sdt, int64_t n);
 

@@ -306,17 +306,19 @@ __global__ void __launch_bounds__(MOE_THREADS)
 // stream once at full width, little MMA work wasted); BM = 64 (2 x 2 warps of 32 x 64) for
 // prefill. Rows past the expert's range are zero-filled and not stored. Needs K % BK == 0,
 // N even, 16-byte aligned A and W.
-// Tile shapes. BM = 16 (streaming: weight bound) takes BK = 64 so that every weight row is read
-// in whole 128-byte lines per stage (BK = 32 fetched 64-byte pieces of 128 rows at a time and
-// reached ~58% of HBM bandwidth at batch 256), with BN = 64 to stay in 46 KB of static shared
-// memory at 4 stages; BM = 64 (compute bound) keeps BN = 128, BK = 32, 3 stages. Shared rows
-// are padded by 8 elements (80 or 144 bytes): conflict-free ldmatrix.
+// Tile shapes. Both take BK = 64 so that every weight row is read in whole 128-byte lines per
+// stage (BK = 32 fetched 64-byte pieces of 128 rows at a time and reached ~58% of HBM bandwidth
+// at batch 256 with 16-row tiles, 82% with BK = 64). BM = 16 (weight bound) uses BN = 64 and 4
+// stages (46 KB), BM = 64 (compute bound) BN = 128 and 3 stages (83 KB: dynamic shared memory,
+// limits raised once by cuda_moe_init). Shared rows are padded by 8 elements (144 bytes):
+// conflict-free ldmatrix.
 template <int BM> struct moe_mma_cfg {
-    static constexpr int BN = BM == 16 ? 64 : 128, BK = BM == 16 ? 64 : 32, LD = BK + 8;
+    static constexpr int BN = BM == 16 ? 64 : 128, BK = 64, LD = BK + 8;
     static constexpr int WM = BM == 16 ? 1 : 2, WN = BM == 16 ? 4 : 2; // warp grid
     static constexpr int TM = BM / WM, TN = BN / WN;                   // warp tile
     static constexpr int MT = TM / 16, NT = TN / 8;                    // m16 / n8 tiles per warp
-    static constexpr int STAGES = BM == 16 ? 4 : 3;                    // 46 KB of static smem either way
+    static constexpr int STAGES = BM == 16 ? 4 : 3;
+    static constexpr size_t SMEM = (size_t)STAGES * (BM + BN) * LD * sizeof(__nv_bfloat16); // 46 / 83 KB (dynamic)
     static constexpr int A_CH = BM * (BK / 8), A_PER = (A_CH + 127) / 128;
     static constexpr int W_PER = BN * (BK / 8) / 128;
 };
@@ -327,8 +329,11 @@ __global__ void __launch_bounds__(128)
                    const __nv_bfloat16 *W, const int32_t *offsets, const int32_t *tile_start, int E, int N, int K) {
     pdl_begin();
     typedef moe_mma_cfg<BM> C;
-    __shared__ __align__(128) __nv_bfloat16 As[C::STAGES][BM * C::LD];
-    __shared__ __align__(128) __nv_bfloat16 Ws[C::STAGES][C::BN * C::LD];
+    extern __shared__ __align__(128) unsigned char mma_smem[];
+    typedef __nv_bfloat16 a_stage[BM * C::LD];
+    typedef __nv_bfloat16 w_stage[C::BN * C::LD];
+    a_stage *As = reinterpret_cast<a_stage *>(mma_smem);
+    w_stage *Ws = reinterpret_cast<w_stage *>(mma_smem + (size_t)C::STAGES * sizeof(a_stage));
     const int tile = blockIdx.y;
     if (tile >= tile_start[E]) return;
     const int e = moe_tile_expert(tile_start, E, tile);
@@ -568,7 +573,8 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
     if constexpr (std::is_same<T, __nv_bfloat16>::value && BM != MOE_GEMV_ROWS) {
         if (K % moe_mma_cfg<BM>::BK == 0 && N % 2 == 0 && aligned) {
             dim3 gm(cdiv(N, moe_mma_cfg<BM>::BN), (unsigned)max_tiles);
-            pdl_launch(moe_mma_kernel<BM>, gm, 128, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N, K);
+            pdl_launch(moe_mma_kernel<BM>, gm, 128, moe_mma_cfg<BM>::SMEM, s, out, A, a_index, n_slots, W, offsets,
+                       tiles, E, N, K);
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -623,6 +629,14 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
     CUDA_CHECK_LAUNCH();
 }
 
+void cuda_moe_init(struct cuda_backend *cb) {
+    (void)cb;
+    CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)moe_mma_cfg<16>::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)moe_mma_cfg<64>::SMEM));
+}
+
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
                          const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                          void *workspace) {
@@ -653,8 +667,9 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
 #undef MOE_ALIGN256
     const bool small = R <= MOE_GEMV_MAX_ROWS; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
     // Tile rows: GEMV tiles for decode-sized batches; then 16-row MMA tiles while experts average
-    // at most 24 rows (batched decode), 64-row tiles beyond (prefill).
-    const int bm = small ? MOE_GEMV_ROWS : R <= 24 * (int64_t)E ? 16 : 64;
+    // at most 48 rows (batch-512 decode: a second 16-row tile of an expert re-reads its weights
+    // mostly from L2), 64-row tiles beyond (prefill).
+    const int bm = small ? MOE_GEMV_ROWS : R <= 48 * (int64_t)E ? 16 : 64;
 #define MOE_LAUNCH(T, BMV)                                                                                             \
     moe_experts_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data, (const T *)down->data, \
                                topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles, sorted, pos, (T *)gu, (T *)act,  \
