@@ -7,7 +7,7 @@
 // per case: time per launch, achieved TFLOP/s and GB/s, and the ratio to the ceilings
 // measured on the H200 (790 TFLOP/s dense bf16, 4.3 TB/s copy).
 //
-//   build-cuda/bench/gpu_kernels [matmul|attention|decode|norm|sample]
+//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample]
 // The split-KV heuristic reads ATOMC_ATTN_SPLIT_WAVES / ATOMC_ATTN_SPLIT_MIN_TILES (sweeps).
 #include <math.h>
 #include <stdbool.h>
@@ -266,6 +266,86 @@ static void bench_sample(int rows, int vocab, float top_p, int top_k) {
     free(f); free(k); free(u);
 }
 
+// ---------------------------------------------------------------------------------------
+// Fused MoE experts at Qwen3-30B-A3B's layer shape (128 experts, top-8, hidden 2048, expert
+// intermediate 768). Bytes = the distinct experts' weights the routing touches + activations;
+// weight copies rotate so consecutive launches do not find the previous layer in L2.
+#define MOE_COPIES 3
+struct moe_ctx {
+    struct tensor x, out, gu[MOE_COPIES], dn[MOE_COPIES];
+    int32_t *ids;
+    float *w;
+    int slots;
+    void *ws;
+};
+static void moe_fn(void *c, int i) {
+    struct moe_ctx *m = c;
+    B->ops->moe_experts(B, &m->out, &m->x, &m->gu[i % MOE_COPIES], &m->dn[i % MOE_COPIES], m->ids, m->w, m->slots,
+                        m->ws);
+}
+
+static void bench_moe(int n, bool uniform) {
+    const int E = 128, k = 8;
+    const int64_t H = 2048, I = 768;
+    static struct tensor gu[MOE_COPIES], dn[MOE_COPIES];
+    static bool have;
+    if (!have) {
+        for (int c = 0; c < MOE_COPIES; c++) {
+            gu[c] = tensor_make(alloc_rand((size_t)E * 2 * I * H * 2), DTYPE_BF16, 3, (int64_t[]){E, 2 * I, H});
+            dn[c] = tensor_make(alloc_rand((size_t)E * H * I * 2), DTYPE_BF16, 3, (int64_t[]){E, H, I});
+        }
+        have = true;
+    }
+    struct moe_ctx m = {.slots = k};
+    for (int c = 0; c < MOE_COPIES; c++) {
+        m.gu[c] = gu[c];
+        m.dn[c] = dn[c];
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    float *w = malloc(sizeof(float) * (size_t)n * k);
+    bool used[128] = {0};
+    uint64_t st = 0x2545f4914f6cdd1dull;
+    for (int t = 0; t < n; t++) {
+        for (int j = 0; j < k; j++) {
+            int e;
+            if (uniform) {
+                e = (int)(((int64_t)t * k + j) % E);
+            } else { // k distinct experts per token, uniformly at random
+                for (;;) {
+                    st ^= st << 13; st ^= st >> 7; st ^= st << 17;
+                    e = (int)(st % E);
+                    bool dup = false;
+                    for (int q = 0; q < j; q++) dup |= ids[t * k + q] == e;
+                    if (!dup) break;
+                }
+            }
+            ids[t * k + j] = e;
+            w[t * k + j] = 1.0f / k;
+            used[e] = true;
+        }
+    }
+    int active = 0;
+    for (int e = 0; e < E; e++) active += used[e];
+    m.ids = B->ops->alloc(B, sizeof(int32_t) * (size_t)n * k);
+    m.w = B->ops->alloc(B, sizeof(float) * (size_t)n * k);
+    B->ops->copy_h2d(B, m.ids, ids, sizeof(int32_t) * (size_t)n * k);
+    B->ops->copy_h2d(B, m.w, w, sizeof(float) * (size_t)n * k);
+    m.x = tensor_2d(alloc_rand((size_t)n * H * 2), DTYPE_BF16, n, H);
+    m.out = tensor_2d(alloc_rand((size_t)n * H * 2), DTYPE_BF16, n, H);
+    m.ws = B->ops->alloc(B, moe_workspace_bytes(n, k, E, H, I, 2));
+    double t = time_graph(moe_fn, &m, 30);
+    char label[128];
+    snprintf(label, sizeof label, "moe n=%d %s (%d experts active)", n, uniform ? "uniform" : "random", active);
+    report(label, t, 2.0 * n * k * 3 * H * I, (double)active * 3 * H * I * 2 + (double)n * H * 4);
+    B->ops->free(B, m.ids);
+    B->ops->free(B, m.w);
+    B->ops->free(B, m.x.data);
+    B->ops->free(B, m.out.data);
+    B->ops->free(B, m.ws);
+    free(ids);
+    free(w);
+}
+
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : "";
     struct error err = {0};
@@ -299,6 +379,17 @@ int main(int argc, char **argv) {
             bench_attention(1, 1024, 1024, DTYPE_BF16);
             bench_attention(1, 8192, 8192, DTYPE_BF16);
             bench_attention(4, 2048, 2048, DTYPE_BF16);
+        }
+    }
+    if (strstr("moe", filter) || !*filter) {
+        int ns[] = {1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 8192};
+        if (argc > 2) { // one batch size (profiling): gpu_kernels moe N
+            bench_moe(atoi(argv[2]), true);
+        } else {
+            for (int i = 0; i < 11; i++) bench_moe(ns[i], true);
+            bench_moe(1, false);
+            bench_moe(4, false);
+            bench_moe(512, false);
         }
     }
     if (strstr("norm", filter) || !*filter) {

@@ -242,18 +242,28 @@ TEST(cuda_moe_experts_match_cpu) {
     check_experts(300, 8, 2, 200, 72, ROUTE_RANDOM, false);   // prefill, K % 32 != 0: CUDA-core fallback
     check_experts(1, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B layer shape, decode
     // Past the GEMV range (R > 128): mma.sync tiles of 16 rows (few rows per expert) and 64 rows.
-    check_experts(64, 128, 8, 256, 96, ROUTE_RANDOM, false);   // R 512, ~4 rows/expert: 16-row MMA tiles
-    check_experts(160, 32, 4, 256, 80, ROUTE_RANDOM, false);   // N 160 (partial column block); down K 80: CUDA-core
+    check_experts(64, 128, 8, 256, 96, ROUTE_RANDOM, false);    // R 512, ~4 rows/expert: 16-row MMA tiles
+    check_experts(160, 32, 4, 256, 80, ROUTE_RANDOM, false);    // N 160 (partial column block); down K 80: CUDA-core
     check_experts(256, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B shape, batch-256 decode
-    check_experts(600, 128, 8, 512, 256, ROUTE_RANDOM, false);  // R 4800, ~37 rows/expert: 64-row MMA tiles
+    check_experts(600, 128, 8, 512, 256, ROUTE_RANDOM, false);  // R 4800, ~37 rows/expert: 32-row MMA tiles
+    check_experts(1000, 64, 4, 256, 128, ROUTE_RANDOM, false);  // R 4000, ~62 rows/expert: 64-row MMA tiles
+    check_experts(1200, 16, 2, 256, 136, ROUTE_RANDOM, false);  // R 2400, ~150 rows/expert: 128-row MMA tiles
+    // The slot-major path (R <= 32: no sort, SiLU*mul in the gate_up epilogue, combine in down).
+    check_experts(4, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B shape, batch 4 (R 32)
+    check_experts(3, 8, 2, 4096, 1024, ROUTE_RANDOM, false);  // Mixtral-like top-2, K 4096
+    check_experts(2, 16, 5, 136, 40, ROUTE_RANDOM, false);    // 5 slots (8-slot kernel, 3 idle), K % 256 != 0
+    check_experts(1, 8, 12, 64, 24, ROUTE_RANDOM, false);     // 12 slots: the 16-slot kernel
 }
 
 TEST(cuda_moe_experts_skewed_routing) {
     if (!backends_ready()) return;
     check_experts(100, 8, 2, 128, 64, ROUTE_ONE_EXPERT, false); // every token to one expert (several tiles)
     check_experts(300, 8, 2, 128, 64, ROUTE_ONE_EXPERT, false);
+    check_experts(500, 4, 2, 128, 64, ROUTE_ONE_EXPERT, false);  // 128-row tiles, all 1000 rows in one expert
     check_experts(33, 16, 2, 128, 64, ROUTE_TWO_EXPERTS, false); // 14 of 16 experts empty
     check_experts(21, 4, 4, 128, 64, ROUTE_ALL, false);          // top-k = number of experts
+    check_experts(4, 8, 2, 128, 64, ROUTE_ONE_EXPERT, false);    // slot path: one expert for every slot
+    check_experts(2, 4, 4, 128, 64, ROUTE_ALL, false);           // slot path: top-k = number of experts
 }
 
 TEST(cuda_moe_experts_graph_replay) {

@@ -19,25 +19,9 @@
 
 #define GEMV_WARPS 4
 
-__device__ __forceinline__ uint4 ld_stream16(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ void bf16x8_to_f32(const uint4 &u, float (&f)[8]) {
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __bfloat1622float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-
 // out(NR, m) = x(NR, k) @ w(m, k)^T (+ bias); k % 8 == 0, x and w 16-byte aligned.
+// (Issuing the first eight weight loads before pdl_begin(), to overlap the previous kernel's
+// tail, was measured slower: Llama-3-8B batch 1 226 -> 213 tok/s, docs/perf.md session 5.)
 template <int NR, typename TO>
 __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv_bf16_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k) {

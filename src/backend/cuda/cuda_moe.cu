@@ -27,12 +27,16 @@
 // BM = 4) reads every active expert's weights once from HBM (further tiles of a busy expert
 // re-read them mostly from L2). Inactive experts cost nothing.
 //
-// Decode-sized batches (R <= 128, 4-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp
-// per four output columns streams their weight rows once with 16-byte loads; the down projection
-// computes SiLU*mul of the gate_up row on the fly while R <= 32); larger batches of BF16 use the
-// mma.sync tensor-core kernel (moe_mma_kernel: 16-row tiles for batched decode, 64-row tiles for
-// prefill, cp.async multi-stage pipeline), other dtypes / unaligned shapes the CUDA-core tile
-// kernel (moe_gemm_kernel). A Hopper wgmma/TMA pipeline is the next step for prefill-heavy loads.
+// The smallest batches (R <= 32 routed rows, BF16) skip all of the above: a slot-major
+// gate_up kernel (SiLU*mul in its epilogue) and a token-major down kernel that also does the
+// combine (moe_slot_*: no sort, no combine launch; see there). Decode-sized batches (R <= 128,
+// 4-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp per four output columns streams
+// their weight rows once with 16-byte loads; the down projection computes SiLU*mul of the
+// gate_up row on the fly while R <= 32); larger batches of BF16 use the mma.sync tensor-core
+// kernel (moe_mma_kernel: 16-row tiles for batched decode, 64-row tiles for batch 512 and
+// small prefills, 128-row tiles for prefill; cp.async multi-stage pipeline), other dtypes /
+// unaligned shapes the CUDA-core tile kernel (moe_gemm_kernel). A Hopper wgmma/TMA pipeline
+// is the next step for prefill-heavy loads.
 #include "backend/cuda/cuda_common.cuh"
 
 #include <cub/block/block_scan.cuh>
@@ -306,25 +310,31 @@ __global__ void __launch_bounds__(MOE_THREADS)
 // stream once at full width, little MMA work wasted); BM = 64 (2 x 2 warps of 32 x 64) for
 // prefill. Rows past the expert's range are zero-filled and not stored. Needs K % BK == 0,
 // N even, 16-byte aligned A and W.
-// Tile shapes. Both take BK = 64 so that every weight row is read in whole 128-byte lines per
+// Tile shapes. All take BK = 64 so that every weight row is read in whole 128-byte lines per
 // stage (BK = 32 fetched 64-byte pieces of 128 rows at a time and reached ~58% of HBM bandwidth
-// at batch 256 with 16-row tiles, 82% with BK = 64). BM = 16 (weight bound) uses BN = 64 and 4
-// stages (46 KB), BM = 64 (compute bound) BN = 128 and 3 stages (83 KB: dynamic shared memory,
-// limits raised once by cuda_moe_init). Shared rows are padded by 8 elements (144 bytes):
-// conflict-free ldmatrix.
+// at batch 256 with 16-row tiles, 82% with BK = 64).
+//   BM = 16: weight bound (batched decode): 4 warps side by side (16 x 16 each), BN = 64,
+//            4 stages, 46 KB.
+//   BM = 64: 2 x 2 warps of 32 x 64, BN = 128, 3 stages, 83 KB (batch 512: 398 us per layer
+//            against 431 us with 32-row tiles and 610 us with 16-row ones, measured).
+//   BM = 128: prefill (experts with >= 96 rows): 2 x 4 warps of 64 x 32, BN = 128, 3 stages,
+//            111 KB: twice the MMA work per shared-memory byte of the 64-row tile.
+// Dynamic shared memory, limits raised once by cuda_moe_init. Shared rows are padded by 8
+// elements (144 bytes): conflict-free ldmatrix.
 template <int BM> struct moe_mma_cfg {
     static constexpr int BN = BM == 16 ? 64 : 128, BK = 64, LD = BK + 8;
-    static constexpr int WM = BM == 16 ? 1 : 2, WN = BM == 16 ? 4 : 2; // warp grid
-    static constexpr int TM = BM / WM, TN = BN / WN;                   // warp tile
-    static constexpr int MT = TM / 16, NT = TN / 8;                    // m16 / n8 tiles per warp
+    static constexpr int WM = BM == 16 ? 1 : 2, WN = BM == 64 ? 2 : 4; // warp grid
+    static constexpr int THREADS = 32 * WM * WN;
+    static constexpr int TM = BM / WM, TN = BN / WN; // warp tile
+    static constexpr int MT = TM / 16, NT = TN / 8;  // m16 / n8 tiles per warp
     static constexpr int STAGES = BM == 16 ? 4 : 3;
-    static constexpr size_t SMEM = (size_t)STAGES * (BM + BN) * LD * sizeof(__nv_bfloat16); // 46 / 83 KB (dynamic)
-    static constexpr int A_CH = BM * (BK / 8), A_PER = (A_CH + 127) / 128;
-    static constexpr int W_PER = BN * (BK / 8) / 128;
+    static constexpr size_t SMEM = (size_t)STAGES * (BM + BN) * LD * sizeof(__nv_bfloat16); // 46 / 83 / 111 KB
+    static constexpr int A_CH = BM * (BK / 8), A_PER = (A_CH + THREADS - 1) / THREADS;
+    static constexpr int W_PER = BN * (BK / 8) / THREADS;
 };
 
 template <int BM>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(moe_mma_cfg<BM>::THREADS)
     moe_mma_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *A, const int32_t *a_index, int n_slots,
                    const __nv_bfloat16 *W, const int32_t *offsets, const int32_t *tile_start, int E, int N, int K) {
     pdl_begin();
@@ -347,7 +357,7 @@ __global__ void __launch_bounds__(128)
     bool a_ok[C::A_PER], w_ok[C::W_PER];
 #pragma unroll
     for (int i = 0; i < C::A_PER; i++) {
-        int c = tid + i * 128, r = c / (C::BK / 8), kc = (c % (C::BK / 8)) * 8, p = row0 + r;
+        int c = tid + i * C::THREADS, r = c / (C::BK / 8), kc = (c % (C::BK / 8)) * 8, p = row0 + r;
         a_ok[i] = c < C::A_CH && p < row_end;
         int64_t arow = a_ok[i] ? (a_index ? a_index[p] / n_slots : p) : 0;
         a_src[i] = A + arow * K + kc;
@@ -355,7 +365,7 @@ __global__ void __launch_bounds__(128)
     }
 #pragma unroll
     for (int i = 0; i < C::W_PER; i++) {
-        int c = tid + i * 128, n = c / (C::BK / 8), kc = (c % (C::BK / 8)) * 8;
+        int c = tid + i * C::THREADS, n = c / (C::BK / 8), kc = (c % (C::BK / 8)) * 8;
         w_ok[i] = n0 + n < N;
         w_src[i] = We + (size_t)(w_ok[i] ? n0 + n : 0) * K + kc;
         w_dst[i] = n * C::LD + kc;
@@ -364,7 +374,7 @@ __global__ void __launch_bounds__(128)
         const int k0 = kt * C::BK;
 #pragma unroll
         for (int i = 0; i < C::A_PER; i++)
-            if (tid + i * 128 < C::A_CH) cp_async16(smem_addr(&As[stage][a_dst[i]]), a_src[i] + k0, a_ok[i]);
+            if (tid + i * C::THREADS < C::A_CH) cp_async16(smem_addr(&As[stage][a_dst[i]]), a_src[i] + k0, a_ok[i]);
 #pragma unroll
         for (int i = 0; i < C::W_PER; i++)
             cp_async16(smem_addr(&Ws[stage][w_dst[i]]), w_src[i] + k0, w_ok[i]);
@@ -573,8 +583,8 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
     if constexpr (std::is_same<T, __nv_bfloat16>::value && BM != MOE_GEMV_ROWS) {
         if (K % moe_mma_cfg<BM>::BK == 0 && N % 2 == 0 && aligned) {
             dim3 gm(cdiv(N, moe_mma_cfg<BM>::BN), (unsigned)max_tiles);
-            pdl_launch(moe_mma_kernel<BM>, gm, 128, moe_mma_cfg<BM>::SMEM, s, out, A, a_index, n_slots, W, offsets,
-                       tiles, E, N, K);
+            pdl_launch(moe_mma_kernel<BM>, gm, moe_mma_cfg<BM>::THREADS, moe_mma_cfg<BM>::SMEM, s, out, A, a_index,
+                       n_slots, W, offsets, tiles, E, N, K);
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -585,20 +595,224 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
     CUDA_CHECK_LAUNCH();
 }
 
-template <typename T>
+// ---------------------------------------------------------------------------------------
+// Slot-major path for the smallest batches (R <= MOE_SLOT_MAX_ROWS, BF16): no sort, no gu
+// buffer, no combine launch. At batch 1 every routed slot has its own expert anyway, so
+// grouping rows by expert buys nothing and costs a launch; at R = 32 an expert shared by two
+// tokens is streamed twice, the second time mostly from L2.
+//   moe_slot_gate_up_kernel  grid (I / 8, R): a warp per (slot, column n) streams expert e's
+//       gate row n and up row I + n (16-byte streaming loads, 16 in flight per lane), dots both with the slot's token
+//       row x (staged once per block in shared memory) and writes act[slot, n] = silu(g) * u with g and u first rounded
+//       to the activation dtype, exactly the gu -> silu_mul rounding of the grouped path.
+//   moe_slot_down_kernel<S>  grid (H / 8, n): a warp per (token, column n) streams the down
+//       rows n of all the token's experts (k outer, slots inner: 16-24 loads in flight per
+//       lane), against the token's act rows in shared memory, keeps one
+//       fp32 sum per slot, rounds each to the activation dtype and adds w * y in slot order:
+//       the grouped path's y -> combine arithmetic, fused (out is written once, no y buffer).
+// Slots with an id outside [0, E) contribute nothing, as in the grouped path.
+#define MOE_SLOT_MAX_ROWS 32
+#define MOE_SLOT_WARPS 8
+#define MOE_SLOT_SMEM_MAX (96 * 1024)
+
+// Both kernels issue their weight loads in explicit batches (every load of a batch lands in its
+// own registers, out-of-range steps load a valid in-row address and are masked when consumed):
+// a load under a branch that also consumes it is serialised by the compiler (the first
+// version kept one or two loads in flight and ran the down projection at 33% of bandwidth).
+// The first batch is issued before the block stages its activation rows in shared memory, so
+// the staging round trip hides under the weight loads.
+#define MOE_SLOT_GU_STEPS 8 // k-steps per batch in gate_up: 16 loads in flight per lane
+
+__global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
+    moe_slot_gate_up_kernel(__nv_bfloat16 *act, const __nv_bfloat16 *x, const __nv_bfloat16 *wgu, const int32_t *ids,
+                            int n_slots, int E, int I, int K) {
+    pdl_begin();
+    extern __shared__ __align__(16) unsigned char slot_smem[];
+    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(slot_smem);
+    const int s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int e = ids[s];
+    if (e < 0 || e >= E) return; // the whole block: the down kernel skips this slot
+    const int n = blockIdx.x * MOE_SLOT_WARPS + warp;
+    const __nv_bfloat16 *wg = wgu + ((size_t)e * 2 * I + (n < I ? n : 0)) * K, *wu = wg + (size_t)I * K;
+    constexpr int U = MOE_SLOT_GU_STEPS;
+    uint4 gv[U], uv[U];
+    auto issue = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int k = k0 + i * 256, kc = k < K ? k : 0;
+            gv[i] = ld_stream16(wg + kc);
+            uv[i] = ld_stream16(wu + kc);
+        }
+    };
+    int k0 = lane * 8;
+    if (k0 < K) issue(k0);
+    const __nv_bfloat16 *xr = x + (int64_t)(s / n_slots) * K;
+    for (int i = threadIdx.x * 8; i < K; i += 32 * MOE_SLOT_WARPS * 8)
+        *reinterpret_cast<uint4 *>(xs + i) = __ldg(reinterpret_cast<const uint4 *>(xr + i));
+    __syncthreads();
+    if (n >= I) return;
+    float ag = 0.f, au = 0.f;
+    while (k0 < K) {
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int k = k0 + i * 256;
+            if (k < K) {
+                float g[8], u[8], xv[8];
+                bf16x8_to_f32(gv[i], g);
+                bf16x8_to_f32(uv[i], u);
+                bf16x8_to_f32(*reinterpret_cast<const uint4 *>(xs + k), xv);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    ag = fmaf(g[j], xv[j], ag);
+                    au = fmaf(u[j], xv[j], au);
+                }
+            }
+        }
+        k0 += U * 256;
+        if (k0 < K) issue(k0);
+    }
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+    if (lane == 0) {
+        const float gr = __bfloat162float(__float2bfloat16(ag)), ur = __bfloat162float(__float2bfloat16(au));
+        act[(int64_t)s * I + n] = __float2bfloat16(gr / (1.f + __expf(-gr)) * ur);
+    }
+}
+
+// S slots (a power of two >= n_slots) x U k-steps per batch: 24 loads in flight per lane for
+// 8 slots (one batch covers K = 768, Qwen3-30B-A3B's expert width), 16 for 16 slots.
+template <int S>
+__global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
+    moe_slot_down_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *act, const __nv_bfloat16 *wd, const int32_t *ids,
+                         const float *w, int n_slots, int E, int H, int K) {
+    pdl_begin();
+    extern __shared__ __align__(16) unsigned char slot_smem[];
+    __nv_bfloat16 *as = reinterpret_cast<__nv_bfloat16 *>(slot_smem);
+    const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n = blockIdx.x * MOE_SLOT_WARPS + warp, nc = n < H ? n : 0;
+    const __nv_bfloat16 *wr[S];
+    bool ok[S];
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+        const int e = j < n_slots ? ids[(int64_t)t * n_slots + j] : -1;
+        ok[j] = e >= 0 && e < E;
+        // An empty slot re-reads slot 0's row (an L2 hit) instead of streaming another row.
+        wr[j] = ok[j] ? wd + ((size_t)e * H + nc) * K : j > 0 ? wr[0] : wd + (size_t)nc * K;
+    }
+    constexpr int U = S >= 16 ? 1 : S == 8 ? 3 : 24 / S;
+    uint4 wv[U][S];
+    auto issue = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int k = k0 + i * 256, kc = k < K ? k : 0;
+#pragma unroll
+            for (int j = 0; j < S; j++)
+                wv[i][j] = ld_stream16(wr[j] + kc);
+        }
+    };
+    int k0 = lane * 8;
+    if (k0 < K) issue(k0);
+    const __nv_bfloat16 *ar = act + (int64_t)t * n_slots * K; // the token's n_slots act rows, contiguous
+    for (int i = threadIdx.x * 8; i < n_slots * K; i += 32 * MOE_SLOT_WARPS * 8)
+        *reinterpret_cast<uint4 *>(as + i) = __ldg(reinterpret_cast<const uint4 *>(ar + i));
+    __syncthreads();
+    if (n >= H) return;
+    float acc[S];
+#pragma unroll
+    for (int j = 0; j < S; j++)
+        acc[j] = 0.f;
+    while (k0 < K) {
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int k = k0 + i * 256;
+            if (k < K) {
+#pragma unroll
+                for (int j = 0; j < S; j++) {
+                    if (ok[j]) {
+                        float wf[8], af[8];
+                        bf16x8_to_f32(wv[i][j], wf);
+                        bf16x8_to_f32(*reinterpret_cast<const uint4 *>(as + j * K + k), af);
+#pragma unroll
+                        for (int q = 0; q < 8; q++)
+                            acc[j] = fmaf(wf[q], af[q], acc[j]);
+                    }
+                }
+            }
+        }
+        k0 += U * 256;
+        if (k0 < K) issue(k0);
+    }
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+        const float y = warp_sum(acc[j]);
+        if (ok[j]) total += w[(int64_t)t * n_slots + j] * __bfloat162float(__float2bfloat16(y));
+    }
+    if (lane == 0) out[(int64_t)t * H + n] = __float2bfloat16(total);
+}
+
+// Whether the slot-major path takes this call: BF16, R <= MOE_SLOT_MAX_ROWS, 16-byte rows,
+// at most 16 slots, and the token rows fit in shared memory. ATOMC_MOE_SLOT_PATH=0 turns it off.
+static bool moe_slot_path(enum dtype dt, int64_t R, int n_slots, int64_t H, int64_t I, const void *x, const void *wgu,
+                          const void *wd) {
+    static const bool on = [] {
+        const char *e = getenv("ATOMC_MOE_SLOT_PATH");
+        return !(e && e[0] == '0');
+    }();
+    const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)wgu % 16 == 0 && (uintptr_t)wd % 16 == 0;
+    return on && dt == DTYPE_BF16 && R <= MOE_SLOT_MAX_ROWS && n_slots <= 16 && H % 8 == 0 && I % 8 == 0 && aligned &&
+           H * 2 <= MOE_SLOT_SMEM_MAX && (int64_t)n_slots * I * 2 <= MOE_SLOT_SMEM_MAX;
+}
+
+static void moe_slot_launch(cudaStream_t s, __nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *wgu,
+                            const __nv_bfloat16 *wd, const int32_t *ids, const float *w, int n_slots, int64_t n, int E,
+                            int64_t H, int64_t I, __nv_bfloat16 *act) {
+    const int64_t R = n * n_slots;
+    pdl_launch(moe_slot_gate_up_kernel, dim3(cdiv(I, MOE_SLOT_WARPS), (unsigned)R), 32 * MOE_SLOT_WARPS, (size_t)H * 2,
+               s, act, x, wgu, ids, n_slots, E, (int)I, (int)H);
+    CUDA_CHECK_LAUNCH();
+    const dim3 g(cdiv(H, MOE_SLOT_WARPS), (unsigned)n);
+    const size_t smem = (size_t)n_slots * I * 2;
+#define MOE_SLOT_DOWN(S)                                                                                               \
+    pdl_launch(moe_slot_down_kernel<S>, g, 32 * MOE_SLOT_WARPS, smem, s, out, act, wd, ids, w, n_slots, E, (int)H,     \
+               (int)I)
+    if (n_slots <= 2)
+        MOE_SLOT_DOWN(2);
+    else if (n_slots <= 4)
+        MOE_SLOT_DOWN(4);
+    else if (n_slots <= 8)
+        MOE_SLOT_DOWN(8);
+    else
+        MOE_SLOT_DOWN(16);
+#undef MOE_SLOT_DOWN
+    CUDA_CHECK_LAUNCH();
+}
+
+// out[t, h..h+V) = sum_j w[t, j] * y[pos[t * slots + j], h..h+V) in fp32, slots in order;
+// V = 16 bytes of T when H allows (the scalar version ran at ~30% of bandwidth on prefill
+// batches: every element re-read its slot's id, weight and position).
+template <typename T, int V>
 __global__ void moe_combine_kernel(T *out, const T *y, const int32_t *ids, const float *w, const int32_t *pos,
                                    int64_t n, int slots, int E, int64_t H) {
     pdl_begin();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * H; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t = i / H, h = i % H;
-        float acc = 0.f;
+    const int64_t hv = H / V;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * hv; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / hv, h = (i % hv) * V;
+        float acc[V];
+#pragma unroll
+        for (int q = 0; q < V; q++)
+            acc[q] = 0.f;
         for (int j = 0; j < slots; j++) {
-            int64_t s = t * slots + j;
-            int e = ids[s];
+            const int64_t s = t * slots + j;
+            const int e = ids[s];
             if (e < 0 || e >= E) continue;
-            acc += w[s] * to_f32(y[(int64_t)pos[s] * H + h]);
+            const float ws = w[s];
+            float yv[V];
+            vec_load<T, V>(y + (int64_t)pos[s] * H + h, yv);
+#pragma unroll
+            for (int q = 0; q < V; q++)
+                acc[q] += ws * yv[q];
         }
-        out[i] = from_f32<T>(acc);
+        vec_store<T, V>(out + t * H + h, acc);
     }
 }
 
@@ -623,9 +837,14 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
         cuda_op_silu_mul(b, &act_t, &gu_t);
         moe_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
     }
-    int64_t total = n * H;
-    unsigned grid = (unsigned)(total / 256 + 1 < 65535 * 8 ? total / 256 + 1 : 65535 * 8);
-    pdl_launch(moe_combine_kernel<T>, grid, 256, 0, s, out, y, ids, w, pos, n, n_slots, E, H);
+    constexpr int V = 16 / sizeof(T);
+    const bool vec = H % V == 0 && (uintptr_t)out % 16 == 0; // y rows are 256-byte aligned (workspace)
+    const int64_t total = vec ? n * H / V : n * H;
+    const unsigned grid = (unsigned)(total / 256 + 1 < 65535 * 8 ? total / 256 + 1 : 65535 * 8);
+    if (vec)
+        pdl_launch(moe_combine_kernel<T, V>, grid, 256, 0, s, out, y, ids, w, pos, n, n_slots, E, H);
+    else
+        pdl_launch(moe_combine_kernel<T, 1>, grid, 256, 0, s, out, y, ids, w, pos, n, n_slots, E, H);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -633,8 +852,20 @@ void cuda_moe_init(struct cuda_backend *cb) {
     (void)cb;
     CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)moe_mma_cfg<16>::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)moe_mma_cfg<128>::SMEM));
     CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)moe_mma_cfg<64>::SMEM));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(moe_slot_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SLOT_SMEM_MAX));
+#define MOE_SLOT_ATTR(S)                                                                                               \
+    CUDA_CHECK(cudaFuncSetAttribute(moe_slot_down_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,              \
+                                    MOE_SLOT_SMEM_MAX));
+    MOE_SLOT_ATTR(2)
+    MOE_SLOT_ATTR(4)
+    MOE_SLOT_ATTR(8)
+    MOE_SLOT_ATTR(16)
+#undef MOE_SLOT_ATTR
 }
 
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
@@ -665,11 +896,27 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     char *act = MOE_ALIGN256(gu + (size_t)R * 2 * I * es);
     char *y = MOE_ALIGN256(act + (size_t)R * I * es);
 #undef MOE_ALIGN256
+    if (moe_slot_path(x->dtype, R, n_slots, H, I, x->data, gate_up->data, down->data)) {
+        moe_slot_launch(s, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
+                        (const __nv_bfloat16 *)gate_up->data, (const __nv_bfloat16 *)down->data, topk_ids, topk_w,
+                        n_slots, n, E, H, I, (__nv_bfloat16 *)act);
+        return;
+    }
     const bool small = R <= MOE_GEMV_MAX_ROWS; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
-    // Tile rows: GEMV tiles for decode-sized batches; then 16-row MMA tiles while experts average
-    // at most 48 rows (batch-512 decode: a second 16-row tile of an expert re-reads its weights
-    // mostly from L2), 64-row tiles beyond (prefill).
-    const int bm = small ? MOE_GEMV_ROWS : R <= 48 * (int64_t)E ? 16 : 64;
+    // Tile rows: GEMV tiles for decode-sized batches; then MMA tiles of 16 rows while experts
+    // average at most 16 rows (batched decode up to 256 at top-8 of 128), 64 rows below 96
+    // (batch 512, small prefills), 128 rows beyond (prefill). ATOMC_MOE_TILE_ROWS=16|64|128
+    // forces a tile size past the GEMV range (A/B measurements).
+    static const int forced = [] {
+        const char *e = getenv("ATOMC_MOE_TILE_ROWS");
+        return e ? atoi(e) : 0;
+    }();
+    const int64_t per_expert = R / E;
+    const int bm = small                                           ? MOE_GEMV_ROWS
+                   : forced == 16 || forced == 64 || forced == 128 ? forced
+                   : per_expert <= 16                              ? 16
+                   : per_expert < 96                               ? 64
+                                                                   : 128;
 #define MOE_LAUNCH(T, BMV)                                                                                             \
     moe_experts_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data, (const T *)down->data, \
                                topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles, sorted, pos, (T *)gu, (T *)act,  \
@@ -680,8 +927,10 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
             MOE_LAUNCH(T, MOE_GEMV_ROWS);                                                                              \
         else if (bm == 16)                                                                                             \
             MOE_LAUNCH(T, 16);                                                                                         \
-        else                                                                                                           \
+        else if (bm == 64)                                                                                             \
             MOE_LAUNCH(T, 64);                                                                                         \
+        else                                                                                                           \
+            MOE_LAUNCH(T, 128);                                                                                        \
     } while (0)
     switch (x->dtype) {
     case DTYPE_BF16:
