@@ -99,7 +99,7 @@ static void forward(struct backend *b, struct model *m, int n, int ctx, double *
     struct tensor tq = tensor_make(qkv, DTYPE_F32, 3, qne), tk = tensor_make(qkv + HQ * HD, DTYPE_F32, 3, kne);
     struct tensor tv = tensor_make(qkv + (HQ + HK) * HD, DTYPE_F32, 3, kne);
     struct tensor tatt = tensor_make(att, DTYPE_F32, 3, qne), tatt2 = tensor_2d(att, DTYPE_F32, n, HQ * HD);
-    struct rope_args rope = {m->inv_freq, HD, 1.0f, false};
+    struct rope_args rope = {.inv_freq = m->inv_freq, .rotary_dim = HD, .attn_factor = 1.0f, .interleaved = false};
     o->embedding(b, &tx, &m->embed, ids);
     memset(h, 0, (size_t)n * HID * 4);
     double t;

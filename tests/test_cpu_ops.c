@@ -722,7 +722,8 @@ static void run_attn_case(struct backend *b, const struct attn_case *c) {
     float *inv_freq = malloc((half > 0 ? half : 1) * 4);
     for (int i = 0; i < half; i++)
         inv_freq[i] = powf(10000.0f, -2.0f * i / c->rot);
-    struct rope_args rope = {inv_freq, c->rot, 1.0f, c->interleaved};
+    struct rope_args rope = {
+        .inv_freq = inv_freq, .rotary_dim = c->rot, .attn_factor = 1.0f, .interleaved = c->interleaved};
     if (c->fused) rope.attn_factor = 1.1f;
 
     // Every token of every sequence (context), as raw q/k/v; the step processes the last q_len.
@@ -1020,6 +1021,78 @@ TEST(attention_fused_qkv_bf16_and_fp8_cache) {
         run_attn_case(b, &c);
         if (test_failed_now()) break;
     }
+    backend_destroy(b);
+}
+
+// rope_kv_write's per-head q/k RMSNorm (Qwen3 qk_norm) is the rmsnorm op over each head followed
+// by the rotation, bit for bit: fused qkv rows, partial rotary, BF16 norm weights, a padding
+// token (rotated, not stored), and k-only calls (q NULL: q_norm ignored).
+TEST(rope_kv_write_qk_norm_equals_rmsnorm_then_rope) {
+    struct backend *b = make_backend(2);
+    const int n = 5, hq = 4, hk = 2, d = 64, rot = 32, bs = 16, nb = 2;
+    const int64_t row = (int64_t)(hq + 2 * hk) * d;
+    float *qkv = malloc(n * row * 4), *ref = malloc(n * row * 4);
+    fill_sym(qkv, n * row, 2.0f);
+    memcpy(ref, qkv, n * row * 4);
+    float wq[64], wk[64], inv_freq[16];
+    uint16_t wk16[64];
+    fill_sym(wq, d, 1.5f);
+    fill_sym(wk, d, 1.5f);
+    for (int i = 0; i < d; i++) {
+        wk16[i] = f32_to_bf16(wk[i]);
+        wk[i] = bf16_to_f32(wk16[i]);
+    }
+    for (int i = 0; i < rot / 2; i++)
+        inv_freq[i] = powf(10000.0f, -2.0f * i / rot);
+    int32_t pos[5] = {0, 3, 7, 8, 30}, slot[5] = {0, 5, -1, 17, 31};
+    struct attn_metadata md = {
+        .n_seqs = 1, .n_tokens = n, .block_size = bs, .h_positions = pos, .h_slot_mapping = slot};
+    md.positions = pos;
+    md.slot_mapping = slot;
+    const float eps = 1e-6f;
+    for (int pass = 0; pass < 2; pass++) { // pass 1: k only
+        float *kc[2], *vc[2];
+        struct kv_layer kv[2];
+        for (int i = 0; i < 2; i++) {
+            kc[i] = calloc((size_t)nb * bs * hk * d, 4);
+            vc[i] = calloc((size_t)nb * bs * hk * d, 4);
+            int64_t ne[4] = {nb, bs, hk, d};
+            kv[i] =
+                (struct kv_layer){tensor_make(kc[i], DTYPE_F32, 4, ne), tensor_make(vc[i], DTYPE_F32, 4, ne), 1.f, 1.f};
+        }
+        struct tensor twq = tensor_make(wq, DTYPE_F32, 1, (int64_t[]){d});
+        struct tensor twk = tensor_make(wk16, DTYPE_BF16, 1, (int64_t[]){d});
+        struct rope_args plain = {.inv_freq = inv_freq, .rotary_dim = rot, .attn_factor = 1.0f};
+        struct rope_args fused = plain;
+        fused.q_norm = &twq;
+        fused.k_norm = &twk;
+        fused.norm_eps = eps;
+        // Reference: rmsnorm over every q / k head row (rows of d inside the fused buffer), then RoPE.
+        struct tensor twk32 = tensor_make(wk, DTYPE_F32, 1, (int64_t[]){d});
+        for (int t = 0; t < n; t++) {
+            struct tensor qh = tensor_2d(ref + t * row, DTYPE_F32, hq, d);
+            struct tensor kh = tensor_2d(ref + t * row + hq * d, DTYPE_F32, hk, d);
+            if (pass == 0) b->ops->rmsnorm(b, &qh, &qh, &twq, eps);
+            b->ops->rmsnorm(b, &kh, &kh, &twk32, eps);
+        }
+        float *bufs[2] = {ref, qkv};
+        struct rope_args *args[2] = {&plain, &fused};
+        for (int i = 0; i < 2; i++) {
+            struct tensor q = tensor_make(bufs[i], DTYPE_F32, 3, (int64_t[]){n, hq, d});
+            struct tensor k = tensor_make(bufs[i] + hq * d, DTYPE_F32, 3, (int64_t[]){n, hk, d});
+            struct tensor v = tensor_make(bufs[i] + (hq + hk) * d, DTYPE_F32, 3, (int64_t[]){n, hk, d});
+            b->ops->rope_kv_write(b, pass == 0 ? &q : NULL, &k, &v, row, args[i], &kv[i], &md);
+        }
+        ASSERT_TRUE(memcmp(qkv, ref, n * row * 4) == 0);
+        ASSERT_TRUE(memcmp(kc[0], kc[1], (size_t)nb * bs * hk * d * 4) == 0);
+        ASSERT_TRUE(memcmp(vc[0], vc[1], (size_t)nb * bs * hk * d * 4) == 0);
+        for (int i = 0; i < 2; i++) {
+            free(kc[i]);
+            free(vc[i]);
+        }
+    }
+    free(qkv);
+    free(ref);
     backend_destroy(b);
 }
 

@@ -58,6 +58,11 @@ struct rope_args {
     int rotary_dim;        // rotate the first rotary_dim dims of each head
     float attn_factor;     // multiplies cos/sin (YaRN mscale), 1.0 otherwise
     bool interleaved;      // pairs (2i, 2i+1) instead of (i, i + rotary_dim/2)
+    // Optional per-head RMSNorm before the rotation (Qwen3's q_norm / k_norm, (head_dim)
+    // weights; NULL = none): head <- rmsnorm(head) * w with norm_eps, stored in the activation
+    // dtype (the value a separate rmsnorm op would store), then rotated.
+    const struct tensor *q_norm, *k_norm;
+    float norm_eps;
 };
 
 // Per-row sampling inputs (device arrays of length n_rows unless noted).
@@ -166,8 +171,9 @@ struct backend_ops {
     // dtype or F32 (the lm_head writes F32 logits directly; bias, if any, in out's dtype).
     void (*matmul)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
                    const struct tensor *bias);
-    // Applies RoPE to q (n, hq, d) in place and to k (n, hk, d), then writes k and v into the
-    // paged cache at slot_mapping (skipping -1). q/k/v may be views into one fused qkv buffer:
+    // Applies RoPE (after the optional per-head q/k RMSNorm of rope_args) to q (n, hq, d) in
+    // place and to k (n, hk, d), then writes k and v into the paged cache at slot_mapping
+    // (skipping -1). q/k/v may be views into one fused qkv buffer:
     // row_stride is the element distance between consecutive tokens' rows (0 = dense).
     void (*rope_kv_write)(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
                           int64_t row_stride, const struct rope_args *rope, struct kv_layer *kv,

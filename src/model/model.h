@@ -65,8 +65,6 @@ struct model_scratch {
     void *x;          // (max_tokens, hidden) normed input of a block
     void *h;          // (max_tokens, hidden) output of o_proj / down_proj
     void *qkv;        // (max_tokens, qkv_dim)
-    void *qn;         // (max_tokens, qkv_dim) Qwen3: rows normed with q_norm (q is read from here)
-    void *kn;         // (max_tokens, qkv_dim) Qwen3: rows normed with k_norm (k is read from here)
     void *attn;       // (max_tokens, q_dim)
     void *gate_up;    // (max_tokens, 2 inter)
     void *act;        // (max_tokens, inter)

@@ -542,7 +542,7 @@ int64_t model_param_count(const struct model_config *c) {
 
 static void model_scratch_free(struct model *m) {
     struct model_scratch *s = &m->scratch;
-    void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->qn, &s->kn, &s->attn, &s->gate_up, &s->act,
+    void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->attn, &s->gate_up, &s->act,
                    &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits, (void **)&s->lg_shard,
                    (void **)&s->lg_gather};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
@@ -570,8 +570,6 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {&s->x, T * H * e},
         {&s->h, T * H * e},
         {&s->qkv, T * (size_t)m->qkv_dim * e},
-        {&s->qn, c->qk_norm ? T * (size_t)m->qkv_dim * e : 0},
-        {&s->kn, c->qk_norm ? T * (size_t)m->qkv_dim * e : 0},
         {&s->attn, T * (size_t)m->q_dim * e},
         {&s->gate_up, T * 2 * (size_t)c->intermediate_size * e},
         {&s->act, T * (size_t)c->intermediate_size * e},

@@ -556,7 +556,7 @@ TEST(cuda_attention_sliding_window_and_sinks) {
 // ---------------------------------------------------------------------------------------
 // RoPE + KV write.
 
-static void run_rope_case(struct pool *P, int D, int rotary_dim, bool interleaved, enum dtype kvdt) {
+static void run_rope_case(struct pool *P, int D, int rotary_dim, bool interleaved, enum dtype kvdt, bool qk_norm) {
     int hq = 8, hk = 2;
     int qlen[] = {1, 19, 1, 6};
     int ctx[] = {40, 19, 1200, 30};
@@ -583,6 +583,21 @@ static void run_rope_case(struct pool *P, int D, int rotary_dim, bool interleave
     struct tensor ig = mk2(P, gpu_be, DTYPE_F32, 1, rotary_dim / 2, inv), ic = mk2(P, cpu_be, DTYPE_F32, 1, rotary_dim / 2, inv);
     rg.inv_freq = ig.data;
     rc.inv_freq = ic.data;
+    struct tensor nq_g, nk_g, nq_c, nk_c;
+    if (qk_norm) { // Qwen3: per-head RMSNorm of q (F32 weight) and k (BF16 weight) before the rotation
+        float *wq = rand_vec(D, 1.5f), *wk = rand_vec(D, 1.5f);
+        nq_g = mk2(P, gpu_be, DTYPE_F32, 1, D, wq);
+        nk_g = mk2(P, gpu_be, DTYPE_BF16, 1, D, wk);
+        nq_c = mk2(P, cpu_be, DTYPE_F32, 1, D, wq);
+        nk_c = mk2(P, cpu_be, DTYPE_BF16, 1, D, wk);
+        rg.q_norm = &nq_g;
+        rg.k_norm = &nk_g;
+        rc.q_norm = &nq_c;
+        rc.k_norm = &nk_c;
+        rg.norm_eps = rc.norm_eps = 1e-6f;
+        free(wq);
+        free(wk);
+    }
     // Caches start as zeros on both sides.
     struct kv_layer kvg, kvc;
     int64_t ne[4] = {kb.num_blocks, 16, hk, D};
@@ -627,13 +642,20 @@ static void run_rope_case(struct pool *P, int D, int rotary_dim, bool interleave
 
 TEST(cuda_rope_kv_write_matches_cpu) {
     BEGIN();
-    run_rope_case(&P, 128, 128, false, DTYPE_BF16);
+    run_rope_case(&P, 128, 128, false, DTYPE_BF16, false);
     if (test_failed_now()) return;
-    run_rope_case(&P, 64, 64, true, DTYPE_BF16);
+    run_rope_case(&P, 64, 64, true, DTYPE_BF16, false);
     if (test_failed_now()) return;
-    run_rope_case(&P, 128, 64, false, DTYPE_BF16); // partial rotary
+    run_rope_case(&P, 128, 64, false, DTYPE_BF16, false); // partial rotary
     if (test_failed_now()) return;
-    run_rope_case(&P, 128, 128, false, DTYPE_FP8_E4M3);
+    run_rope_case(&P, 128, 128, false, DTYPE_FP8_E4M3, false);
+    if (test_failed_now()) return;
+    // With the fused q/k RMSNorm (one warp per head): plain, interleaved + partial, FP8 cache.
+    run_rope_case(&P, 128, 128, false, DTYPE_BF16, true);
+    if (test_failed_now()) return;
+    run_rope_case(&P, 64, 32, true, DTYPE_BF16, true);
+    if (test_failed_now()) return;
+    run_rope_case(&P, 128, 128, false, DTYPE_FP8_E4M3, true);
     if (test_failed_now()) return;
     END();
 }

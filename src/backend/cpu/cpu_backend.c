@@ -335,7 +335,8 @@ struct norm_ctx {
     float eps;
 };
 
-static inline void norm_row(float *restrict o, const float *h, const float *restrict w, int64_t d, float eps) {
+// o may equal h (in place: rope_kv_write's q/k norm); each o[i] depends only on h[i] and the sum.
+static inline void norm_row(float *o, const float *h, const float *restrict w, int64_t d, float eps) {
     double ss = 0.0;
     for (int64_t i = 0; i < d; i++)
         ss += (double)h[i] * h[i];
@@ -541,6 +542,8 @@ static void cpu_silu_mul(struct backend *b, struct tensor *out, const struct ten
 struct rope_ctx {
     float *q, *k;
     const float *v;
+    const float *q_norm, *k_norm; // F32 weights or NULL
+    float norm_eps;
     int64_t q_stride, k_stride, v_stride; // elements between consecutive tokens' rows
     int hq, hk, d, dv;
     const struct rope_args *rope;
@@ -601,11 +604,17 @@ static void rope_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
             sn[i] = sinf(a) * r->rope->attn_factor;
         }
         if (r->q)
-            for (int h = 0; h < r->hq; h++)
-                rope_head(r->q + t * r->q_stride + (int64_t)h * r->d, cs, sn, half, r->rope->interleaved);
+            for (int h = 0; h < r->hq; h++) {
+                float *x = r->q + t * r->q_stride + (int64_t)h * r->d;
+                if (r->q_norm) norm_row(x, x, r->q_norm, r->d, r->norm_eps);
+                rope_head(x, cs, sn, half, r->rope->interleaved);
+            }
         float *krow = r->k + t * r->k_stride;
-        for (int h = 0; h < r->hk; h++)
-            rope_head(krow + (int64_t)h * r->d, cs, sn, half, r->rope->interleaved);
+        for (int h = 0; h < r->hk; h++) {
+            float *x = krow + (int64_t)h * r->d;
+            if (r->k_norm) norm_row(x, x, r->k_norm, r->d, r->norm_eps);
+            rope_head(x, cs, sn, half, r->rope->interleaved);
+        }
         int32_t slot = r->slots[t];
         if (slot < 0) continue;
         CHECK_MSG(slot < r->n_slots, "rope_kv_write: slot %d outside the cache (%lld slots)", slot,
@@ -652,8 +661,20 @@ static void cpu_rope_kv_write(struct backend *b, struct tensor *q, struct tensor
         .positions = md->h_positions,
         .slots = md->h_slot_mapping,
         .n_slots = kv->k.ne[0] * kv->k.ne[1],
+        .norm_eps = rope->norm_eps,
     };
     cpu_lock(c);
+    if (rope->q_norm || rope->k_norm) { // both F32 weight copies in one scratch buffer
+        float *wbuf = cpu_shared_reserve(c, (size_t)2 * d * sizeof(float));
+        if (rope->q_norm && q) {
+            CHECK(tensor_numel(rope->q_norm) == d && cpu_weight_dtype_ok(rope->q_norm->dtype));
+            r.q_norm = cpu_weight_f32(rope->q_norm, wbuf);
+        }
+        if (rope->k_norm) {
+            CHECK(tensor_numel(rope->k_norm) == d && cpu_weight_dtype_ok(rope->k_norm->dtype));
+            r.k_norm = cpu_weight_f32(rope->k_norm, wbuf + d);
+        }
+    }
     cpu_parallel_rows(c, n, (int64_t)(hq + 2 * hk) * d, rope_rows, &r);
     cpu_unlock(c);
 }
