@@ -120,6 +120,8 @@ struct cuda_backend {
     int attn_split_min_tiles;    // fewest 64-token tiles per split (env ATOMC_ATTN_SPLIT_MIN_TILES, default 4)
     int gemv_max_rows;           // BF16 matmuls with at most this many rows use the GEMV kernel instead of
                                  // cuBLASLt (env ATOMC_GEMV_MAX_ROWS, default 1, at most 8, 0 = never)
+    int64_t gemv_splitk_max_m;   // single-row GEMVs with at most this many outputs split k over a
+                                 // block's warps (env ATOMC_GEMV_SPLITK_MAX_M, default 4096)
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
     // calls; per-row work area.
     int32_t *sample_counts;
