@@ -23,6 +23,11 @@ static const char *MODELS[] = {"llama_gqa",  "llama_mha",       "llama_tied", "l
 // with the dense ones, test_moe_models.c adds the MoE-specific checks.
 __attribute__((unused)) static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral"};
 #define N_MOE_MODELS ((int)(sizeof MOE_MODELS / sizeof MOE_MODELS[0]))
+// Dense fixtures, then the MoE ones: the whole-model reference checks run on all of them.
+#define N_ALL_MODELS (N_MODELS + N_MOE_MODELS)
+__attribute__((unused)) static const char *all_models(int i) {
+    return i < N_MODELS ? MODELS[i] : MOE_MODELS[i - N_MODELS];
+}
 
 struct ref_prompt {
     int32_t ids[128];

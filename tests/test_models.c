@@ -23,9 +23,6 @@
 #define LOGIT_RTOL 1e-4
 #define MARGIN_FACTOR 4.0
 
-// Dense fixtures, then the MoE ones: the reference checks below run on all of them.
-#define N_ALL_MODELS (N_MODELS + N_MOE_MODELS)
-static const char *all_models(int i) { return i < N_MODELS ? MODELS[i] : MOE_MODELS[i - N_MODELS]; }
 
 static struct runner_options base_options(const char *path) {
     struct runner_options o = {
