@@ -284,26 +284,35 @@ static void moe_fn(void *c, int i) {
                         m->ws);
 }
 
-static void bench_moe(int n, bool uniform) {
-    const int E = 128, k = 8;
-    const int64_t H = 2048, I = 768;
-    static struct tensor gu[MOE_COPIES], dn[MOE_COPIES];
-    static bool have;
-    if (!have) {
-        for (int c = 0; c < MOE_COPIES; c++) {
-            gu[c] = tensor_make(alloc_rand((size_t)E * 2 * I * H * 2), DTYPE_BF16, 3, (int64_t[]){E, 2 * I, H});
-            dn[c] = tensor_make(alloc_rand((size_t)E * H * I * 2), DTYPE_BF16, 3, (int64_t[]){E, H, I});
-        }
-        have = true;
-    }
-    struct moe_ctx m = {.slots = k};
+#define MOE_E 128
+#define MOE_K 8
+#define MOE_H 2048
+#define MOE_I 768
+
+// The rotating weight copies, allocated once for all cases (3 x 1.2 GB).
+static void moe_weights_alloc(struct moe_ctx *m) {
     for (int c = 0; c < MOE_COPIES; c++) {
-        m.gu[c] = gu[c];
-        m.dn[c] = dn[c];
+        m->gu[c] = tensor_make(alloc_rand((size_t)MOE_E * 2 * MOE_I * MOE_H * 2), DTYPE_BF16, 3,
+                               (int64_t[]){MOE_E, 2 * MOE_I, MOE_H});
+        m->dn[c] = tensor_make(alloc_rand((size_t)MOE_E * MOE_H * MOE_I * 2), DTYPE_BF16, 3,
+                               (int64_t[]){MOE_E, MOE_H, MOE_I});
     }
+}
+static void moe_weights_free(struct moe_ctx *m) {
+    for (int c = 0; c < MOE_COPIES; c++) {
+        B->ops->free(B, m->gu[c].data);
+        B->ops->free(B, m->dn[c].data);
+    }
+}
+
+static void bench_moe(struct moe_ctx *weights, int n, bool uniform) {
+    const int E = MOE_E, k = MOE_K;
+    const int64_t H = MOE_H, I = MOE_I;
+    struct moe_ctx m = *weights;
+    m.slots = k;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
     float *w = malloc(sizeof(float) * (size_t)n * k);
-    bool used[128] = {0};
+    bool used[MOE_E] = {0};
     uint64_t st = 0x2545f4914f6cdd1dull;
     for (int t = 0; t < n; t++) {
         for (int j = 0; j < k; j++) {
@@ -383,14 +392,17 @@ int main(int argc, char **argv) {
     }
     if (strstr("moe", filter) || !*filter) {
         int ns[] = {1, 2, 4, 8, 16, 64, 256, 512, 1024, 4096, 8192};
+        struct moe_ctx w;
+        moe_weights_alloc(&w);
         if (argc > 2) { // one batch size (profiling): gpu_kernels moe N
-            bench_moe(atoi(argv[2]), true);
+            bench_moe(&w, atoi(argv[2]), true);
         } else {
-            for (int i = 0; i < 11; i++) bench_moe(ns[i], true);
-            bench_moe(1, false);
-            bench_moe(4, false);
-            bench_moe(512, false);
+            for (int i = 0; i < 11; i++) bench_moe(&w, ns[i], true);
+            bench_moe(&w, 1, false);
+            bench_moe(&w, 4, false);
+            bench_moe(&w, 512, false);
         }
+        moe_weights_free(&w);
     }
     if (strstr("norm", filter) || !*filter) {
         bench_norm_silu(1);

@@ -251,6 +251,7 @@ TEST(cuda_moe_experts_match_cpu) {
     check_experts(3, 8, 2, 4096, 1024, ROUTE_RANDOM, false);  // Mixtral-like top-2, K 4096
     check_experts(2, 16, 5, 136, 40, ROUTE_RANDOM, false);    // 5 slots (8-slot kernel, 3 idle), K % 256 != 0
     check_experts(1, 8, 12, 64, 24, ROUTE_RANDOM, false);     // 12 slots: the 16-slot kernel
+    check_experts(3, 16, 4, 201, 72, ROUTE_RANDOM, false);    // R 12 off the slot path (H % 8 != 0): GEMV + silu_mul
 }
 
 TEST(cuda_moe_experts_skewed_routing) {

@@ -122,6 +122,8 @@ struct cuda_backend {
                                  // cuBLASLt (env ATOMC_GEMV_MAX_ROWS, default 1, at most 8, 0 = never)
     int64_t gemv_splitk_max_m;   // single-row GEMVs with at most this many outputs split k over a
                                  // block's warps (env ATOMC_GEMV_SPLITK_MAX_M, default 4096)
+    bool moe_slot_path;          // MoE slot-major path for <= 32 routed rows (env ATOMC_MOE_SLOT_PATH=0: off)
+    int moe_tile_rows;           // forced MoE MMA tile rows 16 / 64 / 128, 0 = by batch (env ATOMC_MOE_TILE_ROWS)
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
     // calls; per-row work area.
     int32_t *sample_counts;

@@ -16,7 +16,7 @@
 //                                         tiles [tile_start[e], tile_start[e+1])
 //   2. grouped GEMM       gate_up:  gu[p] = x[sorted[p] / n_slots] @ W_gu[e]^T   (x read through
 //                                   the index: no gathered copy of x)
-//   3. silu_mul over all R rows (R > 32; smaller batches fuse it into step 4's reads)
+//   3. silu_mul over all R rows
 //   4. grouped GEMM       down:     y[p] = act[p] @ W_down[e]^T
 //   5. moe_combine_kernel out[t] = sum_j w[t, j] * y[pos[t * n_slots + j]] (fp32 sums, slot order)
 // The grouped GEMM grid is (N / BN, min(R, ceil(R / BM) + E)): an upper bound on the number
@@ -31,8 +31,7 @@
 // gate_up kernel (SiLU*mul in its epilogue) and a token-major down kernel that also does the
 // combine (moe_slot_*: no sort, no combine launch; see there). Decode-sized batches (R <= 128,
 // 4-row tiles) use a grouped GEMV (moe_gemv_kernel: a warp per four output columns streams
-// their weight rows once with 16-byte loads; the down projection computes SiLU*mul of the
-// gate_up row on the fly while R <= 32); larger batches of BF16 use the mma.sync tensor-core
+// their weight rows once with 16-byte loads); larger batches of BF16 use the mma.sync tensor-core
 // kernel (moe_mma_kernel: 16-row tiles for batched decode, 64-row tiles for batch 512 and
 // small prefills, 128-row tiles for prefill; cp.async multi-stage pipeline), other dtypes /
 // unaligned shapes the CUDA-core tile kernel (moe_gemm_kernel). A Hopper wgmma/TMA pipeline
@@ -442,42 +441,14 @@ __global__ void __launch_bounds__(moe_mma_cfg<BM>::THREADS)
 // L1/L2; they are tiny next to the weights). Warp-sum at the end; no shared memory, no syncs.
 #define MOE_GEMV_WARPS 8
 #define MOE_GEMV_ROWS 4
-#define MOE_GEMV_MAX_ROWS 128  // routed rows up to which the GEMV path runs (b16 x top-8); MMA tiles above
-#define MOE_FUSED_SILU_ROWS 32 // routed rows up to which the down GEMV computes SiLU*mul itself
-
-// SILU: A is the gate_up output (rows of 2K: gate then up) and the row used is
-// bf16(silu(gate) * up), computed on the fly exactly as cuda_op_silu_mul computes and rounds
-// it, so the decode path needs no SiLU*mul launch and no act buffer.
-template <typename T, bool SILU>
-__device__ __forceinline__ void moe_gemv_row_load(const T *row, int k, int K, float (&out)[16 / sizeof(T)]) {
-    constexpr int VEC = 16 / sizeof(T);
-    if constexpr (SILU) {
-        float g[VEC], u[VEC];
-        vec_load<T, VEC>(row + k, g);
-        vec_load<T, VEC>(row + K + k, u);
-#pragma unroll
-        for (int j = 0; j < VEC; j++)
-            out[j] = to_f32(from_f32<T>(g[j] / (1.f + __expf(-g[j])) * u[j]));
-    } else {
-        vec_load<T, VEC>(row + k, out);
-    }
-}
-template <typename T, bool SILU> __device__ __forceinline__ float moe_gemv_row_elem(const T *row, int k, int K) {
-    if constexpr (SILU) {
-        float g = to_f32(row[k]), u = to_f32(row[K + k]);
-        return to_f32(from_f32<T>(g / (1.f + __expf(-g)) * u));
-    } else {
-        return to_f32(row[k]);
-    }
-}
+#define MOE_GEMV_MAX_ROWS 128 // routed rows up to which the GEMV path runs (b16 x top-8); MMA tiles above
 
 // Each warp computes MOE_GEMV_COLS adjacent output columns of its tile's rows: per 16-byte
 // step it streams one vector of each column's weight row (MOE_GEMV_COLS loads in flight, eight
-// steps unrolled) and reads each A row chunk once for all of them (the SiLU*mul of a gate_up row
-// is computed once per chunk, not once per column). One column per warp meant 16K warps of
+// steps unrolled) and reads each A row chunk once for all of them. One column per warp meant 16K warps of
 // 1.5 KB each for the down projection: block scheduling, not HBM, set the pace.
 #define MOE_GEMV_COLS 4
-template <typename T, bool SILU>
+template <typename T>
 __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
     moe_gemv_kernel(T *out, const T *A, const int32_t *a_index, int n_slots, const T *W, const int32_t *offsets,
                     const int32_t *tile_start, int E, int N, int K, bool vec) {
@@ -495,12 +466,11 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
 #pragma unroll
     for (int c = 0; c < MOE_GEMV_COLS; c++)
         w[c] = W + ((size_t)e * N + n0 + (c < ncols ? c : 0)) * K;
-    const int64_t a_ld = SILU ? 2 * (int64_t)K : K;
     const T *arow[MOE_GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_ROWS; r++) {
         int p = row0 + (r < nrows ? r : 0);
-        arow[r] = A + (int64_t)(a_index ? a_index[p] / n_slots : p) * a_ld;
+        arow[r] = A + (int64_t)(a_index ? a_index[p] / n_slots : p) * K;
     }
     float acc[MOE_GEMV_ROWS][MOE_GEMV_COLS];
 #pragma unroll
@@ -520,7 +490,7 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
             for (int r = 0; r < MOE_GEMV_ROWS; r++) {
                 if (r < nrows) {
                     float av[VEC];
-                    moe_gemv_row_load<T, SILU>(arow[r], k, K, av);
+                    vec_load<T, VEC>(arow[r] + k, av);
 #pragma unroll
                     for (int c = 0; c < MOE_GEMV_COLS; c++)
 #pragma unroll
@@ -538,7 +508,7 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
 #pragma unroll
             for (int r = 0; r < MOE_GEMV_ROWS; r++) {
                 if (r < nrows) {
-                    float av = moe_gemv_row_elem<T, SILU>(arow[r], k, K);
+                    float av = to_f32(arow[r][k]);
 #pragma unroll
                     for (int c = 0; c < MOE_GEMV_COLS; c++)
                         acc[r][c] += wv[c] * av;
@@ -559,12 +529,12 @@ __global__ void __launch_bounds__(32 * MOE_GEMV_WARPS)
 }
 
 // Launches the grouped GEMM for rows tiled by BM: the grouped GEMV for decode-sized tiles
-// (BM 16; SILU fuses SiLU*mul into its A reads), tensor cores for BF16 prefill-sized tiles
-// (BM 64, K % 32 == 0, 16-byte aligned operands), the CUDA-core kernel otherwise. Grid rows:
+// (BM = MOE_GEMV_ROWS), tensor cores for BF16 MMA tiles (K % 64 == 0, 16-byte aligned
+// operands), the CUDA-core kernel otherwise. Grid rows:
 // every tile holds at least one row, so there are at most min(R, ceil(R / BM) + E) of them -
 // for a decode step of R = 8 routed rows, 8 rows of blocks instead of 129 (idle blocks cost
 // launch slots even when they exit at once).
-template <typename T, int BM, bool SILU = false>
+template <typename T, int BM>
 static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index, int n_slots, const T *W,
                      const int32_t *offsets, const int32_t *tiles, int E, int64_t R, int N, int K) {
     const int64_t max_tiles = R < cdiv(R, BM) + E ? R : cdiv(R, BM) + E;
@@ -573,12 +543,10 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
     if constexpr (BM == MOE_GEMV_ROWS) {
         const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
         dim3 g(cdiv(N, MOE_GEMV_WARPS * MOE_GEMV_COLS), (unsigned)max_tiles);
-        pdl_launch(moe_gemv_kernel<T, SILU>, g, 32 * MOE_GEMV_WARPS, 0, s, out, A, a_index, n_slots, W, offsets, tiles,
-                   E, N, K, vec);
+        pdl_launch(moe_gemv_kernel<T>, g, 32 * MOE_GEMV_WARPS, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N,
+                   K, vec);
         CUDA_CHECK_LAUNCH();
         return;
-    } else {
-        static_assert(!SILU, "SiLU*mul is fused only into the grouped GEMV");
     }
     if constexpr (std::is_same<T, __nv_bfloat16>::value && BM != MOE_GEMV_ROWS) {
         if (K % moe_mma_cfg<BM>::BK == 0 && N % 2 == 0 && aligned) {
@@ -751,16 +719,13 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
 }
 
 // Whether the slot-major path takes this call: BF16, R <= MOE_SLOT_MAX_ROWS, 16-byte rows,
-// at most 16 slots, and the token rows fit in shared memory. ATOMC_MOE_SLOT_PATH=0 turns it off.
-static bool moe_slot_path(enum dtype dt, int64_t R, int n_slots, int64_t H, int64_t I, const void *x, const void *wgu,
-                          const void *wd) {
-    static const bool on = [] {
-        const char *e = getenv("ATOMC_MOE_SLOT_PATH");
-        return !(e && e[0] == '0');
-    }();
+// at most 16 slots, and the token rows fit in shared memory. cb->moe_slot_path (env
+// ATOMC_MOE_SLOT_PATH=0 clears it) turns it off.
+static bool moe_slot_path(const struct cuda_backend *cb, enum dtype dt, int64_t R, int n_slots, int64_t H, int64_t I,
+                          const void *x, const void *wgu, const void *wd) {
     const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)wgu % 16 == 0 && (uintptr_t)wd % 16 == 0;
-    return on && dt == DTYPE_BF16 && R <= MOE_SLOT_MAX_ROWS && n_slots <= 16 && H % 8 == 0 && I % 8 == 0 && aligned &&
-           H * 2 <= MOE_SLOT_SMEM_MAX && (int64_t)n_slots * I * 2 <= MOE_SLOT_SMEM_MAX;
+    return cb->moe_slot_path && dt == DTYPE_BF16 && R <= MOE_SLOT_MAX_ROWS && n_slots <= 16 && H % 8 == 0 &&
+           I % 8 == 0 && aligned && H * 2 <= MOE_SLOT_SMEM_MAX && (int64_t)n_slots * I * 2 <= MOE_SLOT_SMEM_MAX;
 }
 
 static void moe_slot_launch(cudaStream_t s, __nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *wgu,
@@ -824,19 +789,11 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
     pdl_launch(moe_sort_kernel, 1, MOE_SORT_THREADS, 0, s, ids, R, E, BM, offsets, tiles, sorted, pos);
     CUDA_CHECK_LAUNCH();
     moe_gemm<T, BM>(s, gu, x, sorted, n_slots, wgu, offsets, tiles, E, R, (int)(2 * I), (int)H);
-    if constexpr (BM == MOE_GEMV_ROWS) {
-        if (R <= MOE_FUSED_SILU_ROWS) { // few rows: recomputing SiLU*mul per column block beats a launch
-            moe_gemm<T, BM, true>(s, y, gu, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
-        } else {
-            struct tensor gu_t = tensor_2d(gu, b->act_dtype, R, 2 * I), act_t = tensor_2d(act, b->act_dtype, R, I);
-            cuda_op_silu_mul(b, &act_t, &gu_t);
-            moe_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
-        }
-    } else {
-        struct tensor gu_t = tensor_2d(gu, b->act_dtype, R, 2 * I), act_t = tensor_2d(act, b->act_dtype, R, I);
-        cuda_op_silu_mul(b, &act_t, &gu_t);
-        moe_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
-    }
+    // The act dtype of these buffers is T's (x's), not necessarily the backend's.
+    const enum dtype dt = std::is_same<T, float>::value ? DTYPE_F32 : DTYPE_BF16;
+    struct tensor gu_t = tensor_2d(gu, dt, R, 2 * I), act_t = tensor_2d(act, dt, R, I);
+    cuda_op_silu_mul(b, &act_t, &gu_t);
+    moe_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, wdown, offsets, tiles, E, R, (int)H, (int)I);
     constexpr int V = 16 / sizeof(T);
     const bool vec = H % V == 0 && (uintptr_t)out % 16 == 0; // y rows are 256-byte aligned (workspace)
     const int64_t total = vec ? n * H / V : n * H;
@@ -896,7 +853,7 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     char *act = MOE_ALIGN256(gu + (size_t)R * 2 * I * es);
     char *y = MOE_ALIGN256(act + (size_t)R * I * es);
 #undef MOE_ALIGN256
-    if (moe_slot_path(x->dtype, R, n_slots, H, I, x->data, gate_up->data, down->data)) {
+    if (moe_slot_path(cuda_impl(b), x->dtype, R, n_slots, H, I, x->data, gate_up->data, down->data)) {
         moe_slot_launch(s, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
                         (const __nv_bfloat16 *)gate_up->data, (const __nv_bfloat16 *)down->data, topk_ids, topk_w,
                         n_slots, n, E, H, I, (__nv_bfloat16 *)act);
@@ -905,18 +862,11 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     const bool small = R <= MOE_GEMV_MAX_ROWS; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
     // Tile rows: GEMV tiles for decode-sized batches; then MMA tiles of 16 rows while experts
     // average at most 16 rows (batched decode up to 256 at top-8 of 128), 64 rows below 96
-    // (batch 512, small prefills), 128 rows beyond (prefill). ATOMC_MOE_TILE_ROWS=16|64|128
-    // forces a tile size past the GEMV range (A/B measurements).
-    static const int forced = [] {
-        const char *e = getenv("ATOMC_MOE_TILE_ROWS");
-        return e ? atoi(e) : 0;
-    }();
+    // (batch 512, small prefills), 128 rows beyond (prefill). cb->moe_tile_rows (env
+    // ATOMC_MOE_TILE_ROWS=16|64|128) forces a tile size past the GEMV range (A/B measurements).
+    const int forced = cuda_impl(b)->moe_tile_rows;
     const int64_t per_expert = R / E;
-    const int bm = small                                           ? MOE_GEMV_ROWS
-                   : forced == 16 || forced == 64 || forced == 128 ? forced
-                   : per_expert <= 16                              ? 16
-                   : per_expert < 96                               ? 64
-                                                                   : 128;
+    const int bm = small ? MOE_GEMV_ROWS : forced != 0 ? forced : per_expert <= 16 ? 16 : per_expert < 96 ? 64 : 128;
 #define MOE_LAUNCH(T, BMV)                                                                                             \
     moe_experts_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data, (const T *)down->data, \
                                topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles, sorted, pos, (T *)gu, (T *)act,  \
