@@ -1,9 +1,12 @@
 // Support code for tests/test.h, linked into every test binary.
+#include <arpa/inet.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "test.h"
 
@@ -69,6 +72,17 @@ void test_write_file(const char *path, const void *data, size_t n) {
         perror(path);
         abort();
     }
+}
+
+int test_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port ? port : 20000 + (int)(getpid() % 20000);
 }
 
 json_t *test_fixture_json(const char *rel) {

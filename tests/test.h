@@ -23,6 +23,10 @@ const char *test_fixture(const char *rel);
 // reason on stderr.
 struct json_t *test_fixture_json(const char *rel);
 
+// A loopback TCP port that was free a moment ago (the kernel's choice), for a rendezvous
+// server to listen on; a pid-derived port if no socket could be bound.
+int test_free_port(void);
+
 // Scratch files. test_tmp_dir() is a private directory made on first use and removed, with
 // everything in it, when test_main returns. test_tmp_path(name) is name inside it, in one of 8
 // rotating buffers (so a few paths can be live at once). test_write_file writes n bytes to

@@ -278,18 +278,6 @@ TEST(comm_shm_bad_arguments) {
 // ---------------------------------------------------------------------------------------------
 // Rendezvous
 
-// A loopback port that was free a moment ago (the kernel's choice), for node 0 to listen on.
-static int test_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = 0;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port ? port : 20000 + (int)(getpid() % 20000);
-}
-
 // Process body for one node: join, create the shm communicator named by the blob, check sums.
 static int node_main(int nnodes, int node_rank, int port, char *msg, size_t msg_n) {
     struct rendezvous_options o = {.nnodes = nnodes, .node_rank = node_rank, .master_addr = "127.0.0.1",
@@ -323,7 +311,7 @@ static int node_main(int nnodes, int node_rank, int port, char *msg, size_t msg_
 }
 
 TEST(rendezvous_loopback_processes_share_comm) {
-    const int nnodes = 4, port = test_port();
+    const int nnodes = 4, port = test_free_port();
     pid_t pids[4];
     // Children first (they retry until node 0 listens).
     for (int k = 1; k < nnodes; k++) {
@@ -347,7 +335,7 @@ TEST(rendezvous_loopback_processes_share_comm) {
 
 TEST(rendezvous_refused_times_out_with_clear_error) {
     struct rendezvous_options o = {.nnodes = 2, .node_rank = 1, .master_addr = "127.0.0.1",
-                                   .master_port = test_port(), .timeout_s = 0.4};
+                                   .master_port = test_free_port(), .timeout_s = 0.4};
     struct error err = {0};
     struct rendezvous *r = NULL;
     void *blob;
@@ -366,7 +354,7 @@ TEST(rendezvous_refused_times_out_with_clear_error) {
 }
 
 TEST(rendezvous_world_size_mismatch) {
-    const int port = test_port();
+    const int port = test_free_port();
     pid_t pid = fork();
     if (pid == 0) {
         struct rendezvous_options o = {.nnodes = 3, .node_rank = 1, .master_addr = "127.0.0.1", .master_port = port,

@@ -237,18 +237,6 @@ TEST(tp3_smollm2_gguf_matches_tp1) {
 // TCP rendezvous on loopback, which hands out the shm segment name; each loads its shard
 // (model_runner with tp_rank / tp_size / comm) and runs the same batches; rank 0's logits must
 // equal TP=1's within the TP tolerance.
-// A loopback port that was free a moment ago (the kernel's choice), for rank 0 to listen on.
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = 0;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port ? port : 21000 + (int)(getpid() % 20000);
-}
-
 static int process_rank_logits(int rank, int port, const struct refs *R, float **out, char *msg, size_t msg_n) {
     struct rendezvous_options ro = {.nnodes = 2, .node_rank = rank, .master_addr = "127.0.0.1", .master_port = port,
                                     .timeout_s = 60};
@@ -296,7 +284,7 @@ static int process_rank_logits(int rank, int port, const struct refs *R, float *
 TEST(tp2_ranks_as_processes_via_rendezvous) {
     struct refs R;
     ASSERT_EQ(refs_load("llama_gqa", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-    const int port = free_port();
+    const int port = test_free_port();
     pid_t pid = fork();
     if (pid == 0) {
         char msg[512] = "";
