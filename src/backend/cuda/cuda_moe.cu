@@ -646,10 +646,12 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
     }
 }
 
-// S slots (a power of two >= n_slots) x U k-steps per batch: 24 loads in flight per lane for
-// 8 slots (one batch covers K = 768, Qwen3-30B-A3B's expert width), 16 for 16 slots.
+// S slots (a power of two >= n_slots) x U k-steps per batch: 16 loads in flight per lane for
+// 8 slots, within 128 registers so that two blocks fit per SM and a batch-1 grid (H / 8 = 256
+// blocks for hidden 2048) runs in one wave (24 loads took 198 registers: one block per SM,
+// two waves, and more waves still for 2-4 tokens).
 template <int S>
-__global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
+__global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, S >= 16 ? 1 : 2)
     moe_slot_down_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *act, const __nv_bfloat16 *wd, const int32_t *ids,
                          const float *w, int n_slots, int E, int H, int K) {
     pdl_begin();
@@ -666,7 +668,7 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
         // An empty slot re-reads slot 0's row (an L2 hit) instead of streaming another row.
         wr[j] = ok[j] ? wd + ((size_t)e * H + nc) * K : j > 0 ? wr[0] : wd + (size_t)nc * K;
     }
-    constexpr int U = S >= 16 ? 1 : S == 8 ? 3 : 24 / S;
+    constexpr int U = S >= 8 ? 1 + 8 / S : 16 / S;
     uint4 wv[U][S];
     auto issue = [&](int k0) {
 #pragma unroll
