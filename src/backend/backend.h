@@ -169,6 +169,8 @@ struct backend_ops {
                         const struct tensor *w, float eps);
     // out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)). w is in the weight dtype; out is in the act
     // dtype or F32 (the lm_head writes F32 logits directly; bias, if any, in out's dtype).
+    // w is a weight: no op of this step writes it (CUDA may read it before the previous kernel
+    // has finished).
     void (*matmul)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
                    const struct tensor *bias);
     // Applies RoPE (after the optional per-head q/k RMSNorm of rope_args) to q (n, hq, d) in

@@ -336,6 +336,12 @@ static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error 
     cb->gemv_splitk_max_m = 4096; // Qwen3-30B-A3B batch 1: off 306.7, 1024 317.5, 4096 326.0, 8192 324.7 tok/s
     ev = getenv("ATOMC_GEMV_SPLITK_MAX_M");
     if (ev && atoll(ev) >= 0) cb->gemv_splitk_max_m = atoll(ev);
+    ev = getenv("ATOMC_GEMV_EARLY");
+    cb->gemv_early = ev ? atoi(ev) : 2;
+    ev = getenv("ATOMC_ATTN_EARLY");
+    cb->attn_early = !(ev && ev[0] == '0');
+    ev = getenv("ATOMC_MOE_DOWN_EARLY");
+    cb->moe_down_early = !(ev && ev[0] == '0');
     ev = getenv("ATOMC_MOE_SLOT_PATH");
     cb->moe_slot_path = !(ev && ev[0] == '0');
     ev = getenv("ATOMC_MOE_TILE_ROWS");

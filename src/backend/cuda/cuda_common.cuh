@@ -117,9 +117,12 @@ struct cuda_backend {
     size_t attn_scratch_bytes;
     int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
     int attn_split_waves;        // split-KV target in waves of resident CTAs (env ATOMC_ATTN_SPLIT_WAVES, default 2)
+    bool attn_early;             // attention issues its first KV tile before the PDL wait (env ATOMC_ATTN_EARLY=0: off)
     int attn_split_min_tiles;    // fewest 64-token tiles per split (env ATOMC_ATTN_SPLIT_MIN_TILES, default 4)
     int gemv_max_rows;           // BF16 matmuls with at most this many rows use the GEMV kernel instead of
                                  // cuBLASLt (env ATOMC_GEMV_MAX_ROWS, default 1, at most 8, 0 = never)
+    int gemv_early;              // GEMV weight loads before the PDL wait: 0 off, 1 split-k, 2 all (ATOMC_GEMV_EARLY)
+    bool moe_down_early;         // MoE slot down: ids + first weights before the wait (ATOMC_MOE_DOWN_EARLY=0: off)
     int64_t gemv_splitk_max_m;   // single-row GEMVs with at most this many outputs split k over a
                                  // block's warps (env ATOMC_GEMV_SPLITK_MAX_M, default 4096)
     bool moe_slot_path;          // MoE slot-major path for <= 32 routed rows (env ATOMC_MOE_SLOT_PATH=0: off)
@@ -231,9 +234,15 @@ template <typename T, int N> __device__ __forceinline__ void vec_store(T *p, con
 // (once every block of this grid has passed it, the next kernel on the stream may be scheduled).
 // Kernels are launched with pdl_launch, so the next kernel's launch and block scheduling overlap
 // this kernel's run instead of following its completion: over the ~330 kernels of a decode step
-// that shortens every gap of the replayed CUDA graph. Nothing runs before the wait, so the
-// ordering of memory accesses is exactly that of plain stream order. cuBLASLt kernels are launched
-// normally (they cannot wait), so a kernel after them still starts only after they finish.
+// that shortens every gap of the replayed CUDA graph. cuBLASLt kernels are launched normally
+// (they cannot wait), so a kernel after them still starts only after they finish.
+// Before the wait a kernel may only read what no kernel of the chain it waits on writes, and
+// writes nothing. Three do, to overlap their first loads with the previous kernel's tail
+// (docs/perf.md session 6): the GEMVs (weights), the decode attention (host-copied metadata, and
+// a first KV tile holding only earlier steps' positions) and the MoE slot down kernel (weights
+// and the routing ids: its grid starts only after every gate_up block has passed its own wait,
+// so the routing two kernels back has completed). A block's trigger always follows its wait,
+// so a grid starts only after the grid two launches back has completed.
 // ATOMC_PDL=0 turns the attribute off (A/B measurements).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -20,24 +20,32 @@
 #define GEMV_WARPS 4
 
 // out(NR, m) = x(NR, k) @ w(m, k)^T (+ bias); k % 8 == 0, x and w 16-byte aligned.
-// (Issuing the first eight weight loads before pdl_begin(), to overlap the previous kernel's
-// tail, was measured slower: Llama-3-8B batch 1 226 -> 213 tok/s, docs/perf.md session 5.)
+// early: the first PRE weight loads of each lane go out before the PDL wait (weights are never
+// written by the kernels it waits on), overlapping the previous kernel's tail. Qwen3-30B-A3B
+// batch 1 +1%, Llama-3-8B unchanged (docs/perf.md session 6; cb->gemv_early, env
+// ATOMC_GEMV_EARLY: 0 off, 1 split-k kernel only, 2 both, the default).
 template <int NR, typename TO>
 __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    gemv_bf16_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k) {
-    pdl_begin();
+    gemv_bf16_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k,
+                     bool early) {
+    constexpr int PRE = 8; // weight loads per lane issued up front (before the PDL wait when early)
     const int lane = threadIdx.x % 32;
     const int64_t col = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
+    const __nv_bfloat16 *wr = w + (col < m ? col : 0) * k;
+    if (!early) pdl_begin();
+    uint4 wv[PRE];
+#pragma unroll
+    for (int i = 0; i < PRE; i++)
+        if (lane * 8 + i * 256 < k) wv[i] = ld_stream16(wr + lane * 8 + i * 256);
+    if (early) pdl_begin();
     if (col >= m) return;
-    const __nv_bfloat16 *wr = w + col * k;
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++)
         acc[r] = 0.f;
-#pragma unroll 8
-    for (int64_t kk = lane * 8; kk < k; kk += 32 * 8) {
+    auto fma_chunk = [&](int64_t kk, const uint4 &wq) {
         float wf[8];
-        bf16x8_to_f32(ld_stream16(wr + kk), wf);
+        bf16x8_to_f32(wq, wf);
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             float xf[8];
@@ -46,7 +54,13 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS)
             for (int j = 0; j < 8; j++)
                 acc[r] = fmaf(wf[j], xf[j], acc[r]);
         }
-    }
+    };
+#pragma unroll
+    for (int i = 0; i < PRE; i++)
+        if (lane * 8 + i * 256 < k) fma_chunk(lane * 8 + i * 256, wv[i]);
+#pragma unroll 8
+    for (int64_t kk = lane * 8 + PRE * 256; kk < k; kk += 32 * 8)
+        fma_chunk(kk, ld_stream16(wr + kk));
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         float v = warp_sum(acc[r]);
@@ -65,22 +79,36 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // shared memory in warp order (deterministic). One row of x only (decode).
 template <typename TO>
 __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    gemv_splitk_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k) {
-    pdl_begin();
+    gemv_splitk_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k,
+                       bool early) {
+    constexpr int PRE = 4; // weight loads per thread issued up front (before the PDL wait when early)
     __shared__ float part[GEMV_WARPS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int64_t col = blockIdx.x;
     const __nv_bfloat16 *wr = w + col * k;
+    const int64_t k0 = (int64_t)(warp * 32 + lane) * 8;
+    if (!early) pdl_begin();
+    uint4 wv[PRE];
+#pragma unroll
+    for (int i = 0; i < PRE; i++)
+        if (k0 + i * GEMV_WARPS * 32 * 8 < k) wv[i] = ld_stream16(wr + k0 + i * GEMV_WARPS * 32 * 8);
+    if (early) pdl_begin();
     float acc = 0.f;
-#pragma unroll 4
-    for (int64_t kk = (int64_t)(warp * 32 + lane) * 8; kk < k; kk += GEMV_WARPS * 32 * 8) {
+    auto fma_chunk = [&](int64_t kk, const uint4 &wq) {
         float wf[8], xf[8];
-        bf16x8_to_f32(ld_stream16(wr + kk), wf);
+        bf16x8_to_f32(wq, wf);
         bf16x8_to_f32(__ldg(reinterpret_cast<const uint4 *>(x + kk)), xf);
 #pragma unroll
         for (int j = 0; j < 8; j++)
             acc = fmaf(wf[j], xf[j], acc);
-    }
+    };
+    constexpr int STEP = GEMV_WARPS * 32 * 8;
+#pragma unroll
+    for (int i = 0; i < PRE; i++)
+        if (k0 + i * STEP < k) fma_chunk(k0 + i * STEP, wv[i]);
+#pragma unroll 4
+    for (int64_t kk = k0 + PRE * STEP; kk < k; kk += STEP)
+        fma_chunk(kk, ld_stream16(wr + kk));
     acc = warp_sum(acc);
     if (lane == 0) part[warp] = acc;
     __syncthreads();
@@ -96,9 +124,9 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS)
 
 template <typename TO>
 static void gemv_bf16(cudaStream_t s, int n, TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias,
-                      int64_t m, int64_t k, int64_t gemv_splitk_max_m) {
+                      int64_t m, int64_t k, int64_t gemv_splitk_max_m, int early) {
     if (n == 1 && m <= gemv_splitk_max_m) {
-        pdl_launch(gemv_splitk_kernel<TO>, (unsigned)m, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k);
+        pdl_launch(gemv_splitk_kernel<TO>, (unsigned)m, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, early >= 1);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -106,7 +134,7 @@ static void gemv_bf16(cudaStream_t s, int n, TO *out, const __nv_bfloat16 *x, co
     switch (n) {
 #define GEMV_CASE(NR)                                                                                                  \
     case NR:                                                                                                           \
-        pdl_launch(gemv_bf16_kernel<NR, TO>, grid, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k);                      \
+        pdl_launch(gemv_bf16_kernel<NR, TO>, grid, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, early >= 2);          \
         break;
         GEMV_CASE(1)
         GEMV_CASE(2)
@@ -240,11 +268,11 @@ void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *
         if (out->dtype == DTYPE_BF16)
             gemv_bf16<__nv_bfloat16>(cb->stream, (int)n, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
                                      (const __nv_bfloat16 *)w->data, bias ? (const __nv_bfloat16 *)bias->data : nullptr,
-                                     m, k, cb->gemv_splitk_max_m);
+                                     m, k, cb->gemv_splitk_max_m, cb->gemv_early);
         else
             gemv_bf16<float>(cb->stream, (int)n, (float *)out->data, (const __nv_bfloat16 *)x->data,
                              (const __nv_bfloat16 *)w->data, bias ? (const float *)bias->data : nullptr, m, k,
-                             cb->gemv_splitk_max_m);
+                             cb->gemv_splitk_max_m, cb->gemv_early);
         return;
     }
     struct matmul_plan *p = plan_get(cb, m, n, k, x->dtype, out->dtype, bias != NULL);

@@ -653,8 +653,11 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
 template <int S>
 __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, S >= 16 ? 1 : 2)
     moe_slot_down_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *act, const __nv_bfloat16 *wd, const int32_t *ids,
-                         const float *w, int n_slots, int E, int H, int K) {
-    pdl_begin();
+                         const float *w, int n_slots, int E, int H, int K, bool early) {
+    // early: the ids and the first weight batch are read before the PDL wait. The ids come from
+    // the routing two kernels back: this grid starts only once every gate_up block has passed
+    // its own wait, i.e. after the routing completed, so they are final (read through L2).
+    if (!early) pdl_begin();
     extern __shared__ __align__(16) unsigned char slot_smem[];
     __nv_bfloat16 *as = reinterpret_cast<__nv_bfloat16 *>(slot_smem);
     const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -663,7 +666,7 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, S >= 16 ? 1 : 2)
     bool ok[S];
 #pragma unroll
     for (int j = 0; j < S; j++) {
-        const int e = j < n_slots ? ids[(int64_t)t * n_slots + j] : -1;
+        const int e = j < n_slots ? __ldcg(ids + (int64_t)t * n_slots + j) : -1;
         ok[j] = e >= 0 && e < E;
         // An empty slot re-reads slot 0's row (an L2 hit) instead of streaming another row.
         wr[j] = ok[j] ? wd + ((size_t)e * H + nc) * K : j > 0 ? wr[0] : wd + (size_t)nc * K;
@@ -681,6 +684,7 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, S >= 16 ? 1 : 2)
     };
     int k0 = lane * 8;
     if (k0 < K) issue(k0);
+    if (early) pdl_begin();
     const __nv_bfloat16 *ar = act + (int64_t)t * n_slots * K; // the token's n_slots act rows, contiguous
     for (int i = threadIdx.x * 8; i < n_slots * K; i += 32 * MOE_SLOT_WARPS * 8)
         *reinterpret_cast<uint4 *>(as + i) = __ldg(reinterpret_cast<const uint4 *>(ar + i));
@@ -732,7 +736,7 @@ static bool moe_slot_path(const struct cuda_backend *cb, enum dtype dt, int64_t 
 
 static void moe_slot_launch(cudaStream_t s, __nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *wgu,
                             const __nv_bfloat16 *wd, const int32_t *ids, const float *w, int n_slots, int64_t n, int E,
-                            int64_t H, int64_t I, __nv_bfloat16 *act) {
+                            int64_t H, int64_t I, __nv_bfloat16 *act, bool down_early) {
     const int64_t R = n * n_slots;
     pdl_launch(moe_slot_gate_up_kernel, dim3(cdiv(I, MOE_SLOT_WARPS), (unsigned)R), 32 * MOE_SLOT_WARPS, (size_t)H * 2,
                s, act, x, wgu, ids, n_slots, E, (int)I, (int)H);
@@ -741,7 +745,7 @@ static void moe_slot_launch(cudaStream_t s, __nv_bfloat16 *out, const __nv_bfloa
     const size_t smem = (size_t)n_slots * I * 2;
 #define MOE_SLOT_DOWN(S)                                                                                               \
     pdl_launch(moe_slot_down_kernel<S>, g, 32 * MOE_SLOT_WARPS, smem, s, out, act, wd, ids, w, n_slots, E, (int)H,     \
-               (int)I)
+               (int)I, down_early)
     if (n_slots <= 2)
         MOE_SLOT_DOWN(2);
     else if (n_slots <= 4)
@@ -858,7 +862,7 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     if (moe_slot_path(cuda_impl(b), x->dtype, R, n_slots, H, I, x->data, gate_up->data, down->data)) {
         moe_slot_launch(s, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
                         (const __nv_bfloat16 *)gate_up->data, (const __nv_bfloat16 *)down->data, topk_ids, topk_w,
-                        n_slots, n, E, H, I, (__nv_bfloat16 *)act);
+                        n_slots, n, E, H, I, (__nv_bfloat16 *)act, cuda_impl(b)->moe_down_early);
         return;
     }
     const bool small = R <= MOE_GEMV_MAX_ROWS; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
