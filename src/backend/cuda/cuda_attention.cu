@@ -22,9 +22,11 @@
 // max_query_len, max_blocks_per_seq, the scratch size), never on context lengths; splits past
 // a sequence's last tile only store a -inf log-sum-exp (no Q load, no partials).
 //
-// A CTA whose first KV tile ends before this step's new positions issues that tile's copies
-// before the PDL wait (cb->attn_early): nothing the previous kernels write is in it, and the
-// load overlaps the RoPE + KV-write kernel (Qwen3-30B-A3B batch 1 +1.7%, docs/perf.md).
+// In pure decode batches (max_query_len 1), a CTA whose first KV tile ends before this step's
+// new position issues that tile's copies before the PDL wait (cb->attn_early): every earlier
+// position was written by an earlier step, and the load overlaps the RoPE + KV-write kernel
+// (Qwen3-30B-A3B batch 1 +1.7%, docs/perf.md). Not in steps that admit prompts: there a
+// sequence can share prefix blocks another sequence of the same step is filling.
 #include "backend/cuda/cuda_common.cuh"
 
 namespace {
@@ -597,7 +599,10 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
         if (splits < 2) splits = 1;
     }
     p.n_splits = splits;
-    p.early = cb->attn_early;
+    // Pure decode batches only: in a step that admits prompts, a sequence may share prefix
+    // blocks that another sequence of the same step fills (the block manager's same-step
+    // sharing), i.e. positions before its new tokens that the RoPE + KV-write kernel just wrote.
+    p.early = cb->attn_early && md->max_query_len == 1;
     p.part_o = (float *)cb->attn_scratch;
     p.part_lse = p.part_o + (size_t)n * hq * splits * D;
     CHECK_MSG((int64_t)md->n_seqs * splits <= 65535, "CUDA attention: too many sequences (%d)", md->n_seqs);

@@ -238,12 +238,12 @@ template <typename T, int N> __device__ __forceinline__ void vec_store(T *p, con
 // (they cannot wait), so a kernel after them still starts only after they finish.
 // Before the wait a kernel may only read what no kernel of the chain it waits on writes, and
 // writes nothing. Three do, to overlap their first loads with the previous kernel's tail
-// (docs/perf.md session 6): the GEMVs (weights), the decode attention (host-copied metadata, and
-// a first KV tile holding only earlier steps' positions) and the MoE slot down kernel (weights
-// and the routing ids: its grid starts only after every gate_up block has passed its own wait,
-// so the routing two kernels back has completed). A block's trigger always follows its wait,
-// so a grid starts only after the grid two launches back has completed.
-// ATOMC_PDL=0 turns the attribute off (A/B measurements).
+// (docs/perf.md session 6): the GEMVs (weights), the attention in pure decode batches
+// (host-copied metadata, and a first KV tile holding only earlier steps' positions) and the
+// MoE slot down kernel (weights and the routing ids: its grid starts only after every gate_up
+// block has passed its own wait, so the routing two kernels back has completed). A block's
+// trigger always follows its wait, so a grid starts only after the grid two launches back has
+// completed. ATOMC_PDL=0 turns the attribute off (A/B measurements).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
