@@ -22,7 +22,7 @@ static struct parsed parse_steps_kind(enum tool_parser_kind kind, const char *te
     while (i < n) {
         size_t k = step ? (n - i < step ? n - i : step) : n;
         tool_stream_feed(&t, text + i, k, &r.content, r.calls);
-        if (max_held && !t.in_call && t.held_len > *max_held) *max_held = t.held_len;
+        if (max_held && !t.in_call && t.held.len > *max_held) *max_held = t.held.len;
         i += k;
     }
     tool_stream_finish(&t, &r.content);

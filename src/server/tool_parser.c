@@ -41,25 +41,15 @@ void tool_stream_init(struct tool_stream *t, enum tool_parser_kind kind) {
 }
 
 void tool_stream_free(struct tool_stream *t) {
-    free(t->held);
+    tool_text_free(&t->held);
     memset(t, 0, sizeof *t);
 }
 
-static void held_add(struct tool_stream *t, const char *p, size_t n) {
-    if (!n) return;
-    if (t->held_len + n + 1 > t->held_cap) {
-        t->held_cap = (t->held_len + n + 1) * 2;
-        t->held = xrealloc(t->held, t->held_cap);
-    }
-    memcpy(t->held + t->held_len, p, n);
-    t->held_len += n;
-    t->held[t->held_len] = '\0';
-}
-
 static void held_drop(struct tool_stream *t, size_t n) {
-    memmove(t->held, t->held + n, t->held_len - n);
-    t->held_len -= n;
-    if (t->held) t->held[t->held_len] = '\0';
+    struct tool_text *h = &t->held;
+    memmove(h->p, h->p + n, h->len - n);
+    h->len -= n;
+    if (h->p) h->p[h->len] = '\0';
 }
 
 static const char *find(const char *hay, size_t n, const char *needle, size_t m) {
@@ -120,15 +110,15 @@ static bool is_space(char c) {
 static void llama3_feed(struct tool_stream *t, struct tool_text *content, json_t *calls) {
     for (;;) {
         if (t->mode == L3_CONTENT) {
-            text_add(content, t->held, t->held_len);
-            held_drop(t, t->held_len);
+            text_add(content, t->held.p, t->held.len);
+            held_drop(t, t->held.len);
             return;
         }
         size_t ws = 0;
-        while (ws < t->held_len && (is_space(t->held[ws]) || (t->mode == L3_CALLS && t->held[ws] == ';')))
+        while (ws < t->held.len && (is_space(t->held.p[ws]) || (t->mode == L3_CALLS && t->held.p[ws] == ';')))
             ws++;
-        const char *rest = t->held + ws;
-        size_t n = t->held_len - ws;
+        const char *rest = t->held.p + ws;
+        size_t n = t->held.len - ws;
         if (n == 0) return; // only whitespace / separators so far
         if (t->mode == L3_START) {
             if (rest[0] == '{') {
@@ -165,36 +155,36 @@ static void llama3_feed(struct tool_stream *t, struct tool_text *content, json_t
 }
 
 void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struct tool_text *content, json_t *calls) {
-    held_add(t, text, len);
+    text_add(&t->held, text, len);
     if (t->kind == TOOL_PARSER_LLAMA3_JSON) {
         llama3_feed(t, content, calls);
         return;
     }
     for (;;) {
         if (!t->in_call) {
-            const char *open = find(t->held, t->held_len, OPEN_TAG, OPEN_LEN);
+            const char *open = find(t->held.p, t->held.len, OPEN_TAG, OPEN_LEN);
             if (open) {
-                size_t before = (size_t)(open - t->held);
-                text_add(content, t->held, before);
+                size_t before = (size_t)(open - t->held.p);
+                text_add(content, t->held.p, before);
                 held_drop(t, before + OPEN_LEN);
                 t->in_call = true;
                 continue;
             }
-            size_t keep = tag_prefix_suffix(t->held, t->held_len, OPEN_TAG, OPEN_LEN);
-            text_add(content, t->held, t->held_len - keep);
-            held_drop(t, t->held_len - keep);
+            size_t keep = tag_prefix_suffix(t->held.p, t->held.len, OPEN_TAG, OPEN_LEN);
+            text_add(content, t->held.p, t->held.len - keep);
+            held_drop(t, t->held.len - keep);
             return;
         }
-        const char *close = find(t->held, t->held_len, CLOSE_TAG, CLOSE_LEN);
+        const char *close = find(t->held.p, t->held.len, CLOSE_TAG, CLOSE_LEN);
         if (!close) return; // the body is still arriving
-        size_t body = (size_t)(close - t->held);
-        json_t *call = call_from_json(json_loadb(t->held, body, JSON_DECODE_ANY, NULL));
+        size_t body = (size_t)(close - t->held.p);
+        json_t *call = call_from_json(json_loadb(t->held.p, body, JSON_DECODE_ANY, NULL));
         if (call) {
             json_array_append_new(calls, call);
             t->n_calls++;
         } else { // not a call: the block's raw text is content
             text_add(content, OPEN_TAG, OPEN_LEN);
-            text_add(content, t->held, body + CLOSE_LEN);
+            text_add(content, t->held.p, body + CLOSE_LEN);
         }
         held_drop(t, body + CLOSE_LEN);
         t->in_call = false;
@@ -203,7 +193,7 @@ void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struc
 
 void tool_stream_finish(struct tool_stream *t, struct tool_text *content) {
     if (t->kind == TOOL_PARSER_HERMES && t->in_call) text_add(content, OPEN_TAG, OPEN_LEN);
-    text_add(content, t->held, t->held_len);
-    held_drop(t, t->held_len);
+    text_add(content, t->held.p, t->held.len);
+    held_drop(t, t->held.len);
     t->in_call = false;
 }

@@ -4,11 +4,11 @@
 //   llama3_json  Llama 3.1-3.3 JSON tool calling: an output that starts (after whitespace, and an
 //                optional <|python_tag|>, which default detokenization drops as a special token
 //                anyway) with {"name": N, "parameters": {...}} objects, separated by ';' for
-//                parallel calls; an output starting otherwise is plain content. The parser is incremental so that
-//                streaming and
-// non-streaming responses share one code path: text deltas go in, in order; content that can no
-// longer be the start of a tag comes out at once, a possible tag prefix ("<tool_c") is held back
-// until the next delta decides it, and a call comes out when its closing tag has arrived.
+//                parallel calls; an output starting otherwise is plain content.
+// The parser is incremental so that streaming and non-streaming responses share one code path:
+// text deltas go in, in order; content that can no longer be the start of a tag comes out at
+// once, a possible tag prefix ("<tool_c") is held back until the next delta decides it, and a
+// call comes out when its closing tag has arrived.
 //
 // A call is {"type": "function", "function": {"name": NAME, "arguments": JSON_TEXT}} (the caller
 // adds "id", and "index" when streaming). "arguments" may be given as an object (serialised
@@ -27,19 +27,18 @@ enum tool_parser_kind { TOOL_PARSER_NONE = 0, TOOL_PARSER_HERMES, TOOL_PARSER_LL
 // "hermes", "llama3_json" -> the kind; anything else -> TOOL_PARSER_NONE (caller reports the error).
 enum tool_parser_kind tool_parser_from_name(const char *name);
 
-struct tool_stream {
-    enum tool_parser_kind kind;
-    int mode;     // llama3_json: 0 = start not seen yet, 1 = calls, 2 = plain content
-    bool in_call; // hermes: inside <tool_call> ... (waiting for the closing tag)
-    char *held;   // held-back text: a possible opening-tag prefix, or the call body so far
-    size_t held_len, held_cap;
-    int n_calls; // calls emitted so far
-};
-
-// Growable output text (content released by the parser).
+// Growable NUL-terminated text (content released by the parser, and its held-back text).
 struct tool_text {
     char *p;
     size_t len, cap;
+};
+
+struct tool_stream {
+    enum tool_parser_kind kind;
+    int mode;              // llama3_json: 0 = start not seen yet, 1 = calls, 2 = plain content
+    bool in_call;          // hermes: inside <tool_call> ... (waiting for the closing tag)
+    struct tool_text held; // held-back text: a possible opening-tag prefix, or the call body so far
+    int n_calls;           // calls emitted so far
 };
 
 void tool_stream_init(struct tool_stream *t, enum tool_parser_kind kind);
