@@ -52,13 +52,6 @@ static void held_drop(struct tool_stream *t, size_t n) {
     if (h->p) h->p[h->len] = '\0';
 }
 
-static const char *find(const char *hay, size_t n, const char *needle, size_t m) {
-    if (m > n) return NULL;
-    for (size_t i = 0; i + m <= n; i++)
-        if (hay[i] == needle[0] && !memcmp(hay + i, needle, m)) return hay + i;
-    return NULL;
-}
-
 // Length of the longest suffix of p[0, n) that is a proper prefix of the tag.
 static size_t tag_prefix_suffix(const char *p, size_t n, const char *tag, size_t tag_len) {
     size_t best = 0;
@@ -162,7 +155,7 @@ void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struc
     }
     for (;;) {
         if (!t->in_call) {
-            const char *open = find(t->held.p, t->held.len, OPEN_TAG, OPEN_LEN);
+            const char *open = memmem(t->held.p, t->held.len, OPEN_TAG, OPEN_LEN);
             if (open) {
                 size_t before = (size_t)(open - t->held.p);
                 text_add(content, t->held.p, before);
@@ -175,7 +168,7 @@ void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struc
             held_drop(t, t->held.len - keep);
             return;
         }
-        const char *close = find(t->held.p, t->held.len, CLOSE_TAG, CLOSE_LEN);
+        const char *close = memmem(t->held.p, t->held.len, CLOSE_TAG, CLOSE_LEN);
         if (!close) return; // the body is still arriving
         size_t body = (size_t)(close - t->held.p);
         json_t *call = call_from_json(json_loadb(t->held.p, body, JSON_DECODE_ANY, NULL));
