@@ -538,10 +538,9 @@ template <typename T, int BM>
 static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index, int n_slots, const T *W,
                      const int32_t *offsets, const int32_t *tiles, int E, int64_t R, int N, int K) {
     const int64_t max_tiles = R < cdiv(R, BM) + E ? R : cdiv(R, BM) + E;
-    dim3 grid(cdiv(N, MOE_BN), (unsigned)max_tiles);
     const bool aligned = ((uintptr_t)A % 16 == 0) && ((uintptr_t)W % 16 == 0);
+    const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0; // 16-byte loads in the CUDA-core kernels
     if constexpr (BM == MOE_GEMV_ROWS) {
-        const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
         dim3 g(cdiv(N, MOE_GEMV_WARPS * MOE_GEMV_COLS), (unsigned)max_tiles);
         pdl_launch(moe_gemv_kernel<T>, g, 32 * MOE_GEMV_WARPS, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N,
                    K, vec);
@@ -557,7 +556,7 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
             return;
         }
     }
-    const bool vec = aligned && K % (16 / (int)sizeof(T)) == 0;
+    const dim3 grid(cdiv(N, MOE_BN), (unsigned)max_tiles);
     pdl_launch(moe_gemm_kernel<T, BM>, grid, MOE_THREADS, 0, s, out, A, a_index, n_slots, W, offsets, tiles, E, N, K,
                vec);
     CUDA_CHECK_LAUNCH();

@@ -7,6 +7,8 @@
 // so the launch is graph-capture safe.
 #include "backend/cuda/cuda_common.cuh"
 
+#include <type_traits>
+
 template <typename C> __device__ __forceinline__ C cache_from_f32(float v, float inv_scale);
 template <> __device__ __forceinline__ __nv_bfloat16 cache_from_f32<__nv_bfloat16>(float v, float) {
     return __float2bfloat16_rn(v);
@@ -163,42 +165,33 @@ void cuda_op_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k
     cudaStream_t s = cuda_impl(b)->stream;
     const struct tensor *qn = q ? rope->q_norm : NULL, *kn = rope->k_norm;
     if (qn || kn) {
-        CHECK_MSG(hd <= QKN_MAX_HD && dv <= QKN_MAX_HD, "rope_kv_write: q/k norm needs head_dim <= %d (got %d)",
-                  QKN_MAX_HD, hd);
+        CHECK_MSG(hd <= QKN_MAX_HD, "rope_kv_write: q/k norm needs head_dim <= %d (got %d)", QKN_MAX_HD, hd);
         for (const struct tensor *w : {qn, kn})
             CHECK(!w || (tensor_numel(w) == hd && (w->dtype == DTYPE_F32 || w->dtype == DTYPE_BF16)));
-        const dim3 g((unsigned)n, (unsigned)cdiv((q ? hq : 0) + 2 * hk, QKN_WARPS));
-        const void *qw = qn ? qn->data : nullptr, *kw = kn ? kn->data : nullptr;
-        const bool qf = qn && qn->dtype == DTYPE_F32, kf = kn && kn->dtype == DTYPE_F32;
-        if (kv->k.dtype == DTYPE_BF16)
-            pdl_launch(qk_norm_rope_kv_kernel<T, __nv_bfloat16>, g, 32 * QKN_WARPS, 0, s, qp, (T *)k->data,
-                       (const T *)v->data, qs, ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim,
-                       rope->attn_factor, rope->interleaved, qw, qf, kw, kf, rope->norm_eps, md->positions,
-                       md->slot_mapping, (__nv_bfloat16 *)kv->k.data, (__nv_bfloat16 *)kv->v.data, 1.f, 1.f);
-        else if (kv->k.dtype == DTYPE_FP8_E4M3)
-            pdl_launch(qk_norm_rope_kv_kernel<T, __nv_fp8_e4m3>, g, 32 * QKN_WARPS, 0, s, qp, (T *)k->data,
-                       (const T *)v->data, qs, ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim,
-                       rope->attn_factor, rope->interleaved, qw, qf, kw, kf, rope->norm_eps, md->positions,
-                       md->slot_mapping, (__nv_fp8_e4m3 *)kv->k.data, (__nv_fp8_e4m3 *)kv->v.data, 1.f / kv->k_scale,
-                       1.f / kv->v_scale);
-        else
-            CHECK_MSG(0, "CUDA KV cache dtype %s unsupported (BF16 or FP8_E4M3)", dtype_name(kv->k.dtype));
-        CUDA_CHECK_LAUNCH();
-        return;
     }
-    const int items = hq * (rope->rotary_dim / 2) + hk * (hd - rope->rotary_dim / 2) + hk * dv;
-    const dim3 grid((unsigned)n, (unsigned)cdiv(items, 256));
-    if (kv->k.dtype == DTYPE_BF16) {
-        pdl_launch(rope_kv_write_kernel<T, __nv_bfloat16>, grid, 256, 0, s, qp, (T *)k->data, (const T *)v->data, qs,
-                   ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim, rope->attn_factor, rope->interleaved,
-                   md->positions, md->slot_mapping, (__nv_bfloat16 *)kv->k.data, (__nv_bfloat16 *)kv->v.data, 1.f, 1.f);
-    } else if (kv->k.dtype == DTYPE_FP8_E4M3) {
-        pdl_launch(rope_kv_write_kernel<T, __nv_fp8_e4m3>, grid, 256, 0, s, qp, (T *)k->data, (const T *)v->data, qs,
-                   ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim, rope->attn_factor, rope->interleaved,
-                   md->positions, md->slot_mapping, (__nv_fp8_e4m3 *)kv->k.data, (__nv_fp8_e4m3 *)kv->v.data,
-                   1.f / kv->k_scale, 1.f / kv->v_scale);
-    } else {
+    // One launch for cache element type C (BF16, or FP8 E4M3 stored as value / scale).
+    auto launch = [&](auto *kc, auto *vc, float k_inv, float v_inv) {
+        using C = std::remove_pointer_t<decltype(kc)>;
+        if (qn || kn) {
+            const dim3 g((unsigned)n, (unsigned)cdiv((q ? hq : 0) + 2 * hk, QKN_WARPS));
+            pdl_launch(qk_norm_rope_kv_kernel<T, C>, g, 32 * QKN_WARPS, 0, s, qp, (T *)k->data, (const T *)v->data, qs,
+                       ks, vs, hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim, rope->attn_factor, rope->interleaved,
+                       qn ? qn->data : nullptr, qn && qn->dtype == DTYPE_F32, kn ? kn->data : nullptr,
+                       kn && kn->dtype == DTYPE_F32, rope->norm_eps, md->positions, md->slot_mapping, kc, vc, k_inv,
+                       v_inv);
+        } else {
+            const int items = hq * (rope->rotary_dim / 2) + hk * (hd - rope->rotary_dim / 2) + hk * dv;
+            const dim3 grid((unsigned)n, (unsigned)cdiv(items, 256));
+            pdl_launch(rope_kv_write_kernel<T, C>, grid, 256, 0, s, qp, (T *)k->data, (const T *)v->data, qs, ks, vs,
+                       hq, hk, hd, dv, rope->inv_freq, rope->rotary_dim, rope->attn_factor, rope->interleaved,
+                       md->positions, md->slot_mapping, kc, vc, k_inv, v_inv);
+        }
+    };
+    if (kv->k.dtype == DTYPE_BF16)
+        launch((__nv_bfloat16 *)kv->k.data, (__nv_bfloat16 *)kv->v.data, 1.f, 1.f);
+    else if (kv->k.dtype == DTYPE_FP8_E4M3)
+        launch((__nv_fp8_e4m3 *)kv->k.data, (__nv_fp8_e4m3 *)kv->v.data, 1.f / kv->k_scale, 1.f / kv->v_scale);
+    else
         CHECK_MSG(0, "CUDA KV cache dtype %s unsupported (BF16 or FP8_E4M3)", dtype_name(kv->k.dtype));
-    }
     CUDA_CHECK_LAUNCH();
 }

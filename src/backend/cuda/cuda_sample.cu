@@ -113,30 +113,30 @@ __device__ __forceinline__ void row_foreach(const float *raw, int start, int end
         f(i, raw[i]);
 }
 
-template <typename T, typename Op> __device__ T block_all_reduce(sample_smem &sm, T v, Op op);
-template <> __device__ vid block_all_reduce<vid, vid_first>(sample_smem &sm, vid v, vid_first op) {
-    v = cub::BlockReduce<vid, ST>(sm.cub.vid_red).Reduce(v, op);
-    if (threadIdx.x == 0) sm.b_vid = v;
+// Block-wide reduction of every thread's v by op (NT threads), returned to every thread
+// through `bcast`; the temporary storage is free again on return.
+template <int NT, typename T, typename Op>
+__device__ __forceinline__ T block_reduce_all(typename cub::BlockReduce<T, NT>::TempStorage &tmp, T &bcast, T v,
+                                              Op op) {
+    v = cub::BlockReduce<T, NT>(tmp).Reduce(v, op);
+    if (threadIdx.x == 0) bcast = v;
     __syncthreads();
-    v = sm.b_vid;
+    v = bcast;
     __syncthreads();
     return v;
+}
+struct add_op {
+    template <typename T> __device__ __forceinline__ T operator()(const T &a, const T &b) const { return a + b; }
+};
+
+__device__ vid block_all_reduce(sample_smem &sm, vid v, vid_first op) {
+    return block_reduce_all<ST>(sm.cub.vid_red, sm.b_vid, v, op);
 }
 __device__ float block_sum_f(sample_smem &sm, float v) {
-    v = cub::BlockReduce<float, ST>(sm.cub.f_red).Sum(v);
-    if (threadIdx.x == 0) sm.b_f = v;
-    __syncthreads();
-    v = sm.b_f;
-    __syncthreads();
-    return v;
+    return block_reduce_all<ST>(sm.cub.f_red, sm.b_f, v, add_op());
 }
 __device__ u64 block_sum_u(sample_smem &sm, u64 v) {
-    v = cub::BlockReduce<u64, ST>(sm.cub.u_red).Sum(v);
-    if (threadIdx.x == 0) sm.b_u[1] = v;
-    __syncthreads();
-    v = sm.b_u[1];
-    __syncthreads();
-    return v;
+    return block_reduce_all<ST>(sm.cub.u_red, sm.b_u[1], v, add_op());
 }
 
 // Radix select over the tokens with pred(i): the key T with weight(keys > T) < need <=
@@ -467,8 +467,9 @@ __global__ void __launch_bounds__(ST)
 // and its logprob, with each row spread over `parts` CTAs so that a batch-1 step reads its
 // 128K-entry row with many SMs instead of one (one CTA is latency-bound at ~45 us there). Each
 // CTA reduces its slice to {max, id, sum exp(x - max)}; the CTA that takes the row's last
-// ticket merges the partials in part order (max by the sampler's total order, sums rescaled
-// to the common max), writes the id and logprob = max - lse, and resets the ticket.
+// ticket merges the partials (max by the sampler's total order, sums rescaled to the common
+// max), writes the id and logprob = max - lse, and resets the ticket. Every reduction is the
+// sampler's cub-based block_reduce_all (fixed order: deterministic).
 constexpr int AM_THREADS = 256;
 struct am_part {
     float m;
@@ -476,13 +477,21 @@ struct am_part {
     float s;
 };
 
+struct am_smem {
+    union {
+        cub::BlockReduce<vid, AM_THREADS>::TempStorage v;
+        cub::BlockReduce<float, AM_THREADS>::TempStorage f;
+    } red;
+    vid best;
+    float sum;
+    bool last;
+};
+
 __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits, int V, int parts, int32_t *tickets,
                                                             am_part *partial, int32_t *out_ids, float *out_logprob) {
     pdl_begin();
-    __shared__ vid red_v[AM_THREADS / 32];
-    __shared__ float red_s[AM_THREADS / 32];
-    __shared__ bool last;
-    const int r = blockIdx.x, part = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __shared__ am_smem sm;
+    const int r = blockIdx.x, part = blockIdx.y;
     const float *row = logits + (size_t)r * V;
     const int per = (V + parts - 1) / parts, lo = part * per, hi = min(V, lo + per);
     vid best = {-INFINITY, INT32_MAX};
@@ -490,33 +499,18 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
         float x = __ldg(row + i);
         if (before_in_order(x, i, best.v, best.id)) best = {x, i};
     }
-    vid_first op;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        vid other = {__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.id, o)};
-        best = op(best, other);
-    }
-    if (lane == 0) red_v[warp] = best;
-    __syncthreads();
-    best = red_v[0];
-    for (int w = 1; w < AM_THREADS / 32; w++)
-        best = op(best, red_v[w]);
+    best = block_reduce_all<AM_THREADS>(sm.red.v, sm.best, best, vid_first());
     float sum = 0.f;
     for (int i = lo + threadIdx.x; i < hi; i += AM_THREADS)
         sum += expf(__ldg(row + i) - best.v);
-    sum = warp_sum(sum);
-    if (lane == 0) red_s[warp] = sum;
-    __syncthreads();
+    sum = block_reduce_all<AM_THREADS>(sm.red.f, sm.sum, sum, add_op());
     if (threadIdx.x == 0) {
-        float t = 0.f;
-        for (int w = 0; w < AM_THREADS / 32; w++)
-            t += red_s[w];
-        partial[(size_t)r * parts + part] = {best.v, best.id, t};
+        partial[(size_t)r * parts + part] = {best.v, best.id, sum};
         __threadfence();
-        last = atomicAdd(&tickets[r], 1) == parts - 1;
+        sm.last = atomicAdd(&tickets[r], 1) == parts - 1;
     }
     __syncthreads();
-    if (!last) return;
+    if (!sm.last) return;
     // The last CTA merges the row's partials, one per thread (parts <= AM_THREADS), in parallel.
     __threadfence();
     const am_part *pp = partial + (size_t)r * parts;
@@ -527,25 +521,9 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
         ps = __ldcg(&pp[threadIdx.x].s);
         g = {pm, __ldcg(&pp[threadIdx.x].id)};
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        vid other = {__shfl_xor_sync(0xffffffffu, g.v, o), __shfl_xor_sync(0xffffffffu, g.id, o)};
-        g = op(g, other);
-    }
-    __syncthreads(); // red_v / red_s reuse
-    if (lane == 0) red_v[warp] = g;
-    __syncthreads();
-    g = red_v[0];
-    for (int w = 1; w < AM_THREADS / 32; w++)
-        g = op(g, red_v[w]);
-    float t = ps > 0.f ? ps * expf(pm - g.v) : 0.f;
-    t = warp_sum(t);
-    if (lane == 0) red_s[warp] = t;
-    __syncthreads();
+    g = block_reduce_all<AM_THREADS>(sm.red.v, sm.best, g, vid_first());
+    const float tot = block_reduce_all<AM_THREADS>(sm.red.f, sm.sum, ps > 0.f ? ps * expf(pm - g.v) : 0.f, add_op());
     if (threadIdx.x == 0) {
-        float tot = 0.f;
-        for (int w = 0; w < AM_THREADS / 32; w++)
-            tot += red_s[w];
         out_ids[r] = g.id < V ? g.id : 0;
         if (out_logprob) out_logprob[r] = g.id < V ? -logf(tot) : -INFINITY;
         tickets[r] = 0;
