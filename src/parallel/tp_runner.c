@@ -113,22 +113,25 @@ static atomc_status tp_collect(struct tp_runner *t, struct error *err) {
     return ATOMC_OK;
 }
 
-atomc_status tp_runner_execute(struct tp_runner *t, const struct forward_batch *fb, struct runner_output *out,
-                               struct error *err) {
-    tp_post(t, TP_JOB_EXECUTE, fb);
+// Starts job on the other ranks and readies rank 0 (this thread) for its share.
+static struct tp_rank *tp_start(struct tp_runner *t, enum tp_job job, const struct forward_batch *fb) {
+    tp_post(t, job, fb);
     struct tp_rank *r0 = &t->ranks[0];
     tp_bind(r0);
     error_clear(&r0->err);
+    return r0;
+}
+
+atomc_status tp_runner_execute(struct tp_runner *t, const struct forward_batch *fb, struct runner_output *out,
+                               struct error *err) {
+    struct tp_rank *r0 = tp_start(t, TP_JOB_EXECUTE, fb);
     r0->st = model_runner_execute(r0->runner, fb, out, &r0->err);
     return tp_collect(t, err);
 }
 
 atomc_status tp_runner_execute_logits(struct tp_runner *t, const struct forward_batch *fb, float *logits,
                                       struct error *err) {
-    tp_post(t, TP_JOB_LOGITS, fb);
-    struct tp_rank *r0 = &t->ranks[0];
-    tp_bind(r0);
-    error_clear(&r0->err);
+    struct tp_rank *r0 = tp_start(t, TP_JOB_LOGITS, fb);
     r0->st = model_runner_execute_logits(r0->runner, fb, logits, &r0->err);
     return tp_collect(t, err);
 }

@@ -35,18 +35,12 @@
 #define MARGIN_TOL 0.3f
 #define LP_TOL 0.3f
 
-static const struct es_setup GRAPHS = {.device = "cuda",
-                                       .enforce_eager = false,
-                                       .margin_tol = MARGIN_TOL,
-                                       .lp_tol = LP_TOL,
-                                       .lp_tol_cached = LP_TOL,
-                                       .min_clear = 0.3};
-static const struct es_setup EAGER = {.device = "cuda",
-                                      .enforce_eager = true,
-                                      .margin_tol = MARGIN_TOL,
-                                      .lp_tol = LP_TOL,
-                                      .lp_tol_cached = LP_TOL,
-                                      .min_clear = 0.3};
+#define CUDA_SETUP(eager)                                                                                              \
+    {                                                                                                                  \
+        .device = "cuda", .enforce_eager = (eager), .margin_tol = MARGIN_TOL, .lp_tol = LP_TOL,                        \
+        .lp_tol_cached = LP_TOL, .min_clear = 0.3                                                                      \
+    }
+static const struct es_setup GRAPHS = CUDA_SETUP(false), EAGER = CUDA_SETUP(true);
 
 // Whether a CUDA device can be opened (checked once; the tests skip without one).
 static bool gpu_present(void) {
