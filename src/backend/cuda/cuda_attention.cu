@@ -581,12 +581,22 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     // Split-KV: when the natural grid fills fewer than attn_split_waves (default 2) waves of
     // resident CTAs, cut each CTA's KV range so that it does (partials are ~1% of the KV
     // bytes, so splitting is cheap), never below attn_split_min_tiles (default 4) 64-token
-    // tiles of the largest possible context
-    // (max_blocks_per_seq: fixed for a captured graph).
+    // tiles of the largest possible context (max_blocks_per_seq: fixed for a captured graph).
+    // Decode-like tiles may go down to 2-tile splits while the grid stays within one CTA per SM
+    // (cb->attn_split_fine): small-batch decode is latency-bound, and past one CTA per SM the
+    // extra partials cost the reduce more than the parallelism gains. H200 (docs/perf.md
+    // session 7): 2-tile splits took Qwen3-30B-A3B batch 1 (4 KV heads, 640 tokens) from 351
+    // to 357 tok/s, but cost Llama-3-8B batch 1 at a 4K context 2.4% (264 CTAs).
     int splits = 1;
     const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[D == 128][nw == 4][fp8];
     if (base_ctas < cb->attn_split_waves * slots) {
-        int64_t cap = cdiv((int64_t)md->max_blocks_per_seq * md->block_size, cb->attn_split_min_tiles * BN);
+        const int64_t ctx = (int64_t)md->max_blocks_per_seq * md->block_size;
+        int64_t cap = cdiv(ctx, cb->attn_split_min_tiles * BN);
+        if (nw == 1 && cb->attn_split_fine) {
+            int64_t fine = cdiv(ctx, 2 * BN), per_sm = cb->num_sms / base_ctas;
+            if (fine > per_sm) fine = per_sm;
+            if (fine > cap) cap = fine;
+        }
         int64_t want = cdiv(cb->attn_split_waves * slots, base_ctas);
         splits = (int)(want < cap ? want : cap);
         if (splits > MAX_SPLITS) splits = MAX_SPLITS;

@@ -323,13 +323,15 @@ static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error 
     cuda_attention_init(cb);
     cuda_moe_init(cb);
     // Split-KV tuning knobs (benchmarks sweep them; the defaults won a 3x3 sweep of decode
-    // cases on the H200, docs/perf.md).
+    // cases on the H200, the fine decode splits session 7's sweep, docs/perf.md).
     cb->attn_split_waves = 2;
     cb->attn_split_min_tiles = 4;
     const char *ev = getenv("ATOMC_ATTN_SPLIT_WAVES");
     if (ev && atoi(ev) > 0) cb->attn_split_waves = atoi(ev);
     ev = getenv("ATOMC_ATTN_SPLIT_MIN_TILES");
     if (ev && atoi(ev) > 0) cb->attn_split_min_tiles = atoi(ev);
+    ev = getenv("ATOMC_ATTN_SPLIT_FINE");
+    cb->attn_split_fine = !(ev && ev[0] == '0');
     cb->gemv_max_rows = 1;
     ev = getenv("ATOMC_GEMV_MAX_ROWS");
     if (ev && atoi(ev) >= 0) cb->gemv_max_rows = atoi(ev) < 8 ? atoi(ev) : 8;
