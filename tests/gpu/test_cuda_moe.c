@@ -239,11 +239,11 @@ TEST(cuda_moe_experts_match_cpu) {
     check_experts(300, 8, 2, 256, 128, ROUTE_RANDOM, false);  // prefill: 600 rows, 64-row tiles (tensor cores)
     check_experts(300, 8, 2, 200, 72, ROUTE_RANDOM, false);   // prefill, K % 32 != 0: CUDA-core fallback
     check_experts(1, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B layer shape, decode
-    // Past the GEMV range (R > 128): mma.sync tiles of 16 rows (few rows per expert) and 64 rows.
+    // Past the GEMV range (R > 128): mma.sync tiles of 16 rows (few rows per expert), 64 and 128 rows.
     check_experts(64, 128, 8, 256, 96, ROUTE_RANDOM, false);    // R 512, ~4 rows/expert: 16-row MMA tiles
     check_experts(160, 32, 4, 256, 80, ROUTE_RANDOM, false);    // N 160 (partial column block); down K 80: CUDA-core
     check_experts(256, 128, 8, 2048, 768, ROUTE_RANDOM, false); // Qwen3-30B-A3B shape, batch-256 decode
-    check_experts(600, 128, 8, 512, 256, ROUTE_RANDOM, false);  // R 4800, ~37 rows/expert: 32-row MMA tiles
+    check_experts(600, 128, 8, 512, 256, ROUTE_RANDOM, false);  // R 4800, ~37 rows/expert: 64-row MMA tiles
     check_experts(1000, 64, 4, 256, 128, ROUTE_RANDOM, false);  // R 4000, ~62 rows/expert: 64-row MMA tiles
     check_experts(1200, 16, 2, 256, 136, ROUTE_RANDOM, false);  // R 2400, ~150 rows/expert: 128-row MMA tiles
     // The slot-major path (R <= 32: no sort, SiLU*mul in the gate_up epilogue, combine in down).

@@ -135,16 +135,14 @@ static void gemv_bf16(cudaStream_t s, int n, TO *out, const __nv_bfloat16 *x, co
         return;
     }
     const unsigned grid = (unsigned)cdiv(m, GEMV_WARPS);
-    if (n == 1) {
+    switch (n) {
+    case 1:
         // One row: 4 loads up front and registers bounded to 12 blocks per SM (40), so the
         // qkv projections of Qwen3-30B-A3B (1280 blocks) and Llama-3-8B (1536) run in one wave,
         // not two at 6 blocks per SM (76 registers with 8 loads up front). H200 batch 1 (session
         // 7, call 8): q3m 351.6/355.4 -> 360.2/360.6 tok/s, Llama-3-8B 216.4 -> 219.1/219.3.
         pdl_launch(gemv_bf16_kernel<1, TO, 4, 12>, grid, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, early >= 2);
-        CUDA_CHECK_LAUNCH();
-        return;
-    }
-    switch (n) {
+        break;
 #define GEMV_CASE(NR)                                                                                                  \
     case NR:                                                                                                           \
         pdl_launch(gemv_bf16_kernel<NR, TO>, grid, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, early >= 2);          \

@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #include <cub/block/block_reduce.cuh>
+#include <cuda/std/functional>
 
 #include "backend/sample_rng.h"
 
@@ -125,18 +126,15 @@ __device__ __forceinline__ T block_reduce_all(typename cub::BlockReduce<T, NT>::
     __syncthreads();
     return v;
 }
-struct add_op {
-    template <typename T> __device__ __forceinline__ T operator()(const T &a, const T &b) const { return a + b; }
-};
 
 __device__ vid block_all_reduce(sample_smem &sm, vid v, vid_first op) {
     return block_reduce_all<ST>(sm.cub.vid_red, sm.b_vid, v, op);
 }
 __device__ float block_sum_f(sample_smem &sm, float v) {
-    return block_reduce_all<ST>(sm.cub.f_red, sm.b_f, v, add_op());
+    return block_reduce_all<ST>(sm.cub.f_red, sm.b_f, v, cuda::std::plus<>());
 }
 __device__ u64 block_sum_u(sample_smem &sm, u64 v) {
-    return block_reduce_all<ST>(sm.cub.u_red, sm.b_u[1], v, add_op());
+    return block_reduce_all<ST>(sm.cub.u_red, sm.b_u[1], v, cuda::std::plus<>());
 }
 
 // Radix select over the tokens with pred(i): the key T with weight(keys > T) < need <=
@@ -503,7 +501,7 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
     float sum = 0.f;
     for (int i = lo + threadIdx.x; i < hi; i += AM_THREADS)
         sum += expf(__ldg(row + i) - best.v);
-    sum = block_reduce_all<AM_THREADS>(sm.red.f, sm.sum, sum, add_op());
+    sum = block_reduce_all<AM_THREADS>(sm.red.f, sm.sum, sum, cuda::std::plus<>());
     if (threadIdx.x == 0) {
         partial[(size_t)r * parts + part] = {best.v, best.id, sum};
         __threadfence();
@@ -522,7 +520,8 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
         g = {pm, __ldcg(&pp[threadIdx.x].id)};
     }
     g = block_reduce_all<AM_THREADS>(sm.red.v, sm.best, g, vid_first());
-    const float tot = block_reduce_all<AM_THREADS>(sm.red.f, sm.sum, ps > 0.f ? ps * expf(pm - g.v) : 0.f, add_op());
+    const float tot =
+        block_reduce_all<AM_THREADS>(sm.red.f, sm.sum, ps > 0.f ? ps * expf(pm - g.v) : 0.f, cuda::std::plus<>());
     if (threadIdx.x == 0) {
         out_ids[r] = g.id < V ? g.id : 0;
         if (out_logprob) out_logprob[r] = g.id < V ? -logf(tot) : -INFINITY;
