@@ -568,7 +568,7 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
 // grouping rows by expert buys nothing and costs a launch; at R = 32 an expert shared by two
 // tokens is streamed twice, the second time mostly from L2.
 //   moe_slot_gate_up_kernel  grid (I / 8, R): a warp per (slot, column n) streams expert e's
-//       gate row n and up row I + n (16-byte streaming loads, 16 in flight per lane), dots both with the slot's token
+//       gate row n and up row I + n (16-byte streaming loads, 8 in flight per lane), dots both with the slot's token
 //       row x (staged once per block in shared memory) and writes act[slot, n] = silu(g) * u with g and u first rounded
 //       to the activation dtype, exactly the gu -> silu_mul rounding of the grouped path.
 //   moe_slot_down_kernel<S>  grid (H / 8, n): a warp per (token, column n) streams the down
@@ -587,9 +587,14 @@ static void moe_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index,
 // version kept one or two loads in flight and ran the down projection at 33% of bandwidth).
 // The first batch is issued before the block stages its activation rows in shared memory, so
 // the staging round trip hides under the weight loads.
-#define MOE_SLOT_GU_STEPS 8 // k-steps per batch in gate_up: 16 loads in flight per lane
+// gate_up: 4 k-steps per batch (8 loads in flight per lane) within the registers of 4 blocks per
+// SM (64). Batch 1 of Qwen3-30B-A3B runs 768 blocks: 8 steps took 103 registers, 2 blocks per SM
+// and three waves; 4 steps in 4 blocks per SM ran 1.6-2.2% faster end to end (docs/perf.md
+// session 8; 2 steps at 6 blocks +0.8%, 4 steps at 6 blocks spilled and lost 8%).
+#define MOE_SLOT_GU_STEPS 4
+#define MOE_SLOT_GU_MINB 4
 
-__global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
+__global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, MOE_SLOT_GU_MINB)
     moe_slot_gate_up_kernel(__nv_bfloat16 *act, const __nv_bfloat16 *x, const __nv_bfloat16 *wgu, const int32_t *ids,
                             int n_slots, int E, int I, int K) {
     pdl_begin();
