@@ -309,12 +309,13 @@ TEST(cuda_rmsnorm_and_add_rmsnorm_match_cpu) {
 TEST(cuda_matmul_matches_cpu) {
     BEGIN();
     // (n, m, k, bias). n = 1 with k % 8 == 0 runs a GEMV kernel (m <= 4096: split-k over a
-    // block's warps, k not a multiple of the 1 KB step, bias; wider: a warp per column), the
-    // rest cuBLASLt (n = 9, k = 201); ATOMC_GEMV_MAX_ROWS=8 also sends every n <= 8 to the GEMV.
+    // block's warps, k not a multiple of the 1 KB step, bias; wider: a warp per column, also
+    // past m = 16384 like an lm_head), the rest cuBLASLt (n = 9, k = 201); ATOMC_GEMV_MAX_ROWS=8
+    // also sends every n <= 8 to the GEMV.
     int64_t shapes[][4] = {{1, 1024, 512, 0}, {37, 3000, 1000, 1}, {128, 512, 4096, 0}, {5, 96, 200, 1},
                            {300, 130, 64, 0}, {8, 4099, 1032, 1}, {2, 77, 201, 0},  {9, 640, 1024, 0},
-                           {4, 6144, 4096, 0}, {1, 128, 2056, 1}, {1, 5000, 1000, 1}};
-    for (int s = 0; s < 11; s++) {
+                           {4, 6144, 4096, 0}, {1, 128, 2056, 1}, {1, 5000, 1000, 1}, {1, 40001, 512, 1}};
+    for (int s = 0; s < 12; s++) {
         int64_t n = shapes[s][0], m = shapes[s][1], k = shapes[s][2];
         int bias = (int)shapes[s][3];
         float *x = rand_vec(n * k, 1.f), *w = rand_vec(m * k, 0.05f), *bv = rand_vec(m, 1.f);
@@ -331,9 +332,11 @@ TEST(cuda_matmul_matches_cpu) {
         ASSERT_TENSORS(og2, oc, NMSE_BF16);
         free(x); free(w); free(bv);
     }
-    // F32 output straight from bf16 inputs (logits; n = 1: the MoE router's split-k GEMV).
-    for (int64_t n = 1; n <= 3; n += 2) {
-        int64_t m = n == 1 ? 128 : 1000, k = n == 1 ? 2048 : 256;
+    // F32 output straight from bf16 inputs (logits; n = 1: the MoE router's split-k GEMV, then a
+    // vocabulary-wide lm_head through the row GEMV; n = 3: cuBLASLt).
+    int64_t f32_shapes[][3] = {{1, 128, 2048}, {3, 1000, 256}, {1, 50000, 256}};
+    for (int s = 0; s < 3; s++) {
+        int64_t n = f32_shapes[s][0], m = f32_shapes[s][1], k = f32_shapes[s][2];
         float *x = rand_vec(n * k, 1.f), *w = rand_vec(m * k, 0.1f);
         struct tensor wg = upload_w(&P, G, w, m, k), wc = upload_w(&P, CP, w, m, k);
         struct tensor xg = mk2(&P, G, G->act_dtype, n, k, x), xc = mk2(&P, CP, CP->act_dtype, n, k, x);

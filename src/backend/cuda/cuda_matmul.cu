@@ -8,8 +8,8 @@
 // cached in an open-addressing table; the 64 MiB workspace is allocated once at start-up,
 // so a cached call is capture-safe.
 //
-// Single-row BF16 products of attention-projection size (n <= gemv_max_rows, default 1;
-// k <= 8192, m <= 16384) skip cuBLASLt for a GEMV: one
+// Single-row BF16 products (n <= gemv_max_rows, default 1; k <= 8192; m <= 16384 unless n is
+// 1) skip cuBLASLt for a GEMV: one
 // warp per output column streams its weight row once with 16-byte non-allocating loads (eight
 // per lane in flight) and multiplies it into every row of x (x read through L1; it is tiny),
 // warp-sum, bias, store. Four warps per block, so an m = 4096 projection runs 1024 blocks that
@@ -270,10 +270,13 @@ void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *
         CUDA_CHECK(cudaMemsetAsync(out->data, 0, tensor_bytes(out), cb->stream));
         return;
     }
-    // The GEMV beats cuBLASLt's small-n kernels only for single rows of moderate shape
-    // (measured on the H200: qkv / o 79% / 71% of HBM bandwidth vs 73% / 63%; gate_up and
-    // down (k = 14336) 94% / 86% vs 100% / 90%; at n = 4 and 8 it is L1-bound, 62% / 38%).
-    if (n <= cb->gemv_max_rows && k <= 8192 && m <= 16384 && x->dtype == DTYPE_BF16 && k % 8 == 0 &&
+    // The GEMV beats cuBLASLt's small-n kernels for single rows up to k = 8192 (measured on the
+    // H200: qkv / o 79% / 71% of HBM bandwidth vs 73% / 63%; down at k = 14336 86% vs 90%; at
+    // n = 4 and 8 it is L1-bound, 62% / 38%). Since its one-wave launches (session 7) it also
+    // wins the widest single-row matmuls in the decode graph: Llama-3-8B's gate_up (m = 28672)
+    // and the lm_heads (Llama-3-8B b1 +1.3%, Qwen3-30B-A3B +0.3%, docs/perf.md session 8); the
+    // m <= 16384 bound stays for several rows (ATOMC_GEMV_MAX_ROWS > 1).
+    if (n <= cb->gemv_max_rows && k <= 8192 && (m <= 16384 || n == 1) && x->dtype == DTYPE_BF16 && k % 8 == 0 &&
         aligned16(x->data) && aligned16(w->data) && (out->dtype == DTYPE_BF16 || out->dtype == DTYPE_F32)) {
         if (out->dtype == DTYPE_BF16)
             gemv_bf16<__nv_bfloat16>(cb->stream, (int)n, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
