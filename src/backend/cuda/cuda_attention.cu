@@ -714,8 +714,11 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     p.part_lse = p.part_o + (size_t)n * hq * splits * D;
     CHECK_MSG((int64_t)md->n_seqs * splits <= 65535, "CUDA attention: too many sequences (%d)", md->n_seqs);
     dim3 grid(row_tiles, hk, md->n_seqs * splits);
-    // Decode splits of 2..8 merge inside their cluster: no partials in global memory, no reduce.
-    const bool cm = cb->attn_cluster_merge && nw == 1 && splits >= 2 && splits <= 8;
+    // Decode splits of 2..8 merge inside their cluster (no partials in global memory, no reduce)
+    // while the grid fits in one CTA per SM: past that the clusters cost more than the reduce
+    // (q3m batch 64: -2.4%; batch 1 +0.9%, docs/perf.md session 8).
+    const bool cm = cb->attn_cluster_merge && nw == 1 && splits >= 2 && splits <= 8 &&
+                    base_ctas * splits <= cb->num_sms;
     if (D == 64)
         attn_dispatch<64>(p, grid, nw, fp8, cm, cb->stream);
     else
