@@ -280,8 +280,12 @@ TEST(cuda_embedding_matches_cpu) {
 
 TEST(cuda_rmsnorm_and_add_rmsnorm_match_cpu) {
     BEGIN();
-    int64_t shapes[][2] = {{7, 4096}, {33 * 8, 128}, {5, 100}, {3, 1000}, {2, 8192}, {1, 2049}};
-    for (int s = 0; s < 6; s++) {
+    // Block kernels with the row in registers: 2048 (256 threads, one vector each), 4096 and
+    // 8192 (512 threads, one and two), 6000 (the second vector of some threads only); 2049:
+    // the scalar path; 12288: past the register rows.
+    int64_t shapes[][2] = {{7, 4096}, {33 * 8, 128}, {5, 100}, {3, 1000}, {2, 8192},
+                           {1, 2049}, {3, 2048},    {1, 6000}, {2, 12288}};
+    for (int s = 0; s < 9; s++) {
         int64_t r = shapes[s][0], d = shapes[s][1];
         float *x = rand_vec(r * d, 2.f), *res = rand_vec(r * d, 2.f), *w = rand_vec(d, 1.f);
         struct tensor wg = upload_w(&P, G, w, 1, d), wc = upload_w(&P, CP, w, 1, d);

@@ -239,8 +239,8 @@ template <typename T, int N> __device__ __forceinline__ void vec_store(T *p, con
 // that shortens every gap of the replayed CUDA graph. cuBLASLt kernels are launched normally
 // (they cannot wait), so a kernel after them still starts only after they finish.
 // Before the wait a kernel may only read what no kernel of the chain it waits on writes, and
-// writes nothing. Three do, to overlap their first loads with the previous kernel's tail
-// (docs/perf.md session 6): the GEMVs (weights), the attention in pure decode batches
+// writes nothing. Four do, to overlap their first loads with the previous kernel's tail
+// (docs/perf.md sessions 6 and 8): the GEMVs and the block RMSNorm (weights), the attention in pure decode batches
 // (host-copied metadata, and a first KV tile holding only earlier steps' positions) and the
 // MoE slot down kernel (weights and the routing ids: its grid starts only after every gate_up
 // block has passed its own wait, so the routing two kernels back has completed). A block's

@@ -24,7 +24,8 @@
     }
 
 // ---------------------------------------------------------------------------------------
-// RMSNorm. One warp per row for d <= 1024, one 256-thread block per row otherwise.
+// RMSNorm. One warp per row for d <= 1024, one block per row otherwise (256 threads, 512 from
+// d = 4096; rows of up to two 16-byte vectors per thread in registers, see below).
 // V = elements per vector access (16 bytes of T, or 1 on the scalar path).
 
 template <typename T, typename W, int V, bool ADD>
@@ -100,6 +101,61 @@ __global__ void rmsnorm_block_kernel(T *out, T *res, const T *x, const W *w, int
                               blockDim.x, red);
 }
 
+// Rows of at most R vectors per thread (the hidden sizes of every model served: 2048 at 256
+// threads, 4096-8192 at 512): the row stays in registers between the two passes and the
+// weights are loaded before the PDL wait (no kernel writes them), so after the wait there is
+// one global round trip (x and the residual) instead of three (x and the residual, the
+// residual again, the weights). The arithmetic and its order are rmsnorm_row's. In the
+// batch-1 decode chain this norm runs twice a layer between two GEMVs and is all latency.
+template <typename T, typename W, int V, bool ADD, int R>
+__global__ void rmsnorm_block_reg_kernel(T *out, T *res, const T *x, const W *w, int64_t rows, int d, float eps) {
+    __shared__ float red[32];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    float ww[R][V], a[R][V];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int i = (tid + r * nt) * V;
+        if (i < d) vec_load<W, V>(w + i, ww[r]);
+    }
+    pdl_begin();
+    const size_t off = (size_t)blockIdx.x * d;
+    const T *src = ADD ? res + off : x + off;
+    float ss = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int i = (tid + r * nt) * V;
+        if (i >= d) continue;
+        vec_load<T, V>(src + i, a[r]);
+        if (ADD && x) {
+            float bx[V];
+            vec_load<T, V>(x + off + i, bx);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                a[r][j] = to_f32(from_f32<T>(a[r][j] + bx[j])); // the residual as stored
+            vec_store<T, V>(res + off + i, a[r]);
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            ss += a[r][j] * a[r][j];
+    }
+    ss = warp_sum(ss);
+    if ((tid & 31) == 0) red[tid / 32] = ss;
+    __syncthreads();
+    float t = 0.f;
+    for (int k = 0; k < nt / 32; k++)
+        t += red[k];
+    const float rr = rsqrtf(t / (float)d + eps);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int i = (tid + r * nt) * V;
+        if (i >= d) continue;
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            a[r][j] = a[r][j] * rr * ww[r][j];
+        vec_store<T, V>(out + off + i, a[r]);
+    }
+}
+
 template <typename T, typename W, bool ADD>
 static void rmsnorm_launch(cudaStream_t s, T *out, T *res, const T *x, const W *w, int64_t rows, int d, float eps) {
     constexpr int VT = 16 / sizeof(T);
@@ -114,7 +170,13 @@ static void rmsnorm_launch(cudaStream_t s, T *out, T *res, const T *x, const W *
             pdl_launch(rmsnorm_warp_kernel<T, W, 1, ADD>, grid, 256, 0, s, out, res, x, w, rows, d, eps);
     } else {
         unsigned threads = d >= 4096 ? 512 : 256;
-        if (vec)
+        if (vec && d <= (int64_t)threads * VT)
+            pdl_launch(rmsnorm_block_reg_kernel<T, W, VT, ADD, 1>, (unsigned)rows, threads, 0, s, out, res, x, w, rows,
+                       d, eps);
+        else if (vec && d <= 2 * (int64_t)threads * VT)
+            pdl_launch(rmsnorm_block_reg_kernel<T, W, VT, ADD, 2>, (unsigned)rows, threads, 0, s, out, res, x, w, rows,
+                       d, eps);
+        else if (vec)
             pdl_launch(rmsnorm_block_kernel<T, W, VT, ADD>, (unsigned)rows, threads, 0, s, out, res, x, w, rows, d,
                        eps);
         else
