@@ -23,6 +23,8 @@ static void throughput_usage(FILE *f) {
             "  --num-prompts N (default 1000)  --input-len I (default 1024)  --output-len O (default 128)\n"
             "  --prefix-len P (first P tokens shared by all prompts, default 0)\n"
             "  --seed S (prompt generator, default 0)  --output-json FILE\n"
+            "  An offline run: --max-num-batched-tokens defaults to 16384 on CUDA, as for vLLM's offline\n"
+            "  engines on H100 / H200-class GPUs (the server's default stays 8192).\n"
             "%s",
             CLI_ENGINE_OPTIONS_HELP);
 }
@@ -97,6 +99,10 @@ int cmd_bench_throughput(int argc, char **argv) {
         return 2;
     }
     if (ea.o.max_model_len == 0) ea.o.max_model_len = in_len + out_len;
+    // vLLM's offline (LLM class) default on H100 / H200-class GPUs: larger prefill chunks keep the
+    // grouped MoE GEMMs of a chunk fuller (Qwen3-30B-A3B 1K/1K +1.1%, docs/perf.md session 8).
+    if (ea.o.max_num_batched_tokens <= 0 && ea.o.device && !strcmp(ea.o.device, "cuda"))
+        ea.o.max_num_batched_tokens = 16384;
     atomc_engine *e;
     char err[1024];
     if (atomc_engine_create(&ea.o, &e, err, sizeof err) != ATOMC_OK) {
