@@ -55,7 +55,7 @@ typedef struct atomc_engine_options {
     const char *generation_config; // "auto" (default: read generation_config.json) or "vllm" (ignore it)
     int max_model_len;             // 0 = the model's own limit
     int max_num_seqs;              // 0 = auto: 256 (cuda), 16 (cpu)
-    int max_num_batched_tokens;    // 0 = auto: 8192 (cuda), 2048 (cpu); at least max_num_seqs
+    int max_num_batched_tokens;    // 0 = auto: 8192 (cuda; 16384 when offline), 2048 (cpu); at least max_num_seqs
     int block_size;                // KV tokens per block, default 16
     int num_kv_blocks;             // 0 = sized automatically
     double gpu_memory_utilization; // default 0.9
@@ -67,6 +67,8 @@ typedef struct atomc_engine_options {
     int tensor_parallel_size;      // default 1
     int max_waiting;               // bounded waiting queue (ATOMC_ERR_BUSY past it); 0 = unbounded
     const char *profile_dir;       // enables atomc_engine_start_profile / stop_profile (Chrome traces written here)
+    bool offline;                  // batch use, every request known up front (bench throughput): vLLM's
+                                   // offline defaults (larger prefill chunks on CUDA)
 } atomc_engine_options;
 
 void atomc_engine_options_init(atomc_engine_options *o);

@@ -411,6 +411,37 @@ TEST(engine_rejects_bad_requests) {
     atomc_engine_free(e);
 }
 
+// The automatic scheduler limits (vLLM's defaults where they overlap): CPU 16 / 2048, CUDA 256 /
+// 8192 for serving and 16384 offline; explicit values win; the token budget is raised to
+// max_num_seqs only when it was left automatic.
+TEST(engine_resolve_limits_defaults) {
+    atomc_engine_options o;
+    atomc_engine_options_init(&o);
+    int seqs = 0, tokens = 0;
+    engine_resolve_limits(&o, &seqs, &tokens); // device NULL: the CPU
+    ASSERT_EQ(seqs, 16);
+    ASSERT_EQ(tokens, 2048);
+    o.offline = true;
+    engine_resolve_limits(&o, &seqs, &tokens);
+    ASSERT_EQ(tokens, 2048); // the offline chunk is a CUDA default only
+    o.device = "cuda";
+    o.offline = false;
+    engine_resolve_limits(&o, &seqs, &tokens);
+    ASSERT_EQ(seqs, 256);
+    ASSERT_EQ(tokens, 8192);
+    o.offline = true;
+    engine_resolve_limits(&o, &seqs, &tokens);
+    ASSERT_EQ(tokens, 16384);
+    o.max_num_batched_tokens = 4096;
+    engine_resolve_limits(&o, &seqs, &tokens);
+    ASSERT_EQ(tokens, 4096);
+    o.max_num_batched_tokens = 0;
+    o.max_num_seqs = 20000;
+    engine_resolve_limits(&o, &seqs, &tokens);
+    ASSERT_EQ(seqs, 20000);
+    ASSERT_EQ(tokens, 20000);
+}
+
 TEST(engine_max_waiting_gives_busy) {
     atomc_engine_options o;
     atomc_engine_options_init(&o);

@@ -99,10 +99,7 @@ int cmd_bench_throughput(int argc, char **argv) {
         return 2;
     }
     if (ea.o.max_model_len == 0) ea.o.max_model_len = in_len + out_len;
-    // vLLM's offline (LLM class) default on H100 / H200-class GPUs: larger prefill chunks keep the
-    // grouped MoE GEMMs of a chunk fuller (Qwen3-30B-A3B 1K/1K +1.1%, docs/perf.md session 8).
-    if (ea.o.max_num_batched_tokens <= 0 && ea.o.device && !strcmp(ea.o.device, "cuda"))
-        ea.o.max_num_batched_tokens = 16384;
+    ea.o.offline = true;
     atomc_engine *e;
     char err[1024];
     if (atomc_engine_create(&ea.o, &e, err, sizeof err) != ATOMC_OK) {
