@@ -561,63 +561,48 @@ template <int D, int NW, int KS, typename KVT> constexpr size_t attn_smem() {
     return main > merge ? main : merge;
 }
 
-// Variants: NW = 4 row warps (prefill tiles), or 1 row warp with KS = 4 KV-split warps (decode).
+// Variants: NW = 4 row warps (prefill tiles), or 1 row warp with KS = 4 KV-split warps (decode);
+// CM: the decode kernel whose splits merge inside their cluster.
+template <int NW> constexpr int attn_ks() {
+    return NW == 1 ? 4 : 1;
+}
+
 template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *cb) {
-    constexpr int KS = NW == 1 ? 4 : 1;
-    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)attn_smem<D, NW, KS, KVT>()));
+    constexpr int KS = attn_ks<NW>();
+    constexpr int smem = (int)attn_smem<D, NW, KS, KVT>();
+    CUDA_CHECK(
+        cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int occ = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, NW, KS, KVT>, NW * KS * 32,
-                                                             attn_smem<D, NW, KS, KVT>()));
+                                                             smem));
     cb->attn_occupancy[D == 128][NW == 4][sizeof(KVT) == 1] = occ > 0 ? occ : 1;
     if constexpr (NW == 1)
-        CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, 1, 4, KVT, true>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_smem<D, 1, 4, KVT>()));
+        CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT, true>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 
-template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
-    constexpr int KS = NW == 1 ? 4 : 1;
-    pdl_launch(paged_attention_kernel<D, NW, KS, KVT>, grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s, p);
+// CM: the splits of each (sequence, KV head), consecutive along z, launch as one cluster.
+template <int D, int NW, typename KVT, bool CM = false> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
+    constexpr int KS = attn_ks<NW>();
+    pdl_launch_cluster(paged_attention_kernel<D, NW, KS, KVT, CM>, grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s,
+                       CM ? (unsigned)p.n_splits : 1u, p);
     CUDA_CHECK_LAUNCH();
 }
 
-// The decode kernel with the splits of each (sequence, KV head) as one cluster.
-template <int D, typename KVT> void attn_launch_cm(const attn_params &p, dim3 grid, cudaStream_t s) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(4 * 32);
-    cfg.dynamicSmemBytes = attn_smem<D, 1, 4, KVT>();
-    cfg.stream = s;
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = (unsigned)p.n_splits;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl_enabled() ? 2 : 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, paged_attention_kernel<D, 1, 4, KVT, true>, p));
-    CUDA_CHECK_LAUNCH();
+template <int D, typename KVT> void attn_dispatch_kv(const attn_params &p, dim3 grid, int nw, bool cm, cudaStream_t s) {
+    if (nw == 4)
+        attn_launch<D, 4, KVT>(p, grid, s);
+    else if (cm)
+        attn_launch<D, 1, KVT, true>(p, grid, s);
+    else
+        attn_launch<D, 1, KVT>(p, grid, s);
 }
 
 template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, bool fp8, bool cm, cudaStream_t s) {
-    if (nw == 1 && cm) {
-        if (fp8)
-            attn_launch_cm<D, __nv_fp8_e4m3>(p, grid, s);
-        else
-            attn_launch_cm<D, __nv_bfloat16>(p, grid, s);
-    } else if (nw == 1) {
-        if (fp8)
-            attn_launch<D, 1, __nv_fp8_e4m3>(p, grid, s);
-        else
-            attn_launch<D, 1, __nv_bfloat16>(p, grid, s);
-    } else {
-        if (fp8)
-            attn_launch<D, 4, __nv_fp8_e4m3>(p, grid, s);
-        else
-            attn_launch<D, 4, __nv_bfloat16>(p, grid, s);
-    }
+    if (fp8)
+        attn_dispatch_kv<D, __nv_fp8_e4m3>(p, grid, nw, cm, s);
+    else
+        attn_dispatch_kv<D, __nv_bfloat16>(p, grid, nw, cm, s);
 }
 
 } // namespace

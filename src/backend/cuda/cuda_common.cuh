@@ -240,9 +240,9 @@ template <typename T, int N> __device__ __forceinline__ void vec_store(T *p, con
 // (they cannot wait), so a kernel after them still starts only after they finish.
 // Before the wait a kernel may only read what no kernel of the chain it waits on writes, and
 // writes nothing. Four do, to overlap their first loads with the previous kernel's tail
-// (docs/perf.md sessions 6 and 8): the GEMVs and the block RMSNorm (weights), the attention in pure decode batches
-// (host-copied metadata, and a first KV tile holding only earlier steps' positions) and the
-// MoE slot down kernel (weights and the routing ids: its grid starts only after every gate_up
+// (docs/perf.md sessions 6 and 8): the GEMVs and the block RMSNorm (weights), the attention
+// in pure decode batches (host-copied metadata, and a first KV tile holding only earlier steps'
+// positions) and the MoE slot down kernel (weights and the routing ids: its grid starts only after every gate_up
 // block has passed its own wait, so the routing two kernels back has completed). A block's
 // trigger always follows its wait, so a grid starts only after the grid two launches back has
 // completed. ATOMC_PDL=0 turns the attribute off (A/B measurements).
@@ -261,19 +261,33 @@ static inline bool pdl_enabled() {
     return on;
 }
 
+// cluster_z > 1: the grid's blocks form clusters of that many consecutive blocks along z.
 template <typename... K, typename... A>
-static inline void pdl_launch(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
+static inline void pdl_launch_cluster(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                      unsigned cluster_z, A &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (pdl_enabled()) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_z > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n++].val.clusterDim = {1, 1, cluster_z};
+    }
     cfg.attrs = at;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = n;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
+
+template <typename... K, typename... A>
+static inline void pdl_launch(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
+    pdl_launch_cluster(kernel, grid, block, smem, s, 1, std::forward<A>(args)...);
 }
 
 // Tensor-core building blocks (mma.sync m16n8k16 bf16 -> f32, ldmatrix, cp.async), shared by
