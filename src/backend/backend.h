@@ -163,8 +163,9 @@ struct backend_ops {
     // out(n, d) = table[ids[i]] ; ids (n) device int32.
     void (*embedding)(struct backend *b, struct tensor *out, const struct tensor *table, const int32_t *ids);
     // out = x / rms(x) * w over the last dim; works on any (rows, d) view (also per-head q/k norm).
+    // w is a weight, as in matmul (CUDA may read it before the previous kernel has finished).
     void (*rmsnorm)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w, float eps);
-    // residual += x ; out = rmsnorm(residual) * w. (x may be NULL: then only the norm.)
+    // residual += x ; out = rmsnorm(residual) * w. (x may be NULL: then only the norm.) w: a weight.
     void (*add_rmsnorm)(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
                         const struct tensor *w, float eps);
     // out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)). w is in the weight dtype; out is in the act

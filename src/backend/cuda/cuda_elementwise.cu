@@ -28,44 +28,53 @@
 // d = 4096; rows of up to two 16-byte vectors per thread in registers, see below).
 // V = elements per vector access (16 bytes of T, or 1 on the scalar path).
 
-template <typename T, typename W, int V, bool ADD>
-__device__ __forceinline__ void rmsnorm_row(T *out, T *res, const T *x, const W *w, int d, float eps, int lane,
-                                            int nthreads, float *red) {
-    // Pass 1: (residual += x) and sum of squares.
-    float ss = 0.f;
-    for (int i = lane * V; i < d; i += nthreads * V) {
-        float a[V];
-        if (ADD) {
+// Pass 1 of one vector of the row at i: a = the residual plus x, rounded as stored and written
+// back (ADD; x NULL: the residual alone), or x; its squares are added to ss in element order.
+template <typename T, int V, bool ADD>
+__device__ __forceinline__ void rmsnorm_pass1(float (&a)[V], float &ss, T *res, const T *x, int i) {
+    if (ADD) {
+        vec_load<T, V>(res + i, a);
+        if (x) {
             float bx[V];
-            vec_load<T, V>(res + i, a);
-            if (x) {
-                vec_load<T, V>(x + i, bx);
+            vec_load<T, V>(x + i, bx);
 #pragma unroll
-                for (int j = 0; j < V; j++)
-                    a[j] += bx[j];
-#pragma unroll
-                for (int j = 0; j < V; j++)
-                    a[j] = to_f32(from_f32<T>(a[j])); // the residual as stored
-                vec_store<T, V>(res + i, a);
-            }
-        } else {
-            vec_load<T, V>(x + i, a);
+            for (int j = 0; j < V; j++)
+                a[j] = to_f32(from_f32<T>(a[j] + bx[j])); // the residual as stored
+            vec_store<T, V>(res + i, a);
         }
-#pragma unroll
-        for (int j = 0; j < V; j++)
-            ss += a[j] * a[j];
+    } else {
+        vec_load<T, V>(x + i, a);
     }
+#pragma unroll
+    for (int j = 0; j < V; j++)
+        ss += a[j] * a[j];
+}
+
+// 1 / rms of the row from every thread's sum of squares: over the warp, then over the block
+// through red (NULL: the warp is the row).
+__device__ __forceinline__ float rmsnorm_inv_rms(float ss, int d, float eps, int lane, int nthreads, float *red) {
     ss = warp_sum(ss);
-    if (red) { // block reduction
-        int wid = lane / 32;
-        if ((lane & 31) == 0) red[wid] = ss;
+    if (red) {
+        if ((lane & 31) == 0) red[lane / 32] = ss;
         __syncthreads();
         float t = 0.f;
         for (int i = 0; i < nthreads / 32; i++)
             t += red[i];
         ss = t;
     }
-    float r = rsqrtf(ss / (float)d + eps);
+    return rsqrtf(ss / (float)d + eps);
+}
+
+// Any row length: pass 2 reads the row (and the weights) again.
+template <typename T, typename W, int V, bool ADD>
+__device__ __forceinline__ void rmsnorm_row(T *out, T *res, const T *x, const W *w, int d, float eps, int lane,
+                                            int nthreads, float *red) {
+    float ss = 0.f;
+    for (int i = lane * V; i < d; i += nthreads * V) {
+        float a[V];
+        rmsnorm_pass1<T, V, ADD>(a, ss, res, x, i);
+    }
+    const float r = rmsnorm_inv_rms(ss, d, eps, lane, nthreads, red);
     const T *src = ADD ? res : x;
     for (int i = lane * V; i < d; i += nthreads * V) {
         float a[V], ww[V];
@@ -119,32 +128,13 @@ __global__ void rmsnorm_block_reg_kernel(T *out, T *res, const T *x, const W *w,
     }
     pdl_begin();
     const size_t off = (size_t)blockIdx.x * d;
-    const T *src = ADD ? res + off : x + off;
     float ss = 0.f;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int i = (tid + r * nt) * V;
-        if (i >= d) continue;
-        vec_load<T, V>(src + i, a[r]);
-        if (ADD && x) {
-            float bx[V];
-            vec_load<T, V>(x + off + i, bx);
-#pragma unroll
-            for (int j = 0; j < V; j++)
-                a[r][j] = to_f32(from_f32<T>(a[r][j] + bx[j])); // the residual as stored
-            vec_store<T, V>(res + off + i, a[r]);
-        }
-#pragma unroll
-        for (int j = 0; j < V; j++)
-            ss += a[r][j] * a[r][j];
+        if (i < d) rmsnorm_pass1<T, V, ADD>(a[r], ss, ADD ? res + off : nullptr, x ? x + off : nullptr, i);
     }
-    ss = warp_sum(ss);
-    if ((tid & 31) == 0) red[tid / 32] = ss;
-    __syncthreads();
-    float t = 0.f;
-    for (int k = 0; k < nt / 32; k++)
-        t += red[k];
-    const float rr = rsqrtf(t / (float)d + eps);
+    const float rr = rmsnorm_inv_rms(ss, d, eps, tid, nt, red);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int i = (tid + r * nt) * V;
