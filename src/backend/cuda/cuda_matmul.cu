@@ -9,12 +9,12 @@
 // so a cached call is capture-safe.
 //
 // Single-row BF16 products (n <= gemv_max_rows, default 1; k <= 8192; m <= 16384 unless n is
-// 1) skip cuBLASLt for a GEMV: one
-// warp per output column streams its weight row once with 16-byte non-allocating loads (eight
-// per lane in flight) and multiplies it into every row of x (x read through L1; it is tiny),
-// warp-sum, bias, store. Four warps per block, so an m = 4096 projection runs 1024 blocks that
-// spread evenly over the SMs, and there is no split-K reduce kernel: cuBLASLt's small-n
-// kernels reached 63-76% of HBM bandwidth on the attention projections (docs/perf.md).
+// 1) skip cuBLASLt for a GEMV: one warp per output column streams its weight row once with
+// 16-byte non-allocating loads (four per lane issued up front for one row, eight for several)
+// and multiplies it into every row of x (x read through L1; it is tiny), warp-sum, bias, store.
+// Four warps per block, so an m = 4096 projection runs 1024 blocks that spread evenly over the
+// SMs, and there is no split-K reduce kernel: cuBLASLt's small-n kernels reached 63-76% of HBM
+// bandwidth on the attention projections (docs/perf.md).
 #include "backend/cuda/cuda_common.cuh"
 
 #define GEMV_WARPS 4

@@ -127,8 +127,9 @@ __device__ __forceinline__ T block_reduce_all(typename cub::BlockReduce<T, NT>::
     return v;
 }
 
-__device__ vid block_all_reduce(sample_smem &sm, vid v, vid_first op) {
-    return block_reduce_all<ST>(sm.cub.vid_red, sm.b_vid, v, op);
+// The block's first (value, id) in the sampler's total order.
+__device__ vid block_first_vid(sample_smem &sm, vid v) {
+    return block_reduce_all<ST>(sm.cub.vid_red, sm.b_vid, v, vid_first());
 }
 __device__ float block_sum_f(sample_smem &sm, float v) {
     return block_reduce_all<ST>(sm.cub.f_red, sm.b_f, v, cuda::std::plus<>());
@@ -347,7 +348,7 @@ __global__ void __launch_bounds__(ST)
         row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float x) {
             if (before_in_order(x, i, best.v, best.id)) best = {x, i};
         });
-        best = block_all_reduce(sm, best, vid_first());
+        best = block_first_vid(sm, best);
         float s = 0.f;
         row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int, float x) { s += expf(x - best.v); });
         lse = best.v + logf(block_sum_f(sm, s));
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__(ST)
             row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float x) {
                 if (before_in_order(prev.v, prev.id, x, i) && before_in_order(x, i, b2.v, b2.id)) b2 = {x, i};
             });
-            b2 = block_all_reduce(sm, b2, vid_first());
+            b2 = block_first_vid(sm, b2);
             if (threadIdx.x == 0) {
                 bool ok = j < V;
                 out_top_ids[(size_t)r * n_logprobs + j] = ok ? b2.id : -1;
@@ -377,7 +378,7 @@ __global__ void __launch_bounds__(ST)
             float x = rv.pen(i, r);
             if (before_in_order(x, i, best.v, best.id)) best = {x, i};
         });
-        best = block_all_reduce(sm, best, vid_first());
+        best = block_first_vid(sm, best);
         chosen = best.id < V ? best.id : 0;
         wbest = best;
     }
@@ -415,7 +416,7 @@ __global__ void __launch_bounds__(ST)
                 row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float r) {
                     if (rv.wt_of(i, r) == rv.m && i < f.id) f = {rv.m, i};
                 });
-                f = block_all_reduce(sm, f, vid_first());
+                f = block_first_vid(sm, f);
                 bkey = f2key(rv.m);
                 bid = f.id;
             } else {
