@@ -549,6 +549,22 @@ TEST(cuda_attention_decode_split_kv_long_context) {
     END();
 }
 
+// Decode batches whose grids split the KV range 2..8 ways within one CTA per SM: the splits of a
+// (sequence, KV head) run as one cluster and merge through distributed shared memory
+// (cb->attn_cluster_merge) instead of the reduce kernel. Qwen3-30B-A3B's heads at a 640-token
+// context (6 splits, 24 CTAs), a second sequence of one tile (5 empty splits), FP8, sinks.
+TEST(cuda_attention_decode_cluster_merged_splits) {
+    BEGIN();
+    int qlen[] = {1, 1};
+    int ctx[] = {640, 40};
+    run_attention_case(&P, 128, 32, 4, DTYPE_BF16, 1, qlen, ctx, 0, false, NMSE_BF16);
+    run_attention_case(&P, 128, 32, 4, DTYPE_BF16, 2, qlen, ctx, 0, false, NMSE_BF16);
+    run_attention_case(&P, 128, 32, 4, DTYPE_FP8_E4M3, 2, qlen, ctx, 0, false, NMSE_BF16);
+    int c2[] = {700};
+    run_attention_case(&P, 64, 16, 2, DTYPE_BF16, 1, qlen, c2, 0, true, NMSE_BF16);
+    END();
+}
+
 TEST(cuda_attention_sliding_window_and_sinks) {
     BEGIN();
     int qlen[] = {1, 90, 1};
