@@ -88,7 +88,7 @@ struct mm_ctx {
 };
 static void mm_fn(void *c, int i) {
     struct mm_ctx *m = c;
-    B->ops->matmul(B, &m->out, &m->x, &m->w[i % m->ncopies], NULL);
+    B->ops->matmul(B, &m->out, &m->x, WEIGHT_PLAIN(&m->w[i % m->ncopies]), NULL);
 }
 
 static void bench_matmul(const char *name, int64_t n, int64_t mdim, int64_t k) {
@@ -280,7 +280,7 @@ struct moe_ctx {
 };
 static void moe_fn(void *c, int i) {
     struct moe_ctx *m = c;
-    B->ops->moe_experts(B, &m->out, &m->x, &m->gu[i % MOE_COPIES], &m->dn[i % MOE_COPIES], m->ids, m->w, m->slots,
+    B->ops->moe_experts(B, &m->out, &m->x, WEIGHT_PLAIN(&m->gu[i % MOE_COPIES]), WEIGHT_PLAIN(&m->dn[i % MOE_COPIES]), m->ids, m->w, m->slots,
                         m->ws);
 }
 

@@ -113,6 +113,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
         .enforce_eager = o->enforce_eager,
         .num_threads = o->num_threads,
         .dummy_seed = o->seed,
+        .moe_uniform_routing = o->moe_uniform_routing,
     };
     int tp_size = o->tensor_parallel_size > 0 ? o->tensor_parallel_size : 1;
     if (tp_size > 1) {

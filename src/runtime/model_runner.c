@@ -899,7 +899,9 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     r->max_rows = r->max_seqs;
 
     struct model_load_options lo = {.files = files, .dummy_seed = o->dummy_seed, .weight_dtype = wdt,
-                                    .tp_rank = o->tp_rank, .tp_size = o->tp_size, .comm = o->comm};
+                                    .kv_dtype = r->kv_dtype, .block_size = r->block_size, .tp_rank = o->tp_rank,
+                                    .tp_size = o->tp_size, .comm = o->comm,
+                                    .moe_force_uniform = o->moe_uniform_routing};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
     r->cfg = r->model->cfg; // the loader may have resolved tied embeddings

@@ -99,6 +99,8 @@ struct runner_options {
     // tp_size 0 or 1 = the whole model.
     int tp_rank, tp_size;
     struct comm *comm;
+    // BENCHMARK ONLY: balanced round-robin MoE routing (struct model_load_options).
+    bool moe_uniform_routing;
 };
 
 struct model_runner;

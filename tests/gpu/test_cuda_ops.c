@@ -327,12 +327,12 @@ TEST(cuda_matmul_matches_cpu) {
         struct tensor xg = mk2(&P, G, G->act_dtype, n, k, x), xc = mk2(&P, CP, CP->act_dtype, n, k, x);
         struct tensor og = mk2(&P, G, G->act_dtype, n, m, NULL), oc = mk2(&P, CP, CP->act_dtype, n, m, NULL);
         struct tensor bg = mk2(&P, G, G->act_dtype, 1, m, bv), bc = mk2(&P, CP, CP->act_dtype, 1, m, bv);
-        G->ops->matmul(G, &og, &xg, &wg, bias ? &bg : NULL);
-        CP->ops->matmul(CP, &oc, &xc, &wc, bias ? &bc : NULL);
+        G->ops->matmul(G, &og, &xg, WEIGHT_PLAIN(&wg), bias ? &bg : NULL);
+        CP->ops->matmul(CP, &oc, &xc, WEIGHT_PLAIN(&wc), bias ? &bc : NULL);
         ASSERT_TENSORS(og, oc, NMSE_BF16);
         // Same shape again: the cached plan gives the same result.
         struct tensor og2 = mk2(&P, G, G->act_dtype, n, m, NULL);
-        G->ops->matmul(G, &og2, &xg, &wg, bias ? &bg : NULL);
+        G->ops->matmul(G, &og2, &xg, WEIGHT_PLAIN(&wg), bias ? &bg : NULL);
         ASSERT_TENSORS(og2, oc, NMSE_BF16);
         free(x); free(w); free(bv);
     }
@@ -345,8 +345,8 @@ TEST(cuda_matmul_matches_cpu) {
         struct tensor wg = upload_w(&P, G, w, m, k), wc = upload_w(&P, CP, w, m, k);
         struct tensor xg = mk2(&P, G, G->act_dtype, n, k, x), xc = mk2(&P, CP, CP->act_dtype, n, k, x);
         struct tensor og = mk2(&P, G, DTYPE_F32, n, m, NULL), oc = mk2(&P, CP, CP->act_dtype, n, m, NULL);
-        G->ops->matmul(G, &og, &xg, &wg, NULL);
-        CP->ops->matmul(CP, &oc, &xc, &wc, NULL);
+        G->ops->matmul(G, &og, &xg, WEIGHT_PLAIN(&wg), NULL);
+        CP->ops->matmul(CP, &oc, &xc, WEIGHT_PLAIN(&wc), NULL);
         ASSERT_TENSORS(og, oc, 1e-5);
         free(x); free(w);
     }
@@ -870,10 +870,10 @@ TEST(cuda_graph_replay_equals_eager) {
 #define STEP()                                                                       \
     do {                                                                             \
         G->ops->rmsnorm(G, &h, &xt, &nwt, 1e-5f);                                    \
-        G->ops->matmul(G, &qkv, &h, &wt, NULL);                                      \
+        G->ops->matmul(G, &qkv, &h, WEIGHT_PLAIN(&wt), NULL);                                      \
         G->ops->rope_kv_write(G, &q, &k, &v, stride, &ra, &kv, &md);                 \
         G->ops->attention(G, &att, &q, stride, &kv, &md, 0.0883883f, 0, NULL);       \
-        G->ops->matmul(G, &outb, &att2, &wot, NULL);                                 \
+        G->ops->matmul(G, &outb, &att2, WEIGHT_PLAIN(&wot), NULL);                                 \
         G->ops->convert(G, &out, &outb);                                             \
     } while (0)
     float *eager[2], *replay[2];

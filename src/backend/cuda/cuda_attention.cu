@@ -33,7 +33,7 @@
 
 namespace {
 
-constexpr int BN = 64; // KV tokens per tile
+constexpr int BN = CUDA_ATTN_BN; // KV tokens per tile
 constexpr int PAD = 8; // bf16 elements of padding per shared row (conflict-free ldmatrix)
 constexpr int MAX_SPLITS = 128;
 

@@ -377,6 +377,7 @@ extern "C" atomc_status backend_cuda_create(const struct backend_options *o, str
     struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof *cb);
     if (!cb) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory");
     cb->base.ops = &cuda_ops;
+    cb->base.caps = &backend_cuda_caps;
     cb->base.kind = BACKEND_CUDA;
     cb->base.act_dtype = DTYPE_BF16;
     cb->base.weight_dtype = DTYPE_BF16;

@@ -26,6 +26,7 @@
 
 extern "C" {
 #include "backend/backend.h"
+#include "backend/cuda/cuda_limits.h"
 #include "common/check.h"
 #include "common/error.h"
 }
@@ -365,7 +366,7 @@ void cuda_op_embedding(struct backend *b, struct tensor *out, const struct tenso
 void cuda_op_rmsnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w, float eps);
 void cuda_op_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
                          const struct tensor *w, float eps);
-void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *w,
                     const struct tensor *bias);
 void cuda_op_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
                            int64_t row_stride, const struct rope_args *rope, struct kv_layer *kv,
@@ -382,8 +383,8 @@ void cuda_op_sample(struct backend *b, const struct sample_args *a);
 // Mixture of experts (cuda_moe.cu).
 void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
                        int32_t *topk_ids, float *topk_w);
-void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
-                         const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
+                         const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                          void *workspace);
 atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
                                   struct error *err);

@@ -42,7 +42,7 @@
 #include <type_traits>
 
 #define MOE_ROUTE_WARPS 4
-#define MOE_MAX_EXPERTS 1024
+#define MOE_MAX_EXPERTS CUDA_MOE_MAX_EXPERTS
 #define MOE_BN 64
 #define MOE_BK 32
 #define MOE_THREADS 256
@@ -835,9 +835,12 @@ void cuda_moe_init(struct cuda_backend *cb) {
 #undef MOE_SLOT_ATTR
 }
 
-void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
-                         const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,
+                         const struct weight *down_w, const int32_t *topk_ids, const float *topk_w, int n_slots,
                          void *workspace) {
+    CHECK_MSG(gate_up_w->scheme == WEIGHT_SCHEME_NONE && down_w->scheme == WEIGHT_SCHEME_NONE,
+              "CUDA moe_experts: weight scheme %s not implemented", weight_scheme_name(gate_up_w->scheme));
+    const struct tensor *gate_up = &gate_up_w->t, *down = &down_w->t;
     CHECK(gate_up->ndim == 3 && down->ndim == 3 && x->dtype == out->dtype && gate_up->dtype == x->dtype &&
           down->dtype == x->dtype);
     const int64_t n = tensor_rows(x), H = tensor_cols(x), I = down->ne[2];
