@@ -813,7 +813,8 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
         st = block_manager_create(e->su.num_kv_blocks, e->block_size, o->enable_prefix_caching, &e->bm, err);
     if (st == ATOMC_OK) {
         struct scheduler_config sc = {.max_num_seqs = e->max_num_seqs,
-                                      .max_num_batched_tokens = e->max_num_batched_tokens};
+                                      .max_num_batched_tokens = e->max_num_batched_tokens,
+                                      .sliding_window = e->su.sliding_window};
         st = scheduler_create(&sc, e->bm, &e->sched, err);
     }
     pthread_mutex_init(&e->mu, NULL);

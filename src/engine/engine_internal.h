@@ -51,6 +51,7 @@ struct engine_setup {
     int num_kv_blocks;
     int vocab_size;
     int max_model_len;              // the model's limit (options may lower it)
+    int sliding_window;             // model_runner_sliding_window: > 0 frees blocks out of the window
     int32_t eos_ids[ENGINE_MAX_EOS]; // config + generation_config + tokenizer
     int n_eos;
     atomc_model_info info;          // strings must outlive the engine (owned by ctx / strings below)
