@@ -176,10 +176,11 @@ double model_moe_decode_weight_bytes(const struct model_config *c, double weight
 // Load / free
 
 // The plan of every layer under cfg's architecture, evaluated on a model holding only cfg (the
-// plan depends on the config alone), for parameter counts.
+// plan depends on the config alone), for parameter counts. 0 for an architecture the engine does
+// not implement (such a model never loads).
 int64_t model_param_count(const struct model_config *c) {
     const struct model_arch_def *def = model_arch_find(c->arch);
-    if (!def) def = &model_arch_llama; // configs of unimplemented families: counted as a Llama-like stack
+    if (!def) return 0;
     struct model m = {.cfg = *c, .q_dim = c->num_heads * c->head_dim, .kv_dim = c->num_kv_heads * c->head_dim};
     int64_t n = (int64_t)c->vocab_size * c->hidden_size * (c->tie_word_embeddings ? 1 : 2) + c->hidden_size;
     for (int l = 0; l < c->num_layers; l++) {
