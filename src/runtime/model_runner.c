@@ -33,6 +33,7 @@
 #include "common/timeutil.h"
 #include "loader/model_files.h"
 #include "model/model.h"
+#include "model/quant.h"
 
 #define RUNNER_MAX_LOGPROBS 20
 #define RUNNER_MAX_GRAPHS 64
@@ -874,6 +875,7 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
         st = runner_read_dummy_config(o->model_path, &r->cfg, err);
     } else {
         st = model_files_open(&files, o->model_path, err);
+        if (st == ATOMC_OK) st = model_quant_check(&files->config, err);
         if (st == ATOMC_OK) r->cfg = files->config;
     }
     if (st != ATOMC_OK) goto fail;
@@ -902,6 +904,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
                                     .tp_rank = o->tp_rank, .tp_size = o->tp_size, .comm = o->comm};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
+    // Rank 0 reads every tensor (other ranks skip the row-parallel biases).
+    if (files && o->tp_rank == 0 && (st = model_files_check_consumed(files, err))) goto fail;
     r->cfg = r->model->cfg; // the loader may have resolved tied embeddings
     LOG_INFO("weights: %.1f MiB as %s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt),
              time_now_s() - tw, dummy ? " (dummy)" : "");
