@@ -781,9 +781,7 @@ atomc_status model_files_check_consumed(const struct model_files *mf, struct err
     }
     if (n_unread == 0) return ATOMC_OK;
     return error_set(err, ATOMC_ERR_UNSUPPORTED,
-                     "%s: tensor '%s' (%s%s) is not used by the %s model: atomc would ignore it, and a scale, zero "
-                     "point or other quantization tensor ignored gives wrong outputs; %zu tensor%s of the checkpoint "
-                     "%s never read",
-                     first_file, first, first_dtype, why, mf->config.architecture, n_unread, n_unread == 1 ? "" : "s",
-                     n_unread == 1 ? "is" : "are");
+                     "%s: tensor '%s' (%s%s) is never read by the %s loader (%zu unread tensor%s in all); refusing "
+                     "to load, since an ignored scale, zero point or other tensor silently gives wrong outputs",
+                     first_file, first, first_dtype, why, mf->config.architecture, n_unread, n_unread == 1 ? "" : "s");
 }
