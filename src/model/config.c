@@ -823,7 +823,7 @@ static atomc_status parse_quant_object(struct ctx *x, const json_t *o, const cha
         return missing(x, p);
     }
     q->present = true;
-    snprintf(q->origin, sizeof q->origin, "%.31s", origin);
+    snprintf(q->origin, sizeof q->origin, "%.47s", origin);
     switch (q->method) {
     case QUANT_METHOD_FP8: return parse_quant_fp8(x, o, origin, q);
     case QUANT_METHOD_COMPRESSED_TENSORS: return parse_quant_ct(x, o, origin, q);

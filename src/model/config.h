@@ -127,7 +127,7 @@ struct quant_scheme {
 
 struct quant_config {
     bool present;
-    char origin[32];             // where it was found: "quantization_config", "quantize_config.json", ...
+    char origin[48];             // where it was found: "quantization_config", "quantize_config.json", ...
     enum quant_method method;
     char method_name[32];        // quant_method as written
     char format[32];             // compressed-tensors `format`, fp8 `fmt`, GPTQ checkpoint_format, AWQ version,
