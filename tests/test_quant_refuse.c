@@ -610,6 +610,54 @@ TEST(smollm2_reads_every_tensor) {
     ASSERT_OK(st);
 }
 
+// Quantization configs beside config.json: AutoGPTQ's quantize_config.json (no
+// quant_method: GPTQ) and ModelOpt's hf_quant_config.json.
+TEST(side_files_quantize_config_and_hf_quant_config) {
+    static const struct {
+        const char *file, *json;
+        enum quant_method method;
+        const char *format, *needle;
+    } cases[] = {
+        {"quantize_config.json", "{\"bits\": 4, \"group_size\": 128, \"desc_act\": false, \"sym\": true}",
+         QUANT_METHOD_GPTQ, "gptq", "quantize_config.json: quant_method 'gptq' (format gptq; weights int4, strategy "
+                                   "group, group_size 128"},
+        {"hf_quant_config.json",
+         "{\"producer\": {\"name\": \"modelopt\", \"version\": \"0.29\"}, \"quantization\": {\"quant_algo\": \"FP8\", "
+         "\"kv_cache_quant_algo\": null, \"exclude_modules\": [\"lm_head\"]}}",
+         QUANT_METHOD_MODELOPT, "FP8", "hf_quant_config.json: quant_method 'modelopt' (format FP8; weights float8, "
+                                      "strategy tensor"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[32], dir[600], p[700];
+        snprintf(name, sizeof name, "side_%zu", i);
+        snprintf(dir, sizeof dir, "%s", copy_fixture_dir("models/llama_gqa", name));
+        snprintf(p, sizeof p, "%s/%s", dir, cases[i].file);
+        test_write_file(p, cases[i].json, strlen(cases[i].json));
+        struct error e = {0};
+        struct model_files *mf;
+        ASSERT_OK(model_files_open(&mf, dir, &e)); // opening (inspect) does not refuse
+        ASSERT_TRUE(mf->config.quant.present);
+        ASSERT_EQ(mf->config.quant.method, cases[i].method);
+        ASSERT_STREQ(mf->config.quant.origin, cases[i].file);
+        ASSERT_STREQ(mf->config.quant.format, cases[i].format);
+        model_files_close(mf);
+        ASSERT_EQ(runner_open(dir, &e), ATOMC_ERR_UNSUPPORTED);
+        ASSERT_TRUE(has(e.msg, cases[i].needle));
+    }
+    // Malformed: FORMAT naming the file and the field.
+    char dir[600], p[700];
+    snprintf(dir, sizeof dir, "%s", copy_fixture_dir("models/llama_gqa", "side_bad"));
+    snprintf(p, sizeof p, "%s/quantize_config.json", dir);
+    test_write_file(p, "{\"bits\": \"4\"}", 13);
+    struct error e = {0};
+    struct model_files *mf;
+    ASSERT_EQ(model_files_open(&mf, dir, &e), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(has(e.msg, "quantize_config.json: key 'quantize_config.json.bits' must be an integer, got a string"));
+    test_write_file(p, "{\"bits\": 4,", 11);
+    ASSERT_EQ(model_files_open(&mf, dir, &e), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(has(e.msg, "quantize_config.json: invalid JSON"));
+}
+
 // HF exemptions: rotary inv_freq buffers, and lm_head.weight beside tied embeddings; any
 // other extra tensor, and a shard tensor the index does not list, is refused.
 TEST(exempt_tensors_and_shard_tensors_outside_the_index) {
