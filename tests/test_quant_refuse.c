@@ -206,6 +206,18 @@ TEST(compressed_tensors_groups_kv_cache_sparsity) {
                        "group_size 32, asymmetric, actorder weight"));
     ASSERT_TRUE(has(d, "kv cache: float8, strategy tensor"));
     ASSERT_TRUE(has(d, "sparsity: sparse-24-bitmask"));
+
+    // group_size -1 means per channel; block_structure may be spelled "RxC"; names are case-blind.
+    ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"config_groups\": {"
+                         "\"a\": {\"weights\": {\"num_bits\": 4, \"group_size\": -1}}, "
+                         "\"b\": {\"weights\": {\"type\": \"FLOAT\", \"strategy\": \"Block\", \"block_structure\": \"128x64\"}}}}",
+                         &e));
+    ASSERT_EQ(q->schemes[0].weights.strategy, QUANT_STRATEGY_CHANNEL);
+    ASSERT_EQ(q->schemes[0].weights.group_size, 0);
+    ASSERT_EQ(q->schemes[1].weights.strategy, QUANT_STRATEGY_BLOCK);
+    ASSERT_EQ(q->schemes[1].weights.type, QUANT_TYPE_FLOAT);
+    ASSERT_EQ(q->schemes[1].weights.block_size[0], 128);
+    ASSERT_EQ(q->schemes[1].weights.block_size[1], 64);
 }
 
 TEST(legacy_compression_config) {
@@ -338,6 +350,12 @@ TEST(malformed_quantization_configs_name_the_field) {
         {"\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": "
          "{\"weights\": 8}}}",
          "key 'quantization_config.config_groups.group_0.weights' must be an object or null, got an integer"},
+        {"\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": "
+         "{\"weights\": {\"group_size\": 0}}}}",
+         "key 'quantization_config.config_groups.group_0.weights.group_size' must be -1 or positive, got 0"},
+        {"\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": "
+         "{\"weights\": {\"strategy\": \"block\", \"block_structure\": \"128by128\"}}}}",
+         "key 'quantization_config.config_groups.group_0.weights.block_structure' = \"128by128\" must be \"RxC\""},
         {"\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"sparsity_config\": \"24\"}",
          "key 'quantization_config.sparsity_config' must be an object or null"},
         {"\"quantization_config\": {\"quant_method\": \"gptq\", \"group_size\": 128}",

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -508,7 +509,6 @@ static atomc_status get_name_list(struct ctx *x, const json_t *o, const char *ke
         char el[QPATH_MAX + 16], scratch[QUANT_NAME_MAX];
         if (snprintf(el, sizeof el, "%s[%zu]", label, i) >= (int)sizeof el) el[sizeof el - 1] = '\0';
         TRY(copy_str(x, e, el, *n < cap ? names[*n] : scratch, QUANT_NAME_MAX));
-        if (*n == INT32_MAX) break;
         (*n)++;
     }
     return ATOMC_OK;
@@ -550,20 +550,37 @@ static atomc_status parse_quant_args(struct ctx *x, const json_t *o, const char 
     char type[16] = "int";
     qjoin(p, label, "type");
     TRY(get_str_at(x, v, "type", p, type, sizeof type));
-    a->type = !strcmp(type, "int") ? QUANT_TYPE_INT : !strcmp(type, "float") ? QUANT_TYPE_FLOAT : QUANT_TYPE_OTHER;
+    a->type = !strcasecmp(type, "int") ? QUANT_TYPE_INT : !strcasecmp(type, "float") ? QUANT_TYPE_FLOAT : QUANT_TYPE_OTHER;
     qjoin(p, label, "symmetric");
     TRY(get_bool_at(x, v, "symmetric", p, &a->symmetric));
-    qjoin(p, label, "group_size");
-    TRY(get_int_at(x, v, "group_size", p, false, 1, 1 << 24, &a->group_size));
-    TRY(get_int_pair(x, v, "block_structure", label, a->block_size));
+    int gs = 0; // -1: one group per row (channel), as compressed-tensors reads it
+    char gp[QPATH_MAX];
+    qjoin(gp, label, "group_size");
+    TRY(get_int_at(x, v, "group_size", gp, false, -1, 1 << 24, &gs));
+    if (jget(v, "group_size") && gs == 0)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' must be -1 or positive, got 0", x->src, gp);
+    a->group_size = gs > 0 ? gs : 0;
+    const json_t *bs = jget(v, "block_structure");
+    if (bs && json_is_string(bs)) { // the older "128x128" spelling
+        qjoin(p, label, "block_structure");
+        int r = 0, c = 0, k = 0;
+        if (sscanf(json_string_value(bs), "%dx%d%n", &r, &c, &k) != 2 || json_string_value(bs)[k] || r <= 0 || c <= 0)
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = \"%.40s\" must be \"RxC\" or a list of 2 positive "
+                             "integers", x->src, p, json_string_value(bs));
+        a->block_size[0] = r, a->block_size[1] = c;
+    } else {
+        TRY(get_int_pair(x, v, "block_structure", label, a->block_size));
+    }
     qjoin(p, label, "strategy");
     TRY(get_str_at(x, v, "strategy", p, a->strategy_name, sizeof a->strategy_name));
+    for (char *ch = a->strategy_name; *ch; ch++) *ch = (char)(*ch >= 'A' && *ch <= 'Z' ? *ch - 'A' + 'a' : *ch);
     if (a->strategy_name[0]) a->strategy = quant_strategy_from_name(a->strategy_name);
+    else if (a->block_size[0]) a->strategy = QUANT_STRATEGY_BLOCK;
     else // compressed-tensors' own inference when strategy is null
-        a->strategy = a->block_size[0] ? QUANT_STRATEGY_BLOCK : a->group_size ? QUANT_STRATEGY_GROUP : QUANT_STRATEGY_TENSOR;
-    if (a->strategy == QUANT_STRATEGY_GROUP && a->group_size == 0)
-        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' is \"group\" but '%s.group_size' is not set", x->src, p,
-                         label);
+        a->strategy = gs > 0 ? QUANT_STRATEGY_GROUP : gs < 0 ? QUANT_STRATEGY_CHANNEL : QUANT_STRATEGY_TENSOR;
+    if ((a->strategy == QUANT_STRATEGY_GROUP || a->strategy == QUANT_STRATEGY_TENSOR_GROUP) && a->group_size == 0)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' is \"%s\" but '%s.group_size' is not set", x->src, p,
+                         a->strategy_name, label);
     if (a->strategy == QUANT_STRATEGY_BLOCK && a->block_size[0] == 0)
         return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' is \"block\" but '%s.block_structure' is not set",
                          x->src, p, label);
