@@ -28,8 +28,8 @@
 
 static struct model_config cfg; // large: keep off the stack
 
-#define LLAMA_BASE                                                                                                  \
-    "\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 128, "                  \
+#define LLAMA_BASE                                                                                                     \
+    "\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 128, "                     \
     "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"vocab_size\": 128"
 
 // Parses a config.json made of LLAMA_BASE plus `quant` (a `"quantization_config": {...}` member or "").
@@ -61,9 +61,10 @@ TEST(no_quantization_config_is_absent) {
 
 TEST(fp8_block_deepseek_form) {
     struct error e = {0};
-    ASSERT_OK(parse_with("\"quantization_config\": {\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
-                         "\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], \"some_future_key\": {\"x\": 1}}",
-                         &e));
+    ASSERT_OK(
+        parse_with("\"quantization_config\": {\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+                   "\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], \"some_future_key\": {\"x\": 1}}",
+                   &e));
     const struct quant_config *q = &cfg.quant;
     ASSERT_TRUE(q->present);
     ASSERT_EQ(q->method, QUANT_METHOD_FP8);
@@ -208,10 +209,11 @@ TEST(compressed_tensors_groups_kv_cache_sparsity) {
     ASSERT_TRUE(has(d, "sparsity: sparse-24-bitmask"));
 
     // group_size -1 means per channel; block_structure may be spelled "RxC"; names are case-blind.
-    ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"config_groups\": {"
-                         "\"a\": {\"weights\": {\"num_bits\": 4, \"group_size\": -1}}, "
-                         "\"b\": {\"weights\": {\"type\": \"FLOAT\", \"strategy\": \"Block\", \"block_structure\": \"128x64\"}}}}",
-                         &e));
+    ASSERT_OK(parse_with(
+        "\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"config_groups\": {"
+        "\"a\": {\"weights\": {\"num_bits\": 4, \"group_size\": -1}}, "
+        "\"b\": {\"weights\": {\"type\": \"FLOAT\", \"strategy\": \"Block\", \"block_structure\": \"128x64\"}}}}",
+        &e));
     ASSERT_EQ(q->schemes[0].weights.strategy, QUANT_STRATEGY_CHANNEL);
     ASSERT_EQ(q->schemes[0].weights.group_size, 0);
     ASSERT_EQ(q->schemes[1].weights.strategy, QUANT_STRATEGY_BLOCK);
@@ -235,9 +237,10 @@ TEST(legacy_compression_config) {
 
 TEST(gptq_awq_mxfp4_bnb_modelopt_forms) {
     struct error e = {0};
-    ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
-                         "\"desc_act\": true, \"sym\": false, \"checkpoint_format\": \"gptq_v2\", \"damp_percent\": 0.01}",
-                         &e));
+    ASSERT_OK(
+        parse_with("\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                   "\"desc_act\": true, \"sym\": false, \"checkpoint_format\": \"gptq_v2\", \"damp_percent\": 0.01}",
+                   &e));
     const struct quant_scheme *s = &cfg.quant.schemes[0];
     ASSERT_EQ(cfg.quant.method, QUANT_METHOD_GPTQ);
     ASSERT_STREQ(cfg.quant.format, "gptq_v2");
@@ -260,7 +263,8 @@ TEST(gptq_awq_mxfp4_bnb_modelopt_forms) {
     ASSERT_STREQ(cfg.quant.format, "gemm");
     ASSERT_TRUE(!cfg.quant.schemes[0].weights.symmetric);
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(has(e.msg, "quant_method 'awq' (format gemm; weights int4, strategy group, group_size 128, asymmetric"));
+    ASSERT_TRUE(
+        has(e.msg, "quant_method 'awq' (format gemm; weights int4, strategy group, group_size 128, asymmetric"));
 
     ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"mxfp4\", \"modules_to_not_convert\": "
                          "[\"model.layers.*.self_attn\", \"model.layers.*.mlp.router\", \"model.embed_tokens\", "
@@ -303,9 +307,11 @@ TEST(unknown_method_is_kept_and_refused) {
 
 TEST(long_ignore_list_is_counted) {
     static char json[16384];
-    size_t n = (size_t)snprintf(json, sizeof json, "\"quantization_config\": {\"quant_method\": \"fp8\", "
-                                                   "\"modules_to_not_convert\": [");
-    for (int i = 0; i < 70; i++) n += (size_t)snprintf(json + n, sizeof json - n, "%s\"model.layers.%d.mlp.gate\"", i ? ", " : "", i);
+    size_t n = (size_t)snprintf(json, sizeof json,
+                                "\"quantization_config\": {\"quant_method\": \"fp8\", "
+                                "\"modules_to_not_convert\": [");
+    for (int i = 0; i < 70; i++)
+        n += (size_t)snprintf(json + n, sizeof json - n, "%s\"model.layers.%d.mlp.gate\"", i ? ", " : "", i);
     snprintf(json + n, sizeof json - n, "]}");
     struct error e = {0};
     ASSERT_OK(parse_with(json, &e));
@@ -384,8 +390,8 @@ TEST(malformed_quantization_configs_name_the_field) {
     char json[1024], longname[300];
     memset(longname, 'a', sizeof longname - 1);
     longname[sizeof longname - 1] = '\0';
-    snprintf(json, sizeof json, "\"quantization_config\": {\"quant_method\": \"fp8\", \"modules_to_not_convert\": [\"%s\"]}",
-             longname);
+    snprintf(json, sizeof json,
+             "\"quantization_config\": {\"quant_method\": \"fp8\", \"modules_to_not_convert\": [\"%s\"]}", longname);
     struct error e = {0};
     ASSERT_EQ(parse_with(json, &e), ATOMC_ERR_FORMAT);
     ASSERT_TRUE(has(e.msg, "quantization_config.modules_to_not_convert[0]' value"));
@@ -452,24 +458,26 @@ static void rewrite_safetensors(const char *path, const struct st_edit *ed) {
         size_t nl = strlen(t->name), sl = ed->drop_suffix ? strlen(ed->drop_suffix) : 0;
         if (ed->drop_suffix && nl >= sl && !strcmp(t->name + nl - sl, ed->drop_suffix)) continue;
         json_t *shape = json_array();
-        for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->ne[d]));
+        for (int d = 0; d < t->ndim; d++)
+            json_array_append_new(shape, json_integer(t->ne[d]));
         bool re = ed->retype && !strcmp(t->name, ed->retype);
-        json_object_set_new(h, t->name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", re ? ed->dtype : t->dtype_name,
-                                                  "shape", shape, "data_offsets", (json_int_t)t->begin,
-                                                  (json_int_t)t->end));
+        json_object_set_new(h, t->name,
+                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", re ? ed->dtype : t->dtype_name, "shape", shape,
+                                      "data_offsets", (json_int_t)t->begin, (json_int_t)t->end));
     }
     size_t data_off = 8 + f->header_len, data_len = (size_t)end, extra = 0;
     for (int i = 0; i < 4 && ed->add[i]; i++) {
-        json_object_set_new(h, ed->add[i], json_pack("{s:s, s:[I], s:[I, I]}", "dtype", "F32", "shape",
-                                                     (json_int_t)ed->add_n[i], "data_offsets",
-                                                     (json_int_t)(data_len + extra),
-                                                     (json_int_t)(data_len + extra + 4 * (size_t)ed->add_n[i])));
+        json_object_set_new(h, ed->add[i],
+                            json_pack("{s:s, s:[I], s:[I, I]}", "dtype", "F32", "shape", (json_int_t)ed->add_n[i],
+                                      "data_offsets", (json_int_t)(data_len + extra),
+                                      (json_int_t)(data_len + extra + 4 * (size_t)ed->add_n[i])));
         extra += 4 * (size_t)ed->add_n[i];
     }
     char *hs = json_dumps(h, JSON_COMPACT);
     size_t hl = strlen(hs), padded = (hl + 7) / 8 * 8, total = 8 + padded + data_len + extra;
     unsigned char *out = calloc(1, total);
-    for (int b = 0; b < 8; b++) out[b] = (unsigned char)((uint64_t)padded >> (8 * b));
+    for (int b = 0; b < 8; b++)
+        out[b] = (unsigned char)((uint64_t)padded >> (8 * b));
     memcpy(out + 8, hs, hl);
     memset(out + 8 + hl, ' ', padded - hl);
     memcpy(out + 8 + padded, f->data + data_off, data_len);
@@ -491,9 +499,18 @@ static void rewrite_model(const char *dir, const struct st_edit *ed) {
 
 static struct runner_options base_options(const char *path) {
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
-        .block_size = 4, .num_kv_blocks = 16, .max_num_seqs = 2, .max_num_batched_tokens = 64,
-        .max_model_len = 64, .num_threads = 2, .enforce_eager = true,
+        .model_path = path,
+        .device = "cpu",
+        .dtype = "auto",
+        .load_format = "auto",
+        .kv_cache_dtype = "auto",
+        .block_size = 4,
+        .num_kv_blocks = 16,
+        .max_num_seqs = 2,
+        .max_num_batched_tokens = 64,
+        .max_model_len = 64,
+        .num_threads = 2,
+        .enforce_eager = true,
     };
     return o;
 }
@@ -515,7 +532,8 @@ TEST(quant_fixtures_are_refused_at_load) {
         {"quant/ct_fp8_channel",
          {"quant_method 'compressed-tensors'", "format float-quantized", "weights float8, strategy channel"}},
         {"quant/ct_w4a16_group128",
-         {"quant_method 'compressed-tensors'", "format pack-quantized", "weights int4, strategy group, group_size 128"}},
+         {"quant_method 'compressed-tensors'", "format pack-quantized",
+          "weights int4, strategy group, group_size 128"}},
         {"quant/fp8_no_config",
          {"fp8_no_config/model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight_scale' (F32) is never read "
           "by the LlamaForCausalLM loader",
@@ -528,7 +546,8 @@ TEST(quant_fixtures_are_refused_at_load) {
         atomc_status st = runner_open(test_fixture(cases[i].rel), &e);
         if (st != ATOMC_ERR_UNSUPPORTED) fprintf(stderr, "  %s: status %d: %s\n", cases[i].rel, st, e.msg);
         ASSERT_EQ(st, ATOMC_ERR_UNSUPPORTED);
-        for (int k = 0; k < 3; k++) ASSERT_TRUE(has(e.msg, cases[i].needles[k]));
+        for (int k = 0; k < 3; k++)
+            ASSERT_TRUE(has(e.msg, cases[i].needles[k]));
     }
 }
 
@@ -587,7 +606,7 @@ TEST(unquantized_fixtures_load_with_every_tensor_read) {
     }
     closedir(d);
     ASSERT_TRUE(n >= 12); // llama_* (6), mistral_sliding, mixtral, qwen3, qwen3_yarn, qwen3_moe (2) at least
-    snprintf(dirs[n++], sizeof dirs[0], "loader/tiny_qwen3_hf");  // sharded, with an index
+    snprintf(dirs[n++], sizeof dirs[0], "loader/tiny_qwen3_hf");   // sharded, with an index
     snprintf(dirs[n++], sizeof dirs[0], "loader/tiny_llama.gguf"); // Q8_0 / F16, permuted q/k
     snprintf(dirs[n++], sizeof dirs[0], "loader/tiny_qwen3.gguf");
     for (int i = 0; i < n; i++) {
@@ -637,13 +656,15 @@ TEST(side_files_quantize_config_and_hf_quant_config) {
         const char *format, *needle;
     } cases[] = {
         {"quantize_config.json", "{\"bits\": 4, \"group_size\": 128, \"desc_act\": false, \"sym\": true}",
-         QUANT_METHOD_GPTQ, "gptq", "quantize_config.json: quant_method 'gptq' (format gptq; weights int4, strategy "
-                                   "group, group_size 128"},
+         QUANT_METHOD_GPTQ, "gptq",
+         "quantize_config.json: quant_method 'gptq' (format gptq; weights int4, strategy "
+         "group, group_size 128"},
         {"hf_quant_config.json",
          "{\"producer\": {\"name\": \"modelopt\", \"version\": \"0.29\"}, \"quantization\": {\"quant_algo\": \"FP8\", "
          "\"kv_cache_quant_algo\": null, \"exclude_modules\": [\"lm_head\"]}}",
-         QUANT_METHOD_MODELOPT, "FP8", "hf_quant_config.json: quant_method 'modelopt' (format FP8; weights float8, "
-                                      "strategy tensor"},
+         QUANT_METHOD_MODELOPT, "FP8",
+         "hf_quant_config.json: quant_method 'modelopt' (format FP8; weights float8, "
+         "strategy tensor"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char name[32], dir[600], p[700];
@@ -682,9 +703,9 @@ TEST(exempt_tensors_and_shard_tensors_outside_the_index) {
     struct error e = {0};
     char dir[600];
     snprintf(dir, sizeof dir, "%s", copy_fixture_dir("models/llama_tied", "tied_extra"));
-    struct st_edit ok = {.add = {"lm_head.weight", "model.rotary_emb.inv_freq",
-                                 "model.layers.0.self_attn.rotary_emb.inv_freq"},
-                         .add_n = {256 * 64, 32, 32}};
+    struct st_edit ok = {
+        .add = {"lm_head.weight", "model.rotary_emb.inv_freq", "model.layers.0.self_attn.rotary_emb.inv_freq"},
+        .add_n = {256 * 64, 32, 32}};
     rewrite_model(dir, &ok);
     atomc_status st = runner_open(dir, &e);
     if (st) fprintf(stderr, "  tied_extra: %s\n", e.msg);
@@ -765,4 +786,6 @@ TEST(weight_dtypes_that_cannot_be_converted_are_refused) {
     ASSERT_OK(st);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -30,49 +30,74 @@ static const struct quant_impl quant_implemented[] = {
 
 const char *quant_method_name(enum quant_method m) {
     switch (m) {
-    case QUANT_METHOD_NONE: return "none";
-    case QUANT_METHOD_FP8: return "fp8";
-    case QUANT_METHOD_COMPRESSED_TENSORS: return "compressed-tensors";
-    case QUANT_METHOD_GPTQ: return "gptq";
-    case QUANT_METHOD_AWQ: return "awq";
-    case QUANT_METHOD_MXFP4: return "mxfp4";
-    case QUANT_METHOD_BITSANDBYTES: return "bitsandbytes";
-    case QUANT_METHOD_MODELOPT: return "modelopt";
-    case QUANT_METHOD_OTHER: return "other";
+    case QUANT_METHOD_NONE:
+        return "none";
+    case QUANT_METHOD_FP8:
+        return "fp8";
+    case QUANT_METHOD_COMPRESSED_TENSORS:
+        return "compressed-tensors";
+    case QUANT_METHOD_GPTQ:
+        return "gptq";
+    case QUANT_METHOD_AWQ:
+        return "awq";
+    case QUANT_METHOD_MXFP4:
+        return "mxfp4";
+    case QUANT_METHOD_BITSANDBYTES:
+        return "bitsandbytes";
+    case QUANT_METHOD_MODELOPT:
+        return "modelopt";
+    case QUANT_METHOD_OTHER:
+        return "other";
     }
     return "?";
 }
 
 const char *quant_strategy_name(enum quant_strategy s) {
     switch (s) {
-    case QUANT_STRATEGY_NONE: return "none";
-    case QUANT_STRATEGY_TENSOR: return "tensor";
-    case QUANT_STRATEGY_CHANNEL: return "channel";
-    case QUANT_STRATEGY_GROUP: return "group";
-    case QUANT_STRATEGY_BLOCK: return "block";
-    case QUANT_STRATEGY_TOKEN: return "token";
-    case QUANT_STRATEGY_TENSOR_GROUP: return "tensor_group";
-    case QUANT_STRATEGY_ATTN_HEAD: return "attn_head";
-    case QUANT_STRATEGY_OTHER: return "other";
+    case QUANT_STRATEGY_NONE:
+        return "none";
+    case QUANT_STRATEGY_TENSOR:
+        return "tensor";
+    case QUANT_STRATEGY_CHANNEL:
+        return "channel";
+    case QUANT_STRATEGY_GROUP:
+        return "group";
+    case QUANT_STRATEGY_BLOCK:
+        return "block";
+    case QUANT_STRATEGY_TOKEN:
+        return "token";
+    case QUANT_STRATEGY_TENSOR_GROUP:
+        return "tensor_group";
+    case QUANT_STRATEGY_ATTN_HEAD:
+        return "attn_head";
+    case QUANT_STRATEGY_OTHER:
+        return "other";
     }
     return "?";
 }
 
 const char *quant_type_name(enum quant_num_type t) {
     switch (t) {
-    case QUANT_TYPE_NONE: return "none";
-    case QUANT_TYPE_INT: return "int";
-    case QUANT_TYPE_FLOAT: return "float";
-    case QUANT_TYPE_OTHER: return "other";
+    case QUANT_TYPE_NONE:
+        return "none";
+    case QUANT_TYPE_INT:
+        return "int";
+    case QUANT_TYPE_FLOAT:
+        return "float";
+    case QUANT_TYPE_OTHER:
+        return "other";
     }
     return "?";
 }
 
 const char *quant_act_scheme_name(enum quant_act_scheme a) {
     switch (a) {
-    case QUANT_ACT_NONE: return "none";
-    case QUANT_ACT_DYNAMIC: return "dynamic";
-    case QUANT_ACT_STATIC: return "static";
+    case QUANT_ACT_NONE:
+        return "none";
+    case QUANT_ACT_DYNAMIC:
+        return "dynamic";
+    case QUANT_ACT_STATIC:
+        return "static";
     }
     return "?";
 }
@@ -95,8 +120,10 @@ void quant_args_describe(const struct quant_args *a, char *buf, size_t cap) {
         put(buf, cap, &n, "not quantized");
         return;
     }
-    if (a->type == QUANT_TYPE_INT || a->type == QUANT_TYPE_FLOAT) put(buf, cap, &n, "%s%d", quant_type_name(a->type), a->num_bits);
-    else put(buf, cap, &n, "%d-bit", a->num_bits);
+    if (a->type == QUANT_TYPE_INT || a->type == QUANT_TYPE_FLOAT)
+        put(buf, cap, &n, "%s%d", quant_type_name(a->type), a->num_bits);
+    else
+        put(buf, cap, &n, "%d-bit", a->num_bits);
     if (a->dynamic) put(buf, cap, &n, " dynamic");
     const char *sname = a->strategy == QUANT_STRATEGY_OTHER ? a->strategy_name : quant_strategy_name(a->strategy);
     put(buf, cap, &n, ", strategy %s", sname);
@@ -136,7 +163,8 @@ void quant_config_describe(const struct quant_config *q, char *buf, size_t cap) 
         put(buf, cap, &n, "\n  %s", s->name);
         if (s->n_targets) {
             put(buf, cap, &n, " (targets");
-            for (int t = 0; t < s->n_targets && t < QUANT_MAX_TARGETS; t++) put(buf, cap, &n, " %s", s->targets[t]);
+            for (int t = 0; t < s->n_targets && t < QUANT_MAX_TARGETS; t++)
+                put(buf, cap, &n, " %s", s->targets[t]);
             if (s->n_targets > QUANT_MAX_TARGETS) put(buf, cap, &n, " +%d more", s->n_targets - QUANT_MAX_TARGETS);
             put(buf, cap, &n, ")");
         }
@@ -150,7 +178,8 @@ void quant_config_describe(const struct quant_config *q, char *buf, size_t cap) 
     if (q->sparsity_format[0]) put(buf, cap, &n, "\n  sparsity: %s", q->sparsity_format);
     if (q->n_ignore) {
         put(buf, cap, &n, "\n  not quantized (%d):", q->n_ignore);
-        for (int i = 0; i < q->n_ignore && i < QUANT_MAX_IGNORE; i++) put(buf, cap, &n, " %s", q->ignore[i]);
+        for (int i = 0; i < q->n_ignore && i < QUANT_MAX_IGNORE; i++)
+            put(buf, cap, &n, " %s", q->ignore[i]);
         if (q->n_ignore > QUANT_MAX_IGNORE) put(buf, cap, &n, " +%d more", q->n_ignore - QUANT_MAX_IGNORE);
     }
 }
@@ -183,22 +212,29 @@ atomc_status model_quant_check(const struct model_config *c, struct error *err) 
         quant_scheme_describe(s, d, sizeof d);
         char which[64] = "";
         if (q->n_schemes > 1) snprintf(which, sizeof which, "%.31s of %d: ", s->name, q->n_schemes);
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: quant_method '%s' (%s%s) is not implemented; " QUANT_SUPPORTED,
-                         q->origin, q->method_name, which, d);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: quant_method '%s' (%s%s) is not implemented; " QUANT_SUPPORTED, q->origin, q->method_name,
+                         which, d);
     }
     if (q->n_schemes > kept)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: quant_method '%s' lists %d schemes, more than the %d atomc "
-                         "reads", q->origin, q->method_name, q->n_schemes, QUANT_MAX_SCHEMES);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: quant_method '%s' lists %d schemes, more than the %d atomc "
+                         "reads",
+                         q->origin, q->method_name, q->n_schemes, QUANT_MAX_SCHEMES);
     if (q->kv_cache.present) {
         quant_args_describe(&q->kv_cache, d, sizeof d);
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: quant_method '%s': KV-cache quantization (%s) is not "
-                         "implemented; use --kv-cache-dtype instead", q->origin, q->method_name, d);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: quant_method '%s': KV-cache quantization (%s) is not "
+                         "implemented; use --kv-cache-dtype instead",
+                         q->origin, q->method_name, d);
     }
     if (q->sparsity_format[0])
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: quant_method '%s': sparsity format '%s' is not implemented",
                          q->origin, q->method_name, q->sparsity_format);
     if (q->n_ignore > QUANT_MAX_IGNORE)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: quant_method '%s' leaves %d modules unquantized, more than the "
-                         "%d atomc reads", q->origin, q->method_name, q->n_ignore, QUANT_MAX_IGNORE);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: quant_method '%s' leaves %d modules unquantized, more than the "
+                         "%d atomc reads",
+                         q->origin, q->method_name, q->n_ignore, QUANT_MAX_IGNORE);
     return ATOMC_OK;
 }

@@ -25,9 +25,9 @@
 
 atomc_status model_quant_check(const struct model_config *c, struct error *err);
 
-const char *quant_method_name(enum quant_method m);       // "fp8", "compressed-tensors", ... ("none")
-const char *quant_strategy_name(enum quant_strategy s);   // "tensor", "channel", ... ("none")
-const char *quant_type_name(enum quant_num_type t);       // "int", "float", "other" ("none")
+const char *quant_method_name(enum quant_method m);         // "fp8", "compressed-tensors", ... ("none")
+const char *quant_strategy_name(enum quant_strategy s);     // "tensor", "channel", ... ("none")
+const char *quant_type_name(enum quant_num_type t);         // "int", "float", "other" ("none")
 const char *quant_act_scheme_name(enum quant_act_scheme a); // "none", "dynamic", "static"
 
 // One line describing quantization args ("float8, strategy block [128, 128], symmetric"),
