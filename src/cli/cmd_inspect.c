@@ -60,11 +60,12 @@ static json_t *quant_args_json(const struct quant_args *a) {
     json_t *o = json_object();
     json_object_set_new(o, "num_bits", json_integer(a->num_bits));
     json_object_set_new(o, "type", json_string(quant_type_name(a->type)));
-    json_object_set_new(o, "strategy", json_string(a->strategy == QUANT_STRATEGY_OTHER ? a->strategy_name
-                                                                                     : quant_strategy_name(a->strategy)));
+    json_object_set_new(
+        o, "strategy",
+        json_string(a->strategy == QUANT_STRATEGY_OTHER ? a->strategy_name : quant_strategy_name(a->strategy)));
     json_object_set_new(o, "group_size", a->group_size ? json_integer(a->group_size) : json_null());
-    json_object_set_new(o, "block_size", a->block_size[0] ? json_pack("[ii]", a->block_size[0], a->block_size[1])
-                                                          : json_null());
+    json_object_set_new(o, "block_size",
+                        a->block_size[0] ? json_pack("[ii]", a->block_size[0], a->block_size[1]) : json_null());
     json_object_set_new(o, "symmetric", json_boolean(a->symmetric));
     json_object_set_new(o, "dynamic", json_boolean(a->dynamic));
     if (a->actorder[0]) json_object_set_new(o, "actorder", json_string(a->actorder));
@@ -83,7 +84,8 @@ static json_t *quant_json(const struct model_config *c) {
     for (int i = 0; i < q->n_schemes && i < QUANT_MAX_SCHEMES; i++) {
         const struct quant_scheme *s = &q->schemes[i];
         json_t *so = json_object(), *targets = json_array();
-        for (int t = 0; t < s->n_targets && t < QUANT_MAX_TARGETS; t++) json_array_append_new(targets, json_string(s->targets[t]));
+        for (int t = 0; t < s->n_targets && t < QUANT_MAX_TARGETS; t++)
+            json_array_append_new(targets, json_string(s->targets[t]));
         json_object_set_new(so, "name", json_string(s->name));
         json_object_set_new(so, "format", s->format[0] ? json_string(s->format) : json_null());
         json_object_set_new(so, "targets", targets);
@@ -96,7 +98,8 @@ static json_t *quant_json(const struct model_config *c) {
     json_object_set_new(o, "n_schemes", json_integer(q->n_schemes));
     json_object_set_new(o, "kv_cache_scheme", quant_args_json(&q->kv_cache));
     json_object_set_new(o, "sparsity_format", q->sparsity_format[0] ? json_string(q->sparsity_format) : json_null());
-    for (int i = 0; i < q->n_ignore && i < QUANT_MAX_IGNORE; i++) json_array_append_new(ignore, json_string(q->ignore[i]));
+    for (int i = 0; i < q->n_ignore && i < QUANT_MAX_IGNORE; i++)
+        json_array_append_new(ignore, json_string(q->ignore[i]));
     json_object_set_new(o, "ignore", ignore);
     json_object_set_new(o, "n_ignore", json_integer(q->n_ignore));
     struct error e = {0};

@@ -609,8 +609,7 @@ static int64_t tensor_index(const struct model_files *mf, const char *hf_name) {
         return e ? e - mf->st->entries : -1;
     }
     struct gguf_mapping m;
-    const struct gguf_tensor_info *ti =
-        gguf_find_tensor(mf->gguf, map_hf_to_gguf(hf_name, &m) ? m.name : hf_name);
+    const struct gguf_tensor_info *ti = gguf_find_tensor(mf->gguf, map_hf_to_gguf(hf_name, &m) ? m.name : hf_name);
     return ti ? ti - mf->gguf->tensors : -1;
 }
 

@@ -129,14 +129,14 @@ static atomc_status get_int_at(struct ctx *x, const json_t *o, const char *key, 
         return bad_type(x, label, v, "an integer");
     }
     if (n < lo || n > hi)
-        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = %lld is out of range [%lld, %lld]", x->src, label,
-                         n, lo, hi);
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = %lld is out of range [%lld, %lld]", x->src, label, n,
+                         lo, hi);
     *out = (int)n;
     return ATOMC_OK;
 }
 
-static atomc_status get_int(struct ctx *x, const json_t *o, const char *key, bool required, long long lo,
-                            long long hi, int *out) {
+static atomc_status get_int(struct ctx *x, const json_t *o, const char *key, bool required, long long lo, long long hi,
+                            int *out) {
     return get_int_at(x, o, key, key, required, lo, hi, out);
 }
 
@@ -473,9 +473,9 @@ static const struct {
     const char *name;
     enum quant_strategy strategy;
 } quant_strategy_names[] = {
-    {"tensor", QUANT_STRATEGY_TENSOR},   {"channel", QUANT_STRATEGY_CHANNEL},
-    {"group", QUANT_STRATEGY_GROUP},     {"block", QUANT_STRATEGY_BLOCK},
-    {"token", QUANT_STRATEGY_TOKEN},     {"tensor_group", QUANT_STRATEGY_TENSOR_GROUP},
+    {"tensor", QUANT_STRATEGY_TENSOR},       {"channel", QUANT_STRATEGY_CHANNEL},
+    {"group", QUANT_STRATEGY_GROUP},         {"block", QUANT_STRATEGY_BLOCK},
+    {"token", QUANT_STRATEGY_TOKEN},         {"tensor_group", QUANT_STRATEGY_TENSOR_GROUP},
     {"attn_head", QUANT_STRATEGY_ATTN_HEAD},
 };
 
@@ -550,7 +550,9 @@ static atomc_status parse_quant_args(struct ctx *x, const json_t *o, const char 
     char type[16] = "int";
     qjoin(p, label, "type");
     TRY(get_str_at(x, v, "type", p, type, sizeof type));
-    a->type = !strcasecmp(type, "int") ? QUANT_TYPE_INT : !strcasecmp(type, "float") ? QUANT_TYPE_FLOAT : QUANT_TYPE_OTHER;
+    a->type = !strcasecmp(type, "int")     ? QUANT_TYPE_INT
+              : !strcasecmp(type, "float") ? QUANT_TYPE_FLOAT
+                                           : QUANT_TYPE_OTHER;
     qjoin(p, label, "symmetric");
     TRY(get_bool_at(x, v, "symmetric", p, &a->symmetric));
     int gs = 0; // -1: one group per row (channel), as compressed-tensors reads it
@@ -565,17 +567,22 @@ static atomc_status parse_quant_args(struct ctx *x, const json_t *o, const char 
         qjoin(p, label, "block_structure");
         int r = 0, c = 0, k = 0;
         if (sscanf(json_string_value(bs), "%dx%d%n", &r, &c, &k) != 2 || json_string_value(bs)[k] || r <= 0 || c <= 0)
-            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = \"%.40s\" must be \"RxC\" or a list of 2 positive "
-                             "integers", x->src, p, json_string_value(bs));
+            return error_set(x->err, ATOMC_ERR_FORMAT,
+                             "%s: key '%s' = \"%.40s\" must be \"RxC\" or a list of 2 positive "
+                             "integers",
+                             x->src, p, json_string_value(bs));
         a->block_size[0] = r, a->block_size[1] = c;
     } else {
         TRY(get_int_pair(x, v, "block_structure", label, a->block_size));
     }
     qjoin(p, label, "strategy");
     TRY(get_str_at(x, v, "strategy", p, a->strategy_name, sizeof a->strategy_name));
-    for (char *ch = a->strategy_name; *ch; ch++) *ch = (char)(*ch >= 'A' && *ch <= 'Z' ? *ch - 'A' + 'a' : *ch);
-    if (a->strategy_name[0]) a->strategy = quant_strategy_from_name(a->strategy_name);
-    else if (a->block_size[0]) a->strategy = QUANT_STRATEGY_BLOCK;
+    for (char *ch = a->strategy_name; *ch; ch++)
+        *ch = (char)(*ch >= 'A' && *ch <= 'Z' ? *ch - 'A' + 'a' : *ch);
+    if (a->strategy_name[0])
+        a->strategy = quant_strategy_from_name(a->strategy_name);
+    else if (a->block_size[0])
+        a->strategy = QUANT_STRATEGY_BLOCK;
     else // compressed-tensors' own inference when strategy is null
         a->strategy = gs > 0 ? QUANT_STRATEGY_GROUP : gs < 0 ? QUANT_STRATEGY_CHANNEL : QUANT_STRATEGY_TENSOR;
     if ((a->strategy == QUANT_STRATEGY_GROUP || a->strategy == QUANT_STRATEGY_TENSOR_GROUP) && a->group_size == 0)
@@ -586,13 +593,18 @@ static atomc_status parse_quant_args(struct ctx *x, const json_t *o, const char 
                          x->src, p, label);
     const json_t *d = jget(v, "dynamic");
     qjoin(p, label, "dynamic");
-    if (d && json_is_boolean(d)) a->dynamic = json_is_true(d);
-    else if (d && json_is_string(d) && !strcmp(json_string_value(d), "local")) a->dynamic = true;
-    else if (d) return bad_type(x, p, d, "a boolean or \"local\"");
+    if (d && json_is_boolean(d))
+        a->dynamic = json_is_true(d);
+    else if (d && json_is_string(d) && !strcmp(json_string_value(d), "local"))
+        a->dynamic = true;
+    else if (d)
+        return bad_type(x, p, d, "a boolean or \"local\"");
     const json_t *ao = jget(v, "actorder");
     qjoin(p, label, "actorder");
-    if (ao && json_is_boolean(ao)) snprintf(a->actorder, sizeof a->actorder, "%s", json_is_true(ao) ? "group" : "");
-    else if (ao) TRY(copy_str(x, ao, p, a->actorder, sizeof a->actorder));
+    if (ao && json_is_boolean(ao))
+        snprintf(a->actorder, sizeof a->actorder, "%s", json_is_true(ao) ? "group" : "");
+    else if (ao)
+        TRY(copy_str(x, ao, p, a->actorder, sizeof a->actorder));
     return ATOMC_OK;
 }
 
@@ -629,7 +641,10 @@ static atomc_status parse_quant_fp8(struct ctx *x, const json_t *o, const char *
     if (strcmp(act, "dynamic") && strcmp(act, "static"))
         return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = \"%s\" must be \"dynamic\" or \"static\"", x->src, p,
                          act);
-    s->input_act = (struct quant_args){.present = true, .num_bits = 8, .type = QUANT_TYPE_FLOAT, .symmetric = true,
+    s->input_act = (struct quant_args){.present = true,
+                                       .num_bits = 8,
+                                       .type = QUANT_TYPE_FLOAT,
+                                       .symmetric = true,
                                        .dynamic = !strcmp(act, "dynamic")};
     if (s->weights.strategy == QUANT_STRATEGY_BLOCK) { // per token and group of block-width channels
         s->input_act.strategy = QUANT_STRATEGY_GROUP;
@@ -842,15 +857,23 @@ static atomc_status parse_quant_object(struct ctx *x, const json_t *o, const cha
     q->present = true;
     snprintf(q->origin, sizeof q->origin, "%.47s", origin);
     switch (q->method) {
-    case QUANT_METHOD_FP8: return parse_quant_fp8(x, o, origin, q);
-    case QUANT_METHOD_COMPRESSED_TENSORS: return parse_quant_ct(x, o, origin, q);
-    case QUANT_METHOD_GPTQ: return parse_quant_gptq(x, o, origin, q);
-    case QUANT_METHOD_AWQ: return parse_quant_awq(x, o, origin, q);
-    case QUANT_METHOD_MXFP4: return parse_quant_mxfp4(x, o, origin, q);
-    case QUANT_METHOD_BITSANDBYTES: return parse_quant_bnb(x, o, origin, q);
-    case QUANT_METHOD_MODELOPT: return parse_quant_modelopt(x, o, origin, q);
+    case QUANT_METHOD_FP8:
+        return parse_quant_fp8(x, o, origin, q);
+    case QUANT_METHOD_COMPRESSED_TENSORS:
+        return parse_quant_ct(x, o, origin, q);
+    case QUANT_METHOD_GPTQ:
+        return parse_quant_gptq(x, o, origin, q);
+    case QUANT_METHOD_AWQ:
+        return parse_quant_awq(x, o, origin, q);
+    case QUANT_METHOD_MXFP4:
+        return parse_quant_mxfp4(x, o, origin, q);
+    case QUANT_METHOD_BITSANDBYTES:
+        return parse_quant_bnb(x, o, origin, q);
+    case QUANT_METHOD_MODELOPT:
+        return parse_quant_modelopt(x, o, origin, q);
     case QUANT_METHOD_NONE:
-    case QUANT_METHOD_OTHER: break;
+    case QUANT_METHOD_OTHER:
+        break;
     }
     // Unknown method: keep a string `format` if there is one; the method itself is refused.
     const json_t *f = jget(o, "format");
@@ -866,8 +889,9 @@ static atomc_status parse_quant_root(struct ctx *x, const json_t *root, struct m
     const json_t *cc = jget(root, "compression_config");
     if (!cc) return ATOMC_OK;
     const json_t *inner = json_is_object(cc) ? jget(cc, "quantization_config") : NULL;
-    if (inner) return parse_quant_object(x, inner, "compression_config.quantization_config",
-                                         QUANT_METHOD_COMPRESSED_TENSORS, &c->quant);
+    if (inner)
+        return parse_quant_object(x, inner, "compression_config.quantization_config", QUANT_METHOD_COMPRESSED_TENSORS,
+                                  &c->quant);
     return parse_quant_object(x, cc, "compression_config", QUANT_METHOD_COMPRESSED_TENSORS, &c->quant);
 }
 

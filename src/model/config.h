@@ -73,12 +73,12 @@ enum quant_method {
 };
 
 enum quant_strategy {
-    QUANT_STRATEGY_NONE = 0, // not stated
-    QUANT_STRATEGY_TENSOR,   // one scale per tensor
-    QUANT_STRATEGY_CHANNEL,  // one scale per output row
-    QUANT_STRATEGY_GROUP,    // one scale per group_size elements along k (activations: per token and group)
-    QUANT_STRATEGY_BLOCK,    // one scale per block_size[0] x block_size[1] tile
-    QUANT_STRATEGY_TOKEN,    // activations: one scale per token
+    QUANT_STRATEGY_NONE = 0,     // not stated
+    QUANT_STRATEGY_TENSOR,       // one scale per tensor
+    QUANT_STRATEGY_CHANNEL,      // one scale per output row
+    QUANT_STRATEGY_GROUP,        // one scale per group_size elements along k (activations: per token and group)
+    QUANT_STRATEGY_BLOCK,        // one scale per block_size[0] x block_size[1] tile
+    QUANT_STRATEGY_TOKEN,        // activations: one scale per token
     QUANT_STRATEGY_TENSOR_GROUP, // NVFP4: a global scale and group scales
     QUANT_STRATEGY_ATTN_HEAD,    // KV cache: one scale per head
     QUANT_STRATEGY_OTHER,        // a name this parser does not know (kept in strategy_name)
@@ -100,43 +100,43 @@ enum quant_act_scheme {
 // How one kind of tensor is quantized (compressed-tensors' QuantizationArgs, or what an
 // other method implies).
 struct quant_args {
-    bool present;                // false: not quantized (e.g. no input_activations: weight-only)
+    bool present; // false: not quantized (e.g. no input_activations: weight-only)
     int num_bits;
     enum quant_num_type type;
     enum quant_strategy strategy;
-    char strategy_name[16];      // as written ("" if implied)
-    int group_size;              // GROUP / TENSOR_GROUP; 0 = none
-    int block_size[2];           // BLOCK: (rows, cols) of a tile; 0 = none
-    bool symmetric;              // false: zero points are stored
-    bool dynamic;                // scales computed at run time (activations)
-    char actorder[16];           // GPTQ desc_act / compressed-tensors actorder ("" = none)
+    char strategy_name[16]; // as written ("" if implied)
+    int group_size;         // GROUP / TENSOR_GROUP; 0 = none
+    int block_size[2];      // BLOCK: (rows, cols) of a tile; 0 = none
+    bool symmetric;         // false: zero points are stored
+    bool dynamic;           // scales computed at run time (activations)
+    char actorder[16];      // GPTQ desc_act / compressed-tensors actorder ("" = none)
 };
 
 // One quantization scheme: a compressed-tensors config group, or the single scheme of the
 // other methods.
 struct quant_scheme {
-    char name[32];               // group name ("group_0"), or the method name
-    char format[32];             // compressed-tensors per-group format, else the top-level format
-    int n_targets;               // targets listed (all of them, see QUANT_MAX_TARGETS)
+    char name[32];   // group name ("group_0"), or the method name
+    char format[32]; // compressed-tensors per-group format, else the top-level format
+    int n_targets;   // targets listed (all of them, see QUANT_MAX_TARGETS)
     char targets[QUANT_MAX_TARGETS][QUANT_NAME_MAX];
     struct quant_args weights;
     struct quant_args input_act;
     enum quant_act_scheme act_scheme;
-    bool output_act;             // output_activations quantized
+    bool output_act; // output_activations quantized
 };
 
 struct quant_config {
     bool present;
-    char origin[48];             // where it was found: "quantization_config", "quantize_config.json", ...
+    char origin[48]; // where it was found: "quantization_config", "quantize_config.json", ...
     enum quant_method method;
-    char method_name[32];        // quant_method as written
-    char format[32];             // compressed-tensors `format`, fp8 `fmt`, GPTQ checkpoint_format, AWQ version,
-                                 // bitsandbytes quant type, ModelOpt quant_algo ("" if none)
-    int n_schemes;               // schemes listed (all of them, see QUANT_MAX_SCHEMES)
+    char method_name[32]; // quant_method as written
+    char format[32];      // compressed-tensors `format`, fp8 `fmt`, GPTQ checkpoint_format, AWQ version,
+                          // bitsandbytes quant type, ModelOpt quant_algo ("" if none)
+    int n_schemes;        // schemes listed (all of them, see QUANT_MAX_SCHEMES)
     struct quant_scheme schemes[QUANT_MAX_SCHEMES];
-    struct quant_args kv_cache;  // compressed-tensors kv_cache_scheme / ModelOpt kv_cache_quant_algo
-    char sparsity_format[32];    // compressed-tensors sparsity_config.format ("" = dense)
-    int n_ignore;                // modules left unquantized (ignore / modules_to_not_convert / ...), all of them
+    struct quant_args kv_cache; // compressed-tensors kv_cache_scheme / ModelOpt kv_cache_quant_algo
+    char sparsity_format[32];   // compressed-tensors sparsity_config.format ("" = dense)
+    int n_ignore;               // modules left unquantized (ignore / modules_to_not_convert / ...), all of them
     char ignore[QUANT_MAX_IGNORE][QUANT_NAME_MAX];
 };
 
