@@ -635,6 +635,25 @@ TEST(gguf_rope_freqs_counts_as_read) {
     model_files_close(mf);
 }
 
+// GGUF MoE: a per-expert view marks the stacked ffn_*_exps tensor it comes from; a slice
+// marks its tensor too.
+TEST(gguf_expert_views_and_slices_mark_their_tensor) {
+    struct error e = {0};
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture("loader/tiny_moe.gguf"), &e));
+    struct tensor t;
+    ASSERT_OK(model_files_get_tensor(mf, "model.layers.0.mlp.experts.2.gate_proj.weight", &t, &e));
+    ASSERT_OK(model_files_get_tensor(mf, "model.layers.0.mlp.experts.0.up_proj.weight", &t, &e));
+    ASSERT_OK(model_files_get_tensor_slice(mf, "model.layers.0.mlp.experts.3.down_proj.weight", 0, 0, 8, &t, &e));
+    ASSERT_OK(model_files_get_tensor(mf, "model.layers.0.mlp.gate.weight", &t, &e));
+    ASSERT_EQ(model_files_check_consumed(mf, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(has(e.msg, "tiny_moe.gguf: tensor 'token_embd.weight' (F32) is never read"));
+    ASSERT_TRUE(has(e.msg, "(1 unread tensor in all)"));
+    ASSERT_OK(model_files_get_tensor_slice(mf, "model.embed_tokens.weight", 1, 0, 16, &t, &e)); // a column slice
+    ASSERT_OK(model_files_check_consumed(mf, &e));
+    model_files_close(mf);
+}
+
 TEST(smollm2_reads_every_tensor) {
     const char *path = getenv("ATOMC_SMOLLM2");
     if (!path || !*path) {
