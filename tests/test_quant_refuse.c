@@ -295,6 +295,18 @@ TEST(gptq_awq_mxfp4_bnb_modelopt_forms) {
     ASSERT_TRUE(has(e.msg, "quant_method 'modelopt' (format NVFP4; weights float4, strategy tensor_group"));
 }
 
+TEST(modelopt_without_algorithm_and_bnb_without_bits_describe_cleanly) {
+    struct error e = {0};
+    ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"modelopt\", \"quantization\": {\"quant_algo\": "
+                         "null}}",
+                         &e));
+    ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(has(e.msg, "quant_method 'modelopt' (weights of an unknown type, strategy other"));
+    ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"bitsandbytes\"}", &e));
+    ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(has(e.msg, "quant_method 'bitsandbytes' (weights int, strategy channel"));
+}
+
 TEST(unknown_method_is_kept_and_refused) {
     struct error e = {0};
     ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"hqq\", \"nbits\": 4}", &e));

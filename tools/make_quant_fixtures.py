@@ -21,7 +21,7 @@ ModelCompressor.compress_model / update_config). Every quantized fixture is then
 with transformers (dequantize=True) and its dequantized weights are checked against the
 format's definition (fp8 * scale per block / channel, int4 * scale per group), which proves the
 files are what those libraries read. The sizes stay small (hidden 64, or 128 where a group of
-128 must fit in a row; one layer; vocabulary 128): each directory is 40-110 KB.
+128 must fit in a row; one layer; vocabulary 128): each directory is 71-106 KB.
 
 Run (CPU, ~20 s):  python3 tools/make_quant_fixtures.py [--out tests/fixtures/quant]
 Needs torch, transformers, compressed-tensors, safetensors (tests/requirements.txt).

@@ -60,9 +60,10 @@ static json_t *quant_args_json(const struct quant_args *a) {
     json_t *o = json_object();
     json_object_set_new(o, "num_bits", json_integer(a->num_bits));
     json_object_set_new(o, "type", json_string(quant_type_name(a->type)));
-    json_object_set_new(
-        o, "strategy",
-        json_string(a->strategy == QUANT_STRATEGY_OTHER ? a->strategy_name : quant_strategy_name(a->strategy)));
+    json_object_set_new(o, "strategy",
+                        json_string(a->strategy == QUANT_STRATEGY_OTHER && a->strategy_name[0]
+                                        ? a->strategy_name
+                                        : quant_strategy_name(a->strategy)));
     json_object_set_new(o, "group_size", a->group_size ? json_integer(a->group_size) : json_null());
     json_object_set_new(o, "block_size",
                         a->block_size[0] ? json_pack("[ii]", a->block_size[0], a->block_size[1]) : json_null());

@@ -120,12 +120,16 @@ void quant_args_describe(const struct quant_args *a, char *buf, size_t cap) {
         put(buf, cap, &n, "not quantized");
         return;
     }
-    if (a->type == QUANT_TYPE_INT || a->type == QUANT_TYPE_FLOAT)
+    bool named = a->type == QUANT_TYPE_INT || a->type == QUANT_TYPE_FLOAT;
+    if (a->num_bits <= 0)
+        put(buf, cap, &n, "%s", named ? quant_type_name(a->type) : "of an unknown type");
+    else if (named)
         put(buf, cap, &n, "%s%d", quant_type_name(a->type), a->num_bits);
     else
         put(buf, cap, &n, "%d-bit", a->num_bits);
     if (a->dynamic) put(buf, cap, &n, " dynamic");
-    const char *sname = a->strategy == QUANT_STRATEGY_OTHER ? a->strategy_name : quant_strategy_name(a->strategy);
+    const char *sname = a->strategy == QUANT_STRATEGY_OTHER && a->strategy_name[0] ? a->strategy_name
+                                                                                   : quant_strategy_name(a->strategy);
     put(buf, cap, &n, ", strategy %s", sname);
     if (a->strategy == QUANT_STRATEGY_BLOCK || a->block_size[0])
         put(buf, cap, &n, " [%d, %d]", a->block_size[0], a->block_size[1]);
