@@ -619,6 +619,9 @@ TEST(unquantized_fixtures_load_with_every_tensor_read) {
     closedir(d);
     ASSERT_TRUE(n >= 12); // llama_* (6), mistral_sliding, mixtral, qwen3, qwen3_yarn, qwen3_moe (2) at least
     snprintf(dirs[n++], sizeof dirs[0], "loader/tiny_qwen3_hf");   // sharded, with an index
+    // The GGUF fixtures that are whole models. The others are not: loader/ref.gguf (a format
+    // test file), tiny_llama31_rope.gguf and tiny_moe.gguf (config and expert-view files without
+    // layers; see the two GGUF tests below), tokenizer/*.gguf (tokenizers of qwen2 / deepseek2).
     snprintf(dirs[n++], sizeof dirs[0], "loader/tiny_llama.gguf"); // Q8_0 / F16, permuted q/k
     snprintf(dirs[n++], sizeof dirs[0], "loader/tiny_qwen3.gguf");
     for (int i = 0; i < n; i++) {
