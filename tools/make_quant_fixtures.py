@@ -3,6 +3,9 @@
 in the formats real FP8 / INT4 checkpoints ship in, for the tests that show atomc refuses
 what it does not implement (tests/test_quant_refuse.c, tests/py/test_quant_refuse.py):
 
+    (each quantized one also has refs.json: logits and greedy tokens of transformers' dequantized
+    model, in tests/fixtures/models' refs format, for the tests of running these schemes)
+
     fp8_block/           quant_method "fp8", weight_block_size [128, 128], F8_E4M3 weights with
                          F32 weight_scale_inv per 128x128 block (the DeepSeek-V3 / Qwen3-FP8 layout),
                          written here tensor by tensor
@@ -113,11 +116,42 @@ def check_close(name, got, want, tol):
     return err
 
 
-def load_dequantized(out, quant_config=None):
-    kw = {"dtype": torch.float32}
-    if quant_config is not None:
-        kw["quantization_config"] = quant_config
-    return dict(AutoModelForCausalLM.from_pretrained(out, **kw).state_dict())
+def load_dequantized(out, quant_config):
+    """The fixture as transformers loads it with dequantize=True (fp32, eager attention): its
+    state dict, after writing refs.json from the model."""
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
+                                                 quantization_config=quant_config).float().eval()
+    write_refs(model, out)
+    return dict(model.state_dict())
+
+
+def write_refs(model, out, lengths=(1, 7), greedy_tokens=4):
+    """refs.json in tests/fixtures/models' format (ids, logit_positions, logits, greedy,
+    greedy_margins) from the dequantized model: the reference for running these schemes (weights
+    dequantized exactly; activations not quantized, so W8A8 schemes differ by their rounding)."""
+    gen = torch.Generator().manual_seed(99)
+    prompts = []
+    for n in lengths:
+        ids = torch.randint(4, model.config.vocab_size, (1, n), generator=gen)
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        positions = sorted({0, n - 1})
+        seq, greedy, margins = ids, [], []
+        with torch.no_grad():
+            for _ in range(greedy_tokens):
+                top2 = torch.topk(model(seq).logits[0, -1].float(), 2)
+                greedy.append(int(top2.indices[0]))
+                margins.append(round(float(top2.values[0] - top2.values[1]), 6))
+                seq = torch.cat([seq, top2.indices[:1].view(1, 1)], dim=1)
+        prompts.append(dict(ids=ids[0].tolist(), logit_positions=positions,
+                            logits=[[round(float(x), 5) for x in logits[p]] for p in positions], greedy=greedy,
+                            greedy_margins=margins))
+    with open(os.path.join(out, "refs.json"), "w") as f:
+        json.dump(dict(model=os.path.basename(out), generator="tools/make_quant_fixtures.py",
+                       reference="transformers dequantize=True, fp32, eager attention",
+                       transformers=__import__("transformers").__version__, prompts=prompts), f,
+                  separators=(",", ":"))
+        f.write("\n")
 
 
 # ---------------------------------------------------------------------------------------------
