@@ -117,18 +117,25 @@ def check_close(name, got, want, tol):
 
 
 def load_dequantized(out, quant_config):
-    """The fixture as transformers loads it with dequantize=True (fp32, eager attention): its
-    state dict, after writing refs.json from the model."""
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
-                                                 quantization_config=quant_config).float().eval()
+    """The fixture as transformers loads it with dequantize=True (fp32, eager attention)."""
+    return AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
+                                                quantization_config=quant_config).float().eval()
+
+
+def refs_from_exact(model, exact, out):
+    """refs.json from the transformers model with its linear weights set to the format's exact
+    fp32 dequantization (transformers' own may round it to bf16; checked equal up to that)."""
+    with torch.no_grad():
+        sd = model.state_dict()
+        for k, w in exact.items():
+            sd[k].copy_(w.float())
     write_refs(model, out)
-    return dict(model.state_dict())
 
 
 def write_refs(model, out, lengths=(1, 7), greedy_tokens=4):
     """refs.json in tests/fixtures/models' format (ids, logit_positions, logits, greedy,
-    greedy_margins) from the dequantized model: the reference for running these schemes (weights
-    dequantized exactly; activations not quantized, so W8A8 schemes differ by their rounding)."""
+    greedy_margins): the reference for running these schemes (weights dequantized exactly,
+    activations not quantized, so W8A8 schemes differ from it by their activation rounding)."""
     gen = torch.Generator().manual_seed(99)
     prompts = []
     for n in lengths:
@@ -148,7 +155,8 @@ def write_refs(model, out, lengths=(1, 7), greedy_tokens=4):
                             greedy_margins=margins))
     with open(os.path.join(out, "refs.json"), "w") as f:
         json.dump(dict(model=os.path.basename(out), generator="tools/make_quant_fixtures.py",
-                       reference="transformers dequantize=True, fp32, eager attention",
+                       reference="transformers (dequantize=True), linear weights = the format's exact fp32 "
+                                                         "dequantization, fp32, eager attention, activations unquantized",
                        transformers=__import__("transformers").__version__, prompts=prompts), f,
                   separators=(",", ":"))
         f.write("\n")
@@ -174,13 +182,15 @@ def make_fp8_block(out):
                                            "weight_block_size": [BLOCK, BLOCK],
                                            "modules_to_not_convert": ["lm_head"]})
     from transformers import FineGrainedFP8Config
-    got = load_dequantized(out, FineGrainedFP8Config(weight_block_size=(BLOCK, BLOCK), dequantize=True))
+    model = load_dequantized(out, FineGrainedFP8Config(weight_block_size=(BLOCK, BLOCK), dequantize=True))
+    got = dict(model.state_dict())
     # transformers dequantizes into bf16: compare within bf16 rounding.
     for k, w in want.items():
         check_close(k, got[k], w, 2 ** -8)
         if tensors[k[:-len("weight")] + "weight_scale_inv"].numel() > 1:  # the scale grid matters
             assert (got[k].float() - tensors[k].float() * tensors[k[:-len("weight")] + "weight_scale_inv"][0, 0]
                     ).abs().max() > 1e-3, k
+    refs_from_exact(model, want, out)
 
 
 def make_ct(out, overrides, scheme_kw, fmt, seed, check):
@@ -216,11 +226,11 @@ def make_ct(out, overrides, scheme_kw, fmt, seed, check):
     gen = os.path.join(out, "generation_config.json")
     if os.path.exists(gen):
         os.remove(gen)
-    got = load_dequantized(out, CompressedTensorsConfig(dequantize=True))
+    model = load_dequantized(out, CompressedTensorsConfig(dequantize=True))
+    got = dict(model.state_dict())
     raw = load_file(os.path.join(out, "model.safetensors"))
-    for k in original:
-        if is_linear(k):
-            check(k, got[k], original[k], raw)
+    exact = {k: check(k, got[k], original[k], raw) for k in original if is_linear(k)}
+    refs_from_exact(model, exact, out)
 
 
 def check_fp8_channel(k, got, orig, raw):
@@ -229,6 +239,7 @@ def check_fp8_channel(k, got, orig, raw):
     want = raw[k].float() * raw[base + "weight_scale"].float()
     check_close(k, got, want, 2 ** -8)
     check_close(k + " vs original", got, orig, 2 ** -3)  # FP8 e4m3: 3 mantissa bits
+    return want
 
 
 def check_w4_group(k, got, orig, raw):
@@ -241,6 +252,7 @@ def check_w4_group(k, got, orig, raw):
     want = (q.float().reshape(q.shape[0], -1, 128) * scale[:, :, None]).reshape(q.shape)
     check_close(k, got, want, 2 ** -8)
     check_close(k + " vs original", got, orig, 2 ** -2)  # 4 bits
+    return want
 
 
 def make_fp8_no_config(out):
