@@ -34,6 +34,7 @@
 #include "common/timeutil.h"
 #include "loader/model_files.h"
 #include "model/model.h"
+#include "model/quant.h"
 #include "runtime/runner_internal.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -456,6 +457,7 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
         st = runner_read_dummy_config(o->model_path, &r->cfg, err);
     } else {
         st = model_files_open(&files, o->model_path, err);
+        if (st == ATOMC_OK) st = model_quant_check(&files->config, err);
         if (st == ATOMC_OK) r->cfg = files->config;
     }
     if (st != ATOMC_OK) goto fail;
@@ -486,6 +488,10 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
                                     .moe_force_uniform = o->moe_uniform_routing};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
+    // Every tensor of the checkpoint must have been read: a scale or unknown tensor the model
+    // ignores would otherwise run wrong silently. Rank 0 reads every tensor (other ranks skip the
+    // row-parallel biases).
+    if (files && o->tp_rank == 0 && (st = model_files_check_consumed(files, err))) goto fail;
     r->cfg = r->model->cfg; // the loader may have resolved tied embeddings
     LOG_INFO("weights: %.1f MiB as %s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt),
              time_now_s() - tw, dummy ? " (dummy)" : "");
