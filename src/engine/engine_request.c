@@ -4,6 +4,7 @@
 // waits in the inbox, under `mu` with the abort ids and the set of live ids, until the step
 // drains it (engine_drain_inbox: new sequences enter the scheduler, aborted ones finish at once).
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
