@@ -549,11 +549,11 @@ TEST(cuda_attention_decode_split_kv_long_context) {
     END();
 }
 
-// Decode batches whose grids split the KV range 2..8 ways within one CTA per SM: the splits of a
-// (sequence, KV head) run as one cluster and merge through distributed shared memory
-// (cb->attn_cluster_merge) instead of the reduce kernel. Qwen3-30B-A3B's heads at a 640-token
-// context (6 splits, 24 CTAs), a second sequence of one tile (5 empty splits), FP8, sinks.
-TEST(cuda_attention_decode_cluster_merged_splits) {
+// Decode batches split only a few ways (the 2-tile splits allowed while the grid stays within
+// one CTA per SM), combined by the reduce kernel: Qwen3-30B-A3B's heads (32 q / 4 KV) at a
+// 640-token context, its batch-1 decode shape (6 splits, 24 CTAs); a second sequence of one tile
+// (5 empty splits); FP8; sinks at D = 64. The other decode-only cases split 17 ways or more.
+TEST(cuda_attention_decode_few_splits) {
     BEGIN();
     int qlen[] = {1, 1};
     int ctx[] = {640, 40};

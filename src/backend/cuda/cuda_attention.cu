@@ -29,8 +29,6 @@
 // sequence can share prefix blocks another sequence of the same step is filling.
 #include "backend/cuda/cuda_common.cuh"
 
-#include <cooperative_groups.h>
-
 namespace {
 
 constexpr int BN = CUDA_ATTN_BN; // KV tokens per tile
@@ -135,55 +133,10 @@ template <int D, int NT> __device__ __forceinline__ void fp8_tile_convert(__nv_b
     }
 }
 
-// Decode splits of one (sequence, KV head) launched as one thread-block cluster (2..8 splits;
-// ATOMC_ATTN_CLUSTER_MERGE=0 keeps the reduce kernel instead). Each CTA leaves its normalised
-// partial output (16 rows x D f32, at mo0) and log-sum-exp (at ml0[2 r]) in its own shared
-// memory; after a cluster barrier rank r combines rows r, r + C, ... reading every rank's
-// partials through distributed shared memory (no partials in global memory, no reduce launch:
-// +0.9% at batch 1 of Qwen3-30B-A3B, docs/perf.md session 8). Every thread of every CTA calls
-// this exactly once; the second barrier keeps each CTA's shared memory alive until the others
-// have read it.
-template <int D, int NT>
-__device__ __forceinline__ void attn_cluster_merge(const attn_params &p, float *mo0, float *ml0, int qbeg, int kvh,
-                                                   int rows_total) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync();
-    const int C = p.n_splits, rank = (int)cl.block_rank();
-    for (int r = rank; r < rows_total && r < 16; r += C) {
-        float ls[8], mx = -INFINITY;
-#pragma unroll
-        for (int sp = 0; sp < 8; sp++) {
-            ls[sp] = sp < C ? cl.map_shared_rank(ml0, sp)[r * 2] : -INFINITY;
-            mx = fmaxf(mx, ls[sp]);
-        }
-        const int head = kvh * p.group + r % p.group;
-        const float sk = p.sinks ? p.sinks[head] * 1.4426950408889634f : -INFINITY;
-        float mf = fmaxf(mx, sk);
-        if (mf == -INFINITY) mf = 0.f;
-        float den = p.sinks ? exp2f(sk - mf) : 0.f;
-#pragma unroll
-        for (int sp = 0; sp < 8; sp++) {
-            ls[sp] = exp2f(ls[sp] - mf); // 0 for empty splits and past C
-            den += ls[sp];
-        }
-        const float inv = den > 0.f ? p.v_scale / den : 0.f;
-        const size_t grow = (size_t)(qbeg + r / p.group) * p.hq + head;
-        for (int d = threadIdx.x; d < D; d += NT) {
-            float acc = 0.f;
-#pragma unroll
-            for (int sp = 0; sp < 8; sp++)
-                if (ls[sp] > 0.f) acc += ls[sp] * cl.map_shared_rank(mo0, sp)[r * D + d];
-            p.out[grow * D + d] = __float2bfloat16_rn(acc * inv);
-        }
-    }
-    cl.sync();
-}
-
 // NW warps own 16 query rows each; KS warps (KS > 1: decode) share the same 16 rows and
 // split every KV tile's tokens between them, each with its own online-softmax state, merged
 // through shared memory at the end.
-template <int D, int NW, int KS, typename KVT, bool CM = false>
+template <int D, int NW, int KS, typename KVT>
 __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn_params p) {
     // The metadata (query starts, context lengths, block tables) comes from host copies, and the
     // keys and values of positions before this step's new tokens were written by earlier steps:
@@ -203,9 +156,6 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     // Stage buffers of pipeline slot b (where cp.async writes).
     auto stage_k = [&](int b) -> void * { return FP8 ? (void *)(kst_ + b * BN * D) : (void *)(ks_ + b * BN * RS); };
     auto stage_v = [&](int b) -> void * { return FP8 ? (void *)(vst_ + b * BN * D) : (void *)(vs_ + b * BN * RS); };
-    static_assert(!CM || (NW == 1 && KS > 1), "cluster merge: decode tiles only");
-    float *mo0 = reinterpret_cast<float *>(ks_); // CM: this CTA's partial [16][D] (the KS merge's unused slot 0)
-    float *ml0 = mo0 + KS * 16 * D;              // CM: its log-sum-exp at [2 r]
 
     const int seq = blockIdx.z / p.n_splits, split = blockIdx.z % p.n_splits, kvh = blockIdx.y;
     const int qbeg = p.query_start[seq], qlen = p.query_start[seq + 1] - qbeg;
@@ -216,7 +166,6 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;
     if (row0 >= rows_total) {
         if (p.early) pdl_begin();
-        if constexpr (CM) attn_cluster_merge<D, NT>(p, mo0, ml0, qbeg, kvh, 0);
         return;
     }
     const int row_last = min(row0 + BM, rows_total) - 1;
@@ -237,17 +186,11 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     if (p.n_splits > 1 && tb >= te) {
         // A split past the last one with tiles (a captured graph sizes n_splits for the longest
         // context): only its -inf log-sum-exp, which the reduce skips (no Q load, no partials).
-        if constexpr (CM) {
-            for (int r = threadIdx.x; r < 16; r += NT)
-                ml0[r * 2] = -INFINITY;
-            attn_cluster_merge<D, NT>(p, mo0, ml0, qbeg, kvh, rows_total);
-        } else {
-            for (int r = threadIdx.x; r < BM; r += NT) {
-                const int pr = row0 + r;
-                if (pr <= row_last)
-                    p.part_lse[((size_t)(qbeg + pr / p.group) * p.hq + kvh * p.group + pr % p.group) * p.n_splits +
-                               split] = -INFINITY;
-            }
+        for (int r = threadIdx.x; r < BM; r += NT) {
+            const int pr = row0 + r;
+            if (pr <= row_last)
+                p.part_lse[((size_t)(qbeg + pr / p.group) * p.hq + kvh * p.group + pr % p.group) * p.n_splits +
+                           split] = -INFINITY;
         }
         return;
     }
@@ -421,10 +364,7 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
             }
         }
         __syncthreads();
-        if (wk > 0) {
-            if constexpr (CM) attn_cluster_merge<D, NT>(p, mo0, ml0, qbeg, kvh, rows_total);
-            return;
-        }
+        if (wk > 0) return;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int row = g + h * 8;
@@ -482,14 +422,6 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
             for (int i = 0; i < D / 8; i++)
                 *reinterpret_cast<uint32_t *>(dst + i * 8 + 2 * t4) =
                     pack_bf16(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
-        } else if constexpr (CM) {
-            float inv = ll > 0.f ? 1.f / ll : 0.f;
-            const int lr = pr - row0; // 0..15
-#pragma unroll
-            for (int i = 0; i < D / 8; i++)
-                *reinterpret_cast<float2 *>(mo0 + lr * D + i * 8 + 2 * t4) =
-                    make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
-            if (t4 == 0) ml0[lr * 2] = ll > 0.f ? mm + log2f(ll) : -INFINITY;
         } else {
             float inv = ll > 0.f ? 1.f / ll : 0.f;
             float *dst = p.part_o + (grow * p.n_splits + split) * D;
@@ -500,7 +432,6 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
             if (t4 == 0) p.part_lse[grow * p.n_splits + split] = ll > 0.f ? mm + log2f(ll) : -INFINITY;
         }
     }
-    if constexpr (CM) attn_cluster_merge<D, NT>(p, mo0, ml0, qbeg, kvh, rows_total);
 }
 
 // Combines the splits of each (token, head) row: one warp per row. A captured decode graph
@@ -561,8 +492,7 @@ template <int D, int NW, int KS, typename KVT> constexpr size_t attn_smem() {
     return main > merge ? main : merge;
 }
 
-// Variants: NW = 4 row warps (prefill tiles), or 1 row warp with KS = 4 KV-split warps (decode);
-// CM: the decode kernel whose splits merge inside their cluster.
+// Variants: NW = 4 row warps (prefill tiles), or 1 row warp with KS = 4 KV-split warps (decode).
 template <int NW> constexpr int attn_ks() {
     return NW == 1 ? 4 : 1;
 }
@@ -576,33 +506,26 @@ template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *c
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, NW, KS, KVT>, NW * KS * 32,
                                                              smem));
     cb->attn_occupancy[D == 128][NW == 4][sizeof(KVT) == 1] = occ > 0 ? occ : 1;
-    if constexpr (NW == 1)
-        CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT, true>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 
-// CM: the splits of each (sequence, KV head), consecutive along z, launch as one cluster.
-template <int D, int NW, typename KVT, bool CM = false> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
+template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
     constexpr int KS = attn_ks<NW>();
-    pdl_launch_cluster(paged_attention_kernel<D, NW, KS, KVT, CM>, grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s,
-                       CM ? (unsigned)p.n_splits : 1u, p);
+    pdl_launch(paged_attention_kernel<D, NW, KS, KVT>, grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s, p);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int D, typename KVT> void attn_dispatch_kv(const attn_params &p, dim3 grid, int nw, bool cm, cudaStream_t s) {
+template <int D, typename KVT> void attn_dispatch_kv(const attn_params &p, dim3 grid, int nw, cudaStream_t s) {
     if (nw == 4)
         attn_launch<D, 4, KVT>(p, grid, s);
-    else if (cm)
-        attn_launch<D, 1, KVT, true>(p, grid, s);
     else
         attn_launch<D, 1, KVT>(p, grid, s);
 }
 
-template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, bool fp8, bool cm, cudaStream_t s) {
+template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, bool fp8, cudaStream_t s) {
     if (fp8)
-        attn_dispatch_kv<D, __nv_fp8_e4m3>(p, grid, nw, cm, s);
+        attn_dispatch_kv<D, __nv_fp8_e4m3>(p, grid, nw, s);
     else
-        attn_dispatch_kv<D, __nv_bfloat16>(p, grid, nw, cm, s);
+        attn_dispatch_kv<D, __nv_bfloat16>(p, grid, nw, s);
 }
 
 } // namespace
@@ -699,16 +622,11 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     p.part_lse = p.part_o + (size_t)n * hq * splits * D;
     CHECK_MSG((int64_t)md->n_seqs * splits <= 65535, "CUDA attention: too many sequences (%d)", md->n_seqs);
     dim3 grid(row_tiles, hk, md->n_seqs * splits);
-    // Decode splits of 2..8 merge inside their cluster (no partials in global memory, no reduce)
-    // while the grid fits in one CTA per SM: past that the clusters cost more than the reduce
-    // (q3m batch 64: -2.4%; batch 1 +0.9%, docs/perf.md session 8).
-    const bool cm = cb->attn_cluster_merge && nw == 1 && splits >= 2 && splits <= 8 &&
-                    base_ctas * splits <= cb->num_sms;
     if (D == 64)
-        attn_dispatch<64>(p, grid, nw, fp8, cm, cb->stream);
+        attn_dispatch<64>(p, grid, nw, fp8, cb->stream);
     else
-        attn_dispatch<128>(p, grid, nw, fp8, cm, cb->stream);
-    if (splits > 1 && !cm) {
+        attn_dispatch<128>(p, grid, nw, fp8, cb->stream);
+    if (splits > 1) {
         int rows = n * hq;
         if (D == 64)
             pdl_launch(attention_reduce_kernel<64>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse,

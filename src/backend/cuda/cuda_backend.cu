@@ -341,7 +341,6 @@ static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error 
     cb->attn_split_waves = (int)env_int("ATOMC_ATTN_SPLIT_WAVES", 2, 1, INT32_MAX);
     cb->attn_split_min_tiles = (int)env_int("ATOMC_ATTN_SPLIT_MIN_TILES", 4, 1, INT32_MAX);
     cb->attn_split_fine = env_on("ATOMC_ATTN_SPLIT_FINE");
-    cb->attn_cluster_merge = env_on("ATOMC_ATTN_CLUSTER_MERGE");
     cb->gemv_max_rows = (int)env_int("ATOMC_GEMV_MAX_ROWS", 1, 0, 8);
     // Qwen3-30B-A3B batch 1 by split-k limit: off 306.7, 1024 317.5, 4096 326.0, 8192 324.7 tok/s.
     cb->gemv_splitk_max_m = env_int("ATOMC_GEMV_SPLITK_MAX_M", 4096, 0, INT64_MAX);

@@ -121,7 +121,6 @@ struct cuda_backend {
     bool attn_early;             // attention issues its first KV tile before the PDL wait (env ATOMC_ATTN_EARLY=0: off)
     int attn_split_min_tiles;    // fewest 64-token tiles per split (env ATOMC_ATTN_SPLIT_MIN_TILES, default 4)
     bool attn_split_fine;        // decode: 2-tile splits while within one CTA per SM (ATOMC_ATTN_SPLIT_FINE=0: off)
-    bool attn_cluster_merge;     // decode: 2..8 splits merged in a cluster (ATOMC_ATTN_CLUSTER_MERGE=0: off)
     int gemv_max_rows;           // BF16 matmuls with at most this many rows use the GEMV kernel instead of
                                  // cuBLASLt (env ATOMC_GEMV_MAX_ROWS, default 1, at most 8, 0 = never)
     int gemv_early;              // GEMV weight loads before the PDL wait: 0 off, 1 split-k, 2 all (ATOMC_GEMV_EARLY)
@@ -262,33 +261,22 @@ static inline bool pdl_enabled() {
     return on;
 }
 
-// cluster_z > 1: the grid's blocks form clusters of that many consecutive blocks along z.
 template <typename... K, typename... A>
-static inline void pdl_launch_cluster(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                                      unsigned cluster_z, A &&...args) {
+static inline void pdl_launch(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[2];
+    cudaLaunchAttribute at[1];
     unsigned n = 0;
     if (pdl_enabled()) {
         at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[n++].val.programmaticStreamSerializationAllowed = 1;
     }
-    if (cluster_z > 1) {
-        at[n].id = cudaLaunchAttributeClusterDimension;
-        at[n++].val.clusterDim = {1, 1, cluster_z};
-    }
     cfg.attrs = at;
     cfg.numAttrs = n;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
-}
-
-template <typename... K, typename... A>
-static inline void pdl_launch(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
-    pdl_launch_cluster(kernel, grid, block, smem, s, 1, std::forward<A>(args)...);
 }
 
 // Tensor-core building blocks (mma.sync m16n8k16 bf16 -> f32, ldmatrix, cp.async), shared by
