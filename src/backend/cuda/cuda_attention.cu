@@ -23,10 +23,11 @@
 // a sequence's last tile only store a -inf log-sum-exp (no Q load, no partials).
 //
 // In pure decode batches (max_query_len 1), a CTA whose first KV tile ends before this step's
-// new position issues that tile's copies before the PDL wait (cb->attn_early): every earlier
-// position was written by an earlier step, and the load overlaps the RoPE + KV-write kernel
-// (Qwen3-30B-A3B batch 1 +1.7%, docs/perf.md). Not in steps that admit prompts: there a
-// sequence can share prefix blocks another sequence of the same step is filling.
+// new position issues that tile's copies before the PDL wait: every earlier position was written
+// by an earlier step, and the load overlaps the RoPE + KV-write kernel (Qwen3-30B-A3B batch 1
+// 341.7 -> 347.0 tok/s, Llama-3-8B batch 1 and both at batch 64 unchanged; docs/perf.md session 6).
+// Not in steps that admit prompts: there a sequence can share prefix blocks another sequence of
+// the same step is filling.
 #include "backend/cuda/cuda_common.cuh"
 
 namespace {
@@ -34,6 +35,12 @@ namespace {
 constexpr int BN = CUDA_ATTN_BN; // KV tokens per tile
 constexpr int PAD = 8; // bf16 elements of padding per shared row (conflict-free ldmatrix)
 constexpr int MAX_SPLITS = 128;
+// Split-KV heuristic (cuda_op_attention), from the W x T sweep of `gpu_kernels decode` in
+// docs/perf.md ("CUDA kernels": W = 2, T = 4 best or within 2% in every case but bs=1 ctx=1024)
+// and the model A/Bs of sessions 5 and 7 (1-tile splits: Qwen3-30B-A3B batch 1 +2%, Llama-3-8B
+// batch 1 -3%; 2-tile splits lose 2.4% at Llama-3-8B batch 1 with a 4K context).
+constexpr int SPLIT_WAVES = 2;     // split while the grid fills fewer waves of resident CTAs than this
+constexpr int SPLIT_MIN_TILES = 4; // fewest 64-token tiles per split (2 for the fine decode splits)
 
 struct attn_params {
     const __nv_bfloat16 *q;
@@ -583,26 +590,26 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     const int nw = rows_per_seq <= 16 ? 1 : 4;
     const int row_tiles = (int)cdiv(rows_per_seq, 16 * nw);
     const int64_t base_ctas = (int64_t)row_tiles * hk * md->n_seqs;
-    // Split-KV: when the natural grid fills fewer than attn_split_waves (default 2) waves of
-    // resident CTAs, cut each CTA's KV range so that it does (partials are ~1% of the KV
-    // bytes, so splitting is cheap), never below attn_split_min_tiles (default 4) 64-token
-    // tiles of the largest possible context (max_blocks_per_seq: fixed for a captured graph).
-    // Decode-like tiles may go down to 2-tile splits while the grid stays within one CTA per SM
-    // (cb->attn_split_fine): small-batch decode is latency-bound, and past one CTA per SM the
-    // extra partials cost the reduce more than the parallelism gains. H200 (docs/perf.md
-    // session 7): 2-tile splits took Qwen3-30B-A3B batch 1 (4 KV heads, 640 tokens) from 351
-    // to 357 tok/s, but cost Llama-3-8B batch 1 at a 4K context 2.4% (264 CTAs).
+    // Split-KV: when the natural grid fills fewer than SPLIT_WAVES waves of resident CTAs, cut
+    // each CTA's KV range so that it does (partials are ~1% of the KV bytes, so splitting is
+    // cheap), never below SPLIT_MIN_TILES 64-token tiles of the largest possible context
+    // (max_blocks_per_seq: fixed for a captured graph). Decode-like tiles may go down to 2-tile
+    // splits while the grid stays within one CTA per SM: small-batch decode is latency-bound, and
+    // past one CTA per SM the extra partials cost the reduce more than the parallelism gains.
+    // H200 (docs/perf.md session 7, dd3dfe4, call 7): Qwen3-30B-A3B batch 1 347.9 / 349.8 ->
+    // 353.3 / 355.9 tok/s, Llama-3-8B batch 1 215.9 / 215.7 -> 218.3 / 217.0; plain 2-tile
+    // splits cost Llama-3-8B batch 1 at a 4K context 2.4% (264 CTAs).
     int splits = 1;
     const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[D == 128][nw == 4][fp8];
-    if (base_ctas < cb->attn_split_waves * slots) {
+    if (base_ctas < SPLIT_WAVES * slots) {
         const int64_t ctx = (int64_t)md->max_blocks_per_seq * md->block_size;
-        int64_t cap = cdiv(ctx, cb->attn_split_min_tiles * BN);
-        if (nw == 1 && cb->attn_split_fine) {
+        int64_t cap = cdiv(ctx, SPLIT_MIN_TILES * BN);
+        if (nw == 1) {
             int64_t fine = cdiv(ctx, 2 * BN), per_sm = cb->num_sms / base_ctas;
             if (fine > per_sm) fine = per_sm;
             if (fine > cap) cap = fine;
         }
-        int64_t want = cdiv(cb->attn_split_waves * slots, base_ctas);
+        int64_t want = cdiv(SPLIT_WAVES * slots, base_ctas);
         splits = (int)(want < cap ? want : cap);
         if (splits > MAX_SPLITS) splits = MAX_SPLITS;
         if (splits < 1) splits = 1;
@@ -617,7 +624,7 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     // Pure decode batches only: in a step that admits prompts, a sequence may share prefix
     // blocks that another sequence of the same step fills (the block manager's same-step
     // sharing), i.e. positions before its new tokens that the RoPE + KV-write kernel just wrote.
-    p.early = cb->attn_early && md->max_query_len == 1;
+    p.early = md->max_query_len == 1;
     p.part_o = (float *)cb->attn_scratch;
     p.part_lse = p.part_o + (size_t)n * hq * splits * D;
     CHECK_MSG((int64_t)md->n_seqs * splits <= 65535, "CUDA attention: too many sequences (%d)", md->n_seqs);

@@ -117,10 +117,6 @@ struct cuda_backend {
     void *attn_scratch;
     size_t attn_scratch_bytes;
     int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
-    int attn_split_waves;        // split-KV target in waves of resident CTAs (env ATOMC_ATTN_SPLIT_WAVES, default 2)
-    bool attn_early;             // attention issues its first KV tile before the PDL wait (env ATOMC_ATTN_EARLY=0: off)
-    int attn_split_min_tiles;    // fewest 64-token tiles per split (env ATOMC_ATTN_SPLIT_MIN_TILES, default 4)
-    bool attn_split_fine;        // decode: 2-tile splits while within one CTA per SM (ATOMC_ATTN_SPLIT_FINE=0: off)
     int gemv_max_rows;           // BF16 matmuls with at most this many rows use the GEMV kernel instead of
                                  // cuBLASLt (env ATOMC_GEMV_MAX_ROWS, default 1, at most 8, 0 = never)
     int gemv_early;              // GEMV weight loads before the PDL wait: 0 off, 1 split-k, 2 all (ATOMC_GEMV_EARLY)
