@@ -314,8 +314,7 @@ TEST(cuda_matmul_matches_cpu) {
     BEGIN();
     // (n, m, k, bias). n = 1 with k % 8 == 0 runs a GEMV kernel (m <= 4096: split-k over a
     // block's warps, k not a multiple of the 1 KB step, bias; wider: a warp per column, also
-    // past m = 16384 like an lm_head), the rest cuBLASLt (n = 9, k = 201); ATOMC_GEMV_MAX_ROWS=8
-    // also sends every n <= 8 to the GEMV.
+    // past m = 16384 like an lm_head), the rest cuBLASLt (n >= 2; k = 201).
     int64_t shapes[][4] = {{1, 1024, 512, 0}, {37, 3000, 1000, 1}, {128, 512, 4096, 0}, {5, 96, 200, 1},
                            {300, 130, 64, 0}, {8, 4099, 1032, 1}, {2, 77, 201, 0},  {9, 640, 1024, 0},
                            {4, 6144, 4096, 0}, {1, 128, 2056, 1}, {1, 5000, 1000, 1}, {1, 40001, 512, 1}};

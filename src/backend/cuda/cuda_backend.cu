@@ -338,10 +338,6 @@ static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error 
     cuda_moe_init(cb);
     // Tuning switches for A/B runs (README): each read once here. The split-KV defaults won a
     // 3x3 sweep of decode cases on the H200, the fine decode splits session 7's sweep (docs/perf.md).
-    cb->gemv_max_rows = (int)env_int("ATOMC_GEMV_MAX_ROWS", 1, 0, 8);
-    // Qwen3-30B-A3B batch 1 by split-k limit: off 306.7, 1024 317.5, 4096 326.0, 8192 324.7 tok/s.
-    cb->gemv_splitk_max_m = env_int("ATOMC_GEMV_SPLITK_MAX_M", 4096, 0, INT64_MAX);
-    cb->gemv_early = (int)env_int("ATOMC_GEMV_EARLY", 2, 0, 2);
     cb->moe_down_early = env_on("ATOMC_MOE_DOWN_EARLY");
     cb->moe_slot_path = env_on("ATOMC_MOE_SLOT_PATH");
     const int64_t tile = env_int("ATOMC_MOE_TILE_ROWS", 0, 0, INT32_MAX);

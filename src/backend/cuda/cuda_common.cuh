@@ -117,12 +117,7 @@ struct cuda_backend {
     void *attn_scratch;
     size_t attn_scratch_bytes;
     int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
-    int gemv_max_rows;           // BF16 matmuls with at most this many rows use the GEMV kernel instead of
-                                 // cuBLASLt (env ATOMC_GEMV_MAX_ROWS, default 1, at most 8, 0 = never)
-    int gemv_early;              // GEMV weight loads before the PDL wait: 0 off, 1 split-k, 2 all (ATOMC_GEMV_EARLY)
     bool moe_down_early;         // MoE slot down: ids + first weights before the wait (ATOMC_MOE_DOWN_EARLY=0: off)
-    int64_t gemv_splitk_max_m;   // single-row GEMVs with at most this many outputs split k over a
-                                 // block's warps (env ATOMC_GEMV_SPLITK_MAX_M, default 4096)
     bool moe_slot_path;          // MoE slot-major path for <= 32 routed rows (env ATOMC_MOE_SLOT_PATH=0: off)
     int moe_tile_rows;           // forced MoE MMA tile rows 16 / 64 / 128, 0 = by batch (env ATOMC_MOE_TILE_ROWS)
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
