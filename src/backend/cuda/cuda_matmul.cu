@@ -33,21 +33,26 @@
 // The GEMVs issue their first weight loads before the PDL wait (weights are never written by
 // the kernels they wait on), overlapping the previous kernel's tail: Qwen3-30B-A3B batch 1
 // 340.2 -> 344.0 tok/s with both kernels (341.4 with the split-k one alone), Llama-3-8B unchanged
-// (H200 session 6, call 6; docs/perf.md session 6).
+// (H200 session 6, call 6; docs/perf.md session 6). The host always passes early = true; the
+// argument stays because it shapes the code: with an unconditional wait after the loads, ptxas
+// (nvcc 13.0.88) schedules griddepcontrol.wait above the predicated weight loads, so nothing is
+// loaded early (seen with nvdisasm); with the wait under `early` the loads stay ahead of it.
 
 // out(1, m) = x(1, k) @ w(m, k)^T (+ bias); k % 8 == 0, x and w 16-byte aligned.
 template <typename TO>
 __global__ void __launch_bounds__(32 * GEMV_WARPS, GEMV_ROW_MINB)
-    gemv_bf16_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k) {
+    gemv_bf16_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k,
+                     bool early) {
     constexpr int PRE = GEMV_ROW_PRE;
     const int lane = threadIdx.x % 32;
     const int64_t col = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
     const __nv_bfloat16 *wr = w + (col < m ? col : 0) * k;
+    if (!early) pdl_begin();
     uint4 wv[PRE];
 #pragma unroll
     for (int i = 0; i < PRE; i++)
         if (lane * 8 + i * 256 < k) wv[i] = ld_stream16(wr + lane * 8 + i * 256);
-    pdl_begin();
+    if (early) pdl_begin();
     if (col >= m) return;
     float acc = 0.f;
     auto fma_chunk = [&](int64_t kk, const uint4 &wq) {
@@ -82,18 +87,20 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS, GEMV_ROW_MINB)
 // 371.1 tok/s, Llama-3-8B unchanged (H200 session 7, call 11; 4 loads at 16 blocks spill, +1.3%).
 template <typename TO>
 __global__ void __launch_bounds__(32 * GEMV_WARPS, 16)
-    gemv_splitk_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k) {
+    gemv_splitk_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k,
+                       bool early) {
     constexpr int PRE = 2; // weight loads per thread issued before the PDL wait
     __shared__ float part[GEMV_WARPS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int64_t col = blockIdx.x;
     const __nv_bfloat16 *wr = w + col * k;
     const int64_t k0 = (int64_t)(warp * 32 + lane) * 8;
+    if (!early) pdl_begin();
     uint4 wv[PRE];
 #pragma unroll
     for (int i = 0; i < PRE; i++)
         if (k0 + i * GEMV_WARPS * 32 * 8 < k) wv[i] = ld_stream16(wr + k0 + i * GEMV_WARPS * 32 * 8);
-    pdl_begin();
+    if (early) pdl_begin();
     float acc = 0.f;
     auto fma_chunk = [&](int64_t kk, const uint4 &wq) {
         float wf[8], xf[8];
@@ -128,7 +135,7 @@ template <typename TO>
 static void gemv_bf16(cudaStream_t s, TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias,
                       int64_t m, int64_t k) {
     if (m <= GEMV_SPLITK_MAX_M) {
-        pdl_launch(gemv_splitk_kernel<TO>, (unsigned)m, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k);
+        pdl_launch(gemv_splitk_kernel<TO>, (unsigned)m, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, true);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -136,7 +143,7 @@ static void gemv_bf16(cudaStream_t s, TO *out, const __nv_bfloat16 *x, const __n
     // so the qkv projections of Qwen3-30B-A3B (1280 blocks) and Llama-3-8B (1536) run in one wave,
     // not two at 6 blocks per SM (76 registers with 8 loads up front). H200 batch 1 (session
     // 7, call 8): q3m 351.6/355.4 -> 360.2/360.6 tok/s, Llama-3-8B 216.4 -> 219.1/219.3.
-    pdl_launch(gemv_bf16_kernel<TO>, cdiv(m, GEMV_WARPS), 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k);
+    pdl_launch(gemv_bf16_kernel<TO>, cdiv(m, GEMV_WARPS), 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, true);
     CUDA_CHECK_LAUNCH();
 }
 
