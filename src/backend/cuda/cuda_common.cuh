@@ -117,9 +117,6 @@ struct cuda_backend {
     void *attn_scratch;
     size_t attn_scratch_bytes;
     int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
-    bool moe_down_early;         // MoE slot down: ids + first weights before the wait (ATOMC_MOE_DOWN_EARLY=0: off)
-    bool moe_slot_path;          // MoE slot-major path for <= 32 routed rows (env ATOMC_MOE_SLOT_PATH=0: off)
-    int moe_tile_rows;           // forced MoE MMA tile rows 16 / 64 / 128, 0 = by batch (env ATOMC_MOE_TILE_ROWS)
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
     // calls; per-row work area.
     int32_t *sample_counts;
