@@ -33,7 +33,7 @@
 namespace {
 
 constexpr int BN = CUDA_ATTN_BN; // KV tokens per tile
-constexpr int PAD = 8; // bf16 elements of padding per shared row (conflict-free ldmatrix)
+constexpr int PAD = 8;           // bf16 elements of padding per shared row (conflict-free ldmatrix)
 constexpr int MAX_SPLITS = 128;
 // Split-KV heuristic (cuda_op_attention), from the W x T sweep of `gpu_kernels decode` in
 // docs/perf.md ("CUDA kernels": W = 2, T = 4 best or within 2% in every case but bs=1 ctx=1024)
@@ -196,8 +196,8 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
         for (int r = threadIdx.x; r < BM; r += NT) {
             const int pr = row0 + r;
             if (pr <= row_last)
-                p.part_lse[((size_t)(qbeg + pr / p.group) * p.hq + kvh * p.group + pr % p.group) * p.n_splits +
-                           split] = -INFINITY;
+                p.part_lse[((size_t)(qbeg + pr / p.group) * p.hq + kvh * p.group + pr % p.group) * p.n_splits + split] =
+                    -INFINITY;
         }
         return;
     }
@@ -507,8 +507,8 @@ template <int NW> constexpr int attn_ks() {
 template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *cb) {
     constexpr int KS = attn_ks<NW>();
     constexpr int smem = (int)attn_smem<D, NW, KS, KVT>();
-    CUDA_CHECK(
-        cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem));
     int occ = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, NW, KS, KVT>, NW * KS * 32,
                                                              smem));

@@ -735,8 +735,8 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, S >= 16 ? 1 : 2)
 static bool moe_slot_path(enum dtype dt, int64_t R, int n_slots, int64_t H, int64_t I, const void *x, const void *wgu,
                           const void *wd) {
     const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)wgu % 16 == 0 && (uintptr_t)wd % 16 == 0;
-    return dt == DTYPE_BF16 && R <= MOE_SLOT_MAX_ROWS && n_slots <= 16 && H % 8 == 0 &&
-           I % 8 == 0 && aligned && H * 2 <= MOE_SLOT_SMEM_MAX && (int64_t)n_slots * I * 2 <= MOE_SLOT_SMEM_MAX;
+    return dt == DTYPE_BF16 && R <= MOE_SLOT_MAX_ROWS && n_slots <= 16 && H % 8 == 0 && I % 8 == 0 && aligned &&
+           H * 2 <= MOE_SLOT_SMEM_MAX && (int64_t)n_slots * I * 2 <= MOE_SLOT_SMEM_MAX;
 }
 
 static void moe_slot_launch(cudaStream_t s, __nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *wgu,
