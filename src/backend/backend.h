@@ -110,7 +110,7 @@ struct sample_args {
 // shared experts folded into the same fused op: slots top_k .. top_k + n_shared - 1 of every
 // token get expert ids E .. E + n_shared - 1 with weight shared_weight (the stacked expert
 // weights then hold E + n_shared experts), so moe_experts needs no special case for them.
-// force_uniform (BENCHMARK ONLY, env ATOMC_MOE_FORCE_UNIFORM=1 via the model): ignores the
+// force_uniform (BENCHMARK ONLY, the bench commands' --moe-uniform-routing via model_load_options): ignores the
 // logits; token t's slot j gets expert (t * top_k + j) mod E with weight 1 / top_k, i.e. a
 // perfectly balanced round-robin load over the experts (random dummy router weights otherwise
 // concentrate traffic, which real routers spread).
