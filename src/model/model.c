@@ -11,6 +11,7 @@
 #include "loader/model_files.h"
 #include "model/arch.h"
 #include "model/model.h"
+#include "model/quant.h"
 #include "model/weight_loader.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -92,6 +93,8 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
                          dtype_name(o->weight_dtype), be);
     if (!(caps->weight_schemes & BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE)))
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "the %s backend has no unquantised weights", be);
+    atomc_status qst = model_quant_check_backend(c, caps, err); // quantized weights' schemes and dtypes
+    if (qst != ATOMC_OK) return qst;
     if (!(caps->kv_dtypes & BACKEND_CAP_BIT(o->kv_dtype)))
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "KV cache dtype %s is not supported by the %s backend",
                          dtype_name(o->kv_dtype), be);
