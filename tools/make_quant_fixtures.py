@@ -11,6 +11,8 @@ what it does not implement (tests/test_quant_refuse.c, tests/py/test_quant_refus
                          written here tensor by tensor
     ct_fp8_channel/      compressed-tensors "float-quantized": FP8 weights with per-channel scales,
                          dynamic per-token FP8 activations (llm-compressor's FP8_DYNAMIC)
+    ct_fp8_tensor/       compressed-tensors "float-quantized": FP8 weights with one scale per tensor,
+                         dynamic per-token FP8 activations
     ct_w4a16_group128/   compressed-tensors "pack-quantized": INT4 weights packed in int32, group
                          size 128 scales, activations unquantized (W4A16)
     fp8_no_config/       NO quantization_config, yet F8_E4M3 weights with a per-tensor weight_scale
@@ -214,7 +216,10 @@ def make_ct(out, overrides, scheme_kw, fmt, seed, check):
             w = m.weight.float()
             if args.group_size:
                 w = w.reshape(w.shape[0], -1, args.group_size)
-            s, z = calculate_qparams(w.amin(-1), w.amax(-1), args)
+            if args.strategy == "tensor":
+                s, z = calculate_qparams(w.amin().reshape(1), w.amax().reshape(1), args)
+            else:
+                s, z = calculate_qparams(w.amin(-1), w.amax(-1), args)
             m.weight_scale.copy_(s.reshape(m.weight_scale.shape))
             if hasattr(m, "weight_zero_point"):
                 m.weight_zero_point.copy_(z.reshape(m.weight_zero_point.shape))
@@ -282,6 +287,7 @@ def make_unknown_tensor(out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "quant"))
+    ap.add_argument("--only", action="append", help="write only this fixture (repeatable)")
     a = ap.parse_args()
     jobs = {
         "fp8_block": make_fp8_block,
@@ -290,6 +296,11 @@ def main():
                           input_activations=dict(num_bits=8, type="float", strategy="token", symmetric=True,
                                                  dynamic=True)),
             "float-quantized", 2, check_fp8_channel),
+        "ct_fp8_tensor": lambda o: make_ct(
+            o, BASE, dict(weights=dict(num_bits=8, type="float", strategy="tensor", symmetric=True, dynamic=False),
+                          input_activations=dict(num_bits=8, type="float", strategy="token", symmetric=True,
+                                                 dynamic=True)),
+            "float-quantized", 6, check_fp8_channel),
         "ct_w4a16_group128": lambda o: make_ct(
             o, BASE_128, dict(weights=dict(num_bits=4, type="int", strategy="group", group_size=128, symmetric=True,
                                            dynamic=False)),
@@ -298,6 +309,8 @@ def main():
         "unknown_tensor": make_unknown_tensor,
     }
     for name, fn in jobs.items():
+        if a.only and name not in a.only:
+            continue
         out = os.path.join(a.out, name)
         shutil.rmtree(out, ignore_errors=True)
         fn(out)
