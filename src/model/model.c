@@ -72,6 +72,8 @@ static atomc_status model_check_config(const struct model_config *c, const struc
 atomc_status model_check_backend_caps(const struct model_config *c, const struct backend_caps *caps,
                                       const struct model_load_options *o, struct error *err) {
     const char *be = caps->name;
+    atomc_status qst = model_quant_check_backend(c, caps, err); // quantized weights' schemes and dtypes
+    if (qst != ATOMC_OK) return qst;
     if (caps->n_head_dims > 0) {
         bool ok = false;
         for (int i = 0; i < caps->n_head_dims; i++) ok = ok || caps->head_dims[i] == c->head_dim;
@@ -93,8 +95,6 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
                          dtype_name(o->weight_dtype), be);
     if (!(caps->weight_schemes & BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE)))
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "the %s backend has no unquantised weights", be);
-    atomc_status qst = model_quant_check_backend(c, caps, err); // quantized weights' schemes and dtypes
-    if (qst != ATOMC_OK) return qst;
     if (!(caps->kv_dtypes & BACKEND_CAP_BIT(o->kv_dtype)))
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "KV cache dtype %s is not supported by the %s backend",
                          dtype_name(o->kv_dtype), be);
