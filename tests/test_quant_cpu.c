@@ -57,9 +57,18 @@ static bool has(const char *msg, const char *needle) {
 
 static struct runner_options base_options(const char *path) {
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
-        .block_size = 4, .num_kv_blocks = 64, .max_num_seqs = 4, .max_num_batched_tokens = 64,
-        .max_model_len = 64, .num_threads = 2, .enforce_eager = true,
+        .model_path = path,
+        .device = "cpu",
+        .dtype = "auto",
+        .load_format = "auto",
+        .kv_cache_dtype = "auto",
+        .block_size = 4,
+        .num_kv_blocks = 64,
+        .max_num_seqs = 4,
+        .max_num_batched_tokens = 64,
+        .max_model_len = 64,
+        .num_threads = 2,
+        .enforce_eager = true,
     };
     return o;
 }
@@ -106,7 +115,8 @@ TEST(quant_fixtures_logits_match_refs) {
             sim_seq_init(q, p->ids, p->n);
             sim_step_begin(s);
             ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
-            for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+            for (int k = 0; k < p->n_pos; k++)
+                s->rows[k] = p->pos[k];
             s->n_rows = p->n_pos;
             struct forward_batch fb = sim_step_batch(s);
             float *lg = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
@@ -213,8 +223,9 @@ TEST(quant_weights_stay_quantized_in_memory) {
             }
             // Unfused weights keep the checkpoint's scheme; fused per-tensor parts become per-channel.
             ASSERT_EQ(ly->attn.gqa.o.scheme, FIXTURES[fi].scheme);
-            ASSERT_EQ(ly->attn.gqa.qkv.scheme,
-                      FIXTURES[fi].scheme == WEIGHT_SCHEME_PER_TENSOR ? WEIGHT_SCHEME_PER_CHANNEL : FIXTURES[fi].scheme);
+            ASSERT_EQ(ly->attn.gqa.qkv.scheme, FIXTURES[fi].scheme == WEIGHT_SCHEME_PER_TENSOR
+                                                   ? WEIGHT_SCHEME_PER_CHANNEL
+                                                   : FIXTURES[fi].scheme);
         }
         double ratio = (double)qbytes / (double)f32bytes;
         fprintf(stderr, "  %-18s linear weights %zu bytes = %.4f of F32 (%zu)\n", FIXTURES[fi].name, qbytes, ratio,
@@ -349,9 +360,11 @@ static void edit_tensor(const char *dir, const char *name, const char *new_dtype
         if (hit && !new_dtype && !new_shape) continue;
         json_t *shape = json_array();
         if (hit && new_shape)
-            for (int d = 0; d < ndim; d++) json_array_append_new(shape, json_integer(new_shape[d]));
+            for (int d = 0; d < ndim; d++)
+                json_array_append_new(shape, json_integer(new_shape[d]));
         else
-            for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->ne[d]));
+            for (int d = 0; d < t->ndim; d++)
+                json_array_append_new(shape, json_integer(t->ne[d]));
         json_object_set_new(h, t->name,
                             json_pack("{s:s, s:o, s:[I, I]}", "dtype", hit && new_dtype ? new_dtype : t->dtype_name,
                                       "shape", shape, "data_offsets", (json_int_t)t->begin, (json_int_t)t->end));
@@ -363,7 +376,8 @@ static void edit_tensor(const char *dir, const char *name, const char *new_dtype
     char *hs = json_dumps(h, JSON_COMPACT);
     size_t hl = strlen(hs), padded = (hl + 7) / 8 * 8, total = 8 + padded + (size_t)end;
     unsigned char *out = calloc(1, total);
-    for (int b = 0; b < 8; b++) out[b] = (unsigned char)((uint64_t)padded >> (8 * b));
+    for (int b = 0; b < 8; b++)
+        out[b] = (unsigned char)((uint64_t)padded >> (8 * b));
     memcpy(out + 8, hs, hl);
     memset(out + 8 + hl, ' ', padded - hl);
     memcpy(out + 8 + padded, f->data + 8 + f->header_len, (size_t)end);
@@ -457,7 +471,8 @@ TEST(quant_mutated_configs_are_refused_by_name) {
     ASSERT_EQ(try_load(d, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "weights int8, strategy group"));
 
-    d = mutant("ct_w4a16_group128", "c_actorder", "\"group_size\": 128,", "\"group_size\": 128, \"actorder\": \"group\",");
+    d = mutant("ct_w4a16_group128", "c_actorder", "\"group_size\": 128,",
+               "\"group_size\": 128, \"actorder\": \"group\",");
     ASSERT_EQ(try_load(d, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "actorder group"));
 
@@ -489,8 +504,8 @@ TEST(quant_tensor_parallel_refused) {
     struct model_files *mf;
     ASSERT_OK(model_files_open(&mf, fixture_dir("fp8_block"), &e));
     struct comm *fake = (struct comm *)(uintptr_t)1; // never used: loading stops first
-    struct model_load_options lo = {.files = mf, .weight_dtype = DTYPE_F32, .kv_dtype = DTYPE_F32, .tp_size = 2,
-                                    .tp_rank = 0, .comm = fake};
+    struct model_load_options lo = {
+        .files = mf, .weight_dtype = DTYPE_F32, .kv_dtype = DTYPE_F32, .tp_size = 2, .tp_rank = 0, .comm = fake};
     struct model *m = NULL;
     ASSERT_EQ(model_load(&m, b, &mf->config, &lo, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "tensor-parallel shards of quantized weights (scheme block"));
@@ -530,7 +545,8 @@ static struct qw make_qweight(struct backend *b, enum weight_scheme scheme, int 
     if (scheme == WEIGHT_SCHEME_GROUP) sr = rows, sc = (cols + bc - 1) / bc;
     int64_t ns = (int64_t)E * sr * sc;
     float *scale = malloc(sizeof(float) * (size_t)ns);
-    for (int64_t i = 0; i < ns; i++) scale[i] = 0.01f + 0.02f * (frand() + 1.0f);
+    for (int64_t i = 0; i < ns; i++)
+        scale[i] = 0.01f + 0.02f * (frand() + 1.0f);
     if (scheme == WEIGHT_SCHEME_GROUP) {
         int64_t words = cols / 8;
         uint32_t *p = malloc(sizeof(uint32_t) * (size_t)(E * rows * words));
@@ -600,9 +616,8 @@ TEST(quant_matmul_matches_definition) {
     } cases[] = {
         {WEIGHT_SCHEME_BLOCK, 300, 200, 128, 128}, // partial blocks both ways
         {WEIGHT_SCHEME_BLOCK, 96, 256, 32, 128},   // a regridded fused weight's blocks
-        {WEIGHT_SCHEME_PER_CHANNEL, 37, 72, 0, 0},
-        {WEIGHT_SCHEME_PER_TENSOR, 45, 64, 0, 0},
-        {WEIGHT_SCHEME_GROUP, 41, 200, 0, 128},    // a partial last group
+        {WEIGHT_SCHEME_PER_CHANNEL, 37, 72, 0, 0}, {WEIGHT_SCHEME_PER_TENSOR, 45, 64, 0, 0},
+        {WEIGHT_SCHEME_GROUP, 41, 200, 0, 128}, // a partial last group
         {WEIGHT_SCHEME_GROUP, 64, 256, 0, 32},
     };
     const int ns[] = {1, 3, 8, 21}; // skinny kernel up to 8 rows, sgemm above
@@ -610,12 +625,14 @@ TEST(quant_matmul_matches_definition) {
         struct qw q = make_qweight(b, cases[ci].s, 1, cases[ci].m, cases[ci].k, cases[ci].br, cases[ci].bc);
         const int64_t m = cases[ci].m, k = cases[ci].k;
         float *bias = malloc(sizeof(float) * (size_t)m);
-        for (int64_t j = 0; j < m; j++) bias[j] = frand();
+        for (int64_t j = 0; j < m; j++)
+            bias[j] = frand();
         struct tensor bt = tensor_make(bias, DTYPE_F32, 1, (int64_t[]){m});
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             int n = ns[ni];
             float *x = malloc(sizeof(float) * (size_t)(n * k)), *y = malloc(sizeof(float) * (size_t)(n * m));
-            for (int64_t i = 0; i < n * k; i++) x[i] = frand();
+            for (int64_t i = 0; i < n * k; i++)
+                x[i] = frand();
             struct tensor xt = tensor_2d(x, DTYPE_F32, n, k), yt = tensor_2d(y, DTYPE_F32, n, m);
             for (int with_bias = 0; with_bias < 2; with_bias++) {
                 b->ops->matmul(b, &yt, &xt, &q.w, with_bias ? &bt : NULL);
@@ -623,7 +640,8 @@ TEST(quant_matmul_matches_definition) {
                 for (int i = 0; i < n; i++)
                     for (int64_t j = 0; j < m; j++) {
                         double ref = with_bias ? bias[j] : 0;
-                        for (int64_t c = 0; c < k; c++) ref += (double)x[i * k + c] * q.dense[j * k + c];
+                        for (int64_t c = 0; c < k; c++)
+                            ref += (double)x[i * k + c] * q.dense[j * k + c];
                         double d = fabs(ref - y[i * m + j]);
                         if (!(d <= worst)) worst = d;
                         if (fabs(ref) > scale) scale = fabs(ref);
@@ -661,8 +679,10 @@ TEST(quant_moe_experts_match_dense) {
         float *x = malloc(sizeof(float) * (size_t)(n * H)), *y = malloc(sizeof(float) * (size_t)(n * H)),
               *yd = malloc(sizeof(float) * (size_t)(n * H)), *w = malloc(sizeof(float) * (size_t)(n * slots));
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * slots));
-        for (int64_t i = 0; i < n * H; i++) x[i] = frand();
-        for (int i = 0; i < n * slots; i++) ids[i] = (i * 3 + i / slots) % E, w[i] = 0.5f + 0.25f * frand();
+        for (int64_t i = 0; i < n * H; i++)
+            x[i] = frand();
+        for (int i = 0; i < n * slots; i++)
+            ids[i] = (i * 3 + i / slots) % E, w[i] = 0.5f + 0.25f * frand();
         size_t wsb = moe_workspace_bytes(n, slots, E, H, I, sizeof(float));
         void *ws = b->ops->alloc(b, wsb);
         struct tensor xt = tensor_2d(x, DTYPE_F32, n, H), yt = tensor_2d(y, DTYPE_F32, n, H),
@@ -687,4 +707,6 @@ TEST(quant_moe_experts_match_dense) {
     backend_destroy(b);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

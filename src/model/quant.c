@@ -46,24 +46,24 @@ static const struct quant_impl quant_implemented[] = {
      QUANT_ACT_DYNAMIC, QUANT_STRATEGY_TOKEN, false, WEIGHT_SCHEME_PER_CHANNEL, DTYPE_FP8_E4M3, "weight",
      "weight_scale", false, "FP8 e4m3 weights with per-channel scales"},
     {QUANT_METHOD_COMPRESSED_TENSORS, "float-quantized", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_CHANNEL, 0, 0,
-     QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_PER_CHANNEL, DTYPE_FP8_E4M3, "weight",
-     "weight_scale", false, "FP8 e4m3 weights with per-channel scales"},
+     QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_PER_CHANNEL, DTYPE_FP8_E4M3, "weight", "weight_scale",
+     false, "FP8 e4m3 weights with per-channel scales"},
     {QUANT_METHOD_COMPRESSED_TENSORS, "float-quantized", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_TENSOR, 0, 0,
-     QUANT_ACT_DYNAMIC, QUANT_STRATEGY_TOKEN, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight",
-     "weight_scale", false, "FP8 e4m3 weights with per-tensor scales"},
+     QUANT_ACT_DYNAMIC, QUANT_STRATEGY_TOKEN, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight", "weight_scale",
+     false, "FP8 e4m3 weights with per-tensor scales"},
     {QUANT_METHOD_COMPRESSED_TENSORS, "float-quantized", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_TENSOR, 0, 0,
-     QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight",
-     "weight_scale", false, "FP8 e4m3 weights with per-tensor scales"},
-    {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 4, QUANT_STRATEGY_GROUP, 0, 0,
-     QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale",
-     true, "symmetric INT4 weights packed in int32 with group scales"},
-    {QUANT_METHOD_NONE, NULL, QUANT_TYPE_NONE, 0, QUANT_STRATEGY_NONE, 0, 0, QUANT_ACT_NONE, QUANT_STRATEGY_NONE,
-     false, WEIGHT_SCHEME_NONE, DTYPE_F32, NULL, NULL, false, NULL},
+     QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight", "weight_scale",
+     false, "FP8 e4m3 weights with per-tensor scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 4, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "symmetric INT4 weights packed in int32 with group scales"},
+    {QUANT_METHOD_NONE, NULL, QUANT_TYPE_NONE, 0, QUANT_STRATEGY_NONE, 0, 0, QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false,
+     WEIGHT_SCHEME_NONE, DTYPE_F32, NULL, NULL, false, NULL},
 };
 
 #define QUANT_SUPPORTED                                                                                                \
-    "supported: none (unquantized safetensors), GGUF Q8_0/Q4_0/Q4_1, fp8 e4m3 with weight_block_size [128, 128] "  \
-    "and dynamic activations, compressed-tensors float-quantized FP8 (channel or tensor weights; no or dynamic "   \
+    "supported: none (unquantized safetensors), GGUF Q8_0/Q4_0/Q4_1, fp8 e4m3 with weight_block_size [128, 128] "      \
+    "and dynamic activations, compressed-tensors float-quantized FP8 (channel or tensor weights; no or dynamic "       \
     "per-token activations), compressed-tensors pack-quantized symmetric INT4 with group scales (weight-only)"
 
 const char *quant_method_name(enum quant_method m) {
@@ -303,8 +303,8 @@ atomc_status model_quant_check(const struct model_config *c, struct error *err) 
 static bool regex_match_start(const char *pattern, const char *name) {
     int code;
     PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED | PCRE2_UTF, &code,
-                                   &off, NULL);
+    pcre2_code *re =
+        pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED | PCRE2_UTF, &code, &off, NULL);
     if (!re) return false;
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
     int rc = pcre2_match(re, (PCRE2_SPTR)name, strlen(name), 0, 0, md, NULL);
@@ -379,7 +379,8 @@ atomc_status model_quant_check_backend(const struct model_config *c, const struc
                              "%s: quant_method '%s' (%s): the %s backend does not implement the weight scheme "
                              "'%s' with %s values yet (its %s); the cpu backend runs it",
                              q->origin, q->method_name, r->what, caps->name, weight_scheme_name(r->scheme),
-                             dtype_name(r->values_dtype), !scheme_ok ? "kernels lack the scheme" : "matmuls lack the dtype");
+                             dtype_name(r->values_dtype),
+                             !scheme_ok ? "kernels lack the scheme" : "matmuls lack the dtype");
     }
     return ATOMC_OK;
 }

@@ -48,12 +48,12 @@ atomc_status model_quant_check_backend(const struct model_config *c, const struc
 // What the loader reads for one linear module (its HF name without ".weight", e.g.
 // "model.layers.0.self_attn.q_proj"): values <module>.<values>, scales <module>.<scale>.
 struct quant_weight_plan {
-    enum weight_scheme scheme; // NONE: a plain <module>.weight
-    enum dtype values_dtype;   // FP8_E4M3, or I32 words of packed `bits`-bit integers
-    int bits;                  // 8 (FP8) or 4 (packed)
-    const char *values;        // "weight" or "weight_packed"
-    const char *scale;         // "weight_scale_inv" (fp8 blocks) or "weight_scale"
-    bool shape_tensor;         // <module>.weight_shape (I64 [rows, cols]) is stored too
+    enum weight_scheme scheme;  // NONE: a plain <module>.weight
+    enum dtype values_dtype;    // FP8_E4M3, or I32 words of packed `bits`-bit integers
+    int bits;                   // 8 (FP8) or 4 (packed)
+    const char *values;         // "weight" or "weight_packed"
+    const char *scale;          // "weight_scale_inv" (fp8 blocks) or "weight_scale"
+    bool shape_tensor;          // <module>.weight_shape (I64 [rows, cols]) is stored too
     int block_rows, block_cols; // BLOCK: the tile; GROUP: 1 x group size
 };
 

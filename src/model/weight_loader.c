@@ -156,7 +156,8 @@ atomc_status weight_loader_load_tensor(struct weight_loader *L, struct tensor *d
         if (qp.scheme != WEIGHT_SCHEME_NONE)
             return error_set(err, ATOMC_ERR_UNSUPPORTED,
                              "%s: a quantized lm_head (weight scheme %s) is not implemented; only checkpoints "
-                             "that leave lm_head unquantized load", m->cfg.quant.origin, weight_scheme_name(qp.scheme));
+                             "that leave lm_head unquantized load",
+                             m->cfg.quant.origin, weight_scheme_name(qp.scheme));
     }
     struct tensor src;
     atomc_status st = slice_dim < 0 ? model_files_get_tensor(L->files, name, &src, err)
@@ -303,7 +304,9 @@ static atomc_status load_stacked(struct weight_loader *L, struct tensor *dst, in
 // ---------------------------------------------------------------------------------------------
 // Quantized weights (see the top of this file)
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
 
 static int64_t gcd64(int64_t a, int64_t b) {
     while (b) {
@@ -326,11 +329,24 @@ static void quant_tensor_name(char *buf, size_t n, const char *weight_name, cons
 // one-element shape per tensor).
 static void scale_shape(const struct quant_weight_plan *p, int64_t rows, int64_t cols, int64_t *sr, int64_t *sc) {
     switch (p->scheme) {
-    case WEIGHT_SCHEME_BLOCK: *sr = ceil_div(rows, p->block_rows); *sc = ceil_div(cols, p->block_cols); return;
-    case WEIGHT_SCHEME_PER_CHANNEL: *sr = rows; *sc = 1; return;
-    case WEIGHT_SCHEME_PER_TENSOR: *sr = 1; *sc = 1; return;
-    case WEIGHT_SCHEME_GROUP: *sr = rows; *sc = ceil_div(cols, p->block_cols); return;
-    default: CHECK_MSG(0, "weight loader: scheme %s", weight_scheme_name(p->scheme));
+    case WEIGHT_SCHEME_BLOCK:
+        *sr = ceil_div(rows, p->block_rows);
+        *sc = ceil_div(cols, p->block_cols);
+        return;
+    case WEIGHT_SCHEME_PER_CHANNEL:
+        *sr = rows;
+        *sc = 1;
+        return;
+    case WEIGHT_SCHEME_PER_TENSOR:
+        *sr = 1;
+        *sc = 1;
+        return;
+    case WEIGHT_SCHEME_GROUP:
+        *sr = rows;
+        *sc = ceil_div(cols, p->block_cols);
+        return;
+    default:
+        CHECK_MSG(0, "weight loader: scheme %s", weight_scheme_name(p->scheme));
     }
 }
 
@@ -413,7 +429,8 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
     if (m->tp_size > 1)
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
                          "%s: tensor-parallel shards of quantized weights (scheme %s, %s) are not implemented; use "
-                         "tensor_parallel_size 1", m->cfg.quant.origin, weight_scheme_name(p->scheme), names[0]);
+                         "tensor_parallel_size 1",
+                         m->cfg.quant.origin, weight_scheme_name(p->scheme), names[0]);
     const bool packed = p->values_dtype == DTYPE_I32;
     const int per_word = packed ? 32 / p->bits : 1;
     if (cols % per_word != 0)
@@ -421,18 +438,22 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
                          names[0], (long long)cols, p->bits);
     const int64_t stored_cols = cols / per_word;
     int64_t R = 0;
-    for (int i = 0; i < n; i++) R += rows[i];
+    for (int i = 0; i < n; i++)
+        R += rows[i];
     // Scale layout of the fused weight.
     enum weight_scheme scheme = p->scheme;
     int br = p->block_rows;
     if (scheme == WEIGHT_SCHEME_PER_TENSOR && n > 1) scheme = WEIGHT_SCHEME_PER_CHANNEL;
     if (scheme == WEIGHT_SCHEME_BLOCK && n > 1)
-        for (int i = 0; i < n; i++) br = (int)gcd64(br, rows[i]);
+        for (int i = 0; i < n; i++)
+            br = (int)gcd64(br, rows[i]);
     int64_t scols = 1, srows = 0;
     if (scheme == WEIGHT_SCHEME_BLOCK) scols = ceil_div(cols, p->block_cols);
     if (scheme == WEIGHT_SCHEME_GROUP) scols = ceil_div(cols, p->block_cols);
     for (int i = 0; i < n; i++)
-        srows += scheme == WEIGHT_SCHEME_BLOCK ? ceil_div(rows[i], br) : scheme == WEIGHT_SCHEME_PER_TENSOR ? 1 : rows[i];
+        srows += scheme == WEIGHT_SCHEME_BLOCK        ? ceil_div(rows[i], br)
+                 : scheme == WEIGHT_SCHEME_PER_TENSOR ? 1
+                                                      : rows[i];
     if (br != p->block_rows)
         LOG_DEBUG("%s: fused parts are not whole %d-row blocks; scales regridded to %d-row blocks", names[0],
                   p->block_rows, br);
@@ -469,7 +490,8 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
                 memcpy(dst + k * scols, part + (k * br / p->block_rows) * sc, (size_t)scols * sizeof(float));
             srow_off += nb;
         } else if (scheme == WEIGHT_SCHEME_PER_CHANNEL && p->scheme == WEIGHT_SCHEME_PER_TENSOR) {
-            for (int64_t r = 0; r < rows[i]; r++) dst[r] = part[0];
+            for (int64_t r = 0; r < rows[i]; r++)
+                dst[r] = part[0];
             srow_off += rows[i];
         } else {
             memcpy(dst, part, (size_t)(sr * sc) * sizeof(float));
@@ -481,12 +503,15 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
     CHECK(srow_off == srows && row_off == R);
     b->ops->copy_h2d(b, sdev, scale, sbytes);
     b->ops->synchronize(b);
-    *w = (struct weight){.scheme = scheme, .block_rows = scheme == WEIGHT_SCHEME_BLOCK ? br : p->block_rows,
-                         .block_cols = p->block_cols, .bits = packed ? p->bits : 0};
+    *w = (struct weight){.scheme = scheme,
+                         .block_rows = scheme == WEIGHT_SCHEME_BLOCK ? br : p->block_rows,
+                         .block_cols = p->block_cols,
+                         .bits = packed ? p->bits : 0};
     if (E > 1) {
         w->t = tensor_make(vals, p->values_dtype, 3, (int64_t[]){E, R / E, stored_cols});
-        w->scale = scheme == WEIGHT_SCHEME_PER_CHANNEL ? tensor_2d(sdev, DTYPE_F32, E, srows / E)
-                                                        : tensor_make(sdev, DTYPE_F32, 3, (int64_t[]){E, srows / E, scols});
+        w->scale = scheme == WEIGHT_SCHEME_PER_CHANNEL
+                       ? tensor_2d(sdev, DTYPE_F32, E, srows / E)
+                       : tensor_make(sdev, DTYPE_F32, 3, (int64_t[]){E, srows / E, scols});
     } else {
         w->t = tensor_2d(vals, p->values_dtype, R, stored_cols);
         w->scale = scheme == WEIGHT_SCHEME_PER_CHANNEL || scheme == WEIGHT_SCHEME_PER_TENSOR
@@ -559,8 +584,7 @@ static atomc_status load_entry(struct weight_loader *L, const struct weight_entr
         return st;
     }
     if (st == ATOMC_OK)
-        st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard,
-                                   e->init, err);
+        st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard, e->init, err);
     free(names);
     free(rows);
     free(starts);

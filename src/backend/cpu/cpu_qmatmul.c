@@ -29,11 +29,13 @@ bool cpu_qweight_supported(const struct weight *w) {
     switch (w->scheme) {
     case WEIGHT_SCHEME_PER_TENSOR:
     case WEIGHT_SCHEME_PER_CHANNEL:
-    case WEIGHT_SCHEME_BLOCK: return w->t.dtype == DTYPE_FP8_E4M3 && w->scale.dtype == DTYPE_F32;
+    case WEIGHT_SCHEME_BLOCK:
+        return w->t.dtype == DTYPE_FP8_E4M3 && w->scale.dtype == DTYPE_F32;
     case WEIGHT_SCHEME_GROUP:
         return w->t.dtype == DTYPE_I32 && (w->bits == 4 || w->bits == 8) && w->block_cols > 0 &&
                w->scale.dtype == DTYPE_F32 && !w->zero.data;
-    default: return false;
+    default:
+        return false;
     }
 }
 
@@ -60,9 +62,9 @@ struct weight cpu_weight_expert(const struct weight *w, int e) {
 // What dequantizing rows needs, fixed per call.
 struct qdeq {
     const struct weight *w;
-    int64_t k;        // logical columns
-    int64_t scols;    // scale columns (BLOCK / GROUP)
-    float lut[256];   // FP8 E4M3 byte -> F32
+    int64_t k;      // logical columns
+    int64_t scols;  // scale columns (BLOCK / GROUP)
+    float lut[256]; // FP8 E4M3 byte -> F32
 };
 
 static void qdeq_init(struct qdeq *d, const struct weight *w) {
@@ -88,11 +90,13 @@ static void qdeq_rows(const struct qdeq *d, int64_t r0, int64_t r1, float *dst) 
                 for (int64_t c0 = 0, b = 0; c0 < k; c0 += w->block_cols, b++) {
                     int64_t c1 = c0 + w->block_cols < k ? c0 + w->block_cols : k;
                     float s = srow[b];
-                    for (int64_t c = c0; c < c1; c++) o[c] = d->lut[q[c]] * s;
+                    for (int64_t c = c0; c < c1; c++)
+                        o[c] = d->lut[q[c]] * s;
                 }
             } else {
                 float s = w->scheme == WEIGHT_SCHEME_PER_CHANNEL ? sc[r] : sc[0];
-                for (int64_t c = 0; c < k; c++) o[c] = d->lut[q[c]] * s;
+                for (int64_t c = 0; c < k; c++)
+                    o[c] = d->lut[q[c]] * s;
             }
         } else { // GROUP over packed I32 words
             const int bits = w->bits, per = 32 / bits;
@@ -161,8 +165,8 @@ void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, 
     else if (w->scheme == WEIGHT_SCHEME_PER_TENSOR)
         CHECK(tensor_numel(&w->scale) == 1);
     else
-        CHECK(w->scale.ndim == 2 && w->scale.ne[0] == m &&
-              w->scale.ne[1] == (k + w->block_cols - 1) / w->block_cols && k % (32 / w->bits) == 0);
+        CHECK(w->scale.ndim == 2 && w->scale.ne[0] == m && w->scale.ne[1] == (k + w->block_cols - 1) / w->block_cols &&
+              k % (32 / w->bits) == 0);
     if (bias) CHECK(tensor_numel(bias) == m);
     if (n == 0) return;
     struct qdeq dq, *d = &dq;
@@ -189,13 +193,15 @@ void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, 
             qmm_skinny_cols(&g, 0, m, 0);
         } else {
             int64_t grain = 16384 / k; // >= 64 KB of F32 weights per chunk
-            grain = grain < QMATMUL_SKINNY_ROWS ? QMATMUL_SKINNY_ROWS : grain / QMATMUL_SKINNY_ROWS * QMATMUL_SKINNY_ROWS;
+            grain =
+                grain < QMATMUL_SKINNY_ROWS ? QMATMUL_SKINNY_ROWS : grain / QMATMUL_SKINNY_ROWS * QMATMUL_SKINNY_ROWS;
             thread_pool_parallel_for(c->pool, m, grain, qmm_skinny_cols, &g);
         }
     } else {
         float *o = out->data, beta = 0.0f;
         if (bf) {
-            for (int64_t i = 0; i < n; i++) memcpy(o + i * m, bf, (size_t)m * sizeof(float));
+            for (int64_t i = 0; i < n; i++)
+                memcpy(o + i * m, bf, (size_t)m * sizeof(float));
             beta = 1.0f;
         }
         for (int64_t j0 = 0; j0 < m; j0 += tile_rows) {
