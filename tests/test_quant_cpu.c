@@ -46,6 +46,7 @@ static const struct {
     {"ct_fp8_channel", WEIGHT_SCHEME_PER_CHANNEL, "'per-channel'"},
     {"ct_fp8_tensor", WEIGHT_SCHEME_PER_TENSOR, "'per-tensor'"},
     {"ct_w4a16_group128", WEIGHT_SCHEME_GROUP, "'group'"},
+    {"qwen3_moe_fp8_block", WEIGHT_SCHEME_BLOCK, "'block'"}, // MoE: per-expert stacked blocks
 };
 #define N_FIXTURES ((int)(sizeof FIXTURES / sizeof FIXTURES[0]))
 
@@ -187,6 +188,8 @@ TEST(quant_fixtures_greedy_match_refs) {
 // ---------------------------------------------------------------------------------------------
 // Kept quantized
 
+static int64_t gcd_int(int64_t a, int64_t b) { return b ? gcd_int(b, a % b) : a; }
+
 static size_t weight_total_bytes(const struct weight *w) {
     return tensor_bytes(&w->t) + (w->scale.data ? tensor_bytes(&w->scale) : 0) +
            (w->zero.data ? tensor_bytes(&w->zero) : 0);
@@ -208,24 +211,36 @@ TEST(quant_weights_stay_quantized_in_memory) {
         const struct model_config *c = &m->cfg;
         bool int4 = FIXTURES[fi].scheme == WEIGHT_SCHEME_GROUP;
         size_t qbytes = 0, f32bytes = 0;
+        size_t plain = (size_t)c->vocab_size * c->hidden_size * 4 * (c->tie_word_embeddings ? 1 : 2) +
+                       (size_t)c->hidden_size * 4 * (1 + 2 * (size_t)c->num_layers) +
+                       (c->qk_norm ? (size_t)c->num_layers * 2 * c->head_dim * 4 : 0);
         for (int l = 0; l < c->num_layers; l++) {
             const struct model_layer *ly = &m->layers[l];
-            const struct weight *ws[] = {&ly->attn.gqa.qkv, &ly->attn.gqa.o, &ly->ffn.dense.gate_up,
-                                         &ly->ffn.dense.down};
+            bool moe = ly->ffn_kind == FFN_KIND_MOE;
+            const struct weight *ws[] = {&ly->attn.gqa.qkv, &ly->attn.gqa.o,
+                                         moe ? &ly->ffn.moe.gate_up : &ly->ffn.dense.gate_up,
+                                         moe ? &ly->ffn.moe.down : &ly->ffn.dense.down};
             for (int i = 0; i < 4; i++) {
                 const struct weight *w = ws[i];
                 ASSERT_TRUE(w->scheme != WEIGHT_SCHEME_NONE);
                 ASSERT_EQ(w->t.dtype, int4 ? DTYPE_I32 : DTYPE_FP8_E4M3);
                 ASSERT_EQ(w->scale.dtype, DTYPE_F32);
                 ASSERT_EQ(w->bits, int4 ? 4 : 0);
+                ASSERT_EQ(w->t.ndim, moe && i >= 2 ? 3 : 2);
                 qbytes += weight_total_bytes(w);
                 f32bytes += (size_t)tensor_rows(&w->t) * (size_t)weight_cols(w) * 4;
             }
             // Unfused weights keep the checkpoint's scheme; fused per-tensor parts become per-channel.
             ASSERT_EQ(ly->attn.gqa.o.scheme, FIXTURES[fi].scheme);
-            ASSERT_EQ(ly->attn.gqa.qkv.scheme, FIXTURES[fi].scheme == WEIGHT_SCHEME_PER_TENSOR
-                                                   ? WEIGHT_SCHEME_PER_CHANNEL
-                                                   : FIXTURES[fi].scheme);
+            ASSERT_EQ(ly->attn.gqa.qkv.scheme,
+                      FIXTURES[fi].scheme == WEIGHT_SCHEME_PER_TENSOR ? WEIGHT_SCHEME_PER_CHANNEL : FIXTURES[fi].scheme);
+            if (moe) { // the router stays plain (modules_to_not_convert); experts' 32-row parts regridded
+                ASSERT_EQ(ly->ffn.moe.router.scheme, WEIGHT_SCHEME_NONE);
+                plain += tensor_bytes(&ly->ffn.moe.router.t);
+                ASSERT_EQ(ly->ffn.moe.gate_up.block_rows, (int)gcd_int(128, c->moe_intermediate_size));
+                ASSERT_EQ(ly->ffn.moe.gate_up.scale.ndim, 3);
+                ASSERT_EQ(ly->ffn.moe.gate_up.scale.ne[0], c->num_experts);
+            }
         }
         double ratio = (double)qbytes / (double)f32bytes;
         fprintf(stderr, "  %-18s linear weights %zu bytes = %.4f of F32 (%zu)\n", FIXTURES[fi].name, qbytes, ratio,
@@ -235,9 +250,7 @@ TEST(quant_weights_stay_quantized_in_memory) {
         } else {
             ASSERT_TRUE(ratio >= 0.25 && ratio <= 0.25 + 1.0 / 64 + 1e-9); // 1 byte + F32 scales per row/block
         }
-        // Everything else (embeddings, norms, lm_head) is F32 here: the model's total is the sum.
-        size_t plain = (size_t)c->vocab_size * c->hidden_size * 4 * (c->tie_word_embeddings ? 1 : 2) +
-                       (size_t)c->hidden_size * 4 * (1 + 2 * (size_t)c->num_layers);
+        // Everything else (embeddings, norms, lm_head, routers) is F32 here: the total is the sum.
         ASSERT_EQ(m->weight_bytes, plain + qbytes);
         model_free(m);
         model_files_close(mf);
@@ -493,6 +506,88 @@ TEST(quant_mutated_configs_are_refused_by_name) {
     d = mutant("ct_fp8_channel", "c_lm_head", "\"ignore\": [\n      \"lm_head\"\n    ]", "\"ignore\": []");
     ASSERT_EQ(try_load(d, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "a quantized lm_head (weight scheme per-channel) is not implemented"));
+}
+
+// A module the config targets but the checkpoint stores as float weights without scales (a
+// router the writer left unquantized and did not list) loads as a plain weight, exactly: the
+// MoE fixture with "mlp.gate" dropped from modules_to_not_convert gives the same logits.
+TEST(quant_unlisted_float_module_loads_plain) {
+    struct error e = {0};
+    const char *d = mutant("qwen3_moe_fp8_block", "u_router", "\"mlp.gate\"", "\"nothing.matches\"");
+    struct refs R;
+    ASSERT_EQ(load_refs("qwen3_moe_fp8_block", &R), 0);
+    struct model_runner *r = open_runner(d, &e);
+    if (!r) fprintf(stderr, "  %s\n", e.msg);
+    ASSERT_TRUE(r != NULL);
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 9u);
+    struct ref_prompt *p = &R.p[1];
+    struct sim_seq *q = malloc(sizeof *q);
+    sim_seq_init(q, p->ids, p->n);
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
+    for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+    s->n_rows = p->n_pos;
+    struct forward_batch fb = sim_step_batch(s);
+    float *lg = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
+    ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &e));
+    ASSERT_TRUE(max_abs_diff(lg, p->logits, p->n_pos * R.vocab) <= R.tol);
+    free(lg);
+    free(q);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
+    refs_free(&R);
+}
+
+// Which modules a config quantizes: fp8's modules_to_not_convert as transformers'
+// should_convert_module matches it (a regex from the start to a module boundary, or a suffix),
+// compressed-tensors' ignore and targets ("Linear", "re:" regexes from the start, exact names).
+static struct model_config plan_cfg;
+
+static enum weight_scheme plan_of(const char *module) {
+    struct quant_weight_plan p;
+    model_quant_weight_plan(&plan_cfg, module, &p);
+    return p.scheme;
+}
+
+TEST(quant_plan_matches_modules_like_the_writers) {
+    struct error e = {0};
+    const char *base = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 128, "
+                       "\"num_hidden_layers\": 12, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
+                       "\"vocab_size\": 128, \"quantization_config\": %s}";
+    char json[2048];
+    snprintf(json, sizeof json, base,
+             "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128], \"modules_to_not_convert\": "
+             "[\"lm_head\", \"mlp.gate\", \"model.layers.1\", \"layers.*.self_attn.o_proj\"]}");
+    ASSERT_OK(model_config_parse_json(&plan_cfg, json, "config.json", &e));
+    ASSERT_OK(model_quant_check(&plan_cfg, &e));
+    ASSERT_EQ(plan_of("lm_head"), WEIGHT_SCHEME_NONE);
+    ASSERT_EQ(plan_of("model.layers.0.mlp.gate"), WEIGHT_SCHEME_NONE);     // suffix
+    ASSERT_EQ(plan_of("model.layers.0.mlp.gate_proj"), WEIGHT_SCHEME_BLOCK); // not a module boundary
+    ASSERT_EQ(plan_of("model.layers.1.self_attn.q_proj"), WEIGHT_SCHEME_NONE); // prefix to a boundary
+    ASSERT_EQ(plan_of("model.layers.11.self_attn.q_proj"), WEIGHT_SCHEME_BLOCK);
+    ASSERT_EQ(plan_of("model.layers.3.self_attn.o_proj"), WEIGHT_SCHEME_BLOCK); // regex must match from the start
+    snprintf(json, sizeof json, base,
+             "{\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\", \"ignore\": "
+             "[\"lm_head\", \"re:.*mlp\\\\.gate$\"], \"config_groups\": {\"g\": {\"targets\": "
+             "[\"re:.*self_attn\\\\.(q|k)_proj$\", \"model.layers.2.mlp.down_proj\"], \"weights\": {\"num_bits\": "
+             "8, \"type\": \"float\", \"strategy\": \"channel\", \"symmetric\": true}}}}");
+    ASSERT_OK(model_config_parse_json(&plan_cfg, json, "config.json", &e));
+    ASSERT_OK(model_quant_check(&plan_cfg, &e));
+    ASSERT_EQ(plan_of("model.layers.0.self_attn.q_proj"), WEIGHT_SCHEME_PER_CHANNEL);
+    ASSERT_EQ(plan_of("model.layers.0.self_attn.k_proj"), WEIGHT_SCHEME_PER_CHANNEL);
+    ASSERT_EQ(plan_of("model.layers.0.self_attn.v_proj"), WEIGHT_SCHEME_NONE); // not targeted
+    ASSERT_EQ(plan_of("model.layers.2.mlp.down_proj"), WEIGHT_SCHEME_PER_CHANNEL); // exact name
+    ASSERT_EQ(plan_of("model.layers.3.mlp.down_proj"), WEIGHT_SCHEME_NONE);
+    snprintf(json, sizeof json, base,
+             "{\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\", \"ignore\": "
+             "[\"lm_head\", \"re:.*mlp\\\\.gate$\"], \"config_groups\": {\"g\": {\"targets\": [\"Linear\"], "
+             "\"weights\": {\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"channel\", \"symmetric\": true}}}}");
+    ASSERT_OK(model_config_parse_json(&plan_cfg, json, "config.json", &e));
+    ASSERT_EQ(plan_of("model.layers.0.mlp.gate"), WEIGHT_SCHEME_NONE); // ignored by regex
+    ASSERT_EQ(plan_of("model.layers.0.mlp.gate_proj"), WEIGHT_SCHEME_PER_CHANNEL);
+    ASSERT_EQ(plan_of("lm_head"), WEIGHT_SCHEME_NONE);
 }
 
 // Tensor-parallel shards of quantized weights are refused (not yet sliced), not mis-sliced.

@@ -15,6 +15,10 @@ what it does not implement (tests/test_quant_refuse.c, tests/py/test_quant_refus
                          dynamic per-token FP8 activations
     ct_w4a16_group128/   compressed-tensors "pack-quantized": INT4 weights packed in int32, group
                          size 128 scales, activations unquantized (W4A16)
+    qwen3_moe_fp8_block/ the Qwen3-MoE fixture (tests/fixtures/models/qwen3_moe, clear routing) with every
+                         attention / expert / dense-MLP linear in fp8 128x128 blocks (experts'
+                         32-row gate and up parts fuse below a block height); the routers
+                         (mlp.gate) stay BF16, listed in modules_to_not_convert
     fp8_no_config/       NO quantization_config, yet F8_E4M3 weights with a per-tensor weight_scale
                          next to each: the checkpoint that used to load silently with its scales
                          ignored
@@ -195,6 +199,47 @@ def make_fp8_block(out):
     refs_from_exact(model, want, out)
 
 
+def make_fp8_block_moe(out):
+    """qwen3_moe in fp8 blocks. refs: transformers' fp32 forward of the same checkpoint with the
+    exact dequantized weights stored as F32 (per-expert names, as the fixture stores them), and
+    the fp8 file loaded by transformers (dequantize=True) must give the same logits up to its
+    bf16 dequantization."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "models", "qwen3_moe")
+    os.makedirs(out, exist_ok=True)
+    shutil.copy(os.path.join(src, "config.json"), os.path.join(out, "config.json"))
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    tensors, exact = {}, {}
+    for k, v in sd.items():
+        if is_linear(k):
+            q, s = fp8_blocks(v.float())
+            tensors[k] = q
+            tensors[k[:-len("weight")] + "weight_scale_inv"] = s
+            exact[k] = fp8_block_dequant(q, s)
+        else:
+            tensors[k] = v.contiguous()
+            exact[k] = v.float()
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    patch_config(out, quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                           "weight_block_size": [BLOCK, BLOCK],
+                                           "modules_to_not_convert": ["lm_head", "mlp.gate"]})
+    plain = out + ".plain"
+    shutil.rmtree(plain, ignore_errors=True)
+    os.makedirs(plain)
+    shutil.copy(os.path.join(src, "config.json"), os.path.join(plain, "config.json"))
+    save_file({k: v.contiguous() for k, v in exact.items()}, os.path.join(plain, "model.safetensors"),
+              metadata={"format": "pt"})
+    ref_model = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32,
+                                                     attn_implementation="eager").float().eval()
+    shutil.rmtree(plain)
+    from transformers import FineGrainedFP8Config
+    fp8_model = load_dequantized(out, FineGrainedFP8Config(weight_block_size=(BLOCK, BLOCK), dequantize=True))
+    ids = torch.randint(4, ref_model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        a, b = ref_model(ids).logits.float(), fp8_model(ids).logits.float()
+    check_close("qwen3_moe_fp8_block logits (transformers fp8 loader vs exact)", b, a, 2 ** -5)
+    write_refs(ref_model, out)
+
+
 def make_ct(out, overrides, scheme_kw, fmt, seed, check):
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
@@ -305,6 +350,7 @@ def main():
             o, BASE_128, dict(weights=dict(num_bits=4, type="int", strategy="group", group_size=128, symmetric=True,
                                            dynamic=False)),
             "pack-quantized", 3, check_w4_group),
+        "qwen3_moe_fp8_block": make_fp8_block_moe,
         "fp8_no_config": make_fp8_no_config,
         "unknown_tensor": make_unknown_tensor,
     }

@@ -321,10 +321,21 @@ static bool ct_name_matches(const char *entry, const char *module, bool linear_c
     return !strcmp(entry, module);
 }
 
+// transformers' should_convert_module (modules_to_not_convert of the other methods): the key as a
+// regex from the start of the name up to a module boundary ("layer.1" matches "layer.1.attn",
+// not "layer.11.attn"; "mlp.gate" not "mlp.gate_proj"), or the key as a suffix of the name.
+static bool hf_name_matches(const char *key, const char *module) {
+    size_t n = strlen(module), k = strlen(key);
+    if (n >= k && !strcmp(module + n - k, key)) return true;
+    char pat[QUANT_NAME_MAX + 48];
+    snprintf(pat, sizeof pat, "(?:%s)(?:(?<=\\.)|(?=\\.|$))", key);
+    return regex_match_start(pat, module);
+}
+
 static bool module_ignored(const struct quant_config *q, const char *module) {
     for (int i = 0; i < q->n_ignore && i < QUANT_MAX_IGNORE; i++) {
         if (q->method == QUANT_METHOD_COMPRESSED_TENSORS ? ct_name_matches(q->ignore[i], module, false)
-                                                         : strstr(module, q->ignore[i]) != NULL)
+                                                         : hf_name_matches(q->ignore[i], module))
             return true;
     }
     return false;

@@ -22,7 +22,8 @@
 //   caps' business (model_quant_check_backend).
 // - model_quant_weight_plan() tells the weight loader, per linear module, which scheme and
 //   tensors to expect: ignore lists (compressed-tensors `ignore`: exact names or "re:"
-//   regexes; fp8 `modules_to_not_convert`: substrings, as transformers matches them) and
+//   regexes; fp8 `modules_to_not_convert`: a regex from the start up to a module boundary, or a
+//   suffix, as transformers' should_convert_module matches them) and
 //   compressed-tensors `targets` ("Linear", "re:" regexes or exact module names) are
 //   honoured; a module no scheme targets is a plain weight.
 // - The check reads only the config. Tensors the loader never consumes (scale tensors of a

@@ -551,6 +551,20 @@ static atomc_status entry_plan(struct weight_loader *L, int n, char (*names)[192
                              weight_scheme_name(q.scheme));
         }
     }
+    if (p->scheme == WEIGHT_SCHEME_NONE) return ATOMC_OK;
+    // A module the config targets but the checkpoint stores unquantized (a router or gate the
+    // writer skipped without listing it): float weights and no scales are exact as they are.
+    for (int i = 0; i < n; i++) {
+        char sname[224];
+        quant_tensor_name(sname, sizeof sname, names[i], p->scale);
+        struct tensor t;
+        if (weight_loader_has(L, sname) || !weight_loader_has(L, names[i])) return ATOMC_OK;
+        if (model_files_get_tensor(L->files, names[i], &t, err) != ATOMC_OK) return err ? err->status : ATOMC_ERR_FORMAT;
+        if (t.dtype != DTYPE_F32 && t.dtype != DTYPE_BF16 && t.dtype != DTYPE_F16) return ATOMC_OK;
+    }
+    LOG_DEBUG("%s: stored unquantized (%s, no %s) although %s targets it: loaded as a plain weight", names[0],
+              "float values", p->scale, L->m->cfg.quant.origin);
+    *p = (struct quant_weight_plan){.scheme = WEIGHT_SCHEME_NONE};
     return ATOMC_OK;
 }
 

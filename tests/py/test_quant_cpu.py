@@ -13,7 +13,7 @@ import pytest
 
 ATOMC = os.environ.get("ATOMC_BIN", "build/atomc")
 QUANT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quant")
-FIXTURES = ["fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "ct_w4a16_group128"]
+FIXTURES = ["fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "ct_w4a16_group128", "qwen3_moe_fp8_block"]
 MIN_MARGIN = 2e-3  # refs' top-2 margin below which fp32 summation order may flip the argmax
 
 

@@ -101,7 +101,8 @@ def test_every_entry_point_refuses(name, tmp_path):
             assert "failed to load" in out.stderr and "atomc is serving" not in out.stderr, out.stderr
 
 
-@pytest.mark.parametrize("name", ["fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "ct_w4a16_group128"])
+@pytest.mark.parametrize("name", ["fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "ct_w4a16_group128",
+                                  "qwen3_moe_fp8_block"])
 def test_inspect_shows_the_quantization_config(name):
     model = fixture(name)
     out = subprocess.run([ATOMC, "inspect", "--model", model, "--json"], capture_output=True, text=True, timeout=60)
