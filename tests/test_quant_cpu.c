@@ -252,6 +252,10 @@ TEST(quant_weights_stay_quantized_in_memory) {
         }
         // Everything else (embeddings, norms, lm_head, routers) is F32 here: the total is the sum.
         ASSERT_EQ(m->weight_bytes, plain + qbytes);
+        size_t by_scheme = 0; // the start-up log's split by scheme
+        for (int k = 0; k < WEIGHT_SCHEME_COUNT; k++) by_scheme += m->weight_bytes_by_scheme[k];
+        ASSERT_EQ(by_scheme, qbytes);
+        ASSERT_EQ(m->weight_bytes_by_scheme[WEIGHT_SCHEME_NONE], 0);
         model_free(m);
         model_files_close(mf);
         backend_destroy(b);

@@ -519,6 +519,7 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
                        : tensor_2d(sdev, DTYPE_F32, srows, scols);
     }
     m->weight_bytes += vbytes + sbytes;
+    m->weight_bytes_by_scheme[scheme] += vbytes + sbytes;
     vals = sdev = NULL;
 done:
     if (vals) b->ops->free(b, vals);

@@ -14,6 +14,8 @@ import pytest
 ATOMC = os.environ.get("ATOMC_BIN", "build/atomc")
 QUANT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quant")
 FIXTURES = ["fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "ct_w4a16_group128", "qwen3_moe_fp8_block"]
+SCHEME = {"fp8_block": "block", "ct_fp8_channel": "per-channel", "ct_fp8_tensor": "per-tensor",  # (fused parts: per-channel, listed after)
+          "ct_w4a16_group128": "group", "qwen3_moe_fp8_block": "block"}
 MIN_MARGIN = 2e-3  # refs' top-2 margin below which fp32 summation order may flip the argmax
 
 
@@ -41,8 +43,9 @@ def test_generate_greedy_matches_refs(name):
                 break
             assert g == want, f"{name} prompt {p['ids']}: step {k}: {g} != {want} (margin {margin})"
             checked += 1
-        m = re.search(r"weights: ([0-9.]+) MiB", out.stderr)
+        m = re.search(r"weights: ([0-9.]+) MiB as F32 \(of them ([0-9.]+) MiB ([a-z-]+)-quantized", out.stderr)
         assert m, out.stderr
+        assert m.group(3) == SCHEME[name], out.stderr
     assert checked >= len(refs["prompts"]) * 2, f"{name}: only {checked} steps compared"
 
 
