@@ -188,7 +188,9 @@ TEST(quant_fixtures_greedy_match_refs) {
 // ---------------------------------------------------------------------------------------------
 // Kept quantized
 
-static int64_t gcd_int(int64_t a, int64_t b) { return b ? gcd_int(b, a % b) : a; }
+static int64_t gcd_int(int64_t a, int64_t b) {
+    return b ? gcd_int(b, a % b) : a;
+}
 
 static size_t weight_total_bytes(const struct weight *w) {
     return tensor_bytes(&w->t) + (w->scale.data ? tensor_bytes(&w->scale) : 0) +
@@ -232,8 +234,9 @@ TEST(quant_weights_stay_quantized_in_memory) {
             }
             // Unfused weights keep the checkpoint's scheme; fused per-tensor parts become per-channel.
             ASSERT_EQ(ly->attn.gqa.o.scheme, FIXTURES[fi].scheme);
-            ASSERT_EQ(ly->attn.gqa.qkv.scheme,
-                      FIXTURES[fi].scheme == WEIGHT_SCHEME_PER_TENSOR ? WEIGHT_SCHEME_PER_CHANNEL : FIXTURES[fi].scheme);
+            ASSERT_EQ(ly->attn.gqa.qkv.scheme, FIXTURES[fi].scheme == WEIGHT_SCHEME_PER_TENSOR
+                                                   ? WEIGHT_SCHEME_PER_CHANNEL
+                                                   : FIXTURES[fi].scheme);
             if (moe) { // the router stays plain (modules_to_not_convert); experts' 32-row parts regridded
                 ASSERT_EQ(ly->ffn.moe.router.scheme, WEIGHT_SCHEME_NONE);
                 plain += tensor_bytes(&ly->ffn.moe.router.t);
@@ -253,7 +256,8 @@ TEST(quant_weights_stay_quantized_in_memory) {
         // Everything else (embeddings, norms, lm_head, routers) is F32 here: the total is the sum.
         ASSERT_EQ(m->weight_bytes, plain + qbytes);
         size_t by_scheme = 0; // the start-up log's split by scheme
-        for (int k = 0; k < WEIGHT_SCHEME_COUNT; k++) by_scheme += m->weight_bytes_by_scheme[k];
+        for (int k = 0; k < WEIGHT_SCHEME_COUNT; k++)
+            by_scheme += m->weight_bytes_by_scheme[k];
         ASSERT_EQ(by_scheme, qbytes);
         ASSERT_EQ(m->weight_bytes_by_scheme[WEIGHT_SCHEME_NONE], 0);
         model_free(m);
@@ -530,7 +534,8 @@ TEST(quant_unlisted_float_module_loads_plain) {
     sim_seq_init(q, p->ids, p->n);
     sim_step_begin(s);
     ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
-    for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+    for (int k = 0; k < p->n_pos; k++)
+        s->rows[k] = p->pos[k];
     s->n_rows = p->n_pos;
     struct forward_batch fb = sim_step_batch(s);
     float *lg = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
@@ -567,8 +572,8 @@ TEST(quant_plan_matches_modules_like_the_writers) {
     ASSERT_OK(model_config_parse_json(&plan_cfg, json, "config.json", &e));
     ASSERT_OK(model_quant_check(&plan_cfg, &e));
     ASSERT_EQ(plan_of("lm_head"), WEIGHT_SCHEME_NONE);
-    ASSERT_EQ(plan_of("model.layers.0.mlp.gate"), WEIGHT_SCHEME_NONE);     // suffix
-    ASSERT_EQ(plan_of("model.layers.0.mlp.gate_proj"), WEIGHT_SCHEME_BLOCK); // not a module boundary
+    ASSERT_EQ(plan_of("model.layers.0.mlp.gate"), WEIGHT_SCHEME_NONE);         // suffix
+    ASSERT_EQ(plan_of("model.layers.0.mlp.gate_proj"), WEIGHT_SCHEME_BLOCK);   // not a module boundary
     ASSERT_EQ(plan_of("model.layers.1.self_attn.q_proj"), WEIGHT_SCHEME_NONE); // prefix to a boundary
     ASSERT_EQ(plan_of("model.layers.11.self_attn.q_proj"), WEIGHT_SCHEME_BLOCK);
     ASSERT_EQ(plan_of("model.layers.3.self_attn.o_proj"), WEIGHT_SCHEME_BLOCK); // regex must match from the start
@@ -581,7 +586,7 @@ TEST(quant_plan_matches_modules_like_the_writers) {
     ASSERT_OK(model_quant_check(&plan_cfg, &e));
     ASSERT_EQ(plan_of("model.layers.0.self_attn.q_proj"), WEIGHT_SCHEME_PER_CHANNEL);
     ASSERT_EQ(plan_of("model.layers.0.self_attn.k_proj"), WEIGHT_SCHEME_PER_CHANNEL);
-    ASSERT_EQ(plan_of("model.layers.0.self_attn.v_proj"), WEIGHT_SCHEME_NONE); // not targeted
+    ASSERT_EQ(plan_of("model.layers.0.self_attn.v_proj"), WEIGHT_SCHEME_NONE);     // not targeted
     ASSERT_EQ(plan_of("model.layers.2.mlp.down_proj"), WEIGHT_SCHEME_PER_CHANNEL); // exact name
     ASSERT_EQ(plan_of("model.layers.3.mlp.down_proj"), WEIGHT_SCHEME_NONE);
     snprintf(json, sizeof json, base,

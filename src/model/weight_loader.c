@@ -560,7 +560,8 @@ static atomc_status entry_plan(struct weight_loader *L, int n, char (*names)[192
         quant_tensor_name(sname, sizeof sname, names[i], p->scale);
         struct tensor t;
         if (weight_loader_has(L, sname) || !weight_loader_has(L, names[i])) return ATOMC_OK;
-        if (model_files_get_tensor(L->files, names[i], &t, err) != ATOMC_OK) return err ? err->status : ATOMC_ERR_FORMAT;
+        if (model_files_get_tensor(L->files, names[i], &t, err) != ATOMC_OK)
+            return err ? err->status : ATOMC_ERR_FORMAT;
         if (t.dtype != DTYPE_F32 && t.dtype != DTYPE_BF16 && t.dtype != DTYPE_F16) return ATOMC_OK;
     }
     LOG_DEBUG("%s: stored unquantized (%s, no %s) although %s targets it: loaded as a plain weight", names[0],
