@@ -280,12 +280,18 @@ TEST(quant_fixtures_refused_under_cuda_caps) {
         struct error e = {0};
         struct model_files *mf;
         ASSERT_OK(model_files_open(&mf, fixture_dir(FIXTURES[fi].name), &e));
-        struct model_load_options o = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
+        struct model_load_options o = {
+            .files = mf, .weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
         ASSERT_EQ(model_check_backend_caps(&mf->config, &backend_cuda_caps, &o, &e), ATOMC_ERR_UNSUPPORTED);
         ASSERT_TRUE(has(e.msg, "the cuda backend does not implement the weight scheme"));
         ASSERT_TRUE(has(e.msg, FIXTURES[fi].scheme_name));
-        struct model_load_options oc = {.weight_dtype = DTYPE_F32, .kv_dtype = DTYPE_F32, .block_size = 16};
+        struct model_load_options oc = {
+            .files = mf, .weight_dtype = DTYPE_F32, .kv_dtype = DTYPE_F32, .block_size = 16};
         ASSERT_OK(model_check_backend_caps(&mf->config, &backend_cpu_caps, &oc, &e));
+        // Dummy weights of the same config are plain: the CUDA table does not refuse them for the scheme.
+        o.files = NULL;
+        atomc_status dst = model_check_backend_caps(&mf->config, &backend_cuda_caps, &o, &e);
+        ASSERT_TRUE(dst == ATOMC_OK || !strstr(e.msg, "weight scheme"));
         model_files_close(mf);
 
         // A whole runner start over a CPU backend that reports the CUDA table.

@@ -420,8 +420,8 @@ static atomc_status copy_values(struct weight_loader *L, const char *wname, cons
 }
 
 // Loads the n parts names[i] (rows[i] x cols each; n = parts x E, expert-major) of a quantized
-// is_weight entry into *w, under plan p.
-static atomc_status load_quantized(struct weight_loader *L, struct weight *w, int n, int E, char (*names)[192],
+// is_weight entry into *w, under plan p; stacked (per-expert entries): (E, rows, cols) views.
+static atomc_status load_quantized(struct weight_loader *L, struct weight *w, int n, int E, bool stacked, char (*names)[192],
                                    const int64_t *rows, int64_t cols, const struct quant_weight_plan *p,
                                    struct error *err) {
     struct model *m = L->m;
@@ -507,7 +507,7 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
                          .block_rows = scheme == WEIGHT_SCHEME_BLOCK ? br : p->block_rows,
                          .block_cols = p->block_cols,
                          .bits = packed ? p->bits : 0};
-    if (E > 1) {
+    if (stacked) {
         w->t = tensor_make(vals, p->values_dtype, 3, (int64_t[]){E, R / E, stored_cols});
         w->scale = scheme == WEIGHT_SCHEME_PER_CHANNEL
                        ? tensor_2d(sdev, DTYPE_F32, E, srows / E)
@@ -593,7 +593,8 @@ static atomc_status load_entry(struct weight_loader *L, const struct weight_entr
     struct quant_weight_plan qp = {.scheme = WEIGHT_SCHEME_NONE};
     atomc_status st = e->is_weight ? entry_plan(L, n, names, &qp, err) : ATOMC_OK;
     if (st == ATOMC_OK && qp.scheme != WEIGHT_SCHEME_NONE) {
-        st = load_quantized(L, (struct weight *)((char *)ly + e->field), n, E, names, rows, cols, &qp, err);
+        st = load_quantized(L, (struct weight *)((char *)ly + e->field), n, E, e->per_expert, names, rows, cols, &qp,
+                            err);
         free(names);
         free(rows);
         free(starts);
