@@ -421,9 +421,9 @@ static atomc_status copy_values(struct weight_loader *L, const char *wname, cons
 
 // Loads the n parts names[i] (rows[i] x cols each; n = parts x E, expert-major) of a quantized
 // is_weight entry into *w, under plan p; stacked (per-expert entries): (E, rows, cols) views.
-static atomc_status load_quantized(struct weight_loader *L, struct weight *w, int n, int E, bool stacked, char (*names)[192],
-                                   const int64_t *rows, int64_t cols, const struct quant_weight_plan *p,
-                                   struct error *err) {
+static atomc_status load_quantized(struct weight_loader *L, struct weight *w, int n, int E, bool stacked,
+                                   char (*names)[192], const int64_t *rows, int64_t cols,
+                                   const struct quant_weight_plan *p, struct error *err) {
     struct model *m = L->m;
     struct backend *b = m->backend;
     if (m->tp_size > 1)
