@@ -365,9 +365,10 @@ static const char *mutant(const char *name, const char *as, const char *config_f
 }
 
 // Rewrites the safetensors header of dir/model.safetensors: tensor `name` is dropped
-// (new_dtype == NULL and new_shape == NULL), retyped (same element size) or reshaped (same
-// number of elements: new_shape[0..ndim)). The data bytes stay.
-static void edit_tensor(const char *dir, const char *name, const char *new_dtype, const int64_t *new_shape, int ndim) {
+// (new_name, new_dtype and new_shape NULL), renamed, retyped (same element size) or reshaped
+// (same number of elements: new_shape[0..ndim)). The data bytes stay.
+static void edit_tensor_as(const char *dir, const char *name, const char *new_name, const char *new_dtype,
+                           const int64_t *new_shape, int ndim) {
     char path[700];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     struct safetensors_file *f;
@@ -384,7 +385,7 @@ static void edit_tensor(const char *dir, const char *name, const char *new_dtype
         if (t->end > end) end = t->end;
         bool hit = !strcmp(t->name, name);
         found = found || hit;
-        if (hit && !new_dtype && !new_shape) continue;
+        if (hit && !new_dtype && !new_shape && !new_name) continue;
         json_t *shape = json_array();
         if (hit && new_shape)
             for (int d = 0; d < ndim; d++)
@@ -392,7 +393,7 @@ static void edit_tensor(const char *dir, const char *name, const char *new_dtype
         else
             for (int d = 0; d < t->ndim; d++)
                 json_array_append_new(shape, json_integer(t->ne[d]));
-        json_object_set_new(h, t->name,
+        json_object_set_new(h, hit && new_name ? new_name : t->name,
                             json_pack("{s:s, s:o, s:[I, I]}", "dtype", hit && new_dtype ? new_dtype : t->dtype_name,
                                       "shape", shape, "data_offsets", (json_int_t)t->begin, (json_int_t)t->end));
     }
@@ -413,6 +414,14 @@ static void edit_tensor(const char *dir, const char *name, const char *new_dtype
     free(out);
     free(hs);
     json_decref(h);
+}
+
+static void edit_tensor(const char *dir, const char *name, const char *new_dtype, const int64_t *new_shape, int ndim) {
+    edit_tensor_as(dir, name, NULL, new_dtype, new_shape, ndim);
+}
+
+static void rename_tensor(const char *dir, const char *name, const char *new_name) {
+    edit_tensor_as(dir, name, new_name, NULL, NULL, 0);
 }
 
 static atomc_status try_load(const char *dir, struct error *e) {
@@ -516,8 +525,15 @@ TEST(quant_mutated_configs_are_refused_by_name) {
     d = mutant("fp8_block", "c_fp8_ignore", "\"lm_head\"\n", "\"lm_head\", \"mlp.down_proj\"\n");
     ASSERT_EQ(try_load(d, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "down_proj.weight_scale_inv' (F32) is never read"));
-    // A quantized lm_head (not in the ignore list) is refused by name.
+    // lm_head targeted by the config but stored as float weights without scales loads plain
+    // (transformers never quantizes the output embedding unless the checkpoint has its scales) ...
     d = mutant("ct_fp8_channel", "c_lm_head", "\"ignore\": [\n      \"lm_head\"\n    ]", "\"ignore\": []");
+    ASSERT_OK(try_load(d, &e));
+    // ... and a quantized one (its scale stored: here down_proj's, renamed, down_proj then ignored and
+    // loaded as unscaled FP8) is refused by name.
+    d = mutant("ct_fp8_channel", "c_lm_head_q", "\"ignore\": [\n      \"lm_head\"\n    ]",
+               "\"ignore\": [\"re:.*down_proj$\"]");
+    rename_tensor(d, "model.layers.0.mlp.down_proj.weight_scale", "lm_head.weight_scale");
     ASSERT_EQ(try_load(d, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "a quantized lm_head (weight scheme per-channel) is not implemented"));
 }

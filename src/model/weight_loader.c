@@ -151,9 +151,13 @@ atomc_status weight_loader_load_tensor(struct weight_loader *L, struct tensor *d
         return st;
     }
     if (m->cfg.quant.present && !strcmp(name, "lm_head.weight")) {
+        // transformers keeps the output embedding unquantized unless the checkpoint says otherwise
+        // (fp8 configs need not list it): a float lm_head without scales is plain.
         struct quant_weight_plan qp;
         model_quant_weight_plan(&m->cfg, "lm_head", &qp);
-        if (qp.scheme != WEIGHT_SCHEME_NONE)
+        char sname[64];
+        snprintf(sname, sizeof sname, "lm_head.%s", qp.scale ? qp.scale : "weight_scale");
+        if (qp.scheme != WEIGHT_SCHEME_NONE && (weight_loader_has(L, sname) || !weight_loader_has(L, name)))
             return error_set(err, ATOMC_ERR_UNSUPPORTED,
                              "%s: a quantized lm_head (weight scheme %s) is not implemented; only checkpoints "
                              "that leave lm_head unquantized load",
