@@ -41,12 +41,15 @@ static const struct {
     const char *name;
     enum weight_scheme scheme; // of the unfused o_proj / down_proj
     const char *scheme_name;   // as the CUDA refusal names it
+    int bits;                  // packed integer values: bits per value (0: FP8 bytes)
 } FIXTURES[] = {
-    {"fp8_block", WEIGHT_SCHEME_BLOCK, "'block'"},
-    {"ct_fp8_channel", WEIGHT_SCHEME_PER_CHANNEL, "'per-channel'"},
-    {"ct_fp8_tensor", WEIGHT_SCHEME_PER_TENSOR, "'per-tensor'"},
-    {"ct_w4a16_group128", WEIGHT_SCHEME_GROUP, "'group'"},
-    {"qwen3_moe_fp8_block", WEIGHT_SCHEME_BLOCK, "'block'"}, // MoE: per-expert stacked blocks
+    {"fp8_block", WEIGHT_SCHEME_BLOCK, "'block'", 0},
+    {"ct_fp8_channel", WEIGHT_SCHEME_PER_CHANNEL, "'per-channel'", 0},
+    {"ct_fp8_tensor", WEIGHT_SCHEME_PER_TENSOR, "'per-tensor'", 0},
+    {"ct_w4a16_group128", WEIGHT_SCHEME_GROUP, "'group'", 4},
+    {"ct_w4a16_channel", WEIGHT_SCHEME_GROUP, "'group'", 4},    // one group per row
+    {"ct_w8a16_group128", WEIGHT_SCHEME_GROUP, "'group'", 8},   // 4 values per int32
+    {"qwen3_moe_fp8_block", WEIGHT_SCHEME_BLOCK, "'block'", 0}, // MoE: per-expert stacked blocks
 };
 #define N_FIXTURES ((int)(sizeof FIXTURES / sizeof FIXTURES[0]))
 
@@ -211,7 +214,7 @@ TEST(quant_weights_stay_quantized_in_memory) {
         ASSERT_OK(model_load(&m, b, &mf->config, &lo, &e));
         ASSERT_OK(model_files_check_consumed(mf, &e)); // every scale / packed / shape tensor was read
         const struct model_config *c = &m->cfg;
-        bool int4 = FIXTURES[fi].scheme == WEIGHT_SCHEME_GROUP;
+        const int bits = FIXTURES[fi].bits;
         size_t qbytes = 0, f32bytes = 0;
         size_t plain = (size_t)c->vocab_size * c->hidden_size * 4 * (c->tie_word_embeddings ? 1 : 2) +
                        (size_t)c->hidden_size * 4 * (1 + 2 * (size_t)c->num_layers) +
@@ -225,9 +228,9 @@ TEST(quant_weights_stay_quantized_in_memory) {
             for (int i = 0; i < 4; i++) {
                 const struct weight *w = ws[i];
                 ASSERT_TRUE(w->scheme != WEIGHT_SCHEME_NONE);
-                ASSERT_EQ(w->t.dtype, int4 ? DTYPE_I32 : DTYPE_FP8_E4M3);
+                ASSERT_EQ(w->t.dtype, bits ? DTYPE_I32 : DTYPE_FP8_E4M3);
                 ASSERT_EQ(w->scale.dtype, DTYPE_F32);
-                ASSERT_EQ(w->bits, int4 ? 4 : 0);
+                ASSERT_EQ(w->bits, bits);
                 ASSERT_EQ(w->t.ndim, moe && i >= 2 ? 3 : 2);
                 qbytes += weight_total_bytes(w);
                 f32bytes += (size_t)tensor_rows(&w->t) * (size_t)weight_cols(w) * 4;
@@ -248,10 +251,10 @@ TEST(quant_weights_stay_quantized_in_memory) {
         double ratio = (double)qbytes / (double)f32bytes;
         fprintf(stderr, "  %-18s linear weights %zu bytes = %.4f of F32 (%zu)\n", FIXTURES[fi].name, qbytes, ratio,
                 f32bytes);
-        if (int4) {
-            ASSERT_TRUE(ratio >= 0.125 && ratio <= 0.125 + 1.0 / 32 + 1e-9); // 4 bits + one F32 scale per 128
+        if (bits == 4) {
+            ASSERT_TRUE(ratio >= 0.125 && ratio <= 0.125 + 1.0 / 32 + 1e-9); // 4 bits + F32 scales per >= 64
         } else {
-            ASSERT_TRUE(ratio >= 0.25 && ratio <= 0.25 + 1.0 / 64 + 1e-9); // 1 byte + F32 scales per row/block
+            ASSERT_TRUE(ratio >= 0.25 && ratio <= 0.25 + 1.0 / 64 + 1e-9); // 1 byte + F32 scales per >= 64
         }
         // Everything else (embeddings, norms, lm_head, routers) is F32 here: the total is the sum.
         ASSERT_EQ(m->weight_bytes, plain + qbytes);
@@ -503,9 +506,13 @@ TEST(quant_mutated_configs_are_refused_by_name) {
     ASSERT_EQ(try_load(d, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "asymmetric"));
 
-    d = mutant("ct_w4a16_group128", "c_int8", "\"num_bits\": 4", "\"num_bits\": 8");
+    d = mutant("ct_w4a16_group128", "c_int2", "\"num_bits\": 4", "\"num_bits\": 2");
     ASSERT_EQ(try_load(d, &e), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(has(e.msg, "weights int8, strategy group"));
+    ASSERT_TRUE(has(e.msg, "weights int2, strategy group"));
+    // INT8 is implemented, so the same file declared as INT8 meets packed words of the wrong width.
+    d = mutant("ct_w4a16_group128", "c_int8", "\"num_bits\": 4", "\"num_bits\": 8");
+    ASSERT_EQ(try_load(d, &e), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(has(e.msg, "q_proj.weight_packed has shape (128, 16), expected (128, 32)"));
 
     d = mutant("ct_w4a16_group128", "c_actorder", "\"group_size\": 128,",
                "\"group_size\": 128, \"actorder\": \"group\",");

@@ -15,6 +15,8 @@ what it does not implement (tests/test_quant_refuse.c, tests/py/test_quant_refus
                          dynamic per-token FP8 activations
     ct_w4a16_group128/   compressed-tensors "pack-quantized": INT4 weights packed in int32, group
                          size 128 scales, activations unquantized (W4A16)
+    ct_w4a16_channel/    compressed-tensors "pack-quantized" INT4 with one scale per output channel
+    ct_w8a16_group128/   compressed-tensors "pack-quantized" INT8 (4 per int32), group size 128 scales
     qwen3_moe_fp8_block/ the Qwen3-MoE fixture (tests/fixtures/models/qwen3_moe, clear routing) with every
                          attention / expert / dense-MLP linear in fp8 128x128 blocks (experts'
                          32-row gate and up parts fuse below a block height); the routers
@@ -292,17 +294,26 @@ def check_fp8_channel(k, got, orig, raw):
     return want
 
 
-def check_w4_group(k, got, orig, raw):
-    base = k[:-len("weight")]
-    packed, scale = raw[base + "weight_packed"], raw[base + "weight_scale"].float()
-    assert packed.dtype == torch.int32, f"{base}weight_packed: {packed.dtype}"
-    u = packed.view(torch.int32).numpy().view("uint32")
-    nib = torch.stack([torch.from_numpy(((u >> (4 * i)) & 0xF).astype("int64")) for i in range(8)], -1)
-    q = nib.reshape(packed.shape[0], -1) - 8  # offset-8 nibbles, 8 per int32, low bits first
-    want = (q.float().reshape(q.shape[0], -1, 128) * scale[:, :, None]).reshape(q.shape)
-    check_close(k, got, want, 2 ** -8)
-    check_close(k + " vs original", got, orig, 2 ** -2)  # 4 bits
-    return want
+def check_int_packed(bits, group):
+    """Checks a pack-quantized weight (symmetric `bits`-bit integers offset by 2^(bits-1), 32 / bits
+    per int32, low bits first; one scale per `group` inputs, None = per channel)."""
+    def check(k, got, orig, raw):
+        base = k[:-len("weight")]
+        packed, scale = raw[base + "weight_packed"], raw[base + "weight_scale"].float()
+        assert packed.dtype == torch.int32, f"{base}weight_packed: {packed.dtype}"
+        per, mask = 32 // bits, (1 << bits) - 1
+        u = packed.view(torch.int32).numpy().view("uint32")
+        vals = torch.stack([torch.from_numpy(((u >> (bits * i)) & mask).astype("int64")) for i in range(per)], -1)
+        q = vals.reshape(packed.shape[0], -1) - (1 << (bits - 1))
+        g = group or q.shape[1]
+        want = (q.float().reshape(q.shape[0], -1, g) * scale[:, :, None]).reshape(q.shape)
+        check_close(k, got, want, 2 ** -8)
+        check_close(k + " vs original", got, orig, 2 ** -2 if bits == 4 else 2 ** -6)
+        return want
+    return check
+
+
+check_w4_group = check_int_packed(4, 128)
 
 
 def make_fp8_no_config(out):
@@ -351,6 +362,13 @@ def main():
                                            dynamic=False)),
             "pack-quantized", 3, check_w4_group),
         "qwen3_moe_fp8_block": make_fp8_block_moe,
+        "ct_w4a16_channel": lambda o: make_ct(
+            o, BASE, dict(weights=dict(num_bits=4, type="int", strategy="channel", symmetric=True, dynamic=False)),
+            "pack-quantized", 7, check_int_packed(4, None)),
+        "ct_w8a16_group128": lambda o: make_ct(
+            o, BASE_128, dict(weights=dict(num_bits=8, type="int", strategy="group", group_size=128, symmetric=True,
+                                           dynamic=False)),
+            "pack-quantized", 8, check_int_packed(8, 128)),
         "fp8_no_config": make_fp8_no_config,
         "unknown_tensor": make_unknown_tensor,
     }

@@ -57,6 +57,15 @@ static const struct quant_impl quant_implemented[] = {
     {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 4, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE,
      QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
      "symmetric INT4 weights packed in int32 with group scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "symmetric INT8 weights packed in int32 with group scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 4, QUANT_STRATEGY_CHANNEL, 0, 0, QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "symmetric INT4 weights packed in int32 with per-channel scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_CHANNEL, 0, 0, QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "symmetric INT8 weights packed in int32 with per-channel scales"},
     {QUANT_METHOD_NONE, NULL, QUANT_TYPE_NONE, 0, QUANT_STRATEGY_NONE, 0, 0, QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false,
      WEIGHT_SCHEME_NONE, DTYPE_F32, NULL, NULL, false, NULL},
 };
@@ -64,7 +73,8 @@ static const struct quant_impl quant_implemented[] = {
 #define QUANT_SUPPORTED                                                                                                \
     "supported: none (unquantized safetensors), GGUF Q8_0/Q4_0/Q4_1, fp8 e4m3 with weight_block_size [128, 128] "      \
     "and dynamic activations, compressed-tensors float-quantized FP8 (channel or tensor weights; no or dynamic "       \
-    "per-token activations), compressed-tensors pack-quantized symmetric INT4 with group scales (weight-only)"
+    "per-token activations), compressed-tensors pack-quantized symmetric INT4 / INT8 with group or channel "           \
+    "scales (weight-only)"
 
 const char *quant_method_name(enum quant_method m) {
     switch (m) {
@@ -367,9 +377,9 @@ void model_quant_weight_plan(const struct model_config *c, const char *module, s
         if (r->scheme == WEIGHT_SCHEME_BLOCK) {
             plan->block_rows = r->block_rows;
             plan->block_cols = r->block_cols;
-        } else if (r->scheme == WEIGHT_SCHEME_GROUP) {
+        } else if (r->scheme == WEIGHT_SCHEME_GROUP) { // per channel: one group per row (block_cols 0)
             plan->block_rows = 1;
-            plan->block_cols = s->weights.group_size;
+            plan->block_cols = r->weight_strategy == QUANT_STRATEGY_CHANNEL ? 0 : s->weights.group_size;
         }
         return;
     }

@@ -15,8 +15,9 @@
 //     compressed-tensors float-quantized FP8, channel strategy      -> WEIGHT_SCHEME_PER_CHANNEL
 //     compressed-tensors float-quantized FP8, tensor strategy       -> WEIGHT_SCHEME_PER_TENSOR
 //       (both: weight-only, or dynamic per-token FP8 activations)
-//     compressed-tensors pack-quantized INT4, group strategy, symmetric, weight-only
-//                                                                   -> WEIGHT_SCHEME_GROUP
+//     compressed-tensors pack-quantized INT4 or INT8, group or channel strategy, symmetric,
+//       weight-only                                                 -> WEIGHT_SCHEME_GROUP
+//       (channel: one group per row)
 //   Everything else stays refused by name (static input scales, zero points, other block
 //   sizes or bit widths, gptq / awq / mxfp4 / ...). Whether a backend runs a scheme is its
 //   caps' business (model_quant_check_backend).
@@ -55,7 +56,7 @@ struct quant_weight_plan {
     const char *values;         // "weight" or "weight_packed"
     const char *scale;          // "weight_scale_inv" (fp8 blocks) or "weight_scale"
     bool shape_tensor;          // <module>.weight_shape (I64 [rows, cols]) is stored too
-    int block_rows, block_cols; // BLOCK: the tile; GROUP: 1 x group size
+    int block_rows, block_cols; // BLOCK: the tile; GROUP: 1 x group size (0: the whole row)
 };
 
 // Fills *plan for `module` under config c (a checked config: model_quant_check passed).

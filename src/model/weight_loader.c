@@ -430,6 +430,9 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
                                    const struct quant_weight_plan *p, struct error *err) {
     struct model *m = L->m;
     struct backend *b = m->backend;
+    struct quant_weight_plan pc = *p; // per-channel groups: one group of the whole row
+    if (pc.scheme == WEIGHT_SCHEME_GROUP && pc.block_cols == 0) pc.block_cols = (int)cols;
+    p = &pc;
     if (m->tp_size > 1)
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
                          "%s: tensor-parallel shards of quantized weights (scheme %s, %s) are not implemented; use "

@@ -13,9 +13,11 @@ import pytest
 
 ATOMC = os.environ.get("ATOMC_BIN", "build/atomc")
 QUANT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quant")
-FIXTURES = ["fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "ct_w4a16_group128", "qwen3_moe_fp8_block"]
+FIXTURES = ["fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "ct_w4a16_group128", "ct_w4a16_channel",
+            "ct_w8a16_group128", "qwen3_moe_fp8_block"]
 SCHEME = {"fp8_block": "block", "ct_fp8_channel": "per-channel", "ct_fp8_tensor": "per-tensor",  # (fused parts: per-channel, listed after)
-          "ct_w4a16_group128": "group", "qwen3_moe_fp8_block": "block"}
+          "ct_w4a16_group128": "group", "ct_w4a16_channel": "group", "ct_w8a16_group128": "group",
+          "qwen3_moe_fp8_block": "block"}
 MIN_MARGIN = 2e-3  # refs' top-2 margin below which fp32 summation order may flip the argmax
 
 

@@ -102,7 +102,7 @@ def test_every_entry_point_refuses(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "ct_w4a16_group128",
-                                  "qwen3_moe_fp8_block"])
+                                  "ct_w4a16_channel", "ct_w8a16_group128", "qwen3_moe_fp8_block"])
 def test_inspect_shows_the_quantization_config(name):
     model = fixture(name)
     out = subprocess.run([ATOMC, "inspect", "--model", model, "--json"], capture_output=True, text=True, timeout=60)
