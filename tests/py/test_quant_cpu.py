@@ -51,6 +51,34 @@ def test_generate_greedy_matches_refs(name):
     assert checked >= len(refs["prompts"]) * 2, f"{name}: only {checked} steps compared"
 
 
+STORED = {"fp8_block": "block", "ct_fp8_channel": "per-channel", "ct_fp8_tensor": "per-tensor",
+          "ct_w4a16_group128": "group", "ct_w4a16_channel": "group", "ct_w8a16_group128": "group",
+          "qwen3_moe_fp8_block": "block"}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_inspect_shows_each_weight_scheme(name):
+    model = fixture(name)
+    out = subprocess.run([ATOMC, "inspect", "--model", model, "--json", "--tensors"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    tensors = json.loads(out.stdout)["tensors"]
+    names = {t["name"] for t in tensors}
+    quantized = 0
+    for t in tensors:
+        base = t["name"].rsplit(".", 1)[0]
+        has_scale = base + ".weight_scale" in names or base + ".weight_scale_inv" in names
+        values = t["name"].endswith(".weight_packed") or (t["name"].endswith(".weight") and t["dtype"] == "F8_E4M3")
+        if values and has_scale:
+            assert t["scheme"] == STORED[name], t
+            quantized += 1
+        else:
+            assert t["scheme"] is None, t
+    assert quantized == (63 if "moe" in name else 7)
+    text = subprocess.run([ATOMC, "inspect", "--model", model], capture_output=True, text=True, timeout=60).stdout
+    assert f"weight schemes: {STORED[name]} x{quantized} (" in text, text
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
