@@ -8,7 +8,11 @@
 //   PER_TENSOR  w = q * scale[0]                        (scale (1), or (E) for stacked experts)
 //   PER_CHANNEL w = q * scale[row]                      (scale (rows))
 //   BLOCK       w = q * scale[row / br][col / bc]       (scale (ceil(rows/br), ceil(cols/bc)),
-//                                                        DeepSeek-V3's 128x128 FP8 blocks)
+//                                                        DeepSeek-V3's 128x128 FP8 blocks; a fused
+//                                                        weight whose parts are not whole 128-row
+//                                                        blocks has br = the gcd of 128 and the
+//                                                        parts' rows: a backend whose kernels
+//                                                        need br = 128 must check block_rows)
 //   GROUP       w = (q - zero[row][col / g]) * scale[row][col / g]
 //                                                       (INT4/INT8 along k, group g = block_cols;
 //                                                        symmetric values packed in I32 words
