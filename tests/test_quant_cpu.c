@@ -749,9 +749,11 @@ TEST(quant_matmul_matches_definition) {
     } cases[] = {
         {WEIGHT_SCHEME_BLOCK, 300, 200, 128, 128}, // partial blocks both ways
         {WEIGHT_SCHEME_BLOCK, 96, 256, 32, 128},   // a regridded fused weight's blocks
-        {WEIGHT_SCHEME_PER_CHANNEL, 37, 72, 0, 0}, {WEIGHT_SCHEME_PER_TENSOR, 45, 64, 0, 0},
+        {WEIGHT_SCHEME_PER_CHANNEL, 37, 72, 0, 0},
+        {WEIGHT_SCHEME_PER_TENSOR, 45, 64, 0, 0},
         {WEIGHT_SCHEME_GROUP, 41, 200, 0, 128}, // a partial last group
         {WEIGHT_SCHEME_GROUP, 64, 256, 0, 32},
+        {WEIGHT_SCHEME_GROUP, 19, 72, 0, 36}, // groups that split int32 words
     };
     const int ns[] = {1, 3, 8, 21}; // skinny kernel up to 8 rows, sgemm above
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {

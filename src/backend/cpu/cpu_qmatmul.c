@@ -98,16 +98,33 @@ static void qdeq_rows(const struct qdeq *d, int64_t r0, int64_t r1, float *dst) 
                 for (int64_t c = 0; c < k; c++)
                     o[c] = d->lut[q[c]] * s;
             }
-        } else { // GROUP over packed I32 words
+        } else { // GROUP over packed I32 words, a group at a time (words inside one group)
             const int bits = w->bits, per = 32 / bits;
-            const uint32_t mask = (1u << bits) - 1u;
-            const int32_t off = 1 << (bits - 1);
             const uint32_t *q = (const uint32_t *)w->t.data + r * (k / per);
             const float *srow = sc + r * d->scols;
-            for (int64_t c = 0; c < k; c += per) {
-                uint32_t u = q[c / per];
-                for (int i = 0; i < per; i++)
-                    o[c + i] = (float)((int32_t)((u >> (bits * i)) & mask) - off) * srow[(c + i) / w->block_cols];
+            const int64_t g = w->block_cols;
+            if (g % per == 0) {
+                for (int64_t c0 = 0, gi = 0; c0 < k; c0 += g, gi++) {
+                    const int64_t c1 = c0 + g < k ? c0 + g : k;
+                    const float s = srow[gi];
+                    if (bits == 4)
+                        for (int64_t c = c0; c < c1; c += 8) {
+                            const uint32_t u = q[c / 8];
+                            for (int i = 0; i < 8; i++)
+                                o[c + i] = (float)((int32_t)((u >> (4 * i)) & 15u) - 8) * s;
+                        }
+                    else
+                        for (int64_t c = c0; c < c1; c += 4) {
+                            const uint32_t u = q[c / 4];
+                            for (int i = 0; i < 4; i++)
+                                o[c + i] = (float)((int32_t)((u >> (8 * i)) & 255u) - 128) * s;
+                        }
+                }
+            } else { // groups that split words: per value
+                const uint32_t mask = (1u << bits) - 1u;
+                const int32_t off = 1 << (bits - 1);
+                for (int64_t c = 0; c < k; c++)
+                    o[c] = (float)((int32_t)((q[c / per] >> (bits * (c % per))) & mask) - off) * srow[c / g];
             }
         }
     }
