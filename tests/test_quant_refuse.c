@@ -5,9 +5,10 @@
 //   hf_quant_config.json) and malformed values, which must name their field.
 // - model_quant_check messages: quant_method, format and strategy named.
 // - tests/fixtures/quant (tools/make_quant_fixtures.py, written by compressed-tensors and in
-//   the fp8 layout transformers reads): each is refused by model_runner_create with its
-//   message; with the config check bypassed, the consumption check still catches the
-//   unread scale tensors.
+//   the fp8 layout transformers reads): the implemented ones load (test_quant_cpu.c runs them);
+//   fp8_no_config and unknown_tensor are refused by model_runner_create with their message;
+//   with the quantization config dropped, the consumption check still catches the unread
+//   scale tensors.
 // - Every committed unquantized fixture (tests/fixtures/models/*, the sharded HF one, the
 //   loadable GGUF ones, SmolLM2 when $ATOMC_SMOLLM2 is set) loads with every tensor read.
 // - Retyped copies of fixtures (same bytes, another dtype in the header): integer or
@@ -82,12 +83,27 @@ TEST(fp8_block_deepseek_form) {
     ASSERT_EQ(s->input_act.strategy, QUANT_STRATEGY_GROUP); // per token and 128 channels
     ASSERT_EQ(s->input_act.group_size, 128);
     ASSERT_EQ(q->n_ignore, 0);
+    // Implemented (the CPU runs it: test_quant_cpu.c); every linear gets 128x128 FP8 blocks.
+    ASSERT_OK(model_quant_check(&cfg, &e));
+    struct quant_weight_plan p;
+    model_quant_weight_plan(&cfg, "model.layers.3.self_attn.q_proj", &p);
+    ASSERT_EQ(p.scheme, WEIGHT_SCHEME_BLOCK);
+    ASSERT_EQ(p.values_dtype, DTYPE_FP8_E4M3);
+    ASSERT_STREQ(p.values, "weight");
+    ASSERT_STREQ(p.scale, "weight_scale_inv");
+    ASSERT_EQ(p.block_rows, 128);
+    ASSERT_EQ(p.block_cols, 128);
+    // Its static-activation variant is not, and the refusal names it.
+    ASSERT_OK(parse_with("\"quantization_config\": {\"activation_scheme\": \"static\", \"fmt\": \"e4m3\", "
+                         "\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}",
+                         &e));
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "quantization_config: quant_method 'fp8'"));
     ASSERT_TRUE(has(e.msg, "format e4m3"));
     ASSERT_TRUE(has(e.msg, "strategy block [128, 128]"));
-    ASSERT_TRUE(has(e.msg, "activations float8 dynamic"));
-    ASSERT_TRUE(has(e.msg, "is not implemented; supported: none (unquantized safetensors) and GGUF Q8_0/Q4_0/Q4_1"));
+    ASSERT_TRUE(has(e.msg, "activations float8, strategy group"));
+    ASSERT_TRUE(has(e.msg, "is not implemented; supported: none (unquantized safetensors), GGUF Q8_0/Q4_0/Q4_1, "
+                           "fp8 e4m3 with weight_block_size [128, 128]"));
 }
 
 TEST(fp8_per_tensor_static) {
@@ -148,11 +164,13 @@ TEST(compressed_tensors_fp8_channel_fixture_config) {
     ASSERT_STREQ(q->sparsity_format, "");
     ASSERT_EQ(q->n_ignore, 1);
     ASSERT_STREQ(q->ignore[0], "lm_head");
-    ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(has(e.msg, "quant_method 'compressed-tensors'"));
-    ASSERT_TRUE(has(e.msg, "format float-quantized"));
-    ASSERT_TRUE(has(e.msg, "weights float8, strategy channel"));
-    ASSERT_TRUE(has(e.msg, "strategy token"));
+    ASSERT_OK(model_quant_check(&cfg, &e)); // implemented: per-channel FP8 weights (the CPU: weight-only)
+    struct quant_weight_plan p;
+    model_quant_weight_plan(&cfg, "model.layers.0.mlp.down_proj", &p);
+    ASSERT_EQ(p.scheme, WEIGHT_SCHEME_PER_CHANNEL);
+    ASSERT_STREQ(p.scale, "weight_scale");
+    model_quant_weight_plan(&cfg, "lm_head", &p); // in the ignore list
+    ASSERT_EQ(p.scheme, WEIGHT_SCHEME_NONE);
 }
 
 TEST(compressed_tensors_w4a16_fixture_config) {
@@ -166,9 +184,20 @@ TEST(compressed_tensors_w4a16_fixture_config) {
     ASSERT_EQ(s->weights.group_size, 128);
     ASSERT_TRUE(!s->input_act.present);
     ASSERT_EQ(s->act_scheme, QUANT_ACT_NONE);
+    ASSERT_OK(model_quant_check(&cfg, &e)); // implemented: symmetric INT4 groups
+    struct quant_weight_plan p;
+    model_quant_weight_plan(&cfg, "model.layers.0.self_attn.o_proj", &p);
+    ASSERT_EQ(p.scheme, WEIGHT_SCHEME_GROUP);
+    ASSERT_EQ(p.values_dtype, DTYPE_I32);
+    ASSERT_EQ(p.bits, 4);
+    ASSERT_STREQ(p.values, "weight_packed");
+    ASSERT_TRUE(p.shape_tensor);
+    ASSERT_EQ(p.block_cols, 128);
+    // With zero points it is not, and the refusal names it.
+    cfg.quant.schemes[0].weights.symmetric = false;
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "format pack-quantized"));
-    ASSERT_TRUE(has(e.msg, "weights int4, strategy group, group_size 128"));
+    ASSERT_TRUE(has(e.msg, "weights int4, strategy group, group_size 128, asymmetric"));
     ASSERT_TRUE(has(e.msg, "activations not quantized"));
 }
 
@@ -540,12 +569,6 @@ TEST(quant_fixtures_are_refused_at_load) {
         const char *rel;
         const char *needles[3];
     } cases[] = {
-        {"quant/fp8_block", {"quantization_config: quant_method 'fp8'", "format e4m3", "strategy block [128, 128]"}},
-        {"quant/ct_fp8_channel",
-         {"quant_method 'compressed-tensors'", "format float-quantized", "weights float8, strategy channel"}},
-        {"quant/ct_w4a16_group128",
-         {"quant_method 'compressed-tensors'", "format pack-quantized",
-          "weights int4, strategy group, group_size 128"}},
         {"quant/fp8_no_config",
          {"fp8_no_config/model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight_scale' (F32) is never read "
           "by the LlamaForCausalLM loader",
@@ -563,8 +586,9 @@ TEST(quant_fixtures_are_refused_at_load) {
     }
 }
 
-// The second line of defence: with the config check skipped, the unread scale tensors
-// still stop the fp8 checkpoint, and W4A16's packed weights are not found as weights.
+// The second line of defence: with the quantization config dropped (a loader that ignored it),
+// the unread scale tensors still stop the fp8 checkpoint, and W4A16's packed weights are not
+// found as weights.
 TEST(consumption_check_catches_scales_without_the_config_check) {
     struct error e = {0};
     struct backend *b;
@@ -573,6 +597,7 @@ TEST(consumption_check_catches_scales_without_the_config_check) {
     struct model_files *mf;
     ASSERT_OK(model_files_open(&mf, test_fixture("quant/fp8_block"), &e));
     ASSERT_TRUE(mf->config.quant.present);
+    mf->config.quant.present = false;
     struct model_load_options lo = {.files = mf, .weight_dtype = DTYPE_F32};
     struct model *m = NULL;
     ASSERT_OK(model_load(&m, b, &mf->config, &lo, &e)); // FP8 weights load, their scales do not
@@ -593,6 +618,7 @@ TEST(consumption_check_catches_scales_without_the_config_check) {
     model_files_close(mf);
 
     ASSERT_OK(model_files_open(&mf, test_fixture("quant/ct_w4a16_group128"), &e));
+    mf->config.quant.present = false;
     m = NULL;
     lo.files = mf;
     ASSERT_EQ(model_load(&m, b, &mf->config, &lo, &e), ATOMC_ERR_NOT_FOUND);

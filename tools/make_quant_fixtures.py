@@ -11,8 +11,16 @@ what it does not implement (tests/test_quant_refuse.c, tests/py/test_quant_refus
                          written here tensor by tensor
     ct_fp8_channel/      compressed-tensors "float-quantized": FP8 weights with per-channel scales,
                          dynamic per-token FP8 activations (llm-compressor's FP8_DYNAMIC)
+    ct_fp8_tensor/       compressed-tensors "float-quantized": FP8 weights with one scale per tensor,
+                         dynamic per-token FP8 activations
     ct_w4a16_group128/   compressed-tensors "pack-quantized": INT4 weights packed in int32, group
                          size 128 scales, activations unquantized (W4A16)
+    ct_w4a16_channel/    compressed-tensors "pack-quantized" INT4 with one scale per output channel
+    ct_w8a16_group128/   compressed-tensors "pack-quantized" INT8 (4 per int32), group size 128 scales
+    qwen3_moe_fp8_block/ the Qwen3-MoE fixture (tests/fixtures/models/qwen3_moe, clear routing) with every
+                         attention / expert / dense-MLP linear in fp8 128x128 blocks (experts'
+                         32-row gate and up parts fuse below a block height); the routers
+                         (mlp.gate) stay BF16, listed in modules_to_not_convert
     fp8_no_config/       NO quantization_config, yet F8_E4M3 weights with a per-tensor weight_scale
                          next to each: the checkpoint that used to load silently with its scales
                          ignored
@@ -193,6 +201,47 @@ def make_fp8_block(out):
     refs_from_exact(model, want, out)
 
 
+def make_fp8_block_moe(out):
+    """qwen3_moe in fp8 blocks. refs: transformers' fp32 forward of the same checkpoint with the
+    exact dequantized weights stored as F32 (per-expert names, as the fixture stores them), and
+    the fp8 file loaded by transformers (dequantize=True) must give the same logits up to its
+    bf16 dequantization."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "models", "qwen3_moe")
+    os.makedirs(out, exist_ok=True)
+    shutil.copy(os.path.join(src, "config.json"), os.path.join(out, "config.json"))
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    tensors, exact = {}, {}
+    for k, v in sd.items():
+        if is_linear(k):
+            q, s = fp8_blocks(v.float())
+            tensors[k] = q
+            tensors[k[:-len("weight")] + "weight_scale_inv"] = s
+            exact[k] = fp8_block_dequant(q, s)
+        else:
+            tensors[k] = v.contiguous()
+            exact[k] = v.float()
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    patch_config(out, quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                           "weight_block_size": [BLOCK, BLOCK],
+                                           "modules_to_not_convert": ["lm_head", "mlp.gate"]})
+    plain = out + ".plain"
+    shutil.rmtree(plain, ignore_errors=True)
+    os.makedirs(plain)
+    shutil.copy(os.path.join(src, "config.json"), os.path.join(plain, "config.json"))
+    save_file({k: v.contiguous() for k, v in exact.items()}, os.path.join(plain, "model.safetensors"),
+              metadata={"format": "pt"})
+    ref_model = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32,
+                                                     attn_implementation="eager").float().eval()
+    shutil.rmtree(plain)
+    from transformers import FineGrainedFP8Config
+    fp8_model = load_dequantized(out, FineGrainedFP8Config(weight_block_size=(BLOCK, BLOCK), dequantize=True))
+    ids = torch.randint(4, ref_model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        a, b = ref_model(ids).logits.float(), fp8_model(ids).logits.float()
+    check_close("qwen3_moe_fp8_block logits (transformers fp8 loader vs exact)", b, a, 2 ** -5)
+    write_refs(ref_model, out)
+
+
 def make_ct(out, overrides, scheme_kw, fmt, seed, check):
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
@@ -214,7 +263,10 @@ def make_ct(out, overrides, scheme_kw, fmt, seed, check):
             w = m.weight.float()
             if args.group_size:
                 w = w.reshape(w.shape[0], -1, args.group_size)
-            s, z = calculate_qparams(w.amin(-1), w.amax(-1), args)
+            if args.strategy == "tensor":
+                s, z = calculate_qparams(w.amin().reshape(1), w.amax().reshape(1), args)
+            else:
+                s, z = calculate_qparams(w.amin(-1), w.amax(-1), args)
             m.weight_scale.copy_(s.reshape(m.weight_scale.shape))
             if hasattr(m, "weight_zero_point"):
                 m.weight_zero_point.copy_(z.reshape(m.weight_zero_point.shape))
@@ -242,17 +294,26 @@ def check_fp8_channel(k, got, orig, raw):
     return want
 
 
-def check_w4_group(k, got, orig, raw):
-    base = k[:-len("weight")]
-    packed, scale = raw[base + "weight_packed"], raw[base + "weight_scale"].float()
-    assert packed.dtype == torch.int32, f"{base}weight_packed: {packed.dtype}"
-    u = packed.view(torch.int32).numpy().view("uint32")
-    nib = torch.stack([torch.from_numpy(((u >> (4 * i)) & 0xF).astype("int64")) for i in range(8)], -1)
-    q = nib.reshape(packed.shape[0], -1) - 8  # offset-8 nibbles, 8 per int32, low bits first
-    want = (q.float().reshape(q.shape[0], -1, 128) * scale[:, :, None]).reshape(q.shape)
-    check_close(k, got, want, 2 ** -8)
-    check_close(k + " vs original", got, orig, 2 ** -2)  # 4 bits
-    return want
+def check_int_packed(bits, group):
+    """Checks a pack-quantized weight (symmetric `bits`-bit integers offset by 2^(bits-1), 32 / bits
+    per int32, low bits first; one scale per `group` inputs, None = per channel)."""
+    def check(k, got, orig, raw):
+        base = k[:-len("weight")]
+        packed, scale = raw[base + "weight_packed"], raw[base + "weight_scale"].float()
+        assert packed.dtype == torch.int32, f"{base}weight_packed: {packed.dtype}"
+        per, mask = 32 // bits, (1 << bits) - 1
+        u = packed.view(torch.int32).numpy().view("uint32")
+        vals = torch.stack([torch.from_numpy(((u >> (bits * i)) & mask).astype("int64")) for i in range(per)], -1)
+        q = vals.reshape(packed.shape[0], -1) - (1 << (bits - 1))
+        g = group or q.shape[1]
+        want = (q.float().reshape(q.shape[0], -1, g) * scale[:, :, None]).reshape(q.shape)
+        check_close(k, got, want, 2 ** -8)
+        check_close(k + " vs original", got, orig, 2 ** -2 if bits == 4 else 2 ** -6)
+        return want
+    return check
+
+
+check_w4_group = check_int_packed(4, 128)
 
 
 def make_fp8_no_config(out):
@@ -282,6 +343,7 @@ def make_unknown_tensor(out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "quant"))
+    ap.add_argument("--only", action="append", help="write only this fixture (repeatable)")
     a = ap.parse_args()
     jobs = {
         "fp8_block": make_fp8_block,
@@ -290,14 +352,29 @@ def main():
                           input_activations=dict(num_bits=8, type="float", strategy="token", symmetric=True,
                                                  dynamic=True)),
             "float-quantized", 2, check_fp8_channel),
+        "ct_fp8_tensor": lambda o: make_ct(
+            o, BASE, dict(weights=dict(num_bits=8, type="float", strategy="tensor", symmetric=True, dynamic=False),
+                          input_activations=dict(num_bits=8, type="float", strategy="token", symmetric=True,
+                                                 dynamic=True)),
+            "float-quantized", 6, check_fp8_channel),
         "ct_w4a16_group128": lambda o: make_ct(
             o, BASE_128, dict(weights=dict(num_bits=4, type="int", strategy="group", group_size=128, symmetric=True,
                                            dynamic=False)),
             "pack-quantized", 3, check_w4_group),
+        "qwen3_moe_fp8_block": make_fp8_block_moe,
+        "ct_w4a16_channel": lambda o: make_ct(
+            o, BASE, dict(weights=dict(num_bits=4, type="int", strategy="channel", symmetric=True, dynamic=False)),
+            "pack-quantized", 7, check_int_packed(4, None)),
+        "ct_w8a16_group128": lambda o: make_ct(
+            o, BASE_128, dict(weights=dict(num_bits=8, type="int", strategy="group", group_size=128, symmetric=True,
+                                           dynamic=False)),
+            "pack-quantized", 8, check_int_packed(8, 128)),
         "fp8_no_config": make_fp8_no_config,
         "unknown_tensor": make_unknown_tensor,
     }
     for name, fn in jobs.items():
+        if a.only and name not in a.only:
+            continue
         out = os.path.join(a.out, name)
         shutil.rmtree(out, ignore_errors=True)
         fn(out)

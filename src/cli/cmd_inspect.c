@@ -108,6 +108,30 @@ static json_t *quant_json(const struct model_config *c) {
     return o;
 }
 
+// The weight scheme a tensor of an implemented quantized checkpoint is loaded with: for the
+// values of a module the config quantizes (<module>.weight, or .weight_packed) whose scales are
+// stored, its plan's scheme (model_quant_weight_plan) as the checkpoint stores it (per-tensor
+// parts fused into one matmul load as per-channel); NULL for every other tensor (scales,
+// shapes, plain weights) and for unquantized or refused checkpoints.
+static const char *tensor_scheme(const struct model_files *mf, const char *name) {
+    const struct model_config *c = &mf->config;
+    struct error e = {0};
+    if (!c->quant.present || model_quant_check(c, &e) != ATOMC_OK) return NULL;
+    static const char *suffixes[] = {".weight", ".weight_packed"};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(name), k = strlen(suffixes[i]);
+        if (n <= k || strcmp(name + n - k, suffixes[i]) || n - k >= 256) continue;
+        char module[256], scale[320];
+        snprintf(module, sizeof module, "%.*s", (int)(n - k), name);
+        struct quant_weight_plan p;
+        model_quant_weight_plan(c, module, &p);
+        if (p.scheme == WEIGHT_SCHEME_NONE || strcmp(suffixes[i] + 1, p.values)) continue;
+        snprintf(scale, sizeof scale, "%s.%s", module, p.scale);
+        if (model_files_has_tensor(mf, scale)) return weight_scheme_name(p.scheme);
+    }
+    return NULL;
+}
+
 static void usage(FILE *f) {
     fprintf(f, "usage: atomc inspect --model PATH [--tensors] [--json]\n"
                "  PATH: an HF model directory (config.json + safetensors) or a .gguf file\n");
@@ -183,6 +207,8 @@ int cmd_inspect(int argc, char **argv) {
                 json_object_set_new(t, "name", json_string(rows[i].name));
                 json_object_set_new(t, "dtype", json_string(rows[i].dtype));
                 json_object_set_new(t, "shape", shape);
+                const char *sch = tensor_scheme(mf, rows[i].name);
+                json_object_set_new(t, "scheme", sch ? json_string(sch) : json_null());
                 json_array_append_new(arr, t);
             }
             json_object_set_new(o, "tensors", arr);
@@ -221,7 +247,23 @@ int cmd_inspect(int argc, char **argv) {
             quant_config_describe(&c->quant, q, sizeof q);
             printf("quantization:  %s\n", q);
             struct error e = {0};
-            if (model_quant_check(c, &e)) printf("               (not implemented: loading refuses this checkpoint)\n");
+            if (model_quant_check(c, &e)) {
+                printf("               (not implemented: loading refuses this checkpoint)\n");
+            } else { // how the quantized values load (scheme x tensors, bytes as stored)
+                const char *sn[WEIGHT_SCHEME_COUNT] = {0};
+                size_t sc[WEIGHT_SCHEME_COUNT] = {0};
+                uint64_t sb[WEIGHT_SCHEME_COUNT] = {0};
+                for (size_t i = 0; i < n; i++) {
+                    const char *sch = tensor_scheme(mf, rows[i].name);
+                    for (int k = 0; sch && k < WEIGHT_SCHEME_COUNT; k++)
+                        if (!strcmp(sch, weight_scheme_name((enum weight_scheme)k)))
+                            sn[k] = sch, sc[k]++, sb[k] += rows[i].bytes;
+                }
+                printf("weight schemes:");
+                for (int k = 0; k < WEIGHT_SCHEME_COUNT; k++)
+                    if (sc[k]) printf(" %s x%zu (%.2f MiB)", sn[k], sc[k], (double)sb[k] / (1 << 20));
+                printf("\n");
+            }
         }
         // dtype histogram
         const char *names[32];
@@ -241,7 +283,8 @@ int cmd_inspect(int argc, char **argv) {
             for (size_t i = 0; i < n; i++) {
                 printf("  %-56s %-8s [", rows[i].name, rows[i].dtype);
                 for (int d = 0; d < rows[i].ndim; d++) printf("%s%" PRId64, d ? ", " : "", rows[i].ne[d]);
-                printf("]\n");
+                const char *sch = tensor_scheme(mf, rows[i].name);
+                printf("]%s%s\n", sch ? "  scheme " : "", sch ? sch : "");
             }
     }
     free(rows);

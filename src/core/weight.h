@@ -8,9 +8,18 @@
 //   PER_TENSOR  w = q * scale[0]                        (scale (1), or (E) for stacked experts)
 //   PER_CHANNEL w = q * scale[row]                      (scale (rows))
 //   BLOCK       w = q * scale[row / br][col / bc]       (scale (ceil(rows/br), ceil(cols/bc)),
-//                                                        DeepSeek-V3's 128x128 FP8 blocks)
+//                                                        DeepSeek-V3's 128x128 FP8 blocks; a fused
+//                                                        weight whose parts are not whole 128-row
+//                                                        blocks has br = the gcd of 128 and the
+//                                                        parts' rows: a backend whose kernels
+//                                                        need br = 128 must check block_rows)
 //   GROUP       w = (q - zero[row][col / g]) * scale[row][col / g]
-//                                                       (INT4/INT8 along k, group g = block_cols)
+//                                                       (INT4/INT8 along k, group g = block_cols;
+//                                                        symmetric values packed in I32 words
+//                                                        (compressed-tensors pack-quantized) are
+//                                                        stored offset by 2^(bits-1), low bits
+//                                                        first, so t is (rows, cols * bits / 32)
+//                                                        and q = field - 2^(bits-1))
 //   MX          w = q * 2^(scale[row][col / 32] - 127)  (MXFP4: e2m1 values, e8m0 scales)
 // A backend implements a subset (struct backend_caps.weight_schemes); model loading refuses a
 // checkpoint whose scheme the backend lacks, so an op that meets an unsupported scheme is a
@@ -36,7 +45,14 @@ struct weight {
     struct tensor scale;       // per scheme, see above
     struct tensor zero;        // GROUP with zero points; else data == NULL
     int block_rows, block_cols; // BLOCK: br x bc; GROUP / MX: 1 x group
+    int bits;                   // values packed in I32 words (GROUP): bits per value; else 0
 };
+
+// Columns (k) of a weight: t's last dim, times the values per word when packed in I32.
+static inline int64_t weight_cols(const struct weight *w) {
+    int64_t c = tensor_cols(&w->t);
+    return w->t.dtype == DTYPE_I32 && w->bits > 0 ? c * (32 / w->bits) : c;
+}
 
 // A plain (unquantised) weight viewing tensor *tp, as a compound literal in the caller's
 // scope: `ops->matmul(b, &out, &x, WEIGHT_PLAIN(&w), NULL)`.

@@ -11,6 +11,7 @@
 #include "loader/model_files.h"
 #include "model/arch.h"
 #include "model/model.h"
+#include "model/quant.h"
 #include "model/weight_loader.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -71,6 +72,9 @@ static atomc_status model_check_config(const struct model_config *c, const struc
 atomc_status model_check_backend_caps(const struct model_config *c, const struct backend_caps *caps,
                                       const struct model_load_options *o, struct error *err) {
     const char *be = caps->name;
+    // Quantized weights' schemes and dtypes (checkpoint loads only: dummy weights are plain).
+    atomc_status qst = o->files ? model_quant_check_backend(c, caps, err) : ATOMC_OK;
+    if (qst != ATOMC_OK) return qst;
     if (caps->n_head_dims > 0) {
         bool ok = false;
         for (int i = 0; i < caps->n_head_dims; i++) ok = ok || caps->head_dims[i] == c->head_dim;

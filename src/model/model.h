@@ -180,6 +180,8 @@ struct model {
     struct error comm_err;
 
     size_t weight_bytes;          // bytes of weights in backend memory
+    // Of weight_bytes, the quantized weights' (values + scales) per scheme; [NONE] stays 0.
+    size_t weight_bytes_by_scheme[WEIGHT_SCHEME_COUNT];
     struct model_scratch scratch;
     struct moe_route_args moe_route; // MoE models: routing parameters
     int last_tokens;              // rows of the last model_forward (what compute_logits gathers from)

@@ -6,27 +6,75 @@
 #include <stdio.h>
 #include <string.h>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "backend/backend.h"
+#include "common/check.h"
+
 // A scheme the engine runs: checkpoints whose every scheme matches a row load; the rest
-// are refused. Fields: the method; its format (NULL = any); the weights' type, bits and
-// strategy; the activation scheme; whether zero points (asymmetric weights) are handled.
+// are refused. Fields: the method; its format (NULL = any); the weights' type, bits, strategy
+// and block (BLOCK only); the activation scheme and, when activations are quantized, their
+// strategy; whether zero points (asymmetric weights) are handled; then what the loader builds
+// (struct quant_weight_plan).
 struct quant_impl {
     enum quant_method method;
     const char *format;
     enum quant_num_type weight_type;
     int weight_bits;
     enum quant_strategy weight_strategy;
+    int block_rows, block_cols;
     enum quant_act_scheme act;
+    enum quant_strategy act_strategy;
     bool asymmetric_ok;
+    enum weight_scheme scheme;
+    enum dtype values_dtype;
+    const char *values, *scale;
+    bool shape_tensor;
+    const char *what; // for messages: "FP8 e4m3 in 128x128 blocks"
 };
 
-// None yet: the quantized-weights issue adds rows here as each scheme's kernels land, e.g.
-// {QUANT_METHOD_FP8, "e4m3", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_BLOCK, QUANT_ACT_DYNAMIC, false}.
+// The CPU backend runs each of these as weight-only compute (activations stay F32, the
+// dequantized weights are the reference); a GPU backend adds the activation quantization the
+// config states (dynamic per token, or per token and 128-channel group for fp8 blocks).
 // The list ends with a QUANT_METHOD_NONE row.
 static const struct quant_impl quant_implemented[] = {
-    {QUANT_METHOD_NONE, NULL, QUANT_TYPE_NONE, 0, QUANT_STRATEGY_NONE, QUANT_ACT_NONE, false},
+    {QUANT_METHOD_FP8, "e4m3", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_BLOCK, 128, 128, QUANT_ACT_DYNAMIC,
+     QUANT_STRATEGY_GROUP, false, WEIGHT_SCHEME_BLOCK, DTYPE_FP8_E4M3, "weight", "weight_scale_inv", false,
+     "FP8 e4m3 weights in 128x128 blocks"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "float-quantized", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_CHANNEL, 0, 0,
+     QUANT_ACT_DYNAMIC, QUANT_STRATEGY_TOKEN, false, WEIGHT_SCHEME_PER_CHANNEL, DTYPE_FP8_E4M3, "weight",
+     "weight_scale", false, "FP8 e4m3 weights with per-channel scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "float-quantized", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_CHANNEL, 0, 0,
+     QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_PER_CHANNEL, DTYPE_FP8_E4M3, "weight", "weight_scale",
+     false, "FP8 e4m3 weights with per-channel scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "float-quantized", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_TENSOR, 0, 0,
+     QUANT_ACT_DYNAMIC, QUANT_STRATEGY_TOKEN, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight", "weight_scale",
+     false, "FP8 e4m3 weights with per-tensor scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "float-quantized", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_TENSOR, 0, 0,
+     QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight", "weight_scale",
+     false, "FP8 e4m3 weights with per-tensor scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 4, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "symmetric INT4 weights packed in int32 with group scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "symmetric INT8 weights packed in int32 with group scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 4, QUANT_STRATEGY_CHANNEL, 0, 0, QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "symmetric INT4 weights packed in int32 with per-channel scales"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_CHANNEL, 0, 0, QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "symmetric INT8 weights packed in int32 with per-channel scales"},
+    {QUANT_METHOD_NONE, NULL, QUANT_TYPE_NONE, 0, QUANT_STRATEGY_NONE, 0, 0, QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false,
+     WEIGHT_SCHEME_NONE, DTYPE_F32, NULL, NULL, false, NULL},
 };
 
-#define QUANT_SUPPORTED "supported: none (unquantized safetensors) and GGUF Q8_0/Q4_0/Q4_1"
+#define QUANT_SUPPORTED                                                                                                \
+    "supported: none (unquantized safetensors), GGUF Q8_0/Q4_0/Q4_1, fp8 e4m3 with weight_block_size [128, 128] "      \
+    "and dynamic activations, compressed-tensors float-quantized FP8 (channel or tensor weights; no or dynamic "       \
+    "per-token activations), compressed-tensors pack-quantized symmetric INT4 / INT8 with group or channel "           \
+    "scales (weight-only)"
 
 const char *quant_method_name(enum quant_method m) {
     switch (m) {
@@ -189,16 +237,29 @@ void quant_config_describe(const struct quant_config *q, char *buf, size_t cap) 
 }
 
 static bool impl_matches(const struct quant_impl *r, const struct quant_config *q, const struct quant_scheme *s) {
-    return r->method == q->method && (!r->format || !strcmp(r->format, s->format)) && s->weights.present &&
-           r->weight_type == s->weights.type && r->weight_bits == s->weights.num_bits &&
-           r->weight_strategy == s->weights.strategy && r->act == s->act_scheme &&
-           (s->weights.symmetric || r->asymmetric_ok) && !s->output_act;
+    const struct quant_args *w = &s->weights, *a = &s->input_act;
+    if (r->method != q->method || (r->format && strcmp(r->format, s->format)) || !w->present) return false;
+    if (r->weight_type != w->type || r->weight_bits != w->num_bits || r->weight_strategy != w->strategy) return false;
+    if (w->dynamic || w->actorder[0] || (!w->symmetric && !r->asymmetric_ok) || s->output_act) return false;
+    if (r->weight_strategy == QUANT_STRATEGY_BLOCK &&
+        (w->block_size[0] != r->block_rows || w->block_size[1] != r->block_cols))
+        return false;
+    if (r->weight_strategy == QUANT_STRATEGY_GROUP && w->group_size <= 0) return false;
+    if (r->act != s->act_scheme) return false;
+    if (r->act != QUANT_ACT_NONE &&
+        (a->type != QUANT_TYPE_FLOAT || a->num_bits != 8 || a->strategy != r->act_strategy || !a->symmetric))
+        return false;
+    return true;
+}
+
+static const struct quant_impl *scheme_impl(const struct quant_config *q, const struct quant_scheme *s) {
+    for (const struct quant_impl *r = quant_implemented; r->method != QUANT_METHOD_NONE; r++)
+        if (impl_matches(r, q, s)) return r;
+    return NULL;
 }
 
 static bool scheme_implemented(const struct quant_config *q, const struct quant_scheme *s) {
-    for (const struct quant_impl *r = quant_implemented; r->method != QUANT_METHOD_NONE; r++)
-        if (impl_matches(r, q, s)) return true;
-    return false;
+    return scheme_impl(q, s) != NULL;
 }
 
 atomc_status model_quant_check(const struct model_config *c, struct error *err) {
@@ -240,5 +301,107 @@ atomc_status model_quant_check(const struct model_config *c, struct error *err) 
                          "%s: quant_method '%s' leaves %d modules unquantized, more than the "
                          "%d atomc reads",
                          q->origin, q->method_name, q->n_ignore, QUANT_MAX_IGNORE);
+    return ATOMC_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-module plans
+
+// Python's re.match(pattern, name): anchored at the start only. A pattern that does not
+// compile matches nothing (the module then loads plain, and its scale tensors stay unread,
+// which model_files_check_consumed refuses).
+static bool regex_match_start(const char *pattern, const char *name) {
+    int code;
+    PCRE2_SIZE off;
+    pcre2_code *re =
+        pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED | PCRE2_UTF, &code, &off, NULL);
+    if (!re) return false;
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int rc = pcre2_match(re, (PCRE2_SPTR)name, strlen(name), 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return rc >= 0;
+}
+
+// compressed-tensors' matching of a module name against a target / ignore entry: "re:"
+// regexes, else the exact name; `linear_class` also lets the class name "Linear" match.
+static bool ct_name_matches(const char *entry, const char *module, bool linear_class) {
+    if (!strncmp(entry, "re:", 3)) return regex_match_start(entry + 3, module);
+    if (linear_class && !strcmp(entry, "Linear")) return true;
+    return !strcmp(entry, module);
+}
+
+// transformers' should_convert_module (modules_to_not_convert of the other methods): the key as a
+// regex from the start of the name up to a module boundary ("layer.1" matches "layer.1.attn",
+// not "layer.11.attn"; "mlp.gate" not "mlp.gate_proj"), or the key as a suffix of the name.
+static bool hf_name_matches(const char *key, const char *module) {
+    size_t n = strlen(module), k = strlen(key);
+    if (n >= k && !strcmp(module + n - k, key)) return true;
+    char pat[QUANT_NAME_MAX + 48];
+    snprintf(pat, sizeof pat, "(?:%s)(?:(?<=\\.)|(?=\\.|$))", key);
+    return regex_match_start(pat, module);
+}
+
+static bool module_ignored(const struct quant_config *q, const char *module) {
+    for (int i = 0; i < q->n_ignore && i < QUANT_MAX_IGNORE; i++) {
+        if (q->method == QUANT_METHOD_COMPRESSED_TENSORS ? ct_name_matches(q->ignore[i], module, false)
+                                                         : hf_name_matches(q->ignore[i], module))
+            return true;
+    }
+    return false;
+}
+
+static bool scheme_targets(const struct quant_config *q, const struct quant_scheme *s, const char *module) {
+    if (q->method != QUANT_METHOD_COMPRESSED_TENSORS) return true; // single-scheme methods: every linear
+    for (int t = 0; t < s->n_targets && t < QUANT_MAX_TARGETS; t++)
+        if (ct_name_matches(s->targets[t], module, true)) return true;
+    return false;
+}
+
+void model_quant_weight_plan(const struct model_config *c, const char *module, struct quant_weight_plan *plan) {
+    const struct quant_config *q = &c->quant;
+    *plan = (struct quant_weight_plan){.scheme = WEIGHT_SCHEME_NONE, .values = "weight"};
+    if (!q->present || module_ignored(q, module)) return;
+    int kept = q->n_schemes < QUANT_MAX_SCHEMES ? q->n_schemes : QUANT_MAX_SCHEMES;
+    for (int i = 0; i < kept; i++) {
+        const struct quant_scheme *s = &q->schemes[i];
+        if (!scheme_targets(q, s, module)) continue;
+        const struct quant_impl *r = scheme_impl(q, s);
+        CHECK_MSG(r, "model_quant_weight_plan: scheme %s of an unchecked config", s->name);
+        plan->scheme = r->scheme;
+        plan->values_dtype = r->values_dtype;
+        plan->bits = r->weight_bits;
+        plan->values = r->values;
+        plan->scale = r->scale;
+        plan->shape_tensor = r->shape_tensor;
+        if (r->scheme == WEIGHT_SCHEME_BLOCK) {
+            plan->block_rows = r->block_rows;
+            plan->block_cols = r->block_cols;
+        } else if (r->scheme == WEIGHT_SCHEME_GROUP) { // per channel: one group per row (block_cols 0)
+            plan->block_rows = 1;
+            plan->block_cols = r->weight_strategy == QUANT_STRATEGY_CHANNEL ? 0 : s->weights.group_size;
+        }
+        return;
+    }
+}
+
+atomc_status model_quant_check_backend(const struct model_config *c, const struct backend_caps *caps,
+                                       struct error *err) {
+    const struct quant_config *q = &c->quant;
+    if (!q->present) return ATOMC_OK;
+    int kept = q->n_schemes < QUANT_MAX_SCHEMES ? q->n_schemes : QUANT_MAX_SCHEMES;
+    for (int i = 0; i < kept; i++) {
+        const struct quant_impl *r = scheme_impl(q, &q->schemes[i]);
+        if (!r) continue; // model_quant_check refuses it
+        bool scheme_ok = caps->weight_schemes & BACKEND_CAP_BIT(r->scheme);
+        bool dtype_ok = caps->weight_dtypes & BACKEND_CAP_BIT(r->values_dtype);
+        if (!scheme_ok || !dtype_ok)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                             "%s: quant_method '%s' (%s): the %s backend does not implement the weight scheme "
+                             "'%s' with %s values yet (its %s); the cpu backend runs it",
+                             q->origin, q->method_name, r->what, caps->name, weight_scheme_name(r->scheme),
+                             dtype_name(r->values_dtype),
+                             !scheme_ok ? "kernels lack the scheme" : "matmuls lack the dtype");
+    }
     return ATOMC_OK;
 }

@@ -10,8 +10,23 @@
 //   scheme that is not implemented (or the KV-cache scheme / sparsity format), and what is
 //   supported.
 // - What is implemented is one table in quant.c (method, format, weight type / bits /
-//   strategy, activation scheme). It is empty today: the quantized-weights issue adds a
-//   row per scheme as its kernels land, and everything else stays refused.
+//   strategy / block, activation scheme). Today (CPU reference, weight-only compute):
+//     fp8 e4m3, weight_block_size [128, 128], dynamic activations   -> WEIGHT_SCHEME_BLOCK
+//     compressed-tensors float-quantized FP8, channel strategy      -> WEIGHT_SCHEME_PER_CHANNEL
+//     compressed-tensors float-quantized FP8, tensor strategy       -> WEIGHT_SCHEME_PER_TENSOR
+//       (both: weight-only, or dynamic per-token FP8 activations)
+//     compressed-tensors pack-quantized INT4 or INT8, group or channel strategy, symmetric,
+//       weight-only                                                 -> WEIGHT_SCHEME_GROUP
+//       (channel: one group per row)
+//   Everything else stays refused by name (static input scales, zero points, other block
+//   sizes or bit widths, gptq / awq / mxfp4 / ...). Whether a backend runs a scheme is its
+//   caps' business (model_quant_check_backend).
+// - model_quant_weight_plan() tells the weight loader, per linear module, which scheme and
+//   tensors to expect: ignore lists (compressed-tensors `ignore`: exact names or "re:"
+//   regexes; fp8 `modules_to_not_convert`: a regex from the start up to a module boundary, or a
+//   suffix, as transformers' should_convert_module matches them) and
+//   compressed-tensors `targets` ("Linear", "re:" regexes or exact module names) are
+//   honoured; a module no scheme targets is a plain weight.
 // - The check reads only the config. Tensors the loader never consumes (scale tensors of a
 //   checkpoint that declares no quantization, say) are caught after loading by
 //   model_files_check_consumed() (loader/model_files.h).
@@ -21,9 +36,31 @@
 #include <stddef.h>
 
 #include "common/error.h"
+#include "core/weight.h"
 #include "model/config.h"
 
 atomc_status model_quant_check(const struct model_config *c, struct error *err);
+
+struct backend_caps;
+// ATOMC_ERR_UNSUPPORTED when the backend's caps lack a weight scheme or storage dtype the
+// (implemented) config needs, naming the scheme and the backend. OK for unquantized configs.
+atomc_status model_quant_check_backend(const struct model_config *c, const struct backend_caps *caps,
+                                       struct error *err);
+
+// What the loader reads for one linear module (its HF name without ".weight", e.g.
+// "model.layers.0.self_attn.q_proj"): values <module>.<values>, scales <module>.<scale>.
+struct quant_weight_plan {
+    enum weight_scheme scheme;  // NONE: a plain <module>.weight
+    enum dtype values_dtype;    // FP8_E4M3, or I32 words of packed `bits`-bit integers
+    int bits;                   // 8 (FP8) or 4 (packed)
+    const char *values;         // "weight" or "weight_packed"
+    const char *scale;          // "weight_scale_inv" (fp8 blocks) or "weight_scale"
+    bool shape_tensor;          // <module>.weight_shape (I64 [rows, cols]) is stored too
+    int block_rows, block_cols; // BLOCK: the tile; GROUP: 1 x group size (0: the whole row)
+};
+
+// Fills *plan for `module` under config c (a checked config: model_quant_check passed).
+void model_quant_weight_plan(const struct model_config *c, const char *module, struct quant_weight_plan *plan);
 
 const char *quant_method_name(enum quant_method m);         // "fp8", "compressed-tensors", ... ("none")
 const char *quant_strategy_name(enum quant_strategy s);     // "tensor", "channel", ... ("none")

@@ -1,6 +1,16 @@
 // Table-driven weight loading (weight_loader.h): checkpoint tensors or dummy weights into
 // backend memory, tensor-parallel slices, row fusion (qkv, gate_up, stacked experts).
 //
+// Quantized weights (an is_weight entry whose modules model_quant_weight_plan quantizes): the
+// values are copied into backend memory as stored (FP8 bytes, or the I32 words of packed INT4),
+// never widened; the scales are read in any float dtype, checked (shape, finite) and kept as F32.
+// Fused parts (qkv, gate_up) and experts are stacked by rows, their scales with them: per-channel
+// and group scales by rows; per-tensor scales of fused or stacked parts become per-channel ones
+// (each row gets its part's scale: exact); 128x128 block scales stack as they are when every
+// part's rows are whole blocks, else the fused weight gets blocks of g rows, g the largest common
+// divisor of the block height and every part's rows, each with its part's block scale (exact:
+// the same weights, a finer scale grid). Tensor-parallel shards of quantized weights are refused.
+//
 // Fusion: the parts are uploaded one by one, copied into the fused allocation in backend memory
 // and freed, so the peak overhead is one entry's parts. Dummy weights fill the fused tensor in
 // one go (one seed step per entry), so a table reproduces the same random model whatever its
@@ -13,7 +23,9 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/log.h"
 #include "loader/model_files.h"
+#include "model/quant.h"
 
 // Dummy weights come from a few pools of random values (one per (lo, hi, dtype)), already
 // converted to the weight dtype: each tensor copies a run of its pool starting at a seeded
@@ -137,6 +149,19 @@ atomc_status weight_loader_load_tensor(struct weight_loader *L, struct tensor *d
                                     : weight_fill_dummy(L, dst, -a, a, name, err);
         if (st == ATOMC_OK) m->weight_bytes += tensor_bytes(dst);
         return st;
+    }
+    if (m->cfg.quant.present && !strcmp(name, "lm_head.weight")) {
+        // transformers keeps the output embedding unquantized unless the checkpoint says otherwise
+        // (fp8 configs need not list it): a float lm_head without scales is plain.
+        struct quant_weight_plan qp;
+        model_quant_weight_plan(&m->cfg, "lm_head", &qp);
+        char sname[64];
+        snprintf(sname, sizeof sname, "lm_head.%s", qp.scale ? qp.scale : "weight_scale");
+        if (qp.scheme != WEIGHT_SCHEME_NONE && (weight_loader_has(L, sname) || !weight_loader_has(L, name)))
+            return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                             "%s: a quantized lm_head (weight scheme %s) is not implemented; only checkpoints "
+                             "that leave lm_head unquantized load",
+                             m->cfg.quant.origin, weight_scheme_name(qp.scheme));
     }
     struct tensor src;
     atomc_status st = slice_dim < 0 ? model_files_get_tensor(L->files, name, &src, err)
@@ -280,6 +305,278 @@ static atomc_status load_stacked(struct weight_loader *L, struct tensor *dst, in
     return ATOMC_OK;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Quantized weights (see the top of this file)
+
+static int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+// "<module>.<suffix>" for names[i] = "<module>.weight".
+static void quant_tensor_name(char *buf, size_t n, const char *weight_name, const char *suffix) {
+    size_t l = strlen(weight_name), w = strlen(".weight");
+    CHECK(l > w && !strcmp(weight_name + l - w, ".weight"));
+    snprintf(buf, n, "%.*s.%s", (int)(l - w), weight_name, suffix);
+}
+
+// The (rows, cols) a scale tensor must have for one part of `rows` x `cols` under plan p;
+// shape_ok() accepts the spellings checkpoints use ((rows, 1) or (rows) per channel, any
+// one-element shape per tensor).
+static void scale_shape(const struct quant_weight_plan *p, int64_t rows, int64_t cols, int64_t *sr, int64_t *sc) {
+    switch (p->scheme) {
+    case WEIGHT_SCHEME_BLOCK:
+        *sr = ceil_div(rows, p->block_rows);
+        *sc = ceil_div(cols, p->block_cols);
+        return;
+    case WEIGHT_SCHEME_PER_CHANNEL:
+        *sr = rows;
+        *sc = 1;
+        return;
+    case WEIGHT_SCHEME_PER_TENSOR:
+        *sr = 1;
+        *sc = 1;
+        return;
+    case WEIGHT_SCHEME_GROUP:
+        *sr = rows;
+        *sc = ceil_div(cols, p->block_cols);
+        return;
+    default:
+        CHECK_MSG(0, "weight loader: scheme %s", weight_scheme_name(p->scheme));
+    }
+}
+
+static bool scale_shape_ok(const struct quant_weight_plan *p, const struct tensor *t, int64_t sr, int64_t sc) {
+    if (p->scheme == WEIGHT_SCHEME_PER_TENSOR) return tensor_numel(t) == 1 && t->ndim <= 2;
+    if (p->scheme == WEIGHT_SCHEME_PER_CHANNEL && t->ndim == 1) return t->ne[0] == sr;
+    return t->ndim == 2 && t->ne[0] == sr && t->ne[1] == sc;
+}
+
+// Reads part i's scale tensor into F32 `out` (sr * sc values), checked.
+static atomc_status read_scale(struct weight_loader *L, const char *wname, const struct quant_weight_plan *p,
+                               int64_t rows, int64_t cols, float *out, int64_t *sr, int64_t *sc, struct error *err) {
+    char name[224];
+    quant_tensor_name(name, sizeof name, wname, p->scale);
+    struct tensor t;
+    atomc_status st = model_files_get_tensor(L->files, name, &t, err);
+    if (st != ATOMC_OK) return error_prefix(err, "%s weight scales: ", weight_scheme_name(p->scheme));
+    scale_shape(p, rows, cols, sr, sc);
+    if (t.dtype != DTYPE_F32 && t.dtype != DTYPE_BF16 && t.dtype != DTYPE_F16)
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s is %s; scales must be F32, BF16 or F16", name,
+                         dtype_name(t.dtype));
+    if (!scale_shape_ok(p, &t, *sr, *sc)) {
+        char got[96];
+        shape_string(got, sizeof got, &t);
+        return error_set(err, ATOMC_ERR_FORMAT,
+                         "tensor %s has shape %s, expected (%lld, %lld): the %s scales of a (%lld, %lld) weight", name,
+                         got, (long long)*sr, (long long)*sc, weight_scheme_name(p->scheme), (long long)rows,
+                         (long long)cols);
+    }
+    dtype_to_f32(t.dtype, t.data, out, *sr * *sc);
+    for (int64_t i = 0; i < *sr * *sc; i++)
+        if (!isfinite(out[i]))
+            return error_set(err, ATOMC_ERR_FORMAT, "tensor %s: scale %lld is not finite", name, (long long)i);
+    return ATOMC_OK;
+}
+
+// Part i's stored values, checked against the plan (dtype, shape, weight_shape), copied into
+// backend memory at dst.
+static atomc_status copy_values(struct weight_loader *L, const char *wname, const struct quant_weight_plan *p,
+                                int64_t rows, int64_t cols, int64_t stored_cols, void *dst, struct error *err) {
+    struct backend *b = L->m->backend;
+    char name[224];
+    quant_tensor_name(name, sizeof name, wname, p->values);
+    struct tensor t;
+    atomc_status st = model_files_get_tensor(L->files, name, &t, err);
+    if (st != ATOMC_OK) return error_prefix(err, "%s weight values: ", weight_scheme_name(p->scheme));
+    if (t.dtype != p->values_dtype)
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s is %s; the %s scheme stores %s values", name,
+                         dtype_name(t.dtype), weight_scheme_name(p->scheme), dtype_name(p->values_dtype));
+    if (t.ndim != 2 || t.ne[0] != rows || t.ne[1] != stored_cols) {
+        char got[96];
+        shape_string(got, sizeof got, &t);
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s has shape %s, expected (%lld, %lld)", name, got,
+                         (long long)rows, (long long)stored_cols);
+    }
+    if (p->shape_tensor) {
+        quant_tensor_name(name, sizeof name, wname, "weight_shape");
+        struct tensor sh;
+        if ((st = model_files_get_tensor(L->files, name, &sh, err)) != ATOMC_OK) return st;
+        int64_t v[2] = {-1, -1};
+        if ((sh.dtype == DTYPE_I64 || sh.dtype == DTYPE_I32) && tensor_numel(&sh) == 2)
+            for (int k = 0; k < 2; k++)
+                v[k] = sh.dtype == DTYPE_I64 ? ((const int64_t *)sh.data)[k] : ((const int32_t *)sh.data)[k];
+        if (v[0] != rows || v[1] != cols)
+            return error_set(err, ATOMC_ERR_FORMAT, "tensor %s is not the integers [%lld, %lld] (%s, %lld elements)",
+                             name, (long long)rows, (long long)cols, dtype_name(sh.dtype),
+                             (long long)tensor_numel(&sh));
+    }
+    b->ops->copy_h2d(b, dst, t.data, tensor_bytes(&t));
+    return ATOMC_OK;
+}
+
+// Loads the n parts names[i] (rows[i] x cols each; n = parts x E, expert-major) of a quantized
+// is_weight entry into *w, under plan p; stacked (per-expert entries): (E, rows, cols) views.
+static atomc_status load_quantized(struct weight_loader *L, struct weight *w, int n, int E, bool stacked,
+                                   char (*names)[192], const int64_t *rows, int64_t cols,
+                                   const struct quant_weight_plan *p, struct error *err) {
+    struct model *m = L->m;
+    struct backend *b = m->backend;
+    struct quant_weight_plan pc = *p; // per-channel groups: one group of the whole row
+    if (pc.scheme == WEIGHT_SCHEME_GROUP && pc.block_cols == 0) pc.block_cols = (int)cols;
+    p = &pc;
+    if (m->tp_size > 1)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: tensor-parallel shards of quantized weights (scheme %s, %s) are not implemented; use "
+                         "tensor_parallel_size 1",
+                         m->cfg.quant.origin, weight_scheme_name(p->scheme), names[0]);
+    const bool packed = p->values_dtype == DTYPE_I32;
+    const int per_word = packed ? 32 / p->bits : 1;
+    if (cols % per_word != 0)
+        return error_set(err, ATOMC_ERR_FORMAT, "%s: %lld columns do not fill whole int32 words of %d-bit values",
+                         names[0], (long long)cols, p->bits);
+    const int64_t stored_cols = cols / per_word;
+    int64_t R = 0;
+    for (int i = 0; i < n; i++)
+        R += rows[i];
+    // Scale layout of the fused weight.
+    enum weight_scheme scheme = p->scheme;
+    int br = p->block_rows;
+    if (scheme == WEIGHT_SCHEME_PER_TENSOR && n > 1) scheme = WEIGHT_SCHEME_PER_CHANNEL;
+    if (scheme == WEIGHT_SCHEME_BLOCK && n > 1)
+        for (int i = 0; i < n; i++)
+            br = (int)gcd64(br, rows[i]);
+    int64_t scols = 1, srows = 0;
+    if (scheme == WEIGHT_SCHEME_BLOCK) scols = ceil_div(cols, p->block_cols);
+    if (scheme == WEIGHT_SCHEME_GROUP) scols = ceil_div(cols, p->block_cols);
+    for (int i = 0; i < n; i++)
+        srows += scheme == WEIGHT_SCHEME_BLOCK        ? ceil_div(rows[i], br)
+                 : scheme == WEIGHT_SCHEME_PER_TENSOR ? 1
+                                                      : rows[i];
+    if (br != p->block_rows)
+        LOG_DEBUG("%s: fused parts are not whole %d-row blocks; scales regridded to %d-row blocks", names[0],
+                  p->block_rows, br);
+
+    size_t esz = dtype_row_bytes(p->values_dtype, 1);
+    size_t vbytes = (size_t)R * (size_t)stored_cols * esz, sbytes = (size_t)srows * (size_t)scols * sizeof(float);
+    float *scale = malloc(sbytes), *part = NULL;
+    void *vals = b->ops->alloc(b, vbytes);
+    void *sdev = b->ops->alloc(b, sbytes);
+    atomc_status st = ATOMC_OK;
+    if (!scale || !vals || !sdev) {
+        st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for quantized %s", vbytes + sbytes,
+                       names[0]);
+        goto done;
+    }
+    int64_t row_off = 0, srow_off = 0;
+    for (int i = 0; i < n && st == ATOMC_OK; i++) {
+        int64_t sr, sc, want_r, want_c;
+        scale_shape(p, rows[i], cols, &want_r, &want_c);
+        free(part);
+        part = malloc((size_t)(want_r * want_c) * sizeof(float));
+        if (!part) {
+            st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory for the scales of %s", names[i]);
+            break;
+        }
+        st = copy_values(L, names[i], p, rows[i], cols, stored_cols, (char *)vals + (size_t)row_off * stored_cols * esz,
+                         err);
+        if (st == ATOMC_OK) st = read_scale(L, names[i], p, rows[i], cols, part, &sr, &sc, err);
+        if (st != ATOMC_OK) break;
+        float *dst = scale + srow_off * scols;
+        if (scheme == WEIGHT_SCHEME_BLOCK) { // part rows in blocks of br (br divides them when n > 1)
+            int64_t nb = ceil_div(rows[i], br);
+            for (int64_t k = 0; k < nb; k++)
+                memcpy(dst + k * scols, part + (k * br / p->block_rows) * sc, (size_t)scols * sizeof(float));
+            srow_off += nb;
+        } else if (scheme == WEIGHT_SCHEME_PER_CHANNEL && p->scheme == WEIGHT_SCHEME_PER_TENSOR) {
+            for (int64_t r = 0; r < rows[i]; r++)
+                dst[r] = part[0];
+            srow_off += rows[i];
+        } else {
+            memcpy(dst, part, (size_t)(sr * sc) * sizeof(float));
+            srow_off += sr;
+        }
+        row_off += rows[i];
+    }
+    if (st != ATOMC_OK) goto done;
+    CHECK(srow_off == srows && row_off == R);
+    b->ops->copy_h2d(b, sdev, scale, sbytes);
+    b->ops->synchronize(b);
+    *w = (struct weight){.scheme = scheme,
+                         .block_rows = scheme == WEIGHT_SCHEME_BLOCK ? br : p->block_rows,
+                         .block_cols = p->block_cols,
+                         .bits = packed ? p->bits : 0};
+    if (stacked) {
+        w->t = tensor_make(vals, p->values_dtype, 3, (int64_t[]){E, R / E, stored_cols});
+        w->scale = scheme == WEIGHT_SCHEME_PER_CHANNEL
+                       ? tensor_2d(sdev, DTYPE_F32, E, srows / E)
+                       : tensor_make(sdev, DTYPE_F32, 3, (int64_t[]){E, srows / E, scols});
+    } else {
+        w->t = tensor_2d(vals, p->values_dtype, R, stored_cols);
+        w->scale = scheme == WEIGHT_SCHEME_PER_CHANNEL || scheme == WEIGHT_SCHEME_PER_TENSOR
+                       ? tensor_make(sdev, DTYPE_F32, 1, (int64_t[]){srows})
+                       : tensor_2d(sdev, DTYPE_F32, srows, scols);
+    }
+    m->weight_bytes += vbytes + sbytes;
+    m->weight_bytes_by_scheme[scheme] += vbytes + sbytes;
+    vals = sdev = NULL;
+done:
+    if (vals) b->ops->free(b, vals);
+    if (sdev) b->ops->free(b, sdev);
+    free(scale);
+    free(part);
+    return st;
+}
+
+// The plan shared by every part of an is_weight entry (NONE unless the checkpoint quantizes
+// them); parts planned differently are refused.
+static atomc_status entry_plan(struct weight_loader *L, int n, char (*names)[192], struct quant_weight_plan *p,
+                               struct error *err) {
+    *p = (struct quant_weight_plan){.scheme = WEIGHT_SCHEME_NONE};
+    if (!L->files || !L->m->cfg.quant.present) return ATOMC_OK;
+    for (int i = 0; i < n; i++) {
+        char module[192];
+        size_t l = strlen(names[i]), w = strlen(".weight");
+        if (l <= w || strcmp(names[i] + l - w, ".weight")) return ATOMC_OK; // not a linear's weight
+        snprintf(module, sizeof module, "%.*s", (int)(l - w), names[i]);
+        struct quant_weight_plan q;
+        model_quant_weight_plan(&L->m->cfg, module, &q);
+        if (i == 0) {
+            *p = q;
+        } else if (q.scheme != p->scheme || q.block_cols != p->block_cols || q.values_dtype != p->values_dtype) {
+            return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                             "%s: %s (weight scheme %s) and %s (%s) are fused into one matmul, and fusing differently "
+                             "quantized parts is not implemented",
+                             L->m->cfg.quant.origin, names[0], weight_scheme_name(p->scheme), names[i],
+                             weight_scheme_name(q.scheme));
+        }
+    }
+    if (p->scheme == WEIGHT_SCHEME_NONE) return ATOMC_OK;
+    // A module the config targets but the checkpoint stores unquantized (a router or gate the
+    // writer skipped without listing it): float weights and no scales are exact as they are.
+    for (int i = 0; i < n; i++) {
+        char sname[224];
+        quant_tensor_name(sname, sizeof sname, names[i], p->scale);
+        struct tensor t;
+        if (weight_loader_has(L, sname) || !weight_loader_has(L, names[i])) return ATOMC_OK;
+        if (model_files_get_tensor(L->files, names[i], &t, err) != ATOMC_OK)
+            return err ? err->status : ATOMC_ERR_FORMAT;
+        if (t.dtype != DTYPE_F32 && t.dtype != DTYPE_BF16 && t.dtype != DTYPE_F16) return ATOMC_OK;
+    }
+    LOG_DEBUG("%s: stored unquantized (%s, no %s) although %s targets it: loaded as a plain weight", names[0],
+              "float values", p->scale, L->m->cfg.quant.origin);
+    *p = (struct quant_weight_plan){.scheme = WEIGHT_SCHEME_NONE};
+    return ATOMC_OK;
+}
+
 static atomc_status load_entry(struct weight_loader *L, const struct weight_entry *e, int l, struct model_layer *ly,
                                struct error *err) {
     struct model *m = L->m;
@@ -300,8 +597,18 @@ static atomc_status load_entry(struct weight_loader *L, const struct weight_entr
     if (e->cols != WDIM_NONE) wdim_resolve(m, e->cols, &cols, &col_start);
     const bool col_shard = tp && e->shard == WSHARD_COL, row_shard = tp && e->shard == WSHARD_ROW;
     struct tensor *dst = entry_tensor(e, ly);
-    atomc_status st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard,
-                                   e->init, err);
+    struct quant_weight_plan qp = {.scheme = WEIGHT_SCHEME_NONE};
+    atomc_status st = e->is_weight ? entry_plan(L, n, names, &qp, err) : ATOMC_OK;
+    if (st == ATOMC_OK && qp.scheme != WEIGHT_SCHEME_NONE) {
+        st = load_quantized(L, (struct weight *)((char *)ly + e->field), n, E, e->per_expert, names, rows, cols, &qp,
+                            err);
+        free(names);
+        free(rows);
+        free(starts);
+        return st;
+    }
+    if (st == ATOMC_OK)
+        st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard, e->init, err);
     free(names);
     free(rows);
     free(starts);
@@ -324,7 +631,14 @@ atomc_status weight_loader_load_layer(struct weight_loader *L, const struct weig
 }
 
 void weight_loader_free_layer(struct model *m, const struct weight_entry *table, struct model_layer *ly) {
-    for (const struct weight_entry *e = table; e->parts[0].name; e++) weight_release(m, entry_tensor(e, ly));
+    for (const struct weight_entry *e = table; e->parts[0].name; e++) {
+        weight_release(m, entry_tensor(e, ly));
+        if (e->is_weight) {
+            struct weight *w = (struct weight *)((char *)ly + e->field);
+            weight_release(m, &w->scale);
+            weight_release(m, &w->zero);
+        }
+    }
 }
 
 bool weight_loader_has(const struct weight_loader *L, const char *name) {

@@ -493,7 +493,13 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     // row-parallel biases).
     if (files && o->tp_rank == 0 && (st = model_files_check_consumed(files, err))) goto fail;
     r->cfg = r->model->cfg; // the loader may have resolved tied embeddings
-    LOG_INFO("weights: %.1f MiB as %s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt),
+    char qdesc[160] = "";
+    for (int sch = WEIGHT_SCHEME_NONE + 1, n = 0; sch < WEIGHT_SCHEME_COUNT; sch++)
+        if (r->model->weight_bytes_by_scheme[sch] && n < (int)sizeof qdesc)
+            n += snprintf(qdesc + n, sizeof qdesc - (size_t)n, "%s%.2f MiB %s-quantized", n ? ", " : " (of them ",
+                          r->model->weight_bytes_by_scheme[sch] / 1048576.0, weight_scheme_name(sch));
+    if (qdesc[0]) snprintf(qdesc + strlen(qdesc), sizeof qdesc - strlen(qdesc), ")");
+    LOG_INFO("weights: %.1f MiB as %s%s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt), qdesc,
              time_now_s() - tw, dummy ? " (dummy)" : "");
     model_files_close(files);
     files = NULL;

@@ -449,8 +449,10 @@ static void widen_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
 static void cpu_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *wq,
                        const struct tensor *bias) {
     struct cpu_backend *c = cpu_backend_of(b);
-    CHECK_MSG(wq->scheme == WEIGHT_SCHEME_NONE, "CPU matmul: weight scheme %s not implemented",
-              weight_scheme_name(wq->scheme));
+    if (wq->scheme != WEIGHT_SCHEME_NONE) { // quantized weights: cpu_qmatmul.c
+        cpu_qmatmul(b, out, x, wq, bias);
+        return;
+    }
     const struct tensor *w = &wq->t;
     CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && cpu_weight_dtype_ok(w->dtype) && w->ndim == 2);
     int64_t n = tensor_rows(x), k = tensor_cols(x), m = w->ne[0];

@@ -62,4 +62,12 @@ void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor 
                      const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                      void *workspace);
 
+// Quantized weights (cpu_qmatmul.c): the matmul for schemes other than NONE (cpu_matmul
+// dispatches to it), whether a weight is one it runs, and expert e of a stacked (E, rows,
+// cols) weight as a 2-D weight with its scales (any scheme, NONE included).
+void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *w,
+                 const struct tensor *bias);
+bool cpu_qweight_supported(const struct weight *w);
+struct weight cpu_weight_expert(const struct weight *w, int e);
+
 #endif

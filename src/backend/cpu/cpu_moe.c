@@ -155,25 +155,22 @@ static void combine_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
     (void)tid;
 }
 
-static struct tensor expert_view(const struct tensor *w, int e) {
-    size_t rb = dtype_row_bytes(w->dtype, w->ne[2]) * (size_t)w->ne[1];
-    return tensor_2d((char *)w->data + rb * (size_t)e, w->dtype, w->ne[1], w->ne[2]);
-}
-
 void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,
                      const struct weight *down_w, const int32_t *topk_ids, const float *topk_w, int n_slots,
                      void *workspace) {
     struct cpu_backend *c = cpu_backend_of(b);
-    CHECK_MSG(gate_up_w->scheme == WEIGHT_SCHEME_NONE && down_w->scheme == WEIGHT_SCHEME_NONE,
+    // Quantized experts (any scheme cpu_qmatmul runs) go through per-expert weight views.
+    CHECK_MSG((gate_up_w->scheme == WEIGHT_SCHEME_NONE || cpu_qweight_supported(gate_up_w)) &&
+                  (down_w->scheme == WEIGHT_SCHEME_NONE || cpu_qweight_supported(down_w)),
               "CPU moe_experts: weight scheme %s not implemented", weight_scheme_name(gate_up_w->scheme));
     const struct tensor *gate_up = &gate_up_w->t, *down = &down_w->t;
     CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && gate_up->ndim == 3 && down->ndim == 3);
-    const int64_t n = tensor_rows(x), H = tensor_cols(x), I = down->ne[2];
+    const int64_t n = tensor_rows(x), H = tensor_cols(x), I = weight_cols(down_w);
     const int E = (int)gate_up->ne[0];
-    CHECK_MSG(gate_up->ne[1] == 2 * I && gate_up->ne[2] == H && down->ne[0] == E && down->ne[1] == H,
+    CHECK_MSG(gate_up->ne[1] == 2 * I && weight_cols(gate_up_w) == H && down->ne[0] == E && down->ne[1] == H,
               "moe_experts: gate_up (%lld, %lld, %lld) and down (%lld, %lld, %lld) do not match H %lld",
-              (long long)gate_up->ne[0], (long long)gate_up->ne[1], (long long)gate_up->ne[2], (long long)down->ne[0],
-              (long long)down->ne[1], (long long)down->ne[2], (long long)H);
+              (long long)gate_up->ne[0], (long long)gate_up->ne[1], (long long)weight_cols(gate_up_w),
+              (long long)down->ne[0], (long long)down->ne[1], (long long)I, (long long)H);
     CHECK(tensor_rows(out) == n && tensor_cols(out) == H && out->data != x->data && n_slots >= 1);
     if (n == 0) return;
     const int64_t R = n * n_slots;
@@ -212,8 +209,8 @@ void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor 
         if (!counts[e]) continue;
         struct tensor xe = tensor_2d(xs + (int64_t)offsets[e] * H, DTYPE_F32, counts[e], H);
         struct tensor ge = tensor_2d(gu + (int64_t)offsets[e] * 2 * I, DTYPE_F32, counts[e], 2 * I);
-        struct tensor we = expert_view(gate_up, e);
-        b->ops->matmul(b, &ge, &xe, WEIGHT_PLAIN(&we), NULL);
+        struct weight we = cpu_weight_expert(gate_up_w, e);
+        b->ops->matmul(b, &ge, &xe, &we, NULL);
     }
     struct tensor gu_all = tensor_2d(gu, DTYPE_F32, R, 2 * I), act_all = tensor_2d(act, DTYPE_F32, R, I);
     b->ops->silu_mul(b, &act_all, &gu_all);
@@ -221,8 +218,8 @@ void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor 
         if (!counts[e]) continue;
         struct tensor ae = tensor_2d(act + (int64_t)offsets[e] * I, DTYPE_F32, counts[e], I);
         struct tensor ye = tensor_2d(y + (int64_t)offsets[e] * H, DTYPE_F32, counts[e], H);
-        struct tensor we = expert_view(down, e);
-        b->ops->matmul(b, &ye, &ae, WEIGHT_PLAIN(&we), NULL);
+        struct weight we = cpu_weight_expert(down_w, e);
+        b->ops->matmul(b, &ye, &ae, &we, NULL);
     }
 
     cpu_lock(c);

@@ -1,0 +1,236 @@
+// The CPU backend's matmul over quantized weights (struct weight with a scheme other than NONE,
+// core/weight.h): the reference the GPU kernels are tested against.
+//
+// Contract:
+// - Schemes: PER_TENSOR, PER_CHANNEL and BLOCK over FP8 E4M3 values; GROUP over symmetric
+//   4-bit (or 8-bit) integers packed in I32 words (offset 2^(bits-1), low bits first). Scales
+//   are F32 in the layouts weight.h gives (the loader converts them).
+// - Weight-only compute: the weights are dequantized exactly (value * scale in F32, the
+//   formats' definition) a tile of rows at a time into scratch, and multiplied with the F32
+//   activations by the same kernels as F32 weights (the skinny kernel for decode-sized batches
+//   and in batch-invariant mode, OpenBLAS sgemm above). Activations are NOT quantized here:
+//   a W8A8 config (dynamic per-token FP8 activations, or per token and 128-channel group for
+//   fp8 blocks) is computed as W8A16, which is the reference its GPU kernels must approach
+//   within their activation rounding.
+// - The weights stay quantized in memory: nothing is widened beyond one tile per call (the
+//   skinny path: 16 rows per pool thread; the sgemm path: ~4 MB of F32 rows).
+#include "backend/cpu/cpu_backend.h"
+
+#include <cblas.h> // after backend.h: its complex.h defines I
+#include <string.h>
+
+#include "common/check.h"
+
+#define QMATMUL_SKINNY_MAX_ROWS 8     // as cpu_matmul
+#define QMATMUL_TILE_BYTES (4u << 20) // F32 rows of the sgemm path's tile
+#define QMATMUL_SKINNY_ROWS 16        // weight rows dequantized per step of the skinny path
+
+bool cpu_qweight_supported(const struct weight *w) {
+    switch (w->scheme) {
+    case WEIGHT_SCHEME_PER_TENSOR:
+    case WEIGHT_SCHEME_PER_CHANNEL:
+    case WEIGHT_SCHEME_BLOCK:
+        return w->t.dtype == DTYPE_FP8_E4M3 && w->scale.dtype == DTYPE_F32;
+    case WEIGHT_SCHEME_GROUP:
+        return w->t.dtype == DTYPE_I32 && (w->bits == 4 || w->bits == 8) && w->block_cols > 0 &&
+               w->scale.dtype == DTYPE_F32 && !w->zero.data;
+    default:
+        return false;
+    }
+}
+
+struct weight cpu_weight_expert(const struct weight *w, int e) {
+    CHECK(w->t.ndim == 3 && e >= 0 && e < w->t.ne[0]);
+    struct weight v = *w;
+    size_t rb = dtype_row_bytes(w->t.dtype, w->t.ne[2]) * (size_t)w->t.ne[1];
+    v.t = tensor_2d((char *)w->t.data + rb * (size_t)e, w->t.dtype, w->t.ne[1], w->t.ne[2]);
+    if (w->scheme == WEIGHT_SCHEME_NONE) return v;
+    const struct tensor *s = &w->scale;
+    CHECK_MSG(s->ne[0] == w->t.ne[0], "expert weight scale has %lld experts, values %lld", (long long)s->ne[0],
+              (long long)w->t.ne[0]);
+    int64_t per = tensor_numel(s) / s->ne[0];
+    float *sp = (float *)s->data + per * e;
+    if (s->ndim == 1) // PER_TENSOR (E)
+        v.scale = tensor_make(sp, DTYPE_F32, 1, (int64_t[]){1});
+    else if (s->ndim == 2) // PER_CHANNEL (E, rows)
+        v.scale = tensor_make(sp, DTYPE_F32, 1, (int64_t[]){s->ne[1]});
+    else // BLOCK / GROUP (E, srows, scols)
+        v.scale = tensor_2d(sp, DTYPE_F32, s->ne[1], s->ne[2]);
+    return v;
+}
+
+// What dequantizing rows needs, fixed per call.
+struct qdeq {
+    const struct weight *w;
+    int64_t k;      // logical columns
+    int64_t scols;  // scale columns (BLOCK / GROUP)
+    float lut[256]; // FP8 E4M3 byte -> F32
+};
+
+static void qdeq_init(struct qdeq *d, const struct weight *w) {
+    d->w = w;
+    d->k = weight_cols(w);
+    d->scols = w->scale.ndim == 2 ? w->scale.ne[1] : 1;
+    if (w->t.dtype == DTYPE_FP8_E4M3)
+        for (int i = 0; i < 256; i++)
+            d->lut[i] = fp8_e4m3_to_f32((uint8_t)i);
+}
+
+// dst (r1 - r0, k) = the F32 weights of rows [r0, r1).
+static void qdeq_rows(const struct qdeq *d, int64_t r0, int64_t r1, float *dst) {
+    const struct weight *w = d->w;
+    const int64_t k = d->k;
+    const float *sc = w->scale.data;
+    for (int64_t r = r0; r < r1; r++) {
+        float *o = dst + (r - r0) * k;
+        if (w->t.dtype == DTYPE_FP8_E4M3) {
+            const uint8_t *q = (const uint8_t *)w->t.data + r * k;
+            if (w->scheme == WEIGHT_SCHEME_BLOCK) {
+                const float *srow = sc + (r / w->block_rows) * d->scols;
+                for (int64_t c0 = 0, b = 0; c0 < k; c0 += w->block_cols, b++) {
+                    int64_t c1 = c0 + w->block_cols < k ? c0 + w->block_cols : k;
+                    float s = srow[b];
+                    for (int64_t c = c0; c < c1; c++)
+                        o[c] = d->lut[q[c]] * s;
+                }
+            } else {
+                float s = w->scheme == WEIGHT_SCHEME_PER_CHANNEL ? sc[r] : sc[0];
+                for (int64_t c = 0; c < k; c++)
+                    o[c] = d->lut[q[c]] * s;
+            }
+        } else { // GROUP over packed I32 words, a group at a time (words inside one group)
+            const int bits = w->bits, per = 32 / bits;
+            const uint32_t *q = (const uint32_t *)w->t.data + r * (k / per);
+            const float *srow = sc + r * d->scols;
+            const int64_t g = w->block_cols;
+            if (g % per == 0) {
+                for (int64_t c0 = 0, gi = 0; c0 < k; c0 += g, gi++) {
+                    const int64_t c1 = c0 + g < k ? c0 + g : k;
+                    const float s = srow[gi];
+                    if (bits == 4)
+                        for (int64_t c = c0; c < c1; c += 8) {
+                            const uint32_t u = q[c / 8];
+                            for (int i = 0; i < 8; i++)
+                                o[c + i] = (float)((int32_t)((u >> (4 * i)) & 15u) - 8) * s;
+                        }
+                    else
+                        for (int64_t c = c0; c < c1; c += 4) {
+                            const uint32_t u = q[c / 4];
+                            for (int i = 0; i < 4; i++)
+                                o[c + i] = (float)((int32_t)((u >> (8 * i)) & 255u) - 128) * s;
+                        }
+                }
+            } else { // groups that split words: per value
+                const uint32_t mask = (1u << bits) - 1u;
+                const int32_t off = 1 << (bits - 1);
+                for (int64_t c = 0; c < k; c++)
+                    o[c] = (float)((int32_t)((q[c / per] >> (bits * (c % per))) & mask) - off) * srow[c / g];
+            }
+        }
+    }
+}
+
+struct qmm_ctx {
+    struct cpu_backend *c;
+    const struct qdeq *d;
+    float *out;
+    const float *x, *bias;
+    float *tile; // sgemm path: the shared tile; row0 is its first weight row
+    int64_t row0;
+    int nx;
+    int64_t m;
+};
+
+// Skinny path: output columns [j0, j1) for every row, dequantizing 16 weight rows at a time
+// into this thread's scratch.
+static void qmm_skinny_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
+    struct qmm_ctx *g = vctx;
+    const int64_t k = g->d->k;
+    float *buf = g->c->scratch[tid];
+    for (int64_t c0 = j0; c0 < j1; c0 += QMATMUL_SKINNY_ROWS) {
+        int64_t c1 = c0 + QMATMUL_SKINNY_ROWS < j1 ? c0 + QMATMUL_SKINNY_ROWS : j1;
+        qdeq_rows(g->d, c0, c1, buf);
+        for (int i0 = 0; i0 < g->nx; i0 += 64) {
+            int ni = g->nx - i0 < 64 ? g->nx - i0 : 64;
+            g->c->kern.gemv[CPU_WEIGHT_F32](g->out + (int64_t)i0 * g->m + c0, g->m, g->x + (int64_t)i0 * k, k, ni, buf,
+                                            g->bias ? g->bias + c0 : NULL, k, k, 0, c1 - c0);
+        }
+    }
+}
+
+static void qmm_tile_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
+    struct qmm_ctx *g = vctx;
+    qdeq_rows(g->d, g->row0 + r0, g->row0 + r1, g->tile + r0 * g->d->k);
+    (void)tid;
+}
+
+void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *w,
+                 const struct tensor *bias) {
+    struct cpu_backend *c = cpu_backend_of(b);
+    CHECK_MSG(cpu_qweight_supported(w), "CPU matmul: weight scheme %s over %s values not implemented",
+              weight_scheme_name(w->scheme), dtype_name(w->t.dtype));
+    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && w->t.ndim == 2);
+    const int64_t n = tensor_rows(x), k = tensor_cols(x), m = w->t.ne[0];
+    CHECK_MSG(weight_cols(w) == k, "matmul: x has %lld columns, w has %lld", (long long)k, (long long)weight_cols(w));
+    CHECK(tensor_cols(out) == m && tensor_rows(out) == n);
+    if (w->scheme == WEIGHT_SCHEME_BLOCK)
+        CHECK(w->block_rows > 0 && w->block_cols > 0 && w->scale.ndim == 2 &&
+              w->scale.ne[0] == (m + w->block_rows - 1) / w->block_rows &&
+              w->scale.ne[1] == (k + w->block_cols - 1) / w->block_cols);
+    else if (w->scheme == WEIGHT_SCHEME_PER_CHANNEL)
+        CHECK(tensor_numel(&w->scale) == m);
+    else if (w->scheme == WEIGHT_SCHEME_PER_TENSOR)
+        CHECK(tensor_numel(&w->scale) == 1);
+    else
+        CHECK(w->scale.ndim == 2 && w->scale.ne[0] == m && w->scale.ne[1] == (k + w->block_cols - 1) / w->block_cols &&
+              k % (32 / w->bits) == 0);
+    if (bias) CHECK(tensor_numel(bias) == m);
+    if (n == 0) return;
+    struct qdeq dq, *d = &dq;
+    qdeq_init(d, w);
+    const bool skinny = n <= QMATMUL_SKINNY_MAX_ROWS || c->batch_invariant;
+    int64_t tile_rows = 0;
+    if (!skinny) {
+        tile_rows = (int64_t)(QMATMUL_TILE_BYTES / ((size_t)k * sizeof(float)));
+        if (tile_rows < 16) tile_rows = 16;
+        if (tile_rows > m) tile_rows = m;
+    }
+    size_t bias_bytes = bias ? ((size_t)m * sizeof(float) + 63) & ~(size_t)63 : 0;
+    cpu_lock(c);
+    uint8_t *scr = cpu_shared_reserve(c, bias_bytes + (size_t)tile_rows * (size_t)k * sizeof(float) + 64);
+    float *bf = NULL;
+    if (bias) {
+        bf = (float *)scr;
+        dtype_to_f32(bias->dtype, bias->data, bf, m);
+    }
+    struct qmm_ctx g = {c, d, out->data, x->data, bf, (float *)(scr + bias_bytes), 0, (int)n, m};
+    if (skinny) {
+        cpu_scratch_reserve(c, (size_t)QMATMUL_SKINNY_ROWS * (size_t)k * sizeof(float));
+        if (m * k * n < 65536) {
+            qmm_skinny_cols(&g, 0, m, 0);
+        } else {
+            int64_t grain = 16384 / k; // >= 64 KB of F32 weights per chunk
+            grain =
+                grain < QMATMUL_SKINNY_ROWS ? QMATMUL_SKINNY_ROWS : grain / QMATMUL_SKINNY_ROWS * QMATMUL_SKINNY_ROWS;
+            thread_pool_parallel_for(c->pool, m, grain, qmm_skinny_cols, &g);
+        }
+    } else {
+        float *o = out->data, beta = 0.0f;
+        if (bf) {
+            for (int64_t i = 0; i < n; i++)
+                memcpy(o + i * m, bf, (size_t)m * sizeof(float));
+            beta = 1.0f;
+        }
+        for (int64_t j0 = 0; j0 < m; j0 += tile_rows) {
+            int64_t jn = m - j0 < tile_rows ? m - j0 : tile_rows;
+            g.row0 = j0;
+            if (jn * k < 32768)
+                qmm_tile_rows(&g, 0, jn, 0);
+            else
+                thread_pool_parallel_for(c->pool, jn, 8, qmm_tile_rows, &g);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)jn, (blasint)k, 1.0f, x->data,
+                        (blasint)k, g.tile, (blasint)k, beta, o + j0, (blasint)m);
+        }
+    }
+    cpu_unlock(c);
+}
