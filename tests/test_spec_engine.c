@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "engine/spec.h"
+#include "server/metrics.h"
 #include "engine_fake.h"
 #include "test.h"
 
@@ -266,6 +267,53 @@ TEST(spec_opt_out_and_batch_fallback) {
     }
     ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
     atomc_engine_free(e);
+}
+
+TEST(spec_metrics_rendered_with_vllm_names) {
+    struct metrics mt;
+    metrics_init(&mt, "m");
+    atomc_stats st = {.num_speculative_tokens = 2, .spec_num_drafts = 7, .spec_num_draft_tokens = 13,
+                      .spec_num_accepted_tokens = 9, .spec_accepted_per_pos = {6, 3}};
+    char *txt;
+    size_t len;
+    ASSERT_EQ(metrics_render(&mt, &st, &txt, &len), 0);
+    ASSERT_TRUE(strstr(txt, "# TYPE vllm:spec_decode_num_drafts_total counter\n"));
+    ASSERT_TRUE(strstr(txt, "vllm:spec_decode_num_drafts_total{model_name=\"m\"} 7\n"));
+    ASSERT_TRUE(strstr(txt, "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 13\n"));
+    ASSERT_TRUE(strstr(txt, "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 9\n"));
+    ASSERT_TRUE(strstr(txt, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"0\"} 6\n"));
+    ASSERT_TRUE(strstr(txt, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"1\"} 3\n"));
+    ASSERT_TRUE(!strstr(txt, "position=\"2\""));
+    free(txt);
+    st.num_speculative_tokens = 0; // off: no spec_decode series at all
+    ASSERT_EQ(metrics_render(&mt, &st, &txt, &len), 0);
+    ASSERT_TRUE(!strstr(txt, "spec_decode"));
+    free(txt);
+    metrics_free(&mt);
+}
+
+TEST(spec_truncate_releases_only_the_tail) {
+    struct block_manager *bm;
+    struct error err;
+    ASSERT_EQ(block_manager_create(8, 4, true, &bm, &err), ATOMC_OK);
+    struct block_table bt;
+    block_table_init(&bt);
+    int32_t toks[16];
+    for (int i = 0; i < 16; i++) toks[i] = 100 + i;
+    ASSERT_TRUE(block_manager_allocate(bm, &bt, 14)); // 4 blocks: 9 verified tokens + 5 draft slots
+    block_manager_commit(bm, &bt, toks, 9);           // 2 full verified blocks registered
+    ASSERT_EQ(bt.n_hashed, 2);
+    ASSERT_EQ(block_manager_num_free(bm), 4);
+    ASSERT_EQ(block_manager_truncate(bm, &bt, 10), 1); // keep ceil(10 / 4) = 3 blocks
+    ASSERT_EQ(bt.n, 3);
+    ASSERT_EQ(block_manager_num_free(bm), 5);
+    ASSERT_EQ(block_manager_truncate(bm, &bt, 12), 0);
+    ASSERT_TRUE(block_manager_check(bm, &err));
+    ASSERT_EQ(bm->n_lru, 0); // the released block was never registered: plain free stack
+    block_manager_release(bm, &bt);
+    ASSERT_EQ(block_manager_num_free(bm), 8);
+    block_table_free(&bt);
+    block_manager_free(bm);
 }
 
 // --- randomized stress: speculation on vs the plain reference -------------------------------------
