@@ -80,6 +80,10 @@ typedef struct atomc_engine_options {
     int prompt_lookup_max;         // ngram: longest suffix matched (0 = vLLM's default: 5, or min if given)
     int speculative_disable_by_batch_size; // drafts off in a step with more decoding sequences than this;
                                            // 0 = auto (cpu 8, cuda 32), -1 = never off
+    double spec_forced_acceptance; // BENCHMARK ONLY (bench throughput --spec-forced-acceptance F): in (0, 1], every
+                                   // decode carries k drafts (its last token repeated) and each is accepted with
+                                   // probability F (a chain: the first rejection ends it) whatever the model says,
+                                   // so the verify path can be timed on random weights; outputs are not the model's
 } atomc_engine_options;
 
 #define ATOMC_MAX_SPEC_TOKENS 16

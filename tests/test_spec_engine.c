@@ -316,6 +316,63 @@ TEST(spec_truncate_releases_only_the_tail) {
     block_manager_free(bm);
 }
 
+TEST(spec_forced_acceptance_for_benchmarks) {
+    for (int pass = 0; pass < 3; pass++) {
+        double rate = pass == 0 ? 1.0 : pass == 1 ? 1e-12 : 0.5;
+        atomc_engine_options o;
+        atomc_engine_options_init(&o);
+        o.block_size = 4;
+        o.speculative_method = "ngram";
+        o.num_speculative_tokens = 3;
+        o.spec_forced_acceptance = rate;
+        atomc_engine *e;
+        struct fake_model *m;
+        char msg[256];
+        CHECK_MSG(make(&o, 61, 64, &e, &m, msg) == ATOMC_OK, "%s", msg);
+        static const int32_t prompt[] = {9, 10, 11};
+        atomc_request r;
+        atomc_request_init(&r);
+        r.prompt_ids = prompt;
+        r.n_prompt_ids = 3;
+        r.params.temperature = 0;
+        r.params.max_tokens = 25;
+        r.params.ignore_eos = true;
+        struct sout c;
+        memset(&c, 0, sizeof c);
+        r.on_output = s_on_out;
+        r.user = &c;
+        CHECK(atomc_engine_add_request(e, &r, NULL, NULL, 0) == ATOMC_OK);
+        while (atomc_engine_has_work(e)) atomc_engine_step(e);
+        atomc_stats st;
+        atomc_engine_get_stats(e, &st);
+        ASSERT_EQ(c.n, 25);
+        ASSERT_TRUE(st.spec_num_drafts > 0);
+        if (pass == 0) { // all accepted: 1 prefill step + 24 tokens in steps of 4
+            ASSERT_EQ(st.spec_num_accepted_tokens, st.spec_num_draft_tokens);
+            ASSERT_EQ(st.num_steps, 7);
+        } else if (pass == 1) {
+            ASSERT_EQ(st.spec_num_accepted_tokens, 0);
+            ASSERT_EQ(st.num_steps, 25);
+        } else {
+            ASSERT_TRUE(st.spec_num_accepted_tokens > 0 && st.spec_num_accepted_tokens < st.spec_num_draft_tokens);
+        }
+        ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
+        ASSERT_EQ(m->violations, 0);
+        atomc_engine_free(e);
+    }
+    atomc_engine_options o;
+    atomc_engine_options_init(&o);
+    o.spec_forced_acceptance = 0.5; // needs a method
+    atomc_engine *e;
+    struct fake_model *m;
+    char msg[256];
+    ASSERT_EQ(make(&o, 61, 64, &e, &m, msg), ATOMC_ERR_INVALID_ARGUMENT);
+    o.speculative_method = "ngram";
+    o.num_speculative_tokens = 2;
+    o.spec_forced_acceptance = 1.5;
+    ASSERT_EQ(make(&o, 61, 64, &e, &m, msg), ATOMC_ERR_INVALID_ARGUMENT);
+}
+
 // --- randomized stress: speculation on vs the plain reference -------------------------------------
 
 #define VOCAB 6 // a small vocabulary: the hash model's text repeats, so prompt lookup often hits

@@ -164,6 +164,15 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
                        e->max_model_len, (long)e->su.num_kv_blocks * e->block_size, e->su.num_kv_blocks,
                        e->block_size);
     if (st == ATOMC_OK) st = engine_resolve_spec(o, &e->spec_k, &e->spec_min, &e->spec_max, &e->spec_max_batch, err);
+    if (st == ATOMC_OK && o->spec_forced_acceptance != 0) {
+        if (!(o->spec_forced_acceptance > 0 && o->spec_forced_acceptance <= 1))
+            st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "spec_forced_acceptance must be in (0, 1], got %g",
+                           o->spec_forced_acceptance);
+        else if (e->spec_k == 0)
+            st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "spec_forced_acceptance needs a speculative method");
+        else
+            e->spec_force = o->spec_forced_acceptance;
+    }
     if (st == ATOMC_OK && o->profile_dir && *o->profile_dir) {
         if (mkdir(o->profile_dir, 0755) != 0 && errno != EEXIST) {
             st = error_set(err, ATOMC_ERR_IO, "profile directory %s: %s", o->profile_dir, strerror(errno));

@@ -328,9 +328,10 @@ static void collect_prompt_logprobs(atomc_engine *e, const struct forward_batch 
     }
 }
 
-// Row r's token for s: its logprobs, then the output path (append, stop rules, detokenization,
-// callback). Returns true if s finished (then it is freed).
-static bool deliver_row(atomc_engine *e, struct sequence *s, const struct runner_output *ro, int r, double now) {
+// Token t for s with row r's logprobs, through the output path (append, stop rules,
+// detokenization, callback). Returns true if s finished (then it is freed).
+static bool deliver_token(atomc_engine *e, struct sequence *s, const struct runner_output *ro, int r, int32_t t,
+                          double now) {
     atomc_token_logprobs lp, *lpp = NULL;
     if (s->params.logprobs >= 0) {
         int k = s->params.logprobs;
@@ -339,13 +340,12 @@ static bool deliver_row(atomc_engine *e, struct sequence *s, const struct runner
             e->o_top[t].token = ro->top_ids[(size_t)r * ro->top_stride + t];
             e->o_top[t].logprob = ro->top_logprobs[(size_t)r * ro->top_stride + t];
         }
-        lp.token = ro->ids[r];
+        lp.token = t;
         lp.logprob = ro->logprobs[r];
         lp.n_top = k;
         lp.top = e->o_top;
         lpp = &lp;
     }
-    int32_t t = ro->ids[r];
     if (t < 0 || t >= e->su.vocab_size) {
         char msg[128];
         snprintf(msg, sizeof msg, "the model produced an invalid token id %d", t);
@@ -353,6 +353,19 @@ static bool deliver_row(atomc_engine *e, struct sequence *s, const struct runner
         return true;
     }
     return process_token(e, s, t, lpp, now);
+}
+
+static bool deliver_row(atomc_engine *e, struct sequence *s, const struct runner_output *ro, int r, double now) {
+    return deliver_token(e, s, ro, r, ro->ids[r], now);
+}
+
+// BENCHMARK ONLY (spec_force): accepted drafts of a step by a chain of draws with probability
+// spec_force each, from (sequence, output position, draft index).
+static int forced_accepted_length(const atomc_engine *e, const struct sequence *s, int n_draft) {
+    int m = 0;
+    uint64_t h = mix64(s->id * 0x9e3779b97f4a7c15ull ^ (uint64_t)sequence_n_output(s));
+    while (m < n_draft && (double)(mix64(h + (uint64_t)m) >> 11) * 0x1.0p-53 < e->spec_force) m++;
+    return m;
 }
 
 // Verification of s's drafts (spec.h) from its rows r .. r + n_draft: the accepted tokens and the
@@ -363,7 +376,7 @@ static void verify_drafts(atomc_engine *e, struct sequence *s, const struct runn
     int n_draft = s->n_draft, n0 = s->n_tokens;
     int32_t draft[ATOMC_MAX_SPEC_TOKENS];
     memcpy(draft, s->tokens + n0, (size_t)n_draft * sizeof *draft);
-    int m = spec_accepted_length(draft, n_draft, ro->ids + r);
+    int m = e->spec_force > 0 ? forced_accepted_length(e, s, n_draft) : spec_accepted_length(draft, n_draft, ro->ids + r);
     e->spec_drafts++;
     e->spec_draft_tokens += (uint64_t)n_draft;
     e->spec_accepted += (uint64_t)m;
@@ -376,7 +389,8 @@ static void verify_drafts(atomc_engine *e, struct sequence *s, const struct runn
     s->n_draft = 0;
     for (int j = 0; j <= m; j++) {
         if (j > 0) s->n_computed++; // the KV of draft j (== the token just delivered) is in the cache
-        if (deliver_row(e, s, ro, r + j, now)) return;
+        int32_t t = j < m ? draft[j] : ro->ids[r + j]; // == ro->ids[r + j] unless forced
+        if (deliver_token(e, s, ro, r + j, t, now)) return;
     }
     block_manager_truncate(e->bm, &s->bt, s->n_tokens);
     block_manager_commit(e->bm, &s->bt, s->tokens, s->n_computed);
@@ -405,6 +419,11 @@ static void propose_drafts(atomc_engine *e) {
         if (s->n_tokens + k > s->cap) {
             while (s->n_tokens + k > s->cap) s->cap *= 2;
             s->tokens = xrealloc(s->tokens, (size_t)s->cap * sizeof *s->tokens);
+        }
+        if (e->spec_force > 0) { // BENCHMARK ONLY: k drafts always (the last token repeated)
+            for (int j = 0; j < k; j++) s->tokens[s->n_tokens + j] = s->tokens[s->n_tokens - 1];
+            s->n_draft = k;
+            continue;
         }
         s->n_draft = spec_ngram_propose(s->tokens, s->n_tokens, e->spec_min, e->spec_max, k, s->tokens + s->n_tokens);
     }
