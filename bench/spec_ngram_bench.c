@@ -1,7 +1,10 @@
 // Speculative decoding with ngram (prompt lookup) drafts on a copy-heavy workload: acceptance and
 // decode speed, with and without drafts, side by side in one run (docs/perf.md):
 //
-//   make bench && build/bench/spec_ngram_bench MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16]
+//   make bench && build/bench/spec_ngram_bench MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16] [copy|free]
+//
+// "free" swaps the workload for open questions, where few drafts are accepted: the cost side of
+// the large-batch fall-back rule.
 //
 // Speeds are given twice: wall-clock tokens/s, and process CPU time per token, which a shared
 // machine disturbs much less (with threads = 1 it is the single-core cost of a token).
@@ -36,6 +39,12 @@ static const char *TEXTS[] = {
     "cat slowly fell asleep.",
     "Quote the following code exactly:\nint add(int a, int b) {\n    return a + b;\n}\n\nint mul(int a, int b) {\n"
     "    return a * b;\n}\n\nint main(void) {\n    return add(2, mul(3, 4));\n}",
+};
+static const char *FREE_TEXTS[] = {
+    "Write a short story about a robot who learns to paint.",
+    "Explain why the sky is blue to a ten-year-old.",
+    "Give me three ideas for a birthday party in the park.",
+    "What are the main differences between a violin and a cello?",
 };
 #define N_TEXTS 4
 
@@ -72,7 +81,7 @@ static atomc_engine *make(const char *model, int k, int threads) {
     o.model_path = model;
     o.max_model_len = 1024;
     o.num_threads = threads;
-    o.max_num_seqs = 16;
+    o.max_num_seqs = 32;
     if (k) {
         o.speculative_method = "ngram";
         o.num_speculative_tokens = k;
@@ -122,27 +131,31 @@ static double run(atomc_engine *e, int first, int B, int max_tokens, struct run_
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16] [copy|free]\n",
+                argv[0]);
         return 2;
     }
     const char *model = argv[1];
     int k = argc > 2 ? atoi(argv[2]) : 4, threads = argc > 3 ? atoi(argv[3]) : 1;
     int max_tokens = argc > 4 ? atoi(argv[4]) : 128;
     const char *batches = argc > 5 ? argv[5] : "1,4,8,16";
+    bool free_text = argc > 6 && !strcmp(argv[6], "free");
+    const char **texts = free_text ? FREE_TEXTS : TEXTS;
     atomc_engine *plain = make(model, 0, threads), *spec = make(model, k, threads);
     for (int i = 0; i < N_TEXTS; i++) {
         char buf[2048];
         snprintf(buf, sizeof buf,
                  "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
                  "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n",
-                 TEXTS[i]);
+                 texts[i]);
         if (atomc_engine_tokenize(plain, buf, strlen(buf), false, &prompt_ids[i], &n_prompt_ids[i]) != ATOMC_OK) {
             fprintf(stderr, "tokenize failed\n");
             return 1;
         }
     }
-    static struct run_out a[16], b[16];
-    printf("SmolLM2 copy-heavy workload, greedy, %d output tokens per request, ngram k=%d (lookup 2..4)\n",
+    static struct run_out a[32], b[32];
+    printf("SmolLM2 %s workload, greedy,", free_text ? "free-text (few drafts accepted)" : "copy-heavy");
+    printf(" %d output tokens per request, ngram k=%d (lookup 2..4)\n",
            max_tokens, k);
     printf("wall: decode tokens/s (best of 2); cpu: process CPU ms per decoded token (best of 2)\n");
     printf("%-6s %6s %6s %11s %11s %8s %9s %9s %8s %9s %9s %9s\n", "prompt", "tokens", "output", "plain tok/s",
@@ -180,7 +193,7 @@ int main(int argc, char **argv) {
            "ngram ms", "cpu x", "accepted", "identical");
     for (const char *p = batches; *p;) {
         int B = atoi(p);
-        if (B < 1 || B > 16) break;
+        if (B < 1 || B > 32) break;
         atomc_engine_get_stats(spec, &s0);
         double c0 = cpu_now();
         double t_plain = run(plain, 0, B, max_tokens, a);

@@ -89,6 +89,42 @@ TEST(spec_model_greedy_identical_every_fixture) {
     ASSERT_TRUE(total_acc > 0);
 }
 
+// Tensor parallel (2 CPU ranks) with drafts: the runner's larger logits capacity reaches every rank.
+TEST(spec_model_tensor_parallel_identical) {
+    struct es_setup plain = es_plain(&CPU_SPEC);
+    static struct es_out ref[32], got[32];
+    atomc_engine *e = es_make(&plain, "llama_gqa", 16, 128, 0, 8, 64, true);
+    int n_p = run_batch(e, "llama_gqa", ref, 32);
+    atomc_engine_free(e);
+    atomc_engine_options o;
+    atomc_engine_options_init(&o);
+    char path[1024];
+    snprintf(path, sizeof path, "%s", test_fixture("models/llama_gqa"));
+    o.model_path = path;
+    o.num_kv_blocks = 128;
+    o.max_num_seqs = 8;
+    o.max_num_batched_tokens = 64;
+    o.num_threads = 1;
+    o.tensor_parallel_size = 2;
+    o.speculative_method = "ngram";
+    o.num_speculative_tokens = 4;
+    o.prompt_lookup_min = 1;
+    o.prompt_lookup_max = 3;
+    o.speculative_disable_by_batch_size = -1;
+    char err[512];
+    ASSERT_EQ(atomc_engine_create(&o, &e, err, sizeof err), ATOMC_OK);
+    ASSERT_EQ(run_batch(e, "llama_gqa", got, 32), n_p);
+    atomc_stats st;
+    atomc_engine_get_stats(e, &st);
+    fprintf(stderr, "  llama_gqa tp=2%s\n", es_spec_line(e));
+    ASSERT_TRUE(st.spec_num_accepted_tokens > 0);
+    for (int i = 0; i < n_p; i++) {
+        ASSERT_EQ(got[i].n, 24);
+        ASSERT_TRUE(es_compare(&ref[i], &got[i], 1e-3f, NULL) >= 0); // TP sums in another order too
+    }
+    atomc_engine_free(e);
+}
+
 TEST(spec_model_batched_under_preemption_equals_alone) {
     es_batched_under_preemption_equals_alone(&CPU_SPEC, "llama_gqa");
     if (test_failed_now()) return;
