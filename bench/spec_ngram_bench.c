@@ -1,7 +1,8 @@
 // Speculative decoding with ngram (prompt lookup) drafts on a copy-heavy workload: acceptance and
 // decode speed, with and without drafts, side by side in one run (docs/perf.md):
 //
-//   make bench && build/bench/spec_ngram_bench MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16] [copy|free]
+//   make bench && build/bench/spec_ngram_bench MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16]
+//       [copy|free] [cpu|cuda]
 //
 // "free" swaps the workload for open questions, where few drafts are accepted: the cost side of
 // the large-batch fall-back rule.
@@ -75,10 +76,11 @@ static void on_out(void *user, const atomc_output *o) {
     if (o->finish_reason != ATOMC_FINISH_NONE) r->done = true;
 }
 
-static atomc_engine *make(const char *model, int k, int threads) {
+static atomc_engine *make(const char *model, const char *device, int k, int threads) {
     atomc_engine_options o;
     atomc_engine_options_init(&o);
     o.model_path = model;
+    o.device = device;
     o.max_model_len = 1024;
     o.num_threads = threads;
     o.max_num_seqs = 32;
@@ -131,7 +133,7 @@ static double run(atomc_engine *e, int first, int B, int max_tokens, struct run_
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16] [copy|free]\n",
+        fprintf(stderr, "usage: %s MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16] [copy|free] [cpu|cuda]\n",
                 argv[0]);
         return 2;
     }
@@ -141,7 +143,8 @@ int main(int argc, char **argv) {
     const char *batches = argc > 5 ? argv[5] : "1,4,8,16";
     bool free_text = argc > 6 && !strcmp(argv[6], "free");
     const char **texts = free_text ? FREE_TEXTS : TEXTS;
-    atomc_engine *plain = make(model, 0, threads), *spec = make(model, k, threads);
+    const char *device = argc > 7 ? argv[7] : "cpu";
+    atomc_engine *plain = make(model, device, 0, threads), *spec = make(model, device, k, threads);
     for (int i = 0; i < N_TEXTS; i++) {
         char buf[2048];
         snprintf(buf, sizeof buf,
