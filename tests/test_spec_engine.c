@@ -7,6 +7,8 @@
 // step and every KV block (and draft slot) back in the pool at the end.
 #include <stdlib.h>
 
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
 #include "engine/spec.h"
 #include "server/metrics.h"
 #include "engine_fake.h"
@@ -490,6 +492,17 @@ static void spec_stress(uint64_t seed, bool prefix_caching, int k, int steps) {
         if (m->violations) {
             test_fail(__FILE__, __LINE__, "step %d: %d KV invariant violations", step, m->violations);
             break;
+        }
+        // Draft slots never outlive their step: between steps no sequence carries drafts or holds a
+        // block beyond its known tokens.
+        for (int i = 0; i < e->sched->n_running; i++) {
+            const struct sequence *q = e->sched->running[i];
+            if (q->n_draft != 0 || q->bt.n > block_manager_blocks_for(bm, q->n_tokens)) {
+                test_fail(__FILE__, __LINE__, "step %d: sequence %llu keeps %d drafts, %d blocks for %d tokens", step,
+                          (unsigned long long)q->id, q->n_draft, q->bt.n, q->n_tokens);
+                step = steps;
+                break;
+            }
         }
     }
     while (atomc_engine_has_work(e)) atomc_engine_step(e);
