@@ -209,6 +209,40 @@ TEST(spec_stop_inside_accepted_run_ends_there) {
     atomc_engine_free(e);
 }
 
+TEST(spec_failed_verify_step_frees_everything) {
+    struct fake_model *m;
+    atomc_engine *e = scripted(4, &m);
+    static const int32_t prompt[] = {5, 6, 7, 8, 5, 6};
+    atomc_request r;
+    atomc_request_init(&r);
+    r.prompt_ids = prompt;
+    r.n_prompt_ids = 6;
+    r.params.temperature = 0;
+    r.params.max_tokens = 20;
+    struct sout c;
+    memset(&c, 0, sizeof c);
+    r.on_output = s_on_out;
+    r.user = &c;
+    CHECK(atomc_engine_add_request(e, &r, NULL, NULL, 0) == ATOMC_OK);
+    atomc_engine_step(e); // prefill
+    m->fail_next = 1;     // the verify step (1 + 4 tokens) fails
+    atomc_engine_step(e);
+    ASSERT_EQ(c.reason, ATOMC_FINISH_ERROR);
+    ASSERT_EQ(c.n, 1);
+    atomc_stats st;
+    atomc_engine_get_stats(e, &st);
+    ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
+    ASSERT_EQ(st.spec_num_drafts, 0);
+    run_scripted(e, 11, 0, -1, &c); // the engine keeps serving, with drafts
+    ASSERT_EQ(c.n, 11);
+    ASSERT_EQ(c.reason, ATOMC_FINISH_LENGTH);
+    atomc_engine_get_stats(e, &st);
+    ASSERT_EQ(st.spec_num_accepted_tokens, 8);
+    ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
+    ASSERT_EQ(m->violations, 0);
+    atomc_engine_free(e);
+}
+
 TEST(spec_opt_out_and_batch_fallback) {
     struct fake_model *m;
     atomc_engine *e = scripted(4, &m);
