@@ -65,7 +65,8 @@ static double cpu_now(void) {
 
 static void on_out(void *user, const atomc_output *o) {
     struct run_out *r = user;
-    for (int i = 0; i < o->n_new_tokens && r->n < 1024; i++) r->toks[r->n++] = o->new_tokens[i];
+    for (int i = 0; i < o->n_new_tokens && r->n < 1024; i++)
+        r->toks[r->n++] = o->new_tokens[i];
     double c = cpu_now();
     if (o->first_token_time && !r->t_first) {
         r->t_first = o->first_token_time;
@@ -122,7 +123,8 @@ static double run(atomc_engine *e, int first, int B, int max_tokens, struct run_
             exit(1);
         }
     }
-    while (atomc_engine_has_work(e)) atomc_engine_step(e);
+    while (atomc_engine_has_work(e))
+        atomc_engine_step(e);
     double t0 = 1e30, t1 = 0;
     for (int i = 0; i < B; i++) {
         if (outs[i].t_first < t0) t0 = outs[i].t_first;
@@ -133,7 +135,8 @@ static double run(atomc_engine *e, int first, int B, int max_tokens, struct run_
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16] [copy|free] [cpu|cuda]\n",
+        fprintf(stderr,
+                "usage: %s MODEL [k=4] [threads=1] [max_tokens=128] [batches=1,4,8,16] [copy|free] [cpu|cuda]\n",
                 argv[0]);
         return 2;
     }
@@ -158,8 +161,7 @@ int main(int argc, char **argv) {
     }
     static struct run_out a[32], b[32];
     printf("SmolLM2 %s workload, greedy,", free_text ? "free-text (few drafts accepted)" : "copy-heavy");
-    printf(" %d output tokens per request, ngram k=%d (lookup 2..4)\n",
-           max_tokens, k);
+    printf(" %d output tokens per request, ngram k=%d (lookup 2..4)\n", max_tokens, k);
     printf("wall: decode tokens/s (best of 2); cpu: process CPU ms per decoded token (best of 2)\n");
     printf("%-6s %6s %6s %11s %11s %8s %9s %9s %8s %9s %9s %9s\n", "prompt", "tokens", "output", "plain tok/s",
            "ngram tok/s", "wall x", "plain ms", "ngram ms", "cpu x", "accepted", "mean acc.", "identical");
@@ -215,10 +217,12 @@ int main(int argc, char **argv) {
         double ra = tok_a / t_plain, rb = tok_b / t_spec;
         printf("%-6d %14.2f %14.2f %8.2fx %9.2f %9.2f %8.2fx %8.1f%% %6d/%d\n", B, ra, rb, rb / ra, 1e3 * cpu_a / tok_a,
                1e3 * cpu_b / tok_b, (cpu_a / tok_a) / (cpu_b / tok_b), dt ? 100.0 * ac / dt : 0.0, same, B);
-        while (*p && *p != ',') p++;
+        while (*p && *p != ',')
+            p++;
         if (*p == ',') p++;
     }
-    for (int i = 0; i < N_TEXTS; i++) atomc_free(prompt_ids[i]);
+    for (int i = 0; i < N_TEXTS; i++)
+        atomc_free(prompt_ids[i]);
     atomc_engine_free(plain);
     atomc_engine_free(spec);
     return 0;

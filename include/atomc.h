@@ -75,9 +75,9 @@ typedef struct atomc_engine_options {
     // Speculative decoding (vLLM's --speculative-config; docs/ARCHITECTURE.md "Speculative
     // decoding"). NULL / "" = off; "ngram" = prompt lookup over the sequence's own tokens.
     const char *speculative_method;
-    int num_speculative_tokens;    // k: draft tokens verified per step (1..ATOMC_MAX_SPEC_TOKENS)
-    int prompt_lookup_min;         // ngram: shortest suffix matched (0 = vLLM's default: 5, or max if given)
-    int prompt_lookup_max;         // ngram: longest suffix matched (0 = vLLM's default: 5, or min if given)
+    int num_speculative_tokens;            // k: draft tokens verified per step (1..ATOMC_MAX_SPEC_TOKENS)
+    int prompt_lookup_min;                 // ngram: shortest suffix matched (0 = vLLM's default: 5, or max if given)
+    int prompt_lookup_max;                 // ngram: longest suffix matched (0 = vLLM's default: 5, or min if given)
     int speculative_disable_by_batch_size; // drafts off in a step with more decoding sequences than this;
                                            // 0 = auto (cpu 8, cuda 32), -1 = never off
     double spec_forced_acceptance; // BENCHMARK ONLY (bench throughput --spec-forced-acceptance F): in (0, 1], every
@@ -255,7 +255,7 @@ typedef struct atomc_stats {
     // Speculative decoding (vLLM's spec_decode counters): drafts = sequence-steps verified with at
     // least one draft token; draft tokens proposed and verified; of those, accepted; accepted at
     // draft position i (0-based). Mean acceptance length = 1 + accepted / drafts.
-    int num_speculative_tokens;      // k of the engine (0 = off)
+    int num_speculative_tokens; // k of the engine (0 = off)
     uint64_t spec_num_drafts;
     uint64_t spec_num_draft_tokens;
     uint64_t spec_num_accepted_tokens;

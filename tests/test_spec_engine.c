@@ -10,8 +10,8 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "engine/spec.h"
-#include "server/metrics.h"
 #include "engine_fake.h"
+#include "server/metrics.h"
 #include "test.h"
 
 TEST(spec_ngram_finds_longest_latest_match) {
@@ -107,7 +107,8 @@ struct sout {
 };
 static void s_on_out(void *user, const atomc_output *o) {
     struct sout *c = user;
-    for (int i = 0; i < o->n_new_tokens; i++) c->toks[c->n++] = o->new_tokens[i];
+    for (int i = 0; i < o->n_new_tokens; i++)
+        c->toks[c->n++] = o->new_tokens[i];
     c->n_outputs++;
     if (o->finish_reason != ATOMC_FINISH_NONE) {
         c->reason = o->finish_reason;
@@ -128,7 +129,8 @@ static atomc_engine *scripted(int k, struct fake_model **m) {
     char msg[256];
     CHECK_MSG(make(&o, 16, 64, &e, m, msg) == ATOMC_OK, "%s", msg);
     static int32_t script[128];
-    for (int i = 0; i < 128; i++) script[i] = 5 + i % 4;
+    for (int i = 0; i < 128; i++)
+        script[i] = 5 + i % 4;
     (*m)->script = script;
     (*m)->n_script = 128;
     (*m)->script_from = 0;
@@ -150,7 +152,8 @@ static void run_scripted(atomc_engine *e, int max_tokens, int min_tokens, int32_
     memset(c, 0, sizeof *c);
     r.user = c;
     CHECK(atomc_engine_add_request(e, &r, NULL, NULL, 0) == ATOMC_OK);
-    while (atomc_engine_has_work(e)) atomc_engine_step(e);
+    while (atomc_engine_has_work(e))
+        atomc_engine_step(e);
 }
 
 TEST(spec_all_accepted_run_in_one_step) {
@@ -161,7 +164,8 @@ TEST(spec_all_accepted_run_in_one_step) {
     // Step 1: prefill -> 7. Step 2: drafts 8 5 6 7 all accepted + the target's 8. Step 3: drafts
     // capped at what max_tokens leaves (11 - 6 - 1 = 4): 5 6 7 8 + 5. Step 4: none left.
     ASSERT_EQ(c.n, 11);
-    for (int i = 0; i < 11; i++) ASSERT_EQ(c.toks[i], 5 + (6 + i) % 4);
+    for (int i = 0; i < 11; i++)
+        ASSERT_EQ(c.toks[i], 5 + (6 + i) % 4);
     ASSERT_EQ(c.reason, ATOMC_FINISH_LENGTH);
     ASSERT_EQ(c.n_outputs, 11); // one output per token
     atomc_stats st;
@@ -170,7 +174,8 @@ TEST(spec_all_accepted_run_in_one_step) {
     ASSERT_EQ(st.spec_num_drafts, 2);
     ASSERT_EQ(st.spec_num_draft_tokens, 8);
     ASSERT_EQ(st.spec_num_accepted_tokens, 8);
-    for (int i = 0; i < 4; i++) ASSERT_EQ(st.spec_accepted_per_pos[i], 2);
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ(st.spec_accepted_per_pos[i], 2);
     ASSERT_EQ(st.spec_accepted_per_pos[4], 0);
     ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
     ASSERT_EQ(st.generation_tokens_total, 11);
@@ -259,7 +264,8 @@ TEST(spec_opt_out_and_batch_fallback) {
     r.on_output = s_on_out;
     r.user = &c;
     CHECK(atomc_engine_add_request(e, &r, NULL, NULL, 0) == ATOMC_OK);
-    while (atomc_engine_has_work(e)) atomc_engine_step(e);
+    while (atomc_engine_has_work(e))
+        atomc_engine_step(e);
     atomc_stats st;
     atomc_engine_get_stats(e, &st);
     ASSERT_EQ(c.n, 8);
@@ -279,7 +285,8 @@ TEST(spec_opt_out_and_batch_fallback) {
     char msg[256];
     CHECK(make(&o, 16, 64, &e, &m, msg) == ATOMC_OK);
     static int32_t script[128];
-    for (int i = 0; i < 128; i++) script[i] = 5 + i % 4;
+    for (int i = 0; i < 128; i++)
+        script[i] = 5 + i % 4;
     m->script = script;
     m->n_script = 128;
     struct sout cs[3];
@@ -294,12 +301,14 @@ TEST(spec_opt_out_and_batch_fallback) {
     atomc_engine_step(e); // 3 decoding: no drafts
     atomc_engine_get_stats(e, &st);
     ASSERT_EQ(st.spec_num_drafts, 0);
-    while (atomc_engine_has_work(e)) atomc_engine_step(e);
+    while (atomc_engine_has_work(e))
+        atomc_engine_step(e);
     atomc_engine_get_stats(e, &st);
     ASSERT_TRUE(st.spec_num_drafts > 0);
     for (int i = 0; i < 3; i++) {
         ASSERT_EQ(cs[i].n, i == 0 ? 3 : 12);
-        for (int t = 0; t < cs[i].n; t++) ASSERT_EQ(cs[i].toks[t], 5 + (6 + t) % 4);
+        for (int t = 0; t < cs[i].n; t++)
+            ASSERT_EQ(cs[i].toks[t], 5 + (6 + t) % 4);
     }
     ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
     atomc_engine_free(e);
@@ -308,8 +317,11 @@ TEST(spec_opt_out_and_batch_fallback) {
 TEST(spec_metrics_rendered_with_vllm_names) {
     struct metrics mt;
     metrics_init(&mt, "m");
-    atomc_stats st = {.num_speculative_tokens = 2, .spec_num_drafts = 7, .spec_num_draft_tokens = 13,
-                      .spec_num_accepted_tokens = 9, .spec_accepted_per_pos = {6, 3}};
+    atomc_stats st = {.num_speculative_tokens = 2,
+                      .spec_num_drafts = 7,
+                      .spec_num_draft_tokens = 13,
+                      .spec_num_accepted_tokens = 9,
+                      .spec_accepted_per_pos = {6, 3}};
     char *txt;
     size_t len;
     ASSERT_EQ(metrics_render(&mt, &st, &txt, &len), 0);
@@ -335,7 +347,8 @@ TEST(spec_truncate_releases_only_the_tail) {
     struct block_table bt;
     block_table_init(&bt);
     int32_t toks[16];
-    for (int i = 0; i < 16; i++) toks[i] = 100 + i;
+    for (int i = 0; i < 16; i++)
+        toks[i] = 100 + i;
     ASSERT_TRUE(block_manager_allocate(bm, &bt, 14)); // 4 blocks: 9 verified tokens + 5 draft slots
     block_manager_commit(bm, &bt, toks, 9);           // 2 full verified blocks registered
     ASSERT_EQ(bt.n_hashed, 2);
@@ -378,7 +391,8 @@ TEST(spec_forced_acceptance_for_benchmarks) {
         r.on_output = s_on_out;
         r.user = &c;
         CHECK(atomc_engine_add_request(e, &r, NULL, NULL, 0) == ATOMC_OK);
-        while (atomc_engine_has_work(e)) atomc_engine_step(e);
+        while (atomc_engine_has_work(e))
+            atomc_engine_step(e);
         atomc_stats st;
         atomc_engine_get_stats(e, &st);
         ASSERT_EQ(c.n, 25);
@@ -485,7 +499,8 @@ static void spec_stress(uint64_t seed, bool prefix_caching, int k, int steps) {
     int n_req = 0;
     int32_t shared[4][40];
     for (int s = 0; s < 4; s++)
-        for (int i = 0; i < 40; i++) shared[s][i] = 1 + (int32_t)rnd(VOCAB - 1);
+        for (int i = 0; i < 40; i++)
+            shared[s][i] = 1 + (int32_t)rnd(VOCAB - 1);
     for (int step = 0; step < steps; step++) {
         int arrivals = rnd(10) < 3 ? 1 + (int)rnd(3) : 0;
         for (int a = 0; a < arrivals && n_req < MAX_REQ; a++) {
@@ -497,8 +512,10 @@ static void spec_stress(uint64_t seed, bool prefix_caching, int k, int steps) {
             } else {
                 int pre = rnd(3) ? (int)rnd(41) : 0, suf = 1 + (int)rnd(20);
                 const int32_t *base = shared[rnd(4)];
-                for (int i = 0; i < pre; i++) r->prompt[i] = base[i];
-                for (int i = 0; i < suf; i++) r->prompt[pre + i] = 1 + (int32_t)rnd(VOCAB - 1);
+                for (int i = 0; i < pre; i++)
+                    r->prompt[i] = base[i];
+                for (int i = 0; i < suf; i++)
+                    r->prompt[pre + i] = 1 + (int32_t)rnd(VOCAB - 1);
                 r->n_prompt = pre + suf;
             }
             r->max_tokens = 1 + (int)rnd(40);
@@ -539,10 +556,13 @@ static void spec_stress(uint64_t seed, bool prefix_caching, int k, int steps) {
             }
         }
     }
-    while (atomc_engine_has_work(e)) atomc_engine_step(e);
-    for (int i = 0; i < n_req; i++) ASSERT_EQ(atomc_engine_abort(e, reqs[i].id), ATOMC_ERR_NOT_FOUND);
+    while (atomc_engine_has_work(e))
+        atomc_engine_step(e);
+    for (int i = 0; i < n_req; i++)
+        ASSERT_EQ(atomc_engine_abort(e, reqs[i].id), ATOMC_ERR_NOT_FOUND);
     int n_free = 0;
-    for (int i = 0; i < bm->num_blocks; i++) n_free += bm->blocks[i].ref_count == 0;
+    for (int i = 0; i < bm->num_blocks; i++)
+        n_free += bm->blocks[i].ref_count == 0;
     ASSERT_EQ(n_free, bm->num_blocks);
     ASSERT_EQ(m->violations, 0);
     atomc_stats st;
@@ -568,7 +588,8 @@ static void spec_stress(uint64_t seed, bool prefix_caching, int k, int steps) {
         alone.n_final = 0;
         alone.done = false;
         add_req(e, &alone);
-        while (atomc_engine_has_work(e)) atomc_engine_step(e);
+        while (atomc_engine_has_work(e))
+            atomc_engine_step(e);
         if (r->n_out != alone.n_out || memcmp(r->out, alone.out, (size_t)alone.n_out * sizeof *alone.out) ||
             r->reason != alone.reason) {
             test_fail(__FILE__, __LINE__, "request %d (prompt %d, max %d, sampled %d): output differs from alone", i,
@@ -597,8 +618,16 @@ static void spec_stress(uint64_t seed, bool prefix_caching, int k, int steps) {
     if (prefix_caching) ASSERT_TRUE(st.prefix_cache_hits > 0);
 }
 
-TEST(spec_stress_prefix_caching_k3) { spec_stress(0x1234567ull, true, 3, 3000); }
-TEST(spec_stress_prefix_caching_k5) { spec_stress(0xfeedbeefull, true, 5, 3000); }
-TEST(spec_stress_no_prefix_caching_k2) { spec_stress(0xabcdefull, false, 2, 3000); }
+TEST(spec_stress_prefix_caching_k3) {
+    spec_stress(0x1234567ull, true, 3, 3000);
+}
+TEST(spec_stress_prefix_caching_k5) {
+    spec_stress(0xfeedbeefull, true, 5, 3000);
+}
+TEST(spec_stress_no_prefix_caching_k2) {
+    spec_stress(0xabcdefull, false, 2, 3000);
+}
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -21,16 +21,12 @@
 #include "engine_model_scenarios.h"
 #include "test.h"
 
-static const struct es_setup CPU_SPEC = {.device = "cpu",
-                                         .margin_tol = 1e-4f,
-                                         .lp_tol = 1e-3f,
-                                         .lp_tol_cached = 1e-4f,
-                                         .min_clear = 0.5,
-                                         .spec_k = 4};
+static const struct es_setup CPU_SPEC = {
+    .device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f, .min_clear = 0.5, .spec_k = 4};
 
-static const char *ALL_MODELS[] = {"llama_gqa",   "llama_mha",         "llama_tied",        "llama_bias",
-                                   "llama_rope_llama3", "llama_rope_linear", "mistral_sliding", "mixtral",
-                                   "qwen3",       "qwen3_moe",         "qwen3_moe_sparse2", "qwen3_yarn"};
+static const char *ALL_MODELS[] = {
+    "llama_gqa",       "llama_mha", "llama_tied", "llama_bias", "llama_rope_llama3", "llama_rope_linear",
+    "mistral_sliding", "mixtral",   "qwen3",      "qwen3_moe",  "qwen3_moe_sparse2", "qwen3_yarn"};
 
 // All of a fixture's prompts plus copy-heavy variants (the prompt's ids twice, and a short
 // pattern repeated), 24 new tokens each, in one batch on engine e.
@@ -46,10 +42,12 @@ static int run_batch(atomc_engine *e, const char *model, struct es_out *outs, in
         memcpy(ids[n_p] + n, ids[n_p - 1], (size_t)n * sizeof(int32_t));
         n_ids[n_p++] = 2 * n;
     }
-    for (int i = 0; i < 40; i++) ids[n_p][i] = (int32_t)(3 + (i % 5) * 17);
+    for (int i = 0; i < 40; i++)
+        ids[n_p][i] = (int32_t)(3 + (i % 5) * 17);
     n_ids[n_p++] = 40;
     json_decref(refs);
-    for (int i = 0; i < n_p; i++) es_add(e, ids[i], n_ids[i], 24, &outs[i], NULL);
+    for (int i = 0; i < n_p; i++)
+        es_add(e, ids[i], n_ids[i], 24, &outs[i], NULL);
     es_run(e);
     return n_p;
 }
@@ -76,10 +74,12 @@ TEST(spec_model_greedy_identical_every_fixture) {
                           ALL_MODELS[m], i);
                 break;
             }
-            for (int t = 0; t < k; t++) ASSERT_NEAR(got[i].lp[t], ref[i].lp[t], CPU_SPEC.lp_tol);
+            for (int t = 0; t < k; t++)
+                ASSERT_NEAR(got[i].lp[t], ref[i].lp[t], CPU_SPEC.lp_tol);
             exact += k == 24;
         }
-        fprintf(stderr, "  %-18s %2d prompts, %2d identical to the end%s\n", ALL_MODELS[m], n_p, exact, es_spec_line(e));
+        fprintf(stderr, "  %-18s %2d prompts, %2d identical to the end%s\n", ALL_MODELS[m], n_p, exact,
+                es_spec_line(e));
         ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
         ASSERT_TRUE(st.spec_num_drafts > 0);
         total_acc += st.spec_num_accepted_tokens;
@@ -131,7 +131,9 @@ TEST(spec_model_batched_under_preemption_equals_alone) {
     es_batched_under_preemption_equals_alone(&CPU_SPEC, "qwen3_moe");
 }
 
-TEST(spec_model_prefix_hit_identical_to_cold) { es_prefix_hit_identical_to_cold(&CPU_SPEC, "qwen3"); }
+TEST(spec_model_prefix_hit_identical_to_cold) {
+    es_prefix_hit_identical_to_cold(&CPU_SPEC, "qwen3");
+}
 
 TEST(spec_model_random_stress_equals_alone) {
     es_random_stress_equals_alone(&CPU_SPEC, "llama_gqa", 0x5eed1234ull, 32);
@@ -167,7 +169,8 @@ static void smol_run(const char *path, int k, int32_t ids[][512], const int *n_i
     atomc_engine *e;
     char err[512];
     CHECK_MSG(atomc_engine_create(&o, &e, err, sizeof err) == ATOMC_OK, "%s", err);
-    for (int i = 0; i < n; i++) es_add(e, ids[i], n_ids[i], SMOL_NEW, &r->out[i], NULL);
+    for (int i = 0; i < n; i++)
+        es_add(e, ids[i], n_ids[i], SMOL_NEW, &r->out[i], NULL);
     es_run(e);
     atomc_engine_get_stats(e, &r->st);
     r->n = n;
@@ -189,7 +192,8 @@ TEST(spec_model_smollm2_greedy_identical) {
         n_ids[n] = es_json_ids(json_object_get(p, "ids"), ids[n], 512);
         es_json_ids(json_object_get(p, "greedy"), hf[n], SMOL_NEW);
         json_t *mg = json_object_get(p, "greedy_margins");
-        for (int t = 0; t < SMOL_NEW; t++) hf_margin[n][t] = (float)json_number_value(json_array_get(mg, (size_t)t));
+        for (int t = 0; t < SMOL_NEW; t++)
+            hf_margin[n][t] = (float)json_number_value(json_array_get(mg, (size_t)t));
     }
     json_decref(root);
     int n_hf = n;
@@ -230,7 +234,8 @@ TEST(spec_model_smollm2_greedy_identical) {
         exact += k == SMOL_NEW;
         if (i < n_hf) { // and from HF's greedy tokens, up to a near tie of HF's
             int same = 0;
-            while (same < SMOL_NEW && spec.out[i].toks[same] == hf[i][same]) same++;
+            while (same < SMOL_NEW && spec.out[i].toks[same] == hf[i][same])
+                same++;
             if (same < SMOL_NEW && hf_margin[i][same] > 2e-3f)
                 test_fail(__FILE__, __LINE__, "prompt %d: token %d is %d, HF %d", i, same, spec.out[i].toks[same],
                           hf[i][same]);
@@ -250,4 +255,6 @@ TEST(spec_model_smollm2_greedy_identical) {
     ASSERT_TRUE(st->num_steps < plain.st.num_steps);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

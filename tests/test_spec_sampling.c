@@ -43,7 +43,8 @@ static const int32_t PROMPT[] = {1, 2, 3, 1, 2};
 // the token three back (period-3 text, so prompt lookup hits), plus distinct per-pair values.
 static void model_logits(const int32_t *ctx, int n, double *out) {
     int32_t a = ctx[n - 1], b = n >= 3 ? ctx[n - 3] : 0;
-    for (int v = 0; v < V; v++) out[v] = 0.37 * v - 0.29 * ((a * 3 + v * 5) % 4) + (v == b ? 1.6 : 0.0) + 0.011 * a;
+    for (int v = 0; v < V; v++)
+        out[v] = 0.37 * v - 0.29 * ((a * 3 + v * 5) % 4) + (v == b ? 1.6 : 0.0) + 0.011 * a;
 }
 
 struct lmodel {
@@ -86,7 +87,8 @@ static atomc_status lmodel_execute(void *ctx, const struct forward_batch *fb, st
         m->step = xrealloc(m->step, c * 8);
     }
     int total = 0;
-    for (int r = 0; r < n; r++) total += fb->sampling[r].n_prompt + fb->sampling[r].n_output;
+    for (int r = 0; r < n; r++)
+        total += fb->sampling[r].n_prompt + fb->sampling[r].n_output;
     if (total > m->hcap) {
         m->hcap = total * 2;
         m->hist = xrealloc(m->hist, (size_t)m->hcap * 4);
@@ -94,7 +96,8 @@ static atomc_status lmodel_execute(void *ctx, const struct forward_batch *fb, st
     m->hs[0] = 0;
     for (int r = 0; r < n; r++) {
         int row = fb->logits_rows[r], s = 0;
-        while (!(fb->query_start[s] <= row && row < fb->query_start[s + 1])) s++;
+        while (!(fb->query_start[s] <= row && row < fb->query_start[s + 1]))
+            s++;
         int upto = fb->positions[row] + 1;
         const int32_t *table = fb->block_tables + (size_t)s * fb->max_blocks_per_seq;
         int32_t c[64];
@@ -106,7 +109,8 @@ static atomc_status lmodel_execute(void *ctx, const struct forward_batch *fb, st
         }
         double lg[V];
         model_logits(c, upto, lg);
-        for (int v = 0; v < V; v++) m->logits[r * V + v] = (float)lg[v];
+        for (int v = 0; v < V; v++)
+            m->logits[r * V + v] = (float)lg[v];
         const struct sample_row *sr = &fb->sampling[r];
         m->temp[r] = sr->temperature;
         m->topp[r] = sr->top_p;
@@ -177,7 +181,8 @@ static atomc_engine *lengine(struct backend *be, int k, struct lmodel **out_m) {
     m->be = be;
     m->kv_tok = xcalloc((size_t)m->num_blocks * m->bs, 4);
     m->kv_pos = xmalloc((size_t)m->num_blocks * m->bs * 4);
-    for (int i = 0; i < m->num_blocks * m->bs; i++) m->kv_pos[i] = -1;
+    for (int i = 0; i < m->num_blocks * m->bs; i++)
+        m->kv_pos[i] = -1;
     struct engine_setup su;
     memset(&su, 0, sizeof su);
     su.model.ctx = m;
@@ -243,9 +248,11 @@ static void run_all(struct backend *be, int k, int *codes, atomc_stats *st) {
         r.user = &res[i];
         CHECK(atomc_engine_add_request(e, &r, NULL, NULL, 0) == ATOMC_OK);
         if (i % 64 == 63)
-            while (atomc_engine_has_work(e)) atomc_engine_step(e);
+            while (atomc_engine_has_work(e))
+                atomc_engine_step(e);
     }
-    while (atomc_engine_has_work(e)) atomc_engine_step(e);
+    while (atomc_engine_has_work(e))
+        atomc_engine_step(e);
     atomc_engine_get_stats(e, st);
     CHECK(m->violations == 0);
     CHECK(st->num_free_kv_blocks == st->num_kv_blocks);
@@ -253,7 +260,8 @@ static void run_all(struct backend *be, int k, int *codes, atomc_stats *st) {
     for (int i = 0; i < N_REQ; i++) {
         CHECK(res[i].n == N_OUT);
         int c = 0;
-        for (int t = 0; t < N_OUT; t++) c = c * V + res[i].toks[t];
+        for (int t = 0; t < N_OUT; t++)
+            c = c * V + res[i].toks[t];
         codes[i] = c;
     }
 }
@@ -273,7 +281,8 @@ static void processed(const int32_t *ctx, int n, double temp, double *p) {
         w[v] /= temp;
     }
     double mx = w[0];
-    for (int v = 1; v < V; v++) mx = w[v] > mx ? w[v] : mx;
+    for (int v = 1; v < V; v++)
+        mx = w[v] > mx ? w[v] : mx;
     double e[V];
     bool keep[V];
     for (int v = 0; v < V; v++) {
@@ -284,12 +293,15 @@ static void processed(const int32_t *ctx, int n, double temp, double *p) {
     for (int v = 0; v < V; v++) {
         if (!keep[v]) continue;
         int better = 0;
-        for (int u = 0; u < V; u++) better += keep[u] && (w[u] > w[v] || (w[u] == w[v] && u < v));
+        for (int u = 0; u < V; u++)
+            better += keep[u] && (w[u] > w[v] || (w[u] == w[v] && u < v));
         if (better >= TOP_K) keep[v] = false;
     }
     double z = 0;
-    for (int v = 0; v < V; v++) z += keep[v] ? e[v] : 0;
-    for (int v = 0; v < V; v++) p[v] = keep[v] ? e[v] / z : 0;
+    for (int v = 0; v < V; v++)
+        z += keep[v] ? e[v] : 0;
+    for (int v = 0; v < V; v++)
+        p[v] = keep[v] ? e[v] / z : 0;
 }
 
 // Exact probability of every 4-token continuation (code = base-V digits, first token first).
@@ -297,7 +309,8 @@ static void exact(double temp, double *prob) {
     int32_t ctx[N_PROMPT + N_OUT];
     memcpy(ctx, PROMPT, sizeof PROMPT);
     int total = 1;
-    for (int t = 0; t < N_OUT; t++) total *= V;
+    for (int t = 0; t < N_OUT; t++)
+        total *= V;
     for (int c = 0; c < total; c++) {
         double pr = 1;
         int rest = c, div = total / V;
@@ -320,7 +333,8 @@ static double chi_square(const int *codes, const double *prob, const double *alt
     enum { CELLS = V * V * V * V };
     static double obs[CELLS];
     memset(obs, 0, sizeof obs);
-    for (int i = 0; i < N_REQ; i++) obs[codes[i]]++;
+    for (int i = 0; i < N_REQ; i++)
+        obs[codes[i]]++;
     double chi = 0, pool_o = 0, pool_e = 0, pool_a = 0, lam = 0;
     int cells = 0;
     for (int c = 0; c < CELLS; c++) {
@@ -364,7 +378,8 @@ TEST(spec_sampled_distribution_equals_plain) {
     exact(TEMP, p0);
     exact(0.95, p1);
     double sum = 0;
-    for (int c = 0; c < V * V * V * V; c++) sum += p0[c];
+    for (int c = 0; c < V * V * V * V; c++)
+        sum += p0[c];
     ASSERT_NEAR(sum, 1.0, 1e-9);
     int df, df_alt;
     double lambda;
@@ -376,7 +391,8 @@ TEST(spec_sampled_distribution_equals_plain) {
     // approximation: mean df + lambda, variance 2 (df + 2 lambda)).
     double power = 0.5 * erfc(-((df + lambda) - crit) / sqrt(2.0 * (df + 2 * lambda)) / sqrt(2.0));
     int same = 0;
-    for (int i = 0; i < N_REQ; i++) same += spec_codes[i] == plain_codes[i];
+    for (int i = 0; i < N_REQ; i++)
+        same += spec_codes[i] == plain_codes[i];
     fprintf(stderr,
             "  %d requests x %d tokens, V=%d: ngram k=3 %llu drafts, %llu of %llu draft tokens accepted (%.1f%%), "
             "%llu steps vs %llu plain\n"
@@ -386,8 +402,8 @@ TEST(spec_sampled_distribution_equals_plain) {
             N_REQ, N_OUT, V, (unsigned long long)ss.spec_num_drafts, (unsigned long long)ss.spec_num_accepted_tokens,
             (unsigned long long)ss.spec_num_draft_tokens,
             100.0 * ss.spec_num_accepted_tokens / (ss.spec_num_draft_tokens ? ss.spec_num_draft_tokens : 1),
-            (unsigned long long)ss.num_steps, (unsigned long long)ps.num_steps, df, crit, chi_spec, chi_plain,
-            lambda, power, chi_alt, crit_alt, same, N_REQ);
+            (unsigned long long)ss.num_steps, (unsigned long long)ps.num_steps, df, crit, chi_spec, chi_plain, lambda,
+            power, chi_alt, crit_alt, same, N_REQ);
     ASSERT_TRUE(ss.spec_num_accepted_tokens > N_REQ / 2);
     ASSERT_TRUE(ss.spec_num_accepted_tokens < ss.spec_num_draft_tokens);
     ASSERT_TRUE(chi_plain < crit); // the harness itself: plain sampling fits the enumeration
@@ -398,4 +414,6 @@ TEST(spec_sampled_distribution_equals_plain) {
     backend_destroy(be);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -177,7 +177,8 @@ bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf
     bool ok = true;
     json_object_foreach(j, key, v) {
         bool found = false;
-        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) found |= !strcmp(key, known[i]);
+        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+            found |= !strcmp(key, known[i]);
         if (!found) {
             fprintf(stderr,
                     "atomc: --speculative-config: unsupported key \"%s\" (supported: method, num_speculative_tokens, "
@@ -244,8 +245,10 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_PROFILE_DIR: o->profile_dir = arg; return 1;
     case CLI_E_TP: return cli_parse_int(arg, "--tensor-parallel-size", 1, 64, &o->tensor_parallel_size) ? 1 : -1;
     case CLI_E_ENGINE_SEED: return cli_parse_u64(arg, "--engine-seed", &o->seed) ? 1 : -1;
-    case CLI_E_SPEC_CONFIG: return cli_parse_speculative_config(o, a->spec_method, sizeof a->spec_method, arg) ? 1 : -1;
-    case CLI_E_SPEC_METHOD: return set_spec_method(o, a->spec_method, sizeof a->spec_method, arg, "--method") ? 1 : -1;
+    case CLI_E_SPEC_CONFIG:
+        return cli_parse_speculative_config(o, a->spec_method, sizeof a->spec_method, arg) ? 1 : -1;
+    case CLI_E_SPEC_METHOD:
+        return set_spec_method(o, a->spec_method, sizeof a->spec_method, arg, "--method") ? 1 : -1;
     case CLI_E_SPEC_NUM:
         return cli_parse_int(arg, "--num-speculative-tokens", 1, ATOMC_MAX_SPEC_TOKENS, &o->num_speculative_tokens)
                    ? 1

@@ -200,7 +200,8 @@ int cmd_bench_throughput(int argc, char **argv) {
                 json_object_set_new(j, "num_speculative_tokens", json_integer(s.num_speculative_tokens));
                 json_object_set_new(j, "spec_num_drafts", json_integer((json_int_t)s.spec_num_drafts));
                 json_object_set_new(j, "spec_num_draft_tokens", json_integer((json_int_t)s.spec_num_draft_tokens));
-                json_object_set_new(j, "spec_num_accepted_tokens", json_integer((json_int_t)s.spec_num_accepted_tokens));
+                json_object_set_new(j, "spec_num_accepted_tokens",
+                                    json_integer((json_int_t)s.spec_num_accepted_tokens));
                 json_object_set_new(j, "mean_acceptance_length", json_real(mean_acc));
             }
             if (!j || json_dump_file(j, json_path, JSON_INDENT(2)) != 0) {

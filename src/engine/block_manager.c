@@ -241,7 +241,8 @@ int block_manager_truncate(struct block_manager *bm, struct block_table *bt, int
               "truncating to %d blocks would drop registered or released blocks (%d hashed, %d dropped)", keep,
               bt->n_hashed, bt->n_dropped);
     int n = 0;
-    for (; bt->n > keep; n++) block_unref(bm, bt->ids[--bt->n]);
+    for (; bt->n > keep; n++)
+        block_unref(bm, bt->ids[--bt->n]);
     return n;
 }
 

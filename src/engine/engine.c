@@ -111,14 +111,17 @@ atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min
                          ATOMC_MAX_SPEC_TOKENS, o->num_speculative_tokens);
     int lo = o->prompt_lookup_min, hi = o->prompt_lookup_max;
     if (lo < 0 || hi < 0)
-        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "prompt_lookup_min (%d) and prompt_lookup_max (%d) must be >= 1",
-                         lo, hi);
-    if (!lo && !hi) lo = hi = 5; // vLLM's defaults
-    else if (!lo) lo = hi;
-    else if (!hi) hi = lo;
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "prompt_lookup_min (%d) and prompt_lookup_max (%d) must be >= 1", lo, hi);
+    if (!lo && !hi)
+        lo = hi = 5; // vLLM's defaults
+    else if (!lo)
+        lo = hi;
+    else if (!hi)
+        hi = lo;
     if (lo > hi)
-        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "prompt_lookup_min (%d) is larger than prompt_lookup_max (%d)",
-                         lo, hi);
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "prompt_lookup_min (%d) is larger than prompt_lookup_max (%d)", lo, hi);
     int mb = o->speculative_disable_by_batch_size;
     if (mb < -1)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,

@@ -117,8 +117,8 @@ struct atomc_engine {
 
     // Speculative decoding (spec.h; options speculative_*): k = 0 is off.
     int spec_k, spec_min, spec_max;
-    int spec_max_batch;   // drafts only in steps with at most this many decoding sequences (INT_MAX: always)
-    double spec_force;    // BENCHMARK ONLY: forced acceptance probability (options.spec_forced_acceptance), 0 = off
+    int spec_max_batch; // drafts only in steps with at most this many decoding sequences (INT_MAX: always)
+    double spec_force;  // BENCHMARK ONLY: forced acceptance probability (options.spec_forced_acceptance), 0 = off
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_accepted_pos[ATOMC_MAX_SPEC_TOKENS];
 
     // Per-step buffers, grown on demand, never shrunk (no per-token allocation). They back the

@@ -243,7 +243,8 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
         e->b_ctx = xrealloc(e->b_ctx, c * sizeof *e->b_ctx);
     }
     int rows_need = 0;
-    for (int i = 0; i < n_seqs; i++) rows_need += 1 + so->seqs[i]->n_draft;
+    for (int i = 0; i < n_seqs; i++)
+        rows_need += 1 + so->seqs[i]->n_draft;
     if (e->b_row_cap < rows_need) {
         int c = e->max_num_seqs * (1 + e->spec_k);
         e->b_row_cap = c > rows_need ? c : rows_need;
@@ -364,7 +365,8 @@ static bool deliver_row(atomc_engine *e, struct sequence *s, const struct runner
 static int forced_accepted_length(const atomc_engine *e, const struct sequence *s, int n_draft) {
     int m = 0;
     uint64_t h = mix64(s->id * 0x9e3779b97f4a7c15ull ^ (uint64_t)sequence_n_output(s));
-    while (m < n_draft && (double)(mix64(h + (uint64_t)m) >> 11) * 0x1.0p-53 < e->spec_force) m++;
+    while (m < n_draft && (double)(mix64(h + (uint64_t)m) >> 11) * 0x1.0p-53 < e->spec_force)
+        m++;
     return m;
 }
 
@@ -376,12 +378,15 @@ static void verify_drafts(atomc_engine *e, struct sequence *s, const struct runn
     int n_draft = s->n_draft, n0 = s->n_tokens;
     int32_t draft[ATOMC_MAX_SPEC_TOKENS];
     memcpy(draft, s->tokens + n0, (size_t)n_draft * sizeof *draft);
-    int m = e->spec_force > 0 ? forced_accepted_length(e, s, n_draft) : spec_accepted_length(draft, n_draft, ro->ids + r);
+    int m =
+        e->spec_force > 0 ? forced_accepted_length(e, s, n_draft) : spec_accepted_length(draft, n_draft, ro->ids + r);
     e->spec_drafts++;
     e->spec_draft_tokens += (uint64_t)n_draft;
     e->spec_accepted += (uint64_t)m;
-    for (int j = 0; j < m; j++) e->spec_accepted_pos[j]++;
-    if (m > 0) s->spec_misses = 0;
+    for (int j = 0; j < m; j++)
+        e->spec_accepted_pos[j]++;
+    if (m > 0)
+        s->spec_misses = 0;
     else if (++s->spec_misses >= SPEC_OPT_OUT_MISSES) {
         s->spec_pause = SPEC_OPT_OUT_PAUSE;
         s->spec_misses = 0;
@@ -403,7 +408,8 @@ static void verify_drafts(atomc_engine *e, struct sequence *s, const struct runn
 static void propose_drafts(atomc_engine *e) {
     struct scheduler *sc = e->sched;
     int n_dec = 0;
-    for (int i = 0; i < sc->n_running; i++) n_dec += sequence_n_remaining(sc->running[i]) == 1;
+    for (int i = 0; i < sc->n_running; i++)
+        n_dec += sequence_n_remaining(sc->running[i]) == 1;
     if (n_dec == 0 || n_dec > e->spec_max_batch) return;
     for (int i = 0; i < sc->n_running; i++) {
         struct sequence *s = sc->running[i];
@@ -417,11 +423,13 @@ static void propose_drafts(atomc_engine *e) {
         if (k > e->spec_k) k = e->spec_k;
         if (k <= 0) continue;
         if (s->n_tokens + k > s->cap) {
-            while (s->n_tokens + k > s->cap) s->cap *= 2;
+            while (s->n_tokens + k > s->cap)
+                s->cap *= 2;
             s->tokens = xrealloc(s->tokens, (size_t)s->cap * sizeof *s->tokens);
         }
         if (e->spec_force > 0) { // BENCHMARK ONLY: k drafts always (the last token repeated)
-            for (int j = 0; j < k; j++) s->tokens[s->n_tokens + j] = s->tokens[s->n_tokens - 1];
+            for (int j = 0; j < k; j++)
+                s->tokens[s->n_tokens + j] = s->tokens[s->n_tokens - 1];
             s->n_draft = k;
             continue;
         }
@@ -481,8 +489,10 @@ int atomc_engine_step(atomc_engine *e) {
     for (int r = 0; r < fb.n_logits;) {
         struct sequence *s = e->b_row_seq[r];
         int n_rows = 1 + s->n_draft;
-        if (s->n_draft > 0) verify_drafts(e, s, &ro, r, now);
-        else deliver_row(e, s, &ro, r, now);
+        if (s->n_draft > 0)
+            verify_drafts(e, s, &ro, r, now);
+        else
+            deliver_row(e, s, &ro, r, now);
         r += n_rows;
     }
     engine_refresh_stats(e);

@@ -51,8 +51,8 @@ struct sequence {
     // Speculative decoding (see the top comment). n_draft is set by the proposer before a step
     // and cut (or zeroed) by the scheduler; it is 0 outside the step.
     int n_draft;
-    uint32_t spec_misses;    // drafted steps in a row without an accepted draft (opt-out rule, spec.h)
-    uint32_t spec_pause;     // steps left without drafts (opt-out rule)
+    uint32_t spec_misses; // drafted steps in a row without an accepted draft (opt-out rule, spec.h)
+    uint32_t spec_pause;  // steps left without drafts (opt-out rule)
 
     // Request parameters (owned copies).
     atomc_sampling_params params; // params.stop / stop_token_ids point into the fields below

@@ -13,7 +13,8 @@ int spec_ngram_propose(const int32_t *tokens, int n, int min_n, int max_n, int k
     int best_len = 0, best_end = -1;
     for (int j = n - 2; j >= 0; j--) {
         int len = 0;
-        while (len < max_n && len <= j && tokens[j - len] == tokens[n - 1 - len]) len++;
+        while (len < max_n && len <= j && tokens[j - len] == tokens[n - 1 - len])
+            len++;
         if (len > best_len) {
             best_len = len;
             best_end = j;
@@ -22,6 +23,7 @@ int spec_ngram_propose(const int32_t *tokens, int n, int min_n, int max_n, int k
     }
     if (best_len < min_n) return 0;
     int m = 0;
-    for (int p = best_end + 1; p < n && m < k; p++) out[m++] = tokens[p];
+    for (int p = best_end + 1; p < n && m < k; p++)
+        out[m++] = tokens[p];
     return m;
 }

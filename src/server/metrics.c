@@ -189,7 +189,8 @@ int metrics_render(const struct metrics *m, const atomc_stats *s, char **buf, si
                 s->prefix_cache_hits);
     out_counter(&o, lbl, "atomc:engine_steps_total", "Engine steps run.", s->num_steps);
     if (s->num_speculative_tokens > 0) { // speculative decoding on: vLLM's spec_decode counters
-        out_counter(&o, lbl, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", s->spec_num_drafts);
+        out_counter(&o, lbl, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",
+                    s->spec_num_drafts);
         out_counter(&o, lbl, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
                     s->spec_num_draft_tokens);
         out_counter(&o, lbl, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
@@ -197,7 +198,8 @@ int metrics_render(const struct metrics *m, const atomc_stats *s, char **buf, si
         out_header(&o, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
                    "Accepted tokens per draft position.");
         for (int i = 0; i < s->num_speculative_tokens && i < ATOMC_MAX_SPEC_TOKENS; i++)
-            out_printf(&o, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %llu\n",
+            out_printf(&o,
+                       "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %llu\n",
                        lbl, i, (unsigned long long)s->spec_accepted_per_pos[i]);
     }
 

@@ -62,4 +62,6 @@ TEST(cuda_spec_moe_random_stress_eager) {
     es_random_stress_equals_alone(&EAGER, "mixtral", 0x5eed1234ull, 24);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}
