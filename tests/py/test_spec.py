@@ -1,7 +1,9 @@
 """Speculative decoding flags end to end on the CPU backend (`atomc generate`, `atomc bench
 throughput`): vLLM's --speculative-config and ATOM's --method / --num-speculative-tokens give the
 same tokens (and logprobs, up to fp32 summation order) as no speculation, greedy and seeded
-sampling; bad configurations get a clear error; bench throughput reports the acceptance."""
+sampling; bad configurations get a clear error; bench throughput reports the acceptance; `atomc
+serve` with drafts returns the same text (greedy, seeded sampling, a stop string) as without and
+exposes vLLM's spec_decode counters on /metrics (SmolLM2, $ATOMC_SMOLLM2; skipped without it)."""
 import json
 import os
 import subprocess
@@ -77,3 +79,44 @@ def test_bench_throughput_reports_acceptance(tmp_path):
     assert j["spec_num_accepted_tokens"] == j["spec_num_draft_tokens"] > 0
     assert j["mean_acceptance_length"] == pytest.approx(4.0)
     assert j["total_num_output_tokens"] == 8 * 13  # 1 from the prefill + 3 steps of 3 drafts + 1
+
+
+# ---------------------------------------------------------------- atomc serve with ngram drafts
+
+COPY_PROMPT = ("Repeat the following paragraph exactly.\n\nThe old lighthouse stood at the edge of the cliff, "
+               "its white paint peeling in long strips. Every night the keeper climbed the ninety-nine steps to "
+               "light the lamp.\n\nRepeated paragraph:\n\nThe old lighthouse")
+
+
+def test_serve_with_ngram_same_text_and_metrics():
+    from server_util import SMOLLM2, Server
+    if not SMOLLM2:
+        pytest.skip("set ATOMC_SMOLLM2 to the SmolLM2-135M-Instruct GGUF")
+    outs = {}
+    for name, extra in [("plain", []),
+                        ("ngram", ["--speculative-config",
+                                   '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+                                   '"prompt_lookup_max": 4}'])]:
+        s = Server(SMOLLM2, "--max-model-len", "512", "--max-num-seqs", "4", *extra)
+        try:
+            texts = []
+            for body in [{"prompt": COPY_PROMPT, "max_tokens": 40, "temperature": 0},
+                         {"prompt": COPY_PROMPT, "max_tokens": 40, "temperature": 0.7, "seed": 11, "top_p": 0.9},
+                         {"prompt": COPY_PROMPT, "max_tokens": 24, "temperature": 0, "stop": ["steps"]}]:
+                status, j = s.json("POST", "/v1/completions", body)
+                assert status == 200, j
+                texts.append((j["choices"][0]["text"], j["choices"][0]["finish_reason"],
+                              j["usage"]["completion_tokens"]))
+            outs[name] = texts
+            m = s.metrics()
+            if name == "ngram":
+                assert s.metric("vllm:spec_decode_num_drafts_total") > 0
+                acc = s.metric("vllm:spec_decode_num_accepted_tokens_total")
+                assert acc > 10
+                assert acc <= s.metric("vllm:spec_decode_num_draft_tokens_total")
+                assert s.metric("vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
+            else:
+                assert not any("spec_decode" in k for k in m)
+        finally:
+            assert s.stop() == 0, s.read_log()
+    assert outs["ngram"] == outs["plain"]
