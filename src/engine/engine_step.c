@@ -337,9 +337,9 @@ static bool deliver_token(atomc_engine *e, struct sequence *s, const struct runn
     if (s->params.logprobs >= 0) {
         int k = s->params.logprobs;
         e->o_top = grow(e->o_top, &e->o_top_cap, k + 1, sizeof *e->o_top);
-        for (int t = 0; t < k; t++) {
-            e->o_top[t].token = ro->top_ids[(size_t)r * ro->top_stride + t];
-            e->o_top[t].logprob = ro->top_logprobs[(size_t)r * ro->top_stride + t];
+        for (int i = 0; i < k; i++) {
+            e->o_top[i].token = ro->top_ids[(size_t)r * ro->top_stride + i];
+            e->o_top[i].logprob = ro->top_logprobs[(size_t)r * ro->top_stride + i];
         }
         lp.token = t;
         lp.logprob = ro->logprobs[r];
