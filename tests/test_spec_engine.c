@@ -214,6 +214,75 @@ TEST(spec_stop_inside_accepted_run_ends_there) {
     atomc_engine_free(e);
 }
 
+// Stop strings on the detokenized text inside an accepted run (fake tokenizer: id k > 0 is the
+// letter 'a' + k - 1, so the script 5 6 7 8 reads "efgh").
+struct tout {
+    char text[256];
+    size_t len;
+    int n_tokens;
+    atomc_finish_reason reason;
+    char stop_str[16];
+};
+static void t_on_out(void *user, const atomc_output *o) {
+    struct tout *c = user;
+    memcpy(c->text + c->len, o->text, o->text_len);
+    c->len += o->text_len;
+    c->text[c->len] = 0;
+    c->n_tokens += o->n_new_tokens;
+    if (o->finish_reason != ATOMC_FINISH_NONE) {
+        c->reason = o->finish_reason;
+        snprintf(c->stop_str, sizeof c->stop_str, "%s", o->stop_str ? o->stop_str : "");
+    }
+}
+
+TEST(spec_stop_string_inside_accepted_run) {
+    atomc_engine_options o;
+    atomc_engine_options_init(&o);
+    o.block_size = 4;
+    o.speculative_method = "ngram";
+    o.num_speculative_tokens = 4;
+    o.prompt_lookup_min = o.prompt_lookup_max = 2;
+    atomc_engine *e;
+    struct fake_model *m;
+    struct error err = {0};
+    ASSERT_EQ(fake_engine_create(&o, 16, 64, 128, true, &e, &m, &err), ATOMC_OK);
+    static int32_t script[128];
+    for (int i = 0; i < 128; i++)
+        script[i] = 5 + i % 4;
+    m->script = script;
+    m->n_script = 128;
+    for (int include = 0; include < 2; include++) {
+        static const int32_t prompt[] = {5, 6, 7, 8, 5, 6};
+        const char *stop[] = {"hef"};
+        atomc_request r;
+        atomc_request_init(&r);
+        r.prompt_ids = prompt;
+        r.n_prompt_ids = 6;
+        r.params.temperature = 0;
+        r.params.max_tokens = 30;
+        r.params.stop = stop;
+        r.params.n_stop = 1;
+        r.params.include_stop_str_in_output = include;
+        struct tout c;
+        memset(&c, 0, sizeof c);
+        r.on_output = t_on_out;
+        r.user = &c;
+        CHECK(atomc_engine_add_request(e, &r, NULL, NULL, 0) == ATOMC_OK);
+        while (atomc_engine_has_work(e))
+            atomc_engine_step(e);
+        // Output g (prefill), then the run h e f g + h: "hef" completes at the 4th output token.
+        ASSERT_EQ(c.reason, ATOMC_FINISH_STOP);
+        ASSERT_STREQ(c.stop_str, "hef");
+        ASSERT_EQ(c.n_tokens, 4);
+        ASSERT_STREQ(c.text, include ? "ghef" : "g");
+    }
+    atomc_stats st;
+    atomc_engine_get_stats(e, &st);
+    ASSERT_TRUE(st.spec_num_accepted_tokens > 0);
+    ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
+    atomc_engine_free(e);
+}
+
 TEST(spec_failed_verify_step_frees_everything) {
     struct fake_model *m;
     atomc_engine *e = scripted(4, &m);
