@@ -283,6 +283,56 @@ TEST(spec_stop_string_inside_accepted_run) {
     atomc_engine_free(e);
 }
 
+// The opt-out rule (spec.h): a sequence whose drafts keep missing drafts in bursts of
+// SPEC_OPT_OUT_MISSES steps separated by SPEC_OPT_OUT_PAUSE steps without drafts.
+TEST(spec_useless_drafts_pause) {
+    atomc_engine_options o;
+    atomc_engine_options_init(&o);
+    o.block_size = 4;
+    o.speculative_method = "ngram";
+    o.num_speculative_tokens = 2;
+    o.prompt_lookup_min = o.prompt_lookup_max = 1;
+    atomc_engine *e;
+    struct fake_model *m;
+    char msg[256];
+    CHECK(make(&o, 64, 64, &e, &m, msg) == ATOMC_OK);
+    // A text where prompt lookup guesses wrong: token L is 1 + (7 L^2 + 3 L) % 61 (no accepted draft
+    // is asserted below).
+    static int32_t script[128];
+    for (int i = 0; i < 128; i++)
+        script[i] = 1 + (int32_t)((i * i * 7 + i * 3) % 61);
+    m->script = script;
+    m->n_script = 128;
+    int32_t prompt[4] = {script[0], script[1], script[2], script[3]};
+    atomc_request r;
+    atomc_request_init(&r);
+    r.prompt_ids = prompt;
+    r.n_prompt_ids = 4;
+    r.params.temperature = 0;
+    r.params.max_tokens = 60;
+    r.params.ignore_eos = true;
+    struct sout c;
+    memset(&c, 0, sizeof c);
+    r.on_output = s_on_out;
+    r.user = &c;
+    CHECK(atomc_engine_add_request(e, &r, NULL, NULL, 0) == ATOMC_OK);
+    while (atomc_engine_has_work(e))
+        atomc_engine_step(e);
+    atomc_stats st;
+    atomc_engine_get_stats(e, &st);
+    ASSERT_EQ(c.n, 60);
+    for (int i = 0; i < 60; i++)
+        ASSERT_EQ(c.toks[i], script[4 + i]);
+    fprintf(stderr, "  %llu steps, %llu drafted, %llu draft tokens accepted\n", (unsigned long long)st.num_steps,
+            (unsigned long long)st.spec_num_drafts, (unsigned long long)st.spec_num_accepted_tokens);
+    ASSERT_EQ(st.spec_num_accepted_tokens, 0);
+    // Without the rule nearly every one of the ~59 decode steps would draft; with it at most
+    // 8 of every 24.
+    ASSERT_TRUE(st.spec_num_drafts >= 8);
+    ASSERT_TRUE(st.spec_num_drafts <= 8 * (st.num_steps / 24 + 1));
+    atomc_engine_free(e);
+}
+
 TEST(spec_failed_verify_step_frees_everything) {
     struct fake_model *m;
     atomc_engine *e = scripted(4, &m);
