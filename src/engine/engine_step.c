@@ -443,7 +443,11 @@ int atomc_engine_step(atomc_engine *e) {
     pthread_mutex_unlock(&e->mu);
     CHECK_MSG(!foreign, "atomc_engine_step called while the engine's loop thread runs");
     engine_drain_inbox(e);
-    if (e->spec_k > 0) propose_drafts(e);
+    if (e->spec_k > 0) {
+        trace_begin(e->trace, "propose");
+        propose_drafts(e);
+        trace_end(e->trace, "propose");
+    }
     double now = time_now_s();
     struct scheduler_output so;
     trace_begin(e->trace, "schedule");
