@@ -216,7 +216,8 @@ void atomc_engine_stop(atomc_engine *e);
 
 // Per-step timeline profiling (needs options.profile_dir): start clears and records the spans of
 // every step (propose (speculative drafts), schedule, prepare_inputs, execute, postprocess,
-// detokenize); stop writes them as Chrome trace JSON to profile_dir/atomc-trace-<pid>-<n>.json and returns that path in path_out.
+// detokenize); stop writes them as Chrome trace JSON to profile_dir/atomc-trace-<pid>-<n>.json
+// and returns that path in path_out.
 // In CUDA builds the same spans are NVTX ranges (Nsight Systems), recorded or not.
 atomc_status atomc_engine_start_profile(atomc_engine *e, char *err, size_t err_len);
 atomc_status atomc_engine_stop_profile(atomc_engine *e, char *path_out, size_t path_len, char *err, size_t err_len);
