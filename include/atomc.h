@@ -71,7 +71,22 @@ typedef struct atomc_engine_options {
                                    // offline defaults (larger prefill chunks on CUDA)
     bool moe_uniform_routing;      // BENCHMARK ONLY (the bench commands' --moe-uniform-routing): MoE
                                    // routing replaced by a balanced round-robin over the experts
+
+    // Speculative decoding (vLLM's --speculative-config; docs/ARCHITECTURE.md "Speculative
+    // decoding"). NULL / "" = off; "ngram" = prompt lookup over the sequence's own tokens.
+    const char *speculative_method;
+    int num_speculative_tokens;            // k: draft tokens verified per step (1..ATOMC_MAX_SPEC_TOKENS)
+    int prompt_lookup_min;                 // ngram: shortest suffix matched (0 = vLLM's default: 5, or max if given)
+    int prompt_lookup_max;                 // ngram: longest suffix matched (0 = vLLM's default: 5, or min if given)
+    int speculative_disable_by_batch_size; // drafts off in a step with more decoding sequences than this;
+                                           // 0 = auto (cpu 8, cuda 32), -1 = never off
+    double spec_forced_acceptance; // BENCHMARK ONLY (bench throughput --spec-forced-acceptance F): in (0, 1], every
+                                   // decode carries k drafts (its last token repeated) and each is accepted with
+                                   // probability F (a chain: the first rejection ends it) whatever the model says,
+                                   // so the verify path can be timed on random weights; outputs are not the model's
 } atomc_engine_options;
+
+#define ATOMC_MAX_SPEC_TOKENS 16
 
 void atomc_engine_options_init(atomc_engine_options *o);
 
@@ -96,6 +111,7 @@ typedef struct atomc_sampling_params {
     bool skip_special_tokens; // default true
     int logprobs;             // -1 = none; k >= 0: chosen-token logprob + top-k alternatives
     int prompt_logprobs;      // -1 = none; k >= 0: per prompt token (echo + logprobs)
+    bool no_speculation;      // this request never gets draft tokens (output is the same either way)
 } atomc_sampling_params;
 
 void atomc_sampling_params_init(atomc_sampling_params *p);
@@ -199,8 +215,9 @@ atomc_status atomc_engine_start(atomc_engine *e);
 void atomc_engine_stop(atomc_engine *e);
 
 // Per-step timeline profiling (needs options.profile_dir): start clears and records the spans of
-// every step (schedule, prepare_inputs, execute, postprocess, detokenize); stop writes them as
-// Chrome trace JSON to profile_dir/atomc-trace-<pid>-<n>.json and returns that path in path_out.
+// every step (propose (speculative drafts), schedule, prepare_inputs, execute, postprocess,
+// detokenize); stop writes them as Chrome trace JSON to profile_dir/atomc-trace-<pid>-<n>.json
+// and returns that path in path_out.
 // In CUDA builds the same spans are NVTX ranges (Nsight Systems), recorded or not.
 atomc_status atomc_engine_start_profile(atomc_engine *e, char *err, size_t err_len);
 atomc_status atomc_engine_stop_profile(atomc_engine *e, char *path_out, size_t path_len, char *err, size_t err_len);
@@ -235,6 +252,15 @@ typedef struct atomc_stats {
     uint64_t num_requests_finished; // finished with any reason, including aborts
     uint64_t num_requests_aborted;
     uint64_t prefix_cache_evictions; // cached blocks reused for other content
+
+    // Speculative decoding (vLLM's spec_decode counters): drafts = sequence-steps verified with at
+    // least one draft token; draft tokens proposed and verified; of those, accepted; accepted at
+    // draft position i (0-based). Mean acceptance length = 1 + accepted / drafts.
+    int num_speculative_tokens; // k of the engine (0 = off)
+    uint64_t spec_num_drafts;
+    uint64_t spec_num_draft_tokens;
+    uint64_t spec_num_accepted_tokens;
+    uint64_t spec_accepted_per_pos[ATOMC_MAX_SPEC_TOKENS];
 } atomc_stats;
 void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s);
 

@@ -41,7 +41,29 @@ struct es_setup {
     float lp_tol;        // |logprob - alone| at compared positions (batched vs alone)
     float lp_tol_cached; // |logprob - cold| at compared positions (prefix-cache hit vs cold run)
     double min_clear;    // fraction of all tokens that must have been equal at a clear margin
+    int spec_k;          // > 0: the runs under test use ngram speculative decoding with k drafts
+                         // (prompt lookup 1..3, at every batch size); the reference runs never do
 };
+
+// The setup of the reference runs: s without speculation.
+static struct es_setup es_plain(const struct es_setup *s) {
+    struct es_setup p = *s;
+    p.spec_k = 0;
+    return p;
+}
+
+// Speculative decoding statistics of e, for the scenario logs ("" without speculation).
+static const char *es_spec_line(atomc_engine *e) {
+    static char buf[160];
+    atomc_stats st;
+    atomc_engine_get_stats(e, &st);
+    buf[0] = 0;
+    if (st.num_speculative_tokens > 0)
+        snprintf(buf, sizeof buf, ", ngram k=%d: %llu drafts, %llu of %llu draft tokens accepted",
+                 st.num_speculative_tokens, (unsigned long long)st.spec_num_drafts,
+                 (unsigned long long)st.spec_num_accepted_tokens, (unsigned long long)st.spec_num_draft_tokens);
+    return buf;
+}
 
 // Whether the engine's model replayed CUDA graphs exactly when it should (cuda, not eager).
 static bool es_graphs_as_expected(const struct es_setup *s, atomc_engine *e) {
@@ -106,6 +128,13 @@ static atomc_engine *es_make(const struct es_setup *s, const char *model, int bl
     o.enable_prefix_caching = cache;
     o.num_threads = 2;
     o.gpu_memory_utilization = 0.3; // the pool is num_blocks; leave the GPU to others
+    if (s->spec_k > 0) {
+        o.speculative_method = "ngram";
+        o.num_speculative_tokens = s->spec_k;
+        o.prompt_lookup_min = 1;
+        o.prompt_lookup_max = 3;
+        o.speculative_disable_by_batch_size = -1;
+    }
     atomc_engine *e = NULL;
     char err[1024];
     CHECK_MSG(atomc_engine_create(&o, &e, err, sizeof err) == ATOMC_OK, "%s", err);
@@ -193,17 +222,19 @@ __attribute__((unused)) static void es_batched_under_preemption_equals_alone(con
     atomc_engine_get_stats(e, &st);
     fprintf(stderr,
             "  %s on %s%s: %d prompts: %llu steps, %llu preemptions, prefix hits %llu of %llu tokens, "
-            "%llu graph replays\n",
+            "%llu graph replays%s\n",
             model, s->device, s->enforce_eager ? " (eager)" : "", n_p, (unsigned long long)st.num_steps,
             (unsigned long long)st.num_preemptions, (unsigned long long)st.prefix_cache_hits,
-            (unsigned long long)st.prefix_cache_queries, (unsigned long long)engine_graph_replays(e));
+            (unsigned long long)st.prefix_cache_queries, (unsigned long long)engine_graph_replays(e), es_spec_line(e));
+    if (s->spec_k > 0) ASSERT_TRUE(st.spec_num_accepted_tokens > 0);
     ASSERT_TRUE(st.num_preemptions > 0);
     ASSERT_TRUE(st.prefix_cache_hits > 0);
     ASSERT_EQ(st.num_free_kv_blocks, 24);
     ASSERT_TRUE(es_graphs_as_expected(s, e));
     atomc_engine_free(e);
-    // Alone: a roomy engine, one request at a time, no prefix cache.
-    e = es_make(s, model, 16, 64, 256, 1, 256, false);
+    // Alone: a roomy engine, one request at a time, no prefix cache, no speculation.
+    struct es_setup plain = es_plain(s);
+    e = es_make(&plain, model, 16, 64, 256, 1, 256, false);
     for (int i = 0; i < n_p; i++) {
         es_add(e, ids[i], n_ids[i], max_tokens, &alone[i], NULL);
         es_run(e);
@@ -285,8 +316,8 @@ __attribute__((unused)) static void es_prefix_hit_identical_to_cold(const struct
     int n_same = 0;
     es_same_step_pair(s, e, 40, 53, 11, &compared, &n_same);
     es_same_step_pair(s, e, 100, 37, 5, &compared, &n_same);
-    fprintf(stderr, "  %s on %s: %d of %d tokens equal at a clear margin (>= %g)\n", model, s->device, compared,
-            cold.n + n_same, s->margin_tol);
+    fprintf(stderr, "  %s on %s: %d of %d tokens equal at a clear margin (>= %g)%s\n", model, s->device, compared,
+            cold.n + n_same, s->margin_tol, es_spec_line(e));
     ASSERT_TRUE(compared >= s->min_clear * (cold.n + n_same));
     ASSERT_TRUE(es_graphs_as_expected(s, e));
     atomc_engine_free(e);
@@ -360,11 +391,12 @@ __attribute__((unused)) static void es_random_stress_equals_alone(const struct e
     uint64_t replays = engine_graph_replays(e);
     fprintf(stderr,
             "  %s on %s%s: %d requests, %llu steps, %llu preemptions, %llu aborted, prefix hit rate %.1f%%, "
-            "%llu graph replays\n",
+            "%llu graph replays%s\n",
             model, s->device, s->enforce_eager ? " (eager)" : "", n_r, (unsigned long long)st.num_steps,
             (unsigned long long)st.num_preemptions, (unsigned long long)st.num_requests_aborted,
             st.prefix_cache_queries ? 100.0 * st.prefix_cache_hits / st.prefix_cache_queries : 0.0,
-            (unsigned long long)replays);
+            (unsigned long long)replays, es_spec_line(e));
+    if (s->spec_k > 0) ASSERT_TRUE(st.spec_num_accepted_tokens > 0);
     ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
     ASSERT_TRUE(st.num_preemptions > 0);
     ASSERT_TRUE(st.num_steps >= 2000);
@@ -372,7 +404,8 @@ __attribute__((unused)) static void es_random_stress_equals_alone(const struct e
     for (int i = 0; i < n_r; i++)
         ASSERT_EQ(atomc_engine_abort(e, r[i].id), ATOMC_ERR_NOT_FOUND);
     atomc_engine_free(e);
-    e = es_make(s, model, 16, 16, 256, 1, 256, false);
+    struct es_setup plain = es_plain(s);
+    e = es_make(&plain, model, 16, 16, 256, 1, 256, false);
     int checked = 0, tokens = 0, compared = 0;
     double worst_lp = 0;
     for (int i = 0; i < n_r; i++) {

@@ -1,6 +1,7 @@
 #include "cli/cli_common.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,7 +134,76 @@ int cli_dispatch(const struct cli_command *rows, size_t n_rows, const char *prog
     return 2;
 }
 
-void cli_engine_args_init(struct cli_engine_args *a) { atomc_engine_options_init(&a->o); }
+void cli_engine_args_init(struct cli_engine_args *a) {
+    atomc_engine_options_init(&a->o);
+    a->spec_method[0] = 0;
+}
+
+static bool set_spec_method(atomc_engine_options *o, char *buf, size_t buf_len, const char *m, const char *flag) {
+    if (strlen(m) >= buf_len) {
+        fprintf(stderr, "atomc: %s: unknown speculative method \"%.40s...\"\n", flag, m);
+        return false;
+    }
+    snprintf(buf, buf_len, "%s", m);
+    o->speculative_method = buf;
+    return true;
+}
+
+// One integer field of --speculative-config (absent: *out unchanged).
+static bool spec_int(json_t *j, const char *key, long min, long max, int *out) {
+    json_t *v = json_object_get(j, key);
+    if (!v) return true;
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max) {
+        fprintf(stderr, "atomc: --speculative-config: \"%s\" must be an integer in [%ld, %ld]\n", key, min, max);
+        return false;
+    }
+    *out = (int)json_integer_value(v);
+    return true;
+}
+
+bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf_len, const char *arg) {
+    json_error_t je;
+    json_t *j = json_loads(arg, 0, &je);
+    if (!json_is_object(j)) {
+        fprintf(stderr, "atomc: --speculative-config expects a JSON object, got '%s'%s%s\n", arg, j ? "" : ": ",
+                j ? "" : je.text);
+        json_decref(j);
+        return false;
+    }
+    static const char *known[] = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+                                  "disable_by_batch_size"};
+    const char *key;
+    json_t *v;
+    bool ok = true;
+    json_object_foreach(j, key, v) {
+        bool found = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+            found |= !strcmp(key, known[i]);
+        if (!found) {
+            fprintf(stderr,
+                    "atomc: --speculative-config: unsupported key \"%s\" (supported: method, num_speculative_tokens, "
+                    "prompt_lookup_min, prompt_lookup_max, disable_by_batch_size)\n",
+                    key);
+            ok = false;
+        }
+    }
+    json_t *m = json_object_get(j, "method");
+    if (ok && m && !json_is_string(m)) {
+        fprintf(stderr, "atomc: --speculative-config: \"method\" must be a string\n");
+        ok = false;
+    }
+    if (ok && m) ok = set_spec_method(o, buf, buf_len, json_string_value(m), "--speculative-config");
+    ok = ok && spec_int(j, "num_speculative_tokens", 1, ATOMC_MAX_SPEC_TOKENS, &o->num_speculative_tokens);
+    ok = ok && spec_int(j, "prompt_lookup_min", 1, 1 << 20, &o->prompt_lookup_min);
+    ok = ok && spec_int(j, "prompt_lookup_max", 1, 1 << 20, &o->prompt_lookup_max);
+    ok = ok && spec_int(j, "disable_by_batch_size", 1, 1 << 20, &o->speculative_disable_by_batch_size);
+    if (ok && !m && o->speculative_method == NULL) {
+        fprintf(stderr, "atomc: --speculative-config needs a \"method\" (\"ngram\")\n");
+        ok = false;
+    }
+    json_decref(j);
+    return ok;
+}
 
 int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) {
     atomc_engine_options *o = &a->o;
@@ -175,6 +245,14 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_PROFILE_DIR: o->profile_dir = arg; return 1;
     case CLI_E_TP: return cli_parse_int(arg, "--tensor-parallel-size", 1, 64, &o->tensor_parallel_size) ? 1 : -1;
     case CLI_E_ENGINE_SEED: return cli_parse_u64(arg, "--engine-seed", &o->seed) ? 1 : -1;
+    case CLI_E_SPEC_CONFIG:
+        return cli_parse_speculative_config(o, a->spec_method, sizeof a->spec_method, arg) ? 1 : -1;
+    case CLI_E_SPEC_METHOD:
+        return set_spec_method(o, a->spec_method, sizeof a->spec_method, arg, "--method") ? 1 : -1;
+    case CLI_E_SPEC_NUM:
+        return cli_parse_int(arg, "--num-speculative-tokens", 1, ATOMC_MAX_SPEC_TOKENS, &o->num_speculative_tokens)
+                   ? 1
+                   : -1;
     }
     return 0;
 }

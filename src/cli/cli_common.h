@@ -13,48 +13,80 @@
 
 struct cli_engine_args {
     atomc_engine_options o;
+    char spec_method[32]; // backs o.speculative_method
 };
 
 enum {
-    CLI_E_MODEL = 2000, CLI_E_DEVICE, CLI_E_DTYPE, CLI_E_LOAD_FORMAT, CLI_E_KV_DTYPE, CLI_E_MAX_MODEL_LEN,
-    CLI_E_MAX_NUM_SEQS, CLI_E_MAX_BATCHED, CLI_E_BLOCK_SIZE, CLI_E_NUM_KV_BLOCKS, CLI_E_GPU_UTIL, CLI_E_CPU_KV_GB,
-    CLI_E_PREFIX_ON, CLI_E_PREFIX_OFF, CLI_E_EAGER, CLI_E_THREADS, CLI_E_GEN_CONFIG, CLI_E_ENGINE_SEED,
-    CLI_E_PROFILE_DIR, CLI_E_TP,
+    CLI_E_MODEL = 2000,
+    CLI_E_DEVICE,
+    CLI_E_DTYPE,
+    CLI_E_LOAD_FORMAT,
+    CLI_E_KV_DTYPE,
+    CLI_E_MAX_MODEL_LEN,
+    CLI_E_MAX_NUM_SEQS,
+    CLI_E_MAX_BATCHED,
+    CLI_E_BLOCK_SIZE,
+    CLI_E_NUM_KV_BLOCKS,
+    CLI_E_GPU_UTIL,
+    CLI_E_CPU_KV_GB,
+    CLI_E_PREFIX_ON,
+    CLI_E_PREFIX_OFF,
+    CLI_E_EAGER,
+    CLI_E_THREADS,
+    CLI_E_GEN_CONFIG,
+    CLI_E_ENGINE_SEED,
+    CLI_E_PROFILE_DIR,
+    CLI_E_TP,
+    CLI_E_SPEC_CONFIG,
+    CLI_E_SPEC_METHOD,
+    CLI_E_SPEC_NUM,
 };
 
-#define CLI_ENGINE_LONG_OPTIONS                                                                                      \
-    {"model", required_argument, 0, CLI_E_MODEL}, {"device", required_argument, 0, CLI_E_DEVICE},                    \
-        {"dtype", required_argument, 0, CLI_E_DTYPE}, {"load-format", required_argument, 0, CLI_E_LOAD_FORMAT},     \
-        {"kv-cache-dtype", required_argument, 0, CLI_E_KV_DTYPE},                                                    \
-        {"max-model-len", required_argument, 0, CLI_E_MAX_MODEL_LEN},                                                \
-        {"max-num-seqs", required_argument, 0, CLI_E_MAX_NUM_SEQS},                                                  \
-        {"max-num-batched-tokens", required_argument, 0, CLI_E_MAX_BATCHED},                                         \
-        {"block-size", required_argument, 0, CLI_E_BLOCK_SIZE},                                                      \
-        {"num-gpu-blocks-override", required_argument, 0, CLI_E_NUM_KV_BLOCKS},                                      \
-        {"gpu-memory-utilization", required_argument, 0, CLI_E_GPU_UTIL},                                            \
-        {"cpu-kv-cache-gb", required_argument, 0, CLI_E_CPU_KV_GB},                                                  \
-        {"enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_ON},                                                  \
-        {"no-enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_OFF},                                              \
-        {"enforce-eager", no_argument, 0, CLI_E_EAGER}, {"num-threads", required_argument, 0, CLI_E_THREADS},        \
-        {"generation-config", required_argument, 0, CLI_E_GEN_CONFIG},                                              \
-        {"engine-seed", required_argument, 0, CLI_E_ENGINE_SEED},                                                  \
-        {"profile-dir", required_argument, 0, CLI_E_PROFILE_DIR},                                                  \
-        {"tensor-parallel-size", required_argument, 0, CLI_E_TP}
+#define CLI_ENGINE_LONG_OPTIONS                                                                                        \
+    {"model", required_argument, 0, CLI_E_MODEL}, {"device", required_argument, 0, CLI_E_DEVICE},                      \
+        {"dtype", required_argument, 0, CLI_E_DTYPE}, {"load-format", required_argument, 0, CLI_E_LOAD_FORMAT},        \
+        {"kv-cache-dtype", required_argument, 0, CLI_E_KV_DTYPE},                                                      \
+        {"max-model-len", required_argument, 0, CLI_E_MAX_MODEL_LEN},                                                  \
+        {"max-num-seqs", required_argument, 0, CLI_E_MAX_NUM_SEQS},                                                    \
+        {"max-num-batched-tokens", required_argument, 0, CLI_E_MAX_BATCHED},                                           \
+        {"block-size", required_argument, 0, CLI_E_BLOCK_SIZE},                                                        \
+        {"num-gpu-blocks-override", required_argument, 0, CLI_E_NUM_KV_BLOCKS},                                        \
+        {"gpu-memory-utilization", required_argument, 0, CLI_E_GPU_UTIL},                                              \
+        {"cpu-kv-cache-gb", required_argument, 0, CLI_E_CPU_KV_GB},                                                    \
+        {"enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_ON},                                                    \
+        {"no-enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_OFF},                                                \
+        {"enforce-eager", no_argument, 0, CLI_E_EAGER}, {"num-threads", required_argument, 0, CLI_E_THREADS},          \
+        {"generation-config", required_argument, 0, CLI_E_GEN_CONFIG},                                                 \
+        {"engine-seed", required_argument, 0, CLI_E_ENGINE_SEED},                                                      \
+        {"profile-dir", required_argument, 0, CLI_E_PROFILE_DIR},                                                      \
+        {"tensor-parallel-size", required_argument, 0, CLI_E_TP},                                                      \
+        {"speculative-config", required_argument, 0, CLI_E_SPEC_CONFIG},                                               \
+        {"method", required_argument, 0, CLI_E_SPEC_METHOD}, {                                                         \
+        "num-speculative-tokens", required_argument, 0, CLI_E_SPEC_NUM                                                 \
+    }
 
-#define CLI_ENGINE_OPTIONS_HELP                                                                                      \
-    "engine options:\n"                                                                                              \
-    "  --model PATH           HF model directory or .gguf file (required)\n"                                        \
-    "  --device cpu|cuda      (default cpu)   --dtype auto|bfloat16|float16|float32\n"                               \
-    "  --load-format auto|dummy   --kv-cache-dtype auto|bf16|fp8   --num-threads N (CPU)\n"                          \
-    "  --max-model-len N   --max-num-seqs N   --max-num-batched-tokens N   --block-size N\n"                         \
-    "  --gpu-memory-utilization F   --cpu-kv-cache-gb F   --num-gpu-blocks-override N\n"                             \
-    "  --no-enable-prefix-caching   --enforce-eager   --generation-config auto|vllm   --engine-seed N\n"    \
-    "  --profile-dir DIR      record a per-step Chrome trace of the run into DIR\n"                            \
-    "  --tensor-parallel-size / -tp N   split the model over N ranks (CPU: threads; CUDA: GPUs)\n"
+#define CLI_ENGINE_OPTIONS_HELP                                                                                        \
+    "engine options:\n"                                                                                                \
+    "  --model PATH           HF model directory or .gguf file (required)\n"                                           \
+    "  --device cpu|cuda      (default cpu)   --dtype auto|bfloat16|float16|float32\n"                                 \
+    "  --load-format auto|dummy   --kv-cache-dtype auto|bf16|fp8   --num-threads N (CPU)\n"                            \
+    "  --max-model-len N   --max-num-seqs N   --max-num-batched-tokens N   --block-size N\n"                           \
+    "  --gpu-memory-utilization F   --cpu-kv-cache-gb F   --num-gpu-blocks-override N\n"                               \
+    "  --no-enable-prefix-caching   --enforce-eager   --generation-config auto|vllm   --engine-seed N\n"               \
+    "  --profile-dir DIR      record a per-step Chrome trace of the run into DIR\n"                                    \
+    "  --tensor-parallel-size / -tp N   split the model over N ranks (CPU: threads; CUDA: GPUs)\n"                     \
+    "  --speculative-config JSON   e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4,\n"                     \
+    "                         \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4, \"disable_by_batch_size\": 8}'\n"    \
+    "  --method ngram --num-speculative-tokens K   ATOM's spelling of the same (prompt lookup 5..5)\n"
 
 void cli_engine_args_init(struct cli_engine_args *a);
 // Handles one engine flag: 1 = handled, 0 = not an engine flag, -1 = bad value (message printed).
 int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg);
+
+// vLLM's --speculative-config JSON into o: method (copied into buf, which o then points to),
+// num_speculative_tokens, prompt_lookup_min / _max, disable_by_batch_size; other keys are refused
+// by name (the engine checks the values' sense). Prints the problem and returns false.
+bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf_len, const char *json);
 
 // With --profile-dir: start recording after the engine is created, and write the Chrome trace
 // (path printed to stderr) when the command's work is done. No-ops without the flag.

@@ -24,6 +24,8 @@ static void throughput_usage(FILE *f) {
             "  --prefix-len P (first P tokens shared by all prompts, default 0)\n"
             "  --seed S (prompt generator, default 0)  --output-json FILE\n"
             "  --moe-uniform-routing (MoE models: balanced round-robin routing, benchmark only)\n"
+            "  --spec-forced-acceptance F (with a speculative method: k drafts every decode, each accepted\n"
+            "    with probability F whatever the model says, to time the verify path on random weights)\n"
             "  An offline run: --max-num-batched-tokens defaults to 16384 on CUDA, as for vLLM's offline\n"
             "  engines on H100 / H200-class GPUs (the server's default stays 8192).\n"
             "%s",
@@ -55,7 +57,7 @@ static uint64_t tp_rng(uint64_t *s) {
 }
 
 int cmd_bench_throughput(int argc, char **argv) {
-    enum { T_NUM = 1000, T_IN, T_OUT, T_PREFIX, T_SEED, T_JSON, T_UNIFORM, T_HELP };
+    enum { T_NUM = 1000, T_IN, T_OUT, T_PREFIX, T_SEED, T_JSON, T_UNIFORM, T_FORCE, T_HELP };
     static const struct option opts[] = {{"num-prompts", required_argument, 0, T_NUM},
                                          {"input-len", required_argument, 0, T_IN},
                                          {"output-len", required_argument, 0, T_OUT},
@@ -63,6 +65,7 @@ int cmd_bench_throughput(int argc, char **argv) {
                                          {"seed", required_argument, 0, T_SEED},
                                          {"output-json", required_argument, 0, T_JSON},
                                          {"moe-uniform-routing", no_argument, 0, T_UNIFORM},
+                                         {"spec-forced-acceptance", required_argument, 0, T_FORCE},
                                          {"help", no_argument, 0, T_HELP},
                                          CLI_ENGINE_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -82,6 +85,11 @@ int cmd_bench_throughput(int argc, char **argv) {
         case T_SEED: ok = cli_parse_int(optarg, "--seed", 0, 1 << 30, &seed); break;
         case T_JSON: json_path = optarg; break;
         case T_UNIFORM: ea.o.moe_uniform_routing = true; break;
+        case T_FORCE:
+            ok = cli_parse_double(optarg, "--spec-forced-acceptance", &ea.o.spec_forced_acceptance) &&
+                 ea.o.spec_forced_acceptance > 0 && ea.o.spec_forced_acceptance <= 1;
+            if (!ok) fprintf(stderr, "atomc bench throughput: --spec-forced-acceptance must be in (0, 1]\n");
+            break;
         case T_HELP: throughput_usage(stdout); return 0;
         case '?': ok = false; break;
         default: ok = cli_engine_parse_flag(&ea, c, optarg) > 0;
@@ -174,12 +182,28 @@ int cmd_bench_throughput(int argc, char **argv) {
         printf("Elapsed: %.3f s, %llu engine steps, %llu preemptions, prefix cache hit rate %.2f%%\n", elapsed,
                (unsigned long long)s.num_steps, (unsigned long long)s.num_preemptions,
                s.prefix_cache_queries ? 100.0 * s.prefix_cache_hits / s.prefix_cache_queries : 0.0);
+        double mean_acc = s.spec_num_drafts ? 1.0 + (double)s.spec_num_accepted_tokens / s.spec_num_drafts : 1.0;
+        if (s.num_speculative_tokens > 0)
+            printf("Speculative decoding (%s, k=%d): %llu drafts, %llu draft tokens, %llu accepted (%.2f%%), "
+                   "mean acceptance length %.2f\n",
+                   ea.o.speculative_method, s.num_speculative_tokens, (unsigned long long)s.spec_num_drafts,
+                   (unsigned long long)s.spec_num_draft_tokens, (unsigned long long)s.spec_num_accepted_tokens,
+                   s.spec_num_draft_tokens ? 100.0 * s.spec_num_accepted_tokens / s.spec_num_draft_tokens : 0.0,
+                   mean_acc);
         if (json_path) {
             json_t *j = json_pack("{s:f,s:i,s:I,s:I,s:I,s:f,s:f,s:f}", "elapsed_time", elapsed, "num_requests", num,
                                   "total_num_tokens", (json_int_t)total, "total_num_prompt_tokens", (json_int_t)in_tok,
                                   "total_num_output_tokens", (json_int_t)st.output_tokens, "requests_per_second",
                                   num / elapsed, "tokens_per_second", total / elapsed, "output_tokens_per_second",
                                   st.output_tokens / elapsed);
+            if (j && s.num_speculative_tokens > 0) {
+                json_object_set_new(j, "num_speculative_tokens", json_integer(s.num_speculative_tokens));
+                json_object_set_new(j, "spec_num_drafts", json_integer((json_int_t)s.spec_num_drafts));
+                json_object_set_new(j, "spec_num_draft_tokens", json_integer((json_int_t)s.spec_num_draft_tokens));
+                json_object_set_new(j, "spec_num_accepted_tokens",
+                                    json_integer((json_int_t)s.spec_num_accepted_tokens));
+                json_object_set_new(j, "mean_acceptance_length", json_real(mean_acc));
+            }
             if (!j || json_dump_file(j, json_path, JSON_INDENT(2)) != 0) {
                 fprintf(stderr, "atomc bench throughput: cannot write %s\n", json_path);
                 rc = 1;

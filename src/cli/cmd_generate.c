@@ -403,6 +403,13 @@ int cmd_generate(int argc, char **argv) {
                     "[%d prompt tokens (%d cached), %d generated, finish: %s; TTFT %.1f ms, %.2f tokens/s decode]\n",
                     g.prompt_tokens, g.cached_tokens, g.n_ids, atomc_finish_reason_name(g.reason),
                     (g.t_first - g.t_arrival) * 1e3, g.n_ids > 1 && gen_s > 0 ? (g.n_ids - 1) / gen_s : 0.0);
+            atomc_stats st;
+            atomc_engine_get_stats(e, &st);
+            if (st.num_speculative_tokens > 0)
+                fprintf(stderr, "[%s k=%d: %llu of %llu draft tokens accepted, mean acceptance length %.2f]\n",
+                        ea.o.speculative_method, st.num_speculative_tokens,
+                        (unsigned long long)st.spec_num_accepted_tokens, (unsigned long long)st.spec_num_draft_tokens,
+                        st.spec_num_drafts ? 1.0 + (double)st.spec_num_accepted_tokens / st.spec_num_drafts : 1.0);
         }
         if (g.reason == ATOMC_FINISH_ERROR) {
             fprintf(stderr, "atomc generate: %s\n", g.error);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "atomc.h"
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/log.h"
 #include "parallel/dp_router.h"
@@ -25,6 +26,8 @@ struct serve_args {
     int data_parallel_size;
     bool enable_auto_tool_choice;
     const char *tool_call_parser;
+    const char *speculative_config;
+    char spec_method[32];
 };
 
 enum flag_kind { FLAG_STR, FLAG_INT, FLAG_DOUBLE, FLAG_SIZE, FLAG_BOOL_ON, FLAG_BOOL_OFF, FLAG_NAMES };
@@ -46,7 +49,8 @@ static const struct flag flags[] = {
      "name(s) clients use in \"model\"; the first is reported in responses and metrics"},
     {"--api-key", FLAG_STR, A(api_key), "$VLLM_API_KEY or $ATOMC_API_KEY",
      "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, /apply-template"},
-    {"--chat-template", FLAG_STR, A(chat_template), "the model's", "chat template: a file path or the Jinja text itself"},
+    {"--chat-template", FLAG_STR, A(chat_template), "the model's",
+     "chat template: a file path or the Jinja text itself"},
     {"--enable-auto-tool-choice", FLAG_BOOL_ON, A(enable_auto_tool_choice), "off",
      "parse chat output of requests with tools for tool calls (needs --tool-call-parser)"},
     {"--tool-call-parser", FLAG_STR, A(tool_call_parser), "none",
@@ -81,6 +85,12 @@ static const struct flag flags[] = {
     {"--num-threads", FLAG_INT, A(eo.num_threads), "0 (all cores)", "CPU backend threads"},
     {"--profile-dir", FLAG_STR, A(eo.profile_dir), "off",
      "enable POST /start_profile and /stop_profile: per-step Chrome traces written here"},
+    {"--speculative-config", FLAG_STR, A(speculative_config), "off",
+     "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+     "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}'"},
+    {"--method", FLAG_STR, A(eo.speculative_method), "off", "speculative method (ATOM's flag): ngram"},
+    {"--num-speculative-tokens", FLAG_INT, A(eo.num_speculative_tokens), "0",
+     "draft tokens verified per step (ATOM's flag)"},
     {"--max-n", FLAG_INT, A(so.max_n), "64", "largest accepted n (choices per request)"},
     {"--max-request-body-bytes", FLAG_SIZE, A(so.max_body_bytes), "32 MiB", "larger request bodies get 413"},
     {"--shutdown-timeout", FLAG_DOUBLE, A(so.drain_timeout_s), "30",
@@ -287,6 +297,9 @@ int cmd_serve(int argc, char **argv) {
     server_options_init(&a.so);
     int rc = serve_parse(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
+    if (a.speculative_config &&
+        !cli_parse_speculative_config(&a.eo, a.spec_method, sizeof a.spec_method, a.speculative_config))
+        return 2;
     if (a.tool_call_parser && tool_parser_from_name(a.tool_call_parser) == TOOL_PARSER_NONE) {
         fprintf(stderr, "atomc serve: unknown --tool-call-parser '%s' (supported: hermes, llama3_json)\n", a.tool_call_parser);
         return 2;

@@ -234,6 +234,18 @@ int block_manager_drop_before(struct block_manager *bm, struct block_table *bt, 
     return n;
 }
 
+int block_manager_truncate(struct block_manager *bm, struct block_table *bt, int n_tokens) {
+    int keep = block_manager_blocks_for(bm, n_tokens > 0 ? n_tokens : 0);
+    if (keep >= bt->n) return 0;
+    CHECK_MSG(keep >= bt->n_hashed && keep >= bt->n_dropped,
+              "truncating to %d blocks would drop registered or released blocks (%d hashed, %d dropped)", keep,
+              bt->n_hashed, bt->n_dropped);
+    int n = 0;
+    for (; bt->n > keep; n++)
+        block_unref(bm, bt->ids[--bt->n]);
+    return n;
+}
+
 void block_manager_release(struct block_manager *bm, struct block_table *bt) {
     for (int i = bt->n - 1; i >= bt->n_dropped; i--) block_unref(bm, bt->ids[i]);
     bt->n = 0;

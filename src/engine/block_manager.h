@@ -114,6 +114,12 @@ void block_manager_commit(struct block_manager *bm, struct block_table *bt, cons
 // Returns how many were dropped now.
 int block_manager_drop_before(struct block_manager *bm, struct block_table *bt, int first_needed);
 
+// Speculative decoding's rollback: shrinks bt to the blocks that hold n_tokens slots, releasing
+// the tail blocks that only held rejected draft slots (tail first). Those blocks are never
+// registered (only verified tokens enter the prefix cache), so they return to the free stack.
+// Returns how many were released.
+int block_manager_truncate(struct block_manager *bm, struct block_table *bt, int n_tokens);
+
 // Drops bt's references (tail first) and empties it.
 void block_manager_release(struct block_manager *bm, struct block_table *bt);
 

@@ -10,6 +10,7 @@
 // started, else the caller of atomc_engine_step). The loop thread sleeps on `wake` when
 // there is no work. Callbacks run without `mu` held.
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +89,51 @@ void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int
         *max_num_batched_tokens = *max_num_seqs;
 }
 
+atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min_n, int *max_n, int *max_batch,
+                                 struct error *err) {
+    *k = *min_n = *max_n = 0;
+    *max_batch = 0;
+    const char *m = o->speculative_method;
+    if (!m || !*m) {
+        if (o->num_speculative_tokens > 0)
+            return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                             "num_speculative_tokens %d given without a speculative method (\"ngram\")",
+                             o->num_speculative_tokens);
+        return ATOMC_OK;
+    }
+    if (!strcmp(m, "mtp") || !strcmp(m, "eagle3") || !strcmp(m, "eagle") || !strcmp(m, "draft_model"))
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "speculative method \"%s\" is not implemented yet; supported: \"ngram\"", m);
+    if (strcmp(m, "ngram") && strcmp(m, "[ngram]"))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "unknown speculative method \"%s\"; supported: \"ngram\"", m);
+    if (o->num_speculative_tokens < 1 || o->num_speculative_tokens > ATOMC_MAX_SPEC_TOKENS)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "num_speculative_tokens must be in 1..%d, got %d",
+                         ATOMC_MAX_SPEC_TOKENS, o->num_speculative_tokens);
+    int lo = o->prompt_lookup_min, hi = o->prompt_lookup_max;
+    if (lo < 0 || hi < 0)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "prompt_lookup_min (%d) and prompt_lookup_max (%d) must be >= 1", lo, hi);
+    if (!lo && !hi)
+        lo = hi = 5; // vLLM's defaults
+    else if (!lo)
+        lo = hi;
+    else if (!hi)
+        hi = lo;
+    if (lo > hi)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "prompt_lookup_min (%d) is larger than prompt_lookup_max (%d)", lo, hi);
+    int mb = o->speculative_disable_by_batch_size;
+    if (mb < -1)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "speculative_disable_by_batch_size must be >= 1, 0 (auto) or -1 (never), got %d", mb);
+    bool cuda = o->device && !strcmp(o->device, "cuda");
+    *max_batch = mb == -1 ? INT_MAX : mb > 0 ? mb : cuda ? 32 : 8;
+    *k = o->num_speculative_tokens;
+    *min_n = lo;
+    *max_n = hi;
+    return ATOMC_OK;
+}
+
 atomc_status engine_create_with(const atomc_engine_options *o, struct engine_setup *setup, atomc_engine **out,
                                 struct error *err) {
     *out = NULL;
@@ -120,6 +166,16 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
                        "max_model_len.",
                        e->max_model_len, (long)e->su.num_kv_blocks * e->block_size, e->su.num_kv_blocks,
                        e->block_size);
+    if (st == ATOMC_OK) st = engine_resolve_spec(o, &e->spec_k, &e->spec_min, &e->spec_max, &e->spec_max_batch, err);
+    if (st == ATOMC_OK && o->spec_forced_acceptance != 0) {
+        if (!(o->spec_forced_acceptance > 0 && o->spec_forced_acceptance <= 1))
+            st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "spec_forced_acceptance must be in (0, 1], got %g",
+                           o->spec_forced_acceptance);
+        else if (e->spec_k == 0)
+            st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "spec_forced_acceptance needs a speculative method");
+        else
+            e->spec_force = o->spec_forced_acceptance;
+    }
     if (st == ATOMC_OK && o->profile_dir && *o->profile_dir) {
         if (mkdir(o->profile_dir, 0755) != 0 && errno != EEXIST) {
             st = error_set(err, ATOMC_ERR_IO, "profile directory %s: %s", o->profile_dir, strerror(errno));

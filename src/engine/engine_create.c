@@ -95,8 +95,10 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
                        o->generation_config);
         goto fail;
     }
-    int max_seqs, max_tokens;
+    int max_seqs, max_tokens, spec_k, spec_min, spec_max, spec_batch;
     engine_resolve_limits(o, &max_seqs, &max_tokens);
+    // Speculative options are checked before the weights load; a decode with k drafts needs 1 + k rows.
+    if ((st = engine_resolve_spec(o, &spec_k, &spec_min, &spec_max, &spec_batch, &err)) != ATOMC_OK) goto fail;
     struct runner_options ro = {
         .model_path = o->model_path,
         .device = o->device ? o->device : "cpu",
@@ -109,6 +111,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
         .cpu_kv_cache_bytes = o->cpu_kv_cache_bytes,
         .max_num_seqs = max_seqs,
         .max_num_batched_tokens = max_tokens,
+        .max_logits_rows = max_seqs * (1 + spec_k),
         .max_model_len = o->max_model_len,
         .enforce_eager = o->enforce_eager,
         .num_threads = o->num_threads,

@@ -68,6 +68,11 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
 // on cpu; the token budget is raised to max_num_seqs when only the latter was given).
 void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int *max_num_batched_tokens);
 
+// Speculative decoding options after defaults and checks (k = 0: off; max_batch: drafts only in
+// steps with at most this many decoding sequences). Also called before the model is loaded.
+atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min_n, int *max_n, int *max_batch,
+                                 struct error *err);
+
 // For tests: the engine's block manager (only touch it between steps, loop thread stopped).
 struct block_manager *engine_block_manager(atomc_engine *e);
 // For tests: the model's CUDA graph replays so far (0 on the CPU or with --enforce-eager).
@@ -110,16 +115,24 @@ struct atomc_engine {
     // Loop-side counters.
     uint64_t prompt_tokens_total, generation_tokens_total, num_steps, num_finished, num_aborted;
 
+    // Speculative decoding (spec.h; options speculative_*): k = 0 is off.
+    int spec_k, spec_min, spec_max;
+    int spec_max_batch; // drafts only in steps with at most this many decoding sequences (INT_MAX: always)
+    double spec_force;  // BENCHMARK ONLY: forced acceptance probability (options.spec_forced_acceptance), 0 = off
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_accepted_pos[ATOMC_MAX_SPEC_TOKENS];
+
     // Per-step buffers, grown on demand, never shrunk (no per-token allocation). They back the
     // forward_batch that build_batch hands the model; capacities in *_cap.
     int32_t *b_tokens, *b_positions, *b_slots; // (n_tokens) ids, positions, KV slot of each new token
     int b_tok_cap;
     int32_t *b_qstart;                // (n_seqs + 1) prefix sums of new tokens
     int32_t *b_ctx;                   // (n_seqs) tokens in KV after the step
+    int b_seq_cap;
     int32_t *b_logit_rows;            // (n_logits) token row sampled for each finishing prefill / decode
+                                      // (1 + n_draft rows for a decode with drafts)
     struct sample_row *b_rows;        // (n_logits) sampling parameters of those rows
     struct sequence **b_row_seq;      // (n_logits) the sequence each row belongs to
-    int b_seq_cap;
+    int b_row_cap;
     int32_t *b_tables;                // (n_seqs, max_blocks_per_seq) block ids, zero-padded
     size_t b_tables_cap;
     int32_t *b_plp_rows, *b_plp_targets, *b_plp_pos; // (n_prompt_lp) prompt-logprob row, next id, position

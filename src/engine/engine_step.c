@@ -19,6 +19,7 @@
 #include "engine/engine_internal.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/spec.h"
 #include "engine/stop_checker.h"
 
 // --- small helpers ---------------------------------------------------------------------------
@@ -166,14 +167,22 @@ void engine_refresh_stats(atomc_engine *e) {
     st.num_steps = e->num_steps;
     st.num_requests_finished = e->num_finished;
     st.num_requests_aborted = e->num_aborted;
+    st.num_speculative_tokens = e->spec_k;
+    st.spec_num_drafts = e->spec_drafts;
+    st.spec_num_draft_tokens = e->spec_draft_tokens;
+    st.spec_num_accepted_tokens = e->spec_accepted;
+    memcpy(st.spec_accepted_per_pos, e->spec_accepted_pos, sizeof st.spec_accepted_per_pos);
     pthread_mutex_lock(&e->mu);
     e->stats = st;
     e->sched_seqs = st.num_running + st.num_waiting;
     pthread_mutex_unlock(&e->mu);
 }
 
-static void fill_sample_row(const atomc_engine *e, const struct sequence *s, struct sample_row *r) {
+// Row j of s's step: the sample a plain decode would draw at output position n_output + j, with
+// the drafts before it (tokens[n_tokens .. n_tokens + j)) as its latest outputs (spec.h).
+static void fill_sample_row(const atomc_engine *e, const struct sequence *s, int j, struct sample_row *r) {
     const atomc_sampling_params *p = &s->params;
+    int n_out = sequence_n_output(s) + j;
     memset(r, 0, sizeof *r);
     r->temperature = p->temperature;
     r->top_p = p->top_p;
@@ -183,13 +192,13 @@ static void fill_sample_row(const atomc_engine *e, const struct sequence *s, str
     r->frequency_penalty = p->frequency_penalty;
     r->repetition_penalty = p->repetition_penalty;
     r->seed = p->has_seed ? p->seed : mix64(e->seed ^ mix64(s->id));
-    r->step = (uint64_t)sequence_n_output(s);
+    r->step = (uint64_t)n_out;
     r->prompt_ids = s->tokens;
     r->n_prompt = s->n_prompt;
     r->output_ids = s->tokens + s->n_prompt;
-    r->n_output = sequence_n_output(s);
+    r->n_output = n_out;
     r->n_logprobs = p->logprobs > 0 ? p->logprobs : 0;
-    if (sequence_n_output(s) < p->min_tokens) {
+    if (n_out < p->min_tokens) {
         r->banned_ids = s->min_ban;
         r->n_banned = s->n_min_ban;
     }
@@ -232,9 +241,16 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
         size_t c = (size_t)e->b_seq_cap;
         e->b_qstart = xrealloc(e->b_qstart, c * sizeof *e->b_qstart);
         e->b_ctx = xrealloc(e->b_ctx, c * sizeof *e->b_ctx);
-        e->b_logit_rows = xrealloc(e->b_logit_rows, c * sizeof *e->b_logit_rows);
-        e->b_rows = xrealloc(e->b_rows, c * sizeof *e->b_rows);
-        e->b_row_seq = xrealloc(e->b_row_seq, c * sizeof *e->b_row_seq);
+    }
+    int rows_need = 0;
+    for (int i = 0; i < n_seqs; i++)
+        rows_need += 1 + so->seqs[i]->n_draft;
+    if (e->b_row_cap < rows_need) {
+        int c = e->max_num_seqs * (1 + e->spec_k);
+        e->b_row_cap = c > rows_need ? c : rows_need;
+        e->b_logit_rows = xrealloc(e->b_logit_rows, (size_t)e->b_row_cap * sizeof *e->b_logit_rows);
+        e->b_rows = xrealloc(e->b_rows, (size_t)e->b_row_cap * sizeof *e->b_rows);
+        e->b_row_seq = xrealloc(e->b_row_seq, (size_t)e->b_row_cap * sizeof *e->b_row_seq);
     }
     for (int i = 0; i < n_seqs; i++)
         if (so->seqs[i]->bt.n > max_blocks) max_blocks = so->seqs[i]->bt.n;
@@ -258,11 +274,13 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
         int32_t *row = e->b_tables + (size_t)i * max_blocks;
         memcpy(row, s->bt.ids, (size_t)s->bt.n * sizeof *row);
         for (int b = s->bt.n; b < max_blocks; b++) row[b] = 0; // padding, never read
-        if (s->n_computed + s->n_sched == s->n_tokens) {
-            e->b_logit_rows[n_logits] = tok - 1;
-            fill_sample_row(e, s, &e->b_rows[n_logits]);
-            e->b_row_seq[n_logits] = s;
-            n_logits++;
+        if (s->n_computed + s->n_sched == s->n_tokens + s->n_draft) { // the last known token and the drafts
+            for (int j = 0; j <= s->n_draft; j++) {
+                e->b_logit_rows[n_logits] = tok - 1 - s->n_draft + j;
+                fill_sample_row(e, s, j, &e->b_rows[n_logits]);
+                e->b_row_seq[n_logits] = s;
+                n_logits++;
+            }
         }
         bool wants_plp = s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent;
         if (wants_plp && add_prompt_logprob_rows(e, s, e->b_qstart[i], &n_plp) && s->params.prompt_logprobs > plp_k)
@@ -311,12 +329,125 @@ static void collect_prompt_logprobs(atomc_engine *e, const struct forward_batch 
     }
 }
 
+// Token t for s with row r's logprobs, through the output path (append, stop rules,
+// detokenization, callback). Returns true if s finished (then it is freed).
+static bool deliver_token(atomc_engine *e, struct sequence *s, const struct runner_output *ro, int r, int32_t t,
+                          double now) {
+    atomc_token_logprobs lp, *lpp = NULL;
+    if (s->params.logprobs >= 0) {
+        int k = s->params.logprobs;
+        e->o_top = grow(e->o_top, &e->o_top_cap, k + 1, sizeof *e->o_top);
+        for (int i = 0; i < k; i++) {
+            e->o_top[i].token = ro->top_ids[(size_t)r * ro->top_stride + i];
+            e->o_top[i].logprob = ro->top_logprobs[(size_t)r * ro->top_stride + i];
+        }
+        lp.token = t;
+        lp.logprob = ro->logprobs[r];
+        lp.n_top = k;
+        lp.top = e->o_top;
+        lpp = &lp;
+    }
+    if (t < 0 || t >= e->su.vocab_size) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the model produced an invalid token id %d", t);
+        engine_retire(e, s, ATOMC_FINISH_ERROR, 0, NULL, msg);
+        return true;
+    }
+    return process_token(e, s, t, lpp, now);
+}
+
+static bool deliver_row(atomc_engine *e, struct sequence *s, const struct runner_output *ro, int r, double now) {
+    return deliver_token(e, s, ro, r, ro->ids[r], now);
+}
+
+// BENCHMARK ONLY (spec_force): accepted drafts of a step by a chain of draws with probability
+// spec_force each, from (sequence, output position, draft index).
+static int forced_accepted_length(const atomc_engine *e, const struct sequence *s, int n_draft) {
+    int m = 0;
+    uint64_t h = mix64(s->id * 0x9e3779b97f4a7c15ull ^ (uint64_t)sequence_n_output(s));
+    while (m < n_draft && (double)(mix64(h + (uint64_t)m) >> 11) * 0x1.0p-53 < e->spec_force)
+        m++;
+    return m;
+}
+
+// Verification of s's drafts (spec.h) from its rows r .. r + n_draft: the accepted tokens and the
+// target's next one go through the output path one at a time (a stop among them ends s there);
+// the KV of accepted drafts counts as computed; the blocks that only held rejected drafts go
+// back to the pool and the verified full blocks enter the prefix cache.
+static void verify_drafts(atomc_engine *e, struct sequence *s, const struct runner_output *ro, int r, double now) {
+    int n_draft = s->n_draft, n0 = s->n_tokens;
+    int32_t draft[ATOMC_MAX_SPEC_TOKENS];
+    memcpy(draft, s->tokens + n0, (size_t)n_draft * sizeof *draft);
+    int m =
+        e->spec_force > 0 ? forced_accepted_length(e, s, n_draft) : spec_accepted_length(draft, n_draft, ro->ids + r);
+    e->spec_drafts++;
+    e->spec_draft_tokens += (uint64_t)n_draft;
+    e->spec_accepted += (uint64_t)m;
+    for (int j = 0; j < m; j++)
+        e->spec_accepted_pos[j]++;
+    if (m > 0)
+        s->spec_misses = 0;
+    else if (++s->spec_misses >= SPEC_OPT_OUT_MISSES) {
+        s->spec_pause = SPEC_OPT_OUT_PAUSE;
+        s->spec_misses = 0;
+    }
+    s->n_draft = 0;
+    for (int j = 0; j <= m; j++) {
+        if (j > 0) s->n_computed++; // the KV of draft j (== the token just delivered) is in the cache
+        int32_t t = j < m ? draft[j] : ro->ids[r + j]; // == ro->ids[r + j] unless forced
+        if (deliver_token(e, s, ro, r + j, t, now)) return;
+    }
+    block_manager_truncate(e->bm, &s->bt, s->n_tokens);
+    block_manager_commit(e->bm, &s->bt, s->tokens, s->n_computed);
+}
+
+// Proposes the drafts of this step's decoding sequences (before scheduling; the scheduler may cut
+// them). None when more sequences decode than spec_max_batch (verification would cost more than
+// it saves at that batch), for requests that opted out, and for sequences paused by the opt-out
+// rule; at most what the sequence may still output minus the target's own token.
+static void propose_drafts(atomc_engine *e) {
+    struct scheduler *sc = e->sched;
+    int n_dec = 0;
+    for (int i = 0; i < sc->n_running; i++)
+        n_dec += sequence_n_remaining(sc->running[i]) == 1;
+    if (n_dec == 0 || n_dec > e->spec_max_batch) return;
+    for (int i = 0; i < sc->n_running; i++) {
+        struct sequence *s = sc->running[i];
+        s->n_draft = 0;
+        if (sequence_n_remaining(s) != 1 || s->params.no_speculation) continue;
+        if (s->spec_pause > 0) {
+            s->spec_pause--;
+            continue;
+        }
+        int k = s->max_output - sequence_n_output(s) - 1;
+        if (k > e->spec_k) k = e->spec_k;
+        if (k <= 0) continue;
+        if (s->n_tokens + k > s->cap) {
+            while (s->n_tokens + k > s->cap)
+                s->cap *= 2;
+            s->tokens = xrealloc(s->tokens, (size_t)s->cap * sizeof *s->tokens);
+        }
+        if (e->spec_force > 0) { // BENCHMARK ONLY: k drafts always (the last token repeated)
+            for (int j = 0; j < k; j++)
+                s->tokens[s->n_tokens + j] = s->tokens[s->n_tokens - 1];
+            s->n_draft = k;
+            continue;
+        }
+        s->n_draft = spec_ngram_propose(s->tokens, s->n_tokens, e->spec_min, e->spec_max, k, s->tokens + s->n_tokens);
+    }
+}
+
 int atomc_engine_step(atomc_engine *e) {
     pthread_mutex_lock(&e->mu);
     bool foreign = e->thread_on && !pthread_equal(pthread_self(), e->thread);
     pthread_mutex_unlock(&e->mu);
     CHECK_MSG(!foreign, "atomc_engine_step called while the engine's loop thread runs");
     engine_drain_inbox(e);
+    if (e->spec_k > 0) {
+        trace_begin(e->trace, "propose");
+        propose_drafts(e);
+        trace_end(e->trace, "propose");
+    }
     double now = time_now_s();
     struct scheduler_output so;
     trace_begin(e->trace, "schedule");
@@ -359,30 +490,14 @@ int atomc_engine_step(atomc_engine *e) {
     scheduler_complete_step(e->sched);
     if (fb.n_prompt_lp) collect_prompt_logprobs(e, &fb, &ro);
     now = time_now_s();
-    for (int r = 0; r < fb.n_logits; r++) {
+    for (int r = 0; r < fb.n_logits;) {
         struct sequence *s = e->b_row_seq[r];
-        atomc_token_logprobs lp, *lpp = NULL;
-        if (s->params.logprobs >= 0) {
-            int k = s->params.logprobs;
-            e->o_top = grow(e->o_top, &e->o_top_cap, k + 1, sizeof *e->o_top);
-            for (int t = 0; t < k; t++) {
-                e->o_top[t].token = ro.top_ids[(size_t)r * ro.top_stride + t];
-                e->o_top[t].logprob = ro.top_logprobs[(size_t)r * ro.top_stride + t];
-            }
-            lp.token = ro.ids[r];
-            lp.logprob = ro.logprobs[r];
-            lp.n_top = k;
-            lp.top = e->o_top;
-            lpp = &lp;
-        }
-        int32_t t = ro.ids[r];
-        if (t < 0 || t >= e->su.vocab_size) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "the model produced an invalid token id %d", t);
-            engine_retire(e, s, ATOMC_FINISH_ERROR, 0, NULL, msg);
-            continue;
-        }
-        process_token(e, s, t, lpp, now);
+        int n_rows = 1 + s->n_draft;
+        if (s->n_draft > 0)
+            verify_drafts(e, s, &ro, r, now);
+        else
+            deliver_row(e, s, &ro, r, now);
+        r += n_rows;
     }
     engine_refresh_stats(e);
     trace_end(e->trace, "postprocess");

@@ -109,6 +109,7 @@ static void preempt(struct scheduler *s, int i, int *n_preempted) {
     running_remove_at(s, i);
     block_manager_release(s->bm, &seq->bt);
     seq->n_computed = 0;
+    seq->n_draft = 0;
     seq->status = SEQ_STATUS_WAITING;
     seq->n_preemptions++;
     waiting_push_front(s, seq);
@@ -175,6 +176,20 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
     }
     out->n_decodes = s->n_scheduled;
 
+    // Pass 1b: draft tokens of the decodes, in admission order, from what the budget and the free
+    // pool hold after every decode has its one token; never by preempting (no room: no drafts).
+    for (int i = 0; i < s->n_running; i++) {
+        struct sequence *seq = s->running[i];
+        if (seq->n_draft == 0) continue;
+        int d = seq->n_sched == 1 && sequence_n_remaining(seq) == 1 ? seq->n_draft : 0;
+        if (d > budget) d = budget;
+        if (d > 0 && !block_manager_allocate(s->bm, &seq->bt, seq->n_computed + 1 + d)) d = 0;
+        seq->n_draft = d;
+        seq->n_sched += d;
+        budget -= d;
+        n_tokens += d;
+    }
+
     // Pass 2: ongoing chunked prefills, oldest first.
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         struct sequence *seq = s->running[i];
@@ -234,7 +249,9 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
 void scheduler_complete_step(struct scheduler *s) {
     for (int i = 0; i < s->n_scheduled; i++) {
         struct sequence *seq = s->scheduled[i];
-        seq->n_computed += seq->n_sched;
+        // Draft tokens are not computed yet as far as the sequence knows: verification (the
+        // engine) adds the accepted ones.
+        seq->n_computed += seq->n_sched - seq->n_draft;
         CHECK(seq->n_computed <= seq->n_tokens);
         seq->n_sched = 0;
     }
@@ -248,6 +265,7 @@ void scheduler_remove(struct scheduler *s, struct sequence *seq) {
     for (int j = 0; j < s->n_scheduled; j++)
         if (s->scheduled[j] == seq) { // removed mid-step: drop it from this step's list
             seq->n_sched = 0;
+            seq->n_draft = 0;
             memmove(s->scheduled + j, s->scheduled + j + 1, (size_t)(s->n_scheduled - j - 1) * sizeof *s->scheduled);
             s->n_scheduled--;
             break;

@@ -11,6 +11,10 @@
 //   3. admissions from the waiting queue, strictly FCFS (the head blocks the queue when it does
 //      not fit): prefix-cache lookup, then a first chunk of min(remaining, budget) tokens cut
 //      down to the free blocks. No admissions in a step that preempted (it would only thrash).
+//   1b. speculative decoding: each decode that carries n_draft proposed tokens (sequence.h) gets
+//      them too, as far as the budget left and the free pool allow (all or none of a sequence's
+//      drafts); a decode whose drafts do not fit just decodes without them (nothing is preempted
+//      for drafts). Its n_sched is then 1 + n_draft;
 // Decodes therefore never wait behind a long prompt (the budget must be >= max_num_seqs), and
 // a long prompt is spread over as many steps as its length needs. New prompts are admitted as
 // soon as a slot, budget and blocks allow (prefill-first admission).
@@ -73,7 +77,8 @@ void scheduler_add(struct scheduler *s, struct sequence *seq); // to the back of
 // their blocks, sets t_first_scheduled on first admission.
 void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output *out);
 
-// After the forward pass: n_computed += n_sched for each scheduled sequence, n_sched reset.
+// After the forward pass: n_computed += n_sched - n_draft for each scheduled sequence (drafts
+// count only once verified: the engine adds the accepted ones), n_sched reset.
 // (Blocks a step fills are registered in the prefix cache when it is scheduled; if the forward
 // pass fails, the caller must drop them: block_manager_reset_prefix_cache once the batch's
 // sequences are released.)

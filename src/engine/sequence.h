@@ -7,6 +7,12 @@
 // n_tokens, the last row's logits are sampled and the new token is appended. A decode is
 // simply n_tokens - n_computed == 1. Preemption drops the KV (n_computed = 0) but keeps the
 // tokens, so the recompute re-prefills prompt + generated tokens.
+//
+// Speculative decoding: a decoding sequence may carry n_draft proposed tokens, stored right
+// after the known ones in tokens[n_tokens .. n_tokens + n_draft) (so penalty histories and the
+// forward batch read them like any token). They are not part of n_tokens: a step schedules
+// n_sched = 1 + n_draft tokens, verification appends the accepted ones (and the target's own
+// next token) through the normal output path, and n_computed then covers only verified tokens.
 #ifndef ATOMC_ENGINE_SEQUENCE_H
 #define ATOMC_ENGINE_SEQUENCE_H
 
@@ -41,6 +47,12 @@ struct sequence {
     int n_sched;             // tokens scheduled this step (0 = not scheduled)
     bool admitted_once;
     int n_preemptions;
+
+    // Speculative decoding (see the top comment). n_draft is set by the proposer before a step
+    // and cut (or zeroed) by the scheduler; it is 0 outside the step.
+    int n_draft;
+    uint32_t spec_misses; // drafted steps in a row without an accepted draft (opt-out rule, spec.h)
+    uint32_t spec_pause;  // steps left without drafts (opt-out rule)
 
     // Request parameters (owned copies).
     atomc_sampling_params params; // params.stop / stop_token_ids point into the fields below

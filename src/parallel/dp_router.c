@@ -161,6 +161,12 @@ void dp_router_get_stats(struct dp_router *r, atomc_stats *s) {
         s->num_requests_finished += x.num_requests_finished;
         s->num_requests_aborted += x.num_requests_aborted;
         s->prefix_cache_evictions += x.prefix_cache_evictions;
+        s->num_speculative_tokens = x.num_speculative_tokens; // the same options in every replica
+        s->spec_num_drafts += x.spec_num_drafts;
+        s->spec_num_draft_tokens += x.spec_num_draft_tokens;
+        s->spec_num_accepted_tokens += x.spec_num_accepted_tokens;
+        for (int p = 0; p < ATOMC_MAX_SPEC_TOKENS; p++)
+            s->spec_accepted_per_pos[p] += x.spec_accepted_per_pos[p];
     }
     s->kv_cache_usage = s->num_kv_blocks ? 1.0 - (double)s->num_free_kv_blocks / s->num_kv_blocks : 0;
 }

@@ -480,7 +480,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     r->max_tokens = o->max_num_batched_tokens > 0 ? o->max_num_batched_tokens : (b->kind == BACKEND_CPU ? 2048 : 8192);
     if (r->max_tokens < r->max_seqs) r->max_tokens = r->max_seqs;
     r->max_blocks = (r->max_model_len + r->block_size - 1) / r->block_size;
-    r->max_rows = r->max_seqs;
+    r->max_rows = o->max_logits_rows > r->max_seqs ? o->max_logits_rows : r->max_seqs;
+    if (r->max_rows > r->max_tokens) r->max_rows = r->max_tokens; // rows are token rows (max_tokens >= max_seqs)
 
     struct model_load_options lo = {.files = files, .dummy_seed = o->dummy_seed, .weight_dtype = wdt,
                                     .kv_dtype = r->kv_dtype, .block_size = r->block_size, .tp_rank = o->tp_rank,

@@ -87,6 +87,7 @@ struct runner_options {
     size_t cpu_kv_cache_bytes;
     int max_num_seqs;
     int max_num_batched_tokens;
+    int max_logits_rows; // logits rows per step; 0 = max_num_seqs (speculative decoding: max_num_seqs * (1 + k))
     int max_model_len;
     bool enforce_eager;
     int num_threads;

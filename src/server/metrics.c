@@ -188,6 +188,20 @@ int metrics_render(const struct metrics *m, const atomc_stats *s, char **buf, si
     out_counter(&o, lbl, "vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
                 s->prefix_cache_hits);
     out_counter(&o, lbl, "atomc:engine_steps_total", "Engine steps run.", s->num_steps);
+    if (s->num_speculative_tokens > 0) { // speculative decoding on: vLLM's spec_decode counters
+        out_counter(&o, lbl, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",
+                    s->spec_num_drafts);
+        out_counter(&o, lbl, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
+                    s->spec_num_draft_tokens);
+        out_counter(&o, lbl, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
+                    s->spec_num_accepted_tokens);
+        out_header(&o, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                   "Accepted tokens per draft position.");
+        for (int i = 0; i < s->num_speculative_tokens && i < ATOMC_MAX_SPEC_TOKENS; i++)
+            out_printf(&o,
+                       "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %llu\n",
+                       lbl, i, (unsigned long long)s->spec_accepted_per_pos[i]);
+    }
 
     static const char *reasons[METRICS_FINISH_COUNT] = {"stop", "length", "abort", "error"};
     out_header(&o, "vllm:request_success_total", "counter", "Count of finished requests by finish reason.");

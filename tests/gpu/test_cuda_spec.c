@@ -1,0 +1,67 @@
+// Speculative decoding (ngram, k = 4) on the CUDA backend: the engine scenarios of
+// tests/engine_model_scenarios.h with spec_k set, so the runs under test carry draft tokens
+// (verify steps of 1 + k query tokens per sequence, run eagerly; steps without drafts still
+// replay the decode graphs) and the references ("alone", without speculation) do not. BF16
+// tolerances as in tests/gpu/test_cuda_engine.c (its top comment): tokens equal up to a near tie
+// of the reference (margin < 0.3), logprobs within 0.3 while the contexts agree. Runs only where a
+// GPU is (make CUDA=1 gpu-tests; build-cuda/tests/gpu/test_cuda_spec); without one every test
+// prints why and passes.
+//
+// Benchmark commands for the H200 (the serving issue runs them): the verify path at a chosen
+// acceptance on random weights,
+//   build-cuda/atomc bench throughput --device cuda --model bench/configs/llama3_1_8b.json --load-format dummy
+//       --num-prompts 64 --input-len 1024 --output-len 256 --method ngram --num-speculative-tokens 4
+//       --spec-forced-acceptance 0.7 --max-num-seqs 1    (and 4, 16, 64: the fall-back rule)
+// and SmolLM2's copy-heavy workload with real drafts:
+//   make CUDA=1 bench && build-cuda/bench/spec_ngram_bench SmolLM2-135M-Instruct.Q4_1.gguf 4 0 128 1,4,16,32 copy cuda
+#include <stdio.h>
+
+#include "backend/backend.h"
+#include "engine_model_scenarios.h"
+#include "test.h"
+
+#define CUDA_SPEC(eager)                                                                                               \
+    {                                                                                                                  \
+        .device = "cuda", .enforce_eager = (eager), .margin_tol = 0.3f, .lp_tol = 0.3f, .lp_tol_cached = 0.3f,         \
+        .min_clear = 0.3, .spec_k = 4                                                                                  \
+    }
+static const struct es_setup GRAPHS = CUDA_SPEC(false), EAGER = CUDA_SPEC(true);
+
+static bool gpu_present(void) {
+    static int state = -1;
+    if (state < 0) {
+        struct backend *b = NULL;
+        struct error err = {0};
+        struct backend_options o = {.device_id = 0, .kv_pool_bytes = 16u << 20};
+        state = backend_create("cuda", &o, &b, &err) == ATOMC_OK;
+        if (state)
+            backend_destroy(b);
+        else
+            fprintf(stderr, "  no CUDA backend (%s): skipped\n", err.msg);
+    }
+    return state == 1;
+}
+
+TEST(cuda_spec_batched_under_preemption_equals_alone) {
+    if (!gpu_present()) return;
+    es_batched_under_preemption_equals_alone(&GRAPHS, "llama_gqa");
+}
+
+TEST(cuda_spec_prefix_hit_identical_to_cold) {
+    if (!gpu_present()) return;
+    es_prefix_hit_identical_to_cold(&EAGER, "qwen3");
+}
+
+TEST(cuda_spec_random_stress_equals_alone) {
+    if (!gpu_present()) return;
+    es_random_stress_equals_alone(&GRAPHS, "llama_gqa", 0x5eed1234ull, 32);
+}
+
+TEST(cuda_spec_moe_random_stress_eager) {
+    if (!gpu_present()) return;
+    es_random_stress_equals_alone(&EAGER, "mixtral", 0x5eed1234ull, 24);
+}
+
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}
