@@ -5,7 +5,7 @@
 // tolerances as in tests/gpu/test_cuda_engine.c (its top comment): tokens equal up to a near tie
 // of the reference (margin < 0.3), logprobs within 0.3 while the contexts agree. Runs only where a
 // GPU is (make CUDA=1 gpu-tests; build-cuda/tests/gpu/test_cuda_spec); without one every test
-// prints why and passes.
+// is skipped with the reason (a failure under ATOMC_REQUIRE_FIXTURES=1).
 //
 // Benchmark commands for the H200 (the serving issue runs them): the verify path at a chosen
 // acceptance on random weights,
@@ -43,22 +43,22 @@ static bool gpu_present(void) {
 }
 
 TEST(cuda_spec_batched_under_preemption_equals_alone) {
-    if (!gpu_present()) return;
+    if (!gpu_present()) SKIP("no CUDA device");
     es_batched_under_preemption_equals_alone(&GRAPHS, "llama_gqa");
 }
 
 TEST(cuda_spec_prefix_hit_identical_to_cold) {
-    if (!gpu_present()) return;
+    if (!gpu_present()) SKIP("no CUDA device");
     es_prefix_hit_identical_to_cold(&EAGER, "qwen3");
 }
 
 TEST(cuda_spec_random_stress_equals_alone) {
-    if (!gpu_present()) return;
+    if (!gpu_present()) SKIP("no CUDA device");
     es_random_stress_equals_alone(&GRAPHS, "llama_gqa", 0x5eed1234ull, 32);
 }
 
 TEST(cuda_spec_moe_random_stress_eager) {
-    if (!gpu_present()) return;
+    if (!gpu_present()) SKIP("no CUDA device");
     es_random_stress_equals_alone(&EAGER, "mixtral", 0x5eed1234ull, 24);
 }
 
