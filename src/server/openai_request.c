@@ -1,6 +1,7 @@
 // OpenAI request parsing and validation (contract in openai_request.h).
 #include "server/openai_request.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -98,6 +99,28 @@ static int read_number(const json_t *v, const char *name, double *out, struct oa
     double d = json_number_value(v);
     if (!isfinite(d)) return oai_error_set(e, 400, name, "'%s' must be finite", name);
     *out = d;
+    return 0;
+}
+
+// A sampling parameter the engine holds as a float: read as a double, converted to float, and
+// range-checked on the converted value, so what is checked is what the engine gets (1e308 would
+// become inf, a positive 5e-324 would become 0). The range is [lo, hi], or (lo, hi] with lo_open.
+static int read_float(const json_t *v, const char *name, double lo, bool lo_open, double hi, float *out,
+                      struct oai_error *e) {
+    double d = 0;
+    if (read_number(v, name, &d, e)) return -1;
+    float f = (float)d;
+    if (!isfinite(f))
+        return oai_error_set(e, 400, name, "'%s' = %g is out of range (it must fit a 32-bit float, |x| <= %g)", name, d,
+                             (double)FLT_MAX);
+    if ((lo_open ? !(f > lo) : !(f >= lo)) || !(f <= hi)) {
+        if (hi >= FLT_MAX)
+            return oai_error_set(e, 400, name, "'%s' must be %s %g, got %g%s", name, lo_open ? ">" : ">=", lo, d,
+                                 f == 0.0f && d != 0.0 ? " (0 as a 32-bit float)" : "");
+        return oai_error_set(e, 400, name, "'%s' must be in %c%g, %g], got %g%s", name, lo_open ? '(' : '[', lo, hi, d,
+                             f == 0.0f && d != 0.0 ? " (0 as a 32-bit float)" : "");
+    }
+    *out = f;
     return 0;
 }
 
@@ -352,7 +375,6 @@ struct parse_ctx {
 static int parse_field(const struct field *f, const char *key, const json_t *v, const struct oai_limits *lim,
                        struct oai_request *r, struct parse_ctx *pc, struct oai_error *e) {
     atomc_sampling_params *p = &r->params;
-    double d;
     long long x;
     bool b;
     switch (f->id) {
@@ -385,25 +407,13 @@ static int parse_field(const struct field *f, const char *key, const json_t *v, 
         p->max_tokens = (int)x;
         r->max_tokens_set = true;
         return 0;
-    case F_TEMPERATURE:
-        if (read_number(v, key, &d, e)) return -1;
-        if (d < 0) return oai_error_set(e, 400, key, "'temperature' must be >= 0, got %g", d);
-        p->temperature = (float)d;
-        return 0;
-    case F_TOP_P:
-        if (read_number(v, key, &d, e)) return -1;
-        if (!(d > 0 && d <= 1)) return oai_error_set(e, 400, key, "'top_p' must be in (0, 1], got %g", d);
-        p->top_p = (float)d;
-        return 0;
+    case F_TEMPERATURE: return read_float(v, key, 0, false, FLT_MAX, &p->temperature, e);
+    case F_TOP_P: return read_float(v, key, 0, true, 1, &p->top_p, e);
     case F_TOP_K:
         if (read_int(v, key, -1, 1 << 30, &x, e)) return -1;
         p->top_k = (int)x;
         return 0;
-    case F_MIN_P:
-        if (read_number(v, key, &d, e)) return -1;
-        if (!(d >= 0 && d <= 1)) return oai_error_set(e, 400, key, "'min_p' must be in [0, 1], got %g", d);
-        p->min_p = (float)d;
-        return 0;
+    case F_MIN_P: return read_float(v, key, 0, false, 1, &p->min_p, e);
     case F_SEED:
         if (!json_is_integer(v)) return oai_error_set(e, 400, key, "'seed' must be an integer, got %s", json_type_name(v));
         p->has_seed = true;
@@ -432,18 +442,10 @@ static int parse_field(const struct field *f, const char *key, const json_t *v, 
         if (read_int(v, key, 0, lim->max_logprobs, &x, e)) return -1;
         pc->top_logprobs = x;
         return 0;
-    case F_PRESENCE_PENALTY:
-    case F_FREQUENCY_PENALTY:
-        if (read_number(v, key, &d, e)) return -1;
-        if (d < -2 || d > 2) return oai_error_set(e, 400, key, "'%s' must be in [-2, 2], got %g", key, d);
-        if (f->id == F_PRESENCE_PENALTY) p->presence_penalty = (float)d;
-        else p->frequency_penalty = (float)d;
-        return 0;
-    case F_REPETITION_PENALTY:
-        if (read_number(v, key, &d, e)) return -1;
-        if (!(d > 0 && d <= 100)) return oai_error_set(e, 400, key, "'repetition_penalty' must be in (0, 100], got %g", d);
-        p->repetition_penalty = (float)d;
-        return 0;
+    case F_PRESENCE_PENALTY: return read_float(v, key, -2, false, 2, &p->presence_penalty, e);
+    case F_FREQUENCY_PENALTY: return read_float(v, key, -2, false, 2, &p->frequency_penalty, e);
+    // (0, 2] is the engine's range (engine.c validate_params); checked here so the error names it.
+    case F_REPETITION_PENALTY: return read_float(v, key, 0, true, 2, &p->repetition_penalty, e);
     case F_IGNORE_EOS: return read_bool(v, key, &p->ignore_eos, e);
     case F_MIN_TOKENS:
         if (read_int(v, key, 0, 1 << 30, &x, e)) return -1;
