@@ -83,6 +83,12 @@ static const struct flag flags[] = {
      "enable POST /start_profile and /stop_profile: per-step Chrome traces written here"},
     {"--max-n", FLAG_INT, A(so.max_n), "64", "largest accepted n (choices per request)"},
     {"--max-request-body-bytes", FLAG_SIZE, A(so.max_body_bytes), "32 MiB", "larger request bodies get 413"},
+    {"--max-connections", FLAG_INT, A(so.max_connections), "descriptor limit less 1/8 (at least 64)",
+     "open connections at most; past it the oldest one without a request in progress is closed"},
+    {"--timeout-keep-alive", FLAG_DOUBLE, A(so.timeout_keep_alive_s), "5",
+     "seconds a connection without a request in progress may stay silent"},
+    {"--timeout-request-read", FLAG_DOUBLE, A(so.request_read_timeout_s), "60",
+     "seconds a request (headers and body) may take to arrive after its first byte"},
     {"--shutdown-timeout", FLAG_DOUBLE, A(so.drain_timeout_s), "30",
      "seconds SIGTERM waits for in-flight requests before aborting them"},
 };

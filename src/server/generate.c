@@ -176,7 +176,7 @@ static void clear_closecb(struct srv_req *r) {
         r->close_watch = NULL;
     }
     if (r->conn && !r->client_gone) {
-        evhttp_connection_set_closecb(r->conn, NULL, NULL);
+        server_conn_set_closecb(r->srv, r->conn, NULL, NULL);
         struct timeval tv = idle_tv(r->srv);
         evhttp_connection_set_timeout_tv(r->conn, &tv);
     }
@@ -808,7 +808,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         if (r->n_done == r->n_choices) finish_response(r);
         return;
     }
-    evhttp_connection_set_closecb(r->conn, on_conn_close, r);
+    server_conn_set_closecb(s, r->conn, on_conn_close, r);
     connection_timeouts_for_generation(r);
     if (q->stream) {
         stream_begin(r); // libevent notices a vanished client on the next write

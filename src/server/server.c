@@ -30,6 +30,8 @@ void server_options_init(struct server_options *o) {
     o->drain_timeout_s = 30;
     o->max_pending_output_bytes = 64u << 20;
     o->idle_timeout_s = 300;
+    o->timeout_keep_alive_s = 5;
+    o->request_read_timeout_s = 60;
     o->install_signal_handlers = true;
 }
 
@@ -475,9 +477,13 @@ static bool authorized(struct server *s, struct evhttp_request *req) {
     return key_equal(h, s->api_key);
 }
 
+static void on_response_written(struct evhttp_request *req, void *arg);
+
 static void on_request(struct evhttp_request *req, void *arg) {
     struct server *s = arg;
     s->metrics.http_requests_total++;
+    server_conn_request_begin(s, req);
+    evhttp_request_set_on_complete_cb(req, on_response_written, s);
     adopt_engine(s);
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
@@ -572,8 +578,13 @@ static void maybe_finish_drain(struct server *s) {
     }
 }
 
+// Every response's on_complete callback (set in on_request; generate.c's final responses use
+// server_reply_done, which also counts them for the drain).
+static void on_response_written(struct evhttp_request *req, void *arg) { server_conn_request_end(arg, req); }
+
 void server_reply_done(struct evhttp_request *req, void *arg) {
     struct server *s = arg;
+    server_conn_request_end(s, req);
     s->n_writing--;
     maybe_finish_drain(s);
 }
@@ -599,10 +610,7 @@ static void on_drain_timeout(evutil_socket_t fd, short what, void *arg) {
 static void begin_drain(struct server *s) {
     if (s->draining) return;
     s->draining = true;
-    if (s->bound) {
-        evhttp_del_accept_socket(s->http, s->bound);
-        s->bound = NULL;
-    }
+    server_conn_stop_accepting(s);
     LOG_INFO("shutdown: no longer accepting connections; draining %d in-flight requests (up to %.0f s)", s->n_active,
              s->opt.drain_timeout_s);
     if (s->n_active == 0) {
@@ -650,6 +658,7 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
     s->opt.api_key = s->api_key;
     pthread_mutex_init(&s->mu, NULL);
     s->wake_fd = -1;
+    s->reserve_fd = -1;
     metrics_init(&s->metrics, s->model_names[0]);
     oai_limits_init(&s->limits, 0);
     s->rng = time_now_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ull;
@@ -680,11 +689,7 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
                            (suseconds_t)((o->idle_timeout_s - (time_t)o->idle_timeout_s) * 1e6)};
     evhttp_set_timeout_tv(s->http, &idle);
     evhttp_set_gencb(s->http, on_request, s);
-    s->bound = evhttp_bind_socket_with_handle(s->http, s->host, (ev_uint16_t)o->port);
-    if (!s->bound) {
-        error_set(err, ATOMC_ERR_IO, "cannot listen on %s:%d: %s", s->host, o->port, strerror(errno));
-        goto fail;
-    }
+    if (server_conn_listen(s, err) != ATOMC_OK) goto fail;
     {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
@@ -744,6 +749,7 @@ void server_free(struct server *s) {
         r->http = NULL;
         srv_req_unref(r);
     }
+    server_conn_free(s);
     if (s->wake_ev) event_free(s->wake_ev);
     if (s->sig_int) event_free(s->sig_int);
     if (s->sig_term) event_free(s->sig_term);

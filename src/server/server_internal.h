@@ -21,6 +21,16 @@ extern const char server_openapi_json[];
 #define SERVER_UNHEALTHY_AFTER_ERRORS 8
 
 struct srv_req;
+struct srv_conn;
+
+// Repeated log lines (accept errors under descriptor exhaustion, shed connections) are written
+// at most once per SERVER_LOG_LIMIT_S with the number of occurrences in between.
+#define SERVER_LOG_LIMIT_S 10.0
+struct server_log_limit {
+    double t_last;
+    unsigned long long count;
+};
+void server_log_limited(struct server_log_limit *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 struct server {
     struct server_options opt;
@@ -32,6 +42,7 @@ struct server {
     struct event_base *base;
     struct evhttp *http;
     struct evhttp_bound_socket *bound;
+    struct evconnlistener *listener; // ours (server_conn.c), handed to evhttp; NULL once draining
     int port;
     struct event *wake_ev;   // reads wake_fd
     int wake_fd;             // eventfd: engine thread -> loop
@@ -45,6 +56,17 @@ struct server {
     char failed_msg[256];
     bool shutdown_requested;
     struct server_engine eng_pending; // set by server_attach_engine, adopted on the loop thread
+
+    // loop thread only: connections (server_conn.c)
+    struct srv_conn *conns, *conns_tail; // open connections, oldest first
+    int n_conns, max_connections;
+    struct srv_conn **conn_by_fd;        // fd -> connection
+    int conn_by_fd_cap;
+    struct bufferevent **pending;        // connections being made, registered by pending_ev
+    int n_pending, cap_pending;
+    struct event *pending_ev, *sweep_ev, *backoff_ev;
+    int reserve_fd;                      // shed a connection when accept() runs out of descriptors
+    struct server_log_limit log_accept, log_cap, log_slow;
 
     // loop thread only
     struct server_engine eng;
@@ -149,6 +171,17 @@ bool server_check_model(struct server *s, const char *model, struct oai_error *e
 extern const char server_openapi_json[];
 
 void server_reply_done(struct evhttp_request *req, void *arg); // on_complete_cb: arg = server
+
+// server_conn.c
+atomc_status server_conn_listen(struct server *s, struct error *err); // binds s->opt.host:port
+void server_conn_stop_accepting(struct server *s);
+void server_conn_free(struct server *s); // after evhttp_free
+// The router got a request on its connection / the response to it was written out.
+void server_conn_request_begin(struct server *s, struct evhttp_request *req);
+void server_conn_request_end(struct server *s, struct evhttp_request *req);
+// evhttp_connection_set_closecb for the server's connections (which need their own close callback).
+void server_conn_set_closecb(struct server *s, struct evhttp_connection *evcon, void (*cb)(struct evhttp_connection *, void *),
+                             void *arg);
 
 // generate.c
 void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endpoint ep);
