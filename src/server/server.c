@@ -59,13 +59,20 @@ static const char *reason_phrase(int code) {
     return NULL;
 }
 
+void server_hold_reads(struct evhttp_connection *conn) {
+    struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
+    if (bev) bufferevent_disable(bev, EV_READ);
+}
+
 static void send_body(struct server *s, struct evhttp_request *req, int code, const char *ctype, const char *body,
                       size_t len) {
     if (code >= 400 && code < 600) s->metrics.http_errors_total[code / 100]++;
     add_common_headers(req, ctype);
     struct evbuffer *b = evbuffer_new();
     evbuffer_add(b, body, len);
+    struct evhttp_connection *conn = evhttp_request_get_connection(req); // req may be gone after the send
     evhttp_send_reply(req, code, reason_phrase(code), b);
+    server_hold_reads(conn);
     evbuffer_free(b);
 }
 
@@ -699,9 +706,13 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
             else if (ss.ss_family == AF_INET6) s->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
         }
     }
+    {
+        // Writing to a client that has gone must fail with EPIPE, not kill the process: libevent
+        // writes with writev. Left alone if the program already handles SIGPIPE.
+        struct sigaction old;
+        if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+    }
     if (o->install_signal_handlers) {
-        // The drain must not be cut short by SIGPIPE from a vanished client.
-        signal(SIGPIPE, SIG_IGN);
         s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
         s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
         evsignal_add(s->sig_int, NULL);

@@ -161,6 +161,12 @@ struct srv_req {
 };
 
 // server.c
+// After each write of a response: evhttp re-enables reading on every write to notice a closed
+// client, and treats end of input as a close, which cuts the response to a client that only shut
+// down its write side (half-close). Reads stay off while a response is being written; a client that
+// really left is noticed by the write failing, and evhttp reads the next request once the
+// response is written out.
+void server_hold_reads(struct evhttp_connection *conn);
 void server_send_error(struct server *s, struct evhttp_request *req, const struct oai_error *e);
 void server_send_json(struct server *s, struct evhttp_request *req, int code, json_t *body); // steals body
 void server_ready_push(struct server *s, struct srv_req *r); // any thread

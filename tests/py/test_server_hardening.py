@@ -203,3 +203,46 @@ def test_idle_keep_alive_connection_is_closed_after_timeout():
         c.close()
     finally:
         assert s.stop() == 0, s.read_log()
+
+
+def half_closed_request(port, body):
+    """Sends one POST, shuts down the write side, reads until the server closes: the bytes."""
+    payload = json.dumps(body).encode()
+    c = socket.create_connection(("127.0.0.1", port), timeout=30)
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    c.shutdown(socket.SHUT_WR)
+    out = b""
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        out += d
+    c.close()
+    # An interim 100 Continue may come first (the server's probe for a closed socket).
+    while out.startswith(b"HTTP/1.1 1"):
+        out = out.partition(b"\r\n\r\n")[2]
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_srv():
+    s = Server(SMOLLM2, "--max-model-len", "256", "--max-num-seqs", "4")
+    yield s
+    assert s.stop() == 0, s.read_log()
+
+
+def test_half_closed_client_gets_its_full_response(plain_srv):
+    """Issue 28 item 6: end of input after a complete request is not an abort."""
+    for _ in range(3):
+        out = half_closed_request(plain_srv.port, {"prompt": "The sea", "max_tokens": 8, "temperature": 0})
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), out[:300]
+        r = json.loads(body)
+        assert r["usage"]["completion_tokens"] == 8 or r["choices"][0]["finish_reason"] == "stop", r
+    for _ in range(3):
+        out = half_closed_request(plain_srv.port, {"prompt": "The sea", "max_tokens": 8, "temperature": 0,
+                                                   "stream": True, "ignore_eos": True})
+        assert out.startswith(b"HTTP/1.1 200"), out[:300]
+        assert b"data: [DONE]" in out, out[-300:]
+        assert out.count(b'"text"') >= 8, out
