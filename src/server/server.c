@@ -20,6 +20,8 @@
 #include "server/openai_response.h"
 #include "server/server_internal.h"
 
+#include <event2/http_struct.h> // after http.h: the request's HTTP version (no accessor in libevent 2.1)
+
 void server_options_init(struct server_options *o) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
@@ -53,6 +55,7 @@ static const char *reason_phrase(int code) {
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 413: return "Payload Too Large";
+    case 501: return "Not Implemented";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     }
@@ -486,12 +489,57 @@ static bool authorized(struct server *s, struct evhttp_request *req) {
 
 static void on_response_written(struct evhttp_request *req, void *arg);
 
+static bool is_tchar(unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || strchr("!#$%&'*+-.^_`|~", c);
+}
+
+// RFC 9112 framing rules that evhttp 2.1 does not enforce, checked on the parsed request before
+// it is routed: one Content-Length at most, never with Transfer-Encoding, no transfer coding but
+// "chunked", field names that are tokens (no whitespace before the colon), no control characters
+// in values, Host present in HTTP/1.1. Returns 0, or the status (400 / 501) with msg. Requests
+// refused here close their connection, so bytes behind an ambiguous body are never taken for a
+// next request. What evhttp removes while parsing (NUL, which ends its copy of a value; obs-fold,
+// which it joins; bare LF, which it takes for CRLF) is not visible here (docs/ARCHITECTURE.md).
+static int framing_error(struct evhttp_request *req, char *msg, size_t len) {
+    int n_cl = 0, n_te = 0;
+    const char *te = NULL;
+    struct evkeyval *kv;
+    for (kv = evhttp_request_get_input_headers(req)->tqh_first; kv; kv = kv->next.tqe_next) {
+        if (!kv->key[0]) return snprintf(msg, len, "malformed header line (empty field name)"), 400;
+        for (const unsigned char *p = (const unsigned char *)kv->key; *p; p++)
+            if (!is_tchar(*p))
+                return snprintf(msg, len, "malformed header field name '%.60s' (RFC 9112 5.1: a token, no whitespace)",
+                                kv->key),
+                       400;
+        for (const unsigned char *p = (const unsigned char *)kv->value; *p; p++)
+            if ((*p < 0x20 && *p != '\t') || *p == 0x7f)
+                return snprintf(msg, len, "header '%.60s' has a control character (0x%02x) in its value", kv->key, *p),
+                       400;
+        if (!strcasecmp(kv->key, "Content-Length")) n_cl++;
+        if (!strcasecmp(kv->key, "Transfer-Encoding")) n_te++, te = kv->value;
+    }
+    if (n_cl > 1) return snprintf(msg, len, "more than one Content-Length header (RFC 9112 6.3)"), 400;
+    if (n_cl && n_te) return snprintf(msg, len, "Content-Length together with Transfer-Encoding (RFC 9112 6.3)"), 400;
+    if (n_te > 1 || (te && strcasecmp(te, "chunked")))
+        return snprintf(msg, len, "unsupported Transfer-Encoding '%.60s' (only 'chunked')", te), 501;
+    if (req->major == 1 && req->minor >= 1 && !evhttp_find_header(evhttp_request_get_input_headers(req), "Host"))
+        return snprintf(msg, len, "HTTP/1.1 request without a Host header (RFC 9112 3.2)"), 400;
+    return 0;
+}
+
 static void on_request(struct evhttp_request *req, void *arg) {
     struct server *s = arg;
     s->metrics.http_requests_total++;
     server_conn_request_begin(s, req);
     evhttp_request_set_on_complete_cb(req, on_response_written, s);
     adopt_engine(s);
+    char fmsg[200];
+    int fcode = framing_error(req, fmsg, sizeof fmsg);
+    if (fcode) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        send_error(s, req, fcode, NULL, fmsg);
+        return;
+    }
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
     if (!path || !*path) path = "/";
