@@ -246,3 +246,21 @@ def test_half_closed_client_gets_its_full_response(plain_srv):
         assert out.startswith(b"HTTP/1.1 200"), out[:300]
         assert b"data: [DONE]" in out, out[-300:]
         assert out.count(b'"text"') >= 8, out
+
+
+def test_bytes_missing_from_the_byte_level_vocabulary_are_dropped_as_hf(plain_srv):
+    """Issue 28 item 8: SmolLM2's byte-level vocabulary has no symbol for bytes 0x04, 0x06, 0x13,
+    0x14, 0x16, 0x1d and the lead byte F2; HF tokenizers drop such symbols and encode the rest
+    (a word made only of them encodes to nothing)."""
+    for ch in ["\x04", "\x06", "\x13", "\x14", "\x16", "\x1d"]:
+        st, body = plain_srv.json("POST", "/tokenize", {"prompt": ch, "add_special_tokens": False})
+        assert st == 200, (repr(ch), body)
+        assert body["tokens"] == [], (repr(ch), body)
+    # U+A0035 is F2 A0 80 B5: the lead byte's symbol goes, the three continuation bytes stay.
+    st, body = plain_srv.json("POST", "/tokenize", {"prompt": "\U000a0035", "add_special_tokens": False})
+    assert st == 200 and 1 <= len(body["tokens"]) <= 3, body
+    st, ref = plain_srv.json("POST", "/tokenize", {"prompt": "Hello world", "add_special_tokens": False})
+    st2, got = plain_srv.json("POST", "/tokenize", {"prompt": "Hello\x04 world", "add_special_tokens": False})
+    assert st == 200 and st2 == 200 and got["tokens"] == ref["tokens"], (ref, got)
+    st, r = plain_srv.json("POST", "/v1/completions", {"prompt": "Hi \x13\x14 there", "max_tokens": 2})
+    assert st == 200, r
