@@ -185,9 +185,9 @@ TEST(ranges_types_and_unknown_fields) {
     free(deep);
 }
 
-// Numeric sampling parameters are checked after conversion to the engine's float (issue 28
-// item 4): a double that is finite but overflows a float, or a positive one that rounds to 0,
-// is refused naming the parameter; a value that rounds into range is accepted as rounded.
+// Numeric sampling parameters are checked against the engine's float (issue 28 item 4): a double
+// that is finite but overflows a float, or a positive one that rounds to 0, is refused naming the
+// parameter; the bounds are exact (as /openapi.json states them), so the float is in range too.
 static int accepts_float(const char *body, size_t off, float want) {
     struct oai_request r;
     struct oai_error e;
@@ -218,10 +218,14 @@ TEST(sampling_params_checked_as_float) {
     // Values that round into range are taken as rounded.
     ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"temperature\":1e-300}", offsetof(atomc_sampling_params, temperature), 0.0f));
     ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"temperature\":1e30}", offsetof(atomc_sampling_params, temperature), 1e30f));
-    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"top_p\":1.00000001}", offsetof(atomc_sampling_params, top_p), 1.0f));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"top_p\":1.00000001}", "top_p", NULL)); // stated bounds are exact
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"top_p\":1.4e-45}", "top_p", "1.4e-45"));
+    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"top_p\":1.401298464324817e-45}", offsetof(atomc_sampling_params, top_p), 1e-45f));
+    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"temperature\":3.4028234663852886e38}", offsetof(atomc_sampling_params, temperature), 3.4028234663852886e38f));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"temperature\":3.4028235e38}", "temperature", "largest"));
     ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"top_p\":1e-40}", offsetof(atomc_sampling_params, top_p), 1e-40f));
     ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"min_p\":1e-50}", offsetof(atomc_sampling_params, min_p), 0.0f));
-    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"presence_penalty\":2.00000001}", offsetof(atomc_sampling_params, presence_penalty), 2.0f));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"presence_penalty\":2.00000001}", "presence_penalty", NULL));
     ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"repetition_penalty\":2}", offsetof(atomc_sampling_params, repetition_penalty), 2.0f));
 }
 

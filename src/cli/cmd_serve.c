@@ -301,6 +301,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "atomc serve: --enable-auto-tool-choice needs --tool-call-parser (supported: hermes, llama3_json)\n");
         return 2;
     }
+    a.so.profiling = a.eo.profile_dir && *a.eo.profile_dir;
     a.so.tool_parser = a.enable_auto_tool_choice ? tool_parser_from_name(a.tool_call_parser) : TOOL_PARSER_NONE;
     a.eo.model_path = a.model;
     if (!a.api_key) a.api_key = getenv("VLLM_API_KEY");

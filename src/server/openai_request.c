@@ -102,24 +102,26 @@ static int read_number(const json_t *v, const char *name, double *out, struct oa
     return 0;
 }
 
-// A sampling parameter the engine holds as a float: read as a double, converted to float, and
-// range-checked on the converted value, so what is checked is what the engine gets (1e308 would
-// become inf, a positive 5e-324 would become 0). The range is [lo, hi], or (lo, hi] with lo_open.
+// A sampling parameter the engine holds as a float. The range [lo, hi] (or (lo, hi] with lo_open,
+// lo = 0 then) is checked on the double, with the float's limits: |x| <= FLT_MAX, and for an open
+// 0 bound x >= FLT_TRUE_MIN, the smallest positive float. lo and hi being floats, the converted
+// value is then in range too, so what is checked is what the engine gets (1e308 would become inf,
+// a positive 5e-324 would become 0), and the bounds are the ones /openapi.json states.
 static int read_float(const json_t *v, const char *name, double lo, bool lo_open, double hi, float *out,
                       struct oai_error *e) {
     double d = 0;
     if (read_number(v, name, &d, e)) return -1;
+    CHECK(!lo_open || lo == 0);
+    if (hi > FLT_MAX) hi = FLT_MAX;
+    double min = lo_open ? (double)FLT_TRUE_MIN : lo;
+    if (!(d >= min))
+        return oai_error_set(e, 400, name, "'%s' must be %s %g%s, got %g", name, lo_open ? ">" : ">=", lo,
+                             lo_open && lo == 0 ? " (at least 1.4e-45, the smallest positive 32-bit float)" : "", d);
+    if (!(d <= hi))
+        return oai_error_set(e, 400, name, "'%s' must be at most %g%s, got %g", name, hi,
+                             hi == FLT_MAX ? " (the largest 32-bit float)" : "", d);
     float f = (float)d;
-    if (!isfinite(f))
-        return oai_error_set(e, 400, name, "'%s' = %g is out of range (it must fit a 32-bit float, |x| <= %g)", name, d,
-                             (double)FLT_MAX);
-    if ((lo_open ? !(f > lo) : !(f >= lo)) || !(f <= hi)) {
-        if (hi >= FLT_MAX)
-            return oai_error_set(e, 400, name, "'%s' must be %s %g, got %g%s", name, lo_open ? ">" : ">=", lo, d,
-                                 f == 0.0f && d != 0.0 ? " (0 as a 32-bit float)" : "");
-        return oai_error_set(e, 400, name, "'%s' must be in %c%g, %g], got %g%s", name, lo_open ? '(' : '[', lo, hi, d,
-                             f == 0.0f && d != 0.0 ? " (0 as a 32-bit float)" : "");
-    }
+    CHECK(isfinite(f) && (lo_open ? f > lo : f >= lo) && f <= hi);
     *out = f;
     return 0;
 }
@@ -492,7 +494,14 @@ static int parse_field(const struct field *f, const char *key, const json_t *v, 
     case F_STORE:
         if (json_is_false(v)) return 0;
         return oai_error_set(e, 400, key, "'store' is not supported (only false)");
-    case F_IGNORED: return 0;
+    case F_IGNORED: // accepted and ignored, but of the type OpenAI defines
+        if (!strcmp(key, "metadata")) {
+            if (!json_is_object(v)) return oai_error_set(e, 400, key, "'metadata' must be an object, got %s", json_type_name(v));
+            return 0;
+        }
+        if (!strcmp(key, "parallel_tool_calls")) return read_bool(v, key, &b, e);
+        if (!json_is_string(v)) return oai_error_set(e, 400, key, "'%s' must be a string, got %s", key, json_type_name(v));
+        return 0;
     }
     return oai_error_set(e, 500, key, "unhandled field");
 }
@@ -623,7 +632,9 @@ int oai_tokenize_parse(const char *body, size_t len, struct oai_tokenize_request
             else r->chat_template_kwargs = json_deep_copy(v);
         } else if (!strcmp(key, "tools")) {
             if (!json_is_array(v)) rc = oai_error_set(e, 400, key, "'tools' must be a list");
-            else r->tools = json_deep_copy(v);
+            for (size_t i = 0; !rc && i < json_array_size(v); i++)
+                if (!json_is_object(json_array_get(v, i))) rc = oai_error_set(e, 400, key, "tools[%zu] must be an object", i);
+            if (!rc) r->tools = json_deep_copy(v);
         } else rc = oai_error_set(e, 400, key, "unsupported field '%s' for /tokenize", key);
         if (rc) break;
     }

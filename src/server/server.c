@@ -54,6 +54,7 @@ static const char *reason_phrase(int code) {
     case 401: return "Unauthorized";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
     case 413: return "Payload Too Large";
     case 501: return "Not Implemented";
     case 500: return "Internal Server Error";
@@ -422,16 +423,19 @@ static void handle_tokenizer_info(struct server *s, struct evhttp_request *req) 
 static void handle_profile(struct server *s, struct evhttp_request *req, bool start) {
     char msg[512] = "", path[4096] = "";
     atomc_status st;
-    if (!s->eng.start_profile || !s->eng.stop_profile) {
-        st = ATOMC_ERR_UNSUPPORTED;
-        snprintf(msg, sizeof msg, "this engine cannot profile");
-    } else if (start) {
+    if (!s->opt.profiling || !s->eng.start_profile || !s->eng.stop_profile) {
+        send_error(s, req, 404, NULL,
+                   "profiling is off: start the server with a profile directory (--profile-dir DIR)");
+        return;
+    }
+    if (start) {
         st = s->eng.start_profile(s->eng.ctx, msg, sizeof msg);
     } else {
         st = s->eng.stop_profile(s->eng.ctx, path, sizeof path, msg, sizeof msg);
     }
     if (st != ATOMC_OK) {
-        send_error(s, req, st == ATOMC_ERR_IO ? 500 : 400, NULL, msg);
+        // Stopping with no profile running is a state conflict, not a malformed request.
+        send_error(s, req, st == ATOMC_ERR_IO ? 500 : st == ATOMC_ERR_INVALID_ARGUMENT ? 409 : 400, NULL, msg);
         return;
     }
     json_t *o = json_object();
@@ -500,6 +504,17 @@ static bool is_tchar(unsigned char c) {
 // refused here close their connection, so bytes behind an ambiguous body are never taken for a
 // next request. What evhttp removes while parsing (NUL, which ends its copy of a value; obs-fold,
 // which it joins; bare LF, which it takes for CRLF) is not visible here (docs/ARCHITECTURE.md).
+// evhttp reads a body only for POST, PUT and PATCH: content sent with another method (a GET or
+// TRACE with a Content-Length) stays in the input and would be parsed as the next request, so
+// the connection is closed after the response.
+static bool body_left_unread(struct evhttp_request *req) {
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    if (cmd == EVHTTP_REQ_POST || cmd == EVHTTP_REQ_PUT || cmd == EVHTTP_REQ_PATCH) return false;
+    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
+    const char *cl = evhttp_find_header(h, "Content-Length");
+    return evhttp_find_header(h, "Transfer-Encoding") || (cl && strspn(cl, "0") != strlen(cl));
+}
+
 static int framing_error(struct evhttp_request *req, char *msg, size_t len) {
     int n_cl = 0, n_te = 0;
     const char *te = NULL;
@@ -540,6 +555,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
         send_error(s, req, fcode, NULL, fmsg);
         return;
     }
+    if (body_left_unread(req)) evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
     if (!path || !*path) path = "/";

@@ -45,6 +45,9 @@ struct server_options {
     double request_read_timeout_s;                     // a request (headers and body) must arrive within this long
                                                        // of its first byte, or the connection is closed (default 60)
     bool install_signal_handlers;                      // SIGINT/SIGTERM drain (default true)
+    bool profiling;                                    // the engine has a profile directory: /start_profile and
+                                                       // /stop_profile work (otherwise 404, as vLLM without
+                                                       // VLLM_TORCH_PROFILER_DIR)
     enum tool_parser_kind tool_parser;                 // chat output parsed for tool calls when the request
                                                        // has tools (vLLM --enable-auto-tool-choice
                                                        // --tool-call-parser); default NONE
