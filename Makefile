@@ -1,6 +1,6 @@
 # atomc build. CPU-only by default; `make CUDA=1` adds the CUDA backend (sm_90a).
 #   make            -> build/atomc and build/libatomc.a
-#   make test       -> every CPU test (C unit tests + Python reference tests), closing "N passed, N failed"
+#   make test       -> every CPU test (C unit tests + Python reference tests), closing "N passed, N failed, N skipped"
 #   make asan       -> the same tests built with ASan/UBSan (build-asan/)
 #   make CUDA=1     -> build-cuda/atomc with the CUDA backend; `make CUDA=1 gpu-tests` builds GPU tests
 #   make fuzz       -> libFuzzer targets (clang) in build-fuzz/

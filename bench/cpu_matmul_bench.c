@@ -45,10 +45,10 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)m * k; i++) w[i] = (float)(i % 7) * 0.01f;
     struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, DTYPE_F32, m, k);
     struct tensor to = tensor_2d(out, DTYPE_F32, n, m);
-    b->ops->matmul(b, &to, &tx, &tw, NULL);
+    b->ops->matmul(b, &to, &tx, WEIGHT_PLAIN(&tw), NULL);
     const int reps = 3;
     double t = thread_cpu_s();
-    for (int r = 0; r < reps; r++) b->ops->matmul(b, &to, &tx, &tw, NULL);
+    for (int r = 0; r < reps; r++) b->ops->matmul(b, &to, &tx, WEIGHT_PLAIN(&tw), NULL);
     t = thread_cpu_s() - t;
     printf("n %d k %d m %d batch_invariant %d threads %d: %.1f GFLOP/s\n", n, k, m, bi, b->num_threads,
            reps * 2.0 * n * k * m / t / 1e9);

@@ -112,19 +112,19 @@ static void forward(struct backend *b, struct model *m, int n, int ctx, double *
     for (int L = 0; L < LAYERS; L++) {
         struct layer *l = &m->l[L];
         TIMED(OP_NORM, o->add_rmsnorm(b, &ttmp, &th, &tx, &l->n1, 1e-5f));
-        TIMED(OP_QKV, o->matmul(b, &tqkv, &ttmp, &l->qkv, NULL));
+        TIMED(OP_QKV, o->matmul(b, &tqkv, &ttmp, WEIGHT_PLAIN(&l->qkv), NULL));
         TIMED(OP_ROPE, o->rope_kv_write(b, &tq, &tk, &tv, (HQ + 2 * HK) * HD, &rope, &m->kv[L], &md));
         TIMED(OP_ATTN, o->attention(b, &tatt, &tq, (HQ + 2 * HK) * HD, &m->kv[L], &md, 0.125f, 0, NULL));
-        TIMED(OP_O, o->matmul(b, &tx, &tatt2, &l->o, NULL));
+        TIMED(OP_O, o->matmul(b, &tx, &tatt2, WEIGHT_PLAIN(&l->o), NULL));
         TIMED(OP_NORM, o->add_rmsnorm(b, &ttmp, &th, &tx, &l->n2, 1e-5f));
-        TIMED(OP_GU, o->matmul(b, &tgu, &ttmp, &l->gu, NULL));
+        TIMED(OP_GU, o->matmul(b, &tgu, &ttmp, WEIGHT_PLAIN(&l->gu), NULL));
         TIMED(OP_SILU, o->silu_mul(b, &tact, &tgu));
-        TIMED(OP_DOWN, o->matmul(b, &tx, &tact, &l->down, NULL));
+        TIMED(OP_DOWN, o->matmul(b, &tx, &tact, WEIGHT_PLAIN(&l->down), NULL));
     }
     TIMED(OP_NORM, o->add_rmsnorm(b, &ttmp, &th, &tx, &m->norm, 1e-5f));
     struct tensor last = tensor_2d(tmp + (size_t)(n - 1) * HID, DTYPE_F32, 1, HID);
     struct tensor tl = tensor_2d(logits, DTYPE_F32, 1, VOCAB);
-    TIMED(OP_HEAD, o->matmul(b, &tl, &last, &m->embed, NULL));
+    TIMED(OP_HEAD, o->matmul(b, &tl, &last, WEIGHT_PLAIN(&m->embed), NULL));
     float temp = 0.8f, top_p = 0.95f, min_p = 0.0f, zero = 0.0f, one = 1.0f;
     int32_t top_k = 0;
     uint64_t seed = 1, step = (uint64_t)ctx;
@@ -345,11 +345,11 @@ int main(int argc, char **argv) {
     float *C = b->ops->alloc(b, (size_t)N * N * 4);
     struct tensor ta = tensor_2d(A, DTYPE_F32, N, N), tb = tensor_2d(B, DTYPE_F32, N, N),
                   tc = tensor_2d(C, DTYPE_F32, N, N);
-    b->ops->matmul(b, &tc, &ta, &tb, NULL);
+    b->ops->matmul(b, &tc, &ta, WEIGHT_PLAIN(&tb), NULL);
     t0 = bench_now();
     int reps = 5;
     for (int r = 0; r < reps; r++)
-        b->ops->matmul(b, &tc, &ta, &tb, NULL);
+        b->ops->matmul(b, &tc, &ta, WEIGHT_PLAIN(&tb), NULL);
     dt = bench_now() - t0;
     printf("sgemm %dx%dx%d: %.1f GFLOP/s\n", N, N, N, 2.0 * N * N * N * reps / dt / 1e9);
     // The skinny (decode) matmul alone on the lm_head shape: weight bytes streamed per second.
@@ -370,10 +370,10 @@ int main(int argc, char **argv) {
                 lo = realloc(lo, (size_t)8 * VOCAB * 4);
             }
             struct tensor tlo = tensor_2d(lo, DTYPE_F32, tx1.ne[0], VOCAB);
-            b->ops->matmul(b, &tlo, &tx1, &m.embed, NULL);
+            b->ops->matmul(b, &tlo, &tx1, WEIGHT_PLAIN(&m.embed), NULL);
             t0 = bench_now();
             for (int r = 0; r < 10; r++)
-                b->ops->matmul(b, &tlo, &tx1, &m.embed, NULL);
+                b->ops->matmul(b, &tlo, &tx1, WEIGHT_PLAIN(&m.embed), NULL);
             dt = bench_now() - t0;
             printf("matmul (%lld x %d) @ (%d x %d)^T: %.2f ms, %.1f GB/s of weights\n", (long long)tx1.ne[0], HID,
                    VOCAB, HID, dt * 100,

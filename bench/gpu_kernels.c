@@ -8,7 +8,8 @@
 // measured on the H200 (790 TFLOP/s dense bf16, 4.3 TB/s copy).
 //
 //   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample]
-// The split-KV heuristic reads ATOMC_ATTN_SPLIT_WAVES / ATOMC_ATTN_SPLIT_MIN_TILES (sweeps).
+// The split-KV heuristic's values are constants in src/backend/cuda/cuda_attention.cu (a sweep
+// rebuilds with other values).
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -88,7 +89,7 @@ struct mm_ctx {
 };
 static void mm_fn(void *c, int i) {
     struct mm_ctx *m = c;
-    B->ops->matmul(B, &m->out, &m->x, &m->w[i % m->ncopies], NULL);
+    B->ops->matmul(B, &m->out, &m->x, WEIGHT_PLAIN(&m->w[i % m->ncopies]), NULL);
 }
 
 static void bench_matmul(const char *name, int64_t n, int64_t mdim, int64_t k) {
@@ -280,7 +281,7 @@ struct moe_ctx {
 };
 static void moe_fn(void *c, int i) {
     struct moe_ctx *m = c;
-    B->ops->moe_experts(B, &m->out, &m->x, &m->gu[i % MOE_COPIES], &m->dn[i % MOE_COPIES], m->ids, m->w, m->slots,
+    B->ops->moe_experts(B, &m->out, &m->x, WEIGHT_PLAIN(&m->gu[i % MOE_COPIES]), WEIGHT_PLAIN(&m->dn[i % MOE_COPIES]), m->ids, m->w, m->slots,
                         m->ws);
 }
 
@@ -365,7 +366,8 @@ int main(int argc, char **argv) {
     }
     printf("ceilings: %.0f TFLOP/s bf16 dense, %.0f GB/s copy (H200, measured)\n", PEAK_TFLOPS, PEAK_GBS);
     if (strstr("matmul", filter) || !*filter) {
-        // n = 1 qkv / o: the GEMV kernel (ATOMC_GEMV_MAX_ROWS=0 times cuBLASLt instead).
+        // n = 1: the row GEMV (qkv, gate_up, lm_head), the split-k GEMV (o, m = 4096), cuBLASLt for
+        // down (k = 14336 > 8192); n >= 4: cuBLASLt.
         int64_t ns[] = {1, 4, 8, 16, 64, 256, 8192};
         for (int i = 0; i < 7; i++) {
             bench_matmul("qkv", ns[i], 6144, 4096);

@@ -69,6 +69,8 @@ typedef struct atomc_engine_options {
     const char *profile_dir;       // enables atomc_engine_start_profile / stop_profile (Chrome traces written here)
     bool offline;                  // batch use, every request known up front (bench throughput): vLLM's
                                    // offline defaults (larger prefill chunks on CUDA)
+    bool moe_uniform_routing;      // BENCHMARK ONLY (the bench commands' --moe-uniform-routing): MoE
+                                   // routing replaced by a balanced round-robin over the experts
 } atomc_engine_options;
 
 void atomc_engine_options_init(atomc_engine_options *o);

@@ -308,9 +308,11 @@ static uint32_t es_rnd(uint32_t n) {
     return (uint32_t)(es_rng % n);
 }
 
-// Token ids are drawn from [3, 253): every fixture's vocabulary (256) holds them.
+// Token ids are drawn from [3, 253): every fixture's vocabulary (256) holds them. num_blocks: the
+// pool (blocks of 4 tokens; at least 24 = one max_model_len sequence); sliding-window models free
+// blocks out of their window while running, so they need a smaller pool to be preempted at all.
 __attribute__((unused)) static void es_random_stress_equals_alone(const struct es_setup *s, const char *model,
-                                                                  uint64_t seed) {
+                                                                  uint64_t seed, int num_blocks) {
     enum { MAXR = 800 };
     static struct es_sreq r[MAXR];
     memset(r, 0, sizeof r);
@@ -320,7 +322,7 @@ __attribute__((unused)) static void es_random_stress_equals_alone(const struct e
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 32; j++)
             shared[i][j] = (int32_t)(es_rnd(250) + 3);
-    atomc_engine *e = es_make(s, model, 4, 32, 96, 6, 16, true);
+    atomc_engine *e = es_make(s, model, 4, num_blocks, 96, 6, 16, true);
     for (int step = 0; step < 3000; step++) {
         if (es_rnd(100) < 18 && n_r < MAXR) {
             struct es_sreq *q = &r[n_r];

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -15,6 +16,8 @@
 static struct { const char *name; test_fn fn; } tests[MAX_TESTS];
 static int n_tests;
 static int current_failed;
+static int current_skipped;
+static char current_skip_reason[512];
 
 void test_register(const char *name, test_fn fn) {
     if (n_tests < MAX_TESTS) {
@@ -35,6 +38,55 @@ void test_fail(const char *file, int line, const char *fmt, ...) {
 }
 
 int test_failed_now(void) { return current_failed; }
+
+bool test_require_fixtures(void) {
+    const char *v = getenv("ATOMC_REQUIRE_FIXTURES");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+void test_skip(const char *file, int line, const char *fmt, ...) {
+    char reason[sizeof current_skip_reason];
+    int n = snprintf(reason, sizeof reason, "%s:%d: ", file, line);
+    if (n < 0 || (size_t)n >= sizeof reason) n = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason + n, sizeof reason - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (test_require_fixtures()) {
+        test_fail(file, line, "%s (a skip is a failure under ATOMC_REQUIRE_FIXTURES=1)", reason + n);
+        return;
+    }
+    if (!current_skipped) memcpy(current_skip_reason, reason, sizeof reason);
+    current_skipped = 1;
+}
+
+const char *test_smollm2_path_at(const char *file, int line) {
+    const char *p = getenv("ATOMC_SMOLLM2");
+    if (!p || !*p) {
+        test_skip(file, line, "ATOMC_SMOLLM2 is not set (scripts/fetch_model.sh prints the path)");
+        return NULL;
+    }
+    if (access(p, R_OK) != 0) {
+        test_skip(file, line, "ATOMC_SMOLLM2=%s cannot be read", p);
+        return NULL;
+    }
+    return p;
+}
+
+const char *test_shared_path_at(const char *file, int line, const char *rel) {
+    static char bufs[4][1024];
+    static int next;
+    char *p = bufs[next++ % 4];
+    const char *dir = getenv("ATOMC_SHARED");
+    int n = snprintf(p, sizeof bufs[0], "%s/%s", dir && *dir ? dir : "../shared", rel);
+    if (n < 0 || (size_t)n >= sizeof bufs[0]) abort();
+    struct stat st;
+    if (stat(p, &st) != 0) {
+        test_skip(file, line, "%s is absent (the shared tokenizers live in ../shared or $ATOMC_SHARED)", p);
+        return NULL;
+    }
+    return p;
+}
 
 const char *test_fixture(const char *rel) {
     static char buf[4096];
@@ -100,20 +152,24 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 
 int test_main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : NULL;
-    int passed = 0, failed = 0;
+    int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < n_tests; i++) {
         if (filter && !strstr(tests[i].name, filter)) continue;
         current_failed = 0;
+        current_skipped = 0;
         tests[i].fn();
         if (current_failed) {
             failed++;
             fprintf(stderr, "FAIL %s\n", tests[i].name);
+        } else if (current_skipped) {
+            skipped++;
+            fprintf(stderr, "skip %s: %s\n", tests[i].name, current_skip_reason);
         } else {
             passed++;
             fprintf(stderr, "ok   %s\n", tests[i].name);
         }
     }
     if (tmp_dir[0]) nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-    printf("%d passed, %d failed\n", passed, failed);
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;
 }

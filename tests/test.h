@@ -4,11 +4,12 @@
 //   int main(int argc, char **argv) { return test_main(argc, argv); }
 //
 // Tests register themselves (constructor attribute); `test_main` runs them all (or those
-// whose name contains argv[1]) and prints "N passed, N failed" as its last line.
+// whose name contains argv[1]) and prints "N passed, N failed, N skipped" as its last line.
 #ifndef ATOMC_TESTS_TEST_H
 #define ATOMC_TESTS_TEST_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -17,6 +18,25 @@ void test_register(const char *name, test_fn fn);
 int test_main(int argc, char **argv);
 void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int test_failed_now(void);
+// Skips. A test that cannot run because something from outside the repository is missing (the
+// SmolLM2 GGUF, a tokenizer under ../shared) marks itself skipped with a reason: SKIP(...) records
+// it and returns, test_skip only records it. Skipped tests are listed with their reason and
+// counted in the closing line. Under ATOMC_REQUIRE_FIXTURES=1 (CI: .ci/run, scripts/test.sh) a skip
+// is a failure instead, so a missing file cannot pass silently. A committed fixture under
+// tests/fixtures is never a reason to skip: a test whose fixture is missing fails.
+void test_skip(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define SKIP(...) do { test_skip(__FILE__, __LINE__, __VA_ARGS__); return; } while (0)
+// Whether ATOMC_REQUIRE_FIXTURES is set (to anything but "" or "0").
+bool test_require_fixtures(void);
+// $ATOMC_SMOLLM2 if it names a readable file; otherwise NULL and the current test is skipped
+// (a failure under ATOMC_REQUIRE_FIXTURES=1). Callers return on NULL.
+#define test_smollm2_path() test_smollm2_path_at(__FILE__, __LINE__)
+const char *test_smollm2_path_at(const char *file, int line);
+// $ATOMC_SHARED (default ../shared) "/" rel if that file or directory exists; otherwise NULL and
+// the current test is skipped (a failure under the switch). One of 4 rotating buffers.
+#define test_shared_path(rel) test_shared_path_at(__FILE__, __LINE__, rel)
+const char *test_shared_path_at(const char *file, int line, const char *rel);
+
 // Path of a fixture file under tests/fixtures (honours ATOMC_FIXTURES).
 const char *test_fixture(const char *rel);
 // Fixture `rel` parsed as JSON (json_t from jansson; caller decrefs), or NULL with the

@@ -468,7 +468,7 @@ TEST(matmul_with_and_without_bias) {
                 }
             struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, DTYPE_F32, m, k);
             struct tensor to = tensor_2d(o, DTYPE_F32, n, m), tb = tensor_2d(bias, DTYPE_F32, 1, m);
-            b->ops->matmul(b, &to, &tx, &tw, with_bias ? &tb : NULL);
+            b->ops->matmul(b, &to, &tx, WEIGHT_PLAIN(&tw), with_bias ? &tb : NULL);
             double e = nmse(o, ref, (int64_t)n * m);
             if (!(e < 1e-11)) test_fail(__FILE__, __LINE__, "matmul %dx%dx%d bias %d nmse %g", n, k, m, with_bias, e);
             ASSERT_TRUE(all_finite(o, (int64_t)n * m));
@@ -513,7 +513,7 @@ TEST(half_precision_weights) {
                 }
             struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(wh, ht, m, k);
             struct tensor to = tensor_2d(o, DTYPE_F32, n, m), tb = tensor_2d(bh, ht, 1, m);
-            b->ops->matmul(b, &to, &tx, &tw, &tb);
+            b->ops->matmul(b, &to, &tx, WEIGHT_PLAIN(&tw), &tb);
             double e = nmse(o, ref, (int64_t)n * m);
             if (!(e < 1e-11)) test_fail(__FILE__, __LINE__, "%s matmul %dx%dx%d nmse %g", dtype_name(ht), n, k, m, e);
             ASSERT_TRUE(guard_ok(o, (size_t)n * m * 4));
@@ -591,8 +591,8 @@ TEST(quantised_weights_match_dequantised_f32) {
                 fill_sym(x, (int64_t)n * k, 1.0f);
                 struct tensor tx = tensor_2d(x, DTYPE_F32, n, k);
                 struct tensor toq = tensor_2d(oq, DTYPE_F32, n, m), tof = tensor_2d(of, DTYPE_F32, n, m);
-                b->ops->matmul(b, &toq, &tx, &wq, &tb);
-                b->ops->matmul(b, &tof, &tx, &wf, &tb);
+                b->ops->matmul(b, &toq, &tx, WEIGHT_PLAIN(&wq), &tb);
+                b->ops->matmul(b, &tof, &tx, WEIGHT_PLAIN(&wf), &tb);
                 if (n <= 8) {
                     if (memcmp(oq, of, (size_t)n * m * 4))
                         test_fail(__FILE__, __LINE__, "%s k %d n %d: differs from the F32 path", dtype_name(qt), k, n);
@@ -1141,13 +1141,13 @@ TEST(outputs_identical_across_thread_counts) {
     fill_sym(nw, d, 1.0f);
     struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, DTYPE_F32, m, k);
     struct tensor t1 = tensor_2d(o1, DTYPE_F32, n, m), t3 = tensor_2d(o3, DTYPE_F32, n, m);
-    b1->ops->matmul(b1, &t1, &tx, &tw, NULL);
-    b3->ops->matmul(b3, &t3, &tx, &tw, NULL);
+    b1->ops->matmul(b1, &t1, &tx, WEIGHT_PLAIN(&tw), NULL);
+    b3->ops->matmul(b3, &t3, &tx, WEIGHT_PLAIN(&tw), NULL);
     ASSERT_TRUE(memcmp(o1, o3, (size_t)n * m * 4) == 0);
     // Batch invariance of the skinny (decode) matmul: row i alone == row i of the batch of 3.
     for (int i = 0; i < n; i++) {
         struct tensor xi = tensor_2d(x + (size_t)i * k, DTYPE_F32, 1, k), oi = tensor_2d(o3, DTYPE_F32, 1, m);
-        b3->ops->matmul(b3, &oi, &xi, &tw, NULL);
+        b3->ops->matmul(b3, &oi, &xi, WEIGHT_PLAIN(&tw), NULL);
         ASSERT_TRUE(memcmp(o3, o1 + (size_t)i * m, (size_t)m * 4) == 0);
     }
     struct tensor tnx = tensor_2d(nx, DTYPE_F32, rows, d), tnw = tensor_2d(nw, DTYPE_F32, 1, d);
@@ -1219,7 +1219,7 @@ TEST(batch_invariant_mode_matmul_rows_independent_of_batch) {
         dtype_from_f32(wdts[wi], wf, w, (int64_t)m * k);
         struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, wdts[wi], m, k);
         struct tensor tbig = tensor_2d(big, DTYPE_F32, n, m);
-        b->ops->matmul(b, &tbig, &tx, &tw, NULL);
+        b->ops->matmul(b, &tbig, &tx, WEIGHT_PLAIN(&tw), NULL);
         ASSERT_TRUE(guard_ok(big, (size_t)n * m * 4));
         double *ref = malloc((size_t)n * m * 8);
         dtype_to_f32(wdts[wi], w, wf, (int64_t)m * k);
@@ -1233,7 +1233,7 @@ TEST(batch_invariant_mode_matmul_rows_independent_of_batch) {
         ASSERT_TRUE(nmse(big, ref, (int64_t)n * m) < 1e-11);
         for (int i = 0; i < n; i += 7) {
             struct tensor xi = tensor_2d(x + (size_t)i * k, DTYPE_F32, 1, k), oi = tensor_2d(one, DTYPE_F32, 1, m);
-            b->ops->matmul(b, &oi, &xi, &tw, NULL);
+            b->ops->matmul(b, &oi, &xi, WEIGHT_PLAIN(&tw), NULL);
             ASSERT_TRUE(memcmp(one, big + (size_t)i * m, (size_t)m * 4) == 0);
         }
         free(x);
@@ -1267,10 +1267,10 @@ static void *conc_matmul(void *varg) {
     struct tensor tx = tensor_2d(x, DTYPE_F32, n, k), tw = tensor_2d(w, DTYPE_F32, m, k);
     struct tensor to = tensor_2d(o, DTYPE_F32, n, m), to2 = tensor_2d(o2, DTYPE_F32, n, m);
     struct tensor tr = tensor_2d(res, DTYPE_F32, n, m), tn = tensor_2d(nw, DTYPE_F32, 1, m);
-    a->b->ops->matmul(a->b, &to, &tx, &tw, NULL);
+    a->b->ops->matmul(a->b, &to, &tx, WEIGHT_PLAIN(&tw), NULL);
     a->ok = 1;
     for (int it = 0; it < 50; it++) {
-        a->b->ops->matmul(a->b, &to2, &tx, &tw, NULL);
+        a->b->ops->matmul(a->b, &to2, &tx, WEIGHT_PLAIN(&tw), NULL);
         if (memcmp(o, o2, (size_t)n * m * 4)) a->ok = 0; // integers: exact
         memset(res, 0, (size_t)n * m * 4);
         a->b->ops->add_rmsnorm(a->b, &to2, &tr, &to, &tn, 1e-6f);

@@ -1,4 +1,4 @@
-// The engine loop (include/atomc.h over engine.c) driven by the TEST-ONLY fake model of
+// The engine loop (include/atomc.h over src/engine/engine*.c) driven by the TEST-ONLY fake model of
 // tests/engine_fake.h: outputs equal the reference, batching / chunking / prefix caching do
 // not change them, stop rules, streaming text with stop strings, logprobs plumbing,
 // validation errors, abort in every state, the loop thread, stats, forward-pass failures.

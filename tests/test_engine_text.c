@@ -3,10 +3,9 @@
 // whole UTF-8 characters and concatenate to tokenizer_decode of the ids; stop strings are
 // found across token boundaries (also inside multi-byte characters' token splits) and cut
 // from the text (or kept with include_stop_str_in_output); EOS text never appears.
-// Skipped (with a note) when the shared tokenizers are absent.
+// Skipped when the shared tokenizers are absent (failed under ATOMC_REQUIRE_FIXTURES=1).
 #include <stdlib.h>
 
-#include "common/mapped_file.h"
 #include "engine_fake.h"
 #include "test.h"
 
@@ -62,13 +61,8 @@ struct ctx {
 };
 
 static bool setup(struct ctx *c) {
-    const char *dir = getenv("ATOMC_SHARED");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizers/llama3", dir && *dir ? dir : "../shared");
-    if (!dir_exists(path)) {
-        fprintf(stderr, "  note: %s absent; real-tokenizer engine tests skipped\n", path);
-        return false;
-    }
+    const char *path = test_shared_path("tokenizers/llama3");
+    if (!path) return false; // skipped (a failure under ATOMC_REQUIRE_FIXTURES=1)
     struct error err = {0};
     CHECK_MSG(tokenizer_load(path, &c->tok, &err) == ATOMC_OK, "%s", err.msg);
     CHECK(tokenizer_encode(c->tok, TEXT, strlen(TEXT), false, &c->script, &c->n_script, &err) == ATOMC_OK);

@@ -2,7 +2,7 @@
 // (tests/fixtures/loader/ref.gguf; values and offsets as the package's GGUFReader and
 // gguf.quants.dequantize see them in ref_gguf.json; both made by tools/gen_loader_refs.py),
 // hand-built corrupt files, every truncation of the reference file, and the real
-// SmolLM2 GGUF ($ATOMC_SMOLLM2, skipped if unset) against smollm2_refs.json.
+// SmolLM2 GGUF ($ATOMC_SMOLLM2, skipped if unset; failed under ATOMC_REQUIRE_FIXTURES=1) against smollm2_refs.json.
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -505,11 +505,8 @@ TEST(open_errors_name_the_path) {
 // The real SmolLM2 GGUF.
 
 TEST(smollm2_metadata_and_embeddings) {
-    const char *path = getenv("ATOMC_SMOLLM2");
-    if (!path || !*path) {
-        printf("note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 GGUF check\n");
-        return;
-    }
+    const char *path = test_smollm2_path();
+    if (!path) return;
     json_t *ref = test_fixture_json("loader/smollm2_refs.json");
     ASSERT_TRUE(ref != NULL);
     struct error e = {0};

@@ -2,8 +2,8 @@
 // - tests/fixtures/loader/tiny_llama.gguf: a 2-layer LLaMA GGUF with llama.cpp's q/k row
 //   permutation (q in Q8_0, k in F16); the reference is what HF transformers serves when it
 //   loads that GGUF (tiny_llama_refs.json; tools/gen_loader_refs.py).
-// - The real SmolLM2 GGUF ($ATOMC_SMOLLM2; skipped with a note if unset) against
-//   transformers' q/k/v/down weights recorded in smollm2_refs.json.
+// - The real SmolLM2 GGUF ($ATOMC_SMOLLM2; skipped if unset, failed under ATOMC_REQUIRE_FIXTURES=1)
+//   against transformers' q/k/v/down weights recorded in smollm2_refs.json.
 // - Hand-made HF directories (temp dir) for config/generation_config/safetensors wiring and
 //   for the errors: missing tensor, wrong shape, wrong dtype, unknown architecture.
 #include <jansson.h>
@@ -583,11 +583,8 @@ TEST(hf_directory_errors) {
 // The real SmolLM2 GGUF vs HF transformers' own GGUF loader.
 
 TEST(smollm2_gguf_matches_transformers) {
-    const char *path = getenv("ATOMC_SMOLLM2");
-    if (!path || !*path) {
-        printf("note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 q/k un-permutation check\n");
-        return;
-    }
+    const char *path = test_smollm2_path();
+    if (!path) return;
     json_t *ref = test_fixture_json("loader/smollm2_refs.json");
     ASSERT_TRUE(ref != NULL);
     struct error e = {0};

@@ -42,12 +42,13 @@ static struct runner_options base_options(const char *path) {
     return o;
 }
 
-static struct model_runner *open_model(const char *name) {
+static struct model_runner *open_model_uniform(const char *name, bool uniform) {
     char rel[256];
     snprintf(rel, sizeof rel, "models/%s", name);
     char path[4096];
     snprintf(path, sizeof path, "%s", test_fixture(rel));
     struct runner_options o = base_options(path);
+    o.moe_uniform_routing = uniform;
     struct model_runner *r = NULL;
     struct error err = {0};
     if (model_runner_create(&o, &r, &err) != ATOMC_OK) {
@@ -56,6 +57,8 @@ static struct model_runner *open_model(const char *name) {
     }
     return r;
 }
+
+static struct model_runner *open_model(const char *name) { return open_model_uniform(name, false); }
 
 TEST(moe_models_layer_kinds) {
     struct {
@@ -107,9 +110,7 @@ TEST(moe_models_force_uniform_routing) {
     ASSERT_EQ(refs_load("qwen3_moe", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
     float *lg[2];
     for (int pass = 0; pass < 2; pass++) {
-        setenv("ATOMC_MOE_FORCE_UNIFORM", "1", 1);
-        struct model_runner *r = open_model("qwen3_moe");
-        unsetenv("ATOMC_MOE_FORCE_UNIFORM");
+        struct model_runner *r = open_model_uniform("qwen3_moe", true);
         ASSERT_TRUE(r != NULL);
         struct sim *s = malloc(sizeof *s);
         sim_init(s, r, 3u);

@@ -18,6 +18,7 @@ enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATT
 struct rec {
     enum rec_kind kind;
     struct tensor t[4];
+    struct weight w; // REC_MATMUL: the weight operand
     bool has[4];
     const int32_t *ids;
     int64_t stride;
@@ -78,12 +79,12 @@ static void w_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *
     r->t[0] = *out, r->t[1] = *res, r->t[3] = *w, r->f = eps;
     if (x) r->t[2] = *x, r->has[2] = true;
 }
-static void w_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+static void w_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *w,
                      const struct tensor *bias) {
     struct rec_backend *rb = rb_of(b);
     if (!rb->capturing) return REAL(rb)->ops->matmul(REAL(rb), out, x, w, bias);
     struct rec *r = rec_push(rb, REC_MATMUL);
-    r->t[0] = *out, r->t[1] = *x, r->t[2] = *w;
+    r->t[0] = *out, r->t[1] = *x, r->w = *w;
     if (bias) r->t[3] = *bias, r->has[3] = true;
 }
 static void w_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
@@ -138,7 +139,7 @@ static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
         case REC_EMBED: o->embedding(b, &r->t[0], &r->t[1], r->ids); break;
         case REC_NORM: o->rmsnorm(b, &r->t[0], &r->t[1], &r->t[2], r->f); break;
         case REC_ADD_NORM: o->add_rmsnorm(b, &r->t[0], &r->t[1], OPT(r, 2), &r->t[3], r->f); break;
-        case REC_MATMUL: o->matmul(b, &r->t[0], &r->t[1], &r->t[2], OPT(r, 3)); break;
+        case REC_MATMUL: o->matmul(b, &r->t[0], &r->t[1], &r->w, OPT(r, 3)); break;
         case REC_ROPE: o->rope_kv_write(b, &r->t[0], &r->t[1], &r->t[2], r->stride, &r->rope, r->kv, &r->md); break;
         case REC_ATTN: o->attention(b, &r->t[0], &r->t[1], r->stride, r->kv, &r->md, r->f, r->n, OPT(r, 2)); break;
         case REC_SILU: o->silu_mul(b, &r->t[0], &r->t[1]); break;

@@ -2,7 +2,8 @@
 // HF transformers loading the same GGUF (`gguf_file=`, also dequantized to fp32): greedy
 // 64-token continuations of several prompts, all run together as one continuous batch.
 // References: tests/fixtures/models/smollm2_refs.json, written by tools/gen_smollm2_refs.py.
-// The model path comes from $ATOMC_SMOLLM2; without it the test prints a skip note.
+// The model path comes from $ATOMC_SMOLLM2; without it the test is skipped (a failure under
+// ATOMC_REQUIRE_FIXTURES=1).
 //
 // Rule: tokens must be identical at every step whose HF top-2 margin exceeds MIN_MARGIN (fp32
 // summation order differs between the two implementations, so an exact tie could flip); the
@@ -56,11 +57,8 @@ static int load_refs(struct smol_prompt *p, int max) {
 }
 
 TEST(smollm2_greedy_64_matches_hf_gguf) {
-    const char *path = getenv("ATOMC_SMOLLM2");
-    if (!path || !*path) {
-        fprintf(stderr, "  skip: ATOMC_SMOLLM2 is not set (scripts/fetch_model.sh prints the path)\n");
-        return;
-    }
+    const char *path = test_smollm2_path();
+    if (!path) return;
     static struct smol_prompt P[MAX_PROMPTS];
     int n = load_refs(P, MAX_PROMPTS);
     ASSERT_TRUE(n >= 5);

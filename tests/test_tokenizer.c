@@ -11,24 +11,24 @@
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
+// A shared tokenizer, or NULL: absent = the test is skipped (a failure under
+// ATOMC_REQUIRE_FIXTURES=1); present but not loadable = the test fails.
 static struct tokenizer *load_shared(const char *name) {
-    const char *s = getenv("ATOMC_SHARED");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizers/%s", s && *s ? s : "../shared", name);
-    if (access(path, R_OK) != 0) {
-        fprintf(stderr, "  note: %s missing; skipped\n", path);
-        return NULL;
-    }
+    char rel[256];
+    snprintf(rel, sizeof rel, "tokenizers/%s", name);
+    const char *path = test_shared_path(rel);
+    if (!path) return NULL;
     struct error err = {0};
     struct tokenizer *t = NULL;
-    if (tokenizer_load(path, &t, &err)) fprintf(stderr, "  load %s: %s\n", path, err.msg);
+    if (tokenizer_load(path, &t, &err)) test_fail(__FILE__, __LINE__, "load %s: %s", path, err.msg);
     return t;
 }
 
+// A committed fixture tokenizer, or NULL with the test failed (a missing fixture is never a skip).
 static struct tokenizer *load_fixture(const char *rel) {
     struct error err = {0};
     struct tokenizer *t = NULL;
-    if (tokenizer_load(test_fixture(rel), &t, &err)) fprintf(stderr, "  load %s: %s\n", rel, err.msg);
+    if (tokenizer_load(test_fixture(rel), &t, &err)) test_fail(__FILE__, __LINE__, "load %s: %s", rel, err.msg);
     return t;
 }
 

@@ -1,8 +1,9 @@
 // Conformance against HF `tokenizers`: every string of tests/fixtures/tokenizer/corpus.json must
 // give the reference ids (with and without special tokens) and the reference decodes, for the
 // real tokenizers in ../shared/tokenizers (or $ATOMC_SHARED/tokenizers) and SmolLM2's GGUF
-// ($ATOMC_SMOLLM2). References come from tools/gen_tokenizer_refs.py. A missing tokenizer file
-// is skipped with a note on stderr.
+// ($ATOMC_SMOLLM2). References come from tools/gen_tokenizer_refs.py. A missing shared tokenizer
+// or SmolLM2 file is a skip (a failure under ATOMC_REQUIRE_FIXTURES=1); a missing committed
+// fixture (tokenizer, corpus, reference) is a failure.
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,11 +74,6 @@ static void corpus_free(struct corpus *c) {
     free(c->len);
 }
 
-static const char *shared_dir(void) {
-    const char *s = getenv("ATOMC_SHARED");
-    return s && *s ? s : "../shared";
-}
-
 static bool ids_equal(const int32_t *a, int na, json_t *b, int off) {
     for (int i = 0; i < na; i++)
         if (a[off + i] != json_integer_value(json_array_get(b, (size_t)i))) return false;
@@ -96,8 +92,8 @@ static int check_tokenizer(const char *name, const char *path_in) {
     char path[1024];  // test_fixture() returns a static buffer: keep a copy
     snprintf(path, sizeof path, "%s", path_in);
     if (access(path, R_OK) != 0) {
-        fprintf(stderr, "  note: %s not found at %s; skipped\n", name, path);
-        return 0;
+        test_fail(__FILE__, __LINE__, "%s: %s cannot be read", name, path);
+        return 1;
     }
     struct corpus c;
     if (!corpus_load(&c)) {
@@ -207,8 +203,10 @@ static int check_tokenizer(const char *name, const char *path_in) {
 }
 
 static void check_shared(const char *name) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizers/%s", shared_dir(), name);
+    char rel[256];
+    snprintf(rel, sizeof rel, "tokenizers/%s", name);
+    const char *path = test_shared_path(rel);
+    if (!path) return; // skipped (a failure under ATOMC_REQUIRE_FIXTURES=1)
     int bad = check_tokenizer(name, path);
     ASSERT_EQ(bad, 0);
 }
@@ -241,11 +239,8 @@ TEST(conformance_tiny_bpe_llama_bpe_gguf) {
 TEST(conformance_tiny_dsv3_gguf) { ASSERT_EQ(check_tokenizer("tiny_dsv3", test_fixture("tokenizer/tiny_dsv3.gguf")), 0); }
 
 TEST(conformance_smollm2_gguf) {
-    const char *p = getenv("ATOMC_SMOLLM2");
-    if (!p || !*p) {
-        fprintf(stderr, "  note: ATOMC_SMOLLM2 not set; SmolLM2 GGUF tokenizer skipped\n");
-        return;
-    }
+    const char *p = test_smollm2_path();
+    if (!p) return;
     ASSERT_EQ(check_tokenizer("smollm2", p), 0);
 }
 

@@ -199,11 +199,8 @@ TEST(tp4_matches_tp1_and_hf) { check_tp(4); }
 // quantised shards (row slices of q/k/v/gate/up, 32-aligned column slices of o/down) give the
 // same greedy tokens as TP=1 and logits within the stated tolerance. Skipped without ATOMC_SMOLLM2.
 TEST(tp3_smollm2_gguf_matches_tp1) {
-    const char *path = getenv("ATOMC_SMOLLM2");
-    if (!path || !*path || access(path, R_OK) != 0) {
-        fprintf(stderr, "  skipped: ATOMC_SMOLLM2 not set\n");
-        return;
-    }
+    const char *path = test_smollm2_path();
+    if (!path) return;
     struct runner_options o = base_options(path);
     struct any_runner a1 = {0}, a3 = {0};
     struct error err = {0};

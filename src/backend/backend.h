@@ -19,6 +19,7 @@
 
 #include "common/error.h"
 #include "core/tensor.h"
+#include "core/weight.h"
 
 enum backend_kind { BACKEND_CPU = 0, BACKEND_CUDA };
 
@@ -109,7 +110,7 @@ struct sample_args {
 // shared experts folded into the same fused op: slots top_k .. top_k + n_shared - 1 of every
 // token get expert ids E .. E + n_shared - 1 with weight shared_weight (the stacked expert
 // weights then hold E + n_shared experts), so moe_experts needs no special case for them.
-// force_uniform (BENCHMARK ONLY, env ATOMC_MOE_FORCE_UNIFORM=1 via the model): ignores the
+// force_uniform (BENCHMARK ONLY, the bench commands' --moe-uniform-routing via model_load_options): ignores the
 // logits; token t's slot j gets expert (t * top_k + j) mod E with weight 1 / top_k, i.e. a
 // perfectly balanced round-robin load over the experts (random dummy router weights otherwise
 // concentrate traffic, which real routers spread).
@@ -168,11 +169,12 @@ struct backend_ops {
     // residual += x ; out = rmsnorm(residual) * w. (x may be NULL: then only the norm.) w: a weight.
     void (*add_rmsnorm)(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
                         const struct tensor *w, float eps);
-    // out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)). w is in the weight dtype; out is in the act
-    // dtype or F32 (the lm_head writes F32 logits directly; bias, if any, in out's dtype).
+    // out(n, m) = x(n, k) @ w(m, k)^T (+ bias(m)). w->t is in a weight dtype of the backend and
+    // w->scheme one of its caps' weight_schemes (core/weight.h); out is in the act dtype or F32
+    // (the lm_head writes F32 logits directly; bias, if any, in out's dtype).
     // w is a weight: no op of this step writes it (CUDA may read it before the previous kernel
     // has finished).
-    void (*matmul)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+    void (*matmul)(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *w,
                    const struct tensor *bias);
     // Applies RoPE (after the optional per-head q/k RMSNorm of rope_args) to q (n, hq, d) in
     // place and to k (n, hk, d), then writes k and v into the paged cache at slot_mapping
@@ -226,13 +228,44 @@ struct backend_ops {
     // given n, so decode stays graph-capturable); each active expert runs as one GEMM over its
     // rows; the combine sums a token's slots in slot order (deterministic). Ids outside
     // [0, E_total) are a programmer error (the CPU backend CHECKs them; CUDA skips the slot).
-    void (*moe_experts)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
-                        const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+    // gate_up / down carry a weight scheme like matmul's w (the stacked tensors are their .t).
+    void (*moe_experts)(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
+                        const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                         void *workspace);
 };
 
+// What a backend can run, reported once at create and checked by model loading
+// (model_check_backend_caps in src/model/model.c) before any weight is loaded, so a config the
+// backend cannot run is an error at load, never a CHECK inside a forward. Plain data: the CUDA
+// table (src/backend/cuda/cuda_caps.c) is compiled into CPU-only builds too, so unit tests can
+// drive the check with it without a GPU.
+#define BACKEND_CAPS_MAX_HEAD_DIMS 8
+
+struct backend_caps {
+    const char *name;
+    int head_dims[BACKEND_CAPS_MAX_HEAD_DIMS]; // attention q/k head dims; n_head_dims == 0: any
+    int n_head_dims;
+    bool split_v_head_dim;     // v head dim may differ from the q/k head dim (MLA, GPT-OSS-style)
+    int max_qk_norm_head_dim;  // per-head q/k RMSNorm inside rope_kv_write; 0 = any
+    uint32_t kv_dtypes;        // bit (1 << enum dtype) per KV-cache dtype
+    uint32_t weight_dtypes;    // bit per storage dtype matmul / moe_experts take
+    uint32_t weight_schemes;   // bit (1 << enum weight_scheme) per implemented scheme
+    int max_experts;           // moe_route / moe_experts: routed + shared experts; 0 = any
+    bool moe_sigmoid_scoring;  // MOE_SCORING_SIGMOID
+    bool moe_grouped_topk;     // n_group > 1
+    bool pow2_block_size;      // KV block size must be a power of two
+    int min_block_size;        // smallest KV block size the attention tile takes
+};
+
+#define BACKEND_CAP_BIT(x) (1u << (unsigned)(x))
+
+// The capability tables, defined in plain C so every build has both.
+extern const struct backend_caps backend_cpu_caps;
+extern const struct backend_caps backend_cuda_caps;
+
 struct backend {
     const struct backend_ops *ops;
+    const struct backend_caps *caps;
     enum backend_kind kind;
     enum dtype act_dtype;  // activation dtype
     enum dtype weight_dtype; // default dtype weights are converted to

@@ -57,7 +57,8 @@ static void usage(void) {
            "  --enforce-eager               no CUDA graphs\n"
            "  --kv-cache-dtype auto|bf16|fp8\n"
            "  --output-json FILE            write the results as JSON\n"
-           "  --profile-dir DIR             record a per-step Chrome trace of the whole run into DIR\n");
+           "  --profile-dir DIR             record a per-step Chrome trace of the whole run into DIR\n"
+           "  --moe-uniform-routing         MoE models: balanced round-robin routing (benchmark only)\n");
 }
 
 int cmd_bench_latency(int argc, char **argv) {
@@ -66,8 +67,9 @@ int cmd_bench_latency(int argc, char **argv) {
     int bs[MAX_POINTS] = {1, 2, 4, 8, 16, 32, 64}, n_bs = 7;
     int pl[MAX_POINTS] = {128, 512, 1024, 2048}, n_pl = 4;
     int input_len = 128, output_len = 32, iters = 3, max_batched = 0;
-    bool eager = false;
-    enum { O_MODEL = 1, O_DEVICE, O_LOAD, O_BS, O_IN, O_OUT, O_PL, O_ITERS, O_BATCHED, O_EAGER, O_KV, O_JSON, O_PROFILE, O_HELP };
+    bool eager = false, uniform = false;
+    enum { O_MODEL = 1, O_DEVICE, O_LOAD, O_BS, O_IN, O_OUT, O_PL, O_ITERS, O_BATCHED, O_EAGER, O_KV, O_JSON, O_PROFILE,
+           O_UNIFORM, O_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL}, {"device", required_argument, 0, O_DEVICE},
         {"load-format", required_argument, 0, O_LOAD}, {"batch-sizes", required_argument, 0, O_BS},
@@ -75,7 +77,7 @@ int cmd_bench_latency(int argc, char **argv) {
         {"prompt-lens", required_argument, 0, O_PL}, {"num-iters", required_argument, 0, O_ITERS},
         {"max-num-batched-tokens", required_argument, 0, O_BATCHED}, {"enforce-eager", no_argument, 0, O_EAGER},
         {"kv-cache-dtype", required_argument, 0, O_KV}, {"output-json", required_argument, 0, O_JSON},
-        {"profile-dir", required_argument, 0, O_PROFILE},
+        {"profile-dir", required_argument, 0, O_PROFILE}, {"moe-uniform-routing", no_argument, 0, O_UNIFORM},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0},
     };
     optind = 1;
@@ -104,6 +106,7 @@ int cmd_bench_latency(int argc, char **argv) {
         case O_KV: kv_dtype = optarg; break;
         case O_JSON: json_path = optarg; break;
         case O_PROFILE: profile_dir = optarg; break;
+        case O_UNIFORM: uniform = true; break;
         case O_HELP: usage(); return 0;
         default: fprintf(stderr, "atomc bench latency: bad option '%s'\n", argv[optind - 1]); return 2;
         }
@@ -122,6 +125,7 @@ int cmd_bench_latency(int argc, char **argv) {
     o.load_format = load_format;
     o.kv_cache_dtype = kv_dtype;
     o.enforce_eager = eager;
+    o.moe_uniform_routing = uniform;
     o.enable_prefix_caching = false;
     o.profile_dir = profile_dir;
     o.max_num_seqs = max_bs;

@@ -14,7 +14,7 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/timeutil.h"
-#include "model/moe.h"
+#include "model/model.h"
 #include "runtime/model_runner.h"
 
 static void bench_runner_usage(FILE *f) {
@@ -34,7 +34,9 @@ static void bench_runner_usage(FILE *f) {
             "  --enforce-eager       no CUDA graphs\n"
             "  --peak-bw GBPS        memory bandwidth limit for the ratio (GB/s)\n"
             "  --measure-bw          measure host memory read bandwidth first and use it as the limit\n"
-            "  --json                one JSON object on stdout\n");
+            "  --json                one JSON object on stdout\n"
+            "  --moe-uniform-routing MoE models: balanced round-robin routing instead of the router's\n"
+            "                        (random dummy routers concentrate traffic that real ones spread)\n");
 }
 
 struct bw_ctx {
@@ -107,6 +109,7 @@ int cmd_bench_runner(int argc, char **argv) {
         {"threads", required_argument, 0, 'j'},      {"enforce-eager", no_argument, 0, 'e'},
         {"peak-bw", required_argument, 0, 'P'},      {"measure-bw", no_argument, 0, 'M'},
         {"json", no_argument, 0, 'J'},               {"help", no_argument, 0, 'h'},
+        {"moe-uniform-routing", no_argument, 0, 'U'},
         {0, 0, 0, 0}};
     optind = 1;
     int c;
@@ -141,6 +144,7 @@ int cmd_bench_runner(int argc, char **argv) {
             break;
         case 'M': measure = 1; break;
         case 'J': json = 1; break;
+        case 'U': o.moe_uniform_routing = true; break;
         case 'h': bench_runner_usage(stdout); return 0;
         default: bench_runner_usage(stderr); return 2;
         }

@@ -23,6 +23,7 @@ static void throughput_usage(FILE *f) {
             "  --num-prompts N (default 1000)  --input-len I (default 1024)  --output-len O (default 128)\n"
             "  --prefix-len P (first P tokens shared by all prompts, default 0)\n"
             "  --seed S (prompt generator, default 0)  --output-json FILE\n"
+            "  --moe-uniform-routing (MoE models: balanced round-robin routing, benchmark only)\n"
             "  An offline run: --max-num-batched-tokens defaults to 16384 on CUDA, as for vLLM's offline\n"
             "  engines on H100 / H200-class GPUs (the server's default stays 8192).\n"
             "%s",
@@ -54,13 +55,14 @@ static uint64_t tp_rng(uint64_t *s) {
 }
 
 int cmd_bench_throughput(int argc, char **argv) {
-    enum { T_NUM = 1000, T_IN, T_OUT, T_PREFIX, T_SEED, T_JSON, T_HELP };
+    enum { T_NUM = 1000, T_IN, T_OUT, T_PREFIX, T_SEED, T_JSON, T_UNIFORM, T_HELP };
     static const struct option opts[] = {{"num-prompts", required_argument, 0, T_NUM},
                                          {"input-len", required_argument, 0, T_IN},
                                          {"output-len", required_argument, 0, T_OUT},
                                          {"prefix-len", required_argument, 0, T_PREFIX},
                                          {"seed", required_argument, 0, T_SEED},
                                          {"output-json", required_argument, 0, T_JSON},
+                                         {"moe-uniform-routing", no_argument, 0, T_UNIFORM},
                                          {"help", no_argument, 0, T_HELP},
                                          CLI_ENGINE_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -79,6 +81,7 @@ int cmd_bench_throughput(int argc, char **argv) {
         case T_PREFIX: ok = cli_parse_int(optarg, "--prefix-len", 0, 1 << 24, &prefix_len); break;
         case T_SEED: ok = cli_parse_int(optarg, "--seed", 0, 1 << 30, &seed); break;
         case T_JSON: json_path = optarg; break;
+        case T_UNIFORM: ea.o.moe_uniform_routing = true; break;
         case T_HELP: throughput_usage(stdout); return 0;
         case '?': ok = false; break;
         default: ok = cli_engine_parse_flag(&ea, c, optarg) > 0;

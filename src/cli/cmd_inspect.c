@@ -1,6 +1,8 @@
 // `atomc inspect --model PATH [--tensors] [--json]`: opens a model (HF directory or .gguf)
 // through the loader, validates it, and prints its configuration, a dtype histogram of the
 // weights, and how long opening took; --tensors lists every tensor (file name, dtype, shape).
+// A quantization config is printed (JSON: "quantization_config", with "refused" holding the
+// message loading would fail with) rather than refused: inspecting is how one sees it.
 // Exit status 0 if the model opens and validates, 1 with the loader's message otherwise.
 #include <inttypes.h>
 #include <jansson.h>
@@ -11,6 +13,7 @@
 #include "cli/commands.h"
 #include "common/timeutil.h"
 #include "loader/model_files.h"
+#include "model/quant.h"
 
 struct tensor_row {
     const char *name;
@@ -50,6 +53,59 @@ static const char *rope_name(enum rope_scaling_type s) {
     case ROPE_SCALING_DYNAMIC: return "dynamic";
     }
     return "?";
+}
+
+static json_t *quant_args_json(const struct quant_args *a) {
+    if (!a->present) return json_null();
+    json_t *o = json_object();
+    json_object_set_new(o, "num_bits", json_integer(a->num_bits));
+    json_object_set_new(o, "type", json_string(quant_type_name(a->type)));
+    json_object_set_new(o, "strategy",
+                        json_string(a->strategy == QUANT_STRATEGY_OTHER && a->strategy_name[0]
+                                        ? a->strategy_name
+                                        : quant_strategy_name(a->strategy)));
+    json_object_set_new(o, "group_size", a->group_size ? json_integer(a->group_size) : json_null());
+    json_object_set_new(o, "block_size",
+                        a->block_size[0] ? json_pack("[ii]", a->block_size[0], a->block_size[1]) : json_null());
+    json_object_set_new(o, "symmetric", json_boolean(a->symmetric));
+    json_object_set_new(o, "dynamic", json_boolean(a->dynamic));
+    if (a->actorder[0]) json_object_set_new(o, "actorder", json_string(a->actorder));
+    return o;
+}
+
+// The parsed quantization config (null when there is none); `atomc inspect` shows it
+// without refusing the model (loading would: model_quant_check).
+static json_t *quant_json(const struct model_config *c) {
+    const struct quant_config *q = &c->quant;
+    if (!q->present) return json_null();
+    json_t *o = json_object(), *schemes = json_array(), *ignore = json_array();
+    json_object_set_new(o, "origin", json_string(q->origin));
+    json_object_set_new(o, "quant_method", json_string(q->method_name));
+    json_object_set_new(o, "format", q->format[0] ? json_string(q->format) : json_null());
+    for (int i = 0; i < q->n_schemes && i < QUANT_MAX_SCHEMES; i++) {
+        const struct quant_scheme *s = &q->schemes[i];
+        json_t *so = json_object(), *targets = json_array();
+        for (int t = 0; t < s->n_targets && t < QUANT_MAX_TARGETS; t++)
+            json_array_append_new(targets, json_string(s->targets[t]));
+        json_object_set_new(so, "name", json_string(s->name));
+        json_object_set_new(so, "format", s->format[0] ? json_string(s->format) : json_null());
+        json_object_set_new(so, "targets", targets);
+        json_object_set_new(so, "weights", quant_args_json(&s->weights));
+        json_object_set_new(so, "input_activations", quant_args_json(&s->input_act));
+        json_object_set_new(so, "activation_scheme", json_string(quant_act_scheme_name(s->act_scheme)));
+        json_array_append_new(schemes, so);
+    }
+    json_object_set_new(o, "schemes", schemes);
+    json_object_set_new(o, "n_schemes", json_integer(q->n_schemes));
+    json_object_set_new(o, "kv_cache_scheme", quant_args_json(&q->kv_cache));
+    json_object_set_new(o, "sparsity_format", q->sparsity_format[0] ? json_string(q->sparsity_format) : json_null());
+    for (int i = 0; i < q->n_ignore && i < QUANT_MAX_IGNORE; i++)
+        json_array_append_new(ignore, json_string(q->ignore[i]));
+    json_object_set_new(o, "ignore", ignore);
+    json_object_set_new(o, "n_ignore", json_integer(q->n_ignore));
+    struct error e = {0};
+    json_object_set_new(o, "refused", model_quant_check(c, &e) ? json_string(e.msg) : json_null());
+    return o;
 }
 
 static void usage(FILE *f) {
@@ -115,6 +171,7 @@ int cmd_inspect(int argc, char **argv) {
         json_t *eos = json_array();
         for (int i = 0; i < c->n_eos; i++) json_array_append_new(eos, json_integer(c->eos_token_ids[i]));
         json_object_set_new(o, "eos_token_ids", eos);
+        json_object_set_new(o, "quantization_config", quant_json(c));
         json_object_set_new(o, "n_tensors", json_integer((json_int_t)n));
         json_object_set_new(o, "weight_bytes", json_integer((json_int_t)total));
         json_object_set_new(o, "open_ms", json_real(open_ms));
@@ -159,6 +216,13 @@ int cmd_inspect(int argc, char **argv) {
         printf("tokens:        bos %d, eos", c->bos_token_id);
         for (int i = 0; i < c->n_eos; i++) printf(" %d", c->eos_token_ids[i]);
         printf("\n");
+        if (c->quant.present) {
+            char q[4096];
+            quant_config_describe(&c->quant, q, sizeof q);
+            printf("quantization:  %s\n", q);
+            struct error e = {0};
+            if (model_quant_check(c, &e)) printf("               (not implemented: loading refuses this checkpoint)\n");
+        }
         // dtype histogram
         const char *names[32];
         size_t counts[32] = {0};

@@ -216,19 +216,30 @@ void block_manager_commit(struct block_manager *bm, struct block_table *bt, cons
     }
 }
 
-void block_manager_release(struct block_manager *bm, struct block_table *bt) {
-    for (int i = bt->n - 1; i >= 0; i--) {
-        int32_t id = bt->ids[i];
-        struct kv_block *b = &bm->blocks[id];
-        CHECK_MSG(b->ref_count > 0, "block %d released with refcount %d", id, b->ref_count);
-        if (--b->ref_count == 0) {
-            if (b->cached) lru_append(bm, id);
-            else bm->free_stack[bm->n_free_stack++] = id;
-        }
+static void block_unref(struct block_manager *bm, int32_t id) {
+    struct kv_block *b = &bm->blocks[id];
+    CHECK_MSG(b->ref_count > 0, "block %d released with refcount %d", id, b->ref_count);
+    if (--b->ref_count == 0) {
+        if (b->cached) lru_append(bm, id);
+        else bm->free_stack[bm->n_free_stack++] = id;
     }
+}
+
+int block_manager_drop_before(struct block_manager *bm, struct block_table *bt, int first_needed) {
+    int upto = first_needed > 0 ? first_needed / bm->block_size : 0;
+    if (upto > bt->n) upto = bt->n;
+    if (bm->enable_prefix_caching && upto > bt->n_hashed) upto = bt->n_hashed;
+    int n = 0;
+    for (; bt->n_dropped < upto; bt->n_dropped++, n++) block_unref(bm, bt->ids[bt->n_dropped]);
+    return n;
+}
+
+void block_manager_release(struct block_manager *bm, struct block_table *bt) {
+    for (int i = bt->n - 1; i >= bt->n_dropped; i--) block_unref(bm, bt->ids[i]);
     bt->n = 0;
     bt->n_hashed = 0;
     bt->last_hash = 0;
+    bt->n_dropped = 0;
 }
 
 void block_manager_reset_prefix_cache(struct block_manager *bm) {

@@ -37,6 +37,8 @@ struct block_table {
     int n, cap;
     int n_hashed;       // leading blocks registered in (or matched from) the prefix cache
     uint64_t last_hash; // chain hash of block n_hashed-1 (0 when n_hashed == 0)
+    int n_dropped;      // leading blocks released while the sequence runs (sliding window): their
+                        // ids stay (attention never reads them unmasked) but hold no reference
 };
 
 void block_table_init(struct block_table *bt);
@@ -105,6 +107,12 @@ bool block_manager_allocate(struct block_manager *bm, struct block_table *bt, in
 // cache (computed, or being computed in the current step) in the prefix cache. If an identical block is already cached,
 // this one stays private (it is simply not registered).
 void block_manager_commit(struct block_manager *bm, struct block_table *bt, const int32_t *tokens, int n_computed);
+
+// Sliding-window models: releases bt's leading blocks whose slots all lie before token
+// `first_needed` (nothing at or after it reads them again), keeping their ids in the table.
+// With prefix caching only registered blocks are dropped (they stay findable while free).
+// Returns how many were dropped now.
+int block_manager_drop_before(struct block_manager *bm, struct block_table *bt, int first_needed);
 
 // Drops bt's references (tail first) and empties it.
 void block_manager_release(struct block_manager *bm, struct block_table *bt);

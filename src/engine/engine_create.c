@@ -113,6 +113,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
         .enforce_eager = o->enforce_eager,
         .num_threads = o->num_threads,
         .dummy_seed = o->seed,
+        .moe_uniform_routing = o->moe_uniform_routing,
     };
     int tp_size = o->tensor_parallel_size > 0 ? o->tensor_parallel_size : 1;
     if (tp_size > 1) {
@@ -151,6 +152,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **o
     su.num_kv_blocks = tp ? tp_runner_num_kv_blocks(tp) : model_runner_num_kv_blocks(runner); // smallest rank's pool
     su.vocab_size = cfg->vocab_size;
     su.max_model_len = model_runner_max_model_len(runner);
+    su.sliding_window = model_runner_sliding_window(runner);
     // EOS: config.json + generation_config.json (merged by the loader), and the tokenizer's.
     for (int i = 0; i < cfg->n_eos; i++) add_eos(&su, cfg->eos_token_ids[i]);
     if (tok) add_eos(&su, tokenizer_eos_id(tok));

@@ -5,11 +5,13 @@
 #ifndef ATOMC_ENGINE_ENGINE_INTERNAL_H
 #define ATOMC_ENGINE_ENGINE_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "atomc.h"
+#include "common/check.h"
 #include "common/error.h"
 #include "runtime/model_runner.h"
 
@@ -51,6 +53,7 @@ struct engine_setup {
     int num_kv_blocks;
     int vocab_size;
     int max_model_len;              // the model's limit (options may lower it)
+    int sliding_window;             // model_runner_sliding_window: > 0 frees blocks out of the window
     int32_t eos_ids[ENGINE_MAX_EOS]; // config + generation_config + tokenizer
     int n_eos;
     atomc_model_info info;          // strings must outlive the engine (owned by ctx / strings below)
@@ -69,5 +72,97 @@ void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int
 struct block_manager *engine_block_manager(atomc_engine *e);
 // For tests: the model's CUDA graph replays so far (0 on the CPU or with --enforce-eager).
 uint64_t engine_graph_replays(atomc_engine *e);
+
+// --- private to engine.c, engine_request.c, engine_step.c, engine_generate.c ----------------------
+// struct atomc_engine and the functions these files share. Threads and ownership: engine.c's
+// top comment (the fields under mu are shared, the rest belong to the thread running the steps).
+
+struct block_manager;
+struct scheduler;
+struct sequence;
+struct trace;
+
+#define ENGINE_MAX_LOGPROBS 20
+
+struct atomc_engine {
+    struct engine_setup su;
+    int max_model_len, block_size, max_num_seqs, max_num_batched_tokens, max_waiting;
+    uint64_t seed;
+    struct block_manager *bm;
+    struct scheduler *sched;
+
+    // Shared state, under mu.
+    pthread_mutex_t mu;
+    pthread_cond_t wake; // loop thread: work arrived or stop requested
+    pthread_cond_t done; // atomc_engine_generate: one of its requests finished
+    struct sequence **inbox;
+    int n_inbox, inbox_cap;
+    uint64_t *aborts;
+    int n_aborts, aborts_cap;
+    uint64_t *live; // (live_cap) open-addressing set of ids not yet finished; 0 = empty slot
+    int n_live, live_cap;
+    uint64_t next_id;
+    bool thread_on, stop_requested;
+    pthread_t thread;
+    atomc_stats stats; // refreshed at the end of every step
+    int sched_seqs;    // waiting + running in the scheduler, as of the last step
+
+    // Loop-side counters.
+    uint64_t prompt_tokens_total, generation_tokens_total, num_steps, num_finished, num_aborted;
+
+    // Per-step buffers, grown on demand, never shrunk (no per-token allocation). They back the
+    // forward_batch that build_batch hands the model; capacities in *_cap.
+    int32_t *b_tokens, *b_positions, *b_slots; // (n_tokens) ids, positions, KV slot of each new token
+    int b_tok_cap;
+    int32_t *b_qstart;                // (n_seqs + 1) prefix sums of new tokens
+    int32_t *b_ctx;                   // (n_seqs) tokens in KV after the step
+    int32_t *b_logit_rows;            // (n_logits) token row sampled for each finishing prefill / decode
+    struct sample_row *b_rows;        // (n_logits) sampling parameters of those rows
+    struct sequence **b_row_seq;      // (n_logits) the sequence each row belongs to
+    int b_seq_cap;
+    int32_t *b_tables;                // (n_seqs, max_blocks_per_seq) block ids, zero-padded
+    size_t b_tables_cap;
+    int32_t *b_plp_rows, *b_plp_targets, *b_plp_pos; // (n_prompt_lp) prompt-logprob row, next id, position
+    struct sequence **b_plp_seq;      // (n_prompt_lp) owner of each prompt-logprob row
+    int b_plp_cap;
+    atomc_top_logprob *o_top;         // (k + 1) top logprobs of the output being delivered
+    int o_top_cap;
+    struct sequence **drained;        // (n_inbox) requests taken from the inbox; also a failed batch's sequences
+    int drained_cap;
+
+    // Profiling (options.profile_dir): spans of every step; NVTX ranges in CUDA builds.
+    struct trace *trace;
+    char *profile_dir;
+    int profile_count;
+};
+
+// Grows a buffer of *cap elements of elem bytes to hold need (doubling; at least 16); p if it
+// already does.
+static inline void *grow(void *p, int *cap, int need, size_t elem) {
+    if (need <= *cap) return p;
+    int c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    *cap = c;
+    return xrealloc(p, (size_t)c * elem);
+}
+
+static inline uint64_t mix64(uint64_t x) { // splitmix64 finalizer
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// engine_request.c: forgets a finished id (under mu); frees a sequence that no longer is in the
+// scheduler; moves the inbox's new sequences into the scheduler and finishes the aborted ones
+// (on the thread running the steps).
+void engine_live_remove(atomc_engine *e, uint64_t id);
+void engine_seq_free(atomc_engine *e, struct sequence *s);
+void engine_drain_inbox(atomc_engine *e);
+
+// engine_step.c: ends s with reason (see its comment); snapshots the stats under mu.
+void engine_retire(atomc_engine *e, struct sequence *s, atomc_finish_reason reason, int n_new,
+                   const atomc_token_logprobs *lp, const char *error);
+void engine_refresh_stats(atomc_engine *e);
 
 #endif

@@ -149,6 +149,11 @@ static void mark_scheduled(struct scheduler *s, struct sequence *seq, int n, int
 void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output *out) {
     int budget = s->cfg.max_num_batched_tokens, n_tokens = 0, n_preempted = 0;
     s->n_scheduled = 0;
+    if (s->cfg.sliding_window > 0)
+        for (int i = 0; i < s->n_running; i++) {
+            struct sequence *seq = s->running[i];
+            block_manager_drop_before(s->bm, &seq->bt, seq->n_computed - s->cfg.sliding_window + 1);
+        }
 
     // Pass 1: decodes, in admission order; preempt the newest to make room.
     for (int i = 0; i < s->n_running; i++) {

@@ -15,6 +15,10 @@
 // a long prompt is spread over as many steps as its length needs. New prompts are admitted as
 // soon as a slot, budget and blocks allow (prefill-first admission).
 //
+// Sliding-window models (cfg.sliding_window = W > 0): before a running sequence is scheduled,
+// its blocks wholly before position n_computed - W + 1 (the first key its next token reads) are
+// released (block_manager_drop_before), so a long sequence holds about W / block_size blocks.
+//
 // A preempted sequence loses its blocks (n_computed = 0), keeps its tokens, and goes to the
 // FRONT of the waiting queue; on re-admission it re-prefills prompt + generated tokens (a
 // prefix-cache hit makes that cheap when its blocks are still cached).
@@ -32,6 +36,8 @@
 struct scheduler_config {
     int max_num_seqs;
     int max_num_batched_tokens;
+    int sliding_window; // > 0: every layer attends to the last W tokens only (model_runner_sliding_window);
+                        // blocks before the window of a running sequence's next token are freed
 };
 
 struct scheduler {

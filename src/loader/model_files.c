@@ -31,6 +31,7 @@ void model_files_close(struct model_files *mf) {
         free(mf->owned[i].data);
     }
     free(mf->owned);
+    free(mf->consumed);
     safetensors_set_close(mf->st);
     gguf_close(mf->gguf);
     free(mf->tokenizer_path);
@@ -307,6 +308,8 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
         }
     }
     TRY(gguf_llama3_rope(g, c, err));
+    const struct gguf_tensor_info *rf = gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf) mf->consumed[rf - g->tensors] = true; // read above: it became c->rope
 
     // MoE.
     TRY(arch_u32(g, arch, "expert_count", false, &c->num_experts, err));
@@ -388,6 +391,28 @@ static atomc_status gguf_config(struct model_files *mf, struct error *err) {
 // ---------------------------------------------------------------------------------
 // Open.
 
+// A quantization config kept beside config.json rather than in it: AutoGPTQ's
+// quantize_config.json (no quant_method: GPTQ) or ModelOpt's hf_quant_config.json.
+static atomc_status read_quant_side_file(struct model_files *mf, struct error *err) {
+    static const struct {
+        const char *file;
+        enum quant_method method;
+    } side[] = {{"quantize_config.json", QUANT_METHOD_GPTQ}, {"hf_quant_config.json", QUANT_METHOD_MODELOPT}};
+    for (size_t i = 0; i < sizeof side / sizeof side[0]; i++) {
+        char *p = path_join(mf->path, side[i].file);
+        atomc_status st = ATOMC_OK;
+        if (file_exists(p)) {
+            char *text = NULL;
+            st = file_read_all(p, &text, NULL, err);
+            if (!st) st = model_config_parse_quant_file(&mf->config, text, p, side[i].file, side[i].method, err);
+            free(text);
+        }
+        free(p);
+        if (st || mf->config.quant.present) return st;
+    }
+    return ATOMC_OK;
+}
+
 static atomc_status open_hf(struct model_files *mf, struct error *err) {
     mf->kind = MODEL_FILES_HF;
     char *cfg_path = path_join(mf->path, "config.json");
@@ -412,17 +437,23 @@ static atomc_status open_hf(struct model_files *mf, struct error *err) {
     }
     if (!st) st = model_config_validate(&mf->config, cfg_path, err);
     free(cfg_path);
+    if (!st && !mf->config.quant.present) st = read_quant_side_file(mf, err);
     if (st) return st;
     char *tok = path_join(mf->path, "tokenizer.json");
     if (file_exists(tok)) mf->tokenizer_path = tok;
     else free(tok);
-    return safetensors_set_open(&mf->st, mf->path, err);
+    if ((st = safetensors_set_open(&mf->st, mf->path, err))) return st;
+    mf->n_tensors = mf->st->n_entries;
+    mf->consumed = xcalloc(mf->n_tensors ? mf->n_tensors : 1, sizeof *mf->consumed);
+    return ATOMC_OK;
 }
 
 static atomc_status open_gguf(struct model_files *mf, struct error *err) {
     mf->kind = MODEL_FILES_GGUF;
     atomc_status st = gguf_open(&mf->gguf, mf->path, err);
     if (st) return st;
+    mf->n_tensors = (size_t)mf->gguf->n_tensors;
+    mf->consumed = xcalloc(mf->n_tensors ? mf->n_tensors : 1, sizeof *mf->consumed);
     if ((st = gguf_config(mf, err))) return st;
     mf->tokenizer_path = xstrdup(mf->path);
     return model_config_validate(&mf->config, mf->path, err);
@@ -571,6 +602,24 @@ static atomc_status ensure_aligned(struct model_files *mf, const char *hf_name, 
     return ATOMC_OK;
 }
 
+// The index in mf->consumed of the files' tensor that serves hf_name, or -1.
+static int64_t tensor_index(const struct model_files *mf, const char *hf_name) {
+    if (mf->kind == MODEL_FILES_HF) {
+        const struct safetensors_entry *e = safetensors_set_find(mf->st, hf_name);
+        return e ? e - mf->st->entries : -1;
+    }
+    struct gguf_mapping m;
+    const struct gguf_tensor_info *ti = gguf_find_tensor(mf->gguf, map_hf_to_gguf(hf_name, &m) ? m.name : hf_name);
+    return ti ? ti - mf->gguf->tensors : -1;
+}
+
+bool model_files_mark_consumed(struct model_files *mf, const char *hf_name) {
+    int64_t i = tensor_index(mf, hf_name);
+    if (i < 0) return false;
+    mf->consumed[i] = true;
+    return true;
+}
+
 atomc_status model_files_get_tensor(struct model_files *mf, const char *hf_name, struct tensor *out,
                                     struct error *err) {
     atomc_status st;
@@ -584,6 +633,7 @@ atomc_status model_files_get_tensor(struct model_files *mf, const char *hf_name,
                              hf_name);
     }
     if (st) return st;
+    model_files_mark_consumed(mf, hf_name);
     return ensure_aligned(mf, hf_name, out, err);
 }
 
@@ -679,4 +729,58 @@ atomc_status model_files_get_tensor_slice(struct model_files *mf, const char *hf
     s.ne[t.ndim - 1] = len;
     *out = *owned_add(mf, key, buf, s);
     return ATOMC_OK;
+}
+
+// ---------------------------------------------------------------------------------
+// Consumption.
+
+static bool ends_with_str(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+// Tensors a checkpoint may carry that the engine leaves unread by design, and why.
+static const char *unused_by_design(const struct model_files *mf, const char *name) {
+    if (mf->kind == MODEL_FILES_HF && ends_with_str(name, "rotary_emb.inv_freq"))
+        return "a RoPE buffer some HF checkpoints save; atomc computes it from the RoPE config";
+    if (mf->kind == MODEL_FILES_HF && mf->config.tie_word_embeddings && !strcmp(name, "lm_head.weight"))
+        return "tie_word_embeddings: transformers ties lm_head to the embeddings and ignores this copy";
+    return NULL;
+}
+
+atomc_status model_files_check_consumed(const struct model_files *mf, struct error *err) {
+    size_t n_unread = 0;
+    const char *first = NULL, *first_file = NULL, *first_dtype = NULL, *why = "";
+    for (size_t i = 0; i < mf->n_tensors; i++) {
+        if (mf->consumed[i]) continue;
+        const char *name, *file, *dtype;
+        if (mf->kind == MODEL_FILES_HF) {
+            const struct safetensors_entry *e = &mf->st->entries[i];
+            name = e->name, file = e->file->path, dtype = e->tensor->dtype_name;
+        } else {
+            const struct gguf_tensor_info *t = &mf->gguf->tensors[i];
+            name = t->name, file = mf->gguf->path, dtype = ggml_type_name(t->ggml_type);
+        }
+        if (unused_by_design(mf, name)) continue;
+        if (!first || strcmp(name, first) < 0) first = name, first_file = file, first_dtype = dtype;
+        n_unread++;
+    }
+    // Shard tensors the index does not list are invisible to the model: never read either.
+    for (size_t f = 0; mf->kind == MODEL_FILES_HF && mf->st->index_path && f < mf->st->n_files; f++) {
+        const struct safetensors_file *sf = mf->st->files[f];
+        for (size_t i = 0; i < sf->n_tensors; i++) {
+            const struct safetensors_entry *e = safetensors_set_find(mf->st, sf->tensors[i].name);
+            if (e && e->tensor == &sf->tensors[i]) continue;
+            if (!first || strcmp(sf->tensors[i].name, first) < 0) {
+                first = sf->tensors[i].name, first_file = sf->path, first_dtype = sf->tensors[i].dtype_name;
+                why = ", not listed in the index";
+            }
+            n_unread++;
+        }
+    }
+    if (n_unread == 0) return ATOMC_OK;
+    return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                     "%s: tensor '%s' (%s%s) is never read by the %s loader (%zu unread tensor%s in all); refusing "
+                     "to load, since an ignored scale, zero point or other tensor silently gives wrong outputs",
+                     first_file, first, first_dtype, why, mf->config.architecture, n_unread, n_unread == 1 ? "" : "s");
 }

@@ -24,6 +24,10 @@
 //   mapping are looked up verbatim (e.g. llama.cpp's rope_freqs.weight).
 // - Not thread-safe: model_files_get_tensor may fill its cache of owned buffers; load
 //   weights from one thread (views it returned may then be read from any thread).
+// - Quantization: an HF directory's config.json quantization_config is parsed into
+//   config.quant; without one, AutoGPTQ's quantize_config.json or ModelOpt's
+//   hf_quant_config.json beside it is read instead. Opening does not refuse any of them:
+//   model_quant_check (model/quant.h) does, so `atomc inspect` can still show them.
 // - Errors name the file and the tensor: missing tensor (ATOMC_ERR_NOT_FOUND), wrong
 //   shape or dtype class in model_files_expect (ATOMC_ERR_FORMAT), unsupported dtype.
 //
@@ -64,6 +68,10 @@ struct model_files {
     struct safetensors_set *st;     // HF
     struct gguf_file *gguf;         // GGUF
     bool gguf_permuted_qk;          // GGUF q/k rows are in llama.cpp's permuted order
+    // One flag per tensor of the files (HF: st->entries order; GGUF: gguf->tensors order):
+    // set once any view, slice or copy of it was handed out (model_files_check_consumed).
+    size_t n_tensors;
+    bool *consumed;
     size_t n_owned, cap_owned;
     struct model_files_owned *owned;
 };
@@ -89,6 +97,23 @@ atomc_status model_files_expect_shape(struct model_files *mf, const char *hf_nam
 // which for quantised dtypes must fall on block boundaries). Other dims: UNSUPPORTED.
 atomc_status model_files_get_tensor_slice(struct model_files *mf, const char *hf_name, int dim, int64_t start,
                                           int64_t len, struct tensor *out, struct error *err);
+
+// Consumption. Every fetch through model_files_get_tensor / model_files_expect /
+// model_files_get_tensor_slice marks the tensor of the files it reads (a GGUF expert view
+// marks the stacked tensor; any slice counts), and the GGUF config reader marks
+// rope_freqs.weight, which it turns into the RoPE scaling. After a model has loaded,
+// model_files_check_consumed() returns ATOMC_ERR_UNSUPPORTED naming the first tensor (in
+// name order) the model never read and how many there are in all, so that a scale, zero
+// point or unknown tensor never passes silently. Exempt, by design: HF `*rotary_emb.inv_freq`
+// buffers (recomputed from the RoPE config) and, when tie_word_embeddings is set,
+// `lm_head.weight` (transformers ties it to the embeddings and ignores the stored copy);
+// an HF shard's tensors that the index does not list count as never read.
+// With tensor parallelism a rank may skip tensors another rank reads (row-parallel biases
+// are loaded on rank 0 only): check on rank 0, or mark skipped tensors with
+// model_files_mark_consumed.
+atomc_status model_files_check_consumed(const struct model_files *mf, struct error *err);
+// Marks an HF-named tensor as read without fetching it; false if there is no such tensor.
+bool model_files_mark_consumed(struct model_files *mf, const char *hf_name);
 
 // GGUF name for an HF name (for messages and tools); false if there is no mapping.
 bool model_files_gguf_name(const char *hf_name, char *out, size_t cap);

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -112,11 +113,12 @@ static atomc_status bad_type(struct ctx *x, const char *key, const json_t *v, co
                      json_type_word(v));
 }
 
-// Integer; a real with an integral value (4096.0) is accepted. Range [lo, hi].
-static atomc_status get_int(struct ctx *x, const json_t *o, const char *key, bool required, long long lo,
-                            long long hi, int *out) {
+// Integer; a real with an integral value (4096.0) is accepted. Range [lo, hi]. `label`
+// names the key in messages (its path when nested, e.g. "quantization_config.bits").
+static atomc_status get_int_at(struct ctx *x, const json_t *o, const char *key, const char *label, bool required,
+                               long long lo, long long hi, int *out) {
     const json_t *v = jget(o, key);
-    if (!v) return required ? missing(x, key) : ATOMC_OK;
+    if (!v) return required ? missing(x, label) : ATOMC_OK;
     long long n;
     if (json_is_integer(v)) {
         n = json_integer_value(v);
@@ -124,13 +126,18 @@ static atomc_status get_int(struct ctx *x, const json_t *o, const char *key, boo
                fabs(json_real_value(v)) < 9e15) {
         n = (long long)json_real_value(v);
     } else {
-        return bad_type(x, key, v, "an integer");
+        return bad_type(x, label, v, "an integer");
     }
     if (n < lo || n > hi)
-        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = %lld is out of range [%lld, %lld]", x->src, key, n,
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = %lld is out of range [%lld, %lld]", x->src, label, n,
                          lo, hi);
     *out = (int)n;
     return ATOMC_OK;
+}
+
+static atomc_status get_int(struct ctx *x, const json_t *o, const char *key, bool required, long long lo, long long hi,
+                            int *out) {
+    return get_int_at(x, o, key, key, required, lo, hi, out);
 }
 
 static atomc_status get_float(struct ctx *x, const json_t *o, const char *key, bool required, float *out) {
@@ -144,24 +151,38 @@ static atomc_status get_float(struct ctx *x, const json_t *o, const char *key, b
     return ATOMC_OK;
 }
 
-static atomc_status get_bool(struct ctx *x, const json_t *o, const char *key, bool *out) {
+static atomc_status get_bool_at(struct ctx *x, const json_t *o, const char *key, const char *label, bool *out) {
     const json_t *v = jget(o, key);
     if (!v) return ATOMC_OK;
-    if (!json_is_boolean(v)) return bad_type(x, key, v, "a boolean");
+    if (!json_is_boolean(v)) return bad_type(x, label, v, "a boolean");
     *out = json_is_true(v);
     return ATOMC_OK;
 }
 
-static atomc_status get_str(struct ctx *x, const json_t *o, const char *key, char *out, size_t cap) {
-    const json_t *v = jget(o, key);
-    if (!v) return ATOMC_OK;
-    if (!json_is_string(v)) return bad_type(x, key, v, "a string");
+static atomc_status get_bool(struct ctx *x, const json_t *o, const char *key, bool *out) {
+    return get_bool_at(x, o, key, key, out);
+}
+
+// A string value (not a key lookup) into out[cap]; too long is FORMAT naming `label`.
+static atomc_status copy_str(struct ctx *x, const json_t *v, const char *label, char *out, size_t cap) {
+    if (!json_is_string(v)) return bad_type(x, label, v, "a string");
     const char *s = json_string_value(v);
     if (strlen(s) >= cap)
         return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' value \"%.40s\" is too long (max %zu bytes)", x->src,
-                         key, s, cap - 1);
+                         label, s, cap - 1);
     snprintf(out, cap, "%s", s);
     return ATOMC_OK;
+}
+
+static atomc_status get_str_at(struct ctx *x, const json_t *o, const char *key, const char *label, char *out,
+                               size_t cap) {
+    const json_t *v = jget(o, key);
+    if (!v) return ATOMC_OK;
+    return copy_str(x, v, label, out, cap);
+}
+
+static atomc_status get_str(struct ctx *x, const json_t *o, const char *key, char *out, size_t cap) {
+    return get_str_at(x, o, key, key, out, cap);
 }
 
 // eos_token_id: int or list of ints (null = absent). Replaces ids/n when present.
@@ -421,6 +442,459 @@ static atomc_status parse_moe(struct ctx *x, const json_t *root, struct model_co
     return ATOMC_OK;
 }
 
+// ---------------------------------------------------------------------------------
+// Quantization config (see config.h). Each method's keys are read into one quant_config;
+// a value of the wrong type or range is FORMAT naming its path
+// ("quantization_config.config_groups.group_0.weights.num_bits"); unknown keys are ignored.
+
+#define QPATH_MAX 192
+
+static const struct {
+    const char *name;
+    enum quant_method method;
+} quant_method_names[] = {
+    {"fp8", QUANT_METHOD_FP8},
+    {"compressed-tensors", QUANT_METHOD_COMPRESSED_TENSORS},
+    {"compressed_tensors", QUANT_METHOD_COMPRESSED_TENSORS},
+    {"gptq", QUANT_METHOD_GPTQ},
+    {"awq", QUANT_METHOD_AWQ},
+    {"mxfp4", QUANT_METHOD_MXFP4},
+    {"bitsandbytes", QUANT_METHOD_BITSANDBYTES},
+    {"modelopt", QUANT_METHOD_MODELOPT},
+};
+
+enum quant_method quant_method_from_name(const char *name) {
+    for (size_t i = 0; i < sizeof quant_method_names / sizeof quant_method_names[0]; i++)
+        if (!strcmp(quant_method_names[i].name, name)) return quant_method_names[i].method;
+    return QUANT_METHOD_OTHER;
+}
+
+static const struct {
+    const char *name;
+    enum quant_strategy strategy;
+} quant_strategy_names[] = {
+    {"tensor", QUANT_STRATEGY_TENSOR},       {"channel", QUANT_STRATEGY_CHANNEL},
+    {"group", QUANT_STRATEGY_GROUP},         {"block", QUANT_STRATEGY_BLOCK},
+    {"token", QUANT_STRATEGY_TOKEN},         {"tensor_group", QUANT_STRATEGY_TENSOR_GROUP},
+    {"attn_head", QUANT_STRATEGY_ATTN_HEAD},
+};
+
+enum quant_strategy quant_strategy_from_name(const char *name) {
+    for (size_t i = 0; i < sizeof quant_strategy_names / sizeof quant_strategy_names[0]; i++)
+        if (!strcmp(quant_strategy_names[i].name, name)) return quant_strategy_names[i].strategy;
+    return QUANT_STRATEGY_OTHER;
+}
+
+// "path.key" into out[QPATH_MAX], for messages only (a longer path is cut).
+static void qjoin(char *out, const char *path, const char *key) {
+    if (snprintf(out, QPATH_MAX, "%s.%s", path, key) >= QPATH_MAX) out[QPATH_MAX - 1] = '\0';
+}
+
+// A list of strings (a single string counts as a list of one) into names[0..cap); *n gets
+// the full count, entries past cap are checked but not kept.
+static atomc_status get_name_list(struct ctx *x, const json_t *o, const char *key, const char *path,
+                                  char (*names)[QUANT_NAME_MAX], int cap, int *n) {
+    char label[QPATH_MAX];
+    qjoin(label, path, key);
+    const json_t *v = jget(o, key);
+    *n = 0;
+    if (!v) return ATOMC_OK;
+    if (json_is_string(v)) {
+        *n = 1;
+        return copy_str(x, v, label, names[0], QUANT_NAME_MAX);
+    }
+    if (!json_is_array(v)) return bad_type(x, label, v, "a list of strings");
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        char el[QPATH_MAX + 16], scratch[QUANT_NAME_MAX];
+        if (snprintf(el, sizeof el, "%s[%zu]", label, i) >= (int)sizeof el) el[sizeof el - 1] = '\0';
+        TRY(copy_str(x, e, el, *n < cap ? names[*n] : scratch, QUANT_NAME_MAX));
+        (*n)++;
+    }
+    return ATOMC_OK;
+}
+
+// A list of two positive integers (weight_block_size, block_structure).
+static atomc_status get_int_pair(struct ctx *x, const json_t *o, const char *key, const char *path, int out[2]) {
+    char label[QPATH_MAX];
+    qjoin(label, path, key);
+    const json_t *v = jget(o, key);
+    if (!v) return ATOMC_OK;
+    bool ok = json_is_array(v) && json_array_size(v) == 2;
+    for (size_t i = 0; ok && i < 2; i++) {
+        const json_t *e = json_array_get(v, i);
+        ok = json_is_integer(e) && json_integer_value(e) > 0 && json_integer_value(e) <= (1 << 24);
+        if (ok) out[i] = (int)json_integer_value(e);
+    }
+    if (!ok)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' must be a list of 2 positive integers, got %s", x->src,
+                         label, json_is_array(v) ? "another list" : json_type_word(v));
+    return ATOMC_OK;
+}
+
+// compressed-tensors QuantizationArgs (an object, or null = not quantized).
+static atomc_status parse_quant_args(struct ctx *x, const json_t *o, const char *key, const char *path,
+                                     struct quant_args *a) {
+    char label[QPATH_MAX], p[QPATH_MAX];
+    qjoin(label, path, key);
+    memset(a, 0, sizeof *a);
+    const json_t *v = jget(o, key);
+    if (!v) return ATOMC_OK;
+    if (!json_is_object(v)) return bad_type(x, label, v, "an object or null");
+    a->present = true;
+    a->num_bits = 8;
+    a->type = QUANT_TYPE_INT;
+    a->symmetric = true;
+    qjoin(p, label, "num_bits");
+    TRY(get_int_at(x, v, "num_bits", p, false, 1, 64, &a->num_bits));
+    char type[16] = "int";
+    qjoin(p, label, "type");
+    TRY(get_str_at(x, v, "type", p, type, sizeof type));
+    a->type = !strcasecmp(type, "int")     ? QUANT_TYPE_INT
+              : !strcasecmp(type, "float") ? QUANT_TYPE_FLOAT
+                                           : QUANT_TYPE_OTHER;
+    qjoin(p, label, "symmetric");
+    TRY(get_bool_at(x, v, "symmetric", p, &a->symmetric));
+    int gs = 0; // -1: one group per row (channel), as compressed-tensors reads it
+    char gp[QPATH_MAX];
+    qjoin(gp, label, "group_size");
+    TRY(get_int_at(x, v, "group_size", gp, false, -1, 1 << 24, &gs));
+    if (jget(v, "group_size") && gs == 0)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' must be -1 or positive, got 0", x->src, gp);
+    a->group_size = gs > 0 ? gs : 0;
+    const json_t *bs = jget(v, "block_structure");
+    if (bs && json_is_string(bs)) { // the older "128x128" spelling
+        qjoin(p, label, "block_structure");
+        int r = 0, c = 0, k = 0;
+        if (sscanf(json_string_value(bs), "%dx%d%n", &r, &c, &k) != 2 || json_string_value(bs)[k] || r <= 0 || c <= 0)
+            return error_set(x->err, ATOMC_ERR_FORMAT,
+                             "%s: key '%s' = \"%.40s\" must be \"RxC\" or a list of 2 positive "
+                             "integers",
+                             x->src, p, json_string_value(bs));
+        a->block_size[0] = r, a->block_size[1] = c;
+    } else {
+        TRY(get_int_pair(x, v, "block_structure", label, a->block_size));
+    }
+    qjoin(p, label, "strategy");
+    TRY(get_str_at(x, v, "strategy", p, a->strategy_name, sizeof a->strategy_name));
+    for (char *ch = a->strategy_name; *ch; ch++)
+        *ch = (char)(*ch >= 'A' && *ch <= 'Z' ? *ch - 'A' + 'a' : *ch);
+    if (a->strategy_name[0])
+        a->strategy = quant_strategy_from_name(a->strategy_name);
+    else if (a->block_size[0])
+        a->strategy = QUANT_STRATEGY_BLOCK;
+    else // compressed-tensors' own inference when strategy is null
+        a->strategy = gs > 0 ? QUANT_STRATEGY_GROUP : gs < 0 ? QUANT_STRATEGY_CHANNEL : QUANT_STRATEGY_TENSOR;
+    if ((a->strategy == QUANT_STRATEGY_GROUP || a->strategy == QUANT_STRATEGY_TENSOR_GROUP) && a->group_size == 0)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' is \"%s\" but '%s.group_size' is not set", x->src, p,
+                         a->strategy_name, label);
+    if (a->strategy == QUANT_STRATEGY_BLOCK && a->block_size[0] == 0)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' is \"block\" but '%s.block_structure' is not set",
+                         x->src, p, label);
+    const json_t *d = jget(v, "dynamic");
+    qjoin(p, label, "dynamic");
+    if (d && json_is_boolean(d))
+        a->dynamic = json_is_true(d);
+    else if (d && json_is_string(d) && !strcmp(json_string_value(d), "local"))
+        a->dynamic = true;
+    else if (d)
+        return bad_type(x, p, d, "a boolean or \"local\"");
+    const json_t *ao = jget(v, "actorder");
+    qjoin(p, label, "actorder");
+    if (ao && json_is_boolean(ao))
+        snprintf(a->actorder, sizeof a->actorder, "%s", json_is_true(ao) ? "group" : "");
+    else if (ao)
+        TRY(copy_str(x, ao, p, a->actorder, sizeof a->actorder));
+    return ATOMC_OK;
+}
+
+static enum quant_act_scheme act_scheme_of(const struct quant_args *a) {
+    return !a->present ? QUANT_ACT_NONE : a->dynamic ? QUANT_ACT_DYNAMIC : QUANT_ACT_STATIC;
+}
+
+// One scheme of a method that has a single one (everything but compressed-tensors).
+static struct quant_scheme *quant_single_scheme(struct quant_config *q) {
+    q->n_schemes = 1;
+    struct quant_scheme *s = &q->schemes[0];
+    snprintf(s->name, sizeof s->name, "%s", q->method_name);
+    s->weights.present = true;
+    s->weights.symmetric = true;
+    return s;
+}
+
+// fp8: {"quant_method": "fp8", "activation_scheme": "dynamic"|"static", "weight_block_size":
+// [128, 128] (absent: one scale per tensor), "fmt": "e4m3", "modules_to_not_convert": [...]}.
+static atomc_status parse_quant_fp8(struct ctx *x, const json_t *o, const char *path, struct quant_config *q) {
+    char p[QPATH_MAX];
+    snprintf(q->format, sizeof q->format, "e4m3");
+    qjoin(p, path, "fmt");
+    TRY(get_str_at(x, o, "fmt", p, q->format, sizeof q->format));
+    struct quant_scheme *s = quant_single_scheme(q);
+    snprintf(s->format, sizeof s->format, "%s", q->format);
+    s->weights.num_bits = 8;
+    s->weights.type = QUANT_TYPE_FLOAT;
+    TRY(get_int_pair(x, o, "weight_block_size", path, s->weights.block_size));
+    s->weights.strategy = s->weights.block_size[0] ? QUANT_STRATEGY_BLOCK : QUANT_STRATEGY_TENSOR;
+    char act[16] = "dynamic";
+    qjoin(p, path, "activation_scheme");
+    TRY(get_str_at(x, o, "activation_scheme", p, act, sizeof act));
+    if (strcmp(act, "dynamic") && strcmp(act, "static"))
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = \"%s\" must be \"dynamic\" or \"static\"", x->src, p,
+                         act);
+    s->input_act = (struct quant_args){.present = true,
+                                       .num_bits = 8,
+                                       .type = QUANT_TYPE_FLOAT,
+                                       .symmetric = true,
+                                       .dynamic = !strcmp(act, "dynamic")};
+    if (s->weights.strategy == QUANT_STRATEGY_BLOCK) { // per token and group of block-width channels
+        s->input_act.strategy = QUANT_STRATEGY_GROUP;
+        s->input_act.group_size = s->weights.block_size[1];
+    } else {
+        s->input_act.strategy = QUANT_STRATEGY_TENSOR;
+    }
+    s->act_scheme = act_scheme_of(&s->input_act);
+    return get_name_list(x, o, "modules_to_not_convert", path, q->ignore, QUANT_MAX_IGNORE, &q->n_ignore);
+}
+
+// compressed-tensors: {"format", "config_groups": {name: {"targets", "weights",
+// "input_activations", "output_activations", "format"}}, "ignore", "kv_cache_scheme",
+// "sparsity_config": {"format", ...}}.
+static atomc_status parse_quant_ct(struct ctx *x, const json_t *o, const char *path, struct quant_config *q) {
+    char p[QPATH_MAX];
+    qjoin(p, path, "format");
+    TRY(get_str_at(x, o, "format", p, q->format, sizeof q->format));
+    TRY(get_name_list(x, o, "ignore", path, q->ignore, QUANT_MAX_IGNORE, &q->n_ignore));
+    TRY(parse_quant_args(x, o, "kv_cache_scheme", path, &q->kv_cache));
+    const json_t *sp = jget(o, "sparsity_config");
+    qjoin(p, path, "sparsity_config");
+    if (sp) {
+        if (!json_is_object(sp)) return bad_type(x, p, sp, "an object or null");
+        char sf[QPATH_MAX];
+        qjoin(sf, p, "format");
+        TRY(get_str_at(x, sp, "format", sf, q->sparsity_format, sizeof q->sparsity_format));
+        if (!strcmp(q->sparsity_format, "dense")) q->sparsity_format[0] = '\0';
+    }
+    const json_t *groups = jget(o, "config_groups");
+    qjoin(p, path, "config_groups");
+    if (!groups) return ATOMC_OK;
+    if (!json_is_object(groups)) return bad_type(x, p, groups, "an object");
+    const char *name;
+    const json_t *g;
+    json_object_foreach((json_t *)groups, name, g) {
+        char gp[QPATH_MAX], fp[QPATH_MAX];
+        qjoin(gp, p, name);
+        if (!json_is_object(g)) return bad_type(x, gp, g, "an object");
+        struct quant_scheme scratch, *s = q->n_schemes < QUANT_MAX_SCHEMES ? &q->schemes[q->n_schemes] : &scratch;
+        memset(s, 0, sizeof *s);
+        q->n_schemes++;
+        snprintf(s->name, sizeof s->name, "%.31s", name);
+        snprintf(s->format, sizeof s->format, "%s", q->format);
+        qjoin(fp, gp, "format");
+        TRY(get_str_at(x, g, "format", fp, s->format, sizeof s->format));
+        TRY(get_name_list(x, g, "targets", gp, s->targets, QUANT_MAX_TARGETS, &s->n_targets));
+        TRY(parse_quant_args(x, g, "weights", gp, &s->weights));
+        TRY(parse_quant_args(x, g, "input_activations", gp, &s->input_act));
+        struct quant_args out_act;
+        TRY(parse_quant_args(x, g, "output_activations", gp, &out_act));
+        s->output_act = out_act.present;
+        s->act_scheme = act_scheme_of(&s->input_act);
+    }
+    return ATOMC_OK;
+}
+
+// gptq: {"bits", "group_size" (-1: per channel), "desc_act", "sym", "checkpoint_format"}.
+static atomc_status parse_quant_gptq(struct ctx *x, const json_t *o, const char *path, struct quant_config *q) {
+    char p[QPATH_MAX];
+    snprintf(q->format, sizeof q->format, "gptq");
+    qjoin(p, path, "checkpoint_format");
+    TRY(get_str_at(x, o, "checkpoint_format", p, q->format, sizeof q->format));
+    struct quant_scheme *s = quant_single_scheme(q);
+    snprintf(s->format, sizeof s->format, "%s", q->format);
+    s->weights.type = QUANT_TYPE_INT;
+    qjoin(p, path, "bits");
+    TRY(get_int_at(x, o, "bits", p, true, 1, 16, &s->weights.num_bits));
+    int gs = 128;
+    qjoin(p, path, "group_size");
+    TRY(get_int_at(x, o, "group_size", p, false, -1, 1 << 24, &gs));
+    if (gs == 0) return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' must be -1 or positive, got 0", x->src, p);
+    s->weights.strategy = gs < 0 ? QUANT_STRATEGY_CHANNEL : QUANT_STRATEGY_GROUP;
+    s->weights.group_size = gs < 0 ? 0 : gs;
+    qjoin(p, path, "sym");
+    TRY(get_bool_at(x, o, "sym", p, &s->weights.symmetric));
+    bool desc_act = false;
+    qjoin(p, path, "desc_act");
+    TRY(get_bool_at(x, o, "desc_act", p, &desc_act));
+    if (desc_act) snprintf(s->weights.actorder, sizeof s->weights.actorder, "desc_act");
+    return get_name_list(x, o, "modules_to_not_convert", path, q->ignore, QUANT_MAX_IGNORE, &q->n_ignore);
+}
+
+// awq: {"bits" | "w_bit", "group_size" | "q_group_size", "zero_point", "version": "gemm" | "gemv" | ...}.
+static atomc_status parse_quant_awq(struct ctx *x, const json_t *o, const char *path, struct quant_config *q) {
+    char p[QPATH_MAX];
+    snprintf(q->format, sizeof q->format, "gemm");
+    qjoin(p, path, "version");
+    TRY(get_str_at(x, o, "version", p, q->format, sizeof q->format));
+    struct quant_scheme *s = quant_single_scheme(q);
+    snprintf(s->format, sizeof s->format, "%s", q->format);
+    s->weights.type = QUANT_TYPE_INT;
+    s->weights.num_bits = 4;
+    s->weights.group_size = 128;
+    static const char *bits_keys[] = {"w_bit", "bits"}, *group_keys[] = {"q_group_size", "group_size"};
+    for (int i = 0; i < 2; i++) {
+        qjoin(p, path, bits_keys[i]);
+        TRY(get_int_at(x, o, bits_keys[i], p, false, 1, 16, &s->weights.num_bits));
+        qjoin(p, path, group_keys[i]);
+        TRY(get_int_at(x, o, group_keys[i], p, false, -1, 1 << 24, &s->weights.group_size));
+    }
+    s->weights.strategy = s->weights.group_size > 0 ? QUANT_STRATEGY_GROUP : QUANT_STRATEGY_CHANNEL;
+    if (s->weights.group_size < 0) s->weights.group_size = 0;
+    bool zero_point = true;
+    qjoin(p, path, "zero_point");
+    TRY(get_bool_at(x, o, "zero_point", p, &zero_point));
+    s->weights.symmetric = !zero_point;
+    return get_name_list(x, o, "modules_to_not_convert", path, q->ignore, QUANT_MAX_IGNORE, &q->n_ignore);
+}
+
+// mxfp4 (GPT-OSS): the format itself fixes the scheme: FP4 (e2m1) weights in blocks of 32
+// along k sharing one power-of-two (e8m0) scale.
+static atomc_status parse_quant_mxfp4(struct ctx *x, const json_t *o, const char *path, struct quant_config *q) {
+    struct quant_scheme *s = quant_single_scheme(q);
+    s->weights.num_bits = 4;
+    s->weights.type = QUANT_TYPE_FLOAT;
+    s->weights.strategy = QUANT_STRATEGY_GROUP;
+    s->weights.group_size = 32;
+    return get_name_list(x, o, "modules_to_not_convert", path, q->ignore, QUANT_MAX_IGNORE, &q->n_ignore);
+}
+
+// bitsandbytes: {"load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type": "nf4" | "fp4",
+// "llm_int8_skip_modules"}.
+static atomc_status parse_quant_bnb(struct ctx *x, const json_t *o, const char *path, struct quant_config *q) {
+    char p[QPATH_MAX];
+    bool in4 = false, in8 = false;
+    qjoin(p, path, "load_in_4bit");
+    TRY(get_bool_at(x, o, "load_in_4bit", p, &in4));
+    qjoin(p, path, "load_in_8bit");
+    TRY(get_bool_at(x, o, "load_in_8bit", p, &in8));
+    struct quant_scheme *s = quant_single_scheme(q);
+    if (in4) {
+        snprintf(q->format, sizeof q->format, "fp4");
+        qjoin(p, path, "bnb_4bit_quant_type");
+        TRY(get_str_at(x, o, "bnb_4bit_quant_type", p, q->format, sizeof q->format));
+        s->weights.num_bits = 4;
+        s->weights.type = strcmp(q->format, "fp4") ? QUANT_TYPE_OTHER : QUANT_TYPE_FLOAT;
+        s->weights.strategy = QUANT_STRATEGY_GROUP;
+        s->weights.group_size = 64; // bitsandbytes' 4-bit blocksize
+    } else {
+        snprintf(q->format, sizeof q->format, "%s", in8 ? "int8" : "");
+        s->weights.num_bits = in8 ? 8 : 0;
+        s->weights.type = QUANT_TYPE_INT;
+        s->weights.strategy = QUANT_STRATEGY_CHANNEL;
+    }
+    snprintf(s->format, sizeof s->format, "%s", q->format);
+    return get_name_list(x, o, "llm_int8_skip_modules", path, q->ignore, QUANT_MAX_IGNORE, &q->n_ignore);
+}
+
+// ModelOpt: {"quant_algo": "FP8" | "NVFP4" | ..., "kv_cache_quant_algo", "exclude_modules"},
+// at the top or inside "quantization" (hf_quant_config.json).
+static atomc_status parse_quant_modelopt(struct ctx *x, const json_t *o, const char *path, struct quant_config *q) {
+    char p[QPATH_MAX], sub[QPATH_MAX];
+    const json_t *inner = jget(o, "quantization");
+    if (inner) {
+        qjoin(sub, path, "quantization");
+        if (!json_is_object(inner)) return bad_type(x, sub, inner, "an object");
+        o = inner;
+        path = sub;
+    }
+    qjoin(p, path, "quant_algo");
+    TRY(get_str_at(x, o, "quant_algo", p, q->format, sizeof q->format));
+    struct quant_scheme *s = quant_single_scheme(q);
+    snprintf(s->format, sizeof s->format, "%s", q->format);
+    if (!strcmp(q->format, "FP8")) {
+        s->weights.num_bits = 8;
+        s->weights.type = QUANT_TYPE_FLOAT;
+        s->weights.strategy = QUANT_STRATEGY_TENSOR;
+    } else if (!strcmp(q->format, "NVFP4")) {
+        s->weights.num_bits = 4;
+        s->weights.type = QUANT_TYPE_FLOAT;
+        s->weights.strategy = QUANT_STRATEGY_TENSOR_GROUP;
+        s->weights.group_size = 16;
+    } else {
+        s->weights.type = QUANT_TYPE_OTHER;
+        s->weights.strategy = QUANT_STRATEGY_OTHER;
+    }
+    char kv[32] = "";
+    qjoin(p, path, "kv_cache_quant_algo");
+    TRY(get_str_at(x, o, "kv_cache_quant_algo", p, kv, sizeof kv));
+    if (kv[0]) {
+        q->kv_cache = (struct quant_args){.present = true, .type = QUANT_TYPE_OTHER, .strategy = QUANT_STRATEGY_TENSOR};
+        snprintf(q->kv_cache.strategy_name, sizeof q->kv_cache.strategy_name, "%.15s", kv);
+    }
+    return get_name_list(x, o, "exclude_modules", path, q->ignore, QUANT_MAX_IGNORE, &q->n_ignore);
+}
+
+// One quantization config object found under `origin` (its path in messages). A missing
+// quant_method takes `def` (AutoGPTQ's quantize_config.json has none), else is FORMAT.
+static atomc_status parse_quant_object(struct ctx *x, const json_t *o, const char *origin, enum quant_method def,
+                                       struct quant_config *q) {
+    memset(q, 0, sizeof *q);
+    if (!json_is_object(o)) return bad_type(x, origin, o, "an object");
+    char p[QPATH_MAX];
+    qjoin(p, origin, "quant_method");
+    const json_t *m = jget(o, "quant_method");
+    if (m) {
+        TRY(copy_str(x, m, p, q->method_name, sizeof q->method_name));
+        q->method = quant_method_from_name(q->method_name);
+    } else if (def != QUANT_METHOD_NONE) {
+        q->method = def;
+        for (size_t i = 0; i < sizeof quant_method_names / sizeof quant_method_names[0]; i++)
+            if (quant_method_names[i].method == def) {
+                snprintf(q->method_name, sizeof q->method_name, "%s", quant_method_names[i].name);
+                break;
+            }
+    } else {
+        return missing(x, p);
+    }
+    q->present = true;
+    snprintf(q->origin, sizeof q->origin, "%.47s", origin);
+    switch (q->method) {
+    case QUANT_METHOD_FP8:
+        return parse_quant_fp8(x, o, origin, q);
+    case QUANT_METHOD_COMPRESSED_TENSORS:
+        return parse_quant_ct(x, o, origin, q);
+    case QUANT_METHOD_GPTQ:
+        return parse_quant_gptq(x, o, origin, q);
+    case QUANT_METHOD_AWQ:
+        return parse_quant_awq(x, o, origin, q);
+    case QUANT_METHOD_MXFP4:
+        return parse_quant_mxfp4(x, o, origin, q);
+    case QUANT_METHOD_BITSANDBYTES:
+        return parse_quant_bnb(x, o, origin, q);
+    case QUANT_METHOD_MODELOPT:
+        return parse_quant_modelopt(x, o, origin, q);
+    case QUANT_METHOD_NONE:
+    case QUANT_METHOD_OTHER:
+        break;
+    }
+    // Unknown method: keep a string `format` if there is one; the method itself is refused.
+    const json_t *f = jget(o, "format");
+    if (f && json_is_string(f)) snprintf(q->format, sizeof q->format, "%.31s", json_string_value(f));
+    return ATOMC_OK;
+}
+
+// config.json: quantization_config, or older llm-compressor files' compression_config
+// (compressed-tensors, possibly wrapping its quantization_config).
+static atomc_status parse_quant_root(struct ctx *x, const json_t *root, struct model_config *c) {
+    const json_t *qc = jget(root, "quantization_config");
+    if (qc) return parse_quant_object(x, qc, "quantization_config", QUANT_METHOD_NONE, &c->quant);
+    const json_t *cc = jget(root, "compression_config");
+    if (!cc) return ATOMC_OK;
+    const json_t *inner = json_is_object(cc) ? jget(cc, "quantization_config") : NULL;
+    if (inner)
+        return parse_quant_object(x, inner, "compression_config.quantization_config", QUANT_METHOD_COMPRESSED_TENSORS,
+                                  &c->quant);
+    return parse_quant_object(x, cc, "compression_config", QUANT_METHOD_COMPRESSED_TENSORS, &c->quant);
+}
+
 static atomc_status resolve_architecture(struct ctx *x, const json_t *root, struct model_config *c) {
     const json_t *archs = jget(root, "architectures");
     const char *name = NULL;
@@ -514,7 +988,7 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
         c->rope.interleaved = true;
         TRY(get_bool(x, root, "rope_interleave", &c->rope.interleaved));
     }
-    return ATOMC_OK;
+    return parse_quant_root(x, root, c);
 }
 
 atomc_status model_config_parse_json(struct model_config *c, const char *json, const char *source,
@@ -530,6 +1004,21 @@ atomc_status model_config_parse_json(struct model_config *c, const char *json, c
     if (!json_is_object(root)) st = error_set(err, ATOMC_ERR_FORMAT, "%s: top level must be a JSON object", x.src);
     else st = parse_root(&x, root, c);
     json_decref(root);
+    return st;
+}
+
+atomc_status model_config_parse_quant_file(struct model_config *c, const char *json, const char *source,
+                                           const char *origin, enum quant_method default_method, struct error *err) {
+    struct ctx x = {.src = source ? source : origin, .err = err};
+    json_error_t je;
+    json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return error_set(err, ATOMC_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", x.src, je.line, je.column,
+                         je.text);
+    struct quant_config q;
+    atomc_status st = parse_quant_object(&x, root, origin, default_method, &q);
+    json_decref(root);
+    if (st == ATOMC_OK) c->quant = q;
     return st;
 }
 

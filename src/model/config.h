@@ -51,6 +51,95 @@ struct rope_config {
 
 enum layer_attn_type { LAYER_ATTN_FULL = 0, LAYER_ATTN_SLIDING, LAYER_ATTN_LINEAR };
 
+// ---------------------------------------------------------------------------------
+// Quantization, as a checkpoint declares it: config.json's `quantization_config` (older
+// llm-compressor files: `compression_config`), else AutoGPTQ's quantize_config.json or
+// ModelOpt's hf_quant_config.json beside it (model_files reads those). GGUF files have
+// none: their block types (Q8_0, ...) are tensor dtypes. The parser records what the file
+// says; model/quant.h decides what the engine can run (today: nothing, so any present
+// config is refused there). Lists longer than the caps below are counted in full but only
+// their first entries are kept.
+
+enum quant_method {
+    QUANT_METHOD_NONE = 0,           // no quantization config
+    QUANT_METHOD_FP8,                // "fp8": transformers FineGrainedFP8 / DeepSeek-V3, Qwen3-FP8
+    QUANT_METHOD_COMPRESSED_TENSORS, // "compressed-tensors": llm-compressor
+    QUANT_METHOD_GPTQ,               // "gptq"
+    QUANT_METHOD_AWQ,                // "awq"
+    QUANT_METHOD_MXFP4,              // "mxfp4": GPT-OSS
+    QUANT_METHOD_BITSANDBYTES,       // "bitsandbytes"
+    QUANT_METHOD_MODELOPT,           // "modelopt": NVIDIA ModelOpt (FP8, NVFP4, ...)
+    QUANT_METHOD_OTHER,              // any other quant_method (its name is kept)
+};
+
+enum quant_strategy {
+    QUANT_STRATEGY_NONE = 0,     // not stated
+    QUANT_STRATEGY_TENSOR,       // one scale per tensor
+    QUANT_STRATEGY_CHANNEL,      // one scale per output row
+    QUANT_STRATEGY_GROUP,        // one scale per group_size elements along k (activations: per token and group)
+    QUANT_STRATEGY_BLOCK,        // one scale per block_size[0] x block_size[1] tile
+    QUANT_STRATEGY_TOKEN,        // activations: one scale per token
+    QUANT_STRATEGY_TENSOR_GROUP, // NVFP4: a global scale and group scales
+    QUANT_STRATEGY_ATTN_HEAD,    // KV cache: one scale per head
+    QUANT_STRATEGY_OTHER,        // a name this parser does not know (kept in strategy_name)
+};
+
+enum quant_num_type { QUANT_TYPE_NONE = 0, QUANT_TYPE_INT, QUANT_TYPE_FLOAT, QUANT_TYPE_OTHER };
+
+enum quant_act_scheme {
+    QUANT_ACT_NONE = 0, // weight-only (activations stay in the compute dtype)
+    QUANT_ACT_DYNAMIC,  // scales computed at run time
+    QUANT_ACT_STATIC,   // scales stored in the checkpoint (input_scale)
+};
+
+#define QUANT_NAME_MAX 128  // bytes of a module name / target kept (longer: ATOMC_ERR_FORMAT)
+#define QUANT_MAX_IGNORE 64 // ignore entries kept
+#define QUANT_MAX_TARGETS 4 // targets kept per scheme
+#define QUANT_MAX_SCHEMES 8 // config groups kept
+
+// How one kind of tensor is quantized (compressed-tensors' QuantizationArgs, or what an
+// other method implies).
+struct quant_args {
+    bool present; // false: not quantized (e.g. no input_activations: weight-only)
+    int num_bits;
+    enum quant_num_type type;
+    enum quant_strategy strategy;
+    char strategy_name[16]; // as written ("" if implied)
+    int group_size;         // GROUP / TENSOR_GROUP; 0 = none
+    int block_size[2];      // BLOCK: (rows, cols) of a tile; 0 = none
+    bool symmetric;         // false: zero points are stored
+    bool dynamic;           // scales computed at run time (activations)
+    char actorder[16];      // GPTQ desc_act / compressed-tensors actorder ("" = none)
+};
+
+// One quantization scheme: a compressed-tensors config group, or the single scheme of the
+// other methods.
+struct quant_scheme {
+    char name[32];   // group name ("group_0"), or the method name
+    char format[32]; // compressed-tensors per-group format, else the top-level format
+    int n_targets;   // targets listed (all of them, see QUANT_MAX_TARGETS)
+    char targets[QUANT_MAX_TARGETS][QUANT_NAME_MAX];
+    struct quant_args weights;
+    struct quant_args input_act;
+    enum quant_act_scheme act_scheme;
+    bool output_act; // output_activations quantized
+};
+
+struct quant_config {
+    bool present;
+    char origin[48]; // where it was found: "quantization_config", "quantize_config.json", ...
+    enum quant_method method;
+    char method_name[32]; // quant_method as written
+    char format[32];      // compressed-tensors `format`, fp8 `fmt`, GPTQ checkpoint_format, AWQ version,
+                          // bitsandbytes quant type, ModelOpt quant_algo ("" if none)
+    int n_schemes;        // schemes listed (all of them, see QUANT_MAX_SCHEMES)
+    struct quant_scheme schemes[QUANT_MAX_SCHEMES];
+    struct quant_args kv_cache; // compressed-tensors kv_cache_scheme / ModelOpt kv_cache_quant_algo
+    char sparsity_format[32];   // compressed-tensors sparsity_config.format ("" = dense)
+    int n_ignore;               // modules left unquantized (ignore / modules_to_not_convert / ...), all of them
+    char ignore[QUANT_MAX_IGNORE][QUANT_NAME_MAX];
+};
+
 struct model_config {
     enum model_arch arch;
     char architecture[64];      // as in config.json "architectures"[0]
@@ -101,6 +190,9 @@ struct model_config {
     int qk_nope_head_dim;
     int qk_rope_head_dim;
     int v_head_dim;
+
+    // Quantization (present == false for unquantized checkpoints and GGUF).
+    struct quant_config quant;
 };
 
 // Parses config.json text (HF). Handles both `rope_theta` + `rope_scaling` and the
@@ -110,6 +202,17 @@ atomc_status model_config_parse_json(struct model_config *c, const char *json, c
 // Reads generation_config.json (if present) and merges its eos_token_id(s) and bos.
 atomc_status model_config_merge_generation_config(struct model_config *c, const char *json, const char *source,
                                                   struct error *err);
+
+// Parses a quantization config found outside config.json (AutoGPTQ quantize_config.json,
+// ModelOpt hf_quant_config.json) into c->quant; `origin` names the file for messages and
+// `default_method` applies when the file has no quant_method. ATOMC_ERR_FORMAT naming the
+// field for malformed values; unknown keys are ignored.
+atomc_status model_config_parse_quant_file(struct model_config *c, const char *json, const char *source,
+                                           const char *origin, enum quant_method default_method, struct error *err);
+
+// quant_method / strategy strings as written in configs -> enums (unknown: *_OTHER).
+enum quant_method quant_method_from_name(const char *name);
+enum quant_strategy quant_strategy_from_name(const char *name);
 
 enum model_arch model_arch_from_name(const char *name);
 const char *model_arch_name(enum model_arch a);

@@ -1,126 +1,146 @@
-// The dense decoder forward shared by LlamaForCausalLM and Qwen3ForCausalLM, written once
-// against backend.h ops. Per step, for n new tokens (prefill chunks and decode tokens mixed):
+// The Llama family: LlamaForCausalLM (also MistralForCausalLM), Qwen3ForCausalLM (per-head q/k
+// RMSNorm), Qwen3MoeForCausalLM and MixtralForCausalLM (MoE layers). One forward for all of them:
+// what differs (biases, q/k norm, tied embeddings, RoPE scaling, sliding-window layers, which
+// layers are MoE, MoE tensor names) is config data and the weight tables below.
 //
 //   residual = embed[ids]
-//   per layer:  x = rmsnorm(residual += h)            (add_rmsnorm; layer 0 only norms)
-//               qkv = x @ Wqkv^T (+ b)                 (one fused GEMM)
-//               Qwen3: q, k = per-head rmsnorm(q, k)
-//               rope(q, k); write k, v into the paged cache at slot_mapping
-//               attn = paged_attention(q, cache)      (sliding-window layers: Mistral)
-//               h = attn @ Wo^T (+ b)
-//               x = rmsnorm(residual += h)
-//               h = down(silu(gate) * up)              (fused gate_up GEMM, then silu_mul)
-//   logits rows only: gather residual and h rows, add_rmsnorm with the final norm, lm_head
-//
-// Tensor parallelism (m->tp_size > 1, see model.h and src/parallel/): the same code runs on
-// every rank with local head / intermediate counts in m->cfg; h is all-reduced after o_proj
-// and after down_proj (row-parallel), and the vocab-parallel lm_head's logits are all-gathered.
-//
-// Q, K and V stay inside the fused qkv buffer: the RoPE/KV-write and attention ops take the
-// row stride, so no copies. Qwen3's per-head q/k RMSNorm rides in the same op (rope_args'
-// q_norm / k_norm: one launch on CUDA instead of three).
-#include <math.h>
+//   per layer:  block_attention (GQA over the paged K/V cache)
+//               block_ffn       (dense MLP, or router + fused experts on MoE layers)
+//   logits rows only: model_compute_logits (blocks.c)
+#include <string.h>
 
 #include "common/check.h"
-#include "model/model.h"
-#include "model/moe.h"
-#include "parallel/comm.h"
+#include "model/arch.h"
+#include "model/blocks.h"
 
-static inline struct tensor view2(void *data, enum dtype dt, int64_t rows, int64_t cols) {
-    return tensor_2d(data, dt, rows, cols);
+// ---------------------------------------------------------------------------------------------
+// Weights
+
+#define L_FIELD(f) offsetof(struct model_layer, f)
+
+static const struct weight_entry llama_attn_weights[] = {
+    {.field = L_FIELD(attn.gqa.qkv), .is_weight = true, .shard = WSHARD_COL, .cols = WDIM_HIDDEN,
+     .parts = {{"self_attn.q_proj.weight", WDIM_Q}, {"self_attn.k_proj.weight", WDIM_KV},
+               {"self_attn.v_proj.weight", WDIM_KV}}},
+    {.field = L_FIELD(attn.gqa.qkv_bias), .init = WINIT_BIAS, .shard = WSHARD_COL, .cond = WCOND_ATTN_BIAS,
+     .parts = {{"self_attn.q_proj.bias", WDIM_Q}, {"self_attn.k_proj.bias", WDIM_KV},
+               {"self_attn.v_proj.bias", WDIM_KV}}},
+    {.field = L_FIELD(attn.gqa.o), .is_weight = true, .shard = WSHARD_ROW, .cols = WDIM_Q,
+     .parts = {{"self_attn.o_proj.weight", WDIM_HIDDEN}}},
+    // HF Llama and Qwen3 give o_proj a bias exactly when attention_bias is set.
+    {.field = L_FIELD(attn.gqa.o_bias), .init = WINIT_BIAS, .shard = WSHARD_ROW_BIAS, .cond = WCOND_ATTN_OUT_BIAS,
+     .parts = {{"self_attn.o_proj.bias", WDIM_HIDDEN}}},
+    {.field = L_FIELD(attn.gqa.q_norm), .init = WINIT_NORM, .cond = WCOND_QK_NORM,
+     .parts = {{"self_attn.q_norm.weight", WDIM_HEAD_DIM}}},
+    {.field = L_FIELD(attn.gqa.k_norm), .init = WINIT_NORM, .cond = WCOND_QK_NORM,
+     .parts = {{"self_attn.k_norm.weight", WDIM_HEAD_DIM}}},
+    WEIGHT_TABLE_END,
+};
+
+static const struct weight_entry llama_mlp_weights[] = {
+    {.field = L_FIELD(ffn.dense.gate_up), .is_weight = true, .shard = WSHARD_COL, .cols = WDIM_HIDDEN,
+     .parts = {{"mlp.gate_proj.weight", WDIM_INTER}, {"mlp.up_proj.weight", WDIM_INTER}}},
+    {.field = L_FIELD(ffn.dense.down), .is_weight = true, .shard = WSHARD_ROW, .cols = WDIM_INTER,
+     .parts = {{"mlp.down_proj.weight", WDIM_HIDDEN}}},
+    {.field = L_FIELD(ffn.dense.gate_up_bias), .init = WINIT_BIAS, .shard = WSHARD_COL, .cond = WCOND_MLP_BIAS,
+     .parts = {{"mlp.gate_proj.bias", WDIM_INTER}, {"mlp.up_proj.bias", WDIM_INTER}}},
+    {.field = L_FIELD(ffn.dense.down_bias), .init = WINIT_BIAS, .shard = WSHARD_ROW_BIAS, .cond = WCOND_MLP_BIAS,
+     .parts = {{"mlp.down_proj.bias", WDIM_HIDDEN}}},
+    WEIGHT_TABLE_END,
+};
+
+// Qwen3-MoE: mlp.gate (router) and mlp.experts.E.{gate,up,down}_proj.
+static const struct weight_entry qwen3_moe_weights[] = {
+    {.field = L_FIELD(ffn.moe.router), .is_weight = true, .cols = WDIM_HIDDEN,
+     .parts = {{"mlp.gate.weight", WDIM_EXPERTS}}},
+    {.field = L_FIELD(ffn.moe.gate_up), .is_weight = true, .per_expert = true, .cols = WDIM_HIDDEN,
+     .parts = {{"mlp.experts.%d.gate_proj.weight", WDIM_MOE_INTER}, {"mlp.experts.%d.up_proj.weight", WDIM_MOE_INTER}}},
+    {.field = L_FIELD(ffn.moe.down), .is_weight = true, .per_expert = true, .cols = WDIM_MOE_INTER,
+     .parts = {{"mlp.experts.%d.down_proj.weight", WDIM_HIDDEN}}},
+    WEIGHT_TABLE_END,
+};
+
+// Mixtral: block_sparse_moe.gate and block_sparse_moe.experts.E.{w1 (gate), w3 (up), w2 (down)}.
+static const struct weight_entry mixtral_moe_weights[] = {
+    {.field = L_FIELD(ffn.moe.router), .is_weight = true, .cols = WDIM_HIDDEN,
+     .parts = {{"block_sparse_moe.gate.weight", WDIM_EXPERTS}}},
+    {.field = L_FIELD(ffn.moe.gate_up), .is_weight = true, .per_expert = true, .cols = WDIM_HIDDEN,
+     .parts = {{"block_sparse_moe.experts.%d.w1.weight", WDIM_MOE_INTER},
+               {"block_sparse_moe.experts.%d.w3.weight", WDIM_MOE_INTER}}},
+    {.field = L_FIELD(ffn.moe.down), .is_weight = true, .per_expert = true, .cols = WDIM_MOE_INTER,
+     .parts = {{"block_sparse_moe.experts.%d.w2.weight", WDIM_HIDDEN}}},
+    WEIGHT_TABLE_END,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Config check and layer plan
+
+static bool llama_is_moe(const struct model_config *c) {
+    return c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_MIXTRAL;
 }
 
-static inline struct tensor view3(void *data, enum dtype dt, int64_t a, int64_t b, int64_t c) {
-    int64_t ne[3] = {a, b, c};
-    return tensor_make(data, dt, 3, ne);
+static atomc_status llama_check(const struct model_config *c, struct error *err) {
+    const bool moe = llama_is_moe(c);
+    if (c->hidden_act[0] && strcmp(c->hidden_act, "silu") != 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", c->hidden_act);
+    for (int l = 0; l < c->num_layers; l++)
+        if (c->layer_types[l] == LAYER_ATTN_LINEAR)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "layer %d uses linear attention, which %s does not have",
+                             l, c->architecture);
+    if (moe && (c->num_experts <= 0 || c->num_experts > 1024 || c->num_experts_per_tok <= 0 ||
+                c->num_experts_per_tok > c->num_experts || c->moe_intermediate_size <= 0))
+        return error_set(err, ATOMC_ERR_FORMAT, "%s config: %d experts, top-%d, moe_intermediate_size %d (need 1..1024 "
+                         "experts, 1 <= top-k <= experts)", c->architecture, c->num_experts, c->num_experts_per_tok,
+                         c->moe_intermediate_size);
+    if (moe && c->n_shared_experts > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for %d shared experts, which the MoE block does "
+                         "not load yet", c->architecture, c->n_shared_experts);
+    if (moe && (c->n_group > 1 || (c->scoring_func[0] && strcmp(c->scoring_func, "softmax"))))
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for grouped top-k (n_group %d) or '%s' scoring; "
+                         "the MoE router implements softmax top-k only", c->architecture, c->n_group, c->scoring_func);
+    if (c->attention_sinks || (c->num_experts > 0 && !moe) || c->q_lora_rank > 0 || c->kv_lora_rank > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for attention sinks, experts or MLA, which the "
+                         "dense forward does not implement", c->architecture);
+    return ATOMC_OK;
 }
 
-// Tensor parallelism: sums a row-parallel output over the ranks (in place, backend memory).
-static void model_tp_all_reduce(struct model *m, struct tensor *t) {
-    if (!m->comm || m->comm_status != ATOMC_OK) return;
-    m->comm_status = comm_all_reduce_sum(m->comm, t->data, t->dtype, (size_t)tensor_numel(t), &m->comm_err);
-}
-
-static inline const struct tensor *opt(const struct tensor *t) {
-    return t->data ? t : NULL;
-}
-
-void model_forward(struct model *m, const int32_t *token_ids, const struct attn_metadata *md, struct kv_layer *kv) {
-    struct backend *b = m->backend;
-    const struct backend_ops *ops = b->ops;
+static void llama_plan_layer(const struct model *m, int l, struct layer_plan *p) {
     const struct model_config *c = &m->cfg;
-    struct model_scratch *s = &m->scratch;
-    const int64_t T = md->n_tokens, H = c->hidden_size, D = c->head_dim, I = c->intermediate_size;
-    const int64_t hq = c->num_heads, hk = c->num_kv_heads;
-    CHECK_MSG(T > 0 && T <= s->max_tokens, "forward of %lld tokens, scratch holds %d", (long long)T, s->max_tokens);
-    const enum dtype dt = b->act_dtype;
-    const size_t e = dtype_row_bytes(dt, 1);
-    const float eps = c->rms_norm_eps, scale = 1.0f / sqrtf((float)D);
-
-    struct tensor residual = view2(s->residual, dt, T, H), x = view2(s->x, dt, T, H), h = view2(s->h, dt, T, H);
-    struct tensor qkv = view2(s->qkv, dt, T, m->qkv_dim);
-    struct tensor attn = view3(s->attn, dt, T, hq, D), attn2 = view2(s->attn, dt, T, m->q_dim);
-    struct tensor gu = view2(s->gate_up, dt, T, 2 * I), act = view2(s->act, dt, T, I);
-    char *qkv_base = s->qkv;
-    struct tensor q = view3(qkv_base, dt, T, hq, D);
-    struct tensor k = view3(qkv_base + (size_t)m->q_dim * e, dt, T, hk, D);
-    struct tensor v = view3(qkv_base + (size_t)(m->q_dim + m->kv_dim) * e, dt, T, hk, D);
-    struct rope_args rope = m->rope;
-    rope.norm_eps = eps;
-
-    ops->embedding(b, &residual, &m->embed, token_ids);
-    for (int l = 0; l < c->num_layers; l++) {
-        struct model_layer *ly = &m->layers[l];
-        ops->add_rmsnorm(b, &x, &residual, l == 0 ? NULL : &h, &ly->attn_norm, eps);
-        ops->matmul(b, &qkv, &x, &ly->qkv, opt(&ly->qkv_bias));
-        rope.q_norm = c->qk_norm ? &ly->q_norm : NULL;
-        rope.k_norm = c->qk_norm ? &ly->k_norm : NULL;
-        ops->rope_kv_write(b, &q, &k, &v, m->qkv_dim, &rope, &kv[l], md);
-        int window = c->layer_types[l] == LAYER_ATTN_SLIDING ? c->sliding_window : 0;
-        ops->attention(b, &attn, &q, m->qkv_dim, &kv[l], md, scale, window, NULL);
-        ops->matmul(b, &h, &attn2, &ly->o, opt(&ly->o_bias));
-        model_tp_all_reduce(m, &h);
-        ops->add_rmsnorm(b, &x, &residual, &h, &ly->mlp_norm, eps);
-        if (ly->moe) { // Qwen3-MoE / Mixtral sparse layers: router + fused experts (moe.c)
-            model_moe_forward(m, ly, &h, &x);
-            continue;
-        }
-        ops->matmul(b, &gu, &x, &ly->gate_up, opt(&ly->gate_up_bias));
-        ops->silu_mul(b, &act, &gu);
-        ops->matmul(b, &h, &act, &ly->down, opt(&ly->down_bias));
-        model_tp_all_reduce(m, &h);
-    }
-    m->last_tokens = (int)T;
+    const bool moe = model_config_layer_is_moe(c, l);
+    const int window = c->layer_types[l] == LAYER_ATTN_SLIDING ? c->sliding_window : 0;
+    *p = (struct layer_plan){
+        .attn_kind = ATTN_KIND_GQA,
+        .ffn_kind = moe ? FFN_KIND_MOE : FFN_KIND_DENSE,
+        .sliding_window = window,
+        .cache = {.kind = window > 0 ? CACHE_KIND_SLIDING : CACHE_KIND_FULL, .n_kv_heads = c->num_kv_heads,
+                  .head_dim_k = c->head_dim, .head_dim_v = c->head_dim, .window = window},
+        .tables = {weights_layer_norms, llama_attn_weights,
+                   !moe ? llama_mlp_weights : c->arch == MODEL_ARCH_MIXTRAL ? mixtral_moe_weights : qwen3_moe_weights},
+    };
 }
 
-struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_rows) {
-    struct backend *b = m->backend;
-    const struct backend_ops *ops = b->ops;
-    struct model_scratch *s = &m->scratch;
-    const struct model_config *c = &m->cfg;
-    CHECK_MSG(n_rows > 0 && n_rows <= s->max_logits_rows, "%d logits rows, scratch holds %d", n_rows,
-              s->max_logits_rows);
-    const enum dtype dt = b->act_dtype;
-    const int64_t T = m->last_tokens, H = c->hidden_size, V = c->vocab_size;
-    struct tensor residual = view2(s->residual, dt, T, H), h = view2(s->h, dt, T, H);
-    struct tensor gres = view2(s->lg_res, dt, n_rows, H), gh = view2(s->lg_h, dt, n_rows, H);
-    struct tensor gx = view2(s->lg_x, dt, n_rows, H);
-    struct tensor logits = view2(s->logits, DTYPE_F32, n_rows, V);
-    ops->gather_rows(b, &gres, &residual, rows, n_rows);
-    ops->gather_rows(b, &gh, &h, rows, n_rows);
-    ops->add_rmsnorm(b, &gx, &gres, &gh, &m->final_norm, c->rms_norm_eps);
-    // F32 logits straight from the GEMM (backend.h: matmul may write F32 from act-dtype input),
-    // so no rounding of logits to BF16 and no conversion pass.
-    if (m->tp_size > 1) {
-        // Vocab-parallel lm_head: this rank's (n, V/tp) logits, all-gathered side by side.
-        int64_t Vs = V / m->tp_size;
-        struct tensor shard = view2(s->lg_shard, DTYPE_F32, n_rows, Vs);
-        ops->matmul(b, &shard, &gx, &m->lm_head, NULL);
-        if (m->comm_status == ATOMC_OK)
-            m->comm_status = comm_all_gather_cols(m->comm, s->logits, s->lg_shard, s->lg_gather, DTYPE_F32,
-                                                  (size_t)n_rows, (size_t)Vs, &m->comm_err);
-        return logits;
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+static void llama_forward(struct model *m, const int32_t *token_ids, const struct attn_metadata *md,
+                          struct kv_layer *kv) {
+    struct fwd_state f;
+    fwd_begin(m, &f, md);
+    block_embed(m, &f, token_ids);
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        block_attention(m, &f, &m->layers[l], &kv[l], md);
+        block_ffn(m, &f, &m->layers[l]);
     }
-    ops->matmul(b, &logits, &gx, &m->lm_head, NULL);
-    return logits;
+    fwd_end(m, &f);
 }
+
+static const enum model_arch llama_archs[] = {MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN3, MODEL_ARCH_QWEN3_MOE,
+                                              MODEL_ARCH_MIXTRAL, MODEL_ARCH_UNKNOWN};
+
+const struct model_arch_def model_arch_llama = {
+    .family = "llama",
+    .archs = llama_archs,
+    .check = llama_check,
+    .plan_layer = llama_plan_layer,
+    .forward = llama_forward,
+};

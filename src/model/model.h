@@ -1,15 +1,26 @@
-// A loaded model: its weights as backend tensors, the precomputed RoPE frequencies, the
-// scratch activations of one forward step, and the forward itself.
+// A loaded model: its weights as backend tensors, the cache each layer keeps, the precomputed
+// RoPE frequencies, the scratch activations of one forward step, and the forward itself.
 //
-// Dense decoder architectures (LlamaForCausalLM, Qwen3ForCausalLM) share one forward
-// (llama.c), written once against backend.h ops; what differs (biases, per-head q/k
-// RMSNorm, tied embeddings, RoPE scaling) is data in struct model_config.
+// The seam (docs/ARCHITECTURE.md, "How to add an architecture"):
+// - An architecture is one entry of the table in src/model/arch.c (struct model_arch_def,
+//   src/model/arch.h): config check, layer plan (which attention kind, which FFN kind, which
+//   cache spec and which weight tables each layer has), forward. The forward of a family lives
+//   in its own file (llama.c: Llama, Mistral, Qwen3, Qwen3-MoE, Mixtral) as a short loop over
+//   the shared block functions of src/model/blocks.c.
+// - Weights are data: each family has tables (struct weight_entry, src/model/weight_loader.h)
+//   mapping HF name suffixes to fields of struct model_layer with their shapes, fuse groups and
+//   tensor-parallel shard kinds; src/model/weight_loader.c loads any table (checkpoint or dummy
+//   weights, TP slices, fusion).
+// - Each layer declares its cache (struct cache_spec): the runner sizes and lays out the KV pool
+//   from the specs, and the engine frees sliding-window blocks from them.
+// - model_load checks the config against the backend's capabilities (struct backend_caps)
+//   before any weight is loaded; what the backend cannot run is a status, not an abort.
 //
 // Weight layout decisions (made at load, so the forward does fewer, larger GEMMs):
 // - q, k and v projections are fused into one (q_dim + 2 kv_dim, hidden) matrix, rows in
 //   that order; their biases likewise.
 // - gate and up projections are fused into one (2 inter, hidden) matrix, gate rows first,
-//   which is the layout silu_mul expects.
+//   which is the layout silu_mul expects; experts likewise, stacked (E, 2 moe_inter, hidden).
 // - tied embeddings: lm_head aliases the embedding table (one copy in memory).
 //
 // Contract: every struct tensor here lives in the backend's memory and is owned by the
@@ -26,34 +37,89 @@
 
 struct model_files;
 struct comm;
+struct model_arch_def;
 
-struct model_layer {
-    struct tensor attn_norm;    // (hidden)
-    struct tensor qkv;          // (q_dim + 2 kv_dim, hidden)
-    struct tensor qkv_bias;     // (q_dim + 2 kv_dim) or data == NULL
-    struct tensor q_norm;       // (head_dim) Qwen3 only
-    struct tensor k_norm;       // (head_dim) Qwen3 only
-    struct tensor o;            // (hidden, q_dim)
-    struct tensor o_bias;       // (hidden) or data == NULL
-    struct tensor mlp_norm;     // (hidden)
-    struct tensor gate_up;      // (2 inter, hidden)
-    struct tensor gate_up_bias; // (2 inter) or data == NULL
-    struct tensor down;         // (hidden, inter)
-    struct tensor down_bias;    // (hidden) or data == NULL
-    // Mixture-of-experts layers (moe.c): then gate_up/down above are unused (data == NULL).
-    bool moe;
-    struct tensor router;        // (E, hidden)
-    struct tensor exp_gate_up;   // (E, 2 moe_inter, hidden): per expert gate rows, then up rows
-    struct tensor exp_down;      // (E, hidden, moe_inter)
+// ---------------------------------------------------------------------------------------------
+// Layers: an attention kind and an FFN kind, each with its own weights.
+
+enum attn_kind {
+    ATTN_KIND_GQA = 0, // multi-/grouped-query attention over a paged K/V cache (full or sliding window)
 };
 
-// MoE scratch (moe.c), allocated with the rest of the scratch when the model has MoE layers.
+enum ffn_kind {
+    FFN_KIND_DENSE = 0, // gate_up -> SiLU*mul -> down
+    FFN_KIND_MOE,       // router -> top-k -> fused experts
+};
+
+struct attn_gqa_weights {
+    struct weight qkv;          // (q_dim + 2 kv_dim, hidden)
+    struct tensor qkv_bias;     // (q_dim + 2 kv_dim) or data == NULL
+    struct tensor q_norm;       // (head_dim) Qwen3's per-head RMSNorm, or data == NULL
+    struct tensor k_norm;       // (head_dim) or data == NULL
+    struct weight o;            // (hidden, q_dim)
+    struct tensor o_bias;       // (hidden) or data == NULL
+};
+
+struct ffn_dense_weights {
+    struct weight gate_up;      // (2 inter, hidden)
+    struct tensor gate_up_bias; // (2 inter) or data == NULL
+    struct weight down;         // (hidden, inter)
+    struct tensor down_bias;    // (hidden) or data == NULL
+};
+
+struct ffn_moe_weights {
+    struct weight router;       // (E, hidden)
+    struct weight gate_up;      // (E, 2 moe_inter, hidden): per expert gate rows, then up rows
+    struct weight down;         // (E, hidden, moe_inter)
+};
+
+struct model_layer {
+    enum attn_kind attn_kind;
+    enum ffn_kind ffn_kind;
+    int sliding_window;         // attention window of this layer (0 = full)
+    struct tensor attn_norm;    // (hidden)
+    struct tensor ffn_norm;     // (hidden)
+    union {
+        struct attn_gqa_weights gqa;
+    } attn;
+    union {
+        struct ffn_dense_weights dense;
+        struct ffn_moe_weights moe;
+    } ffn;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Cache specs: what a layer keeps per token (paged kinds) or per sequence (recurrent).
+
+enum cache_kind {
+    CACHE_KIND_FULL = 0, // K and V of every token: (blocks, block_size, kv_heads, head_dim_k / head_dim_v)
+    CACHE_KIND_SLIDING,  // the same layout; only the last `window` tokens are read, older blocks may be freed
+    CACHE_KIND_LATENT,   // one latent row per token (MLA): (blocks, block_size, 1, latent_dim), no V
+    CACHE_KIND_RECURRENT, // a fixed state per sequence (linear attention), not paged
+};
+
+struct cache_spec {
+    enum cache_kind kind;
+    int n_kv_heads;          // FULL / SLIDING (this rank's, under tensor parallelism)
+    int head_dim_k, head_dim_v;
+    int latent_dim;          // LATENT
+    int window;              // SLIDING: tokens each query attends to (itself included)
+    size_t state_bytes;      // RECURRENT: bytes per sequence
+};
+
+// Bytes one token takes in a paged spec's cache (0 for RECURRENT) with elements of kv_dtype.
+size_t cache_spec_token_bytes(const struct cache_spec *s, enum dtype kv_dtype);
+const char *cache_kind_name(enum cache_kind k);
+
+// ---------------------------------------------------------------------------------------------
+// Scratch
+
+// MoE scratch, allocated with the rest of the scratch when the model has MoE layers.
 struct model_moe_scratch {
     float *logits;      // (max_tokens, E) F32 router logits
     int32_t *topk_ids;  // (max_tokens, top_k) expert ids
     float *topk_w;      // (max_tokens, top_k) F32 combine weights
     void *workspace;    // moe_workspace_bytes(max_tokens, top_k, E, hidden, moe_inter)
-    size_t bytes;
 };
 
 // Activations of one step, allocated once for `max_tokens` rows (max_num_batched_tokens)
@@ -74,20 +140,25 @@ struct model_scratch {
     float *logits;    // (max_logits_rows, vocab) F32
     float *lg_shard;  // TP only: (max_logits_rows, vocab / tp) F32 this rank's vocab-parallel logits
     float *lg_gather; // TP only: (tp, max_logits_rows, vocab / tp) F32 staging of the all-gather
-    size_t bytes;     // total allocated
     struct model_moe_scratch moe;
+    size_t bytes;     // total allocated
 };
+
+// ---------------------------------------------------------------------------------------------
+// The model
 
 struct model {
     struct model_config cfg;
+    const struct model_arch_def *arch; // the architecture table entry (arch.c)
     struct backend *backend;      // not owned
     enum dtype weight_dtype;
     int q_dim, kv_dim, qkv_dim;   // n_heads * head_dim, n_kv_heads * head_dim, q_dim + 2 kv_dim
 
     struct tensor embed;          // (vocab, hidden)
     struct tensor final_norm;     // (hidden)
-    struct tensor lm_head;        // (vocab, hidden); aliases embed when tied
+    struct weight lm_head;        // (vocab, hidden); .t aliases embed when tied
     struct model_layer *layers;   // (num_layers)
+    struct cache_spec *layer_cache; // (num_layers) what each layer keeps
 
     float *inv_freq;              // (rotary_dim / 2) backend memory
     struct rope_args rope;
@@ -110,7 +181,7 @@ struct model {
 
     size_t weight_bytes;          // bytes of weights in backend memory
     struct model_scratch scratch;
-    struct moe_route_args moe_route; // MoE models: routing parameters (moe.c)
+    struct moe_route_args moe_route; // MoE models: routing parameters
     int last_tokens;              // rows of the last model_forward (what compute_logits gathers from)
 };
 
@@ -119,23 +190,35 @@ struct model_load_options {
     struct model_files *files;    // NULL = dummy (random) weights
     uint64_t dummy_seed;
     enum dtype weight_dtype;      // dtype weights are converted to in backend memory
+    enum dtype kv_dtype;          // the KV cache dtype the runner will use (checked against the backend)
+    int block_size;               // the KV block size (checked against the backend); 0 = not checked
     // Tensor parallelism: this rank's slice of every sharded weight is read (through
     // model_files_get_tensor_slice); tp_size 0 or 1 = the whole model. comm: not owned.
     int tp_rank, tp_size;
     struct comm *comm;
+    // BENCHMARK ONLY: MoE routing replaced by a balanced round-robin (token t, slot j -> expert
+    // (t * top_k + j) mod E, weight 1 / top_k): random dummy routers concentrate traffic that
+    // real routers spread. Set by the bench commands' --moe-uniform-routing, never by serving.
+    bool moe_force_uniform;
 };
 
 // Loads (or generates) every weight of `cfg`'s architecture into backend memory, fuses
-// qkv and gate_up, precomputes inv_freq. On failure everything allocated is freed and the
-// message names the tensor.
+// qkv and gate_up, precomputes inv_freq. Checks the architecture, the config and the
+// backend's capabilities first. On failure everything allocated is freed and the message
+// names the architecture, field or tensor.
 atomc_status model_load(struct model **out, struct backend *b, const struct model_config *cfg,
                         const struct model_load_options *o, struct error *err);
 void model_free(struct model *m);
 
+// The capability check model_load runs (exported for tests): the model of `cfg` (after the
+// architecture's own check) against `caps` with the weight / KV dtypes and block size of `o`.
+atomc_status model_check_backend_caps(const struct model_config *cfg, const struct backend_caps *caps,
+                                      const struct model_load_options *o, struct error *err);
+
 // Allocates the scratch activations for steps of up to max_tokens tokens and max_logits_rows rows.
 atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits_rows, struct error *err);
 
-// Parameters of a dense model of this config (embeddings counted once when tied).
+// Parameters of a model of this config (embeddings counted once when tied).
 int64_t model_param_count(const struct model_config *c);
 
 // Host-side inverse RoPE frequencies for every scaling kind of rope_config (default, linear,
@@ -143,9 +226,9 @@ int64_t model_param_count(const struct model_config *c);
 // *attn_factor receives the cos/sin multiplier (YaRN mscale, 1 otherwise).
 void model_rope_inv_freq(const struct model_config *cfg, int rotary_dim, float *inv_freq, float *attn_factor);
 
-// Runs the decoder stack over the batch (writes K/V of every new token into kv at
-// md->slot_mapping). Afterwards residual + h hold the final hidden state of every row.
-// token_ids: (n_tokens) backend int32.
+// Runs the decoder stack over the batch (writes the cache of every new token into kv at
+// md->slot_mapping; kv has one entry per layer, laid out by the layer's cache spec).
+// Afterwards the scratch holds what model_compute_logits needs. token_ids: (n_tokens) backend int32.
 void model_forward(struct model *m, const int32_t *token_ids, const struct attn_metadata *md,
                    struct kv_layer *kv);
 
@@ -155,5 +238,10 @@ void model_forward(struct model *m, const int32_t *token_ids, const struct attn_
 // After model_forward: logits (F32, in m->scratch.logits) of n_rows rows (<= max_logits_rows)
 // given by rows (backend int32 array of token row indices). Returns the F32 logits tensor.
 struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_rows);
+
+// Weight bytes one decode step of `batch` tokens reads: everything but the experts, plus the
+// experts the step touches per MoE layer, min(E, batch * top_k) (exact under the benchmark's
+// round-robin routing, an upper bound otherwise). weight_bytes: the model's total.
+double model_moe_decode_weight_bytes(const struct model_config *c, double weight_bytes, int batch);
 
 #endif

@@ -20,6 +20,7 @@
 // Prompt logprobs (echo) are computed in chunks of max_logits_rows rows; their log-softmax is
 // done on the host (rare path, off the decode loop).
 #include "runtime/model_runner.h"
+#include "runtime/model_runner.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -33,84 +34,8 @@
 #include "common/timeutil.h"
 #include "loader/model_files.h"
 #include "model/model.h"
-
-#define RUNNER_MAX_LOGPROBS 20
-#define RUNNER_MAX_GRAPHS 64
-
-struct runner_graph {
-    int batch_size;
-    void *graph;
-};
-
-// Offsets (in bytes) of a step's arrays inside the metadata block; the same layout on the
-// host staging copy and on the device, so a step is uploaded with one copy. Eager steps use
-// a dense layout built for the step's own sizes; decode-graph steps use a fixed layout with
-// the capacity of max_num_seqs (captured kernels keep its pointers). The block table comes
-// last so that only the rows in use are copied.
-struct runner_layout {
-    size_t token_ids, positions, slot_mapping; // (T) int32
-    size_t query_start;                        // (S + 1) int32
-    size_t context_lens;                       // (S) int32
-    size_t logits_rows;                        // (R) int32
-    size_t lp_rows;                            // (L) int32: prompt-logprob rows
-    size_t temperature, top_p, min_p;          // (R) float
-    size_t top_k;                              // (R) int32
-    size_t presence, frequency, repetition;    // (R) float
-    size_t hist_start;                         // (R + 1) int32
-    size_t hist_prompt_len;                    // (R) int32
-    size_t seed, step;                         // (R) uint64
-    size_t block_tables;                       // (S, W) int32
-    size_t bytes;
-};
-
-struct model_runner {
-    struct backend *backend;
-    struct model_config cfg;
-    struct model *model;
-
-    int block_size;
-    int num_blocks;
-    int max_model_len;
-    int max_tokens;          // max_num_batched_tokens
-    int max_seqs;            // max_num_seqs
-    int max_blocks;          // blocks per sequence at max_model_len (block table capacity stride)
-    int max_rows;            // logits rows per sampling call
-    enum dtype kv_dtype;
-    void *kv_pool;           // one allocation: per layer K then V
-    size_t kv_bytes;
-    struct kv_layer *kv;     // (num_layers)
-
-    struct runner_layout lay; // this step's layout
-    struct runner_layout dec; // fixed layout of decode-graph steps
-    size_t meta_cap;          // bytes of h_meta / d_meta: the largest layout a valid batch needs
-    unsigned char *h_meta;    // host staging
-    unsigned char *d_meta;    // backend memory
-    int32_t *d_iota;          // (max_rows) 0, 1, 2, ...: logits rows of captured decode graphs
-    int32_t *d_hist;         // penalty token history, grown on demand
-    size_t hist_cap;         // elements
-    int32_t *h_hist;
-    size_t h_hist_cap;
-
-    // Sampling outputs: device and host copies.
-    int32_t *d_out_ids;      // (max_rows) ids, then (max_rows) F32 logprobs: one allocation, one copy back
-    float *d_out_lp;         // = d_out_ids + max_rows
-    int32_t *d_out_top_ids;  // (max_rows, 20)
-    float *d_out_top_lp;     // (max_rows, 20)
-    int32_t *h_out_ids;      // (2 max_rows) mirror of d_out_ids
-    float *h_out_lp;         // = h_out_ids + max_rows
-    int32_t *h_out_top_ids;
-    float *h_out_top_lp;
-    // Prompt logprobs (host).
-    float *h_logits;         // (max_rows, vocab) staging of logits rows
-    float *h_plp;            // (max_tokens)
-    int32_t *h_plp_top_ids;  // (max_tokens, 20)
-    float *h_plp_top_lp;
-
-    struct runner_graph graphs[RUNNER_MAX_GRAPHS];
-    int n_graphs;
-    bool graphs_enabled;
-    uint64_t n_graph_replays;
-};
+#include "model/quant.h"
+#include "runtime/runner_internal.h"
 
 // ---------------------------------------------------------------------------------------------
 // Options and configuration
@@ -166,7 +91,7 @@ static atomc_status runner_read_dummy_config(const char *path, struct model_conf
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // T tokens, S sequences, block-table width W, R logits rows, L prompt-logprob rows.
-static void runner_layout_build(struct runner_layout *l, int T, int S, int W, int R, int L) {
+void runner_layout_build(struct runner_layout *l, int T, int S, int W, int R, int L) {
     size_t o = 0;
 #define FIELD(f, bytes) (l->f = o, o = align_up(o + (size_t)(bytes), 16))
     FIELD(token_ids, T * 4);
@@ -191,9 +116,6 @@ static void runner_layout_build(struct runner_layout *l, int T, int S, int W, in
 #undef FIELD
     l->bytes = o;
 }
-
-#define HPTR(r, field, type) ((type *)((r)->h_meta + (r)->lay.field))
-#define DPTR(r, field, type) ((type *)((r)->d_meta + (r)->lay.field))
 
 static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *err) {
     struct backend *b = r->backend;
@@ -250,48 +172,9 @@ static void runner_free_buffers(struct model_runner *r) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// KV pool
-
-static size_t runner_kv_block_bytes(const struct model_runner *r) {
-    const struct model_config *c = &r->cfg;
-    return (size_t)c->num_layers * 2 * (size_t)r->block_size * (size_t)c->num_kv_heads * (size_t)c->head_dim *
-           dtype_row_bytes(r->kv_dtype, 1);
-}
-
-static atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct error *err) {
-    struct backend *b = r->backend;
-    const struct model_config *c = &r->cfg;
-    size_t per_block = runner_kv_block_bytes(r);
-    r->kv_bytes = per_block * (size_t)num_blocks;
-    r->kv_pool = b->ops->alloc(b, r->kv_bytes);
-    if (!r->kv_pool)
-        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate the KV cache: %d blocks of %d tokens (%.1f MiB)",
-                         num_blocks, r->block_size, (double)r->kv_bytes / (1 << 20));
-    // Zeroed once so that padded graph slots (which read block 0) never see NaN bit patterns.
-    b->ops->memset_zero(b, r->kv_pool, r->kv_bytes);
-    r->num_blocks = num_blocks;
-    if (!r->kv) r->kv = xcalloc((size_t)c->num_layers, sizeof *r->kv);
-    size_t half = r->kv_bytes / (size_t)c->num_layers / 2;
-    int64_t ne[4] = {num_blocks, r->block_size, c->num_kv_heads, c->head_dim};
-    for (int l = 0; l < c->num_layers; l++) {
-        char *base = (char *)r->kv_pool + (size_t)l * 2 * half;
-        r->kv[l].k = tensor_make(base, r->kv_dtype, 4, ne);
-        r->kv[l].v = tensor_make(base + half, r->kv_dtype, 4, ne);
-        r->kv[l].k_scale = r->kv[l].v_scale = 1.0f;
-    }
-    return ATOMC_OK;
-}
-
-static void runner_kv_release(struct model_runner *r) {
-    if (r->kv_pool) r->backend->ops->free(r->backend, r->kv_pool);
-    r->kv_pool = NULL;
-    r->num_blocks = 0;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Batch validation and upload
 
-static atomc_status runner_validate(const struct model_runner *r, const struct forward_batch *fb, struct error *err) {
+atomc_status runner_validate(const struct model_runner *r, const struct forward_batch *fb, struct error *err) {
     if (fb->n_seqs <= 0 || fb->n_tokens <= 0)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "forward batch is empty (%d sequences, %d tokens)", fb->n_seqs,
                          fb->n_tokens);
@@ -364,25 +247,18 @@ static atomc_status runner_validate(const struct model_runner *r, const struct f
     return ATOMC_OK;
 }
 
-static bool runner_is_decode_only(const struct forward_batch *fb) {
+bool runner_is_decode_only(const struct forward_batch *fb) {
     if (fb->n_tokens != fb->n_seqs) return false;
     for (int s = 0; s < fb->n_seqs; s++)
         if (fb->query_start[s + 1] - fb->query_start[s] != 1) return false;
     return true;
 }
 
-// The smallest captured bucket holding n sequences, or NULL.
-static struct runner_graph *runner_graph_for(struct model_runner *r, int n) {
-    for (int i = 0; i < r->n_graphs; i++)
-        if (r->graphs[i].batch_size >= n) return &r->graphs[i];
-    return NULL;
-}
-
 // Packs the batch into the host staging block under r->lay (padding it to `pad_seqs` decode
 // slots when > n_seqs: padded slots have slot -1, context 1, block 0, token 0; their block
 // table rows use the layout's width), with the logits rows, prompt-logprob rows and the
 // sampling parameters of each logits row, and fills md. Returns the bytes to upload.
-static size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int pad_seqs, int bt_stride,
+size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int pad_seqs, int bt_stride,
                           struct attn_metadata *md) {
     int S = pad_seqs > fb->n_seqs ? pad_seqs : fb->n_seqs;
     int T = fb->n_tokens + (S - fb->n_seqs); // padded slots are decode tokens
@@ -462,15 +338,15 @@ static size_t runner_pack(struct model_runner *r, const struct forward_batch *fb
 }
 
 // The step's only host-to-device copy of metadata (penalty histories aside).
-static void runner_upload(struct model_runner *r, size_t bytes) {
+void runner_upload(struct model_runner *r, size_t bytes) {
     CHECK(bytes <= r->meta_cap);
     r->backend->ops->copy_h2d(r->backend, r->d_meta, r->h_meta, bytes);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward
+// Forward and execute
 
-static atomc_status runner_forward(struct model_runner *r, const struct forward_batch *fb, int n_rows,
+atomc_status runner_forward(struct model_runner *r, const struct forward_batch *fb, int n_rows,
                                    struct error *err) {
     struct backend *b = r->backend;
     struct attn_metadata md;
@@ -498,150 +374,6 @@ static atomc_status runner_forward(struct model_runner *r, const struct forward_
         if (err) *err = r->model->comm_err;
         return r->model->comm_status;
     }
-    return ATOMC_OK;
-}
-
-// Prompt logprobs: logits of the requested rows in chunks, log-softmax on the host.
-static void runner_prompt_logprobs(struct model_runner *r, const struct forward_batch *fb) {
-    struct backend *b = r->backend;
-    const int V = r->cfg.vocab_size, k = fb->prompt_lp_k;
-    for (int c0 = 0; c0 < fb->n_prompt_lp; c0 += r->max_rows) {
-        int n = fb->n_prompt_lp - c0 < r->max_rows ? fb->n_prompt_lp - c0 : r->max_rows;
-        struct tensor lg = model_compute_logits(r->model, DPTR(r, lp_rows, int32_t) + c0, n);
-        b->ops->copy_d2h(b, r->h_logits, lg.data, (size_t)n * (size_t)V * sizeof(float));
-        for (int i = 0; i < n; i++) {
-            const float *row = r->h_logits + (size_t)i * V;
-            float mx = row[0];
-            for (int j = 1; j < V; j++) mx = row[j] > mx ? row[j] : mx;
-            double sum = 0;
-            for (int j = 0; j < V; j++) sum += exp((double)row[j] - mx);
-            float lse = mx + (float)log(sum);
-            int o = c0 + i;
-            r->h_plp[o] = row[fb->prompt_lp_targets[o]] - lse;
-            int32_t *ti = r->h_plp_top_ids + (size_t)o * k;
-            float *tl = r->h_plp_top_lp + (size_t)o * k;
-            // Partial selection of the k best (k <= 20): insertion into a sorted prefix.
-            int have = 0;
-            for (int j = 0; j < V && k > 0; j++) {
-                float v = row[j];
-                if (have == k && v <= tl[k - 1]) continue;
-                int p = have < k ? have++ : k - 1;
-                while (p > 0 && tl[p - 1] < v) {
-                    tl[p] = tl[p - 1];
-                    ti[p] = ti[p - 1];
-                    p--;
-                }
-                tl[p] = v;
-                ti[p] = j;
-            }
-            for (int j = 0; j < k; j++) tl[j] -= lse;
-        }
-    }
-}
-
-static atomc_status runner_hist_reserve(struct model_runner *r, size_t n, struct error *err) {
-    if (n <= r->hist_cap) return ATOMC_OK;
-    size_t want = n + n / 2 + 1024;
-    struct backend *b = r->backend;
-    if (r->d_hist) b->ops->free(b, r->d_hist);
-    r->d_hist = b->ops->alloc(b, want * 4);
-    int32_t *h = realloc(r->h_hist, want * 4);
-    if (!r->d_hist || !h) {
-        if (h) r->h_hist = h;
-        r->hist_cap = 0;
-        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate %zu token ids of penalty history", want);
-    }
-    r->h_hist = h;
-    r->hist_cap = want;
-    return ATOMC_OK;
-}
-
-static atomc_status runner_sample(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,
-                                  struct error *err) {
-    struct backend *b = r->backend;
-    const int n = fb->n_logits;
-    int32_t *hs = HPTR(r, hist_start, int32_t), *hp = HPTR(r, hist_prompt_len, int32_t);
-    bool any_penalty = false, all_greedy = true;
-    int n_lp = 0;
-    size_t hist_total = 0;
-    for (int i = 0; i < n; i++) {
-        const struct sample_row *sr = &fb->sampling[i];
-        if (!(sr->temperature < 1e-5f)) all_greedy = false;
-        if (sr->presence_penalty != 0 || sr->frequency_penalty != 0 ||
-            (sr->repetition_penalty != 1.0f && sr->repetition_penalty > 0))
-            any_penalty = true;
-        if (sr->n_logprobs > n_lp) n_lp = sr->n_logprobs;
-        hist_total += (size_t)sr->n_prompt + (size_t)sr->n_output;
-    }
-    if (any_penalty) { // rare: the token histories go up in their own copies
-        atomc_status st = runner_hist_reserve(r, hist_total, err);
-        if (st != ATOMC_OK) return st;
-        size_t o = 0;
-        for (int i = 0; i < n; i++) {
-            const struct sample_row *sr = &fb->sampling[i];
-            hs[i] = (int32_t)o;
-            hp[i] = sr->n_prompt;
-            if (sr->n_prompt) memcpy(r->h_hist + o, sr->prompt_ids, (size_t)sr->n_prompt * 4);
-            o += (size_t)sr->n_prompt;
-            if (sr->n_output) memcpy(r->h_hist + o, sr->output_ids, (size_t)sr->n_output * 4);
-            o += (size_t)sr->n_output;
-        }
-        hs[n] = (int32_t)o;
-        if (o) b->ops->copy_h2d(b, r->d_hist, r->h_hist, o * 4);
-        size_t p0 = r->lay.hist_start, p1 = r->lay.hist_prompt_len + (size_t)n * 4;
-        b->ops->copy_h2d(b, r->d_meta + p0, r->h_meta + p0, p1 - p0);
-    }
-
-    struct tensor logits = tensor_2d(r->model->scratch.logits, DTYPE_F32, n, r->cfg.vocab_size);
-    // min_tokens: ids the engine bans until a sequence has enough output (EOS, stop ids) get
-    // -inf logits. Rare (only while min_tokens is pending), so one small copy per banned id.
-    static const float neg_inf = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        const struct sample_row *sr = &fb->sampling[i];
-        for (int k = 0; k < sr->n_banned; k++) {
-            int32_t id = sr->banned_ids[k];
-            if (id < 0 || id >= r->cfg.vocab_size) continue;
-            float *dst = (float *)r->model->scratch.logits + (size_t)i * r->cfg.vocab_size + id;
-            b->ops->copy_h2d(b, dst, &neg_inf, sizeof neg_inf);
-        }
-    }
-    struct sample_args a = {
-        .n_rows = n,
-        .vocab_size = r->cfg.vocab_size,
-        .logits = &logits,
-        .temperature = DPTR(r, temperature, float),
-        .top_p = DPTR(r, top_p, float),
-        .top_k = DPTR(r, top_k, int32_t),
-        .min_p = DPTR(r, min_p, float),
-        .presence_penalty = DPTR(r, presence, float),
-        .frequency_penalty = DPTR(r, frequency, float),
-        .repetition_penalty = DPTR(r, repetition, float),
-        .seed = DPTR(r, seed, uint64_t),
-        .step = DPTR(r, step, uint64_t),
-        .hist_start = DPTR(r, hist_start, int32_t),
-        .hist_ids = r->d_hist,
-        .hist_prompt_len = DPTR(r, hist_prompt_len, int32_t),
-        .any_penalty = any_penalty,
-        .n_logprobs = n_lp,
-        .all_greedy = all_greedy && !any_penalty && n_lp == 0,
-        .out_ids = r->d_out_ids,
-        .out_logprob = r->d_out_lp,
-        .out_top_ids = n_lp ? r->d_out_top_ids : NULL,
-        .out_top_logprobs = n_lp ? r->d_out_top_lp : NULL,
-    };
-    b->ops->sample(b, &a);
-    // Ids and their logprobs in one transfer (the step's synchronisation point).
-    b->ops->copy_d2h(b, r->h_out_ids, r->d_out_ids, ((size_t)r->max_rows + (size_t)n) * 4);
-    if (n_lp) {
-        b->ops->copy_d2h(b, r->h_out_top_ids, r->d_out_top_ids, (size_t)n * n_lp * 4);
-        b->ops->copy_d2h(b, r->h_out_top_lp, r->d_out_top_lp, (size_t)n * n_lp * 4);
-    }
-    b->ops->synchronize(b);
-    out->ids = r->h_out_ids;
-    out->logprobs = r->h_out_lp;
-    out->top_ids = r->h_out_top_ids;
-    out->top_logprobs = r->h_out_top_lp;
-    out->top_stride = n_lp;
     return ATOMC_OK;
 }
 
@@ -680,156 +412,7 @@ atomc_status model_runner_execute_logits(struct model_runner *r, const struct fo
 }
 
 // ---------------------------------------------------------------------------------------------
-// CUDA graphs
-
-// Captures model_forward + logits of every slot for one decode batch size. The captured
-// kernels read metadata from the fixed device arrays, so a replay only needs them refreshed.
-// max_context_len is captured as max_model_len: decode kernels must bound their loops by the
-// per-sequence context_lens they read on the device.
-static atomc_status runner_capture_one(struct model_runner *r, int bs, struct error *err) {
-    struct backend *b = r->backend;
-    // A decode batch of bs dummy slots (all padding: slot -1, so nothing is written).
-    int32_t tok[1] = {0}, pos[1] = {0}, slot[1] = {-1}, qs[2] = {0, 1}, ctx[1] = {1};
-    int32_t *bt = xcalloc((size_t)r->max_blocks, 4);
-    struct forward_batch fb = {.n_seqs = 1, .n_tokens = 1, .token_ids = tok, .positions = pos, .query_start = qs,
-                               .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = r->max_blocks,
-                               .slot_mapping = slot};
-    struct attn_metadata md;
-    r->lay = r->dec;
-    runner_upload(r, runner_pack(r, &fb, bs, r->max_blocks, &md));
-    free(bt);
-    md.max_context_len = r->max_model_len; // replays see any context length up to this
-    b->ops->synchronize(b);
-    // Warm-up run outside capture (lazy per-shape set-up such as GEMM algorithm choice).
-    model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
-    model_compute_logits(r->model, r->d_iota, bs);
-    b->ops->synchronize(b);
-    atomc_status st = b->ops->graph_begin(b, err);
-    if (st != ATOMC_OK) return st;
-    model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
-    model_compute_logits(r->model, r->d_iota, bs);
-    void *graph = NULL;
-    st = b->ops->graph_end(b, &graph, err);
-    if (st != ATOMC_OK) return st;
-    r->graphs[r->n_graphs++] = (struct runner_graph){.batch_size = bs, .graph = graph};
-    return ATOMC_OK;
-}
-
-// Buckets: 1, 2, 4, 8, then steps of 8 to 64, then steps of 16 up to max_num_seqs.
-static int runner_graph_buckets(int max_seqs, int limit_rows, int *out) {
-    int n = 0, cap = max_seqs < limit_rows ? max_seqs : limit_rows;
-    for (int bs = 1; bs <= cap && n < RUNNER_MAX_GRAPHS; bs = bs < 8 ? bs * 2 : bs < 64 ? bs + 8 : bs + 16)
-        out[n++] = bs;
-    if (n > 0 && out[n - 1] < cap && n < RUNNER_MAX_GRAPHS) out[n++] = cap;
-    return n;
-}
-
-static atomc_status runner_capture_graphs(struct model_runner *r, struct error *err) {
-    struct backend *b = r->backend;
-    if (!b->ops->graph_begin || !b->ops->graph_end || !b->ops->graph_launch) return ATOMC_OK;
-    int buckets[RUNNER_MAX_GRAPHS];
-    int limit = r->max_tokens < r->max_rows ? r->max_tokens : r->max_rows;
-    int n = runner_graph_buckets(r->max_seqs, limit, buckets);
-    double t0 = time_now_s();
-    // Largest first: the graphs then share the memory pool of the biggest capture.
-    for (int i = n - 1; i >= 0; i--) {
-        atomc_status st = runner_capture_one(r, buckets[i], err);
-        if (st != ATOMC_OK) return error_prefix(err, "capturing the decode graph of batch %d: ", buckets[i]);
-    }
-    // Keep graphs sorted by batch size ascending for runner_graph_for.
-    for (int i = 0; i < r->n_graphs / 2; i++) {
-        struct runner_graph t = r->graphs[i];
-        r->graphs[i] = r->graphs[r->n_graphs - 1 - i];
-        r->graphs[r->n_graphs - 1 - i] = t;
-    }
-    r->graphs_enabled = r->n_graphs > 0;
-    LOG_INFO("captured %d decode graphs (batch 1..%d) in %.2f s", r->n_graphs, n ? buckets[n - 1] : 0,
-             time_now_s() - t0);
-    return ATOMC_OK;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Create / free
-
-// A forward of the largest batch (max_num_batched_tokens prompt tokens in as many sequences
-// as allowed) over a temporary minimal KV pool, so memory the backend allocates lazily
-// (GEMM workspaces, attention scratch) is counted before the KV pool is sized.
-static atomc_status runner_profile(struct model_runner *r, struct error *err) {
-    int T = r->max_tokens, bs = r->block_size;
-    int per_seq = r->max_model_len < T ? r->max_model_len : T;
-    int S = (T + per_seq - 1) / per_seq;
-    if (S > r->max_seqs) S = r->max_seqs;
-    if (T > S * per_seq) T = S * per_seq;
-    int blocks_per_seq = (per_seq + bs - 1) / bs;
-    atomc_status st = runner_kv_alloc(r, blocks_per_seq, err);
-    if (st != ATOMC_OK) return error_prefix(err, "profile run: ");
-    int32_t *ids = xcalloc((size_t)T, 4), *pos = xcalloc((size_t)T, 4), *slot = xcalloc((size_t)T, 4);
-    int32_t *qs = xcalloc((size_t)S + 1, 4), *ctx = xcalloc((size_t)S, 4);
-    int32_t *bt = xcalloc((size_t)S * (size_t)blocks_per_seq, 4), *rows = xcalloc((size_t)S, 4);
-    int t = 0;
-    for (int s = 0; s < S; s++) {
-        int n = T - t < per_seq ? T - t : per_seq;
-        qs[s] = t;
-        for (int i = 0; i < n; i++, t++) {
-            pos[t] = i;
-            slot[t] = s == 0 ? i : -1; // sequence 0 writes the temporary pool; the others only read it
-        }
-        ctx[s] = n;
-        for (int j = 0; j < blocks_per_seq; j++) bt[(size_t)s * blocks_per_seq + j] = j;
-        rows[s] = t - 1;
-    }
-    qs[S] = t;
-    struct forward_batch fb = {.n_seqs = S, .n_tokens = T, .token_ids = ids, .positions = pos, .query_start = qs,
-                               .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = blocks_per_seq,
-                               .slot_mapping = slot, .n_logits = S < r->max_rows ? S : r->max_rows,
-                               .logits_rows = rows};
-    st = runner_validate(r, &fb, err);
-    if (st == ATOMC_OK) st = runner_forward(r, &fb, fb.n_logits, err);
-    r->backend->ops->synchronize(r->backend);
-    free(ids); free(pos); free(slot); free(qs); free(ctx); free(bt); free(rows);
-    runner_kv_release(r);
-    return st;
-}
-
-static atomc_status runner_size_kv(struct model_runner *r, const struct runner_options *o, struct error *err) {
-    size_t per_block = runner_kv_block_bytes(r);
-    int min_blocks = (r->max_model_len + r->block_size - 1) / r->block_size;
-    int64_t blocks;
-    const char *how;
-    if (o->num_kv_blocks > 0) {
-        blocks = o->num_kv_blocks;
-        how = "num_kv_blocks";
-    } else if (r->backend->kind == BACKEND_CPU) {
-        size_t bytes = o->cpu_kv_cache_bytes;
-        if (bytes == 0) {
-            bytes = (size_t)512 << 20;
-            if (bytes < per_block * (size_t)min_blocks) bytes = per_block * (size_t)min_blocks;
-        }
-        blocks = (int64_t)(bytes / per_block);
-        how = "cpu_kv_cache_bytes";
-    } else {
-        atomc_status st = runner_profile(r, err);
-        if (st != ATOMC_OK) return st;
-        size_t free_b = 0, total_b = 0;
-        r->backend->ops->memory_info(r->backend, &free_b, &total_b);
-        double util = o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9;
-        double reserve = (1.0 - util) * (double)total_b;
-        double avail = (double)free_b - reserve;
-        blocks = avail > 0 ? (int64_t)(avail / (double)per_block) : 0;
-        how = "gpu_memory_utilization";
-        LOG_INFO("memory: %.2f GiB free of %.2f GiB after weights (%.2f GiB) and activations; KV gets %.2f GiB",
-                 free_b / 1073741824.0, total_b / 1073741824.0, r->model->weight_bytes / 1073741824.0,
-                 blocks * (double)per_block / 1073741824.0);
-    }
-    if (blocks < min_blocks)
-        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY,
-                         "the KV cache (%s) holds %lld blocks of %d tokens, but one sequence of max_model_len %d "
-                         "needs %d blocks (%.1f MiB): raise the KV memory or lower max_model_len",
-                         how, (long long)blocks, r->block_size, r->max_model_len, min_blocks,
-                         (double)per_block * min_blocks / (1 << 20));
-    if (blocks > INT32_MAX / r->block_size) blocks = INT32_MAX / r->block_size;
-    return runner_kv_alloc(r, (int)blocks, err);
-}
 
 // Checks the options that need no model; INVALID_ARGUMENT naming the first bad one.
 static atomc_status runner_check_options(const struct runner_options *o, struct error *err) {
@@ -874,6 +457,7 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
         st = runner_read_dummy_config(o->model_path, &r->cfg, err);
     } else {
         st = model_files_open(&files, o->model_path, err);
+        if (st == ATOMC_OK) st = model_quant_check(&files->config, err);
         if (st == ATOMC_OK) r->cfg = files->config;
     }
     if (st != ATOMC_OK) goto fail;
@@ -899,9 +483,15 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     r->max_rows = r->max_seqs;
 
     struct model_load_options lo = {.files = files, .dummy_seed = o->dummy_seed, .weight_dtype = wdt,
-                                    .tp_rank = o->tp_rank, .tp_size = o->tp_size, .comm = o->comm};
+                                    .kv_dtype = r->kv_dtype, .block_size = r->block_size, .tp_rank = o->tp_rank,
+                                    .tp_size = o->tp_size, .comm = o->comm,
+                                    .moe_force_uniform = o->moe_uniform_routing};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
+    // Every tensor of the checkpoint must have been read: a scale or unknown tensor the model
+    // ignores would otherwise run wrong silently. Rank 0 reads every tensor (other ranks skip the
+    // row-parallel biases).
+    if (files && o->tp_rank == 0 && (st = model_files_check_consumed(files, err))) goto fail;
     r->cfg = r->model->cfg; // the loader may have resolved tied embeddings
     LOG_INFO("weights: %.1f MiB as %s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt),
              time_now_s() - tw, dummy ? " (dummy)" : "");
@@ -937,10 +527,17 @@ void model_runner_free(struct model_runner *r) {
 }
 
 const struct model_config *model_runner_config(const struct model_runner *r) { return &r->cfg; }
+
 int model_runner_num_kv_blocks(const struct model_runner *r) { return r->num_blocks; }
+
 int model_runner_max_model_len(const struct model_runner *r) { return r->max_model_len; }
+
 int model_runner_block_size(const struct model_runner *r) { return r->block_size; }
+
 size_t model_runner_weight_bytes(const struct model_runner *r) { return r->model->weight_bytes; }
+
 int model_runner_kv_dtype_bytes(const struct model_runner *r) { return (int)dtype_row_bytes(r->kv_dtype, 1); }
+
 int model_runner_num_graphs(const struct model_runner *r) { return r->n_graphs; }
+
 uint64_t model_runner_num_graph_replays(const struct model_runner *r) { return r->n_graph_replays; }

@@ -99,6 +99,8 @@ struct runner_options {
     // tp_size 0 or 1 = the whole model.
     int tp_rank, tp_size;
     struct comm *comm;
+    // BENCHMARK ONLY: balanced round-robin MoE routing (struct model_load_options).
+    bool moe_uniform_routing;
 };
 
 struct model_runner;
@@ -122,6 +124,11 @@ atomc_status model_runner_execute_logits(struct model_runner *r, const struct fo
 
 int model_runner_max_model_len(const struct model_runner *r);
 int model_runner_block_size(const struct model_runner *r);
+// The attention window of the model when every layer's cache is sliding-window K/V with that one
+// window (Mistral with sliding_window): blocks whose tokens all lie before the window of a
+// sequence's next token are never read again, and the engine frees them while it runs. 0 when
+// any layer keeps full history (hybrid sliding / full models keep every block).
+int model_runner_sliding_window(const struct model_runner *r);
 size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
 int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element
 int model_runner_num_graphs(const struct model_runner *r);        // captured decode graphs

@@ -59,27 +59,27 @@ static bool gpu_present(void) {
 }
 
 TEST(cuda_engine_random_stress_equals_alone) {
-    if (!gpu_present()) return;
-    es_random_stress_equals_alone(&GRAPHS, "llama_gqa", 0x5eed1234ull);
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&GRAPHS, "llama_gqa", 0x5eed1234ull, 32);
 }
 
 TEST(cuda_engine_random_stress_eager) {
-    if (!gpu_present()) return;
-    es_random_stress_equals_alone(&EAGER, "qwen3", 0x0ddba11ull);
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&EAGER, "qwen3", 0x0ddba11ull, 32);
 }
 
 TEST(cuda_engine_moe_random_stress_equals_alone) {
-    if (!gpu_present()) return;
-    es_random_stress_equals_alone(&GRAPHS, "mixtral", 0x5eed1234ull);
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&GRAPHS, "mixtral", 0x5eed1234ull, 24);
 }
 
 TEST(cuda_engine_batched_under_preemption_equals_alone) {
-    if (!gpu_present()) return;
+    if (!gpu_present()) SKIP("no CUDA device");
     es_batched_under_preemption_equals_alone(&GRAPHS, "llama_gqa");
 }
 
 TEST(cuda_engine_prefix_hit_identical_to_cold) {
-    if (!gpu_present()) return;
+    if (!gpu_present()) SKIP("no CUDA device");
     es_prefix_hit_identical_to_cold(&GRAPHS, "qwen3");
 }
 

@@ -210,11 +210,8 @@ TEST(cuda_graph_replay_equals_eager) {
 // SmolLM2 (GGUF Q4_1 dequantised to BF16) in one continuous batch, graphs on: greedy tokens
 // equal HF's fp32 continuation up to the first step whose HF margin is within BF16 noise.
 TEST(cuda_smollm2_greedy) {
-    const char *path = getenv("ATOMC_SMOLLM2");
-    if (!path || !*path) {
-        fprintf(stderr, "  skip: ATOMC_SMOLLM2 is not set\n");
-        return;
-    }
+    const char *path = test_smollm2_path();
+    if (!path) return;
     json_error_t je;
     json_t *root = json_load_file(test_fixture("models/smollm2_refs.json"), 0, &je);
     ASSERT_TRUE(root != NULL);

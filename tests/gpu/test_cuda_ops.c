@@ -314,8 +314,7 @@ TEST(cuda_matmul_matches_cpu) {
     BEGIN();
     // (n, m, k, bias). n = 1 with k % 8 == 0 runs a GEMV kernel (m <= 4096: split-k over a
     // block's warps, k not a multiple of the 1 KB step, bias; wider: a warp per column, also
-    // past m = 16384 like an lm_head), the rest cuBLASLt (n = 9, k = 201); ATOMC_GEMV_MAX_ROWS=8
-    // also sends every n <= 8 to the GEMV.
+    // past m = 16384 like an lm_head), the rest cuBLASLt (n >= 2; k = 201).
     int64_t shapes[][4] = {{1, 1024, 512, 0}, {37, 3000, 1000, 1}, {128, 512, 4096, 0}, {5, 96, 200, 1},
                            {300, 130, 64, 0}, {8, 4099, 1032, 1}, {2, 77, 201, 0},  {9, 640, 1024, 0},
                            {4, 6144, 4096, 0}, {1, 128, 2056, 1}, {1, 5000, 1000, 1}, {1, 40001, 512, 1}};
@@ -327,12 +326,12 @@ TEST(cuda_matmul_matches_cpu) {
         struct tensor xg = mk2(&P, G, G->act_dtype, n, k, x), xc = mk2(&P, CP, CP->act_dtype, n, k, x);
         struct tensor og = mk2(&P, G, G->act_dtype, n, m, NULL), oc = mk2(&P, CP, CP->act_dtype, n, m, NULL);
         struct tensor bg = mk2(&P, G, G->act_dtype, 1, m, bv), bc = mk2(&P, CP, CP->act_dtype, 1, m, bv);
-        G->ops->matmul(G, &og, &xg, &wg, bias ? &bg : NULL);
-        CP->ops->matmul(CP, &oc, &xc, &wc, bias ? &bc : NULL);
+        G->ops->matmul(G, &og, &xg, WEIGHT_PLAIN(&wg), bias ? &bg : NULL);
+        CP->ops->matmul(CP, &oc, &xc, WEIGHT_PLAIN(&wc), bias ? &bc : NULL);
         ASSERT_TENSORS(og, oc, NMSE_BF16);
         // Same shape again: the cached plan gives the same result.
         struct tensor og2 = mk2(&P, G, G->act_dtype, n, m, NULL);
-        G->ops->matmul(G, &og2, &xg, &wg, bias ? &bg : NULL);
+        G->ops->matmul(G, &og2, &xg, WEIGHT_PLAIN(&wg), bias ? &bg : NULL);
         ASSERT_TENSORS(og2, oc, NMSE_BF16);
         free(x); free(w); free(bv);
     }
@@ -345,8 +344,8 @@ TEST(cuda_matmul_matches_cpu) {
         struct tensor wg = upload_w(&P, G, w, m, k), wc = upload_w(&P, CP, w, m, k);
         struct tensor xg = mk2(&P, G, G->act_dtype, n, k, x), xc = mk2(&P, CP, CP->act_dtype, n, k, x);
         struct tensor og = mk2(&P, G, DTYPE_F32, n, m, NULL), oc = mk2(&P, CP, CP->act_dtype, n, m, NULL);
-        G->ops->matmul(G, &og, &xg, &wg, NULL);
-        CP->ops->matmul(CP, &oc, &xc, &wc, NULL);
+        G->ops->matmul(G, &og, &xg, WEIGHT_PLAIN(&wg), NULL);
+        CP->ops->matmul(CP, &oc, &xc, WEIGHT_PLAIN(&wc), NULL);
         ASSERT_TENSORS(og, oc, 1e-5);
         free(x); free(w);
     }
@@ -549,11 +548,11 @@ TEST(cuda_attention_decode_split_kv_long_context) {
     END();
 }
 
-// Decode batches whose grids split the KV range 2..8 ways within one CTA per SM: the splits of a
-// (sequence, KV head) run as one cluster and merge through distributed shared memory
-// (cb->attn_cluster_merge) instead of the reduce kernel. Qwen3-30B-A3B's heads at a 640-token
-// context (6 splits, 24 CTAs), a second sequence of one tile (5 empty splits), FP8, sinks.
-TEST(cuda_attention_decode_cluster_merged_splits) {
+// Decode batches split only a few ways (the 2-tile splits allowed while the grid stays within
+// one CTA per SM), combined by the reduce kernel: Qwen3-30B-A3B's heads (32 q / 4 KV) at a
+// 640-token context, its batch-1 decode shape (6 splits, 24 CTAs); a second sequence of one tile
+// (5 empty splits); FP8; sinks at D = 64. The other decode-only cases split 17 ways or more.
+TEST(cuda_attention_decode_few_splits) {
     BEGIN();
     int qlen[] = {1, 1};
     int ctx[] = {640, 40};
@@ -870,10 +869,10 @@ TEST(cuda_graph_replay_equals_eager) {
 #define STEP()                                                                       \
     do {                                                                             \
         G->ops->rmsnorm(G, &h, &xt, &nwt, 1e-5f);                                    \
-        G->ops->matmul(G, &qkv, &h, &wt, NULL);                                      \
+        G->ops->matmul(G, &qkv, &h, WEIGHT_PLAIN(&wt), NULL);                                      \
         G->ops->rope_kv_write(G, &q, &k, &v, stride, &ra, &kv, &md);                 \
         G->ops->attention(G, &att, &q, stride, &kv, &md, 0.0883883f, 0, NULL);       \
-        G->ops->matmul(G, &outb, &att2, &wot, NULL);                                 \
+        G->ops->matmul(G, &outb, &att2, WEIGHT_PLAIN(&wot), NULL);                                 \
         G->ops->convert(G, &out, &outb);                                             \
     } while (0)
     float *eager[2], *replay[2];

@@ -2,7 +2,7 @@
 (greedy tokens equal HF transformers' references from tools/make_tiny_moe_models.py), and the
 benchmark plumbing the Qwen3-30B-A3B runs use on the GPU machine, on a scaled-down copy of
 bench/configs/qwen3_30b_a3b.json: a bare config .json with --load-format dummy for
-`bench throughput` and `bench-runner`, with and without ATOMC_MOE_FORCE_UNIFORM=1."""
+`bench throughput` and `bench-runner`, with and without --moe-uniform-routing."""
 import json
 import os
 import subprocess
@@ -47,10 +47,10 @@ def test_generate_qwen3_moe_greedy_matches_hf():
 
 def test_bench_throughput_bare_moe_config(tmp_path):
     cfg = small_config(tmp_path)
-    for env in ({}, {"ATOMC_MOE_FORCE_UNIFORM": "1"}):
+    for extra in ([], ["--moe-uniform-routing"]):
         out = run("bench", "throughput", "--model", cfg, "--load-format", "dummy", "--num-prompts", "6",
                   "--input-len", "24", "--output-len", "5", "--num-threads", "2", "--cpu-kv-cache-gb", "0.02",
-                  env=env)
+                  *extra)
         assert out.returncode == 0, out.stderr
         assert "Total num prompt tokens:  144" in out.stdout
         assert "Total num output tokens:  30" in out.stdout
@@ -61,8 +61,7 @@ def test_bench_runner_reports_active_expert_bytes(tmp_path):
     mib = {}
     for batch in (1, 4):
         out = run("bench-runner", "--model", cfg, "--load-format", "dummy", "--batch", str(batch), "--prompt-len",
-                  "8", "--decode-steps", "4", "--warmup", "1", "--threads", "2",
-                  env={"ATOMC_MOE_FORCE_UNIFORM": "1"})
+                  "8", "--decode-steps", "4", "--warmup", "1", "--threads", "2", "--moe-uniform-routing")
         assert out.returncode == 0, out.stderr
         line = [l for l in out.stdout.splitlines() if l.startswith("moe ")][0]
         mib[batch] = float(line.split()[1])

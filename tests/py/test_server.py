@@ -2,7 +2,8 @@
 `openai` client and raw HTTP: completions and chat, streaming and not, n>1, prompt lists and
 token ids, stop strings, logprobs (incl. echo prompt logprobs), usage, every error class,
 auth, /tokenize, /detokenize, /apply-template, /metrics, client disconnect -> abort.
-The server's greedy tokens are checked against HF-derived references where the fixture exists."""
+The server's greedy tokens are checked against HF-derived references
+(tests/fixtures/models/smollm2_refs.json)."""
 import json
 import math
 import os
@@ -72,8 +73,7 @@ def test_completion_non_stream_usage_matches_tokenize(srv, client):
 
 
 def test_greedy_tokens_match_reference(srv, client):
-    if not os.path.exists(REFS):
-        pytest.skip("tests/fixtures/models/smollm2_refs.json not present")
+    assert os.path.exists(REFS), "committed fixture tests/fixtures/models/smollm2_refs.json is missing"
     refs = json.load(open(REFS))
     checked = 0
     for p in refs["prompts"]:

@@ -446,9 +446,12 @@ static void widen_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
                           (r1 - r0) * v->k);
 }
 
-static void cpu_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+static void cpu_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *wq,
                        const struct tensor *bias) {
     struct cpu_backend *c = cpu_backend_of(b);
+    CHECK_MSG(wq->scheme == WEIGHT_SCHEME_NONE, "CPU matmul: weight scheme %s not implemented",
+              weight_scheme_name(wq->scheme));
+    const struct tensor *w = &wq->t;
     CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && cpu_weight_dtype_ok(w->dtype) && w->ndim == 2);
     int64_t n = tensor_rows(x), k = tensor_cols(x), m = w->ne[0];
     CHECK_MSG(w->ne[1] == k, "matmul: x has %lld columns, w has %lld", (long long)k, (long long)w->ne[1]);
@@ -737,6 +740,7 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
     openblas_set_num_threads(n);
     cpu_kernels_select(&c->kern);
     c->base.ops = &cpu_ops;
+    c->base.caps = &backend_cpu_caps;
     c->base.kind = BACKEND_CPU;
     c->base.act_dtype = DTYPE_F32;
     c->base.weight_dtype = DTYPE_F32;

@@ -58,8 +58,8 @@ void cpu_sample(struct backend *b, const struct sample_args *a);
 // Mixture-of-experts ops (cpu_moe.c).
 void cpu_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a, int32_t *topk_ids,
                    float *topk_w);
-void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
-                     const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
+                     const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                      void *workspace);
 
 #endif

@@ -160,10 +160,13 @@ static struct tensor expert_view(const struct tensor *w, int e) {
     return tensor_2d((char *)w->data + rb * (size_t)e, w->dtype, w->ne[1], w->ne[2]);
 }
 
-void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
-                     const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,
+                     const struct weight *down_w, const int32_t *topk_ids, const float *topk_w, int n_slots,
                      void *workspace) {
     struct cpu_backend *c = cpu_backend_of(b);
+    CHECK_MSG(gate_up_w->scheme == WEIGHT_SCHEME_NONE && down_w->scheme == WEIGHT_SCHEME_NONE,
+              "CPU moe_experts: weight scheme %s not implemented", weight_scheme_name(gate_up_w->scheme));
+    const struct tensor *gate_up = &gate_up_w->t, *down = &down_w->t;
     CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && gate_up->ndim == 3 && down->ndim == 3);
     const int64_t n = tensor_rows(x), H = tensor_cols(x), I = down->ne[2];
     const int E = (int)gate_up->ne[0];
@@ -210,7 +213,7 @@ void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor 
         struct tensor xe = tensor_2d(xs + (int64_t)offsets[e] * H, DTYPE_F32, counts[e], H);
         struct tensor ge = tensor_2d(gu + (int64_t)offsets[e] * 2 * I, DTYPE_F32, counts[e], 2 * I);
         struct tensor we = expert_view(gate_up, e);
-        b->ops->matmul(b, &ge, &xe, &we, NULL);
+        b->ops->matmul(b, &ge, &xe, WEIGHT_PLAIN(&we), NULL);
     }
     struct tensor gu_all = tensor_2d(gu, DTYPE_F32, R, 2 * I), act_all = tensor_2d(act, DTYPE_F32, R, I);
     b->ops->silu_mul(b, &act_all, &gu_all);
@@ -219,7 +222,7 @@ void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor 
         struct tensor ae = tensor_2d(act + (int64_t)offsets[e] * I, DTYPE_F32, counts[e], I);
         struct tensor ye = tensor_2d(y + (int64_t)offsets[e] * H, DTYPE_F32, counts[e], H);
         struct tensor we = expert_view(down, e);
-        b->ops->matmul(b, &ye, &ae, &we, NULL);
+        b->ops->matmul(b, &ye, &ae, WEIGHT_PLAIN(&we), NULL);
     }
 
     cpu_lock(c);

@@ -23,19 +23,24 @@
 // a sequence's last tile only store a -inf log-sum-exp (no Q load, no partials).
 //
 // In pure decode batches (max_query_len 1), a CTA whose first KV tile ends before this step's
-// new position issues that tile's copies before the PDL wait (cb->attn_early): every earlier
-// position was written by an earlier step, and the load overlaps the RoPE + KV-write kernel
-// (Qwen3-30B-A3B batch 1 +1.7%, docs/perf.md). Not in steps that admit prompts: there a
-// sequence can share prefix blocks another sequence of the same step is filling.
+// new position issues that tile's copies before the PDL wait: every earlier position was written
+// by an earlier step, and the load overlaps the RoPE + KV-write kernel (Qwen3-30B-A3B batch 1
+// 341.7 -> 347.0 tok/s, Llama-3-8B batch 1 and both at batch 64 unchanged; docs/perf.md session 6).
+// Not in steps that admit prompts: there a sequence can share prefix blocks another sequence of
+// the same step is filling.
 #include "backend/cuda/cuda_common.cuh"
-
-#include <cooperative_groups.h>
 
 namespace {
 
-constexpr int BN = 64; // KV tokens per tile
-constexpr int PAD = 8; // bf16 elements of padding per shared row (conflict-free ldmatrix)
+constexpr int BN = CUDA_ATTN_BN; // KV tokens per tile
+constexpr int PAD = 8;           // bf16 elements of padding per shared row (conflict-free ldmatrix)
 constexpr int MAX_SPLITS = 128;
+// Split-KV heuristic (cuda_op_attention), from the W x T sweep of `gpu_kernels decode` in
+// docs/perf.md ("CUDA kernels": W = 2, T = 4 best or within 2% in every case but bs=1 ctx=1024)
+// and the model A/Bs of sessions 5 and 7 (1-tile splits: Qwen3-30B-A3B batch 1 +2%, Llama-3-8B
+// batch 1 -3%; 2-tile splits lose 2.4% at Llama-3-8B batch 1 with a 4K context).
+constexpr int SPLIT_WAVES = 2;     // split while the grid fills fewer waves of resident CTAs than this
+constexpr int SPLIT_MIN_TILES = 4; // fewest 64-token tiles per split (2 for the fine decode splits)
 
 struct attn_params {
     const __nv_bfloat16 *q;
@@ -135,55 +140,10 @@ template <int D, int NT> __device__ __forceinline__ void fp8_tile_convert(__nv_b
     }
 }
 
-// Decode splits of one (sequence, KV head) launched as one thread-block cluster (2..8 splits;
-// ATOMC_ATTN_CLUSTER_MERGE=0 keeps the reduce kernel instead). Each CTA leaves its normalised
-// partial output (16 rows x D f32, at mo0) and log-sum-exp (at ml0[2 r]) in its own shared
-// memory; after a cluster barrier rank r combines rows r, r + C, ... reading every rank's
-// partials through distributed shared memory (no partials in global memory, no reduce launch:
-// +0.9% at batch 1 of Qwen3-30B-A3B, docs/perf.md session 8). Every thread of every CTA calls
-// this exactly once; the second barrier keeps each CTA's shared memory alive until the others
-// have read it.
-template <int D, int NT>
-__device__ __forceinline__ void attn_cluster_merge(const attn_params &p, float *mo0, float *ml0, int qbeg, int kvh,
-                                                   int rows_total) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync();
-    const int C = p.n_splits, rank = (int)cl.block_rank();
-    for (int r = rank; r < rows_total && r < 16; r += C) {
-        float ls[8], mx = -INFINITY;
-#pragma unroll
-        for (int sp = 0; sp < 8; sp++) {
-            ls[sp] = sp < C ? cl.map_shared_rank(ml0, sp)[r * 2] : -INFINITY;
-            mx = fmaxf(mx, ls[sp]);
-        }
-        const int head = kvh * p.group + r % p.group;
-        const float sk = p.sinks ? p.sinks[head] * 1.4426950408889634f : -INFINITY;
-        float mf = fmaxf(mx, sk);
-        if (mf == -INFINITY) mf = 0.f;
-        float den = p.sinks ? exp2f(sk - mf) : 0.f;
-#pragma unroll
-        for (int sp = 0; sp < 8; sp++) {
-            ls[sp] = exp2f(ls[sp] - mf); // 0 for empty splits and past C
-            den += ls[sp];
-        }
-        const float inv = den > 0.f ? p.v_scale / den : 0.f;
-        const size_t grow = (size_t)(qbeg + r / p.group) * p.hq + head;
-        for (int d = threadIdx.x; d < D; d += NT) {
-            float acc = 0.f;
-#pragma unroll
-            for (int sp = 0; sp < 8; sp++)
-                if (ls[sp] > 0.f) acc += ls[sp] * cl.map_shared_rank(mo0, sp)[r * D + d];
-            p.out[grow * D + d] = __float2bfloat16_rn(acc * inv);
-        }
-    }
-    cl.sync();
-}
-
 // NW warps own 16 query rows each; KS warps (KS > 1: decode) share the same 16 rows and
 // split every KV tile's tokens between them, each with its own online-softmax state, merged
 // through shared memory at the end.
-template <int D, int NW, int KS, typename KVT, bool CM = false>
+template <int D, int NW, int KS, typename KVT>
 __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn_params p) {
     // The metadata (query starts, context lengths, block tables) comes from host copies, and the
     // keys and values of positions before this step's new tokens were written by earlier steps:
@@ -203,9 +163,6 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     // Stage buffers of pipeline slot b (where cp.async writes).
     auto stage_k = [&](int b) -> void * { return FP8 ? (void *)(kst_ + b * BN * D) : (void *)(ks_ + b * BN * RS); };
     auto stage_v = [&](int b) -> void * { return FP8 ? (void *)(vst_ + b * BN * D) : (void *)(vs_ + b * BN * RS); };
-    static_assert(!CM || (NW == 1 && KS > 1), "cluster merge: decode tiles only");
-    float *mo0 = reinterpret_cast<float *>(ks_); // CM: this CTA's partial [16][D] (the KS merge's unused slot 0)
-    float *ml0 = mo0 + KS * 16 * D;              // CM: its log-sum-exp at [2 r]
 
     const int seq = blockIdx.z / p.n_splits, split = blockIdx.z % p.n_splits, kvh = blockIdx.y;
     const int qbeg = p.query_start[seq], qlen = p.query_start[seq + 1] - qbeg;
@@ -216,7 +173,6 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;
     if (row0 >= rows_total) {
         if (p.early) pdl_begin();
-        if constexpr (CM) attn_cluster_merge<D, NT>(p, mo0, ml0, qbeg, kvh, 0);
         return;
     }
     const int row_last = min(row0 + BM, rows_total) - 1;
@@ -237,17 +193,11 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     if (p.n_splits > 1 && tb >= te) {
         // A split past the last one with tiles (a captured graph sizes n_splits for the longest
         // context): only its -inf log-sum-exp, which the reduce skips (no Q load, no partials).
-        if constexpr (CM) {
-            for (int r = threadIdx.x; r < 16; r += NT)
-                ml0[r * 2] = -INFINITY;
-            attn_cluster_merge<D, NT>(p, mo0, ml0, qbeg, kvh, rows_total);
-        } else {
-            for (int r = threadIdx.x; r < BM; r += NT) {
-                const int pr = row0 + r;
-                if (pr <= row_last)
-                    p.part_lse[((size_t)(qbeg + pr / p.group) * p.hq + kvh * p.group + pr % p.group) * p.n_splits +
-                               split] = -INFINITY;
-            }
+        for (int r = threadIdx.x; r < BM; r += NT) {
+            const int pr = row0 + r;
+            if (pr <= row_last)
+                p.part_lse[((size_t)(qbeg + pr / p.group) * p.hq + kvh * p.group + pr % p.group) * p.n_splits + split] =
+                    -INFINITY;
         }
         return;
     }
@@ -421,10 +371,7 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
             }
         }
         __syncthreads();
-        if (wk > 0) {
-            if constexpr (CM) attn_cluster_merge<D, NT>(p, mo0, ml0, qbeg, kvh, rows_total);
-            return;
-        }
+        if (wk > 0) return;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int row = g + h * 8;
@@ -482,14 +429,6 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
             for (int i = 0; i < D / 8; i++)
                 *reinterpret_cast<uint32_t *>(dst + i * 8 + 2 * t4) =
                     pack_bf16(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
-        } else if constexpr (CM) {
-            float inv = ll > 0.f ? 1.f / ll : 0.f;
-            const int lr = pr - row0; // 0..15
-#pragma unroll
-            for (int i = 0; i < D / 8; i++)
-                *reinterpret_cast<float2 *>(mo0 + lr * D + i * 8 + 2 * t4) =
-                    make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
-            if (t4 == 0) ml0[lr * 2] = ll > 0.f ? mm + log2f(ll) : -INFINITY;
         } else {
             float inv = ll > 0.f ? 1.f / ll : 0.f;
             float *dst = p.part_o + (grow * p.n_splits + split) * D;
@@ -500,7 +439,6 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
             if (t4 == 0) p.part_lse[grow * p.n_splits + split] = ll > 0.f ? mm + log2f(ll) : -INFINITY;
         }
     }
-    if constexpr (CM) attn_cluster_merge<D, NT>(p, mo0, ml0, qbeg, kvh, rows_total);
 }
 
 // Combines the splits of each (token, head) row: one warp per row. A captured decode graph
@@ -561,8 +499,7 @@ template <int D, int NW, int KS, typename KVT> constexpr size_t attn_smem() {
     return main > merge ? main : merge;
 }
 
-// Variants: NW = 4 row warps (prefill tiles), or 1 row warp with KS = 4 KV-split warps (decode);
-// CM: the decode kernel whose splits merge inside their cluster.
+// Variants: NW = 4 row warps (prefill tiles), or 1 row warp with KS = 4 KV-split warps (decode).
 template <int NW> constexpr int attn_ks() {
     return NW == 1 ? 4 : 1;
 }
@@ -570,39 +507,32 @@ template <int NW> constexpr int attn_ks() {
 template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *cb) {
     constexpr int KS = attn_ks<NW>();
     constexpr int smem = (int)attn_smem<D, NW, KS, KVT>();
-    CUDA_CHECK(
-        cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem));
     int occ = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, NW, KS, KVT>, NW * KS * 32,
                                                              smem));
     cb->attn_occupancy[D == 128][NW == 4][sizeof(KVT) == 1] = occ > 0 ? occ : 1;
-    if constexpr (NW == 1)
-        CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT, true>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 
-// CM: the splits of each (sequence, KV head), consecutive along z, launch as one cluster.
-template <int D, int NW, typename KVT, bool CM = false> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
+template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
     constexpr int KS = attn_ks<NW>();
-    pdl_launch_cluster(paged_attention_kernel<D, NW, KS, KVT, CM>, grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s,
-                       CM ? (unsigned)p.n_splits : 1u, p);
+    pdl_launch(paged_attention_kernel<D, NW, KS, KVT>, grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s, p);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int D, typename KVT> void attn_dispatch_kv(const attn_params &p, dim3 grid, int nw, bool cm, cudaStream_t s) {
+template <int D, typename KVT> void attn_dispatch_kv(const attn_params &p, dim3 grid, int nw, cudaStream_t s) {
     if (nw == 4)
         attn_launch<D, 4, KVT>(p, grid, s);
-    else if (cm)
-        attn_launch<D, 1, KVT, true>(p, grid, s);
     else
         attn_launch<D, 1, KVT>(p, grid, s);
 }
 
-template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, bool fp8, bool cm, cudaStream_t s) {
+template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, bool fp8, cudaStream_t s) {
     if (fp8)
-        attn_dispatch_kv<D, __nv_fp8_e4m3>(p, grid, nw, cm, s);
+        attn_dispatch_kv<D, __nv_fp8_e4m3>(p, grid, nw, s);
     else
-        attn_dispatch_kv<D, __nv_bfloat16>(p, grid, nw, cm, s);
+        attn_dispatch_kv<D, __nv_bfloat16>(p, grid, nw, s);
 }
 
 } // namespace
@@ -660,26 +590,26 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     const int nw = rows_per_seq <= 16 ? 1 : 4;
     const int row_tiles = (int)cdiv(rows_per_seq, 16 * nw);
     const int64_t base_ctas = (int64_t)row_tiles * hk * md->n_seqs;
-    // Split-KV: when the natural grid fills fewer than attn_split_waves (default 2) waves of
-    // resident CTAs, cut each CTA's KV range so that it does (partials are ~1% of the KV
-    // bytes, so splitting is cheap), never below attn_split_min_tiles (default 4) 64-token
-    // tiles of the largest possible context (max_blocks_per_seq: fixed for a captured graph).
-    // Decode-like tiles may go down to 2-tile splits while the grid stays within one CTA per SM
-    // (cb->attn_split_fine): small-batch decode is latency-bound, and past one CTA per SM the
-    // extra partials cost the reduce more than the parallelism gains. H200 (docs/perf.md
-    // session 7): 2-tile splits took Qwen3-30B-A3B batch 1 (4 KV heads, 640 tokens) from 351
-    // to 357 tok/s, but cost Llama-3-8B batch 1 at a 4K context 2.4% (264 CTAs).
+    // Split-KV: when the natural grid fills fewer than SPLIT_WAVES waves of resident CTAs, cut
+    // each CTA's KV range so that it does (partials are ~1% of the KV bytes, so splitting is
+    // cheap), never below SPLIT_MIN_TILES 64-token tiles of the largest possible context
+    // (max_blocks_per_seq: fixed for a captured graph). Decode-like tiles may go down to 2-tile
+    // splits while the grid stays within one CTA per SM: small-batch decode is latency-bound, and
+    // past one CTA per SM the extra partials cost the reduce more than the parallelism gains.
+    // H200 (docs/perf.md session 7, dd3dfe4, call 7): Qwen3-30B-A3B batch 1 347.9 / 349.8 ->
+    // 353.3 / 355.9 tok/s, Llama-3-8B batch 1 215.9 / 215.7 -> 218.3 / 217.0; plain 2-tile
+    // splits cost Llama-3-8B batch 1 at a 4K context 2.4% (264 CTAs).
     int splits = 1;
     const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[D == 128][nw == 4][fp8];
-    if (base_ctas < cb->attn_split_waves * slots) {
+    if (base_ctas < SPLIT_WAVES * slots) {
         const int64_t ctx = (int64_t)md->max_blocks_per_seq * md->block_size;
-        int64_t cap = cdiv(ctx, cb->attn_split_min_tiles * BN);
-        if (nw == 1 && cb->attn_split_fine) {
+        int64_t cap = cdiv(ctx, SPLIT_MIN_TILES * BN);
+        if (nw == 1) {
             int64_t fine = cdiv(ctx, 2 * BN), per_sm = cb->num_sms / base_ctas;
             if (fine > per_sm) fine = per_sm;
             if (fine > cap) cap = fine;
         }
-        int64_t want = cdiv(cb->attn_split_waves * slots, base_ctas);
+        int64_t want = cdiv(SPLIT_WAVES * slots, base_ctas);
         splits = (int)(want < cap ? want : cap);
         if (splits > MAX_SPLITS) splits = MAX_SPLITS;
         if (splits < 1) splits = 1;
@@ -694,21 +624,16 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     // Pure decode batches only: in a step that admits prompts, a sequence may share prefix
     // blocks that another sequence of the same step fills (the block manager's same-step
     // sharing), i.e. positions before its new tokens that the RoPE + KV-write kernel just wrote.
-    p.early = cb->attn_early && md->max_query_len == 1;
+    p.early = md->max_query_len == 1;
     p.part_o = (float *)cb->attn_scratch;
     p.part_lse = p.part_o + (size_t)n * hq * splits * D;
     CHECK_MSG((int64_t)md->n_seqs * splits <= 65535, "CUDA attention: too many sequences (%d)", md->n_seqs);
     dim3 grid(row_tiles, hk, md->n_seqs * splits);
-    // Decode splits of 2..8 merge inside their cluster (no partials in global memory, no reduce)
-    // while the grid fits in one CTA per SM: past that the clusters cost more than the reduce
-    // (q3m batch 64: -2.4%; batch 1 +0.9%, docs/perf.md session 8).
-    const bool cm = cb->attn_cluster_merge && nw == 1 && splits >= 2 && splits <= 8 &&
-                    base_ctas * splits <= cb->num_sms;
     if (D == 64)
-        attn_dispatch<64>(p, grid, nw, fp8, cm, cb->stream);
+        attn_dispatch<64>(p, grid, nw, fp8, cb->stream);
     else
-        attn_dispatch<128>(p, grid, nw, fp8, cm, cb->stream);
-    if (splits > 1 && !cm) {
+        attn_dispatch<128>(p, grid, nw, fp8, cb->stream);
+    if (splits > 1) {
         int rows = n * hq;
         if (D == 64)
             pdl_launch(attention_reduce_kernel<64>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse,

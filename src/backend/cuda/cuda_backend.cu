@@ -298,20 +298,6 @@ static const struct backend_ops cuda_ops = {
     .moe_experts = cuda_op_moe_experts,
 };
 
-// A default-on switch: off only when the variable starts with '0'.
-static bool env_on(const char *name) {
-    const char *e = getenv(name);
-    return !(e && e[0] == '0');
-}
-
-// An integer setting: def when unset or below lo, at most hi.
-static int64_t env_int(const char *name, int64_t def, int64_t lo, int64_t hi) {
-    const char *e = getenv(name);
-    if (!e || !*e) return def;
-    const long long v = atoll(e);
-    return v < lo ? def : v > hi ? hi : v;
-}
-
 // Everything backend_cuda_create makes after the struct itself; on failure the caller frees
 // what was made with cuda_destroy (every field it releases starts NULL).
 static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error *err) {
@@ -336,21 +322,6 @@ static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error 
     cuda_scratch_reserve(cb, &cb->attn_scratch, &cb->attn_scratch_bytes, 32u << 20);
     cuda_attention_init(cb);
     cuda_moe_init(cb);
-    // Tuning switches for A/B runs (README): each read once here. The split-KV defaults won a
-    // 3x3 sweep of decode cases on the H200, the fine decode splits session 7's sweep (docs/perf.md).
-    cb->attn_split_waves = (int)env_int("ATOMC_ATTN_SPLIT_WAVES", 2, 1, INT32_MAX);
-    cb->attn_split_min_tiles = (int)env_int("ATOMC_ATTN_SPLIT_MIN_TILES", 4, 1, INT32_MAX);
-    cb->attn_split_fine = env_on("ATOMC_ATTN_SPLIT_FINE");
-    cb->attn_cluster_merge = env_on("ATOMC_ATTN_CLUSTER_MERGE");
-    cb->gemv_max_rows = (int)env_int("ATOMC_GEMV_MAX_ROWS", 1, 0, 8);
-    // Qwen3-30B-A3B batch 1 by split-k limit: off 306.7, 1024 317.5, 4096 326.0, 8192 324.7 tok/s.
-    cb->gemv_splitk_max_m = env_int("ATOMC_GEMV_SPLITK_MAX_M", 4096, 0, INT64_MAX);
-    cb->gemv_early = (int)env_int("ATOMC_GEMV_EARLY", 2, 0, 2);
-    cb->attn_early = env_on("ATOMC_ATTN_EARLY");
-    cb->moe_down_early = env_on("ATOMC_MOE_DOWN_EARLY");
-    cb->moe_slot_path = env_on("ATOMC_MOE_SLOT_PATH");
-    const int64_t tile = env_int("ATOMC_MOE_TILE_ROWS", 0, 0, INT32_MAX);
-    cb->moe_tile_rows = tile == 16 || tile == 64 || tile == 128 ? (int)tile : 0;
     CUDA_TRY(err, cudaStreamSynchronize(cb->stream));
     return ATOMC_OK;
 }
@@ -377,6 +348,7 @@ extern "C" atomc_status backend_cuda_create(const struct backend_options *o, str
     struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof *cb);
     if (!cb) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory");
     cb->base.ops = &cuda_ops;
+    cb->base.caps = &backend_cuda_caps;
     cb->base.kind = BACKEND_CUDA;
     cb->base.act_dtype = DTYPE_BF16;
     cb->base.weight_dtype = DTYPE_BF16;

@@ -26,6 +26,7 @@
 
 extern "C" {
 #include "backend/backend.h"
+#include "backend/cuda/cuda_limits.h"
 #include "common/check.h"
 #include "common/error.h"
 }
@@ -116,19 +117,6 @@ struct cuda_backend {
     void *attn_scratch;
     size_t attn_scratch_bytes;
     int attn_occupancy[2][2][2]; // resident CTAs per SM of each attention variant [D 64/128][1/4 warps][bf16/fp8]
-    int attn_split_waves;        // split-KV target in waves of resident CTAs (env ATOMC_ATTN_SPLIT_WAVES, default 2)
-    bool attn_early;             // attention issues its first KV tile before the PDL wait (env ATOMC_ATTN_EARLY=0: off)
-    int attn_split_min_tiles;    // fewest 64-token tiles per split (env ATOMC_ATTN_SPLIT_MIN_TILES, default 4)
-    bool attn_split_fine;        // decode: 2-tile splits while within one CTA per SM (ATOMC_ATTN_SPLIT_FINE=0: off)
-    bool attn_cluster_merge;     // decode: 2..8 splits merged in a cluster (ATOMC_ATTN_CLUSTER_MERGE=0: off)
-    int gemv_max_rows;           // BF16 matmuls with at most this many rows use the GEMV kernel instead of
-                                 // cuBLASLt (env ATOMC_GEMV_MAX_ROWS, default 1, at most 8, 0 = never)
-    int gemv_early;              // GEMV weight loads before the PDL wait: 0 off, 1 split-k, 2 all (ATOMC_GEMV_EARLY)
-    bool moe_down_early;         // MoE slot down: ids + first weights before the wait (ATOMC_MOE_DOWN_EARLY=0: off)
-    int64_t gemv_splitk_max_m;   // single-row GEMVs with at most this many outputs split k over a
-                                 // block's warps (env ATOMC_GEMV_SPLITK_MAX_M, default 4096)
-    bool moe_slot_path;          // MoE slot-major path for <= 32 routed rows (env ATOMC_MOE_SLOT_PATH=0: off)
-    int moe_tile_rows;           // forced MoE MMA tile rows 16 / 64 / 128, 0 = by batch (env ATOMC_MOE_TILE_ROWS)
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
     // calls; per-row work area.
     int32_t *sample_counts;
@@ -245,7 +233,9 @@ template <typename T, int N> __device__ __forceinline__ void vec_store(T *p, con
 // positions) and the MoE slot down kernel (weights and the routing ids: its grid starts only after every gate_up
 // block has passed its own wait, so the routing two kernels back has completed). A block's
 // trigger always follows its wait, so a grid starts only after the grid two launches back has
-// completed. ATOMC_PDL=0 turns the attribute off (A/B measurements).
+// completed. Always on: Llama-3-8B batch-1 decode 215.4 -> 226.0 tok/s with graphs, 198.0 ->
+// 219.0 eager; Qwen3-30B-A3B batch 1 (random router) 233.6 before PDL, 244.5 with (H200,
+// docs/perf.md session 4).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -253,41 +243,19 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
-static inline bool pdl_enabled() {
-    static const bool on = [] {
-        const char *e = getenv("ATOMC_PDL");
-        return !(e && e[0] == '0');
-    }();
-    return on;
-}
-
-// cluster_z > 1: the grid's blocks form clusters of that many consecutive blocks along z.
 template <typename... K, typename... A>
-static inline void pdl_launch_cluster(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                                      unsigned cluster_z, A &&...args) {
+static inline void pdl_launch(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[2];
-    unsigned n = 0;
-    if (pdl_enabled()) {
-        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster_z > 1) {
-        at[n].id = cudaLaunchAttributeClusterDimension;
-        at[n++].val.clusterDim = {1, 1, cluster_z};
-    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = n;
+    cfg.numAttrs = 1;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
-}
-
-template <typename... K, typename... A>
-static inline void pdl_launch(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
-    pdl_launch_cluster(kernel, grid, block, smem, s, 1, std::forward<A>(args)...);
 }
 
 // Tensor-core building blocks (mma.sync m16n8k16 bf16 -> f32, ldmatrix, cp.async), shared by
@@ -365,7 +333,7 @@ void cuda_op_embedding(struct backend *b, struct tensor *out, const struct tenso
 void cuda_op_rmsnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w, float eps);
 void cuda_op_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
                          const struct tensor *w, float eps);
-void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *w,
                     const struct tensor *bias);
 void cuda_op_rope_kv_write(struct backend *b, struct tensor *q, struct tensor *k, const struct tensor *v,
                            int64_t row_stride, const struct rope_args *rope, struct kv_layer *kv,
@@ -382,8 +350,8 @@ void cuda_op_sample(struct backend *b, const struct sample_args *a);
 // Mixture of experts (cuda_moe.cu).
 void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
                        int32_t *topk_ids, float *topk_w);
-void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
-                         const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
+                         const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                          void *workspace);
 atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
                                   struct error *err);

@@ -8,28 +8,42 @@
 // cached in an open-addressing table; the 64 MiB workspace is allocated once at start-up,
 // so a cached call is capture-safe.
 //
-// Single-row BF16 products (n <= gemv_max_rows, default 1; k <= 8192; m <= 16384 unless n is
-// 1) skip cuBLASLt for a GEMV: one warp per output column streams its weight row once with
-// 16-byte non-allocating loads (four per lane issued up front for one row, eight for several)
-// and multiplies it into every row of x (x read through L1; it is tiny), warp-sum, bias, store.
+// Single-row BF16 products (n = 1, k <= 8192, any m) skip cuBLASLt for a GEMV: one warp per
+// output column streams its weight row once with 16-byte non-allocating loads (four per lane
+// issued up front) and multiplies it into x (read through L1; it is tiny), warp-sum, bias, store.
 // Four warps per block, so an m = 4096 projection runs 1024 blocks that spread evenly over the
 // SMs, and there is no split-K reduce kernel: cuBLASLt's small-n kernels reached 63-76% of HBM
 // bandwidth on the attention projections (docs/perf.md).
 #include "backend/cuda/cuda_common.cuh"
 
 #define GEMV_WARPS 4
+// Only single rows take the GEMV: at n = 4 and 8 it is L1-bound (62% / 38% of HBM, every warp
+// re-reads x) and slower than cuBLASLt (H200, docs/perf.md session 4).
+#define GEMV_MAX_ROWS 1
+// Single-row outputs of at most this many columns take the split-k GEMV. Qwen3-30B-A3B batch 1
+// by limit: none 306.7, 1024 317.5, 4096 326.0, 8192 324.7 tok/s; Llama-3-8B 225.3 / 225.4 at
+// 1024 / 8192 (H200 session 5, call 7: bench/results/h200-2026-11-29-s5/7-gemv-splitk-ab-1k1k-repeat.log;
+// docs/perf.md session 5).
+#define GEMV_SPLITK_MAX_M 4096
+// Row GEMV: weight loads per lane issued before the PDL wait, and the blocks per SM its registers
+// must allow (see gemv_bf16).
+#define GEMV_ROW_PRE 4
+#define GEMV_ROW_MINB 12
 
-// out(NR, m) = x(NR, k) @ w(m, k)^T (+ bias); k % 8 == 0, x and w 16-byte aligned.
-// early: the first PRE weight loads of each lane go out before the PDL wait (weights are never
-// written by the kernels it waits on), overlapping the previous kernel's tail. Qwen3-30B-A3B
-// batch 1 +1%, Llama-3-8B unchanged (docs/perf.md session 6; cb->gemv_early, env
-// ATOMC_GEMV_EARLY: 0 off, 1 split-k kernel only, 2 both, the default).
-// PRE: weight loads per lane issued up front (before the PDL wait when early); MINB: blocks per SM
-// the registers must allow (0: no bound; 1 would raise the register count from 76 to 90).
-template <int NR, typename TO, int PRE = 8, int MINB = 0>
-__global__ void __launch_bounds__(32 * GEMV_WARPS, MINB)
+// The GEMVs issue their first weight loads before the PDL wait (weights are never written by
+// the kernels they wait on), overlapping the previous kernel's tail: Qwen3-30B-A3B batch 1
+// 340.2 -> 344.0 tok/s with both kernels (341.4 with the split-k one alone), Llama-3-8B unchanged
+// (H200 session 6, call 6; docs/perf.md session 6). The host always passes early = true; the
+// argument stays because it shapes the code: with an unconditional wait after the loads, ptxas
+// (nvcc 13.0.88) schedules griddepcontrol.wait above the predicated weight loads, so nothing is
+// loaded early (seen with nvdisasm); with the wait under `early` the loads stay ahead of it.
+
+// out(1, m) = x(1, k) @ w(m, k)^T (+ bias); k % 8 == 0, x and w 16-byte aligned.
+template <typename TO>
+__global__ void __launch_bounds__(32 * GEMV_WARPS, GEMV_ROW_MINB)
     gemv_bf16_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k,
                      bool early) {
+    constexpr int PRE = GEMV_ROW_PRE;
     const int lane = threadIdx.x % 32;
     const int64_t col = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
     const __nv_bfloat16 *wr = w + (col < m ? col : 0) * k;
@@ -40,21 +54,14 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS, MINB)
         if (lane * 8 + i * 256 < k) wv[i] = ld_stream16(wr + lane * 8 + i * 256);
     if (early) pdl_begin();
     if (col >= m) return;
-    float acc[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-        acc[r] = 0.f;
+    float acc = 0.f;
     auto fma_chunk = [&](int64_t kk, const uint4 &wq) {
-        float wf[8];
+        float wf[8], xf[8];
         bf16x8_to_f32(wq, wf);
+        bf16x8_to_f32(__ldg(reinterpret_cast<const uint4 *>(x + kk)), xf);
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            float xf[8];
-            bf16x8_to_f32(__ldg(reinterpret_cast<const uint4 *>(x + r * k + kk)), xf);
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                acc[r] = fmaf(wf[j], xf[j], acc[r]);
-        }
+        for (int j = 0; j < 8; j++)
+            acc = fmaf(wf[j], xf[j], acc);
     };
 #pragma unroll
     for (int i = 0; i < PRE; i++)
@@ -62,17 +69,14 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS, MINB)
 #pragma unroll 8
     for (int64_t kk = lane * 8 + PRE * 256; kk < k; kk += 32 * 8)
         fma_chunk(kk, ld_stream16(wr + kk));
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) {
-            if (bias) v += to_f32(bias[col]);
-            out[r * m + col] = from_f32<TO>(v);
-        }
+    float v = warp_sum(acc);
+    if (lane == 0) {
+        if (bias) v += to_f32(bias[col]);
+        out[col] = from_f32<TO>(v);
     }
 }
 
-// Narrow outputs (m <= gemv_splitk_max_m, default 4096: the MoE router's 128 columns ran 32
+// Narrow outputs (m <= GEMV_SPLITK_MAX_M: the MoE router's 128 columns ran 32
 // blocks, one round trip per warp of a 4 KB row; Qwen3-30B-A3B's o projection, 2048 columns of
 // k = 4096, two round trips per warp; batch-1 decode 306.7 -> 326.0 tok/s, Llama-3-8B's
 // projections unchanged, docs/perf.md session 5): the block's four warps share one
@@ -85,7 +89,7 @@ template <typename TO>
 __global__ void __launch_bounds__(32 * GEMV_WARPS, 16)
     gemv_splitk_kernel(TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias, int64_t m, int64_t k,
                        bool early) {
-    constexpr int PRE = 2; // weight loads per thread issued up front (before the PDL wait when early)
+    constexpr int PRE = 2; // weight loads per thread issued before the PDL wait
     __shared__ float part[GEMV_WARPS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int64_t col = blockIdx.x;
@@ -126,38 +130,20 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS, 16)
     }
 }
 
+// One row: out(1, m) = x(1, k) @ w(m, k)^T (+ bias).
 template <typename TO>
-static void gemv_bf16(cudaStream_t s, int n, TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias,
-                      int64_t m, int64_t k, int64_t gemv_splitk_max_m, int early) {
-    if (n == 1 && m <= gemv_splitk_max_m) {
-        pdl_launch(gemv_splitk_kernel<TO>, (unsigned)m, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, early >= 1);
+static void gemv_bf16(cudaStream_t s, TO *out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, const TO *bias,
+                      int64_t m, int64_t k) {
+    if (m <= GEMV_SPLITK_MAX_M) {
+        pdl_launch(gemv_splitk_kernel<TO>, (unsigned)m, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, true);
         CUDA_CHECK_LAUNCH();
         return;
     }
-    const unsigned grid = (unsigned)cdiv(m, GEMV_WARPS);
-    switch (n) {
-    case 1:
-        // One row: 4 loads up front and registers bounded to 12 blocks per SM (40), so the
-        // qkv projections of Qwen3-30B-A3B (1280 blocks) and Llama-3-8B (1536) run in one wave,
-        // not two at 6 blocks per SM (76 registers with 8 loads up front). H200 batch 1 (session
-        // 7, call 8): q3m 351.6/355.4 -> 360.2/360.6 tok/s, Llama-3-8B 216.4 -> 219.1/219.3.
-        pdl_launch(gemv_bf16_kernel<1, TO, 4, 12>, grid, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, early >= 2);
-        break;
-#define GEMV_CASE(NR)                                                                                                  \
-    case NR:                                                                                                           \
-        pdl_launch(gemv_bf16_kernel<NR, TO>, grid, 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, early >= 2);          \
-        break;
-        GEMV_CASE(2)
-        GEMV_CASE(3)
-        GEMV_CASE(4)
-        GEMV_CASE(5)
-        GEMV_CASE(6)
-        GEMV_CASE(7)
-        GEMV_CASE(8)
-#undef GEMV_CASE
-    default:
-        CHECK_MSG(0, "gemv: %d rows (at most 8)", n);
-    }
+    // GEMV_ROW_PRE 4 loads up front and registers bounded to GEMV_ROW_MINB 12 blocks per SM (40),
+    // so the qkv projections of Qwen3-30B-A3B (1280 blocks) and Llama-3-8B (1536) run in one wave,
+    // not two at 6 blocks per SM (76 registers with 8 loads up front). H200 batch 1 (session
+    // 7, call 8): q3m 351.6/355.4 -> 360.2/360.6 tok/s, Llama-3-8B 216.4 -> 219.1/219.3.
+    pdl_launch(gemv_bf16_kernel<TO>, cdiv(m, GEMV_WARPS), 32 * GEMV_WARPS, 0, s, out, x, w, bias, m, k, true);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -255,9 +241,12 @@ static struct matmul_plan *plan_get(struct cuda_backend *cb, int64_t m, int64_t 
     return p;
 }
 
-void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *wq,
                     const struct tensor *bias) {
     struct cuda_backend *cb = cuda_impl(b);
+    CHECK_MSG(wq->scheme == WEIGHT_SCHEME_NONE, "CUDA matmul: weight scheme %s not implemented",
+              weight_scheme_name(wq->scheme));
+    const struct tensor *w = &wq->t;
     int64_t k = tensor_cols(x), n = tensor_rows(x), m = tensor_rows(w);
     CHECK_MSG(tensor_cols(w) == k, "matmul: x has %lld columns, w %lld", (long long)k, (long long)tensor_cols(w));
     CHECK_MSG(tensor_cols(out) == m && tensor_rows(out) == n, "matmul: out is not (%lld, %lld)", (long long)n,
@@ -274,18 +263,16 @@ void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *
     // H200: qkv / o 79% / 71% of HBM bandwidth vs 73% / 63%; down at k = 14336 86% vs 90%; at
     // n = 4 and 8 it is L1-bound, 62% / 38%). Since its one-wave launches (session 7) it also
     // wins the widest single-row matmuls in the decode graph: Llama-3-8B's gate_up (m = 28672)
-    // and the lm_heads (Llama-3-8B b1 +1.3%, Qwen3-30B-A3B +0.3%, docs/perf.md session 8); the
-    // m <= 16384 bound stays for several rows (ATOMC_GEMV_MAX_ROWS > 1).
-    if (n <= cb->gemv_max_rows && k <= 8192 && (m <= 16384 || n == 1) && x->dtype == DTYPE_BF16 && k % 8 == 0 &&
-        aligned16(x->data) && aligned16(w->data) && (out->dtype == DTYPE_BF16 || out->dtype == DTYPE_F32)) {
+    // and the lm_heads (Llama-3-8B b1 +1.3%, Qwen3-30B-A3B +0.3%, docs/perf.md session 8).
+    if (n <= GEMV_MAX_ROWS && k <= 8192 && x->dtype == DTYPE_BF16 && k % 8 == 0 && aligned16(x->data) &&
+        aligned16(w->data) && (out->dtype == DTYPE_BF16 || out->dtype == DTYPE_F32)) {
         if (out->dtype == DTYPE_BF16)
-            gemv_bf16<__nv_bfloat16>(cb->stream, (int)n, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
+            gemv_bf16<__nv_bfloat16>(cb->stream, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
                                      (const __nv_bfloat16 *)w->data, bias ? (const __nv_bfloat16 *)bias->data : nullptr,
-                                     m, k, cb->gemv_splitk_max_m, cb->gemv_early);
+                                     m, k);
         else
-            gemv_bf16<float>(cb->stream, (int)n, (float *)out->data, (const __nv_bfloat16 *)x->data,
-                             (const __nv_bfloat16 *)w->data, bias ? (const float *)bias->data : nullptr, m, k,
-                             cb->gemv_splitk_max_m, cb->gemv_early);
+            gemv_bf16<float>(cb->stream, (float *)out->data, (const __nv_bfloat16 *)x->data,
+                             (const __nv_bfloat16 *)w->data, bias ? (const float *)bias->data : nullptr, m, k);
         return;
     }
     struct matmul_plan *p = plan_get(cb, m, n, k, x->dtype, out->dtype, bias != NULL);

@@ -42,7 +42,7 @@
 #include <type_traits>
 
 #define MOE_ROUTE_WARPS 4
-#define MOE_MAX_EXPERTS 1024
+#define MOE_MAX_EXPERTS CUDA_MOE_MAX_EXPERTS
 #define MOE_BN 64
 #define MOE_BK 32
 #define MOE_THREADS 256
@@ -657,11 +657,11 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, MOE_SLOT_GU_MINB)
 template <int S>
 __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, S >= 16 ? 1 : 2)
     moe_slot_down_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *act, const __nv_bfloat16 *wd, const int32_t *ids,
-                         const float *w, int n_slots, int E, int H, int K, bool early) {
-    // early: the ids and the first weight batch are read before the PDL wait. The ids come from
-    // the routing two kernels back: this grid starts only once every gate_up block has passed
-    // its own wait, i.e. after the routing completed, so they are final (read through L2).
-    if (!early) pdl_begin();
+                         const float *w, int n_slots, int E, int H, int K) {
+    // The ids and the first weight batch are read before the PDL wait. The ids come from the
+    // routing two kernels back: this grid starts only once every gate_up block has passed its own
+    // wait, i.e. after the routing completed, so they are final (read through L2). Qwen3-30B-A3B
+    // batch 1 331.8 -> 351.9 tok/s, batch 4 644 -> 668 (H200, docs/perf.md session 6).
     extern __shared__ __align__(16) unsigned char slot_smem[];
     __nv_bfloat16 *as = reinterpret_cast<__nv_bfloat16 *>(slot_smem);
     const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -688,7 +688,7 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, S >= 16 ? 1 : 2)
     };
     int k0 = lane * 8;
     if (k0 < K) issue(k0);
-    if (early) pdl_begin();
+    pdl_begin();
     const __nv_bfloat16 *ar = act + (int64_t)t * n_slots * K; // the token's n_slots act rows, contiguous
     for (int i = threadIdx.x * 8; i < n_slots * K; i += 32 * MOE_SLOT_WARPS * 8)
         *reinterpret_cast<uint4 *>(as + i) = __ldg(reinterpret_cast<const uint4 *>(ar + i));
@@ -729,18 +729,19 @@ __global__ void __launch_bounds__(32 * MOE_SLOT_WARPS, S >= 16 ? 1 : 2)
 }
 
 // Whether the slot-major path takes this call: BF16, R <= MOE_SLOT_MAX_ROWS, 16-byte rows,
-// at most 16 slots, and the token rows fit in shared memory. cb->moe_slot_path (env
-// ATOMC_MOE_SLOT_PATH=0 clears it) turns it off.
-static bool moe_slot_path(const struct cuda_backend *cb, enum dtype dt, int64_t R, int n_slots, int64_t H, int64_t I,
-                          const void *x, const void *wgu, const void *wd) {
+// at most 16 slots, and the token rows fit in shared memory. Every call that qualifies takes it:
+// Qwen3-30B-A3B batch 1 253.3 tok/s on the grouped path, 293.2 on this one; one MoE layer at one
+// token 41.5 -> 28.2 us (H200, docs/perf.md session 5). Other calls take the grouped path.
+static bool moe_slot_path(enum dtype dt, int64_t R, int n_slots, int64_t H, int64_t I, const void *x, const void *wgu,
+                          const void *wd) {
     const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)wgu % 16 == 0 && (uintptr_t)wd % 16 == 0;
-    return cb->moe_slot_path && dt == DTYPE_BF16 && R <= MOE_SLOT_MAX_ROWS && n_slots <= 16 && H % 8 == 0 &&
-           I % 8 == 0 && aligned && H * 2 <= MOE_SLOT_SMEM_MAX && (int64_t)n_slots * I * 2 <= MOE_SLOT_SMEM_MAX;
+    return dt == DTYPE_BF16 && R <= MOE_SLOT_MAX_ROWS && n_slots <= 16 && H % 8 == 0 && I % 8 == 0 && aligned &&
+           H * 2 <= MOE_SLOT_SMEM_MAX && (int64_t)n_slots * I * 2 <= MOE_SLOT_SMEM_MAX;
 }
 
 static void moe_slot_launch(cudaStream_t s, __nv_bfloat16 *out, const __nv_bfloat16 *x, const __nv_bfloat16 *wgu,
                             const __nv_bfloat16 *wd, const int32_t *ids, const float *w, int n_slots, int64_t n, int E,
-                            int64_t H, int64_t I, __nv_bfloat16 *act, bool down_early) {
+                            int64_t H, int64_t I, __nv_bfloat16 *act) {
     const int64_t R = n * n_slots;
     pdl_launch(moe_slot_gate_up_kernel, dim3(cdiv(I, MOE_SLOT_WARPS), (unsigned)R), 32 * MOE_SLOT_WARPS, (size_t)H * 2,
                s, act, x, wgu, ids, n_slots, E, (int)I, (int)H);
@@ -749,7 +750,7 @@ static void moe_slot_launch(cudaStream_t s, __nv_bfloat16 *out, const __nv_bfloa
     const size_t smem = (size_t)n_slots * I * 2;
 #define MOE_SLOT_DOWN(S)                                                                                               \
     pdl_launch(moe_slot_down_kernel<S>, g, 32 * MOE_SLOT_WARPS, smem, s, out, act, wd, ids, w, n_slots, E, (int)H,     \
-               (int)I, down_early)
+               (int)I)
     if (n_slots <= 2)
         MOE_SLOT_DOWN(2);
     else if (n_slots <= 4)
@@ -835,9 +836,12 @@ void cuda_moe_init(struct cuda_backend *cb) {
 #undef MOE_SLOT_ATTR
 }
 
-void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *gate_up,
-                         const struct tensor *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,
+                         const struct weight *down_w, const int32_t *topk_ids, const float *topk_w, int n_slots,
                          void *workspace) {
+    CHECK_MSG(gate_up_w->scheme == WEIGHT_SCHEME_NONE && down_w->scheme == WEIGHT_SCHEME_NONE,
+              "CUDA moe_experts: weight scheme %s not implemented", weight_scheme_name(gate_up_w->scheme));
+    const struct tensor *gate_up = &gate_up_w->t, *down = &down_w->t;
     CHECK(gate_up->ndim == 3 && down->ndim == 3 && x->dtype == out->dtype && gate_up->dtype == x->dtype &&
           down->dtype == x->dtype);
     const int64_t n = tensor_rows(x), H = tensor_cols(x), I = down->ne[2];
@@ -863,20 +867,20 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     char *act = MOE_ALIGN256(gu + (size_t)R * 2 * I * es);
     char *y = MOE_ALIGN256(act + (size_t)R * I * es);
 #undef MOE_ALIGN256
-    if (moe_slot_path(cuda_impl(b), x->dtype, R, n_slots, H, I, x->data, gate_up->data, down->data)) {
+    if (moe_slot_path(x->dtype, R, n_slots, H, I, x->data, gate_up->data, down->data)) {
         moe_slot_launch(s, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
                         (const __nv_bfloat16 *)gate_up->data, (const __nv_bfloat16 *)down->data, topk_ids, topk_w,
-                        n_slots, n, E, H, I, (__nv_bfloat16 *)act, cuda_impl(b)->moe_down_early);
+                        n_slots, n, E, H, I, (__nv_bfloat16 *)act);
         return;
     }
     const bool small = R <= MOE_GEMV_MAX_ROWS; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
     // Tile rows: GEMV tiles for decode-sized batches; then MMA tiles of 16 rows while experts
     // average at most 16 rows (batched decode up to 256 at top-8 of 128), 64 rows below 96
-    // (batch 512, small prefills), 128 rows beyond (prefill). cb->moe_tile_rows (env
-    // ATOMC_MOE_TILE_ROWS=16|64|128) forces a tile size past the GEMV range (A/B measurements).
-    const int forced = cuda_impl(b)->moe_tile_rows;
+    // (batch 512, small prefills), 128 rows beyond (prefill). One MoE layer of Qwen3-30B-A3B's
+    // shape (docs/perf.md session 5): 512 tokens 16-row tiles 610 us, 32-row 431, 64-row 396;
+    // 4096 tokens 64-row 1,591 us, 128-row 1,314.
     const int64_t per_expert = R / E;
-    const int bm = small ? MOE_GEMV_ROWS : forced != 0 ? forced : per_expert <= 16 ? 16 : per_expert < 96 ? 64 : 128;
+    const int bm = small ? MOE_GEMV_ROWS : per_expert <= 16 ? 16 : per_expert < 96 ? 64 : 128;
 #define MOE_LAUNCH(T, BMV)                                                                                             \
     moe_experts_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data, (const T *)down->data, \
                                topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles, sorted, pos, (T *)gu, (T *)act,  \

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(256)
 // cache). The block computes its token's cos/sin table once (the pair kernel above recomputes
 // sincosf per head). One launch instead of the rmsnorm + rmsnorm + RoPE of the unfused path.
 #define QKN_WARPS 8
-#define QKN_MAX_HD 256
+#define QKN_MAX_HD CUDA_QKN_MAX_HD
 
 __device__ __forceinline__ float norm_weight(const void *w, bool f32, int j) {
     return f32 ? static_cast<const float *>(w)[j] : __bfloat162float(static_cast<const __nv_bfloat16 *>(w)[j]);

@@ -1,0 +1,20 @@
+// What the CPU backend (the reference) can run (struct backend_caps, backend.h): attention of any
+// head dim, F32 / BF16 / FP8 E4M3 KV, weights in F32 / BF16 / F16 and GGUF Q8_0 / Q4_0 / Q4_1
+// (cpu_backend.c upload_weight and matmul), softmax top-k routing, no quantised weight scheme yet.
+#include "backend/backend.h"
+
+const struct backend_caps backend_cpu_caps = {
+    .name = "cpu",
+    .n_head_dims = 0,
+    .split_v_head_dim = false,
+    .max_qk_norm_head_dim = 0,
+    .kv_dtypes = BACKEND_CAP_BIT(DTYPE_F32) | BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_FP8_E4M3),
+    .weight_dtypes = BACKEND_CAP_BIT(DTYPE_F32) | BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_F16) |
+                     BACKEND_CAP_BIT(DTYPE_Q8_0) | BACKEND_CAP_BIT(DTYPE_Q4_0) | BACKEND_CAP_BIT(DTYPE_Q4_1),
+    .weight_schemes = BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE),
+    .max_experts = 0,
+    .moe_sigmoid_scoring = false,
+    .moe_grouped_topk = false,
+    .pow2_block_size = false,
+    .min_block_size = 1,
+};

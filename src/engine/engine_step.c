@@ -1,0 +1,391 @@
+// The step (atomc_engine_step) and what it delivers; it runs on the thread that owns the
+// scheduler (engine.c says which).
+//
+// A step: drain the inbox (admit new sequences, finish aborted ones) -> scheduler_schedule
+// -> build the forward batch in reusable buffers -> model execute -> scheduler_complete_step
+// (KV now computed, full blocks enter the prefix cache) -> for every sampled row: append the
+// token, stop rules, incremental detokenization, stop strings, callback; finished sequences
+// leave the scheduler (their blocks return to the pool) and are freed.
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "common/trace.h"
+#include "engine/block_manager.h"
+#include "engine/engine_internal.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "engine/stop_checker.h"
+
+// --- small helpers ---------------------------------------------------------------------------
+
+static bool is_eos(const atomc_engine *e, int32_t t) {
+    for (int i = 0; i < e->su.n_eos; i++)
+        if (e->su.eos_ids[i] == t) return true;
+    return false;
+}
+
+static bool in_list(const int32_t *ids, int n, int32_t t) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] == t) return true;
+    return false;
+}
+
+static void seq_append(struct sequence *s, int32_t t) {
+    if (s->n_tokens == s->cap) {
+        s->cap *= 2;
+        s->tokens = xrealloc(s->tokens, (size_t)s->cap * sizeof *s->tokens);
+    }
+    s->tokens[s->n_tokens++] = t;
+}
+
+// --- outputs ---------------------------------------------------------------------------------
+
+// Delivers one output for s: n_new newest tokens (with logprobs lp, or NULL), the text the stop
+// checker releases, and, when finishing, the final fields.
+static void emit(atomc_engine *e, struct sequence *s, int n_new, const atomc_token_logprobs *lp, const char *error) {
+    atomc_output o;
+    memset(&o, 0, sizeof o);
+    bool final = s->finish_reason != ATOMC_FINISH_NONE;
+    o.request_id = s->id;
+    o.new_tokens = s->tokens + s->n_tokens - n_new;
+    o.n_new_tokens = n_new;
+    stop_checker_take(&s->stop, final, &o.text, &o.text_len);
+    if (!o.text) o.text = "";
+    o.logprobs = n_new ? lp : NULL;
+    if (s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent && s->prompt_lp && (n_new || final)) {
+        o.prompt_logprobs = s->prompt_lp;
+        o.n_prompt_logprobs = s->n_prompt - 1;
+        s->prompt_lp_sent = true;
+    }
+    o.finish_reason = s->finish_reason;
+    o.stop_str = s->stop.matched >= 0 ? s->stop_strs[s->stop.matched] : NULL;
+    o.stop_token = s->stop_token;
+    o.prompt_tokens = s->n_prompt;
+    o.completion_tokens = sequence_n_output(s);
+    o.cached_tokens = s->n_cached;
+    o.error = error;
+    o.arrival_time = s->t_arrival;
+    o.first_scheduled_time = s->t_first_scheduled;
+    o.first_token_time = s->t_first_token;
+    o.last_token_time = s->t_last_token;
+    o.finish_time = s->t_finish;
+    o.num_preemptions = s->n_preemptions;
+    if (s->on_output) s->on_output(s->user, &o);
+}
+
+// Ends s: out of the scheduler (blocks back to the pool), final output (with its last n_new
+// tokens), forgotten, freed.
+void engine_retire(atomc_engine *e, struct sequence *s, atomc_finish_reason reason, int n_new,
+                   const atomc_token_logprobs *lp, const char *error) {
+    if (s->status != SEQ_STATUS_FINISHED) scheduler_remove(e->sched, s);
+    s->status = SEQ_STATUS_FINISHED;
+    s->finish_reason = reason;
+    s->t_finish = time_now_s();
+    emit(e, s, n_new, lp, error);
+    pthread_mutex_lock(&e->mu);
+    engine_live_remove(e, s->id);
+    pthread_cond_broadcast(&e->done);
+    pthread_mutex_unlock(&e->mu);
+    e->num_finished++;
+    if (reason == ATOMC_FINISH_ABORT) e->num_aborted++;
+    engine_seq_free(e, s);
+}
+
+// Feeds the detokenizer: n_ids output ids of which n_new are new; appends the delta to the stop
+// checker (searching stop strings if check). Returns true if a stop string matched.
+static bool detok_feed(atomc_engine *e, struct sequence *s, int n_ids, int n_new, bool final, bool check) {
+    if (!s->detok || s->stop.matched >= 0) return false;
+    char *delta = NULL;
+    size_t len = 0;
+    trace_begin(e->trace, "detokenize");
+    atomc_status st =
+        e->su.text.detok_step(s->detok, s->tokens + s->n_prompt, n_ids, n_new, final, &delta, &len);
+    trace_end(e->trace, "detokenize");
+    if (st != ATOMC_OK) {
+        LOG_WARN("request %llu: detokenization failed (%s)", (unsigned long long)s->id, atomc_status_name(st));
+        free(delta);
+        return false;
+    }
+    int m = stop_checker_append(&s->stop, delta ? delta : "", len, check);
+    free(delta);
+    return m >= 0;
+}
+
+// A new token was sampled for s: append, apply the stop rules, deliver. Returns true if s finished.
+static bool process_token(atomc_engine *e, struct sequence *s, int32_t t, const atomc_token_logprobs *lp, double now) {
+    seq_append(s, t);
+    e->generation_tokens_total++;
+    if (!s->t_first_token) s->t_first_token = now;
+    s->t_last_token = now;
+    int n_out = sequence_n_output(s);
+    bool can_stop = n_out >= s->params.min_tokens;
+    bool stop_tok = can_stop && ((!s->params.ignore_eos && is_eos(e, t)) ||
+                                 in_list(s->stop_token_ids, s->params.n_stop_token_ids, t));
+    atomc_finish_reason reason = ATOMC_FINISH_NONE;
+    if (stop_tok) {
+        // The stop token's text is not output (unless asked); flush what precedes it.
+        if (s->params.include_stop_str_in_output) detok_feed(e, s, n_out, 1, true, false);
+        else detok_feed(e, s, n_out - 1, 0, true, false);
+        reason = ATOMC_FINISH_STOP;
+        s->stop_token = t;
+    } else if (detok_feed(e, s, n_out, 1, false, can_stop)) {
+        reason = ATOMC_FINISH_STOP;
+    } else if (n_out >= s->max_output) {
+        if (detok_feed(e, s, n_out, 0, true, can_stop)) reason = ATOMC_FINISH_STOP;
+        else reason = ATOMC_FINISH_LENGTH;
+    }
+    if (reason == ATOMC_FINISH_NONE) {
+        emit(e, s, 1, lp, NULL);
+        return false;
+    }
+    engine_retire(e, s, reason, 1, lp, NULL);
+    return true;
+}
+
+// --- the step --------------------------------------------------------------------------------
+
+void engine_refresh_stats(atomc_engine *e) {
+    atomc_stats st;
+    memset(&st, 0, sizeof st);
+    st.num_running = scheduler_num_running(e->sched);
+    st.num_waiting = scheduler_num_waiting(e->sched);
+    st.num_kv_blocks = e->bm->num_blocks;
+    st.num_free_kv_blocks = block_manager_num_free(e->bm);
+    st.kv_cache_usage = 1.0 - (double)st.num_free_kv_blocks / e->bm->num_blocks;
+    st.prefix_cache_queries = e->bm->queries;
+    st.prefix_cache_hits = e->bm->hits;
+    st.prefix_cache_evictions = e->bm->evictions;
+    st.num_preemptions = e->sched->num_preemptions;
+    st.prompt_tokens_total = e->prompt_tokens_total;
+    st.generation_tokens_total = e->generation_tokens_total;
+    st.num_steps = e->num_steps;
+    st.num_requests_finished = e->num_finished;
+    st.num_requests_aborted = e->num_aborted;
+    pthread_mutex_lock(&e->mu);
+    e->stats = st;
+    e->sched_seqs = st.num_running + st.num_waiting;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void fill_sample_row(const atomc_engine *e, const struct sequence *s, struct sample_row *r) {
+    const atomc_sampling_params *p = &s->params;
+    memset(r, 0, sizeof *r);
+    r->temperature = p->temperature;
+    r->top_p = p->top_p;
+    r->min_p = p->min_p;
+    r->top_k = p->top_k;
+    r->presence_penalty = p->presence_penalty;
+    r->frequency_penalty = p->frequency_penalty;
+    r->repetition_penalty = p->repetition_penalty;
+    r->seed = p->has_seed ? p->seed : mix64(e->seed ^ mix64(s->id));
+    r->step = (uint64_t)sequence_n_output(s);
+    r->prompt_ids = s->tokens;
+    r->n_prompt = s->n_prompt;
+    r->output_ids = s->tokens + s->n_prompt;
+    r->n_output = sequence_n_output(s);
+    r->n_logprobs = p->logprobs > 0 ? p->logprobs : 0;
+    if (sequence_n_output(s) < p->min_tokens) {
+        r->banned_ids = s->min_ban;
+        r->n_banned = s->n_min_ban;
+    }
+}
+
+// Appends the prompt-logprob rows of s computed this step (rows from q_start; the last prompt
+// token has no target) at b_plp_*[*n_plp], growing them; whether any were added.
+static bool add_prompt_logprob_rows(atomc_engine *e, struct sequence *s, int q_start, int *n_plp) {
+    int first = s->n_computed, last = s->n_computed + s->n_sched; // positions [first, last)
+    if (last > s->n_prompt - 1) last = s->n_prompt - 1;
+    if (last <= first) return false;
+    int need = *n_plp + (last - first);
+    if (need > e->b_plp_cap) {
+        int c = e->b_plp_cap;
+        e->b_plp_rows = grow(e->b_plp_rows, &c, need, sizeof *e->b_plp_rows);
+        e->b_plp_targets = xrealloc(e->b_plp_targets, (size_t)c * sizeof *e->b_plp_targets);
+        e->b_plp_pos = xrealloc(e->b_plp_pos, (size_t)c * sizeof *e->b_plp_pos);
+        e->b_plp_seq = xrealloc(e->b_plp_seq, (size_t)c * sizeof *e->b_plp_seq);
+        e->b_plp_cap = c;
+    }
+    for (int p = first; p < last; p++, (*n_plp)++) {
+        e->b_plp_rows[*n_plp] = q_start + (p - s->n_computed);
+        e->b_plp_targets[*n_plp] = s->tokens[p + 1];
+        e->b_plp_pos[*n_plp] = p;
+        e->b_plp_seq[*n_plp] = s;
+    }
+    return true;
+}
+
+// Fills the per-step buffers from the scheduler output.
+static void build_batch(atomc_engine *e, const struct scheduler_output *so, struct forward_batch *fb) {
+    int n_seqs = so->n_seqs, n_tok = so->n_tokens, bs = e->block_size, max_blocks = 1;
+    if (n_tok > e->b_tok_cap) {
+        e->b_tokens = grow(e->b_tokens, &e->b_tok_cap, n_tok, sizeof *e->b_tokens);
+        e->b_positions = xrealloc(e->b_positions, (size_t)e->b_tok_cap * sizeof *e->b_positions);
+        e->b_slots = xrealloc(e->b_slots, (size_t)e->b_tok_cap * sizeof *e->b_slots);
+    }
+    if (e->b_seq_cap < n_seqs + 1) {
+        e->b_seq_cap = n_seqs + 1 < e->max_num_seqs + 1 ? e->max_num_seqs + 1 : n_seqs + 1;
+        size_t c = (size_t)e->b_seq_cap;
+        e->b_qstart = xrealloc(e->b_qstart, c * sizeof *e->b_qstart);
+        e->b_ctx = xrealloc(e->b_ctx, c * sizeof *e->b_ctx);
+        e->b_logit_rows = xrealloc(e->b_logit_rows, c * sizeof *e->b_logit_rows);
+        e->b_rows = xrealloc(e->b_rows, c * sizeof *e->b_rows);
+        e->b_row_seq = xrealloc(e->b_row_seq, c * sizeof *e->b_row_seq);
+    }
+    for (int i = 0; i < n_seqs; i++)
+        if (so->seqs[i]->bt.n > max_blocks) max_blocks = so->seqs[i]->bt.n;
+    size_t table_need = (size_t)n_seqs * max_blocks;
+    if (table_need > e->b_tables_cap) {
+        e->b_tables_cap = table_need * 2;
+        e->b_tables = xrealloc(e->b_tables, e->b_tables_cap * sizeof *e->b_tables);
+    }
+
+    int tok = 0, n_logits = 0, n_plp = 0, plp_k = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        struct sequence *s = so->seqs[i];
+        e->b_qstart[i] = tok;
+        for (int p = s->n_computed; p < s->n_computed + s->n_sched; p++) {
+            e->b_tokens[tok] = s->tokens[p];
+            e->b_positions[tok] = p;
+            e->b_slots[tok] = s->bt.ids[p / bs] * bs + p % bs;
+            tok++;
+        }
+        e->b_ctx[i] = s->n_computed + s->n_sched;
+        int32_t *row = e->b_tables + (size_t)i * max_blocks;
+        memcpy(row, s->bt.ids, (size_t)s->bt.n * sizeof *row);
+        for (int b = s->bt.n; b < max_blocks; b++) row[b] = 0; // padding, never read
+        if (s->n_computed + s->n_sched == s->n_tokens) {
+            e->b_logit_rows[n_logits] = tok - 1;
+            fill_sample_row(e, s, &e->b_rows[n_logits]);
+            e->b_row_seq[n_logits] = s;
+            n_logits++;
+        }
+        bool wants_plp = s->params.prompt_logprobs >= 0 && !s->prompt_lp_sent;
+        if (wants_plp && add_prompt_logprob_rows(e, s, e->b_qstart[i], &n_plp) && s->params.prompt_logprobs > plp_k)
+            plp_k = s->params.prompt_logprobs;
+    }
+    e->b_qstart[n_seqs] = tok;
+    CHECK(tok == n_tok);
+
+    memset(fb, 0, sizeof *fb);
+    fb->n_seqs = n_seqs;
+    fb->n_tokens = n_tok;
+    fb->token_ids = e->b_tokens;
+    fb->positions = e->b_positions;
+    fb->query_start = e->b_qstart;
+    fb->context_lens = e->b_ctx;
+    fb->block_tables = e->b_tables;
+    fb->max_blocks_per_seq = max_blocks;
+    fb->slot_mapping = e->b_slots;
+    fb->n_logits = n_logits;
+    fb->logits_rows = e->b_logit_rows;
+    fb->sampling = e->b_rows;
+    fb->n_prompt_lp = n_plp;
+    fb->prompt_lp_rows = e->b_plp_rows;
+    fb->prompt_lp_targets = e->b_plp_targets;
+    fb->prompt_lp_k = plp_k;
+}
+
+// Stores this step's prompt logprobs into their sequences.
+static void collect_prompt_logprobs(atomc_engine *e, const struct forward_batch *fb, const struct runner_output *ro) {
+    for (int j = 0; j < fb->n_prompt_lp; j++) {
+        struct sequence *s = e->b_plp_seq[j];
+        int k = s->params.prompt_logprobs, n = s->n_prompt - 1, p = e->b_plp_pos[j];
+        if (!s->prompt_lp) {
+            s->prompt_lp = xcalloc((size_t)n, sizeof *s->prompt_lp);
+            s->prompt_lp_top = xcalloc((size_t)n * (k ? k : 1), sizeof *s->prompt_lp_top);
+        }
+        atomc_token_logprobs *lp = &s->prompt_lp[p];
+        lp->token = fb->prompt_lp_targets[j];
+        lp->logprob = ro->prompt_lp[j];
+        lp->n_top = k;
+        lp->top = s->prompt_lp_top + (size_t)p * k;
+        for (int t = 0; t < k; t++) {
+            s->prompt_lp_top[(size_t)p * k + t].token = ro->prompt_top_ids[(size_t)j * fb->prompt_lp_k + t];
+            s->prompt_lp_top[(size_t)p * k + t].logprob = ro->prompt_top_logprobs[(size_t)j * fb->prompt_lp_k + t];
+        }
+    }
+}
+
+int atomc_engine_step(atomc_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    bool foreign = e->thread_on && !pthread_equal(pthread_self(), e->thread);
+    pthread_mutex_unlock(&e->mu);
+    CHECK_MSG(!foreign, "atomc_engine_step called while the engine's loop thread runs");
+    engine_drain_inbox(e);
+    double now = time_now_s();
+    struct scheduler_output so;
+    trace_begin(e->trace, "schedule");
+    scheduler_schedule(e->sched, now, &so);
+    trace_end(e->trace, "schedule");
+    if (so.n_seqs == 0) {
+        engine_refresh_stats(e);
+        return 0;
+    }
+    trace_begin(e->trace, "step");
+    trace_counter(e->trace, "batch_seqs", so.n_seqs);
+    struct forward_batch fb;
+    trace_begin(e->trace, "prepare_inputs");
+    build_batch(e, &so, &fb);
+    trace_end(e->trace, "prepare_inputs");
+    trace_counter(e->trace, "batch_tokens", fb.n_tokens);
+    struct runner_output ro;
+    memset(&ro, 0, sizeof ro);
+    struct error err = {0};
+    trace_begin(e->trace, "execute");
+    atomc_status st = e->su.model.execute(e->su.model.ctx, &fb, &ro, &err);
+    trace_end(e->trace, "execute");
+    int n_seqs = so.n_seqs;
+    e->num_steps++;
+    if (st != ATOMC_OK) {
+        // The batch failed: its sequences fail with the message; the engine keeps serving.
+        LOG_ERROR("forward pass failed: %s", err.msg);
+        e->drained = grow(e->drained, &e->drained_cap, n_seqs, sizeof *e->drained);
+        memcpy(e->drained, so.seqs, (size_t)n_seqs * sizeof *e->drained); // retire compacts so.seqs
+        for (int i = 0; i < n_seqs; i++) engine_retire(e, e->drained[i], ATOMC_FINISH_ERROR, 0, NULL, err.msg);
+        scheduler_complete_step(e->sched);
+        // Blocks registered for this step hold no valid KV: with the batch released they are all
+        // cached-but-free, and dropping those keeps them out of every later lookup.
+        block_manager_reset_prefix_cache(e->bm);
+        engine_refresh_stats(e);
+        trace_end(e->trace, "step");
+        return n_seqs;
+    }
+    trace_begin(e->trace, "postprocess");
+    scheduler_complete_step(e->sched);
+    if (fb.n_prompt_lp) collect_prompt_logprobs(e, &fb, &ro);
+    now = time_now_s();
+    for (int r = 0; r < fb.n_logits; r++) {
+        struct sequence *s = e->b_row_seq[r];
+        atomc_token_logprobs lp, *lpp = NULL;
+        if (s->params.logprobs >= 0) {
+            int k = s->params.logprobs;
+            e->o_top = grow(e->o_top, &e->o_top_cap, k + 1, sizeof *e->o_top);
+            for (int t = 0; t < k; t++) {
+                e->o_top[t].token = ro.top_ids[(size_t)r * ro.top_stride + t];
+                e->o_top[t].logprob = ro.top_logprobs[(size_t)r * ro.top_stride + t];
+            }
+            lp.token = ro.ids[r];
+            lp.logprob = ro.logprobs[r];
+            lp.n_top = k;
+            lp.top = e->o_top;
+            lpp = &lp;
+        }
+        int32_t t = ro.ids[r];
+        if (t < 0 || t >= e->su.vocab_size) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "the model produced an invalid token id %d", t);
+            engine_retire(e, s, ATOMC_FINISH_ERROR, 0, NULL, msg);
+            continue;
+        }
+        process_token(e, s, t, lpp, now);
+    }
+    engine_refresh_stats(e);
+    trace_end(e->trace, "postprocess");
+    trace_end(e->trace, "step");
+    return n_seqs;
+}

@@ -1,0 +1,361 @@
+// Table-driven weight loading (weight_loader.h): checkpoint tensors or dummy weights into
+// backend memory, tensor-parallel slices, row fusion (qkv, gate_up, stacked experts).
+//
+// Fusion: the parts are uploaded one by one, copied into the fused allocation in backend memory
+// and freed, so the peak overhead is one entry's parts. Dummy weights fill the fused tensor in
+// one go (one seed step per entry), so a table reproduces the same random model whatever its
+// fusion.
+#include "model/weight_loader.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "loader/model_files.h"
+
+// Dummy weights come from a few pools of random values (one per (lo, hi, dtype)), already
+// converted to the weight dtype: each tensor copies a run of its pool starting at a seeded
+// offset, wrapping around. Generating billions of independent numbers on one host thread
+// would dominate the start-up of a dummy 8B model; the values only need to be random-looking,
+// finite and of the right scale, and copying keeps dummy loading at the host-to-device rate.
+#define DUMMY_POOL_ELEMS ((int64_t)1 << 22)
+#define DUMMY_MAX_POOLS 8
+
+struct dummy_pool {
+    float lo, hi;
+    enum dtype dtype;
+    unsigned char *data; // DUMMY_POOL_ELEMS elements of dtype
+};
+
+
+struct weight_loader {
+    struct model *m;
+    struct model_files *files; // NULL = dummy
+    uint64_t seed;             // dummy: advanced per tensor
+    struct dummy_pool pools[DUMMY_MAX_POOLS];
+    int n_pools;
+};
+
+static void weight_release(struct model *m, struct tensor *t) {
+    if (t->data) m->backend->ops->free(m->backend, t->data);
+    t->data = NULL;
+}
+
+// splitmix64: a tiny, good-enough generator for dummy weights (speed matters, quality not).
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static const struct dummy_pool *dummy_pool_get(struct weight_loader *L, float lo, float hi, enum dtype dt,
+                                               struct error *err) {
+    for (int i = 0; i < L->n_pools; i++)
+        if (L->pools[i].lo == lo && L->pools[i].hi == hi && L->pools[i].dtype == dt) return &L->pools[i];
+    if (L->n_pools == DUMMY_MAX_POOLS) { // many distinct scales: recycle the oldest pool
+        free(L->pools[0].data);
+        memmove(&L->pools[0], &L->pools[1], sizeof L->pools[0] * (DUMMY_MAX_POOLS - 1));
+        L->n_pools--;
+    }
+    size_t esz = dtype_row_bytes(dt, 1);
+    float *f = malloc((size_t)DUMMY_POOL_ELEMS * sizeof(float));
+    unsigned char *data = malloc((size_t)DUMMY_POOL_ELEMS * esz);
+    if (!f || !data) {
+        free(f);
+        free(data);
+        error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: out of host memory");
+        return NULL;
+    }
+    uint64_t s = L->seed ^ ((uint64_t)L->n_pools * 0x632be59bd9b4e019ull);
+    for (int64_t i = 0; i < DUMMY_POOL_ELEMS; i++)
+        f[i] = lo == hi ? lo : lo + (hi - lo) * (float)((splitmix64(&s) >> 40) * (1.0 / 16777216.0));
+    dtype_from_f32(dt, f, data, DUMMY_POOL_ELEMS);
+    free(f);
+    struct dummy_pool *p = &L->pools[L->n_pools++];
+    *p = (struct dummy_pool){.lo = lo, .hi = hi, .dtype = dt, .data = data};
+    return p;
+}
+
+static void dummy_pools_free(struct weight_loader *L) {
+    for (int i = 0; i < L->n_pools; i++) free(L->pools[i].data);
+    L->n_pools = 0;
+}
+
+// Random weights in [lo, hi) (lo == hi: that constant) written into backend memory: on the
+// device when the backend has fill_uniform (CUDA), else copied from a host pool.
+static atomc_status weight_fill_dummy(struct weight_loader *L, struct tensor *t, float lo, float hi,
+                                      const char *name, struct error *err) {
+    struct backend *b = L->m->backend;
+    size_t bytes = tensor_bytes(t);
+    t->data = b->ops->alloc(b, bytes);
+    if (!t->data)
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: cannot allocate %zu bytes for %s", bytes, name);
+    uint64_t seed = L->seed;
+    L->seed = splitmix64(&seed);
+    if (lo != hi && b->ops->fill_uniform) { // on the device: nothing crosses the host link
+        atomc_status st = b->ops->fill_uniform(b, t, L->seed, lo, hi, err);
+        if (st != ATOMC_OK) return error_prefix(err, "dummy weights %s: ", name);
+        return ATOMC_OK;
+    }
+    const struct dummy_pool *p = dummy_pool_get(L, lo, hi, t->dtype, err);
+    if (!p) return err ? err->status : ATOMC_ERR_OUT_OF_MEMORY;
+    int64_t n = tensor_numel(t), esz = (int64_t)dtype_row_bytes(t->dtype, 1);
+    int64_t src = (int64_t)(L->seed % (uint64_t)DUMMY_POOL_ELEMS);
+    for (int64_t off = 0; off < n;) {
+        int64_t k = DUMMY_POOL_ELEMS - src;
+        if (k > n - off) k = n - off;
+        b->ops->copy_h2d(b, (char *)t->data + off * esz, p->data + src * esz, (size_t)(k * esz));
+        off += k;
+        src = 0;
+    }
+    return ATOMC_OK;
+}
+
+static void shape_string(char *buf, size_t n, const struct tensor *t) {
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, n - o, "(");
+    for (int i = 0; i < t->ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)t->ne[i]);
+    if (o < n) snprintf(buf + o, n - o, ")");
+}
+
+// Loads one tensor named `name` of shape ne[0..ndim) into backend memory in the weight dtype.
+// slice_dim >= 0: ne is this rank's shard, read from the checkpoint as [slice_start,
+// slice_start + ne[slice_dim]) of dim slice_dim (tensor parallelism); -1 = the whole tensor.
+atomc_status weight_loader_load_tensor(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
+                                       const int64_t *ne, enum winit kind, int slice_dim, int64_t slice_start,
+                                       struct error *err) {
+    struct model *m = L->m;
+    *dst = tensor_make(NULL, m->weight_dtype, ndim, ne);
+    // Norm weights and biases are stored in the weight dtype too: the ops take every weight in it.
+    if (!L->files) {
+        float a = kind == WINIT_MATRIX ? 1.0f / sqrtf((float)ne[ndim - 1]) : 0.02f;
+        atomc_status st = kind == WINIT_NORM ? weight_fill_dummy(L, dst, 1.0f, 1.0f, name, err)
+                                    : weight_fill_dummy(L, dst, -a, a, name, err);
+        if (st == ATOMC_OK) m->weight_bytes += tensor_bytes(dst);
+        return st;
+    }
+    struct tensor src;
+    atomc_status st = slice_dim < 0 ? model_files_get_tensor(L->files, name, &src, err)
+                                    : model_files_get_tensor_slice(L->files, name, slice_dim, slice_start,
+                                                                   ne[slice_dim], &src, err);
+    if (st != ATOMC_OK) return st;
+    if (tensor_numel(&src) != tensor_numel(dst) || tensor_cols(&src) != tensor_cols(dst)) {
+        char want[96], got[96];
+        shape_string(want, sizeof want, dst);
+        shape_string(got, sizeof got, &src);
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s has shape %s, expected %s", name, got, want);
+    }
+    st = m->backend->ops->upload_weight(m->backend, dst, &src, err);
+    if (st != ATOMC_OK) return error_prefix(err, "tensor %s: ", name);
+    m->weight_bytes += tensor_bytes(dst);
+    return ATOMC_OK;
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Tables
+
+// A model dimension with this rank's size and the first checkpoint index it holds.
+static void wdim_resolve(const struct model *m, enum wdim d, int64_t *size, int64_t *start) {
+    const struct model_config *c = &m->cfg;
+    *start = 0;
+    switch (d) {
+    case WDIM_NONE: *size = 1; return;
+    case WDIM_HIDDEN: *size = c->hidden_size; return;
+    case WDIM_HEAD_DIM: *size = c->head_dim; return;
+    case WDIM_Q: *size = m->q_dim; *start = (int64_t)m->q_head0 * c->head_dim; return;
+    case WDIM_KV: *size = m->kv_dim; *start = (int64_t)m->kv_head0 * c->head_dim; return;
+    case WDIM_INTER: *size = c->intermediate_size; *start = m->inter0; return;
+    case WDIM_EXPERTS: *size = c->num_experts; return;
+    case WDIM_MOE_INTER: *size = c->moe_intermediate_size; return;
+    }
+    CHECK_MSG(0, "weight table: dimension %d", (int)d);
+}
+
+// The same dimension at the checkpoint's (global) size, for parameter counts.
+static int64_t wdim_global(const struct model_config *c, enum wdim d) {
+    switch (d) {
+    case WDIM_NONE: return 1;
+    case WDIM_HIDDEN: return c->hidden_size;
+    case WDIM_HEAD_DIM: return c->head_dim;
+    case WDIM_Q: return (int64_t)c->num_heads * c->head_dim;
+    case WDIM_KV: return (int64_t)c->num_kv_heads * c->head_dim;
+    case WDIM_INTER: return c->intermediate_size;
+    case WDIM_EXPERTS: return c->num_experts;
+    case WDIM_MOE_INTER: return c->moe_intermediate_size;
+    }
+    return 0;
+}
+
+static void layer_name(char *buf, size_t n, int l, const char *part, int expert) {
+    char suffix[160];
+    if (expert >= 0)
+        snprintf(suffix, sizeof suffix, part, expert);
+    else
+        snprintf(suffix, sizeof suffix, "%s", part);
+    snprintf(buf, n, "model.layers.%d.%s", l, suffix);
+}
+
+static bool entry_exists(const struct weight_loader *L, const struct weight_entry *e, int l) {
+    const struct model_config *c = &L->m->cfg;
+    switch (e->cond) {
+    case WCOND_ALWAYS: return true;
+    case WCOND_ATTN_BIAS: return c->attention_bias;
+    case WCOND_MLP_BIAS: return c->mlp_bias;
+    case WCOND_QK_NORM: return c->qk_norm;
+    case WCOND_ATTN_OUT_BIAS: {
+        if (c->attention_bias || c->attention_out_bias) return true;
+        char name[192];
+        layer_name(name, sizeof name, l, e->parts[0].name, -1);
+        return weight_loader_has(L, name);
+    }
+    }
+    return false;
+}
+
+static struct tensor *entry_tensor(const struct weight_entry *e, struct model_layer *ly) {
+    char *p = (char *)ly + e->field;
+    return e->is_weight ? &((struct weight *)p)->t : (struct tensor *)p;
+}
+
+static int entry_n_parts(const struct weight_entry *e) {
+    int n = 0;
+    while (n < WEIGHT_MAX_PARTS && e->parts[n].name) n++;
+    return n;
+}
+
+// Loads the n parts names[i] (rows[i] rows each, checkpoint rows from starts[i] when a
+// column-parallel shard, cols columns or 1-D when cols == 0, input columns from col_start when
+// a row-parallel shard) stacked by rows into dst.
+static atomc_status load_stacked(struct weight_loader *L, struct tensor *dst, int n, char (*names)[192],
+                                 const int64_t *rows, const int64_t *starts, int64_t cols, int64_t col_start,
+                                 bool row_shard, enum winit init, struct error *err) {
+    struct model *m = L->m;
+    struct backend *b = m->backend;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += rows[i];
+    int ndim = cols > 0 ? 2 : 1;
+    int64_t ne[2] = {total, cols};
+    if (n == 1 || !L->files) {
+        // One tensor (or dummy weights for the whole fused entry).
+        int slice_dim = -1;
+        int64_t slice_start = 0;
+        if (L->files && row_shard) {
+            slice_dim = 1;
+            slice_start = col_start;
+        } else if (L->files && starts) {
+            slice_dim = 0;
+            slice_start = starts[0];
+        }
+        return weight_loader_load_tensor(L, dst, names[0], ndim, ne, init, slice_dim, slice_start, err);
+    }
+    *dst = tensor_make(NULL, m->weight_dtype, ndim, ne);
+    size_t bytes = tensor_bytes(dst);
+    dst->data = b->ops->alloc(b, bytes);
+    if (!dst->data)
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for fused %s", bytes, names[0]);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        struct tensor part;
+        int64_t pne[2] = {rows[i], cols};
+        size_t wb = m->weight_bytes;
+        atomc_status st = weight_loader_load_tensor(L, &part, names[i], ndim, pne, init, starts ? 0 : -1,
+                                                    starts ? starts[i] : 0, err);
+        m->weight_bytes = wb;
+        if (st != ATOMC_OK) {
+            weight_release(m, dst);
+            return st;
+        }
+        size_t pb = tensor_bytes(&part);
+        b->ops->copy_d2d(b, (char *)dst->data + off, part.data, pb);
+        off += pb;
+        b->ops->synchronize(b);
+        weight_release(m, &part);
+    }
+    m->weight_bytes += bytes;
+    return ATOMC_OK;
+}
+
+static atomc_status load_entry(struct weight_loader *L, const struct weight_entry *e, int l, struct model_layer *ly,
+                               struct error *err) {
+    struct model *m = L->m;
+    const bool tp = m->tp_size > 1;
+    if (e->shard == WSHARD_ROW_BIAS && tp && m->tp_rank != 0) return ATOMC_OK; // added once, before the all-reduce
+    const int np = entry_n_parts(e);
+    const int E = e->per_expert ? m->cfg.num_experts : 1;
+    const int n = np * E;
+    char(*names)[192] = xcalloc((size_t)n, sizeof *names);
+    int64_t *rows = xcalloc((size_t)n, sizeof *rows), *starts = xcalloc((size_t)n, sizeof *starts);
+    for (int x = 0; x < E; x++)
+        for (int p = 0; p < np; p++) {
+            int i = x * np + p;
+            layer_name(names[i], sizeof names[i], l, e->parts[p].name, e->per_expert ? x : -1);
+            wdim_resolve(m, e->parts[p].rows, &rows[i], &starts[i]);
+        }
+    int64_t cols = 0, col_start = 0;
+    if (e->cols != WDIM_NONE) wdim_resolve(m, e->cols, &cols, &col_start);
+    const bool col_shard = tp && e->shard == WSHARD_COL, row_shard = tp && e->shard == WSHARD_ROW;
+    struct tensor *dst = entry_tensor(e, ly);
+    atomc_status st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard,
+                                   e->init, err);
+    free(names);
+    free(rows);
+    free(starts);
+    if (st != ATOMC_OK) return st;
+    if (e->per_expert) { // (E * rows, cols) -> the stacked 3-D view (E, rows, cols)
+        int64_t per = tensor_rows(dst) / E;
+        *dst = tensor_make(dst->data, dst->dtype, 3, (int64_t[]){E, per, cols});
+    }
+    return ATOMC_OK;
+}
+
+atomc_status weight_loader_load_layer(struct weight_loader *L, const struct weight_entry *table, int l,
+                                      struct model_layer *ly, struct error *err) {
+    for (const struct weight_entry *e = table; e->parts[0].name; e++) {
+        if (!entry_exists(L, e, l)) continue;
+        atomc_status st = load_entry(L, e, l, ly, err);
+        if (st != ATOMC_OK) return st;
+    }
+    return ATOMC_OK;
+}
+
+void weight_loader_free_layer(struct model *m, const struct weight_entry *table, struct model_layer *ly) {
+    for (const struct weight_entry *e = table; e->parts[0].name; e++) weight_release(m, entry_tensor(e, ly));
+}
+
+bool weight_loader_has(const struct weight_loader *L, const char *name) {
+    return L->files && model_files_has_tensor(L->files, name);
+}
+
+int64_t weight_table_params(const struct weight_entry *table, const struct model_config *c) {
+    int64_t n = 0;
+    for (const struct weight_entry *e = table; e->parts[0].name; e++) {
+        bool exists = e->cond == WCOND_ALWAYS || (e->cond == WCOND_ATTN_BIAS && c->attention_bias) ||
+                      (e->cond == WCOND_ATTN_OUT_BIAS && (c->attention_bias || c->attention_out_bias)) ||
+                      (e->cond == WCOND_MLP_BIAS && c->mlp_bias) || (e->cond == WCOND_QK_NORM && c->qk_norm);
+        if (!exists) continue;
+        int64_t rows = 0;
+        for (int p = 0; p < WEIGHT_MAX_PARTS && e->parts[p].name; p++) rows += wdim_global(c, e->parts[p].rows);
+        n += rows * (e->cols != WDIM_NONE ? wdim_global(c, e->cols) : 1) * (e->per_expert ? c->num_experts : 1);
+    }
+    return n;
+}
+
+struct weight_loader *weight_loader_create(struct model *m, struct model_files *files, uint64_t dummy_seed) {
+    struct weight_loader *L = xcalloc(1, sizeof *L);
+    L->m = m;
+    L->files = files;
+    L->seed = dummy_seed ^ 0x5eedULL;
+    return L;
+}
+
+void weight_loader_free(struct weight_loader *L) {
+    if (!L) return;
+    L->m->backend->ops->synchronize(L->m->backend); // pools are host memory the copies may still read
+    dummy_pools_free(L);
+    free(L);
+}

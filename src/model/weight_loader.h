@@ -1,0 +1,96 @@
+// Declarative weight loading: a family describes its weights as tables of struct weight_entry
+// (HF name suffixes -> a field, its shape in model dimensions, how its parts fuse, how it shards
+// under tensor parallelism, when it exists); weight_loader.c turns any table into backend
+// tensors, from a checkpoint (struct model_files, which also maps GGUF names to HF names) or as
+// random dummy weights, and frees them again. No per-family loading code.
+//
+// Names: a layer entry's part names are relative to "model.layers.<l>."; in a per-expert entry
+// "%d" in a part name is the expert index, and the parts of every expert are stacked in expert
+// order, (gate_0, up_0, gate_1, up_1, ...) -> (E, sum of part rows, cols).
+// Shapes: rows / cols are model dimensions (enum wdim) resolved with this rank's local sizes.
+// Tensor parallelism (enum wshard): COL entries read rows [start, start + local) of every part,
+// where start comes from the part's row dimension (query heads, KV heads, intermediate columns);
+// ROW entries read the input columns of the entry's col dimension; ROW_BIAS entries (a
+// row-parallel linear's bias) are loaded on rank 0 only, since the all-reduce sums the ranks.
+#ifndef ATOMC_MODEL_WEIGHT_LOADER_H
+#define ATOMC_MODEL_WEIGHT_LOADER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "model/model.h"
+
+enum wdim {
+    WDIM_NONE = 0,  // cols only: a 1-D tensor (norm weight, bias)
+    WDIM_HIDDEN,    // hidden_size
+    WDIM_HEAD_DIM,  // head_dim
+    WDIM_Q,         // this rank's query heads * head_dim   (TP start: q_head0 * head_dim)
+    WDIM_KV,        // this rank's KV heads * head_dim      (TP start: kv_head0 * head_dim)
+    WDIM_INTER,     // this rank's intermediate_size        (TP start: inter0)
+    WDIM_EXPERTS,   // num_experts
+    WDIM_MOE_INTER, // moe_intermediate_size
+};
+
+enum wshard { WSHARD_NONE = 0, WSHARD_COL, WSHARD_ROW, WSHARD_ROW_BIAS };
+
+// Dummy-weight distribution (and the kind of tensor): matrices uniform +-1/sqrt(cols), norm
+// weights ones, biases small.
+enum winit { WINIT_MATRIX = 0, WINIT_NORM, WINIT_BIAS };
+
+// When an entry exists (evaluated on the checkpoint's config).
+enum wcond {
+    WCOND_ALWAYS = 0,
+    WCOND_ATTN_BIAS,     // config attention_bias
+    WCOND_ATTN_OUT_BIAS, // attention_bias, attention_out_bias, or the checkpoint has the tensor
+    WCOND_MLP_BIAS,      // config mlp_bias
+    WCOND_QK_NORM,       // config qk_norm
+};
+
+#define WEIGHT_MAX_PARTS 3
+
+struct weight_part {
+    const char *name;  // HF suffix (relative to the layer prefix for layer entries)
+    enum wdim rows;    // WDIM_NONE for 1-D entries: then `cols` is its length
+};
+
+struct weight_entry {
+    size_t field;          // offsetof(struct model_layer, ...) of a struct tensor or struct weight
+    bool is_weight;        // the field is a struct weight (a matmul operand), else a struct tensor
+    enum winit init;
+    enum wshard shard;
+    enum wcond cond;
+    bool per_expert;       // parts repeated per expert and stacked (E, rows, cols)
+    enum wdim cols;        // WDIM_NONE: a 1-D entry whose length is the sum of its parts' rows
+    struct weight_part parts[WEIGHT_MAX_PARTS]; // >1 part: fused by rows, in this order
+};
+
+// A table ends with an entry whose parts[0].name is NULL.
+#define WEIGHT_TABLE_END {.parts = {{NULL, WDIM_NONE}}}
+
+struct weight_loader;
+
+// A loader over `files` (NULL: dummy weights from `dummy_seed`) for model m.
+struct weight_loader *weight_loader_create(struct model *m, struct model_files *files, uint64_t dummy_seed);
+void weight_loader_free(struct weight_loader *L);
+
+// Loads every entry of `table` that exists for layer l into the fields of ly.
+atomc_status weight_loader_load_layer(struct weight_loader *L, const struct weight_entry *table, int l,
+                                      struct model_layer *ly, struct error *err);
+// Frees the fields of ly that `table` describes (absent ones are NULL and skipped).
+void weight_loader_free_layer(struct model *m, const struct weight_entry *table, struct model_layer *ly);
+
+// One whole tensor by its full HF name, shape ne[0..ndim), into backend memory as the model's
+// weight dtype (global weights: embeddings, final norm, lm_head). slice_dim >= 0: this rank's
+// rows [slice_start, slice_start + ne[slice_dim]) of that dim.
+atomc_status weight_loader_load_tensor(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
+                                       const int64_t *ne, enum winit init, int slice_dim, int64_t slice_start,
+                                       struct error *err);
+
+// True when the checkpoint has the tensor (always false for dummy weights).
+bool weight_loader_has(const struct weight_loader *L, const char *name);
+
+// Parameters a table's entries hold for layer l of a model with config c (whole checkpoint,
+// no tensor parallelism), for model_param_count.
+int64_t weight_table_params(const struct weight_entry *table, const struct model_config *c);
+
+#endif

@@ -1,0 +1,125 @@
+// Internals of the model runner shared by its files (not a public header):
+//   model_runner.c   options, step buffers, batch validation / packing / upload, the forward, execute, create
+//   runner_kv.c      the KV pool: per-layer cache specs -> bytes per block, layout, sizing (profile run)
+//   runner_graphs.c  CUDA graphs of decode batches
+//   runner_sample.c  sampling glue and prompt logprobs
+#ifndef ATOMC_RUNTIME_RUNNER_INTERNAL_H
+#define ATOMC_RUNTIME_RUNNER_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "runtime/model_runner.h"
+
+#define RUNNER_MAX_LOGPROBS 20
+#define RUNNER_MAX_GRAPHS 64
+
+struct runner_graph {
+    int batch_size;
+    void *graph;
+};
+
+// Offsets (in bytes) of a step's arrays inside the metadata block; the same layout on the
+// host staging copy and on the device, so a step is uploaded with one copy. Eager steps use
+// a dense layout built for the step's own sizes; decode-graph steps use a fixed layout with
+// the capacity of max_num_seqs (captured kernels keep its pointers). The block table comes
+// last so that only the rows in use are copied.
+struct runner_layout {
+    size_t token_ids, positions, slot_mapping; // (T) int32
+    size_t query_start;                        // (S + 1) int32
+    size_t context_lens;                       // (S) int32
+    size_t logits_rows;                        // (R) int32
+    size_t lp_rows;                            // (L) int32: prompt-logprob rows
+    size_t temperature, top_p, min_p;          // (R) float
+    size_t top_k;                              // (R) int32
+    size_t presence, frequency, repetition;    // (R) float
+    size_t hist_start;                         // (R + 1) int32
+    size_t hist_prompt_len;                    // (R) int32
+    size_t seed, step;                         // (R) uint64
+    size_t block_tables;                       // (S, W) int32
+    size_t bytes;
+};
+
+struct model_runner {
+    struct backend *backend;
+    struct model_config cfg;
+    struct model *model;
+
+    int block_size;
+    int num_blocks;
+    int max_model_len;
+    int max_tokens;          // max_num_batched_tokens
+    int max_seqs;            // max_num_seqs
+    int max_blocks;          // blocks per sequence at max_model_len (block table capacity stride)
+    int max_rows;            // logits rows per sampling call
+    enum dtype kv_dtype;
+    void *kv_pool;           // one allocation: per layer K then V
+    size_t kv_bytes;
+    struct kv_layer *kv;     // (num_layers)
+
+    struct runner_layout lay; // this step's layout
+    struct runner_layout dec; // fixed layout of decode-graph steps
+    size_t meta_cap;          // bytes of h_meta / d_meta: the largest layout a valid batch needs
+    unsigned char *h_meta;    // host staging
+    unsigned char *d_meta;    // backend memory
+    int32_t *d_iota;          // (max_rows) 0, 1, 2, ...: logits rows of captured decode graphs
+    int32_t *d_hist;         // penalty token history, grown on demand
+    size_t hist_cap;         // elements
+    int32_t *h_hist;
+    size_t h_hist_cap;
+
+    // Sampling outputs: device and host copies.
+    int32_t *d_out_ids;      // (max_rows) ids, then (max_rows) F32 logprobs: one allocation, one copy back
+    float *d_out_lp;         // = d_out_ids + max_rows
+    int32_t *d_out_top_ids;  // (max_rows, 20)
+    float *d_out_top_lp;     // (max_rows, 20)
+    int32_t *h_out_ids;      // (2 max_rows) mirror of d_out_ids
+    float *h_out_lp;         // = h_out_ids + max_rows
+    int32_t *h_out_top_ids;
+    float *h_out_top_lp;
+    // Prompt logprobs (host).
+    float *h_logits;         // (max_rows, vocab) staging of logits rows
+    float *h_plp;            // (max_tokens)
+    int32_t *h_plp_top_ids;  // (max_tokens, 20)
+    float *h_plp_top_lp;
+
+    struct runner_graph graphs[RUNNER_MAX_GRAPHS];
+    int n_graphs;
+    bool graphs_enabled;
+    uint64_t n_graph_replays;
+};
+
+
+#define HPTR(r, field, type) ((type *)((r)->h_meta + (r)->lay.field))
+#define DPTR(r, field, type) ((type *)((r)->d_meta + (r)->lay.field))
+
+// model_runner.c
+void runner_layout_build(struct runner_layout *l, int T, int S, int W, int R, int L);
+atomc_status runner_validate(const struct model_runner *r, const struct forward_batch *fb, struct error *err);
+bool runner_is_decode_only(const struct forward_batch *fb);
+size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int pad_seqs, int bt_stride,
+                          struct attn_metadata *md);
+void runner_upload(struct model_runner *r, size_t bytes);
+atomc_status runner_forward(struct model_runner *r, const struct forward_batch *fb, int n_rows,
+                                   struct error *err);
+
+// runner_kv.c
+size_t runner_kv_block_bytes(const struct model_runner *r);
+atomc_status runner_kv_check_specs(const struct model_runner *r, struct error *err);
+atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct error *err);
+void runner_kv_release(struct model_runner *r);
+atomc_status runner_size_kv(struct model_runner *r, const struct runner_options *o, struct error *err);
+
+// runner_graphs.c
+struct runner_graph *runner_graph_for(struct model_runner *r, int n);
+atomc_status runner_capture_graphs(struct model_runner *r, struct error *err);
+
+// runner_sample.c
+void runner_prompt_logprobs(struct model_runner *r, const struct forward_batch *fb);
+atomc_status runner_sample(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,
+                                  struct error *err);
+
+#endif

@@ -1,0 +1,170 @@
+// The KV pool of the model runner (runner_internal.h): one allocation laid out per layer by the
+// layer's cache spec (struct cache_spec, model.h), sized from num_kv_blocks, the CPU's
+// cpu_kv_cache_bytes, or (CUDA) a profile forward and gpu_memory_utilization, as vLLM does.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "runtime/runner_internal.h"
+
+// Bytes of one block (block_size tokens) summed over every layer's paged cache.
+size_t runner_kv_block_bytes(const struct model_runner *r) {
+    size_t per_token = 0;
+    for (int l = 0; l < r->cfg.num_layers; l++) per_token += cache_spec_token_bytes(&r->model->layer_cache[l], r->kv_dtype);
+    return per_token * (size_t)r->block_size;
+}
+
+// Refuses cache kinds the runner cannot hold yet (a model declaring one must not load).
+atomc_status runner_kv_check_specs(const struct model_runner *r, struct error *err) {
+    for (int l = 0; l < r->cfg.num_layers; l++) {
+        const struct cache_spec *s = &r->model->layer_cache[l];
+        if (s->kind == CACHE_KIND_RECURRENT)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d keeps a %s, which the model runner does not "
+                             "implement yet (per-sequence state slots)", r->cfg.architecture, l,
+                             cache_kind_name(s->kind));
+        if (s->kind == CACHE_KIND_SLIDING && s->window <= 0)
+            return error_set(err, ATOMC_ERR_FORMAT, "%s layer %d: sliding-window cache with window %d",
+                             r->cfg.architecture, l, s->window);
+    }
+    return ATOMC_OK;
+}
+
+// One allocation; per layer, in layer order: FULL / SLIDING: K (blocks, block_size, kv_heads,
+// head_dim_k) then V (..., head_dim_v); LATENT: the latent rows (blocks, block_size, 1,
+// latent_dim) as k, no v. For a model whose layers all keep full K/V of one shape this is the
+// layout the runner always had.
+atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct error *err) {
+    struct backend *b = r->backend;
+    const struct model_config *c = &r->cfg;
+    size_t per_block = runner_kv_block_bytes(r);
+    r->kv_bytes = per_block * (size_t)num_blocks;
+    r->kv_pool = b->ops->alloc(b, r->kv_bytes);
+    if (!r->kv_pool)
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate the KV cache: %d blocks of %d tokens (%.1f MiB)",
+                         num_blocks, r->block_size, (double)r->kv_bytes / (1 << 20));
+    // Zeroed once so that padded graph slots (which read block 0) never see NaN bit patterns.
+    b->ops->memset_zero(b, r->kv_pool, r->kv_bytes);
+    r->num_blocks = num_blocks;
+    if (!r->kv) r->kv = xcalloc((size_t)c->num_layers, sizeof *r->kv);
+    const size_t e = dtype_row_bytes(r->kv_dtype, 1), slots = (size_t)num_blocks * (size_t)r->block_size;
+    char *base = r->kv_pool;
+    for (int l = 0; l < c->num_layers; l++) {
+        const struct cache_spec *s = &r->model->layer_cache[l];
+        struct kv_layer *kv = &r->kv[l];
+        memset(kv, 0, sizeof *kv);
+        kv->k_scale = kv->v_scale = 1.0f;
+        if (s->kind == CACHE_KIND_LATENT) {
+            kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, 1, s->latent_dim});
+            base += slots * (size_t)s->latent_dim * e;
+            continue;
+        }
+        kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, s->n_kv_heads, s->head_dim_k});
+        base += slots * (size_t)s->n_kv_heads * (size_t)s->head_dim_k * e;
+        kv->v = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, s->n_kv_heads, s->head_dim_v});
+        base += slots * (size_t)s->n_kv_heads * (size_t)s->head_dim_v * e;
+    }
+    CHECK((size_t)(base - (char *)r->kv_pool) == r->kv_bytes);
+    return ATOMC_OK;
+}
+
+void runner_kv_release(struct model_runner *r) {
+    if (r->kv_pool) r->backend->ops->free(r->backend, r->kv_pool);
+    r->kv_pool = NULL;
+    r->num_blocks = 0;
+}
+
+// A forward of the largest batch (max_num_batched_tokens prompt tokens in as many sequences
+// as allowed) over a temporary minimal KV pool, so memory the backend allocates lazily
+// (GEMM workspaces, attention scratch) is counted before the KV pool is sized.
+static atomc_status runner_profile(struct model_runner *r, struct error *err) {
+    int T = r->max_tokens, bs = r->block_size;
+    int per_seq = r->max_model_len < T ? r->max_model_len : T;
+    int S = (T + per_seq - 1) / per_seq;
+    if (S > r->max_seqs) S = r->max_seqs;
+    if (T > S * per_seq) T = S * per_seq;
+    int blocks_per_seq = (per_seq + bs - 1) / bs;
+    atomc_status st = runner_kv_alloc(r, blocks_per_seq, err);
+    if (st != ATOMC_OK) return error_prefix(err, "profile run: ");
+    int32_t *ids = xcalloc((size_t)T, 4), *pos = xcalloc((size_t)T, 4), *slot = xcalloc((size_t)T, 4);
+    int32_t *qs = xcalloc((size_t)S + 1, 4), *ctx = xcalloc((size_t)S, 4);
+    int32_t *bt = xcalloc((size_t)S * (size_t)blocks_per_seq, 4), *rows = xcalloc((size_t)S, 4);
+    int t = 0;
+    for (int s = 0; s < S; s++) {
+        int n = T - t < per_seq ? T - t : per_seq;
+        qs[s] = t;
+        for (int i = 0; i < n; i++, t++) {
+            pos[t] = i;
+            slot[t] = s == 0 ? i : -1; // sequence 0 writes the temporary pool; the others only read it
+        }
+        ctx[s] = n;
+        for (int j = 0; j < blocks_per_seq; j++) bt[(size_t)s * blocks_per_seq + j] = j;
+        rows[s] = t - 1;
+    }
+    qs[S] = t;
+    struct forward_batch fb = {.n_seqs = S, .n_tokens = T, .token_ids = ids, .positions = pos, .query_start = qs,
+                               .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = blocks_per_seq,
+                               .slot_mapping = slot, .n_logits = S < r->max_rows ? S : r->max_rows,
+                               .logits_rows = rows};
+    st = runner_validate(r, &fb, err);
+    if (st == ATOMC_OK) st = runner_forward(r, &fb, fb.n_logits, err);
+    r->backend->ops->synchronize(r->backend);
+    free(ids); free(pos); free(slot); free(qs); free(ctx); free(bt); free(rows);
+    runner_kv_release(r);
+    return st;
+}
+
+atomc_status runner_size_kv(struct model_runner *r, const struct runner_options *o, struct error *err) {
+    atomc_status st0 = runner_kv_check_specs(r, err);
+    if (st0 != ATOMC_OK) return st0;
+    size_t per_block = runner_kv_block_bytes(r);
+    int min_blocks = (r->max_model_len + r->block_size - 1) / r->block_size;
+    int64_t blocks;
+    const char *how;
+    if (o->num_kv_blocks > 0) {
+        blocks = o->num_kv_blocks;
+        how = "num_kv_blocks";
+    } else if (r->backend->kind == BACKEND_CPU) {
+        size_t bytes = o->cpu_kv_cache_bytes;
+        if (bytes == 0) {
+            bytes = (size_t)512 << 20;
+            if (bytes < per_block * (size_t)min_blocks) bytes = per_block * (size_t)min_blocks;
+        }
+        blocks = (int64_t)(bytes / per_block);
+        how = "cpu_kv_cache_bytes";
+    } else {
+        atomc_status st = runner_profile(r, err);
+        if (st != ATOMC_OK) return st;
+        size_t free_b = 0, total_b = 0;
+        r->backend->ops->memory_info(r->backend, &free_b, &total_b);
+        double util = o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9;
+        double reserve = (1.0 - util) * (double)total_b;
+        double avail = (double)free_b - reserve;
+        blocks = avail > 0 ? (int64_t)(avail / (double)per_block) : 0;
+        how = "gpu_memory_utilization";
+        LOG_INFO("memory: %.2f GiB free of %.2f GiB after weights (%.2f GiB) and activations; KV gets %.2f GiB",
+                 free_b / 1073741824.0, total_b / 1073741824.0, r->model->weight_bytes / 1073741824.0,
+                 blocks * (double)per_block / 1073741824.0);
+    }
+    if (blocks < min_blocks)
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY,
+                         "the KV cache (%s) holds %lld blocks of %d tokens, but one sequence of max_model_len %d "
+                         "needs %d blocks (%.1f MiB): raise the KV memory or lower max_model_len",
+                         how, (long long)blocks, r->block_size, r->max_model_len, min_blocks,
+                         (double)per_block * min_blocks / (1 << 20));
+    if (blocks > INT32_MAX / r->block_size) blocks = INT32_MAX / r->block_size;
+    return runner_kv_alloc(r, (int)blocks, err);
+}
+
+int model_runner_sliding_window(const struct model_runner *r) {
+    int w = 0;
+    for (int l = 0; l < r->cfg.num_layers; l++) {
+        const struct cache_spec *s = &r->model->layer_cache[l];
+        if (s->kind != CACHE_KIND_SLIDING || (w && s->window != w)) return 0;
+        w = s->window;
+    }
+    return w;
+}

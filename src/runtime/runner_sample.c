@@ -1,0 +1,156 @@
+// Sampling glue of the model runner (runner_internal.h): sampling parameters and penalty
+// histories to the backend's sampler, ids and logprobs back; prompt logprobs (echo) in chunks
+// of max_logits_rows rows with the log-softmax on the host (a rare path, off the decode loop).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "runtime/runner_internal.h"
+
+// Prompt logprobs: logits of the requested rows in chunks, log-softmax on the host.
+void runner_prompt_logprobs(struct model_runner *r, const struct forward_batch *fb) {
+    struct backend *b = r->backend;
+    const int V = r->cfg.vocab_size, k = fb->prompt_lp_k;
+    for (int c0 = 0; c0 < fb->n_prompt_lp; c0 += r->max_rows) {
+        int n = fb->n_prompt_lp - c0 < r->max_rows ? fb->n_prompt_lp - c0 : r->max_rows;
+        struct tensor lg = model_compute_logits(r->model, DPTR(r, lp_rows, int32_t) + c0, n);
+        b->ops->copy_d2h(b, r->h_logits, lg.data, (size_t)n * (size_t)V * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            const float *row = r->h_logits + (size_t)i * V;
+            float mx = row[0];
+            for (int j = 1; j < V; j++) mx = row[j] > mx ? row[j] : mx;
+            double sum = 0;
+            for (int j = 0; j < V; j++) sum += exp((double)row[j] - mx);
+            float lse = mx + (float)log(sum);
+            int o = c0 + i;
+            r->h_plp[o] = row[fb->prompt_lp_targets[o]] - lse;
+            int32_t *ti = r->h_plp_top_ids + (size_t)o * k;
+            float *tl = r->h_plp_top_lp + (size_t)o * k;
+            // Partial selection of the k best (k <= 20): insertion into a sorted prefix.
+            int have = 0;
+            for (int j = 0; j < V && k > 0; j++) {
+                float v = row[j];
+                if (have == k && v <= tl[k - 1]) continue;
+                int p = have < k ? have++ : k - 1;
+                while (p > 0 && tl[p - 1] < v) {
+                    tl[p] = tl[p - 1];
+                    ti[p] = ti[p - 1];
+                    p--;
+                }
+                tl[p] = v;
+                ti[p] = j;
+            }
+            for (int j = 0; j < k; j++) tl[j] -= lse;
+        }
+    }
+}
+
+static atomc_status runner_hist_reserve(struct model_runner *r, size_t n, struct error *err) {
+    if (n <= r->hist_cap) return ATOMC_OK;
+    size_t want = n + n / 2 + 1024;
+    struct backend *b = r->backend;
+    if (r->d_hist) b->ops->free(b, r->d_hist);
+    r->d_hist = b->ops->alloc(b, want * 4);
+    int32_t *h = realloc(r->h_hist, want * 4);
+    if (!r->d_hist || !h) {
+        if (h) r->h_hist = h;
+        r->hist_cap = 0;
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate %zu token ids of penalty history", want);
+    }
+    r->h_hist = h;
+    r->hist_cap = want;
+    return ATOMC_OK;
+}
+
+atomc_status runner_sample(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,
+                                  struct error *err) {
+    struct backend *b = r->backend;
+    const int n = fb->n_logits;
+    int32_t *hs = HPTR(r, hist_start, int32_t), *hp = HPTR(r, hist_prompt_len, int32_t);
+    bool any_penalty = false, all_greedy = true;
+    int n_lp = 0;
+    size_t hist_total = 0;
+    for (int i = 0; i < n; i++) {
+        const struct sample_row *sr = &fb->sampling[i];
+        if (!(sr->temperature < 1e-5f)) all_greedy = false;
+        if (sr->presence_penalty != 0 || sr->frequency_penalty != 0 ||
+            (sr->repetition_penalty != 1.0f && sr->repetition_penalty > 0))
+            any_penalty = true;
+        if (sr->n_logprobs > n_lp) n_lp = sr->n_logprobs;
+        hist_total += (size_t)sr->n_prompt + (size_t)sr->n_output;
+    }
+    if (any_penalty) { // rare: the token histories go up in their own copies
+        atomc_status st = runner_hist_reserve(r, hist_total, err);
+        if (st != ATOMC_OK) return st;
+        size_t o = 0;
+        for (int i = 0; i < n; i++) {
+            const struct sample_row *sr = &fb->sampling[i];
+            hs[i] = (int32_t)o;
+            hp[i] = sr->n_prompt;
+            if (sr->n_prompt) memcpy(r->h_hist + o, sr->prompt_ids, (size_t)sr->n_prompt * 4);
+            o += (size_t)sr->n_prompt;
+            if (sr->n_output) memcpy(r->h_hist + o, sr->output_ids, (size_t)sr->n_output * 4);
+            o += (size_t)sr->n_output;
+        }
+        hs[n] = (int32_t)o;
+        if (o) b->ops->copy_h2d(b, r->d_hist, r->h_hist, o * 4);
+        size_t p0 = r->lay.hist_start, p1 = r->lay.hist_prompt_len + (size_t)n * 4;
+        b->ops->copy_h2d(b, r->d_meta + p0, r->h_meta + p0, p1 - p0);
+    }
+
+    struct tensor logits = tensor_2d(r->model->scratch.logits, DTYPE_F32, n, r->cfg.vocab_size);
+    // min_tokens: ids the engine bans until a sequence has enough output (EOS, stop ids) get
+    // -inf logits. Rare (only while min_tokens is pending), so one small copy per banned id.
+    static const float neg_inf = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const struct sample_row *sr = &fb->sampling[i];
+        for (int k = 0; k < sr->n_banned; k++) {
+            int32_t id = sr->banned_ids[k];
+            if (id < 0 || id >= r->cfg.vocab_size) continue;
+            float *dst = (float *)r->model->scratch.logits + (size_t)i * r->cfg.vocab_size + id;
+            b->ops->copy_h2d(b, dst, &neg_inf, sizeof neg_inf);
+        }
+    }
+    struct sample_args a = {
+        .n_rows = n,
+        .vocab_size = r->cfg.vocab_size,
+        .logits = &logits,
+        .temperature = DPTR(r, temperature, float),
+        .top_p = DPTR(r, top_p, float),
+        .top_k = DPTR(r, top_k, int32_t),
+        .min_p = DPTR(r, min_p, float),
+        .presence_penalty = DPTR(r, presence, float),
+        .frequency_penalty = DPTR(r, frequency, float),
+        .repetition_penalty = DPTR(r, repetition, float),
+        .seed = DPTR(r, seed, uint64_t),
+        .step = DPTR(r, step, uint64_t),
+        .hist_start = DPTR(r, hist_start, int32_t),
+        .hist_ids = r->d_hist,
+        .hist_prompt_len = DPTR(r, hist_prompt_len, int32_t),
+        .any_penalty = any_penalty,
+        .n_logprobs = n_lp,
+        .all_greedy = all_greedy && !any_penalty && n_lp == 0,
+        .out_ids = r->d_out_ids,
+        .out_logprob = r->d_out_lp,
+        .out_top_ids = n_lp ? r->d_out_top_ids : NULL,
+        .out_top_logprobs = n_lp ? r->d_out_top_lp : NULL,
+    };
+    b->ops->sample(b, &a);
+    // Ids and their logprobs in one transfer (the step's synchronisation point).
+    b->ops->copy_d2h(b, r->h_out_ids, r->d_out_ids, ((size_t)r->max_rows + (size_t)n) * 4);
+    if (n_lp) {
+        b->ops->copy_d2h(b, r->h_out_top_ids, r->d_out_top_ids, (size_t)n * n_lp * 4);
+        b->ops->copy_d2h(b, r->h_out_top_lp, r->d_out_top_lp, (size_t)n * n_lp * 4);
+    }
+    b->ops->synchronize(b);
+    out->ids = r->h_out_ids;
+    out->logprobs = r->h_out_lp;
+    out->top_ids = r->h_out_top_ids;
+    out->top_logprobs = r->h_out_top_lp;
+    out->top_stride = n_lp;
+    return ATOMC_OK;
+}
