@@ -99,7 +99,7 @@ chat_req = {
         "add_generation_prompt": {"type": "boolean", "nullable": True},
         # true needs add_generation_prompt=false and a final assistant message, which a schema
         # cannot state: only false is declared.
-        "continue_final_message": {"type": "boolean", "enum": [False], "nullable": True,
+        "continue_final_message": {"type": "boolean", "enum": [False, None], "nullable": True,
                                    "description": "true (with add_generation_prompt=false and a final assistant message) "
                                                   "continues that message"},
         "tools": {"type": "array", "items": free_object, "nullable": True},
@@ -163,12 +163,15 @@ chat_chunk = {"type": "object", "required": ["id", "object", "created", "model",
 def post(summary, req_schema, resp_schema, stream=None, extra=(400, 401, 404, 413, 503)):
     ok = {"description": "OK", "content": {"application/json": {"schema": resp_schema}}}
     if stream:
+        # One server-sent event (schemathesis checks each against this): `data` holds one
+        # CompletionChunk / ChatCompletionChunk as JSON text, an ErrorResponse if the generation
+        # failed mid-stream, or "[DONE]" last. OpenAPI 3.0 cannot type the JSON inside a string.
         ok["content"]["text/event-stream"] = {
-            "schema": {"type": "string", "format": "event-stream",
-                       "description": f"server-sent events: each `data:` line holds one {stream} (JSON, see "
-                                      f"#/components/schemas/{stream}); an error mid-stream is one `data:` line "
-                                      "holding an ErrorResponse; the stream ends with `data: [DONE]`",
-                       "x-sse-data-schema": ref(stream)},
+            "schema": {"type": "object", "required": ["data"], "properties": {
+                "data": {"type": "string", "description": f"one {stream} (JSON, #/components/schemas/{stream}), "
+                                                          "an ErrorResponse, or [DONE]"},
+                "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}},
+                "x-sse-data-schema": ref(stream)},
             "example": "data: {...}\n\ndata: [DONE]\n\n"}
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {"application/json": {"schema": req_schema}}},
                      "responses": {"200": ok, **errs(*extra)}}}
@@ -187,7 +190,7 @@ tokenize_chat_req = {"type": "object", "additionalProperties": False, "required"
     "model": {"type": "string", "nullable": True},
     "messages": {"type": "array", "items": ref("ChatMessage"), "minItems": 1, "maxItems": 8},
     "add_generation_prompt": {"type": "boolean", "nullable": True}, "add_special_tokens": {"type": "boolean", "nullable": True},
-    "continue_final_message": {"type": "boolean", "enum": [False], "nullable": True,
+    "continue_final_message": {"type": "boolean", "enum": [False, None], "nullable": True,
                                "description": "true as in chat completions"},
     "return_token_strs": {"type": "boolean", "nullable": True}, "chat_template_kwargs": {**free_object, "nullable": True},
     "tools": {"type": "array", "items": free_object, "nullable": True}}}

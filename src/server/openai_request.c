@@ -645,6 +645,13 @@ int oai_tokenize_parse(const char *body, size_t len, struct oai_tokenize_request
     if (r->messages && !add_special_set) r->add_special_tokens = false; // the template already adds BOS
     if (r->continue_final_message && r->add_generation_prompt && r->messages)
         return oai_error_set(e, 400, "continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    if (r->continue_final_message && r->messages) { // as chat completions: only an assistant message continues
+        json_t *last = json_array_get(r->messages, json_array_size(r->messages) - 1);
+        const char *role = json_string_value(json_object_get(last, "role"));
+        if (!role || strcmp(role, "assistant"))
+            return oai_error_set(e, 400, "continue_final_message",
+                                 "'continue_final_message' requires the last message to be from the assistant");
+    }
     return 0;
 }
 
