@@ -766,22 +766,35 @@ static void stream_begin(struct srv_req *r) {
     for (int i = 0; i < r->n_choices; i++) stream_start_choice(r, &r->choices[i]);
 }
 
-void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endpoint ep) {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t len = evbuffer_get_length(in);
-    const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
+                                 struct oai_error *e) {
     struct srv_req *r = xcalloc(1, sizeof *r);
     atomic_init(&r->refs, 1);
     pthread_mutex_init(&r->mu, NULL);
     r->srv = s;
     r->t_arrival = time_now_s();
-    struct oai_error e;
-    if (oai_request_parse(ep, body, len, &s->limits, &r->oai, &e) || !server_check_model(s, r->oai.model, &e) ||
-        build_prompts(s, r, &e)) {
-        server_send_error(s, req, &e);
+    if (oai_request_parse(ep, body, len, &s->limits, &r->oai, e) || !server_check_model(s, r->oai.model, e) ||
+        build_prompts(s, r, e)) {
         srv_req_unref(r);
+        return NULL;
+    }
+    return r;
+}
+
+void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endpoint ep) {
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+    struct oai_error e;
+    struct srv_req *r = generate_prepare(s, ep, body, len, &e);
+    if (!r) {
+        server_send_error(s, req, &e);
         return;
     }
+    generate_submit(s, req, ep, r);
+}
+
+void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endpoint ep, struct srv_req *r) {
     struct oai_request *q = &r->oai;
     id_random(s, ep == OAI_ENDPOINT_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof r->id);
     r->created = (long)time_wall_s();
@@ -844,6 +857,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         // unsubmitted choices as done so the request is released once the aborts arrive.
         if (st == ATOMC_ERR_BUSY) s->metrics.rejected_busy_total++;
         if (st == ATOMC_ERR_BACKEND || st == ATOMC_ERR_INTERNAL) LOG_ERROR("engine rejected request: %s", err);
+        struct oai_error e;
         oai_error_set(&e, status_to_http(st), NULL, "%s", err[0] ? err : atomc_status_name(st));
         if (st == ATOMC_ERR_TOO_LONG) snprintf(e.code, sizeof e.code, "context_length_exceeded");
         server_send_error(s, req, &e);

@@ -131,6 +131,8 @@ static void on_wake(evutil_socket_t fd, short what, void *arg) {
     pthread_mutex_lock(&s->mu);
     struct srv_req *list = s->ready_head;
     s->ready_head = s->ready_tail = NULL;
+    struct srv_job *jobs = s->done_head;
+    s->done_head = s->done_tail = NULL;
     bool shutdown = s->shutdown_requested;
     pthread_mutex_unlock(&s->mu);
     adopt_engine(s);
@@ -140,6 +142,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg) {
         generate_process(r);
         srv_req_unref(r); // the ready list's reference
     }
+    server_jobs_finish(s, jobs);
     if (shutdown) begin_drain(s);
     maybe_finish_drain(s);
 }
@@ -304,31 +307,40 @@ static void body_of(struct evhttp_request *req, const char **p, size_t *len) {
     *p = *len ? (const char *)evbuffer_pullup(in, -1) : "";
 }
 
-static void handle_tokenize(struct server *s, struct evhttp_request *req, bool template_only) {
-    const char *body;
-    size_t len;
-    body_of(req, &body, &len);
+// The bodies of /tokenize, /apply-template and /detokenize, as pure functions of the request
+// body (any thread: they read only what does not change while serving). Each returns the HTTP
+// status and sets *out to the JSON response text (malloc'd), an error in OpenAI's shape or not.
+static int error_text(const struct oai_error *e, char **out) {
+    *out = oai_error_json(e);
+    return e->http_status;
+}
+
+static int json_text(json_t *o, char **out) {
+    *out = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    CHECK(*out);
+    return 200;
+}
+
+int server_tokenize_compute(struct server *s, const char *body, size_t len, bool template_only, char **out) {
     struct oai_tokenize_request t;
     struct oai_error e;
     if (oai_tokenize_parse(body, len, &t, &e) || !server_check_model(s, t.model, &e)) {
-        server_send_error(s, req, &e);
         oai_tokenize_free(&t);
-        return;
+        return error_text(&e, out);
     }
     if (template_only && !t.messages) {
         oai_error_set(&e, 400, "messages", "'messages' is required");
-        server_send_error(s, req, &e);
         oai_tokenize_free(&t);
-        return;
+        return error_text(&e, out);
     }
     char *text = NULL;
     size_t text_len = 0;
     if (t.messages) {
         if (generate_render_chat(s, t.messages, t.tools, t.add_generation_prompt, t.continue_final_message,
                                  t.chat_template_kwargs, &text, &e)) {
-            server_send_error(s, req, &e);
             oai_tokenize_free(&t);
-            return;
+            return error_text(&e, out);
         }
         text_len = strlen(text);
     } else {
@@ -336,13 +348,14 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req, bool t
         text_len = t.prompt_len;
         t.prompt = NULL;
     }
+    int code;
     if (template_only) {
         json_t *o = json_object();
         json_object_set_new(o, "prompt", json_stringn(text, text_len));
-        server_send_json(s, req, 200, o);
+        code = json_text(o, out);
         free(text);
         oai_tokenize_free(&t);
-        return;
+        return code;
     }
     int32_t *ids = NULL;
     int n = 0;
@@ -350,7 +363,7 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req, bool t
     error_clear(&err);
     if (s->eng.tokenize(s->eng.ctx, text, text_len, t.add_special_tokens, &ids, &n, &err) != ATOMC_OK) {
         oai_error_set(&e, 400, "prompt", "tokenization failed: %s", err.msg);
-        server_send_error(s, req, &e);
+        code = error_text(&e, out);
     } else {
         json_t *o = json_object(), *toks = json_array();
         for (int i = 0; i < n; i++) json_array_append_new(toks, json_integer(ids[i]));
@@ -369,40 +382,62 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req, bool t
         } else {
             json_object_set_new(o, "token_strs", json_null());
         }
-        server_send_json(s, req, 200, o);
+        code = json_text(o, out);
     }
     free(ids);
     free(text);
     oai_tokenize_free(&t);
+    return code;
+}
+
+int server_detokenize_compute(struct server *s, const char *body, size_t len, char **out) {
+    struct oai_detokenize_request d;
+    struct oai_error e;
+    if (oai_detokenize_parse(body, len, &s->limits, &d, &e) || !server_check_model(s, d.model, &e)) {
+        oai_detokenize_free(&d);
+        return error_text(&e, out);
+    }
+    char *text = NULL;
+    struct error err;
+    error_clear(&err);
+    int code;
+    if (s->eng.detokenize(s->eng.ctx, d.tokens, d.n_tokens, false, &text, &err) != ATOMC_OK) {
+        oai_error_set(&e, 400, "tokens", "detokenization failed: %s", err.msg);
+        code = error_text(&e, out);
+    } else {
+        size_t sl;
+        char *clean = oai_utf8_sanitize(text, strlen(text), &sl);
+        json_t *o = json_object();
+        json_object_set_new(o, "prompt", json_stringn(clean, sl));
+        code = json_text(o, out);
+        free(clean);
+    }
+    free(text);
+    oai_detokenize_free(&d);
+    return code;
+}
+
+void server_send_text(struct server *s, struct evhttp_request *req, int code, char *json) {
+    send_body(s, req, code, "application/json", json, strlen(json));
+    free(json);
+}
+
+static void handle_tokenize(struct server *s, struct evhttp_request *req, bool template_only) {
+    const char *body;
+    size_t len;
+    body_of(req, &body, &len);
+    char *out;
+    int code = server_tokenize_compute(s, body, len, template_only, &out);
+    server_send_text(s, req, code, out);
 }
 
 static void handle_detokenize(struct server *s, struct evhttp_request *req) {
     const char *body;
     size_t len;
     body_of(req, &body, &len);
-    struct oai_detokenize_request d;
-    struct oai_error e;
-    if (oai_detokenize_parse(body, len, &s->limits, &d, &e) || !server_check_model(s, d.model, &e)) {
-        server_send_error(s, req, &e);
-        oai_detokenize_free(&d);
-        return;
-    }
-    char *text = NULL;
-    struct error err;
-    error_clear(&err);
-    if (s->eng.detokenize(s->eng.ctx, d.tokens, d.n_tokens, false, &text, &err) != ATOMC_OK) {
-        oai_error_set(&e, 400, "tokens", "detokenization failed: %s", err.msg);
-        server_send_error(s, req, &e);
-    } else {
-        size_t sl;
-        char *clean = oai_utf8_sanitize(text, strlen(text), &sl);
-        json_t *o = json_object();
-        json_object_set_new(o, "prompt", json_stringn(clean, sl));
-        server_send_json(s, req, 200, o);
-        free(clean);
-    }
-    free(text);
-    oai_detokenize_free(&d);
+    char *out;
+    int code = server_detokenize_compute(s, body, len, &out);
+    server_send_text(s, req, code, out);
 }
 
 // GET /tokenizer_info (vLLM's): what a client needs to use the server as its tokenizer, e.g.
@@ -621,11 +656,22 @@ static void on_request(struct evhttp_request *req, void *arg) {
     }
     case RT_MODELS:
     case RT_MODEL: handle_models(s, req, path); break;
-    case RT_COMPLETIONS: generate_handle(s, req, OAI_ENDPOINT_COMPLETIONS); break;
-    case RT_CHAT: generate_handle(s, req, OAI_ENDPOINT_CHAT); break;
-    case RT_TOKENIZE: handle_tokenize(s, req, false); break;
-    case RT_APPLY_TEMPLATE: handle_tokenize(s, req, true); break;
-    case RT_DETOKENIZE: handle_detokenize(s, req); break;
+    // Large bodies are parsed, rendered and tokenized by a worker (server_work.c).
+    case RT_COMPLETIONS:
+        if (!server_offload(s, req, JOB_GENERATE, OAI_ENDPOINT_COMPLETIONS)) generate_handle(s, req, OAI_ENDPOINT_COMPLETIONS);
+        break;
+    case RT_CHAT:
+        if (!server_offload(s, req, JOB_GENERATE, OAI_ENDPOINT_CHAT)) generate_handle(s, req, OAI_ENDPOINT_CHAT);
+        break;
+    case RT_TOKENIZE:
+        if (!server_offload(s, req, JOB_TOKENIZE, OAI_ENDPOINT_COMPLETIONS)) handle_tokenize(s, req, false);
+        break;
+    case RT_APPLY_TEMPLATE:
+        if (!server_offload(s, req, JOB_TEMPLATE, OAI_ENDPOINT_COMPLETIONS)) handle_tokenize(s, req, true);
+        break;
+    case RT_DETOKENIZE:
+        if (!server_offload(s, req, JOB_DETOKENIZE, OAI_ENDPOINT_COMPLETIONS)) handle_detokenize(s, req);
+        break;
     case RT_TOKENIZER_INFO: handle_tokenizer_info(s, req); break;
     case RT_START_PROFILE:
     case RT_STOP_PROFILE: handle_profile(s, req, rt->id == RT_START_PROFILE); break;
@@ -639,7 +685,7 @@ static void on_force(evutil_socket_t fd, short what, void *arg);
 // The drain ends when no request is in flight and every final response has been written. A
 // response whose connection died mid-write never reports completion: a short timer bounds that.
 static void maybe_finish_drain(struct server *s) {
-    if (!s->draining || s->n_active > 0) return;
+    if (!s->draining || s->n_active > 0 || s->n_jobs > 0) return;
     if (s->n_writing <= 0) {
         event_base_loopbreak(s->base);
     } else if (!s->force_timer) {
@@ -745,6 +791,7 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
     }
     s->wake_ev = event_new(s->base, s->wake_fd, EV_READ | EV_PERSIST, on_wake, s);
     event_add(s->wake_ev, NULL);
+    server_workers_start(s);
     s->http = evhttp_new(s->base);
     if (!s->http) goto fail_msg;
     evhttp_set_max_body_size(s->http, (ev_ssize_t)o->max_body_bytes);
@@ -795,6 +842,7 @@ int server_port(const struct server *s) { return s->port; }
 
 int server_run(struct server *s) {
     event_base_dispatch(s->base);
+    server_workers_stop(s); // before the caller frees the engine the workers use
     return 0;
 }
 
@@ -802,6 +850,8 @@ void server_free(struct server *s) {
     if (!s) return;
     // The engine is gone by now (see server.h): close callbacks must not reach it.
     s->have_engine = false;
+    server_workers_stop(s); // (no-op after server_run)
+    server_workers_free(s);
     if (s->http) evhttp_free(s->http);
     s->http = NULL;
     // Outputs queued by the engine (it has been stopped by now) are applied and dropped.

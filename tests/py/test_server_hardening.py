@@ -264,3 +264,62 @@ def test_bytes_missing_from_the_byte_level_vocabulary_are_dropped_as_hf(plain_sr
     assert st == 200 and st2 == 200 and got["tokens"] == ref["tokens"], (ref, got)
     st, r = plain_srv.json("POST", "/v1/completions", {"prompt": "Hi \x13\x14 there", "max_tokens": 2})
     assert st == 200, r
+
+
+def test_large_bodies_are_handled_off_the_event_loop(plain_srv):
+    """Issue 28 item 2: a ~31 MB /tokenize body is parsed and tokenized by a worker thread, so a
+    concurrent stream keeps flowing (before: one gap of ~6-7 s on the test machine, the whole
+    tokenization); offloaded requests give the same answers as small ones; a client leaving while
+    its body is worked on is no problem."""
+    import http.client
+    import threading
+
+    port = plain_srv.port
+    ts = []
+
+    def stream():
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        c.request("POST", "/v1/completions", json.dumps({"prompt": "Once upon a time", "max_tokens": 200,
+                                                         "ignore_eos": True, "stream": True, "temperature": 0}),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        while True:
+            line = r.fp.readline()
+            if not line:
+                break
+            if line.startswith(b"data: "):
+                ts.append(time.monotonic())
+
+    th = threading.Thread(target=stream)
+    th.start()
+    time.sleep(1.0)
+    t_big = time.monotonic()
+    st, body = plain_srv.json("POST", "/tokenize", {"prompt": "hello world " * 2_600_000, "add_special_tokens": False},
+                              timeout=120)
+    t_big_end = time.monotonic()
+    th.join()
+    assert st == 200 and body["count"] in (5_200_000, 5_200_001), (st, body.get("count") if isinstance(body, dict) else body)
+    during = [b - a for a, b in zip(ts, ts[1:]) if a >= t_big and b <= t_big_end + 0.5]
+    assert during, "the stream ended before the big request was handled"
+    assert max(during) < 1.0, f"largest gap during the 31 MB /tokenize: {max(during):.2f} s"
+
+    # Same answers as the small-body path.
+    st, small = plain_srv.json("POST", "/tokenize", {"prompt": "hello world " * 3, "add_special_tokens": False})
+    assert body["tokens"][:5] == small["tokens"][:5], (body["tokens"][:6], small["tokens"])
+    pad = "x" * 400_000  # an ignored field makes the body large enough to go to a worker
+    st, r = plain_srv.json("POST", "/v1/completions", {"prompt": "The sea", "max_tokens": 4, "temperature": 0,
+                                                       "user": pad})
+    st2, r2 = plain_srv.json("POST", "/v1/completions", {"prompt": "The sea", "max_tokens": 4, "temperature": 0})
+    assert st == 200 and st2 == 200 and r["choices"][0]["text"] == r2["choices"][0]["text"], (r, r2)
+    st, bad = plain_srv.json("POST", "/v1/chat/completions", {"messages": [], "user": pad})
+    assert st == 400 and bad["error"]["param"] == "messages", bad
+
+    # A client that sends a big body and leaves at once.
+    payload = json.dumps({"prompt": "hello world " * 500_000}).encode()
+    for _ in range(3):
+        c = socket.create_connection(("127.0.0.1", port), timeout=30)
+        c.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        c.close()
+    time.sleep(1.0)
+    assert plain_srv.request("GET", "/health")[0] == 200
