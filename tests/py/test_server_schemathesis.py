@@ -6,6 +6,13 @@ Bounded for CI by a time budget (ATOMC_SCHEMATHESIS_SECONDS, default 150) and a 
 generations stay short; a response may take up to 120 s (a chat request without max_tokens
 generates up to the context on a CPU shared with the fuzzer).
 
+negative_data_rejection (a schema-violating request must be refused) is left out: the schema
+cannot state constraints between fields (min_tokens <= max_tokens, continue_final_message needing
+add_generation_prompt false and a final assistant message, best_of == n), so it cannot say exactly
+which requests the server refuses; with it, the only findings left were these. Everything else it
+found (null where the server takes it as absent, maxItems, float bounds, the types of ignored fields,
+tools items) is fixed in the schema or the server.
+
 NUL is not generated (--generation-allow-x00 false): JSON text may carry \u0000, but the server
 refuses it in strings (400 naming the field) and jansson cannot represent it in object keys, which
 the schema of free-form objects (chat_template_kwargs, message extras) cannot express in OpenAPI
@@ -46,7 +53,8 @@ def test_schemathesis_finds_no_server_errors(tmp_path):
         cfg.write_text('[phases.coverage]\nunexpected-methods = ["GET", "PUT", "POST", "DELETE", "OPTIONS", '
                        '"PATCH", "TRACE"]\n')
         r = subprocess.run(cmd + ["--config-file", str(cfg), "run", f"{s.base}/openapi.json",
-                                  "--checks", "all", "--max-response-time", "120", "--generation-allow-x00", "false",
+                                  "--checks", "all", "--exclude-checks", "negative_data_rejection",
+                                  "--max-response-time", "120", "--generation-allow-x00", "false",
                                   "--max-time", seconds,
                                   "--request-timeout", "120", "--workers", "1", "--seed", "1", "--no-color",
                                   "--generation-database", "none", "--suppress-health-check", "all",
