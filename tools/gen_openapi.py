@@ -32,9 +32,11 @@ stop = {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 64},
 sampling = {
     "model": {"type": "string", "nullable": True, "description": "a served model name; omitted = the default"},
     "stream": {"type": "boolean", "nullable": True},
+    # true needs stream=true (a constraint between fields): only false is declared.
     "stream_options": {"type": "object", "nullable": True, "additionalProperties": False,
-                       "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}},
-                       "description": "only with stream=true"},
+                       "properties": {"include_usage": {"type": "boolean", "enum": [False, None], "nullable": True},
+                                      "continuous_usage_stats": {"type": "boolean", "enum": [False, None], "nullable": True}},
+                       "description": "include_usage / continuous_usage_stats true only with stream=true"},
     "max_tokens": {"type": "integer", "minimum": 1, "maximum": 32, "nullable": True,
                    "description": "prompt + max_tokens must fit in max_model_len (400 otherwise)"},
     # Float parameters: the server's exact bounds, which are 32-bit float limits (FLT_MAX, and
@@ -64,8 +66,10 @@ sampling = {
 completion_req = {
     "type": "object", "required": ["prompt"], "additionalProperties": False,
     "properties": {
-        "prompt": {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 200},
-                             {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 200}, "minItems": 1, "maxItems": 4},
+        # String sizes keep every schema-valid request within a 256-token context (a character can
+        # take 4 byte-level tokens, plus 32 generated): the server refuses longer ones with 400.
+        "prompt": {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 40},
+                             {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 40}, "minItems": 1, "maxItems": 4},
                              token_ids,
                              {"type": "array", "items": token_ids, "minItems": 1, "maxItems": 4}]},
         "echo": {"type": "boolean", "nullable": True},
@@ -80,10 +84,10 @@ message = {
     "type": "object", "required": ["role", "content"],
     "properties": {
         "role": {"type": "string", "enum": ["system", "user", "assistant", "tool", "developer"]},
-        "content": {"oneOf": [{"type": "string", "maxLength": 200},
+        "content": {"oneOf": [{"type": "string", "maxLength": 8},
                               {"type": "array", "maxItems": 4, "items": {
                                   "type": "object", "required": ["type", "text"], "additionalProperties": False,
-                                  "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string", "maxLength": 100}}}}]},
+                                  "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string", "maxLength": 2}}}}]},
         "name": {"type": "string"},
     },
     "additionalProperties": ref("JsonValue"),
@@ -91,7 +95,7 @@ message = {
 chat_req = {
     "type": "object", "required": ["messages"], "additionalProperties": False,
     "properties": {
-        "messages": {"type": "array", "items": ref("ChatMessage"), "minItems": 1, "maxItems": 8},
+        "messages": {"type": "array", "items": ref("ChatMessage"), "minItems": 1, "maxItems": 4},
         "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 32, "nullable": True},
         "logprobs": {"type": "boolean", "nullable": True},
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20, "nullable": True,

@@ -23,9 +23,9 @@
 #include <event2/listener.h>
 #include <event2/util.h>
 #include <fcntl.h>
+#include <linux/tcp.h> // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
 #include <netdb.h>
 #include <netinet/in.h>
-#include <linux/tcp.h> // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -66,8 +66,10 @@ void server_log_limited(struct server_log_limit *l, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (l->count > 1) LOG_WARN("%s (%llu times since the last report)", msg, (unsigned long long)l->count);
-    else LOG_WARN("%s", msg);
+    if (l->count > 1)
+        LOG_WARN("%s (%llu times since the last report)", msg, (unsigned long long)l->count);
+    else
+        LOG_WARN("%s", msg);
     l->count = 0;
     l->t_last = now;
 }
@@ -98,10 +100,14 @@ static bool conn_has_new_data(struct srv_conn *c) {
 }
 
 static void conn_unlink(struct server *s, struct srv_conn *c) {
-    if (c->prev) c->prev->next = c->next;
-    else s->conns = c->next;
-    if (c->next) c->next->prev = c->prev;
-    else s->conns_tail = c->prev;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        s->conns_tail = c->prev;
     c->prev = c->next = NULL;
     s->n_conns--;
     s->metrics.connections_open = (uint64_t)s->n_conns;
@@ -175,7 +181,8 @@ static void register_conn(struct server *s, struct bufferevent *bev) {
     if (!evcon || evhttp_connection_get_bufferevent(evcon) != bev || fd < 0) return; // not evhttp's: untracked
     if (fd >= s->conn_by_fd_cap) {
         int cap = s->conn_by_fd_cap ? s->conn_by_fd_cap : 256;
-        while (cap <= fd) cap *= 2;
+        while (cap <= fd)
+            cap *= 2;
         s->conn_by_fd = xrealloc(s->conn_by_fd, (size_t)cap * sizeof *s->conn_by_fd);
         memset(s->conn_by_fd + s->conn_by_fd_cap, 0, (size_t)(cap - s->conn_by_fd_cap) * sizeof *s->conn_by_fd);
         s->conn_by_fd_cap = cap;
@@ -185,8 +192,10 @@ static void register_conn(struct server *s, struct bufferevent *bev) {
     c->evcon = evcon;
     c->fd = fd;
     c->prev = s->conns_tail;
-    if (s->conns_tail) s->conns_tail->next = c;
-    else s->conns = c;
+    if (s->conns_tail)
+        s->conns_tail->next = c;
+    else
+        s->conns = c;
     s->conns_tail = c;
     s->n_conns++;
     s->metrics.connections_open = (uint64_t)s->n_conns;
@@ -207,7 +216,8 @@ static void register_conn(struct server *s, struct bufferevent *bev) {
 static void on_pending(evutil_socket_t fd, short what, void *arg) {
     struct server *s = arg;
     // register_conn may close connections, which never adds to the pending list.
-    for (int i = 0; i < s->n_pending; i++) register_conn(s, s->pending[i]);
+    for (int i = 0; i < s->n_pending; i++)
+        register_conn(s, s->pending[i]);
     s->n_pending = 0;
 }
 
@@ -303,8 +313,7 @@ static void on_accept_error(struct evconnlistener *lev, void *http) {
 
 int server_default_max_connections(void) {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1u << 20))
-        return 1 << 16;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1u << 20)) return 1 << 16;
     long n = (long)rl.rlim_cur;
     long headroom = n / 8 > 64 ? n / 8 : 64; // model files, engine, log, listener, the reserve
     return n - headroom >= 16 ? (int)(n - headroom) : 16;
@@ -312,7 +321,8 @@ int server_default_max_connections(void) {
 
 atomc_status server_conn_listen(struct server *s, struct error *err) {
     if (!(s->opt.timeout_keep_alive_s > 0) || !(s->opt.request_read_timeout_s > 0))
-        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "--timeout-keep-alive and --timeout-request-read must be > 0");
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "--timeout-keep-alive and --timeout-request-read must be > 0");
     s->max_connections = s->opt.max_connections > 0 ? s->opt.max_connections : server_default_max_connections();
     s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->pending_ev = event_new(s->base, -1, 0, on_pending, s);
@@ -336,12 +346,13 @@ atomc_status server_conn_listen(struct server *s, struct error *err) {
     if (gai != 0 || !ai)
         return error_set(err, ATOMC_ERR_IO, "cannot listen on %s:%d: %s", s->host, s->opt.port,
                          evutil_gai_strerror(gai));
-    s->listener = evconnlistener_new_bind(s->base, NULL, NULL,
-                                          LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, 1024,
-                                          ai->ai_addr, (int)ai->ai_addrlen);
+    s->listener =
+        evconnlistener_new_bind(s->base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
+                                1024, ai->ai_addr, (int)ai->ai_addrlen);
     int e = errno;
     evutil_freeaddrinfo(ai);
-    if (!s->listener) return error_set(err, ATOMC_ERR_IO, "cannot listen on %s:%d: %s", s->host, s->opt.port, strerror(e));
+    if (!s->listener)
+        return error_set(err, ATOMC_ERR_IO, "cannot listen on %s:%d: %s", s->host, s->opt.port, strerror(e));
     evconnlistener_set_error_cb(s->listener, on_accept_error);
     s->bound = evhttp_bind_listener(s->http, s->listener);
     if (!s->bound) {

@@ -25,13 +25,13 @@ struct srv_job {
     struct server *srv;
     enum srv_job_kind kind;
     enum oai_endpoint ep;
-    struct evhttp_request *req;   // NULL once the client left
+    struct evhttp_request *req; // NULL once the client left
     struct evhttp_connection *conn;
-    struct evbuffer *body;        // moved out of the request
+    struct evbuffer *body; // moved out of the request
     bool gone;
-    struct srv_req *r;            // JOB_GENERATE: the prepared request, or NULL with e
+    struct srv_req *r; // JOB_GENERATE: the prepared request, or NULL with e
     struct oai_error e;
-    int code;                     // the others: status and response text
+    int code; // the others: status and response text
     char *out;
     struct srv_job *next;
 };
@@ -40,7 +40,8 @@ static void *worker_main(void *arg) {
     struct server *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->work_mu);
-        while (!s->work_stop && !s->job_head) pthread_cond_wait(&s->work_cv, &s->work_mu);
+        while (!s->work_stop && !s->job_head)
+            pthread_cond_wait(&s->work_cv, &s->work_mu);
         struct srv_job *j = s->job_head;
         if (j) {
             s->job_head = j->next;
@@ -51,18 +52,28 @@ static void *worker_main(void *arg) {
         size_t len = evbuffer_get_length(j->body);
         const char *body = len ? (const char *)evbuffer_pullup(j->body, -1) : "";
         switch (j->kind) {
-        case JOB_GENERATE: j->r = generate_prepare(s, j->ep, body, len, &j->e); break;
-        case JOB_TOKENIZE: j->code = server_tokenize_compute(s, body, len, false, &j->out); break;
-        case JOB_TEMPLATE: j->code = server_tokenize_compute(s, body, len, true, &j->out); break;
-        case JOB_DETOKENIZE: j->code = server_detokenize_compute(s, body, len, &j->out); break;
+        case JOB_GENERATE:
+            j->r = generate_prepare(s, j->ep, body, len, &j->e);
+            break;
+        case JOB_TOKENIZE:
+            j->code = server_tokenize_compute(s, body, len, false, &j->out);
+            break;
+        case JOB_TEMPLATE:
+            j->code = server_tokenize_compute(s, body, len, true, &j->out);
+            break;
+        case JOB_DETOKENIZE:
+            j->code = server_detokenize_compute(s, body, len, &j->out);
+            break;
         }
         evbuffer_free(j->body);
         j->body = NULL;
         pthread_mutex_lock(&s->mu);
         bool was_empty = s->done_head == NULL && s->ready_head == NULL;
         j->next = NULL;
-        if (s->done_tail) s->done_tail->next = j;
-        else s->done_head = j;
+        if (s->done_tail)
+            s->done_tail->next = j;
+        else
+            s->done_head = j;
         s->done_tail = j;
         pthread_mutex_unlock(&s->mu);
         if (was_empty) {
@@ -95,8 +106,10 @@ bool server_offload(struct server *s, struct evhttp_request *req, enum srv_job_k
     if (j->conn) server_conn_set_closecb(s, j->conn, on_job_conn_close, j);
     s->n_jobs++;
     pthread_mutex_lock(&s->work_mu);
-    if (s->job_tail) s->job_tail->next = j;
-    else s->job_head = j;
+    if (s->job_tail)
+        s->job_tail->next = j;
+    else
+        s->job_head = j;
     s->job_tail = j;
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->work_mu);
@@ -111,8 +124,10 @@ void server_jobs_finish(struct server *s, struct srv_job *list) {
         if (!j->gone) {
             if (j->conn) server_conn_set_closecb(s, j->conn, NULL, NULL);
             if (j->kind == JOB_GENERATE) {
-                if (j->r) generate_submit(s, j->req, j->ep, j->r);
-                else server_send_error(s, j->req, &j->e);
+                if (j->r)
+                    generate_submit(s, j->req, j->ep, j->r);
+                else
+                    server_send_error(s, j->req, &j->e);
                 j->r = NULL;
             } else {
                 server_send_text(s, j->req, j->code, j->out);
@@ -145,7 +160,8 @@ void server_workers_stop(struct server *s) {
     s->work_stop = true;
     pthread_cond_broadcast(&s->work_cv);
     pthread_mutex_unlock(&s->work_mu);
-    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+    for (int i = 0; i < s->n_workers; i++)
+        pthread_join(s->workers[i], NULL);
     s->n_workers = 0;
     // Jobs queued but never started (only when the loop was stopped at once) and results not
     // applied yet: the clients are answered when evhttp frees their connections; drop the work.
@@ -153,8 +169,10 @@ void server_workers_stop(struct server *s) {
         n = j->next;
         j->next = NULL;
         pthread_mutex_lock(&s->mu);
-        if (s->done_tail) s->done_tail->next = j;
-        else s->done_head = j;
+        if (s->done_tail)
+            s->done_tail->next = j;
+        else
+            s->done_head = j;
         s->done_tail = j;
         pthread_mutex_unlock(&s->mu);
     }
