@@ -442,20 +442,38 @@ TEST(engine_resolve_limits_defaults) {
     ASSERT_EQ(tokens, 20000);
 }
 
+// max_waiting counts the requests beyond the free running slots (issue 28 item 7: with 16 slots
+// and max_waiting 8, 100 simultaneous requests must admit 24, not 8).
 TEST(engine_max_waiting_gives_busy) {
     atomc_engine_options o;
     atomc_engine_options_init(&o);
     o.block_size = 4;
-    o.max_waiting = 2;
+    o.max_num_seqs = 16;
+    o.max_waiting = 8;
+    atomc_engine *e0;
+    struct fake_model *m0;
+    struct error er;
+    ASSERT_OK(fake_engine_create(&o, VOCAB, 256, 256, false, &e0, &m0, &er));
+    int32_t p[4] = {1, 2, 3, 4};
+    static struct collect many[100];
+    memset(many, 0, sizeof many);
+    int admitted = 0;
+    for (int i = 0; i < 100; i++) admitted += add(e0, p, 4, 2, &many[i], NULL) == ATOMC_OK;
+    ASSERT_EQ(admitted, 24);
+    run_all(e0);
+    atomc_engine_free(e0);
+
+    o.max_num_seqs = 2;
+    o.max_waiting = 1;
     atomc_engine *e;
     struct fake_model *m;
-    struct error er;
     ASSERT_OK(fake_engine_create(&o, VOCAB, 64, 256, false, &e, &m, &er));
-    int32_t p[4] = {1, 2, 3, 4};
     struct collect c[3];
     memset(c, 0, sizeof c);
     ASSERT_OK(add(e, p, 4, 2, &c[0], NULL));
     ASSERT_OK(add(e, p, 4, 2, &c[1], NULL));
+    struct collect extra = {0};
+    ASSERT_OK(add(e, p, 4, 2, &extra, NULL)); // two slots + one waiting
     ASSERT_EQ(add(e, p, 4, 2, &c[2], NULL), ATOMC_ERR_BUSY);
     run_all(e);
     ASSERT_OK(add(e, p, 4, 2, &c[2], NULL));

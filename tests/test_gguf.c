@@ -425,6 +425,23 @@ TEST(corrupt_tensor_infos) {
     tinfo(&b, "w", 32, 1, GGML_TYPE_F32, 128);
     pad_to(&b, 32, 256);
     if (!expect(&b, ATOMC_ERR_FORMAT, "duplicate tensor name 'w'")) return;
+    // Overlapping data ranges (issue 28 item 9): [0, 256) and [128, 384).
+    header(&b, 3, 2, 0);
+    tinfo(&b, "a", 32, 2, GGML_TYPE_F32, 0);
+    tinfo(&b, "b", 32, 2, GGML_TYPE_F32, 128);
+    pad_to(&b, 32, 384);
+    if (!expect(&b, ATOMC_ERR_FORMAT, "tensors 'a' [0, 256) and 'b' [128, 384) overlap")) return;
+    // Adjacent ranges are fine.
+    header(&b, 3, 2, 0);
+    tinfo(&b, "a", 32, 2, GGML_TYPE_F32, 0);
+    tinfo(&b, "b", 32, 2, GGML_TYPE_F32, 256);
+    pad_to(&b, 32, 512);
+    {
+        struct error e = {0};
+        struct gguf_file *g;
+        ASSERT_OK(gguf_open_memory(&g, b.d, b.n, "adjacent.gguf", &e));
+        gguf_close(g);
+    }
     // Unknown GGML type: listed (size unknown), refused by name on access.
     header(&b, 3, 1, 0);
     tinfo(&b, "odd", 32, 1, 999, 0);
@@ -443,7 +460,7 @@ TEST(corrupt_tensor_infos) {
 TEST(many_tensors_and_keys_parse_in_n_log_n) {
     // 200k tensor infos and 200k keys: quadratic duplicate checks would take minutes.
     enum { N = 200000 };
-    size_t cap = (size_t)N * 64 + 4096, n = 0;
+    size_t cap = (size_t)N * 64 + 4096 + (size_t)N * 32, n = 0;
     unsigned char *b = malloc(cap);
 #define PUT(p, len) (memcpy(b + n, (p), (len)), n += (len))
     uint32_t u32;
@@ -467,12 +484,12 @@ TEST(many_tensors_and_keys_parse_in_n_log_n) {
         u32 = 1, PUT(&u32, 4);
         u64 = 8, PUT(&u64, 8);
         u32 = GGML_TYPE_F32, PUT(&u32, 4);
-        u64 = 0, PUT(&u64, 8);
+        u64 = (uint64_t)i * 32, PUT(&u64, 8); // each its own 32 bytes (overlaps are refused)
     }
 #undef PUT
     while (n % 32) b[n++] = 0;
-    memset(b + n, 0, 32);
-    n += 32;
+    memset(b + n, 0, (size_t)N * 32);
+    n += (size_t)N * 32;
     struct error e = {0};
     struct gguf_file *g;
     ASSERT_OK(gguf_open_memory(&g, b, n, "many.gguf", &e));

@@ -799,3 +799,105 @@ TEST(chat_tool_calls_llama3_json) {
 int main(int argc, char **argv) {
     return test_main(argc, argv);
 }
+
+// Sends raw bytes on a fresh connection and reads until the server closes (bounded by the
+// socket timeout set in connect_to): everything the server wrote, NUL-terminated.
+static char *raw_exchange(int port, const char *bytes, size_t n) {
+    int fd = connect_to(port);
+    send_all(fd, bytes, n);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 4096 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t r = recv(fd, buf + len, cap - len - 1, 0);
+        if (r <= 0) break;
+        len += (size_t)r;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+// Status lines in a byte stream: "HTTP/1.x " at the start or after a newline.
+static int count_responses(const char *out) {
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, "HTTP/1.")); p++)
+        if (p == out || p[-1] == '\n') n++;
+    return n;
+}
+
+// One raw request must get exactly one response with `status`, an OpenAI-style JSON error body
+// whose message contains `part`, and the connection closed (nothing smuggled behind it answered).
+static bool rejected_with(int port, const char *raw, int status, const char *part) {
+    char *out = raw_exchange(port, raw, strlen(raw));
+    int st = 0;
+    sscanf(out, "HTTP/1.%*d %d", &st);
+    char *body = strstr(out, "\r\n\r\n");
+    json_t *j = body ? json_loads(body + 4, 0, NULL) : NULL;
+    const char *msg = j ? error_message(j) : NULL;
+    bool ok = st == status && msg && (!part || strstr(msg, part)) && count_responses(out) == 1 &&
+              strcasestr(out, "Content-Type: application/json");
+    if (!ok) fprintf(stderr, "  request %.60s... -> %s\n", raw, out);
+    json_decref(j);
+    free(out);
+    return ok;
+}
+
+TEST(strict_http_framing_is_enforced) {
+    struct harness h;
+    harness_start(&h, NULL, 1000, 64);
+    harness_attach(&h);
+    const char *smuggle = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    char raw[1024];
+    // Two different lengths: evhttp would read by the first and take the rest as a next request.
+    snprintf(raw, sizeof raw,
+             "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\nContent-Length: %zu\r\n\r\n{\"prompt\":\"a\"}%s",
+             15 + strlen(smuggle), smuggle);
+    ASSERT_TRUE(rejected_with(h.port, raw, 400, "Content-Length"));
+    // Duplicates, even equal, are refused (RFC 9112 6.3 allows refusing; a proxy may differ).
+    ASSERT_TRUE(rejected_with(h.port,
+                              "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\nContent-Length: 14\r\n\r\n"
+                              "{\"prompt\":\"a\"}",
+                              400, "Content-Length"));
+    // Content-Length with Transfer-Encoding: evhttp 2.1 refuses these itself (in HTML, before the
+    // router sees them: no hook for its error bodies); the request must not be served either way.
+    const char *codings[] = {"chunked", "identity"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(raw, sizeof raw,
+                 "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: %s\r\n\r\n"
+                 "e\r\n{\"prompt\":\"a\"}\r\n0\r\n\r\n%s",
+                 codings[i], smuggle);
+        char *out = raw_exchange(h.port, raw, strlen(raw));
+        bool refused = strncmp(out, "HTTP/1.1 400", 12) == 0 && count_responses(out) == 1;
+        if (!refused) fprintf(stderr, "  CL + TE %s -> %s\n", codings[i], out);
+        free(out);
+        ASSERT_TRUE(refused);
+    }
+    // A transfer coding other than chunked.
+    ASSERT_TRUE(rejected_with(h.port,
+                              "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                              "e\r\n{\"prompt\":\"a\"}\r\n0\r\n\r\n",
+                              501, "Transfer-Encoding"));
+    // Whitespace between a field name and its colon; control characters in a value.
+    ASSERT_TRUE(rejected_with(h.port, "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length : 0\r\n\r\n", 400, "header"));
+    ASSERT_TRUE(rejected_with(h.port, "GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x01" "b\r\n\r\n", 400, "header"));
+    // HTTP/1.1 without Host.
+    ASSERT_TRUE(rejected_with(h.port, "GET /health HTTP/1.1\r\n\r\n", 400, "Host"));
+    // A body with a method whose body evhttp does not read: answered, then the connection closed
+    // (the body is not taken for a next request).
+    const char *trace = "TRACE /detokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 29\r\n\r\n"
+                        "PUT /x HTTP/1.1\r\nHost: x\r\n\r\n"; // 29 bytes
+    char *tr = raw_exchange(h.port, trace, strlen(trace));
+    ASSERT_TRUE(strncmp(tr, "HTTP/1.1 405", 12) == 0 && count_responses(tr) == 1);
+    free(tr);
+    // Still fine: one length, chunked alone, HTTP/1.0 without Host.
+    char *ok = raw_exchange(h.port, "GET /health HTTP/1.0\r\n\r\n", strlen("GET /health HTTP/1.0\r\n\r\n"));
+    ASSERT_TRUE(strncmp(ok, "HTTP/1.1 200", 12) == 0 || strncmp(ok, "HTTP/1.0 200", 12) == 0);
+    free(ok);
+    const char *chunked = "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          "e\r\n{\"prompt\":\"a\"}\r\n0\r\n\r\n";
+    ok = raw_exchange(h.port, chunked, strlen(chunked));
+    ASSERT_TRUE(strncmp(ok, "HTTP/1.1 200", 12) == 0);
+    free(ok);
+    harness_stop(&h);
+}

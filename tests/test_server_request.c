@@ -1,6 +1,7 @@
 // OpenAI request validation (src/server/openai_request.c), response shapes
 // (openai_response.c) and Prometheus rendering (metrics.c): pure functions, no sockets.
 #include <jansson.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "server/metrics.h"
@@ -182,6 +183,50 @@ TEST(ranges_types_and_unknown_fields) {
     deep[o] = '\0';
     ASSERT_TRUE(rejects(C, deep, NULL, NULL));
     free(deep);
+}
+
+// Numeric sampling parameters are checked against the engine's float (issue 28 item 4): a double
+// that is finite but overflows a float, or a positive one that rounds to 0, is refused naming the
+// parameter; the bounds are exact (as /openapi.json states them), so the float is in range too.
+static int accepts_float(const char *body, size_t off, float want) {
+    struct oai_request r;
+    struct oai_error e;
+    memset(&e, 0, sizeof e);
+    int rc = parse(OAI_ENDPOINT_COMPLETIONS, body, &r, &e);
+    float got = rc == 0 ? *(const float *)((const char *)&r.params + off) : NAN;
+    oai_request_free(&r);
+    if (rc != 0 || got != want) {
+        fprintf(stderr, "  %s -> rc %d (%s) value %g, want %g\n", body, rc, e.message, got, want);
+        return 0;
+    }
+    return 1;
+}
+
+TEST(sampling_params_checked_as_float) {
+    const enum oai_endpoint C = OAI_ENDPOINT_COMPLETIONS;
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"temperature\":1e308}", "temperature", "temperature"));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"temperature\":3.5e38}", "temperature", NULL));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"top_p\":5e-324}", "top_p", "top_p"));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"top_p\":1e-46}", "top_p", NULL));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"presence_penalty\":1e300}", "presence_penalty", NULL));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"frequency_penalty\":-1e300}", "frequency_penalty", NULL));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"min_p\":1e300}", "min_p", NULL));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"repetition_penalty\":1e-300}", "repetition_penalty", NULL));
+    // The engine accepts repetition_penalty in (0, 2]; the parser must not let more through
+    // (the engine's own refusal would carry no param).
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"repetition_penalty\":50}", "repetition_penalty", "2"));
+    // Values that round into range are taken as rounded.
+    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"temperature\":1e-300}", offsetof(atomc_sampling_params, temperature), 0.0f));
+    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"temperature\":1e30}", offsetof(atomc_sampling_params, temperature), 1e30f));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"top_p\":1.00000001}", "top_p", NULL)); // stated bounds are exact
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"top_p\":1.4e-45}", "top_p", "1.4e-45"));
+    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"top_p\":1.401298464324817e-45}", offsetof(atomc_sampling_params, top_p), 1e-45f));
+    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"temperature\":3.4028234663852886e38}", offsetof(atomc_sampling_params, temperature), 3.4028234663852886e38f));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"temperature\":3.4028235e38}", "temperature", "largest"));
+    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"top_p\":1e-40}", offsetof(atomc_sampling_params, top_p), 1e-40f));
+    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"min_p\":1e-50}", offsetof(atomc_sampling_params, min_p), 0.0f));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"presence_penalty\":2.00000001}", "presence_penalty", NULL));
+    ASSERT_TRUE(accepts_float("{\"prompt\":\"x\",\"repetition_penalty\":2}", offsetof(atomc_sampling_params, repetition_penalty), 2.0f));
 }
 
 TEST(chat_fields) {

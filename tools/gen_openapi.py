@@ -9,6 +9,18 @@ import json
 
 def ref(n): return {"$ref": f"#/components/schemas/{n}"}
 
+FLT_MAX = 3.4028234663852886e38
+FLT_TRUE_MIN = 1.401298464324817e-45
+# Free-form JSON (chat_template_kwargs, tools, extra message keys): any value jansson can hold, so
+# integers within int64 and numbers within double range.
+json_value = {"nullable": True, "anyOf": [
+    {"type": "string"}, {"type": "boolean"},
+    {"type": "integer", "minimum": -9223372036854775808, "maximum": 9223372036854775807},
+    {"type": "number"},
+    {"type": "array", "items": ref("JsonValue")},
+    {"type": "object", "additionalProperties": ref("JsonValue")}]}
+free_object = {"type": "object", "additionalProperties": ref("JsonValue")}
+
 ERR = {"description": "error", "content": {"application/json": {"schema": ref("ErrorResponse")}}}
 def errs(*codes):
     return {str(c): ERR for c in codes}
@@ -20,13 +32,17 @@ stop = {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 64},
 sampling = {
     "model": {"type": "string", "nullable": True, "description": "a served model name; omitted = the default"},
     "stream": {"type": "boolean", "nullable": True},
+    # true needs stream=true (a constraint between fields): only false is declared.
     "stream_options": {"type": "object", "nullable": True, "additionalProperties": False,
-                       "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}},
-                       "description": "only with stream=true"},
+                       "properties": {"include_usage": {"type": "boolean", "enum": [False, None], "nullable": True},
+                                      "continuous_usage_stats": {"type": "boolean", "enum": [False, None], "nullable": True}},
+                       "description": "include_usage / continuous_usage_stats true only with stream=true"},
     "max_tokens": {"type": "integer", "minimum": 1, "maximum": 32, "nullable": True,
                    "description": "prompt + max_tokens must fit in max_model_len (400 otherwise)"},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2, "nullable": True},
-    "top_p": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1, "nullable": True},
+    # Float parameters: the server's exact bounds, which are 32-bit float limits (FLT_MAX, and
+    # FLT_TRUE_MIN where 0 itself is excluded).
+    "temperature": {"type": "number", "minimum": 0, "maximum": FLT_MAX, "nullable": True},
+    "top_p": {"type": "number", "minimum": FLT_TRUE_MIN, "maximum": 1, "nullable": True},
     "top_k": {"type": "integer", "minimum": -1, "maximum": 1000, "nullable": True},
     "min_p": {"type": "number", "minimum": 0, "maximum": 1, "nullable": True},
     "seed": {"type": "integer", "nullable": True},
@@ -35,7 +51,7 @@ sampling = {
     "n": {"type": "integer", "minimum": 1, "maximum": 4, "nullable": True},
     "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2, "nullable": True},
     "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2, "nullable": True},
-    "repetition_penalty": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 2, "nullable": True},
+    "repetition_penalty": {"type": "number", "minimum": FLT_TRUE_MIN, "maximum": 2, "nullable": True},
     "ignore_eos": {"type": "boolean", "nullable": True},
     "min_tokens": {"type": "integer", "minimum": 0, "maximum": 0, "nullable": True,
                    "description": "must not exceed max_tokens"},
@@ -44,18 +60,22 @@ sampling = {
     "return_tokens_as_token_ids": {"type": "boolean", "nullable": True},
     "add_special_tokens": {"type": "boolean", "nullable": True},
     "user": {"type": "string", "nullable": True, "description": "accepted and ignored"},
+    "service_tier": {"type": "string", "nullable": True, "description": "accepted and ignored"},
 }
 
 completion_req = {
     "type": "object", "required": ["prompt"], "additionalProperties": False,
     "properties": {
-        "prompt": {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 200},
-                             {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 200}, "minItems": 1, "maxItems": 4},
+        # String sizes keep every schema-valid request within a 256-token context (a character can
+        # take 4 byte-level tokens, plus 32 generated): the server refuses longer ones with 400.
+        "prompt": {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 40},
+                             {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 40}, "minItems": 1, "maxItems": 4},
                              token_ids,
                              {"type": "array", "items": token_ids, "minItems": 1, "maxItems": 4}]},
         "echo": {"type": "boolean", "nullable": True},
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20, "nullable": True},
-        "best_of": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 1, "description": "must equal n"},
+        # best_of is accepted when it equals n, a constraint between fields OpenAPI 3.0 cannot
+        # state, so it is left out of the schema (see tests/py/test_server_schemathesis.py).
         "suffix": {"type": "string", "maxLength": 0, "nullable": True, "description": "only empty"},
         **sampling,
     },
@@ -64,29 +84,36 @@ message = {
     "type": "object", "required": ["role", "content"],
     "properties": {
         "role": {"type": "string", "enum": ["system", "user", "assistant", "tool", "developer"]},
-        "content": {"oneOf": [{"type": "string", "maxLength": 200},
+        "content": {"oneOf": [{"type": "string", "maxLength": 8},
                               {"type": "array", "maxItems": 4, "items": {
                                   "type": "object", "required": ["type", "text"], "additionalProperties": False,
-                                  "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string", "maxLength": 100}}}}]},
+                                  "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string", "maxLength": 2}}}}]},
         "name": {"type": "string"},
     },
+    "additionalProperties": ref("JsonValue"),
 }
 chat_req = {
     "type": "object", "required": ["messages"], "additionalProperties": False,
     "properties": {
-        "messages": {"type": "array", "items": ref("ChatMessage"), "minItems": 1, "maxItems": 8},
+        "messages": {"type": "array", "items": ref("ChatMessage"), "minItems": 1, "maxItems": 4},
         "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 32, "nullable": True},
         "logprobs": {"type": "boolean", "nullable": True},
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20, "nullable": True,
                          "description": "values > 0 require logprobs=true"},
-        "chat_template_kwargs": {"type": "object", "nullable": True},
+        "chat_template_kwargs": {**free_object, "nullable": True},
         "add_generation_prompt": {"type": "boolean", "nullable": True},
-        "continue_final_message": {"type": "boolean", "nullable": True,
-                                   "description": "needs add_generation_prompt=false and a final assistant message"},
-        "tools": {"type": "array", "items": {"type": "object"}, "nullable": True},
+        # true needs add_generation_prompt=false and a final assistant message, which a schema
+        # cannot state: only false is declared.
+        "continue_final_message": {"type": "boolean", "enum": [False, None], "nullable": True,
+                                   "description": "true (with add_generation_prompt=false and a final assistant message) "
+                                                  "continues that message"},
+        "tools": {"type": "array", "items": free_object, "nullable": True},
         "tool_choice": {"type": "string", "enum": ["none", "auto"], "nullable": True},
+        "parallel_tool_calls": {"type": "boolean", "nullable": True, "description": "accepted and ignored"},
+        "metadata": {**free_object, "nullable": True, "description": "accepted and ignored"},
         "response_format": {"type": "object", "nullable": True, "required": ["type"],
-                            "properties": {"type": {"type": "string", "enum": ["text"]}}},
+                            "properties": {"type": {"type": "string", "enum": ["text"]}},
+                            "additionalProperties": ref("JsonValue")},
         **sampling,
     },
 }
@@ -119,11 +146,38 @@ error = {"type": "object", "required": ["error"], "properties": {"error": {
         "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": "string", "nullable": True},
         "code": {"nullable": True}}}}}
 
-def post(summary, req_schema, resp_schema, stream=False, extra=(400, 401, 404, 413, 503)):
+# Streaming (stream=true): text/event-stream, one `data: <chunk JSON>` event per delta, then
+# `data: [DONE]`. OpenAPI 3.0 cannot type the events of a stream, so the body is a string whose
+# format is described, and the chunk objects are components (CompletionChunk, ChatCompletionChunk).
+completion_chunk = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
+    "id": {"type": "string"}, "object": {"type": "string", "enum": ["text_completion"]}, "created": {"type": "integer"},
+    "model": {"type": "string"},
+    "choices": {"type": "array", "items": {"type": "object", "required": ["index", "text"], "properties": {
+        "index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": finish,
+        "logprobs": {"type": "object", "nullable": True}, "stop_reason": {"nullable": True}}}},
+    "usage": {"allOf": [usage], "nullable": True}}}
+chat_chunk = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
+    "id": {"type": "string"}, "object": {"type": "string", "enum": ["chat.completion.chunk"]}, "created": {"type": "integer"},
+    "model": {"type": "string"},
+    "choices": {"type": "array", "items": {"type": "object", "required": ["index", "delta"], "properties": {
+        "index": {"type": "integer"}, "finish_reason": chat_finish, "logprobs": {"type": "object", "nullable": True},
+        "delta": {"type": "object", "properties": {"role": {"type": "string"}, "content": {"type": "string", "nullable": True},
+                                                   "tool_calls": {"type": "array", "items": {"type": "object"}}}}}}},
+    "usage": {"allOf": [usage], "nullable": True}}}
+
+def post(summary, req_schema, resp_schema, stream=None, extra=(400, 401, 404, 413, 503)):
     ok = {"description": "OK", "content": {"application/json": {"schema": resp_schema}}}
     if stream:
-        ok["content"]["text/event-stream"] = {"schema": {"type": "string"},
-                                              "example": "data: {...}\n\ndata: [DONE]\n\n"}
+        # One server-sent event (schemathesis checks each against this): `data` holds one
+        # CompletionChunk / ChatCompletionChunk as JSON text, an ErrorResponse if the generation
+        # failed mid-stream, or "[DONE]" last. OpenAPI 3.0 cannot type the JSON inside a string.
+        ok["content"]["text/event-stream"] = {
+            "schema": {"type": "object", "required": ["data"], "properties": {
+                "data": {"type": "string", "description": f"one {stream} (JSON, #/components/schemas/{stream}), "
+                                                          "an ErrorResponse, or [DONE]"},
+                "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}},
+                "x-sse-data-schema": ref(stream)},
+            "example": "data: {...}\n\ndata: [DONE]\n\n"}
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {"application/json": {"schema": req_schema}}},
                      "responses": {"200": ok, **errs(*extra)}}}
 
@@ -131,16 +185,20 @@ def get(summary, schema, ctype="application/json", extra=()):
     return {"get": {"summary": summary, "responses": {
         "200": {"description": "OK", "content": {ctype: {"schema": schema}}}, **errs(*extra)}}}
 
+# JSON null means absent for every optional field (openai_request.h), so each is nullable.
 tokenize_req = {"type": "object", "additionalProperties": False, "properties": {
     "model": {"type": "string", "nullable": True},
     "prompt": {"type": "string", "maxLength": 500},
-    "add_special_tokens": {"type": "boolean"}, "return_token_strs": {"type": "boolean"}},
+    "add_special_tokens": {"type": "boolean", "nullable": True}, "return_token_strs": {"type": "boolean", "nullable": True}},
     "required": ["prompt"]}
 tokenize_chat_req = {"type": "object", "additionalProperties": False, "required": ["messages"], "properties": {
     "model": {"type": "string", "nullable": True},
     "messages": {"type": "array", "items": ref("ChatMessage"), "minItems": 1, "maxItems": 8},
-    "add_generation_prompt": {"type": "boolean"}, "add_special_tokens": {"type": "boolean"},
-    "return_token_strs": {"type": "boolean"}, "chat_template_kwargs": {"type": "object"}}}
+    "add_generation_prompt": {"type": "boolean", "nullable": True}, "add_special_tokens": {"type": "boolean", "nullable": True},
+    "continue_final_message": {"type": "boolean", "enum": [False, None], "nullable": True,
+                               "description": "true as in chat completions"},
+    "return_token_strs": {"type": "boolean", "nullable": True}, "chat_template_kwargs": {**free_object, "nullable": True},
+    "tools": {"type": "array", "items": free_object, "nullable": True}}}
 
 doc = {
     "openapi": "3.0.3",
@@ -149,7 +207,8 @@ doc = {
                             "Endpoints under /v1, /tokenize, /detokenize and /apply-template require 'Authorization: Bearer <key>' when the server runs with --api-key."},
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {"ErrorResponse": error, "ChatMessage": message, "Usage": usage},
+        "schemas": {"ErrorResponse": error, "ChatMessage": message, "Usage": usage,
+                    "CompletionChunk": completion_chunk, "ChatCompletionChunk": chat_chunk, "JsonValue": json_value},
     },
     "paths": {
         "/health": {"get": {"summary": "200 when serving; 503 while loading, after an engine failure or while shutting down",
@@ -165,10 +224,10 @@ doc = {
             "eos_token": {"type": "string", "nullable": True}, "pad_token": {"type": "string", "nullable": True},
             "chat_template": {"type": "string", "nullable": True}, "model_max_length": {"type": "integer"},
             "vocab_size": {"type": "integer"}}}, extra=(401, 503)),
-        "/start_profile": {"post": {"summary": "start recording per-step Chrome traces (needs --profile-dir)",
-            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}, **errs(400, 401, 503)}}},
-        "/stop_profile": {"post": {"summary": "stop recording and write the trace (path in 'trace')",
-            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}, **errs(400, 401, 500, 503)}}},
+        "/start_profile": {"post": {"summary": "start recording per-step Chrome traces (404 without --profile-dir)",
+            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}, **errs(401, 404, 503)}}},
+        "/stop_profile": {"post": {"summary": "stop recording and write the trace (path in 'trace'); 409 when none is running, 404 without --profile-dir",
+            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}, **errs(401, 404, 409, 500, 503)}}},
         "/openapi.json": get("this document", {"type": "object"}),
         "/v1/models": get("served models", {"type": "object", "required": ["object", "data"], "properties": {
             "object": {"type": "string"}, "data": {"type": "array", "items": {"type": "object", "required": ["id", "object"], "properties": {
@@ -177,8 +236,8 @@ doc = {
         "/v1/models/{model}": {"get": {"summary": "one served model", "parameters": [
             {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
             "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}, **errs(401, 404, 503)}}},
-        "/v1/completions": post("text completion", completion_req, completion_resp, stream=True),
-        "/v1/chat/completions": post("chat completion", chat_req, chat_resp, stream=True),
+        "/v1/completions": post("text completion", completion_req, completion_resp, stream="CompletionChunk"),
+        "/v1/chat/completions": post("chat completion", chat_req, chat_resp, stream="ChatCompletionChunk"),
         "/tokenize": post("tokenize a prompt or chat messages", {"oneOf": [tokenize_req, tokenize_chat_req]},
                           {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
                               "count": {"type": "integer"}, "max_model_len": {"type": "integer"},
@@ -186,7 +245,8 @@ doc = {
                               "token_strs": {"type": "array", "items": {"type": "string"}, "nullable": True}}}),
         "/detokenize": post("token ids to text", {"type": "object", "required": ["tokens"], "additionalProperties": False, "properties": {
                                 "model": {"type": "string", "nullable": True},
-                                "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 49151}, "maxItems": 64}}},
+                                "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 49151},
+                                           "description": "any length (the server takes up to 2^24 ids)"}}},
                             {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}),
         "/apply-template": post("render chat messages with the model's chat template (as llama-server)", tokenize_chat_req,
                                 {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}),

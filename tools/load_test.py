@@ -54,14 +54,18 @@ def rss_kib(pid):
     return None
 
 
-async def one_client(host, port, key, model, rng, abort_p, max_tokens, timeout):
-    """Returns (outcome, detail). outcome: complete | aborted | error | broken."""
+async def one_client(host, port, key, model, rng, abort_p, max_tokens, timeout, half_close_p=0.0, slow_p=0.0):
+    """Returns (outcome, detail). outcome: complete | aborted | error | broken. A half-closing client
+    shuts down its write side after the request (it must still get the whole stream); a slow one
+    reads 256 bytes at a time with a pause between reads."""
     body = {"prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(1, max_tokens), "stream": True,
             "temperature": rng.choice([0, 0.7, 1.0]), "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
     data = json.dumps(body).encode()
     abort_after = rng.randint(1, 6) if rng.random() < abort_p else None
+    half_close = rng.random() < half_close_p
+    slow = rng.random() < slow_p
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\nConnection: close\r\n")
     if key:
@@ -73,6 +77,8 @@ async def one_client(host, port, key, model, rng, abort_p, max_tokens, timeout):
     try:
         writer.write(head.encode() + b"\r\n" + data)
         await writer.drain()
+        if half_close:
+            writer.write_eof()
         status_line = await asyncio.wait_for(reader.readline(), timeout)
         parts = status_line.decode(errors="replace").split()
         if len(parts) < 2:
@@ -97,7 +103,9 @@ async def one_client(host, port, key, model, rng, abort_p, max_tokens, timeout):
                 return "broken", f"status {status} without a JSON error: {raw[:200]!r}"
         events, finish, buf = 0, None, b""
         while True:
-            chunk = await asyncio.wait_for(reader.read(65536), timeout)
+            if slow:
+                await asyncio.sleep(0.02)
+            chunk = await asyncio.wait_for(reader.read(256 if slow else 65536), timeout)
             if not chunk:
                 return "broken", f"EOF after {events} events without [DONE]"
             buf += chunk
@@ -133,7 +141,8 @@ async def one_client(host, port, key, model, rng, abort_p, max_tokens, timeout):
 async def wave(args, host, port, seed):
     rng = random.Random(seed)
     tasks = [one_client(host, port, args.api_key, args.model_name, random.Random(rng.random()), args.abort_prob,
-                        args.max_tokens, args.timeout) for _ in range(args.clients)]
+                        args.max_tokens, args.timeout, args.half_close_prob, args.slow_prob)
+             for _ in range(args.clients)]
     return await asyncio.gather(*tasks)
 
 
@@ -161,6 +170,9 @@ def main():
     ap.add_argument("--clients", type=int, default=500)
     ap.add_argument("--waves", type=int, default=3)
     ap.add_argument("--abort-prob", type=float, default=0.3)
+    ap.add_argument("--half-close-prob", type=float, default=0.2,
+                    help="fraction of clients that shut down their write side after the request")
+    ap.add_argument("--slow-prob", type=float, default=0.1, help="fraction of clients that read slowly")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()

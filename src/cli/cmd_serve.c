@@ -93,6 +93,12 @@ static const struct flag flags[] = {
      "draft tokens verified per step (ATOM's flag)"},
     {"--max-n", FLAG_INT, A(so.max_n), "64", "largest accepted n (choices per request)"},
     {"--max-request-body-bytes", FLAG_SIZE, A(so.max_body_bytes), "32 MiB", "larger request bodies get 413"},
+    {"--max-connections", FLAG_INT, A(so.max_connections), "descriptor limit less 1/8 (at least 64)",
+     "open connections at most; past it the oldest one without a request in progress is closed"},
+    {"--timeout-keep-alive", FLAG_DOUBLE, A(so.timeout_keep_alive_s), "5",
+     "seconds a connection without a request in progress may stay silent"},
+    {"--timeout-request-read", FLAG_DOUBLE, A(so.request_read_timeout_s), "60",
+     "seconds a request (headers and body) may take to arrive after its first byte"},
     {"--shutdown-timeout", FLAG_DOUBLE, A(so.drain_timeout_s), "30",
      "seconds SIGTERM waits for in-flight requests before aborting them"},
 };
@@ -308,6 +314,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "atomc serve: --enable-auto-tool-choice needs --tool-call-parser (supported: hermes, llama3_json)\n");
         return 2;
     }
+    a.so.profiling = a.eo.profile_dir && *a.eo.profile_dir;
     a.so.tool_parser = a.enable_auto_tool_choice ? tool_parser_from_name(a.tool_call_parser) : TOOL_PARSER_NONE;
     a.eo.model_path = a.model;
     if (!a.api_key) a.api_key = getenv("VLLM_API_KEY");

@@ -272,7 +272,11 @@ atomc_status atomc_engine_add_request(atomc_engine *e, const atomc_request *r, u
                         : error_set(&err, ATOMC_ERR_INVALID_ARGUMENT, "no request given");
     if (st == ATOMC_OK) {
         pthread_mutex_lock(&e->mu);
-        if (e->max_waiting > 0 && e->n_inbox + e->stats.num_waiting >= e->max_waiting) {
+        // max_waiting bounds the requests waiting beyond what the engine can take now (its free
+        // running slots), not every request not yet scheduled (issue 28 item 7).
+        int free_slots = e->max_num_seqs - e->stats.num_running;
+        int beyond = e->n_inbox + e->stats.num_waiting - (free_slots > 0 ? free_slots : 0);
+        if (e->max_waiting > 0 && beyond >= e->max_waiting) {
             st = error_set(&err, ATOMC_ERR_BUSY, "the engine is overloaded: %d requests are already waiting",
                            e->n_inbox + e->stats.num_waiting);
         } else {

@@ -356,6 +356,8 @@ void gguf_close(struct gguf_file *g) {
     free(g);
 }
 
+static atomc_status check_no_overlap(struct gguf_file *g, struct error *err);
+
 static atomc_status gguf_parse(struct gguf_file *g, struct error *err) {
     struct cursor c = {.p = g->data, .size = g->size, .pos = 0, .name = g->path, .err = err};
     atomc_status st;
@@ -478,7 +480,36 @@ static atomc_status gguf_parse(struct gguf_file *g, struct error *err) {
                              g->path, t->name, t->offset, t->offset + t->nbytes, data_size);
         t->data = g->data + g->data_offset + t->offset;
     }
-    return ATOMC_OK;
+    return check_no_overlap(g, err);
+}
+
+static int cmp_tensor_offset(const void *a, const void *b) {
+    const struct gguf_tensor_info *x = *(const struct gguf_tensor_info *const *)a, *y = *(const struct gguf_tensor_info *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+// No two tensors of known size may share bytes (a crafted file could alias weights).
+static atomc_status check_no_overlap(struct gguf_file *g, struct error *err) {
+    if (g->n_tensors < 2) return ATOMC_OK;
+    struct gguf_tensor_info **by = malloc(g->n_tensors * sizeof *by);
+    if (!by) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "%s: out of memory", g->path);
+    size_t n = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].nbytes) by[n++] = &g->tensors[i];
+    qsort(by, n, sizeof *by, cmp_tensor_offset);
+    atomc_status st = ATOMC_OK;
+    const struct gguf_tensor_info *prev = NULL;
+    for (size_t i = 0; i < n && !st; i++) {
+        const struct gguf_tensor_info *t = by[i];
+        if (prev && t->offset < prev->offset + prev->nbytes)
+            st = error_set(err, ATOMC_ERR_FORMAT,
+                           "%s: tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64 ") overlap",
+                           g->path, prev->name, prev->offset, prev->offset + prev->nbytes, t->name, t->offset,
+                           t->offset + t->nbytes);
+        if (!prev || t->offset + t->nbytes > prev->offset + prev->nbytes) prev = t;
+    }
+    free(by);
+    return st;
 }
 
 static atomc_status gguf_open_common(struct gguf_file *g, struct gguf_file **out, struct error *err) {

@@ -144,8 +144,9 @@ static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *e
     if (!r->h_meta || !r->d_meta || !r->d_iota || !r->d_out_ids || !r->d_out_lp || !r->d_out_top_ids || !r->d_out_top_lp ||
         !r->h_out_ids || !r->h_out_lp || !r->h_out_top_ids || !r->h_out_top_lp || !r->h_logits || !r->h_plp ||
         !r->h_plp_top_ids || !r->h_plp_top_lp)
-        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate the runner's step buffers (%zu bytes of metadata)",
-                         r->meta_cap);
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY,
+                         "cannot allocate the runner's step buffers (%zu bytes of metadata for max_model_len %d; "
+                         "lower max_model_len)", r->meta_cap, r->max_model_len);
     b->ops->memset_zero(b, r->d_meta, r->meta_cap);
     int32_t *iota = (int32_t *)r->h_meta;
     for (int i = 0; i < r->max_rows; i++) iota[i] = i;
@@ -479,7 +480,7 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     r->max_seqs = o->max_num_seqs > 0 ? o->max_num_seqs : (b->kind == BACKEND_CPU ? 16 : 256);
     r->max_tokens = o->max_num_batched_tokens > 0 ? o->max_num_batched_tokens : (b->kind == BACKEND_CPU ? 2048 : 8192);
     if (r->max_tokens < r->max_seqs) r->max_tokens = r->max_seqs;
-    r->max_blocks = (r->max_model_len + r->block_size - 1) / r->block_size;
+    r->max_blocks = (int)(((int64_t)r->max_model_len + r->block_size - 1) / r->block_size); // no int overflow at 2^31-1
     r->max_rows = o->max_logits_rows > r->max_seqs ? o->max_logits_rows : r->max_seqs;
     if (r->max_rows > r->max_tokens) r->max_rows = r->max_tokens; // rows are token rows (max_tokens >= max_seqs)
 

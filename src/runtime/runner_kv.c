@@ -121,7 +121,7 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
     atomc_status st0 = runner_kv_check_specs(r, err);
     if (st0 != ATOMC_OK) return st0;
     size_t per_block = runner_kv_block_bytes(r);
-    int min_blocks = (r->max_model_len + r->block_size - 1) / r->block_size;
+    int64_t min_blocks = ((int64_t)r->max_model_len + r->block_size - 1) / r->block_size; // no int overflow
     int64_t blocks;
     const char *how;
     if (o->num_kv_blocks > 0) {
@@ -131,7 +131,9 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
         size_t bytes = o->cpu_kv_cache_bytes;
         if (bytes == 0) {
             bytes = (size_t)512 << 20;
-            if (bytes < per_block * (size_t)min_blocks) bytes = per_block * (size_t)min_blocks;
+            size_t need;
+            if (__builtin_mul_overflow(per_block, (size_t)min_blocks, &need)) need = SIZE_MAX;
+            if (bytes < need) bytes = need;
         }
         blocks = (int64_t)(bytes / per_block);
         how = "cpu_kv_cache_bytes";
@@ -152,8 +154,8 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
     if (blocks < min_blocks)
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY,
                          "the KV cache (%s) holds %lld blocks of %d tokens, but one sequence of max_model_len %d "
-                         "needs %d blocks (%.1f MiB): raise the KV memory or lower max_model_len",
-                         how, (long long)blocks, r->block_size, r->max_model_len, min_blocks,
+                         "needs %lld blocks (%.1f MiB): raise the KV memory or lower max_model_len",
+                         how, (long long)blocks, r->block_size, r->max_model_len, (long long)min_blocks,
                          (double)per_block * min_blocks / (1 << 20));
     if (blocks > INT32_MAX / r->block_size) blocks = INT32_MAX / r->block_size;
     return runner_kv_alloc(r, (int)blocks, err);

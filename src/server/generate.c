@@ -8,6 +8,8 @@
 // is gone), so the request is freed exactly when both the network and the engine let go.
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <errno.h>
 #include <event2/http.h>
 #include <math.h>
@@ -176,7 +178,7 @@ static void clear_closecb(struct srv_req *r) {
         r->close_watch = NULL;
     }
     if (r->conn && !r->client_gone) {
-        evhttp_connection_set_closecb(r->conn, NULL, NULL);
+        server_conn_set_closecb(r->srv, r->conn, NULL, NULL);
         struct timeval tv = idle_tv(r->srv);
         evhttp_connection_set_timeout_tv(r->conn, &tv);
     }
@@ -198,6 +200,7 @@ static void sse_write(struct srv_req *r, const char *data, size_t len) {
     evbuffer_add(b, data, len);
     evbuffer_add(b, "\n\n", 2);
     evhttp_send_reply_chunk(r->http, b);
+    server_hold_reads(r->conn);
     evbuffer_free(b);
     struct bufferevent *bev = r->conn ? evhttp_connection_get_bufferevent(r->conn) : NULL;
     if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > r->srv->opt.max_pending_output_bytes) {
@@ -529,13 +532,16 @@ static void finish_response(struct srv_req *r) {
                     evbuffer_add_printf(b, "data: %s\n\n", txt);
                     free(txt);
                     evhttp_send_reply_chunk(r->http, b);
+                    server_hold_reads(r->conn);
                     evbuffer_free(b);
                 }
                 struct evbuffer *b = evbuffer_new();
                 evbuffer_add_printf(b, "data: [DONE]\n\n");
                 evhttp_send_reply_chunk(r->http, b);
                 evbuffer_free(b);
+                struct evhttp_connection *conn = r->conn;
                 evhttp_send_reply_end(r->http);
+                server_hold_reads(conn);
             } else {
                 int code;
                 json_t *body = final_body(r, &code);
@@ -598,9 +604,40 @@ static void on_conn_close(struct evhttp_connection *conn, void *arg) {
     abort_engine(r);
 }
 
-// The socket of a waiting non-streaming request became readable: EOF or an error means the
-// client left; freeing the connection runs on_conn_close, which aborts the engine requests.
-// Data (a pipelined next request) is left for libevent and the watch ends.
+// After the client's end of input, after PROBE_FIRST_US and then every PROBE_S: a client that closed its socket altogether
+// answered the probe below with a reset; one that only shut down its write side did not.
+#define PROBE_S 0.25
+#define PROBE_FIRST_US 5000
+
+static void on_probe_check(evutil_socket_t fd_unused, short what, void *arg) {
+    struct srv_req *r = arg;
+    struct bufferevent *bev = r->conn ? evhttp_connection_get_bufferevent(r->conn) : NULL;
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    // recv keeps reporting the end of input after a reset: the socket's error and state tell.
+    int soerr = 0;
+    socklen_t sl = sizeof soerr;
+    struct tcp_info ti;
+    socklen_t tl = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    bool gone = fd < 0 || (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr != 0) ||
+                (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == TCP_CLOSE);
+    if (gone && r->conn && !r->client_gone) {
+        event_free(r->close_watch);
+        r->close_watch = NULL;
+        evhttp_connection_free(r->conn); // runs on_conn_close, which aborts the engine requests
+        return;
+    }
+    struct timeval tv = {0, (suseconds_t)(PROBE_S * 1e6)};
+    event_add(r->close_watch, &tv);
+}
+
+// The socket of a waiting non-streaming request became readable. An error (reset) means the
+// client left: freeing the connection runs on_conn_close, which aborts the engine requests.
+// End of input is not a departure by itself: a client may shut down its write side after the
+// request and still read the response (half-close). The two look alike (a FIN) until something is
+// sent, so an interim "100 Continue" (which an HTTP/1.1 client must accept before any final
+// response, RFC 9110 15.2) is sent as a probe: a closed socket answers it with a reset, noticed by
+// on_probe_check. Data (a pipelined next request) is left for libevent and the watch ends.
 static void on_client_readable(evutil_socket_t fd, short what, void *arg) {
     struct srv_req *r = arg;
     char c;
@@ -611,7 +648,19 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg) {
     }
     event_free(r->close_watch);
     r->close_watch = NULL;
-    if (n <= 0 && r->conn && !r->client_gone) evhttp_connection_free(r->conn);
+    if (n < 0 && r->conn && !r->client_gone) {
+        evhttp_connection_free(r->conn);
+    } else if (n == 0 && r->conn && !r->client_gone) {
+        static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        ssize_t w = send(fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno != EAGAIN && errno != EINTR) {
+            evhttp_connection_free(r->conn);
+            return;
+        }
+        r->close_watch = evtimer_new(r->srv->base, on_probe_check, r);
+        struct timeval tv = {0, PROBE_FIRST_US}; // the reset of a nearby client is back by then
+        event_add(r->close_watch, &tv);
+    }
 }
 
 // ---------------------------------------------------------------- request intake
@@ -713,25 +762,39 @@ static void stream_begin(struct srv_req *r) {
     evhttp_add_header(h, "Cache-Control", "no-cache");
     evhttp_add_header(h, "Server", "atomc");
     evhttp_send_reply_start(r->http, 200, "OK");
+    server_hold_reads(r->conn);
     for (int i = 0; i < r->n_choices; i++) stream_start_choice(r, &r->choices[i]);
+}
+
+struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
+                                 struct oai_error *e) {
+    struct srv_req *r = xcalloc(1, sizeof *r);
+    atomic_init(&r->refs, 1);
+    pthread_mutex_init(&r->mu, NULL);
+    r->srv = s;
+    r->t_arrival = time_now_s();
+    if (oai_request_parse(ep, body, len, &s->limits, &r->oai, e) || !server_check_model(s, r->oai.model, e) ||
+        build_prompts(s, r, e)) {
+        srv_req_unref(r);
+        return NULL;
+    }
+    return r;
 }
 
 void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endpoint ep) {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
     const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
-    struct srv_req *r = xcalloc(1, sizeof *r);
-    atomic_init(&r->refs, 1);
-    pthread_mutex_init(&r->mu, NULL);
-    r->srv = s;
-    r->t_arrival = time_now_s();
     struct oai_error e;
-    if (oai_request_parse(ep, body, len, &s->limits, &r->oai, &e) || !server_check_model(s, r->oai.model, &e) ||
-        build_prompts(s, r, &e)) {
+    struct srv_req *r = generate_prepare(s, ep, body, len, &e);
+    if (!r) {
         server_send_error(s, req, &e);
-        srv_req_unref(r);
         return;
     }
+    generate_submit(s, req, ep, r);
+}
+
+void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endpoint ep, struct srv_req *r) {
     struct oai_request *q = &r->oai;
     id_random(s, ep == OAI_ENDPOINT_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof r->id);
     r->created = (long)time_wall_s();
@@ -794,6 +857,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         // unsubmitted choices as done so the request is released once the aborts arrive.
         if (st == ATOMC_ERR_BUSY) s->metrics.rejected_busy_total++;
         if (st == ATOMC_ERR_BACKEND || st == ATOMC_ERR_INTERNAL) LOG_ERROR("engine rejected request: %s", err);
+        struct oai_error e;
         oai_error_set(&e, status_to_http(st), NULL, "%s", err[0] ? err : atomc_status_name(st));
         if (st == ATOMC_ERR_TOO_LONG) snprintf(e.code, sizeof e.code, "context_length_exceeded");
         server_send_error(s, req, &e);
@@ -808,7 +872,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
         if (r->n_done == r->n_choices) finish_response(r);
         return;
     }
-    evhttp_connection_set_closecb(r->conn, on_conn_close, r);
+    server_conn_set_closecb(s, r->conn, on_conn_close, r);
     connection_timeouts_for_generation(r);
     if (q->stream) {
         stream_begin(r); // libevent notices a vanished client on the next write

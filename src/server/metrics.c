@@ -214,6 +214,13 @@ int metrics_render(const struct metrics *m, const atomc_stats *s, char **buf, si
                (unsigned long long)m->http_errors_total[4]);
     out_printf(&o, "atomc:http_errors_total{code=\"5xx\",model_name=\"%s\"} %llu\n", lbl,
                (unsigned long long)m->http_errors_total[5]);
+    out_header(&o, "atomc:http_connections", "gauge", "Open HTTP connections.");
+    out_printf(&o, "atomc:http_connections{model_name=\"%s\"} %llu\n", lbl, (unsigned long long)m->connections_open);
+    out_counter(&o, lbl, "atomc:http_connections_total", "HTTP connections accepted.", m->connections_total);
+    out_counter(&o, lbl, "atomc:http_connections_shed_total",
+                "HTTP connections closed to stay under the connection or descriptor limit.", m->connections_shed_total);
+    out_counter(&o, lbl, "atomc:http_connections_timed_out_total",
+                "HTTP connections closed by the keep-alive or request-read deadline.", m->connections_timed_out_total);
     out_counter(&o, lbl, "atomc:requests_rejected_busy_total", "Requests rejected because the waiting queue was full.",
                 m->rejected_busy_total);
 

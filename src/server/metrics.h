@@ -33,6 +33,10 @@ struct metrics {
     uint64_t http_requests_total;                   // every HTTP request handled
     uint64_t http_errors_total[6];                  // by status class: index = status/100 (4 -> 4xx, 5 -> 5xx)
     uint64_t rejected_busy_total;                   // 503 because the waiting queue was full
+    uint64_t connections_total;                     // connections accepted
+    uint64_t connections_shed_total;                // closed to stay under the connection / descriptor limit
+    uint64_t connections_timed_out_total;           // closed by the keep-alive or request-read deadline
+    uint64_t connections_open;                      // gauge
     struct histogram ttft, itl, e2e, queue_time, prompt_tokens, generation_tokens;
 };
 

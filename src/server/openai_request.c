@@ -1,6 +1,7 @@
 // OpenAI request parsing and validation (contract in openai_request.h).
 #include "server/openai_request.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -98,6 +99,30 @@ static int read_number(const json_t *v, const char *name, double *out, struct oa
     double d = json_number_value(v);
     if (!isfinite(d)) return oai_error_set(e, 400, name, "'%s' must be finite", name);
     *out = d;
+    return 0;
+}
+
+// A sampling parameter the engine holds as a float. The range [lo, hi] (or (lo, hi] with lo_open,
+// lo = 0 then) is checked on the double, with the float's limits: |x| <= FLT_MAX, and for an open
+// 0 bound x >= FLT_TRUE_MIN, the smallest positive float. lo and hi being floats, the converted
+// value is then in range too, so what is checked is what the engine gets (1e308 would become inf,
+// a positive 5e-324 would become 0), and the bounds are the ones /openapi.json states.
+static int read_float(const json_t *v, const char *name, double lo, bool lo_open, double hi, float *out,
+                      struct oai_error *e) {
+    double d = 0;
+    if (read_number(v, name, &d, e)) return -1;
+    CHECK(!lo_open || lo == 0);
+    if (hi > FLT_MAX) hi = FLT_MAX;
+    double min = lo_open ? (double)FLT_TRUE_MIN : lo;
+    if (!(d >= min))
+        return oai_error_set(e, 400, name, "'%s' must be %s %g%s, got %g", name, lo_open ? ">" : ">=", lo,
+                             lo_open && lo == 0 ? " (at least 1.4e-45, the smallest positive 32-bit float)" : "", d);
+    if (!(d <= hi))
+        return oai_error_set(e, 400, name, "'%s' must be at most %g%s, got %g", name, hi,
+                             hi == FLT_MAX ? " (the largest 32-bit float)" : "", d);
+    float f = (float)d;
+    CHECK(isfinite(f) && (lo_open ? f > lo : f >= lo) && f <= hi);
+    *out = f;
     return 0;
 }
 
@@ -352,7 +377,6 @@ struct parse_ctx {
 static int parse_field(const struct field *f, const char *key, const json_t *v, const struct oai_limits *lim,
                        struct oai_request *r, struct parse_ctx *pc, struct oai_error *e) {
     atomc_sampling_params *p = &r->params;
-    double d;
     long long x;
     bool b;
     switch (f->id) {
@@ -385,25 +409,13 @@ static int parse_field(const struct field *f, const char *key, const json_t *v, 
         p->max_tokens = (int)x;
         r->max_tokens_set = true;
         return 0;
-    case F_TEMPERATURE:
-        if (read_number(v, key, &d, e)) return -1;
-        if (d < 0) return oai_error_set(e, 400, key, "'temperature' must be >= 0, got %g", d);
-        p->temperature = (float)d;
-        return 0;
-    case F_TOP_P:
-        if (read_number(v, key, &d, e)) return -1;
-        if (!(d > 0 && d <= 1)) return oai_error_set(e, 400, key, "'top_p' must be in (0, 1], got %g", d);
-        p->top_p = (float)d;
-        return 0;
+    case F_TEMPERATURE: return read_float(v, key, 0, false, FLT_MAX, &p->temperature, e);
+    case F_TOP_P: return read_float(v, key, 0, true, 1, &p->top_p, e);
     case F_TOP_K:
         if (read_int(v, key, -1, 1 << 30, &x, e)) return -1;
         p->top_k = (int)x;
         return 0;
-    case F_MIN_P:
-        if (read_number(v, key, &d, e)) return -1;
-        if (!(d >= 0 && d <= 1)) return oai_error_set(e, 400, key, "'min_p' must be in [0, 1], got %g", d);
-        p->min_p = (float)d;
-        return 0;
+    case F_MIN_P: return read_float(v, key, 0, false, 1, &p->min_p, e);
     case F_SEED:
         if (!json_is_integer(v)) return oai_error_set(e, 400, key, "'seed' must be an integer, got %s", json_type_name(v));
         p->has_seed = true;
@@ -432,18 +444,10 @@ static int parse_field(const struct field *f, const char *key, const json_t *v, 
         if (read_int(v, key, 0, lim->max_logprobs, &x, e)) return -1;
         pc->top_logprobs = x;
         return 0;
-    case F_PRESENCE_PENALTY:
-    case F_FREQUENCY_PENALTY:
-        if (read_number(v, key, &d, e)) return -1;
-        if (d < -2 || d > 2) return oai_error_set(e, 400, key, "'%s' must be in [-2, 2], got %g", key, d);
-        if (f->id == F_PRESENCE_PENALTY) p->presence_penalty = (float)d;
-        else p->frequency_penalty = (float)d;
-        return 0;
-    case F_REPETITION_PENALTY:
-        if (read_number(v, key, &d, e)) return -1;
-        if (!(d > 0 && d <= 100)) return oai_error_set(e, 400, key, "'repetition_penalty' must be in (0, 100], got %g", d);
-        p->repetition_penalty = (float)d;
-        return 0;
+    case F_PRESENCE_PENALTY: return read_float(v, key, -2, false, 2, &p->presence_penalty, e);
+    case F_FREQUENCY_PENALTY: return read_float(v, key, -2, false, 2, &p->frequency_penalty, e);
+    // (0, 2] is the engine's range (engine.c validate_params); checked here so the error names it.
+    case F_REPETITION_PENALTY: return read_float(v, key, 0, true, 2, &p->repetition_penalty, e);
     case F_IGNORE_EOS: return read_bool(v, key, &p->ignore_eos, e);
     case F_MIN_TOKENS:
         if (read_int(v, key, 0, 1 << 30, &x, e)) return -1;
@@ -490,7 +494,14 @@ static int parse_field(const struct field *f, const char *key, const json_t *v, 
     case F_STORE:
         if (json_is_false(v)) return 0;
         return oai_error_set(e, 400, key, "'store' is not supported (only false)");
-    case F_IGNORED: return 0;
+    case F_IGNORED: // accepted and ignored, but of the type OpenAI defines
+        if (!strcmp(key, "metadata")) {
+            if (!json_is_object(v)) return oai_error_set(e, 400, key, "'metadata' must be an object, got %s", json_type_name(v));
+            return 0;
+        }
+        if (!strcmp(key, "parallel_tool_calls")) return read_bool(v, key, &b, e);
+        if (!json_is_string(v)) return oai_error_set(e, 400, key, "'%s' must be a string, got %s", key, json_type_name(v));
+        return 0;
     }
     return oai_error_set(e, 500, key, "unhandled field");
 }
@@ -621,7 +632,9 @@ int oai_tokenize_parse(const char *body, size_t len, struct oai_tokenize_request
             else r->chat_template_kwargs = json_deep_copy(v);
         } else if (!strcmp(key, "tools")) {
             if (!json_is_array(v)) rc = oai_error_set(e, 400, key, "'tools' must be a list");
-            else r->tools = json_deep_copy(v);
+            for (size_t i = 0; !rc && i < json_array_size(v); i++)
+                if (!json_is_object(json_array_get(v, i))) rc = oai_error_set(e, 400, key, "tools[%zu] must be an object", i);
+            if (!rc) r->tools = json_deep_copy(v);
         } else rc = oai_error_set(e, 400, key, "unsupported field '%s' for /tokenize", key);
         if (rc) break;
     }
@@ -632,6 +645,13 @@ int oai_tokenize_parse(const char *body, size_t len, struct oai_tokenize_request
     if (r->messages && !add_special_set) r->add_special_tokens = false; // the template already adds BOS
     if (r->continue_final_message && r->add_generation_prompt && r->messages)
         return oai_error_set(e, 400, "continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    if (r->continue_final_message && r->messages) { // as chat completions: only an assistant message continues
+        json_t *last = json_array_get(r->messages, json_array_size(r->messages) - 1);
+        const char *role = json_string_value(json_object_get(last, "role"));
+        if (!role || strcmp(role, "assistant"))
+            return oai_error_set(e, 400, "continue_final_message",
+                                 "'continue_final_message' requires the last message to be from the assistant");
+    }
     return 0;
 }
 

@@ -20,6 +20,8 @@
 #include "server/openai_response.h"
 #include "server/server_internal.h"
 
+#include <event2/http_struct.h> // after http.h: the request's HTTP version (no accessor in libevent 2.1)
+
 void server_options_init(struct server_options *o) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
@@ -30,6 +32,8 @@ void server_options_init(struct server_options *o) {
     o->drain_timeout_s = 30;
     o->max_pending_output_bytes = 64u << 20;
     o->idle_timeout_s = 300;
+    o->timeout_keep_alive_s = 5;
+    o->request_read_timeout_s = 60;
     o->install_signal_handlers = true;
 }
 
@@ -50,11 +54,18 @@ static const char *reason_phrase(int code) {
     case 401: return "Unauthorized";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
     case 413: return "Payload Too Large";
+    case 501: return "Not Implemented";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     }
     return NULL;
+}
+
+void server_hold_reads(struct evhttp_connection *conn) {
+    struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
+    if (bev) bufferevent_disable(bev, EV_READ);
 }
 
 static void send_body(struct server *s, struct evhttp_request *req, int code, const char *ctype, const char *body,
@@ -63,7 +74,9 @@ static void send_body(struct server *s, struct evhttp_request *req, int code, co
     add_common_headers(req, ctype);
     struct evbuffer *b = evbuffer_new();
     evbuffer_add(b, body, len);
+    struct evhttp_connection *conn = evhttp_request_get_connection(req); // req may be gone after the send
     evhttp_send_reply(req, code, reason_phrase(code), b);
+    server_hold_reads(conn);
     evbuffer_free(b);
 }
 
@@ -118,6 +131,8 @@ static void on_wake(evutil_socket_t fd, short what, void *arg) {
     pthread_mutex_lock(&s->mu);
     struct srv_req *list = s->ready_head;
     s->ready_head = s->ready_tail = NULL;
+    struct srv_job *jobs = s->done_head;
+    s->done_head = s->done_tail = NULL;
     bool shutdown = s->shutdown_requested;
     pthread_mutex_unlock(&s->mu);
     adopt_engine(s);
@@ -127,6 +142,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg) {
         generate_process(r);
         srv_req_unref(r); // the ready list's reference
     }
+    server_jobs_finish(s, jobs);
     if (shutdown) begin_drain(s);
     maybe_finish_drain(s);
 }
@@ -291,31 +307,40 @@ static void body_of(struct evhttp_request *req, const char **p, size_t *len) {
     *p = *len ? (const char *)evbuffer_pullup(in, -1) : "";
 }
 
-static void handle_tokenize(struct server *s, struct evhttp_request *req, bool template_only) {
-    const char *body;
-    size_t len;
-    body_of(req, &body, &len);
+// The bodies of /tokenize, /apply-template and /detokenize, as pure functions of the request
+// body (any thread: they read only what does not change while serving). Each returns the HTTP
+// status and sets *out to the JSON response text (malloc'd), an error in OpenAI's shape or not.
+static int error_text(const struct oai_error *e, char **out) {
+    *out = oai_error_json(e);
+    return e->http_status;
+}
+
+static int json_text(json_t *o, char **out) {
+    *out = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    CHECK(*out);
+    return 200;
+}
+
+int server_tokenize_compute(struct server *s, const char *body, size_t len, bool template_only, char **out) {
     struct oai_tokenize_request t;
     struct oai_error e;
     if (oai_tokenize_parse(body, len, &t, &e) || !server_check_model(s, t.model, &e)) {
-        server_send_error(s, req, &e);
         oai_tokenize_free(&t);
-        return;
+        return error_text(&e, out);
     }
     if (template_only && !t.messages) {
         oai_error_set(&e, 400, "messages", "'messages' is required");
-        server_send_error(s, req, &e);
         oai_tokenize_free(&t);
-        return;
+        return error_text(&e, out);
     }
     char *text = NULL;
     size_t text_len = 0;
     if (t.messages) {
         if (generate_render_chat(s, t.messages, t.tools, t.add_generation_prompt, t.continue_final_message,
                                  t.chat_template_kwargs, &text, &e)) {
-            server_send_error(s, req, &e);
             oai_tokenize_free(&t);
-            return;
+            return error_text(&e, out);
         }
         text_len = strlen(text);
     } else {
@@ -323,13 +348,14 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req, bool t
         text_len = t.prompt_len;
         t.prompt = NULL;
     }
+    int code;
     if (template_only) {
         json_t *o = json_object();
         json_object_set_new(o, "prompt", json_stringn(text, text_len));
-        server_send_json(s, req, 200, o);
+        code = json_text(o, out);
         free(text);
         oai_tokenize_free(&t);
-        return;
+        return code;
     }
     int32_t *ids = NULL;
     int n = 0;
@@ -337,7 +363,7 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req, bool t
     error_clear(&err);
     if (s->eng.tokenize(s->eng.ctx, text, text_len, t.add_special_tokens, &ids, &n, &err) != ATOMC_OK) {
         oai_error_set(&e, 400, "prompt", "tokenization failed: %s", err.msg);
-        server_send_error(s, req, &e);
+        code = error_text(&e, out);
     } else {
         json_t *o = json_object(), *toks = json_array();
         for (int i = 0; i < n; i++) json_array_append_new(toks, json_integer(ids[i]));
@@ -356,40 +382,62 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req, bool t
         } else {
             json_object_set_new(o, "token_strs", json_null());
         }
-        server_send_json(s, req, 200, o);
+        code = json_text(o, out);
     }
     free(ids);
     free(text);
     oai_tokenize_free(&t);
+    return code;
+}
+
+int server_detokenize_compute(struct server *s, const char *body, size_t len, char **out) {
+    struct oai_detokenize_request d;
+    struct oai_error e;
+    if (oai_detokenize_parse(body, len, &s->limits, &d, &e) || !server_check_model(s, d.model, &e)) {
+        oai_detokenize_free(&d);
+        return error_text(&e, out);
+    }
+    char *text = NULL;
+    struct error err;
+    error_clear(&err);
+    int code;
+    if (s->eng.detokenize(s->eng.ctx, d.tokens, d.n_tokens, false, &text, &err) != ATOMC_OK) {
+        oai_error_set(&e, 400, "tokens", "detokenization failed: %s", err.msg);
+        code = error_text(&e, out);
+    } else {
+        size_t sl;
+        char *clean = oai_utf8_sanitize(text, strlen(text), &sl);
+        json_t *o = json_object();
+        json_object_set_new(o, "prompt", json_stringn(clean, sl));
+        code = json_text(o, out);
+        free(clean);
+    }
+    free(text);
+    oai_detokenize_free(&d);
+    return code;
+}
+
+void server_send_text(struct server *s, struct evhttp_request *req, int code, char *json) {
+    send_body(s, req, code, "application/json", json, strlen(json));
+    free(json);
+}
+
+static void handle_tokenize(struct server *s, struct evhttp_request *req, bool template_only) {
+    const char *body;
+    size_t len;
+    body_of(req, &body, &len);
+    char *out;
+    int code = server_tokenize_compute(s, body, len, template_only, &out);
+    server_send_text(s, req, code, out);
 }
 
 static void handle_detokenize(struct server *s, struct evhttp_request *req) {
     const char *body;
     size_t len;
     body_of(req, &body, &len);
-    struct oai_detokenize_request d;
-    struct oai_error e;
-    if (oai_detokenize_parse(body, len, &s->limits, &d, &e) || !server_check_model(s, d.model, &e)) {
-        server_send_error(s, req, &e);
-        oai_detokenize_free(&d);
-        return;
-    }
-    char *text = NULL;
-    struct error err;
-    error_clear(&err);
-    if (s->eng.detokenize(s->eng.ctx, d.tokens, d.n_tokens, false, &text, &err) != ATOMC_OK) {
-        oai_error_set(&e, 400, "tokens", "detokenization failed: %s", err.msg);
-        server_send_error(s, req, &e);
-    } else {
-        size_t sl;
-        char *clean = oai_utf8_sanitize(text, strlen(text), &sl);
-        json_t *o = json_object();
-        json_object_set_new(o, "prompt", json_stringn(clean, sl));
-        server_send_json(s, req, 200, o);
-        free(clean);
-    }
-    free(text);
-    oai_detokenize_free(&d);
+    char *out;
+    int code = server_detokenize_compute(s, body, len, &out);
+    server_send_text(s, req, code, out);
 }
 
 // GET /tokenizer_info (vLLM's): what a client needs to use the server as its tokenizer, e.g.
@@ -410,16 +458,19 @@ static void handle_tokenizer_info(struct server *s, struct evhttp_request *req) 
 static void handle_profile(struct server *s, struct evhttp_request *req, bool start) {
     char msg[512] = "", path[4096] = "";
     atomc_status st;
-    if (!s->eng.start_profile || !s->eng.stop_profile) {
-        st = ATOMC_ERR_UNSUPPORTED;
-        snprintf(msg, sizeof msg, "this engine cannot profile");
-    } else if (start) {
+    if (!s->opt.profiling || !s->eng.start_profile || !s->eng.stop_profile) {
+        send_error(s, req, 404, NULL,
+                   "profiling is off: start the server with a profile directory (--profile-dir DIR)");
+        return;
+    }
+    if (start) {
         st = s->eng.start_profile(s->eng.ctx, msg, sizeof msg);
     } else {
         st = s->eng.stop_profile(s->eng.ctx, path, sizeof path, msg, sizeof msg);
     }
     if (st != ATOMC_OK) {
-        send_error(s, req, st == ATOMC_ERR_IO ? 500 : 400, NULL, msg);
+        // Stopping with no profile running is a state conflict, not a malformed request.
+        send_error(s, req, st == ATOMC_ERR_IO ? 500 : st == ATOMC_ERR_INVALID_ARGUMENT ? 409 : 400, NULL, msg);
         return;
     }
     json_t *o = json_object();
@@ -475,10 +526,71 @@ static bool authorized(struct server *s, struct evhttp_request *req) {
     return key_equal(h, s->api_key);
 }
 
+static void on_response_written(struct evhttp_request *req, void *arg);
+
+static bool is_tchar(unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || strchr("!#$%&'*+-.^_`|~", c);
+}
+
+// RFC 9112 framing rules that evhttp 2.1 does not enforce, checked on the parsed request before
+// it is routed: one Content-Length at most, never with Transfer-Encoding, no transfer coding but
+// "chunked", field names that are tokens (no whitespace before the colon), no control characters
+// in values, Host present in HTTP/1.1. Returns 0, or the status (400 / 501) with msg. Requests
+// refused here close their connection, so bytes behind an ambiguous body are never taken for a
+// next request. What evhttp removes while parsing (NUL, which ends its copy of a value; obs-fold,
+// which it joins; bare LF, which it takes for CRLF) is not visible here (docs/ARCHITECTURE.md).
+// evhttp reads a body only for POST, PUT and PATCH: content sent with another method (a GET or
+// TRACE with a Content-Length) stays in the input and would be parsed as the next request, so
+// the connection is closed after the response.
+static bool body_left_unread(struct evhttp_request *req) {
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    if (cmd == EVHTTP_REQ_POST || cmd == EVHTTP_REQ_PUT || cmd == EVHTTP_REQ_PATCH) return false;
+    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
+    const char *cl = evhttp_find_header(h, "Content-Length");
+    return evhttp_find_header(h, "Transfer-Encoding") || (cl && strspn(cl, "0") != strlen(cl));
+}
+
+static int framing_error(struct evhttp_request *req, char *msg, size_t len) {
+    int n_cl = 0, n_te = 0;
+    const char *te = NULL;
+    struct evkeyval *kv;
+    for (kv = evhttp_request_get_input_headers(req)->tqh_first; kv; kv = kv->next.tqe_next) {
+        if (!kv->key[0]) return snprintf(msg, len, "malformed header line (empty field name)"), 400;
+        for (const unsigned char *p = (const unsigned char *)kv->key; *p; p++)
+            if (!is_tchar(*p))
+                return snprintf(msg, len, "malformed header field name '%.60s' (RFC 9112 5.1: a token, no whitespace)",
+                                kv->key),
+                       400;
+        for (const unsigned char *p = (const unsigned char *)kv->value; *p; p++)
+            if ((*p < 0x20 && *p != '\t') || *p == 0x7f)
+                return snprintf(msg, len, "header '%.60s' has a control character (0x%02x) in its value", kv->key, *p),
+                       400;
+        if (!strcasecmp(kv->key, "Content-Length")) n_cl++;
+        if (!strcasecmp(kv->key, "Transfer-Encoding")) n_te++, te = kv->value;
+    }
+    if (n_cl > 1) return snprintf(msg, len, "more than one Content-Length header (RFC 9112 6.3)"), 400;
+    if (n_cl && n_te) return snprintf(msg, len, "Content-Length together with Transfer-Encoding (RFC 9112 6.3)"), 400;
+    if (n_te > 1 || (te && strcasecmp(te, "chunked")))
+        return snprintf(msg, len, "unsupported Transfer-Encoding '%.60s' (only 'chunked')", te), 501;
+    if (req->major == 1 && req->minor >= 1 && !evhttp_find_header(evhttp_request_get_input_headers(req), "Host"))
+        return snprintf(msg, len, "HTTP/1.1 request without a Host header (RFC 9112 3.2)"), 400;
+    return 0;
+}
+
 static void on_request(struct evhttp_request *req, void *arg) {
     struct server *s = arg;
     s->metrics.http_requests_total++;
+    server_conn_request_begin(s, req);
+    evhttp_request_set_on_complete_cb(req, on_response_written, s);
     adopt_engine(s);
+    char fmsg[200];
+    int fcode = framing_error(req, fmsg, sizeof fmsg);
+    if (fcode) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        send_error(s, req, fcode, NULL, fmsg);
+        return;
+    }
+    if (body_left_unread(req)) evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
     if (!path || !*path) path = "/";
@@ -544,11 +656,22 @@ static void on_request(struct evhttp_request *req, void *arg) {
     }
     case RT_MODELS:
     case RT_MODEL: handle_models(s, req, path); break;
-    case RT_COMPLETIONS: generate_handle(s, req, OAI_ENDPOINT_COMPLETIONS); break;
-    case RT_CHAT: generate_handle(s, req, OAI_ENDPOINT_CHAT); break;
-    case RT_TOKENIZE: handle_tokenize(s, req, false); break;
-    case RT_APPLY_TEMPLATE: handle_tokenize(s, req, true); break;
-    case RT_DETOKENIZE: handle_detokenize(s, req); break;
+    // Large bodies are parsed, rendered and tokenized by a worker (server_work.c).
+    case RT_COMPLETIONS:
+        if (!server_offload(s, req, JOB_GENERATE, OAI_ENDPOINT_COMPLETIONS)) generate_handle(s, req, OAI_ENDPOINT_COMPLETIONS);
+        break;
+    case RT_CHAT:
+        if (!server_offload(s, req, JOB_GENERATE, OAI_ENDPOINT_CHAT)) generate_handle(s, req, OAI_ENDPOINT_CHAT);
+        break;
+    case RT_TOKENIZE:
+        if (!server_offload(s, req, JOB_TOKENIZE, OAI_ENDPOINT_COMPLETIONS)) handle_tokenize(s, req, false);
+        break;
+    case RT_APPLY_TEMPLATE:
+        if (!server_offload(s, req, JOB_TEMPLATE, OAI_ENDPOINT_COMPLETIONS)) handle_tokenize(s, req, true);
+        break;
+    case RT_DETOKENIZE:
+        if (!server_offload(s, req, JOB_DETOKENIZE, OAI_ENDPOINT_COMPLETIONS)) handle_detokenize(s, req);
+        break;
     case RT_TOKENIZER_INFO: handle_tokenizer_info(s, req); break;
     case RT_START_PROFILE:
     case RT_STOP_PROFILE: handle_profile(s, req, rt->id == RT_START_PROFILE); break;
@@ -562,7 +685,7 @@ static void on_force(evutil_socket_t fd, short what, void *arg);
 // The drain ends when no request is in flight and every final response has been written. A
 // response whose connection died mid-write never reports completion: a short timer bounds that.
 static void maybe_finish_drain(struct server *s) {
-    if (!s->draining || s->n_active > 0) return;
+    if (!s->draining || s->n_active > 0 || s->n_jobs > 0) return;
     if (s->n_writing <= 0) {
         event_base_loopbreak(s->base);
     } else if (!s->force_timer) {
@@ -572,8 +695,13 @@ static void maybe_finish_drain(struct server *s) {
     }
 }
 
+// Every response's on_complete callback (set in on_request; generate.c's final responses use
+// server_reply_done, which also counts them for the drain).
+static void on_response_written(struct evhttp_request *req, void *arg) { server_conn_request_end(arg, req); }
+
 void server_reply_done(struct evhttp_request *req, void *arg) {
     struct server *s = arg;
+    server_conn_request_end(s, req);
     s->n_writing--;
     maybe_finish_drain(s);
 }
@@ -599,10 +727,7 @@ static void on_drain_timeout(evutil_socket_t fd, short what, void *arg) {
 static void begin_drain(struct server *s) {
     if (s->draining) return;
     s->draining = true;
-    if (s->bound) {
-        evhttp_del_accept_socket(s->http, s->bound);
-        s->bound = NULL;
-    }
+    server_conn_stop_accepting(s);
     LOG_INFO("shutdown: no longer accepting connections; draining %d in-flight requests (up to %.0f s)", s->n_active,
              s->opt.drain_timeout_s);
     if (s->n_active == 0) {
@@ -650,6 +775,7 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
     s->opt.api_key = s->api_key;
     pthread_mutex_init(&s->mu, NULL);
     s->wake_fd = -1;
+    s->reserve_fd = -1;
     metrics_init(&s->metrics, s->model_names[0]);
     oai_limits_init(&s->limits, 0);
     s->rng = time_now_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ull;
@@ -665,6 +791,7 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
     }
     s->wake_ev = event_new(s->base, s->wake_fd, EV_READ | EV_PERSIST, on_wake, s);
     event_add(s->wake_ev, NULL);
+    server_workers_start(s);
     s->http = evhttp_new(s->base);
     if (!s->http) goto fail_msg;
     evhttp_set_max_body_size(s->http, (ev_ssize_t)o->max_body_bytes);
@@ -680,11 +807,7 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
                            (suseconds_t)((o->idle_timeout_s - (time_t)o->idle_timeout_s) * 1e6)};
     evhttp_set_timeout_tv(s->http, &idle);
     evhttp_set_gencb(s->http, on_request, s);
-    s->bound = evhttp_bind_socket_with_handle(s->http, s->host, (ev_uint16_t)o->port);
-    if (!s->bound) {
-        error_set(err, ATOMC_ERR_IO, "cannot listen on %s:%d: %s", s->host, o->port, strerror(errno));
-        goto fail;
-    }
+    if (server_conn_listen(s, err) != ATOMC_OK) goto fail;
     {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
@@ -694,9 +817,13 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
             else if (ss.ss_family == AF_INET6) s->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
         }
     }
+    {
+        // Writing to a client that has gone must fail with EPIPE, not kill the process: libevent
+        // writes with writev. Left alone if the program already handles SIGPIPE.
+        struct sigaction old;
+        if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+    }
     if (o->install_signal_handlers) {
-        // The drain must not be cut short by SIGPIPE from a vanished client.
-        signal(SIGPIPE, SIG_IGN);
         s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
         s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
         evsignal_add(s->sig_int, NULL);
@@ -715,6 +842,7 @@ int server_port(const struct server *s) { return s->port; }
 
 int server_run(struct server *s) {
     event_base_dispatch(s->base);
+    server_workers_stop(s); // before the caller frees the engine the workers use
     return 0;
 }
 
@@ -722,6 +850,8 @@ void server_free(struct server *s) {
     if (!s) return;
     // The engine is gone by now (see server.h): close callbacks must not reach it.
     s->have_engine = false;
+    server_workers_stop(s); // (no-op after server_run)
+    server_workers_free(s);
     if (s->http) evhttp_free(s->http);
     s->http = NULL;
     // Outputs queued by the engine (it has been stopped by now) are applied and dropped.
@@ -744,6 +874,7 @@ void server_free(struct server *s) {
         r->http = NULL;
         srv_req_unref(r);
     }
+    server_conn_free(s);
     if (s->wake_ev) event_free(s->wake_ev);
     if (s->sig_int) event_free(s->sig_int);
     if (s->sig_term) event_free(s->sig_term);

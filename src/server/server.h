@@ -35,9 +35,19 @@ struct server_options {
     int max_n;                                         // upper bound on n (default 64)
     double drain_timeout_s;                            // SIGTERM: wait this long for in-flight requests (default 30)
     size_t max_pending_output_bytes;                   // per connection; a slower reader is aborted (default 64 MiB)
-    double idle_timeout_s;                             // idle keep-alive / stalled transfer timeout (default 300);
+    double idle_timeout_s;                             // stalled transfer (no byte moving) timeout (default 300);
                                                        // a request waiting for the engine is exempt
+    int max_connections;                               // open connections at most (0 = from the descriptor limit,
+                                                       // see server_default_max_connections); past it the oldest
+                                                       // connection without a request in progress is closed
+    double timeout_keep_alive_s;                       // a connection without a request in progress that sends
+                                                       // nothing for this long is closed (default 5, vLLM's)
+    double request_read_timeout_s;                     // a request (headers and body) must arrive within this long
+                                                       // of its first byte, or the connection is closed (default 60)
     bool install_signal_handlers;                      // SIGINT/SIGTERM drain (default true)
+    bool profiling;                                    // the engine has a profile directory: /start_profile and
+                                                       // /stop_profile work (otherwise 404, as vLLM without
+                                                       // VLLM_TORCH_PROFILER_DIR)
     enum tool_parser_kind tool_parser;                 // chat output parsed for tool calls when the request
                                                        // has tools (vLLM --enable-auto-tool-choice
                                                        // --tool-call-parser); default NONE
@@ -57,5 +67,7 @@ int server_run(struct server *s);
 // Starts a graceful shutdown from any thread (what SIGTERM does).
 void server_shutdown(struct server *s);
 void server_free(struct server *s);
+// The default connection cap: the soft descriptor limit less headroom (1/8, at least 64).
+int server_default_max_connections(void);
 
 #endif

@@ -21,6 +21,20 @@ extern const char server_openapi_json[];
 #define SERVER_UNHEALTHY_AFTER_ERRORS 8
 
 struct srv_req;
+struct srv_conn;
+struct srv_job;
+
+#define SERVER_WORKERS 2 // threads for large request bodies (server_work.c)
+enum srv_job_kind { JOB_GENERATE, JOB_TOKENIZE, JOB_TEMPLATE, JOB_DETOKENIZE };
+
+// Repeated log lines (accept errors under descriptor exhaustion, shed connections) are written
+// at most once per SERVER_LOG_LIMIT_S with the number of occurrences in between.
+#define SERVER_LOG_LIMIT_S 10.0
+struct server_log_limit {
+    double t_last;
+    unsigned long long count;
+};
+void server_log_limited(struct server_log_limit *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 struct server {
     struct server_options opt;
@@ -32,6 +46,7 @@ struct server {
     struct event_base *base;
     struct evhttp *http;
     struct evhttp_bound_socket *bound;
+    struct evconnlistener *listener; // ours (server_conn.c), handed to evhttp; NULL once draining
     int port;
     struct event *wake_ev;   // reads wake_fd
     int wake_fd;             // eventfd: engine thread -> loop
@@ -45,6 +60,27 @@ struct server {
     char failed_msg[256];
     bool shutdown_requested;
     struct server_engine eng_pending; // set by server_attach_engine, adopted on the loop thread
+    struct srv_job *done_head, *done_tail; // worker results for the loop (server_work.c)
+
+    // worker pool (server_work.c): work_mu guards the job queue and work_stop
+    pthread_t workers[SERVER_WORKERS];
+    int n_workers;
+    bool work_init, work_stop;
+    pthread_mutex_t work_mu;
+    pthread_cond_t work_cv;
+    struct srv_job *job_head, *job_tail;
+    int n_jobs; // loop thread: handed to a worker, not answered yet
+
+    // loop thread only: connections (server_conn.c)
+    struct srv_conn *conns, *conns_tail; // open connections, oldest first
+    int n_conns, max_connections;
+    struct srv_conn **conn_by_fd;        // fd -> connection
+    int conn_by_fd_cap;
+    struct bufferevent **pending;        // connections being made, registered by pending_ev
+    int n_pending, cap_pending;
+    struct event *pending_ev, *sweep_ev, *backoff_ev;
+    int reserve_fd;                      // shed a connection when accept() runs out of descriptors
+    struct server_log_limit log_accept, log_cap, log_slow;
 
     // loop thread only
     struct server_engine eng;
@@ -139,6 +175,12 @@ struct srv_req {
 };
 
 // server.c
+// After each write of a response: evhttp re-enables reading on every write to notice a closed
+// client, and treats end of input as a close, which cuts the response to a client that only shut
+// down its write side (half-close). Reads stay off while a response is being written; a client that
+// really left is noticed by the write failing, and evhttp reads the next request once the
+// response is written out.
+void server_hold_reads(struct evhttp_connection *conn);
 void server_send_error(struct server *s, struct evhttp_request *req, const struct oai_error *e);
 void server_send_json(struct server *s, struct evhttp_request *req, int code, json_t *body); // steals body
 void server_ready_push(struct server *s, struct srv_req *r); // any thread
@@ -150,8 +192,39 @@ extern const char server_openapi_json[];
 
 void server_reply_done(struct evhttp_request *req, void *arg); // on_complete_cb: arg = server
 
+// server.c: the bodies of /tokenize (template_only: /apply-template) and /detokenize, any thread;
+// the status, and *out the response JSON (malloc'd).
+int server_tokenize_compute(struct server *s, const char *body, size_t len, bool template_only, char **out);
+int server_detokenize_compute(struct server *s, const char *body, size_t len, char **out);
+void server_send_text(struct server *s, struct evhttp_request *req, int code, char *json); // frees json
+
+// server_work.c
+// Hands the request to a worker if its body is large (true), or leaves it to the caller (false).
+bool server_offload(struct server *s, struct evhttp_request *req, enum srv_job_kind kind, enum oai_endpoint ep);
+void server_jobs_finish(struct server *s, struct srv_job *list); // loop thread: apply worker results
+void server_workers_start(struct server *s);
+void server_workers_stop(struct server *s); // joins the workers (the engine must still exist)
+void server_workers_free(struct server *s); // drops results not applied; before evhttp_free
+
+// server_conn.c
+atomc_status server_conn_listen(struct server *s, struct error *err); // binds s->opt.host:port
+void server_conn_stop_accepting(struct server *s);
+void server_conn_free(struct server *s); // after evhttp_free
+// The router got a request on its connection / the response to it was written out.
+void server_conn_request_begin(struct server *s, struct evhttp_request *req);
+void server_conn_request_end(struct server *s, struct evhttp_request *req);
+// evhttp_connection_set_closecb for the server's connections (which need their own close callback).
+void server_conn_set_closecb(struct server *s, struct evhttp_connection *evcon, void (*cb)(struct evhttp_connection *, void *),
+                             void *arg);
+
 // generate.c
 void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endpoint ep);
+// The two halves of generate_handle. prepare (any thread: parsing, chat template, tokenizing;
+// reads only what does not change while serving) returns the request, or NULL with *e;
+// submit (loop thread) hands it to the engine and owns it from then on.
+struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
+                                 struct oai_error *e);
+void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endpoint ep, struct srv_req *r);
 void generate_process(struct srv_req *r);  // loop thread: apply queued outputs
 void generate_abort_all(struct server *s); // loop thread: abort every in-flight engine request
 // Renders chat messages to prompt text through the engine table; 0 or -1 with *e.

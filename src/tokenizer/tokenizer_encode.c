@@ -58,7 +58,6 @@ struct encode_ctx {
     struct tok_buf tmp, tmp2;
     struct ids_buf ids;
     atomc_status status;  // first error of the call
-    char bad_char[8];
 };
 
 // ---- Unicode helpers
@@ -676,16 +675,10 @@ static void bpe_word_uncached(struct encode_ctx *c, const char *w, size_t n) {
                     done = true;
                 }
             }
-            if (!done) {
-                if (t->unk_id < 0) {
-                    if (!c->status) {
-                        c->status = ATOMC_ERR_INVALID_ARGUMENT;
-                        size_t k = l < sizeof c->bad_char - 1 ? l : sizeof c->bad_char - 1;
-                        memcpy(c->bad_char, w + i, k);
-                        c->bad_char[k] = '\0';
-                    }
-                    return;
-                }
+            // Neither in the vocabulary nor covered by byte fallback, and no unk token: the
+            // character is dropped and its neighbours become adjacent, as HF tokenizers' BPE does
+            // (a byte-level vocabulary may lack some byte characters: SmolLM2's lacks 0x04...).
+            if (!done && t->unk_id >= 0) {
                 if (unk_id >= 0 && t->fuse_unk) {
                     unk_len += (uint32_t)l;
                 } else {
@@ -828,9 +821,6 @@ atomc_status tokenizer_encode(const struct tokenizer *t, const char *text, size_
     pcre2_match_data_free(c.md);
     if (st) {
         free(c.ids.v);
-        if (st == ATOMC_ERR_INVALID_ARGUMENT)
-            return error_set(err, st, "tokenizer_encode: character \"%s\" is not in the vocabulary and there is no unk token",
-                             c.bad_char);
         return error_set(err, st, "tokenizer_encode: %s", st == ATOMC_ERR_OUT_OF_MEMORY ? "out of memory" : "regex failure");
     }
     if (!c.ids.v) {  // empty result: still hand back a valid (freeable) pointer

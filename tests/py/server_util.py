@@ -19,7 +19,7 @@ def free_port():
 
 
 class Server:
-    def __init__(self, model, *extra, api_key=None, env=None, ready_timeout=180):
+    def __init__(self, model, *extra, api_key=None, env=None, ready_timeout=180, preexec_fn=None):
         self.port = free_port()
         self.api_key = api_key
         self.base = f"http://127.0.0.1:{self.port}"
@@ -34,7 +34,7 @@ class Server:
             e.update(env)
         self.log_path = f"/tmp/atomc-serve-{self.port}.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=e, preexec_fn=preexec_fn)
         deadline = time.time() + ready_timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -24,7 +24,7 @@ def test_tokenizer_info_and_profiling(tmp_path):
         assert st == 200 and len(tok["tokens"]) == 1
 
         st, body = srv.json("POST", "/stop_profile")
-        assert st == 400 and "no profile is running" in body["error"]["message"]
+        assert st == 409 and "no profile is running" in body["error"]["message"]
         st, body = srv.json("POST", "/start_profile")
         assert st == 200
         st, out = srv.json("POST", "/v1/completions", {"prompt": "The sea is", "max_tokens": 4, "temperature": 0})
@@ -43,7 +43,7 @@ def test_profiling_off_without_profile_dir():
     srv = Server(SMOLLM2, "--max-model-len", "128")
     try:
         st, body = srv.json("POST", "/start_profile")
-        assert st == 400 and "--profile-dir" in body["error"]["message"]
+        assert st == 404 and "--profile-dir" in body["error"]["message"]
         st, _ = srv.json("GET", "/start_profile")
         assert st == 405
     finally:
