@@ -480,14 +480,17 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     r->max_blocks = (r->max_model_len + r->block_size - 1) / r->block_size;
     r->max_rows = r->max_seqs;
 
+    const bool keep_file_dtypes = !o->dtype || !*o->dtype || !strcmp(o->dtype, "auto");
     struct model_load_options lo = {.files = files, .dummy_seed = o->dummy_seed, .weight_dtype = wdt,
+                                    .keep_file_dtypes = keep_file_dtypes,
                                     .kv_dtype = r->kv_dtype, .block_size = r->block_size, .tp_rank = o->tp_rank,
                                     .tp_size = o->tp_size, .comm = o->comm,
                                     .moe_force_uniform = o->moe_uniform_routing};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
     r->cfg = r->model->cfg; // the loader may have resolved tied embeddings
-    LOG_INFO("weights: %.1f MiB as %s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt),
+    LOG_INFO("weights: %.1f MiB as %s%s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt),
+             keep_file_dtypes && !dummy ? " (quantised / 16-bit file dtypes kept where the backend takes them)" : "",
              time_now_s() - tw, dummy ? " (dummy)" : "");
     model_files_close(files);
     files = NULL;

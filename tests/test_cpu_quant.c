@@ -1,0 +1,136 @@
+// Weights kept in their file dtype on the CPU backend (--dtype auto): the model seam's rule in
+// weight_loader_load_tensor, checked on whole models.
+//
+// - Every tiny HF fixture (F32 / BF16 / F16 safetensors) gives bit-identical logits with its
+//   16-bit weights kept (auto) and expanded to F32 (--dtype float32): the CPU kernels widen
+//   BF16 / F16 in registers with the canonical dot order. Prefill (sgemm path, widened tiles)
+//   and decode (skinny kernel) steps are both compared, with memcmp.
+// - A 16-bit fixture kept in its dtype takes half the weight bytes of the F32 expansion.
+// - SmolLM2's Q4_1 GGUF (ATOMC_SMOLLM2) stays at its file size in memory (Q4_1 layers, Q8_0
+//   embedding) instead of 513 MiB of F32.
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "model_refs.h"
+#include "runner_sim.h"
+#include "runtime/model_runner.h"
+#include "test.h"
+
+static struct model_runner *open_fixture(const char *name, const char *dtype) {
+    char rel[256], path[4096];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    struct runner_options o = {
+        .model_path = path, .device = "cpu", .dtype = dtype, .load_format = "auto", .kv_cache_dtype = "float32",
+        .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8, .max_num_batched_tokens = 256,
+        .max_model_len = 128, .num_threads = 2,
+    };
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) {
+        fprintf(stderr, "  %s (%s): model_runner_create: %s\n", name, dtype, err.msg);
+        return NULL;
+    }
+    return r;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+#define N_DECODE 4
+
+TEST(cpu_quant_kept_16bit_weights_bit_identical_to_f32) {
+    int compared = 0, smaller = 0;
+    for (int mi = 0; mi < N_ALL_MODELS; mi++) {
+        struct refs R;
+        ASSERT_EQ(refs_load(all_models(mi), &R, 1e-4, 4.0), 0);
+        struct model_runner *ra = open_fixture(all_models(mi), "auto"), *rf = open_fixture(all_models(mi), "float32");
+        ASSERT_TRUE(ra != NULL && rf != NULL);
+        size_t wa = model_runner_weight_bytes(ra), wf = model_runner_weight_bytes(rf);
+        ASSERT_TRUE(wa <= wf);
+        if (wa * 2 <= wf + 4096) smaller++;
+        const int V = R.vocab;
+        struct sim *sa = malloc(sizeof *sa), *sf = malloc(sizeof *sf);
+        sim_init(sa, ra, 3u);
+        sim_init(sf, rf, 3u);
+        struct ref_prompt *p = &R.p[0];
+        struct sim_seq *qa = malloc(sizeof *qa), *qf = malloc(sizeof *qf);
+        sim_seq_init(qa, p->ids, p->n);
+        sim_seq_init(qf, p->ids, p->n);
+        float *la = malloc(sizeof(float) * (size_t)V * MAX_POS), *lf = malloc(sizeof(float) * (size_t)V * MAX_POS);
+        for (int step = 0; step <= N_DECODE; step++) {
+            struct sim *ss[2] = {sa, sf};
+            struct sim_seq *qq[2] = {qa, qf};
+            float *ll[2] = {la, lf};
+            struct model_runner *rr[2] = {ra, rf};
+            int rows = step == 0 ? p->n_pos : 1;
+            for (int k = 0; k < 2; k++) {
+                sim_step_begin(ss[k]);
+                ASSERT_EQ(sim_step_add(ss[k], qq[k], qq[k]->n_ids - qq[k]->n_cached, step > 0), 0);
+                if (step == 0) {
+                    for (int j = 0; j < p->n_pos; j++) ss[k]->rows[j] = p->pos[j];
+                    ss[k]->n_rows = p->n_pos;
+                }
+                struct forward_batch fb = sim_step_batch(ss[k]);
+                struct error err = {0};
+                ASSERT_OK(model_runner_execute_logits(rr[k], &fb, ll[k], &err));
+                sim_step_commit(ss[k]);
+            }
+            if (memcmp(la, lf, sizeof(float) * (size_t)V * rows) != 0) {
+                test_fail(__FILE__, __LINE__, "%s step %d: logits with kept weights differ from the F32 expansion (max %g)",
+                          all_models(mi), step, max_abs_diff(la, lf, rows * V));
+                return;
+            }
+            int next = argmax(la + (size_t)(rows - 1) * V, V);
+            qa->ids[qa->n_ids++] = next;
+            qf->ids[qf->n_ids++] = next;
+            compared++;
+        }
+        free(la);
+        free(lf);
+        sim_seq_release(sa, qa);
+        sim_seq_release(sf, qf);
+        free(qa);
+        free(qf);
+        sim_free(sa);
+        sim_free(sf);
+        free(sa);
+        free(sf);
+        model_runner_free(ra);
+        model_runner_free(rf);
+        refs_free(&R);
+    }
+    fprintf(stderr, "  %d steps bit-identical; %d fixtures at <= half the F32 weight bytes\n", compared, smaller);
+    ASSERT_EQ(compared, N_ALL_MODELS * (N_DECODE + 1));
+    ASSERT_TRUE(smaller >= N_ALL_MODELS - 1); // every fixture but the F32 one (llama_gqa)
+}
+
+TEST(cpu_quant_smollm2_q4_1_stays_quantised) {
+    const char *path = getenv("ATOMC_SMOLLM2");
+    if (!path || !*path) {
+        fprintf(stderr, "note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 resident-weights check\n");
+        return;
+    }
+    struct runner_options o = {.model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto",
+                               .kv_cache_dtype = "auto", .max_model_len = 256, .max_num_seqs = 2, .num_threads = 2};
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    ASSERT_OK(model_runner_create(&o, &r, &err));
+    size_t w = model_runner_weight_bytes(r);
+    fprintf(stderr, "  SmolLM2 Q4_1 weights in memory: %.1f MiB\n", w / 1048576.0);
+    // The file's tensors: 30 layers of Q4_1 (5 bits / weight) + the tied Q8_0 embedding, about
+    // 92 MiB; the F32 expansion is 513 MiB.
+    ASSERT_TRUE(w > (size_t)80 << 20 && w < (size_t)100 << 20);
+    model_runner_free(r);
+    o.dtype = "float32";
+    ASSERT_OK(model_runner_create(&o, &r, &err));
+    ASSERT_TRUE(model_runner_weight_bytes(r) > (size_t)500 << 20);
+    model_runner_free(r);
+}
+
+int main(int argc, char **argv) { return test_main(argc, argv); }
