@@ -133,4 +133,61 @@ TEST(cpu_quant_smollm2_q4_1_stays_quantised) {
     model_runner_free(r);
 }
 
+// KV pool on the CPU: by default what max_num_seqs x max_model_len needs (capped at 512 MiB, at
+// least one sequence); cpu_kv_cache_bytes and num_kv_blocks still decide when given. KV dtype
+// auto: F32 for an unquantised checkpoint (the exact path), explicit dtypes as asked.
+TEST(cpu_quant_kv_pool_sized_to_what_is_asked) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", test_fixture("models/llama_gqa"));
+    struct runner_options o = {.model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto",
+                               .kv_cache_dtype = "auto", .block_size = 16, .max_num_seqs = 3, .max_model_len = 100,
+                               .num_threads = 1};
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    ASSERT_OK(model_runner_create(&o, &r, &err));
+    ASSERT_EQ(model_runner_kv_dtype_bytes(r), 4);            // unquantised weights: F32 KV
+    ASSERT_EQ(model_runner_num_kv_blocks(r), 3 * ((100 + 15) / 16)); // 3 sequences of 7 blocks
+    model_runner_free(r);
+    o.kv_cache_dtype = "bf16";
+    ASSERT_OK(model_runner_create(&o, &r, &err));
+    ASSERT_EQ(model_runner_kv_dtype_bytes(r), 2);
+    ASSERT_EQ(model_runner_num_kv_blocks(r), 21);
+    model_runner_free(r);
+    o.cpu_kv_cache_bytes = 1u << 20; // an explicit budget wins
+    ASSERT_OK(model_runner_create(&o, &r, &err));
+    int per_block_bf16 = model_runner_num_kv_blocks(r);
+    ASSERT_TRUE(per_block_bf16 > 21);
+    model_runner_free(r);
+    o.cpu_kv_cache_bytes = 0;
+    o.num_kv_blocks = 50;
+    ASSERT_OK(model_runner_create(&o, &r, &err));
+    ASSERT_EQ(model_runner_num_kv_blocks(r), 50);
+    model_runner_free(r);
+    o.kv_cache_dtype = "nonsense";
+    ASSERT_EQ(model_runner_create(&o, &r, &err), ATOMC_ERR_INVALID_ARGUMENT);
+}
+
+TEST(cpu_quant_smollm2_kv_default_bf16_capped_pool) {
+    const char *path = getenv("ATOMC_SMOLLM2");
+    if (!path || !*path) {
+        fprintf(stderr, "note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 KV default check\n");
+        return;
+    }
+    // 16 sequences x 8192 positions would need ~2.9 GiB of BF16 KV: capped at 512 MiB.
+    struct runner_options o = {.model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto",
+                               .kv_cache_dtype = "auto", .num_threads = 1};
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    ASSERT_OK(model_runner_create(&o, &r, &err));
+    ASSERT_EQ(model_runner_kv_dtype_bytes(r), 2); // quantised checkpoint: BF16 KV
+    const size_t per_block = (size_t)30 * 2 * 3 * 64 * 2 * 16; // layers x (K, V) x kv heads x head dim x bf16 x 16
+    ASSERT_EQ(model_runner_num_kv_blocks(r), (int)(((size_t)512 << 20) / per_block));
+    model_runner_free(r);
+    o.max_model_len = 512;
+    o.max_num_seqs = 8; // llama-server -c 4096 -np 8: 4096 tokens in all
+    ASSERT_OK(model_runner_create(&o, &r, &err));
+    ASSERT_EQ(model_runner_num_kv_blocks(r), 8 * 32);
+    model_runner_free(r);
+}
+
 int main(int argc, char **argv) { return test_main(argc, argv); }

@@ -57,6 +57,25 @@ static atomc_status runner_parse_dtype(const char *s, enum dtype dflt, enum dtyp
     return ATOMC_OK;
 }
 
+// True when the checkpoint stores some weight block-quantised (a GGUF of Q* tensors).
+static bool runner_files_quantised(const struct model_files *f) {
+    if (!f || f->kind != MODEL_FILES_GGUF || !f->gguf) return false;
+    for (uint64_t i = 0; i < f->gguf->n_tensors; i++) {
+        const struct gguf_tensor_info *t = &f->gguf->tensors[i];
+        if (t->supported && dtype_block_elems(t->dtype) > 1) return true;
+    }
+    return false;
+}
+
+// The KV dtype of --kv-cache-dtype auto. CPU: BF16 for a block-quantised checkpoint (bf16's 2^-9
+// relative rounding of K/V is far below the weights' own quantisation error, and it halves the
+// cache and attention's reads), F32 otherwise, so unquantised checkpoints keep the exact fp32
+// path the HF comparisons pin. Other backends: the activation dtype.
+static enum dtype runner_default_kv_dtype(const struct backend *b, const struct model_files *f) {
+    if (b->kind == BACKEND_CPU) return runner_files_quantised(f) ? DTYPE_BF16 : DTYPE_F32;
+    return b->act_dtype;
+}
+
 // --load-format dummy: the config from config.json alone (path: a directory holding it, or the file).
 static atomc_status runner_read_dummy_config(const char *path, struct model_config *cfg, struct error *err) {
     char buf[4096];
@@ -466,7 +485,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
         st = error_set(err, ATOMC_ERR_UNSUPPORTED, "dtype fp8 is a KV-cache dtype, not a weight dtype");
         goto fail;
     }
-    if ((st = runner_parse_dtype(o->kv_cache_dtype, b->act_dtype, &r->kv_dtype, "kv_cache_dtype", err))) goto fail;
+    enum dtype kv_default = runner_default_kv_dtype(b, files);
+    if ((st = runner_parse_dtype(o->kv_cache_dtype, kv_default, &r->kv_dtype, "kv_cache_dtype", err))) goto fail;
 
     r->block_size = o->block_size > 0 ? o->block_size : 16;
     r->max_model_len = o->max_model_len > 0 ? o->max_model_len : r->cfg.max_position_embeddings;
