@@ -431,6 +431,29 @@ static void gemv_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
     }
 }
 
+// The int8-activation variant of gemv_cols (quantised weights, few rows): xq holds nx rows of
+// k / 32 quantised blocks.
+struct gemv_q8_ctx {
+    const struct cpu_kernels *kern;
+    int wk;
+    float *out;
+    const struct cpu_q8_block *xq;
+    const float *bias;
+    const void *w;
+    int nx;
+    int64_t k, m;
+};
+
+static void gemv_q8_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
+    struct gemv_q8_ctx *g = vctx;
+    const int64_t nb = g->k / 32;
+    for (int i0 = 0; i0 < g->nx; i0 += 64) {
+        int ni = g->nx - i0 < 64 ? g->nx - i0 : 64;
+        g->kern->gemv_q8[g->wk](g->out + (int64_t)i0 * g->m, g->m, g->xq + (int64_t)i0 * nb, nb, ni, g->w, g->bias,
+                                g->k, g->k, j0, j1);
+    }
+}
+
 struct widen_ctx {
     const struct cpu_kernels *kern;
     int wk;
@@ -473,7 +496,27 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
     cpu_lock(c);
     uint8_t *scr = cpu_shared_reserve(c, bias_bytes + (size_t)tile_rows * (size_t)k * sizeof(float) + 64);
     const float *bf = bias ? cpu_weight_f32(bias, (float *)scr) : NULL;
-    if (skinny) {
+    // Quantised weights at decode sizes: int8 activations and integer dot products (not
+    // bit-identical to the F32 path; see cpu_kernels_q8.c). ATOMC_CPU_EXACT=1 keeps the exact
+    // dequantise-in-registers kernels; prefill (sgemm over widened tiles) is always exact.
+    const bool q8 = skinny && !c->exact_matmul && c->kern.gemv_q8[wk] != NULL;
+    if (q8) {
+        const int64_t nb = k / 32;
+        size_t qbytes = (size_t)n * (size_t)nb * sizeof(struct cpu_q8_block);
+        scr = cpu_shared_reserve(c, bias_bytes + qbytes + 64);
+        bf = bias ? cpu_weight_f32(bias, (float *)scr) : NULL;
+        struct cpu_q8_block *xq = (struct cpu_q8_block *)(scr + bias_bytes);
+        const float *xf = x->data;
+        for (int64_t i = 0; i < n; i++)
+            c->kern.quantize_q8(xq + i * nb, xf + i * k, k);
+        struct gemv_q8_ctx g = {&c->kern, wk, o, xq, bf, w->data, (int)n, k, m};
+        int64_t grain = 16384 / (k > 0 ? k : 1);
+        if (grain < 4) grain = 4;
+        if (m * k * n < 65536)
+            gemv_q8_cols(&g, 0, m, 0);
+        else
+            thread_pool_parallel_for(c->pool, m, grain, gemv_q8_cols, &g);
+    } else if (skinny) {
         struct gemv_ctx g = {&c->kern, wk, o, x->data, bf, w->data, (int)n, k, m};
         int64_t grain = 16384 / (k > 0 ? k : 1); // >= 64 KB of F32 weights per chunk
         if (grain < 4) grain = 4;
@@ -725,6 +768,8 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
     c->kv_pool_bytes = o ? o->kv_pool_bytes : 0;
     const char *bi = getenv("ATOMC_BATCH_INVARIANT");
     c->batch_invariant = (o && o->batch_invariant) || (bi && !strcmp(bi, "1"));
+    const char *ex = getenv("ATOMC_CPU_EXACT");
+    c->exact_matmul = ex && !strcmp(ex, "1");
     c->scratch = calloc((size_t)n, sizeof(void *));
     c->sample_hist = calloc((size_t)n, sizeof(void *));
     atomc_status st = !c->scratch || !c->sample_hist

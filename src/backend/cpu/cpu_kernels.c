@@ -553,6 +553,7 @@ void cpu_kernels_select(struct cpu_kernels *k) {
                                         widen_generic_q4_0, widen_generic_q4_1},
                               .gemv = {gemv_generic_f32, gemv_generic_bf16, gemv_generic_f16, gemv_generic_q8_0,
                                        gemv_generic_q4_0, gemv_generic_q4_1}};
+    cpu_kernels_q8_generic(k);
 #if defined(__x86_64__) && defined(__GNUC__)
     const char *force = getenv("ATOMC_CPU_KERNELS");
     if (force && !strcmp(force, "generic")) return;
@@ -569,5 +570,6 @@ void cpu_kernels_select(struct cpu_kernels *k) {
             .widen = {widen_generic_f32, widen_avx2_bf16, widen_avx2_f16, widen_generic_q8_0, widen_generic_q4_0,
                       widen_generic_q4_1},
             .gemv = {gemv_avx2_f32, gemv_avx2_bf16, gemv_avx2_f16, gemv_avx2_q8_0, gemv_avx2_q4_0, gemv_avx2_q4_1}};
+    if (!strcmp(k->name, "avx2")) cpu_kernels_q8_avx2(k);
 #endif
 }

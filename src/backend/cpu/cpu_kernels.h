@@ -17,6 +17,13 @@ enum {
     CPU_WEIGHT_COUNT
 };
 
+// A block of 32 activations quantised for the integer dot products of quantised weights
+// (cpu_kernels_q8.c): d = max|x| / 127, q = round(x / d) (nearest even), s = d * sum(q).
+struct cpu_q8_block {
+    float d, s;
+    int8_t q[32];
+};
+
 struct cpu_kernels {
     const char *name; // "avx2" (AVX2 + FMA + F16C) or "generic"
     // y[i] += sum over t < nt of p[t] * v[t * vs + i], i < n (attention's P @ V for one row)
@@ -37,7 +44,19 @@ struct cpu_kernels {
     // Each weight row is read once per group of up to 4 rows (the weights are the traffic).
     void (*gemv[CPU_WEIGHT_COUNT])(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx,
                                    const void *w, const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
+    // Quantised-weight decode path (not bit-identical to gemv: the activations are rounded to
+    // int8, error bound in cpu_kernels_q8.c). quantize_q8: one row of k floats (k % 32 == 0) ->
+    // k / 32 blocks. gemv_q8[wk] (NULL for the non-block dtypes): as gemv, with x given as nx
+    // rows of quantised blocks xq_stride blocks apart.
+    void (*quantize_q8)(struct cpu_q8_block *dst, const float *x, int64_t k);
+    void (*gemv_q8[CPU_WEIGHT_COUNT])(float *out, int64_t out_stride, const struct cpu_q8_block *xq,
+                                      int64_t xq_stride, int nx, const void *w, const float *bias, int64_t k,
+                                      int64_t ws, int64_t j0, int64_t j1);
 };
+
+// The q8 kernels of cpu_kernels_q8.c, portable and AVX2 (called by cpu_kernels_select).
+void cpu_kernels_q8_generic(struct cpu_kernels *k);
+void cpu_kernels_q8_avx2(struct cpu_kernels *k);
 
 // Fills k with the best implementation this CPU supports (ATOMC_CPU_KERNELS=generic forces
 // the portable one).
