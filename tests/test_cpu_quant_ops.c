@@ -1,9 +1,9 @@
-// The quantised-weight decode kernels of the CPU backend (cpu_kernels_q8.c) against a
+// The quantised-weight decode kernels of the CPU backend (cpu_kernels_xq.c) against a
 // dequantise-then-F32 reference, for every block type, the portable and the run-time selected
 // (AVX2) implementation, odd sizes.
 //
-// Tolerance (stated in cpu_kernels_q8.c): activations are rounded to int8 per block of 32 with
-// d = max|x_b| / 127, so |out - dot(x, dequant(w))| <= sum_b d_b / 2 * sum_{i in b} |w_i|, plus
+// Tolerance (stated in cpu_kernels_xq.c): activations are rounded to int16 per block of 32 with
+// d = max|x_b| / 32767, so |out - dot(x, dequant(w))| <= sum_b d_b / 2 * sum_{i in b} |w_i|, plus
 // fp32 rounding (1e-5 of sum |x_i w_i|). Every output is checked against that bound in double
 // precision; the bound is tight enough that a wrong nibble order or scale fails it by orders of
 // magnitude.
@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/dtype.h"
+#include "loader/gguf.h"
 #include "test.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -27,18 +28,27 @@ static uint64_t rng_u64(void) {
 static float rng_uniform(void) { return (float)((rng_u64() >> 40) * (1.0 / 16777216.0)); }
 static float rng_sym(void) { return 2.0f * rng_uniform() - 1.0f; }
 
-// Random weight blocks of a 32-element GGUF type: random quant bytes, sane f16 scales.
+static void put_f16(unsigned char *p, float v) {
+    uint16_t h = f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+// Random weight blocks of a GGUF block type: random quant (and sub-block scale) bytes, sane
+// f16 / f32 block scales.
 static void make_blocks(enum dtype dt, void *dst, int64_t n_elems) {
     unsigned char *p = dst;
     size_t bb = dtype_block_bytes(dt);
-    for (int64_t i = 0; i < n_elems / 32; i++) {
+    int be = dtype_block_elems(dt);
+    for (int64_t i = 0; i < n_elems / be; i++) {
         unsigned char *blk = p + i * bb;
         for (size_t j = 0; j < bb; j++) blk[j] = (unsigned char)rng_u64();
-        uint16_t d = f32_to_f16(0.002f + 0.05f * rng_uniform());
-        memcpy(blk, &d, 2);
-        if (dt == DTYPE_Q4_1) {
-            uint16_t m = f32_to_f16(-0.3f * rng_uniform());
-            memcpy(blk + 2, &m, 2);
+        switch (dt) {
+        case DTYPE_Q4_1: put_f16(blk, 0.002f + 0.05f * rng_uniform()); put_f16(blk + 2, -0.3f * rng_uniform()); break;
+        case DTYPE_Q4_K:
+        case DTYPE_Q5_K: put_f16(blk, 0.0005f + 0.003f * rng_uniform()); put_f16(blk + 2, 0.0005f + 0.003f * rng_uniform()); break;
+        case DTYPE_Q6_K: put_f16(blk + 208, 0.0005f + 0.003f * rng_uniform()); break;
+        case DTYPE_Q8_K: { float d = 0.0005f + 0.003f * rng_uniform(); memcpy(blk, &d, 4); break; }
+        default: put_f16(blk, 0.002f + 0.05f * rng_uniform()); break;
         }
     }
 }
@@ -48,6 +58,10 @@ static int weight_kind(enum dtype t) {
     case DTYPE_Q8_0: return CPU_WEIGHT_Q8_0;
     case DTYPE_Q4_0: return CPU_WEIGHT_Q4_0;
     case DTYPE_Q4_1: return CPU_WEIGHT_Q4_1;
+    case DTYPE_Q4_K: return CPU_WEIGHT_Q4_K;
+    case DTYPE_Q5_K: return CPU_WEIGHT_Q5_K;
+    case DTYPE_Q6_K: return CPU_WEIGHT_Q6_K;
+    case DTYPE_Q8_K: return CPU_WEIGHT_Q8_K;
     default: return -1;
     }
 }
@@ -62,12 +76,12 @@ static void make_x(float *x, int nx, int64_t k) {
         }
 }
 
-static const enum dtype QTYPES[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1};
+static const enum dtype QTYPES[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K, DTYPE_Q8_K};
 #define N_QTYPES ((int)(sizeof QTYPES / sizeof QTYPES[0]))
 
 // Checks one kernel set on (nx, k, m) with output columns [j0, j1): bound per output, columns
 // outside the range untouched.
-static void check_gemv_q8(const struct cpu_kernels *K, enum dtype qt, int nx, int64_t k, int64_t m, int64_t j0,
+static void check_gemv_xq(const struct cpu_kernels *K, enum dtype qt, int nx, int64_t k, int64_t m, int64_t j0,
                           int64_t j1, int with_bias, double *worst_ratio) {
     const int wk = weight_kind(qt);
     const int64_t nb = k / 32;
@@ -82,11 +96,11 @@ static void check_gemv_q8(const struct cpu_kernels *K, enum dtype qt, int nx, in
         bias = malloc(sizeof(float) * (size_t)m);
         for (int64_t j = 0; j < m; j++) bias[j] = rng_sym();
     }
-    struct cpu_q8_block *xq = malloc(sizeof *xq * (size_t)(nx * nb));
-    for (int i = 0; i < nx; i++) K->quantize_q8(xq + i * nb, x + i * k, k);
+    struct cpu_xq_block *xq = malloc(sizeof *xq * (size_t)(nx * nb));
+    for (int i = 0; i < nx; i++) K->quantize_xq(xq + i * nb, x + i * k, k);
     float *out = malloc(sizeof(float) * (size_t)(nx * m));
     for (int64_t i = 0; i < nx * m; i++) out[i] = -12345.0f;
-    K->gemv_q8[wk](out, m, xq, nb, nx, w, bias, k, k, j0, j1);
+    K->gemv_xq[wk](out, m, xq, nb, nx, w, bias, k, k, j0, j1);
     for (int i = 0; i < nx; i++)
         for (int64_t j = 0; j < m; j++) {
             float got = out[i * m + j];
@@ -108,7 +122,7 @@ static void check_gemv_q8(const struct cpu_kernels *K, enum dtype qt, int nx, in
                     wsum += fabs(wv);
                     if (fabs(xv) > amax) amax = fabs(xv);
                 }
-                bound += amax / 254.0 * wsum * (1.0 + 1e-4);
+                bound += amax / 65534.0 * wsum * (1.0 + 1e-4);
             }
             bound += 1e-5 * (mag + (bias ? fabs(bias[j]) : 0.0)) + 1e-6;
             double e = fabs((double)got - ref);
@@ -131,15 +145,15 @@ done:
 static void kernel_sets(struct cpu_kernels *gen, struct cpu_kernels *sel) {
     memset(gen, 0, sizeof *gen);
     gen->name = "generic";
-    cpu_kernels_q8_generic(gen);
+    cpu_kernels_xq_generic(gen);
     cpu_kernels_select(sel);
 }
 
-TEST(cpu_quant_q8_kernels_within_bound_odd_sizes) {
+TEST(cpu_quant_xq_kernels_within_bound_odd_sizes) {
     struct cpu_kernels kg, ks;
     kernel_sets(&kg, &ks);
     const struct cpu_kernels *sets[2] = {&kg, &ks};
-    const int64_t ks_[] = {32, 96, 576, 1536};
+    const int64_t ks_[] = {32, 96, 256, 576, 768, 1536};
     const int64_t ms[] = {1, 7, 301};
     const int nxs[] = {1, 2, 3, 4, 5, 8};
     int checked = 0;
@@ -148,9 +162,10 @@ TEST(cpu_quant_q8_kernels_within_bound_odd_sizes) {
             double worst = 0.0;
             for (size_t a = 0; a < sizeof ks_ / sizeof ks_[0]; a++)
                 for (size_t b = 0; b < sizeof ms / sizeof ms[0]; b++)
+                    if (ks_[a] % dtype_block_elems(QTYPES[qi]) == 0)
                     for (size_t c = 0; c < sizeof nxs / sizeof nxs[0]; c++) {
                         int64_t m = ms[b], j0 = m > 2 ? 1 : 0, j1 = m > 2 ? m - 1 : m;
-                        check_gemv_q8(sets[si], QTYPES[qi], nxs[c], ks_[a], m, j0, j1, (int)(c & 1), &worst);
+                        check_gemv_xq(sets[si], QTYPES[qi], nxs[c], ks_[a], m, j0, j1, (int)(c & 1), &worst);
                         if (test_failed_now()) return;
                         checked++;
                     }
@@ -160,28 +175,28 @@ TEST(cpu_quant_q8_kernels_within_bound_odd_sizes) {
     fprintf(stderr, "  selected kernels: %s; %d shapes checked\n", ks.name, checked);
 }
 
-// quantize_q8: d = max|x| / 127, q = round-to-nearest-even(x / d), s = d * sum(q); the portable
+// quantize_xq: d = max|x| / 32767, q = round-to-nearest-even(x / d), s = d * sum(q); the portable
 // and selected versions agree bit for bit, and a zero block gives d = 0, q = 0.
-TEST(cpu_quant_q8_activation_quantisation) {
+TEST(cpu_quant_xq_activation_quantisation) {
     struct cpu_kernels kg, ks;
     kernel_sets(&kg, &ks);
     const int64_t k = 32 * 37;
     float *x = malloc(sizeof(float) * k);
     make_x(x, 1, k);
     x[5] = 1e-30f; // denormal-ish values stay finite
-    struct cpu_q8_block *a = malloc(sizeof *a * 37), *b = malloc(sizeof *b * 37);
-    kg.quantize_q8(a, x, k);
-    ks.quantize_q8(b, x, k);
+    struct cpu_xq_block *a = malloc(sizeof *a * 37), *b = malloc(sizeof *b * 37);
+    kg.quantize_xq(a, x, k);
+    ks.quantize_xq(b, x, k);
     ASSERT_TRUE(memcmp(a, b, sizeof *a * 37) == 0);
     for (int blk = 0; blk < 37; blk++) {
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[blk * 32 + i]));
-        ASSERT_TRUE(a[blk].d == amax / 127.0f);
+        ASSERT_TRUE(a[blk].d == amax / 32767.0f);
         int sum = 0;
         for (int i = 0; i < 32; i++) {
             float id = a[blk].d > 0 ? 1.0f / a[blk].d : 0.0f;
             ASSERT_EQ(a[blk].q[i], (int)lrintf(x[blk * 32 + i] * id));
-            ASSERT_TRUE(a[blk].q[i] >= -127 && a[blk].q[i] <= 127);
+            ASSERT_TRUE(a[blk].q[i] >= -32767 && a[blk].q[i] <= 32767);
             sum += a[blk].q[i];
         }
         ASSERT_TRUE(a[blk].s == a[blk].d * (float)sum);
@@ -194,10 +209,10 @@ TEST(cpu_quant_q8_activation_quantisation) {
 
 // An output depends only on its (x row, weight row): not on how many rows a call computes (batch
 // sizes 1..8) nor on the column range (how threads split the columns).
-TEST(cpu_quant_q8_kernels_batch_and_split_invariant) {
+TEST(cpu_quant_xq_kernels_batch_and_split_invariant) {
     struct cpu_kernels ks;
     cpu_kernels_select(&ks);
-    const int64_t k = 576, m = 203, nb = k / 32;
+    const int64_t k = 768, m = 203, nb = k / 32;
     for (int qi = 0; qi < N_QTYPES; qi++) {
         enum dtype qt = QTYPES[qi];
         int wk = weight_kind(qt);
@@ -205,15 +220,15 @@ TEST(cpu_quant_q8_kernels_batch_and_split_invariant) {
         make_blocks(qt, w, m * k);
         float *x = malloc(sizeof(float) * 8 * k);
         make_x(x, 8, k);
-        struct cpu_q8_block *xq = malloc(sizeof *xq * 8 * nb);
-        for (int i = 0; i < 8; i++) ks.quantize_q8(xq + i * nb, x + i * k, k);
+        struct cpu_xq_block *xq = malloc(sizeof *xq * 8 * nb);
+        for (int i = 0; i < 8; i++) ks.quantize_xq(xq + i * nb, x + i * k, k);
         float *all = malloc(sizeof(float) * 8 * m), *one = malloc(sizeof(float) * m);
-        ks.gemv_q8[wk](all, m, xq, nb, 8, w, NULL, k, k, 0, m);
+        ks.gemv_xq[wk](all, m, xq, nb, 8, w, NULL, k, k, 0, m);
         for (int i = 0; i < 8; i++) {
             // row i alone, columns in three uneven pieces
-            ks.gemv_q8[wk](one, m, xq + i * nb, nb, 1, w, NULL, k, k, 0, 5);
-            ks.gemv_q8[wk](one, m, xq + i * nb, nb, 1, w, NULL, k, k, 5, 6);
-            ks.gemv_q8[wk](one, m, xq + i * nb, nb, 1, w, NULL, k, k, 6, m);
+            ks.gemv_xq[wk](one, m, xq + i * nb, nb, 1, w, NULL, k, k, 0, 5);
+            ks.gemv_xq[wk](one, m, xq + i * nb, nb, 1, w, NULL, k, k, 5, 6);
+            ks.gemv_xq[wk](one, m, xq + i * nb, nb, 1, w, NULL, k, k, 6, m);
             if (memcmp(one, all + i * m, sizeof(float) * m)) {
                 test_fail(__FILE__, __LINE__, "%s %s row %d: alone differs from within a batch of 8", ks.name,
                           dtype_name(qt), i);
@@ -228,11 +243,11 @@ TEST(cpu_quant_q8_kernels_batch_and_split_invariant) {
     }
 }
 
-// The backend's matmul takes the int8 path for quantised weights at decode sizes (n <= 8) and
-// stays within the bound of the dequantised F32 matmul; ATOMC_CPU_EXACT=1 restores the exact
+// The backend's matmul takes the integer-dot path for quantised weights at decode sizes (n <= 8) and
+// stays within the bound of the dequantised F32 matmul (int16 activations); ATOMC_CPU_EXACT=1 restores the exact
 // kernels (bit-identical to the F32 expansion).
 TEST(cpu_quant_backend_matmul_decode_path) {
-    const int64_t k = 576, m = 301;
+    const int64_t k = 768, m = 301;
     for (int exact = 0; exact < 2; exact++) {
         if (exact)
             setenv("ATOMC_CPU_EXACT", "1", 1);
@@ -263,7 +278,7 @@ TEST(cpu_quant_backend_matmul_decode_path) {
                 if (exact) {
                     if (!same) test_fail(__FILE__, __LINE__, "%s n %d: exact path differs from F32", dtype_name(qt), n);
                 } else {
-                    if (same) test_fail(__FILE__, __LINE__, "%s n %d: int8 path not taken", dtype_name(qt), n);
+                    if (same) test_fail(__FILE__, __LINE__, "%s n %d: integer path not taken", dtype_name(qt), n);
                     const float *wd = wf.data;
                     for (int i = 0; i < n; i++)
                         for (int64_t j = 0; j < m; j++) {
@@ -275,7 +290,7 @@ TEST(cpu_quant_backend_matmul_decode_path) {
                                     ws += fabs(wd[j * k + bb * 32 + t]);
                                     mag += fabs(x[i * k + bb * 32 + t] * wd[j * k + bb * 32 + t]);
                                 }
-                                bound += amax / 254.0 * ws * (1.0 + 1e-4);
+                                bound += amax / 65534.0 * ws * (1.0 + 1e-4);
                             }
                             bound += 2e-5 * mag;
                             if (!(fabs((double)oq[i * m + j] - of[i * m + j]) <= bound)) {
@@ -297,6 +312,41 @@ TEST(cpu_quant_backend_matmul_decode_path) {
         backend_destroy(b);
     }
     unsetenv("ATOMC_CPU_EXACT");
+}
+
+// The K-quant decoders (dtype_to_f32) against gguf-py's dequantisation of random blocks
+// (tests/fixtures/loader/kquants.gguf, tools/make_kquant_fixture.py), read through the GGUF
+// loader, which must map the GGML type ids to the K dtypes.
+TEST(cpu_quant_kquant_dequant_matches_gguf_py) {
+    struct gguf_file *g = NULL;
+    struct error err = {0};
+    ASSERT_OK(gguf_open(&g, test_fixture("loader/kquants.gguf"), &err));
+    const enum dtype kt[] = {DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K, DTYPE_Q8_K};
+    for (int i = 0; i < 4; i++) {
+        char qn[32], rn[32];
+        snprintf(qn, sizeof qn, "%s.q", dtype_name(kt[i]));
+        snprintf(rn, sizeof rn, "%s.ref", dtype_name(kt[i]));
+        const struct gguf_tensor_info *q = gguf_find_tensor(g, qn), *r = gguf_find_tensor(g, rn);
+        ASSERT_TRUE(q && r && q->supported && r->supported);
+        ASSERT_EQ(q->dtype, kt[i]);
+        ASSERT_EQ(r->dtype, DTYPE_F32);
+        int64_t n = q->ne[0] * q->ne[1];
+        ASSERT_EQ(n, r->ne[0] * r->ne[1]);
+        ASSERT_EQ(q->nbytes, dtype_row_bytes(kt[i], n));
+        float *got = malloc(sizeof(float) * (size_t)n);
+        dtype_to_f32(kt[i], q->data, got, n);
+        const float *ref = r->data;
+        int64_t bad = 0, nonzero = 0;
+        for (int64_t e = 0; e < n; e++) {
+            if (got[e] != ref[e]) bad++;
+            if (ref[e] != 0.0f) nonzero++;
+        }
+        if (bad) test_fail(__FILE__, __LINE__, "%s: %lld of %lld elements differ from gguf-py", dtype_name(kt[i]),
+                           (long long)bad, (long long)n);
+        ASSERT_TRUE(nonzero > n / 2);
+        free(got);
+    }
+    gguf_close(g);
 }
 
 int main(int argc, char **argv) { return test_main(argc, argv); }
