@@ -565,7 +565,11 @@ TEST(half_precision_weights) {
 // weights dequantised at load bit for bit, and the sgemm path (n > 8) to rounding. Embedding
 // rows from a quantised table likewise.
 TEST(quantised_weights_match_dequantised_f32) {
+    // The exact kernels (ATOMC_CPU_EXACT=1); the default decode path for quantised weights
+    // (int16 activations, not bit-identical) is tested against its bound in test_cpu_quant_ops.c.
+    setenv("ATOMC_CPU_EXACT", "1", 1);
     struct backend *b = make_backend(2);
+    unsetenv("ATOMC_CPU_EXACT");
     enum dtype qts[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1};
     int ks[] = {96, 576}, ns[] = {1, 2, 3, 4, 5, 8, 9, 33};
     const int m = 301;
