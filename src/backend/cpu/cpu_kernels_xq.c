@@ -347,7 +347,76 @@ GEMV_XQ_AVX2(q8_0, 34, W16_Q8_0)
 GEMV_XQ_AVX2(q4_0, 18, W16_Q4_0)
 GEMV_XQ_AVX2(q4_1, 20, W16_Q4_1)
 
-// K-quants: each super-block is unpacked once (portable kq_unpack into int16 + scales; shared by
+// kq_unpack with the quants widened in AVX2 (the scales stay scalar: 8 or 16 per 256 weights).
+XQ_AVX2_FN static void kq_unpack_avx2(int wk, const uint8_t *b, int16_t *q, float *sc16, float *mn32) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+#define STORE32(dst, v8)                                                                                               \
+    do {                                                                                                               \
+        _mm256_store_si256((__m256i *)(dst), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v8)));                       \
+        _mm256_store_si256((__m256i *)((dst) + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v8, 1)));           \
+    } while (0)
+    if (wk == CPU_WEIGHT_Q4_K || wk == CPU_WEIGHT_Q5_K) {
+        float d = f16_at_avx2(b), dmin = f16_at_avx2(b + 2);
+        const uint8_t *sc = b + 4, *qs = wk == CPU_WEIGHT_Q4_K ? b + 16 : b + 48;
+        __m256i h = wk == CPU_WEIGHT_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            uint8_t sj, mj;
+            dtype_kq_scale_min(sc, j, &sj, &mj);
+            sc16[2 * j] = sc16[2 * j + 1] = d * (float)sj;
+            mn32[j] = -(dmin * (float)mj);
+        }
+        for (int g = 0; g < 4; g++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + g * 32));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (wk == CPU_WEIGHT_Q5_K) { // bit 2g (low half) / 2g + 1 (high half) of each qh byte -> +16
+                const __m256i one = _mm256_set1_epi8(1);
+                __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(h, 2 * g), one);
+                __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(h, 2 * g + 1), one);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+            }
+            STORE32(q + (2 * g) * 32, lo);
+            STORE32(q + (2 * g + 1) * 32, hi);
+        }
+    } else if (wk == CPU_WEIGHT_Q6_K) {
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = f16_at_avx2(b + 208);
+        const __m256i m3 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+        for (int n = 0; n < 2; n++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + n * 64));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + n * 64 + 32));
+            __m256i hv = _mm256_loadu_si256((const __m256i *)(b + 128 + n * 32));
+            __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(hv, m3), 4);
+            __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2), m3), 4);
+            __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 4), m3), 4);
+            __m256i h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 6), m3), 4);
+            __m256i q0 = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(l0, m4), h0), off);
+            __m256i q1 = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(l1, m4), h1), off);
+            __m256i q2 = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), h2), off);
+            __m256i q3 = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), h3), off);
+            STORE32(q + n * 128, q0);
+            STORE32(q + n * 128 + 32, q1);
+            STORE32(q + n * 128 + 64, q2);
+            STORE32(q + n * 128 + 96, q3);
+        }
+        for (int g = 0; g < 16; g++)
+            sc16[g] = d * (float)sc[g];
+        for (int j = 0; j < 8; j++)
+            mn32[j] = 0.0f;
+    } else { // Q8_K
+        float d;
+        memcpy(&d, b, 4);
+        for (int g = 0; g < 8; g++)
+            STORE32(q + g * 32, _mm256_loadu_si256((const __m256i *)(b + 4 + g * 32)));
+        for (int g = 0; g < 16; g++)
+            sc16[g] = d;
+        for (int j = 0; j < 8; j++)
+            mn32[j] = 0.0f;
+    }
+#undef STORE32
+}
+
+// K-quants: each super-block is unpacked once (kq_unpack_avx2 into int16 + scales; shared by
 // every x row of the call), then the dots run in AVX2: per sub-block of 32, the two halves'
 // int32 dots are scaled by their own sc16 (Q6_K's scales are per 16) and accumulated in 8 lanes.
 XQ_AVX2_FN static void gemv_xq_avx2_k(int wk, size_t bb, float *out, int64_t os, const struct cpu_xq_block *xq,
@@ -367,7 +436,7 @@ XQ_AVX2_FN static void gemv_xq_avx2_k(int wk, size_t bb, float *out, int64_t os,
                 accm[i] = 0.0f;
             }
             for (int64_t s = 0; s < nsb; s++) {
-                kq_unpack(wk, w + (size_t)j * rb + (size_t)s * bb, q, sc16, mn32);
+                kq_unpack_avx2(wk, w + (size_t)j * rb + (size_t)s * bb, q, sc16, mn32);
                 for (int b = 0; b < 8; b++) {
                     __m256i lo = _mm256_load_si256((const __m256i *)(q + b * 32));
                     __m256i hi = _mm256_load_si256((const __m256i *)(q + b * 32 + 16));
