@@ -1,4 +1,4 @@
-// SmolLM2-135M-Instruct from its GGUF (Q4_1, on the CPU backend's exact path: ATOMC_CPU_EXACT=1, F32 KV) against
+// SmolLM2-135M-Instruct from its GGUF (Q4_1, dequantized to F32 by the CPU backend) against
 // HF transformers loading the same GGUF (`gguf_file=`, also dequantized to fp32): greedy
 // 64-token continuations of several prompts, all run together as one continuous batch.
 // References: tests/fixtures/models/smollm2_refs.json, written by tools/gen_smollm2_refs.py.
@@ -64,19 +64,14 @@ TEST(smollm2_greedy_64_matches_hf_gguf) {
     static struct smol_prompt P[MAX_PROMPTS];
     int n = load_refs(P, MAX_PROMPTS);
     ASSERT_TRUE(n >= 5);
-    // The exact path this test pins (dequantise-in-registers kernels, F32 KV); the default path
-    // (int16-activation decode kernels, BF16 KV) is checked with its tolerance in test_cpu_quant.c.
-    setenv("ATOMC_CPU_EXACT", "1", 1);
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "float32",
+        .model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
         .block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 256, .max_model_len = 256,
         .cpu_kv_cache_bytes = 64u << 20, .num_threads = 0,
     };
     struct model_runner *r = NULL;
     struct error err = {0};
-    atomc_status st = model_runner_create(&o, &r, &err);
-    unsetenv("ATOMC_CPU_EXACT"); // read once, at backend creation
-    ASSERT_OK(st);
+    ASSERT_OK(model_runner_create(&o, &r, &err));
     ASSERT_STREQ(model_runner_config(r)->architecture, "LlamaForCausalLM");
     struct sim *s = malloc(sizeof *s);
     sim_init(s, r, 17u);

@@ -3,7 +3,7 @@
 
 - Perplexity of tests/fixtures/eval/declaration.txt with the Q4_1 file kept as Q4_1 and every
   token through the decode kernels (int16 activations x quantised weights; ATOMC_BATCH_INVARIANT=1
-  routes prefill through them too; BF16 KV, the default for a quantised file) is within 0.1% of
+  routes prefill through them too; F16 KV, the default for a quantised file) is within 0.1% of
   the F32 expansion (the same weights dequantised by gguf-py into an F32 GGUF: exact kernels,
   F32 KV).
 - Q4_K_M- and Q6_K-style GGUFs made from it by tools/make_kquant_gguf.py load, keep their K-quant
@@ -68,7 +68,7 @@ def test_kquant_gguf_matches_dequantised_reference(tmp_path, mix, ktypes):
     for t in ktypes:
         assert f"'{t}'" in made, made
     make_gguf(kq, ref, "f32")
-    # The whole text: on a few hundred tokens the BF16 KV cache alone moves the perplexity ~0.1%.
+    # The whole text: on a few hundred tokens a 16-bit KV cache alone moved the perplexity ~0.1% (BF16).
     f32, _ = perplexity(ref, TEXT)
     got, err = perplexity(kq, TEXT, {"ATOMC_BATCH_INVARIANT": "1"})
     mib = float(weights_line(err).split("weights:")[1].split("MiB")[0])

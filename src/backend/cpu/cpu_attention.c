@@ -51,6 +51,12 @@ static const float *attn_load_tile(const struct cpu_kernels *kern, const struct 
             kern->widen[CPU_WEIGHT_BF16](buf + (int64_t)t * width, s + t * rs, width);
         break;
     }
+    case DTYPE_F16: {
+        const uint16_t *s = (const uint16_t *)cache->data + first;
+        for (int t = 0; t < n; t++)
+            kern->widen[CPU_WEIGHT_F16](buf + (int64_t)t * width, s + t * rs, width);
+        break;
+    }
     case DTYPE_FP8_E4M3: {
         const uint8_t *s = (const uint8_t *)cache->data + first;
         for (int t = 0; t < n; t++)
@@ -117,11 +123,11 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         int64_t ks, vs;
         const float *V = attn_load_tile(kern, &a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);
         // All scores of the tile at once: rows (qa..qb) x rep against keys t0..t1. A BF16 K tile
-        // is read in place by the BF16 kernel (exactly the widened values, same dot order).
-        if (a->kv->k.dtype == DTYPE_BF16) {
+        // (or F16) tile is read in place by the 16-bit kernel (exactly the widened values, same dot order).
+        if (a->kv->k.dtype == DTYPE_BF16 || a->kv->k.dtype == DTYPE_F16) {
             const uint16_t *K = (const uint16_t *)a->kv->k.data + ((phys * bs + t0) * a->hk + g) * (int64_t)d;
-            kern->gemv[CPU_WEIGHT_BF16](S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d,
-                                        (int64_t)a->hk * d, 0, t1 - t0);
+            kern->gemv[a->kv->k.dtype == DTYPE_BF16 ? CPU_WEIGHT_BF16 : CPU_WEIGHT_F16](
+                S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, (int64_t)a->hk * d, 0, t1 - t0);
         } else {
             const float *K = attn_load_tile(kern, &a->kv->k, a->kv->k_scale, phys, bs, a->hk, g, d, t0, t1 - t0, kt, &ks);
             kern->gemv[CPU_WEIGHT_F32](S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0,

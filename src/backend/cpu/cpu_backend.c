@@ -648,6 +648,16 @@ static void kv_store_row(const struct tensor *cache, float scale, int64_t elem_o
             d[i] = f32_to_bf16(src[i]);
         break;
     }
+    case DTYPE_F16: { // saturated to +-65504 (an overflow must not put inf into the cache); NaN stays NaN
+        uint16_t *d = (uint16_t *)cache->data + elem_off;
+        for (int i = 0; i < n; i++) {
+            float v = src[i];
+            if (v > 65504.0f) v = 65504.0f;
+            if (v < -65504.0f) v = -65504.0f;
+            d[i] = f32_to_f16(v);
+        }
+        break;
+    }
     case DTYPE_FP8_E4M3: {
         uint8_t *d = (uint8_t *)cache->data + elem_off;
         float inv = 1.0f / scale;

@@ -1,5 +1,5 @@
 // What the CPU backend (the reference) can run (struct backend_caps, backend.h): attention of any
-// head dim, F32 / BF16 / FP8 E4M3 KV, weights in F32 / BF16 / F16 and GGUF Q8_0 / Q4_0 / Q4_1 /
+// head dim, F32 / BF16 / F16 / FP8 E4M3 KV, weights in F32 / BF16 / F16 and GGUF Q8_0 / Q4_0 / Q4_1 /
 // Q4_K / Q5_K / Q6_K / Q8_K
 // (cpu_backend.c upload_weight and matmul), softmax top-k routing, no quantised weight scheme yet.
 #include "backend/backend.h"
@@ -9,7 +9,8 @@ const struct backend_caps backend_cpu_caps = {
     .n_head_dims = 0,
     .split_v_head_dim = false,
     .max_qk_norm_head_dim = 0,
-    .kv_dtypes = BACKEND_CAP_BIT(DTYPE_F32) | BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_FP8_E4M3),
+    .kv_dtypes = BACKEND_CAP_BIT(DTYPE_F32) | BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_F16) |
+                 BACKEND_CAP_BIT(DTYPE_FP8_E4M3),
     .weight_dtypes = BACKEND_CAP_BIT(DTYPE_F32) | BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_F16) |
                      BACKEND_CAP_BIT(DTYPE_Q8_0) | BACKEND_CAP_BIT(DTYPE_Q4_0) | BACKEND_CAP_BIT(DTYPE_Q4_1) |
                      BACKEND_CAP_BIT(DTYPE_Q4_K) | BACKEND_CAP_BIT(DTYPE_Q5_K) | BACKEND_CAP_BIT(DTYPE_Q6_K) |
