@@ -23,9 +23,17 @@ static struct model_runner *open_fixture(const char *name, const char *dtype) {
     snprintf(rel, sizeof rel, "models/%s", name);
     snprintf(path, sizeof path, "%s", test_fixture(rel));
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .dtype = dtype, .load_format = "auto", .kv_cache_dtype = "float32",
-        .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8, .max_num_batched_tokens = 256,
-        .max_model_len = 128, .num_threads = 2,
+        .model_path = path,
+        .device = "cpu",
+        .dtype = dtype,
+        .load_format = "auto",
+        .kv_cache_dtype = "float32",
+        .block_size = 4,
+        .num_kv_blocks = 256,
+        .max_num_seqs = 8,
+        .max_num_batched_tokens = 256,
+        .max_model_len = 128,
+        .num_threads = 2,
     };
     struct model_runner *r = NULL;
     struct error err = {0};
@@ -74,7 +82,8 @@ TEST(cpu_quant_kept_16bit_weights_bit_identical_to_f32) {
                 sim_step_begin(ss[k]);
                 ASSERT_EQ(sim_step_add(ss[k], qq[k], qq[k]->n_ids - qq[k]->n_cached, step > 0), 0);
                 if (step == 0) {
-                    for (int j = 0; j < p->n_pos; j++) ss[k]->rows[j] = p->pos[j];
+                    for (int j = 0; j < p->n_pos; j++)
+                        ss[k]->rows[j] = p->pos[j];
                     ss[k]->n_rows = p->n_pos;
                 }
                 struct forward_batch fb = sim_step_batch(ss[k]);
@@ -83,8 +92,9 @@ TEST(cpu_quant_kept_16bit_weights_bit_identical_to_f32) {
                 sim_step_commit(ss[k]);
             }
             if (memcmp(la, lf, sizeof(float) * (size_t)V * rows) != 0) {
-                test_fail(__FILE__, __LINE__, "%s step %d: logits with kept weights differ from the F32 expansion (max %g)",
-                          all_models(mi), step, max_abs_diff(la, lf, rows * V));
+                test_fail(__FILE__, __LINE__,
+                          "%s step %d: logits with kept weights differ from the F32 expansion (max %g)", all_models(mi),
+                          step, max_abs_diff(la, lf, rows * V));
                 return;
             }
             int next = argmax(la + (size_t)(rows - 1) * V, V);
@@ -117,8 +127,14 @@ TEST(cpu_quant_smollm2_q4_1_stays_quantised) {
         fprintf(stderr, "note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 resident-weights check\n");
         return;
     }
-    struct runner_options o = {.model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto",
-                               .kv_cache_dtype = "auto", .max_model_len = 256, .max_num_seqs = 2, .num_threads = 2};
+    struct runner_options o = {.model_path = path,
+                               .device = "cpu",
+                               .dtype = "auto",
+                               .load_format = "auto",
+                               .kv_cache_dtype = "auto",
+                               .max_model_len = 256,
+                               .max_num_seqs = 2,
+                               .num_threads = 2};
     struct model_runner *r = NULL;
     struct error err = {0};
     ASSERT_OK(model_runner_create(&o, &r, &err));
@@ -140,13 +156,19 @@ TEST(cpu_quant_smollm2_q4_1_stays_quantised) {
 TEST(cpu_quant_kv_pool_sized_to_what_is_asked) {
     char path[4096];
     snprintf(path, sizeof path, "%s", test_fixture("models/llama_gqa"));
-    struct runner_options o = {.model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto",
-                               .kv_cache_dtype = "auto", .block_size = 16, .max_num_seqs = 3, .max_model_len = 100,
+    struct runner_options o = {.model_path = path,
+                               .device = "cpu",
+                               .dtype = "auto",
+                               .load_format = "auto",
+                               .kv_cache_dtype = "auto",
+                               .block_size = 16,
+                               .max_num_seqs = 3,
+                               .max_model_len = 100,
                                .num_threads = 1};
     struct model_runner *r = NULL;
     struct error err = {0};
     ASSERT_OK(model_runner_create(&o, &r, &err));
-    ASSERT_EQ(model_runner_kv_dtype_bytes(r), 4);            // unquantised weights: F32 KV
+    ASSERT_EQ(model_runner_kv_dtype_bytes(r), 4);                    // unquantised weights: F32 KV
     ASSERT_EQ(model_runner_num_kv_blocks(r), 3 * ((100 + 15) / 16)); // 3 sequences of 7 blocks
     model_runner_free(r);
     o.kv_cache_dtype = "bf16";
@@ -175,12 +197,16 @@ TEST(cpu_quant_smollm2_kv_default_f16_capped_pool) {
         return;
     }
     // 16 sequences x 8192 positions would need ~2.9 GiB of F16 KV: capped at 512 MiB.
-    struct runner_options o = {.model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto",
-                               .kv_cache_dtype = "auto", .num_threads = 1};
+    struct runner_options o = {.model_path = path,
+                               .device = "cpu",
+                               .dtype = "auto",
+                               .load_format = "auto",
+                               .kv_cache_dtype = "auto",
+                               .num_threads = 1};
     struct model_runner *r = NULL;
     struct error err = {0};
     ASSERT_OK(model_runner_create(&o, &r, &err));
-    ASSERT_EQ(model_runner_kv_dtype_bytes(r), 2); // quantised checkpoint: F16 KV
+    ASSERT_EQ(model_runner_kv_dtype_bytes(r), 2);              // quantised checkpoint: F16 KV
     const size_t per_block = (size_t)30 * 2 * 3 * 64 * 2 * 16; // layers x (K, V) x kv heads x head dim x f16 x 16
     ASSERT_EQ(model_runner_num_kv_blocks(r), (int)(((size_t)512 << 20) / per_block));
     model_runner_free(r);
@@ -223,7 +249,8 @@ TEST(cpu_quant_smollm2_default_path_greedy_within_tolerance) {
         json_t *ids = json_object_get(jp, "ids"), *g = json_object_get(jp, "greedy");
         json_t *mg = json_object_get(jp, "greedy_margins");
         q->n = (int)json_array_size(ids);
-        for (int k = 0; k < q->n && k < 512; k++) q->ids[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
+        for (int k = 0; k < q->n && k < 512; k++)
+            q->ids[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
         for (int k = 0; k < SMOL_NEW; k++) {
             q->greedy[k] = (int32_t)json_integer_value(json_array_get(g, (size_t)k));
             q->margins[k] = (float)json_number_value(json_array_get(mg, (size_t)k));
@@ -232,8 +259,16 @@ TEST(cpu_quant_smollm2_default_path_greedy_within_tolerance) {
     json_decref(root);
     ASSERT_TRUE(n >= 5);
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
-        .block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 256, .max_model_len = 256, .num_threads = 0,
+        .model_path = path,
+        .device = "cpu",
+        .dtype = "auto",
+        .load_format = "auto",
+        .kv_cache_dtype = "auto",
+        .block_size = 16,
+        .max_num_seqs = 8,
+        .max_num_batched_tokens = 256,
+        .max_model_len = 256,
+        .num_threads = 0,
     };
     struct model_runner *r = NULL;
     struct error err = {0};
@@ -244,7 +279,8 @@ TEST(cpu_quant_smollm2_default_path_greedy_within_tolerance) {
     struct sim_seq *q = calloc((size_t)n, sizeof *q);
     static int32_t got[16][SMOL_NEW];
     int n_got[16] = {0};
-    for (int i = 0; i < n; i++) sim_seq_init(&q[i], P[i].ids, P[i].n);
+    for (int i = 0; i < n; i++)
+        sim_seq_init(&q[i], P[i].ids, P[i].n);
     for (int steps = 0;; steps++) { // one decode step for all (prompts prefilled in one go each)
         ASSERT_TRUE(steps < 2000);
         sim_step_begin(s);
@@ -268,7 +304,8 @@ TEST(cpu_quant_smollm2_default_path_greedy_within_tolerance) {
     int full = 0, compared = 0;
     for (int i = 0; i < n; i++) {
         int same = 0;
-        while (same < SMOL_NEW && got[i][same] == P[i].greedy[same]) same++;
+        while (same < SMOL_NEW && got[i][same] == P[i].greedy[same])
+            same++;
         compared += same;
         fprintf(stderr, "  prompt %d: %d/%d greedy tokens equal HF%s", i, same, SMOL_NEW, same < SMOL_NEW ? "" : "\n");
         if (same < SMOL_NEW) {
@@ -288,4 +325,6 @@ TEST(cpu_quant_smollm2_default_path_greedy_within_tolerance) {
     model_runner_free(r);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -25,8 +25,12 @@ static uint64_t rng_u64(void) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static float rng_uniform(void) { return (float)((rng_u64() >> 40) * (1.0 / 16777216.0)); }
-static float rng_sym(void) { return 2.0f * rng_uniform() - 1.0f; }
+static float rng_uniform(void) {
+    return (float)((rng_u64() >> 40) * (1.0 / 16777216.0));
+}
+static float rng_sym(void) {
+    return 2.0f * rng_uniform() - 1.0f;
+}
 
 static void put_f16(unsigned char *p, float v) {
     uint16_t h = f32_to_f16(v);
@@ -41,28 +45,51 @@ static void make_blocks(enum dtype dt, void *dst, int64_t n_elems) {
     int be = dtype_block_elems(dt);
     for (int64_t i = 0; i < n_elems / be; i++) {
         unsigned char *blk = p + i * bb;
-        for (size_t j = 0; j < bb; j++) blk[j] = (unsigned char)rng_u64();
+        for (size_t j = 0; j < bb; j++)
+            blk[j] = (unsigned char)rng_u64();
         switch (dt) {
-        case DTYPE_Q4_1: put_f16(blk, 0.002f + 0.05f * rng_uniform()); put_f16(blk + 2, -0.3f * rng_uniform()); break;
+        case DTYPE_Q4_1:
+            put_f16(blk, 0.002f + 0.05f * rng_uniform());
+            put_f16(blk + 2, -0.3f * rng_uniform());
+            break;
         case DTYPE_Q4_K:
-        case DTYPE_Q5_K: put_f16(blk, 0.0005f + 0.003f * rng_uniform()); put_f16(blk + 2, 0.0005f + 0.003f * rng_uniform()); break;
-        case DTYPE_Q6_K: put_f16(blk + 208, 0.0005f + 0.003f * rng_uniform()); break;
-        case DTYPE_Q8_K: { float d = 0.0005f + 0.003f * rng_uniform(); memcpy(blk, &d, 4); break; }
-        default: put_f16(blk, 0.002f + 0.05f * rng_uniform()); break;
+        case DTYPE_Q5_K:
+            put_f16(blk, 0.0005f + 0.003f * rng_uniform());
+            put_f16(blk + 2, 0.0005f + 0.003f * rng_uniform());
+            break;
+        case DTYPE_Q6_K:
+            put_f16(blk + 208, 0.0005f + 0.003f * rng_uniform());
+            break;
+        case DTYPE_Q8_K: {
+            float d = 0.0005f + 0.003f * rng_uniform();
+            memcpy(blk, &d, 4);
+            break;
+        }
+        default:
+            put_f16(blk, 0.002f + 0.05f * rng_uniform());
+            break;
         }
     }
 }
 
 static int weight_kind(enum dtype t) {
     switch (t) {
-    case DTYPE_Q8_0: return CPU_WEIGHT_Q8_0;
-    case DTYPE_Q4_0: return CPU_WEIGHT_Q4_0;
-    case DTYPE_Q4_1: return CPU_WEIGHT_Q4_1;
-    case DTYPE_Q4_K: return CPU_WEIGHT_Q4_K;
-    case DTYPE_Q5_K: return CPU_WEIGHT_Q5_K;
-    case DTYPE_Q6_K: return CPU_WEIGHT_Q6_K;
-    case DTYPE_Q8_K: return CPU_WEIGHT_Q8_K;
-    default: return -1;
+    case DTYPE_Q8_0:
+        return CPU_WEIGHT_Q8_0;
+    case DTYPE_Q4_0:
+        return CPU_WEIGHT_Q4_0;
+    case DTYPE_Q4_1:
+        return CPU_WEIGHT_Q4_1;
+    case DTYPE_Q4_K:
+        return CPU_WEIGHT_Q4_K;
+    case DTYPE_Q5_K:
+        return CPU_WEIGHT_Q5_K;
+    case DTYPE_Q6_K:
+        return CPU_WEIGHT_Q6_K;
+    case DTYPE_Q8_K:
+        return CPU_WEIGHT_Q8_K;
+    default:
+        return -1;
     }
 }
 
@@ -94,12 +121,15 @@ static void check_gemv_xq(const struct cpu_kernels *K, enum dtype qt, int nx, in
     float *bias = NULL;
     if (with_bias) {
         bias = malloc(sizeof(float) * (size_t)m);
-        for (int64_t j = 0; j < m; j++) bias[j] = rng_sym();
+        for (int64_t j = 0; j < m; j++)
+            bias[j] = rng_sym();
     }
     struct cpu_xq_block *xq = malloc(sizeof *xq * (size_t)(nx * nb));
-    for (int i = 0; i < nx; i++) K->quantize_xq(xq + i * nb, x + i * k, k);
+    for (int i = 0; i < nx; i++)
+        K->quantize_xq(xq + i * nb, x + i * k, k);
     float *out = malloc(sizeof(float) * (size_t)(nx * m));
-    for (int64_t i = 0; i < nx * m; i++) out[i] = -12345.0f;
+    for (int64_t i = 0; i < nx * m; i++)
+        out[i] = -12345.0f;
     K->gemv_xq[wk](out, m, xq, nb, nx, w, bias, k, k, j0, j1);
     for (int i = 0; i < nx; i++)
         for (int64_t j = 0; j < m; j++) {
@@ -127,8 +157,9 @@ static void check_gemv_xq(const struct cpu_kernels *K, enum dtype qt, int nx, in
             bound += 1e-5 * (mag + (bias ? fabs(bias[j]) : 0.0)) + 1e-6;
             double e = fabs((double)got - ref);
             if (!(e <= bound)) {
-                test_fail(__FILE__, __LINE__, "%s %s nx %d k %lld row %d col %lld: %g vs reference %g (error %g > bound %g)",
-                          K->name, dtype_name(qt), nx, (long long)k, i, (long long)j, got, ref, e, bound);
+                test_fail(__FILE__, __LINE__,
+                          "%s %s nx %d k %lld row %d col %lld: %g vs reference %g (error %g > bound %g)", K->name,
+                          dtype_name(qt), nx, (long long)k, i, (long long)j, got, ref, e, bound);
                 goto done;
             }
             if (bound > 0 && e / bound > *worst_ratio) *worst_ratio = e / bound;
@@ -163,12 +194,12 @@ TEST(cpu_quant_xq_kernels_within_bound_odd_sizes) {
             for (size_t a = 0; a < sizeof ks_ / sizeof ks_[0]; a++)
                 for (size_t b = 0; b < sizeof ms / sizeof ms[0]; b++)
                     if (ks_[a] % dtype_block_elems(QTYPES[qi]) == 0)
-                    for (size_t c = 0; c < sizeof nxs / sizeof nxs[0]; c++) {
-                        int64_t m = ms[b], j0 = m > 2 ? 1 : 0, j1 = m > 2 ? m - 1 : m;
-                        check_gemv_xq(sets[si], QTYPES[qi], nxs[c], ks_[a], m, j0, j1, (int)(c & 1), &worst);
-                        if (test_failed_now()) return;
-                        checked++;
-                    }
+                        for (size_t c = 0; c < sizeof nxs / sizeof nxs[0]; c++) {
+                            int64_t m = ms[b], j0 = m > 2 ? 1 : 0, j1 = m > 2 ? m - 1 : m;
+                            check_gemv_xq(sets[si], QTYPES[qi], nxs[c], ks_[a], m, j0, j1, (int)(c & 1), &worst);
+                            if (test_failed_now()) return;
+                            checked++;
+                        }
             fprintf(stderr, "  %-7s %s: worst error / bound = %.3f\n", sets[si]->name, dtype_name(QTYPES[qi]), worst);
             ASSERT_TRUE(worst > 1e-3); // the bound is not vacuous: errors are a visible fraction of it
         }
@@ -190,7 +221,8 @@ TEST(cpu_quant_xq_activation_quantisation) {
     ASSERT_TRUE(memcmp(a, b, sizeof *a * 37) == 0);
     for (int blk = 0; blk < 37; blk++) {
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[blk * 32 + i]));
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[blk * 32 + i]));
         ASSERT_TRUE(a[blk].d == amax / 32767.0f);
         int sum = 0;
         for (int i = 0; i < 32; i++) {
@@ -221,7 +253,8 @@ TEST(cpu_quant_xq_kernels_batch_and_split_invariant) {
         float *x = malloc(sizeof(float) * 8 * k);
         make_x(x, 8, k);
         struct cpu_xq_block *xq = malloc(sizeof *xq * 8 * nb);
-        for (int i = 0; i < 8; i++) ks.quantize_xq(xq + i * nb, x + i * k, k);
+        for (int i = 0; i < 8; i++)
+            ks.quantize_xq(xq + i * nb, x + i * k, k);
         float *all = malloc(sizeof(float) * 8 * m), *one = malloc(sizeof(float) * m);
         ks.gemv_xq[wk](all, m, xq, nb, 8, w, NULL, k, k, 0, m);
         for (int i = 0; i < 8; i++) {
@@ -294,8 +327,8 @@ TEST(cpu_quant_backend_matmul_decode_path) {
                             }
                             bound += 2e-5 * mag;
                             if (!(fabs((double)oq[i * m + j] - of[i * m + j]) <= bound)) {
-                                test_fail(__FILE__, __LINE__, "%s n %d (%d, %lld): %g vs F32 %g beyond %g", dtype_name(qt),
-                                          n, i, (long long)j, oq[i * m + j], of[i * m + j], bound);
+                                test_fail(__FILE__, __LINE__, "%s n %d (%d, %lld): %g vs F32 %g beyond %g",
+                                          dtype_name(qt), n, i, (long long)j, oq[i * m + j], of[i * m + j], bound);
                                 i = n;
                                 break;
                             }
@@ -341,12 +374,15 @@ TEST(cpu_quant_kquant_dequant_matches_gguf_py) {
             if (got[e] != ref[e]) bad++;
             if (ref[e] != 0.0f) nonzero++;
         }
-        if (bad) test_fail(__FILE__, __LINE__, "%s: %lld of %lld elements differ from gguf-py", dtype_name(kt[i]),
-                           (long long)bad, (long long)n);
+        if (bad)
+            test_fail(__FILE__, __LINE__, "%s: %lld of %lld elements differ from gguf-py", dtype_name(kt[i]),
+                      (long long)bad, (long long)n);
         ASSERT_TRUE(nonzero > n / 2);
         free(got);
     }
     gguf_close(g);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -314,7 +314,7 @@ XQ_AVX2_FN static inline __m256i dot16(__m256i lo, __m256i hi, const struct cpu_
                 out[(i + 3) * os + j] = hsum8(a3) + m3 + bj;                                                           \
             }                                                                                                          \
         }                                                                                                              \
-        for (; i < nx; i++) { /* one x row: two weight rows at a time for independent chains */                       \
+        for (; i < nx; i++) { /* one x row: two weight rows at a time for independent chains */                        \
             const struct cpu_xq_block *x0 = xq + i * xqs;                                                              \
             int64_t j = j0;                                                                                            \
             for (; j + 2 <= j1; j += 2) {                                                                              \
@@ -352,8 +352,8 @@ XQ_AVX2_FN static void kq_unpack_avx2(int wk, const uint8_t *b, int16_t *q, floa
     const __m256i m4 = _mm256_set1_epi8(0x0f);
 #define STORE32(dst, v8)                                                                                               \
     do {                                                                                                               \
-        _mm256_store_si256((__m256i *)(dst), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v8)));                       \
-        _mm256_store_si256((__m256i *)((dst) + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v8, 1)));           \
+        _mm256_store_si256((__m256i *)(dst), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v8)));                        \
+        _mm256_store_si256((__m256i *)((dst) + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v8, 1)));            \
     } while (0)
     if (wk == CPU_WEIGHT_Q4_K || wk == CPU_WEIGHT_Q5_K) {
         float d = f16_at_avx2(b), dmin = f16_at_avx2(b + 2);
@@ -446,7 +446,8 @@ XQ_AVX2_FN static void gemv_xq_avx2_k(int wk, size_t bb, float *out, int64_t os,
                         __m256i dl = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)x->q));
                         __m256i dh = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(x->q + 16)));
                         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dl), _mm256_set1_ps(sc16[2 * b] * x->d), acc[i]);
-                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dh), _mm256_set1_ps(sc16[2 * b + 1] * x->d), acc[i]);
+                        acc[i] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(dh), _mm256_set1_ps(sc16[2 * b + 1] * x->d), acc[i]);
                         accm[i] += mn32[b] * x->s;
                     }
                 }
@@ -460,7 +461,7 @@ XQ_AVX2_FN static void gemv_xq_avx2_k(int wk, size_t bb, float *out, int64_t os,
     XQ_AVX2_FN static void gemv_xq_avx2_##SUFFIX(float *out, int64_t os, const struct cpu_xq_block *xq, int64_t xqs,   \
                                                  int nx, const void *w, const float *bias, int64_t k, int64_t ws,      \
                                                  int64_t j0, int64_t j1) {                                             \
-        gemv_xq_avx2_k(WK, dtype_block_bytes(DT), out, os, xq, xqs, nx, w, bias, k, ws, j0, j1);                      \
+        gemv_xq_avx2_k(WK, dtype_block_bytes(DT), out, os, xq, xqs, nx, w, bias, k, ws, j0, j1);                       \
     }
 GEMV_XQ_AVX2_K(q4_k, CPU_WEIGHT_Q4_K, DTYPE_Q4_K)
 GEMV_XQ_AVX2_K(q5_k, CPU_WEIGHT_Q5_K, DTYPE_Q5_K)
