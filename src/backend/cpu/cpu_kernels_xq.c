@@ -223,6 +223,15 @@ XQ_AVX2_FN static inline float f16_at_avx2(const uint8_t *p) {
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
+// Two adjacent f16 (a Q4_1 block's d and m) in one conversion.
+XQ_AVX2_FN static inline void f16x2_at_avx2(const uint8_t *p, float *a, float *b) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+    *a = _mm_cvtss_f32(v);
+    *b = _mm_cvtss_f32(_mm_movehdup_ps(v));
+}
+
 XQ_AVX2_FN static void quantize_xq_avx2(struct cpu_xq_block *dst, const float *x, int64_t k) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t b = 0; b < k / 32; b++) {
@@ -271,7 +280,8 @@ XQ_AVX2_FN static void quantize_xq_avx2(struct cpu_xq_block *dst, const float *x
     float wd = f16_at_avx2(wb), wm = -8.0f * wd
 #define W16_Q4_1(wb, lo, hi, wd, wm)                                                                                   \
     W16_NIBBLES((wb) + 4, lo, hi);                                                                                     \
-    float wd = f16_at_avx2(wb), wm = f16_at_avx2((wb) + 2)
+    float wd, wm;                                                                                                      \
+    f16x2_at_avx2(wb, &wd, &wm)
 
 // int32 dot of a weight block (two int16 halves) with an activation block, in 8 lanes.
 XQ_AVX2_FN static inline __m256i dot16(__m256i lo, __m256i hi, const struct cpu_xq_block *x) {
