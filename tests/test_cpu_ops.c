@@ -565,7 +565,11 @@ TEST(half_precision_weights) {
 // weights dequantised at load bit for bit, and the sgemm path (n > 8) to rounding. Embedding
 // rows from a quantised table likewise.
 TEST(quantised_weights_match_dequantised_f32) {
+    // The exact kernels (ATOMC_CPU_EXACT=1); the default decode path for quantised weights
+    // (int16 activations, not bit-identical) is tested against its bound in test_cpu_quant_ops.c.
+    setenv("ATOMC_CPU_EXACT", "1", 1);
     struct backend *b = make_backend(2);
+    unsetenv("ATOMC_CPU_EXACT");
     enum dtype qts[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1};
     int ks[] = {96, 576}, ns[] = {1, 2, 3, 4, 5, 8, 9, 33};
     const int m = 301;
@@ -636,7 +640,7 @@ TEST(quantised_weights_match_dequantised_f32) {
 // RoPE + KV write and paged attention
 
 static double kv_tol(enum dtype dt) {
-    return dt == DTYPE_F32 ? 1e-12 : dt == DTYPE_BF16 ? 1e-4 : 5e-3;
+    return dt == DTYPE_F32 ? 1e-12 : dt == DTYPE_BF16 ? 1e-4 : dt == DTYPE_F16 ? 1e-5 : 5e-3;
 }
 
 // Reference RoPE of one head in double (angle from the fp32 product, as the op computes it).
@@ -658,6 +662,8 @@ static float kv_read(const struct tensor *t, float scale, int64_t idx) {
         return ((const float *)t->data)[idx];
     case DTYPE_BF16:
         return bf16_to_f32(((const uint16_t *)t->data)[idx]);
+    case DTYPE_F16:
+        return f16_to_f32(((const uint16_t *)t->data)[idx]);
     case DTYPE_FP8_E4M3:
         return fp8_e4m3_to_f32(((const uint8_t *)t->data)[idx]) * scale;
     default:
@@ -1005,8 +1011,8 @@ TEST(attention_sliding_window_sinks_partial_rotary_interleaved) {
 
 TEST(attention_fused_qkv_bf16_and_fp8_cache) {
     struct backend *b = make_backend(2);
-    enum dtype dts[] = {DTYPE_BF16, DTYPE_FP8_E4M3};
-    for (int i = 0; i < 2; i++) {
+    enum dtype dts[] = {DTYPE_BF16, DTYPE_FP8_E4M3, DTYPE_F16};
+    for (int i = 0; i < 3; i++) {
         struct attn_case c = {.n_seqs = 3,
                               .q_lens = {9, 1, 1},
                               .ctx_lens = {25, 18, 64},
@@ -1117,8 +1123,8 @@ TEST(attention_random_shapes) {
         c.fused = rng_int(2);
         c.interleaved = rng_int(2);
         c.rot = c.d - 8 * rng_int(2);
-        enum dtype dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_FP8_E4M3};
-        c.kv_dtype = dts[rng_int(3)];
+        enum dtype dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_FP8_E4M3, DTYPE_F16};
+        c.kv_dtype = dts[rng_int(4)];
         run_attn_case(b, &c);
     }
     backend_destroy(b);

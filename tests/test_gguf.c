@@ -176,17 +176,37 @@ TEST(reference_tensors_match_gguf_package) {
     ASSERT_EQ(t.dtype, DTYPE_Q4_1);
     ASSERT_OK(gguf_get_tensor(g, "t.q8_0", &t, &e));
     ASSERT_EQ(t.dtype, DTYPE_Q8_0);
-    // Unsupported type: listed with its size, refused by name.
+    // Q4_K (a K-quant since issue 25) maps to DTYPE_Q4_K; its values are checked against gguf-py
+    // in test_cpu_quant_ops.c (kquants.gguf).
     const struct gguf_tensor_info *k = gguf_find_tensor(g, "t.q4_k");
-    ASSERT_TRUE(k && !k->supported);
+    ASSERT_TRUE(k && k->supported && k->dtype == DTYPE_Q4_K);
     ASSERT_EQ(k->nbytes, 2 * 144);
     ASSERT_EQ(k->ne[0], 2);
     ASSERT_EQ(k->ne[1], 256);
-    ASSERT_EQ(gguf_get_tensor(g, "t.q4_k", &t, &e), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(strstr(e.msg, "ref.gguf") && strstr(e.msg, "'t.q4_k'") && strstr(e.msg, "Q4_K"));
+    ASSERT_OK(gguf_get_tensor(g, "t.q4_k", &t, &e));
     ASSERT_EQ(gguf_get_tensor(g, "nope", &t, &e), ATOMC_ERR_NOT_FOUND);
     ASSERT_TRUE(strstr(e.msg, "'nope'") != NULL);
     gguf_close(g);
+    // Unsupported type: the same file with t.q4_k's type id patched to IQ4_NL (20: blocks of 32
+    // in 18 bytes, so the 512 elements still take 288 bytes) is listed with its size and refused
+    // by name.
+    char *data;
+    size_t n;
+    ASSERT_OK(file_read_all(test_fixture("loader/ref.gguf"), &data, &n, &e));
+    char *nm = memmem(data, n, "t.q4_k", 6);
+    ASSERT_TRUE(nm != NULL);
+    uint32_t iq4_nl = 20, was;
+    memcpy(&was, nm + 6 + 4 + 16, 4); // after the name: n_dims (u32) and two u64 dims
+    ASSERT_EQ(was, 12);               // GGML_TYPE_Q4_K
+    memcpy(nm + 6 + 4 + 16, &iq4_nl, 4);
+    ASSERT_OK(gguf_open_memory(&g, data, n, "ref.gguf", &e));
+    k = gguf_find_tensor(g, "t.q4_k");
+    ASSERT_TRUE(k && !k->supported);
+    ASSERT_EQ(k->nbytes, 2 * 144);
+    ASSERT_EQ(gguf_get_tensor(g, "t.q4_k", &t, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "ref.gguf") && strstr(e.msg, "'t.q4_k'") && strstr(e.msg, "IQ4_NL"));
+    gguf_close(g);
+    free(data);
     json_decref(ref);
 }
 

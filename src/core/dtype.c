@@ -5,12 +5,15 @@
 #include "common/check.h"
 
 const char *dtype_name(enum dtype t) {
-    static const char *names[DTYPE_COUNT] = {"F32", "F16", "BF16", "F8_E4M3", "I32", "I64", "U8", "Q8_0", "Q4_0", "Q4_1"};
+    static const char *names[DTYPE_COUNT] = {"F32", "F16", "BF16", "F8_E4M3", "I32", "I64", "U8", "Q8_0", "Q4_0", "Q4_1",
+                                                 "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
     return (unsigned)t < DTYPE_COUNT ? names[t] : "?";
 }
 
 int dtype_block_elems(enum dtype t) {
-    return (t == DTYPE_Q8_0 || t == DTYPE_Q4_0 || t == DTYPE_Q4_1) ? 32 : 1;
+    if (t == DTYPE_Q8_0 || t == DTYPE_Q4_0 || t == DTYPE_Q4_1) return 32;
+    if (t == DTYPE_Q4_K || t == DTYPE_Q5_K || t == DTYPE_Q6_K || t == DTYPE_Q8_K) return 256;
+    return 1;
 }
 
 size_t dtype_block_bytes(enum dtype t) {
@@ -22,6 +25,10 @@ size_t dtype_block_bytes(enum dtype t) {
     case DTYPE_Q8_0: return 2 + 32;
     case DTYPE_Q4_0: return 2 + 16;
     case DTYPE_Q4_1: return 2 + 2 + 16;
+    case DTYPE_Q4_K: return 2 + 2 + 12 + 128;
+    case DTYPE_Q5_K: return 2 + 2 + 12 + 32 + 128;
+    case DTYPE_Q6_K: return 128 + 64 + 16 + 2;
+    case DTYPE_Q8_K: return 4 + 256 + 32;
     default: CHECK_MSG(0, "bad dtype %d", (int)t);
     }
     return 0;
@@ -111,6 +118,85 @@ uint8_t f32_to_fp8_e4m3(float f) {
     return sign | (uint8_t)(exp << 3) | (uint8_t)m;
 }
 
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block's 12 scale bytes:
+// j < 4: low 6 bits of bytes j and j + 4; j >= 4: 4 bits of byte j + 4 plus the top 2 bits of
+// bytes j - 4 (scale) and j (min).
+void dtype_kq_scale_min(const uint8_t *sc, int j, uint8_t *scale, uint8_t *min) {
+    if (j < 4) {
+        *scale = sc[j] & 63;
+        *min = sc[j + 4] & 63;
+    } else {
+        *scale = (uint8_t)((sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4));
+        *min = (uint8_t)((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+    }
+}
+
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
+
+// K-quant super-blocks of 256 (ggml's layouts; the arithmetic order is ggml's and gguf-py's:
+// sub-block scale d * sc first, then times the quant, minus dmin * m).
+static void dequant_q4_k(const uint8_t *b, float *y) {
+    float d = f16_at(b), dmin = f16_at(b + 2);
+    const uint8_t *sc = b + 4, *q = b + 16;
+    for (int g = 0; g < 4; g++) { // 64 elements: low nibbles of 32 bytes, then high nibbles
+        uint8_t s0, m0, s1, m1;
+        dtype_kq_scale_min(sc, 2 * g, &s0, &m0);
+        dtype_kq_scale_min(sc, 2 * g + 1, &s1, &m1);
+        float d1 = d * (float)s0, n1 = dmin * (float)m0, d2 = d * (float)s1, n2 = dmin * (float)m1;
+        for (int l = 0; l < 32; l++) y[g * 64 + l] = d1 * (float)(q[g * 32 + l] & 0xf) - n1;
+        for (int l = 0; l < 32; l++) y[g * 64 + 32 + l] = d2 * (float)(q[g * 32 + l] >> 4) - n2;
+    }
+}
+
+static void dequant_q5_k(const uint8_t *b, float *y) {
+    float d = f16_at(b), dmin = f16_at(b + 2);
+    const uint8_t *sc = b + 4, *qh = b + 16, *q = b + 48;
+    for (int g = 0; g < 4; g++) {
+        uint8_t s0, m0, s1, m1;
+        dtype_kq_scale_min(sc, 2 * g, &s0, &m0);
+        dtype_kq_scale_min(sc, 2 * g + 1, &s1, &m1);
+        float d1 = d * (float)s0, n1 = dmin * (float)m0, d2 = d * (float)s1, n2 = dmin * (float)m1;
+        uint8_t u1 = (uint8_t)(1u << (2 * g)), u2 = (uint8_t)(2u << (2 * g));
+        for (int l = 0; l < 32; l++)
+            y[g * 64 + l] = d1 * (float)((q[g * 32 + l] & 0xf) + (qh[l] & u1 ? 16 : 0)) - n1;
+        for (int l = 0; l < 32; l++)
+            y[g * 64 + 32 + l] = d2 * (float)((q[g * 32 + l] >> 4) + (qh[l] & u2 ? 16 : 0)) - n2;
+    }
+}
+
+static void dequant_q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = f16_at(b + 208);
+    for (int n = 0; n < 2; n++) { // 128 elements per half
+        for (int l = 0; l < 32; l++) {
+            int is = l / 16;
+            int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l] = d * (float)sc[is] * (float)q1;
+            y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+            y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+            y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+static void dequant_q8_k(const uint8_t *b, float *y) {
+    float d;
+    memcpy(&d, b, 4);
+    for (int l = 0; l < 256; l++) y[l] = d * (float)(int8_t)b[4 + l];
+}
+
 void dtype_to_f32(enum dtype t, const void *src, float *dst, int64_t n) {
     const uint8_t *s = src;
     switch (t) {
@@ -151,6 +237,19 @@ void dtype_to_f32(enum dtype t, const void *src, float *dst, int64_t n) {
             }
         }
         return;
+    case DTYPE_Q4_K:
+    case DTYPE_Q5_K:
+    case DTYPE_Q6_K:
+    case DTYPE_Q8_K: {
+        CHECK(n % 256 == 0);
+        size_t bb = dtype_block_bytes(t);
+        void (*f)(const uint8_t *, float *) = t == DTYPE_Q4_K   ? dequant_q4_k
+                                              : t == DTYPE_Q5_K ? dequant_q5_k
+                                              : t == DTYPE_Q6_K ? dequant_q6_k
+                                                                : dequant_q8_k;
+        for (int64_t b = 0; b < n / 256; b++) f(s + b * bb, dst + b * 256);
+        return;
+    }
     default: CHECK_MSG(0, "dtype_to_f32: unsupported %s", dtype_name(t));
     }
 }

@@ -125,6 +125,10 @@ static bool ggml_type_to_dtype(uint32_t t, enum dtype *out) {
     case GGML_TYPE_Q8_0: *out = DTYPE_Q8_0; return true;
     case GGML_TYPE_Q4_0: *out = DTYPE_Q4_0; return true;
     case GGML_TYPE_Q4_1: *out = DTYPE_Q4_1; return true;
+    case GGML_TYPE_Q4_K: *out = DTYPE_Q4_K; return true;
+    case GGML_TYPE_Q5_K: *out = DTYPE_Q5_K; return true;
+    case GGML_TYPE_Q6_K: *out = DTYPE_Q6_K; return true;
+    case GGML_TYPE_Q8_K: *out = DTYPE_Q8_K; return true;
     default: return false;
     }
 }

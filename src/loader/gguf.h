@@ -120,7 +120,7 @@ struct gguf_tensor_info {
     int ndim;
     int64_t ne[GGUF_MAX_DIMS]; // row-major, outermost first (reversed from GGUF's order)
     uint32_t ggml_type;        // raw GGML type id
-    bool supported;            // maps to an atomc dtype (F32/F16/BF16/Q8_0/Q4_0/Q4_1)
+    bool supported;            // maps to an atomc dtype (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K/Q8_K)
     enum dtype dtype;          // valid if supported
     uint64_t offset;           // relative to the start of the data section
     uint64_t nbytes;           // 0 if the type's size is unknown

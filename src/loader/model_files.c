@@ -642,8 +642,7 @@ static bool class_accepts(enum tensor_class c, enum dtype d) {
     case TENSOR_CLASS_ANY: return true;
     case TENSOR_CLASS_FLOAT: return d == DTYPE_F32 || d == DTYPE_F16 || d == DTYPE_BF16;
     case TENSOR_CLASS_WEIGHT:
-        return d == DTYPE_F32 || d == DTYPE_F16 || d == DTYPE_BF16 || d == DTYPE_Q8_0 || d == DTYPE_Q4_0 ||
-               d == DTYPE_Q4_1 || d == DTYPE_FP8_E4M3;
+        return d == DTYPE_F32 || d == DTYPE_F16 || d == DTYPE_BF16 || dtype_block_elems(d) > 1 || d == DTYPE_FP8_E4M3;
     case TENSOR_CLASS_INT: return d == DTYPE_I32 || d == DTYPE_I64 || d == DTYPE_U8;
     }
     return false;

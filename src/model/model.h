@@ -151,7 +151,8 @@ struct model {
     struct model_config cfg;
     const struct model_arch_def *arch; // the architecture table entry (arch.c)
     struct backend *backend;      // not owned
-    enum dtype weight_dtype;
+    enum dtype weight_dtype;      // the default dtype of weights in backend memory
+    bool keep_file_dtypes;        // dtype auto: quantised / F16 / BF16 tensors the backend takes stay as in the file
     int q_dim, kv_dim, qkv_dim;   // n_heads * head_dim, n_kv_heads * head_dim, q_dim + 2 kv_dim
 
     struct tensor embed;          // (vocab, hidden)
@@ -192,6 +193,10 @@ struct model_load_options {
     struct model_files *files;    // NULL = dummy (random) weights
     uint64_t dummy_seed;
     enum dtype weight_dtype;      // dtype weights are converted to in backend memory
+    // dtype "auto": a tensor stored block-quantised (GGUF Q*), F16 or BF16 whose dtype the backend
+    // lists in caps->weight_dtypes keeps that dtype; the others get weight_dtype. false (an
+    // explicit --dtype): every tensor is converted to weight_dtype.
+    bool keep_file_dtypes;
     enum dtype kv_dtype;          // the KV cache dtype the runner will use (checked against the backend)
     int block_size;               // the KV block size (checked against the backend); 0 = not checked
     // Tensor parallelism: this rank's slice of every sharded weight is read (through

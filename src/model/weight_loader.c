@@ -134,12 +134,23 @@ static void shape_string(char *buf, size_t n, const struct tensor *t) {
     if (o < n) snprintf(buf + o, n - o, ")");
 }
 
-// Loads one tensor named `name` of shape ne[0..ndim) into backend memory in the weight dtype.
-// slice_dim >= 0: ne is this rank's shard, read from the checkpoint as [slice_start,
-// slice_start + ne[slice_dim]) of dim slice_dim (tensor parallelism); -1 = the whole tensor.
-atomc_status weight_loader_load_tensor(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
-                                       const int64_t *ne, enum winit kind, int slice_dim, int64_t slice_start,
-                                       struct error *err) {
+// The dtype a checkpoint tensor of dtype `src` gets in backend memory. With --dtype auto
+// (m->keep_file_dtypes) a block-quantised (GGUF Q*), F16 or BF16 tensor whose dtype the backend
+// lists in caps->weight_dtypes stays as it is in the file (no expansion at load); everything
+// else, and every tensor under an explicit --dtype, is converted to m->weight_dtype.
+static enum dtype weight_dst_dtype(const struct model *m, enum dtype src) {
+    if (!m->keep_file_dtypes || src == m->weight_dtype) return m->weight_dtype;
+    bool keepable = dtype_block_elems(src) > 1 || src == DTYPE_F16 || src == DTYPE_BF16;
+    const struct backend_caps *caps = m->backend->caps;
+    if (keepable && caps && (caps->weight_dtypes & BACKEND_CAP_BIT(src))) return src;
+    return m->weight_dtype;
+}
+
+// weight_loader_load_tensor with the destination dtype given (want >= 0: a fused entry's common
+// dtype) or chosen by weight_dst_dtype (want < 0).
+static atomc_status load_tensor_as(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
+                                   const int64_t *ne, enum winit kind, int slice_dim, int64_t slice_start, int want,
+                                   struct error *err) {
     struct model *m = L->m;
     *dst = tensor_make(NULL, m->weight_dtype, ndim, ne);
     // Norm weights and biases are stored in the weight dtype too: the ops take every weight in it.
@@ -169,17 +180,46 @@ atomc_status weight_loader_load_tensor(struct weight_loader *L, struct tensor *d
                                                                    ne[slice_dim], &src, err);
     if (st != ATOMC_OK) return st;
     if (tensor_numel(&src) != tensor_numel(dst) || tensor_cols(&src) != tensor_cols(dst)) {
-        char want[96], got[96];
-        shape_string(want, sizeof want, dst);
+        char want_s[96], got[96];
+        shape_string(want_s, sizeof want_s, dst);
         shape_string(got, sizeof got, &src);
-        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s has shape %s, expected %s", name, got, want);
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s has shape %s, expected %s", name, got, want_s);
     }
+    dst->dtype = want >= 0 ? (enum dtype)want : weight_dst_dtype(m, src.dtype);
     st = m->backend->ops->upload_weight(m->backend, dst, &src, err);
     if (st != ATOMC_OK) return error_prefix(err, "tensor %s: ", name);
     m->weight_bytes += tensor_bytes(dst);
     return ATOMC_OK;
 }
 
+// Loads one tensor named `name` of shape ne[0..ndim) into backend memory (dtype: weight_dst_dtype).
+// slice_dim >= 0: ne is this rank's shard, read from the checkpoint as [slice_start,
+// slice_start + ne[slice_dim]) of dim slice_dim (tensor parallelism); -1 = the whole tensor.
+atomc_status weight_loader_load_tensor(struct weight_loader *L, struct tensor *dst, const char *name, int ndim,
+                                       const int64_t *ne, enum winit kind, int slice_dim, int64_t slice_start,
+                                       struct error *err) {
+    return load_tensor_as(L, dst, name, ndim, ne, kind, slice_dim, slice_start, -1, err);
+}
+
+// The dtype of a fused entry of n checkpoint parts: the parts' kept dtype when they agree (the
+// fused rows are then the parts' bytes end to end), else the weight dtype for all of them.
+static enum dtype fused_dst_dtype(struct weight_loader *L, int n, char (*names)[192], struct error *err,
+                                  atomc_status *st) {
+    struct model *m = L->m;
+    *st = ATOMC_OK;
+    if (!m->keep_file_dtypes) return m->weight_dtype;
+    enum dtype common = m->weight_dtype;
+    for (int i = 0; i < n; i++) {
+        struct tensor src;
+        if ((*st = model_files_get_tensor(L->files, names[i], &src, err)) != ATOMC_OK) return m->weight_dtype;
+        enum dtype d = weight_dst_dtype(m, src.dtype);
+        if (i == 0)
+            common = d;
+        else if (d != common)
+            return m->weight_dtype;
+    }
+    return common;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Tables
@@ -278,7 +318,10 @@ static atomc_status load_stacked(struct weight_loader *L, struct tensor *dst, in
         }
         return weight_loader_load_tensor(L, dst, names[0], ndim, ne, init, slice_dim, slice_start, err);
     }
-    *dst = tensor_make(NULL, m->weight_dtype, ndim, ne);
+    atomc_status fst;
+    enum dtype fdt = fused_dst_dtype(L, n, names, err, &fst);
+    if (fst != ATOMC_OK) return fst;
+    *dst = tensor_make(NULL, fdt, ndim, ne);
     size_t bytes = tensor_bytes(dst);
     dst->data = b->ops->alloc(b, bytes);
     if (!dst->data)
@@ -288,8 +331,8 @@ static atomc_status load_stacked(struct weight_loader *L, struct tensor *dst, in
         struct tensor part;
         int64_t pne[2] = {rows[i], cols};
         size_t wb = m->weight_bytes;
-        atomc_status st = weight_loader_load_tensor(L, &part, names[i], ndim, pne, init, starts ? 0 : -1,
-                                                    starts ? starts[i] : 0, err);
+        atomc_status st = load_tensor_as(L, &part, names[i], ndim, pne, init, starts ? 0 : -1,
+                                         starts ? starts[i] : 0, (int)fdt, err);
         m->weight_bytes = wb;
         if (st != ATOMC_OK) {
             weight_release(m, dst);

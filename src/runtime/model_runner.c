@@ -58,6 +58,26 @@ static atomc_status runner_parse_dtype(const char *s, enum dtype dflt, enum dtyp
     return ATOMC_OK;
 }
 
+// True when the checkpoint stores some weight block-quantised (a GGUF of Q* tensors).
+static bool runner_files_quantised(const struct model_files *f) {
+    if (!f || f->kind != MODEL_FILES_GGUF || !f->gguf) return false;
+    for (uint64_t i = 0; i < f->gguf->n_tensors; i++) {
+        const struct gguf_tensor_info *t = &f->gguf->tensors[i];
+        if (t->supported && dtype_block_elems(t->dtype) > 1) return true;
+    }
+    return false;
+}
+
+// The KV dtype of --kv-cache-dtype auto. CPU: F16 for a block-quantised checkpoint (half the F32
+// cache's bytes and attention's reads; F16's 2^-11 relative rounding instead of BF16's 2^-9,
+// which moved single SmolLM2 prompt logprobs by up to 0.03 nats; stores saturate at +-65504),
+// F32 otherwise, so unquantised checkpoints keep the exact fp32 path the HF comparisons pin.
+// Other backends: the activation dtype.
+static enum dtype runner_default_kv_dtype(const struct backend *b, const struct model_files *f) {
+    if (b->kind == BACKEND_CPU) return runner_files_quantised(f) ? DTYPE_F16 : DTYPE_F32;
+    return b->act_dtype;
+}
+
 // --load-format dummy: the config from config.json alone (path: a directory holding it, or the file).
 static atomc_status runner_read_dummy_config(const char *path, struct model_config *cfg, struct error *err) {
     char buf[4096];
@@ -469,7 +489,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
         st = error_set(err, ATOMC_ERR_UNSUPPORTED, "dtype fp8 is a KV-cache dtype, not a weight dtype");
         goto fail;
     }
-    if ((st = runner_parse_dtype(o->kv_cache_dtype, b->act_dtype, &r->kv_dtype, "kv_cache_dtype", err))) goto fail;
+    enum dtype kv_default = runner_default_kv_dtype(b, files);
+    if ((st = runner_parse_dtype(o->kv_cache_dtype, kv_default, &r->kv_dtype, "kv_cache_dtype", err))) goto fail;
 
     r->block_size = o->block_size > 0 ? o->block_size : 16;
     r->max_model_len = o->max_model_len > 0 ? o->max_model_len : r->cfg.max_position_embeddings;
@@ -484,7 +505,9 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     r->max_rows = o->max_logits_rows > r->max_seqs ? o->max_logits_rows : r->max_seqs;
     if (r->max_rows > r->max_tokens) r->max_rows = r->max_tokens; // rows are token rows (max_tokens >= max_seqs)
 
+    const bool keep_file_dtypes = !o->dtype || !*o->dtype || !strcmp(o->dtype, "auto");
     struct model_load_options lo = {.files = files, .dummy_seed = o->dummy_seed, .weight_dtype = wdt,
+                                    .keep_file_dtypes = keep_file_dtypes,
                                     .kv_dtype = r->kv_dtype, .block_size = r->block_size, .tp_rank = o->tp_rank,
                                     .tp_size = o->tp_size, .comm = o->comm,
                                     .moe_force_uniform = o->moe_uniform_routing};
@@ -501,7 +524,9 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
             n += snprintf(qdesc + n, sizeof qdesc - (size_t)n, "%s%.2f MiB %s-quantized", n ? ", " : " (of them ",
                           r->model->weight_bytes_by_scheme[sch] / 1048576.0, weight_scheme_name(sch));
     if (qdesc[0]) snprintf(qdesc + strlen(qdesc), sizeof qdesc - strlen(qdesc), ")");
-    LOG_INFO("weights: %.1f MiB as %s%s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt), qdesc,
+    LOG_INFO("weights: %.1f MiB as %s%s%s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt),
+             keep_file_dtypes && !dummy ? " (quantised / 16-bit file dtypes kept where the backend takes them)" : "",
+             qdesc,
              time_now_s() - tw, dummy ? " (dummy)" : "");
     model_files_close(files);
     files = NULL;

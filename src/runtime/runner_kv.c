@@ -11,6 +11,8 @@
 #include "common/timeutil.h"
 #include "runtime/runner_internal.h"
 
+#define CPU_KV_DEFAULT_MAX_BYTES ((size_t)512 << 20) // the CPU pool's default ceiling
+
 // Bytes of one block (block_size tokens) summed over every layer's paged cache.
 size_t runner_kv_block_bytes(const struct model_runner *r) {
     size_t per_token = 0;
@@ -128,12 +130,17 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
         blocks = o->num_kv_blocks;
         how = "num_kv_blocks";
     } else if (r->backend->kind == BACKEND_CPU) {
+        // Default: what max_num_seqs sequences of max_model_len tokens need, at most
+        // CPU_KV_DEFAULT_MAX_BYTES (then the scheduler preempts, as with any full pool), and
+        // never less than one sequence. cpu_kv_cache_bytes overrides.
         size_t bytes = o->cpu_kv_cache_bytes;
         if (bytes == 0) {
-            bytes = (size_t)512 << 20;
+            size_t one;
+            if (__builtin_mul_overflow(per_block, (size_t)min_blocks, &one)) one = SIZE_MAX;
             size_t need;
-            if (__builtin_mul_overflow(per_block, (size_t)min_blocks, &need)) need = SIZE_MAX;
-            if (bytes < need) bytes = need;
+            if (__builtin_mul_overflow(one, (size_t)r->max_seqs, &need)) need = SIZE_MAX;
+            bytes = need < CPU_KV_DEFAULT_MAX_BYTES ? need : CPU_KV_DEFAULT_MAX_BYTES;
+            if (bytes < one) bytes = one;
         }
         blocks = (int64_t)(bytes / per_block);
         how = "cpu_kv_cache_bytes";

@@ -36,8 +36,9 @@ struct attn_ctx {
 // Rows [t0, t0 + n) of one block's K or V for kv head g, as fp32 rows of `width` floats.
 // Returns a pointer to them and their stride: straight into the cache for F32, else dequantised
 // into buf.
-static const float *attn_load_tile(const struct tensor *cache, float scale, int64_t phys, int bs, int hk, int g,
-                                   int width, int t0, int n, float *buf, int64_t *stride) {
+static const float *attn_load_tile(const struct cpu_kernels *kern, const struct tensor *cache, float scale,
+                                   int64_t phys, int bs, int hk, int g, int width, int t0, int n, float *buf,
+                                   int64_t *stride) {
     int64_t first = ((phys * bs + t0) * hk + g) * (int64_t)width;
     int64_t rs = (int64_t)hk * width;
     switch (cache->dtype) {
@@ -47,8 +48,13 @@ static const float *attn_load_tile(const struct tensor *cache, float scale, int6
     case DTYPE_BF16: {
         const uint16_t *s = (const uint16_t *)cache->data + first;
         for (int t = 0; t < n; t++)
-            for (int i = 0; i < width; i++)
-                buf[(int64_t)t * width + i] = bf16_to_f32(s[t * rs + i]);
+            kern->widen[CPU_WEIGHT_BF16](buf + (int64_t)t * width, s + t * rs, width);
+        break;
+    }
+    case DTYPE_F16: {
+        const uint16_t *s = (const uint16_t *)cache->data + first;
+        for (int t = 0; t < n; t++)
+            kern->widen[CPU_WEIGHT_F16](buf + (int64_t)t * width, s + t * rs, width);
         break;
     }
     case DTYPE_FP8_E4M3: {
@@ -115,10 +121,18 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         CHECK_MSG(phys >= 0 && phys < a->kv->k.ne[0], "attention: sequence %d block %d maps to %lld of %lld", s, blk,
                   (long long)phys, (long long)a->kv->k.ne[0]);
         int64_t ks, vs;
-        const float *K = attn_load_tile(&a->kv->k, a->kv->k_scale, phys, bs, a->hk, g, d, t0, t1 - t0, kt, &ks);
-        const float *V = attn_load_tile(&a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);
-        // All scores of the tile at once: rows (qa..qb) x rep against keys t0..t1.
-        kern->gemv[CPU_WEIGHT_F32](S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0, t1 - t0);
+        const float *V = attn_load_tile(kern, &a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);
+        // All scores of the tile at once: rows (qa..qb) x rep against keys t0..t1. A BF16 K tile
+        // (or F16) tile is read in place by the 16-bit kernel (exactly the widened values, same dot order).
+        if (a->kv->k.dtype == DTYPE_BF16 || a->kv->k.dtype == DTYPE_F16) {
+            const uint16_t *K = (const uint16_t *)a->kv->k.data + ((phys * bs + t0) * a->hk + g) * (int64_t)d;
+            kern->gemv[a->kv->k.dtype == DTYPE_BF16 ? CPU_WEIGHT_BF16 : CPU_WEIGHT_F16](
+                S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, (int64_t)a->hk * d, 0, t1 - t0);
+        } else {
+            const float *K = attn_load_tile(kern, &a->kv->k, a->kv->k_scale, phys, bs, a->hk, g, d, t0, t1 - t0, kt, &ks);
+            kern->gemv[CPU_WEIGHT_F32](S, bs, qs + (size_t)qa * rep * d, d, (qb - qa) * rep, K, NULL, d, ks, 0,
+                                       t1 - t0);
+        }
         for (int qi = qa; qi < qb; qi++) {
             int pos = pos0 + qi;
             int lo = a->window > 0 ? pos - a->window + 1 : 0;

@@ -119,6 +119,14 @@ static int cpu_weight_kind(enum dtype t) {
         return CPU_WEIGHT_Q4_0;
     case DTYPE_Q4_1:
         return CPU_WEIGHT_Q4_1;
+    case DTYPE_Q4_K:
+        return CPU_WEIGHT_Q4_K;
+    case DTYPE_Q5_K:
+        return CPU_WEIGHT_Q5_K;
+    case DTYPE_Q6_K:
+        return CPU_WEIGHT_Q6_K;
+    case DTYPE_Q8_K:
+        return CPU_WEIGHT_Q8_K;
     default:
         return -1;
     }
@@ -182,7 +190,8 @@ static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, con
     struct cpu_backend *c = cpu_backend_of(b);
     if (!cpu_weight_dtype_ok(dst->dtype))
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
-                         "cpu backend: weights are stored as F32, BF16, F16, Q8_0, Q4_0 or Q4_1, not %s",
+                         "cpu backend: weights are stored as F32, BF16, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K "
+                         "or Q8_K, not %s",
                          dtype_name(dst->dtype));
     if (dtype_block_elems(dst->dtype) > 1 && src->dtype != dst->dtype)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: %s weights can only be kept from %s data, not %s",
@@ -195,6 +204,10 @@ static atomc_status cpu_upload_weight(struct backend *b, struct tensor *dst, con
     case DTYPE_Q8_0:
     case DTYPE_Q4_0:
     case DTYPE_Q4_1:
+    case DTYPE_Q4_K:
+    case DTYPE_Q5_K:
+    case DTYPE_Q6_K:
+    case DTYPE_Q8_K:
         break;
     default:
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "cpu backend: cannot convert a %s tensor to %s weights",
@@ -431,6 +444,37 @@ static void gemv_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
     }
 }
 
+// The int8-activation variant of gemv_cols (quantised weights, few rows): xq holds nx rows of
+// k / 32 quantised blocks.
+struct gemv_xq_ctx {
+    const struct cpu_kernels *kern;
+    int wk;
+    enum dtype wdt;
+    float *out;
+    const struct cpu_xq_block *xq;
+    const float *bias;
+    const void *w;
+    int nx;
+    int64_t k, m;
+};
+
+// Columns in cache blocks of ~64 KB of quantised weights, so the second group of four rows
+// (n > 4) finds them in L2; blocking changes no result (each output is one pair's dot).
+static void gemv_xq_cols(void *vctx, int64_t j0, int64_t j1, int tid) {
+    struct gemv_xq_ctx *g = vctx;
+    const int64_t nb = g->k / 32;
+    int64_t jb = (int64_t)(65536 / (dtype_row_bytes(g->wdt, g->k) + 1)) / 4 * 4;
+    if (jb < 4) jb = 4;
+    for (int64_t c0 = j0; c0 < j1; c0 += jb) {
+        int64_t c1 = c0 + jb < j1 ? c0 + jb : j1;
+        for (int i0 = 0; i0 < g->nx; i0 += 64) {
+            int ni = g->nx - i0 < 64 ? g->nx - i0 : 64;
+            g->kern->gemv_xq[g->wk](g->out + (int64_t)i0 * g->m, g->m, g->xq + (int64_t)i0 * nb, nb, ni, g->w,
+                                    g->bias, g->k, g->k, c0, c1);
+        }
+    }
+}
+
 struct widen_ctx {
     const struct cpu_kernels *kern;
     int wk;
@@ -462,7 +506,9 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
     if (n == 0) return;
     float *o = out->data;
     const int wk = cpu_weight_kind(w->dtype);
-    if (wk >= CPU_WEIGHT_Q8_0) CHECK_MSG(k % 32 == 0, "matmul: %s weights need k %% 32 == 0", dtype_name(w->dtype));
+    if (wk >= CPU_WEIGHT_Q8_0)
+        CHECK_MSG(k % dtype_block_elems(w->dtype) == 0, "matmul: %s weights need k %% %d == 0", dtype_name(w->dtype),
+                  dtype_block_elems(w->dtype));
     bool skinny = n <= MATMUL_SKINNY_MAX_ROWS || c->batch_invariant;
     // Op scratch: [bias as F32 (m) | F32 weight tile (half weights, sgemm path)].
     int64_t tile_rows = 0;
@@ -475,7 +521,27 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
     cpu_lock(c);
     uint8_t *scr = cpu_shared_reserve(c, bias_bytes + (size_t)tile_rows * (size_t)k * sizeof(float) + 64);
     const float *bf = bias ? cpu_weight_f32(bias, (float *)scr) : NULL;
-    if (skinny) {
+    // Quantised weights at decode sizes: int8 activations and integer dot products (not
+    // bit-identical to the F32 path; see cpu_kernels_xq.c). ATOMC_CPU_EXACT=1 keeps the exact
+    // dequantise-in-registers kernels; prefill (sgemm over widened tiles) is always exact.
+    const bool q8 = skinny && !c->exact_matmul && c->kern.gemv_xq[wk] != NULL;
+    if (q8) {
+        const int64_t nb = k / 32;
+        size_t qbytes = (size_t)n * (size_t)nb * sizeof(struct cpu_xq_block);
+        scr = cpu_shared_reserve(c, bias_bytes + qbytes + 64);
+        bf = bias ? cpu_weight_f32(bias, (float *)scr) : NULL;
+        struct cpu_xq_block *xq = (struct cpu_xq_block *)(scr + bias_bytes);
+        const float *xf = x->data;
+        for (int64_t i = 0; i < n; i++)
+            c->kern.quantize_xq(xq + i * nb, xf + i * k, k);
+        struct gemv_xq_ctx g = {&c->kern, wk, w->dtype, o, xq, bf, w->data, (int)n, k, m};
+        int64_t grain = 16384 / (k > 0 ? k : 1);
+        if (grain < 4) grain = 4;
+        if (m * k * n < 65536)
+            gemv_xq_cols(&g, 0, m, 0);
+        else
+            thread_pool_parallel_for(c->pool, m, grain, gemv_xq_cols, &g);
+    } else if (skinny) {
         struct gemv_ctx g = {&c->kern, wk, o, x->data, bf, w->data, (int)n, k, m};
         int64_t grain = 16384 / (k > 0 ? k : 1); // >= 64 KB of F32 weights per chunk
         if (grain < 4) grain = 4;
@@ -582,6 +648,16 @@ static void kv_store_row(const struct tensor *cache, float scale, int64_t elem_o
         uint16_t *d = (uint16_t *)cache->data + elem_off;
         for (int i = 0; i < n; i++)
             d[i] = f32_to_bf16(src[i]);
+        break;
+    }
+    case DTYPE_F16: { // saturated to +-65504 (an overflow must not put inf into the cache); NaN stays NaN
+        uint16_t *d = (uint16_t *)cache->data + elem_off;
+        for (int i = 0; i < n; i++) {
+            float v = src[i];
+            if (v > 65504.0f) v = 65504.0f;
+            if (v < -65504.0f) v = -65504.0f;
+            d[i] = f32_to_f16(v);
+        }
         break;
     }
     case DTYPE_FP8_E4M3: {
@@ -727,6 +803,8 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
     c->kv_pool_bytes = o ? o->kv_pool_bytes : 0;
     const char *bi = getenv("ATOMC_BATCH_INVARIANT");
     c->batch_invariant = (o && o->batch_invariant) || (bi && !strcmp(bi, "1"));
+    const char *ex = getenv("ATOMC_CPU_EXACT");
+    c->exact_matmul = ex && !strcmp(ex, "1");
     c->scratch = calloc((size_t)n, sizeof(void *));
     c->sample_hist = calloc((size_t)n, sizeof(void *));
     atomc_status st = !c->scratch || !c->sample_hist

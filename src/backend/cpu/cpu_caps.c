@@ -1,8 +1,8 @@
 // What the CPU backend (the reference) can run (struct backend_caps, backend.h): attention of any
-// head dim, F32 / BF16 / FP8 E4M3 KV, weights in F32 / BF16 / F16 and GGUF Q8_0 / Q4_0 / Q4_1
-// (cpu_backend.c upload_weight and matmul), softmax top-k routing, and the quantized weight
-// schemes of cpu_qmatmul.c: FP8 E4M3 values per tensor / per channel / in blocks, and packed
-// integers (I32 words) with group scales.
+// head dim, F32 / BF16 / F16 / FP8 E4M3 KV, weights in F32 / BF16 / F16 and GGUF Q8_0 / Q4_0 / Q4_1 /
+// Q4_K / Q5_K / Q6_K / Q8_K (cpu_backend.c upload_weight and matmul), softmax top-k routing, and
+// the quantized weight schemes of cpu_qmatmul.c: FP8 E4M3 values per tensor / per channel / in
+// blocks, and packed integers (I32 words) with group scales.
 #include "backend/backend.h"
 
 const struct backend_caps backend_cpu_caps = {
@@ -10,10 +10,12 @@ const struct backend_caps backend_cpu_caps = {
     .n_head_dims = 0,
     .split_v_head_dim = false,
     .max_qk_norm_head_dim = 0,
-    .kv_dtypes = BACKEND_CAP_BIT(DTYPE_F32) | BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_FP8_E4M3),
+    .kv_dtypes = BACKEND_CAP_BIT(DTYPE_F32) | BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_F16) |
+                 BACKEND_CAP_BIT(DTYPE_FP8_E4M3),
     .weight_dtypes = BACKEND_CAP_BIT(DTYPE_F32) | BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_F16) |
                      BACKEND_CAP_BIT(DTYPE_Q8_0) | BACKEND_CAP_BIT(DTYPE_Q4_0) | BACKEND_CAP_BIT(DTYPE_Q4_1) |
-                     BACKEND_CAP_BIT(DTYPE_FP8_E4M3) | BACKEND_CAP_BIT(DTYPE_I32),
+                     BACKEND_CAP_BIT(DTYPE_Q4_K) | BACKEND_CAP_BIT(DTYPE_Q5_K) | BACKEND_CAP_BIT(DTYPE_Q6_K) |
+                     BACKEND_CAP_BIT(DTYPE_Q8_K) | BACKEND_CAP_BIT(DTYPE_FP8_E4M3) | BACKEND_CAP_BIT(DTYPE_I32),
     .weight_schemes = BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE) | BACKEND_CAP_BIT(WEIGHT_SCHEME_PER_TENSOR) |
                       BACKEND_CAP_BIT(WEIGHT_SCHEME_PER_CHANNEL) | BACKEND_CAP_BIT(WEIGHT_SCHEME_BLOCK) |
                       BACKEND_CAP_BIT(WEIGHT_SCHEME_GROUP),

@@ -113,6 +113,37 @@ GEMV_GENERIC_Q(q8_0, DTYPE_Q8_0)
 GEMV_GENERIC_Q(q4_0, DTYPE_Q4_0)
 GEMV_GENERIC_Q(q4_1, DTYPE_Q4_1)
 
+// K-quants (blocks of 256), portable and exact: as GEMV_GENERIC_Q, a super-block at a time.
+#define GEMV_GENERIC_K(SUFFIX, DT)                                                                                     \
+    static void gemv_generic_##SUFFIX(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx,        \
+                                      const void *wv, const float *bias, int64_t k, int64_t ws, int64_t j0,            \
+                                      int64_t j1) {                                                                    \
+        const uint8_t *w = wv;                                                                                         \
+        const size_t bb = dtype_block_bytes(DT), rb = (size_t)(ws / 256) * bb;                                         \
+        float blk[256];                                                                                                \
+        for (int64_t j = j0; j < j1; j++) {                                                                            \
+            for (int i = 0; i < nx; i++) {                                                                             \
+                const float *xr = x + i * x_stride;                                                                    \
+                float s[8] = {0};                                                                                      \
+                for (int64_t t = 0; t < k; t += 256) {                                                                 \
+                    dtype_to_f32(DT, w + (size_t)j * rb + (size_t)(t / 256) * bb, blk, 256);                           \
+                    for (int q = 0; q < 256; q += 8)                                                                   \
+                        for (int l = 0; l < 8; l++)                                                                    \
+                            s[l] += xr[t + q + l] * blk[q + l];                                                        \
+                }                                                                                                      \
+                float v = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));                           \
+                out[i * out_stride + j] = bias ? v + bias[j] : v;                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+    }                                                                                                                  \
+    static void widen_generic_##SUFFIX(float *dst, const void *src, int64_t n) {                                       \
+        dtype_to_f32(DT, src, dst, n);                                                                                 \
+    }
+GEMV_GENERIC_K(q4_k, DTYPE_Q4_K)
+GEMV_GENERIC_K(q5_k, DTYPE_Q5_K)
+GEMV_GENERIC_K(q6_k, DTYPE_Q6_K)
+GEMV_GENERIC_K(q8_k, DTYPE_Q8_K)
+
 static void widen_generic_q8_0(float *dst, const void *src, int64_t n) {
     dtype_to_f32(DTYPE_Q8_0, src, dst, n);
 }
@@ -541,6 +572,39 @@ GEMV_Q_FAMILY(q8_0, 34, DEQ_Q8_0)
 GEMV_Q_FAMILY(q4_0, 18, DEQ_Q4_0)
 GEMV_Q_FAMILY(q4_1, 20, DEQ_Q4_1)
 
+// K-quants, exact: each super-block is dequantised with dtype_to_f32 into the stack, then every
+// pair is one 8-lane FMA chain in element order (the canonical order of the F32 kernels), so
+// results are bit-identical to dequantising at load. The fast decode path is gemv_xq.
+#define GEMV_K_AVX2(SUFFIX, DT)                                                                                        \
+    AVX2_FN static void gemv_avx2_##SUFFIX(float *out, int64_t os, const float *x, int64_t xs, int nx, const void *wv, \
+                                           const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1) {         \
+        const uint8_t *w = wv;                                                                                         \
+        const size_t bb = dtype_block_bytes(DT), rb = (size_t)(ws / 256) * bb;                                         \
+        float blk[256] __attribute__((aligned(32)));                                                                   \
+        for (int64_t j = j0; j < j1; j++)                                                                              \
+            for (int i0 = 0; i0 < nx; i0 += 8) {                                                                       \
+                int ni = nx - i0 < 8 ? nx - i0 : 8;                                                                    \
+                __m256 acc[8];                                                                                         \
+                for (int i = 0; i < ni; i++) acc[i] = _mm256_setzero_ps();                                             \
+                for (int64_t t = 0; t < k; t += 256) {                                                                 \
+                    dtype_to_f32(DT, w + (size_t)j * rb + (size_t)(t / 256) * bb, blk, 256);                           \
+                    for (int i = 0; i < ni; i++) {                                                                     \
+                        const float *xr = x + (i0 + i) * xs + t;                                                       \
+                        for (int q = 0; q < 256; q += 8)                                                               \
+                            acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + q), _mm256_load_ps(blk + q), acc[i]);        \
+                    }                                                                                                  \
+                }                                                                                                      \
+                for (int i = 0; i < ni; i++) {                                                                         \
+                    float v = hsum256(acc[i]);                                                                         \
+                    out[(i0 + i) * os + j] = bias ? v + bias[j] : v;                                                   \
+                }                                                                                                      \
+            }                                                                                                          \
+    }
+GEMV_K_AVX2(q4_k, DTYPE_Q4_K)
+GEMV_K_AVX2(q5_k, DTYPE_Q5_K)
+GEMV_K_AVX2(q6_k, DTYPE_Q6_K)
+GEMV_K_AVX2(q8_k, DTYPE_Q8_K)
+
 #endif
 
 void cpu_kernels_select(struct cpu_kernels *k) {
@@ -550,9 +614,12 @@ void cpu_kernels_select(struct cpu_kernels *k) {
                               .silu_mul = silu_mul_generic,
                               .scale = scale_generic,
                               .widen = {widen_generic_f32, widen_generic_bf16, widen_generic_f16, widen_generic_q8_0,
-                                        widen_generic_q4_0, widen_generic_q4_1},
+                                        widen_generic_q4_0, widen_generic_q4_1, widen_generic_q4_k,
+                                        widen_generic_q5_k, widen_generic_q6_k, widen_generic_q8_k},
                               .gemv = {gemv_generic_f32, gemv_generic_bf16, gemv_generic_f16, gemv_generic_q8_0,
-                                       gemv_generic_q4_0, gemv_generic_q4_1}};
+                                       gemv_generic_q4_0, gemv_generic_q4_1, gemv_generic_q4_k, gemv_generic_q5_k,
+                                       gemv_generic_q6_k, gemv_generic_q8_k}};
+    cpu_kernels_xq_generic(k);
 #if defined(__x86_64__) && defined(__GNUC__)
     const char *force = getenv("ATOMC_CPU_KERNELS");
     if (force && !strcmp(force, "generic")) return;
@@ -567,7 +634,10 @@ void cpu_kernels_select(struct cpu_kernels *k) {
             .silu_mul = silu_mul_avx2,
             .scale = scale_avx2,
             .widen = {widen_generic_f32, widen_avx2_bf16, widen_avx2_f16, widen_generic_q8_0, widen_generic_q4_0,
-                      widen_generic_q4_1},
-            .gemv = {gemv_avx2_f32, gemv_avx2_bf16, gemv_avx2_f16, gemv_avx2_q8_0, gemv_avx2_q4_0, gemv_avx2_q4_1}};
+                      widen_generic_q4_1, widen_generic_q4_k, widen_generic_q5_k, widen_generic_q6_k,
+                      widen_generic_q8_k},
+            .gemv = {gemv_avx2_f32, gemv_avx2_bf16, gemv_avx2_f16, gemv_avx2_q8_0, gemv_avx2_q4_0, gemv_avx2_q4_1,
+                     gemv_avx2_q4_k, gemv_avx2_q5_k, gemv_avx2_q6_k, gemv_avx2_q8_k}};
+    if (!strcmp(k->name, "avx2")) cpu_kernels_xq_avx2(k);
 #endif
 }

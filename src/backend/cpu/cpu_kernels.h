@@ -14,7 +14,18 @@ enum {
     CPU_WEIGHT_Q8_0,
     CPU_WEIGHT_Q4_0,
     CPU_WEIGHT_Q4_1,
+    CPU_WEIGHT_Q4_K, // the K-quants: blocks of 256 (k and ws multiples of 256)
+    CPU_WEIGHT_Q5_K,
+    CPU_WEIGHT_Q6_K,
+    CPU_WEIGHT_Q8_K,
     CPU_WEIGHT_COUNT
+};
+
+// A block of 32 activations quantised for the integer dot products of quantised weights
+// (cpu_kernels_xq.c): d = max|x| / 32767, q = round(x / d) (nearest even), s = d * sum(q).
+struct cpu_xq_block {
+    float d, s;
+    int16_t q[32];
 };
 
 struct cpu_kernels {
@@ -32,12 +43,24 @@ struct cpu_kernels {
     void (*widen[CPU_WEIGHT_COUNT])(float *dst, const void *src, int64_t n);
     // Skinny matmul for few rows (decode; also attention scores), one per weight dtype
     // (index CPU_WEIGHT_*): for output columns j in [j0, j1) and rows i < nx, with weight rows
-    // ws elements apart (k and ws multiples of 32 for the Q types):
+    // ws elements apart (k and ws multiples of the block size for the Q types):
     //   out[i * out_stride + j] = dot(x + i * x_stride, w + j * ws, k) (+ bias[j] if bias)
     // Each weight row is read once per group of up to 4 rows (the weights are the traffic).
     void (*gemv[CPU_WEIGHT_COUNT])(float *out, int64_t out_stride, const float *x, int64_t x_stride, int nx,
                                    const void *w, const float *bias, int64_t k, int64_t ws, int64_t j0, int64_t j1);
+    // Quantised-weight decode path (not bit-identical to gemv: the activations are rounded to
+    // int16, error bound in cpu_kernels_xq.c). quantize_xq: one row of k floats (k % 32 == 0) ->
+    // k / 32 blocks. gemv_xq[wk] (NULL for the non-block dtypes): as gemv, with x given as nx
+    // rows of quantised blocks xq_stride blocks apart.
+    void (*quantize_xq)(struct cpu_xq_block *dst, const float *x, int64_t k);
+    void (*gemv_xq[CPU_WEIGHT_COUNT])(float *out, int64_t out_stride, const struct cpu_xq_block *xq,
+                                      int64_t xq_stride, int nx, const void *w, const float *bias, int64_t k,
+                                      int64_t ws, int64_t j0, int64_t j1);
 };
+
+// The integer-dot kernels of cpu_kernels_xq.c, portable and AVX2 (called by cpu_kernels_select).
+void cpu_kernels_xq_generic(struct cpu_kernels *k);
+void cpu_kernels_xq_avx2(struct cpu_kernels *k);
 
 // Fills k with the best implementation this CPU supports (ATOMC_CPU_KERNELS=generic forces
 // the portable one).
