@@ -524,9 +524,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
             n += snprintf(qdesc + n, sizeof qdesc - (size_t)n, "%s%.2f MiB %s-quantized", n ? ", " : " (of them ",
                           r->model->weight_bytes_by_scheme[sch] / 1048576.0, weight_scheme_name(sch));
     if (qdesc[0]) snprintf(qdesc + strlen(qdesc), sizeof qdesc - strlen(qdesc), ")");
-    LOG_INFO("weights: %.1f MiB as %s%s%s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt),
+    LOG_INFO("weights: %.1f MiB as %s%s%s in %.2f s%s", r->model->weight_bytes / 1048576.0, dtype_name(wdt), qdesc,
              keep_file_dtypes && !dummy ? " (quantised / 16-bit file dtypes kept where the backend takes them)" : "",
-             qdesc,
              time_now_s() - tw, dummy ? " (dummy)" : "");
     model_files_close(files);
     files = NULL;
