@@ -15,37 +15,7 @@
 #define VOCAB 61
 #define MAX_REQ 2048
 
-struct req {
-    int32_t prompt[64];
-    int n_prompt, max_tokens;
-    bool ignore_eos, aborted_by_us, done;
-    int32_t out[64];
-    int n_out;
-    atomc_finish_reason reason;
-    int n_final;
-    uint64_t id;
-};
-
-static void on_out(void *user, const atomc_output *o) {
-    struct req *r = user;
-    for (int i = 0; i < o->n_new_tokens; i++) {
-        CHECK(r->n_out < 64);
-        r->out[r->n_out++] = o->new_tokens[i];
-    }
-    if (o->finish_reason != ATOMC_FINISH_NONE) {
-        r->reason = o->finish_reason;
-        r->n_final++;
-        r->done = true;
-    }
-}
-
-static uint64_t rng_state;
-static uint32_t rnd(uint32_t n) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state % n);
-}
+#include "stress_req.h"
 
 static int reference(const struct req *r, int32_t *out) {
     int32_t ctx[160];

@@ -547,38 +547,7 @@ TEST(spec_forced_acceptance_for_benchmarks) {
 #define VOCAB 6 // a small vocabulary: the hash model's text repeats, so prompt lookup often hits
 #define MAX_REQ 2048
 
-struct req {
-    int32_t prompt[64];
-    int n_prompt, max_tokens;
-    bool ignore_eos, aborted_by_us, done, sampled;
-    uint64_t seed;
-    int32_t out[64];
-    int n_out;
-    atomc_finish_reason reason;
-    int n_final;
-    uint64_t id;
-};
-
-static void on_out(void *user, const atomc_output *o) {
-    struct req *r = user;
-    for (int i = 0; i < o->n_new_tokens; i++) {
-        CHECK(r->n_out < 64);
-        r->out[r->n_out++] = o->new_tokens[i];
-    }
-    if (o->finish_reason != ATOMC_FINISH_NONE) {
-        r->reason = o->finish_reason;
-        r->n_final++;
-        r->done = true;
-    }
-}
-
-static uint64_t rng_state;
-static uint32_t rnd(uint32_t n) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state % n);
-}
+#include "stress_req.h"
 
 static void add_req(atomc_engine *e, struct req *r) {
     atomc_request q;
