@@ -249,7 +249,7 @@ struct backend_caps {
     int max_qk_norm_head_dim;  // per-head q/k RMSNorm inside rope_kv_write; 0 = any
     uint32_t kv_dtypes;        // bit (1 << enum dtype) per KV-cache dtype
     uint32_t weight_dtypes;    // bit per storage dtype matmul / moe_experts take
-    uint32_t weight_schemes;   // bit (1 << enum weight_scheme) per implemented scheme
+    uint32_t weight_schemes;   // bit (1 << enum weight_scheme) per implemented scheme; NONE always
     int max_experts;           // moe_route / moe_experts: routed + shared experts; 0 = any
     bool moe_sigmoid_scoring;  // MOE_SCORING_SIGMOID
     bool moe_grouped_topk;     // n_group > 1

@@ -94,8 +94,6 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
     if (!(caps->weight_dtypes & BACKEND_CAP_BIT(o->weight_dtype)))
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "weight dtype %s is not supported by the %s backend",
                          dtype_name(o->weight_dtype), be);
-    if (!(caps->weight_schemes & BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE)))
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "the %s backend has no unquantised weights", be);
     if (!(caps->kv_dtypes & BACKEND_CAP_BIT(o->kv_dtype)))
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "KV cache dtype %s is not supported by the %s backend",
                          dtype_name(o->kv_dtype), be);
