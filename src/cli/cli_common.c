@@ -136,6 +136,7 @@ int cli_dispatch(const struct cli_command *rows, size_t n_rows, const char *prog
 
 void cli_engine_args_init(struct cli_engine_args *a) {
     atomc_engine_options_init(&a->o);
+    a->o.device = "auto"; // the CLI's default: CUDA when a usable GPU is present (src/backend/backend.c)
     a->spec_method[0] = 0;
 }
 

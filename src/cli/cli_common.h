@@ -68,7 +68,7 @@ enum {
 #define CLI_ENGINE_OPTIONS_HELP                                                                                        \
     "engine options:\n"                                                                                                \
     "  --model PATH           HF model directory or .gguf file (required)\n"                                           \
-    "  --device cpu|cuda      (default cpu)   --dtype auto|bfloat16|float16|float32\n"                                 \
+    "  --device auto|cpu|cuda (default auto)  --dtype auto|bfloat16|float16|float32\n"                                 \
     "  --load-format auto|dummy   --kv-cache-dtype auto|bf16|fp8   --num-threads N (CPU)\n"                            \
     "  --max-model-len N   --max-num-seqs N   --max-num-batched-tokens N   --block-size N\n"                           \
     "  --gpu-memory-utilization F   --cpu-kv-cache-gb F   --num-gpu-blocks-override N\n"                               \

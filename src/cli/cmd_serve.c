@@ -76,7 +76,7 @@ static const struct flag flags[] = {
     {"--enforce-eager", FLAG_BOOL_ON, A(eo.enforce_eager), "off", "CUDA: do not capture decode graphs"},
     {"--dtype", FLAG_STR, A(eo.dtype), "auto", "auto, bfloat16, float16 or float32"},
     {"--seed", FLAG_SIZE, A(eo.seed), "0", "default sampling seed for requests without one"},
-    {"--device", FLAG_STR, A(eo.device), "cpu", "cpu or cuda"},
+    {"--device", FLAG_STR, A(eo.device), "auto", "auto (CUDA when a usable GPU is present), cpu or cuda"},
     {"--load-format", FLAG_STR, A(eo.load_format), "auto", "auto, or dummy (random weights from config.json)"},
     {"--tensor-parallel-size", FLAG_INT, A(eo.tensor_parallel_size), "1",
      "ranks per model, tensor parallel (CPU: threads; CUDA: one GPU each; alias -tp)"},
