@@ -80,6 +80,10 @@ enum {
     "  --method ngram --num-speculative-tokens K   ATOM's spelling of the same (prompt lookup 5..5)\n"
 
 void cli_engine_args_init(struct cli_engine_args *a);
+// A --model / --tokenizer argument: an existing path is returned as it is; a Hugging Face repo id
+// ("ORG/NAME") becomes its snapshot in the local HF cache (src/loader/hf_cache.h; the environment
+// is read here), written to buf. NULL (the error printed) when neither.
+const char *cli_resolve_model_arg(const char *spec, char *buf, size_t buf_len);
 // Handles one engine flag: 1 = handled, 0 = not an engine flag, -1 = bad value (message printed).
 int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg);
 
