@@ -71,6 +71,14 @@ def test_repo_id_resolves_under_each_cache_variable(tmp_path):
     assert json.loads(out.stdout)["ids"] == ids
 
 
+def test_bench_serve_model_is_a_name_not_a_path(tmp_path):
+    # `bench serve --model ORG/NAME` names the served model in requests; it must not be looked up.
+    out = subprocess.run([ATOMC, "bench", "serve", "--model", "nobody/nothing", "--port", "1", "--num-prompts", "1",
+                          "--random-vocab-size", "1000", "--disable-tqdm"], capture_output=True, text=True,
+                         timeout=60, env=clean_env(HF_HUB_CACHE=str(tmp_path)))
+    assert "Hugging Face cache" not in out.stderr and "every request failed" in out.stderr
+
+
 def test_missing_id_says_where_it_looked(tmp_path):
     out = gen("nobody/nothing", clean_env(HF_HUB_CACHE=str(tmp_path)))
     assert out.returncode != 0
