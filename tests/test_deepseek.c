@@ -1,0 +1,168 @@
+// The DeepSeek family (src/model/deepseek.c) beyond the HF comparisons of tests/test_models.c:
+// config parsing of the fixture and the bench shapes (parameter counts equal transformers' on the
+// meta device, plus noaux_tc's e_score_correction_bias, which transformers keeps as a buffer),
+// the latent cache spec and its bytes per token, and every refusal: routing moe_route does not
+// implement yet, attention biases, quantized checkpoints, a backend without MLA ops (the CUDA
+// caps table).
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/mapped_file.h"
+#include "model/model.h"
+#include "runtime/model_runner.h"
+#include "test.h"
+
+static int parse_file(const char *path, struct model_config *c) {
+    char *json = NULL;
+    struct error err = {0};
+    if (file_read_all(path, &json, NULL, &err) != ATOMC_OK) return -1;
+    memset(c, 0, sizeof *c);
+    atomc_status st = model_config_parse_json(c, json, path, &err);
+    free(json);
+    if (st == ATOMC_OK) st = model_config_validate(c, path, &err);
+    if (st != ATOMC_OK) fprintf(stderr, "  %s: %s\n", path, err.msg);
+    return st == ATOMC_OK ? 0 : -1;
+}
+
+TEST(deepseek_v2_fixture_config) {
+    struct model_config c;
+    ASSERT_EQ(parse_file(test_fixture("models/deepseek_v2/config.json"), &c), 0);
+    ASSERT_EQ(c.arch, MODEL_ARCH_DEEPSEEK_V2);
+    ASSERT_EQ(c.q_lora_rank, 0);
+    ASSERT_EQ(c.kv_lora_rank, 64);
+    ASSERT_EQ(c.qk_nope_head_dim, 32);
+    ASSERT_EQ(c.qk_rope_head_dim, 32);
+    ASSERT_EQ(c.v_head_dim, 48);
+    ASSERT_EQ(c.head_dim, 32); // = qk_rope_head_dim, as transformers sets it
+    ASSERT_EQ(c.rope.rotary_dim, 32);
+    ASSERT_TRUE(c.rope.interleaved);
+    ASSERT_EQ(c.rope.scaling, ROPE_SCALING_YARN);
+    ASSERT_NEAR(c.rope.mscale_all_dim, 0.707, 1e-6);
+    ASSERT_STREQ(c.topk_method, "greedy");
+    ASSERT_STREQ(c.scoring_func, "softmax");
+    ASSERT_EQ(c.num_experts, 8);
+    ASSERT_EQ(c.n_shared_experts, 2);
+    ASSERT_NEAR(c.routed_scaling_factor, 1.5, 1e-6);
+    ASSERT_EQ(c.moe_layer_freq, 1);
+    for (int l = 0; l < c.num_layers; l++) ASSERT_TRUE(model_config_layer_is_moe(&c, l));
+}
+
+TEST(deepseek_bench_configs) {
+    static const struct {
+        const char *file;
+        int64_t params; // transformers on the meta device (+ e_score_correction_bias buffers)
+        enum model_arch arch;
+        int dense_layers;
+    } want[] = {
+        {"bench/configs/deepseek_v2_lite.json", 15706484224LL, MODEL_ARCH_DEEPSEEK_V2, 1},
+        {"bench/configs/moonlight_16b_a3b.json", 15960108544LL + 1664, MODEL_ARCH_DEEPSEEK_V3, 1},
+        {"bench/configs/deepseek_v3_4layers.json", 36958706688LL + 768, MODEL_ARCH_DEEPSEEK_V3, 1},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        struct model_config c;
+        ASSERT_EQ(parse_file(want[i].file, &c), 0);
+        ASSERT_EQ(c.arch, want[i].arch);
+        int64_t n = model_param_count(&c);
+        fprintf(stderr, "  %s: %lld parameters\n", want[i].file, (long long)n);
+        ASSERT_EQ(n, want[i].params);
+        for (int l = 0; l < c.num_layers; l++) ASSERT_EQ(model_config_layer_is_moe(&c, l), l >= want[i].dense_layers);
+    }
+    // DeepSeek-V3: 576 latent values per token and layer (512 + 64) instead of 2 x 128 x 128.
+    struct model_config c;
+    ASSERT_EQ(parse_file("bench/configs/deepseek_v3_4layers.json", &c), 0);
+    struct cache_spec s = {.kind = CACHE_KIND_LATENT, .latent_dim = c.kv_lora_rank + c.qk_rope_head_dim};
+    ASSERT_EQ((long long)cache_spec_token_bytes(&s, DTYPE_BF16), 1152);
+    ASSERT_EQ((long long)cache_spec_token_bytes(&s, DTYPE_FP8_E4M3), 576);
+    ASSERT_EQ(c.num_nextn_predict_layers, 1);
+}
+
+// The fixture's config.json with one key replaced (a JSON fragment), in a temporary directory.
+static int write_variant(char *dir, const char *key, const char *value) {
+    char *json = NULL;
+    if (file_read_all(test_fixture("models/deepseek_v2/config.json"), &json, NULL, NULL) != ATOMC_OK) return -1;
+    if (!mkdtemp(dir)) return -1;
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    // Keys are unique in the fixture; the new value goes first, the old key is renamed away.
+    char *k = NULL;
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    if ((k = strstr(json, pat))) k[1] = 'X';
+    fprintf(f, "{\"%s\": %s, %s", key, value, strchr(json, '{') + 1);
+    fclose(f);
+    free(json);
+    return 0;
+}
+
+static void cleanup(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+static atomc_status try_load(const char *dir, struct error *err) {
+    struct runner_options o = {.model_path = dir, .device = "cpu", .dtype = "auto", .load_format = "dummy",
+                               .kv_cache_dtype = "auto", .block_size = 4, .num_kv_blocks = 64, .max_num_seqs = 4,
+                               .max_num_batched_tokens = 64, .max_model_len = 64, .num_threads = 1};
+    struct model_runner *r = NULL;
+    atomc_status st = model_runner_create(&o, &r, err);
+    model_runner_free(r);
+    return st;
+}
+
+TEST(deepseek_unsupported_configs_refused) {
+    static const struct {
+        const char *key, *value, *expect;
+    } bad[] = {
+        {"topk_method", "\"group_limited_greedy\"", "group_limited_greedy"},
+        {"topk_method", "\"noaux_tc\"", "noaux_tc"},
+        {"scoring_func", "\"sigmoid\"", "sigmoid"},
+        {"attention_bias", "true", "attention_bias"},
+        {"topk_method", "\"random\"", "topk_method"},
+        {"kv_lora_rank", "0", "kv_lora_rank"},
+        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}", "quantiz"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char dir[] = "/tmp/atomc_ds_badXXXXXX";
+        ASSERT_EQ(write_variant(dir, bad[i].key, bad[i].value), 0);
+        struct error err = {0};
+        atomc_status st = try_load(dir, &err);
+        cleanup(dir);
+        fprintf(stderr, "  %s = %s: %s\n", bad[i].key, bad[i].value, err.msg);
+        ASSERT_TRUE(st != ATOMC_OK);
+        ASSERT_TRUE(strstr(err.msg, bad[i].expect) != NULL);
+    }
+    // The unchanged config loads (dummy weights): the refusals above are the keys, not the file.
+    char dir[] = "/tmp/atomc_ds_okXXXXXX";
+    ASSERT_EQ(write_variant(dir, "moe_layer_freq", "1"), 0);
+    struct error err = {0};
+    atomc_status st = try_load(dir, &err);
+    cleanup(dir);
+    if (st != ATOMC_OK) fprintf(stderr, "  %s\n", err.msg);
+    ASSERT_OK(st);
+}
+
+// A backend without MLA ops refuses the model before any weight is loaded (the CUDA table until
+// cuda_mla.cu exists), naming MLA.
+TEST(deepseek_backend_without_mla_refused) {
+    struct model_config c;
+    ASSERT_EQ(parse_file(test_fixture("models/deepseek_v2/config.json"), &c), 0);
+    struct model_load_options o = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
+    struct error err = {0};
+    atomc_status st = model_check_backend_caps(&c, &backend_cpu_caps, &o, &err);
+    ASSERT_OK(st);
+    if (!backend_cuda_caps.mla) {
+        st = model_check_backend_caps(&c, &backend_cuda_caps, &o, &err);
+        fprintf(stderr, "  cuda: %s\n", err.msg);
+        ASSERT_EQ(st, ATOMC_ERR_UNSUPPORTED);
+        ASSERT_TRUE(strstr(err.msg, "latent attention") != NULL);
+    }
+}
+
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}
