@@ -153,9 +153,19 @@ struct mla_args {
     const struct weight *kv_b;
 };
 
-// Workspace bytes mla_attention needs for n tokens (absorbed queries and latent outputs in F32).
+// Workspace bytes mla_attention needs for steps of up to n tokens: a backend may process the
+// tokens in chunks of MLA_WS_TOKENS, keeping per chunk the absorbed queries (chunk, heads,
+// kv_lora + rope) and latent outputs (chunk, heads, kv_lora) in F32, and for chunks of at most
+// MLA_WS_SPLIT_TOKENS tokens split-KV partials (chunk, heads, MLA_WS_MAX_SPLITS, kv_lora + 2).
+#define MLA_WS_TOKENS 128
+#define MLA_WS_SPLIT_TOKENS 16
+#define MLA_WS_MAX_SPLITS 8
 static inline size_t mla_workspace_bytes(int64_t n_tokens, int n_heads, int kv_lora, int rope) {
-    return (size_t)n_tokens * (size_t)n_heads * (size_t)(2 * kv_lora + rope) * sizeof(float) + 1024;
+    size_t c = (size_t)(n_tokens < MLA_WS_TOKENS ? n_tokens : MLA_WS_TOKENS);
+    size_t cs = (size_t)(n_tokens < MLA_WS_SPLIT_TOKENS ? n_tokens : MLA_WS_SPLIT_TOKENS);
+    return (c * (size_t)(2 * kv_lora + rope) + cs * MLA_WS_MAX_SPLITS * (size_t)(kv_lora + 2)) * (size_t)n_heads *
+               sizeof(float) +
+           1024;
 }
 
 struct backend;
@@ -298,6 +308,8 @@ struct backend_caps {
     bool pow2_block_size;      // KV block size must be a power of two
     int min_block_size;        // smallest KV block size the attention tile takes
     bool mla;                  // MLA ops (mla_latent_write / mla_attention) over a latent cache
+    int mla_max_kv_lora;       // MLA: kv_lora_rank at most this and a multiple of 32; 0 = any
+    int mla_max_rope;          // MLA: qk_rope_head_dim at most this; 0 = any
 };
 
 #define BACKEND_CAP_BIT(x) (1u << (unsigned)(x))

@@ -78,6 +78,13 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
     if (c->kv_lora_rank > 0 && !caps->mla)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: multi-head latent attention (kv_lora_rank %d) is not "
                          "implemented by the %s backend", c->architecture, c->kv_lora_rank, be);
+    if (c->kv_lora_rank > 0 && ((caps->mla_max_kv_lora > 0 && (c->kv_lora_rank > caps->mla_max_kv_lora ||
+                                                                 c->kv_lora_rank % 32 != 0)) ||
+                                (caps->mla_max_rope > 0 && c->qk_rope_head_dim > caps->mla_max_rope)))
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: MLA with kv_lora_rank %d and qk_rope_head_dim %d exceeds the "
+                         "%s backend's kernels (kv_lora_rank a multiple of 32 up to %d, rope up to %d)",
+                         c->architecture, c->kv_lora_rank, c->qk_rope_head_dim, be, caps->mla_max_kv_lora,
+                         caps->mla_max_rope);
     if (caps->n_head_dims > 0 && c->kv_lora_rank <= 0) { // MLA runs its own ops, not `attention`
         bool ok = false;
         for (int i = 0; i < caps->n_head_dims; i++) ok = ok || caps->head_dims[i] == c->head_dim;
