@@ -146,20 +146,29 @@ TEST(deepseek_unsupported_configs_refused) {
     ASSERT_OK(st);
 }
 
-// A backend without MLA ops refuses the model before any weight is loaded (the CUDA table until
-// cuda_mla.cu exists), naming MLA.
+// A backend without MLA ops refuses the model before any weight is loaded, naming MLA; the CUDA
+// table takes the fixture's shape but refuses a kv_lora_rank its kernels do not (> 512 or not a
+// multiple of 32).
 TEST(deepseek_backend_without_mla_refused) {
     struct model_config c;
     ASSERT_EQ(parse_file(test_fixture("models/deepseek_v2/config.json"), &c), 0);
     struct model_load_options o = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
     struct error err = {0};
-    atomc_status st = model_check_backend_caps(&c, &backend_cpu_caps, &o, &err);
-    ASSERT_OK(st);
-    if (!backend_cuda_caps.mla) {
+    ASSERT_OK(model_check_backend_caps(&c, &backend_cpu_caps, &o, &err));
+    ASSERT_OK(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err));
+    struct backend_caps no_mla = backend_cpu_caps;
+    no_mla.mla = false;
+    atomc_status st = model_check_backend_caps(&c, &no_mla, &o, &err);
+    fprintf(stderr, "  no MLA ops: %s\n", err.msg);
+    ASSERT_EQ(st, ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(err.msg, "latent attention") != NULL);
+    const int bad_lora[] = {520, 48};
+    for (int i = 0; i < 2; i++) {
+        c.kv_lora_rank = bad_lora[i];
         st = model_check_backend_caps(&c, &backend_cuda_caps, &o, &err);
-        fprintf(stderr, "  cuda: %s\n", err.msg);
+        fprintf(stderr, "  cuda, kv_lora_rank %d: %s\n", bad_lora[i], err.msg);
         ASSERT_EQ(st, ATOMC_ERR_UNSUPPORTED);
-        ASSERT_TRUE(strstr(err.msg, "latent attention") != NULL);
+        ASSERT_TRUE(strstr(err.msg, "kv_lora_rank") != NULL);
     }
 }
 
