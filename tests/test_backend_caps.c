@@ -105,12 +105,18 @@ TEST(caps_cuda_refuses_moe_beyond_its_router) {
     ASSERT_TRUE(strstr(err.msg, "2048 experts") != NULL);
     c.num_experts = 64;
     ASSERT_OK(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err));
+    // The CUDA router runs sigmoid and grouped routing; a backend whose table lacks them refuses.
+    struct backend_caps plain = backend_cuda_caps;
+    plain.moe_sigmoid_scoring = plain.moe_grouped_topk = false;
     snprintf(c.scoring_func, sizeof c.scoring_func, "sigmoid");
-    ASSERT_EQ(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_OK(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err));
+    ASSERT_EQ(model_check_backend_caps(&c, &plain, &o, &err), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(err.msg, "sigmoid") != NULL);
     c.scoring_func[0] = 0;
     c.n_group = 8;
-    ASSERT_EQ(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err), ATOMC_ERR_UNSUPPORTED);
+    c.topk_group = 4;
+    ASSERT_OK(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err));
+    ASSERT_EQ(model_check_backend_caps(&c, &plain, &o, &err), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(err.msg, "n_group 8") != NULL);
 }
 

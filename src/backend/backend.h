@@ -98,23 +98,33 @@ struct sample_args {
 
 // Mixture-of-experts routing (moe_route). The router's logits (T, E) are turned into top_k
 // expert ids and combine weights per token, in fp32:
-//   scores = softmax(logits) over the E experts (SCORING_SOFTMAX; SCORING_SIGMOID is the hook
-//            for DeepSeek-V3-style routers and is not implemented yet: backends CHECK)
-//   ids    = the top_k experts by score, larger score first; exact ties go to the lower expert
-//            id (a total order; torch.topk leaves tie order unspecified)
-//   w      = the top_k scores, divided by their sum when renormalize (Qwen3-MoE norm_topk_prob;
-//            Mixtral always, which equals a softmax over the top-k logits), times scale
-//            (routed_scaling_factor, 1 otherwise)
-// Hooks for the next architectures, written into the contract now so every backend keeps one
-// code path: n_group > 1 = DeepSeek grouped top-k (CHECKed unsupported for now); n_shared > 0 =
-// shared experts folded into the same fused op: slots top_k .. top_k + n_shared - 1 of every
-// token get expert ids E .. E + n_shared - 1 with weight shared_weight (the stacked expert
-// weights then hold E + n_shared experts), so moe_experts needs no special case for them.
+//   scores = softmax(logits) over the E experts (SCORING_SOFTMAX), or sigmoid(logits) per
+//            expert (SCORING_SIGMOID: DeepSeek-V3 / GLM-4-MoE / MiMo)
+//   keys   = scores + correction_bias (the optional per-expert F32 e_score_correction_bias of
+//            DeepSeek-V3 / GLM-4-MoE; keys = scores without it). Keys only SELECT experts; the
+//            weights always come from the uncorrected scores, as HF does.
+//   groups = when n_group > 1 (grouped top-k: the E experts are n_group consecutive groups of
+//            G = E / n_group): each group's score is the max of its keys (GROUP_SCORE_MAX,
+//            DeepSeek-V2 group_limited_greedy) or the sum of its two largest keys
+//            (GROUP_SCORE_TOP2_SUM, DeepSeek-V3 noaux_tc / GLM-4-MoE; needs G >= 2); the
+//            topk_group best groups are kept (ties to the lower group id) and the experts of
+//            the other groups cannot be chosen. topk_group * G >= top_k (the kept groups hold
+//            at least top_k experts; a group itself may hold fewer than top_k).
+//   ids    = the top_k allowed experts by key, larger key first; exact ties go to the lower
+//            expert id (a total order; torch.topk leaves tie order unspecified)
+//   w      = the chosen experts' scores, divided by (their sum + 1e-20) when renormalize
+//            (norm_topk_prob; Mixtral always, which equals a softmax over the top-k logits),
+//            times scale (routed_scaling_factor, 1 otherwise)
+// n_shared > 0 = shared experts folded into the same fused op: slots top_k .. top_k +
+// n_shared - 1 of every token get expert ids E .. E + n_shared - 1 with weight shared_weight
+// (the stacked expert weights then hold E + n_shared experts), so moe_experts needs no special
+// case for them.
 // force_uniform (BENCHMARK ONLY, the bench commands' --moe-uniform-routing via model_load_options): ignores the
 // logits; token t's slot j gets expert (t * top_k + j) mod E with weight 1 / top_k, i.e. a
 // perfectly balanced round-robin load over the experts (random dummy router weights otherwise
 // concentrate traffic, which real routers spread).
 enum moe_scoring { MOE_SCORING_SOFTMAX = 0, MOE_SCORING_SIGMOID };
+enum moe_group_score { MOE_GROUP_SCORE_MAX = 0, MOE_GROUP_SCORE_TOP2_SUM };
 
 struct moe_route_args {
     int num_experts;    // E (routed experts; the logits' columns)
@@ -122,7 +132,10 @@ struct moe_route_args {
     enum moe_scoring scoring;
     bool renormalize;
     float scale;        // multiplies the routed weights (1.0 for Qwen3-MoE / Mixtral)
-    int n_group, topk_group; // grouped top-k hook (0/1 = off)
+    int n_group, topk_group;          // grouped top-k (n_group 0/1 = off)
+    enum moe_group_score group_score; // how a group is scored when n_group > 1
+    const float *correction_bias;     // (E) F32 in backend memory, added to the selection keys;
+                                      // NULL = none. Per layer: the model sets it per MoE layer
     int n_shared;       // shared-expert slots appended per token (0 = none)
     float shared_weight;
     bool force_uniform; // benchmark-only round-robin routing, see above
@@ -303,8 +316,8 @@ struct backend_caps {
     uint32_t weight_dtypes;    // bit per storage dtype matmul / moe_experts take
     uint32_t weight_schemes;   // bit (1 << enum weight_scheme) per implemented scheme; NONE always
     int max_experts;           // moe_route / moe_experts: routed + shared experts; 0 = any
-    bool moe_sigmoid_scoring;  // MOE_SCORING_SIGMOID
-    bool moe_grouped_topk;     // n_group > 1
+    bool moe_sigmoid_scoring;  // MOE_SCORING_SIGMOID and correction_bias
+    bool moe_grouped_topk;     // n_group > 1 (both group scores)
     bool pow2_block_size;      // KV block size must be a power of two
     int min_block_size;        // smallest KV block size the attention tile takes
     bool mla;                  // MLA ops (mla_latent_write / mla_attention) over a latent cache
@@ -342,6 +355,15 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
 atomc_status backend_cuda_create(const struct backend_options *o, struct backend **out, struct error *err);
 #endif
 // Creates the backend named "cpu" or "cuda" (ATOMC_ERR_UNSUPPORTED if not built in).
+// Device names: "cpu", "cuda", or "auto" = "cuda" when this build has the CUDA backend and a usable
+// GPU (Hopper, sm_90) is present, else "cpu". backend_resolve_device maps "auto" to one of the two
+// and logs which and why; NULL maps to "cpu" (the library's default; the CLI's is "auto"); other
+// names are returned unchanged (backend_create refuses unknown ones).
+const char *backend_resolve_device(const char *name);
+#ifdef ATOMC_CUDA
+// True when a CUDA device 0 exists and is sm_90 or newer; otherwise false with the reason in why.
+bool backend_cuda_usable(char *why, size_t why_len);
+#endif
 atomc_status backend_create(const char *name, const struct backend_options *o, struct backend **out,
                             struct error *err);
 void backend_destroy(struct backend *b);

@@ -8,7 +8,8 @@
 // BF16) and summation order: expert outputs within NMSE 1e-4 of the CPU's; routing ids equal
 // wherever the k-th/(k+1)-th probability gap is above 1e-5 (fp32 summation-order noise);
 // weights within 1e-5. Skewed routing: all tokens to one expert, most experts empty,
-// top-k = number of experts; decode sizes (GEMV tiles), batched-decode sizes (16-row MMA tiles)
+// top-k = number of experts; sigmoid / correction-bias / grouped routing with ties and skew;
+// decode sizes (GEMV tiles), batched-decode sizes (16-row MMA tiles)
 // and prefill sizes (64-row MMA tiles, CUDA-core fallback when K % 32 != 0);
 // a CUDA graph of route + experts replayed with new inputs equals eager execution.
 #include <math.h>
@@ -133,6 +134,128 @@ TEST(cuda_moe_route_matches_cpu) {
     check_route(64, 8, 2, false, false); // norm_topk_prob = false
     check_route(9, 4, 4, true, false);   // top-k = E
     check_route(65, 128, 8, true, true); // benchmark round-robin
+}
+
+// Sigmoid / correction-bias / grouped routing (DeepSeek-V3, GLM-4-MoE; softmax groups by max for
+// DeepSeek-V2) against the CPU op. draw 0: random logits; 1: exact ties (logits from {0, 0.5, ..,
+// 2}, one bias for all: the lower id must win on both backends); 2: skewed (one hot expert per
+// token on average). A differing id is allowed only where the two experts' keys are within 1e-5
+// (fp32 sigmoid / softmax rounding of a near-tie); the rest of that token is then skipped.
+static void check_route_grouped(int n, struct moe_route_args a, bool with_bias, int draw) {
+    const int E = a.num_experts, slots = a.top_k + a.n_shared;
+    float *lg = malloc(sizeof(float) * (size_t)n * E), bias[1024];
+    for (int i = 0; i < n * E; i++)
+        lg[i] = rbf(draw == 1   ? 0.5f * (float)rng_int(5)
+                    : draw == 2 ? (rng_int(E) == 0 ? 4.0f : -4.0f) + rng_sym(1.0f)
+                                : rng_sym(3.0f));
+    for (int e = 0; e < E; e++)
+        bias[e] = draw == 1 ? 0.25f : rng_sym(0.2f);
+    void *dbias = NULL;
+    if (with_bias) {
+        dbias = to_gpu(bias, E, false);
+        a.correction_bias = bias;
+    }
+    int32_t *ci = malloc(sizeof(int32_t) * (size_t)n * slots), *gi = malloc(sizeof(int32_t) * (size_t)n * slots);
+    float *cw = malloc(sizeof(float) * (size_t)n * slots), *gw = malloc(sizeof(float) * (size_t)n * slots);
+    struct tensor ct = tensor_2d(lg, DTYPE_F32, n, E);
+    cpu_be->ops->moe_route(cpu_be, &ct, &a, ci, cw);
+    a.correction_bias = dbias;
+    void *dl = to_gpu(lg, (int64_t)n * E, false); // F32 router logits, as the models give them
+    int32_t *di = gpu_be->ops->alloc(gpu_be, sizeof(int32_t) * (size_t)n * slots);
+    float *dw = gpu_be->ops->alloc(gpu_be, sizeof(float) * (size_t)n * slots);
+    struct tensor gt = tensor_2d(dl, DTYPE_F32, n, E);
+    gpu_be->ops->moe_route(gpu_be, &gt, &a, di, dw);
+    gpu_be->ops->synchronize(gpu_be);
+    gpu_be->ops->copy_d2h(gpu_be, gi, di, sizeof(int32_t) * (size_t)n * slots);
+    gpu_be->ops->copy_d2h(gpu_be, gw, dw, sizeof(float) * (size_t)n * slots);
+    gpu_be->ops->synchronize(gpu_be);
+    int compared = 0;
+    for (int t = 0; t < n; t++) {
+        for (int j = 0; j < slots; j++) {
+            int c = t * slots + j;
+            if (gi[c] != ci[c]) {
+                double kq[2];
+                for (int i = 0; i < 2; i++) {
+                    int e = i ? gi[c] : ci[c];
+                    float x = lg[(size_t)t * E + (e >= 0 && e < E ? e : 0)];
+                    kq[i] = (a.scoring == MOE_SCORING_SIGMOID ? 1.0 / (1.0 + exp(-(double)x)) : (double)x) +
+                            (with_bias ? bias[e >= 0 && e < E ? e : 0] : 0.0);
+                }
+                if (!(fabs(kq[0] - kq[1]) <= 1e-5))
+                    test_fail(__FILE__, __LINE__,
+                              "grouped route E=%d k=%d g%d/%d draw %d token %d slot %d: GPU %d, "
+                              "CPU %d",
+                              E, a.top_k, a.n_group, a.topk_group, draw, t, j, gi[c], ci[c]);
+                break;
+            }
+            if (!(fabsf(gw[c] - cw[c]) <= 1e-5f * (1.0f + fabsf(cw[c]))))
+                test_fail(__FILE__, __LINE__, "grouped route token %d slot %d: GPU w %.7f, CPU %.7f", t, j, gw[c],
+                          cw[c]);
+            compared++;
+        }
+    }
+    ASSERT_TRUE(compared >= n * slots * 9 / 10);
+    gpu_be->ops->free(gpu_be, dl);
+    gpu_be->ops->free(gpu_be, di);
+    gpu_be->ops->free(gpu_be, dw);
+    if (dbias) gpu_be->ops->free(gpu_be, dbias);
+    free(lg);
+    free(ci);
+    free(gi);
+    free(cw);
+    free(gw);
+}
+
+TEST(cuda_moe_route_sigmoid_grouped_matches_cpu) {
+    if (!backends_ready()) return;
+    for (int draw = 0; draw < 3; draw++) {
+        struct moe_route_args a = {.num_experts = 256,
+                                   .top_k = 8,
+                                   .scoring = MOE_SCORING_SIGMOID,
+                                   .renormalize = true,
+                                   .scale = 2.5f,
+                                   .n_group = 8,
+                                   .topk_group = 4,
+                                   .group_score = MOE_GROUP_SCORE_TOP2_SUM};
+        check_route_grouped(1, a, true, draw); // DeepSeek-V3 decode
+        check_route_grouped(300, a, true, draw);
+        a.num_experts = 160; // GLM-4.5: one group, one shared expert
+        a.n_group = a.topk_group = 1;
+        a.n_shared = 1;
+        a.shared_weight = 1.0f;
+        check_route_grouped(77, a, true, draw);
+        a = (struct moe_route_args){.num_experts = 8,
+                                    .top_k = 3,
+                                    .scoring = MOE_SCORING_SIGMOID,
+                                    .renormalize = true,
+                                    .scale = 1.0f,
+                                    .n_group = 4,
+                                    .topk_group = 2,
+                                    .group_score = MOE_GROUP_SCORE_TOP2_SUM};
+        check_route_grouped(64, a, true, draw); // groups of 2 < top_k
+        a.top_k = 4;                            // top_k = kept experts
+        a.renormalize = false;
+        check_route_grouped(64, a, true, draw);
+        a = (struct moe_route_args){.num_experts = 1024,
+                                    .top_k = 8,
+                                    .scoring = MOE_SCORING_SIGMOID,
+                                    .renormalize = true,
+                                    .scale = 1.0f,
+                                    .n_group = 64,
+                                    .topk_group = 8,
+                                    .group_score = MOE_GROUP_SCORE_TOP2_SUM};
+        check_route_grouped(20, a, true, draw); // the shared-memory limit: 1024 experts, 64 groups
+        a = (struct moe_route_args){.num_experts = 160,
+                                    .top_k = 6,
+                                    .scoring = MOE_SCORING_SOFTMAX,
+                                    .scale = 16.0f,
+                                    .n_group = 8,
+                                    .topk_group = 3,
+                                    .group_score = MOE_GROUP_SCORE_MAX,
+                                    .n_shared = 2,
+                                    .shared_weight = 1.0f};
+        check_route_grouped(50, a, false, draw); // DeepSeek-V2 group_limited_greedy
+    }
 }
 
 enum routing { ROUTE_RANDOM, ROUTE_ONE_EXPERT, ROUTE_TWO_EXPERTS, ROUTE_ALL };

@@ -1,7 +1,8 @@
 // Mixture-of-experts ops of the CPU backend (the reference the CUDA fused MoE is tested
-// against): moe_route (fp32 softmax, top-k, renormalisation) and moe_experts (tokens grouped
-// by expert, one GEMM per active expert through the backend's own matmul, SiLU*mul, down, and
-// a weighted combine back into token order). Contracts: backend.h, struct moe_route_args.
+// against): moe_route (fp32 softmax or sigmoid scores, correction bias, grouped top-k,
+// renormalisation) and moe_experts (tokens grouped by expert, one GEMM per active expert
+// through the backend's own matmul, SiLU*mul, down, and a weighted combine back into token
+// order). Contracts: backend.h, struct moe_route_args.
 //
 // moe_experts data flow, all inside the caller's workspace (no allocation):
 //   counts[e] / offsets[e]   rows routed to expert e, prefix sums (E_total + 1)
@@ -31,16 +32,64 @@ struct route_ctx {
     int E, k, slots;
 };
 
-// True when expert a ranks before expert b: larger score first, then the lower id.
+// True when expert a ranks before expert b: larger key first, then the lower id.
 static inline bool route_before(float sa, int a, float sb, int b) {
     return sa > sb || (sa == sb && a < b);
+}
+
+// p (E): logits in, scores out (softmax over the row or sigmoid per expert).
+static void route_scores(float *p, int E, enum moe_scoring scoring) {
+    if (scoring == MOE_SCORING_SIGMOID) {
+        for (int e = 0; e < E; e++)
+            p[e] = 1.0f / (1.0f + expf(-p[e]));
+        return;
+    }
+    float mx = -INFINITY;
+    for (int e = 0; e < E; e++)
+        mx = p[e] > mx ? p[e] : mx;
+    double sum = 0;
+    for (int e = 0; e < E; e++) {
+        p[e] = expf(p[e] - mx);
+        sum += p[e];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int e = 0; e < E; e++)
+        p[e] *= inv;
+}
+
+// Grouped top-k: clears allowed[e] for the experts outside the topk_group best groups (group
+// score from the keys q: max, or the sum of the two largest; ties to the lower group id).
+static void route_group_mask(const float *q, int E, const struct moe_route_args *a, bool *allowed) {
+    const int ng = a->n_group, G = E / ng;
+    float gs[1024];
+    for (int g = 0; g < ng; g++) {
+        float m1 = -INFINITY, m2 = -INFINITY;
+        for (int e = g * G; e < (g + 1) * G; e++) {
+            if (q[e] > m1) {
+                m2 = m1;
+                m1 = q[e];
+            } else if (q[e] > m2) {
+                m2 = q[e];
+            }
+        }
+        gs[g] = a->group_score == MOE_GROUP_SCORE_TOP2_SUM ? m1 + m2 : m1;
+    }
+    bool keep[1024] = {0};
+    for (int j = 0; j < a->topk_group; j++) {
+        int best = -1;
+        for (int g = 0; g < ng; g++)
+            if (!keep[g] && (best < 0 || route_before(gs[g], g, gs[best], best))) best = g;
+        keep[best] = true;
+    }
+    for (int e = 0; e < E; e++)
+        allowed[e] = keep[e / G];
 }
 
 static void route_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
     struct route_ctx *r = vctx;
     const struct moe_route_args *a = r->a;
-    float buf[1024];
-    float *p = buf;
+    float p[1024], qbuf[1024];
+    bool allowed[1024];
     const int E = r->E, k = r->k;
     for (int64_t t = t0; t < t1; t++) {
         int32_t *ids = r->ids + t * r->slots;
@@ -56,34 +105,31 @@ static void route_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
             else
                 dtype_to_f32(r->logits->dtype, (const char *)r->logits->data + dtype_row_bytes(r->logits->dtype, E) * t,
                              p, E);
-            float mx = -INFINITY;
-            for (int e = 0; e < E; e++)
-                mx = p[e] > mx ? p[e] : mx;
-            double sum = 0;
-            for (int e = 0; e < E; e++) {
-                p[e] = expf(p[e] - mx);
-                sum += p[e];
+            route_scores(p, E, a->scoring);
+            const float *q = p; // selection keys
+            if (a->correction_bias) {
+                for (int e = 0; e < E; e++)
+                    qbuf[e] = p[e] + a->correction_bias[e];
+                q = qbuf;
             }
-            float inv = (float)(1.0 / sum);
-            for (int e = 0; e < E; e++)
-                p[e] *= inv;
-            // Selection of the top k under the total order (score desc, id asc): k <= E, small.
+            if (a->n_group > 1)
+                route_group_mask(q, E, a, allowed);
+            else
+                memset(allowed, 1, (size_t)E * sizeof(bool));
+            // Selection of the top k under the total order (key desc, id asc): k <= E, small.
             for (int j = 0; j < k; j++) {
                 int best = -1;
-                for (int e = 0; e < E; e++) {
-                    bool taken = false;
-                    for (int i = 0; i < j; i++)
-                        taken |= ids[i] == e;
-                    if (taken) continue;
-                    if (best < 0 || route_before(p[e], e, p[best], best)) best = e;
-                }
+                for (int e = 0; e < E; e++)
+                    if (allowed[e] && (best < 0 || route_before(q[e], e, q[best], best))) best = e;
+                CHECK(best >= 0);
+                allowed[best] = false;
                 ids[j] = best;
                 w[j] = p[best];
             }
             float s = 0;
             for (int j = 0; j < k; j++)
                 s += w[j];
-            float f = a->renormalize ? a->scale / s : a->scale;
+            float f = a->renormalize ? a->scale / (s + 1e-20f) : a->scale;
             for (int j = 0; j < k; j++)
                 w[j] *= f;
         }
@@ -98,10 +144,18 @@ static void route_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
 void cpu_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a, int32_t *topk_ids,
                    float *topk_w) {
     struct cpu_backend *c = cpu_backend_of(b);
-    CHECK_MSG(a->scoring == MOE_SCORING_SOFTMAX, "moe_route: only softmax scoring is implemented");
-    CHECK_MSG(a->n_group <= 1, "moe_route: grouped top-k is not implemented yet");
+    CHECK(a->scoring == MOE_SCORING_SOFTMAX || a->scoring == MOE_SCORING_SIGMOID);
     CHECK(a->num_experts > 0 && a->num_experts <= 1024 && a->top_k >= 1 && a->top_k <= a->num_experts);
     CHECK(a->n_shared >= 0 && tensor_cols(logits) == a->num_experts);
+    if (a->n_group > 1) {
+        CHECK_MSG(a->num_experts % a->n_group == 0 && a->topk_group >= 1 && a->topk_group <= a->n_group,
+                  "moe_route: n_group %d / topk_group %d over %d experts", a->n_group, a->topk_group, a->num_experts);
+        CHECK_MSG(a->topk_group * (a->num_experts / a->n_group) >= a->top_k,
+                  "moe_route: %d kept groups of %d experts hold fewer than top_k %d", a->topk_group,
+                  a->num_experts / a->n_group, a->top_k);
+        CHECK(a->group_score == MOE_GROUP_SCORE_MAX ||
+              (a->group_score == MOE_GROUP_SCORE_TOP2_SUM && a->num_experts / a->n_group >= 2));
+    }
     int64_t n = tensor_rows(logits);
     if (n == 0) return;
     struct route_ctx r = {logits, a, topk_ids, topk_w, a->num_experts, a->top_k, a->top_k + a->n_shared};

@@ -3,9 +3,10 @@
 // tests/test_backend_caps.c drives that check without a GPU. Each entry mirrors a kernel limit:
 // attention is instantiated for head dims 64 and 128 with equal q/k and v dims
 // (cuda_attention.cu), the KV cache is BF16 or FP8 E4M3 with power-of-two blocks, matmuls take
-// BF16 weights (cuBLASLt / the GEMVs with BF16 activations), routing is softmax top-k over at most
-// CUDA_MOE_MAX_EXPERTS experts (cuda_moe.cu), MLA over a BF16 / FP8 latent cache with kv_lora_rank
-// a multiple of 32 up to CUDA_MLA_MAX_KV_LORA (cuda_mla.cu), no quantised weight scheme yet.
+// BF16 weights (cuBLASLt / the GEMVs with BF16 activations), routing is softmax or sigmoid top-k over at most
+// CUDA_MOE_MAX_EXPERTS experts (grouped, with a correction bias: cuda_moe.cu), MLA over a BF16 / FP8
+// latent cache with kv_lora_rank a multiple of 32 up to CUDA_MLA_MAX_KV_LORA (cuda_mla.cu), no
+// quantised weight scheme yet.
 #include "backend/backend.h"
 #include "backend/cuda/cuda_limits.h"
 
@@ -19,8 +20,8 @@ const struct backend_caps backend_cuda_caps = {
     .weight_dtypes = BACKEND_CAP_BIT(DTYPE_BF16),
     .weight_schemes = BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE),
     .max_experts = CUDA_MOE_MAX_EXPERTS,
-    .moe_sigmoid_scoring = false,
-    .moe_grouped_topk = false,
+    .moe_sigmoid_scoring = true,
+    .moe_grouped_topk = true,
     .pow2_block_size = true,
     .min_block_size = CUDA_ATTN_BN / 32,
     .mla = true,

@@ -2,10 +2,13 @@
 // synchronisation and launch shapes that depend only on the number of tokens (decode batches
 // stay graph-capturable).
 //
-// moe_route: one warp per token. Logits (act dtype) -> fp32 softmax in shared memory -> top-k
-// by k warp arg-max passes (larger probability first, ties to the lower expert id, as the CPU
-// reference) -> renormalise / scale -> ids (int32) and weights (f32); benchmark-only round-robin
-// routing and shared-expert slots as the contract says.
+// moe_route: one warp per token. Logits (act dtype or F32) -> fp32 softmax or sigmoid scores in
+// shared memory -> selection keys (+ correction bias) -> grouped top-k: group scores (max or
+// top-2 sum, a lane per group) and topk_group warp arg-max passes, the other groups' experts
+// excluded -> top-k by k warp arg-max passes over the keys (larger first, ties to the lower id,
+// as the CPU reference) -> weights from the uncorrected scores, renormalise / scale -> ids
+// (int32) and weights (f32); benchmark-only round-robin routing and shared-expert slots as the
+// contract says.
 //
 // moe_experts, per call (R = n_tokens * n_slots routed rows; workspace layout = CPU's):
 //   1. moe_sort_kernel    (1 block)       counts per expert (shared atomics), offsets[e] and
@@ -50,6 +53,23 @@
 // ---------------------------------------------------------------------------------------
 // Routing
 
+// Warp arg-max over the candidates that lane `lane` holds in (v, i): i == invalid marks "no
+// candidate"; the larger value wins, then the lower index (the contract's total order).
+__device__ __forceinline__ void route_warp_argmax(float &v, int &i, int invalid) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (oi != invalid && (i == invalid || ov > v || (ov == v && oi < i))) {
+            v = ov;
+            i = oi;
+        }
+    }
+}
+
+// One warp per token. Shared memory per warp: p (E) scores, q (E) selection keys (scores +
+// correction bias; NaN marks an expert that can no longer be chosen: taken, or in a dropped
+// group), gs (n_group) group scores (NaN marks a kept group).
 template <typename T>
 __global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_args a, int32_t *ids_out, float *w_out) {
     pdl_begin();
@@ -58,6 +78,7 @@ __global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_ar
     const int64_t t = (int64_t)blockIdx.x * MOE_ROUTE_WARPS + warp;
     if (t >= n) return;
     const int E = a.num_experts, k = a.top_k, slots = a.top_k + a.n_shared;
+    const int ng = a.n_group > 1 ? a.n_group : 0;
     int32_t *ids = ids_out + t * slots;
     float *w = w_out + t * slots;
     if (a.force_uniform) {
@@ -66,51 +87,87 @@ __global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_ar
             w[j] = 1.0f / (float)k;
         }
     } else {
-        float *p = route_smem + (size_t)warp * E;
+        float *p = route_smem + (size_t)warp * (2 * E + ng), *q = p + E, *gs = q + E;
         const T *row = logits + t * E;
-        float mx = -INFINITY;
-        for (int e = lane; e < E; e += 32) {
-            p[e] = to_f32(row[e]);
-            mx = fmaxf(mx, p[e]);
+        if (a.scoring == MOE_SCORING_SIGMOID) {
+            for (int e = lane; e < E; e += 32)
+                p[e] = 1.0f / (1.0f + expf(-to_f32(row[e])));
+        } else {
+            float mx = -INFINITY;
+            for (int e = lane; e < E; e += 32) {
+                p[e] = to_f32(row[e]);
+                mx = fmaxf(mx, p[e]);
+            }
+            mx = warp_max(mx);
+            float sum = 0.f;
+            for (int e = lane; e < E; e += 32) {
+                p[e] = expf(p[e] - mx);
+                sum += p[e];
+            }
+            sum = warp_sum(sum);
+            float inv = 1.0f / sum;
+            for (int e = lane; e < E; e += 32)
+                p[e] *= inv;
         }
-        mx = warp_max(mx);
-        float sum = 0.f;
-        for (int e = lane; e < E; e += 32) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        sum = warp_sum(sum);
-        float inv = 1.0f / sum;
         for (int e = lane; e < E; e += 32)
-            p[e] *= inv;
+            q[e] = a.correction_bias ? p[e] + a.correction_bias[e] : p[e];
         __syncwarp();
+        if (ng) {
+            const int G = E / ng;
+            for (int g = lane; g < ng; g += 32) {
+                float m1 = -INFINITY, m2 = -INFINITY;
+                for (int e = g * G; e < (g + 1) * G; e++) {
+                    float v = q[e];
+                    if (v > m1) {
+                        m2 = m1;
+                        m1 = v;
+                    } else if (v > m2) {
+                        m2 = v;
+                    }
+                }
+                gs[g] = a.group_score == MOE_GROUP_SCORE_TOP2_SUM ? m1 + m2 : m1;
+            }
+            __syncwarp();
+            for (int j = 0; j < a.topk_group; j++) {
+                float bv = -INFINITY;
+                int bi = ng;
+                for (int g = lane; g < ng; g += 32) {
+                    float v = gs[g];
+                    if (!isnan(v) && (bi == ng || v > bv)) {
+                        bv = v;
+                        bi = g;
+                    }
+                }
+                route_warp_argmax(bv, bi, ng);
+                if (lane == 0 && bi < ng) gs[bi] = NAN;
+                __syncwarp();
+            }
+            for (int e = lane; e < E; e += 32)
+                if (!isnan(gs[e / G])) q[e] = NAN;
+            __syncwarp();
+        }
         float picked_sum = 0.f;
         for (int j = 0; j < k; j++) {
-            float bv = -1.0f;
+            float bv = -INFINITY;
             int bi = E;
-            for (int e = lane; e < E; e += 32)
-                if (p[e] > bv) { // lanes scan ascending ids: the first maximum is the lowest id
-                    bv = p[e];
+            for (int e = lane; e < E; e += 32) {
+                float v = q[e];
+                if (!isnan(v) && (bi == E || v > bv)) { // ascending ids: the first maximum is the lowest id
+                    bv = v;
                     bi = e;
                 }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (ov > bv || (ov == bv && oi < bi)) {
-                    bv = ov;
-                    bi = oi;
-                }
             }
-            picked_sum += bv;
+            route_warp_argmax(bv, bi, E);
+            float pw = bi < E ? p[bi] : 0.f; // bi == E only for NaN logits (garbage in)
+            picked_sum += pw;
             if (lane == 0) {
-                ids[j] = bi;
-                w[j] = bv;
-                p[bi] = -2.0f; // probabilities are >= 0: taken experts never win again
+                ids[j] = bi < E ? bi : 0;
+                w[j] = pw;
+                if (bi < E) q[bi] = NAN;
             }
             __syncwarp();
         }
-        float f = a.renormalize ? a.scale / picked_sum : a.scale;
+        float f = a.renormalize ? a.scale / (picked_sum + 1e-20f) : a.scale;
         __syncwarp();
         for (int j = lane; j < k; j += 32)
             w[j] *= f;
@@ -123,15 +180,25 @@ __global__ void moe_route_kernel(const T *logits, int64_t n, struct moe_route_ar
 
 void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
                        int32_t *topk_ids, float *topk_w) {
-    CHECK_MSG(a->scoring == MOE_SCORING_SOFTMAX, "moe_route: only softmax scoring is implemented");
-    CHECK_MSG(a->n_group <= 1, "moe_route: grouped top-k is not implemented yet");
+    CHECK(a->scoring == MOE_SCORING_SOFTMAX || a->scoring == MOE_SCORING_SIGMOID);
     CHECK(a->num_experts > 0 && a->num_experts <= MOE_MAX_EXPERTS && a->top_k >= 1 && a->top_k <= a->num_experts);
-    CHECK(tensor_cols(logits) == a->num_experts);
+    CHECK(a->n_shared >= 0 && tensor_cols(logits) == a->num_experts);
+    int ng = a->n_group > 1 ? a->n_group : 0;
+    if (ng) {
+        CHECK_MSG(a->num_experts % ng == 0 && a->topk_group >= 1 && a->topk_group <= ng,
+                  "moe_route: n_group %d / topk_group %d over %d experts", ng, a->topk_group, a->num_experts);
+        CHECK_MSG(a->topk_group * (a->num_experts / ng) >= a->top_k,
+                  "moe_route: %d kept groups of %d experts hold fewer than top_k %d", a->topk_group,
+                  a->num_experts / ng, a->top_k);
+        CHECK(a->group_score == MOE_GROUP_SCORE_MAX ||
+              (a->group_score == MOE_GROUP_SCORE_TOP2_SUM && a->num_experts / ng >= 2));
+    }
     int64_t n = tensor_rows(logits);
     if (n == 0) return;
     cudaStream_t s = cuda_impl(b)->stream;
     unsigned grid = cdiv(n, MOE_ROUTE_WARPS);
-    size_t smem = (size_t)MOE_ROUTE_WARPS * a->num_experts * sizeof(float);
+    // At most 4 warps x (2 x 1024 + 1024) floats = 48 KiB: the default dynamic limit.
+    size_t smem = (size_t)MOE_ROUTE_WARPS * (2 * a->num_experts + ng) * sizeof(float);
     switch (logits->dtype) {
     case DTYPE_F32:
         pdl_launch(moe_route_kernel<float>, grid, 32 * MOE_ROUTE_WARPS, smem, s, (const float *)logits->data, n, *a,
