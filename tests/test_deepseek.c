@@ -1,8 +1,8 @@
 // The DeepSeek family (src/model/deepseek.c) beyond the HF comparisons of tests/test_models.c:
 // config parsing of the fixture and the bench shapes (parameter counts equal transformers' on the
 // meta device, plus noaux_tc's e_score_correction_bias, which transformers keeps as a buffer),
-// the latent cache spec and its bytes per token, and every refusal: routing moe_route does not
-// implement yet, attention biases, quantized checkpoints, a backend without MLA ops (the CUDA
+// the latent cache spec and its bytes per token, and every refusal: routing methods paired with
+// the wrong scoring, bad groups, attention biases, quantized checkpoints, a backend without MLA ops (the CUDA
 // caps table).
 #include <stdlib.h>
 #include <string.h>
@@ -118,7 +118,7 @@ TEST(deepseek_unsupported_configs_refused) {
     static const struct {
         const char *key, *value, *expect;
     } bad[] = {
-        {"topk_method", "\"group_limited_greedy\"", "group_limited_greedy"},
+        {"n_group", "3", "n_group"},
         {"topk_method", "\"noaux_tc\"", "noaux_tc"},
         {"scoring_func", "\"sigmoid\"", "sigmoid"},
         {"attention_bias", "true", "attention_bias"},

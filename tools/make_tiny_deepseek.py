@@ -61,11 +61,17 @@ MODELS = {
 }
 
 ROUTE_DIMS = 8
-ROUTER_CONTEXT_SCALE = 0.05
-ROUTER_CODE_STD = 3.5
 RMS_RANGE = (1.0, 1.5, 2.0, 3.0, 4.0)
-MIN_CODE_GAP = 0.06      # selection-quantity gap of a token's code at every RMS in RMS_RANGE
-MIN_ROUTER_GAP = 2e-2    # the same gap on the references' actual router inputs
+# Per method: (scale of the router weights on the non-channel dims, std of a token's channel-only
+# router logits, selection-quantity gap of a token's code at every RMS in RMS_RANGE, the same gap
+# required on the references' actual router inputs). Sigmoid scores saturate for large logits and
+# group scores add two of them, so V3 keeps the codes moderate, the context contribution smaller
+# and asks for gaps in its own units.
+ROUTING = {"softmax": (0.05, 3.5, 0.06, 2e-2), "sigmoid": (0.005, 2.5, 0.03, 5e-3)}
+# Softmax order is invariant to the RMSNorm's positive scale, so a few RMS values suffice; sigmoid
+# scores plus a correction bias are not (the order can cross between two RMS values), so V3's codes
+# are checked on a dense grid over the range the residual stream takes.
+RMS_GRID = {"softmax": RMS_RANGE, "sigmoid": tuple(0.8 + 0.15 * i for i in range(30))}
 
 
 def bf16(t):
@@ -104,7 +110,13 @@ def select(gate, logits):
     return torch.sort(top.indices[:, :k], -1).values, float((top.values[:, k - 1] - top.values[:, k]).min())
 
 
+def method(model):
+    return "sigmoid" if any(hasattr(g, "e_score_correction_bias") for _, g, _ in gates_of(model)) else "softmax"
+
+
 def add_routing_channel(model, gen):
+    context_scale, code_std, min_code_gap, _ = ROUTING[method(model)]
+    rms_grid = RMS_GRID[method(model)]
     hidden = model.config.hidden_size
     rc = slice(hidden - ROUTE_DIMS, hidden)
     gates = gates_of(model)
@@ -119,9 +131,9 @@ def add_routing_channel(model, gen):
             if hasattr(mlp, "shared_experts"):
                 mlp.shared_experts.down_proj.weight[rc, :] = 0
         for _, gate, _ in gates:
-            gate.weight[:, :hidden - ROUTE_DIMS] *= ROUTER_CONTEXT_SCALE
+            gate.weight[:, :hidden - ROUTE_DIMS] *= context_scale
             gate.weight[:, rc] = torch.randn(gate.weight[:, rc].shape, generator=gen) * (
-                ROUTER_CODE_STD / ROUTE_DIMS ** 0.5)
+                code_std / ROUTE_DIMS ** 0.5)
             if hasattr(gate, "e_score_correction_bias"):
                 gate.e_score_correction_bias.copy_(0.1 * torch.randn(gate.e_score_correction_bias.shape,
                                                                      generator=gen))
@@ -132,10 +144,8 @@ def add_routing_channel(model, gen):
                 ok = True
                 for _, gate, norm_w in gates:
                     lg = bf16(gate.weight[:, rc]) @ (code * bf16(norm_w[rc]))
-                    for rms in RMS_RANGE:
-                        if select(gate, (lg / rms).view(1, -1))[1] < MIN_CODE_GAP:
-                            ok = False
-                            break
+                    if select(gate, lg.view(1, -1) / torch.tensor(rms_grid).view(-1, 1))[1] < min_code_gap:
+                        ok = False
                     if not ok:
                         break
                 if ok:
@@ -165,9 +175,12 @@ def routing_of(model, seqs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "models"))
+    ap.add_argument("--only", default=None, help="write only this fixture")
     args = ap.parse_args()
     torch.manual_seed(0)
     for i, (name, (cfg_cls, model_cls, overrides)) in enumerate(MODELS.items()):
+        if args.only and name != args.only:
+            continue
         for attempt in range(20):
             gen = torch.Generator().manual_seed(777 + 100 * i + attempt)
             cfg = make_config(cfg_cls, overrides)
@@ -191,7 +204,7 @@ def main():
             low_ids = routing_of(copy.deepcopy(model).to(torch.bfloat16), seqs)
             flips = sum(int((a != b).any(-1).sum()) for a, b in zip(ref_ids, low_ids))
             print(f"{name} attempt {attempt}: router min gap {gap:.4f}, {flips} BF16 routing flips")
-            if gap >= MIN_ROUTER_GAP and flips == 0:
+            if gap >= ROUTING[method(model)][3] and flips == 0:
                 break
         else:
             raise SystemExit(f"{name}: no seed gives routing clear of BF16 noise")

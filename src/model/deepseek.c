@@ -10,13 +10,16 @@
 // = gate / up rows [j I, (j + 1) I) and down columns [j I, (j + 1) I)), which moe_route gives
 // every token as fixed slots of weight 1 (backend.h moe_route_args): the same sum, one fused op.
 //
-// Routing: softmax top-k (topk_method greedy), times routed_scaling_factor, renormalised when
-// norm_topk_prob (as DeepSeek's code and vLLM; transformers' DeepseekV2 router never renormalises,
-// so the fixtures keep it false). group_limited_greedy / noaux_tc (grouped, sigmoid,
-// e_score_correction_bias) are refused until moe_route implements them.
+// Routing (moe_route, backend.h): V2 softmax top-k (topk_method greedy; group_limited_greedy keeps
+// the topk_group groups with the largest max), V3 noaux_tc (sigmoid scores, selection by score +
+// e_score_correction_bias within the topk_group groups of largest top-2 sum, weights from the plain
+// scores), times routed_scaling_factor, renormalised when norm_topk_prob (as DeepSeek's code and
+// vLLM; transformers' DeepseekV2 router never renormalises, so the V2 fixture keeps it false). The
+// correction bias is kept in F32 (finish_load converts it), as moe_route takes it.
 //
 // MTP layers (num_nextn_predict_layers, stored as model.layers.<num_hidden_layers + i>.*) are not
 // loaded: their tensors are marked read with a log line.
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/check.h"
@@ -149,12 +152,20 @@ static atomc_status deepseek_check(const struct model_config *c, struct error *e
                              "%s config: %d experts, top-%d, %d shared, moe_intermediate_size "
                              "%d",
                              a, c->num_experts, c->num_experts_per_tok, c->n_shared_experts, c->moe_intermediate_size);
-        if (strcmp(c->topk_method, "greedy") || strcmp(c->scoring_func, "softmax"))
-            return error_set(err, ATOMC_ERR_UNSUPPORTED,
-                             "%s: topk_method '%s' with scoring_func '%s' (grouped / "
-                             "sigmoid routing with e_score_correction_bias) is not implemented by moe_route yet; "
-                             "only greedy softmax routing is",
+        // transformers: V2 routes by softmax (greedy / group_limited_greedy), V3 by sigmoid (noaux_tc).
+        const bool noaux = !strcmp(c->topk_method, "noaux_tc"), sig = !strcmp(c->scoring_func, "sigmoid");
+        if (noaux != sig)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: topk_method '%s' with scoring_func '%s' is not "
+                             "implemented (noaux_tc scores by sigmoid, greedy / group_limited_greedy by softmax)",
                              a, c->topk_method, c->scoring_func);
+        if (strcmp(c->topk_method, "greedy") && c->n_group > 1) {
+            const int G = c->num_experts / c->n_group;
+            if (c->num_experts % c->n_group || c->topk_group < 1 || c->topk_group > c->n_group ||
+                c->topk_group * G < c->num_experts_per_tok || (noaux && G < 2))
+                return error_set(err, ATOMC_ERR_FORMAT, "%s config: %d experts in n_group %d, topk_group %d, top-%d "
+                                 "(the kept groups must hold at least top-k experts; noaux_tc groups at least 2)",
+                                 a, c->num_experts, c->n_group, c->topk_group, c->num_experts_per_tok);
+        }
         if (!(c->routed_scaling_factor > 0))
             return error_set(err, ATOMC_ERR_FORMAT, "%s config: routed_scaling_factor %g must be positive", a,
                              c->routed_scaling_factor);
@@ -234,12 +245,40 @@ static atomc_status deepseek_stack_shared(struct model *m, int l, struct ffn_moe
     return ATOMC_OK;
 }
 
+// The correction bias in F32 (moe_route's contract), converted through the host if stored otherwise.
+static atomc_status deepseek_bias_f32(struct model *m, int l, struct tensor *t, struct error *err) {
+    if (!t->data || t->dtype == DTYPE_F32) return ATOMC_OK;
+    struct backend *b = m->backend;
+    const int64_t n = tensor_numel(t);
+    void *h = xmalloc(tensor_bytes(t));
+    float *f = xmalloc((size_t)n * sizeof(float));
+    b->ops->synchronize(b);
+    b->ops->copy_d2h(b, h, t->data, tensor_bytes(t));
+    b->ops->synchronize(b);
+    dtype_to_f32(t->dtype, h, f, n);
+    void *d = b->ops->alloc(b, (size_t)n * sizeof(float));
+    if (!d) {
+        free(h);
+        free(f);
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "layer %d: cannot allocate the routing bias", l);
+    }
+    b->ops->copy_h2d(b, d, f, (size_t)n * sizeof(float));
+    b->ops->synchronize(b);
+    free(h);
+    free(f);
+    m->weight_bytes += (size_t)n * sizeof(float) - tensor_bytes(t);
+    b->ops->free(b, t->data);
+    *t = tensor_make(d, DTYPE_F32, 1, (int64_t[]){n});
+    return ATOMC_OK;
+}
+
 static atomc_status deepseek_finish_load(struct model *m, struct weight_loader *L, struct error *err) {
     const struct model_config *c = &m->cfg;
     for (int l = 0; l < c->num_layers; l++) {
         struct model_layer *ly = &m->layers[l];
-        if (ly->ffn_kind != FFN_KIND_MOE || c->n_shared_experts <= 0) continue;
-        atomc_status st = deepseek_stack_shared(m, l, &ly->ffn.moe, err);
+        if (ly->ffn_kind != FFN_KIND_MOE) continue;
+        atomc_status st = deepseek_bias_f32(m, l, &ly->ffn.moe.score_bias, err);
+        if (st == ATOMC_OK && c->n_shared_experts > 0) st = deepseek_stack_shared(m, l, &ly->ffn.moe, err);
         if (st != ATOMC_OK) return st;
     }
     struct model_files *mf = weight_loader_files(L);

@@ -162,17 +162,24 @@ static atomc_status model_tp_check(const struct model_config *c, int tp, int ran
 // ---------------------------------------------------------------------------------------------
 // MoE routing
 
-// Routing parameters of cfg: softmax top-k, renormalised over the k when norm_topk_prob (config.c
-// sets it for Mixtral, whose softmax over the top-k logits is the same thing), times
-// routed_scaling_factor (1 unless DeepSeek's config says otherwise); shared experts (DeepSeek,
-// stacked after the routed ones at load) are n_shared extra slots of weight 1.
+// Routing parameters of cfg: softmax or sigmoid (scoring_func) top-k, renormalised over the k when
+// norm_topk_prob (config.c sets it for Mixtral, whose softmax over the top-k logits is the same
+// thing), times routed_scaling_factor (1 unless the config says otherwise); grouped top-k when
+// n_group > 1, except under DeepSeek's topk_method "greedy" (which ignores the groups), scored by
+// the group max for "group_limited_greedy" and the top-2 sum otherwise (noaux_tc, GLM-4-MoE);
+// shared experts (stacked after the routed ones at load) are n_shared extra slots of weight 1.
+// The per-layer correction bias is set by the MoE block (ffn_moe).
 static struct moe_route_args model_moe_route_args(const struct model_config *c, bool force_uniform) {
+    const bool grouped = c->n_group > 1 && strcmp(c->topk_method, "greedy") != 0;
     return (struct moe_route_args){
         .num_experts = c->num_experts,
         .top_k = c->num_experts_per_tok,
-        .scoring = MOE_SCORING_SOFTMAX,
+        .scoring = !strcmp(c->scoring_func, "sigmoid") ? MOE_SCORING_SIGMOID : MOE_SCORING_SOFTMAX,
         .renormalize = c->norm_topk_prob,
         .scale = c->routed_scaling_factor > 0 ? c->routed_scaling_factor : 1.0f,
+        .n_group = grouped ? c->n_group : 0,
+        .topk_group = grouped ? c->topk_group : 0,
+        .group_score = !strcmp(c->topk_method, "group_limited_greedy") ? MOE_GROUP_SCORE_MAX : MOE_GROUP_SCORE_TOP2_SUM,
         .n_shared = c->n_shared_experts,
         .shared_weight = 1.0f,
         .force_uniform = force_uniform,
