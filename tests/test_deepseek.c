@@ -4,6 +4,8 @@
 // the latent cache spec and its bytes per token, and every refusal: routing methods paired with
 // the wrong scoring, bad groups, attention biases, quantized checkpoints, a backend without MLA ops (the CUDA
 // caps table).
+#include <jansson.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,7 +47,8 @@ TEST(deepseek_v2_fixture_config) {
     ASSERT_EQ(c.n_shared_experts, 2);
     ASSERT_NEAR(c.routed_scaling_factor, 1.5, 1e-6);
     ASSERT_EQ(c.moe_layer_freq, 1);
-    for (int l = 0; l < c.num_layers; l++) ASSERT_TRUE(model_config_layer_is_moe(&c, l));
+    for (int l = 0; l < c.num_layers; l++)
+        ASSERT_TRUE(model_config_layer_is_moe(&c, l));
 }
 
 TEST(deepseek_bench_configs) {
@@ -66,7 +69,8 @@ TEST(deepseek_bench_configs) {
         int64_t n = model_param_count(&c);
         fprintf(stderr, "  %s: %lld parameters\n", want[i].file, (long long)n);
         ASSERT_EQ(n, want[i].params);
-        for (int l = 0; l < c.num_layers; l++) ASSERT_EQ(model_config_layer_is_moe(&c, l), l >= want[i].dense_layers);
+        for (int l = 0; l < c.num_layers; l++)
+            ASSERT_EQ(model_config_layer_is_moe(&c, l), l >= want[i].dense_layers);
     }
     // DeepSeek-V3: 576 latent values per token and layer (512 + 64) instead of 2 x 128 x 128.
     struct model_config c;
@@ -105,9 +109,17 @@ static void cleanup(const char *dir) {
 }
 
 static atomc_status try_load(const char *dir, struct error *err) {
-    struct runner_options o = {.model_path = dir, .device = "cpu", .dtype = "auto", .load_format = "dummy",
-                               .kv_cache_dtype = "auto", .block_size = 4, .num_kv_blocks = 64, .max_num_seqs = 4,
-                               .max_num_batched_tokens = 64, .max_model_len = 64, .num_threads = 1};
+    struct runner_options o = {.model_path = dir,
+                               .device = "cpu",
+                               .dtype = "auto",
+                               .load_format = "dummy",
+                               .kv_cache_dtype = "auto",
+                               .block_size = 4,
+                               .num_kv_blocks = 64,
+                               .max_num_seqs = 4,
+                               .max_num_batched_tokens = 64,
+                               .max_model_len = 64,
+                               .num_threads = 1};
     struct model_runner *r = NULL;
     atomc_status st = model_runner_create(&o, &r, err);
     model_runner_free(r);
@@ -169,6 +181,109 @@ TEST(deepseek_backend_without_mla_refused) {
         fprintf(stderr, "  cuda, kv_lora_rank %d: %s\n", bad_lora[i], err.msg);
         ASSERT_EQ(st, ATOMC_ERR_UNSUPPORTED);
         ASSERT_TRUE(strstr(err.msg, "kv_lora_rank") != NULL);
+    }
+}
+
+// A checkpoint with an MTP layer (num_nextn_predict_layers 1, tensors model.layers.<3>.* after the
+// 3 decoder layers, in a second shard): it loads and its tensors are skipped; the same files without
+// num_nextn_predict_layers are refused naming the layer's tensor (model_files_check_consumed), so the skip is by
+// declaration, not silent.
+static int write_shard(const char *path, const char *name) {
+    char hdr[256];
+    int n = snprintf(hdr, sizeof hdr, "{\"%s\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", name);
+    while (n % 8)
+        hdr[n++] = ' ';
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    uint64_t len = (uint64_t)n;
+    float data[4] = {1, 2, 3, 4};
+    int ok = fwrite(&len, 8, 1, f) == 1 && fwrite(hdr, 1, (size_t)n, f) == (size_t)n && fwrite(data, 4, 4, f) == 4;
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+static int write_mtp_checkpoint(char *dir, bool declare) {
+    if (!mkdtemp(dir)) return -1;
+    char path[512], src[4096];
+    if (!realpath(test_fixture("models/deepseek_v2/model.safetensors"), src)) return -1;
+    snprintf(path, sizeof path, "%s/model-00001.safetensors", dir);
+    if (symlink(src, path) != 0) return -1;
+    snprintf(path, sizeof path, "%s/model-00002.safetensors", dir);
+    if (write_shard(path, "model.layers.3.eh_proj.weight") != 0) return -1;
+    // The index lists every tensor of the fixture and the MTP one.
+    FILE *in = fopen(src, "rb");
+    uint64_t hl = 0;
+    if (!in || fread(&hl, 8, 1, in) != 1 || hl > (1u << 20)) return -1;
+    char *h = calloc(1, hl + 1);
+    if (fread(h, 1, hl, in) != hl) return -1;
+    fclose(in);
+    json_t *root = json_loads(h, 0, NULL), *map = json_object();
+    free(h);
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (strcmp(k, "__metadata__")) json_object_set_new(map, k, json_string("model-00001.safetensors"));
+    }
+    json_decref(root);
+    json_object_set_new(map, "model.layers.3.eh_proj.weight", json_string("model-00002.safetensors"));
+    json_t *idx = json_pack("{s:{},s:o}", "metadata", "weight_map", map);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    int st = json_dump_file(idx, path, 0);
+    json_decref(idx);
+    if (st != 0) return -1;
+    char *cfg = NULL;
+    if (file_read_all(test_fixture("models/deepseek_v2/config.json"), &cfg, NULL, NULL) != ATOMC_OK) return -1;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    if (declare)
+        fprintf(f, "{\"num_nextn_predict_layers\": 1, %s", strchr(cfg, '{') + 1);
+    else
+        fputs(cfg, f);
+    fclose(f);
+    free(cfg);
+    return 0;
+}
+
+static void rm_mtp_checkpoint(const char *dir) {
+    const char *files[] = {"model-00001.safetensors", "model-00002.safetensors", "model.safetensors.index.json",
+                           "config.json"};
+    char path[512];
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+TEST(deepseek_mtp_layers_skipped_by_declaration) {
+    for (int declare = 1; declare >= 0; declare--) {
+        char dir[] = "/tmp/atomc_ds_mtpXXXXXX";
+        ASSERT_EQ(write_mtp_checkpoint(dir, declare), 0);
+        struct runner_options o = {.model_path = dir,
+                                   .device = "cpu",
+                                   .dtype = "auto",
+                                   .load_format = "auto",
+                                   .kv_cache_dtype = "auto",
+                                   .block_size = 4,
+                                   .num_kv_blocks = 64,
+                                   .max_num_seqs = 4,
+                                   .max_num_batched_tokens = 64,
+                                   .max_model_len = 64,
+                                   .num_threads = 1};
+        struct model_runner *r = NULL;
+        struct error err = {0};
+        atomc_status st = model_runner_create(&o, &r, &err);
+        model_runner_free(r);
+        rm_mtp_checkpoint(dir);
+        if (declare) {
+            if (st != ATOMC_OK) fprintf(stderr, "  %s\n", err.msg);
+            ASSERT_OK(st);
+        } else {
+            fprintf(stderr, "  undeclared MTP tensor: %s\n", err.msg);
+            ASSERT_TRUE(st != ATOMC_OK);
+            ASSERT_TRUE(strstr(err.msg, "model.layers.3.eh_proj.weight") != NULL);
+        }
     }
 }
 

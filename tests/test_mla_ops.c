@@ -54,7 +54,8 @@ struct case_data {
 static void make_batch(struct case_data *c) {
     // Physical blocks handed out in a shuffled order.
     int perm[NBLK];
-    for (int i = 0; i < NBLK; i++) perm[i] = i;
+    for (int i = 0; i < NBLK; i++)
+        perm[i] = i;
     for (int i = NBLK - 1; i > 0; i--) {
         int j = (int)(rng_u64() % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j];
@@ -65,7 +66,8 @@ static void make_batch(struct case_data *c) {
         c->qs[s] = t;
         c->ctx[s] = cached[s] + q_len[s];
         int nb = (c->ctx[s] + BS - 1) / BS;
-        for (int k = 0; k < MAXB; k++) c->bt[s * MAXB + k] = k < nb ? perm[next++] : 0;
+        for (int k = 0; k < MAXB; k++)
+            c->bt[s * MAXB + k] = k < nb ? perm[next++] : 0;
         for (int i = 0; i < q_len[s]; i++, t++) {
             int p = cached[s] + i;
             c->pos[t] = p;
@@ -76,10 +78,22 @@ static void make_batch(struct case_data *c) {
     c->n_tokens = t;
     c->slot[2] = -1; // one token of the prefill is padding: not written (its queries still run)
     c->md = (struct attn_metadata){
-        .n_seqs = NSEQ, .n_tokens = t, .max_query_len = 7, .max_context_len = 13, .max_blocks_per_seq = MAXB,
-        .block_size = BS, .query_start = c->qs, .context_lens = c->ctx, .block_tables = c->bt, .positions = c->pos,
-        .slot_mapping = c->slot, .h_query_start = c->qs, .h_context_lens = c->ctx, .h_block_tables = c->bt,
-        .h_positions = c->pos, .h_slot_mapping = c->slot,
+        .n_seqs = NSEQ,
+        .n_tokens = t,
+        .max_query_len = 7,
+        .max_context_len = 13,
+        .max_blocks_per_seq = MAXB,
+        .block_size = BS,
+        .query_start = c->qs,
+        .context_lens = c->ctx,
+        .block_tables = c->bt,
+        .positions = c->pos,
+        .slot_mapping = c->slot,
+        .h_query_start = c->qs,
+        .h_context_lens = c->ctx,
+        .h_block_tables = c->bt,
+        .h_positions = c->pos,
+        .h_slot_mapping = c->slot,
     };
 }
 
@@ -98,8 +112,11 @@ static float cache_get(const struct tensor *k, int64_t slot, int i, float scale)
     float f;
     const char *p = (const char *)k->data + (size_t)slot * dtype_row_bytes(k->dtype, D);
     switch (k->dtype) {
-    case DTYPE_FP8_E4M3: return fp8_e4m3_to_f32(((const uint8_t *)p)[i]) * scale;
-    default: dtype_to_f32(k->dtype, p + dtype_row_bytes(k->dtype, i), &f, 1); return f;
+    case DTYPE_FP8_E4M3:
+        return fp8_e4m3_to_f32(((const uint8_t *)p)[i]) * scale;
+    default:
+        dtype_to_f32(k->dtype, p + dtype_row_bytes(k->dtype, i), &f, 1);
+        return f;
     }
 }
 
@@ -116,11 +133,16 @@ static void run_case(enum dtype kv_dt, enum dtype w_dt, bool inter, const float 
     const int T = c.n_tokens;
     // Weights and inputs.
     static float kvb[H * (NP + V) * L], normw[L], inv_freq[R / 2], q[32 * H * DQ], q0[32 * H * DQ], kva[32 * D];
-    for (int i = 0; i < H * (NP + V) * L; i++) kvb[i] = rng_sym() * 0.3f;
-    for (int i = 0; i < L; i++) normw[i] = 1.0f + 0.2f * rng_sym();
-    for (int i = 0; i < R / 2; i++) inv_freq[i] = (float)(1.0 / pow(10000.0, 2.0 * i / R));
-    for (int i = 0; i < T * H * DQ; i++) q0[i] = q[i] = rng_sym() * 2.0f;
-    for (int i = 0; i < T * D; i++) kva[i] = rng_sym() * 1.5f;
+    for (int i = 0; i < H * (NP + V) * L; i++)
+        kvb[i] = rng_sym() * 0.3f;
+    for (int i = 0; i < L; i++)
+        normw[i] = 1.0f + 0.2f * rng_sym();
+    for (int i = 0; i < R / 2; i++)
+        inv_freq[i] = (float)(1.0 / pow(10000.0, 2.0 * i / R));
+    for (int i = 0; i < T * H * DQ; i++)
+        q0[i] = q[i] = rng_sym() * 2.0f;
+    for (int i = 0; i < T * D; i++)
+        kva[i] = rng_sym() * 1.5f;
     // kv_b in the weight dtype (rounded: the reference reads the rounded values).
     struct weight wkvb = {.scheme = WEIGHT_SCHEME_NONE};
     wkvb.t = tensor_2d(NULL, w_dt, H * (NP + V), L);
@@ -137,11 +159,13 @@ static void run_case(enum dtype kv_dt, enum dtype w_dt, bool inter, const float 
     const size_t row = dtype_row_bytes(kv_dt, D), cache_bytes = (size_t)NBLK * BS * row;
     unsigned char *cache = malloc(cache_bytes + 64);
     memset(cache, 0x7f, cache_bytes + 64);
-    struct kv_layer kv = {.k = tensor_make(cache, kv_dt, 4, (int64_t[]){NBLK, BS, 1, D}), .k_scale = 1.0f, .v_scale = 1.0f};
+    struct kv_layer kv = {
+        .k = tensor_make(cache, kv_dt, 4, (int64_t[]){NBLK, BS, 1, D}), .k_scale = 1.0f, .v_scale = 1.0f};
     for (int s = 0; s < NSEQ; s++)
         for (int p = 0; p < cached[s]; p++) {
             float r[D];
-            for (int i = 0; i < D; i++) r[i] = rng_sym() * 1.2f;
+            for (int i = 0; i < D; i++)
+                r[i] = rng_sym() * 1.2f;
             int64_t slot = c.bt[s * MAXB + p / BS] * BS + p % BS;
             dtype_from_f32(kv_dt, r, cache + (size_t)slot * row, D);
         }
@@ -155,38 +179,50 @@ static void run_case(enum dtype kv_dt, enum dtype w_dt, bool inter, const float 
     for (int t = 0; t < T && !f32_out; t++) {
         for (int h = 0; h < H; h++) {
             double x[R];
-            for (int i = 0; i < R; i++) x[i] = q0[(t * H + h) * DQ + NP + i];
+            for (int i = 0; i < R; i++)
+                x[i] = q0[(t * H + h) * DQ + NP + i];
             ref_rope(x, inv_freq, rope.attn_factor, inter, c.pos[t]);
-            for (int i = 0; i < NP; i++) ASSERT_TRUE(q[(t * H + h) * DQ + i] == q0[(t * H + h) * DQ + i]);
-            for (int i = 0; i < R; i++) ASSERT_NEAR(q[(t * H + h) * DQ + NP + i], x[i], 1e-5);
+            for (int i = 0; i < NP; i++)
+                ASSERT_TRUE(q[(t * H + h) * DQ + i] == q0[(t * H + h) * DQ + i]);
+            for (int i = 0; i < R; i++)
+                ASSERT_NEAR(q[(t * H + h) * DQ + NP + i], x[i], 1e-5);
         }
         if (c.slot[t] < 0) continue;
         double ss = 0, r[D];
-        for (int i = 0; i < L; i++) ss += (double)kva[t * D + i] * kva[t * D + i];
-        for (int i = 0; i < L; i++) r[i] = kva[t * D + i] / sqrt(ss / L + 1e-5) * normw[i];
-        for (int i = 0; i < R; i++) r[L + i] = kva[t * D + L + i];
+        for (int i = 0; i < L; i++)
+            ss += (double)kva[t * D + i] * kva[t * D + i];
+        for (int i = 0; i < L; i++)
+            r[i] = kva[t * D + i] / sqrt(ss / L + 1e-5) * normw[i];
+        for (int i = 0; i < R; i++)
+            r[L + i] = kva[t * D + L + i];
         ref_rope(r + L, inv_freq, rope.attn_factor, inter, c.pos[t]);
         double tol = kv_dt == DTYPE_F32 ? 1e-5 : 1e-2;
-        for (int i = 0; i < D; i++) ASSERT_NEAR(cache_get(&kv.k, c.slot[t], i, 1.0f), r[i], tol * (1 + fabs(r[i])));
+        for (int i = 0; i < D; i++)
+            ASSERT_NEAR(cache_get(&kv.k, c.slot[t], i, 1.0f), r[i], tol * (1 + fabs(r[i])));
     }
     // The guard bytes after the cache stay untouched.
-    for (int i = 0; i < 64; i++) ASSERT_EQ(cache[cache_bytes + i], 0x7f);
+    for (int i = 0; i < 64; i++)
+        ASSERT_EQ(cache[cache_bytes + i], 0x7f);
 
     // The padding token (slot -1) has no row; give it one for the reference and the op alike, as
     // the engine never lets a real key sit at a padding slot: write the reference's row directly.
     {
         int s = 0, p = c.pos[2];
         int64_t slot = c.bt[s * MAXB + p / BS] * BS + p % BS;
-        for (size_t i = 0; i < row; i++) ASSERT_EQ(cache[(size_t)slot * row + i], 0x7f);
+        for (size_t i = 0; i < row; i++)
+            ASSERT_EQ(cache[(size_t)slot * row + i], 0x7f);
         float r[D];
-        for (int i = 0; i < D; i++) r[i] = 0.5f * rng_sym();
+        for (int i = 0; i < D; i++)
+            r[i] = 0.5f * rng_sym();
         dtype_from_f32(kv_dt, r, cache + (size_t)slot * row, D);
     }
     static float out[32 * H * V + 16];
-    for (int i = 0; i < 16; i++) out[T * H * V + i] = 12345.0f;
+    for (int i = 0; i < 16; i++)
+        out[T * H * V + i] = 12345.0f;
     struct tensor to = tensor_make(out, DTYPE_F32, 3, (int64_t[]){T, H, V});
     b->ops->mla_attention(b, &to, &tq, &kv, &c.md, &a, NULL);
-    for (int i = 0; i < 16; i++) ASSERT_TRUE(out[T * H * V + i] == 12345.0f);
+    for (int i = 0; i < 16; i++)
+        ASSERT_TRUE(out[T * H * V + i] == 12345.0f);
 
     if (f32_out) { // FP8: against the F32 cache's output of the same rows
         double num = 0, den = 0;
@@ -210,24 +246,30 @@ static void run_case(enum dtype kv_dt, enum dtype w_dt, bool inter, const float 
                     for (int j = 0; j <= p; j++) {
                         int64_t slot = c.bt[s * MAXB + j / BS] * BS + j % BS;
                         double cj[D], dot = 0;
-                        for (int e = 0; e < D; e++) cj[e] = cache_get(&kv.k, slot, e, 1.0f);
+                        for (int e = 0; e < D; e++)
+                            cj[e] = cache_get(&kv.k, slot, e, 1.0f);
                         for (int n = 0; n < NP; n++) { // k_nope = W_UK_h c_j
                             double kn = 0;
-                            for (int e = 0; e < L; e++) kn += (double)wk[n * L + e] * cj[e];
+                            for (int e = 0; e < L; e++)
+                                kn += (double)wk[n * L + e] * cj[e];
                             dot += qt[n] * kn;
                         }
-                        for (int e = 0; e < R; e++) dot += qt[NP + e] * cj[L + e];
+                        for (int e = 0; e < R; e++)
+                            dot += qt[NP + e] * cj[L + e];
                         sc[j] = dot * a.scale;
                         if (sc[j] > mx) mx = sc[j];
                     }
-                    for (int j = 0; j <= p; j++) sum += sc[j] = exp(sc[j] - mx);
+                    for (int j = 0; j <= p; j++)
+                        sum += sc[j] = exp(sc[j] - mx);
                     for (int j = 0; j <= p; j++) {
                         int64_t slot = c.bt[s * MAXB + j / BS] * BS + j % BS;
                         double cj[L];
-                        for (int e = 0; e < L; e++) cj[e] = cache_get(&kv.k, slot, e, 1.0f);
+                        for (int e = 0; e < L; e++)
+                            cj[e] = cache_get(&kv.k, slot, e, 1.0f);
                         for (int n = 0; n < V; n++) { // v = W_UV_h c_j
                             double vn = 0;
-                            for (int e = 0; e < L; e++) vn += (double)wv[n * L + e] * cj[e];
+                            for (int e = 0; e < L; e++)
+                                vn += (double)wv[n * L + e] * cj[e];
                             o[n] += sc[j] / sum * vn;
                         }
                     }

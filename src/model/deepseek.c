@@ -155,14 +155,16 @@ static atomc_status deepseek_check(const struct model_config *c, struct error *e
         // transformers: V2 routes by softmax (greedy / group_limited_greedy), V3 by sigmoid (noaux_tc).
         const bool noaux = !strcmp(c->topk_method, "noaux_tc"), sig = !strcmp(c->scoring_func, "sigmoid");
         if (noaux != sig)
-            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: topk_method '%s' with scoring_func '%s' is not "
+            return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                             "%s: topk_method '%s' with scoring_func '%s' is not "
                              "implemented (noaux_tc scores by sigmoid, greedy / group_limited_greedy by softmax)",
                              a, c->topk_method, c->scoring_func);
         if (strcmp(c->topk_method, "greedy") && c->n_group > 1) {
             const int G = c->num_experts / c->n_group;
             if (c->num_experts % c->n_group || c->topk_group < 1 || c->topk_group > c->n_group ||
                 c->topk_group * G < c->num_experts_per_tok || (noaux && G < 2))
-                return error_set(err, ATOMC_ERR_FORMAT, "%s config: %d experts in n_group %d, topk_group %d, top-%d "
+                return error_set(err, ATOMC_ERR_FORMAT,
+                                 "%s config: %d experts in n_group %d, topk_group %d, top-%d "
                                  "(the kept groups must hold at least top-k experts; noaux_tc groups at least 2)",
                                  a, c->num_experts, c->n_group, c->topk_group, c->num_experts_per_tok);
         }

@@ -83,7 +83,8 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
     int32_t *qs = calloc((size_t)n_seqs + 1, 4), *ctx = calloc((size_t)n_seqs, 4);
     int32_t *bt = calloc((size_t)n_seqs * max_blocks, 4), *pos = calloc((size_t)T, 4), *slot = calloc((size_t)T, 4);
     int *perm = malloc(sizeof(int) * (size_t)nblk);
-    for (int i = 0; i < nblk; i++) perm[i] = i;
+    for (int i = 0; i < nblk; i++)
+        perm[i] = i;
     for (int i = nblk - 1; i > 0; i--) {
         int j = (int)(rng_next() % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j];
@@ -94,7 +95,8 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
         qs[s] = t;
         ctx[s] = cached[s] + q_len[s];
         if (q_len[s] > max_q) max_q = q_len[s];
-        for (int k = 0; k < (ctx[s] + bs - 1) / bs; k++) bt[s * max_blocks + k] = perm[next++];
+        for (int k = 0; k < (ctx[s] + bs - 1) / bs; k++)
+            bt[s * max_blocks + k] = perm[next++];
         for (int i = 0; i < q_len[s]; i++, t++) {
             pos[t] = cached[s] + i;
             slot[t] = bt[s * max_blocks + pos[t] / bs] * bs + pos[t] % bs;
@@ -105,17 +107,23 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
     size_t nkvb = (size_t)H * (NP + V) * L;
     float *kvb = malloc(nkvb * 4), *normw = malloc((size_t)L * 4), *q = malloc((size_t)T * H * DQ * 4);
     float *kva = malloc((size_t)T * D * 4), inv_freq[64];
-    for (size_t i = 0; i < nkvb; i++) kvb[i] = rbf(rng_sym(0.08f));
-    for (int i = 0; i < L; i++) normw[i] = rbf(1.0f + rng_sym(0.2f));
-    for (int64_t i = 0; i < (int64_t)T * H * DQ; i++) q[i] = rbf(rng_sym(1.5f));
-    for (int64_t i = 0; i < (int64_t)T * D; i++) kva[i] = rbf(rng_sym(1.5f));
-    for (int i = 0; i < R / 2; i++) inv_freq[i] = (float)(1.0 / pow(10000.0, 2.0 * i / R));
+    for (size_t i = 0; i < nkvb; i++)
+        kvb[i] = rbf(rng_sym(0.08f));
+    for (int i = 0; i < L; i++)
+        normw[i] = rbf(1.0f + rng_sym(0.2f));
+    for (int64_t i = 0; i < (int64_t)T * H * DQ; i++)
+        q[i] = rbf(rng_sym(1.5f));
+    for (int64_t i = 0; i < (int64_t)T * D; i++)
+        kva[i] = rbf(rng_sym(1.5f));
+    for (int i = 0; i < R / 2; i++)
+        inv_freq[i] = (float)(1.0 / pow(10000.0, 2.0 * i / R));
     const size_t slots = (size_t)nblk * bs, row = dtype_row_bytes(kv_dt, D);
     unsigned char *cache_h = calloc(slots, row);
     float *f = malloc((size_t)D * 4);
     for (int s = 0; s < n_seqs; s++)
         for (int p = 0; p < cached[s]; p++) {
-            for (int i = 0; i < D; i++) f[i] = rng_sym(1.2f);
+            for (int i = 0; i < D; i++)
+                f[i] = rng_sym(1.2f);
             int64_t sl = bt[s * max_blocks + p / bs] * bs + p % bs;
             dtype_from_f32(kv_dt, f, cache_h + (size_t)sl * row, D);
         }
@@ -130,9 +138,17 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
     struct mla_args ac = {.n_heads = H, .nope = NP, .rope = R, .kv_lora = L, .v_dim = V, .scale = 0.07f, .kv_b = &wc};
     struct mla_args ag = ac;
     ag.kv_b = &wg;
-    struct attn_metadata md = {.n_seqs = n_seqs, .n_tokens = T, .max_query_len = max_q, .max_context_len = max_ctx,
-                               .max_blocks_per_seq = max_blocks, .block_size = bs, .decode_only = max_q == 1,
-                               .h_query_start = qs, .h_context_lens = ctx, .h_block_tables = bt, .h_positions = pos,
+    struct attn_metadata md = {.n_seqs = n_seqs,
+                               .n_tokens = T,
+                               .max_query_len = max_q,
+                               .max_context_len = max_ctx,
+                               .max_blocks_per_seq = max_blocks,
+                               .block_size = bs,
+                               .decode_only = max_q == 1,
+                               .h_query_start = qs,
+                               .h_context_lens = ctx,
+                               .h_block_tables = bt,
+                               .h_positions = pos,
                                .h_slot_mapping = slot};
     struct attn_metadata mc = md;
     mc.query_start = qs;
@@ -214,8 +230,8 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
         den += (double)oc[i] * oc[i];
     }
     const double nmse = num / (den > 0 ? den : 1), bound = kv_dt == DTYPE_FP8_E4M3 ? 5e-3 : 1e-4;
-    fprintf(stderr, "  %-34s %s cache: rows %.1e, q %.1e, attention nmse %.2e (bound %.0e)\n", what,
-            dtype_name(kv_dt), worst_row, qerr, nmse, bound);
+    fprintf(stderr, "  %-34s %s cache: rows %.1e, q %.1e, attention nmse %.2e (bound %.0e)\n", what, dtype_name(kv_dt),
+            worst_row, qerr, nmse, bound);
     ASSERT_TRUE(nmse <= bound);
     gpu_be->ops->free(gpu_be, outg);
     gpu_be->ops->free(gpu_be, ws);
@@ -225,8 +241,25 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
     gpu_be->ops->free(gpu_be, normg);
     gpu_be->ops->free(gpu_be, wg.t.data);
     cpu_be->ops->free(cpu_be, wc.t.data);
-    free(ob); free(oc); free(og); free(qback); free(qb16); free(back); free(cache_c); free(cache_h); free(f);
-    free(kvb); free(normw); free(q); free(qc); free(kva); free(qs); free(ctx); free(bt); free(pos); free(slot);
+    free(ob);
+    free(oc);
+    free(og);
+    free(qback);
+    free(qb16);
+    free(back);
+    free(cache_c);
+    free(cache_h);
+    free(f);
+    free(kvb);
+    free(normw);
+    free(q);
+    free(qc);
+    free(kva);
+    free(qs);
+    free(ctx);
+    free(bt);
+    free(pos);
+    free(slot);
     free(perm);
 }
 

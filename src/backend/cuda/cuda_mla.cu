@@ -23,7 +23,7 @@
 #include <math.h>
 #include <type_traits>
 
-#define MLA_HT 8 // heads per attention block (one warp each)
+#define MLA_HT 8  // heads per attention block (one warp each)
 #define MLA_TK 32 // keys per shared-memory tile (one per lane)
 
 template <typename C> __device__ __forceinline__ float mla_cache_f32(C v, float scale);
@@ -113,23 +113,25 @@ __global__ void __launch_bounds__(256)
 }
 
 // qa[t, h] = scale * [W_UK_h^T q_nope[t, h], q_pe[t, h]]; W_UK_h = kv_b rows h (NP + V) .. + NP.
-__global__ void __launch_bounds__(128)
-    mla_absorb_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *kv_b, float *qa, int t0, int H, int NP, int R, int L,
-                      int V, float scale) {
+__global__ void __launch_bounds__(128) mla_absorb_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *kv_b, float *qa,
+                                                         int t0, int H, int NP, int R, int L, int V, float scale) {
     pdl_begin();
     extern __shared__ float qn[]; // (NP)
     const int t = t0 + blockIdx.x, h = blockIdx.y, DQ = NP + R, D = L + R;
     const __nv_bfloat16 *qt = q + ((size_t)t * H + h) * DQ;
-    for (int i = threadIdx.x; i < NP; i += blockDim.x) qn[i] = __bfloat162float(qt[i]);
+    for (int i = threadIdx.x; i < NP; i += blockDim.x)
+        qn[i] = __bfloat162float(qt[i]);
     __syncthreads();
     const __nv_bfloat16 *w = kv_b + (size_t)h * (NP + V) * L;
     float *dst = qa + ((size_t)blockIdx.x * H + h) * D;
     for (int c = threadIdx.x; c < L; c += blockDim.x) {
         float acc = 0.f;
-        for (int i = 0; i < NP; i++) acc += qn[i] * __bfloat162float(w[(size_t)i * L + c]);
+        for (int i = 0; i < NP; i++)
+            acc += qn[i] * __bfloat162float(w[(size_t)i * L + c]);
         dst[c] = acc * scale;
     }
-    for (int i = threadIdx.x; i < R; i += blockDim.x) dst[L + i] = __bfloat162float(qt[NP + i]) * scale;
+    for (int i = threadIdx.x; i < R; i += blockDim.x)
+        dst[L + i] = __bfloat162float(qt[NP + i]) * scale;
 }
 
 // One block: token t0 + blockIdx.x, heads [blockIdx.y * MLA_HT, + MLA_HT), key split blockIdx.z of
@@ -153,10 +155,12 @@ __global__ void __launch_bounds__(32 * MLA_HT)
     const int pos = ctx - q_len + (tok - query_start[s]); // keys 0..pos
     const int chunk = (pos + 1 + S - 1) / S, k0 = split * chunk;
     const int k1 = min(pos + 1, k0 + chunk);
-    for (int i = threadIdx.x; i < nh * D; i += blockDim.x) sq[i] = qa[((size_t)blockIdx.x * H + h0) * D + i];
+    for (int i = threadIdx.x; i < nh * D; i += blockDim.x)
+        sq[i] = qa[((size_t)blockIdx.x * H + h0) * D + i];
     float o[NC];
 #pragma unroll
-    for (int c = 0; c < NC; c++) o[c] = 0.f;
+    for (int c = 0; c < NC; c++)
+        o[c] = 0.f;
     float m = -INFINITY, l = 0.f;
     const int32_t *bt = block_tables + (size_t)s * max_blocks;
     for (int j0 = k0; j0 < k1; j0 += MLA_TK) {
@@ -174,7 +178,8 @@ __global__ void __launch_bounds__(32 * MLA_HT)
             if (lane < nk) {
                 const float *kr = sk + lane * DP;
                 float acc = 0.f;
-                for (int d = 0; d < D; d++) acc += qh[d] * kr[d];
+                for (int d = 0; d < D; d++)
+                    acc += qh[d] * kr[d];
                 sc = acc;
             }
             const float tmax = warp_max(sc), mnew = fmaxf(m, tmax);
@@ -182,7 +187,8 @@ __global__ void __launch_bounds__(32 * MLA_HT)
             const float p = lane < nk ? __expf(sc - mnew) : 0.f;
             l = l * corr + warp_sum(p);
 #pragma unroll
-            for (int c = 0; c < NC; c++) o[c] *= corr;
+            for (int c = 0; c < NC; c++)
+                o[c] *= corr;
             for (int j = 0; j < nk; j++) {
                 const float pj = __shfl_sync(0xffffffffu, p, j);
                 const float *kr = sk + j * DP;
@@ -218,7 +224,8 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const float *part, int
     const size_t th = (size_t)blockIdx.x * H + blockIdx.y;
     const float *p = part + th * S * (L + 2);
     float mx = -INFINITY;
-    for (int s = 0; s < S; s++) mx = fmaxf(mx, p[s * (L + 2) + L]);
+    for (int s = 0; s < S; s++)
+        mx = fmaxf(mx, p[s * (L + 2) + L]);
     float den = 0.f;
     for (int s = 0; s < S; s++)
         if (p[s * (L + 2) + L + 1] > 0.f) den += __expf(p[s * (L + 2) + L] - mx) * p[s * (L + 2) + L + 1];
@@ -232,16 +239,16 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const float *part, int
 }
 
 // out[t, h, j] = W_UV_h[j] . o_lat[t, h]; W_UV_h = kv_b rows h (NP + V) + NP .. + V. A warp per j.
-__global__ void __launch_bounds__(128)
-    mla_out_kernel(const float *o_lat, const __nv_bfloat16 *kv_b, __nv_bfloat16 *out, int t0, int H, int NP, int L,
-                   int V) {
+__global__ void __launch_bounds__(128) mla_out_kernel(const float *o_lat, const __nv_bfloat16 *kv_b, __nv_bfloat16 *out,
+                                                      int t0, int H, int NP, int L, int V) {
     pdl_begin();
     const int h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const float *ol = o_lat + ((size_t)blockIdx.x * H + h) * L;
     const __nv_bfloat16 *w = kv_b + ((size_t)h * (NP + V) + NP) * L;
     for (int j = warp; j < V; j += nw) {
         float acc = 0.f;
-        for (int c = lane; c < L; c += 32) acc += __bfloat162float(w[(size_t)j * L + c]) * ol[c];
+        for (int c = lane; c < L; c += 32)
+            acc += __bfloat162float(w[(size_t)j * L + c]) * ol[c];
         acc = warp_sum(acc);
         if (lane == 0) out[((size_t)(t0 + blockIdx.x) * H + h) * V + j] = __float2bfloat16_rn(acc);
     }
@@ -316,7 +323,9 @@ void cuda_op_mla_attention(struct backend *b, struct tensor *out, const struct t
             attend((const __nv_fp8_e4m3 *)kv->k.data, kv->k_scale);
         else
             CHECK_MSG(0, "CUDA MLA latent cache dtype %s unsupported", dtype_name(kv->k.dtype));
-        if (S > 1) pdl_launch(mla_combine_kernel, dim3((unsigned)nc, (unsigned)H), 128, 0, s, (const float *)part, S, H, L, o_lat);
+        if (S > 1)
+            pdl_launch(mla_combine_kernel, dim3((unsigned)nc, (unsigned)H), 128, 0, s, (const float *)part, S, H, L,
+                       o_lat);
         pdl_launch(mla_out_kernel, dim3((unsigned)nc, (unsigned)H), 128, 0, s, (const float *)o_lat, kvb,
                    (__nv_bfloat16 *)out->data, t0, H, NP, L, V);
     }
