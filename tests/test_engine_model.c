@@ -20,7 +20,7 @@ static const struct es_setup CPU = {
     .device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f, .min_clear = 0.5};
 
 static const char *MODELS[] = {"llama_gqa",         "llama_mha",         "llama_tied", "llama_bias",
-                               "llama_rope_llama3", "llama_rope_linear", "qwen3",      "deepseek_v2"};
+                               "llama_rope_llama3", "llama_rope_linear", "qwen3",      "deepseek_v2", "deepseek_v3"};
 
 TEST(engine_model_greedy_matches_hf) {
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
@@ -86,6 +86,11 @@ TEST(engine_model_mla_prefix_hit_identical_to_cold) {
 
 TEST(engine_model_mla_random_stress_equals_alone) {
     es_random_stress_equals_alone(&CPU, "deepseek_v2", 0x5eed1234ull, 32);
+}
+
+// DeepSeek-V3 (q_lora, noaux_tc grouped sigmoid routing, a dense first layer) under the same stress.
+TEST(engine_model_mla_v3_random_stress_equals_alone) {
+    es_random_stress_equals_alone(&CPU, "deepseek_v3", 0x5eed4321ull, 32);
 }
 
 int main(int argc, char **argv) {

@@ -8,6 +8,9 @@
 //   mla_attention:    attn (T, H, v) over the latent cache (absorbed W_UK / W_UV of kv_b)
 //   h = attn @ W_o^T
 //
+// The q_a / kv_a RMSNorms use eps 1e-6 whatever rms_norm_eps says: DeepSeek's reference code and
+// transformers construct them with the RMSNorm default (MLA_LORA_NORM_EPS).
+//
 // The activations live in the model's qkv scratch (model.c sizes it for MLA: q, kv_a, qa, qa
 // normed side by side, each a dense (T, width) region) and attn (T, H v).
 #include <math.h>
@@ -15,6 +18,8 @@
 #include "model/blocks.h"
 
 #include "common/check.h"
+
+#define MLA_LORA_NORM_EPS 1e-6f
 
 // The softmax scale of cfg's MLA: (nope + rope)^-1/2, times YaRN's mscale(factor, mscale_all_dim)^2
 // when the RoPE is scaled and mscale_all_dim is given (DeepSeek's correction; transformers'
@@ -48,7 +53,7 @@ void block_attention_mla(struct model *m, struct fwd_state *f, const struct mode
         struct tensor qa = tensor_2d(base + (size_t)(T * (H * DQ + KA)) * e, dt, T, QL);
         struct tensor qan = tensor_2d(base + (size_t)(T * (H * DQ + KA + QL)) * e, dt, T, QL);
         ops->matmul(b, &qa, &f->x, &w->q_a, NULL);
-        ops->rmsnorm(b, &qan, &qa, &w->q_a_norm, c->rms_norm_eps);
+        ops->rmsnorm(b, &qan, &qa, &w->q_a_norm, MLA_LORA_NORM_EPS);
         ops->matmul(b, &q2, &qan, &w->q_b, NULL);
     } else {
         ops->matmul(b, &q2, &f->x, &w->q, NULL);
@@ -63,7 +68,7 @@ void block_attention_mla(struct model *m, struct fwd_state *f, const struct mode
         .scale = mla_softmax_scale(c),
         .kv_b = &w->kv_b,
     };
-    ops->mla_latent_write(b, &q, &kv_a, &w->kv_a_norm, c->rms_norm_eps, &f->rope, &a, kv, md);
+    ops->mla_latent_write(b, &q, &kv_a, &w->kv_a_norm, MLA_LORA_NORM_EPS, &f->rope, &a, kv, md);
     int64_t on[3] = {T, H, c->v_head_dim};
     struct tensor out = tensor_make(f->attn.data, dt, 3, on);
     ops->mla_attention(b, &out, &q, kv, md, &a, m->scratch.mla_workspace);
