@@ -21,9 +21,11 @@ Routing decisions are made clear of ties and of BF16 noise as in tools/make_tiny
 "routing channel" of the last ROUTE_DIMS hidden dims that only the embeddings write, read by the
 router with large weights; per-token codes drawn until the decision has a clear gap), with the
 gap measured in the quantity each method selects by: V2 the softmax probability (k-th vs
-(k+1)-th), V3 the biased sigmoid score, both the group scores (topk_group-th vs next group) and
-the expert scores inside the chosen groups. refs.json records router_min_gap (in those units)
-and bf16_routing_flips (0).
+(k+1)-th; >= 2e-2), V3 the biased sigmoid score, both the group scores (topk_group-th vs next
+group) and the expert scores inside the chosen groups (>= 5e-3; sigmoid scores are flatter and
+their order under the bias is not scale-invariant, see ROUTING / RMS_GRID). refs.json records
+router_min_gap (in those units) and bf16_routing_flips (0). Seeds are tried in order until both
+hold (V2: attempt 6, V3: attempt 0).
 
 Note on V2's norm_topk_prob: transformers' DeepseekV2 router never renormalises (the original
 DeepSeek code and vLLM do when norm_topk_prob is true); the fixture keeps it false, where all agree.
