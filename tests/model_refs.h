@@ -28,6 +28,20 @@ __attribute__((unused)) static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_m
 __attribute__((unused)) static const char *all_models(int i) {
     return i < N_MODELS ? MODELS[i] : MOE_MODELS[i - N_MODELS];
 }
+// Multi-head latent attention fixtures (tools/make_tiny_deepseek.py): checked by tests/test_models.c
+// and by the logits test of tests/gpu/test_cuda_models.c with the others (cpu_models), not by
+// test_cpu_quant.c's all_models loop.
+__attribute__((unused)) static const char *MLA_MODELS[] = {"deepseek_v2", "deepseek_v3"};
+#define N_MLA_MODELS ((int)(sizeof MLA_MODELS / sizeof MLA_MODELS[0]))
+#define N_CPU_MODELS (N_ALL_MODELS + N_MLA_MODELS)
+__attribute__((unused)) static const char *cpu_models(int i) {
+    return i < N_ALL_MODELS ? all_models(i) : MLA_MODELS[i - N_ALL_MODELS];
+}
+// The dense fixtures, then the MLA ones (chunk-boundary and prefix-reuse checks).
+#define N_PREFIX_MODELS (N_MODELS + N_MLA_MODELS)
+__attribute__((unused)) static const char *prefix_models(int i) {
+    return i < N_MODELS ? MODELS[i] : MLA_MODELS[i - N_MODELS];
+}
 
 struct ref_prompt {
     int32_t ids[128];

@@ -32,6 +32,7 @@ static const struct {
     {"Qwen3MoeForCausalLM", MODEL_ARCH_QWEN3_MOE},
     {"MixtralForCausalLM", MODEL_ARCH_MIXTRAL},
     {"DeepseekV3ForCausalLM", MODEL_ARCH_DEEPSEEK_V3},
+    {"DeepseekV2ForCausalLM", MODEL_ARCH_DEEPSEEK_V2},
     {"GptOssForCausalLM", MODEL_ARCH_GPT_OSS},
     {"Glm4MoeForCausalLM", MODEL_ARCH_GLM4_MOE},
     {"Qwen3NextForCausalLM", MODEL_ARCH_QWEN3_NEXT},
@@ -43,7 +44,7 @@ static const struct {
     const char *architecture;
 } model_types[] = {
     {"llama", "LlamaForCausalLM"},         {"mistral", "MistralForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
-    {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"mixtral", "MixtralForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"mixtral", "MixtralForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"}, {"deepseek_v2", "DeepseekV2ForCausalLM"},
     {"gpt_oss", "GptOssForCausalLM"},      {"glm4_moe", "Glm4MoeForCausalLM"},  {"qwen3_next", "Qwen3NextForCausalLM"},
 };
 
@@ -72,6 +73,7 @@ bool model_config_layer_is_moe(const struct model_config *c, int l) {
     if (c->num_experts <= 0 || l < 0 || l >= c->num_layers) return false;
     if (l < MODEL_MAX_LAYERS && c->mlp_only_layers[l]) return false;
     if (l < c->first_k_dense_replace) return false;
+    if (c->moe_layer_freq > 1) return l % c->moe_layer_freq == 0; // DeepSeek's rule
     int step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
     return (l + 1) % step == 0;
 }
@@ -988,6 +990,17 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
         c->rope.interleaved = true;
         TRY(get_bool(x, root, "rope_interleave", &c->rope.interleaved));
     }
+    if (c->arch == MODEL_ARCH_DEEPSEEK_V2 || c->arch == MODEL_ARCH_DEEPSEEK_V3) {
+        snprintf(c->topk_method, sizeof c->topk_method, "%s", c->arch == MODEL_ARCH_DEEPSEEK_V3 ? "noaux_tc" : "greedy");
+        TRY(get_str(x, root, "topk_method", c->topk_method, sizeof c->topk_method));
+        if (strcmp(c->topk_method, "greedy") && strcmp(c->topk_method, "group_limited_greedy") &&
+            strcmp(c->topk_method, "noaux_tc"))
+            return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: key 'topk_method' = \"%s\" is not supported (greedy, "
+                             "group_limited_greedy, noaux_tc)", x->src, c->topk_method);
+        c->moe_layer_freq = 1;
+        TRY(get_int(x, root, "moe_layer_freq", false, 1, MODEL_MAX_LAYERS, &c->moe_layer_freq));
+        TRY(get_int(x, root, "num_nextn_predict_layers", false, 0, 64, &c->num_nextn_predict_layers));
+    }
     return parse_quant_root(x, root, c);
 }
 
@@ -1094,9 +1107,9 @@ atomc_status model_config_validate(const struct model_config *c, const char *sou
     } else if (c->num_experts_per_tok > 0 && c->arch != MODEL_ARCH_LLAMA && c->arch != MODEL_ARCH_QWEN3) {
         BAD("%s: num_experts_per_tok is set but the number of experts is 0", s);
     }
-    if (c->arch == MODEL_ARCH_DEEPSEEK_V3) {
+    if (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_DEEPSEEK_V2) {
         if (c->kv_lora_rank <= 0 || c->qk_rope_head_dim <= 0 || c->qk_nope_head_dim <= 0 || c->v_head_dim <= 0)
-            BAD("%s: DeepSeek-V3 needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim", s);
+            BAD("%s: DeepSeek-V2/V3 need kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim", s);
     }
 #undef BAD
     return ATOMC_OK;

@@ -24,6 +24,7 @@ enum model_arch {
     MODEL_ARCH_GPT_OSS,
     MODEL_ARCH_GLM4_MOE,
     MODEL_ARCH_QWEN3_NEXT,
+    MODEL_ARCH_DEEPSEEK_V2, // DeepseekV2ForCausalLM (MLA, greedy / group-limited softmax routing)
 };
 
 enum rope_scaling_type {
@@ -190,6 +191,10 @@ struct model_config {
     int qk_nope_head_dim;
     int qk_rope_head_dim;
     int v_head_dim;
+    // DeepSeek-V2/V3 (src/model/deepseek.c).
+    char topk_method[24];         // "greedy", "group_limited_greedy", "noaux_tc" ("" = not given)
+    int moe_layer_freq;           // MoE every n-th layer from first_k_dense_replace (DeepSeek; 1)
+    int num_nextn_predict_layers; // MTP layers stored after the decoder layers (skipped at load)
 
     // Quantization (present == false for unquantized checkpoints and GGUF).
     struct quant_config quant;

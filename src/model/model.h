@@ -44,6 +44,7 @@ struct model_arch_def;
 
 enum attn_kind {
     ATTN_KIND_GQA = 0, // multi-/grouped-query attention over a paged K/V cache (full or sliding window)
+    ATTN_KIND_MLA,     // multi-head latent attention over a latent cache (DeepSeek-V2/V3, block_mla.c)
 };
 
 enum ffn_kind {
@@ -60,6 +61,18 @@ struct attn_gqa_weights {
     struct tensor o_bias;       // (hidden) or data == NULL
 };
 
+// MLA (DeepSeek): H heads, nope / rope / v head dims, kv_lora_rank L, q_lora_rank Q (0 = direct q).
+struct attn_mla_weights {
+    struct weight q;            // (H (nope + rope), hidden) when Q == 0
+    struct weight q_a;          // (Q, hidden) when Q > 0
+    struct tensor q_a_norm;     // (Q)
+    struct weight q_b;          // (H (nope + rope), Q)
+    struct weight kv_a;         // (L + rope, hidden): compressed kv, then k_pe
+    struct tensor kv_a_norm;    // (L)
+    struct weight kv_b;         // (H (nope + v), L): per head W_UK (nope rows), W_UV (v rows); see struct mla_args
+    struct weight o;            // (hidden, H v)
+};
+
 struct ffn_dense_weights {
     struct weight gate_up;      // (2 inter, hidden)
     struct tensor gate_up_bias; // (2 inter) or data == NULL
@@ -71,6 +84,12 @@ struct ffn_moe_weights {
     struct weight router;       // (E, hidden)
     struct weight gate_up;      // (E, 2 moe_inter, hidden): per expert gate rows, then up rows
     struct weight down;         // (E, hidden, moe_inter)
+    // Shared experts (DeepSeek: one MLP of n_shared * moe_inter): loaded into these, then stacked
+    // after the routed experts as n_shared more experts of moe_inter each (gate_up / down become
+    // (E + n_shared, ...)), the moe_route shared slots; data == NULL once stacked.
+    struct weight shared_gate_up; // (2 n_shared moe_inter, hidden): gate rows, then up rows
+    struct weight shared_down;    // (hidden, n_shared moe_inter)
+    struct tensor score_bias;     // (E) noaux_tc's e_score_correction_bias, or data == NULL
 };
 
 struct model_layer {
@@ -81,6 +100,7 @@ struct model_layer {
     struct tensor ffn_norm;     // (hidden)
     union {
         struct attn_gqa_weights gqa;
+        struct attn_mla_weights mla;
     } attn;
     union {
         struct ffn_dense_weights dense;
@@ -141,6 +161,7 @@ struct model_scratch {
     float *lg_shard;  // TP only: (max_logits_rows, vocab / tp) F32 this rank's vocab-parallel logits
     float *lg_gather; // TP only: (tp, max_logits_rows, vocab / tp) F32 staging of the all-gather
     struct model_moe_scratch moe;
+    void *mla_workspace; // MLA models: mla_workspace_bytes(max_tokens, ...)
     size_t bytes;     // total allocated
 };
 

@@ -224,6 +224,8 @@ static enum dtype fused_dst_dtype(struct weight_loader *L, int n, char (*names)[
 // ---------------------------------------------------------------------------------------------
 // Tables
 
+static int64_t wdim_global(const struct model_config *c, enum wdim d);
+
 // A model dimension with this rank's size and the first checkpoint index it holds.
 static void wdim_resolve(const struct model *m, enum wdim d, int64_t *size, int64_t *start) {
     const struct model_config *c = &m->cfg;
@@ -237,8 +239,8 @@ static void wdim_resolve(const struct model *m, enum wdim d, int64_t *size, int6
     case WDIM_INTER: *size = c->intermediate_size; *start = m->inter0; return;
     case WDIM_EXPERTS: *size = c->num_experts; return;
     case WDIM_MOE_INTER: *size = c->moe_intermediate_size; return;
+    default: *size = wdim_global(c, d); return; // the MLA dims (never sharded)
     }
-    CHECK_MSG(0, "weight table: dimension %d", (int)d);
 }
 
 // The same dimension at the checkpoint's (global) size, for parameter counts.
@@ -252,6 +254,13 @@ static int64_t wdim_global(const struct model_config *c, enum wdim d) {
     case WDIM_INTER: return c->intermediate_size;
     case WDIM_EXPERTS: return c->num_experts;
     case WDIM_MOE_INTER: return c->moe_intermediate_size;
+    case WDIM_MLA_Q: return (int64_t)c->num_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim);
+    case WDIM_Q_LORA: return c->q_lora_rank;
+    case WDIM_KV_A: return (int64_t)c->kv_lora_rank + c->qk_rope_head_dim;
+    case WDIM_KV_LORA: return c->kv_lora_rank;
+    case WDIM_KV_B: return (int64_t)c->num_heads * (c->qk_nope_head_dim + c->v_head_dim);
+    case WDIM_MLA_O: return (int64_t)c->num_heads * c->v_head_dim;
+    case WDIM_SHARED_INTER: return (int64_t)c->n_shared_experts * c->moe_intermediate_size;
     }
     return 0;
 }
@@ -265,6 +274,17 @@ static void layer_name(char *buf, size_t n, int l, const char *part, int expert)
     snprintf(buf, n, "model.layers.%d.%s", l, suffix);
 }
 
+// The conditions decided by the config alone (the MLA / DeepSeek ones).
+static bool wcond_config(const struct model_config *c, enum wcond w) {
+    switch (w) {
+    case WCOND_Q_LORA: return c->q_lora_rank > 0;
+    case WCOND_NO_Q_LORA: return c->q_lora_rank <= 0;
+    case WCOND_SHARED_EXPERTS: return c->n_shared_experts > 0;
+    case WCOND_SCORE_BIAS: return !strcmp(c->topk_method, "noaux_tc");
+    default: return false;
+    }
+}
+
 static bool entry_exists(const struct weight_loader *L, const struct weight_entry *e, int l) {
     const struct model_config *c = &L->m->cfg;
     switch (e->cond) {
@@ -272,6 +292,10 @@ static bool entry_exists(const struct weight_loader *L, const struct weight_entr
     case WCOND_ATTN_BIAS: return c->attention_bias;
     case WCOND_MLP_BIAS: return c->mlp_bias;
     case WCOND_QK_NORM: return c->qk_norm;
+    case WCOND_Q_LORA:
+    case WCOND_NO_Q_LORA:
+    case WCOND_SHARED_EXPERTS:
+    case WCOND_SCORE_BIAS: return wcond_config(c, e->cond);
     case WCOND_ATTN_OUT_BIAS: {
         if (c->attention_bias || c->attention_out_bias) return true;
         char name[192];
@@ -693,7 +717,8 @@ int64_t weight_table_params(const struct weight_entry *table, const struct model
     for (const struct weight_entry *e = table; e->parts[0].name; e++) {
         bool exists = e->cond == WCOND_ALWAYS || (e->cond == WCOND_ATTN_BIAS && c->attention_bias) ||
                       (e->cond == WCOND_ATTN_OUT_BIAS && (c->attention_bias || c->attention_out_bias)) ||
-                      (e->cond == WCOND_MLP_BIAS && c->mlp_bias) || (e->cond == WCOND_QK_NORM && c->qk_norm);
+                      (e->cond == WCOND_MLP_BIAS && c->mlp_bias) || (e->cond == WCOND_QK_NORM && c->qk_norm) ||
+                      wcond_config(c, e->cond);
         if (!exists) continue;
         int64_t rows = 0;
         for (int p = 0; p < WEIGHT_MAX_PARTS && e->parts[p].name; p++) rows += wdim_global(c, e->parts[p].rows);
@@ -701,6 +726,8 @@ int64_t weight_table_params(const struct weight_entry *table, const struct model
     }
     return n;
 }
+
+struct model_files *weight_loader_files(const struct weight_loader *L) { return L->files; }
 
 struct weight_loader *weight_loader_create(struct model *m, struct model_files *files, uint64_t dummy_seed) {
     struct weight_loader *L = xcalloc(1, sizeof *L);

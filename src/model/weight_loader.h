@@ -29,6 +29,14 @@ enum wdim {
     WDIM_INTER,     // this rank's intermediate_size        (TP start: inter0)
     WDIM_EXPERTS,   // num_experts
     WDIM_MOE_INTER, // moe_intermediate_size
+    // MLA (DeepSeek; no tensor parallelism yet, so local = global).
+    WDIM_MLA_Q,     // num_heads * (qk_nope_head_dim + qk_rope_head_dim)
+    WDIM_Q_LORA,    // q_lora_rank
+    WDIM_KV_A,      // kv_lora_rank + qk_rope_head_dim
+    WDIM_KV_LORA,   // kv_lora_rank
+    WDIM_KV_B,      // num_heads * (qk_nope_head_dim + v_head_dim)
+    WDIM_MLA_O,     // num_heads * v_head_dim
+    WDIM_SHARED_INTER, // n_shared_experts * moe_intermediate_size (DeepSeek's one shared MLP)
 };
 
 enum wshard { WSHARD_NONE = 0, WSHARD_COL, WSHARD_ROW, WSHARD_ROW_BIAS };
@@ -44,6 +52,10 @@ enum wcond {
     WCOND_ATTN_OUT_BIAS, // attention_bias, attention_out_bias, or the checkpoint has the tensor
     WCOND_MLP_BIAS,      // config mlp_bias
     WCOND_QK_NORM,       // config qk_norm
+    WCOND_Q_LORA,        // q_lora_rank > 0 (MLA: q_a_proj, q_a_layernorm, q_b_proj)
+    WCOND_NO_Q_LORA,     // q_lora_rank == 0 (MLA: q_proj)
+    WCOND_SHARED_EXPERTS, // n_shared_experts > 0
+    WCOND_SCORE_BIAS,    // noaux_tc routing: the router's e_score_correction_bias
 };
 
 #define WEIGHT_MAX_PARTS 3
@@ -68,6 +80,9 @@ struct weight_entry {
 #define WEIGHT_TABLE_END {.parts = {{NULL, WDIM_NONE}}}
 
 struct weight_loader;
+
+// The loader's files (NULL for dummy weights).
+struct model_files *weight_loader_files(const struct weight_loader *L);
 
 // A loader over `files` (NULL: dummy weights from `dummy_seed`) for model m.
 struct weight_loader *weight_loader_create(struct model *m, struct model_files *files, uint64_t dummy_seed);

@@ -1,6 +1,7 @@
 // What the CPU backend (the reference) can run (struct backend_caps, backend.h): attention of any
 // head dim, F32 / BF16 / F16 / FP8 E4M3 KV, weights in F32 / BF16 / F16 and GGUF Q8_0 / Q4_0 / Q4_1 /
-// Q4_K / Q5_K / Q6_K / Q8_K (cpu_backend.c upload_weight and matmul), softmax / sigmoid (grouped) top-k routing, and
+// Q4_K / Q5_K / Q6_K / Q8_K (cpu_backend.c upload_weight and matmul), softmax / sigmoid (grouped) top-k routing,
+// MLA over a latent cache (cpu_mla.c), and
 // the quantized weight schemes of cpu_qmatmul.c: FP8 E4M3 values per tensor / per channel / in
 // blocks, and packed integers (I32 words) with group scales.
 #include "backend/backend.h"
@@ -24,4 +25,5 @@ const struct backend_caps backend_cpu_caps = {
     .moe_grouped_topk = true,
     .pow2_block_size = false,
     .min_block_size = 1,
+    .mla = true,
 };

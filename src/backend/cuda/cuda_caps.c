@@ -4,7 +4,9 @@
 // attention is instantiated for head dims 64 and 128 with equal q/k and v dims
 // (cuda_attention.cu), the KV cache is BF16 or FP8 E4M3 with power-of-two blocks, matmuls take
 // BF16 weights (cuBLASLt / the GEMVs with BF16 activations), routing is softmax or sigmoid top-k over at most
-// CUDA_MOE_MAX_EXPERTS experts (grouped, with a correction bias: cuda_moe.cu), no quantised weight scheme yet.
+// CUDA_MOE_MAX_EXPERTS experts (grouped, with a correction bias: cuda_moe.cu), MLA over a BF16 / FP8
+// latent cache with kv_lora_rank a multiple of 32 up to CUDA_MLA_MAX_KV_LORA (cuda_mla.cu), no
+// quantised weight scheme yet.
 #include "backend/backend.h"
 #include "backend/cuda/cuda_limits.h"
 
@@ -22,4 +24,7 @@ const struct backend_caps backend_cuda_caps = {
     .moe_grouped_topk = true,
     .pow2_block_size = true,
     .min_block_size = CUDA_ATTN_BN / 32,
+    .mla = true,
+    .mla_max_kv_lora = CUDA_MLA_MAX_KV_LORA,
+    .mla_max_rope = CUDA_MLA_MAX_ROPE,
 };
