@@ -51,6 +51,7 @@ static const struct flag flags[] = {
      "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, /apply-template"},
     {"--chat-template", FLAG_STR, A(chat_template), "the model's",
      "chat template: a file path or the Jinja text itself"},
+    {"--no-webui", FLAG_BOOL_OFF, A(so.webui), "", "do not serve the built-in chat page at GET / (on by default)"},
     {"--enable-auto-tool-choice", FLAG_BOOL_ON, A(enable_auto_tool_choice), "off",
      "parse chat output of requests with tools for tool calls (needs --tool-call-parser)"},
     {"--tool-call-parser", FLAG_STR, A(tool_call_parser), "none",
