@@ -292,7 +292,7 @@ static void tool_calls_finish(struct srv_req *r, json_t *calls, int first) {
 
 // A choice that called tools and then stopped reports "tool_calls" (as OpenAI / vLLM do).
 static json_t *choice_finish_json(struct srv_choice *c, atomc_finish_reason f) {
-    if (f == ATOMC_FINISH_STOP && c->tools_on && c->tools.n_calls > 0) return json_string("tool_calls");
+    if (f == ATOMC_FINISH_STOP && c->parse_on && c->out.n_calls > 0) return json_string("tool_calls");
     return oai_finish_reason_json(f);
 }
 
@@ -309,15 +309,19 @@ static void stream_event(struct srv_req *r, struct srv_choice *c, const struct s
     if (!ev->text_len && !ev->n_tokens && ev->finish == ATOMC_FINISH_NONE && !echo) return;
     json_t *o = chunk_new(r), *ch = json_object();
     json_object_set_new(ch, "index", json_integer(c->index));
-    if (is_chat(r) && c->tools_on) {
-        // Content the parser has released, and the calls completed by this delta.
-        struct tool_text content = {0};
+    if (is_chat(r) && c->parse_on) {
+        // Reasoning and content the parsers have released, and the calls completed by this delta.
+        struct tool_text reasoning = {0}, content = {0};
         json_t *calls = json_array();
-        int before = c->tools.n_calls;
-        tool_stream_feed(&c->tools, ev->text ? ev->text : "", ev->text_len, &content, calls);
-        if (ev->finish != ATOMC_FINISH_NONE) tool_stream_finish(&c->tools, &content);
+        int before = c->out.n_calls;
+        chat_output_feed(&c->out, ev->text ? ev->text : "", ev->text_len, &reasoning, &content, calls);
+        if (ev->finish != ATOMC_FINISH_NONE) chat_output_finish(&c->out, &reasoning, &content, calls);
         json_t *delta = json_object();
-        if (content.len || (ev->finish == ATOMC_FINISH_NONE && !json_array_size(calls)))
+        if (reasoning.len) {
+            json_object_set_new(delta, "reasoning_content", json_stringn(reasoning.p, reasoning.len));
+            json_object_set_new(delta, "reasoning", json_stringn(reasoning.p, reasoning.len));
+        }
+        if (content.len || (ev->finish == ATOMC_FINISH_NONE && !json_array_size(calls) && !reasoning.len))
             json_object_set_new(delta, "content", json_stringn(content.p ? content.p : "", content.len));
         if (json_array_size(calls)) {
             tool_calls_finish(r, calls, before);
@@ -325,6 +329,7 @@ static void stream_event(struct srv_req *r, struct srv_choice *c, const struct s
         } else {
             json_decref(calls);
         }
+        tool_text_free(&reasoning);
         tool_text_free(&content);
         json_object_set_new(ch, "delta", delta);
     } else if (is_chat(r)) {
@@ -468,11 +473,11 @@ static json_t *final_body(struct srv_req *r, int *code) {
             json_t *msg = json_object();
             json_object_set_new(msg, "role", json_string("assistant"));
             json_t *calls = json_array();
-            if (c->tools_on) { // the whole text through the same parser as a stream
-                struct tool_text content = {0};
-                tool_stream_feed(&c->tools, c->text ? c->text : "", c->text_len, &content, calls);
-                tool_stream_finish(&c->tools, &content);
-                if (json_array_size(calls)) {
+            if (c->parse_on) { // the whole text through the same parsers as a stream
+                struct tool_text reasoning = {0}, content = {0};
+                chat_output_feed(&c->out, c->text ? c->text : "", c->text_len, &reasoning, &content, calls);
+                chat_output_finish(&c->out, &reasoning, &content, calls);
+                if (json_array_size(calls) || (reasoning.len && !content.len)) {
                     // Around calls, whitespace-only content is no content (null), as vLLM returns it.
                     size_t b = 0, e = content.len;
                     while (b < e && strchr(" \t\r\n", content.p[b])) b++;
@@ -482,6 +487,12 @@ static json_t *final_body(struct srv_req *r, int *code) {
                 } else {
                     json_object_set_new(msg, "content", json_stringn(content.p ? content.p : "", content.len));
                 }
+                if (c->out.reasoning_on) {
+                    json_t *rv = reasoning.len ? json_stringn(reasoning.p, reasoning.len) : json_null();
+                    json_object_set(msg, "reasoning_content", rv);
+                    json_object_set_new(msg, "reasoning", rv);
+                }
+                tool_text_free(&reasoning);
                 tool_text_free(&content);
             } else {
                 json_object_set_new(msg, "content", json_stringn(c->text ? c->text : "", c->text_len));
@@ -806,9 +817,12 @@ void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endp
         r->choices[i].index = i;
         r->choices[i].prompt_idx = i / q->n;
         r->choices[i].stop_token = -1;
-        r->choices[i].tools_on = ep == OAI_ENDPOINT_CHAT && s->opt.tool_parser != TOOL_PARSER_NONE && q->tools &&
-                                 json_array_size(q->tools) > 0 && !q->tool_choice_none;
-        tool_stream_init(&r->choices[i].tools, s->opt.tool_parser);
+        if (ep == OAI_ENDPOINT_CHAT) {
+            struct srv_prompt *p = &r->prompts[r->choices[i].prompt_idx];
+            chat_output_init(&r->choices[i].out, s->opt.reasoning_parser, s->opt.tool_parser,
+                             q->tool_choice_none ? NULL : q->tools, p->text, p->text_len);
+            r->choices[i].parse_on = chat_output_active(&r->choices[i].out);
+        }
     }
 
     // Submit one engine request per choice.
@@ -822,6 +836,8 @@ void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endp
         ar.prompt_ids = p->ids;
         ar.n_prompt_ids = p->n_ids;
         ar.params = q->params;
+        // Parsers whose markers are special tokens (harmony's <|channel|>...) must see them.
+        if (c->parse_on && chat_output_needs_special_tokens(&c->out)) ar.params.skip_special_tokens = false;
         int room = s->eng.max_model_len - p->n_ids;
         if (!q->max_tokens_set) ar.params.max_tokens = ep == OAI_ENDPOINT_CHAT ? room : (room < 16 ? room : 16);
         if (ar.params.max_tokens == 0) {

@@ -203,7 +203,7 @@ void srv_req_unref(struct srv_req *r) {
     }
     for (int i = 0; i < r->n_choices; i++) {
         free(r->choices[i].text);
-        tool_stream_free(&r->choices[i].tools);
+        chat_output_free(&r->choices[i].out);
         free(r->choices[i].stop_str);
         free(r->choices[i].error);
         json_decref(r->choices[i].logprobs);

@@ -13,6 +13,7 @@ extern const char server_openapi_json[];
 #include <stdatomic.h>
 
 #include "server/metrics.h"
+#include "server/chat_output.h"
 #include "server/openai_request.h"
 #include "server/server.h"
 
@@ -117,8 +118,8 @@ struct srv_choice {
     char *error;
     int prompt_tokens, completion_tokens, cached_tokens;
     double t_first, t_last;
-    bool tools_on;          // the output is parsed for tool calls (server parser + request tools)
-    struct tool_stream tools; // streaming: the parser's state
+    bool parse_on;          // chat output goes through the parsers (reasoning / tool calls / harmony)
+    struct chat_output out; // the parsers' state (chat_output.h)
 };
 
 // One engine output, copied on the engine thread.

@@ -16,10 +16,17 @@ static const char PYTHON_TAG[] = "<|python_tag|>";
 enum tool_parser_kind tool_parser_from_name(const char *name) {
     if (name && !strcmp(name, "hermes")) return TOOL_PARSER_HERMES;
     if (name && !strcmp(name, "llama3_json")) return TOOL_PARSER_LLAMA3_JSON;
+    if (name && !strcmp(name, "openai")) return TOOL_PARSER_OPENAI;
     return TOOL_PARSER_NONE;
 }
 
-static void text_add(struct tool_text *s, const char *p, size_t n) {
+const char *tool_parser_names(void) { return "hermes, llama3_json, openai"; }
+
+bool tool_parser_needs_special_tokens(enum tool_parser_kind kind) { return kind == TOOL_PARSER_OPENAI; }
+
+void tool_stream_set_tools(struct tool_stream *t, json_t *tools) { t->tools = tools; }
+
+void tool_text_add(struct tool_text *s, const char *p, size_t n) {
     if (!n) return;
     if (s->len + n + 1 > s->cap) {
         s->cap = (s->len + n + 1) * 2;
@@ -103,7 +110,7 @@ static bool is_space(char c) {
 static void llama3_feed(struct tool_stream *t, struct tool_text *content, json_t *calls) {
     for (;;) {
         if (t->mode == L3_CONTENT) {
-            text_add(content, t->held.p, t->held.len);
+            tool_text_add(content, t->held.p, t->held.len);
             held_drop(t, t->held.len);
             return;
         }
@@ -148,7 +155,7 @@ static void llama3_feed(struct tool_stream *t, struct tool_text *content, json_t
 }
 
 void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struct tool_text *content, json_t *calls) {
-    text_add(&t->held, text, len);
+    tool_text_add(&t->held, text, len);
     if (t->kind == TOOL_PARSER_LLAMA3_JSON) {
         llama3_feed(t, content, calls);
         return;
@@ -158,13 +165,13 @@ void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struc
             const char *open = memmem(t->held.p, t->held.len, OPEN_TAG, OPEN_LEN);
             if (open) {
                 size_t before = (size_t)(open - t->held.p);
-                text_add(content, t->held.p, before);
+                tool_text_add(content, t->held.p, before);
                 held_drop(t, before + OPEN_LEN);
                 t->in_call = true;
                 continue;
             }
             size_t keep = tag_prefix_suffix(t->held.p, t->held.len, OPEN_TAG, OPEN_LEN);
-            text_add(content, t->held.p, t->held.len - keep);
+            tool_text_add(content, t->held.p, t->held.len - keep);
             held_drop(t, t->held.len - keep);
             return;
         }
@@ -176,8 +183,8 @@ void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struc
             json_array_append_new(calls, call);
             t->n_calls++;
         } else { // not a call: the block's raw text is content
-            text_add(content, OPEN_TAG, OPEN_LEN);
-            text_add(content, t->held.p, body + CLOSE_LEN);
+            tool_text_add(content, OPEN_TAG, OPEN_LEN);
+            tool_text_add(content, t->held.p, body + CLOSE_LEN);
         }
         held_drop(t, body + CLOSE_LEN);
         t->in_call = false;
@@ -185,8 +192,8 @@ void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struc
 }
 
 void tool_stream_finish(struct tool_stream *t, struct tool_text *content) {
-    if (t->kind == TOOL_PARSER_HERMES && t->in_call) text_add(content, OPEN_TAG, OPEN_LEN);
-    text_add(content, t->held.p, t->held.len);
+    if (t->kind == TOOL_PARSER_HERMES && t->in_call) tool_text_add(content, OPEN_TAG, OPEN_LEN);
+    tool_text_add(content, t->held.p, t->held.len);
     held_drop(t, t->held.len);
     t->in_call = false;
 }

@@ -22,10 +22,19 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-enum tool_parser_kind { TOOL_PARSER_NONE = 0, TOOL_PARSER_HERMES, TOOL_PARSER_LLAMA3_JSON };
+enum tool_parser_kind {
+    TOOL_PARSER_NONE = 0,
+    TOOL_PARSER_HERMES,
+    TOOL_PARSER_LLAMA3_JSON,
+    TOOL_PARSER_OPENAI, // GPT-OSS harmony: parsed by harmony.h (chat_output.h routes it), not here
+};
 
-// "hermes", "llama3_json" -> the kind; anything else -> TOOL_PARSER_NONE (caller reports the error).
+// "hermes", "llama3_json", ... -> the kind; anything else -> TOOL_PARSER_NONE (caller reports the error).
 enum tool_parser_kind tool_parser_from_name(const char *name);
+// The comma-separated supported names (for error messages and --help).
+const char *tool_parser_names(void);
+// Whether the format's markers are special tokens (the server then keeps special tokens in the text).
+bool tool_parser_needs_special_tokens(enum tool_parser_kind kind);
 
 // Growable NUL-terminated text (content released by the parser, and its held-back text).
 struct tool_text {
@@ -39,16 +48,21 @@ struct tool_stream {
     bool in_call;          // hermes: inside <tool_call> ... (waiting for the closing tag)
     struct tool_text held; // held-back text: a possible opening-tag prefix, or the call body so far
     int n_calls;           // calls emitted so far
+    json_t *tools;         // borrowed: the request's tools (parameter types for XML-style formats) or NULL
 };
 
 void tool_stream_init(struct tool_stream *t, enum tool_parser_kind kind);
 void tool_stream_free(struct tool_stream *t);
+// The request's tools (borrowed, must outlive the stream); formats whose arguments are untyped text
+// convert each value by its parameter's JSON-schema type.
+void tool_stream_set_tools(struct tool_stream *t, json_t *tools);
 // Feeds `len` bytes of generated text; appends released content to *content and each completed
 // call to `calls` (a JSON array).
 void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struct tool_text *content, json_t *calls);
 // End of generation: whatever is held back is released as content.
 void tool_stream_finish(struct tool_stream *t, struct tool_text *content);
 
+void tool_text_add(struct tool_text *s, const char *p, size_t n);
 void tool_text_free(struct tool_text *s);
 
 #endif
