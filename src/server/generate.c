@@ -21,6 +21,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "common/timeutil.h"
+#include "server/anthropic.h"
 #include "server/openai_response.h"
 #include "server/server_internal.h"
 
@@ -98,7 +99,7 @@ static void on_engine_output(void *user, const atomc_output *o) {
 
 // ---------------------------------------------------------------- helpers (loop thread)
 
-static void id_random(struct server *s, const char *prefix, char *out, size_t len) {
+void generate_id(struct server *s, const char *prefix, char *out, size_t len) {
     uint64_t a, b;
     s->rng ^= s->rng << 13, s->rng ^= s->rng >> 7, s->rng ^= s->rng << 17, a = s->rng * 0x2545F4914F6CDD1Dull;
     s->rng ^= s->rng << 13, s->rng ^= s->rng >> 7, s->rng ^= s->rng << 17, b = s->rng * 0x2545F4914F6CDD1Dull;
@@ -192,10 +193,12 @@ static void abort_engine(struct srv_req *r) {
 }
 
 // Writes one SSE event. A client that stopped reading (output piling up past the limit) is
-// disconnected, which aborts its engine requests through the close callback.
-static void sse_write(struct srv_req *r, const char *data, size_t len) {
-    if (!http_alive(r)) return;
+// disconnected, which aborts its engine requests through the close callback. (Not
+// http_alive: finish_response writes the closing events after marking the request responded.)
+static void sse_write_event(struct srv_req *r, const char *name, const char *data, size_t len) {
+    if (!r->http || r->client_gone) return;
     struct evbuffer *b = evbuffer_new();
+    if (name) evbuffer_add_printf(b, "event: %s\n", name);
     evbuffer_add(b, "data: ", 6);
     evbuffer_add(b, data, len);
     evbuffer_add(b, "\n\n", 2);
@@ -208,6 +211,16 @@ static void sse_write(struct srv_req *r, const char *data, size_t len) {
                  r->srv->opt.max_pending_output_bytes);
         evhttp_connection_free(r->conn); // fires the close callback
     }
+}
+
+static void sse_write(struct srv_req *r, const char *data, size_t len) { sse_write_event(r, NULL, data, len); }
+
+void generate_sse_event(struct srv_req *r, const char *name, json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    CHECK(s);
+    sse_write_event(r, name, s, strlen(s));
+    free(s);
 }
 
 static void sse_json(struct srv_req *r, json_t *o) {
@@ -224,6 +237,10 @@ static void sse_json(struct srv_req *r, json_t *o) {
 static void stream_start_choice(struct srv_req *r, struct srv_choice *c) {
     if (c->started) return;
     c->started = true;
+    if (r->anthropic) {
+        anthropic_stream_start(r, c);
+        return;
+    }
     if (is_chat(r)) {
         json_t *o = chunk_new(r), *ch = json_object(), *delta = json_object();
         json_object_set_new(delta, "role", json_string("assistant"));
@@ -284,7 +301,7 @@ static void tool_calls_finish(struct srv_req *r, json_t *calls, int first) {
     json_t *call;
     json_array_foreach(calls, i, call) {
         char id[64];
-        id_random(r->srv, "chatcmpl-tool-", id, sizeof id);
+        generate_id(r->srv, "chatcmpl-tool-", id, sizeof id);
         json_object_set_new(call, "id", json_string(id));
         if (first >= 0) json_object_set_new(call, "index", json_integer(first + (json_int_t)i));
     }
@@ -298,6 +315,10 @@ static json_t *choice_finish_json(struct srv_choice *c, atomc_finish_reason f) {
 
 static void stream_event(struct srv_req *r, struct srv_choice *c, const struct srv_event *ev, bool first) {
     stream_start_choice(r, c);
+    if (r->anthropic) {
+        anthropic_stream_event(r, c, ev);
+        return;
+    }
     if (ev->finish == ATOMC_FINISH_ERROR) {
         struct oai_error e;
         oai_error_set(&e, 500, NULL, "generation failed: %s", c->error ? c->error : "engine error");
@@ -532,7 +553,12 @@ static void finish_response(struct srv_req *r) {
             // The shutdown drain waits until this response is written out, not just queued.
             s->n_writing++;
             evhttp_request_set_on_complete_cb(r->http, server_reply_done, s);
-            if (r->oai.stream) {
+            if (r->oai.stream && r->anthropic) {
+                anthropic_stream_end(r);
+                struct evhttp_connection *conn = r->conn;
+                evhttp_send_reply_end(r->http);
+                server_hold_reads(conn);
+            } else if (r->oai.stream) {
                 if (r->oai.include_usage) {
                     json_t *o = chunk_new(r);
                     json_object_set_new(o, "choices", json_array());
@@ -555,7 +581,7 @@ static void finish_response(struct srv_req *r) {
                 server_hold_reads(conn);
             } else {
                 int code;
-                json_t *body = final_body(r, &code);
+                json_t *body = r->anthropic ? anthropic_final_body(r, &code) : final_body(r, &code);
                 server_send_json(s, r->http, code, body);
             }
             r->http = NULL;
@@ -807,7 +833,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
 
 void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endpoint ep, struct srv_req *r) {
     struct oai_request *q = &r->oai;
-    id_random(s, ep == OAI_ENDPOINT_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof r->id);
+    generate_id(s, r->anthropic ? "msg_" : ep == OAI_ENDPOINT_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof r->id);
     r->created = (long)time_wall_s();
     r->model_name = xstrdup(q->model ? q->model : s->model_names[0]);
     r->n_choices = r->n_prompts * q->n;
