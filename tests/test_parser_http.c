@@ -261,6 +261,12 @@ CLIENT_CASE(http_harmony_openai_client, REASONING_PARSER_OPENAI_GPTOSS, TOOL_PAR
 // Qwen3 <think> reasoning then a hermes tool call through the openai client.
 CLIENT_CASE(http_qwen3_hermes_openai_client, REASONING_PARSER_QWEN3, TOOL_PARSER_HERMES, "openai", "qwen3", false)
 
+// The Anthropic Messages API over the same parsers: thinking, text and tool_use blocks.
+CLIENT_CASE(http_qwen3_hermes_anthropic_client, REASONING_PARSER_QWEN3, TOOL_PARSER_HERMES, "anthropic", "anthropic",
+            false)
+CLIENT_CASE(http_harmony_anthropic_client, REASONING_PARSER_OPENAI_GPTOSS, TOOL_PARSER_OPENAI, "anthropic",
+            "anthropic_harmony", true)
+
 int main(int argc, char **argv) {
     return test_main(argc, argv);
 }

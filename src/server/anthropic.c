@@ -620,7 +620,9 @@ void anthropic_stream_event(struct srv_req *r, struct srv_choice *c, const struc
     size_t n = c->a_pending.len, ws = 0;
     while (ws < n && strchr(" \t\r\n", c->a_pending.p[ws])) ws++;
     if (ws < n || (c->a_open == BLOCK_TEXT && n)) {
-        block_text(r, c, BLOCK_TEXT, c->a_pending.p, n);
+        // A text block after the thinking starts at its first non-space byte (as in the whole message).
+        size_t skip = c->a_open != BLOCK_TEXT && (c->a_index > 0 || c->a_open == BLOCK_THINKING) ? ws : 0;
+        block_text(r, c, BLOCK_TEXT, c->a_pending.p + skip, n - skip);
         c->a_pending.len = 0;
     }
     if (json_array_size(calls)) c->a_pending.len = 0;

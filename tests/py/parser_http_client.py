@@ -84,6 +84,62 @@ def mode_qwen3():
                [("get_weather", {"location": "Paris"})])
 
 
+ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "weather of a city",
+                    "input_schema": TOOLS[0]["function"]["parameters"]}]
+
+
+def anthropic_case(ac, script, want_thinking, want_text, want_calls):
+    """The Messages API over the same parsers: thinking / text / tool_use blocks, streamed and not."""
+    kw = {"model": "echo", "max_tokens": 2000, "tools": ANTHROPIC_TOOLS,
+          "messages": [{"role": "user", "content": script}]}
+    m = ac.messages.create(**kw)
+    kinds = [b.type for b in m.content]
+    want_kinds = (["thinking"] if want_thinking else []) + (["text"] if want_text else []) + ["tool_use"] * len(want_calls)
+    assert kinds == want_kinds, (kinds, m.content)
+    thinking = "".join(b.thinking for b in m.content if b.type == "thinking")
+    text = "".join(b.text for b in m.content if b.type == "text")
+    calls = [(b.name, b.input) for b in m.content if b.type == "tool_use"]
+    assert (thinking, text, calls) == (want_thinking, want_text, want_calls), (thinking, text, calls)
+    assert all(b.id.startswith("toolu_") for b in m.content if b.type == "tool_use")
+    assert m.stop_reason == ("tool_use" if want_calls else "end_turn"), m.stop_reason
+    events = list(ac.messages.create(stream=True, **kw))
+    types = [e.type for e in events]
+    assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"], types
+    assert events[-2].delta.stop_reason == m.stop_reason
+    starts = [e for e in events if e.type == "content_block_start"]
+    assert [e.content_block.type for e in starts] == want_kinds, starts
+    assert [e.index for e in starts] == list(range(len(starts)))
+    assert types.count("content_block_stop") == len(starts)
+    s_thinking = "".join(e.delta.thinking for e in events if e.type == "content_block_delta"
+                         and e.delta.type == "thinking_delta")
+    s_text = "".join(e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta")
+    s_json = [json.loads(e.delta.partial_json) for e in events if e.type == "content_block_delta"
+              and e.delta.type == "input_json_delta"]
+    assert s_thinking == want_thinking and (s_text.rstrip() if want_calls else s_text) == want_text, (s_thinking, s_text)
+    assert [(e.content_block.name, j) for e, j in zip([x for x in starts if x.content_block.type == "tool_use"],
+                                                       s_json)] == want_calls
+    with ac.messages.stream(**kw) as st:  # the SDK's own assembly of the event stream
+        final = st.get_final_message()
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == want_calls
+
+
+def mode_anthropic():
+    import anthropic
+    ac = anthropic.Anthropic(base_url=BASE, api_key="none", max_retries=0)
+    anthropic_case(ac, QWEN3_CALL, "\nThe user wants Paris weather.\n", "", [("get_weather", {"location": "Paris"})])
+    anthropic_case(ac, QWEN3_TEXT, "\nEasy.\n", "Hello there!", [])
+    anthropic_case(ac, "Let me look.<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Rome\"}}"
+                   "</tool_call>", "", "Let me look.", [("get_weather", {"location": "Rome"})])
+
+
+def mode_anthropic_harmony():
+    import anthropic
+    ac = anthropic.Anthropic(base_url=BASE, api_key="none", max_retries=0)
+    anthropic_case(ac, HARMONY_CALL, "Need weather for Tokyo.", "", [("get_weather", {"location": "Tokyo"})])
+    anthropic_case(ac, HARMONY_FINAL, "User asks 2+2. Simple.", "2 + 2 = 4.", [])
+
+
 if __name__ == "__main__":
-    {"harmony": mode_harmony, "qwen3": mode_qwen3}[MODE]()
+    {"harmony": mode_harmony, "qwen3": mode_qwen3, "anthropic": mode_anthropic,
+     "anthropic_harmony": mode_anthropic_harmony}[MODE]()
     print(f"parser_http_client {MODE}: ok")
