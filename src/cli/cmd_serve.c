@@ -55,8 +55,9 @@ static const struct flag flags[] = {
     {"--enable-auto-tool-choice", FLAG_BOOL_ON, A(enable_auto_tool_choice), "off",
      "parse chat output of requests with tools for tool calls (needs --tool-call-parser)"},
     {"--tool-call-parser", FLAG_STR, A(tool_call_parser), "none",
-     "tool-call format: hermes (<tool_call>{json}</tool_call>: Hermes, Qwen2.5, Qwen3), llama3_json "
-     "(Llama 3.1-3.3 JSON calls), openai (GPT-OSS harmony commentary to=functions.NAME)"},
+     "tool-call format (vLLM's names): hermes (Hermes, Qwen2.5, Qwen3), llama3_json (Llama 3.1-3.3), mistral, "
+     "pythonic (Llama 3.2 / 4), deepseek_v3 (DeepSeek-V3 / R1 / V3.1), kimi_k2, qwen3_coder (XML style), glm45 "
+     "(GLM-4.5 - 4.7), openai (GPT-OSS harmony)"},
     {"--reasoning-parser", FLAG_STR, A(reasoning_parser), "none",
      "split chat output into reasoning_content and content: deepseek_r1, qwen3, glm45 (<think>...</think>) "
      "or openai_gptoss (GPT-OSS harmony analysis channel)"},

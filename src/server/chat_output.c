@@ -33,7 +33,9 @@ void chat_output_free(struct chat_output *o) {
 bool chat_output_active(const struct chat_output *o) { return o->harmony || o->reasoning_on || o->tools_on; }
 
 bool chat_output_needs_special_tokens(const struct chat_output *o) {
-    return o->harmony || (o->tools_on && tool_parser_needs_special_tokens(o->ts.kind));
+    // GLM's <think> is a special token as well.
+    return o->harmony || (o->tools_on && tool_parser_needs_special_tokens(o->ts.kind)) ||
+           (o->reasoning_on && o->rs.kind == REASONING_PARSER_GLM45);
 }
 
 bool chat_output_reasoning_ended(const struct chat_output *o) {

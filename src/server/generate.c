@@ -302,7 +302,8 @@ static void tool_calls_finish(struct srv_req *r, json_t *calls, int first) {
     json_array_foreach(calls, i, call) {
         char id[64];
         generate_id(r->srv, "chatcmpl-tool-", id, sizeof id);
-        json_object_set_new(call, "id", json_string(id));
+        if (!json_is_string(json_object_get(call, "id"))) // a format's own ids (Kimi's) are kept
+            json_object_set_new(call, "id", json_string(id));
         if (first >= 0) json_object_set_new(call, "index", json_integer(first + (json_int_t)i));
     }
 }
