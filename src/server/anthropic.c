@@ -270,8 +270,8 @@ json_t *anthropic_to_openai(const char *body, size_t len, bool count_only, struc
                 goto done;
             }
             double x = json_number_value(v);
-            if (!(x >= 0 && x <= 1)) {
-                rc = bad(e, num[k], "%s must be between 0 and 1", num[k]);
+            if (!(x >= 0 && x <= 1) || (k == 1 && x == 0)) {
+                rc = bad(e, num[k], k ? "%s must be in (0, 1]" : "%s must be between 0 and 1", num[k]);
                 goto done;
             }
             json_object_set(out, num[k], v);
