@@ -250,7 +250,7 @@ static void check_experts(struct backend *b, int n, int E, int slots, int H, int
     unsigned char *out = malloc(out_bytes + 64);
     memset(out + out_bytes, 0xA5, 64);
     struct tensor tx = tensor_2d(x, DTYPE_F32, n, H), to = tensor_2d(out, DTYPE_F32, n, H);
-    b->ops->moe_experts(b, &to, &tx, WEIGHT_PLAIN(&tgu), WEIGHT_PLAIN(&tdn), ids, w, slots, ws);
+    b->ops->moe_experts(b, &to, &tx, WEIGHT_PLAIN(&tgu), WEIGHT_PLAIN(&tdn), ids, w, slots, NULL, ws);
     double *ref = malloc(sizeof(double) * (size_t)n * H);
     ref_experts(ref, x, gu, dn, ids, w, n, slots, H, I);
     double num = 0, den = 0;
@@ -269,7 +269,7 @@ static void check_experts(struct backend *b, int n, int E, int slots, int H, int
     // Deterministic: the same call again gives the same bits.
     float *again = malloc(out_bytes);
     struct tensor ta = tensor_2d(again, DTYPE_F32, n, H);
-    b->ops->moe_experts(b, &ta, &tx, WEIGHT_PLAIN(&tgu), WEIGHT_PLAIN(&tdn), ids, w, slots, ws);
+    b->ops->moe_experts(b, &ta, &tx, WEIGHT_PLAIN(&tgu), WEIGHT_PLAIN(&tdn), ids, w, slots, NULL, ws);
     ASSERT_TRUE(memcmp(again, out, out_bytes) == 0);
     free(again);
     b->ops->free(b, ws);

@@ -113,6 +113,9 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
         if (c->scoring_func[0] && !strcmp(c->scoring_func, "sigmoid") && !caps->moe_sigmoid_scoring)
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: sigmoid expert scoring is not supported by the %s "
                              "backend", c->architecture, be);
+        if (c->swiglu_alpha > 0 && !caps->moe_swiglu_clamp)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the experts' clamped SwiGLU with biases (GPT-OSS) is not "
+                             "implemented by the %s backend yet", c->architecture, be);
         if (c->n_group > 1 && !caps->moe_grouped_topk)
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: grouped top-k routing (n_group %d) is not supported by "
                              "the %s backend", c->architecture, c->n_group, be);

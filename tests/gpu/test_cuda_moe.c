@@ -169,7 +169,7 @@ static void check_experts(int n, int E, int slots, int H, int I, enum routing rt
     struct tensor cgu = tensor_make(gu, DTYPE_F32, 3, (int64_t[]){E, 2 * I, H});
     struct tensor cdn = tensor_make(dn, DTYPE_F32, 3, (int64_t[]){E, H, I});
     struct tensor cx = tensor_2d(x, DTYPE_F32, n, H), co = tensor_2d(cout, DTYPE_F32, n, H);
-    cpu_be->ops->moe_experts(cpu_be, &co, &cx, WEIGHT_PLAIN(&cgu), WEIGHT_PLAIN(&cdn), ids, w, slots, cws);
+    cpu_be->ops->moe_experts(cpu_be, &co, &cx, WEIGHT_PLAIN(&cgu), WEIGHT_PLAIN(&cdn), ids, w, slots, NULL, cws);
 
     // GPU.
     void *dx = to_gpu(x, (int64_t)n * H, true), *dgu = to_gpu(gu, ngu, true), *ddn = to_gpu(dn, ndn, true);
@@ -191,17 +191,17 @@ static void check_experts(int n, int E, int slots, int H, int I, enum routing rt
         // Capture with these inputs' buffers, then replay with new routing written in place.
         void *g = NULL;
         ASSERT_OK(gpu_be->ops->graph_begin(gpu_be, &err));
-        gpu_be->ops->moe_experts(gpu_be, &go, &gx, WEIGHT_PLAIN(&ggu), WEIGHT_PLAIN(&gdn), dids, dw, slots, gws);
+        gpu_be->ops->moe_experts(gpu_be, &go, &gx, WEIGHT_PLAIN(&ggu), WEIGHT_PLAIN(&gdn), dids, dw, slots, NULL, gws);
         ASSERT_OK(gpu_be->ops->graph_end(gpu_be, &g, &err));
         make_routing(ids, w, n, E, slots, rt);
-        cpu_be->ops->moe_experts(cpu_be, &co, &cx, WEIGHT_PLAIN(&cgu), WEIGHT_PLAIN(&cdn), ids, w, slots, cws);
+        cpu_be->ops->moe_experts(cpu_be, &co, &cx, WEIGHT_PLAIN(&cgu), WEIGHT_PLAIN(&cdn), ids, w, slots, NULL, cws);
         gpu_be->ops->copy_h2d(gpu_be, dids, ids, sizeof(int32_t) * (size_t)n * slots);
         gpu_be->ops->copy_h2d(gpu_be, dw, w, sizeof(float) * (size_t)n * slots);
         ASSERT_OK(gpu_be->ops->graph_launch(gpu_be, g, &err));
         gpu_be->ops->synchronize(gpu_be);
         gpu_be->ops->graph_destroy(gpu_be, g);
     } else {
-        gpu_be->ops->moe_experts(gpu_be, &go, &gx, WEIGHT_PLAIN(&ggu), WEIGHT_PLAIN(&gdn), dids, dw, slots, gws);
+        gpu_be->ops->moe_experts(gpu_be, &go, &gx, WEIGHT_PLAIN(&ggu), WEIGHT_PLAIN(&gdn), dids, dw, slots, NULL, gws);
     }
     float *gout = malloc(sizeof(float) * (size_t)n * H);
     gpu_to_f32(gout, dout, (int64_t)n * H, true);

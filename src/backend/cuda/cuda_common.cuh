@@ -352,7 +352,7 @@ void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const str
                        int32_t *topk_ids, float *topk_w);
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
                          const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
-                         void *workspace);
+                         const struct moe_experts_args *ea, void *workspace);
 atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
                                   struct error *err);
 

@@ -838,7 +838,9 @@ void cuda_moe_init(struct cuda_backend *cb) {
 
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,
                          const struct weight *down_w, const int32_t *topk_ids, const float *topk_w, int n_slots,
-                         void *workspace) {
+                         const struct moe_experts_args *ea, void *workspace) {
+    CHECK_MSG(!ea || (ea->act == MOE_ACT_SILU && !ea->gate_up_bias && !ea->down_bias),
+              "CUDA moe_experts: only SiLU experts without biases are implemented (caps: moe_swiglu_clamp false)");
     CHECK_MSG(gate_up_w->scheme == WEIGHT_SCHEME_NONE && down_w->scheme == WEIGHT_SCHEME_NONE,
               "CUDA moe_experts: weight scheme %s not implemented", weight_scheme_name(gate_up_w->scheme));
     const struct tensor *gate_up = &gate_up_w->t, *down = &down_w->t;
