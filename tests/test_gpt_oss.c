@@ -27,6 +27,7 @@
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
 #include "test.h"
+#include "tokenizer/tokenizer.h"
 
 static const struct es_setup CPU = {
     .device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f, .min_clear = 0.5};
@@ -250,6 +251,39 @@ TEST(gpt_oss_cpu_mx_matmul_matches_definition) {
     free(e);
     free(wd);
     backend_destroy(b);
+}
+
+// o200k_harmony (../shared/tokenizers/gpt_oss): a harmony transcript (analysis, then a commentary
+// tool call) encodes to HF tokenizers' ids, every harmony marker one special token, and decodes back.
+TEST(gpt_oss_tokenizer_harmony_markers_match_hf) {
+    const char *path = test_shared_path("tokenizers/gpt_oss");
+    if (!path) return; // skipped (a failure under ATOMC_REQUIRE_FIXTURES=1)
+    static const char text[] = "<|start|>assistant<|channel|>analysis<|message|>Let me think: 2+2=4.<|end|><|start|>"
+                               "assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+                               "{\"city\":\"Paris\"}<|call|>";
+    // tokenizers 0.23: Tokenizer.from_file(...).encode(text, add_special_tokens=False).ids
+    static const int32_t want[] = {200006, 173781, 200005, 35644,  200008, 12845, 668,    2411,   25,
+                                   220,    17,     10,     17,     28,     19,    13,     200007, 200006,
+                                   173781, 200005, 12606,  815,    316,    28,    44580,  775,    170154,
+                                   220,    200003, 4108,   200008, 10848,  17500, 7534,   72782,  18583,
+                                   200012};
+    const int nw = (int)(sizeof want / sizeof want[0]);
+    struct tokenizer *t = NULL;
+    struct error err = {0};
+    ASSERT_OK(tokenizer_load(path, &t, &err));
+    int32_t *ids = NULL;
+    int n = 0;
+    ASSERT_OK(tokenizer_encode(t, text, strlen(text), false, &ids, &n, &err));
+    ASSERT_EQ(n, nw);
+    for (int i = 0; i < nw; i++)
+        ASSERT_EQ(ids[i], want[i]);
+    ASSERT_EQ(tokenizer_token_id(t, "<|return|>"), 200002);
+    char *back = NULL;
+    ASSERT_OK(tokenizer_decode(t, ids, n, false, &back, &err));
+    ASSERT_STREQ(back, text);
+    free(back);
+    free(ids);
+    tokenizer_free(t);
 }
 
 TEST(gpt_oss_batched_under_preemption_equals_alone) {
