@@ -199,6 +199,28 @@ TEST(gpt_oss_mxfp4_experts_stay_mxfp4) {
     backend_destroy(b);
 }
 
+// Dummy weights of a config that declares mxfp4 (the benchmark configs): the experts are MXFP4
+// (random nibbles, one exponent per tensor), so gpt-oss-120b keeps its MXFP4 size in memory.
+TEST(gpt_oss_dummy_mxfp4_experts) {
+    struct error e = {0};
+    struct backend *b;
+    struct backend_options bo = {.num_threads = 2};
+    ASSERT_OK(backend_create("cpu", &bo, &b, &e));
+    char *json = NULL;
+    ASSERT_OK(file_read_all(test_fixture("models/gpt_oss_mxfp4/config.json"), &json, NULL, NULL));
+    struct model_config c;
+    ASSERT_OK(model_config_parse_json(&c, json, "config.json", &e));
+    free(json);
+    struct model_load_options lo = {.dummy_seed = 7, .weight_dtype = DTYPE_F32, .kv_dtype = DTYPE_F32};
+    struct model *m = NULL;
+    ASSERT_OK(model_load(&m, b, &c, &lo, &e));
+    ASSERT_EQ(m->layers[1].ffn.moe.gate_up.scheme, WEIGHT_SCHEME_MX);
+    ASSERT_EQ(m->layers[1].ffn.moe.down.scheme, WEIGHT_SCHEME_MX);
+    ASSERT_EQ(m->layers[1].ffn.moe.gate_up_bias.ndim, 2);
+    model_free(m);
+    backend_destroy(b);
+}
+
 // out = x W^T with W in MX (random bytes, exponents 120..133, odd row count) equals the F32
 // product with W decoded by the definition (transformers' _convert_moe_packed_tensors: the low
 // nibble is the even column, value = e2m1 * 2^(e - 127)), on the skinny and the sgemm paths.

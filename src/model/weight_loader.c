@@ -697,6 +697,54 @@ static atomc_status load_stacked_mx(struct weight_loader *L, const struct weight
     return ATOMC_OK;
 }
 
+// Dummy MXFP4 experts (a benchmark config that declares mxfp4, --load-format dummy): random
+// nibbles with one exponent per tensor that puts the weights at about 1/sqrt(C), so the model
+// keeps its MXFP4 size in memory (gpt-oss-120b fits one GPU only so).
+static atomc_status dummy_stacked_mx(struct weight_loader *L, int64_t E, int64_t R, int64_t C, struct weight *w,
+                                     const char *name, struct error *err) {
+    struct model *m = L->m;
+    struct backend *b = m->backend;
+    const size_t vbytes = (size_t)(E * R * C / 2), sbytes = (size_t)(E * R * C / 32);
+    void *dv = b->ops->alloc(b, vbytes), *ds = b->ops->alloc(b, sbytes);
+    const size_t chunk = (size_t)1 << 22;
+    uint8_t *h = malloc(chunk);
+    if (!dv || !ds || !h) {
+        if (dv) b->ops->free(b, dv);
+        if (ds) b->ops->free(b, ds);
+        free(h);
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: cannot allocate %zu bytes for MXFP4 %s",
+                         vbytes + sbytes, name);
+    }
+    uint64_t seed = L->seed;
+    L->seed = splitmix64(&seed);
+    for (size_t off = 0; off < vbytes; off += chunk) { // values
+        size_t k = vbytes - off < chunk ? vbytes - off : chunk;
+        for (size_t i = 0; i < k; i += 8) {
+            uint64_t r = splitmix64(&seed);
+            memcpy(h + i, &r, k - i < 8 ? k - i : 8);
+        }
+        b->ops->copy_h2d(b, (char *)dv + off, h, k);
+        b->ops->synchronize(b);
+    }
+    // e2m1 magnitudes average ~2.3: 2^(e - 127) ~ 1 / (2.3 sqrt(C)).
+    int ex = 127 - (int)lround(log2(2.3 * sqrt((double)C)));
+    memset(h, ex, chunk);
+    for (size_t off = 0; off < sbytes; off += chunk) {
+        size_t k = sbytes - off < chunk ? sbytes - off : chunk;
+        b->ops->copy_h2d(b, (char *)ds + off, h, k);
+        b->ops->synchronize(b);
+    }
+    free(h);
+    *w = (struct weight){.t = tensor_make(dv, DTYPE_U8, 3, (int64_t[]){E, R, C / 2}),
+                         .scheme = WEIGHT_SCHEME_MX,
+                         .scale = tensor_make(ds, DTYPE_U8, 3, (int64_t[]){E, R, C / 32}),
+                         .block_rows = 1,
+                         .block_cols = 32};
+    m->weight_bytes += vbytes + sbytes;
+    m->weight_bytes_by_scheme[WEIGHT_SCHEME_MX] += vbytes + sbytes;
+    return ATOMC_OK;
+}
+
 // A WLAYOUT_STACKED entry of layer l: (E, R, C) (C = 0: (E, R)) into dst, from one checkpoint
 // tensor (transposed / interleaved as the entry says) or MXFP4 blocks and scales.
 static atomc_status load_stacked_experts(struct weight_loader *L, const struct weight_entry *e, int l,
@@ -713,6 +761,8 @@ static atomc_status load_stacked_experts(struct weight_loader *L, const struct w
     struct tensor *dst = entry_tensor(e, ly);
     const int ndim = C > 0 ? 3 : 2;
     const int64_t ne[3] = {E, R, C};
+    if (!L->files && e->is_weight && C > 0 && C % 32 == 0 && m->cfg.quant.method == QUANT_METHOD_MXFP4)
+        return dummy_stacked_mx(L, E, R, C, (struct weight *)((char *)ly + e->field), name, err);
     if (!L->files) return load_tensor_as(L, dst, name, ndim, ne, e->init, -1, 0, -1, err);
     char bname[224];
     snprintf(bname, sizeof bname, "%s_blocks", name);
