@@ -167,7 +167,9 @@ static struct moe_route_args model_moe_route_args(const struct model_config *c, 
 
 double model_moe_decode_weight_bytes(const struct model_config *c, double weight_bytes, int batch) {
     if (c->num_experts <= 0) return weight_bytes;
-    double per_param = weight_bytes / (double)model_param_count(c);
+    // MXFP4 experts (GPT-OSS): half a byte per weight plus an e8m0 byte per 32; else the average.
+    double per_param = c->quant.method == QUANT_METHOD_MXFP4 ? 17.0 / 32.0
+                                                             : weight_bytes / (double)model_param_count(c);
     int64_t touched = (int64_t)batch * c->num_experts_per_tok;
     if (touched > c->num_experts) touched = c->num_experts;
     double idle = 0;
