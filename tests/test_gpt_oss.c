@@ -1,8 +1,9 @@
 // GPT-OSS (GptOssForCausalLM) beyond the reference checks tests/test_models.c runs on its two
 // fixtures (tools/make_tiny_gpt_oss.py: gpt_oss in bf16, gpt_oss_mxfp4 with the experts in
 // OpenAI's MXFP4 layout; window 8 on layers 0 and 2, full attention on layer 1):
-//   - the fixtures exercise what the family adds: with the sinks, the clamp limit, the window or
-//     the MXFP4 scales changed the logits leave HF's (so the reference checks can fail);
+//   - the fixtures exercise what the family adds: with the sinks, the clamp limit, alpha, the
+//     window, YaRN's truncate flag or the MXFP4 scales / nibbles changed the logits leave HF's
+//     (so the reference checks can fail);
 //   - the MXFP4 experts stay MXFP4 in memory (bytes by scheme);
 //   - the CPU MX matmul decodes nibbles (even column low) and e8m0 exponents as transformers does;
 //   - the engine scenarios (engine_model_scenarios.h): a batch under preemption with prefix hits
@@ -148,6 +149,7 @@ TEST(gpt_oss_fixtures_exercise_sinks_clamp_window_and_scales) {
         {"gpt_oss", "\"swiglu_limit\": 2.0", "\"swiglu_limit\": 7.0", NULL, "clamp limit 7 instead of 2"},
         {"gpt_oss", "\"sliding_window\": 8", "\"sliding_window\": 16", NULL, "window 16 instead of 8"},
         {"gpt_oss", "\"swiglu_alpha\": 1.702", "\"swiglu_alpha\": 1.0", NULL, "alpha 1.0"},
+        {"gpt_oss", "\"truncate\": false", "\"truncate\": true", NULL, "YaRN truncate true"},
         {"gpt_oss", NULL, NULL, "model.layers.1.self_attn.sinks", "a changed sink"},
         {"gpt_oss_mxfp4", NULL, NULL, "model.layers.0.mlp.experts.gate_up_proj_scales", "a changed e8m0 scale"},
         {"gpt_oss_mxfp4", NULL, NULL, "model.layers.2.mlp.experts.down_proj_blocks", "a changed nibble pair"},
