@@ -310,6 +310,76 @@ TEST(gpt_oss_tokenizer_harmony_markers_match_hf) {
     tokenizer_free(t);
 }
 
+// Window block freeing with sinks: the MXFP4 fixture with every layer sliding (window 8; real
+// GPT-OSS alternates sliding and full layers, and the engine frees out-of-window blocks only when
+// every layer slides: hybrid models keep all blocks). Four prompts (1, 6, 19, 37 tokens + 16 new)
+// need 34 blocks of 4 without the freeing; on 16 blocks they run with no preemption, on 14 blocks
+// with preemption, with prefix caching on and off, and give exactly the tokens of a roomy pool
+// (batch-invariant CPU matmuls: a row's result does not depend on its batch), every block free
+// at the end.
+TEST(gpt_oss_all_sliding_frees_window_blocks) {
+    char *dir = mutant("gpt_oss_mxfp4", "\"full_attention\"", "\"sliding_attention\"", -1);
+    struct refs R;
+    ASSERT_EQ(refs_load("gpt_oss_mxfp4", &R, 1e-4, 4.0), 0);
+    ASSERT_TRUE(R.n == 4 && R.p[3].n == 37);
+    setenv("ATOMC_BATCH_INVARIANT", "1", 1);
+    int32_t want[8][N_GREEDY];
+    const struct {
+        int blocks, prefix;
+        bool preempts;
+    } runs[] = {{256, 0, false}, {256, 1, false}, {32, 0, false}, {14, 0, true}, {14, 1, true}};
+    for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
+        atomc_engine_options o;
+        atomc_engine_options_init(&o);
+        o.model_path = dir;
+        o.block_size = 4;
+        o.num_kv_blocks = runs[ri].blocks;
+        o.max_model_len = 56; // 14 blocks: the 53-token sequence fits one pool of 14
+        o.max_num_seqs = 8;
+        o.max_num_batched_tokens = 64;
+        o.num_threads = 2;
+        o.enable_prefix_caching = runs[ri].prefix;
+        atomc_engine *e = NULL;
+        char msg[512];
+        ASSERT_OK(atomc_engine_create(&o, &e, msg, sizeof msg));
+        atomc_request rq[8];
+        atomc_result res[8];
+        for (int i = 0; i < 8; i++) { // each prompt twice: the second copies hit the prefix cache
+            atomc_request_init(&rq[i]);
+            rq[i].prompt_ids = R.p[i % 4].ids;
+            rq[i].n_prompt_ids = R.p[i % 4].n;
+            rq[i].params.temperature = 0;
+            rq[i].params.ignore_eos = true;
+            rq[i].params.max_tokens = N_GREEDY;
+        }
+        ASSERT_OK(atomc_engine_generate(e, rq, 8, res, msg, sizeof msg));
+        for (int i = 0; i < 8; i++) {
+            ASSERT_EQ(res[i].n_tokens, N_GREEDY);
+            for (int k = 0; k < N_GREEDY; k++) {
+                if (ri == 0)
+                    want[i][k] = res[i].tokens[k];
+                else
+                    ASSERT_EQ(res[i].tokens[k], want[i][k]);
+            }
+            atomc_result_free(&res[i]);
+        }
+        atomc_stats st;
+        atomc_engine_get_stats(e, &st);
+        fprintf(stderr,
+                "  %3d blocks, prefix caching %d: %llu preemptions, %llu prefix-hit tokens, %d of %d blocks free at "
+                "the end\n",
+                runs[ri].blocks, runs[ri].prefix, (unsigned long long)st.num_preemptions,
+                (unsigned long long)st.prefix_cache_hits, st.num_free_kv_blocks, runs[ri].blocks);
+        ASSERT_EQ(st.prefix_cache_hits > 0, runs[ri].prefix != 0);
+        ASSERT_EQ(st.num_preemptions > 0, runs[ri].preempts);
+        ASSERT_EQ(st.num_free_kv_blocks, runs[ri].blocks);
+        atomc_engine_free(e);
+    }
+    unsetenv("ATOMC_BATCH_INVARIANT");
+    refs_free(&R);
+    rm_dir(dir);
+}
+
 TEST(gpt_oss_batched_under_preemption_equals_alone) {
     es_batched_under_preemption_equals_alone(&CPU, "gpt_oss");
     es_batched_under_preemption_equals_alone(&CPU, "gpt_oss_mxfp4");
