@@ -321,6 +321,14 @@ TEST(gptq_awq_mxfp4_bnb_modelopt_forms) {
         ASSERT_EQ(cfg.sliding_window, 128);
         ASSERT_TRUE(cfg.attention_bias && cfg.attention_sinks && cfg.norm_topk_prob);
         ASSERT_TRUE(cfg.swiglu_alpha == 1.702f && cfg.swiglu_limit == 7.0f);
+        // An explicit null window: no sliding layers (transformers passes sliding_window None).
+        const char *jn = "{\"architectures\": [\"GptOssForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": "
+                         "64, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
+                         "\"vocab_size\": 128, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
+                         "\"sliding_window\": null}";
+        ASSERT_OK(model_config_parse_json(&cfg, jn, "config.json", &e));
+        ASSERT_EQ(cfg.sliding_window, 0);
+        ASSERT_EQ(cfg.layer_types[0], LAYER_ATTN_FULL);
     }
 
     ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "

@@ -987,7 +987,8 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     TRY(get_int(x, root, "pad_token_id", false, 0, INT32_MAX, &c->pad_token_id));
     TRY(get_token_ids(x, root, "eos_token_id", c->eos_token_ids, &c->n_eos));
 
-    if (c->arch == MODEL_ARCH_GPT_OSS) c->sliding_window = 128; // GptOssConfig's default
+    // GptOssConfig's default when absent (an explicit null means no window, as in transformers).
+    if (c->arch == MODEL_ARCH_GPT_OSS && !json_object_get(root, "sliding_window")) c->sliding_window = 128;
     TRY(get_int(x, root, "sliding_window", false, 0, INT32_MAX, &c->sliding_window));
     TRY(parse_layer_types(x, root, c));
     c->attention_sinks = c->arch == MODEL_ARCH_GPT_OSS;
