@@ -23,7 +23,8 @@ enum model_arch {
     MODEL_ARCH_DEEPSEEK_V3,
     MODEL_ARCH_GPT_OSS,
     MODEL_ARCH_GLM4_MOE,
-    MODEL_ARCH_QWEN3_NEXT,
+    MODEL_ARCH_QWEN3_NEXT,   // Qwen3NextForCausalLM: Gated DeltaNet + gated attention, MoE + shared expert
+    MODEL_ARCH_QWEN3_5_MOE,  // Qwen3_5MoeForCausalLM (text): the same layers, split DeltaNet projections
 };
 
 enum rope_scaling_type {
@@ -190,6 +191,15 @@ struct model_config {
     int qk_nope_head_dim;
     int qk_rope_head_dim;
     int v_head_dim;
+
+    // Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5; layer_types LAYER_ATTN_LINEAR).
+    int linear_num_key_heads;   // Hk: q/k heads of a linear-attention layer
+    int linear_num_value_heads; // Hv: value heads (a multiple of Hk; k head h / (Hv / Hk) serves value head h)
+    int linear_key_head_dim;    // Dk
+    int linear_value_head_dim;  // Dv
+    int linear_conv_kernel_dim; // K: depthwise causal conv1d over (q, k, v) channels
+    bool norm_zero_centered;    // RMSNorm weights w scale by (1 + w) (Qwen3-Next's Qwen3NextRMSNorm)
+    bool attn_output_gate;      // full attention: q_proj also yields a per-head sigmoid gate of the output
 
     // Quantization (present == false for unquantized checkpoints and GGUF).
     struct quant_config quant;
