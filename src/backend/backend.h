@@ -43,6 +43,9 @@ struct attn_metadata {
     const int32_t *h_block_tables;
     const int32_t *h_positions;
     const int32_t *h_slot_mapping;
+    // Recurrent-state models (Gated DeltaNet layers): each sequence's state slot; NULL otherwise.
+    const int32_t *state_slots;   // (n_seqs)
+    const int32_t *h_state_slots;
 };
 
 // One layer's paged KV cache: k and v each (num_blocks, block_size, n_kv_heads, head_dim)
@@ -51,6 +54,9 @@ struct kv_layer {
     struct tensor k;
     struct tensor v;
     float k_scale, v_scale;
+    // Recurrent layers (Gated DeltaNet) instead of k / v: per-sequence state slots, F32.
+    struct tensor conv_state;     // (n_slots, conv_dim, K - 1) the last K - 1 conv inputs, oldest first
+    struct tensor rec_state;      // (n_slots, Hv, Dk, Dv) the delta-rule state per value head
 };
 
 // RoPE applied with precomputed inverse frequencies (any scaling kind folds into them).
@@ -138,6 +144,13 @@ static inline size_t moe_workspace_bytes(int64_t n_tokens, int n_slots, int E_to
     size_t acts = (size_t)R * (size_t)(H + 2 * I + I + H) * act_bytes;
     return ((ints + 255) & ~(size_t)255) + acts + 1024; // slack: backends may 256-align each buffer
 }
+
+// Gated DeltaNet shapes (deltanet_rule). The conv output row of a token is (q (Hk, Dk), k (Hk, Dk),
+// v (Hv, Dv)) = conv_dim = 2 Hk Dk + Hv Dv values; value head h reads key head h / (Hv / Hk).
+struct deltanet_args {
+    int n_k_heads, n_v_heads; // Hk, Hv
+    int k_dim, v_dim;         // Dk, Dv
+};
 
 struct backend;
 
@@ -232,6 +245,41 @@ struct backend_ops {
     void (*moe_experts)(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
                         const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                         void *workspace);
+
+    // ---- Gated DeltaNet (appended; Qwen3-Next / Qwen3.5 linear attention) ----
+    // Recurrent state: per layer kv->conv_state and kv->rec_state (struct kv_layer), one slot per
+    // sequence, md->state_slots (n_seqs) naming each sequence's. A sequence whose step starts its
+    // cache (context_lens[s] == its new tokens: a new or a preempted-and-recomputed sequence) starts
+    // from a zero state; any other continues its slot's state (chunked prefill, decode). Each op
+    // writes the state after the sequence's last new token back into its slot. Padding sequences
+    // of graph steps name a reserved dummy slot.
+    //
+    // out (n, C) = silu(causal depthwise conv1d over time of x (n, C), per sequence, with kernel
+    // w (C, K) (w[c][K-1] multiplies the current token), the K - 1 inputs before the step coming
+    // from the conv state); x rows x_row_stride elements apart (a view into a fused projection),
+    // out dense. conv_state (slots, C, K - 1) F32 gets the last K - 1 inputs.
+    void (*deltanet_conv)(struct backend *b, struct tensor *out, const struct tensor *x, int64_t x_row_stride,
+                          const struct tensor *w, struct kv_layer *kv, const struct attn_metadata *md);
+    // The gated delta rule over each sequence's new tokens. qkv (n, conv_dim) dense (the conv
+    // output), ba (n, 2 Hv) rows ba_row_stride apart: b (Hv) then a (Hv); a_log, dt_bias (Hv).
+    // Per token and value head h (fp32): q, k = l2norm(q), l2norm(k) (eps 1e-6), q *= Dk^-1/2,
+    // g = -exp(a_log[h]) softplus(a[h] + dt_bias[h]), beta = sigmoid(b[h]); S (Dk, Dv) <- S exp(g);
+    // S += k (beta (v - S^T k))^T; out = S^T q. out (n, Hv, Dv) in the act dtype. Sequences with
+    // more than one new token run the chunked (WY / UT-transform) form in chunks of 64 tokens,
+    // single tokens the recurrent step: the same function. rec_state (slots, Hv, Dk, Dv) F32.
+    void (*deltanet_rule)(struct backend *b, struct tensor *out, const struct tensor *qkv, const struct tensor *ba,
+                          int64_t ba_row_stride, const struct tensor *a_log, const struct tensor *dt_bias,
+                          struct kv_layer *kv, const struct attn_metadata *md, const struct deltanet_args *a);
+    // Gated RMSNorm: out (rows, d) = rmsnorm(x (rows, d)) * w (d) * silu(z) with eps. Rows are
+    // z_heads heads per token: row r is token r / z_heads, head r % z_heads, whose z values are at
+    // z->data + (r / z_heads) z_row_stride + (r % z_heads) d (z a view into a fused projection).
+    void (*rmsnorm_gated)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *z,
+                          int64_t z_row_stride, int z_heads, const struct tensor *w, float eps);
+    // x (n, d) *= sigmoid(gate) in place; gate rows gate_row_stride elements apart with d values
+    // (gated attention output) or one value (gate_cols 1, broadcast over the row: the shared
+    // expert's per-token gate); gate in the act dtype or F32.
+    void (*gate_sigmoid_mul)(struct backend *b, struct tensor *x, const struct tensor *gate, int64_t gate_row_stride,
+                             int gate_cols);
 };
 
 // What a backend can run, reported once at create and checked by model loading

@@ -859,4 +859,8 @@ static const struct backend_ops cpu_ops = {
     .graph_destroy = NULL,
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
+    .deltanet_conv = cpu_deltanet_conv,
+    .deltanet_rule = cpu_deltanet_rule,
+    .rmsnorm_gated = cpu_rmsnorm_gated,
+    .gate_sigmoid_mul = cpu_gate_sigmoid_mul,
 };
