@@ -131,8 +131,8 @@ static void run_ops(const struct batch *bt, struct state *st, float *conv_out, f
                                .h_query_start = qs, .h_context_lens = ctx, .state_slots = slots,
                                .h_state_slots = slots};
     struct kv_layer kv = {0};
-    kv.conv_state = tensor_make(st->conv, DTYPE_F32, 3, (int64_t[]){NSLOTS, CONV_DIM, KS - 1});
-    kv.rec_state = tensor_make(st->rec, DTYPE_F32, 4, (int64_t[]){NSLOTS, HV, DK, DV});
+    kv.k = tensor_make(st->conv, DTYPE_F32, 3, (int64_t[]){NSLOTS, CONV_DIM, KS - 1});
+    kv.v = tensor_make(st->rec, DTYPE_F32, 4, (int64_t[]){NSLOTS, HV, DK, DV});
     struct tensor w = tensor_2d(WCONV, DTYPE_F32, CONV_DIM, KS);
     struct tensor alog = tensor_2d(ALOG, DTYPE_F32, 1, HV), dtb = tensor_2d(DTB, DTYPE_F32, 1, HV);
     struct deltanet_args a = {.n_k_heads = HK, .n_v_heads = HV, .k_dim = DK, .v_dim = DV};

@@ -50,13 +50,13 @@ struct attn_metadata {
 
 // One layer's paged KV cache: k and v each (num_blocks, block_size, n_kv_heads, head_dim)
 // in dtype BF16 / F32 / FP8_E4M3 (then k_scale / v_scale dequantise).
+// A recurrent layer (Gated DeltaNet) keeps per-sequence state slots in the same two tensors,
+// F32: k = the conv state (n_slots, conv_dim, K - 1), the last K - 1 conv inputs, oldest first;
+// v = the delta-rule state (n_slots, Hv, Dk, Dv).
 struct kv_layer {
     struct tensor k;
     struct tensor v;
     float k_scale, v_scale;
-    // Recurrent layers (Gated DeltaNet) instead of k / v: per-sequence state slots, F32.
-    struct tensor conv_state;     // (n_slots, conv_dim, K - 1) the last K - 1 conv inputs, oldest first
-    struct tensor rec_state;      // (n_slots, Hv, Dk, Dv) the delta-rule state per value head
 };
 
 // RoPE applied with precomputed inverse frequencies (any scaling kind folds into them).
@@ -247,7 +247,7 @@ struct backend_ops {
                         void *workspace);
 
     // ---- Gated DeltaNet (appended; Qwen3-Next / Qwen3.5 linear attention) ----
-    // Recurrent state: per layer kv->conv_state and kv->rec_state (struct kv_layer), one slot per
+    // Recurrent state: per layer kv->k (conv state) and kv->v (delta-rule state), one slot per
     // sequence, md->state_slots (n_seqs) naming each sequence's. A sequence whose step starts its
     // cache (context_lens[s] == its new tokens: a new or a preempted-and-recomputed sequence) starts
     // from a zero state; any other continues its slot's state (chunked prefill, decode). Each op
@@ -257,7 +257,7 @@ struct backend_ops {
     // out (n, C) = silu(causal depthwise conv1d over time of x (n, C), per sequence, with kernel
     // w (C, K) (w[c][K-1] multiplies the current token), the K - 1 inputs before the step coming
     // from the conv state); x rows x_row_stride elements apart (a view into a fused projection),
-    // out dense. conv_state (slots, C, K - 1) F32 gets the last K - 1 inputs.
+    // out dense. kv->k (slots, C, K - 1) F32 gets the last K - 1 inputs.
     void (*deltanet_conv)(struct backend *b, struct tensor *out, const struct tensor *x, int64_t x_row_stride,
                           const struct tensor *w, struct kv_layer *kv, const struct attn_metadata *md);
     // The gated delta rule over each sequence's new tokens. qkv (n, conv_dim) dense (the conv
@@ -266,7 +266,7 @@ struct backend_ops {
     // g = -exp(a_log[h]) softplus(a[h] + dt_bias[h]), beta = sigmoid(b[h]); S (Dk, Dv) <- S exp(g);
     // S += k (beta (v - S^T k))^T; out = S^T q. out (n, Hv, Dv) in the act dtype. Sequences with
     // more than one new token run the chunked (WY / UT-transform) form in chunks of 64 tokens,
-    // single tokens the recurrent step: the same function. rec_state (slots, Hv, Dk, Dv) F32.
+    // single tokens the recurrent step: the same function. kv->v (slots, Hv, Dk, Dv) F32.
     void (*deltanet_rule)(struct backend *b, struct tensor *out, const struct tensor *qkv, const struct tensor *ba,
                           int64_t ba_row_stride, const struct tensor *a_log, const struct tensor *dt_bias,
                           struct kv_layer *kv, const struct attn_metadata *md, const struct deltanet_args *a);

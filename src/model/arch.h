@@ -37,6 +37,14 @@ struct model_arch_def {
     // Layer l of m (m->cfg holds this rank's local sizes).
     void (*plan_layer)(const struct model *m, int l, struct layer_plan *plan);
     void (*forward)(struct model *m, const int32_t *token_ids, const struct attn_metadata *md, struct kv_layer *kv);
+    // Optional (NULL = none):
+    // per-token activation columns (act dtype) the family needs beyond struct model_scratch's
+    // (model_scratch_alloc gives them in scratch.extra: max_tokens x cols);
+    int64_t (*extra_scratch_cols)(const struct model *m);
+    // run after every weight is loaded (o->files NULL: dummy weights): layout fix-ups in backend
+    // memory (row reorders, norm offsets); a status naming the tensor on failure.
+    atomc_status (*finish_load)(struct model *m, const struct model_load_options *o, struct error *err);
+    bool no_tensor_parallel; // the family does not shard yet: tp_size > 1 is refused at load
 };
 
 // The entry serving `a`, or NULL.
@@ -46,6 +54,7 @@ void model_arch_supported_list(char *buf, size_t n);
 
 // Families (one file each).
 extern const struct model_arch_def model_arch_llama; // llama.c
+extern const struct model_arch_def model_arch_qwen3_next; // qwen3_next.c: Qwen3-Next, Qwen3.5-MoE
 
 // Shared weight tables of the pre-norm decoder layer (blocks.c): the two RMSNorm weights every
 // layer has (input_layernorm, post_attention_layernorm).

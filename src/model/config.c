@@ -466,6 +466,9 @@ static atomc_status parse_linear_attention(struct ctx *x, const json_t *root, st
                          "linear_num_key_heads (%d)", x->src, c->linear_num_value_heads, c->linear_num_key_heads);
     c->norm_zero_centered = true;
     c->attn_output_gate = true;
+    // Qwen3.5's router always renormalises its top-k (no norm_topk_prob key); Qwen3-Next's
+    // default is true.
+    if (c->arch == MODEL_ARCH_QWEN3_5_MOE || !jget(root, "norm_topk_prob")) c->norm_topk_prob = true;
     if (c->intermediate_size == 0) c->intermediate_size = c->shared_expert_intermediate_size;
     if (c->intermediate_size == 0) c->intermediate_size = c->moe_intermediate_size;
     return ATOMC_OK;

@@ -285,6 +285,9 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     CHECK_MSG(b->caps, "backend %s reports no capabilities", b->ops->name);
     if ((st = model_check_backend_caps(cfg, b->caps, o, err)) != ATOMC_OK) return st;
     const int tp = o->tp_size > 1 ? o->tp_size : 1;
+    if (tp > 1 && def->no_tensor_parallel)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: tensor parallelism is not implemented for the %s family",
+                         cfg->architecture, def->family);
     if (tp > 1 && (st = model_tp_check(cfg, tp, o->tp_rank, o->comm, err)) != ATOMC_OK) return st;
     struct model *m = xcalloc(1, sizeof *m);
     m->cfg = *cfg;
@@ -320,6 +323,7 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     }
     if ((st = model_load_head(m, L, o->files, err))) goto fail;
     if ((st = model_load_rope(m, err))) goto fail;
+    if (def->finish_load && (st = def->finish_load(m, o, err))) goto fail;
     weight_loader_free(L);
     *out = m;
     return ATOMC_OK;
@@ -334,7 +338,7 @@ fail:
 
 static void model_scratch_free(struct model *m) {
     struct model_scratch *s = &m->scratch;
-    void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->attn, &s->gate_up, &s->act,
+    void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->attn, &s->gate_up, &s->act, &s->extra,
                    &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits, (void **)&s->lg_shard,
                    (void **)&s->lg_gather, (void **)&s->moe.logits, (void **)&s->moe.topk_ids,
                    (void **)&s->moe.topk_w, &s->moe.workspace};
@@ -367,6 +371,7 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {&s->attn, T * (size_t)m->q_dim * e},
         {&s->gate_up, T * 2 * (size_t)c->intermediate_size * e},
         {&s->act, T * (size_t)c->intermediate_size * e},
+        {&s->extra, m->arch && m->arch->extra_scratch_cols ? T * (size_t)m->arch->extra_scratch_cols(m) * e : 0},
         {&s->lg_res, R * H * e},
         {&s->lg_h, R * H * e},
         {&s->lg_x, R * H * e},

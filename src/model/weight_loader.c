@@ -224,6 +224,8 @@ static enum dtype fused_dst_dtype(struct weight_loader *L, int n, char (*names)[
 // ---------------------------------------------------------------------------------------------
 // Tables
 
+static int64_t wdim_global(const struct model_config *c, enum wdim d);
+
 // A model dimension with this rank's size and the first checkpoint index it holds.
 static void wdim_resolve(const struct model *m, enum wdim d, int64_t *size, int64_t *start) {
     const struct model_config *c = &m->cfg;
@@ -237,6 +239,7 @@ static void wdim_resolve(const struct model *m, enum wdim d, int64_t *size, int6
     case WDIM_INTER: *size = c->intermediate_size; *start = m->inter0; return;
     case WDIM_EXPERTS: *size = c->num_experts; return;
     case WDIM_MOE_INTER: *size = c->moe_intermediate_size; return;
+    default: *size = wdim_global(c, d); return;
     }
     CHECK_MSG(0, "weight table: dimension %d", (int)d);
 }
@@ -252,6 +255,20 @@ static int64_t wdim_global(const struct model_config *c, enum wdim d) {
     case WDIM_INTER: return c->intermediate_size;
     case WDIM_EXPERTS: return c->num_experts;
     case WDIM_MOE_INTER: return c->moe_intermediate_size;
+    case WDIM_Q_GATED: return 2 * (int64_t)c->num_heads * c->head_dim;
+    case WDIM_SHARED_INTER: return c->shared_expert_intermediate_size;
+    case WDIM_ONE: return 1;
+    case WDIM_LIN_QKV:
+        return 2 * (int64_t)c->linear_num_key_heads * c->linear_key_head_dim +
+               (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
+    case WDIM_LIN_V: return (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
+    case WDIM_LIN_QKVZ:
+        return 2 * (int64_t)c->linear_num_key_heads * c->linear_key_head_dim +
+               2 * (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
+    case WDIM_LIN_VHEADS: return c->linear_num_value_heads;
+    case WDIM_LIN_BA: return 2 * (int64_t)c->linear_num_value_heads;
+    case WDIM_LIN_KERNEL: return c->linear_conv_kernel_dim;
+    case WDIM_LIN_VDIM: return c->linear_value_head_dim;
     }
     return 0;
 }

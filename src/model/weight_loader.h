@@ -29,6 +29,17 @@ enum wdim {
     WDIM_INTER,     // this rank's intermediate_size        (TP start: inter0)
     WDIM_EXPERTS,   // num_experts
     WDIM_MOE_INTER, // moe_intermediate_size
+    // Qwen3-Next / Qwen3.5 (no tensor parallelism: whole sizes).
+    WDIM_Q_GATED,      // 2 q_dim: q_proj with the per-head output gate
+    WDIM_SHARED_INTER, // shared_expert_intermediate_size
+    WDIM_ONE,          // 1 (the shared expert's gate row)
+    WDIM_LIN_QKV,      // conv_dim = 2 Hk Dk + Hv Dv
+    WDIM_LIN_V,        // Hv Dv
+    WDIM_LIN_QKVZ,     // conv_dim + Hv Dv
+    WDIM_LIN_VHEADS,   // Hv
+    WDIM_LIN_BA,       // 2 Hv
+    WDIM_LIN_KERNEL,   // linear_conv_kernel_dim
+    WDIM_LIN_VDIM,     // Dv
 };
 
 enum wshard { WSHARD_NONE = 0, WSHARD_COL, WSHARD_ROW, WSHARD_ROW_BIAS };

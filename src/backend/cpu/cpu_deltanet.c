@@ -88,14 +88,14 @@ void cpu_deltanet_conv(struct backend *b, struct tensor *out, const struct tenso
                               const struct tensor *w, struct kv_layer *kv, const struct attn_metadata *md) {
     struct cpu_backend *c = cpu_backend_of(b);
     const int64_t C = tensor_cols(out), K = tensor_cols(w);
-    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && kv->conv_state.dtype == DTYPE_F32);
+    CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && kv->k.dtype == DTYPE_F32);
     CHECK(tensor_rows(w) == C && K >= 1 && K <= DN_MAX_KERNEL && md->h_state_slots);
-    CHECK(kv->conv_state.ndim == 3 && kv->conv_state.ne[1] == C && kv->conv_state.ne[2] == K - 1);
+    CHECK(kv->k.ndim == 3 && kv->k.ne[1] == C && kv->k.ne[2] == K - 1);
     CHECK(tensor_rows(out) >= md->n_tokens);
     cpu_lock(c);
     float *shared = cpu_shared_reserve(c, (size_t)(C * K) * sizeof(float));
     struct conv_ctx k = {md, x->data, x_row_stride ? x_row_stride : C, out->data, weight_f32(c, w, 0, shared), C,
-                         (int)K, kv->conv_state.data, kv->conv_state.ne[0]};
+                         (int)K, kv->k.data, kv->k.ne[0]};
     if ((int64_t)md->n_tokens * C < 4096) conv_channels(&k, 0, C, 0);
     else thread_pool_parallel_for(c->pool, C, 16, conv_channels, &k);
     cpu_unlock(c);
@@ -262,7 +262,7 @@ void cpu_deltanet_rule(struct backend *b, struct tensor *out, const struct tenso
     CHECK(tensor_cols(qkv) == 2 * (int64_t)Hk * Dk + (int64_t)Hv * Dv && tensor_numel(a_log) == Hv &&
           tensor_numel(dt_bias) == Hv);
     CHECK(tensor_numel(out) >= (int64_t)md->n_tokens * Hv * Dv);
-    const struct tensor *rs = &kv->rec_state;
+    const struct tensor *rs = &kv->v;
     CHECK(rs->dtype == DTYPE_F32 && rs->ndim == 4 && rs->ne[1] == Hv && rs->ne[2] == Dk && rs->ne[3] == Dv);
     cpu_lock(c);
     cpu_scratch_reserve(c, ((size_t)Dk * Dv + 3 * (size_t)CHUNK * Dk + 2 * (size_t)CHUNK * Dv +

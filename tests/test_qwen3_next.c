@@ -1,0 +1,277 @@
+// Qwen3-Next and Qwen3.5-MoE (src/model/qwen3_next.c) on the CPU backend against HF transformers:
+// the tiny fixtures of tools/make_tiny_qwen3_next.py (hybrid Gated DeltaNet + gated attention
+// layers, zero-centred norms, partial rotary, MoE with a sigmoid-gated shared expert; prompts of
+// 1, 6, 37 and 130 tokens). Logits at the reference positions within LOGIT_RTOL * max(1, |logit|)
+// (fp32 both sides; the BF16 checkpoints are exact in F32), greedy tokens equal where HF's top-2
+// margin is clear. The recurrent state is carried in slots across steps: chunked prefill at
+// several chunk sizes, a mixed batch of prefill chunks and decodes, and token-by-token decode all
+// give the one-shot logits; a sequence recomputed from scratch (as after preemption) gives the
+// same tokens whatever its slot held.
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "model_refs.h"
+#include "runner_sim.h"
+#include "runtime/model_runner.h"
+#include "test.h"
+
+#define LOGIT_RTOL 1e-4
+#define MARGIN_FACTOR 4.0
+
+static const char *QN_MODELS[] = {"qwen3_next", "qwen3_5_moe"};
+#define N_QN 2
+
+static struct model_runner *open_qn(const char *name, int max_seqs) {
+    char rel[256], path[4096];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    struct runner_options o = {
+        .model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
+        .block_size = 4, .num_kv_blocks = 512, .max_num_seqs = max_seqs, .max_num_batched_tokens = 512,
+        .max_model_len = 256, .num_threads = 2,
+    };
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) {
+        fprintf(stderr, "  %s: model_runner_create: %s\n", name, err.msg);
+        return NULL;
+    }
+    return r;
+}
+
+// Logits of prompt p at its reference positions, fed in pieces of `chunk` tokens (0 = one shot),
+// the logits of each reference position taken from the step that computes it.
+static int prompt_logits(struct sim *s, struct ref_prompt *p, int chunk, int slot, float *lg, int vocab) {
+    struct sim_seq *q = malloc(sizeof *q);
+    sim_seq_init(q, p->ids, p->n);
+    q->state_slot = slot;
+    int done = 0, got = 0;
+    while (done < p->n) {
+        int n = chunk > 0 && p->n - done > chunk ? chunk : p->n - done;
+        sim_step_begin(s);
+        if (sim_step_add(s, q, n, 0) != 0) {
+            fprintf(stderr, "sim_step_add failed\n");
+            return -1;
+        }
+        s->n_rows = 0;
+        int first = got;
+        for (int k = 0; k < p->n_pos; k++)
+            if (p->pos[k] >= done && p->pos[k] < done + n) s->rows[s->n_rows++] = p->pos[k] - done;
+        struct forward_batch fb = sim_step_batch(s);
+        float *tmp = malloc(sizeof(float) * (size_t)(s->n_rows ? s->n_rows : 1) * vocab);
+        struct error err = {0};
+        if (model_runner_execute_logits(s->r, &fb, tmp, &err) != ATOMC_OK) {
+            fprintf(stderr, "execute: %s\n", err.msg);
+            return -1;
+        }
+        memcpy(lg + (size_t)first * vocab, tmp, sizeof(float) * (size_t)s->n_rows * vocab);
+        got += s->n_rows;
+        free(tmp);
+        sim_step_commit(s);
+        done += n;
+    }
+    sim_seq_release(s, q);
+    free(q);
+    if (got != p->n_pos) fprintf(stderr, "got %d of %d positions\n", got, p->n_pos);
+    return got == p->n_pos ? 0 : -1;
+}
+
+TEST(qwen3_next_logits_match_hf_one_shot_and_chunked) {
+    static const int chunks[] = {0, 1, 5, 64, 17};
+    for (int mi = 0; mi < N_QN; mi++) {
+        struct refs R;
+        ASSERT_EQ(refs_load(QN_MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_qn(QN_MODELS[mi], 4);
+        ASSERT_TRUE(r != NULL);
+        ASSERT_EQ(model_runner_num_state_slots(r), 4);
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 3u + (unsigned)mi);
+        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+            double worst = 0;
+            for (int pi = 0; pi < R.n; pi++) {
+                struct ref_prompt *p = &R.p[pi];
+                float *lg = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
+                ASSERT_EQ(prompt_logits(s, p, chunks[ci], (pi + (int)ci) % 4, lg, R.vocab), 0);
+                double d = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
+                if (!(d <= R.tol))
+                    test_fail(__FILE__, __LINE__, "%s prompt %d (%d tokens), chunk %d: max |logit - HF| = %g > %g",
+                              QN_MODELS[mi], pi, p->n, chunks[ci], d, R.tol);
+                if (!(d <= worst)) worst = d;
+                free(lg);
+            }
+            fprintf(stderr, "  %-12s chunk %3d: max |logit - HF| = %.2e (tolerance %.2e)\n", QN_MODELS[mi],
+                    chunks[ci], worst, R.tol);
+        }
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+        refs_free(&R);
+    }
+}
+
+// Every prompt at once in a continuous batch: prefill chunks of at most 7 tokens mixed with the
+// decodes of sequences already generating, each sequence in its own slot; greedy tokens vs HF.
+TEST(qwen3_next_mixed_batch_greedy_matches_hf) {
+    for (int mi = 0; mi < N_QN; mi++) {
+        struct refs R;
+        ASSERT_EQ(refs_load(QN_MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_qn(QN_MODELS[mi], 8);
+        ASSERT_TRUE(r != NULL);
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 19u + (unsigned)mi);
+        struct sim_seq *q = calloc((size_t)R.n, sizeof *q);
+        int32_t got[MAX_PROMPTS][N_GREEDY];
+        int n_got[MAX_PROMPTS] = {0};
+        for (int pi = 0; pi < R.n; pi++) {
+            sim_seq_init(&q[pi], R.p[pi].ids, R.p[pi].n);
+            q[pi].state_slot = 7 - pi; // not the sequence index
+        }
+        for (int step = 0; step < 200; step++) {
+            sim_step_begin(s);
+            int idx[MAX_PROMPTS], n_in = 0;
+            for (int pi = 0; pi < R.n; pi++) {
+                if (n_got[pi] == N_GREEDY || step < pi * 3) continue; // staggered arrivals
+                int rem = q[pi].n_ids - q[pi].n_cached, n = rem > 7 ? 7 : rem;
+                ASSERT_EQ(sim_step_add(s, &q[pi], n, n == rem), 0);
+                if (n == rem) idx[n_in++] = pi;
+            }
+            if (s->n_seqs == 0) {
+                if (n_in == 0 && step > 3 * R.n) break;
+                continue;
+            }
+            struct forward_batch fb = sim_step_batch(s);
+            struct runner_output out;
+            struct error err = {0};
+            ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+            sim_step_commit(s);
+            for (int k = 0; k < n_in; k++) {
+                int pi = idx[k];
+                got[pi][n_got[pi]++] = out.ids[k];
+                q[pi].ids[q[pi].n_ids++] = out.ids[k];
+            }
+        }
+        int checked = 0;
+        for (int pi = 0; pi < R.n; pi++) {
+            ASSERT_EQ(n_got[pi], N_GREEDY);
+            char what[96];
+            snprintf(what, sizeof what, "%s prompt %d (mixed batch)", QN_MODELS[mi], pi);
+            int c = greedy_compare(&R, &R.p[pi], got[pi], what);
+            ASSERT_TRUE(c >= 0);
+            checked += c;
+        }
+        fprintf(stderr, "  %-12s mixed batch: %d greedy steps with a clear margin matched HF\n", QN_MODELS[mi],
+                checked);
+        ASSERT_TRUE(checked >= R.n * N_GREEDY / 2);
+        free(q);
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+        refs_free(&R);
+    }
+}
+
+// Recompute after preemption: a sequence decodes a few tokens, is dropped (blocks released, its
+// slot handed to another sequence that runs meanwhile), then recomputed from position 0 in a new
+// slot that holds another sequence's state: the continuation equals the uninterrupted one.
+TEST(qwen3_next_recompute_gives_same_tokens) {
+    struct refs R;
+    ASSERT_EQ(refs_load("qwen3_next", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    struct model_runner *r = open_qn("qwen3_next", 4);
+    ASSERT_TRUE(r != NULL);
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 5u);
+    struct ref_prompt *p = &R.p[2];
+    struct sim_seq *a = malloc(sizeof *a), *other = malloc(sizeof *other);
+    int32_t base[12], again[12];
+    // Uninterrupted: prefill + 11 decodes in slot 0.
+    sim_seq_init(a, p->ids, p->n);
+    for (int k = 0; k < 12; k++) {
+        sim_step_begin(s);
+        ASSERT_EQ(sim_step_add(s, a, a->n_ids - a->n_cached, 1), 0);
+        struct forward_batch fb = sim_step_batch(s);
+        struct runner_output out;
+        struct error err = {0};
+        ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+        sim_step_commit(s);
+        base[k] = out.ids[0];
+        a->ids[a->n_ids++] = out.ids[0];
+    }
+    sim_seq_release(s, a);
+    // Interrupted: 5 tokens in slot 1, preempted; another prompt then runs in slot 2 (and leaves
+    // its state there); the sequence is recomputed (prompt + its 5 tokens) in slot 2.
+    sim_seq_init(a, p->ids, p->n);
+    a->state_slot = 1;
+    for (int k = 0; k < 12; k++) {
+        if (k == 5) {
+            sim_seq_release(s, a);
+            a->n_cached = 0;
+            sim_seq_init(other, R.p[3].ids, R.p[3].n);
+            other->state_slot = 2;
+            sim_step_begin(s);
+            ASSERT_EQ(sim_step_add(s, other, other->n_ids, 1), 0);
+            struct forward_batch fb = sim_step_batch(s);
+            struct runner_output out;
+            struct error err = {0};
+            ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+            sim_step_commit(s);
+            sim_seq_release(s, other);
+            a->state_slot = 2;
+        }
+        sim_step_begin(s);
+        ASSERT_EQ(sim_step_add(s, a, a->n_ids - a->n_cached, 1), 0);
+        struct forward_batch fb = sim_step_batch(s);
+        struct runner_output out;
+        struct error err = {0};
+        ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+        sim_step_commit(s);
+        again[k] = out.ids[0];
+        a->ids[a->n_ids++] = out.ids[0];
+    }
+    for (int k = 0; k < 12; k++) ASSERT_EQ(again[k], base[k]);
+    sim_seq_release(s, a);
+    free(a);
+    free(other);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
+    refs_free(&R);
+}
+
+// Bad state slots are errors, not crashes.
+TEST(qwen3_next_bad_state_slots_rejected) {
+    struct model_runner *r = open_qn("qwen3_5_moe", 4);
+    ASSERT_TRUE(r != NULL);
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 1u);
+    struct sim_seq *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    int32_t ids[3] = {5, 6, 7};
+    sim_seq_init(a, ids, 3);
+    sim_seq_init(b, ids, 3);
+    const int bad[][2] = {{0, 0}, {-1, 1}, {0, 4}, {4, 1}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        a->state_slot = bad[i][0];
+        b->state_slot = bad[i][1];
+        sim_step_begin(s);
+        ASSERT_EQ(sim_step_add(s, a, 3, 1), 0);
+        ASSERT_EQ(sim_step_add(s, b, 3, 1), 0);
+        struct forward_batch fb = sim_step_batch(s);
+        struct runner_output out;
+        struct error err = {0};
+        ASSERT_EQ(model_runner_execute(r, &fb, &out, &err), ATOMC_ERR_INVALID_ARGUMENT);
+        ASSERT_TRUE(strstr(err.msg, "state slot") != NULL);
+        fb.state_slots = NULL;
+        ASSERT_EQ(model_runner_execute(r, &fb, &out, &err), ATOMC_ERR_INVALID_ARGUMENT);
+    }
+    sim_seq_release(s, a);
+    sim_seq_release(s, b);
+    free(a);
+    free(b);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
+}
+
+int main(int argc, char **argv) { return test_main(argc, argv); }
