@@ -303,6 +303,9 @@ struct backend_caps {
     bool moe_grouped_topk;     // n_group > 1
     bool pow2_block_size;      // KV block size must be a power of two
     int min_block_size;        // smallest KV block size the attention tile takes
+    bool gated_deltanet;       // the Gated DeltaNet ops (deltanet_conv / deltanet_rule / rmsnorm_gated / gate_sigmoid_mul)
+    int max_deltanet_head_dim; // largest linear-attention key / value head dim; 0 = any
+    int max_deltanet_conv_kernel; // largest linear-attention conv kernel; 0 = any
 };
 
 #define BACKEND_CAP_BIT(x) (1u << (unsigned)(x))

@@ -105,6 +105,22 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "KV block size %d: the %s backend needs at least %d",
                              o->block_size, be, caps->min_block_size);
     }
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->layer_types[l] != LAYER_ATTN_LINEAR) continue;
+        if (!caps->gated_deltanet)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d: the %s backend has no Gated DeltaNet "
+                             "(linear attention) ops", c->architecture, l, be);
+        int hd = c->linear_key_head_dim > c->linear_value_head_dim ? c->linear_key_head_dim : c->linear_value_head_dim;
+        if (caps->max_deltanet_head_dim > 0 && hd > caps->max_deltanet_head_dim)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: linear-attention head dims %d / %d exceed the %s "
+                             "backend's limit of %d", c->architecture, c->linear_key_head_dim,
+                             c->linear_value_head_dim, be, caps->max_deltanet_head_dim);
+        if (caps->max_deltanet_conv_kernel > 0 && c->linear_conv_kernel_dim > caps->max_deltanet_conv_kernel)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: linear_conv_kernel_dim %d exceeds the %s backend's "
+                             "limit of %d", c->architecture, c->linear_conv_kernel_dim, be,
+                             caps->max_deltanet_conv_kernel);
+        break;
+    }
     if (c->num_experts > 0) {
         int total = c->num_experts + (c->n_shared_experts > 0 ? c->n_shared_experts : 0);
         if (caps->max_experts > 0 && total > caps->max_experts)
