@@ -41,18 +41,21 @@ static double urand(void) { // [-1, 1)
 }
 
 // Per-token inputs of one long "sequence universe": qkv (after conv), ba, conv inputs.
-static float X[MAXT][CONV_DIM];  // conv inputs / rule qkv inputs
+static float X[MAXT][CONV_DIM]; // conv inputs / rule qkv inputs
 static float BA[MAXT][2 * HV];
 static float WCONV[CONV_DIM][KS];
 static float ALOG[HV], DTB[HV];
 
 static void fill_inputs(void) {
     for (int t = 0; t < MAXT; t++) {
-        for (int c = 0; c < CONV_DIM; c++) X[t][c] = (float)urand();
-        for (int h = 0; h < 2 * HV; h++) BA[t][h] = (float)(2.0 * urand());
+        for (int c = 0; c < CONV_DIM; c++)
+            X[t][c] = (float)urand();
+        for (int h = 0; h < 2 * HV; h++)
+            BA[t][h] = (float)(2.0 * urand());
     }
     for (int c = 0; c < CONV_DIM; c++)
-        for (int j = 0; j < KS; j++) WCONV[c][j] = (float)(0.6 * urand());
+        for (int j = 0; j < KS; j++)
+            WCONV[c][j] = (float)(0.6 * urand());
     for (int h = 0; h < HV; h++) {
         ALOG[h] = (float)(0.8 * urand());
         DTB[h] = (float)(0.5 * urand());
@@ -64,7 +67,8 @@ static void fill_inputs(void) {
 static void ref_rule(const float (*x)[CONV_DIM], const float (*ba)[2 * HV], int n, const float *S0, double *out,
                      double *S) {
     const int r = HV / HK;
-    for (int i = 0; i < HV * DK * DV; i++) S[i] = S0 ? S0[i] : 0.0;
+    for (int i = 0; i < HV * DK * DV; i++)
+        S[i] = S0 ? S0[i] : 0.0;
     for (int t = 0; t < n; t++)
         for (int h = 0; h < HV; h++) {
             int kh = h / r;
@@ -79,22 +83,27 @@ static void ref_rule(const float (*x)[CONV_DIM], const float (*ba)[2 * HV], int 
                 q[i] /= sqrt(qs + 1e-6) * sqrt((double)DK);
                 k[i] /= sqrt(ks + 1e-6);
             }
-            for (int j = 0; j < DV; j++) v[j] = x[t][2 * HK * DK + h * DV + j];
+            for (int j = 0; j < DV; j++)
+                v[j] = x[t][2 * HK * DK + h * DV + j];
             double beta = 1.0 / (1.0 + exp(-(double)ba[t][h]));
             double a = ba[t][HV + h] + DTB[h];
             double sp = a > 20 ? a : log1p(exp(a));
             double g = -exp((double)ALOG[h]) * sp, decay = exp(g);
             double *Sh = S + (size_t)h * DK * DV;
-            for (int i = 0; i < DK * DV; i++) Sh[i] *= decay;
+            for (int i = 0; i < DK * DV; i++)
+                Sh[i] *= decay;
             for (int j = 0; j < DV; j++) {
                 double mem = 0;
-                for (int i = 0; i < DK; i++) mem += Sh[i * DV + j] * k[i];
+                for (int i = 0; i < DK; i++)
+                    mem += Sh[i * DV + j] * k[i];
                 double delta = beta * (v[j] - mem);
-                for (int i = 0; i < DK; i++) Sh[i * DV + j] += k[i] * delta;
+                for (int i = 0; i < DK; i++)
+                    Sh[i * DV + j] += k[i] * delta;
             }
             for (int j = 0; j < DV; j++) {
                 double o = 0;
-                for (int i = 0; i < DK; i++) o += Sh[i * DV + j] * q[i];
+                for (int i = 0; i < DK; i++)
+                    o += Sh[i * DV + j] * q[i];
                 out[((size_t)t * HV + h) * DV + j] = o;
             }
         }
@@ -127,8 +136,13 @@ static void run_ops(const struct batch *bt, struct state *st, float *conv_out, f
         ctx[s] = bt->ctx[s];
         slots[s] = bt->slot[s];
     }
-    struct attn_metadata md = {.n_seqs = bt->n, .n_tokens = T, .query_start = qs, .context_lens = ctx,
-                               .h_query_start = qs, .h_context_lens = ctx, .state_slots = slots,
+    struct attn_metadata md = {.n_seqs = bt->n,
+                               .n_tokens = T,
+                               .query_start = qs,
+                               .context_lens = ctx,
+                               .h_query_start = qs,
+                               .h_context_lens = ctx,
+                               .state_slots = slots,
                                .h_state_slots = slots};
     struct kv_layer kv = {0};
     kv.k = tensor_make(st->conv, DTYPE_F32, 3, (int64_t[]){NSLOTS, CONV_DIM, KS - 1});
@@ -161,8 +175,10 @@ static void state_new(struct state *st) {
     st->conv = calloc((size_t)NSLOTS * CONV_DIM * (KS - 1), sizeof(float));
     st->rec = calloc((size_t)NSLOTS * HV * DK * DV, sizeof(float));
     // Garbage in every slot: fresh sequences must not read it.
-    for (size_t i = 0; i < (size_t)NSLOTS * CONV_DIM * (KS - 1); i++) st->conv[i] = 7.0f;
-    for (size_t i = 0; i < (size_t)NSLOTS * HV * DK * DV; i++) st->rec[i] = -5.0f;
+    for (size_t i = 0; i < (size_t)NSLOTS * CONV_DIM * (KS - 1); i++)
+        st->conv[i] = 7.0f;
+    for (size_t i = 0; i < (size_t)NSLOTS * HV * DK * DV; i++)
+        st->rec[i] = -5.0f;
 }
 
 static void state_free(struct state *st) {
@@ -192,8 +208,8 @@ TEST(deltanet_rule_one_shot_matches_double_loop) {
     size_t off = 0;
     double worst = 0, worst_s = 0;
     for (int s = 0; s < NLENS; s++) {
-        ref_rule((const float (*)[CONV_DIM])X[bt.start[s]], (const float (*)[2 * HV])BA[bt.start[s]], LENS[s], NULL,
-                 ref, S);
+        ref_rule((const float(*)[CONV_DIM])X[bt.start[s]], (const float(*)[2 * HV]) BA[bt.start[s]], LENS[s], NULL, ref,
+                 S);
         double scale, e = max_err(out + off, ref, (size_t)LENS[s] * HV * DV, &scale);
         ASSERT_TRUE(e <= 2e-5 * (1 + scale));
         double se = max_err(st.rec + (size_t)bt.slot[s] * HV * DK * DV, S, HV * DK * DV, &scale);
@@ -213,7 +229,7 @@ TEST(deltanet_rule_chunked_equals_recurrent_equals_one_shot) {
     fill_inputs();
     const int n = 150;
     static double ref[MAXT * HV * DV], S[HV * DK * DV];
-    ref_rule((const float (*)[CONV_DIM])X[0], (const float (*)[2 * HV])BA[0], n, NULL, ref, S);
+    ref_rule((const float(*)[CONV_DIM])X[0], (const float(*)[2 * HV]) BA[0], n, NULL, ref, S);
     static const int pieces[][8] = {{150}, {37, 1, 64, 48}, {64, 64, 22}, {1, 1, 1, 100, 47}, {65, 85}, {7, 143}};
     for (size_t p = 0; p < sizeof pieces / sizeof pieces[0]; p++) {
         struct state st;
@@ -221,8 +237,8 @@ TEST(deltanet_rule_chunked_equals_recurrent_equals_one_shot) {
         static float out[MAXT * HV * DV];
         int done = 0;
         for (int i = 0; i < 8 && pieces[p][i]; i++) {
-            struct batch bt = {.n = 1, .len = {pieces[p][i]}, .ctx = {done + pieces[p][i]}, .slot = {2},
-                               .start = {done}};
+            struct batch bt = {
+                .n = 1, .len = {pieces[p][i]}, .ctx = {done + pieces[p][i]}, .slot = {2}, .start = {done}};
             run_ops(&bt, &st, NULL, out + (size_t)done * HV * DV, false);
             done += pieces[p][i];
         }
@@ -247,7 +263,7 @@ TEST(deltanet_rule_chunked_equals_recurrent_equals_one_shot) {
     // Continuing a given state: slot 0 holds the state after 150 tokens; 65 more tokens from there
     // (context 215) against the reference over all 215.
     static double ref2[MAXT * HV * DV], S2[HV * DK * DV];
-    ref_rule((const float (*)[CONV_DIM])X[0], (const float (*)[2 * HV])BA[0], n + 65, NULL, ref2, S2);
+    ref_rule((const float(*)[CONV_DIM])X[0], (const float(*)[2 * HV]) BA[0], n + 65, NULL, ref2, S2);
     struct batch bt = {.n = 1, .len = {65}, .ctx = {n + 65}, .slot = {0}, .start = {n}};
     run_ops(&bt, &st, NULL, out, false);
     e = max_err(out, ref2 + (size_t)n * HV * DV, (size_t)65 * HV * DV, &scale);
@@ -278,7 +294,10 @@ TEST(deltanet_conv_matches_reference_in_pieces) {
         int done = 0;
         for (int i = 0; i < 8 && pieces[p][i]; i++) {
             // Batched with an unrelated fresh sequence in another slot (mixed batch).
-            struct batch bt = {.n = 2, .len = {3, pieces[p][i]}, .ctx = {3, done + pieces[p][i]}, .slot = {4, 1},
+            struct batch bt = {.n = 2,
+                               .len = {3, pieces[p][i]},
+                               .ctx = {3, done + pieces[p][i]},
+                               .slot = {4, 1},
                                .start = {300, done}};
             static float tmp[MAXT * 2 * CONV_DIM];
             run_ops(&bt, &st, tmp, NULL, true);
@@ -300,15 +319,19 @@ TEST(gated_rmsnorm_and_sigmoid_gate) {
     struct backend *b = cpu();
     enum { T = 3, H = 4, D = 7, ZS = 40 };
     float x[T * H * D], z[T * ZS], w[D], out[T * H * D], g[T * ZS];
-    for (int i = 0; i < T * H * D; i++) x[i] = (float)urand();
-    for (int i = 0; i < T * ZS; i++) z[i] = (float)(2 * urand()), g[i] = (float)(3 * urand());
-    for (int i = 0; i < D; i++) w[i] = (float)(1 + 0.3 * urand());
+    for (int i = 0; i < T * H * D; i++)
+        x[i] = (float)urand();
+    for (int i = 0; i < T * ZS; i++)
+        z[i] = (float)(2 * urand()), g[i] = (float)(3 * urand());
+    for (int i = 0; i < D; i++)
+        w[i] = (float)(1 + 0.3 * urand());
     struct tensor xt = tensor_2d(x, DTYPE_F32, T * H, D), zt = tensor_2d(z + 5, DTYPE_F32, T * H, D);
     struct tensor ot = tensor_2d(out, DTYPE_F32, T * H, D), wt = tensor_2d(w, DTYPE_F32, 1, D);
     b->ops->rmsnorm_gated(b, &ot, &xt, &zt, ZS, H, &wt, 1e-6f);
     for (int r = 0; r < T * H; r++) {
         double ss = 0;
-        for (int i = 0; i < D; i++) ss += (double)x[r * D + i] * x[r * D + i];
+        for (int i = 0; i < D; i++)
+            ss += (double)x[r * D + i] * x[r * D + i];
         for (int i = 0; i < D; i++) {
             double zz = z[5 + (r / H) * ZS + (r % H) * D + i];
             double want = x[r * D + i] / sqrt(ss / D + 1e-6) * w[i] * zz / (1 + exp(-zz));

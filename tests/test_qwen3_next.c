@@ -30,9 +30,17 @@ static struct model_runner *open_qn(const char *name, int max_seqs) {
     snprintf(rel, sizeof rel, "models/%s", name);
     snprintf(path, sizeof path, "%s", test_fixture(rel));
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
-        .block_size = 4, .num_kv_blocks = 512, .max_num_seqs = max_seqs, .max_num_batched_tokens = 512,
-        .max_model_len = 256, .num_threads = 2,
+        .model_path = path,
+        .device = "cpu",
+        .dtype = "auto",
+        .load_format = "auto",
+        .kv_cache_dtype = "auto",
+        .block_size = 4,
+        .num_kv_blocks = 512,
+        .max_num_seqs = max_seqs,
+        .max_num_batched_tokens = 512,
+        .max_model_len = 256,
+        .num_threads = 2,
     };
     struct model_runner *r = NULL;
     struct error err = {0};
@@ -103,8 +111,8 @@ TEST(qwen3_next_logits_match_hf_one_shot_and_chunked) {
                 if (!(d <= worst)) worst = d;
                 free(lg);
             }
-            fprintf(stderr, "  %-12s chunk %3d: max |logit - HF| = %.2e (tolerance %.2e)\n", QN_MODELS[mi],
-                    chunks[ci], worst, R.tol);
+            fprintf(stderr, "  %-12s chunk %3d: max |logit - HF| = %.2e (tolerance %.2e)\n", QN_MODELS[mi], chunks[ci],
+                    worst, R.tol);
         }
         sim_free(s);
         free(s);
@@ -231,7 +239,8 @@ TEST(qwen3_next_recompute_gives_same_tokens) {
         again[k] = out.ids[0];
         a->ids[a->n_ids++] = out.ids[0];
     }
-    for (int k = 0; k < 12; k++) ASSERT_EQ(again[k], base[k]);
+    for (int k = 0; k < 12; k++)
+        ASSERT_EQ(again[k], base[k]);
     sim_seq_release(s, a);
     free(a);
     free(other);
@@ -318,9 +327,16 @@ TEST(qwen3_next_dummy_weights_run) {
         char rel[256], path[4096];
         snprintf(rel, sizeof rel, "models/%s", QN_MODELS[mi]);
         snprintf(path, sizeof path, "%s", test_fixture(rel));
-        struct runner_options o = {.model_path = path, .device = "cpu", .load_format = "dummy", .block_size = 4,
-                                   .num_kv_blocks = 64, .max_num_seqs = 2, .max_num_batched_tokens = 64,
-                                   .max_model_len = 128, .num_threads = 2, .dummy_seed = 3};
+        struct runner_options o = {.model_path = path,
+                                   .device = "cpu",
+                                   .load_format = "dummy",
+                                   .block_size = 4,
+                                   .num_kv_blocks = 64,
+                                   .max_num_seqs = 2,
+                                   .max_num_batched_tokens = 64,
+                                   .max_model_len = 128,
+                                   .num_threads = 2,
+                                   .dummy_seed = 3};
         struct model_runner *r = NULL;
         struct error err = {0};
         ASSERT_OK(model_runner_create(&o, &r, &err));
@@ -328,7 +344,8 @@ TEST(qwen3_next_dummy_weights_run) {
         sim_init(s, r, 2u);
         struct sim_seq *q = calloc(1, sizeof *q);
         int32_t ids[70];
-        for (int i = 0; i < 70; i++) ids[i] = 4 + (i * 7) % 200;
+        for (int i = 0; i < 70; i++)
+            ids[i] = 4 + (i * 7) % 200;
         sim_seq_init(q, ids, 70);
         q->state_slot = 1;
         sim_step_begin(s);
@@ -336,7 +353,8 @@ TEST(qwen3_next_dummy_weights_run) {
         struct forward_batch fb = sim_step_batch(s);
         float *lg = malloc(sizeof(float) * 256);
         ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
-        for (int v = 0; v < 256; v++) ASSERT_TRUE(isfinite(lg[v]));
+        for (int v = 0; v < 256; v++)
+            ASSERT_TRUE(isfinite(lg[v]));
         free(lg);
         sim_seq_release(s, q);
         free(q);
@@ -354,9 +372,8 @@ TEST(qwen3_next_bad_configs_rejected) {
         "\"num_experts\":4,\"moe_intermediate_size\":32,\"linear_num_key_heads\":2,"
         "\"linear_key_head_dim\":16,\"linear_value_head_dim\":16%s%s}";
     // Keys a case may override; appended with these values unless the case sets them.
-    static const char *defaults[][2] = {{"linear_num_value_heads", ":4"},
-                                        {"shared_expert_intermediate_size", ":32"},
-                                        {"num_experts_per_tok", ":2"}};
+    static const char *defaults[][2] = {
+        {"linear_num_value_heads", ":4"}, {"shared_expert_intermediate_size", ":32"}, {"num_experts_per_tok", ":2"}};
     static const struct {
         const char *arch, *extra, *want;
     } bad[] = {
@@ -366,8 +383,10 @@ TEST(qwen3_next_bad_configs_rejected) {
         {"Qwen3NextForCausalLM", ",\"linear_conv_kernel_dim\":65", "linear_conv_kernel_dim"},
         {"Qwen3_5MoeForCausalLM", ",\"num_experts_per_tok\":5", "num_experts_per_tok"},
         {"Qwen3_5MoeForConditionalGeneration", "", "not supported"},
-        {"Qwen3NextForCausalLM", ",\"layer_types\":[\"linear_attention\",\"sliding_attention\"],"
-                                 "\"use_sliding_window\":true,\"sliding_window\":8", "sliding"},
+        {"Qwen3NextForCausalLM",
+         ",\"layer_types\":[\"linear_attention\",\"sliding_attention\"],"
+         "\"use_sliding_window\":true,\"sliding_window\":8",
+         "sliding"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char json[2048], path[512], more[256] = "";
@@ -377,9 +396,15 @@ TEST(qwen3_next_bad_configs_rejected) {
         snprintf(json, sizeof json, base, bad[i].arch, bad[i].extra, more);
         snprintf(path, sizeof path, "%s", test_tmp_path("config.json"));
         test_write_file(path, json, strlen(json));
-        struct runner_options o = {.model_path = path, .device = "cpu", .load_format = "dummy", .block_size = 4,
-                                   .num_kv_blocks = 64, .max_num_seqs = 2, .max_num_batched_tokens = 64,
-                                   .max_model_len = 128, .num_threads = 2};
+        struct runner_options o = {.model_path = path,
+                                   .device = "cpu",
+                                   .load_format = "dummy",
+                                   .block_size = 4,
+                                   .num_kv_blocks = 64,
+                                   .max_num_seqs = 2,
+                                   .max_num_batched_tokens = 64,
+                                   .max_model_len = 128,
+                                   .num_threads = 2};
         struct model_runner *r = NULL;
         struct error err = {0};
         ASSERT_TRUE(model_runner_create(&o, &r, &err) != ATOMC_OK);
@@ -390,4 +415,6 @@ TEST(qwen3_next_bad_configs_rejected) {
     }
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -32,7 +32,8 @@ static void stress(const char *model, uint64_t seed) {
         for (int a = 0; a < arrivals && n_r < N_REQ; a++) {
             struct es_sreq *q = &r[n_r++];
             q->n = 1 + (int)es_rnd(40);
-            for (int i = 0; i < q->n; i++) q->ids[i] = (int32_t)(es_rnd(250) + 3);
+            for (int i = 0; i < q->n; i++)
+                q->ids[i] = (int32_t)(es_rnd(250) + 3);
             q->max_tokens = 1 + (int)es_rnd(24);
             es_add(e, q->ids, q->n, q->max_tokens, &q->o, &q->id);
         }
@@ -68,7 +69,8 @@ static void stress(const char *model, uint64_t seed) {
     ASSERT_TRUE(st.num_preemptions > 0);
     ASSERT_TRUE(st.num_requests_aborted > 0);
     ASSERT_EQ(st.prefix_cache_queries, 0); // switched off for recurrent-state models
-    for (int i = 0; i < n_r; i++) ASSERT_EQ(atomc_engine_abort(e, r[i].id), ATOMC_ERR_NOT_FOUND);
+    for (int i = 0; i < n_r; i++)
+        ASSERT_EQ(atomc_engine_abort(e, r[i].id), ATOMC_ERR_NOT_FOUND);
     atomc_engine_free(e);
 
     // Every finished request against the prompt run alone (one sequence, roomy pool).
@@ -90,7 +92,8 @@ static void stress(const char *model, uint64_t seed) {
                       i, r[i].n, r[i].o.preempted);
             break;
         }
-        for (int t = 0; t < k; t++) ASSERT_NEAR(r[i].o.lp[t], alone.lp[t], CPU.lp_tol);
+        for (int t = 0; t < k; t++)
+            ASSERT_NEAR(r[i].o.lp[t], alone.lp[t], CPU.lp_tol);
         checked++;
         tokens += r[i].o.n;
         compared += clear;
@@ -105,8 +108,12 @@ static void stress(const char *model, uint64_t seed) {
     ASSERT_TRUE(compared >= CPU.min_clear * tokens);
 }
 
-TEST(qwen3_next_engine_1000_requests_random_aborts) { stress("qwen3_next", 0x51ab1e5ull); }
-TEST(qwen3_5_moe_engine_1000_requests_random_aborts) { stress("qwen3_5_moe", 0x7e57ull); }
+TEST(qwen3_next_engine_1000_requests_random_aborts) {
+    stress("qwen3_next", 0x51ab1e5ull);
+}
+TEST(qwen3_5_moe_engine_1000_requests_random_aborts) {
+    stress("qwen3_5_moe", 0x7e57ull);
+}
 
 TEST(qwen3_next_engine_refuses_speculative_decoding) {
     char path[1024];
@@ -127,4 +134,6 @@ TEST(qwen3_next_engine_refuses_speculative_decoding) {
     ASSERT_TRUE(strstr(err, "speculative decoding") != NULL);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -43,31 +43,43 @@
 // Weights
 
 static const struct weight_entry qnext_attn_weights[] = {
-    {.field = L_FIELD(attn.gqa.qkv), .is_weight = true, .cols = WDIM_HIDDEN,
-     .parts = {{"self_attn.q_proj.weight", WDIM_Q_GATED}, {"self_attn.k_proj.weight", WDIM_KV},
+    {.field = L_FIELD(attn.gqa.qkv),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
+     .parts = {{"self_attn.q_proj.weight", WDIM_Q_GATED},
+               {"self_attn.k_proj.weight", WDIM_KV},
                {"self_attn.v_proj.weight", WDIM_KV}}},
-    {.field = L_FIELD(attn.gqa.o), .is_weight = true, .cols = WDIM_Q,
+    {.field = L_FIELD(attn.gqa.o),
+     .is_weight = true,
+     .cols = WDIM_Q,
      .parts = {{"self_attn.o_proj.weight", WDIM_HIDDEN}}},
     {.field = L_FIELD(attn.gqa.q_norm), .init = WINIT_NORM, .parts = {{"self_attn.q_norm.weight", WDIM_HEAD_DIM}}},
     {.field = L_FIELD(attn.gqa.k_norm), .init = WINIT_NORM, .parts = {{"self_attn.k_norm.weight", WDIM_HEAD_DIM}}},
     WEIGHT_TABLE_END,
 };
 
-#define DELTANET_COMMON_WEIGHTS                                                                              \
-    {.field = L_FIELD(attn.dn.conv), .init = WINIT_MATRIX, .cols = WDIM_LIN_KERNEL,                          \
-     .parts = {{"linear_attn.conv1d.weight", WDIM_LIN_QKV}}},                                                \
-        {.field = L_FIELD(attn.dn.a_log), .init = WINIT_BIAS, .parts = {{"linear_attn.A_log", WDIM_LIN_VHEADS}}}, \
-        {.field = L_FIELD(attn.dn.dt_bias), .init = WINIT_BIAS,                                              \
-         .parts = {{"linear_attn.dt_bias", WDIM_LIN_VHEADS}}},                                               \
-        {.field = L_FIELD(attn.dn.norm), .init = WINIT_NORM, .parts = {{"linear_attn.norm.weight", WDIM_LIN_VDIM}}}, \
-        {.field = L_FIELD(attn.dn.out), .is_weight = true, .cols = WDIM_LIN_V,                               \
-         .parts = {{"linear_attn.out_proj.weight", WDIM_HIDDEN}}}
+#define DELTANET_COMMON_WEIGHTS                                                                                        \
+    {.field = L_FIELD(attn.dn.conv),                                                                                   \
+     .init = WINIT_MATRIX,                                                                                             \
+     .cols = WDIM_LIN_KERNEL,                                                                                          \
+     .parts = {{"linear_attn.conv1d.weight", WDIM_LIN_QKV}}},                                                          \
+        {.field = L_FIELD(attn.dn.a_log), .init = WINIT_BIAS, .parts = {{"linear_attn.A_log", WDIM_LIN_VHEADS}}},      \
+        {.field = L_FIELD(attn.dn.dt_bias), .init = WINIT_BIAS, .parts = {{"linear_attn.dt_bias", WDIM_LIN_VHEADS}}},  \
+        {.field = L_FIELD(attn.dn.norm), .init = WINIT_NORM, .parts = {{"linear_attn.norm.weight", WDIM_LIN_VDIM}}}, { \
+        .field = L_FIELD(attn.dn.out), .is_weight = true, .cols = WDIM_LIN_V, .parts = {                               \
+            {"linear_attn.out_proj.weight", WDIM_HIDDEN}                                                               \
+        }                                                                                                              \
+    }
 
 // Qwen3-Next: fused, grouped per key head (reordered in finish_load).
 static const struct weight_entry qnext_deltanet_weights[] = {
-    {.field = L_FIELD(attn.dn.qkvz), .is_weight = true, .cols = WDIM_HIDDEN,
+    {.field = L_FIELD(attn.dn.qkvz),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
      .parts = {{"linear_attn.in_proj_qkvz.weight", WDIM_LIN_QKVZ}}},
-    {.field = L_FIELD(attn.dn.ba), .is_weight = true, .cols = WDIM_HIDDEN,
+    {.field = L_FIELD(attn.dn.ba),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
      .parts = {{"linear_attn.in_proj_ba.weight", WDIM_LIN_BA}}},
     DELTANET_COMMON_WEIGHTS,
     WEIGHT_TABLE_END,
@@ -75,35 +87,57 @@ static const struct weight_entry qnext_deltanet_weights[] = {
 
 // Qwen3.5: split projections, fused here in the canonical order.
 static const struct weight_entry q35_deltanet_weights[] = {
-    {.field = L_FIELD(attn.dn.qkvz), .is_weight = true, .cols = WDIM_HIDDEN,
+    {.field = L_FIELD(attn.dn.qkvz),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
      .parts = {{"linear_attn.in_proj_qkv.weight", WDIM_LIN_QKV}, {"linear_attn.in_proj_z.weight", WDIM_LIN_V}}},
-    {.field = L_FIELD(attn.dn.ba), .is_weight = true, .cols = WDIM_HIDDEN,
+    {.field = L_FIELD(attn.dn.ba),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
      .parts = {{"linear_attn.in_proj_b.weight", WDIM_LIN_VHEADS}, {"linear_attn.in_proj_a.weight", WDIM_LIN_VHEADS}}},
     DELTANET_COMMON_WEIGHTS,
     WEIGHT_TABLE_END,
 };
 
 static const struct weight_entry qnext_moe_weights[] = {
-    {.field = L_FIELD(ffn.moe_sh.moe.router), .is_weight = true, .cols = WDIM_HIDDEN,
+    {.field = L_FIELD(ffn.moe_sh.moe.router),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
      .parts = {{"mlp.gate.weight", WDIM_EXPERTS}}},
-    {.field = L_FIELD(ffn.moe_sh.moe.gate_up), .is_weight = true, .per_expert = true, .cols = WDIM_HIDDEN,
+    {.field = L_FIELD(ffn.moe_sh.moe.gate_up),
+     .is_weight = true,
+     .per_expert = true,
+     .cols = WDIM_HIDDEN,
      .parts = {{"mlp.experts.%d.gate_proj.weight", WDIM_MOE_INTER}, {"mlp.experts.%d.up_proj.weight", WDIM_MOE_INTER}}},
-    {.field = L_FIELD(ffn.moe_sh.moe.down), .is_weight = true, .per_expert = true, .cols = WDIM_MOE_INTER,
+    {.field = L_FIELD(ffn.moe_sh.moe.down),
+     .is_weight = true,
+     .per_expert = true,
+     .cols = WDIM_MOE_INTER,
      .parts = {{"mlp.experts.%d.down_proj.weight", WDIM_HIDDEN}}},
-    {.field = L_FIELD(ffn.moe_sh.shared_gate_up), .is_weight = true, .cols = WDIM_HIDDEN,
+    {.field = L_FIELD(ffn.moe_sh.shared_gate_up),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
      .parts = {{"mlp.shared_expert.gate_proj.weight", WDIM_SHARED_INTER},
                {"mlp.shared_expert.up_proj.weight", WDIM_SHARED_INTER}}},
-    {.field = L_FIELD(ffn.moe_sh.shared_down), .is_weight = true, .cols = WDIM_SHARED_INTER,
+    {.field = L_FIELD(ffn.moe_sh.shared_down),
+     .is_weight = true,
+     .cols = WDIM_SHARED_INTER,
      .parts = {{"mlp.shared_expert.down_proj.weight", WDIM_HIDDEN}}},
-    {.field = L_FIELD(ffn.moe_sh.shared_gate), .is_weight = true, .cols = WDIM_HIDDEN,
+    {.field = L_FIELD(ffn.moe_sh.shared_gate),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
      .parts = {{"mlp.shared_expert_gate.weight", WDIM_ONE}}},
     WEIGHT_TABLE_END,
 };
 
 static const struct weight_entry qnext_mlp_weights[] = {
-    {.field = L_FIELD(ffn.dense.gate_up), .is_weight = true, .cols = WDIM_HIDDEN,
+    {.field = L_FIELD(ffn.dense.gate_up),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
      .parts = {{"mlp.gate_proj.weight", WDIM_INTER}, {"mlp.up_proj.weight", WDIM_INTER}}},
-    {.field = L_FIELD(ffn.dense.down), .is_weight = true, .cols = WDIM_INTER,
+    {.field = L_FIELD(ffn.dense.down),
+     .is_weight = true,
+     .cols = WDIM_INTER,
      .parts = {{"mlp.down_proj.weight", WDIM_HIDDEN}}},
     WEIGHT_TABLE_END,
 };
@@ -116,8 +150,11 @@ struct qn_dims {
 };
 
 static struct qn_dims qn_dims(const struct model_config *c) {
-    struct qn_dims d = {.hk = c->linear_num_key_heads, .hv = c->linear_num_value_heads, .dk = c->linear_key_head_dim,
-                        .dv = c->linear_value_head_dim, .K = c->linear_conv_kernel_dim};
+    struct qn_dims d = {.hk = c->linear_num_key_heads,
+                        .hv = c->linear_num_value_heads,
+                        .dk = c->linear_key_head_dim,
+                        .dv = c->linear_value_head_dim,
+                        .K = c->linear_conv_kernel_dim};
     d.conv_dim = 2 * d.hk * d.dk + d.hv * d.dv;
     d.qkvz = d.conv_dim + d.hv * d.dv;
     return d;
@@ -130,17 +167,20 @@ static atomc_status qnext_check(const struct model_config *c, struct error *err)
     if (strcmp(c->hidden_act, "silu") != 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", c->hidden_act);
     if (c->quant.present)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: quantized checkpoints (%s) are not implemented for this "
-                         "family yet (its fused projections are reordered at load)", c->architecture,
-                         c->quant.method_name);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: quantized checkpoints (%s) are not implemented for this "
+                         "family yet (its fused projections are reordered at load)",
+                         c->architecture, c->quant.method_name);
     if (c->attention_bias || c->mlp_bias)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: attention / MLP biases are not implemented", c->architecture);
     if (c->num_experts <= 0 || c->num_experts > 1024 || c->num_experts_per_tok <= 0 ||
         c->num_experts_per_tok > c->num_experts || c->moe_intermediate_size <= 0 ||
         c->shared_expert_intermediate_size <= 0)
-        return error_set(err, ATOMC_ERR_FORMAT, "%s config: %d experts, top-%d, moe_intermediate_size %d, "
+        return error_set(err, ATOMC_ERR_FORMAT,
+                         "%s config: %d experts, top-%d, moe_intermediate_size %d, "
                          "shared_expert_intermediate_size %d (need 1..1024 experts, 1 <= top-k <= experts, positive "
-                         "sizes)", c->architecture, c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size,
+                         "sizes)",
+                         c->architecture, c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size,
                          c->shared_expert_intermediate_size);
     if (c->n_group > 1 || strcmp(c->scoring_func, "softmax"))
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: grouped top-k or '%s' scoring is not implemented",
@@ -148,17 +188,20 @@ static atomc_status qnext_check(const struct model_config *c, struct error *err)
     if (c->linear_num_key_heads <= 0 || c->linear_num_value_heads % c->linear_num_key_heads ||
         c->linear_key_head_dim <= 0 || c->linear_value_head_dim <= 0 || c->linear_conv_kernel_dim < 1 ||
         c->linear_conv_kernel_dim > 64)
-        return error_set(err, ATOMC_ERR_FORMAT, "%s: linear attention %d key heads x %d, %d value heads x %d, conv "
-                         "kernel %d (value heads a multiple of key heads, kernel 1..64)", c->architecture,
-                         c->linear_num_key_heads, c->linear_key_head_dim, c->linear_num_value_heads,
+        return error_set(err, ATOMC_ERR_FORMAT,
+                         "%s: linear attention %d key heads x %d, %d value heads x %d, conv "
+                         "kernel %d (value heads a multiple of key heads, kernel 1..64)",
+                         c->architecture, c->linear_num_key_heads, c->linear_key_head_dim, c->linear_num_value_heads,
                          c->linear_value_head_dim, c->linear_conv_kernel_dim);
     if (!c->qk_norm)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: full attention without q/k norm is not implemented",
                          c->architecture);
     for (int l = 0; l < c->num_layers; l++)
         if (c->layer_types[l] == LAYER_ATTN_SLIDING)
-            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d: sliding-window attention is not implemented "
-                             "for this family", c->architecture, l);
+            return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                             "%s layer %d: sliding-window attention is not implemented "
+                             "for this family",
+                             c->architecture, l);
     if (c->attention_sinks || c->q_lora_rank > 0 || c->kv_lora_rank > 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: attention sinks or MLA are not implemented", c->architecture);
     return ATOMC_OK;
@@ -172,19 +215,25 @@ static void qnext_plan_layer(const struct model *m, int l, struct layer_plan *p)
         .attn_kind = linear ? ATTN_KIND_GATED_DELTANET : ATTN_KIND_GQA_GATED,
         .ffn_kind = moe ? FFN_KIND_MOE_SHARED_GATED : FFN_KIND_DENSE,
         .tables = {weights_layer_norms,
-                   !linear ? qnext_attn_weights
-                           : c->arch == MODEL_ARCH_QWEN3_NEXT ? qnext_deltanet_weights : q35_deltanet_weights,
+                   !linear                            ? qnext_attn_weights
+                   : c->arch == MODEL_ARCH_QWEN3_NEXT ? qnext_deltanet_weights
+                                                      : q35_deltanet_weights,
                    moe ? qnext_moe_weights : qnext_mlp_weights},
     };
     if (linear)
-        p->cache = (struct cache_spec){.kind = CACHE_KIND_RECURRENT, .conv_dim = (int)d.conv_dim,
-                                       .conv_kernel = (int)d.K, .n_v_heads = (int)d.hv, .k_dim = (int)d.dk,
-                                       .v_dim = (int)d.dv,
-                                       .state_bytes = ((size_t)d.conv_dim * (size_t)(d.K - 1) +
-                                                       (size_t)(d.hv * d.dk * d.dv)) * sizeof(float)};
+        p->cache = (struct cache_spec){
+            .kind = CACHE_KIND_RECURRENT,
+            .conv_dim = (int)d.conv_dim,
+            .conv_kernel = (int)d.K,
+            .n_v_heads = (int)d.hv,
+            .k_dim = (int)d.dk,
+            .v_dim = (int)d.dv,
+            .state_bytes = ((size_t)d.conv_dim * (size_t)(d.K - 1) + (size_t)(d.hv * d.dk * d.dv)) * sizeof(float)};
     else
-        p->cache = (struct cache_spec){.kind = CACHE_KIND_FULL, .n_kv_heads = c->num_kv_heads,
-                                       .head_dim_k = c->head_dim, .head_dim_v = c->head_dim};
+        p->cache = (struct cache_spec){.kind = CACHE_KIND_FULL,
+                                       .n_kv_heads = c->num_kv_heads,
+                                       .head_dim_k = c->head_dim,
+                                       .head_dim_v = c->head_dim};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -192,16 +241,24 @@ static void qnext_plan_layer(const struct model *m, int l, struct layer_plan *p)
 
 enum { XB_QKVZ, XB_BA, XB_CONV, XB_CORE, XB_NORMED, XB_GQKV, XB_SGU, XB_SACT, XB_SH, XB_SG, XB_COUNT };
 
-static int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
+static int64_t round8(int64_t x) {
+    return (x + 7) / 8 * 8;
+}
 
 static void qnext_extra_layout(const struct model *m, int64_t *off, int64_t *cols) {
     const struct model_config *c = &m->cfg;
     const struct qn_dims d = qn_dims(c);
     int64_t w[XB_COUNT] = {
-        [XB_QKVZ] = d.qkvz, [XB_BA] = 2 * d.hv, [XB_CONV] = d.conv_dim, [XB_CORE] = d.hv * d.dv,
-        [XB_NORMED] = d.hv * d.dv, [XB_GQKV] = 2 * (int64_t)m->q_dim + 2 * (int64_t)m->kv_dim,
-        [XB_SGU] = 2 * (int64_t)c->shared_expert_intermediate_size, [XB_SACT] = c->shared_expert_intermediate_size,
-        [XB_SH] = c->hidden_size, [XB_SG] = 1,
+        [XB_QKVZ] = d.qkvz,
+        [XB_BA] = 2 * d.hv,
+        [XB_CONV] = d.conv_dim,
+        [XB_CORE] = d.hv * d.dv,
+        [XB_NORMED] = d.hv * d.dv,
+        [XB_GQKV] = 2 * (int64_t)m->q_dim + 2 * (int64_t)m->kv_dim,
+        [XB_SGU] = 2 * (int64_t)c->shared_expert_intermediate_size,
+        [XB_SACT] = c->shared_expert_intermediate_size,
+        [XB_SH] = c->hidden_size,
+        [XB_SG] = 1,
     };
     // Three groups that are never live at once: the DeltaNet layer's, the gated attention's and
     // the shared expert's buffers.
@@ -272,8 +329,8 @@ void attention_gated_deltanet(struct model *m, struct fwd_state *f, const struct
     ops->matmul(b, &ba, &f->x, &w->ba, NULL);
     struct tensor mixed = tensor_2d(qkvz.data, b->act_dtype, T, d.conv_dim);
     ops->deltanet_conv(b, &conv, &mixed, d.qkvz, &w->conv, kv, md);
-    const struct deltanet_args a = {.n_k_heads = (int)d.hk, .n_v_heads = (int)d.hv, .k_dim = (int)d.dk,
-                                    .v_dim = (int)d.dv};
+    const struct deltanet_args a = {
+        .n_k_heads = (int)d.hk, .n_v_heads = (int)d.hv, .k_dim = (int)d.dk, .v_dim = (int)d.dv};
     ops->deltanet_rule(b, &core, &conv, &ba, 2 * d.hv, &w->a_log, &w->dt_bias, kv, md, &a);
     struct tensor core_h = tensor_2d(core.data, b->act_dtype, T * d.hv, d.dv);
     struct tensor normed_h = tensor_2d(normed.data, b->act_dtype, T * d.hv, d.dv);
@@ -327,7 +384,8 @@ static atomc_status permute_rows(struct model *m, struct tensor *t, const int64_
     }
     b->ops->synchronize(b);
     b->ops->copy_d2h(b, h, t->data, bytes);
-    for (int64_t r = 0; r < rows; r++) memcpy(o + (size_t)r * rb, h + (size_t)src[r] * rb, rb);
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(o + (size_t)r * rb, h + (size_t)src[r] * rb, rb);
     b->ops->copy_h2d(b, t->data, o, bytes);
     b->ops->synchronize(b);
     free(h);
@@ -349,7 +407,8 @@ static atomc_status norm_add_one(struct model *m, struct tensor *t, const char *
     b->ops->synchronize(b);
     b->ops->copy_d2h(b, raw, t->data, tensor_bytes(t));
     dtype_to_f32(t->dtype, raw, f, n);
-    for (int64_t i = 0; i < n; i++) f[i] += 1.0f;
+    for (int64_t i = 0; i < n; i++)
+        f[i] += 1.0f;
     if (b->act_dtype == DTYPE_F32 && t->dtype != DTYPE_F32) {
         void *p = b->ops->alloc(b, (size_t)n * sizeof(float));
         if (!p) {
@@ -391,19 +450,21 @@ static atomc_status qnext_finish_load(struct model *m, const struct model_load_o
             // q_proj rows per head (q, gate) -> all q rows, then all gate rows.
             const int64_t rows = ly->attn.gqa.qkv.t.ne[0];
             for (int64_t r = 0; r < rows; r++)
-                src[r] = r < qd ? (r / D) * 2 * D + r % D
-                       : r < 2 * qd ? ((r - qd) / D) * 2 * D + D + (r - qd) % D
-                                    : r;
+                src[r] = r < qd ? (r / D) * 2 * D + r % D : r < 2 * qd ? ((r - qd) / D) * 2 * D + D + (r - qd) % D : r;
             st = permute_rows(m, &ly->attn.gqa.qkv.t, src, "q_proj", l, err);
         } else if (c->arch == MODEL_ARCH_QWEN3_NEXT) {
             // in_proj_qkvz grouped per key head g: (q (Dk), k (Dk), v (r Dv), z (r Dv)) -> (q, k, v, z).
             const int64_t rr = d.hv / d.hk, gw = 2 * d.dk + 2 * rr * d.dv, vg = rr * d.dv, kd = d.hk * d.dk;
             for (int64_t r = 0; r < d.qkvz; r++) {
                 int64_t s;
-                if (r < kd) s = (r / d.dk) * gw + r % d.dk;
-                else if (r < 2 * kd) s = ((r - kd) / d.dk) * gw + d.dk + (r - kd) % d.dk;
-                else if (r < d.conv_dim) s = ((r - 2 * kd) / vg) * gw + 2 * d.dk + (r - 2 * kd) % vg;
-                else s = ((r - d.conv_dim) / vg) * gw + 2 * d.dk + vg + (r - d.conv_dim) % vg;
+                if (r < kd)
+                    s = (r / d.dk) * gw + r % d.dk;
+                else if (r < 2 * kd)
+                    s = ((r - kd) / d.dk) * gw + d.dk + (r - kd) % d.dk;
+                else if (r < d.conv_dim)
+                    s = ((r - 2 * kd) / vg) * gw + 2 * d.dk + (r - 2 * kd) % vg;
+                else
+                    s = ((r - d.conv_dim) / vg) * gw + 2 * d.dk + vg + (r - d.conv_dim) % vg;
                 src[r] = s;
             }
             if ((st = permute_rows(m, &ly->attn.dn.qkvz.t, src, "in_proj_qkvz", l, err))) break;

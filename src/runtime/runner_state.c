@@ -29,8 +29,10 @@ bool runner_state_needed(const struct model_runner *r) {
 }
 
 static size_t layer_state_bytes(const struct cache_spec *s, int n_slots) {
-    return (size_t)n_slots * ((size_t)s->conv_dim * (size_t)(s->conv_kernel - 1) +
-                              (size_t)s->n_v_heads * (size_t)s->k_dim * (size_t)s->v_dim) * sizeof(float);
+    return (size_t)n_slots *
+           ((size_t)s->conv_dim * (size_t)(s->conv_kernel - 1) +
+            (size_t)s->n_v_heads * (size_t)s->k_dim * (size_t)s->v_dim) *
+           sizeof(float);
 }
 
 atomc_status runner_state_alloc(struct model_runner *r, struct error *err) {
@@ -45,14 +47,16 @@ atomc_status runner_state_alloc(struct model_runner *r, struct error *err) {
     }
     r->state_pool = b->ops->alloc(b, bytes);
     if (!r->state_pool)
-        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate the recurrent state of %d sequences (%.1f MiB): "
-                         "lower max_num_seqs", r->max_seqs, (double)bytes / (1 << 20));
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY,
+                         "cannot allocate the recurrent state of %d sequences (%.1f MiB): "
+                         "lower max_num_seqs",
+                         r->max_seqs, (double)bytes / (1 << 20));
     b->ops->memset_zero(b, r->state_pool, bytes); // padding slots never read NaN bit patterns
     r->state_bytes = bytes;
     r->n_state_slots = r->max_seqs;
     r->state_seen = xcalloc((size_t)n, 1);
-    LOG_INFO("recurrent state: %d slots (+1 padding) x %.1f KiB = %.1f MiB", r->max_seqs,
-             (double)bytes / n / 1024.0, (double)bytes / (1 << 20));
+    LOG_INFO("recurrent state: %d slots (+1 padding) x %.1f KiB = %.1f MiB", r->max_seqs, (double)bytes / n / 1024.0,
+             (double)bytes / (1 << 20));
     return ATOMC_OK;
 }
 
@@ -85,8 +89,10 @@ void runner_state_release(struct model_runner *r) {
 atomc_status runner_state_validate(const struct model_runner *r, const struct forward_batch *fb, struct error *err) {
     if (!r->n_state_slots) return ATOMC_OK;
     if (!fb->state_slots)
-        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "%s keeps recurrent state: the forward batch needs "
-                         "state_slots", r->cfg.architecture);
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "%s keeps recurrent state: the forward batch needs "
+                         "state_slots",
+                         r->cfg.architecture);
     atomc_status st = ATOMC_OK;
     int s = 0;
     for (; s < fb->n_seqs; s++) {
@@ -97,12 +103,13 @@ atomc_status runner_state_validate(const struct model_runner *r, const struct fo
             break;
         }
         if (r->state_seen[k]) {
-            st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "sequence %d: state slot %d is used twice in the batch",
-                           s, k);
+            st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "sequence %d: state slot %d is used twice in the batch", s,
+                           k);
             break;
         }
         r->state_seen[k] = 1;
     }
-    for (int j = 0; j < s; j++) r->state_seen[fb->state_slots[j]] = 0;
+    for (int j = 0; j < s; j++)
+        r->state_seen[fb->state_slots[j]] = 0;
     return st;
 }

@@ -22,9 +22,15 @@
 #define CHUNK 64
 #define DN_MAX_KERNEL 64
 
-static inline float silu_f(float x) { return x / (1.0f + expf(-x)); }
-static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); } // torch's threshold 20
+static inline float silu_f(float x) {
+    return x / (1.0f + expf(-x));
+}
+static inline float sigmoid_f(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+static inline float softplus_f(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+} // torch's threshold 20
 
 // A small weight (conv kernel, per-head parameters) as F32 in op scratch.
 static const float *weight_f32(struct cpu_backend *c, const struct tensor *w, size_t offset_floats, float *shared) {
@@ -49,7 +55,7 @@ struct conv_ctx {
     const float *w; // (C, K)
     int64_t C;
     int K;
-    float *state;   // (slots, C, K - 1)
+    float *state; // (slots, C, K - 1)
     int64_t n_slots;
 };
 
@@ -67,12 +73,14 @@ static void conv_channels(void *p, int64_t c0, int64_t c1, int tid) {
         bool fresh = seq_is_fresh(md, s);
         for (int64_t c = c0; c < c1; c++) {
             float *st = k->state + ((size_t)slot * (size_t)k->C + (size_t)c) * (size_t)P;
-            for (int j = 0; j < P; j++) win[j] = fresh ? 0.0f : st[j];
+            for (int j = 0; j < P; j++)
+                win[j] = fresh ? 0.0f : st[j];
             const float *w = k->w + c * K;
             for (int t = t0; t < t1; t++) {
                 float xv = k->x[(size_t)t * (size_t)k->xs + (size_t)c];
                 float acc = w[P] * xv;
-                for (int j = 0; j < P; j++) acc += w[j] * win[j];
+                for (int j = 0; j < P; j++)
+                    acc += w[j] * win[j];
                 k->out[(size_t)t * (size_t)k->C + (size_t)c] = silu_f(acc);
                 if (P > 0) {
                     memmove(win, win + 1, (size_t)(P - 1) * sizeof(float));
@@ -85,7 +93,7 @@ static void conv_channels(void *p, int64_t c0, int64_t c1, int tid) {
 }
 
 void cpu_deltanet_conv(struct backend *b, struct tensor *out, const struct tensor *x, int64_t x_row_stride,
-                              const struct tensor *w, struct kv_layer *kv, const struct attn_metadata *md) {
+                       const struct tensor *w, struct kv_layer *kv, const struct attn_metadata *md) {
     struct cpu_backend *c = cpu_backend_of(b);
     const int64_t C = tensor_cols(out), K = tensor_cols(w);
     CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && kv->k.dtype == DTYPE_F32);
@@ -94,10 +102,13 @@ void cpu_deltanet_conv(struct backend *b, struct tensor *out, const struct tenso
     CHECK(tensor_rows(out) >= md->n_tokens);
     cpu_lock(c);
     float *shared = cpu_shared_reserve(c, (size_t)(C * K) * sizeof(float));
-    struct conv_ctx k = {md, x->data, x_row_stride ? x_row_stride : C, out->data, weight_f32(c, w, 0, shared), C,
-                         (int)K, kv->k.data, kv->k.ne[0]};
-    if ((int64_t)md->n_tokens * C < 4096) conv_channels(&k, 0, C, 0);
-    else thread_pool_parallel_for(c->pool, C, 16, conv_channels, &k);
+    struct conv_ctx k = {
+        md,         x->data,    x_row_stride ? x_row_stride : C, out->data, weight_f32(c, w, 0, shared), C, (int)K,
+        kv->k.data, kv->k.ne[0]};
+    if ((int64_t)md->n_tokens * C < 4096)
+        conv_channels(&k, 0, C, 0);
+    else
+        thread_pool_parallel_for(c->pool, C, 16, conv_channels, &k);
     cpu_unlock(c);
 }
 
@@ -107,21 +118,23 @@ void cpu_deltanet_conv(struct backend *b, struct tensor *out, const struct tenso
 struct rule_ctx {
     const struct attn_metadata *md;
     const struct deltanet_args *a;
-    const float *qkv;  // (n, conv_dim)
+    const float *qkv; // (n, conv_dim)
     const float *ba;
     int64_t bas;
     const float *a_log, *dt_bias;
-    float *out;        // (n, Hv, Dv)
-    float *state;      // (slots, Hv, Dk, Dv)
+    float *out;   // (n, Hv, Dv)
+    float *state; // (slots, Hv, Dk, Dv)
     int64_t n_slots;
-    void **scratch;    // per thread
+    void **scratch; // per thread
 };
 
 static void l2norm_into(float *dst, const float *src, int n, float scale) {
     double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)src[i] * src[i];
+    for (int i = 0; i < n; i++)
+        ss += (double)src[i] * src[i];
     float inv = scale / sqrtf((float)ss + 1e-6f);
-    for (int i = 0; i < n; i++) dst[i] = src[i] * inv;
+    for (int i = 0; i < n; i++)
+        dst[i] = src[i] * inv;
 }
 
 // Token t's q (scaled), k, v, g and beta for value head h.
@@ -154,20 +167,25 @@ static void rule_heads(void *p, int64_t i0, int64_t i1, int tid) {
         CHECK_MSG(slot >= 0 && slot < k->n_slots, "deltanet_rule: state slot %d outside [0, %lld)", slot,
                   (long long)k->n_slots);
         float *st = k->state + ((size_t)slot * Hv + (size_t)h) * (size_t)Dk * Dv;
-        if (seq_is_fresh(md, s)) memset(S, 0, (size_t)Dk * Dv * sizeof(float));
-        else memcpy(S, st, (size_t)Dk * Dv * sizeof(float));
+        if (seq_is_fresh(md, s))
+            memset(S, 0, (size_t)Dk * Dv * sizeof(float));
+        else
+            memcpy(S, st, (size_t)Dk * Dv * sizeof(float));
         if (t1 - t0 == 1) { // recurrent step
             float gg, bb;
             rule_load(k, t0, h, q, kk, v, &gg, &bb);
             float decay = expf(gg);
-            for (int i = 0; i < Dk * Dv; i++) S[i] *= decay;
+            for (int i = 0; i < Dk * Dv; i++)
+                S[i] *= decay;
             for (int j = 0; j < Dv; j++) {
                 float mem = 0;
-                for (int i = 0; i < Dk; i++) mem += S[(size_t)i * Dv + j] * kk[i];
+                for (int i = 0; i < Dk; i++)
+                    mem += S[(size_t)i * Dv + j] * kk[i];
                 U[j] = bb * (v[j] - mem);
             }
             float *o = k->out + ((size_t)t0 * Hv + (size_t)h) * Dv;
-            for (int j = 0; j < Dv; j++) o[j] = 0;
+            for (int j = 0; j < Dv; j++)
+                o[j] = 0;
             for (int i = 0; i < Dk; i++) {
                 float *Si = S + (size_t)i * Dv;
                 for (int j = 0; j < Dv; j++) {
@@ -181,13 +199,15 @@ static void rule_heads(void *p, int64_t i0, int64_t i1, int tid) {
                 for (int i = 0; i < L; i++)
                     rule_load(k, c0 + i, h, q + (size_t)i * Dk, kk + (size_t)i * Dk, v + (size_t)i * Dv, &g[i],
                               &beta[i]);
-                for (int i = 0; i < L; i++) cum[i] = g[i] + (i ? cum[i - 1] : 0.0f);
+                for (int i = 0; i < L; i++)
+                    cum[i] = g[i] + (i ? cum[i - 1] : 0.0f);
                 for (int i = 0; i < L; i++) {
                     const float *ki = kk + (size_t)i * Dk;
                     for (int j = 0; j < i; j++) {
                         const float *kj = kk + (size_t)j * Dk;
                         float d = 0;
-                        for (int e = 0; e < Dk; e++) d += ki[e] * kj[e];
+                        for (int e = 0; e < Dk; e++)
+                            d += ki[e] * kj[e];
                         A[(size_t)i * CHUNK + j] = beta[i] * d * expf(cum[i] - cum[j]);
                     }
                 }
@@ -195,13 +215,17 @@ static void rule_heads(void *p, int64_t i0, int64_t i1, int tid) {
                 for (int i = 0; i < L; i++) {
                     float *Ui = U + (size_t)i * Dv, *Wi = W + (size_t)i * Dk;
                     float eb = beta[i] * expf(cum[i]);
-                    for (int j = 0; j < Dv; j++) Ui[j] = beta[i] * v[(size_t)i * Dv + j];
-                    for (int e = 0; e < Dk; e++) Wi[e] = eb * kk[(size_t)i * Dk + e];
+                    for (int j = 0; j < Dv; j++)
+                        Ui[j] = beta[i] * v[(size_t)i * Dv + j];
+                    for (int e = 0; e < Dk; e++)
+                        Wi[e] = eb * kk[(size_t)i * Dk + e];
                     for (int j = 0; j < i; j++) {
                         float aij = A[(size_t)i * CHUNK + j];
                         const float *Uj = U + (size_t)j * Dv, *Wj = W + (size_t)j * Dk;
-                        for (int e = 0; e < Dv; e++) Ui[e] -= aij * Uj[e];
-                        for (int e = 0; e < Dk; e++) Wi[e] -= aij * Wj[e];
+                        for (int e = 0; e < Dv; e++)
+                            Ui[e] -= aij * Uj[e];
+                        for (int e = 0; e < Dk; e++)
+                            Wi[e] -= aij * Wj[e];
                     }
                 }
                 // v' = U - W S (into U).
@@ -211,7 +235,8 @@ static void rule_heads(void *p, int64_t i0, int64_t i1, int tid) {
                     for (int d = 0; d < Dk; d++) {
                         float w = Wi[d];
                         const float *Sd = S + (size_t)d * Dv;
-                        for (int j = 0; j < Dv; j++) Ui[j] -= w * Sd[j];
+                        for (int j = 0; j < Dv; j++)
+                            Ui[j] -= w * Sd[j];
                     }
                 }
                 // Outputs.
@@ -219,31 +244,37 @@ static void rule_heads(void *p, int64_t i0, int64_t i1, int tid) {
                     float *o = k->out + ((size_t)(c0 + i) * Hv + (size_t)h) * Dv;
                     const float *qi = q + (size_t)i * Dk;
                     float ec = expf(cum[i]);
-                    for (int j = 0; j < Dv; j++) o[j] = 0;
+                    for (int j = 0; j < Dv; j++)
+                        o[j] = 0;
                     for (int d = 0; d < Dk; d++) {
                         float w = qi[d] * ec;
                         const float *Sd = S + (size_t)d * Dv;
-                        for (int j = 0; j < Dv; j++) o[j] += w * Sd[j];
+                        for (int j = 0; j < Dv; j++)
+                            o[j] += w * Sd[j];
                     }
                     for (int j = 0; j <= i; j++) {
                         const float *kj = kk + (size_t)j * Dk;
                         float d = 0;
-                        for (int e = 0; e < Dk; e++) d += qi[e] * kj[e];
+                        for (int e = 0; e < Dk; e++)
+                            d += qi[e] * kj[e];
                         d *= expf(cum[i] - cum[j]);
                         const float *Uj = U + (size_t)j * Dv;
-                        for (int e = 0; e < Dv; e++) o[e] += d * Uj[e];
+                        for (int e = 0; e < Dv; e++)
+                            o[e] += d * Uj[e];
                     }
                 }
                 // State after the chunk.
                 float el = expf(cum[L - 1]);
-                for (int e = 0; e < Dk * Dv; e++) S[e] *= el;
+                for (int e = 0; e < Dk * Dv; e++)
+                    S[e] *= el;
                 for (int i = 0; i < L; i++) {
                     float w = expf(cum[L - 1] - cum[i]);
                     const float *ki = kk + (size_t)i * Dk, *Ui = U + (size_t)i * Dv;
                     for (int d = 0; d < Dk; d++) {
                         float kd = w * ki[d];
                         float *Sd = S + (size_t)d * Dv;
-                        for (int j = 0; j < Dv; j++) Sd[j] += kd * Ui[j];
+                        for (int j = 0; j < Dv; j++)
+                            Sd[j] += kd * Ui[j];
                     }
                 }
             }
@@ -253,8 +284,8 @@ static void rule_heads(void *p, int64_t i0, int64_t i1, int tid) {
 }
 
 void cpu_deltanet_rule(struct backend *b, struct tensor *out, const struct tensor *qkv, const struct tensor *ba,
-                              int64_t ba_row_stride, const struct tensor *a_log, const struct tensor *dt_bias,
-                              struct kv_layer *kv, const struct attn_metadata *md, const struct deltanet_args *a) {
+                       int64_t ba_row_stride, const struct tensor *a_log, const struct tensor *dt_bias,
+                       struct kv_layer *kv, const struct attn_metadata *md, const struct deltanet_args *a) {
     struct cpu_backend *c = cpu_backend_of(b);
     const int Hk = a->n_k_heads, Hv = a->n_v_heads, Dk = a->k_dim, Dv = a->v_dim;
     CHECK(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dv > 0 && md->h_state_slots);
@@ -265,12 +296,20 @@ void cpu_deltanet_rule(struct backend *b, struct tensor *out, const struct tenso
     const struct tensor *rs = &kv->v;
     CHECK(rs->dtype == DTYPE_F32 && rs->ndim == 4 && rs->ne[1] == Hv && rs->ne[2] == Dk && rs->ne[3] == Dv);
     cpu_lock(c);
-    cpu_scratch_reserve(c, ((size_t)Dk * Dv + 3 * (size_t)CHUNK * Dk + 2 * (size_t)CHUNK * Dv +
-                            (size_t)CHUNK * CHUNK) * sizeof(float));
+    cpu_scratch_reserve(c, ((size_t)Dk * Dv + 3 * (size_t)CHUNK * Dk + 2 * (size_t)CHUNK * Dv + (size_t)CHUNK * CHUNK) *
+                               sizeof(float));
     float *shared = cpu_shared_reserve(c, 2 * (size_t)Hv * sizeof(float));
-    struct rule_ctx k = {md, a, qkv->data, ba->data, ba_row_stride ? ba_row_stride : 2 * (int64_t)Hv,
-                         weight_f32(c, a_log, 0, shared), weight_f32(c, dt_bias, (size_t)Hv, shared), out->data,
-                         rs->data, rs->ne[0], c->scratch};
+    struct rule_ctx k = {md,
+                         a,
+                         qkv->data,
+                         ba->data,
+                         ba_row_stride ? ba_row_stride : 2 * (int64_t)Hv,
+                         weight_f32(c, a_log, 0, shared),
+                         weight_f32(c, dt_bias, (size_t)Hv, shared),
+                         out->data,
+                         rs->data,
+                         rs->ne[0],
+                         c->scratch};
     int64_t n = (int64_t)md->n_seqs * Hv;
     thread_pool_parallel_for(c->pool, n, 1, rule_heads, &k);
     cpu_unlock(c);
@@ -293,30 +332,35 @@ static void gnorm_rows(void *p, int64_t r0, int64_t r1, int tid) {
         const float *x = k->x + r * k->d, *z = k->z + (r / k->zh) * k->zs + (r % k->zh) * k->d;
         float *o = k->out + r * k->d;
         double ss = 0;
-        for (int64_t i = 0; i < k->d; i++) ss += (double)x[i] * x[i];
+        for (int64_t i = 0; i < k->d; i++)
+            ss += (double)x[i] * x[i];
         float inv = 1.0f / sqrtf((float)(ss / (double)k->d) + k->eps);
-        for (int64_t i = 0; i < k->d; i++) o[i] = x[i] * inv * k->w[i] * silu_f(z[i]);
+        for (int64_t i = 0; i < k->d; i++)
+            o[i] = x[i] * inv * k->w[i] * silu_f(z[i]);
     }
 }
 
 void cpu_rmsnorm_gated(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *z,
-                              int64_t z_row_stride, int z_heads, const struct tensor *w, float eps) {
+                       int64_t z_row_stride, int z_heads, const struct tensor *w, float eps) {
     struct cpu_backend *c = cpu_backend_of(b);
     const int64_t d = tensor_cols(x);
     CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && z->dtype == DTYPE_F32 && z_heads > 0);
     CHECK(tensor_numel(w) == d && tensor_numel(out) == tensor_numel(x));
     cpu_lock(c);
     float *shared = cpu_shared_reserve(c, (size_t)d * sizeof(float));
-    struct gnorm_ctx k = {out->data, x->data, z->data, weight_f32(c, w, 0, shared), d,
-                          z_row_stride ? z_row_stride : d * z_heads, z_heads, eps};
+    struct gnorm_ctx k = {
+        out->data, x->data, z->data, weight_f32(c, w, 0, shared), d, z_row_stride ? z_row_stride : d * z_heads,
+        z_heads,   eps};
     int64_t rows = tensor_rows(x);
-    if (rows * d < 16384) gnorm_rows(&k, 0, rows, 0);
-    else thread_pool_parallel_for(c->pool, rows, 8, gnorm_rows, &k);
+    if (rows * d < 16384)
+        gnorm_rows(&k, 0, rows, 0);
+    else
+        thread_pool_parallel_for(c->pool, rows, 8, gnorm_rows, &k);
     cpu_unlock(c);
 }
 
-void cpu_gate_sigmoid_mul(struct backend *b, struct tensor *x, const struct tensor *gate,
-                                 int64_t gate_row_stride, int gate_cols) {
+void cpu_gate_sigmoid_mul(struct backend *b, struct tensor *x, const struct tensor *gate, int64_t gate_row_stride,
+                          int gate_cols) {
     struct cpu_backend *c = cpu_backend_of(b);
     const int64_t d = tensor_cols(x), rows = tensor_rows(x);
     CHECK(x->dtype == DTYPE_F32 && gate->dtype == DTYPE_F32 && (gate_cols == 1 || gate_cols == d));
@@ -329,11 +373,12 @@ void cpu_gate_sigmoid_mul(struct backend *b, struct tensor *x, const struct tens
         const float *gr = g + r * gs;
         if (gate_cols == 1) {
             float s = sigmoid_f(gr[0]);
-            for (int64_t i = 0; i < d; i++) xr[i] *= s;
+            for (int64_t i = 0; i < d; i++)
+                xr[i] *= s;
         } else {
-            for (int64_t i = 0; i < d; i++) xr[i] *= sigmoid_f(gr[i]);
+            for (int64_t i = 0; i < d; i++)
+                xr[i] *= sigmoid_f(gr[i]);
         }
     }
     cpu_unlock(c);
 }
-

@@ -296,6 +296,10 @@ static const struct backend_ops cuda_ops = {
     .graph_destroy = cuda_graph_destroy,
     .moe_route = cuda_op_moe_route,
     .moe_experts = cuda_op_moe_experts,
+    .deltanet_conv = cuda_op_deltanet_conv,
+    .deltanet_rule = cuda_op_deltanet_rule,
+    .rmsnorm_gated = cuda_op_rmsnorm_gated,
+    .gate_sigmoid_mul = cuda_op_gate_sigmoid_mul,
 };
 
 // Everything backend_cuda_create makes after the struct itself; on failure the caller frees

@@ -22,4 +22,7 @@ const struct backend_caps backend_cuda_caps = {
     .moe_grouped_topk = false,
     .pow2_block_size = true,
     .min_block_size = CUDA_ATTN_BN / 32,
+    .gated_deltanet = true,
+    .max_deltanet_head_dim = CUDA_DN_MAX_HEAD_DIM,
+    .max_deltanet_conv_kernel = CUDA_DN_MAX_CONV_KERNEL,
 };
