@@ -15,6 +15,7 @@
 #define MAX_PROMPTS 8
 #define MAX_POS 8
 #define N_GREEDY 16
+#define REF_MAX_IDS 256
 
 static const char *MODELS[] = {"llama_gqa",  "llama_mha",       "llama_tied", "llama_rope_llama3", "llama_rope_linear",
                                "llama_bias", "mistral_sliding", "qwen3",      "qwen3_yarn"};
@@ -46,7 +47,7 @@ __attribute__((unused)) static const char *prefix_models(int i) {
 }
 
 struct ref_prompt {
-    int32_t ids[128];
+    int32_t ids[REF_MAX_IDS];
     int n;
     int pos[MAX_POS];
     int n_pos;
@@ -88,6 +89,12 @@ __attribute__((unused)) static int refs_load_rel(const char *rel, struct refs *o
         json_t *lg = json_object_get(jp, "logits"), *gr = json_object_get(jp, "greedy");
         json_t *mg = json_object_get(jp, "greedy_margins");
         p->n = (int)json_array_size(ids);
+        if (p->n > REF_MAX_IDS || (int)json_array_size(pos) > MAX_POS) {
+            fprintf(stderr, "%s: prompt %zu has %d ids / %zu positions (at most %d / %d)\n", rel, i, p->n,
+                    json_array_size(pos), REF_MAX_IDS, MAX_POS);
+            json_decref(root);
+            return -1;
+        }
         for (int k = 0; k < p->n; k++) p->ids[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
         p->n_pos = (int)json_array_size(pos);
         for (int k = 0; k < p->n_pos; k++) p->pos[k] = (int)json_integer_value(json_array_get(pos, (size_t)k));

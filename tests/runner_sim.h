@@ -21,6 +21,7 @@ struct sim_seq {
     int n_cached;                // tokens whose K/V are in the cache
     int blocks[SIM_MAX_TOKENS / 4];
     int n_blocks;
+    int state_slot;              // recurrent-state slot (models with recurrent layers; set by the test)
 };
 
 struct sim {
@@ -30,7 +31,7 @@ struct sim {
     int n_free;
     // The batch being built (valid until the next sim_step_begin).
     int32_t tok[SIM_MAX_TOKENS], pos[SIM_MAX_TOKENS], slot[SIM_MAX_TOKENS];
-    int32_t qs[SIM_MAX_SEQS + 1], ctx[SIM_MAX_SEQS], rows[SIM_MAX_SEQS];
+    int32_t qs[SIM_MAX_SEQS + 1], ctx[SIM_MAX_SEQS], rows[SIM_MAX_SEQS], sslot[SIM_MAX_SEQS];
     int32_t bt[SIM_MAX_SEQS * (SIM_MAX_TOKENS / 4)];
     struct sample_row samp[SIM_MAX_SEQS];
     struct sim_seq *seqs[SIM_MAX_SEQS];
@@ -112,11 +113,13 @@ static inline struct forward_batch sim_step_batch(struct sim *s) {
     for (int k = 0; k < s->n_seqs; k++) {
         struct sim_seq *q = s->seqs[k];
         for (int j = 0; j < s->width; j++) s->bt[k * s->width + j] = j < q->n_blocks ? q->blocks[j] : 0;
+        s->sslot[k] = q->state_slot;
     }
     struct forward_batch fb = {
         .n_seqs = s->n_seqs, .n_tokens = s->n_tokens, .token_ids = s->tok, .positions = s->pos,
         .query_start = s->qs, .context_lens = s->ctx, .block_tables = s->bt, .max_blocks_per_seq = s->width,
         .slot_mapping = s->slot, .n_logits = s->n_rows, .logits_rows = s->rows, .sampling = s->samp,
+        .state_slots = model_runner_num_state_slots(s->r) > 0 ? s->sslot : NULL,
     };
     return fb;
 }

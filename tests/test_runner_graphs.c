@@ -3,7 +3,9 @@
 // fixed iota rows, recomputing when the rows asked for are a subset), exercised on the CPU:
 // a wrapper backend implements graph_begin/end/launch by recording the ops issued during
 // capture (their arguments by value, as a CUDA graph freezes kernel arguments) and replaying
-// them. Replayed steps must give the logits and tokens of a plain eager runner.
+// them (MoE and Gated DeltaNet ops too). Replayed steps must give the logits and tokens of a plain
+// eager runner; for the recurrent model (qwen3_next) every sequence has its own state slot and the
+// padding sequences write the runner's dummy slot.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +15,8 @@
 #include "runtime/model_runner.h"
 #include "test.h"
 
-enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT };
+enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT,
+                REC_DN_CONV, REC_DN_RULE, REC_GNORM, REC_GATE, REC_MOE_ROUTE, REC_MOE_EXPERTS };
 
 struct rec {
     enum rec_kind kind;
@@ -27,6 +30,10 @@ struct rec {
     struct rope_args rope;
     struct attn_metadata md;
     struct kv_layer *kv;
+    struct deltanet_args dn;
+    struct moe_route_args route;
+    struct weight w2;   // REC_MOE_EXPERTS: down
+    void *p[3];         // REC_MOE_*: ids, weights, workspace
 };
 
 struct rec_graph {
@@ -130,6 +137,52 @@ static void w_convert(struct backend *b, struct tensor *out, const struct tensor
     r->t[0] = *out, r->t[1] = *x;
 }
 
+static void w_dn_conv(struct backend *b, struct tensor *out, const struct tensor *x, int64_t stride,
+                      const struct tensor *w, struct kv_layer *kv, const struct attn_metadata *md) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->deltanet_conv(REAL(rb), out, x, stride, w, kv, md);
+    struct rec *r = rec_push(rb, REC_DN_CONV);
+    r->t[0] = *out, r->t[1] = *x, r->t[2] = *w, r->stride = stride, r->kv = kv, r->md = *md;
+}
+static void w_dn_rule(struct backend *b, struct tensor *out, const struct tensor *qkv, const struct tensor *ba,
+                      int64_t stride, const struct tensor *a_log, const struct tensor *dt_bias, struct kv_layer *kv,
+                      const struct attn_metadata *md, const struct deltanet_args *a) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->deltanet_rule(REAL(rb), out, qkv, ba, stride, a_log, dt_bias, kv, md, a);
+    struct rec *r = rec_push(rb, REC_DN_RULE);
+    r->t[0] = *out, r->t[1] = *qkv, r->t[2] = *ba, r->t[3] = *a_log, r->w.t = *dt_bias, r->stride = stride;
+    r->kv = kv, r->md = *md, r->dn = *a;
+}
+static void w_gnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *z,
+                    int64_t stride, int heads, const struct tensor *w, float eps) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->rmsnorm_gated(REAL(rb), out, x, z, stride, heads, w, eps);
+    struct rec *r = rec_push(rb, REC_GNORM);
+    r->t[0] = *out, r->t[1] = *x, r->t[2] = *z, r->t[3] = *w, r->stride = stride, r->n = heads, r->f = eps;
+}
+static void w_gate(struct backend *b, struct tensor *x, const struct tensor *gate, int64_t stride, int cols) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->gate_sigmoid_mul(REAL(rb), x, gate, stride, cols);
+    struct rec *r = rec_push(rb, REC_GATE);
+    r->t[0] = *x, r->t[1] = *gate, r->stride = stride, r->n = cols;
+}
+
+static void w_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a, int32_t *ids,
+                        float *w) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->moe_route(REAL(rb), logits, a, ids, w);
+    struct rec *r = rec_push(rb, REC_MOE_ROUTE);
+    r->t[0] = *logits, r->route = *a, r->p[0] = ids, r->p[1] = w;
+}
+static void w_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gu,
+                          const struct weight *down, const int32_t *ids, const float *w, int n_slots, void *ws) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->moe_experts(REAL(rb), out, x, gu, down, ids, w, n_slots, ws);
+    struct rec *r = rec_push(rb, REC_MOE_EXPERTS);
+    r->t[0] = *out, r->t[1] = *x, r->w = *gu, r->w2 = *down, r->p[0] = (void *)ids, r->p[1] = (void *)w;
+    r->p[2] = ws, r->n = n_slots;
+}
+
 static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
     struct backend *b = REAL(rb);
     const struct backend_ops *o = b->ops;
@@ -146,6 +199,16 @@ static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
         case REC_ADD: o->add(b, &r->t[0], &r->t[1]); break;
         case REC_GATHER: o->gather_rows(b, &r->t[0], &r->t[1], r->ids, r->n); break;
         case REC_CONVERT: o->convert(b, &r->t[0], &r->t[1]); break;
+        case REC_DN_CONV: o->deltanet_conv(b, &r->t[0], &r->t[1], r->stride, &r->t[2], r->kv, &r->md); break;
+        case REC_DN_RULE:
+            o->deltanet_rule(b, &r->t[0], &r->t[1], &r->t[2], r->stride, &r->t[3], &r->w.t, r->kv, &r->md, &r->dn);
+            break;
+        case REC_GNORM: o->rmsnorm_gated(b, &r->t[0], &r->t[1], &r->t[2], r->stride, r->n, &r->t[3], r->f); break;
+        case REC_GATE: o->gate_sigmoid_mul(b, &r->t[0], &r->t[1], r->stride, r->n); break;
+        case REC_MOE_ROUTE: o->moe_route(b, &r->t[0], &r->route, r->p[0], r->p[1]); break;
+        case REC_MOE_EXPERTS:
+            o->moe_experts(b, &r->t[0], &r->t[1], &r->w, &r->w2, r->p[0], r->p[1], r->n, r->p[2]);
+            break;
         }
     }
 }
@@ -209,7 +272,8 @@ static struct rec_backend *rec_backend_create(void) {
         .matmul = w_matmul, .rope_kv_write = w_rope_kv_write, .attention = w_attention, .silu_mul = w_silu_mul,
         .add = w_add, .gather_rows = w_gather_rows, .convert = w_convert, .sample = w_sample,
         .graph_begin = w_graph_begin, .graph_end = w_graph_end, .graph_launch = w_graph_launch,
-        .graph_destroy = w_graph_destroy,
+        .graph_destroy = w_graph_destroy, .moe_route = w_moe_route, .moe_experts = w_moe_experts,
+        .deltanet_conv = w_dn_conv, .deltanet_rule = w_dn_rule, .rmsnorm_gated = w_gnorm, .gate_sigmoid_mul = w_gate,
     };
     rb->pub.ops = &rb->ops;
     return rb;
@@ -252,6 +316,7 @@ static void run_schedule(const char *model) {
         for (int k = 0; k < 3 + 5 * i; k++) ids[k] = (int32_t)((i * 37 + k * 11) % (V - 4) + 4);
         sim_seq_init(&qg[i], ids, 3 + 5 * i);
         sim_seq_init(&qe[i], ids, 3 + 5 * i);
+        qg[i].state_slot = qe[i].state_slot = (i + 3) % N; // recurrent models: a slot per sequence
     }
     float *lg = malloc(sizeof(float) * 8 * (size_t)V), *le = malloc(sizeof(float) * 8 * (size_t)V);
     struct error err = {0};
@@ -334,6 +399,9 @@ static void run_schedule(const char *model) {
 
 TEST(graphs_replay_equals_eager_llama) { run_schedule("llama_gqa"); }
 TEST(graphs_replay_equals_eager_qwen3) { run_schedule("qwen3"); }
+// Recurrent state under graphs: padding sequences write the dummy slot, every real one its own.
+TEST(graphs_replay_equals_eager_qwen3_next) { run_schedule("qwen3_next"); }
+TEST(graphs_replay_equals_eager_qwen3_moe) { run_schedule("qwen3_moe"); }
 
 // Batches that are not decode-only, or larger than every bucket, run eagerly.
 TEST(graphs_not_used_for_prefill) {

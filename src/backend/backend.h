@@ -43,10 +43,16 @@ struct attn_metadata {
     const int32_t *h_block_tables;
     const int32_t *h_positions;
     const int32_t *h_slot_mapping;
+    // Recurrent-state models (Gated DeltaNet layers): each sequence's state slot; NULL otherwise.
+    const int32_t *state_slots;   // (n_seqs)
+    const int32_t *h_state_slots;
 };
 
 // One layer's paged KV cache: k and v each (num_blocks, block_size, n_kv_heads, head_dim)
 // in dtype BF16 / F32 / FP8_E4M3 (then k_scale / v_scale dequantise).
+// A recurrent layer (Gated DeltaNet) keeps per-sequence state slots in the same two tensors,
+// F32: k = the conv state (n_slots, conv_dim, K - 1), the last K - 1 conv inputs, oldest first;
+// v = the delta-rule state (n_slots, Hv, Dk, Dv).
 struct kv_layer {
     struct tensor k;
     struct tensor v;
@@ -196,6 +202,13 @@ struct moe_experts_args {
     const struct tensor *down_bias;  // (E_total, H) or NULL
 };
 
+// Gated DeltaNet shapes (deltanet_rule). The conv output row of a token is (q (Hk, Dk), k (Hk, Dk),
+// v (Hv, Dv)) = conv_dim = 2 Hk Dk + Hv Dv values; value head h reads key head h / (Hv / Hk).
+struct deltanet_args {
+    int n_k_heads, n_v_heads; // Hk, Hv
+    int k_dim, v_dim;         // Dk, Dv
+};
+
 struct backend;
 
 struct backend_ops {
@@ -314,6 +327,41 @@ struct backend_ops {
     // mla_latent_write, act dtype. workspace: mla_workspace_bytes(n, ...) of backend memory.
     void (*mla_attention)(struct backend *b, struct tensor *out, const struct tensor *q, const struct kv_layer *kv,
                           const struct attn_metadata *md, const struct mla_args *a, void *workspace);
+
+    // ---- Gated DeltaNet (appended; Qwen3-Next / Qwen3.5 linear attention) ----
+    // Recurrent state: per layer kv->k (conv state) and kv->v (delta-rule state), one slot per
+    // sequence, md->state_slots (n_seqs) naming each sequence's. A sequence whose step starts its
+    // cache (context_lens[s] == its new tokens: a new or a preempted-and-recomputed sequence) starts
+    // from a zero state; any other continues its slot's state (chunked prefill, decode). Each op
+    // writes the state after the sequence's last new token back into its slot. Padding sequences
+    // of graph steps name a reserved dummy slot.
+    //
+    // out (n, C) = silu(causal depthwise conv1d over time of x (n, C), per sequence, with kernel
+    // w (C, K) (w[c][K-1] multiplies the current token), the K - 1 inputs before the step coming
+    // from the conv state); x rows x_row_stride elements apart (a view into a fused projection),
+    // out dense. kv->k (slots, C, K - 1) F32 gets the last K - 1 inputs.
+    void (*deltanet_conv)(struct backend *b, struct tensor *out, const struct tensor *x, int64_t x_row_stride,
+                          const struct tensor *w, struct kv_layer *kv, const struct attn_metadata *md);
+    // The gated delta rule over each sequence's new tokens. qkv (n, conv_dim) dense (the conv
+    // output), ba (n, 2 Hv) rows ba_row_stride apart: b (Hv) then a (Hv); a_log, dt_bias (Hv).
+    // Per token and value head h (fp32): q, k = l2norm(q), l2norm(k) (eps 1e-6), q *= Dk^-1/2,
+    // g = -exp(a_log[h]) softplus(a[h] + dt_bias[h]), beta = sigmoid(b[h]); S (Dk, Dv) <- S exp(g);
+    // S += k (beta (v - S^T k))^T; out = S^T q. out (n, Hv, Dv) in the act dtype. Sequences with
+    // more than one new token run the chunked (WY / UT-transform) form in chunks of 64 tokens,
+    // single tokens the recurrent step: the same function. kv->v (slots, Hv, Dk, Dv) F32.
+    void (*deltanet_rule)(struct backend *b, struct tensor *out, const struct tensor *qkv, const struct tensor *ba,
+                          int64_t ba_row_stride, const struct tensor *a_log, const struct tensor *dt_bias,
+                          struct kv_layer *kv, const struct attn_metadata *md, const struct deltanet_args *a);
+    // Gated RMSNorm: out (rows, d) = rmsnorm(x (rows, d)) * w (d) * silu(z) with eps. Rows are
+    // z_heads heads per token: row r is token r / z_heads, head r % z_heads, whose z values are at
+    // z->data + (r / z_heads) z_row_stride + (r % z_heads) d (z a view into a fused projection).
+    void (*rmsnorm_gated)(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *z,
+                          int64_t z_row_stride, int z_heads, const struct tensor *w, float eps);
+    // x (n, d) *= sigmoid(gate) in place; gate rows gate_row_stride elements apart with d values
+    // (gated attention output) or one value (gate_cols 1, broadcast over the row: the shared
+    // expert's per-token gate); gate in the act dtype or F32.
+    void (*gate_sigmoid_mul)(struct backend *b, struct tensor *x, const struct tensor *gate, int64_t gate_row_stride,
+                             int gate_cols);
 };
 
 // What a backend can run, reported once at create and checked by model loading
@@ -341,6 +389,9 @@ struct backend_caps {
     bool mla;                  // MLA ops (mla_latent_write / mla_attention) over a latent cache
     int mla_max_kv_lora;       // MLA: kv_lora_rank at most this and a multiple of 32; 0 = any
     int mla_max_rope;          // MLA: qk_rope_head_dim at most this; 0 = any
+    bool gated_deltanet;       // the Gated DeltaNet ops (deltanet_conv / deltanet_rule / rmsnorm_gated / gate_sigmoid_mul)
+    int max_deltanet_head_dim; // largest linear-attention key / value head dim; 0 = any
+    int max_deltanet_conv_kernel; // largest linear-attention conv kernel; 0 = any
 };
 
 #define BACKEND_CAP_BIT(x) (1u << (unsigned)(x))

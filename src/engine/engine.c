@@ -70,6 +70,8 @@ void atomc_result_free(atomc_result *r) {
 
 struct block_manager *engine_block_manager(atomc_engine *e) { return e->bm; }
 
+int engine_num_free_state_slots(atomc_engine *e) { return e->sched ? scheduler_num_free_state_slots(e->sched) : 0; }
+
 uint64_t engine_graph_replays(atomc_engine *e) {
     return e->su.model.graph_replays ? e->su.model.graph_replays(e->su.model.ctx) : 0;
 }
@@ -184,12 +186,29 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
             e->trace = trace_create(0);
         }
     }
+    // Recurrent-state models: a cached prefix of blocks would still need the state after it (state
+    // snapshots are not kept), and rejected drafts cannot be rolled back out of a state.
+    bool prefix_caching = o->enable_prefix_caching;
+    if (st == ATOMC_OK && e->su.num_state_slots > 0) {
+        if (prefix_caching)
+            LOG_INFO("prefix caching disabled: %s keeps a per-sequence recurrent state (no state snapshots)",
+                     e->su.info.architecture ? e->su.info.architecture : "the model");
+        prefix_caching = false;
+        if (e->spec_k > 0)
+            st = error_set(err, ATOMC_ERR_UNSUPPORTED, "speculative decoding is not implemented for %s: its recurrent "
+                           "state cannot roll back rejected drafts",
+                           e->su.info.architecture ? e->su.info.architecture : "this model");
+        else if (e->su.num_state_slots < e->max_num_seqs)
+            st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "the model runner holds %d recurrent-state slots for "
+                           "max_num_seqs %d", e->su.num_state_slots, e->max_num_seqs);
+    }
     if (st == ATOMC_OK)
-        st = block_manager_create(e->su.num_kv_blocks, e->block_size, o->enable_prefix_caching, &e->bm, err);
+        st = block_manager_create(e->su.num_kv_blocks, e->block_size, prefix_caching, &e->bm, err);
     if (st == ATOMC_OK) {
         struct scheduler_config sc = {.max_num_seqs = e->max_num_seqs,
                                       .max_num_batched_tokens = e->max_num_batched_tokens,
-                                      .sliding_window = e->su.sliding_window};
+                                      .sliding_window = e->su.sliding_window,
+                                      .state_slots = e->su.num_state_slots};
         st = scheduler_create(&sc, e->bm, &e->sched, err);
     }
     pthread_mutex_init(&e->mu, NULL);
@@ -284,6 +303,7 @@ void atomc_engine_free(atomc_engine *e) {
     free(e->b_slots);
     free(e->b_qstart);
     free(e->b_ctx);
+    free(e->b_sslots);
     free(e->b_logit_rows);
     free(e->b_rows);
     free(e->b_row_seq);

@@ -166,6 +166,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
     su.vocab_size = cfg->vocab_size;
     su.max_model_len = model_runner_max_model_len(runner);
     su.sliding_window = model_runner_sliding_window(runner);
+    su.num_state_slots = model_runner_num_state_slots(runner);
     // EOS: config.json + generation_config.json (merged by the loader), and the tokenizer's.
     for (int i = 0; i < cfg->n_eos; i++) add_eos(&su, cfg->eos_token_ids[i]);
     if (tok) add_eos(&su, tokenizer_eos_id(tok));

@@ -54,6 +54,8 @@ struct engine_setup {
     int vocab_size;
     int max_model_len;              // the model's limit (options may lower it)
     int sliding_window;             // model_runner_sliding_window: > 0 frees blocks out of the window
+    int num_state_slots;            // model_runner_num_state_slots: > 0 = recurrent-state model (a slot per
+                                    // running sequence; no prefix caching, no speculative decoding)
     int32_t eos_ids[ENGINE_MAX_EOS]; // config + generation_config + tokenizer
     int n_eos;
     atomc_model_info info;          // strings must outlive the engine (owned by ctx / strings below)
@@ -75,6 +77,8 @@ atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min
 
 // For tests: the engine's block manager (only touch it between steps, loop thread stopped).
 struct block_manager *engine_block_manager(atomc_engine *e);
+// For tests: free recurrent-state slots (== su.num_state_slots when no sequence runs; 0 for other models).
+int engine_num_free_state_slots(atomc_engine *e);
 // For tests: the model's CUDA graph replays so far (0 on the CPU or with --enforce-eager).
 uint64_t engine_graph_replays(atomc_engine *e);
 
@@ -127,6 +131,7 @@ struct atomc_engine {
     int b_tok_cap;
     int32_t *b_qstart;                // (n_seqs + 1) prefix sums of new tokens
     int32_t *b_ctx;                   // (n_seqs) tokens in KV after the step
+    int32_t *b_sslots;                // (n_seqs) recurrent-state slots (recurrent models)
     int b_seq_cap;
     int32_t *b_logit_rows;            // (n_logits) token row sampled for each finishing prefill / decode
                                       // (1 + n_draft rows for a decode with drafts)

@@ -241,6 +241,7 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
         size_t c = (size_t)e->b_seq_cap;
         e->b_qstart = xrealloc(e->b_qstart, c * sizeof *e->b_qstart);
         e->b_ctx = xrealloc(e->b_ctx, c * sizeof *e->b_ctx);
+        e->b_sslots = xrealloc(e->b_sslots, c * sizeof *e->b_sslots);
     }
     int rows_need = 0;
     for (int i = 0; i < n_seqs; i++)
@@ -271,6 +272,7 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
             tok++;
         }
         e->b_ctx[i] = s->n_computed + s->n_sched;
+        e->b_sslots[i] = s->state_slot;
         int32_t *row = e->b_tables + (size_t)i * max_blocks;
         memcpy(row, s->bt.ids, (size_t)s->bt.n * sizeof *row);
         for (int b = s->bt.n; b < max_blocks; b++) row[b] = 0; // padding, never read
@@ -299,6 +301,7 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
     fb->block_tables = e->b_tables;
     fb->max_blocks_per_seq = max_blocks;
     fb->slot_mapping = e->b_slots;
+    fb->state_slots = e->su.num_state_slots > 0 ? e->b_sslots : NULL;
     fb->n_logits = n_logits;
     fb->logits_rows = e->b_logit_rows;
     fb->sampling = e->b_rows;

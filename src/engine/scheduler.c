@@ -16,6 +16,9 @@ atomc_status scheduler_create(const struct scheduler_config *cfg, struct block_m
                          "max_num_batched_tokens (%d) must be at least max_num_seqs (%d) so every running sequence "
                          "can decode each step",
                          cfg->max_num_batched_tokens, cfg->max_num_seqs);
+    if (cfg->state_slots < 0 || (cfg->state_slots > 0 && cfg->state_slots < cfg->max_num_seqs))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "%d recurrent-state slots for max_num_seqs %d",
+                         cfg->state_slots, cfg->max_num_seqs);
     struct scheduler *s = xcalloc(1, sizeof *s);
     s->cfg = *cfg;
     s->bm = bm;
@@ -24,6 +27,11 @@ atomc_status scheduler_create(const struct scheduler_config *cfg, struct block_m
     s->scheduled = xcalloc((size_t)s->run_cap, sizeof *s->scheduled);
     s->wait_cap = 64;
     s->waiting = xcalloc((size_t)s->wait_cap, sizeof *s->waiting);
+    if (cfg->state_slots > 0) {
+        s->free_slots = xcalloc((size_t)cfg->state_slots, sizeof *s->free_slots);
+        for (int i = 0; i < cfg->state_slots; i++) s->free_slots[i] = cfg->state_slots - 1 - i; // pops 0 first
+        s->n_free_slots = cfg->state_slots;
+    }
     *out = s;
     return ATOMC_OK;
 }
@@ -34,6 +42,7 @@ void scheduler_free(struct scheduler *s) {
     free(s->scheduled);
     free(s->waiting);
     free(s->match);
+    free(s->free_slots);
     free(s);
 }
 
@@ -87,6 +96,7 @@ static bool waiting_remove(struct scheduler *s, struct sequence *seq) {
 
 void scheduler_add(struct scheduler *s, struct sequence *seq) {
     CHECK(seq->status == SEQ_STATUS_WAITING && seq->bt.n == 0);
+    seq->state_slot = -1;
     waiting_push_back(s, seq);
 }
 
@@ -103,11 +113,19 @@ static void running_remove_at(struct scheduler *s, int i) {
     s->n_running--;
 }
 
+static void slot_release(struct scheduler *s, struct sequence *seq) {
+    if (seq->state_slot < 0) return;
+    CHECK(s->n_free_slots < s->cfg.state_slots);
+    s->free_slots[s->n_free_slots++] = seq->state_slot;
+    seq->state_slot = -1;
+}
+
 static void preempt(struct scheduler *s, int i, int *n_preempted) {
     struct sequence *seq = s->running[i];
     CHECK(seq->n_sched == 0);
     running_remove_at(s, i);
     block_manager_release(s->bm, &seq->bt);
+    slot_release(s, seq);
     seq->n_computed = 0;
     seq->n_draft = 0;
     seq->status = SEQ_STATUS_WAITING;
@@ -230,6 +248,10 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
         }
         seq->n_computed = cached;
         seq->status = SEQ_STATUS_RUNNING;
+        if (s->cfg.state_slots > 0) { // n_running < max_num_seqs <= slots: one is free
+            CHECK(s->n_free_slots > 0 && seq->state_slot < 0);
+            seq->state_slot = s->free_slots[--s->n_free_slots];
+        }
         seq->admit_order = ++s->admit_counter;
         s->running[s->n_running++] = seq;
         if (!seq->admitted_once) {
@@ -271,4 +293,5 @@ void scheduler_remove(struct scheduler *s, struct sequence *seq) {
             break;
         }
     block_manager_release(s->bm, &seq->bt);
+    slot_release(s, seq);
 }

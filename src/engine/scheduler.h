@@ -27,6 +27,11 @@
 // FRONT of the waiting queue; on re-admission it re-prefills prompt + generated tokens (a
 // prefix-cache hit makes that cheap when its blocks are still cached).
 //
+// Recurrent-state models (cfg.state_slots = S > 0, S >= max_num_seqs): each running sequence
+// holds one of S state slots (sequence.state_slot), taken at admission and given back when it
+// is preempted or removed (finish, abort); a preempted sequence recomputes from position 0 in
+// whatever slot it gets next, and the ops start a sequence at position 0 from a zero state.
+//
 // Single-threaded: the engine loop owns it. Sequence memory is owned by the engine.
 #ifndef ATOMC_ENGINE_SCHEDULER_H
 #define ATOMC_ENGINE_SCHEDULER_H
@@ -42,6 +47,7 @@ struct scheduler_config {
     int max_num_batched_tokens;
     int sliding_window; // > 0: every layer attends to the last W tokens only (model_runner_sliding_window);
                         // blocks before the window of a running sequence's next token are freed
+    int state_slots;    // > 0: recurrent-state slots to hand out (at least max_num_seqs); 0 = none
 };
 
 struct scheduler {
@@ -55,6 +61,8 @@ struct scheduler {
     int n_scheduled;
     int32_t *match;              // prefix lookup scratch
     int match_cap;
+    int32_t *free_slots;         // (cfg.state_slots) stack of free recurrent-state slots
+    int n_free_slots;
     uint64_t admit_counter;
     uint64_t num_preemptions;
 };
@@ -91,6 +99,7 @@ void scheduler_complete_step(struct scheduler *s);
 void scheduler_remove(struct scheduler *s, struct sequence *seq);
 
 static inline int scheduler_num_waiting(const struct scheduler *s) { return s->n_waiting; }
+static inline int scheduler_num_free_state_slots(const struct scheduler *s) { return s->n_free_slots; }
 static inline int scheduler_num_running(const struct scheduler *s) { return s->n_running; }
 struct sequence *scheduler_waiting_at(const struct scheduler *s, int i); // i-th from the front
 

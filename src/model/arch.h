@@ -37,10 +37,17 @@ struct model_arch_def {
     // Layer l of m (m->cfg holds this rank's local sizes).
     void (*plan_layer)(const struct model *m, int l, struct layer_plan *plan);
     void (*forward)(struct model *m, const int32_t *token_ids, const struct attn_metadata *md, struct kv_layer *kv);
-    // Optional (NULL = nothing): runs once after every layer's tables have loaded (before the
-    // head), e.g. to re-lay weights out (DeepSeek stacks its shared experts after the routed ones)
-    // or to account for checkpoint tensors the model skips. L: the loader (its files may be NULL).
-    atomc_status (*finish_load)(struct model *m, struct weight_loader *L, struct error *err);
+    // Optional (NULL = none):
+    // per-token activation columns (act dtype) the family needs beyond struct model_scratch's
+    // (model_scratch_alloc gives them in scratch.extra: max_tokens x cols);
+    int64_t (*extra_scratch_cols)(const struct model *m);
+    // run once after every weight (layers, head, RoPE tables) has loaded (o->files NULL: dummy
+    // weights): layout fix-ups in backend memory (DeepSeek stacks its shared experts after the
+    // routed ones; Qwen3-Next reorders rows and offsets norms) or accounting for checkpoint tensors
+    // the model skips (L: the loader, its files may be NULL); a status naming the tensor on failure.
+    atomc_status (*finish_load)(struct model *m, struct weight_loader *L, const struct model_load_options *o,
+                                struct error *err);
+    bool no_tensor_parallel; // the family does not shard yet: tp_size > 1 is refused at load
 };
 
 // The entry serving `a`, or NULL.
@@ -52,6 +59,7 @@ void model_arch_supported_list(char *buf, size_t n);
 extern const struct model_arch_def model_arch_llama; // llama.c
 extern const struct model_arch_def model_arch_deepseek; // deepseek.c
 extern const struct model_arch_def model_arch_gpt_oss; // gpt_oss.c
+extern const struct model_arch_def model_arch_qwen3_next; // qwen3_next.c: Qwen3-Next, Qwen3.5-MoE
 
 // Shared weight tables of the pre-norm decoder layer (blocks.c): the two RMSNorm weights every
 // layer has (input_layernorm, post_attention_layernorm).

@@ -106,6 +106,8 @@ void block_attention(struct model *m, struct fwd_state *f, const struct model_la
     switch (ly->attn_kind) {
     case ATTN_KIND_GQA: attention_gqa(m, f, ly, kv, md); return;
     case ATTN_KIND_MLA: block_attention_mla(m, f, ly, kv, md); return;
+    case ATTN_KIND_GQA_GATED: attention_gqa_gated(m, f, ly, kv, md); return;
+    case ATTN_KIND_GATED_DELTANET: attention_gated_deltanet(m, f, ly, kv, md); return;
     }
     CHECK_MSG(0, "attention kind %d", (int)ly->attn_kind);
 }
@@ -146,6 +148,10 @@ void block_ffn(struct model *m, struct fwd_state *f, const struct model_layer *l
     switch (ly->ffn_kind) {
     case FFN_KIND_DENSE: ffn_dense(m, f, &ly->ffn.dense); return;
     case FFN_KIND_MOE: ffn_moe(m, f, &ly->ffn.moe); return;
+    case FFN_KIND_MOE_SHARED_GATED:
+        ffn_moe(m, f, &ly->ffn.moe_sh.moe);
+        ffn_shared_expert_gated(m, f, &ly->ffn.moe_sh);
+        return;
     }
     CHECK_MSG(0, "FFN kind %d", (int)ly->ffn_kind);
 }

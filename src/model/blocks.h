@@ -34,6 +34,14 @@ void block_attention_mla(struct model *m, struct fwd_state *f, const struct mode
                          const struct attn_metadata *md);
 // x = rmsnorm(residual += h) with ly's ffn_norm, then the layer's FFN kind into h.
 void block_ffn(struct model *m, struct fwd_state *f, const struct model_layer *ly);
+// The Qwen3-Next / Qwen3.5 kinds (qwen3_next.c), dispatched from block_attention / block_ffn:
+// gated GQA (x -> h), Gated DeltaNet (x -> h, the layer's recurrent state in kv), and the shared
+// expert added to the routed experts' h.
+void attention_gqa_gated(struct model *m, struct fwd_state *f, const struct model_layer *ly, struct kv_layer *kv,
+                         const struct attn_metadata *md);
+void attention_gated_deltanet(struct model *m, struct fwd_state *f, const struct model_layer *ly, struct kv_layer *kv,
+                              const struct attn_metadata *md);
+void ffn_shared_expert_gated(struct model *m, struct fwd_state *f, const struct ffn_moe_shared_weights *w);
 // After the last layer: what model_compute_logits gathers from.
 void fwd_end(struct model *m, struct fwd_state *f);
 

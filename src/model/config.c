@@ -36,6 +36,7 @@ static const struct {
     {"GptOssForCausalLM", MODEL_ARCH_GPT_OSS},
     {"Glm4MoeForCausalLM", MODEL_ARCH_GLM4_MOE},
     {"Qwen3NextForCausalLM", MODEL_ARCH_QWEN3_NEXT},
+    {"Qwen3_5MoeForCausalLM", MODEL_ARCH_QWEN3_5_MOE},
 };
 
 // config.json "model_type" values, used only when "architectures" is missing.
@@ -46,6 +47,7 @@ static const struct {
     {"llama", "LlamaForCausalLM"},         {"mistral", "MistralForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
     {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"mixtral", "MixtralForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"}, {"deepseek_v2", "DeepseekV2ForCausalLM"},
     {"gpt_oss", "GptOssForCausalLM"},      {"glm4_moe", "Glm4MoeForCausalLM"},  {"qwen3_next", "Qwen3NextForCausalLM"},
+    {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"},
 };
 
 #define N_ARCH_NAMES (sizeof arch_names / sizeof arch_names[0])
@@ -363,7 +365,8 @@ static atomc_status parse_layer_types(struct ctx *x, const json_t *root, struct 
     // Qwen configs carry sliding_window but switch it off with use_sliding_window (default
     // false there, as in transformers' Qwen3 configs); a layer typed "sliding_attention"
     // without a window attends fully, which is what transformers does.
-    bool qwen = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_QWEN3_NEXT;
+    bool qwen = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_QWEN3_NEXT ||
+                c->arch == MODEL_ARCH_QWEN3_5_MOE;
     bool use_sw = !qwen;
     TRY(get_bool(x, root, "use_sliding_window", &use_sw));
     if (!use_sw) c->sliding_window = 0;
@@ -394,7 +397,8 @@ static atomc_status parse_layer_types_list(struct ctx *x, const json_t *root, st
         }
         return ATOMC_OK;
     }
-    if (c->arch == MODEL_ARCH_QWEN3_NEXT) { // every full_attention_interval-th layer is full attention
+    if (c->arch == MODEL_ARCH_QWEN3_NEXT || c->arch == MODEL_ARCH_QWEN3_5_MOE) {
+        // every full_attention_interval-th layer is full attention
         int interval = 4;
         TRY(get_int(x, root, "full_attention_interval", false, 1, MODEL_MAX_LAYERS, &interval));
         for (int l = 0; l < c->num_layers; l++)
@@ -459,6 +463,34 @@ static atomc_status parse_gpt_oss(struct ctx *x, const json_t *root, struct mode
         !isfinite(c->swiglu_limit))
         return error_set(x->err, ATOMC_ERR_FORMAT, "%s: swiglu_alpha %g and swiglu_limit %g must be positive and finite",
                          x->src, c->swiglu_alpha, c->swiglu_limit);
+    return ATOMC_OK;
+}
+
+// Qwen3-Next / Qwen3.5 (Gated DeltaNet): the linear-attention dims (transformers' defaults
+// where a key is absent), zero-centred norms and the gated full attention, and Qwen3.5's
+// intermediate_size (absent there: every layer is MoE; the shared expert's size stands in).
+static atomc_status parse_linear_attention(struct ctx *x, const json_t *root, struct model_config *c) {
+    if (c->arch != MODEL_ARCH_QWEN3_NEXT && c->arch != MODEL_ARCH_QWEN3_5_MOE) return ATOMC_OK;
+    c->linear_num_key_heads = 16;
+    c->linear_num_value_heads = 32;
+    c->linear_key_head_dim = 128;
+    c->linear_value_head_dim = 128;
+    c->linear_conv_kernel_dim = 4;
+    TRY(get_int(x, root, "linear_num_key_heads", false, 1, 1 << 16, &c->linear_num_key_heads));
+    TRY(get_int(x, root, "linear_num_value_heads", false, 1, 1 << 16, &c->linear_num_value_heads));
+    TRY(get_int(x, root, "linear_key_head_dim", false, 1, 1 << 16, &c->linear_key_head_dim));
+    TRY(get_int(x, root, "linear_value_head_dim", false, 1, 1 << 16, &c->linear_value_head_dim));
+    TRY(get_int(x, root, "linear_conv_kernel_dim", false, 1, 64, &c->linear_conv_kernel_dim));
+    if (c->linear_num_value_heads % c->linear_num_key_heads != 0)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: linear_num_value_heads (%d) is not a multiple of "
+                         "linear_num_key_heads (%d)", x->src, c->linear_num_value_heads, c->linear_num_key_heads);
+    c->norm_zero_centered = true;
+    c->attn_output_gate = true;
+    // Qwen3.5's router always renormalises its top-k (no norm_topk_prob key); Qwen3-Next's
+    // default is true.
+    if (c->arch == MODEL_ARCH_QWEN3_5_MOE || !jget(root, "norm_topk_prob")) c->norm_topk_prob = true;
+    if (c->intermediate_size == 0) c->intermediate_size = c->shared_expert_intermediate_size;
+    if (c->intermediate_size == 0) c->intermediate_size = c->moe_intermediate_size;
     return ATOMC_OK;
 }
 
@@ -944,7 +976,8 @@ static atomc_status resolve_architecture(struct ctx *x, const json_t *root, stru
 static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_config *c) {
     TRY(resolve_architecture(x, root, c));
     TRY(get_int(x, root, "hidden_size", true, 1, 1 << 20, &c->hidden_size));
-    TRY(get_int(x, root, "intermediate_size", true, 1, INT32_MAX, &c->intermediate_size));
+    // Qwen3.5-MoE has no dense MLP and no intermediate_size (parse_linear_attention sets it).
+    TRY(get_int(x, root, "intermediate_size", c->arch != MODEL_ARCH_QWEN3_5_MOE, 1, INT32_MAX, &c->intermediate_size));
     TRY(get_int(x, root, "num_hidden_layers", true, 1, INT32_MAX, &c->num_layers));
     if (c->num_layers > MODEL_MAX_LAYERS)
         return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: num_hidden_layers = %d exceeds the supported maximum %d",
@@ -960,7 +993,8 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     c->rms_norm_eps = 1e-6f;
     TRY(get_float(x, root, "rms_norm_eps", false, &c->rms_norm_eps));
 
-    float partial_rotary = 1.0f;
+    // transformers' Qwen3NextConfig defaults partial_rotary_factor to 0.25 (Qwen3.5 inherits it).
+    float partial_rotary = c->arch == MODEL_ARCH_QWEN3_NEXT || c->arch == MODEL_ARCH_QWEN3_5_MOE ? 0.25f : 1.0f;
     TRY(get_float(x, root, "partial_rotary_factor", false, &partial_rotary));
     TRY(parse_rope(x, root, c, &partial_rotary));
     if (!(partial_rotary > 0.0f && partial_rotary <= 1.0f))
@@ -977,7 +1011,8 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     // o_proj follows attention_bias in Llama/Qwen3/GPT-OSS; GLM-4-MoE and DeepSeek-V3 never bias it.
     c->attention_out_bias = c->attention_bias && c->arch != MODEL_ARCH_GLM4_MOE && c->arch != MODEL_ARCH_DEEPSEEK_V3;
     TRY(get_bool(x, root, "mlp_bias", &c->mlp_bias));
-    c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_QWEN3_NEXT;
+    c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_QWEN3_NEXT ||
+                 c->arch == MODEL_ARCH_QWEN3_5_MOE;
     TRY(get_bool(x, root, "use_qk_norm", &c->qk_norm));
     snprintf(c->hidden_act, sizeof c->hidden_act, "silu");
     TRY(get_str(x, root, "hidden_act", c->hidden_act, sizeof c->hidden_act));
@@ -997,6 +1032,7 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
 
     TRY(parse_moe(x, root, c));
     TRY(parse_gpt_oss(x, root, c));
+    TRY(parse_linear_attention(x, root, c));
 
     TRY(get_int(x, root, "q_lora_rank", false, 0, INT32_MAX, &c->q_lora_rank));
     TRY(get_int(x, root, "kv_lora_rank", false, 0, INT32_MAX, &c->kv_lora_rank));

@@ -23,7 +23,8 @@ enum model_arch {
     MODEL_ARCH_DEEPSEEK_V3,
     MODEL_ARCH_GPT_OSS,
     MODEL_ARCH_GLM4_MOE,
-    MODEL_ARCH_QWEN3_NEXT,
+    MODEL_ARCH_QWEN3_NEXT,   // Qwen3NextForCausalLM: Gated DeltaNet + gated attention, MoE + shared expert
+    MODEL_ARCH_QWEN3_5_MOE,  // Qwen3_5MoeForCausalLM (text): the same layers, split DeltaNet projections
     MODEL_ARCH_DEEPSEEK_V2, // DeepseekV2ForCausalLM (MLA, greedy / group-limited softmax routing)
 };
 
@@ -201,6 +202,15 @@ struct model_config {
     char topk_method[24];         // "greedy", "group_limited_greedy", "noaux_tc" ("" = not given)
     int moe_layer_freq;           // MoE every n-th layer from first_k_dense_replace (DeepSeek; 1)
     int num_nextn_predict_layers; // MTP layers stored after the decoder layers (skipped at load)
+
+    // Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5; layer_types LAYER_ATTN_LINEAR).
+    int linear_num_key_heads;   // Hk: q/k heads of a linear-attention layer
+    int linear_num_value_heads; // Hv: value heads (a multiple of Hk; k head h / (Hv / Hk) serves value head h)
+    int linear_key_head_dim;    // Dk
+    int linear_value_head_dim;  // Dv
+    int linear_conv_kernel_dim; // K: depthwise causal conv1d over (q, k, v) channels
+    bool norm_zero_centered;    // RMSNorm weights w scale by (1 + w) (Qwen3-Next's Qwen3NextRMSNorm)
+    bool attn_output_gate;      // full attention: q_proj also yields a per-head sigmoid gate of the output
 
     // Quantization (present == false for unquantized checkpoints and GGUF).
     struct quant_config quant;

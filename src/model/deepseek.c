@@ -274,7 +274,9 @@ static atomc_status deepseek_bias_f32(struct model *m, int l, struct tensor *t, 
     return ATOMC_OK;
 }
 
-static atomc_status deepseek_finish_load(struct model *m, struct weight_loader *L, struct error *err) {
+static atomc_status deepseek_finish_load(struct model *m, struct weight_loader *L, const struct model_load_options *o,
+                                         struct error *err) {
+    (void)o;
     const struct model_config *c = &m->cfg;
     for (int l = 0; l < c->num_layers; l++) {
         struct model_layer *ly = &m->layers[l];

@@ -115,6 +115,22 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "KV block size %d: the %s backend needs at least %d",
                              o->block_size, be, caps->min_block_size);
     }
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->layer_types[l] != LAYER_ATTN_LINEAR) continue;
+        if (!caps->gated_deltanet)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d: the %s backend has no Gated DeltaNet "
+                             "(linear attention) ops", c->architecture, l, be);
+        int hd = c->linear_key_head_dim > c->linear_value_head_dim ? c->linear_key_head_dim : c->linear_value_head_dim;
+        if (caps->max_deltanet_head_dim > 0 && hd > caps->max_deltanet_head_dim)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: linear-attention head dims %d / %d exceed the %s "
+                             "backend's limit of %d", c->architecture, c->linear_key_head_dim,
+                             c->linear_value_head_dim, be, caps->max_deltanet_head_dim);
+        if (caps->max_deltanet_conv_kernel > 0 && c->linear_conv_kernel_dim > caps->max_deltanet_conv_kernel)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: linear_conv_kernel_dim %d exceeds the %s backend's "
+                             "limit of %d", c->architecture, c->linear_conv_kernel_dim, be,
+                             caps->max_deltanet_conv_kernel);
+        break;
+    }
     if (c->num_experts > 0) {
         int total = c->num_experts + (c->n_shared_experts > 0 ? c->n_shared_experts : 0);
         if (caps->max_experts > 0 && total > caps->max_experts)
@@ -314,6 +330,9 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     CHECK_MSG(b->caps, "backend %s reports no capabilities", b->ops->name);
     if ((st = model_check_backend_caps(cfg, b->caps, o, err)) != ATOMC_OK) return st;
     const int tp = o->tp_size > 1 ? o->tp_size : 1;
+    if (tp > 1 && def->no_tensor_parallel)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: tensor parallelism is not implemented for the %s family",
+                         cfg->architecture, def->family);
     if (tp > 1 && (st = model_tp_check(cfg, tp, o->tp_rank, o->comm, err)) != ATOMC_OK) return st;
     struct model *m = xcalloc(1, sizeof *m);
     m->cfg = *cfg;
@@ -355,9 +374,9 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
         for (int t = 0; t < LAYER_MAX_TABLES && p.tables[t]; t++)
             if ((st = weight_loader_load_layer(L, p.tables[t], l, ly, err))) goto fail;
     }
-    if (def->finish_load && (st = def->finish_load(m, L, err))) goto fail;
     if ((st = model_load_head(m, L, o->files, err))) goto fail;
     if ((st = model_load_rope(m, err))) goto fail;
+    if (def->finish_load && (st = def->finish_load(m, L, o, err))) goto fail;
     weight_loader_free(L);
     *out = m;
     return ATOMC_OK;
@@ -372,7 +391,7 @@ fail:
 
 static void model_scratch_free(struct model *m) {
     struct model_scratch *s = &m->scratch;
-    void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->attn, &s->gate_up, &s->act,
+    void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->attn, &s->gate_up, &s->act, &s->extra,
                    &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits, (void **)&s->lg_shard,
                    (void **)&s->lg_gather, (void **)&s->moe.logits, (void **)&s->moe.topk_ids,
                    (void **)&s->moe.topk_w, &s->moe.workspace, &s->mla_workspace};
@@ -407,6 +426,7 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {&s->attn, T * (size_t)m->q_dim * e},
         {&s->gate_up, T * 2 * (size_t)c->intermediate_size * e},
         {&s->act, T * (size_t)c->intermediate_size * e},
+        {&s->extra, m->arch && m->arch->extra_scratch_cols ? T * (size_t)m->arch->extra_scratch_cols(m) * e : 0},
         {&s->lg_res, R * H * e},
         {&s->lg_h, R * H * e},
         {&s->lg_x, R * H * e},

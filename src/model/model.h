@@ -45,11 +45,14 @@ struct model_arch_def;
 enum attn_kind {
     ATTN_KIND_GQA = 0, // multi-/grouped-query attention over a paged K/V cache (full or sliding window)
     ATTN_KIND_MLA,     // multi-head latent attention over a latent cache (DeepSeek-V2/V3, block_mla.c)
+    ATTN_KIND_GQA_GATED,     // GQA whose q_proj also yields a sigmoid output gate per head (Qwen3-Next; qwen3_next.c)
+    ATTN_KIND_GATED_DELTANET, // Gated DeltaNet linear attention over a per-sequence recurrent state (qwen3_next.c)
 };
 
 enum ffn_kind {
     FFN_KIND_DENSE = 0, // gate_up -> SiLU*mul -> down
     FFN_KIND_MOE,       // router -> top-k -> fused experts
+    FFN_KIND_MOE_SHARED_GATED, // FFN_KIND_MOE + a shared expert (dense MLP) times sigmoid(x . w_gate) per token
 };
 
 struct attn_gqa_weights {
@@ -74,6 +77,19 @@ struct attn_mla_weights {
     struct weight o;            // (hidden, H v)
 };
 
+// Gated DeltaNet (Qwen3-Next / Qwen3.5). Hk key heads of Dk, Hv value heads of Dv, conv_dim =
+// 2 Hk Dk + Hv Dv. Rows of qkvz are (q, k, v, z) head-major as Qwen3.5 stores them (Qwen3-Next's
+// per-key-head grouped in_proj_qkvz / in_proj_ba rows are reordered at load, qwen3_next.c).
+struct attn_deltanet_weights {
+    struct weight qkvz;         // (conv_dim + Hv Dv, hidden)
+    struct weight ba;           // (2 Hv, hidden): b (beta) rows, then a (decay) rows
+    struct tensor conv;         // (conv_dim, K) depthwise causal conv1d kernel
+    struct tensor a_log;        // (Hv)
+    struct tensor dt_bias;      // (Hv)
+    struct tensor norm;         // (Dv) gated RMSNorm weight (plain, not zero-centred)
+    struct weight out;          // (hidden, Hv Dv)
+};
+
 struct ffn_dense_weights {
     struct weight gate_up;      // (2 inter, hidden)
     struct tensor gate_up_bias; // (2 inter) or data == NULL
@@ -96,6 +112,14 @@ struct ffn_moe_weights {
     struct tensor down_bias;    // (E, hidden) (GPT-OSS), or data == NULL
 };
 
+// MoE with a shared expert scaled by its own per-token sigmoid gate (Qwen3-Next / Qwen3.5).
+struct ffn_moe_shared_weights {
+    struct ffn_moe_weights moe;
+    struct weight shared_gate_up; // (2 shared_inter, hidden)
+    struct weight shared_down;    // (hidden, shared_inter)
+    struct weight shared_gate;    // (1, hidden)
+};
+
 struct model_layer {
     enum attn_kind attn_kind;
     enum ffn_kind ffn_kind;
@@ -103,12 +127,14 @@ struct model_layer {
     struct tensor attn_norm;    // (hidden)
     struct tensor ffn_norm;     // (hidden)
     union {
-        struct attn_gqa_weights gqa;
+        struct attn_gqa_weights gqa; // GQA; GQA_GATED: qkv rows (q, gate, k, v)
         struct attn_mla_weights mla;
+        struct attn_deltanet_weights dn;
     } attn;
     union {
         struct ffn_dense_weights dense;
         struct ffn_moe_weights moe;
+        struct ffn_moe_shared_weights moe_sh;
     } ffn;
 };
 
@@ -128,7 +154,9 @@ struct cache_spec {
     int head_dim_k, head_dim_v;
     int latent_dim;          // LATENT
     int window;              // SLIDING: tokens each query attends to (itself included)
-    size_t state_bytes;      // RECURRENT: bytes per sequence
+    size_t state_bytes;      // RECURRENT: bytes per sequence (F32 conv state + delta-rule state)
+    int conv_dim, conv_kernel; // RECURRENT: conv state (conv_dim, conv_kernel - 1)
+    int n_v_heads, k_dim, v_dim; // RECURRENT: delta-rule state (n_v_heads, k_dim, v_dim)
 };
 
 // Bytes one token takes in a paged spec's cache (0 for RECURRENT) with elements of kv_dtype.
@@ -158,6 +186,7 @@ struct model_scratch {
     void *attn;       // (max_tokens, q_dim)
     void *gate_up;    // (max_tokens, 2 inter)
     void *act;        // (max_tokens, inter)
+    void *extra;      // (max_tokens x the architecture's extra_scratch_cols) a family's own activations
     void *lg_res;     // (max_logits_rows, hidden) gathered residual rows
     void *lg_h;       // (max_logits_rows, hidden) gathered last-block output rows
     void *lg_x;       // (max_logits_rows, hidden) final-normed rows

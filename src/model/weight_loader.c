@@ -262,9 +262,24 @@ static int64_t wdim_global(const struct model_config *c, enum wdim d) {
     case WDIM_KV_LORA: return c->kv_lora_rank;
     case WDIM_KV_B: return (int64_t)c->num_heads * (c->qk_nope_head_dim + c->v_head_dim);
     case WDIM_MLA_O: return (int64_t)c->num_heads * c->v_head_dim;
-    case WDIM_SHARED_INTER: return (int64_t)c->n_shared_experts * c->moe_intermediate_size;
+    case WDIM_SHARED_INTER: // Qwen-style shared_expert_intermediate_size, else DeepSeek's n_shared MLPs of moe_inter
+        return c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size
+                                                      : (int64_t)c->n_shared_experts * c->moe_intermediate_size;
     case WDIM_HEADS: return c->num_heads;
     case WDIM_MOE_INTER2: return 2 * (int64_t)c->moe_intermediate_size;
+    case WDIM_Q_GATED: return 2 * (int64_t)c->num_heads * c->head_dim;
+    case WDIM_ONE: return 1;
+    case WDIM_LIN_QKV:
+        return 2 * (int64_t)c->linear_num_key_heads * c->linear_key_head_dim +
+               (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
+    case WDIM_LIN_V: return (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
+    case WDIM_LIN_QKVZ:
+        return 2 * (int64_t)c->linear_num_key_heads * c->linear_key_head_dim +
+               2 * (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
+    case WDIM_LIN_VHEADS: return c->linear_num_value_heads;
+    case WDIM_LIN_BA: return 2 * (int64_t)c->linear_num_value_heads;
+    case WDIM_LIN_KERNEL: return c->linear_conv_kernel_dim;
+    case WDIM_LIN_VDIM: return c->linear_value_head_dim;
     }
     return 0;
 }

@@ -36,9 +36,19 @@ enum wdim {
     WDIM_KV_LORA,   // kv_lora_rank
     WDIM_KV_B,      // num_heads * (qk_nope_head_dim + v_head_dim)
     WDIM_MLA_O,     // num_heads * v_head_dim
-    WDIM_SHARED_INTER, // n_shared_experts * moe_intermediate_size (DeepSeek's one shared MLP)
+    WDIM_SHARED_INTER, // shared_expert_intermediate_size (Qwen), else n_shared_experts * moe_intermediate_size (DeepSeek)
     WDIM_HEADS,     // this rank's query heads               (TP start: q_head0)
     WDIM_MOE_INTER2, // 2 * moe_intermediate_size (gate and up rows of one stacked tensor)
+    // Qwen3-Next / Qwen3.5 (no tensor parallelism: whole sizes).
+    WDIM_Q_GATED,      // 2 q_dim: q_proj with the per-head output gate
+    WDIM_ONE,          // 1 (the shared expert's gate row)
+    WDIM_LIN_QKV,      // conv_dim = 2 Hk Dk + Hv Dv
+    WDIM_LIN_V,        // Hv Dv
+    WDIM_LIN_QKVZ,     // conv_dim + Hv Dv
+    WDIM_LIN_VHEADS,   // Hv
+    WDIM_LIN_BA,       // 2 Hv
+    WDIM_LIN_KERNEL,   // linear_conv_kernel_dim
+    WDIM_LIN_VDIM,     // Dv
 };
 
 // How a checkpoint stores an entry.

@@ -119,6 +119,7 @@ void runner_layout_build(struct runner_layout *l, int T, int S, int W, int R, in
     FIELD(slot_mapping, T * 4);
     FIELD(query_start, (S + 1) * 4);
     FIELD(context_lens, S * 4);
+    FIELD(state_slots, S * 4);
     FIELD(logits_rows, R * 4);
     FIELD(lp_rows, L * 4);
     FIELD(temperature, R * 4);
@@ -177,6 +178,7 @@ static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *e
 
 static void runner_free_buffers(struct model_runner *r) {
     struct backend *b = r->backend;
+    runner_state_release(r);
     void *dev[] = {r->d_meta, r->d_iota, r->d_out_ids, r->d_out_top_ids, r->d_out_top_lp, r->d_hist, r->kv_pool};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) b->ops->free(b, dev[i]);
@@ -260,6 +262,8 @@ atomc_status runner_validate(const struct model_runner *r, const struct forward_
             return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "prompt-logprob target %d outside the vocabulary",
                              fb->prompt_lp_targets[i]);
     }
+    atomc_status sst = runner_state_validate(r, fb, err);
+    if (sst != ATOMC_OK) return sst;
     if (fb->n_logits > 0 && fb->sampling)
         for (int i = 0; i < fb->n_logits; i++)
             if (fb->sampling[i].n_logprobs < 0 || fb->sampling[i].n_logprobs > RUNNER_MAX_LOGPROBS)
@@ -291,6 +295,9 @@ size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int p
     memcpy(slot, fb->slot_mapping, (size_t)fb->n_tokens * 4);
     memcpy(qs, fb->query_start, (size_t)(fb->n_seqs + 1) * 4);
     memcpy(ctx, fb->context_lens, (size_t)fb->n_seqs * 4);
+    // Recurrent-state slots: a batch without them (graph capture) and padding use the dummy slot.
+    int32_t *sslot = HPTR(r, state_slots, int32_t);
+    for (int s = 0; s < S; s++) sslot[s] = fb->state_slots && s < fb->n_seqs ? fb->state_slots[s] : r->n_state_slots;
     int max_q = 0, max_ctx = 0;
     for (int s = 0; s < fb->n_seqs; s++) {
         int q = fb->query_start[s + 1] - fb->query_start[s];
@@ -354,6 +361,8 @@ size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int p
         .h_block_tables = bt,
         .h_positions = pos,
         .h_slot_mapping = slot,
+        .state_slots = r->n_state_slots ? DPTR(r, state_slots, int32_t) : NULL,
+        .h_state_slots = r->n_state_slots ? sslot : NULL,
     };
     return r->lay.block_tables + (size_t)S * (size_t)bt_stride * 4;
 }
@@ -532,12 +541,18 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
 
     if ((st = runner_alloc_buffers(r, err))) goto fail;
     if ((st = model_scratch_alloc(r->model, r->max_tokens, r->max_rows, err))) goto fail;
+    // The state pool first: on CUDA the KV pool then gets what gpu_memory_utilization leaves.
+    if (runner_state_needed(r) && (st = runner_state_alloc(r, err))) goto fail;
     if ((st = runner_size_kv(r, o, err))) goto fail;
     if (!o->enforce_eager)
         if ((st = runner_capture_graphs(r, err))) goto fail;
-    LOG_INFO("model runner ready in %.2f s: %s on %s, %d KV blocks x %d tokens (%s, %.1f MiB), max_model_len %d",
+    char state_desc[96] = "";
+    if (r->n_state_slots)
+        snprintf(state_desc, sizeof state_desc, ", recurrent state %d + 1 slots (F32, %.1f MiB)", r->n_state_slots,
+                 r->state_bytes / 1048576.0);
+    LOG_INFO("model runner ready in %.2f s: %s on %s, %d KV blocks x %d tokens (%s, %.1f MiB)%s, max_model_len %d",
              time_now_s() - t0, r->cfg.architecture, b->ops->name, r->num_blocks, r->block_size,
-             dtype_name(r->kv_dtype), r->kv_bytes / 1048576.0, r->max_model_len);
+             dtype_name(r->kv_dtype), r->kv_bytes / 1048576.0, state_desc, r->max_model_len);
     *out = r;
     return ATOMC_OK;
 fail:
@@ -571,5 +586,9 @@ size_t model_runner_weight_bytes(const struct model_runner *r) { return r->model
 int model_runner_kv_dtype_bytes(const struct model_runner *r) { return (int)dtype_row_bytes(r->kv_dtype, 1); }
 
 int model_runner_num_graphs(const struct model_runner *r) { return r->n_graphs; }
+
+int model_runner_num_state_slots(const struct model_runner *r) { return r->n_state_slots; }
+
+size_t model_runner_state_bytes(const struct model_runner *r) { return r->state_bytes; }
 
 uint64_t model_runner_num_graph_replays(const struct model_runner *r) { return r->n_graph_replays; }

@@ -48,6 +48,10 @@ struct forward_batch {
     const int32_t *block_tables; // (n_seqs, max_blocks_per_seq)
     int max_blocks_per_seq;
     const int32_t *slot_mapping; // (n_tokens)
+    // Models with recurrent layers (model_runner_num_state_slots > 0): each sequence's state slot
+    // in [0, num_state_slots), distinct within the batch; the engine assigns a sequence one at
+    // admission and keeps it until the sequence finishes, aborts or is preempted. NULL otherwise.
+    const int32_t *state_slots;  // (n_seqs)
 
     // Rows whose logits are needed and sampled: normally the last new token of each sequence
     // that completes its prompt or decodes this step.
@@ -131,6 +135,10 @@ int model_runner_block_size(const struct model_runner *r);
 // any layer keeps full history (hybrid sliding / full models keep every block).
 int model_runner_sliding_window(const struct model_runner *r);
 size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
+// Recurrent-state slots the engine may assign (max_num_seqs; 0 when the model keeps no
+// recurrent state) and their bytes in backend memory.
+int model_runner_num_state_slots(const struct model_runner *r);
+size_t model_runner_state_bytes(const struct model_runner *r);
 int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element
 int model_runner_num_graphs(const struct model_runner *r);        // captured decode graphs
 uint64_t model_runner_num_graph_replays(const struct model_runner *r);

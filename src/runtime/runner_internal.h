@@ -31,6 +31,7 @@ struct runner_layout {
     size_t token_ids, positions, slot_mapping; // (T) int32
     size_t query_start;                        // (S + 1) int32
     size_t context_lens;                       // (S) int32
+    size_t state_slots;                        // (S) int32 recurrent-state slots
     size_t logits_rows;                        // (R) int32
     size_t lp_rows;                            // (L) int32: prompt-logprob rows
     size_t temperature, top_p, min_p;          // (R) float
@@ -59,6 +60,14 @@ struct model_runner {
     void *kv_pool;           // one allocation: per layer K then V
     size_t kv_bytes;
     struct kv_layer *kv;     // (num_layers)
+
+    // Recurrent-state slots (models with CACHE_KIND_RECURRENT layers, runner_state.c): slots
+    // 0 .. n_state_slots - 1 are the engine's (one per running sequence), slot n_state_slots is
+    // the dummy that padding sequences of graph steps write.
+    int n_state_slots;       // 0 = the model keeps no recurrent state
+    void *state_pool;        // one allocation: per recurrent layer conv state, then delta-rule state
+    size_t state_bytes;
+    unsigned char *state_seen; // (n_state_slots + 1) validation scratch: slots used in a batch
 
     struct runner_layout lay; // this step's layout
     struct runner_layout dec; // fixed layout of decode-graph steps
@@ -112,6 +121,13 @@ atomc_status runner_kv_check_specs(const struct model_runner *r, struct error *e
 atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct error *err);
 void runner_kv_release(struct model_runner *r);
 atomc_status runner_size_kv(struct model_runner *r, const struct runner_options *o, struct error *err);
+
+// runner_state.c
+bool runner_state_needed(const struct model_runner *r);
+atomc_status runner_state_alloc(struct model_runner *r, struct error *err);
+void runner_state_bind(struct model_runner *r);
+void runner_state_release(struct model_runner *r);
+atomc_status runner_state_validate(const struct model_runner *r, const struct forward_batch *fb, struct error *err);
 
 // runner_graphs.c
 struct runner_graph *runner_graph_for(struct model_runner *r, int n);

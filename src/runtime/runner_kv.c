@@ -24,10 +24,9 @@ size_t runner_kv_block_bytes(const struct model_runner *r) {
 atomc_status runner_kv_check_specs(const struct model_runner *r, struct error *err) {
     for (int l = 0; l < r->cfg.num_layers; l++) {
         const struct cache_spec *s = &r->model->layer_cache[l];
-        if (s->kind == CACHE_KIND_RECURRENT)
-            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d keeps a %s, which the model runner does not "
-                             "implement yet (per-sequence state slots)", r->cfg.architecture, l,
-                             cache_kind_name(s->kind));
+        if (s->kind == CACHE_KIND_RECURRENT && !r->state_pool)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d keeps a %s but the runner has no state slots",
+                             r->cfg.architecture, l, cache_kind_name(s->kind));
         if (s->kind == CACHE_KIND_SLIDING && s->window <= 0)
             return error_set(err, ATOMC_ERR_FORMAT, "%s layer %d: sliding-window cache with window %d",
                              r->cfg.architecture, l, s->window);
@@ -59,6 +58,7 @@ atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct erro
         struct kv_layer *kv = &r->kv[l];
         memset(kv, 0, sizeof *kv);
         kv->k_scale = kv->v_scale = 1.0f;
+        if (s->kind == CACHE_KIND_RECURRENT) continue; // state slots (runner_state.c), bound below
         if (s->kind == CACHE_KIND_LATENT) {
             kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, 1, s->latent_dim});
             base += slots * (size_t)s->latent_dim * e;
@@ -70,6 +70,7 @@ atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct erro
         base += slots * (size_t)s->n_kv_heads * (size_t)s->head_dim_v * e;
     }
     CHECK((size_t)(base - (char *)r->kv_pool) == r->kv_bytes);
+    runner_state_bind(r);
     return ATOMC_OK;
 }
 
@@ -94,6 +95,8 @@ static atomc_status runner_profile(struct model_runner *r, struct error *err) {
     int32_t *ids = xcalloc((size_t)T, 4), *pos = xcalloc((size_t)T, 4), *slot = xcalloc((size_t)T, 4);
     int32_t *qs = xcalloc((size_t)S + 1, 4), *ctx = xcalloc((size_t)S, 4);
     int32_t *bt = xcalloc((size_t)S * (size_t)blocks_per_seq, 4), *rows = xcalloc((size_t)S, 4);
+    int32_t *sslots = xcalloc((size_t)S, 4); // recurrent-state slot s for sequence s (S <= max_num_seqs)
+    for (int s = 0; s < S; s++) sslots[s] = s;
     int t = 0;
     for (int s = 0; s < S; s++) {
         int n = T - t < per_seq ? T - t : per_seq;
@@ -110,11 +113,11 @@ static atomc_status runner_profile(struct model_runner *r, struct error *err) {
     struct forward_batch fb = {.n_seqs = S, .n_tokens = T, .token_ids = ids, .positions = pos, .query_start = qs,
                                .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = blocks_per_seq,
                                .slot_mapping = slot, .n_logits = S < r->max_rows ? S : r->max_rows,
-                               .logits_rows = rows};
+                               .logits_rows = rows, .state_slots = r->n_state_slots ? sslots : NULL};
     st = runner_validate(r, &fb, err);
     if (st == ATOMC_OK) st = runner_forward(r, &fb, fb.n_logits, err);
     r->backend->ops->synchronize(r->backend);
-    free(ids); free(pos); free(slot); free(qs); free(ctx); free(bt); free(rows);
+    free(ids); free(pos); free(slot); free(qs); free(ctx); free(bt); free(rows); free(sslots);
     runner_kv_release(r);
     return st;
 }

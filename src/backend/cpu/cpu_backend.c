@@ -861,4 +861,8 @@ static const struct backend_ops cpu_ops = {
     .moe_experts = cpu_moe_experts,
     .mla_latent_write = cpu_mla_latent_write,
     .mla_attention = cpu_mla_attention,
+    .deltanet_conv = cpu_deltanet_conv,
+    .deltanet_rule = cpu_deltanet_rule,
+    .rmsnorm_gated = cpu_rmsnorm_gated,
+    .gate_sigmoid_mul = cpu_gate_sigmoid_mul,
 };

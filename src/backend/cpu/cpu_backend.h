@@ -69,6 +69,17 @@ void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor 
                      const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                      const struct moe_experts_args *ea, void *workspace);
 
+// Gated DeltaNet ops (cpu_deltanet.c), see backend.h.
+void cpu_deltanet_conv(struct backend *b, struct tensor *out, const struct tensor *x, int64_t x_row_stride,
+                       const struct tensor *w, struct kv_layer *kv, const struct attn_metadata *md);
+void cpu_deltanet_rule(struct backend *b, struct tensor *out, const struct tensor *qkv, const struct tensor *ba,
+                       int64_t ba_row_stride, const struct tensor *a_log, const struct tensor *dt_bias,
+                       struct kv_layer *kv, const struct attn_metadata *md, const struct deltanet_args *a);
+void cpu_rmsnorm_gated(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *z,
+                       int64_t z_row_stride, int z_heads, const struct tensor *w, float eps);
+void cpu_gate_sigmoid_mul(struct backend *b, struct tensor *x, const struct tensor *gate, int64_t gate_row_stride,
+                          int gate_cols);
+
 // Quantized weights (cpu_qmatmul.c): the matmul for schemes other than NONE (cpu_matmul
 // dispatches to it), whether a weight is one it runs, and expert e of a stacked (E, rows,
 // cols) weight as a 2-D weight with its scales (any scheme, NONE included).

@@ -298,6 +298,10 @@ static const struct backend_ops cuda_ops = {
     .moe_experts = cuda_op_moe_experts,
     .mla_latent_write = cuda_op_mla_latent_write,
     .mla_attention = cuda_op_mla_attention,
+    .deltanet_conv = cuda_op_deltanet_conv,
+    .deltanet_rule = cuda_op_deltanet_rule,
+    .rmsnorm_gated = cuda_op_rmsnorm_gated,
+    .gate_sigmoid_mul = cuda_op_gate_sigmoid_mul,
 };
 
 // Everything backend_cuda_create makes after the struct itself; on failure the caller frees

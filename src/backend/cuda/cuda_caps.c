@@ -30,4 +30,7 @@ const struct backend_caps backend_cuda_caps = {
     .mla = true,
     .mla_max_kv_lora = CUDA_MLA_MAX_KV_LORA,
     .mla_max_rope = CUDA_MLA_MAX_ROPE,
+    .gated_deltanet = true,
+    .max_deltanet_head_dim = CUDA_DN_MAX_HEAD_DIM,
+    .max_deltanet_conv_kernel = CUDA_DN_MAX_CONV_KERNEL,
 };

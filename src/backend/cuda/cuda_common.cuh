@@ -330,6 +330,16 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // Op entry points implemented in the other .cu files (wired into the vtable by cuda_backend.cu).
 void cuda_op_embedding(struct backend *b, struct tensor *out, const struct tensor *table, const int32_t *ids);
+// Gated DeltaNet (cuda_deltanet.cu).
+void cuda_op_deltanet_conv(struct backend *b, struct tensor *out, const struct tensor *x, int64_t x_row_stride,
+                           const struct tensor *w, struct kv_layer *kv, const struct attn_metadata *md);
+void cuda_op_deltanet_rule(struct backend *b, struct tensor *out, const struct tensor *qkv, const struct tensor *ba,
+                           int64_t ba_row_stride, const struct tensor *a_log, const struct tensor *dt_bias,
+                           struct kv_layer *kv, const struct attn_metadata *md, const struct deltanet_args *a);
+void cuda_op_rmsnorm_gated(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *z,
+                           int64_t z_row_stride, int z_heads, const struct tensor *w, float eps);
+void cuda_op_gate_sigmoid_mul(struct backend *b, struct tensor *x, const struct tensor *gate, int64_t gate_row_stride,
+                              int gate_cols);
 void cuda_op_rmsnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w, float eps);
 void cuda_op_add_rmsnorm(struct backend *b, struct tensor *out, struct tensor *residual, const struct tensor *x,
                          const struct tensor *w, float eps);

@@ -1,0 +1,384 @@
+// The CUDA Gated DeltaNet ops (src/backend/cuda/cuda_deltanet.cu) against the CPU reference ops
+// (themselves checked against a double loop in tests/test_deltanet_ops.c), and the tiny
+// Qwen3-Next / Qwen3.5-MoE fixtures on CUDA against HF. Runs only where a GPU is (make CUDA=1
+// gpu-tests; build-cuda/tests/gpu/test_cuda_deltanet); skipped otherwise.
+//
+// Inputs are rounded to BF16 and the CPU sees the same values in F32, so differences come from
+// the GPU's BF16 outputs and summation order: outputs and F32 states within NMSE 1e-4. Batches mix
+// odd lengths (1, 5, 63, 64, 65, 150: inside one 64-token chunk, exactly one, across chunks),
+// fresh sequences and continued ones (state carried in the slot between calls), and a
+// decode-only batch (the 1-token chunk configuration the decode graphs capture); shapes: the
+// Qwen3-Next one (Hk 16 / Hv 32 x 128, here with fewer heads) and an odd one (Dk 48, Dv 40).
+// Model: logits within 5e-2 x max(1, |logit|) of HF (the BF16 tolerance of test_cuda_models.c),
+// one-shot and in chunks of 7 tokens.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "model_refs.h"
+#include "runner_sim.h"
+#include "runtime/model_runner.h"
+#include "test.h"
+
+static struct backend *cpu_be, *gpu_be;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float rng_sym(float s) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)(((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0 - 1.0) * s;
+}
+static float rbf(float x) {
+    return bf16_to_f32(f32_to_bf16(x));
+}
+
+static bool backends_ready(void) {
+    if (cpu_be && gpu_be) return true;
+    struct error err = {0};
+    struct backend_options o = {.num_threads = 0, .device_id = 0, .kv_pool_bytes = 64u << 20};
+    if (!cpu_be && backend_create("cpu", &o, &cpu_be, &err) != ATOMC_OK) return false;
+    if (backend_create("cuda", &o, &gpu_be, &err) != ATOMC_OK) {
+        fprintf(stderr, "  no CUDA backend: %s\n", err.msg);
+        return false;
+    }
+    return true;
+}
+
+static void *to_gpu(const void *h, size_t bytes) {
+    void *d = gpu_be->ops->alloc(gpu_be, bytes);
+    gpu_be->ops->copy_h2d(gpu_be, d, h, bytes);
+    return d;
+}
+static void *to_gpu_bf16(const float *x, int64_t n) {
+    uint16_t *h = malloc((size_t)n * 2);
+    dtype_from_f32(DTYPE_BF16, x, h, n);
+    void *d = to_gpu(h, (size_t)n * 2);
+    gpu_be->ops->synchronize(gpu_be);
+    free(h);
+    return d;
+}
+static void from_gpu(void *h, const void *d, size_t bytes) {
+    gpu_be->ops->synchronize(gpu_be);
+    gpu_be->ops->copy_d2h(gpu_be, h, d, bytes);
+    gpu_be->ops->synchronize(gpu_be);
+}
+
+static double nmse(const float *a, const float *ref, int64_t n) {
+    double num = 0, den = 1e-30;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        if (!isfinite(a[i])) return INFINITY;
+    }
+    return num / den;
+}
+
+struct shape {
+    int hk, hv, dk, dv, K;
+};
+
+// Runs conv + rule on both backends for one batch (lens[s] new tokens, ctx[s] cache length after
+// the step, slot[s]) with the CPU and GPU states carried from earlier calls; compares outputs.
+struct dn_state {
+    struct shape sh;
+    int n_slots;
+    float *c_conv, *c_rec; // CPU states
+    void *g_conv, *g_rec;  // GPU states
+    float *wconv, *alog, *dtb;
+    void *g_wconv, *g_alog, *g_dtb;
+};
+
+static void dn_init(struct dn_state *d, struct shape sh, int n_slots) {
+    memset(d, 0, sizeof *d);
+    d->sh = sh;
+    d->n_slots = n_slots;
+    int64_t C = 2 * (int64_t)sh.hk * sh.dk + (int64_t)sh.hv * sh.dv;
+    size_t nc = (size_t)n_slots * C * (sh.K - 1), nr = (size_t)n_slots * sh.hv * sh.dk * sh.dv;
+    d->c_conv = calloc(nc, 4);
+    d->c_rec = calloc(nr, 4);
+    d->g_conv = gpu_be->ops->alloc(gpu_be, nc * 4);
+    d->g_rec = gpu_be->ops->alloc(gpu_be, nr * 4);
+    gpu_be->ops->memset_zero(gpu_be, d->g_conv, nc * 4);
+    gpu_be->ops->memset_zero(gpu_be, d->g_rec, nr * 4);
+    d->wconv = malloc(sizeof(float) * (size_t)(C * sh.K));
+    for (int64_t i = 0; i < C * sh.K; i++)
+        d->wconv[i] = rbf(rng_sym(0.6f));
+    d->alog = malloc(sizeof(float) * sh.hv);
+    d->dtb = malloc(sizeof(float) * sh.hv);
+    for (int h = 0; h < sh.hv; h++)
+        d->alog[h] = rbf(rng_sym(0.8f)), d->dtb[h] = rbf(rng_sym(0.5f));
+    d->g_wconv = to_gpu_bf16(d->wconv, C * sh.K);
+    d->g_alog = to_gpu_bf16(d->alog, sh.hv);
+    d->g_dtb = to_gpu_bf16(d->dtb, sh.hv);
+}
+
+static void dn_free(struct dn_state *d) {
+    free(d->c_conv);
+    free(d->c_rec);
+    free(d->wconv);
+    free(d->alog);
+    free(d->dtb);
+    void *g[] = {d->g_conv, d->g_rec, d->g_wconv, d->g_alog, d->g_dtb};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+        gpu_be->ops->free(gpu_be, g[i]);
+}
+
+// One step of n_seqs sequences; returns the worst NMSE of conv out, rule out and the states.
+static double dn_step(struct dn_state *d, int n_seqs, const int *lens, const int *ctx, const int *slots,
+                      bool decode_only) {
+    const struct shape sh = d->sh;
+    const int64_t C = 2 * (int64_t)sh.hk * sh.dk + (int64_t)sh.hv * sh.dv, V = (int64_t)sh.hv * sh.dv;
+    int32_t qs[16], cx[16], sl[16];
+    int T = 0;
+    qs[0] = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        T += lens[s];
+        qs[s + 1] = T;
+        cx[s] = ctx[s];
+        sl[s] = slots[s];
+    }
+    const int64_t XS = C + 16; // a strided view, as inside the fused projection
+    float *x = malloc(sizeof(float) * (size_t)T * XS), *ba = malloc(sizeof(float) * (size_t)T * 2 * sh.hv);
+    for (int64_t i = 0; i < (int64_t)T * XS; i++)
+        x[i] = rbf(rng_sym(1.0f));
+    for (int64_t i = 0; i < (int64_t)T * 2 * sh.hv; i++)
+        ba[i] = rbf(rng_sym(2.0f));
+    void *gx = to_gpu_bf16(x, (int64_t)T * XS), *gba = to_gpu_bf16(ba, (int64_t)T * 2 * sh.hv);
+    void *gq = to_gpu(qs, sizeof(int32_t) * (size_t)(n_seqs + 1)), *gc = to_gpu(cx, sizeof(int32_t) * (size_t)n_seqs);
+    void *gs = to_gpu(sl, sizeof(int32_t) * (size_t)n_seqs);
+    struct attn_metadata cm = {.n_seqs = n_seqs,
+                               .n_tokens = T,
+                               .decode_only = decode_only,
+                               .query_start = qs,
+                               .context_lens = cx,
+                               .h_query_start = qs,
+                               .h_context_lens = cx,
+                               .state_slots = sl,
+                               .h_state_slots = sl};
+    struct attn_metadata gm = cm;
+    gm.query_start = gq;
+    gm.context_lens = gc;
+    gm.state_slots = gs;
+    struct kv_layer ckv = {0}, gkv = {0};
+    ckv.k = tensor_make(d->c_conv, DTYPE_F32, 3, (int64_t[]){d->n_slots, C, sh.K - 1});
+    ckv.v = tensor_make(d->c_rec, DTYPE_F32, 4, (int64_t[]){d->n_slots, sh.hv, sh.dk, sh.dv});
+    gkv.k = tensor_make(d->g_conv, DTYPE_F32, 3, (int64_t[]){d->n_slots, C, sh.K - 1});
+    gkv.v = tensor_make(d->g_rec, DTYPE_F32, 4, (int64_t[]){d->n_slots, sh.hv, sh.dk, sh.dv});
+    const struct deltanet_args a = {.n_k_heads = sh.hk, .n_v_heads = sh.hv, .k_dim = sh.dk, .v_dim = sh.dv};
+    // CPU
+    float *c_conv = malloc(sizeof(float) * (size_t)T * C), *c_out = malloc(sizeof(float) * (size_t)T * V);
+    struct tensor cx_t = tensor_2d(x, DTYPE_F32, T, C), cw = tensor_2d(d->wconv, DTYPE_F32, C, sh.K);
+    struct tensor cco = tensor_2d(c_conv, DTYPE_F32, T, C), cro = tensor_2d(c_out, DTYPE_F32, T, V);
+    struct tensor cba = tensor_2d(ba, DTYPE_F32, T, 2 * sh.hv);
+    struct tensor cal = tensor_2d(d->alog, DTYPE_F32, 1, sh.hv), cdt = tensor_2d(d->dtb, DTYPE_F32, 1, sh.hv);
+    cpu_be->ops->deltanet_conv(cpu_be, &cco, &cx_t, XS, &cw, &ckv, &cm);
+    // The rule on the conv output rounded to BF16, as the GPU stores it.
+    for (int64_t i = 0; i < (int64_t)T * C; i++)
+        c_conv[i] = rbf(c_conv[i]);
+    cpu_be->ops->deltanet_rule(cpu_be, &cro, &cco, &cba, 2 * sh.hv, &cal, &cdt, &ckv, &cm, &a);
+    // GPU
+    void *g_conv = gpu_be->ops->alloc(gpu_be, (size_t)T * C * 2),
+         *g_out = gpu_be->ops->alloc(gpu_be, (size_t)T * V * 2);
+    struct tensor gx_t = tensor_2d(gx, DTYPE_BF16, T, C), gw = tensor_2d(d->g_wconv, DTYPE_BF16, C, sh.K);
+    struct tensor gco = tensor_2d(g_conv, DTYPE_BF16, T, C), gro = tensor_2d(g_out, DTYPE_BF16, T, V);
+    struct tensor gbat = tensor_2d(gba, DTYPE_BF16, T, 2 * sh.hv);
+    struct tensor gal = tensor_2d(d->g_alog, DTYPE_BF16, 1, sh.hv), gdt = tensor_2d(d->g_dtb, DTYPE_BF16, 1, sh.hv);
+    gpu_be->ops->deltanet_conv(gpu_be, &gco, &gx_t, XS, &gw, &gkv, &gm);
+    gpu_be->ops->deltanet_rule(gpu_be, &gro, &gco, &gbat, 2 * sh.hv, &gal, &gdt, &gkv, &gm, &a);
+    // Compare.
+    uint16_t *h16 = malloc((size_t)T * (C > V ? C : V) * 2);
+    float *hf = malloc(sizeof(float) * (size_t)T * (C > V ? C : V));
+    from_gpu(h16, g_conv, (size_t)T * C * 2);
+    dtype_to_f32(DTYPE_BF16, h16, hf, (int64_t)T * C);
+    double worst = nmse(hf, c_conv, (int64_t)T * C);
+    from_gpu(h16, g_out, (size_t)T * V * 2);
+    dtype_to_f32(DTYPE_BF16, h16, hf, (int64_t)T * V);
+    double e = nmse(hf, c_out, (int64_t)T * V);
+    worst = e > worst ? e : worst;
+    size_t nr = (size_t)d->n_slots * sh.hv * sh.dk * sh.dv, nc = (size_t)d->n_slots * C * (sh.K - 1);
+    float *st = malloc(sizeof(float) * (nr > nc ? nr : nc));
+    from_gpu(st, d->g_rec, nr * 4);
+    e = nmse(st, d->c_rec, (int64_t)nr);
+    worst = e > worst ? e : worst;
+    from_gpu(st, d->g_conv, nc * 4);
+    e = nmse(st, d->c_conv, (int64_t)nc);
+    worst = e > worst ? e : worst;
+    free(st);
+    free(h16);
+    free(hf);
+    free(x);
+    free(ba);
+    free(c_conv);
+    free(c_out);
+    void *g[] = {gx, gba, gq, gc, gs, g_conv, g_out};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+        gpu_be->ops->free(gpu_be, g[i]);
+    return worst;
+}
+
+static void check_shape(struct shape sh) {
+    struct dn_state d;
+    dn_init(&d, sh, 8);
+    // Fresh sequences of odd lengths in one batch, in slots out of order.
+    int lens[6] = {1, 5, 63, 64, 65, 150}, ctx[6], slots[6] = {5, 0, 7, 2, 6, 3};
+    for (int s = 0; s < 6; s++)
+        ctx[s] = lens[s];
+    double e = dn_step(&d, 6, lens, ctx, slots, false);
+    fprintf(stderr, "  Hk %d Hv %d Dk %d Dv %d: fresh batch NMSE %.2e\n", sh.hk, sh.hv, sh.dk, sh.dv, e);
+    ASSERT_TRUE(e <= 1e-4);
+    // Continue them: chunks of 37, 1, 64 and 100 tokens mixed in one batch.
+    int lens2[4] = {37, 1, 64, 100}, ctx2[4], slots2[4] = {5, 0, 7, 2};
+    for (int s = 0; s < 4; s++)
+        ctx2[s] = lens[s] + lens2[s];
+    e = dn_step(&d, 4, lens2, ctx2, slots2, false);
+    fprintf(stderr, "  continued chunks NMSE %.2e\n", e);
+    ASSERT_TRUE(e <= 1e-4);
+    // Decode-only steps of all six (the graph-captured configuration).
+    int ones[6] = {1, 1, 1, 1, 1, 1}, ctx3[6];
+    for (int k = 0; k < 3; k++) {
+        for (int s = 0; s < 6; s++)
+            ctx3[s] = ctx[s] + (s < 4 ? lens2[s] : 0) + 1 + k;
+        e = dn_step(&d, 6, ones, ctx3, slots, true);
+        ASSERT_TRUE(e <= 1e-4);
+    }
+    fprintf(stderr, "  decode steps NMSE %.2e\n", e);
+    dn_free(&d);
+}
+
+TEST(cuda_deltanet_ops_match_cpu) {
+    if (!backends_ready()) SKIP("no CUDA device");
+    check_shape((struct shape){.hk = 2, .hv = 4, .dk = 128, .dv = 128, .K = 4}); // Qwen3-Next head dims
+    check_shape((struct shape){.hk = 2, .hv = 6, .dk = 48, .dv = 40, .K = 4});   // odd dims, 3 value heads per key head
+    check_shape((struct shape){.hk = 1, .hv = 1, .dk = 32, .dv = 16, .K = 2});
+}
+
+TEST(cuda_gated_norm_and_gate_match_cpu) {
+    if (!backends_ready()) SKIP("no CUDA device");
+    enum { T = 37, H = 5, D = 40, ZS = 300 };
+    float *x = malloc(sizeof(float) * T * H * D), *z = malloc(sizeof(float) * T * ZS), w[D];
+    for (int i = 0; i < T * H * D; i++)
+        x[i] = rbf(rng_sym(2.0f));
+    for (int i = 0; i < T * ZS; i++)
+        z[i] = rbf(rng_sym(3.0f));
+    for (int i = 0; i < D; i++)
+        w[i] = rbf(1.0f + rng_sym(0.3f));
+    float *co = malloc(sizeof(float) * T * H * D), *go = malloc(sizeof(float) * T * H * D);
+    struct tensor cx = tensor_2d(x, DTYPE_F32, T * H, D), cz = tensor_2d(z + 10, DTYPE_F32, T * H, D);
+    struct tensor cw = tensor_2d(w, DTYPE_F32, 1, D), cot = tensor_2d(co, DTYPE_F32, T * H, D);
+    cpu_be->ops->rmsnorm_gated(cpu_be, &cot, &cx, &cz, ZS, H, &cw, 1e-6f);
+    void *gx = to_gpu_bf16(x, T * H * D), *gz = to_gpu_bf16(z, T * ZS), *gw = to_gpu_bf16(w, D);
+    void *gout = gpu_be->ops->alloc(gpu_be, (size_t)T * H * D * 2);
+    struct tensor gxt = tensor_2d(gx, DTYPE_BF16, T * H, D), gzt = tensor_2d((char *)gz + 20, DTYPE_BF16, T * H, D);
+    struct tensor gwt = tensor_2d(gw, DTYPE_BF16, 1, D), got = tensor_2d(gout, DTYPE_BF16, T * H, D);
+    gpu_be->ops->rmsnorm_gated(gpu_be, &got, &gxt, &gzt, ZS, H, &gwt, 1e-6f);
+    uint16_t *h = malloc((size_t)T * H * D * 2);
+    from_gpu(h, gout, (size_t)T * H * D * 2);
+    dtype_to_f32(DTYPE_BF16, h, go, T * H * D);
+    double e = nmse(go, co, T * H * D);
+    fprintf(stderr, "  rmsnorm_gated NMSE %.2e\n", e);
+    ASSERT_TRUE(e <= 1e-4);
+    // Per-element gate with a row stride, then the per-row gate.
+    for (int mode = 0; mode < 2; mode++) {
+        int gc = mode ? 1 : H * D;
+        memcpy(co, x, sizeof(float) * T * H * D);
+        struct tensor cxt = tensor_2d(co, DTYPE_F32, T, H * D), czt = tensor_2d(z, DTYPE_F32, T, H * D);
+        cpu_be->ops->gate_sigmoid_mul(cpu_be, &cxt, &czt, ZS, gc);
+        void *gy = to_gpu_bf16(x, T * H * D);
+        struct tensor gyt = tensor_2d(gy, DTYPE_BF16, T, H * D), gzt2 = tensor_2d(gz, DTYPE_BF16, T, H * D);
+        gpu_be->ops->gate_sigmoid_mul(gpu_be, &gyt, &gzt2, ZS, gc);
+        from_gpu(h, gy, (size_t)T * H * D * 2);
+        dtype_to_f32(DTYPE_BF16, h, go, T * H * D);
+        e = nmse(go, co, T * H * D);
+        fprintf(stderr, "  gate_sigmoid_mul (gate cols %d) NMSE %.2e\n", gc, e);
+        ASSERT_TRUE(e <= 1e-4);
+        gpu_be->ops->free(gpu_be, gy);
+    }
+    void *g[] = {gx, gz, gw, gout};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+        gpu_be->ops->free(gpu_be, g[i]);
+    free(x);
+    free(z);
+    free(co);
+    free(go);
+    free(h);
+}
+
+// The tiny fixtures on CUDA: logits vs HF, one-shot and chunked.
+TEST(cuda_qwen3_next_models_match_hf) {
+    if (!backends_ready()) SKIP("no CUDA device");
+    static const char *models[] = {"qwen3_next", "qwen3_5_moe"};
+    for (int mi = 0; mi < 2; mi++) {
+        struct refs R;
+        ASSERT_EQ(refs_load(models[mi], &R, 5e-2, 4.0), 0);
+        char rel[256], path[4096];
+        snprintf(rel, sizeof rel, "models/%s", models[mi]);
+        snprintf(path, sizeof path, "%s", test_fixture(rel));
+        struct runner_options o = {.model_path = path,
+                                   .device = "cuda",
+                                   .dtype = "auto",
+                                   .load_format = "auto",
+                                   .kv_cache_dtype = "auto",
+                                   .block_size = 16,
+                                   .num_kv_blocks = 128,
+                                   .max_num_seqs = 4,
+                                   .max_num_batched_tokens = 256,
+                                   .max_model_len = 256,
+                                   .gpu_memory_utilization = 0.3};
+        struct model_runner *r = NULL;
+        struct error err = {0};
+        ASSERT_OK(model_runner_create(&o, &r, &err));
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 9u);
+        for (int chunk = 0; chunk <= 7; chunk += 7) {
+            double worst = 0;
+            for (int pi = 0; pi < R.n; pi++) {
+                struct ref_prompt *p = &R.p[pi];
+                struct sim_seq *q = malloc(sizeof *q);
+                sim_seq_init(q, p->ids, p->n);
+                q->state_slot = pi % 4;
+                float *lg = malloc(sizeof(float) * (size_t)R.vocab * p->n_pos);
+                int done = 0, got = 0;
+                while (done < p->n) {
+                    int n = chunk && p->n - done > chunk ? chunk : p->n - done;
+                    sim_step_begin(s);
+                    ASSERT_EQ(sim_step_add(s, q, n, 0), 0);
+                    s->n_rows = 0;
+                    for (int k = 0; k < p->n_pos; k++)
+                        if (p->pos[k] >= done && p->pos[k] < done + n) s->rows[s->n_rows++] = p->pos[k] - done;
+                    struct forward_batch fb = sim_step_batch(s);
+                    float *tmp = malloc(sizeof(float) * (size_t)R.vocab * (s->n_rows ? s->n_rows : 1));
+                    ASSERT_OK(model_runner_execute_logits(r, &fb, tmp, &err));
+                    memcpy(lg + (size_t)got * R.vocab, tmp, sizeof(float) * (size_t)R.vocab * s->n_rows);
+                    got += s->n_rows;
+                    free(tmp);
+                    sim_step_commit(s);
+                    done += n;
+                }
+                double dmax = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
+                if (!(dmax <= R.tol))
+                    test_fail(__FILE__, __LINE__, "%s prompt %d chunk %d: max |logit - HF| %g > %g", models[mi], pi,
+                              chunk, dmax, R.tol);
+                worst = dmax > worst ? dmax : worst;
+                free(lg);
+                sim_seq_release(s, q);
+                free(q);
+            }
+            fprintf(stderr, "  %s on CUDA, chunk %d: max |logit - HF| %.3g (tolerance %.3g)\n", models[mi], chunk,
+                    worst, R.tol);
+        }
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+        refs_free(&R);
+    }
+}
+
+int main(int argc, char **argv) {
+    int rc = test_main(argc, argv);
+    if (gpu_be) backend_destroy(gpu_be);
+    if (cpu_be) backend_destroy(cpu_be);
+    return rc;
+}
