@@ -152,6 +152,7 @@ struct model {
     const struct model_arch_def *arch; // the architecture table entry (arch.c)
     struct backend *backend;      // not owned
     enum dtype weight_dtype;      // the default dtype of weights in backend memory
+    bool quant_weight_only;       // model_load_options.quant_weight_only
     bool keep_file_dtypes;        // dtype auto: quantised / F16 / BF16 tensors the backend takes stay as in the file
     int q_dim, kv_dim, qkv_dim;   // n_heads * head_dim, n_kv_heads * head_dim, q_dim + 2 kv_dim
 
@@ -207,6 +208,10 @@ struct model_load_options {
     // (t * top_k + j) mod E, weight 1 / top_k): random dummy routers concentrate traffic that
     // real routers spread. Set by the bench commands' --moe-uniform-routing, never by serving.
     bool moe_force_uniform;
+    // W8A8 checkpoints computed weight-only: the input activations stay unquantized (struct
+    // weight.act NONE), i.e. transformers' dequantize=True forward that the quant fixtures' refs
+    // are. Default false: the activations are quantized as the checkpoint says, on every backend.
+    bool quant_weight_only;
 };
 
 // Loads (or generates) every weight of `cfg`'s architecture into backend memory, fuses

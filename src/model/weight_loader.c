@@ -556,7 +556,8 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
     *w = (struct weight){.scheme = scheme,
                          .block_rows = scheme == WEIGHT_SCHEME_BLOCK ? br : p->block_rows,
                          .block_cols = p->block_cols,
-                         .bits = packed ? p->bits : 0};
+                         .bits = packed ? p->bits : 0,
+                         .act = m->quant_weight_only ? WEIGHT_ACT_NONE : p->act};
     if (stacked) {
         w->t = tensor_make(vals, p->values_dtype, 3, (int64_t[]){E, R / E, stored_cols});
         w->scale = scheme == WEIGHT_SCHEME_PER_CHANNEL

@@ -510,7 +510,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
                                     .keep_file_dtypes = keep_file_dtypes,
                                     .kv_dtype = r->kv_dtype, .block_size = r->block_size, .tp_rank = o->tp_rank,
                                     .tp_size = o->tp_size, .comm = o->comm,
-                                    .moe_force_uniform = o->moe_uniform_routing};
+                                    .moe_force_uniform = o->moe_uniform_routing,
+                                    .quant_weight_only = o->quant_weight_only};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
     // Every tensor of the checkpoint must have been read: a scale or unknown tensor the model

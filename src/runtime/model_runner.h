@@ -102,6 +102,8 @@ struct runner_options {
     struct comm *comm;
     // BENCHMARK ONLY: balanced round-robin MoE routing (struct model_load_options).
     bool moe_uniform_routing;
+    // W8A8 checkpoints computed weight-only (struct model_load_options.quant_weight_only).
+    bool quant_weight_only;
 };
 
 struct model_runner;
