@@ -72,8 +72,9 @@ static atomc_status model_check_config(const struct model_config *c, const struc
 atomc_status model_check_backend_caps(const struct model_config *c, const struct backend_caps *caps,
                                       const struct model_load_options *o, struct error *err) {
     const char *be = caps->name;
-    // Quantized weights' schemes and dtypes (checkpoint loads only: dummy weights are plain).
-    atomc_status qst = o->files ? model_quant_check_backend(c, caps, err) : ATOMC_OK;
+    // Quantized weights' schemes and dtypes (dummy weights of a quantized config are random values
+    // in its scheme, so they are checked too).
+    atomc_status qst = model_quant_check_backend(c, caps, err);
     if (qst != ATOMC_OK) return qst;
     if (caps->n_head_dims > 0) {
         bool ok = false;

@@ -466,6 +466,43 @@ static atomc_status copy_values(struct weight_loader *L, const char *wname, cons
     return ATOMC_OK;
 }
 
+// Dummy (--load-format dummy) quantized values of one part, copied to dst: random FP8 codes
+// (finite, NaN bytes replaced by +-448) or random packed integer words, so benchmarks of a
+// quantized config read the bytes a real checkpoint's kernels read.
+static atomc_status dummy_values(struct weight_loader *L, const struct quant_weight_plan *p, int64_t rows,
+                                 int64_t stored_cols, void *dst, struct error *err) {
+    struct backend *b = L->m->backend;
+    const size_t esz = dtype_row_bytes(p->values_dtype, 1), bytes = (size_t)rows * (size_t)stored_cols * esz;
+    const size_t chunk = 8u << 20;
+    uint8_t *h = malloc(bytes < chunk ? bytes : chunk);
+    if (!h) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: out of host memory");
+    for (size_t off = 0; off < bytes; off += chunk) {
+        size_t nb = bytes - off < chunk ? bytes - off : chunk;
+        for (size_t i = 0; i < nb; i += 8) {
+            uint64_t r = splitmix64(&L->seed);
+            memcpy(h + i, &r, nb - i < 8 ? nb - i : 8);
+        }
+        if (p->values_dtype == DTYPE_FP8_E4M3)
+            for (size_t i = 0; i < nb; i++)
+                if ((h[i] & 0x7f) == 0x7f) h[i] ^= 1; // NaN -> 448
+        b->ops->copy_h2d(b, (char *)dst + off, h, nb);
+    }
+    b->ops->synchronize(b);
+    free(h);
+    return ATOMC_OK;
+}
+
+// Dummy scales of one part: the weights come out about uniform in +-1/sqrt(cols) (as dummy plain
+// weights), FP8 codes reaching +-448, integers +-2^(bits-1).
+static void dummy_scales(const struct quant_weight_plan *p, int64_t rows, int64_t cols, float *out, int64_t *sr,
+                         int64_t *sc) {
+    scale_shape(p, rows, cols, sr, sc);
+    const float qmax = p->values_dtype == DTYPE_FP8_E4M3 ? 448.0f : (float)(1 << (p->bits - 1));
+    const float s = 1.0f / sqrtf((float)cols) / qmax;
+    for (int64_t i = 0; i < *sr * *sc; i++)
+        out[i] = s * (0.75f + 0.5f * (float)(i % 7) / 7.0f);
+}
+
 // Loads the n parts names[i] (rows[i] x cols each; n = parts x E, expert-major) of a quantized
 // is_weight entry into *w, under plan p; stacked (per-expert entries): (E, rows, cols) views.
 static atomc_status load_quantized(struct weight_loader *L, struct weight *w, int n, int E, bool stacked,
@@ -529,9 +566,14 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
             st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory for the scales of %s", names[i]);
             break;
         }
-        st = copy_values(L, names[i], p, rows[i], cols, stored_cols, (char *)vals + (size_t)row_off * stored_cols * esz,
-                         err);
-        if (st == ATOMC_OK) st = read_scale(L, names[i], p, rows[i], cols, part, &sr, &sc, err);
+        void *vdst = (char *)vals + (size_t)row_off * stored_cols * esz;
+        if (!L->files) { // dummy weights of a quantized config
+            st = dummy_values(L, p, rows[i], stored_cols, vdst, err);
+            dummy_scales(p, rows[i], cols, part, &sr, &sc);
+        } else {
+            st = copy_values(L, names[i], p, rows[i], cols, stored_cols, vdst, err);
+            if (st == ATOMC_OK) st = read_scale(L, names[i], p, rows[i], cols, part, &sr, &sc, err);
+        }
         if (st != ATOMC_OK) break;
         float *dst = scale + srow_off * scols;
         if (scheme == WEIGHT_SCHEME_BLOCK) { // part rows in blocks of br (br divides them when n > 1)
@@ -585,7 +627,7 @@ done:
 static atomc_status entry_plan(struct weight_loader *L, int n, char (*names)[192], struct quant_weight_plan *p,
                                struct error *err) {
     *p = (struct quant_weight_plan){.scheme = WEIGHT_SCHEME_NONE};
-    if (!L->files || !L->m->cfg.quant.present) return ATOMC_OK;
+    if (!L->m->cfg.quant.present) return ATOMC_OK;
     for (int i = 0; i < n; i++) {
         char module[192];
         size_t l = strlen(names[i]), w = strlen(".weight");
@@ -603,7 +645,7 @@ static atomc_status entry_plan(struct weight_loader *L, int n, char (*names)[192
                              weight_scheme_name(q.scheme));
         }
     }
-    if (p->scheme == WEIGHT_SCHEME_NONE) return ATOMC_OK;
+    if (p->scheme == WEIGHT_SCHEME_NONE || !L->files) return ATOMC_OK; // dummy: random values in the scheme
     // A module the config targets but the checkpoint stores unquantized (a router or gate the
     // writer skipped without listing it): float weights and no scales are exact as they are.
     for (int i = 0; i < n; i++) {

@@ -476,6 +476,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
 
     if (dummy) {
         st = runner_read_dummy_config(o->model_path, &r->cfg, err);
+        // A quantized config's dummy weights are random values in its scheme (benchmarks).
+        if (st == ATOMC_OK) st = model_quant_check(&r->cfg, err);
     } else {
         st = model_files_open(&files, o->model_path, err);
         if (st == ATOMC_OK) st = model_quant_check(&files->config, err);

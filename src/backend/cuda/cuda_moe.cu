@@ -839,8 +839,10 @@ void cuda_moe_init(struct cuda_backend *cb) {
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,
                          const struct weight *down_w, const int32_t *topk_ids, const float *topk_w, int n_slots,
                          void *workspace) {
-    CHECK_MSG(gate_up_w->scheme == WEIGHT_SCHEME_NONE && down_w->scheme == WEIGHT_SCHEME_NONE,
-              "CUDA moe_experts: weight scheme %s not implemented", weight_scheme_name(gate_up_w->scheme));
+    if (gate_up_w->scheme != WEIGHT_SCHEME_NONE || down_w->scheme != WEIGHT_SCHEME_NONE) { // cuda_moe_quant.cu
+        cuda_moe_experts_quant(b, out, x, gate_up_w, down_w, topk_ids, topk_w, n_slots, workspace);
+        return;
+    }
     const struct tensor *gate_up = &gate_up_w->t, *down = &down_w->t;
     CHECK(gate_up->ndim == 3 && down->ndim == 3 && x->dtype == out->dtype && gate_up->dtype == x->dtype &&
           down->dtype == x->dtype);
