@@ -36,6 +36,7 @@
 #include <sys/stat.h>
 
 #include "backend/backend.h"
+#include "common/mapped_file.h"
 #include "loader/model_files.h"
 #include "loader/safetensors.h"
 #include "model/model.h"
@@ -462,6 +463,44 @@ TEST(quant_dummy_weights_take_the_scheme) {
         o.backend = b;
         ASSERT_EQ(model_runner_create(&o, &r, &err), ATOMC_ERR_UNSUPPORTED);
         ASSERT_TRUE(has(err.msg, "plain"));
+    }
+}
+
+// The quantized benchmark shapes (bench/configs/*_fp8.json, *_w4a16.json) pass the quantization
+// check and the CUDA capability check, with the schemes and activations their writers use.
+TEST(quant_bench_configs_load_on_cuda_caps) {
+    static const struct {
+        const char *path;
+        enum weight_scheme scheme;
+        enum weight_act act;
+    } cfgs[] = {
+        {"bench/configs/llama3_8b_fp8.json", WEIGHT_SCHEME_PER_CHANNEL, WEIGHT_ACT_FP8_TOKEN},
+        {"bench/configs/llama3_8b_w4a16.json", WEIGHT_SCHEME_GROUP, WEIGHT_ACT_NONE},
+        {"bench/configs/qwen3_8b_fp8.json", WEIGHT_SCHEME_BLOCK, WEIGHT_ACT_FP8_GROUP},
+        {"bench/configs/qwen3_30b_a3b_fp8.json", WEIGHT_SCHEME_BLOCK, WEIGHT_ACT_FP8_GROUP},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        char *json = NULL;
+        struct error e = {0};
+        ASSERT_OK(file_read_all(cfgs[i].path, &json, NULL, &e));
+        struct model_config c;
+        memset(&c, 0, sizeof c);
+        ASSERT_OK(model_config_parse_json(&c, json, cfgs[i].path, &e));
+        free(json);
+        ASSERT_OK(model_quant_check(&c, &e));
+        struct model_load_options o = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
+        if (model_check_backend_caps(&c, &backend_cuda_caps, &o, &e) != ATOMC_OK)
+            test_fail(__FILE__, __LINE__, "%s: %s", cfgs[i].path, e.msg);
+        struct quant_weight_plan p;
+        model_quant_weight_plan(&c, "model.layers.0.self_attn.q_proj", &p);
+        ASSERT_EQ(p.scheme, cfgs[i].scheme);
+        ASSERT_EQ(p.act, cfgs[i].act);
+        model_quant_weight_plan(&c, "lm_head", &p);
+        ASSERT_EQ(p.scheme, WEIGHT_SCHEME_NONE);
+        if (c.num_experts > 0) {
+            model_quant_weight_plan(&c, "model.layers.0.mlp.gate", &p);
+            ASSERT_EQ(p.scheme, WEIGHT_SCHEME_NONE); // the router stays plain
+        }
     }
 }
 

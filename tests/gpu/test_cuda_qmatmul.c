@@ -400,3 +400,10 @@ TEST(cuda_moe_experts_quantized_match_cpu) {
             ASSERT_EQ(pool_release(&P), 0);
         }
 }
+
+int main(int argc, char **argv) {
+    int rc = test_main(argc, argv);
+    if (gpu_be) backend_destroy(gpu_be);
+    if (cpu_be) backend_destroy(cpu_be);
+    return rc;
+}
