@@ -6,11 +6,11 @@
 // Per call (R = n * n_slots routed rows):
 //   1. x (n, H) quantized as the gate_up weight's act says (act_quant_kernel; per token, so
 //      the gathered rows the CPU quantizes per expert get the same bytes), or read as bf16
-//   2. moe_q_gate_up_kernel, grid (I / 4, R): a warp per (routed row, intermediate column c)
+//   2. moe_q_gate_up_kernel, grid (R, I / 4): a warp per (routed row, intermediate column c)
 //      takes the dot products with gate row c and up row I + c of the row's expert (values
 //      dequantized in registers, cuda_qdot.cuh) and stores silu(g) * u in f32 (R, I)
 //   3. that f32 activation quantized per row as the down weight's act says (or read as f32)
-//   4. moe_q_down_kernel, grid (H / 4, n): a warp per (token, output column) sums over the
+//   4. moe_q_down_kernel, grid (n, H / 4): a warp per (token, output column) sums over the
 //      token's slots, in slot order, weight x dot(down row of the slot's expert, activation row)
 //      in f32, and stores bf16. Ids outside [0, E) contribute nothing (as cuda_moe.cu).
 // Each routed row streams its expert's weights (one byte or half a byte per weight): the
@@ -29,8 +29,8 @@ __global__ void __launch_bounds__(32 * MOEQ_WARPS)
                          int64_t I, bool vec) {
     pdl_begin();
     const int lane = threadIdx.x % 32;
-    const int64_t c = (int64_t)blockIdx.x * MOEQ_WARPS + threadIdx.x / 32;
-    const int64_t r = blockIdx.y;
+    const int64_t c = (int64_t)blockIdx.y * MOEQ_WARPS + threadIdx.x / 32;
+    const int64_t r = blockIdx.x;
     if (c >= I) return;
     const int e = ids[r];
     if (e < 0 || e >= E) {
@@ -53,8 +53,8 @@ __global__ void __launch_bounds__(32 * MOEQ_WARPS)
                       int n_slots, int E, int64_t H, bool vec) {
     pdl_begin();
     const int lane = threadIdx.x % 32;
-    const int64_t h = (int64_t)blockIdx.x * MOEQ_WARPS + threadIdx.x / 32;
-    const int64_t t = blockIdx.y;
+    const int64_t h = (int64_t)blockIdx.y * MOEQ_WARPS + threadIdx.x / 32;
+    const int64_t t = blockIdx.x;
     if (h >= H) return;
     float total = 0.f;
     for (int j = 0; j < n_slots; j++) {
@@ -76,12 +76,12 @@ static void moe_q_launch(cudaStream_t s, __nv_bfloat16 *out, const struct qa_vie
                          const float *tw, int n_slots, int64_t n, int E, int64_t H, int64_t I, bool vec_gu,
                          bool vec_dn, enum weight_act dn_act) {
     const int64_t R = n * n_slots;
-    pdl_launch(moe_q_gate_up_kernel<FMT, AF_GU>, dim3(cdiv(I, MOEQ_WARPS), (unsigned)R), 32 * MOEQ_WARPS, 0, s, act,
+    pdl_launch(moe_q_gate_up_kernel<FMT, AF_GU>, dim3((unsigned)R, cdiv(I, MOEQ_WARPS)), 32 * MOEQ_WARPS, 0, s, act,
                ax, gu, ids, n_slots, E, I, vec_gu);
     CUDA_CHECK_LAUNCH();
     if (dn_act != WEIGHT_ACT_NONE)
         cuda_act_quant(s, dn_act, (uint8_t *)aa.x, (float *)aa.s, NULL, act, true, R, R, I, aa.s_ld);
-    pdl_launch(moe_q_down_kernel<FMT, AF_DN>, dim3(cdiv(H, MOEQ_WARPS), (unsigned)n), 32 * MOEQ_WARPS, 0, s, out, aa,
+    pdl_launch(moe_q_down_kernel<FMT, AF_DN>, dim3((unsigned)n, cdiv(H, MOEQ_WARPS)), 32 * MOEQ_WARPS, 0, s, out, aa,
                dn, ids, tw, n_slots, E, H, vec_dn);
     CUDA_CHECK_LAUNCH();
 }
