@@ -294,6 +294,7 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     m->weight_dtype = o->weight_dtype;
     m->keep_file_dtypes = o->keep_file_dtypes;
     m->quant_weight_only = o->quant_weight_only;
+    m->online_fp8 = o->online_fp8;
     m->tp_size = tp;
     m->tp_rank = tp > 1 ? o->tp_rank : 0;
     m->comm = tp > 1 ? o->comm : NULL;

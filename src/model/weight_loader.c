@@ -663,6 +663,59 @@ static atomc_status entry_plan(struct weight_loader *L, int n, char (*names)[192
     return ATOMC_OK;
 }
 
+// --quantization fp8 (model_load_options.online_fp8): the plain weight *w, just loaded, becomes
+// FP8 E4M3 with one scale per output channel (s = max |row| / 448, q = e4m3_rn(w / s), 1 for an
+// all-zero row) and dynamic per-token FP8 activations, vLLM's online fp8. The values are read
+// back from backend memory in the dtype they were loaded in (BF16, F32, or a GGUF block type) and
+// converted exactly to f32 first.
+static atomc_status quantize_online_fp8(struct weight_loader *L, struct weight *w, struct error *err) {
+    struct model *m = L->m;
+    struct backend *b = m->backend;
+    const int64_t rows = tensor_rows(&w->t), cols = tensor_cols(&w->t);
+    const size_t rb = dtype_row_bytes(w->t.dtype, cols), old = tensor_bytes(&w->t);
+    uint8_t *raw = malloc(rb), *q = malloc((size_t)(rows * cols));
+    float *f = malloc(sizeof(float) * (size_t)cols), *sc = malloc(sizeof(float) * (size_t)rows);
+    void *vals = b->ops->alloc(b, (size_t)(rows * cols)), *sdev = b->ops->alloc(b, sizeof(float) * (size_t)rows);
+    atomc_status st = ATOMC_OK;
+    if (!raw || !q || !f || !sc || !vals || !sdev) {
+        st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "--quantization fp8: out of memory for a (%lld, %lld) weight",
+                       (long long)rows, (long long)cols);
+        goto done;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        b->ops->copy_d2h(b, raw, (const char *)w->t.data + (size_t)r * rb, rb);
+        dtype_to_f32(w->t.dtype, raw, f, cols);
+        float amax = 0.0f;
+        for (int64_t c = 0; c < cols; c++)
+            amax = fmaxf(amax, fabsf(f[c]));
+        float s = amax / 448.0f;
+        if (!(s > 0.0f)) s = 1.0f;
+        sc[r] = s;
+        for (int64_t c = 0; c < cols; c++)
+            q[r * cols + c] = f32_to_fp8_e4m3(f[c] / s);
+    }
+    b->ops->copy_h2d(b, vals, q, (size_t)(rows * cols));
+    b->ops->copy_h2d(b, sdev, sc, sizeof(float) * (size_t)rows);
+    b->ops->synchronize(b);
+    b->ops->free(b, w->t.data);
+    *w = (struct weight){.t = tensor_2d(vals, DTYPE_FP8_E4M3, rows, cols),
+                         .scheme = WEIGHT_SCHEME_PER_CHANNEL,
+                         .scale = tensor_make(sdev, DTYPE_F32, 1, (int64_t[]){rows}),
+                         .block_rows = 1,
+                         .act = m->quant_weight_only ? WEIGHT_ACT_NONE : WEIGHT_ACT_FP8_TOKEN};
+    m->weight_bytes = m->weight_bytes - old + (size_t)(rows * cols) + sizeof(float) * (size_t)rows;
+    m->weight_bytes_by_scheme[WEIGHT_SCHEME_PER_CHANNEL] += (size_t)(rows * cols) + sizeof(float) * (size_t)rows;
+    vals = sdev = NULL;
+done:
+    if (vals) b->ops->free(b, vals);
+    if (sdev) b->ops->free(b, sdev);
+    free(raw);
+    free(q);
+    free(f);
+    free(sc);
+    return st;
+}
+
 static atomc_status load_entry(struct weight_loader *L, const struct weight_entry *e, int l, struct model_layer *ly,
                                struct error *err) {
     struct model *m = L->m;
@@ -695,6 +748,11 @@ static atomc_status load_entry(struct weight_loader *L, const struct weight_entr
     }
     if (st == ATOMC_OK)
         st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard, e->init, err);
+    // --quantization fp8: every linear but the MoE routers and experts (and lm_head, loaded apart).
+    size_t nl = strlen(names[0]);
+    const bool router = nl >= 12 && !strcmp(names[0] + nl - 12, ".gate.weight");
+    if (st == ATOMC_OK && m->online_fp8 && e->is_weight && !e->per_expert && !router)
+        st = quantize_online_fp8(L, (struct weight *)((char *)ly + e->field), err);
     free(names);
     free(rows);
     free(starts);

@@ -104,6 +104,9 @@ struct runner_options {
     bool moe_uniform_routing;
     // W8A8 checkpoints computed weight-only (struct model_load_options.quant_weight_only).
     bool quant_weight_only;
+    // "fp8": online quantization of an unquantized checkpoint (struct model_load_options.online_fp8);
+    // NULL, "" or "none": as the checkpoint is.
+    const char *quantization;
 };
 
 struct model_runner;
