@@ -34,6 +34,12 @@
 
 #include <string.h>
 
+// 0 sends every n > QMM_GEMV_MAX_ROWS product to the dequantize-GEMM fallback (an A/B switch for the
+// cuBLASLt scaled-FP8 path, whose scale layouts are cuBLASLt's documented ones, checked on the H200
+// by tests/gpu/test_cuda_qmatmul.c).
+#ifndef QMM_CUBLASLT_SCALED
+#define QMM_CUBLASLT_SCALED 1
+#endif
 #define QMM_GEMV_MAX_ROWS 8
 #define QMM_GEMV_WARPS 4
 #define QMM_DEQ_CHUNK_BYTES (64u << 20)
@@ -525,7 +531,7 @@ void cuda_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x,
                          (w->scheme == WEIGHT_SCHEME_PER_CHANNEL || w->scheme == WEIGHT_SCHEME_PER_TENSOR);
     const bool fp8_block = fmt == QW_FP8 && w->act == WEIGHT_ACT_FP8_GROUP && w->scheme == WEIGHT_SCHEME_BLOCK &&
                            w->block_rows == 128 && w->block_cols == 128 && k % 128 == 0;
-    if ((fp8_vec || fp8_block) && k % 16 == 0 && aligned16(w->t.data) && aligned16(out->data) &&
+    if (QMM_CUBLASLT_SCALED && (fp8_vec || fp8_block) && k % 16 == 0 && aligned16(w->t.data) && aligned16(out->data) &&
         qmm_fp8_scaled(cb, out, x, w, bias, n, m, k))
         return;
     qmm_dequant_gemm(cb, out, x, w, v, fmt, bias, n, m, k);
