@@ -52,6 +52,9 @@ typedef struct atomc_engine_options {
                                    // backend are there, else CPU; the CLI's default)
     const char *dtype;             // "auto" (default), "bfloat16", "float16", "float32"
     const char *load_format;       // "auto" (default) or "dummy" (random weights from config.json)
+    const char *quantization;      // NULL / "none" (default): as the checkpoint is; "fp8": vLLM's online fp8
+                                   // (per-channel FP8 weights, dynamic per-token FP8 activations) of an
+                                   // unquantized checkpoint
     const char *kv_cache_dtype;    // "auto" (default), "bf16", "fp8"
     const char *generation_config; // "auto" (default: read generation_config.json) or "vllm" (ignore it)
     int max_model_len;             // 0 = the model's own limit

@@ -33,6 +33,7 @@ struct rec {
     struct deltanet_args dn;
     struct moe_route_args route;
     struct weight w2;   // REC_MOE_EXPERTS: down
+    struct moe_experts_args ea; // REC_MOE_EXPERTS: the activation / biases (has[3]: given)
     void *p[3];         // REC_MOE_*: ids, weights, workspace
 };
 
@@ -175,12 +176,17 @@ static void w_moe_route(struct backend *b, const struct tensor *logits, const st
     r->t[0] = *logits, r->route = *a, r->p[0] = ids, r->p[1] = w;
 }
 static void w_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gu,
-                          const struct weight *down, const int32_t *ids, const float *w, int n_slots, void *ws) {
+                          const struct weight *down, const int32_t *ids, const float *w, int n_slots,
+                          const struct moe_experts_args *ea, void *ws) {
     struct rec_backend *rb = rb_of(b);
-    if (!rb->capturing) return REAL(rb)->ops->moe_experts(REAL(rb), out, x, gu, down, ids, w, n_slots, ws);
+    if (!rb->capturing) {
+        REAL(rb)->ops->moe_experts(REAL(rb), out, x, gu, down, ids, w, n_slots, ea, ws);
+        return;
+    }
     struct rec *r = rec_push(rb, REC_MOE_EXPERTS);
     r->t[0] = *out, r->t[1] = *x, r->w = *gu, r->w2 = *down, r->p[0] = (void *)ids, r->p[1] = (void *)w;
     r->p[2] = ws, r->n = n_slots;
+    if (ea) r->ea = *ea, r->has[3] = true;
 }
 
 static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
@@ -207,7 +213,8 @@ static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
         case REC_GATE: o->gate_sigmoid_mul(b, &r->t[0], &r->t[1], r->stride, r->n); break;
         case REC_MOE_ROUTE: o->moe_route(b, &r->t[0], &r->route, r->p[0], r->p[1]); break;
         case REC_MOE_EXPERTS:
-            o->moe_experts(b, &r->t[0], &r->t[1], &r->w, &r->w2, r->p[0], r->p[1], r->n, r->p[2]);
+            o->moe_experts(b, &r->t[0], &r->t[1], &r->w, &r->w2, r->p[0], r->p[1], r->n, r->has[3] ? &r->ea : NULL,
+                           r->p[2]);
             break;
         }
     }

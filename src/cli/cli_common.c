@@ -229,6 +229,7 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_DEVICE: o->device = arg; return 1;
     case CLI_E_DTYPE: o->dtype = arg; return 1;
     case CLI_E_LOAD_FORMAT: o->load_format = arg; return 1;
+    case CLI_E_QUANT: o->quantization = arg; return 1;
     case CLI_E_KV_DTYPE: o->kv_cache_dtype = arg; return 1;
     case CLI_E_MAX_MODEL_LEN: return cli_parse_int(arg, "--max-model-len", 1, 1 << 30, &o->max_model_len) ? 1 : -1;
     case CLI_E_MAX_NUM_SEQS: return cli_parse_int(arg, "--max-num-seqs", 1, 1 << 20, &o->max_num_seqs) ? 1 : -1;

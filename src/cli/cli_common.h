@@ -40,6 +40,7 @@ enum {
     CLI_E_SPEC_CONFIG,
     CLI_E_SPEC_METHOD,
     CLI_E_SPEC_NUM,
+    CLI_E_QUANT,
 };
 
 #define CLI_ENGINE_LONG_OPTIONS                                                                                        \
@@ -61,7 +62,8 @@ enum {
         {"profile-dir", required_argument, 0, CLI_E_PROFILE_DIR},                                                      \
         {"tensor-parallel-size", required_argument, 0, CLI_E_TP},                                                      \
         {"speculative-config", required_argument, 0, CLI_E_SPEC_CONFIG},                                               \
-        {"method", required_argument, 0, CLI_E_SPEC_METHOD}, {                                                         \
+        {"method", required_argument, 0, CLI_E_SPEC_METHOD}, {"quantization", required_argument, 0, CLI_E_QUANT},     \
+        {                                                                                                              \
         "num-speculative-tokens", required_argument, 0, CLI_E_SPEC_NUM                                                 \
     }
 
@@ -70,6 +72,7 @@ enum {
     "  --model PATH           HF model directory or .gguf file (required)\n"                                           \
     "  --device auto|cpu|cuda (default auto)  --dtype auto|bfloat16|float16|float32\n"                                 \
     "  --load-format auto|dummy   --kv-cache-dtype auto|bf16|fp8   --num-threads N (CPU)\n"                            \
+    "  --quantization none|fp8    fp8: online per-channel FP8 weights, per-token FP8 activations\n"                     \
     "  --max-model-len N   --max-num-seqs N   --max-num-batched-tokens N   --block-size N\n"                           \
     "  --gpu-memory-utilization F   --cpu-kv-cache-gb F   --num-gpu-blocks-override N\n"                               \
     "  --no-enable-prefix-caching   --enforce-eager   --generation-config auto|vllm   --engine-seed N\n"               \

@@ -84,6 +84,8 @@ static const struct flag flags[] = {
     {"--seed", FLAG_SIZE, A(eo.seed), "0", "default sampling seed for requests without one"},
     {"--device", FLAG_STR, A(eo.device), "auto", "auto (CUDA when a usable GPU is present), cpu or cuda"},
     {"--load-format", FLAG_STR, A(eo.load_format), "auto", "auto, or dummy (random weights from config.json)"},
+    {"--quantization", FLAG_STR, A(eo.quantization), "none",
+     "none, or fp8: online per-channel FP8 weights with dynamic per-token FP8 activations"},
     {"--tensor-parallel-size", FLAG_INT, A(eo.tensor_parallel_size), "1",
      "ranks per model, tensor parallel (CPU: threads; CUDA: one GPU each; alias -tp)"},
     {"--data-parallel-size", FLAG_INT, A(data_parallel_size), "1",

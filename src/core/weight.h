@@ -27,6 +27,18 @@
 //                                                        e8m0 exponents; block_cols = 32;
 //                                                        e2m1 nibbles: sign bit 3, magnitudes
 //                                                        0, .5, 1, 1.5, 2, 3, 4, 6)
+// Activation quantization (struct weight.act): what a W8A8 scheme does to the matmul's input x
+// before the product, dynamically per call (the checkpoint's input_activations, or fp8 blocks'
+// DeepSeek-style per-token 128-column groups). Every backend computes exactly this (the values
+// and scales below, then out = sum_k deq(xq) * w in fp32), so the CPU stays the reference:
+//   NONE        x as it is (weight-only, W8A16 / W4A16)
+//   FP8_TOKEN   per row i: s_i = max_k |x_ik| / 448 (1 when the row is 0), xq = e4m3_rn(x / s_i)
+//               (round to nearest even, saturating), deq = f32(xq) * s_i
+//   FP8_GROUP   the same per row and group of ACT_QUANT_GROUP columns (the last may be short)
+//   INT8_TOKEN  per row: s_i = max |x_ik| / 127 (1 when 0), xq = clamp(rint(x / s_i), -127, 127),
+//               deq = xq * s_i (symmetric int8, round half to even)
+// The division is IEEE (x / s, not x * (1 / s)): the CPU and CUDA quantize identical inputs to
+// identical bytes. act_quant_row (weight.c) is the reference implementation.
 // A backend implements a subset (struct backend_caps.weight_schemes); model loading refuses a
 // checkpoint whose scheme the backend lacks, so an op that meets an unsupported scheme is a
 // programmer error (CHECK), never a silent wrong answer.
@@ -45,6 +57,18 @@ enum weight_scheme {
     WEIGHT_SCHEME_COUNT
 };
 
+enum weight_act {
+    WEIGHT_ACT_NONE = 0,
+    WEIGHT_ACT_FP8_TOKEN,
+    WEIGHT_ACT_FP8_GROUP,
+    WEIGHT_ACT_INT8_TOKEN,
+    WEIGHT_ACT_COUNT
+};
+
+#define ACT_QUANT_GROUP 128
+#define ACT_QUANT_FP8_MAX 448.0f
+#define ACT_QUANT_INT8_MAX 127.0f
+
 struct weight {
     struct tensor t;           // stored values: (rows, cols), or (E, rows, cols) for stacked experts
     enum weight_scheme scheme; // NONE: scale / zero unused (data == NULL)
@@ -52,6 +76,7 @@ struct weight {
     struct tensor zero;        // GROUP with zero points; else data == NULL
     int block_rows, block_cols; // BLOCK: br x bc; GROUP / MX: 1 x group
     int bits;                   // values packed in I32 words (GROUP): bits per value; else 0
+    enum weight_act act;        // dynamic quantization of the matmul's input (above); NONE = weight-only
 };
 
 // Columns (k) of a weight: t's last dim, times the values per word when packed in I32 (or
@@ -67,6 +92,18 @@ static inline int64_t weight_cols(const struct weight *w) {
 #define WEIGHT_PLAIN(tp) (&(const struct weight){.t = *(tp), .scheme = WEIGHT_SCHEME_NONE})
 
 const char *weight_scheme_name(enum weight_scheme s);
+const char *weight_act_name(enum weight_act a); // "none", "fp8-token", "fp8-group128", "int8-token"
+
+// Columns per activation scale of mode a for rows of k columns: ACT_QUANT_GROUP for FP8_GROUP,
+// else k (one scale per row). Scales per row: ceil(k / that).
+static inline int64_t act_quant_group_cols(enum weight_act a, int64_t k) {
+    return a == WEIGHT_ACT_FP8_GROUP ? ACT_QUANT_GROUP : k;
+}
+
+// The reference quantization of one row x (k) under mode a (not NONE): writes the dequantized
+// values deq (k) (f32(xq) * s, what the product multiplies) and, when q / s are non-NULL, the
+// stored bytes q (k: e4m3 bits or int8) and the scales s (ceil(k / group cols)).
+void act_quant_row(enum weight_act a, const float *x, int64_t k, float *deq, uint8_t *q, float *s);
 
 // The e2m1 (FP4) value of a nibble (bits 0..3 of v), as MX stores it.
 static inline float weight_e2m1_value(unsigned v) {

@@ -114,6 +114,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
         .device = o->device ? o->device : "cpu",
         .dtype = o->dtype ? o->dtype : "auto",
         .load_format = o->load_format ? o->load_format : "auto",
+        .quantization = o->quantization,
         .kv_cache_dtype = o->kv_cache_dtype ? o->kv_cache_dtype : "auto",
         .block_size = o->block_size > 0 ? o->block_size : 16,
         .num_kv_blocks = o->num_kv_blocks,

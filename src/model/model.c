@@ -72,8 +72,9 @@ static atomc_status model_check_config(const struct model_config *c, const struc
 atomc_status model_check_backend_caps(const struct model_config *c, const struct backend_caps *caps,
                                       const struct model_load_options *o, struct error *err) {
     const char *be = caps->name;
-    // Quantized weights' schemes and dtypes (checkpoint loads only: dummy weights are plain).
-    atomc_status qst = o->files ? model_quant_check_backend(c, caps, err) : ATOMC_OK;
+    // Quantized weights' schemes and dtypes (dummy weights of a quantized config are random values
+    // in its scheme, so they are checked too).
+    atomc_status qst = model_quant_check_backend(c, caps, err);
     if (qst != ATOMC_OK) return qst;
     if (c->kv_lora_rank > 0 && !caps->mla)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: multi-head latent attention (kv_lora_rank %d) is not "
@@ -340,6 +341,8 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     m->backend = b;
     m->weight_dtype = o->weight_dtype;
     m->keep_file_dtypes = o->keep_file_dtypes;
+    m->quant_weight_only = o->quant_weight_only;
+    m->online_fp8 = o->online_fp8;
     m->tp_size = tp;
     m->tp_rank = tp > 1 ? o->tp_rank : 0;
     m->comm = tp > 1 ? o->comm : NULL;

@@ -206,6 +206,8 @@ struct model {
     const struct model_arch_def *arch; // the architecture table entry (arch.c)
     struct backend *backend;      // not owned
     enum dtype weight_dtype;      // the default dtype of weights in backend memory
+    bool quant_weight_only;       // model_load_options.quant_weight_only
+    bool online_fp8;              // model_load_options.online_fp8
     bool keep_file_dtypes;        // dtype auto: quantised / F16 / BF16 tensors the backend takes stay as in the file
     int q_dim, kv_dim, qkv_dim;   // n_heads * head_dim, n_kv_heads * head_dim, q_dim + 2 kv_dim
 
@@ -261,6 +263,14 @@ struct model_load_options {
     // (t * top_k + j) mod E, weight 1 / top_k): random dummy routers concentrate traffic that
     // real routers spread. Set by the bench commands' --moe-uniform-routing, never by serving.
     bool moe_force_uniform;
+    // W8A8 checkpoints computed weight-only: the input activations stay unquantized (struct
+    // weight.act NONE), i.e. transformers' dequantize=True forward that the quant fixtures' refs
+    // are. Default false: the activations are quantized as the checkpoint says, on every backend.
+    bool quant_weight_only;
+    // --quantization fp8 (vLLM's online fp8) of an unquantized checkpoint: every linear weight but
+    // lm_head, the MoE routers and the experts becomes per-channel FP8 with dynamic per-token FP8
+    // activations at load (weight_loader.c quantize_online_fp8).
+    bool online_fp8;
 };
 
 // Loads (or generates) every weight of `cfg`'s architecture into backend memory, fuses

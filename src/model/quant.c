@@ -384,6 +384,8 @@ void model_quant_weight_plan(const struct model_config *c, const char *module, s
         plan->values = r->values;
         plan->scale = r->scale;
         plan->shape_tensor = r->shape_tensor;
+        if (r->act == QUANT_ACT_DYNAMIC)
+            plan->act = r->act_strategy == QUANT_STRATEGY_GROUP ? WEIGHT_ACT_FP8_GROUP : WEIGHT_ACT_FP8_TOKEN;
         if (r->scheme == WEIGHT_SCHEME_BLOCK) {
             plan->block_rows = r->block_rows;
             plan->block_cols = r->block_cols;

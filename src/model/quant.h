@@ -59,6 +59,7 @@ struct quant_weight_plan {
     const char *scale;          // "weight_scale_inv" (fp8 blocks) or "weight_scale"
     bool shape_tensor;          // <module>.weight_shape (I64 [rows, cols]) is stored too
     int block_rows, block_cols; // BLOCK: the tile; GROUP: 1 x group size (0: the whole row)
+    enum weight_act act;        // the input activations' dynamic quantization (NONE: weight-only)
 };
 
 // Fills *plan for `module` under config c (a checked config: model_quant_check passed).

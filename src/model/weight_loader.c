@@ -509,6 +509,43 @@ static atomc_status copy_values(struct weight_loader *L, const char *wname, cons
     return ATOMC_OK;
 }
 
+// Dummy (--load-format dummy) quantized values of one part, copied to dst: random FP8 codes
+// (finite, NaN bytes replaced by +-448) or random packed integer words, so benchmarks of a
+// quantized config read the bytes a real checkpoint's kernels read.
+static atomc_status dummy_values(struct weight_loader *L, const struct quant_weight_plan *p, int64_t rows,
+                                 int64_t stored_cols, void *dst, struct error *err) {
+    struct backend *b = L->m->backend;
+    const size_t esz = dtype_row_bytes(p->values_dtype, 1), bytes = (size_t)rows * (size_t)stored_cols * esz;
+    const size_t chunk = 8u << 20;
+    uint8_t *h = malloc(bytes < chunk ? bytes : chunk);
+    if (!h) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: out of host memory");
+    for (size_t off = 0; off < bytes; off += chunk) {
+        size_t nb = bytes - off < chunk ? bytes - off : chunk;
+        for (size_t i = 0; i < nb; i += 8) {
+            uint64_t r = splitmix64(&L->seed);
+            memcpy(h + i, &r, nb - i < 8 ? nb - i : 8);
+        }
+        if (p->values_dtype == DTYPE_FP8_E4M3)
+            for (size_t i = 0; i < nb; i++)
+                if ((h[i] & 0x7f) == 0x7f) h[i] ^= 1; // NaN -> 448
+        b->ops->copy_h2d(b, (char *)dst + off, h, nb);
+    }
+    b->ops->synchronize(b);
+    free(h);
+    return ATOMC_OK;
+}
+
+// Dummy scales of one part: the weights come out about uniform in +-1/sqrt(cols) (as dummy plain
+// weights), FP8 codes reaching +-448, integers +-2^(bits-1).
+static void dummy_scales(const struct quant_weight_plan *p, int64_t rows, int64_t cols, float *out, int64_t *sr,
+                         int64_t *sc) {
+    scale_shape(p, rows, cols, sr, sc);
+    const float qmax = p->values_dtype == DTYPE_FP8_E4M3 ? 448.0f : (float)(1 << (p->bits - 1));
+    const float s = 1.0f / sqrtf((float)cols) / qmax;
+    for (int64_t i = 0; i < *sr * *sc; i++)
+        out[i] = s * (0.75f + 0.5f * (float)(i % 7) / 7.0f);
+}
+
 // Loads the n parts names[i] (rows[i] x cols each; n = parts x E, expert-major) of a quantized
 // is_weight entry into *w, under plan p; stacked (per-expert entries): (E, rows, cols) views.
 static atomc_status load_quantized(struct weight_loader *L, struct weight *w, int n, int E, bool stacked,
@@ -572,9 +609,14 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
             st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory for the scales of %s", names[i]);
             break;
         }
-        st = copy_values(L, names[i], p, rows[i], cols, stored_cols, (char *)vals + (size_t)row_off * stored_cols * esz,
-                         err);
-        if (st == ATOMC_OK) st = read_scale(L, names[i], p, rows[i], cols, part, &sr, &sc, err);
+        void *vdst = (char *)vals + (size_t)row_off * stored_cols * esz;
+        if (!L->files) { // dummy weights of a quantized config
+            st = dummy_values(L, p, rows[i], stored_cols, vdst, err);
+            dummy_scales(p, rows[i], cols, part, &sr, &sc);
+        } else {
+            st = copy_values(L, names[i], p, rows[i], cols, stored_cols, vdst, err);
+            if (st == ATOMC_OK) st = read_scale(L, names[i], p, rows[i], cols, part, &sr, &sc, err);
+        }
         if (st != ATOMC_OK) break;
         float *dst = scale + srow_off * scols;
         if (scheme == WEIGHT_SCHEME_BLOCK) { // part rows in blocks of br (br divides them when n > 1)
@@ -599,7 +641,8 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
     *w = (struct weight){.scheme = scheme,
                          .block_rows = scheme == WEIGHT_SCHEME_BLOCK ? br : p->block_rows,
                          .block_cols = p->block_cols,
-                         .bits = packed ? p->bits : 0};
+                         .bits = packed ? p->bits : 0,
+                         .act = m->quant_weight_only ? WEIGHT_ACT_NONE : p->act};
     if (stacked) {
         w->t = tensor_make(vals, p->values_dtype, 3, (int64_t[]){E, R / E, stored_cols});
         w->scale = scheme == WEIGHT_SCHEME_PER_CHANNEL
@@ -627,7 +670,7 @@ done:
 static atomc_status entry_plan(struct weight_loader *L, int n, char (*names)[192], struct quant_weight_plan *p,
                                struct error *err) {
     *p = (struct quant_weight_plan){.scheme = WEIGHT_SCHEME_NONE};
-    if (!L->files || !L->m->cfg.quant.present) return ATOMC_OK;
+    if (!L->m->cfg.quant.present) return ATOMC_OK;
     for (int i = 0; i < n; i++) {
         char module[192];
         size_t l = strlen(names[i]), w = strlen(".weight");
@@ -645,7 +688,7 @@ static atomc_status entry_plan(struct weight_loader *L, int n, char (*names)[192
                              weight_scheme_name(q.scheme));
         }
     }
-    if (p->scheme == WEIGHT_SCHEME_NONE) return ATOMC_OK;
+    if (p->scheme == WEIGHT_SCHEME_NONE || !L->files) return ATOMC_OK; // dummy: random values in the scheme
     // A module the config targets but the checkpoint stores unquantized (a router or gate the
     // writer skipped without listing it): float weights and no scales are exact as they are.
     for (int i = 0; i < n; i++) {
@@ -848,6 +891,59 @@ static atomc_status load_stacked_experts(struct weight_loader *L, const struct w
     return ATOMC_OK;
 }
 
+// --quantization fp8 (model_load_options.online_fp8): the plain weight *w, just loaded, becomes
+// FP8 E4M3 with one scale per output channel (s = max |row| / 448, q = e4m3_rn(w / s), 1 for an
+// all-zero row) and dynamic per-token FP8 activations, vLLM's online fp8. The values are read
+// back from backend memory in the dtype they were loaded in (BF16, F32, or a GGUF block type) and
+// converted exactly to f32 first.
+static atomc_status quantize_online_fp8(struct weight_loader *L, struct weight *w, struct error *err) {
+    struct model *m = L->m;
+    struct backend *b = m->backend;
+    const int64_t rows = tensor_rows(&w->t), cols = tensor_cols(&w->t);
+    const size_t rb = dtype_row_bytes(w->t.dtype, cols), old = tensor_bytes(&w->t);
+    uint8_t *raw = malloc(rb), *q = malloc((size_t)(rows * cols));
+    float *f = malloc(sizeof(float) * (size_t)cols), *sc = malloc(sizeof(float) * (size_t)rows);
+    void *vals = b->ops->alloc(b, (size_t)(rows * cols)), *sdev = b->ops->alloc(b, sizeof(float) * (size_t)rows);
+    atomc_status st = ATOMC_OK;
+    if (!raw || !q || !f || !sc || !vals || !sdev) {
+        st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "--quantization fp8: out of memory for a (%lld, %lld) weight",
+                       (long long)rows, (long long)cols);
+        goto done;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        b->ops->copy_d2h(b, raw, (const char *)w->t.data + (size_t)r * rb, rb);
+        dtype_to_f32(w->t.dtype, raw, f, cols);
+        float amax = 0.0f;
+        for (int64_t c = 0; c < cols; c++)
+            amax = fmaxf(amax, fabsf(f[c]));
+        float s = amax / 448.0f;
+        if (!(s > 0.0f)) s = 1.0f;
+        sc[r] = s;
+        for (int64_t c = 0; c < cols; c++)
+            q[r * cols + c] = f32_to_fp8_e4m3(f[c] / s);
+    }
+    b->ops->copy_h2d(b, vals, q, (size_t)(rows * cols));
+    b->ops->copy_h2d(b, sdev, sc, sizeof(float) * (size_t)rows);
+    b->ops->synchronize(b);
+    b->ops->free(b, w->t.data);
+    *w = (struct weight){.t = tensor_2d(vals, DTYPE_FP8_E4M3, rows, cols),
+                         .scheme = WEIGHT_SCHEME_PER_CHANNEL,
+                         .scale = tensor_make(sdev, DTYPE_F32, 1, (int64_t[]){rows}),
+                         .block_rows = 1,
+                         .act = m->quant_weight_only ? WEIGHT_ACT_NONE : WEIGHT_ACT_FP8_TOKEN};
+    m->weight_bytes = m->weight_bytes - old + (size_t)(rows * cols) + sizeof(float) * (size_t)rows;
+    m->weight_bytes_by_scheme[WEIGHT_SCHEME_PER_CHANNEL] += (size_t)(rows * cols) + sizeof(float) * (size_t)rows;
+    vals = sdev = NULL;
+done:
+    if (vals) b->ops->free(b, vals);
+    if (sdev) b->ops->free(b, sdev);
+    free(raw);
+    free(q);
+    free(f);
+    free(sc);
+    return st;
+}
+
 static atomc_status load_entry(struct weight_loader *L, const struct weight_entry *e, int l, struct model_layer *ly,
                                struct error *err) {
     struct model *m = L->m;
@@ -892,6 +988,11 @@ static atomc_status load_entry(struct weight_loader *L, const struct weight_entr
     }
     if (st == ATOMC_OK)
         st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard, e->init, err);
+    // --quantization fp8: every linear but the MoE routers and experts (and lm_head, loaded apart).
+    size_t nl = strlen(names[0]);
+    const bool router = nl >= 12 && !strcmp(names[0] + nl - 12, ".gate.weight");
+    if (st == ATOMC_OK && m->online_fp8 && e->is_weight && !e->per_expert && !router)
+        st = quantize_online_fp8(L, (struct weight *)((char *)ly + e->field), err);
     free(names);
     free(rows);
     free(starts);

@@ -485,6 +485,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
 
     if (dummy) {
         st = runner_read_dummy_config(o->model_path, &r->cfg, err);
+        // A quantized config's dummy weights are random values in its scheme (benchmarks).
+        if (st == ATOMC_OK) st = model_quant_check(&r->cfg, err);
     } else {
         st = model_files_open(&files, o->model_path, err);
         if (st == ATOMC_OK) st = model_quant_check(&files->config, err);
@@ -515,11 +517,35 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     if (r->max_rows > r->max_tokens) r->max_rows = r->max_tokens; // rows are token rows (max_tokens >= max_seqs)
 
     const bool keep_file_dtypes = !o->dtype || !*o->dtype || !strcmp(o->dtype, "auto");
+    bool online_fp8 = false;
+    if (o->quantization && *o->quantization && strcmp(o->quantization, "none")) {
+        if (strcmp(o->quantization, "fp8")) {
+            st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "quantization '%s' is not implemented (none or fp8)",
+                           o->quantization);
+            goto fail;
+        }
+        if (r->cfg.quant.present) {
+            st = error_set(err, ATOMC_ERR_UNSUPPORTED,
+                           "--quantization fp8: %s already quantizes the checkpoint (quant_method '%s'); online "
+                           "quantization takes unquantized checkpoints only",
+                           r->cfg.quant.origin, r->cfg.quant.method_name);
+            goto fail;
+        }
+        if (!(b->caps->weight_schemes & BACKEND_CAP_BIT(WEIGHT_SCHEME_PER_CHANNEL)) ||
+            !(b->caps->weight_dtypes & BACKEND_CAP_BIT(DTYPE_FP8_E4M3))) {
+            st = error_set(err, ATOMC_ERR_UNSUPPORTED,
+                           "--quantization fp8: the %s backend lacks per-channel FP8 weights", b->caps->name);
+            goto fail;
+        }
+        online_fp8 = true;
+    }
     struct model_load_options lo = {.files = files, .dummy_seed = o->dummy_seed, .weight_dtype = wdt,
                                     .keep_file_dtypes = keep_file_dtypes,
                                     .kv_dtype = r->kv_dtype, .block_size = r->block_size, .tp_rank = o->tp_rank,
                                     .tp_size = o->tp_size, .comm = o->comm,
-                                    .moe_force_uniform = o->moe_uniform_routing};
+                                    .moe_force_uniform = o->moe_uniform_routing,
+                                    .quant_weight_only = o->quant_weight_only,
+                                    .online_fp8 = online_fp8};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
     // Every tensor of the checkpoint must have been read: a scale or unknown tensor the model

@@ -106,6 +106,11 @@ struct runner_options {
     struct comm *comm;
     // BENCHMARK ONLY: balanced round-robin MoE routing (struct model_load_options).
     bool moe_uniform_routing;
+    // W8A8 checkpoints computed weight-only (struct model_load_options.quant_weight_only).
+    bool quant_weight_only;
+    // "fp8": online quantization of an unquantized checkpoint (struct model_load_options.online_fp8);
+    // NULL, "" or "none": as the checkpoint is.
+    const char *quantization;
 };
 
 struct model_runner;

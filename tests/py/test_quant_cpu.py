@@ -1,6 +1,10 @@
 """Quantized safetensors checkpoints run end to end on the CPU through the CLI: `atomc generate`
 (greedy) reproduces the greedy tokens of each fixture's refs.json (transformers' fp32 forward
-with the exactly dequantized weights) wherever the refs' top-2 margin is clear, and the start-up
+with the exactly dequantized weights) wherever the refs' top-2 margin is clear — for the W8A8
+fixtures, whose activations atomc quantizes as their configs say, refs_w8a8.json
+(tools/make_w8a8_refs.py: the same forward with torch's fp8 rounding of the activations) with a
+larger margin, since a single activation near an e4m3 rounding midpoint may round the other way
+(fp32 summation order) and move these tiny models' logits by up to ~0.09 — and the start-up
 log reports the weights kept quantized. Tensor parallelism of quantized weights is refused by
 name. Fixtures: tests/fixtures/quant (tools/make_quant_fixtures.py); a missing one fails."""
 import json
@@ -19,6 +23,8 @@ SCHEME = {"fp8_block": "block", "ct_fp8_channel": "per-channel", "ct_fp8_tensor"
           "ct_w4a16_group128": "group", "ct_w4a16_channel": "group", "ct_w8a16_group128": "group",
           "qwen3_moe_fp8_block": "block"}
 MIN_MARGIN = 2e-3  # refs' top-2 margin below which fp32 summation order may flip the argmax
+W8A8 = {"fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "qwen3_moe_fp8_block"}  # refs_w8a8.json
+W8A8_MIN_MARGIN = 1e-2
 
 
 def fixture(name):
@@ -31,8 +37,9 @@ def fixture(name):
 @pytest.mark.parametrize("name", FIXTURES)
 def test_generate_greedy_matches_refs(name):
     model = fixture(name)
-    with open(os.path.join(model, "refs.json")) as f:
+    with open(os.path.join(model, "refs_w8a8.json" if name in W8A8 else "refs.json")) as f:
         refs = json.load(f)
+    min_margin = W8A8_MIN_MARGIN if name in W8A8 else MIN_MARGIN
     checked = 0
     for p in refs["prompts"]:
         out = subprocess.run([ATOMC, "generate", "--model", model, "--prompt-ids", ",".join(map(str, p["ids"])),
@@ -41,7 +48,7 @@ def test_generate_greedy_matches_refs(name):
         assert out.returncode == 0, out.stderr
         got = json.loads(out.stdout)["ids"]
         for k, (g, want, margin) in enumerate(zip(got, p["greedy"], p["greedy_margins"])):
-            if margin < MIN_MARGIN:
+            if margin < min_margin:
                 break
             assert g == want, f"{name} prompt {p['ids']}: step {k}: {g} != {want} (margin {margin})"
             checked += 1

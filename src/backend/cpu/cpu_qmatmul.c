@@ -7,15 +7,22 @@
 //   are F32 in the layouts weight.h gives (the loader converts them). MX (MXFP4): U8 bytes of
 //   two e2m1 nibbles and U8 e8m0 exponents per 32 columns, both as the checkpoint stores them;
 //   a value is e2m1 * 2^(e - 127), exact in F32.
-// - Weight-only compute: the weights are dequantized exactly (value * scale in F32, the
-//   formats' definition) a tile of rows at a time into scratch, and multiplied with the F32
-//   activations by the same kernels as F32 weights (the skinny kernel for decode-sized batches
-//   and in batch-invariant mode, OpenBLAS sgemm above). Activations are NOT quantized here:
-//   a W8A8 config (dynamic per-token FP8 activations, or per token and 128-channel group for
-//   fp8 blocks) is computed as W8A16, which is the reference its GPU kernels must approach
-//   within their activation rounding.
+// - Weights: dequantized exactly (value * scale in F32, the formats' definition) a tile of rows
+//   at a time into scratch, and multiplied by the same kernels as F32 weights (the skinny
+//   kernel for decode-sized batches and in batch-invariant mode, OpenBLAS sgemm above).
+// - Activations (W8A8): when the weight says so (w->act, set by the loader from the
+//   checkpoint's input_activations: dynamic per-token FP8, per token and 128-column group for
+//   fp8 blocks, per-token INT8), x is quantized first by act_quant_row (core/weight.c, the
+//   definition every backend follows: same scales, same bytes) and the product runs over
+//   the dequantized values f32(xq) * s. That is W8A8 exactly, up to fp32 summation order: the
+//   GPU's tensor-core product sum(xq * wq) * sx * sw differs from it by fp32 rounding only.
+//   This is the CPU's default for such checkpoints (not a mode): the CPU computes what the
+//   GPU computes. Weight-only configs (act NONE) keep x as it is (W8A16 / W4A16); the model
+//   load option quant_weight_only runs a W8A8 checkpoint weight-only (transformers'
+//   dequantize=True forward).
 // - The weights stay quantized in memory: nothing is widened beyond one tile per call (the
-//   skinny path: 16 rows per pool thread; the sgemm path: ~4 MB of F32 rows).
+//   skinny path: 16 rows per pool thread; the sgemm path: ~4 MB of F32 rows); a W8A8 call also
+//   holds the (n, k) dequantized activations in the op scratch.
 #include "backend/cpu/cpu_backend.h"
 
 #include <cblas.h> // after backend.h: its complex.h defines I
@@ -183,12 +190,28 @@ static void qmm_tile_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     (void)tid;
 }
 
+// W8A8: rows [r0, r1) of x quantized and dequantized (act_quant_row) into xq.
+struct actq_ctx {
+    enum weight_act act;
+    const float *x;
+    float *xq;
+    int64_t k;
+};
+
+static void actq_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
+    struct actq_ctx *a = vctx;
+    for (int64_t r = r0; r < r1; r++)
+        act_quant_row(a->act, a->x + r * a->k, a->k, a->xq + r * a->k, NULL, NULL);
+    (void)tid;
+}
+
 void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *w,
                  const struct tensor *bias) {
     struct cpu_backend *c = cpu_backend_of(b);
     CHECK_MSG(cpu_qweight_supported(w), "CPU matmul: weight scheme %s over %s values not implemented",
               weight_scheme_name(w->scheme), dtype_name(w->t.dtype));
     CHECK(out->dtype == DTYPE_F32 && x->dtype == DTYPE_F32 && w->t.ndim == 2);
+    CHECK(w->act >= WEIGHT_ACT_NONE && w->act < WEIGHT_ACT_COUNT);
     const int64_t n = tensor_rows(x), k = tensor_cols(x), m = w->t.ne[0];
     CHECK_MSG(weight_cols(w) == k, "matmul: x has %lld columns, w has %lld", (long long)k, (long long)weight_cols(w));
     CHECK(tensor_cols(out) == m && tensor_rows(out) == n);
@@ -217,14 +240,26 @@ void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, 
         if (tile_rows > m) tile_rows = m;
     }
     size_t bias_bytes = bias ? ((size_t)m * sizeof(float) + 63) & ~(size_t)63 : 0;
+    size_t xq_bytes = w->act != WEIGHT_ACT_NONE ? ((size_t)n * (size_t)k * sizeof(float) + 63) & ~(size_t)63 : 0;
     cpu_lock(c);
-    uint8_t *scr = cpu_shared_reserve(c, bias_bytes + (size_t)tile_rows * (size_t)k * sizeof(float) + 64);
+    uint8_t *scr =
+        cpu_shared_reserve(c, xq_bytes + bias_bytes + (size_t)tile_rows * (size_t)k * sizeof(float) + 64);
+    const float *xin = x->data;
+    if (xq_bytes) {
+        struct actq_ctx a = {w->act, x->data, (float *)scr, k};
+        if (n * k < 65536)
+            actq_rows(&a, 0, n, 0);
+        else
+            thread_pool_parallel_for(c->pool, n, 1, actq_rows, &a);
+        xin = (const float *)scr;
+        scr += xq_bytes;
+    }
     float *bf = NULL;
     if (bias) {
         bf = (float *)scr;
         dtype_to_f32(bias->dtype, bias->data, bf, m);
     }
-    struct qmm_ctx g = {c, d, out->data, x->data, bf, (float *)(scr + bias_bytes), 0, (int)n, m};
+    struct qmm_ctx g = {c, d, out->data, xin, bf, (float *)(scr + bias_bytes), 0, (int)n, m};
     if (skinny) {
         cpu_scratch_reserve(c, (size_t)QMATMUL_SKINNY_ROWS * (size_t)k * sizeof(float));
         if (m * k * n < 65536) {
@@ -249,7 +284,7 @@ void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, 
                 qmm_tile_rows(&g, 0, jn, 0);
             else
                 thread_pool_parallel_for(c->pool, jn, 8, qmm_tile_rows, &g);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)jn, (blasint)k, 1.0f, x->data,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)jn, (blasint)k, 1.0f, xin,
                         (blasint)k, g.tile, (blasint)k, beta, o + j0, (blasint)m);
         }
     }

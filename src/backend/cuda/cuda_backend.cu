@@ -252,6 +252,7 @@ static void cuda_destroy(struct backend *b) {
     cudaSetDevice(cb->device);
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     cuda_matmul_plans_destroy(cb);
+    cuda_qmatmul_destroy(cb);
     free(cb->plans);
     if (cb->lt) cublasLtDestroy(cb->lt);
     cudaFree(cb->lt_workspace);

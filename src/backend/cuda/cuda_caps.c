@@ -3,12 +3,14 @@
 // tests/test_backend_caps.c drives that check without a GPU. Each entry mirrors a kernel limit:
 // attention is instantiated for head dims 64 and 128 with equal q/k and v dims
 // (cuda_attention.cu), the KV cache is BF16 or FP8 E4M3 with power-of-two blocks, matmuls take
-// BF16 weights (cuBLASLt / the GEMVs with BF16 activations), routing is softmax or sigmoid top-k over at most
-// CUDA_MOE_MAX_EXPERTS experts (grouped, with a correction bias: cuda_moe.cu), MLA over a BF16 / FP8
-// latent cache with kv_lora_rank a multiple of 32 up to CUDA_MLA_MAX_KV_LORA (cuda_mla.cu). The one
-// quantised scheme is MX (MXFP4, U8 values and e8m0 scales), which only GPT-OSS's experts carry
-// (model/quant.c plans no other module in it): moe_experts decodes it in registers; matmul does not
-// take it. moe_experts also runs GPT-OSS's clamped SwiGLU with expert biases.
+// BF16 weights (cuBLASLt / the GEMVs with BF16 activations) and the quantized schemes of
+// cuda_qmatmul.cu / cuda_moe_quant.cu (FP8 E4M3 values per tensor / per channel / in blocks,
+// with or without their dynamic FP8 activations; INT4 / INT8 packed in I32 words with group
+// scales); routing is softmax or sigmoid top-k over at most CUDA_MOE_MAX_EXPERTS experts (grouped,
+// with a correction bias: cuda_moe.cu); MLA over a BF16 / FP8 latent cache with kv_lora_rank a
+// multiple of 32 up to CUDA_MLA_MAX_KV_LORA (cuda_mla.cu). MX (MXFP4, U8 values and e8m0 scales)
+// only GPT-OSS's experts carry (model/quant.c plans no other module in it): moe_experts decodes it
+// in registers; matmul does not take it. moe_experts also runs GPT-OSS's clamped SwiGLU with biases.
 #include "backend/backend.h"
 #include "backend/cuda/cuda_limits.h"
 
@@ -19,8 +21,11 @@ const struct backend_caps backend_cuda_caps = {
     .split_v_head_dim = false,
     .max_qk_norm_head_dim = CUDA_QKN_MAX_HD,
     .kv_dtypes = BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_FP8_E4M3),
-    .weight_dtypes = BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_U8),
-    .weight_schemes = BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE) | BACKEND_CAP_BIT(WEIGHT_SCHEME_MX),
+    .weight_dtypes = BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_U8) | BACKEND_CAP_BIT(DTYPE_FP8_E4M3) |
+                     BACKEND_CAP_BIT(DTYPE_I32),
+    .weight_schemes = BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE) | BACKEND_CAP_BIT(WEIGHT_SCHEME_MX) |
+                      BACKEND_CAP_BIT(WEIGHT_SCHEME_PER_TENSOR) | BACKEND_CAP_BIT(WEIGHT_SCHEME_PER_CHANNEL) |
+                      BACKEND_CAP_BIT(WEIGHT_SCHEME_BLOCK) | BACKEND_CAP_BIT(WEIGHT_SCHEME_GROUP),
     .max_experts = CUDA_MOE_MAX_EXPERTS,
     .moe_sigmoid_scoring = true,
     .moe_grouped_topk = true,

@@ -126,6 +126,12 @@ struct cuda_backend {
     void *argmax_scratch;
     size_t argmax_scratch_bytes;
 
+    // Quantized matmuls / experts (cuda_qmatmul.cu, cuda_moe_quant.cu): one grow-only scratch
+    // (quantized activations, scales, dequantized tiles) and their cuBLASLt plans (struct qmm_state).
+    void *qmm_scratch;
+    size_t qmm_scratch_bytes;
+    void *qmm;
+
     // Weight upload: two pinned host buffers and two device buffers, double-buffered.
     void *pinned[2];
     void *staging[2];
@@ -371,6 +377,13 @@ void cuda_op_mla_attention(struct backend *b, struct tensor *out, const struct t
 atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
                                   struct error *err);
 
+// Quantized weights (struct weight with a scheme): cuda_qmatmul.cu, cuda_moe_quant.cu.
+void cuda_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *w,
+                  const struct tensor *bias);
+void cuda_moe_experts_quant(struct backend *b, struct tensor *out, const struct tensor *x,
+                            const struct weight *gate_up, const struct weight *down, const int32_t *topk_ids,
+                            const float *topk_w, int n_slots, void *workspace);
+void cuda_qmatmul_destroy(struct cuda_backend *cb);
 void cuda_matmul_plans_destroy(struct cuda_backend *cb);
 void cuda_attention_init(struct cuda_backend *cb);
 void cuda_moe_init(struct cuda_backend *cb);

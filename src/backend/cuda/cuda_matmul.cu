@@ -244,8 +244,10 @@ static struct matmul_plan *plan_get(struct cuda_backend *cb, int64_t m, int64_t 
 void cuda_op_matmul(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *wq,
                     const struct tensor *bias) {
     struct cuda_backend *cb = cuda_impl(b);
-    CHECK_MSG(wq->scheme == WEIGHT_SCHEME_NONE, "CUDA matmul: weight scheme %s not implemented",
-              weight_scheme_name(wq->scheme));
+    if (wq->scheme != WEIGHT_SCHEME_NONE) { // quantized weights: cuda_qmatmul.cu
+        cuda_qmatmul(b, out, x, wq, bias);
+        return;
+    }
     const struct tensor *w = &wq->t;
     int64_t k = tensor_cols(x), n = tensor_rows(x), m = tensor_rows(w);
     CHECK_MSG(tensor_cols(w) == k, "matmul: x has %lld columns, w %lld", (long long)k, (long long)tensor_cols(w));

@@ -1102,9 +1102,16 @@ void cuda_moe_init(struct cuda_backend *cb) {
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,
                          const struct weight *down_w, const int32_t *topk_ids, const float *topk_w, int n_slots,
                          const struct moe_experts_args *ea, void *workspace) {
+    const bool mx = gate_up_w->scheme == WEIGHT_SCHEME_MX;
+    if (!mx && (gate_up_w->scheme != WEIGHT_SCHEME_NONE || down_w->scheme != WEIGHT_SCHEME_NONE)) { // cuda_moe_quant.cu
+        CHECK_MSG(!ea || (ea->act == MOE_ACT_SILU && !ea->gate_up_bias && !ea->down_bias),
+                  "CUDA moe_experts: quantized (%s) experts take SiLU without biases only",
+                  weight_scheme_name(gate_up_w->scheme));
+        cuda_moe_experts_quant(b, out, x, gate_up_w, down_w, topk_ids, topk_w, n_slots, workspace);
+        return;
+    }
     // The GPT-OSS path: a non-SiLU activation, expert biases or MXFP4 weights (both matrices MX,
     // or both plain in the act dtype).
-    const bool mx = gate_up_w->scheme == WEIGHT_SCHEME_MX;
     const bool args_path = mx || (ea && (ea->act != MOE_ACT_SILU || ea->gate_up_bias || ea->down_bias));
     CHECK_MSG(!ea || ea->act == MOE_ACT_SILU || ea->act == MOE_ACT_SWIGLU_CLAMP, "moe_experts: activation %d",
               (int)ea->act);

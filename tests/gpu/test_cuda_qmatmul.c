@@ -1,0 +1,409 @@
+// Quantized matmul and MoE experts on CUDA (cuda_qmatmul.cu, cuda_moe_quant.cu) against the CPU
+// reference (cpu_qmatmul.c), both driven through backend.h with the same stored bytes.
+//
+// Every scheme the loader produces: FP8 E4M3 per tensor / per channel / 128x128 blocks (and a
+// regridded 32-row block grid), each weight-only and with its dynamic FP8 activations (per
+// token; per token and 128-column group for blocks); INT4 and INT8 packed in I32 words with
+// group-32 / group-128 / per-channel scales, weight-only and INT8-per-token W8A8. Odd sizes
+// (k not a multiple of 16: the GEMVs' scalar path and the dequantize-GEMM fallback; partial
+// blocks and groups; k-block counts that are not a multiple of 4: the padded scale copy of the
+// cuBLASLt block-scaled GEMM; token counts not a multiple of 4: its padded rows). Rows 1, 3
+// and 8 take the GEMV, 9, 33 and 200 the GEMMs. Bias and F32 outputs too.
+// Pass: normalised MSE against the CPU within NMSE_Q (bf16 output rounding; the activation
+// bytes and scales are the same on both backends since both quantize the same bf16 values
+// with IEEE arithmetic), no NaN/Inf (outputs start poisoned), guard bytes intact; and a W8A8
+// result must differ from the weight-only CPU product by at least its activation rounding
+// (NMSE_ACT_MIN), so the GPU really quantizes the activations.
+// Runs only where a GPU is (make CUDA=1 gpu-test on the GPU machine).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "common/check.h"
+#include "core/dtype.h"
+#include "test.h"
+
+#define GUARD 256
+#define NMSE_Q 1e-4       // bf16 outputs (the dequantize-GEMM fallback: also bf16 operands)
+#define NMSE_MOE_W8A8 1e-3 // MoE W8A8: the SiLU*mul activation is quantized from f32 sums whose order differs
+#define NMSE_ACT_MIN 1e-5 // W8A8 vs weight-only: FP8 activation rounding is ~2% RMS (nmse ~4e-4)
+
+static struct backend *cpu_be, *gpu_be;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static int backends_ready(void) {
+    if (gpu_be) return 1;
+    struct error err = {0};
+    struct backend_options o = {.num_threads = 0, .device_id = 0, .kv_pool_bytes = 64u << 20};
+    if (backend_create("cpu", &o, &cpu_be, &err) != ATOMC_OK) {
+        fprintf(stderr, "cpu backend: %s\n", err.msg);
+        return 0;
+    }
+    if (backend_create("cuda", &o, &gpu_be, &err) != ATOMC_OK) {
+        fprintf(stderr, "cuda backend: %s\n", err.msg);
+        return 0;
+    }
+    return 1;
+}
+
+static uint64_t rng_next(void) {
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return rng_state = x;
+}
+static float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
+static float rng_sym(float s) { return (2.f * rng_uniform() - 1.f) * s; }
+static float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// ---- guarded allocations ----
+#define MAX_ALLOCS 64
+struct pool {
+    int n;
+    struct {
+        struct backend *b;
+        void *p;
+        size_t bytes;
+    } a[MAX_ALLOCS];
+};
+static unsigned char guard_pattern[GUARD];
+
+static void *pool_put(struct pool *P, struct backend *b, const void *host, size_t bytes) {
+    void *p = b->ops->alloc(b, bytes + GUARD);
+    CHECK(p && P->n < MAX_ALLOCS);
+    if (!guard_pattern[0])
+        for (int i = 0; i < GUARD; i++) guard_pattern[i] = (unsigned char)(0xA5 ^ (i * 29));
+    if (host) b->ops->copy_h2d(b, p, host, bytes);
+    else {
+        void *t = malloc(bytes ? bytes : 1);
+        memset(t, 0xff, bytes);
+        b->ops->copy_h2d(b, p, t, bytes);
+        free(t);
+    }
+    b->ops->copy_h2d(b, (char *)p + bytes, guard_pattern, GUARD);
+    P->a[P->n].b = b;
+    P->a[P->n].p = p;
+    P->a[P->n].bytes = bytes;
+    P->n++;
+    return p;
+}
+
+static int pool_release(struct pool *P) {
+    int bad = 0;
+    unsigned char g[GUARD];
+    for (int i = 0; i < P->n; i++) {
+        struct backend *b = P->a[i].b;
+        b->ops->synchronize(b);
+        b->ops->copy_d2h(b, g, (char *)P->a[i].p + P->a[i].bytes, GUARD);
+        if (memcmp(g, guard_pattern, GUARD)) {
+            fprintf(stderr, "  guard bytes overwritten after a %zu-byte %s buffer\n", P->a[i].bytes, b->ops->name);
+            bad++;
+        }
+        b->ops->free(b, P->a[i].p);
+    }
+    P->n = 0;
+    return bad;
+}
+
+// A tensor of dtype dt holding host f32 values (NULL: poisoned).
+static struct tensor put_f(struct pool *P, struct backend *b, enum dtype dt, int64_t r, int64_t c, const float *h) {
+    struct tensor t = tensor_2d(NULL, dt, r, c);
+    size_t bytes = tensor_bytes(&t);
+    void *tmp = NULL;
+    if (h) {
+        tmp = malloc(bytes ? bytes : 1);
+        dtype_from_f32(dt, h, tmp, r * c);
+    }
+    t.data = pool_put(P, b, tmp, bytes);
+    free(tmp);
+    return t;
+}
+
+static float *get_f(struct backend *b, const struct tensor *t) {
+    size_t bytes = tensor_bytes(t);
+    int64_t n = tensor_numel(t);
+    void *raw = malloc(bytes ? bytes : 1);
+    b->ops->synchronize(b);
+    b->ops->copy_d2h(b, raw, t->data, bytes);
+    float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
+    dtype_to_f32(t->dtype, raw, f, n);
+    free(raw);
+    return f;
+}
+
+static double nmse(const float *a, const float *r, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return -1;
+        double d = (double)a[i] - r[i];
+        num += d * d;
+        den += (double)r[i] * r[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+// ---- quantized weights on the host ----
+struct hq {
+    enum weight_scheme scheme;
+    int E, bits, br, bc; // bits 0: FP8
+    int64_t m, k;
+    void *vals;
+    size_t vbytes;
+    float *scale;
+    int64_t ns, sr, sc;
+};
+
+static struct hq hq_make(enum weight_scheme s, int E, int bits, int64_t m, int64_t k, int br, int bc) {
+    struct hq q = {.scheme = s, .E = E, .bits = bits, .br = br, .bc = bc, .m = m, .k = k};
+    q.sr = 1, q.sc = 1;
+    if (s == WEIGHT_SCHEME_BLOCK) q.sr = (m + br - 1) / br, q.sc = (k + bc - 1) / bc;
+    if (s == WEIGHT_SCHEME_PER_CHANNEL) q.sr = m;
+    if (s == WEIGHT_SCHEME_GROUP) q.sr = m, q.sc = (k + bc - 1) / bc;
+    q.ns = (int64_t)E * q.sr * q.sc;
+    q.scale = malloc(sizeof(float) * (size_t)q.ns);
+    for (int64_t i = 0; i < q.ns; i++)
+        q.scale[i] = bits ? 0.002f + 0.01f * rng_uniform() : 0.0005f + 0.002f * rng_uniform();
+    if (bits) {
+        const int per = 32 / bits;
+        const int64_t words = k / per;
+        q.vbytes = sizeof(uint32_t) * (size_t)(E * m * words);
+        uint32_t *p = malloc(q.vbytes);
+        for (int64_t i = 0; i < E * m * words; i++) {
+            uint32_t u = 0;
+            for (int j = 0; j < per; j++)
+                u |= (uint32_t)(rng_next() >> 50 & ((1u << bits) - 1)) << (bits * j);
+            p[i] = u;
+        }
+        q.vals = p;
+    } else {
+        q.vbytes = (size_t)(E * m * k);
+        uint8_t *p = malloc(q.vbytes);
+        for (size_t i = 0; i < q.vbytes; i++)
+            p[i] = f32_to_fp8_e4m3(rng_sym(400.f));
+        q.vals = p;
+    }
+    return q;
+}
+
+static void hq_free(struct hq *q) {
+    free(q->vals);
+    free(q->scale);
+}
+
+// The weight on backend b (values and scales copied as they are).
+static struct weight hq_put(struct pool *P, struct backend *b, const struct hq *q, enum weight_act act) {
+    struct weight w = {0};
+    void *v = pool_put(P, b, q->vals, q->vbytes);
+    float *s = pool_put(P, b, q->scale, sizeof(float) * (size_t)q->ns);
+    const enum dtype vt = q->bits ? DTYPE_I32 : DTYPE_FP8_E4M3;
+    const int64_t cols = q->bits ? q->k / (32 / q->bits) : q->k;
+    w.t = q->E > 1 ? tensor_make(v, vt, 3, (int64_t[]){q->E, q->m, cols}) : tensor_2d(v, vt, q->m, cols);
+    if (q->scheme == WEIGHT_SCHEME_PER_TENSOR)
+        w.scale = tensor_make(s, DTYPE_F32, 1, (int64_t[]){q->E});
+    else if (q->scheme == WEIGHT_SCHEME_PER_CHANNEL)
+        w.scale = q->E > 1 ? tensor_2d(s, DTYPE_F32, q->E, q->m) : tensor_make(s, DTYPE_F32, 1, (int64_t[]){q->m});
+    else
+        w.scale = q->E > 1 ? tensor_make(s, DTYPE_F32, 3, (int64_t[]){q->E, q->sr, q->sc})
+                           : tensor_2d(s, DTYPE_F32, q->sr, q->sc);
+    w.scheme = q->scheme;
+    w.block_rows = q->scheme == WEIGHT_SCHEME_BLOCK ? q->br : 1;
+    w.block_cols = q->bc;
+    w.bits = q->bits;
+    w.act = act;
+    return w;
+}
+
+// ---------------------------------------------------------------------------------------
+
+static const struct qcase {
+    enum weight_scheme s;
+    int bits, br, bc;
+    int64_t m, k;
+    enum weight_act act;
+} QCASES[] = {
+    {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 512, 1024, WEIGHT_ACT_FP8_TOKEN},
+    {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 512, 1024, WEIGHT_ACT_NONE},
+    {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 300, 200, WEIGHT_ACT_FP8_TOKEN}, // k % 16 != 0
+    {WEIGHT_SCHEME_PER_TENSOR, 0, 0, 0, 256, 512, WEIGHT_ACT_FP8_TOKEN},
+    {WEIGHT_SCHEME_PER_TENSOR, 0, 0, 0, 96, 160, WEIGHT_ACT_NONE},
+    {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 384, 1024, WEIGHT_ACT_FP8_GROUP}, // kb 8
+    {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 300, 640, WEIGHT_ACT_FP8_GROUP},  // kb 5 (padded), partial row block
+    {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 256, 200, WEIGHT_ACT_FP8_GROUP},  // partial column block
+    {WEIGHT_SCHEME_BLOCK, 0, 32, 128, 160, 512, WEIGHT_ACT_FP8_GROUP},   // a regridded fused weight
+    {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 256, 512, WEIGHT_ACT_NONE},
+    {WEIGHT_SCHEME_GROUP, 4, 1, 128, 256, 1024, WEIGHT_ACT_NONE},  // W4A16 group 128
+    {WEIGHT_SCHEME_GROUP, 4, 1, 32, 100, 320, WEIGHT_ACT_NONE},    // group 32
+    {WEIGHT_SCHEME_GROUP, 4, 1, 200, 64, 200, WEIGHT_ACT_NONE},    // per channel (one group), k % 16 != 0
+    {WEIGHT_SCHEME_GROUP, 4, 1, 36, 40, 72, WEIGHT_ACT_NONE},      // groups that split words
+    {WEIGHT_SCHEME_GROUP, 8, 1, 128, 200, 384, WEIGHT_ACT_NONE},   // W8A16
+    {WEIGHT_SCHEME_GROUP, 8, 1, 256, 128, 256, WEIGHT_ACT_INT8_TOKEN}, // INT8 W8A8 (per channel)
+    {WEIGHT_SCHEME_GROUP, 4, 1, 128, 128, 256, WEIGHT_ACT_INT8_TOKEN},
+};
+
+static const int NS[] = {1, 3, 8, 9, 33, 200};
+
+static void run_case(const struct qcase *c, int n, bool with_bias, enum dtype ot) {
+    struct pool P = {0};
+    struct hq q = hq_make(c->s, 1, c->bits, c->m, c->k, c->br, c->bc);
+    const int64_t m = c->m, k = c->k;
+    float *xh = malloc(sizeof(float) * (size_t)(n * k)), *bh = malloc(sizeof(float) * (size_t)m);
+    for (int64_t i = 0; i < n * k; i++)
+        xh[i] = round_bf16(rng_sym(1.f) * (i % 29 == 0 ? 6.f : 1.f));
+    for (int64_t j = 0; j < m; j++)
+        bh[j] = ot == DTYPE_BF16 ? round_bf16(rng_sym(0.5f)) : rng_sym(0.5f);
+    struct weight wc = hq_put(&P, cpu_be, &q, c->act), wg = hq_put(&P, gpu_be, &q, c->act);
+    struct weight wc_only = wc;
+    wc_only.act = WEIGHT_ACT_NONE;
+    struct tensor xc = put_f(&P, cpu_be, DTYPE_F32, n, k, xh), xg = put_f(&P, gpu_be, DTYPE_BF16, n, k, xh);
+    struct tensor bc = put_f(&P, cpu_be, DTYPE_F32, 1, m, bh), bg = put_f(&P, gpu_be, ot, 1, m, bh);
+    bc = tensor_make(bc.data, DTYPE_F32, 1, (int64_t[]){m});
+    bg = tensor_make(bg.data, ot, 1, (int64_t[]){m});
+    struct tensor yc = put_f(&P, cpu_be, DTYPE_F32, n, m, NULL), yw = put_f(&P, cpu_be, DTYPE_F32, n, m, NULL);
+    struct tensor yg = put_f(&P, gpu_be, ot, n, m, NULL);
+    cpu_be->ops->matmul(cpu_be, &yc, &xc, &wc, with_bias ? &bc : NULL);
+    cpu_be->ops->matmul(cpu_be, &yw, &xc, &wc_only, with_bias ? &bc : NULL);
+    gpu_be->ops->matmul(gpu_be, &yg, &xg, &wg, with_bias ? &bg : NULL);
+    float *fc = get_f(cpu_be, &yc), *fw = get_f(cpu_be, &yw), *fg = get_f(gpu_be, &yg);
+    double e = nmse(fg, fc, n * m), ea = nmse(fg, fw, n * m);
+    if (!(e >= 0 && e <= NMSE_Q))
+        test_fail(__FILE__, __LINE__, "%s bits %d %lldx%lld br %d bc %d act %s n=%d bias=%d out %s: nmse %g > %g",
+                  weight_scheme_name(c->s), c->bits, (long long)m, (long long)k, c->br, c->bc, weight_act_name(c->act),
+                  n, with_bias, dtype_name(ot), e, NMSE_Q);
+    if (c->act != WEIGHT_ACT_NONE && !(ea > NMSE_ACT_MIN))
+        test_fail(__FILE__, __LINE__, "%s act %s n=%d: GPU result equals the weight-only product (nmse %g)",
+                  weight_scheme_name(c->s), weight_act_name(c->act), n, ea);
+    free(fc);
+    free(fw);
+    free(fg);
+    free(xh);
+    free(bh);
+    hq_free(&q);
+    ASSERT_EQ(pool_release(&P), 0);
+}
+
+TEST(cuda_qmatmul_matches_cpu_every_scheme) {
+    ASSERT_TRUE(backends_ready());
+    for (size_t ci = 0; ci < sizeof QCASES / sizeof QCASES[0]; ci++)
+        for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++)
+            run_case(&QCASES[ci], NS[ni], false, DTYPE_BF16);
+}
+
+TEST(cuda_qmatmul_bias_and_f32_output) {
+    ASSERT_TRUE(backends_ready());
+    static const int idx[] = {0, 3, 6, 10, 15};
+    for (size_t i = 0; i < sizeof idx / sizeof idx[0]; i++)
+        for (int ni = 0; ni < 6; ni += 2) {
+            run_case(&QCASES[idx[i]], NS[ni] + 2 * ni, true, DTYPE_BF16);
+            run_case(&QCASES[idx[i]], NS[ni + 1], ni == 2, DTYPE_F32);
+        }
+}
+
+// A captured graph of a quantized GEMV and GEMM replays the eager result after x changes in place.
+TEST(cuda_qmatmul_graph_capture_replays) {
+    ASSERT_TRUE(backends_ready());
+    if (!gpu_be->ops->graph_begin) return;
+    struct pool P = {0};
+    struct hq q = hq_make(WEIGHT_SCHEME_BLOCK, 1, 0, 256, 512, 128, 128);
+    struct weight wg = hq_put(&P, gpu_be, &q, WEIGHT_ACT_FP8_GROUP);
+    const int ns[2] = {1, 16};
+    for (int t = 0; t < 2; t++) {
+        const int n = ns[t];
+        float *xh = malloc(sizeof(float) * (size_t)(n * 512));
+        for (int i = 0; i < n * 512; i++) xh[i] = round_bf16(rng_sym(1.f));
+        struct tensor xg = put_f(&P, gpu_be, DTYPE_BF16, n, 512, xh);
+        struct tensor y1 = put_f(&P, gpu_be, DTYPE_BF16, n, 256, NULL), y2 = put_f(&P, gpu_be, DTYPE_BF16, n, 256, NULL);
+        struct error err = {0};
+        gpu_be->ops->matmul(gpu_be, &y1, &xg, &wg, NULL); // eager warm-up (scratch, plans)
+        void *graph = NULL;
+        ASSERT_OK(gpu_be->ops->graph_begin(gpu_be, &err));
+        gpu_be->ops->matmul(gpu_be, &y2, &xg, &wg, NULL);
+        ASSERT_OK(gpu_be->ops->graph_end(gpu_be, &graph, &err));
+        for (int i = 0; i < n * 512; i++) xh[i] = round_bf16(rng_sym(2.f));
+        uint16_t *raw = malloc(sizeof(uint16_t) * (size_t)(n * 512));
+        for (int i = 0; i < n * 512; i++) raw[i] = f32_to_bf16(xh[i]);
+        gpu_be->ops->copy_h2d(gpu_be, xg.data, raw, sizeof(uint16_t) * (size_t)(n * 512));
+        ASSERT_OK(gpu_be->ops->graph_launch(gpu_be, graph, &err));
+        gpu_be->ops->matmul(gpu_be, &y1, &xg, &wg, NULL);
+        float *a = get_f(gpu_be, &y1), *b = get_f(gpu_be, &y2);
+        ASSERT_TRUE(nmse(b, a, n * 256) == 0.0);
+        gpu_be->ops->graph_destroy(gpu_be, graph);
+        free(a);
+        free(b);
+        free(raw);
+        free(xh);
+    }
+    hq_free(&q);
+    ASSERT_EQ(pool_release(&P), 0);
+}
+
+// moe_experts over quantized stacked experts: the GPU's slot kernels against the CPU's
+// per-expert matmuls.
+TEST(cuda_moe_experts_quantized_match_cpu) {
+    ASSERT_TRUE(backends_ready());
+    static const struct {
+        enum weight_scheme s;
+        int bits, br, bc;
+        enum weight_act act;
+    } cases[] = {
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_FP8_GROUP},
+        {WEIGHT_SCHEME_BLOCK, 0, 32, 128, WEIGHT_ACT_FP8_GROUP}, // regridded 32-row gate / up parts
+        {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, WEIGHT_ACT_FP8_TOKEN},
+        {WEIGHT_SCHEME_PER_TENSOR, 0, 0, 0, WEIGHT_ACT_FP8_TOKEN},
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_NONE},
+        {WEIGHT_SCHEME_GROUP, 4, 1, 128, WEIGHT_ACT_NONE}, // W4A16 experts
+        {WEIGHT_SCHEME_GROUP, 8, 1, 32, WEIGHT_ACT_NONE},
+    };
+    const int E = 8, slots = 3;
+    const int64_t H = 256, I = 192; // I: one and a half 128-column groups
+    const int ns[] = {1, 5, 40};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t ni = 0; ni < 3; ni++) {
+            const int n = ns[ni];
+            struct pool P = {0};
+            struct hq gu = hq_make(cases[ci].s, E, cases[ci].bits, 2 * I, H, cases[ci].br, cases[ci].bc);
+            struct hq dn = hq_make(cases[ci].s, E, cases[ci].bits, H, I, cases[ci].br, cases[ci].bc);
+            struct weight guc = hq_put(&P, cpu_be, &gu, cases[ci].act), gug = hq_put(&P, gpu_be, &gu, cases[ci].act);
+            struct weight dnc = hq_put(&P, cpu_be, &dn, cases[ci].act), dng = hq_put(&P, gpu_be, &dn, cases[ci].act);
+            float *xh = malloc(sizeof(float) * (size_t)(n * H)), *wh = malloc(sizeof(float) * (size_t)(n * slots));
+            int32_t *ih = malloc(sizeof(int32_t) * (size_t)(n * slots));
+            for (int64_t i = 0; i < n * H; i++) xh[i] = round_bf16(rng_sym(1.f));
+            for (int i = 0; i < n * slots; i++) {
+                ih[i] = (int32_t)((i * 5 + i / slots) % E);
+                wh[i] = 0.2f + 0.3f * rng_uniform();
+            }
+            struct tensor xc = put_f(&P, cpu_be, DTYPE_F32, n, H, xh), xg = put_f(&P, gpu_be, DTYPE_BF16, n, H, xh);
+            struct tensor yc = put_f(&P, cpu_be, DTYPE_F32, n, H, NULL), yg = put_f(&P, gpu_be, DTYPE_BF16, n, H, NULL);
+            int32_t *idc = pool_put(&P, cpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+            int32_t *idg = pool_put(&P, gpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+            float *twc = pool_put(&P, cpu_be, wh, sizeof(float) * (size_t)(n * slots));
+            float *twg = pool_put(&P, gpu_be, wh, sizeof(float) * (size_t)(n * slots));
+            void *wsc = pool_put(&P, cpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 4));
+            void *wsg = pool_put(&P, gpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 2));
+            cpu_be->ops->moe_experts(cpu_be, &yc, &xc, &guc, &dnc, idc, twc, slots, wsc);
+            gpu_be->ops->moe_experts(gpu_be, &yg, &xg, &gug, &dng, idg, twg, slots, wsg);
+            float *fc = get_f(cpu_be, &yc), *fg = get_f(gpu_be, &yg);
+            const double thr = cases[ci].act != WEIGHT_ACT_NONE ? NMSE_MOE_W8A8 : NMSE_Q;
+            double e = nmse(fg, fc, n * H);
+            if (!(e >= 0 && e <= thr))
+                test_fail(__FILE__, __LINE__, "moe %s bits %d br %d act %s n=%d: nmse %g > %g",
+                          weight_scheme_name(cases[ci].s), cases[ci].bits, cases[ci].br,
+                          weight_act_name(cases[ci].act), n, e, thr);
+            free(fc);
+            free(fg);
+            free(xh);
+            free(wh);
+            free(ih);
+            hq_free(&gu);
+            hq_free(&dn);
+            ASSERT_EQ(pool_release(&P), 0);
+        }
+}
+
+int main(int argc, char **argv) {
+    int rc = test_main(argc, argv);
+    if (gpu_be) backend_destroy(gpu_be);
+    if (cpu_be) backend_destroy(cpu_be);
+    return rc;
+}

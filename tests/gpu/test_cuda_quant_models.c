@@ -1,0 +1,114 @@
+// Quantized checkpoints as whole models on the CUDA backend (cuda_qmatmul.cu, cuda_moe_quant.cu)
+// against the references the CPU matches tightly (tests/test_quant_cpu.c): the fixtures of
+// tests/fixtures/quant whose head_dim CUDA's attention takes (64):
+//   ct_w4a16_group128    compressed-tensors INT4 group 128, weight-only     -> refs.json
+//   ct_w8a16_group128    compressed-tensors INT8 group 128, weight-only     -> refs.json
+//   qwen3_moe_fp8_block  fp8 128x128 blocks with dynamic per-token-group FP8 activations (W8A8,
+//                        the default), attention, dense MLP and MoE experts -> refs_w8a8.json
+//                        (tools/make_w8a8_refs.py: torch's fake-quantized forward)
+// Prefill logits at the reference positions within BF16_RTOL of max(1, max |ref|) (as
+// test_cuda_models.c: BF16 activations, residual stream and KV), then 16 greedy steps whose
+// decode steps replay CUDA graphs (quantized GEMVs and MoE slot kernels captured), equal to the
+// reference's at every step with a clear top-2 margin. The W8A8 fixture also goes through
+// activation quantization of bf16 values (the CPU quantizes f32): a near-tie may round the other
+// way, which the 5% tolerance covers (the largest flip seen on the CPU moved logits by 0.088 of
+// ~2.6). Runs only where a GPU is (make CUDA=1 gpu-test).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_refs.h"
+#include "runner_sim.h"
+#include "runtime/model_runner.h"
+#include "test.h"
+
+#define BF16_RTOL 5e-2
+#define BF16_MARGIN_FACTOR 1.2
+
+static const struct {
+    const char *name;
+    const char *refs; // file beside the fixture
+} QMODELS[] = {
+    {"ct_w4a16_group128", "refs.json"},
+    {"ct_w8a16_group128", "refs.json"},
+    {"qwen3_moe_fp8_block", "refs_w8a8.json"},
+};
+
+TEST(cuda_quant_models_match_refs) {
+    for (size_t mi = 0; mi < sizeof QMODELS / sizeof QMODELS[0]; mi++) {
+        const char *name = QMODELS[mi].name;
+        char rel[256], path[4096];
+        snprintf(rel, sizeof rel, "quant/%s/%s", name, QMODELS[mi].refs);
+        struct refs R;
+        ASSERT_EQ(refs_load_rel(rel, &R, BF16_RTOL, BF16_MARGIN_FACTOR), 0);
+        snprintf(rel, sizeof rel, "quant/%s", name);
+        snprintf(path, sizeof path, "%s", test_fixture(rel));
+        struct runner_options o = {
+            .model_path = path, .device = "cuda", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
+            .block_size = 16, .num_kv_blocks = 256, .max_num_seqs = 8, .max_num_batched_tokens = 512,
+            .max_model_len = 128, .gpu_memory_utilization = 0.3, .enforce_eager = false,
+        };
+        struct model_runner *r = NULL;
+        struct error err = {0};
+        if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  %s: %s\n", name, err.msg);
+        ASSERT_TRUE(r != NULL);
+        ASSERT_TRUE(model_runner_num_graphs(r) > 0);
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 41u + (unsigned)mi);
+        double worst = 0;
+        int checked = 0;
+        float *lg = malloc(sizeof(float) * MAX_POS * (size_t)R.vocab);
+        for (int pi = 0; pi < R.n; pi++) {
+            struct ref_prompt *p = &R.p[pi];
+            struct sim_seq *q = malloc(sizeof *q);
+            sim_seq_init(q, p->ids, p->n);
+            sim_step_begin(s);
+            ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
+            for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+            s->n_rows = p->n_pos;
+            struct forward_batch fb = sim_step_batch(s);
+            ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
+            sim_step_commit(s);
+            double d = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
+            if (!(d <= R.tol))
+                test_fail(__FILE__, __LINE__, "%s prompt %d: max |logit - ref| = %g > %g", name, pi, d, R.tol);
+            worst = d > worst ? d : worst;
+            int32_t got[N_GREEDY];
+            const float *last = lg + (size_t)(p->n_pos - 1) * R.vocab;
+            int best = 0;
+            for (int v = 1; v < R.vocab; v++) best = last[v] > last[best] ? v : best;
+            got[0] = best;
+            q->ids[q->n_ids++] = best;
+            for (int k = 1; k < N_GREEDY; k++) {
+                sim_step_begin(s);
+                ASSERT_EQ(sim_step_add(s, q, 1, 1), 0);
+                fb = sim_step_batch(s);
+                struct runner_output out;
+                ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+                sim_step_commit(s);
+                got[k] = out.ids[0];
+                q->ids[q->n_ids++] = out.ids[0];
+            }
+            char what[128];
+            snprintf(what, sizeof what, "%s (CUDA) prompt %d", name, pi);
+            int c = greedy_compare(&R, p, got, what);
+            ASSERT_TRUE(c >= 0);
+            checked += c;
+            sim_seq_release(s, q);
+            free(q);
+        }
+        fprintf(stderr, "  %-20s max |logit - ref| = %.3g (tol %.3g), %d clear-margin greedy steps equal, %llu graph "
+                        "replays\n",
+                name, worst, R.tol, checked, (unsigned long long)model_runner_num_graph_replays(r));
+        ASSERT_TRUE(model_runner_num_graph_replays(r) > 0);
+        free(lg);
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+        refs_free(&R);
+    }
+}
+
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}
