@@ -59,6 +59,10 @@ struct model_runner {
     void *kv_pool;           // one allocation: per layer K then V
     size_t kv_bytes;
     struct kv_layer *kv;     // (num_layers)
+    // KV transfer (model_runner_kv_pool_view): bytes of one token's K / V row and the byte offset
+    // of each layer's K / V region in kv_pool, per layer.
+    size_t xfer_k_row[MODEL_MAX_LAYERS], xfer_v_row[MODEL_MAX_LAYERS];
+    size_t xfer_k_off[MODEL_MAX_LAYERS], xfer_v_off[MODEL_MAX_LAYERS];
 
     struct runner_layout lay; // this step's layout
     struct runner_layout dec; // fixed layout of decode-graph steps
