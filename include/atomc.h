@@ -295,6 +295,7 @@ typedef struct atomc_stats {
     uint64_t kv_bytes_sent, kv_bytes_received, kv_blocks_sent, kv_blocks_received;
     uint64_t kv_transfers_sent, kv_transfers_received, kv_transfers_failed, kv_fallbacks;
     int kv_held_blocks, kv_waiting;
+    int kv_peers; // KV connections past the handshake
 } atomc_stats;
 void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s);
 

@@ -345,6 +345,7 @@ void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s) {
     *s = e->stats;
     s->num_waiting += e->n_inbox;
     pthread_mutex_unlock(&e->mu);
+    engine_kv_live_stats(e, s);
 }
 
 void atomc_engine_get_model_info(atomc_engine *e, atomc_model_info *info) { *info = e->su.info; }

@@ -202,6 +202,7 @@ bool engine_kv_on_retire(atomc_engine *e, struct sequence *s);
 void engine_kv_poll(atomc_engine *e);
 void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so);
 void engine_kv_fill_stats(atomc_engine *e, atomc_stats *st);
+void engine_kv_live_stats(atomc_engine *e, atomc_stats *st); // any thread: the connector's counters now
 int engine_kv_n_work(const atomc_engine *e);
 
 #endif

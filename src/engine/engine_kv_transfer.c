@@ -332,6 +332,24 @@ void engine_kv_fill_stats(atomc_engine *e, atomc_stats *st) {
     st->kv_fallbacks = k->fallbacks;
     st->kv_held_blocks = k->held_blocks;
     st->kv_waiting = k->n_pending;
+    st->kv_peers = cs.peers;
+}
+
+// The connector's counters (its own lock) as of now, over the snapshot of the last step: an idle
+// engine does not step, but connections and transfers go on.
+void engine_kv_live_stats(atomc_engine *e, atomc_stats *st) {
+    struct engine_kv *k = e->kv; // set before the engine is shared, never changed while it lives
+    if (!k) return;
+    struct kv_connector_stats cs;
+    kv_connector_get_stats(k->conn, &cs);
+    st->kv_bytes_sent = cs.bytes_sent;
+    st->kv_bytes_received = cs.bytes_received;
+    st->kv_blocks_sent = cs.blocks_sent;
+    st->kv_blocks_received = cs.blocks_received;
+    st->kv_transfers_sent = cs.transfers_sent;
+    st->kv_transfers_received = cs.transfers_received;
+    st->kv_transfers_failed = cs.transfers_failed;
+    st->kv_peers = cs.peers;
 }
 
 int engine_kv_n_work(const atomc_engine *e) { return e->kv ? e->kv->n_pending + e->kv->n_held : 0; }

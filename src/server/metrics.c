@@ -216,6 +216,7 @@ int metrics_render(const struct metrics *m, const atomc_stats *s, char **buf, si
                   "KV blocks a prefill instance holds until decode instances acknowledge them.", s->kv_held_blocks);
         out_gauge(&o, lbl, "atomc:kv_transfer_waiting_requests", "Requests waiting for their prompt's KV.",
                   s->kv_waiting);
+        out_gauge(&o, lbl, "atomc:kv_transfer_peers", "KV transfer connections past the handshake.", s->kv_peers);
     }
     if (s->num_speculative_tokens > 0) { // speculative decoding on: vLLM's spec_decode counters
         out_counter(&o, lbl, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",

@@ -621,7 +621,7 @@ int oai_request_parse(enum oai_endpoint ep, const char *body, size_t len, const 
     if (r->n_prompts * (long long)r->n > lim->max_n * 4LL)
         return oai_error_set(e, 400, "n", "%d prompts x n=%d choices exceeds the limit of %d sequences per request",
                              r->n_prompts, r->n, lim->max_n * 4);
-    if ((r->kv_do_remote_decode || r->kv_do_remote_prefill) && r->n_prompts * r->n != 1)
+    if ((r->kv_do_remote_decode || r->kv_do_remote_prefill) && (ep == OAI_ENDPOINT_CHAT ? 1 : r->n_prompts) * r->n != 1)
         return oai_error_set(e, 400, "kv_transfer_params",
                              "'kv_transfer_params' with a remote prefill or decode need exactly one prompt and n = 1");
     r->params.logprobs = r->logprobs;
