@@ -78,7 +78,8 @@ TEST(frame_roundtrip_and_partial_reads) {
     size_t total = h + 5;
     struct kv_frame f;
     struct error e = {0};
-    for (size_t n = 0; n < total; n++) ASSERT_EQ(kv_frame_parse(buf, n, &f, &e), 0); // every partial prefix waits
+    for (size_t n = 0; n < total; n++)
+        ASSERT_EQ(kv_frame_parse(buf, n, &f, &e), 0); // every partial prefix waits
     ASSERT_EQ(kv_frame_parse(buf, total, &f, &e), (long)total);
     ASSERT_EQ(f.type, KV_FRAME_DATA);
     ASSERT_STREQ(f.id, "req-1");
@@ -139,20 +140,36 @@ TEST(handshake_mismatch_names_the_field) {
         const char *word;
         void (*change)(struct kv_handshake *);
     } cases[] = {
-        {"model", NULL}, {"dtype", NULL}, {"block size", NULL}, {"layer count", NULL}, {"tensor-parallel", NULL},
-        {"architecture", NULL}, {"config", NULL}, {"bytes per token", NULL},
+        {"model", NULL},           {"dtype", NULL},        {"block size", NULL}, {"layer count", NULL},
+        {"tensor-parallel", NULL}, {"architecture", NULL}, {"config", NULL},     {"bytes per token", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         b = hs_base("b");
         switch (i) {
-        case 0: snprintf(b.model, sizeof b.model, "other"); break;
-        case 1: b.kv_dtype = 2; break;
-        case 2: b.block_size = 16; break;
-        case 3: b.n_layers = 3; break;
-        case 4: b.tp_size = 2; break;
-        case 5: snprintf(b.architecture, sizeof b.architecture, "Qwen3ForCausalLM"); break;
-        case 6: b.config_hash = 43; break;
-        case 7: b.token_bytes = 64; break;
+        case 0:
+            snprintf(b.model, sizeof b.model, "other");
+            break;
+        case 1:
+            b.kv_dtype = 2;
+            break;
+        case 2:
+            b.block_size = 16;
+            break;
+        case 3:
+            b.n_layers = 3;
+            break;
+        case 4:
+            b.tp_size = 2;
+            break;
+        case 5:
+            snprintf(b.architecture, sizeof b.architecture, "Qwen3ForCausalLM");
+            break;
+        case 6:
+            b.config_hash = 43;
+            break;
+        case 7:
+            b.token_bytes = 64;
+            break;
         }
         e.msg[0] = 0;
         ASSERT_EQ(kv_handshake_check(&a, &b, &e), ATOMC_ERR_UNSUPPORTED);
@@ -183,8 +200,10 @@ static atomc_status host_copy(void *ctx, int layer, const int32_t *blocks, int t
         uint8_t *base = kv ? p->v[layer] : p->k[layer];
         for (int t = tok0; t < tok0 + n; t++) {
             uint8_t *slot = base + ((size_t)blocks[t / BS] * BS + t % BS) * row;
-            if (to_pool) memcpy(slot, h, row);
-            else memcpy(h, slot, row);
+            if (to_pool)
+                memcpy(slot, h, row);
+            else
+                memcpy(h, slot, row);
             h += row;
         }
     }
@@ -195,8 +214,10 @@ static void pool_init(struct host_pool *p, struct kv_pool_view *v, uint8_t seed)
     for (int l = 0; l < L; l++) {
         p->k[l] = malloc(NB * BS * k_rows[l]);
         p->v[l] = malloc(NB * BS * v_rows[l]);
-        for (size_t i = 0; i < NB * BS * k_rows[l]; i++) p->k[l][i] = (uint8_t)(seed + i * 7 + l);
-        for (size_t i = 0; i < NB * BS * v_rows[l]; i++) p->v[l][i] = (uint8_t)(seed + i * 13 + l * 3);
+        for (size_t i = 0; i < NB * BS * k_rows[l]; i++)
+            p->k[l][i] = (uint8_t)(seed + i * 7 + l);
+        for (size_t i = 0; i < NB * BS * v_rows[l]; i++)
+            p->v[l][i] = (uint8_t)(seed + i * 13 + l * 3);
     }
     memset(v, 0, sizeof *v);
     v->n_layers = L;
@@ -209,7 +230,8 @@ static void pool_init(struct host_pool *p, struct kv_pool_view *v, uint8_t seed)
 }
 
 static void pool_free(struct host_pool *p) {
-    for (int l = 0; l < L; l++) free(p->k[l]), free(p->v[l]);
+    for (int l = 0; l < L; l++)
+        free(p->k[l]), free(p->v[l]);
 }
 
 static struct kv_handshake hs_pool(const char *id) {
@@ -264,9 +286,11 @@ static void make_pair(int port, struct kv_pool_view *pv, struct kv_pool_view *cv
     struct kv_transfer_config pc, cc;
     struct error e = {0};
     char js[200];
-    snprintf(js, sizeof js, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"kv_connector_extra_config\":{\"engine_id\":\"P\"}}", port);
+    snprintf(js, sizeof js,
+             "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"kv_connector_extra_config\":{\"engine_id\":\"P\"}}", port);
     CHECK(kv_transfer_config_parse(js, &pc, &e) == ATOMC_OK);
-    snprintf(js, sizeof js, "{\"kv_role\":\"kv_consumer\",\"kv_port\":%d,\"kv_connector_extra_config\":{\"engine_id\":\"C\"}}", port);
+    snprintf(js, sizeof js,
+             "{\"kv_role\":\"kv_consumer\",\"kv_port\":%d,\"kv_connector_extra_config\":{\"engine_id\":\"C\"}}", port);
     CHECK(kv_transfer_config_parse(js, &cc, &e) == ATOMC_OK);
     struct kv_handshake ph = hs_pool("P");
     struct kv_handshake ch = chs ? *chs : hs_pool("C");
@@ -289,8 +313,14 @@ TEST(loopback_transfer_is_byte_exact_and_acked) {
     uint64_t hashes[2];
     hashes[0] = block_hash_xxh64(tokens, BS, 0);
     hashes[1] = block_hash_xxh64(tokens + BS, BS, hashes[0]);
-    struct kv_send s = {.transfer_id = "t1", .tokens = tokens, .n_tokens = 10, .block_hashes = hashes,
-                        .block_ids = pblocks, .tok0 = 0, .n_tok = 6, .first = true};
+    struct kv_send s = {.transfer_id = "t1",
+                        .tokens = tokens,
+                        .n_tokens = 10,
+                        .block_hashes = hashes,
+                        .block_ids = pblocks,
+                        .tok0 = 0,
+                        .n_tok = 6,
+                        .first = true};
     struct error e = {0};
     ASSERT_EQ(kv_connector_send(prod, &s, &e), ATOMC_OK);
     struct lookup_arg la = {cons, "t1", KV_RX_PENDING};
@@ -334,8 +364,15 @@ TEST(loopback_transfer_is_byte_exact_and_acked) {
     ASSERT_EQ(kv_connector_lookup(cons, "t1", NULL, NULL), KV_RX_FAILED); // claimed: gone (a tombstone)
 
     // A dropped transfer is acknowledged too (the producer frees its blocks).
-    s = (struct kv_send){.transfer_id = "t2", .tokens = tokens, .n_tokens = 3, .block_hashes = hashes,
-                         .block_ids = pblocks, .tok0 = 0, .n_tok = 3, .first = true, .last = true};
+    s = (struct kv_send){.transfer_id = "t2",
+                         .tokens = tokens,
+                         .n_tokens = 3,
+                         .block_hashes = hashes,
+                         .block_ids = pblocks,
+                         .tok0 = 0,
+                         .n_tok = 3,
+                         .first = true,
+                         .last = true};
     kv_connector_drop(cons, "t2"); // the decode side gave up before the KV came
     ASSERT_EQ(kv_connector_send(prod, &s, &e), ATOMC_OK);
     n_acked = 0;
@@ -391,8 +428,14 @@ TEST(loopback_dead_producer_fails_pending_transfer) {
     ASSERT_TRUE(wait_for(peers_up, cons, 5));
     int32_t tokens[6] = {1, 2, 3, 4, 5, 6}, blocks[2] = {0, 1};
     uint64_t h[1] = {block_hash_xxh64(tokens, BS, 0)};
-    struct kv_send s = {.transfer_id = "t", .tokens = tokens, .n_tokens = 6, .block_hashes = h, .block_ids = blocks,
-                        .tok0 = 0, .n_tok = 4, .first = true};
+    struct kv_send s = {.transfer_id = "t",
+                        .tokens = tokens,
+                        .n_tokens = 6,
+                        .block_hashes = h,
+                        .block_ids = blocks,
+                        .tok0 = 0,
+                        .n_tok = 4,
+                        .first = true};
     struct error e = {0};
     ASSERT_EQ(kv_connector_send(prod, &s, &e), ATOMC_OK);
     struct lookup_arg la = {cons, "t", KV_RX_PENDING};
@@ -408,4 +451,6 @@ TEST(loopback_dead_producer_fails_pending_transfer) {
     pool_free(&cp);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -70,16 +70,18 @@ struct preq {
     char path[64];
     json_t *body; // the client's request
     bool stream;
-    int decode, prefill;                 // upstream indices, -1 = none
+    int decode, prefill;                  // upstream indices, -1 = none
     unsigned tried_prefill, tried_decode; // bit masks
-    json_t *kv_params;                   // the prefill instance's answer (NULL: local prefill)
-    bool started;                        // reply to the client started (streaming relay)
+    json_t *kv_params;                    // the prefill instance's answer (NULL: local prefill)
+    bool started;                         // reply to the client started (streaming relay)
     long charge;
-    struct evhttp_connection *conn;      // the upstream connection in use
+    struct evhttp_connection *conn; // the upstream connection in use
     int conn_up;
 };
 
-static struct upstream *decode_at(struct proxy *px, int i) { return &px->up[px->n_prefill + i]; }
+static struct upstream *decode_at(struct proxy *px, int i) {
+    return &px->up[px->n_prefill + i];
+}
 
 // --- upstream connections ------------------------------------------------------------------------
 
@@ -92,8 +94,10 @@ static struct evhttp_connection *conn_get(struct proxy *px, struct upstream *u) 
 
 static void conn_put(struct upstream *u, struct evhttp_connection *c, bool ok) {
     if (!c) return;
-    if (ok && u->n_idle < (int)(sizeof u->idle / sizeof u->idle[0])) u->idle[u->n_idle++] = c;
-    else evhttp_connection_free(c);
+    if (ok && u->n_idle < (int)(sizeof u->idle / sizeof u->idle[0]))
+        u->idle[u->n_idle++] = c;
+    else
+        evhttp_connection_free(c);
 }
 
 // POSTs (or GETs when body is NULL) path to u; cb(req, arg) gets the answer (req NULL or code 0:
@@ -343,8 +347,10 @@ static void on_decode_done(struct evhttp_request *r, void *arg) {
 static void start_decode(struct preq *q) {
     struct proxy *px = q->px;
     json_t *b = json_deep_copy(q->body);
-    if (q->kv_params) json_object_set(b, "kv_transfer_params", q->kv_params);
-    else json_object_del(b, "kv_transfer_params");
+    if (q->kv_params)
+        json_object_set(b, "kv_transfer_params", q->kv_params);
+    else
+        json_object_del(b, "kv_transfer_params");
     char *txt = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     struct upstream *u = decode_at(px, q->decode);
@@ -431,8 +437,10 @@ static void health_tick(evutil_socket_t fd, short ev, void *arg) {
         evhttp_connection_free_on_completion(c);
         struct evhttp_request *r = evhttp_request_new(on_health, u);
         evhttp_add_header(evhttp_request_get_output_headers(r), "Host", u->host);
-        if (evhttp_make_request(c, r, EVHTTP_REQ_GET, "/health") == 0) u->checking = true;
-        else evhttp_connection_free(c);
+        if (evhttp_make_request(c, r, EVHTTP_REQ_GET, "/health") == 0)
+            u->checking = true;
+        else
+            evhttp_connection_free(c);
     }
     struct timeval tv = {(time_t)px->health_interval_s,
                          (suseconds_t)((px->health_interval_s - (time_t)px->health_interval_s) * 1e6)};
@@ -441,22 +449,23 @@ static void health_tick(evutil_socket_t fd, short ev, void *arg) {
 
 static void handle_metrics(struct proxy *px, struct evhttp_request *req) {
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b,
-                        "# HELP atomc_proxy:requests_total Requests received.\n# TYPE atomc_proxy:requests_total counter\n"
-                        "atomc_proxy:requests_total %llu\n"
-                        "# HELP atomc_proxy:prefill_failovers_total Prefill instances that failed a request.\n"
-                        "# TYPE atomc_proxy:prefill_failovers_total counter\natomc_proxy:prefill_failovers_total %llu\n"
-                        "# HELP atomc_proxy:local_prefill_total Requests the decode instance prefilled itself.\n"
-                        "# TYPE atomc_proxy:local_prefill_total counter\natomc_proxy:local_prefill_total %llu\n"
-                        "# HELP atomc_proxy:decode_retries_total Requests moved to another decode instance.\n"
-                        "# TYPE atomc_proxy:decode_retries_total counter\natomc_proxy:decode_retries_total %llu\n"
-                        "# HELP atomc_proxy:errors_total Requests answered with an error by the proxy.\n"
-                        "# TYPE atomc_proxy:errors_total counter\natomc_proxy:errors_total %llu\n"
-                        "# HELP atomc_proxy:instance_up Whether an instance answers /health.\n"
-                        "# TYPE atomc_proxy:instance_up gauge\n",
-                        (unsigned long long)px->n_requests, (unsigned long long)px->n_prefill_failovers,
-                        (unsigned long long)px->n_local_prefill, (unsigned long long)px->n_decode_retries,
-                        (unsigned long long)px->n_errors);
+    evbuffer_add_printf(
+        b,
+        "# HELP atomc_proxy:requests_total Requests received.\n# TYPE atomc_proxy:requests_total counter\n"
+        "atomc_proxy:requests_total %llu\n"
+        "# HELP atomc_proxy:prefill_failovers_total Prefill instances that failed a request.\n"
+        "# TYPE atomc_proxy:prefill_failovers_total counter\natomc_proxy:prefill_failovers_total %llu\n"
+        "# HELP atomc_proxy:local_prefill_total Requests the decode instance prefilled itself.\n"
+        "# TYPE atomc_proxy:local_prefill_total counter\natomc_proxy:local_prefill_total %llu\n"
+        "# HELP atomc_proxy:decode_retries_total Requests moved to another decode instance.\n"
+        "# TYPE atomc_proxy:decode_retries_total counter\natomc_proxy:decode_retries_total %llu\n"
+        "# HELP atomc_proxy:errors_total Requests answered with an error by the proxy.\n"
+        "# TYPE atomc_proxy:errors_total counter\natomc_proxy:errors_total %llu\n"
+        "# HELP atomc_proxy:instance_up Whether an instance answers /health.\n"
+        "# TYPE atomc_proxy:instance_up gauge\n",
+        (unsigned long long)px->n_requests, (unsigned long long)px->n_prefill_failovers,
+        (unsigned long long)px->n_local_prefill, (unsigned long long)px->n_decode_retries,
+        (unsigned long long)px->n_errors);
     for (int i = 0; i < px->n_prefill + px->n_decode; i++)
         evbuffer_add_printf(b, "atomc_proxy:instance_up{role=\"%s\",url=\"%s\"} %d\n",
                             px->up[i].prefill ? "prefill" : "decode", px->up[i].url, px->up[i].healthy ? 1 : 0);
@@ -486,7 +495,8 @@ static void on_request(struct evhttp_request *req, void *arg) {
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
     if (!strcmp(path, "/health")) {
         bool any = false;
-        for (int i = 0; i < px->n_decode; i++) any |= decode_at(px, i)->healthy;
+        for (int i = 0; i < px->n_decode; i++)
+            any |= decode_at(px, i)->healthy;
         struct evbuffer *b = evbuffer_new();
         evbuffer_add_printf(b, "{\"status\":\"%s\"}", any ? "ok" : "no decode instance is up");
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
@@ -500,8 +510,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
         struct preq tmp = {.px = px, .tried_decode = 0};
         int d = pick_decode(px, &tmp);
         struct evhttp_connection *c = NULL;
-        if (d < 0 ||
-            !upstream_send(px, decode_at(px, d), path, NULL, on_models_done, req, &c, NULL)) {
+        if (d < 0 || !upstream_send(px, decode_at(px, d), path, NULL, on_models_done, req, &c, NULL)) {
             evhttp_send_error(req, 503, "no decode instance is available");
         } else {
             decode_at(px, d)->inflight--;
@@ -509,8 +518,9 @@ static void on_request(struct evhttp_request *req, void *arg) {
         }
     } else {
         struct preq tmp = {.client = req};
-        reply_json(&tmp, 404, "not found (the proxy serves /v1/completions, /v1/chat/completions, /v1/models, "
-                              "/health, /metrics)");
+        reply_json(&tmp, 404,
+                   "not found (the proxy serves /v1/completions, /v1/chat/completions, /v1/models, "
+                   "/health, /metrics)");
     }
 }
 
@@ -547,8 +557,10 @@ static bool add_upstreams(struct proxy *px, const char *list, bool prefill) {
             u->port = port > 0 ? port : 80;
             snprintf(u->url, sizeof u->url, "http://%s:%d", host, u->port);
             u->prefill = prefill;
-            if (prefill) px->n_prefill++;
-            else px->n_decode++;
+            if (prefill)
+                px->n_prefill++;
+            else
+                px->n_decode++;
         }
         if (uri) evhttp_uri_free(uri);
     }
@@ -591,13 +603,17 @@ int cmd_proxy(int argc, char **argv) {
             return 2;
         }
         const char *v = argv[++i];
-        if (!strcmp(a, "--host")) host = v;
+        if (!strcmp(a, "--host"))
+            host = v;
         else if (!strcmp(a, "--port")) {
             if (!cli_parse_int(v, "--port", 0, 65535, &port)) return 2;
-        } else if (!strcmp(a, "--prefill")) prefill = v;
-        else if (!strcmp(a, "--decode")) decode = v;
+        } else if (!strcmp(a, "--prefill"))
+            prefill = v;
+        else if (!strcmp(a, "--decode"))
+            decode = v;
         else if (!strcmp(a, "--policy")) {
-            if (!strcmp(v, "least_tokens")) px.least_tokens = true;
+            if (!strcmp(v, "least_tokens"))
+                px.least_tokens = true;
             else if (strcmp(v, "round_robin")) {
                 fprintf(stderr, "atomc proxy: --policy must be round_robin or least_tokens, got '%s'\n", v);
                 return 2;
@@ -608,8 +624,10 @@ int cmd_proxy(int argc, char **argv) {
                 fprintf(stderr, "atomc proxy: %s must be a number of seconds in (0, 86400]\n", a);
                 return 2;
             }
-            if (a[2] == 'h') px.health_interval_s = d;
-            else px.timeout_s = d;
+            if (a[2] == 'h')
+                px.health_interval_s = d;
+            else
+                px.timeout_s = d;
         } else {
             fprintf(stderr, "atomc proxy: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -646,7 +664,8 @@ int cmd_proxy(int argc, char **argv) {
              px.n_decode, px.least_tokens ? "least outstanding tokens" : "round robin");
     event_base_dispatch(px.base);
     for (int i = 0; i < px.n_prefill + px.n_decode; i++)
-        for (int k = 0; k < px.up[i].n_idle; k++) evhttp_connection_free(px.up[i].idle[k]);
+        for (int k = 0; k < px.up[i].n_idle; k++)
+            evhttp_connection_free(px.up[i].idle[k]);
     event_free(px.health_ev);
     event_free(px.sig_int);
     event_free(px.sig_term);

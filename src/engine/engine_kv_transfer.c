@@ -169,7 +169,7 @@ bool engine_kv_on_retire(atomc_engine *e, struct sequence *s) {
         return true;
     }
     if (s->kv_sent == 0 || s->kv_failed) return false; // nothing sent: the blocks go back as usual
-    if (s->kv_sent < s->n_prompt) {                       // ended mid-prompt (abort, error)
+    if (s->kv_sent < s->n_prompt) {                    // ended mid-prompt (abort, error)
         kv_connector_send_abort(k->conn, s->kv_id);
         return false;
     }
@@ -267,9 +267,12 @@ void engine_kv_poll(atomc_engine *e) {
         enum kv_rx_state st = kv_connector_lookup(k->conn, s->kv_id, s->kv_remote, &info);
         const char *why = NULL;
         int r = 0;
-        if (st == KV_RX_READY) r = try_admit(e, s, &info, &why);
-        else if (st == KV_RX_FAILED) r = -1, why = "failed (producer gone or transfer aborted)";
-        else if (now > s->kv_deadline) r = -1, why = "did not arrive in time";
+        if (st == KV_RX_READY)
+            r = try_admit(e, s, &info, &why);
+        else if (st == KV_RX_FAILED)
+            r = -1, why = "failed (producer gone or transfer aborted)";
+        else if (now > s->kv_deadline)
+            r = -1, why = "did not arrive in time";
         if (r == 1) {
             memmove(k->pending + i, k->pending + i + 1, (size_t)(k->n_pending - i - 1) * sizeof *k->pending);
             k->n_pending--;
@@ -294,15 +297,23 @@ void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so)
         if (s->kv_sent == 0) { // BEGIN carries the chained hashes of every full prompt block
             k->hashes = grow(k->hashes, &k->hashes_cap, n_full + 1, sizeof *k->hashes);
             uint64_t parent = 0;
-            for (int b = 0; b < n_full; b++) parent = k->hashes[b] = e->bm->hash_fn(s->tokens + (size_t)b * bs, bs, parent);
+            for (int b = 0; b < n_full; b++)
+                parent = k->hashes[b] = e->bm->hash_fn(s->tokens + (size_t)b * bs, bs, parent);
         }
         // Ids of blocks not allocated yet (later chunks) are sent as -1; END carries them all.
         int need = (s->n_prompt + bs - 1) / bs;
         int32_t ids_local[64], *ids = need <= 64 ? ids_local : xmalloc((size_t)need * sizeof *ids);
-        for (int b = 0; b < need; b++) ids[b] = b < s->bt.n ? s->bt.ids[b] : -1;
-        struct kv_send snd = {.transfer_id = s->kv_id, .remote_engine_id = s->kv_remote, .tokens = s->tokens,
-                              .n_tokens = s->n_prompt, .block_hashes = k->hashes, .block_ids = ids,
-                              .tok0 = s->kv_sent, .n_tok = end - s->kv_sent, .first = s->kv_sent == 0,
+        for (int b = 0; b < need; b++)
+            ids[b] = b < s->bt.n ? s->bt.ids[b] : -1;
+        struct kv_send snd = {.transfer_id = s->kv_id,
+                              .remote_engine_id = s->kv_remote,
+                              .tokens = s->tokens,
+                              .n_tokens = s->n_prompt,
+                              .block_hashes = k->hashes,
+                              .block_ids = ids,
+                              .tok0 = s->kv_sent,
+                              .n_tok = end - s->kv_sent,
+                              .first = s->kv_sent == 0,
                               .last = end == s->n_prompt};
         struct error err = {0};
         if (kv_connector_send(k->conn, &snd, &err) != ATOMC_OK) {
@@ -352,13 +363,17 @@ void engine_kv_live_stats(atomc_engine *e, atomc_stats *st) {
     st->kv_peers = cs.peers;
 }
 
-int engine_kv_n_work(const atomc_engine *e) { return e->kv ? e->kv->n_pending + e->kv->n_held : 0; }
+int engine_kv_n_work(const atomc_engine *e) {
+    return e->kv ? e->kv->n_pending + e->kv->n_held : 0;
+}
 
 void engine_kv_free(atomc_engine *e) {
     struct engine_kv *k = e->kv;
     if (!k) return;
-    while (k->n_pending) engine_retire(e, k->pending[0], ATOMC_FINISH_ABORT, 0, NULL, NULL);
-    while (k->n_held) held_release_at(e, 0);
+    while (k->n_pending)
+        engine_retire(e, k->pending[0], ATOMC_FINISH_ABORT, 0, NULL, NULL);
+    while (k->n_held)
+        held_release_at(e, 0);
     kv_connector_free(k->conn);
     free(k->pending);
     free(k->held);

@@ -8,10 +8,14 @@
 
 const char *kv_role_name(enum kv_role r) {
     switch (r) {
-    case KV_ROLE_PRODUCER: return "kv_producer";
-    case KV_ROLE_CONSUMER: return "kv_consumer";
-    case KV_ROLE_BOTH: return "kv_both";
-    default: return "none";
+    case KV_ROLE_PRODUCER:
+        return "kv_producer";
+    case KV_ROLE_CONSUMER:
+        return "kv_consumer";
+    case KV_ROLE_BOTH:
+        return "kv_both";
+    default:
+        return "none";
     }
 }
 
@@ -86,9 +90,12 @@ atomc_status kv_transfer_config_parse(const char *text, struct kv_transfer_confi
         if (json_is_null(v)) continue;
         if (!strcmp(k, "kv_connector")) {
             const char *s = json_string_value(v);
-            if (!s) st = bad(err, k, "must be a string");
-            else if (!strcmp(s, "tcp") || !strcmp(s, "TcpConnector")) c->kind = KV_CONNECTOR_TCP;
-            else if (!strcmp(s, "cuda_ipc") || !strcmp(s, "CudaIpcConnector")) c->kind = KV_CONNECTOR_CUDA_IPC;
+            if (!s)
+                st = bad(err, k, "must be a string");
+            else if (!strcmp(s, "tcp") || !strcmp(s, "TcpConnector"))
+                c->kind = KV_CONNECTOR_TCP;
+            else if (!strcmp(s, "cuda_ipc") || !strcmp(s, "CudaIpcConnector"))
+                c->kind = KV_CONNECTOR_CUDA_IPC;
             else
                 st = error_set(err, ATOMC_ERR_UNSUPPORTED,
                                "--kv-transfer-config: kv_connector \"%s\" is not implemented (atomc has \"tcp\" and "
@@ -97,18 +104,24 @@ atomc_status kv_transfer_config_parse(const char *text, struct kv_transfer_confi
         } else if (!strcmp(k, "kv_role")) {
             const char *s = json_string_value(v);
             role_set = true;
-            if (s && !strcmp(s, "kv_producer")) c->role = KV_ROLE_PRODUCER;
-            else if (s && !strcmp(s, "kv_consumer")) c->role = KV_ROLE_CONSUMER;
-            else if (s && !strcmp(s, "kv_both")) c->role = KV_ROLE_BOTH;
-            else st = bad(err, k, "must be \"kv_producer\", \"kv_consumer\" or \"kv_both\"");
+            if (s && !strcmp(s, "kv_producer"))
+                c->role = KV_ROLE_PRODUCER;
+            else if (s && !strcmp(s, "kv_consumer"))
+                c->role = KV_ROLE_CONSUMER;
+            else if (s && !strcmp(s, "kv_both"))
+                c->role = KV_ROLE_BOTH;
+            else
+                st = bad(err, k, "must be \"kv_producer\", \"kv_consumer\" or \"kv_both\"");
         } else if (!strcmp(k, "kv_ip")) {
             if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) >= sizeof c->ip)
                 st = bad(err, k, "must be a host name or address");
-            else snprintf(c->ip, sizeof c->ip, "%s", json_string_value(v));
+            else
+                snprintf(c->ip, sizeof c->ip, "%s", json_string_value(v));
         } else if (!strcmp(k, "kv_port")) {
             if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65535)
                 st = bad(err, k, "must be an integer port in [1, 65535]");
-            else c->port = (int)json_integer_value(v);
+            else
+                c->port = (int)json_integer_value(v);
         } else if (!strcmp(k, "kv_connector_extra_config")) {
             st = parse_extra(v, c, err);
         } else if (!strcmp(k, "kv_rank") || !strcmp(k, "kv_parallel_size") || !strcmp(k, "kv_buffer_device") ||
@@ -139,11 +152,10 @@ atomc_status kv_transfer_config_parse(const char *text, struct kv_transfer_confi
 
 atomc_status kv_handshake_check(const struct kv_handshake *a, const struct kv_handshake *b, struct error *err) {
 #define MISMATCH(what, fa, fb, ...)                                                                                    \
-    return error_set(err, ATOMC_ERR_UNSUPPORTED, "KV transfer handshake refused: " what " differs (this instance " fa \
-                     ", peer %s " fb ")",                                                                              \
+    return error_set(err, ATOMC_ERR_UNSUPPORTED,                                                                       \
+                     "KV transfer handshake refused: " what " differs (this instance " fa ", peer %s " fb ")",         \
                      __VA_ARGS__)
-    if (a->version != b->version)
-        MISMATCH("protocol version", "%u", "%u", a->version, b->engine_id, b->version);
+    if (a->version != b->version) MISMATCH("protocol version", "%u", "%u", a->version, b->engine_id, b->version);
     if (strcmp(a->model, b->model)) MISMATCH("model", "\"%s\"", "\"%s\"", a->model, b->engine_id, b->model);
     if (strcmp(a->architecture, b->architecture))
         MISMATCH("architecture", "%s", "%s", a->architecture, b->engine_id, b->architecture);
@@ -151,8 +163,7 @@ atomc_status kv_handshake_check(const struct kv_handshake *a, const struct kv_ha
         MISMATCH("model config", "hash %016llx", "hash %016llx", (unsigned long long)a->config_hash, b->engine_id,
                  (unsigned long long)b->config_hash);
     if (a->kv_dtype != b->kv_dtype) MISMATCH("KV dtype", "%d", "%d", a->kv_dtype, b->engine_id, b->kv_dtype);
-    if (a->block_size != b->block_size)
-        MISMATCH("block size", "%d", "%d", a->block_size, b->engine_id, b->block_size);
+    if (a->block_size != b->block_size) MISMATCH("block size", "%d", "%d", a->block_size, b->engine_id, b->block_size);
     if (a->n_layers != b->n_layers) MISMATCH("layer count", "%d", "%d", a->n_layers, b->engine_id, b->n_layers);
     if (a->tp_size != b->tp_size || a->tp_rank != b->tp_rank)
         MISMATCH("tensor-parallel layout", "tp %d rank %d", "tp %d rank %d", a->tp_size, a->tp_rank, b->engine_id,
@@ -166,7 +177,8 @@ atomc_status kv_handshake_check(const struct kv_handshake *a, const struct kv_ha
 
 size_t kv_pool_token_bytes(const struct kv_pool_view *p) {
     size_t t = 0;
-    for (int l = 0; l < p->n_layers; l++) t += p->k_row_bytes[l] + p->v_row_bytes[l];
+    for (int l = 0; l < p->n_layers; l++)
+        t += p->k_row_bytes[l] + p->v_row_bytes[l];
     return t;
 }
 
@@ -179,8 +191,7 @@ long kv_frame_parse(const uint8_t *buf, size_t len, struct kv_frame *f, struct e
     memcpy(&id_len, buf + 6, 2);
     memcpy(&body, buf + 8, 4);
     if (magic != KV_FRAME_MAGIC)
-        return error_set(err, ATOMC_ERR_FORMAT, "KV transfer: bad frame magic %08x (not an atomc KV peer?)", magic),
-               -1;
+        return error_set(err, ATOMC_ERR_FORMAT, "KV transfer: bad frame magic %08x (not an atomc KV peer?)", magic), -1;
     if (type < KV_FRAME_HELLO || type > KV_FRAME_ABORT)
         return error_set(err, ATOMC_ERR_FORMAT, "KV transfer: unknown frame type %u", type), -1;
     if (id_len >= KV_ID_MAX)

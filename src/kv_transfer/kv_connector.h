@@ -48,7 +48,7 @@
 
 #include "common/error.h"
 
-#define KV_ID_MAX 96      // transfer ids and engine ids (incl. NUL)
+#define KV_ID_MAX 96 // transfer ids and engine ids (incl. NUL)
 #define KV_MAX_PEERS 32
 #define KV_MAX_PRODUCERS 8
 #define KV_PROTOCOL_VERSION 1
@@ -103,8 +103,8 @@ struct kv_pool_view {
     // Copies the rows of tokens [tok0, tok0 + n_tok) of the sequence whose blocks are block_ids
     // (position order) between the pool and host: host = K rows then V rows of layer `layer`.
     void *ctx;
-    atomc_status (*copy)(void *ctx, int layer, const int32_t *block_ids, int tok0, int n_tok, void *host,
-                         bool to_pool, struct error *err);
+    atomc_status (*copy)(void *ctx, int layer, const int32_t *block_ids, int tok0, int n_tok, void *host, bool to_pool,
+                         struct error *err);
     // Device pools (cuda_ipc): the allocation, its device and each layer's K / V byte offset.
     void *base;
     size_t bytes;
@@ -117,8 +117,14 @@ size_t kv_pool_token_bytes(const struct kv_pool_view *p); // sum over layers of 
 
 // --- framing (exposed for the unit tests) -----------------------------------------------------
 enum kv_frame_type {
-    KV_FRAME_HELLO = 1, KV_FRAME_HELLO_OK, KV_FRAME_HELLO_ERR, KV_FRAME_BEGIN, KV_FRAME_DATA, KV_FRAME_END,
-    KV_FRAME_ACK, KV_FRAME_ABORT
+    KV_FRAME_HELLO = 1,
+    KV_FRAME_HELLO_OK,
+    KV_FRAME_HELLO_ERR,
+    KV_FRAME_BEGIN,
+    KV_FRAME_DATA,
+    KV_FRAME_END,
+    KV_FRAME_ACK,
+    KV_FRAME_ABORT
 };
 #define KV_FRAME_MAGIC 0x31564b41u // "AKV1"
 #define KV_FRAME_HEADER 12         // magic u32, type u16, id_len u16, body_len u32 (little-endian host order)
@@ -192,8 +198,8 @@ enum kv_rx_state kv_connector_lookup(struct kv_connector *c, const char *transfe
                                      struct kv_rx_info *info);
 // Copies a READY transfer's KV into block_ids (position order, enough blocks for n_tokens),
 // acknowledges it and forgets it.
-atomc_status kv_connector_claim(struct kv_connector *c, const char *transfer_id, const int32_t *block_ids,
-                                int n_blocks, struct error *err);
+atomc_status kv_connector_claim(struct kv_connector *c, const char *transfer_id, const int32_t *block_ids, int n_blocks,
+                                struct error *err);
 // Forgets transfer_id (fallback, abort) and acknowledges it so the producer frees its blocks;
 // unknown ids are remembered briefly so late frames are dropped.
 void kv_connector_drop(struct kv_connector *c, const char *transfer_id);
@@ -202,8 +208,7 @@ void kv_connector_drop(struct kv_connector *c, const char *transfer_id);
 // (64 bytes), open a peer's, copy blocks from a peer's pool into ours.
 #define KV_IPC_HANDLE_BYTES 64
 atomc_status kv_ipc_export(const struct kv_pool_view *pool, uint8_t handle[KV_IPC_HANDLE_BYTES], struct error *err);
-atomc_status kv_ipc_open(const uint8_t handle[KV_IPC_HANDLE_BYTES], int device, void **remote_base,
-                         struct error *err);
+atomc_status kv_ipc_open(const uint8_t handle[KV_IPC_HANDLE_BYTES], int device, void **remote_base, struct error *err);
 void kv_ipc_close(void *remote_base);
 // For every layer: the first n_tokens token rows of src_blocks (in the peer pool at remote_base,
 // same layout as ours) to dst_blocks of pool. Returns the bytes copied in *bytes.

@@ -25,8 +25,7 @@ atomc_status kv_ipc_export(const struct kv_pool_view *pool, uint8_t handle[KV_IP
     return ATOMC_OK;
 }
 
-atomc_status kv_ipc_open(const uint8_t handle[KV_IPC_HANDLE_BYTES], int device, void **remote_base,
-                         struct error *err) {
+atomc_status kv_ipc_open(const uint8_t handle[KV_IPC_HANDLE_BYTES], int device, void **remote_base, struct error *err) {
     cudaIpcMemHandle_t h;
     memcpy(&h, handle, sizeof h);
     cudaError_t e = cudaSetDevice(device);
@@ -84,15 +83,16 @@ atomc_status kv_ipc_export(const struct kv_pool_view *pool, uint8_t handle[KV_IP
     return error_set(err, ATOMC_ERR_UNSUPPORTED, "kv_connector \"cuda_ipc\" needs a CUDA build (make CUDA=1)");
 }
 
-atomc_status kv_ipc_open(const uint8_t handle[KV_IPC_HANDLE_BYTES], int device, void **remote_base,
-                         struct error *err) {
+atomc_status kv_ipc_open(const uint8_t handle[KV_IPC_HANDLE_BYTES], int device, void **remote_base, struct error *err) {
     (void)handle;
     (void)device;
     *remote_base = NULL;
     return error_set(err, ATOMC_ERR_UNSUPPORTED, "kv_connector \"cuda_ipc\" needs a CUDA build (make CUDA=1)");
 }
 
-void kv_ipc_close(void *remote_base) { (void)remote_base; }
+void kv_ipc_close(void *remote_base) {
+    (void)remote_base;
+}
 
 atomc_status kv_ipc_copy(const struct kv_pool_view *pool, void *remote_base, const int32_t *src_blocks,
                          const int32_t *dst_blocks, int n_tokens, size_t *bytes, struct error *err) {

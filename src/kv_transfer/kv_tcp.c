@@ -38,11 +38,11 @@ struct qnode {
 };
 
 struct peer {
-    int fd;         // -1: slot free
-    uint64_t gen;   // unique per connection
-    int prod;       // consumer side: index into cfg.producers; -1 for accepted connections
-    bool ready;     // handshake done
-    bool closing;   // close once the queue is flushed (after HELLO_ERR)
+    int fd;       // -1: slot free
+    uint64_t gen; // unique per connection
+    int prod;     // consumer side: index into cfg.producers; -1 for accepted connections
+    bool ready;   // handshake done
+    bool closing; // close once the queue is flushed (after HELLO_ERR)
     struct kv_handshake hs;
     void *ipc_base; // cuda_ipc consumer: the producer's pool mapped here
     uint8_t ipc_handle[KV_IPC_HANDLE_BYTES];
@@ -100,7 +100,9 @@ struct kv_connector {
     uint8_t ipc_handle[KV_IPC_HANDLE_BYTES];
 };
 
-static bool is_producer(const struct kv_connector *c) { return c->cfg.role & KV_ROLE_PRODUCER; }
+static bool is_producer(const struct kv_connector *c) {
+    return c->cfg.role & KV_ROLE_PRODUCER;
+}
 
 static void poke(struct kv_connector *c) {
     char b = 1;
@@ -111,7 +113,8 @@ static void poke(struct kv_connector *c) {
 static void *grow_arr(void *p, int *cap, int need, size_t elem) {
     if (need <= *cap) return p;
     int n = *cap ? *cap * 2 : 16;
-    while (n < need) n *= 2;
+    while (n < need)
+        n *= 2;
     *cap = n;
     return xrealloc(p, (size_t)n * elem);
 }
@@ -130,8 +133,10 @@ static struct qnode *frame_new(enum kv_frame_type type, const char *id, size_t b
 
 static void peer_queue(struct kv_connector *c, struct peer *p, struct qnode *q) {
     (void)c;
-    if (p->q_tail) p->q_tail->next = q;
-    else p->q_head = q;
+    if (p->q_tail)
+        p->q_tail->next = q;
+    else
+        p->q_head = q;
     p->q_tail = q;
 }
 
@@ -339,7 +344,8 @@ static bool on_begin(struct kv_connector *c, struct peer *p, const struct kv_fra
 // Staging offset of layer l's rows for a transfer of n tokens.
 static size_t stage_offset(const struct kv_connector *c, int l, int n) {
     size_t off = 0;
-    for (int i = 0; i < l; i++) off += (c->pool.k_row_bytes[i] + c->pool.v_row_bytes[i]) * (size_t)n;
+    for (int i = 0; i < l; i++)
+        off += (c->pool.k_row_bytes[i] + c->pool.v_row_bytes[i]) * (size_t)n;
     return off;
 }
 
@@ -411,12 +417,21 @@ static bool on_frame(struct kv_connector *c, struct peer *p, const struct kv_fra
         return false;
     }
     switch (f->type) {
-    case KV_FRAME_BEGIN: return on_begin(c, p, f);
-    case KV_FRAME_DATA: return on_data(c, p, f);
-    case KV_FRAME_END: on_end(c, p, f, false); return true;
-    case KV_FRAME_ABORT: on_end(c, p, f, true); return true;
-    case KV_FRAME_ACK: on_ack(c, f); return true;
-    default: return false;
+    case KV_FRAME_BEGIN:
+        return on_begin(c, p, f);
+    case KV_FRAME_DATA:
+        return on_data(c, p, f);
+    case KV_FRAME_END:
+        on_end(c, p, f, false);
+        return true;
+    case KV_FRAME_ABORT:
+        on_end(c, p, f, true);
+        return true;
+    case KV_FRAME_ACK:
+        on_ack(c, f);
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -571,7 +586,8 @@ static void *io_main(void *arg) {
             if (!pfd[j].revents) continue;
             if (who[j] == -1) {
                 char buf[256];
-                while (read(c->wake_fd[0], buf, sizeof buf) > 0) {}
+                while (read(c->wake_fd[0], buf, sizeof buf) > 0) {
+                }
             } else if (who[j] == -2) {
                 int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
                 if (fd >= 0) peer_add(c, fd, -1);
@@ -629,7 +645,8 @@ atomc_status kv_connector_create(const struct kv_transfer_config *cfg, const str
     c->wake_arg = wake_arg;
     c->listen_fd = -1;
     c->wake_fd[0] = c->wake_fd[1] = -1;
-    for (int i = 0; i < KV_MAX_PEERS; i++) c->peers[i].fd = -1;
+    for (int i = 0; i < KV_MAX_PEERS; i++)
+        c->peers[i].fd = -1;
     pthread_mutex_init(&c->mu, NULL);
     atomc_status st = ATOMC_OK;
     if (cfg->kind == KV_CONNECTOR_CUDA_IPC) {
@@ -645,7 +662,8 @@ atomc_status kv_connector_create(const struct kv_transfer_config *cfg, const str
     if (st == ATOMC_OK) {
         if (pthread_create(&c->th, NULL, io_main, c) != 0)
             st = error_set(err, ATOMC_ERR_INTERNAL, "KV transfer: cannot start the I/O thread");
-        else c->th_on = true;
+        else
+            c->th_on = true;
     }
     if (st != ATOMC_OK) {
         kv_connector_free(c);
@@ -669,7 +687,8 @@ void kv_connector_free(struct kv_connector *c) {
     }
     for (int i = 0; i < KV_MAX_PEERS; i++)
         if (c->peers[i].fd >= 0) peer_close(c, &c->peers[i], NULL);
-    for (int i = 0; i < c->n_rx; i++) rx_free_data(&c->rx[i]);
+    for (int i = 0; i < c->n_rx; i++)
+        rx_free_data(&c->rx[i]);
     if (c->listen_fd >= 0) close(c->listen_fd);
     if (c->wake_fd[0] >= 0) close(c->wake_fd[0]);
     if (c->wake_fd[1] >= 0) close(c->wake_fd[1]);
@@ -713,12 +732,11 @@ static int find_consumer(struct kv_connector *c, const char *engine_id, struct e
 atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, struct error *err) {
     CHECK(s->tok0 >= 0 && s->n_tok >= 0 && s->tok0 + s->n_tok <= s->n_tokens);
     // DATA frames are filled from the pool before taking the lock (copies of megabytes).
-    struct qnode *data[256];
+    bool tcp = c->cfg.kind == KV_CONNECTOR_TCP;
+    struct qnode **data = tcp && s->n_tok > 0 ? xmalloc((size_t)c->pool.n_layers * sizeof *data) : NULL;
     int n_data = 0;
     size_t payload = 0;
-    bool tcp = c->cfg.kind == KV_CONNECTOR_TCP;
-    if (tcp && s->n_tok > 0) {
-        CHECK(c->pool.n_layers <= 256);
+    if (data) {
         for (int l = 0; l < c->pool.n_layers; l++) {
             size_t rows = (size_t)s->n_tok * (c->pool.k_row_bytes[l] + c->pool.v_row_bytes[l]);
             uint8_t *b;
@@ -729,7 +747,9 @@ atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, 
             data[n_data++] = q;
             payload += rows;
             if (st != ATOMC_OK) {
-                for (int i = 0; i < n_data; i++) free(data[i]);
+                for (int i = 0; i < n_data; i++)
+                    free(data[i]);
+                free(data);
                 return st;
             }
         }
@@ -769,7 +789,8 @@ atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, 
         st = error_set(err, ATOMC_ERR_IO, "KV transfer %s: the consumer connection is gone", s->transfer_id);
         goto out;
     }
-    for (int i = 0; i < n_data; i++) peer_queue(c, p, data[i]);
+    for (int i = 0; i < n_data; i++)
+        peer_queue(c, p, data[i]);
     n_data = 0;
     c->st.bytes_sent += payload;
     if (s->last) {
@@ -782,7 +803,9 @@ atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, 
     }
 out:
     pthread_mutex_unlock(&c->mu);
-    for (int i = 0; i < n_data; i++) free(data[i]);
+    for (int i = 0; i < n_data; i++)
+        free(data[i]);
+    free(data);
     if (st == ATOMC_OK) poke(c);
     return st;
 }
@@ -804,11 +827,12 @@ void kv_connector_send_abort(struct kv_connector *c, const char *id) {
 void kv_connector_poll_acks(struct kv_connector *c, void (*fn)(void *u, const char *id), void *u) {
     pthread_mutex_lock(&c->mu);
     int n = c->n_acks;
-    char (*ids)[KV_ID_MAX] = n ? xmalloc((size_t)n * sizeof *ids) : NULL;
+    char(*ids)[KV_ID_MAX] = n ? xmalloc((size_t)n * sizeof *ids) : NULL;
     if (n) memcpy(ids, c->acks, (size_t)n * sizeof *ids);
     c->n_acks = 0;
     pthread_mutex_unlock(&c->mu);
-    for (int i = 0; i < n; i++) fn(u, ids[i]);
+    for (int i = 0; i < n; i++)
+        fn(u, ids[i]);
     free(ids);
 }
 
@@ -820,6 +844,8 @@ enum kv_rx_state kv_connector_lookup(struct kv_connector *c, const char *id, con
     if (r) {
         s = r->tombstone ? KV_RX_FAILED : r->state;
         if (info && !r->tombstone) {
+            // The caller reads tokens / hashes after the lock is gone: keep the entry from expiring now.
+            if (r->state == KV_RX_READY && r->t_expire < time_now_s() + 5) r->t_expire = time_now_s() + 5;
             info->n_tokens = r->n_tokens;
             info->tokens = r->tokens;
             info->block_hashes = r->hashes;

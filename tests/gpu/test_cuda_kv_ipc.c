@@ -29,7 +29,9 @@ static const size_t rows[L] = {ROW, ROW};
 static size_t offs_k[L], offs_v[L];
 static const size_t POOL = (size_t)L * 2 * NB * BS * ROW;
 
-static uint8_t pattern(size_t byte) { return (uint8_t)(byte * 131 + 7); }
+static uint8_t pattern(size_t byte) {
+    return (uint8_t)(byte * 131 + 7);
+}
 
 static atomc_status dev_copy(void *ctx, int layer, const int32_t *blocks, int tok0, int n, void *host, bool to_pool,
                              struct error *err) {
@@ -89,7 +91,8 @@ static int producer(int port) {
     void *d = NULL;
     if (cudaMalloc(&d, POOL) != cudaSuccess) return 2;
     uint8_t *h = malloc(POOL);
-    for (size_t i = 0; i < POOL; i++) h[i] = pattern(i);
+    for (size_t i = 0; i < POOL; i++)
+        h[i] = pattern(i);
     cudaMemcpy(d, h, POOL, cudaMemcpyHostToDevice);
     free(h);
     struct kv_pool_view v;
@@ -112,8 +115,15 @@ static int producer(int port) {
     } while (st.peers < 1 && time_now_s() < end);
     int32_t tokens[N_TOK] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, blocks[3] = {3, 7, 5};
     uint64_t hashes[2] = {11, 22};
-    struct kv_send s = {.transfer_id = "ipc-1", .tokens = tokens, .n_tokens = N_TOK, .block_hashes = hashes,
-                        .block_ids = blocks, .tok0 = 0, .n_tok = N_TOK, .first = true, .last = true};
+    struct kv_send s = {.transfer_id = "ipc-1",
+                        .tokens = tokens,
+                        .n_tokens = N_TOK,
+                        .block_hashes = hashes,
+                        .block_ids = blocks,
+                        .tok0 = 0,
+                        .n_tok = N_TOK,
+                        .first = true,
+                        .last = true};
     if (kv_connector_send(k, &s, &e) != ATOMC_OK) {
         fprintf(stderr, "producer: %s\n", e.msg);
         return 4;
@@ -149,7 +159,8 @@ static int consumer(int port) {
         return 3;
     }
     double end = time_now_s() + 30;
-    while (kv_connector_lookup(k, "ipc-1", NULL, NULL) != KV_RX_READY && time_now_s() < end) usleep(2000);
+    while (kv_connector_lookup(k, "ipc-1", NULL, NULL) != KV_RX_READY && time_now_s() < end)
+        usleep(2000);
     int32_t dst[3] = {9, 0, 12}, src[3] = {3, 7, 5};
     if (kv_connector_claim(k, "ipc-1", dst, 3, &e) != ATOMC_OK) {
         fprintf(stderr, "consumer: claim: %s\n", e.msg);
@@ -199,4 +210,6 @@ TEST(cuda_ipc_two_processes_copy_blocks) {
     ASSERT_EQ(rp, 0);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}
