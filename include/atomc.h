@@ -88,6 +88,12 @@ typedef struct atomc_engine_options {
                                    // decode carries k drafts (its last token repeated) and each is accepted with
                                    // probability F (a chain: the first rejection ends it) whatever the model says,
                                    // so the verify path can be timed on random weights; outputs are not the model's
+
+    // Prefill/decode disaggregation (docs/ARCHITECTURE.md "Prefill/decode disaggregation"):
+    // vLLM's --kv-transfer-config JSON ({"kv_connector": "tcp"|"cuda_ipc", "kv_role":
+    // "kv_producer"|"kv_consumer"|"kv_both", "kv_ip", "kv_port", "kv_connector_extra_config"}).
+    // NULL / "" = off.
+    const char *kv_transfer_config;
 } atomc_engine_options;
 
 #define ATOMC_MAX_SPEC_TOKENS 16
@@ -165,6 +171,10 @@ typedef struct atomc_output {
     double last_token_time;    // time the newest token of this output was produced
     double finish_time;
     int num_preemptions;       // times this request was preempted (and recomputed)
+    // KV transfer: seconds from the first to the last KV frame of this prompt on the consumer
+    // (0 = none); kv_fallback: a remote prefill was asked for but the prompt was computed here.
+    double kv_transfer_s;
+    bool kv_fallback;
 } atomc_output;
 
 typedef void (*atomc_output_fn)(void *user, const atomc_output *out);
@@ -178,6 +188,18 @@ typedef struct atomc_request {
     atomc_sampling_params params;
     atomc_output_fn on_output;   // may be NULL (then use atomc_engine_generate)
     void *user;
+
+    // KV transfer (vLLM's request-level kv_transfer_params; needs options.kv_transfer_config).
+    // kv_transfer_id: the key both instances know the transfer by (copied). Producer:
+    // kv_do_remote_decode sends this prompt's KV, as it is computed, to the consumer
+    // kv_remote_engine_id (NULL: the only connected one) and holds the blocks until it
+    // acknowledges. Consumer: kv_do_remote_prefill takes the prompt's KV from producer
+    // kv_remote_engine_id and computes only the last prompt token; if the KV does not arrive
+    // within the connector's timeout (or the transfer breaks) the prompt is prefilled locally.
+    const char *kv_transfer_id;
+    const char *kv_remote_engine_id;
+    bool kv_do_remote_decode;
+    bool kv_do_remote_prefill;
 } atomc_request;
 
 void atomc_request_init(atomc_request *r);
@@ -265,8 +287,32 @@ typedef struct atomc_stats {
     uint64_t spec_num_draft_tokens;
     uint64_t spec_num_accepted_tokens;
     uint64_t spec_accepted_per_pos[ATOMC_MAX_SPEC_TOKENS];
+
+    // Prompt tokens the model actually computed (prefix-cache hits and transferred KV excluded;
+    // a preempted sequence's recompute counts again).
+    uint64_t prompt_tokens_computed;
+    // KV transfer (0 without kv_transfer_config): KV payload bytes and blocks of completed
+    // transfers sent (producer) / received (consumer), transfers failed or refused, consumer
+    // requests that fell back to a local prefill, blocks the producer holds for unacknowledged
+    // transfers, consumer requests waiting for their KV.
+    int kv_role; // 0 none, 1 producer, 2 consumer, 3 both
+    uint64_t kv_bytes_sent, kv_bytes_received, kv_blocks_sent, kv_blocks_received;
+    uint64_t kv_transfers_sent, kv_transfers_received, kv_transfers_failed, kv_fallbacks;
+    int kv_held_blocks, kv_waiting;
+    int kv_peers; // KV connections past the handshake
 } atomc_stats;
 void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s);
+
+// The KV transfer identity of the engine (kv_transfer_config): role (0 none, 1 producer, 2
+// consumer, 3 both), engine id, and the producer's listening address. Strings live as long as
+// the engine.
+typedef struct atomc_kv_info {
+    int role;
+    const char *engine_id;
+    const char *host;
+    int port;
+} atomc_kv_info;
+void atomc_engine_get_kv_info(atomc_engine *e, atomc_kv_info *out);
 
 typedef struct atomc_model_info {
     const char *architecture; // e.g. "LlamaForCausalLM"

@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "loader/hf_cache.h"
+#include "kv_transfer/kv_connector.h"
 
 bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out) {
     char *end;
@@ -266,6 +267,16 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
         return cli_parse_speculative_config(o, a->spec_method, sizeof a->spec_method, arg) ? 1 : -1;
     case CLI_E_SPEC_METHOD:
         return set_spec_method(o, a->spec_method, sizeof a->spec_method, arg, "--method") ? 1 : -1;
+    case CLI_E_KV_TRANSFER: {
+        struct kv_transfer_config kc;
+        struct error e = {0};
+        if (kv_transfer_config_parse(arg, &kc, &e) != ATOMC_OK) {
+            fprintf(stderr, "atomc: %s\n", e.msg);
+            return -1;
+        }
+        o->kv_transfer_config = arg;
+        return 1;
+    }
     case CLI_E_SPEC_NUM:
         return cli_parse_int(arg, "--num-speculative-tokens", 1, ATOMC_MAX_SPEC_TOKENS, &o->num_speculative_tokens)
                    ? 1

@@ -41,6 +41,7 @@ enum {
     CLI_E_SPEC_METHOD,
     CLI_E_SPEC_NUM,
     CLI_E_QUANT,
+    CLI_E_KV_TRANSFER,
 };
 
 #define CLI_ENGINE_LONG_OPTIONS                                                                                        \
@@ -63,7 +64,7 @@ enum {
         {"tensor-parallel-size", required_argument, 0, CLI_E_TP},                                                      \
         {"speculative-config", required_argument, 0, CLI_E_SPEC_CONFIG},                                               \
         {"method", required_argument, 0, CLI_E_SPEC_METHOD}, {"quantization", required_argument, 0, CLI_E_QUANT},     \
-        {                                                                                                              \
+        {"kv-transfer-config", required_argument, 0, CLI_E_KV_TRANSFER}, {                                             \
         "num-speculative-tokens", required_argument, 0, CLI_E_SPEC_NUM                                                 \
     }
 
@@ -80,7 +81,9 @@ enum {
     "  --tensor-parallel-size / -tp N   split the model over N ranks (CPU: threads; CUDA: GPUs)\n"                     \
     "  --speculative-config JSON   e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4,\n"                     \
     "                         \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4, \"disable_by_batch_size\": 8}'\n"    \
-    "  --method ngram --num-speculative-tokens K   ATOM's spelling of the same (prompt lookup 5..5)\n"
+    "  --method ngram --num-speculative-tokens K   ATOM's spelling of the same (prompt lookup 5..5)\n"         \
+    "  --kv-transfer-config JSON   prefill/decode disaggregation, vLLM's JSON: '{\"kv_role\": \"kv_producer\",\n"     \
+    "                         \"kv_connector\": \"tcp\", \"kv_ip\": \"127.0.0.1\", \"kv_port\": 14579}' (README)\n"
 
 void cli_engine_args_init(struct cli_engine_args *a);
 // A --model / --tokenizer argument: an existing path is returned as it is; a Hugging Face repo id

@@ -12,6 +12,7 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "common/log.h"
+#include "kv_transfer/kv_connector.h"
 #include "parallel/dp_router.h"
 #include "parallel/dp_serve.h"
 #include "server/engine_adapter.h"
@@ -99,6 +100,9 @@ static const struct flag flags[] = {
     {"--method", FLAG_STR, A(eo.speculative_method), "off", "speculative method (ATOM's flag): ngram"},
     {"--num-speculative-tokens", FLAG_INT, A(eo.num_speculative_tokens), "0",
      "draft tokens verified per step (ATOM's flag)"},
+    {"--kv-transfer-config", FLAG_STR, A(eo.kv_transfer_config), "off",
+     "prefill/decode disaggregation, vLLM's JSON: '{\"kv_role\": \"kv_producer\"|\"kv_consumer\", "
+     "\"kv_connector\": \"tcp\"|\"cuda_ipc\", \"kv_ip\": \"127.0.0.1\", \"kv_port\": 14579}' (README: P/D)"},
     {"--max-n", FLAG_INT, A(so.max_n), "64", "largest accepted n (choices per request)"},
     {"--max-request-body-bytes", FLAG_SIZE, A(so.max_body_bytes), "32 MiB", "larger request bodies get 413"},
     {"--max-connections", FLAG_INT, A(so.max_connections), "descriptor limit less 1/8 (at least 64)",
@@ -314,6 +318,19 @@ int cmd_serve(int argc, char **argv) {
     if (a.speculative_config &&
         !cli_parse_speculative_config(&a.eo, a.spec_method, sizeof a.spec_method, a.speculative_config))
         return 2;
+    if (a.eo.kv_transfer_config) {
+        struct kv_transfer_config kc;
+        struct error e = {0};
+        if (kv_transfer_config_parse(a.eo.kv_transfer_config, &kc, &e) != ATOMC_OK) {
+            fprintf(stderr, "atomc serve: %s\n", e.msg);
+            return 2;
+        }
+        if (a.data_parallel_size > 1) {
+            fprintf(stderr, "atomc serve: --kv-transfer-config with --data-parallel-size > 1 is not implemented "
+                            "(run one server per replica)\n");
+            return 2;
+        }
+    }
     if (a.tool_call_parser && tool_parser_from_name(a.tool_call_parser) == TOOL_PARSER_NONE) {
         fprintf(stderr, "atomc serve: unknown --tool-call-parser '%s' (supported: %s)\n", a.tool_call_parser,
                 tool_parser_names());

@@ -17,5 +17,6 @@ int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench_latency(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_proxy(int argc, char **argv);
 
 #endif

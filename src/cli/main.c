@@ -10,6 +10,7 @@ static const struct cli_command commands[] = {
     {"generate", cmd_generate, "generate text for one prompt (streams it, or --json)"},
     {"chat", cmd_chat, "interactive multi-turn chat with a model"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (vLLM's flags)"},
+    {"proxy", cmd_proxy, "prefill/decode disaggregation front: prefill on one instance, decode on another"},
     {"bench", cmd_bench, "benchmarks: throughput, latency (offline engine), serve (HTTP client)"},
     {"eval", cmd_eval, "accuracy evaluations (perplexity)"},
     {"tokenize", cmd_tokenize, "text -> token ids with a model's tokenizer"},

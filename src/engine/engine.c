@@ -214,6 +214,7 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->done, NULL);
+    if (st == ATOMC_OK) st = engine_kv_create(e, o, err);
     e->next_id = 1;
     e->su.info.max_model_len = e->max_model_len;
     e->su.info.block_size = e->block_size;
@@ -286,6 +287,7 @@ void atomc_engine_free(atomc_engine *e) {
             engine_retire(e, e->sched->running[0], ATOMC_FINISH_ABORT, 0, NULL, NULL);
         while (scheduler_num_waiting(e->sched) > 0)
             engine_retire(e, scheduler_waiting_at(e->sched, 0), ATOMC_FINISH_ABORT, 0, NULL, NULL);
+        engine_kv_free(e);
     }
     scheduler_free(e->sched);
     block_manager_free(e->bm);
@@ -363,6 +365,7 @@ void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s) {
     *s = e->stats;
     s->num_waiting += e->n_inbox;
     pthread_mutex_unlock(&e->mu);
+    engine_kv_live_stats(e, s);
 }
 
 void atomc_engine_get_model_info(atomc_engine *e, atomc_model_info *info) { *info = e->su.info; }

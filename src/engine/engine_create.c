@@ -16,6 +16,8 @@
 #include "runtime/model_runner.h"
 #include "tokenizer/tokenizer.h"
 
+#include <xxhash.h>
+
 static atomc_status runner_execute(void *ctx, const struct forward_batch *fb, struct runner_output *out,
                                    struct error *err) {
     return model_runner_execute(ctx, fb, out, err);
@@ -23,6 +25,14 @@ static atomc_status runner_execute(void *ctx, const struct forward_batch *fb, st
 
 static void runner_free(void *ctx) { model_runner_free(ctx); }
 static uint64_t runner_graph_replays(void *ctx) { return model_runner_num_graph_replays(ctx); }
+static void runner_kv_pool(void *ctx, struct kv_pool_view *v) { model_runner_kv_pool_view(ctx, v); }
+
+// The model's shape for the KV transfer handshake: what decides the KV's meaning and layout.
+static uint64_t config_hash(const struct model_config *c) {
+    int64_t f[] = {c->arch, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads, c->num_kv_heads,
+                   c->head_dim, c->vocab_size, c->sliding_window, c->num_experts, c->qk_norm, c->tie_word_embeddings};
+    return XXH64(f, sizeof f, XXH64(c->architecture, strnlen(c->architecture, sizeof c->architecture), 0));
+}
 
 // Tensor parallelism: the engine drives a tp_runner through the same seam.
 static atomc_status tp_execute(void *ctx, const struct forward_batch *fb, struct runner_output *out,
@@ -158,11 +168,13 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
     struct engine_setup su;
     memset(&su, 0, sizeof su);
     su.model = (struct engine_model_ops){
-        .ctx = runner, .execute = runner_execute, .free = runner_free, .graph_replays = runner_graph_replays};
+        .ctx = runner, .execute = runner_execute, .free = runner_free, .graph_replays = runner_graph_replays,
+        .kv_pool = runner_kv_pool};
     if (tp)
         su.model = (struct engine_model_ops){
             .ctx = tp, .execute = tp_execute, .free = tp_free, .graph_replays = tp_graph_replays};
     if (tok) engine_text_ops_from_tokenizer(&su.text, tok);
+    su.config_hash = config_hash(cfg);
     su.num_kv_blocks = tp ? tp_runner_num_kv_blocks(tp) : model_runner_num_kv_blocks(runner); // smallest rank's pool
     su.vocab_size = cfg->vocab_size;
     su.max_model_len = model_runner_max_model_len(runner);

@@ -15,6 +15,8 @@
 #include "common/error.h"
 #include "runtime/model_runner.h"
 
+struct kv_pool_view;
+
 struct engine_model_ops {
     void *ctx;
     // Computes fb (writes KV at slot_mapping, samples logits rows); see model_runner_execute.
@@ -22,6 +24,8 @@ struct engine_model_ops {
     void (*free)(void *ctx); // may be NULL
     // CUDA graph replays so far (tests check the decode graphs ran); may be NULL (= 0).
     uint64_t (*graph_replays)(void *ctx);
+    // KV transfer: the model's paged KV pool (model_runner_kv_pool_view); NULL = not available.
+    void (*kv_pool)(void *ctx, struct kv_pool_view *out);
 };
 
 // Text side. ctx NULL = no tokenizer: text prompts and stop strings are rejected, outputs
@@ -59,6 +63,7 @@ struct engine_setup {
     int32_t eos_ids[ENGINE_MAX_EOS]; // config + generation_config + tokenizer
     int n_eos;
     atomc_model_info info;          // strings must outlive the engine (owned by ctx / strings below)
+    uint64_t config_hash;           // KV transfer handshake: hash of the model's shape (0 = unknown)
     char *owned_strings[8];         // freed with the engine
 };
 
@@ -118,6 +123,10 @@ struct atomc_engine {
 
     // Loop-side counters.
     uint64_t prompt_tokens_total, generation_tokens_total, num_steps, num_finished, num_aborted;
+    uint64_t prompt_tokens_computed;
+
+    // Prefill/decode disaggregation (engine_kv_transfer.c); NULL = off.
+    struct engine_kv *kv;
 
     // Speculative decoding (spec.h; options speculative_*): k = 0 is off.
     int spec_k, spec_min, spec_max;
@@ -182,5 +191,23 @@ void engine_drain_inbox(atomc_engine *e);
 void engine_retire(atomc_engine *e, struct sequence *s, atomc_finish_reason reason, int n_new,
                    const atomc_token_logprobs *lp, const char *error);
 void engine_refresh_stats(atomc_engine *e);
+
+// engine_kv_transfer.c (its top comment): created after the block manager (NULL kv = off);
+// request parameters into s; admit: true when a new sequence waits for its KV instead of entering
+// the scheduler; find: a waiting one by id; on_retire: before s leaves the scheduler (true: s was
+// waiting for KV, not in the scheduler); poll: step start (acknowledgements, timeouts, arrivals);
+// after_forward: producer sends; stats; pending + held transfers (the loop keeps stepping).
+struct scheduler_output;
+atomc_status engine_kv_create(atomc_engine *e, const atomc_engine_options *o, struct error *err);
+void engine_kv_free(atomc_engine *e);
+atomc_status engine_kv_request(atomc_engine *e, struct sequence *s, const atomc_request *r, struct error *err);
+bool engine_kv_admit(atomc_engine *e, struct sequence *s);
+struct sequence *engine_kv_find(atomc_engine *e, uint64_t id);
+bool engine_kv_on_retire(atomc_engine *e, struct sequence *s);
+void engine_kv_poll(atomc_engine *e);
+void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so);
+void engine_kv_fill_stats(atomc_engine *e, atomc_stats *st);
+void engine_kv_live_stats(atomc_engine *e, atomc_stats *st); // any thread: the connector's counters now
+int engine_kv_n_work(const atomc_engine *e);
 
 #endif

@@ -85,6 +85,8 @@ void engine_seq_free(atomc_engine *e, struct sequence *s) {
     free(s->prompt_lp);
     free(s->prompt_lp_top);
     block_table_free(&s->bt);
+    free(s->kv_id);
+    free(s->kv_remote);
     free(s->tokens);
     free(s);
 }
@@ -222,6 +224,10 @@ static atomc_status seq_from_request(atomc_engine *e, const atomc_request *r, st
     stop_checker_init(&s->stop, s->params.stop, p->n_stop, p->include_stop_str_in_output);
     if (e->su.text.ctx) s->detok = e->su.text.detok_new(e->su.text.ctx, p->skip_special_tokens);
     s->t_arrival = time_now_s();
+    if ((st = engine_kv_request(e, s, r, err)) != ATOMC_OK) {
+        engine_seq_free(e, s);
+        return st;
+    }
     *out = s;
     return ATOMC_OK;
 }
@@ -236,7 +242,7 @@ static struct sequence *find_seq(atomc_engine *e, uint64_t id) {
         struct sequence *s = scheduler_waiting_at(sc, i);
         if (s->id == id) return s;
     }
-    return NULL;
+    return engine_kv_find(e, id);
 }
 
 void engine_drain_inbox(atomc_engine *e) {
@@ -252,7 +258,7 @@ void engine_drain_inbox(atomc_engine *e) {
     pthread_mutex_unlock(&e->mu);
 
     for (int i = 0; i < n_new; i++) {
-        scheduler_add(e->sched, e->drained[i]);
+        if (!engine_kv_admit(e, e->drained[i])) scheduler_add(e->sched, e->drained[i]);
         e->prompt_tokens_total += (uint64_t)e->drained[i]->n_prompt;
     }
     for (int i = 0; i < n_ab; i++) {

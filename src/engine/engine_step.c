@@ -76,6 +76,8 @@ static void emit(atomc_engine *e, struct sequence *s, int n_new, const atomc_tok
     o.last_token_time = s->t_last_token;
     o.finish_time = s->t_finish;
     o.num_preemptions = s->n_preemptions;
+    o.kv_transfer_s = s->kv_transfer_s;
+    o.kv_fallback = s->kv_fallback;
     if (s->on_output) s->on_output(s->user, &o);
 }
 
@@ -83,7 +85,8 @@ static void emit(atomc_engine *e, struct sequence *s, int n_new, const atomc_tok
 // tokens), forgotten, freed.
 void engine_retire(atomc_engine *e, struct sequence *s, atomc_finish_reason reason, int n_new,
                    const atomc_token_logprobs *lp, const char *error) {
-    if (s->status != SEQ_STATUS_FINISHED) scheduler_remove(e->sched, s);
+    bool waiting_for_kv = engine_kv_on_retire(e, s);
+    if (s->status != SEQ_STATUS_FINISHED && !waiting_for_kv) scheduler_remove(e->sched, s);
     s->status = SEQ_STATUS_FINISHED;
     s->finish_reason = reason;
     s->t_finish = time_now_s();
@@ -172,9 +175,11 @@ void engine_refresh_stats(atomc_engine *e) {
     st.spec_num_draft_tokens = e->spec_draft_tokens;
     st.spec_num_accepted_tokens = e->spec_accepted;
     memcpy(st.spec_accepted_per_pos, e->spec_accepted_pos, sizeof st.spec_accepted_per_pos);
+    st.prompt_tokens_computed = e->prompt_tokens_computed;
+    engine_kv_fill_stats(e, &st);
     pthread_mutex_lock(&e->mu);
     e->stats = st;
-    e->sched_seqs = st.num_running + st.num_waiting;
+    e->sched_seqs = st.num_running + st.num_waiting + engine_kv_n_work(e);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -446,6 +451,7 @@ int atomc_engine_step(atomc_engine *e) {
     pthread_mutex_unlock(&e->mu);
     CHECK_MSG(!foreign, "atomc_engine_step called while the engine's loop thread runs");
     engine_drain_inbox(e);
+    engine_kv_poll(e);
     if (e->spec_k > 0) {
         trace_begin(e->trace, "propose");
         propose_drafts(e);
@@ -490,6 +496,14 @@ int atomc_engine_step(atomc_engine *e) {
         return n_seqs;
     }
     trace_begin(e->trace, "postprocess");
+    for (int i = 0; i < n_seqs; i++) {
+        const struct sequence *s = so.seqs[i];
+        if (s->n_computed < s->n_prompt)
+            e->prompt_tokens_computed +=
+                (uint64_t)((s->n_computed + s->n_sched < s->n_prompt ? s->n_computed + s->n_sched : s->n_prompt) -
+                           s->n_computed);
+    }
+    engine_kv_after_forward(e, &so);
     scheduler_complete_step(e->sched);
     if (fb.n_prompt_lp) collect_prompt_logprobs(e, &fb, &ro);
     now = time_now_s();

@@ -268,6 +268,19 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
     out->n_preempted = n_preempted;
 }
 
+bool scheduler_admit_prefilled(struct scheduler *s, struct sequence *seq, double now) {
+    CHECK(seq->status == SEQ_STATUS_WAITING && seq->n_sched == 0 && seq->n_computed < seq->n_tokens);
+    if (s->n_running >= s->cfg.max_num_seqs) return false;
+    seq->status = SEQ_STATUS_RUNNING;
+    seq->admit_order = ++s->admit_counter;
+    s->running[s->n_running++] = seq;
+    if (!seq->admitted_once) {
+        seq->admitted_once = true;
+        seq->t_first_scheduled = now;
+    }
+    return true;
+}
+
 void scheduler_complete_step(struct scheduler *s) {
     for (int i = 0; i < s->n_scheduled; i++) {
         struct sequence *seq = s->scheduled[i];

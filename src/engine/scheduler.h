@@ -98,6 +98,11 @@ void scheduler_complete_step(struct scheduler *s);
 // The caller sets its finish status and frees it.
 void scheduler_remove(struct scheduler *s, struct sequence *seq);
 
+// KV transfer (engine_kv_transfer.c): puts seq, whose block table already holds the KV of its
+// first n_computed tokens (received from a prefill instance), straight into the running set, as
+// an admission. False (nothing changed) when max_num_seqs sequences are running.
+bool scheduler_admit_prefilled(struct scheduler *s, struct sequence *seq, double now);
+
 static inline int scheduler_num_waiting(const struct scheduler *s) { return s->n_waiting; }
 static inline int scheduler_num_free_state_slots(const struct scheduler *s) { return s->n_free_slots; }
 static inline int scheduler_num_running(const struct scheduler *s) { return s->n_running; }

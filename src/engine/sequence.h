@@ -75,6 +75,16 @@ struct sequence {
     bool prompt_lp_sent;
     bool abort_requested;
 
+    // KV transfer (engine_kv_transfer.c). kv_mode: 0 none, 1 producer (send the prompt's KV),
+    // 2 consumer (wait for it in the KV layer's pending list, then start decoding).
+    int kv_mode;
+    char *kv_id, *kv_remote;   // owned
+    int kv_sent;               // producer: prompt tokens sent so far
+    bool kv_failed;            // producer: the transfer is off (no consumer, broken connection)
+    bool kv_fallback;          // consumer: prefilled locally after all
+    double kv_deadline;        // consumer: fall back after this (monotonic seconds)
+    double kv_transfer_s;      // consumer: BEGIN -> END of its transfer
+
     // Timestamps (monotonic seconds), 0 = not yet.
     double t_arrival, t_first_scheduled, t_first_token, t_last_token, t_finish;
 };

@@ -121,6 +121,12 @@ void model_runner_free(struct model_runner *r);
 const struct model_config *model_runner_config(const struct model_runner *r);
 int model_runner_num_kv_blocks(const struct model_runner *r);
 
+// KV transfer (src/kv_transfer/kv_connector.h): this runner's paged pool as a connector sees it
+// (per-layer row sizes and offsets, a row copy between pool and host). Valid while the runner
+// lives and its pool is not reallocated.
+struct kv_pool_view;
+void model_runner_kv_pool_view(struct model_runner *r, struct kv_pool_view *v);
+
 // Runs the forward pass, writes K/V for every new token at slot_mapping, samples the
 // logits rows. The only host-device synchronisation is reading the results.
 atomc_status model_runner_execute(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,

@@ -60,6 +60,10 @@ struct model_runner {
     void *kv_pool;           // one allocation: per layer K then V
     size_t kv_bytes;
     struct kv_layer *kv;     // (num_layers)
+    // KV transfer (model_runner_kv_pool_view): bytes of one token's K / V row and the byte offset
+    // of each layer's K / V region in kv_pool, per layer.
+    size_t xfer_k_row[MODEL_MAX_LAYERS], xfer_v_row[MODEL_MAX_LAYERS];
+    size_t xfer_k_off[MODEL_MAX_LAYERS], xfer_v_off[MODEL_MAX_LAYERS];
 
     // Recurrent-state slots (models with CACHE_KIND_RECURRENT layers, runner_state.c): slots
     // 0 .. n_state_slots - 1 are the engine's (one per running sequence), slot n_state_slots is

@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "common/timeutil.h"
+#include "kv_transfer/kv_connector.h"
 #include "runtime/runner_internal.h"
 
 #define CPU_KV_DEFAULT_MAX_BYTES ((size_t)512 << 20) // the CPU pool's default ceiling
@@ -186,4 +187,72 @@ int model_runner_sliding_window(const struct model_runner *r) {
         w = s->window;
     }
     return w;
+}
+
+// --- KV transfer (model_runner.h: model_runner_kv_pool_view) ---------------------------------
+
+// Rows of tokens [tok0, tok0 + n) of one layer between the pool and host (K rows then V rows),
+// one copy per run of consecutive slots inside a block.
+static atomc_status runner_kv_copy(void *ctx, int layer, const int32_t *blocks, int tok0, int n, void *host,
+                                   bool to_pool, struct error *err) {
+    struct model_runner *r = ctx;
+    struct backend *b = r->backend;
+    if (layer < 0 || layer >= r->cfg.num_layers || tok0 < 0 || n < 0)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "KV copy: layer %d tokens [%d, %d)", layer, tok0, tok0 + n);
+    char *h = host;
+    const int bs = r->block_size;
+    for (int kv = 0; kv < 2; kv++) {
+        size_t row = kv ? r->xfer_v_row[layer] : r->xfer_k_row[layer];
+        if (!row) continue;
+        char *base = (char *)r->kv_pool + (kv ? r->xfer_v_off[layer] : r->xfer_k_off[layer]);
+        for (int t = tok0; t < tok0 + n;) {
+            int blk = blocks[t / bs], off = t % bs, run = bs - off;
+            if (run > tok0 + n - t) run = tok0 + n - t;
+            if (blk < 0 || blk >= r->num_blocks)
+                return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "KV copy: block %d of %d", blk, r->num_blocks);
+            char *slot = base + ((size_t)blk * bs + off) * row;
+            size_t len = (size_t)run * row;
+            if (to_pool) b->ops->copy_h2d(b, slot, h, len);
+            else b->ops->copy_d2h(b, h, slot, len);
+            h += len;
+            t += run;
+        }
+    }
+    if (to_pool) b->ops->synchronize(b);
+    return ATOMC_OK;
+}
+
+void model_runner_kv_pool_view(struct model_runner *r, struct kv_pool_view *v) {
+    const size_t e = dtype_row_bytes(r->kv_dtype, 1), slots = (size_t)r->num_blocks * (size_t)r->block_size;
+    size_t off = 0;
+    for (int l = 0; l < r->cfg.num_layers; l++) {
+        const struct cache_spec *s = &r->model->layer_cache[l];
+        if (s->kind == CACHE_KIND_LATENT) {
+            r->xfer_k_row[l] = (size_t)s->latent_dim * e;
+            r->xfer_v_row[l] = 0;
+        } else {
+            r->xfer_k_row[l] = (size_t)s->n_kv_heads * (size_t)s->head_dim_k * e;
+            r->xfer_v_row[l] = (size_t)s->n_kv_heads * (size_t)s->head_dim_v * e;
+        }
+        r->xfer_k_off[l] = off;
+        off += slots * r->xfer_k_row[l];
+        r->xfer_v_off[l] = off;
+        off += slots * r->xfer_v_row[l];
+    }
+    CHECK(off == r->kv_bytes);
+    memset(v, 0, sizeof *v);
+    v->n_layers = r->cfg.num_layers;
+    v->block_size = r->block_size;
+    v->num_blocks = r->num_blocks;
+    v->kv_dtype = (int)r->kv_dtype;
+    v->k_row_bytes = r->xfer_k_row;
+    v->v_row_bytes = r->xfer_v_row;
+    v->ctx = r;
+    v->copy = runner_kv_copy;
+    v->base = r->kv_pool;
+    v->bytes = r->kv_bytes;
+    v->on_device = r->backend->kind != BACKEND_CPU;
+    v->device = 0;
+    v->k_offset = r->xfer_k_off;
+    v->v_offset = r->xfer_v_off;
 }

@@ -135,6 +135,12 @@ atomc_status engine_adapter_create(atomc_engine *e, const char *model_path, cons
     out->bos_token = a->bos;
     out->eos_token = a->eos;
     out->chat_template = a->template_text;
+    atomc_kv_info kv;
+    atomc_engine_get_kv_info(e, &kv);
+    out->kv_role = kv.role;
+    out->kv_engine_id = kv.engine_id;
+    out->kv_host = kv.host;
+    out->kv_port = kv.port;
     *adapter = a;
     return ATOMC_OK;
 fail:

@@ -77,6 +77,8 @@ static void on_engine_output(void *user, const atomc_output *o) {
     ev->prompt_tokens = o->prompt_tokens;
     ev->completion_tokens = o->completion_tokens;
     ev->cached_tokens = o->cached_tokens;
+    ev->kv_transfer_s = o->kv_transfer_s;
+    ev->kv_fallback = o->kv_fallback;
     ev->error = o->error ? xstrdup(o->error) : NULL;
     ev->arrival_time = o->arrival_time;
     ev->first_scheduled_time = o->first_scheduled_time;
@@ -457,6 +459,7 @@ static void apply_event(struct srv_req *r, struct srv_event *ev) {
             queue = ev->first_scheduled_time - ev->arrival_time;
         metrics_record_request(&s->metrics, c->finish, c->prompt_tokens, c->completion_tokens,
                                c->t_first > 0 ? c->t_first - r->t_arrival : -1, ev->t - r->t_arrival, queue);
+        if (ev->kv_transfer_s > 0) histogram_observe(&s->metrics.kv_transfer_time, ev->kv_transfer_s);
         if (c->finish == ATOMC_FINISH_ERROR) {
             if (c->error) LOG_WARN("request %s: %s", r->id, c->error);
             s->consecutive_errors++;
@@ -465,6 +468,22 @@ static void apply_event(struct srv_req *r, struct srv_event *ev) {
             s->consecutive_errors = 0;
         }
     }
+}
+
+// The prefill instance's answer to kv_transfer_params.do_remote_decode, in vLLM's shape: what the
+// proxy passes on to the decode instance.
+static json_t *kv_params_json(struct srv_req *r) {
+    const struct server_engine *g = &r->srv->eng;
+    json_t *p = json_object();
+    json_object_set_new(p, "do_remote_prefill", json_true());
+    json_object_set_new(p, "do_remote_decode", json_false());
+    json_object_set_new(p, "remote_engine_id", g->kv_engine_id ? json_string(g->kv_engine_id) : json_null());
+    json_object_set_new(p, "remote_request_id", json_string(r->oai.kv_transfer_id ? r->oai.kv_transfer_id : r->id));
+    json_object_set_new(p, "remote_block_ids", json_null());
+    json_object_set_new(p, "remote_host", g->kv_host ? json_string(g->kv_host) : json_null());
+    json_object_set_new(p, "remote_port", g->kv_port ? json_integer(g->kv_port) : json_null());
+    json_object_set_new(p, "tp_size", json_integer(1));
+    return p;
 }
 
 static json_t *final_body(struct srv_req *r, int *code) {
@@ -541,6 +560,7 @@ static json_t *final_body(struct srv_req *r, int *code) {
     }
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", usage_of(r));
+    if (r->oai.kv_do_remote_decode) json_object_set_new(o, "kv_transfer_params", kv_params_json(r));
     return o;
 }
 
@@ -880,6 +900,13 @@ void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endp
         if (ar.params.has_seed) ar.params.seed += (uint64_t)(i % q->n);
         ar.on_output = on_engine_output;
         ar.user = c;
+        if (q->kv_do_remote_decode || q->kv_do_remote_prefill) { // one choice (checked when parsed)
+            if (!q->kv_transfer_id) q->kv_transfer_id = xstrdup(r->id); // producer: this response names it
+            ar.kv_transfer_id = q->kv_transfer_id;
+            ar.kv_remote_engine_id = q->kv_remote_engine_id;
+            ar.kv_do_remote_decode = q->kv_do_remote_decode;
+            ar.kv_do_remote_prefill = q->kv_do_remote_prefill;
+        }
         atomic_fetch_add(&r->refs, 1);
         st = s->eng.add_request(s->eng.ctx, &ar, &c->engine_id, err, sizeof err);
         if (st != ATOMC_OK) {

@@ -42,6 +42,10 @@ void metrics_init(struct metrics *m, const char *model_name) {
                     N(toks));
     histogram_setup(&m->generation_tokens, "vllm:request_generation_tokens",
                     "Number of generation tokens processed.", toks, N(toks));
+    static const double xfer[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+    histogram_setup(&m->kv_transfer_time, "atomc:kv_transfer_time_seconds",
+                    "Per request on the decode instance: seconds from the first to the last KV frame of its prompt.",
+                    xfer, N(xfer));
 #undef N
 }
 
@@ -188,6 +192,32 @@ int metrics_render(const struct metrics *m, const atomc_stats *s, char **buf, si
     out_counter(&o, lbl, "vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
                 s->prefix_cache_hits);
     out_counter(&o, lbl, "atomc:engine_steps_total", "Engine steps run.", s->num_steps);
+    out_counter(&o, lbl, "atomc:prompt_tokens_computed_total",
+                "Prompt tokens run through the model (prefix-cache hits and transferred KV excluded).",
+                s->prompt_tokens_computed);
+    if (s->kv_role) { // prefill/decode disaggregation (--kv-transfer-config)
+        out_counter(&o, lbl, "atomc:kv_transfer_bytes_sent_total", "KV bytes sent to decode instances.",
+                    s->kv_bytes_sent);
+        out_counter(&o, lbl, "atomc:kv_transfer_bytes_received_total", "KV bytes received from prefill instances.",
+                    s->kv_bytes_received);
+        out_counter(&o, lbl, "atomc:kv_transfer_blocks_sent_total", "KV blocks of completed transfers sent.",
+                    s->kv_blocks_sent);
+        out_counter(&o, lbl, "atomc:kv_transfer_blocks_received_total", "KV blocks of transfers received.",
+                    s->kv_blocks_received);
+        out_counter(&o, lbl, "atomc:kv_transfers_sent_total", "Prompt KV transfers sent.", s->kv_transfers_sent);
+        out_counter(&o, lbl, "atomc:kv_transfers_received_total", "Prompt KV transfers received and used.",
+                    s->kv_transfers_received);
+        out_counter(&o, lbl, "atomc:kv_transfers_failed_total", "KV transfers aborted, broken or refused.",
+                    s->kv_transfers_failed);
+        out_counter(&o, lbl, "atomc:kv_transfer_fallbacks_total",
+                    "Requests for a remote prefill that prefilled locally (KV late, broken or mismatched).",
+                    s->kv_fallbacks);
+        out_gauge(&o, lbl, "atomc:kv_transfer_held_blocks",
+                  "KV blocks a prefill instance holds until decode instances acknowledge them.", s->kv_held_blocks);
+        out_gauge(&o, lbl, "atomc:kv_transfer_waiting_requests", "Requests waiting for their prompt's KV.",
+                  s->kv_waiting);
+        out_gauge(&o, lbl, "atomc:kv_transfer_peers", "KV transfer connections past the handshake.", s->kv_peers);
+    }
     if (s->num_speculative_tokens > 0) { // speculative decoding on: vLLM's spec_decode counters
         out_counter(&o, lbl, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",
                     s->spec_num_drafts);
@@ -230,6 +260,7 @@ int metrics_render(const struct metrics *m, const atomc_stats *s, char **buf, si
     out_histogram(&o, lbl, &m->queue_time);
     out_histogram(&o, lbl, &m->prompt_tokens);
     out_histogram(&o, lbl, &m->generation_tokens);
+    if (s->kv_role) out_histogram(&o, lbl, &m->kv_transfer_time);
     free(lbl);
     if (o.failed) {
         free(o.p);

@@ -38,6 +38,7 @@ struct metrics {
     uint64_t connections_timed_out_total;           // closed by the keep-alive or request-read deadline
     uint64_t connections_open;                      // gauge
     struct histogram ttft, itl, e2e, queue_time, prompt_tokens, generation_tokens;
+    struct histogram kv_transfer_time; // consumer: per request, first to last KV frame (P/D)
 };
 
 void metrics_init(struct metrics *m, const char *model_name);

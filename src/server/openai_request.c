@@ -308,7 +308,7 @@ enum field_id {
     F_FREQUENCY_PENALTY, F_REPETITION_PENALTY, F_IGNORE_EOS, F_MIN_TOKENS, F_ECHO, F_INCLUDE_STOP_STR,
     F_SKIP_SPECIAL_TOKENS, F_RETURN_TOKENS_AS_IDS, F_CHAT_TEMPLATE_KWARGS, F_ADD_GENERATION_PROMPT,
     F_CONTINUE_FINAL_MESSAGE, F_ADD_SPECIAL_TOKENS, F_TOOLS, F_TOOL_CHOICE, F_RESPONSE_FORMAT, F_BEST_OF, F_SUFFIX,
-    F_LOGIT_BIAS, F_STORE, F_IGNORED, // user, metadata, service_tier, parallel_tool_calls
+    F_LOGIT_BIAS, F_STORE, F_KV_TRANSFER_PARAMS, F_IGNORED, // user, metadata, service_tier, parallel_tool_calls
 };
 
 #define EP_C (1 << OAI_ENDPOINT_COMPLETIONS)
@@ -356,6 +356,7 @@ static const struct field {
     {"suffix", F_SUFFIX, EP_C},
     {"logit_bias", F_LOGIT_BIAS, EP_C | EP_CH},
     {"store", F_STORE, EP_CH},
+    {"kv_transfer_params", F_KV_TRANSFER_PARAMS, EP_C | EP_CH},
     {"user", F_IGNORED, EP_C | EP_CH},
     {"metadata", F_IGNORED, EP_CH},
     {"service_tier", F_IGNORED, EP_C | EP_CH},
@@ -373,6 +374,49 @@ struct parse_ctx {
     long long best_of;      // 0 = absent
     long long top_logprobs; // -1 = absent
 };
+
+// kv_transfer_params: see openai_request.h.
+static int parse_kv_params(const json_t *v, struct oai_request *r, struct oai_error *e) {
+    if (!json_is_object(v)) return oai_error_set(e, 400, "kv_transfer_params", "'kv_transfer_params' must be an object");
+    r->has_kv_params = true;
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x) {
+        if (json_is_null(x)) continue;
+        if (!strcmp(k, "do_remote_decode") || !strcmp(k, "do_remote_prefill")) {
+            if (!json_is_boolean(x))
+                return oai_error_set(e, 400, "kv_transfer_params", "'kv_transfer_params.%s' must be a boolean", k);
+            if (k[10] == 'd') r->kv_do_remote_decode = json_is_true(x);
+            else r->kv_do_remote_prefill = json_is_true(x);
+        } else if (!strcmp(k, "remote_engine_id") || !strcmp(k, "remote_request_id") || !strcmp(k, "transfer_id")) {
+            if (!json_is_string(x) || json_string_length(x) == 0 || json_string_length(x) > 95)
+                return oai_error_set(e, 400, "kv_transfer_params",
+                                     "'kv_transfer_params.%s' must be a string of 1 to 95 bytes", k);
+            char **dst = !strcmp(k, "remote_engine_id") ? &r->kv_remote_engine_id : &r->kv_transfer_id;
+            free(*dst);
+            *dst = xstrdup(json_string_value(x));
+        } else if (!strcmp(k, "remote_port") || !strcmp(k, "tp_size")) {
+            if (!json_is_integer(x))
+                return oai_error_set(e, 400, "kv_transfer_params", "'kv_transfer_params.%s' must be an integer", k);
+        } else if (!strcmp(k, "remote_host")) {
+            if (!json_is_string(x))
+                return oai_error_set(e, 400, "kv_transfer_params", "'kv_transfer_params.remote_host' must be a string");
+        } else if (!strcmp(k, "remote_block_ids")) {
+            if (!json_is_array(x))
+                return oai_error_set(e, 400, "kv_transfer_params",
+                                     "'kv_transfer_params.remote_block_ids' must be a list");
+        }
+        // Other keys belong to other connectors (vLLM passes the dict through): ignored.
+    }
+    if (r->kv_do_remote_decode && r->kv_do_remote_prefill)
+        return oai_error_set(e, 400, "kv_transfer_params",
+                             "'kv_transfer_params': do_remote_decode and do_remote_prefill cannot both be true");
+    if (r->kv_do_remote_prefill && !r->kv_transfer_id)
+        return oai_error_set(e, 400, "kv_transfer_params",
+                             "'kv_transfer_params.do_remote_prefill' needs 'remote_request_id' (the prefill "
+                             "instance's response carries it)");
+    return 0;
+}
 
 static int parse_field(const struct field *f, const char *key, const json_t *v, const struct oai_limits *lim,
                        struct oai_request *r, struct parse_ctx *pc, struct oai_error *e) {
@@ -494,6 +538,7 @@ static int parse_field(const struct field *f, const char *key, const json_t *v, 
     case F_STORE:
         if (json_is_false(v)) return 0;
         return oai_error_set(e, 400, key, "'store' is not supported (only false)");
+    case F_KV_TRANSFER_PARAMS: return parse_kv_params(v, r, e);
     case F_IGNORED: // accepted and ignored, but of the type OpenAI defines
         if (!strcmp(key, "metadata")) {
             if (!json_is_object(v)) return oai_error_set(e, 400, key, "'metadata' must be an object, got %s", json_type_name(v));
@@ -576,6 +621,9 @@ int oai_request_parse(enum oai_endpoint ep, const char *body, size_t len, const 
     if (r->n_prompts * (long long)r->n > lim->max_n * 4LL)
         return oai_error_set(e, 400, "n", "%d prompts x n=%d choices exceeds the limit of %d sequences per request",
                              r->n_prompts, r->n, lim->max_n * 4);
+    if ((r->kv_do_remote_decode || r->kv_do_remote_prefill) && (ep == OAI_ENDPOINT_CHAT ? 1 : r->n_prompts) * r->n != 1)
+        return oai_error_set(e, 400, "kv_transfer_params",
+                             "'kv_transfer_params' with a remote prefill or decode need exactly one prompt and n = 1");
     r->params.logprobs = r->logprobs;
     r->params.prompt_logprobs = (r->echo && r->logprobs >= 0) ? r->logprobs : -1;
     r->params.stop = (const char *const *)r->stop;
@@ -598,6 +646,8 @@ void oai_request_free(struct oai_request *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->stop_token_ids);
+    free(r->kv_transfer_id);
+    free(r->kv_remote_engine_id);
     memset(r, 0, sizeof *r);
 }
 

@@ -79,6 +79,12 @@ struct oai_request {
     int n_stop;
     int32_t *stop_token_ids;
     int n_stop_token_ids;
+    // kv_transfer_params (vLLM's P/D proxies): do_remote_decode (prefill instance: ship the KV),
+    // do_remote_prefill (decode instance: take it), remote_engine_id, and the transfer's key
+    // remote_request_id (also accepted: transfer_id). Other keys (remote_block_ids, remote_host,
+    // remote_port, tp_size) are type-checked and ignored: the connector already knows its peers.
+    bool has_kv_params, kv_do_remote_decode, kv_do_remote_prefill;
+    char *kv_transfer_id, *kv_remote_engine_id; // owned or NULL
 };
 
 // Parses body into *r (zeroed first). Returns 0, or -1 with *e filled (400, param named).

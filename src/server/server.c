@@ -294,6 +294,13 @@ static void handle_health(struct server *s, struct evhttp_request *req) {
     } else {
         json_object_set_new(o, "status", json_string("ok"));
     }
+    if (s->have_engine && s->eng.kv_role) { // P/D: what `atomc proxy` needs to route to this instance
+        static const char *roles[] = {"none", "kv_producer", "kv_consumer", "kv_both"};
+        json_t *kv = json_object();
+        json_object_set_new(kv, "kv_role", json_string(roles[s->eng.kv_role & 3]));
+        json_object_set_new(kv, "engine_id", json_string(s->eng.kv_engine_id ? s->eng.kv_engine_id : ""));
+        json_object_set_new(o, "kv_transfer", kv);
+    }
     server_send_json(s, req, code, o);
 }
 

@@ -38,6 +38,11 @@ struct server_engine {
     const char *bos_token;     // GET /tokenizer_info; NULL when the model has none
     const char *eos_token;
     const char *chat_template; // template source, NULL when the model has none
+    // KV transfer identity (atomc_engine_get_kv_info), for kv_transfer_params in responses and
+    // GET /v1/kv_transfer; role 0 = none.
+    int kv_role;
+    const char *kv_engine_id, *kv_host;
+    int kv_port;
 };
 
 #endif

@@ -139,6 +139,8 @@ struct srv_event {
     char *stop_str;
     int32_t stop_token;
     int prompt_tokens, completion_tokens, cached_tokens;
+    double kv_transfer_s; // consumer: BEGIN -> END of the prompt's KV (0 = none)
+    bool kv_fallback;
     char *error;
     double arrival_time, first_scheduled_time, first_token_time, finish_time; // engine clock, 0 = unknown
     int32_t tokens[]; // n_tokens

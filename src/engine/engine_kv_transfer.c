@@ -1,0 +1,392 @@
+// The engine's side of prefill/decode disaggregation (src/kv_transfer/kv_connector.h): which
+// sequences send or receive KV, when, and what happens to their blocks. Everything here runs on
+// the thread that runs the steps, like the scheduler and block manager it touches; the
+// connector's I/O thread only wakes the loop (engine_kv_wake).
+//
+// Producer (kv_do_remote_decode): after every successful forward step, each producer sequence
+// that computed prompt tokens sends them (BEGIN with the first chunk; the prefix-cache hit of
+// the first chunk is sent too, since the consumer has none of it), END with the last. When the
+// sequence finishes (max_tokens 1: after its first token) its block table moves to the held
+// list, so the blocks stay allocated until the consumer's ACK (or hold_timeout_s, or the
+// consumer's connection dropping) releases them.
+//
+// Consumer (kv_do_remote_prefill): a new sequence waits in the pending list instead of the
+// scheduler. Each step start checks its transfer: READY with the same prompt tokens and block
+// hashes equal to our own chain -> blocks allocated, KV claimed into them, full blocks
+// registered in the prefix cache, n_computed = n_prompt - 1, straight into the running set (the
+// next step computes only the last prompt token and samples). FAILED, a mismatch, or no KV by
+// timeout_s -> the sequence enters the scheduler as an ordinary request (local prefill; counted
+// as a fallback). Aborts of pending sequences drop the transfer (the producer is acknowledged
+// so it frees its blocks).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "engine/block_manager.h"
+#include "engine/engine_internal.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "kv_transfer/kv_connector.h"
+
+struct held {
+    char id[KV_ID_MAX];
+    struct block_table bt;
+    double deadline;
+};
+
+struct engine_kv {
+    struct kv_transfer_config cfg;
+    struct kv_connector *conn;
+    struct kv_pool_view pool;
+    struct sequence **pending;
+    int n_pending, pending_cap;
+    struct held *held;
+    int n_held, held_cap;
+    int held_blocks;
+    uint64_t fallbacks;
+    uint64_t *hashes;
+    int hashes_cap;
+};
+
+static void engine_kv_wake(void *arg) {
+    atomc_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+atomc_status engine_kv_create(atomc_engine *e, const atomc_engine_options *o, struct error *err) {
+    e->kv = NULL;
+    if (!o->kv_transfer_config || !o->kv_transfer_config[0]) return ATOMC_OK;
+    struct engine_kv *k = xcalloc(1, sizeof *k);
+    atomc_status st = kv_transfer_config_parse(o->kv_transfer_config, &k->cfg, err);
+    if (st == ATOMC_OK && !e->su.model.kv_pool)
+        st = error_set(err, ATOMC_ERR_UNSUPPORTED,
+                       "--kv-transfer-config: this engine's model cannot expose its KV pool (KV transfer with "
+                       "tensor parallelism is not implemented)");
+    if (st != ATOMC_OK) {
+        free(k);
+        return st;
+    }
+    e->su.model.kv_pool(e->su.model.ctx, &k->pool);
+    struct kv_handshake hs;
+    memset(&hs, 0, sizeof hs);
+    hs.version = KV_PROTOCOL_VERSION;
+    snprintf(hs.engine_id, sizeof hs.engine_id, "%s", k->cfg.engine_id);
+    snprintf(hs.model, sizeof hs.model, "%s", e->su.info.model_name ? e->su.info.model_name : "");
+    snprintf(hs.architecture, sizeof hs.architecture, "%s", e->su.info.architecture ? e->su.info.architecture : "");
+    hs.config_hash = e->su.config_hash;
+    hs.kv_dtype = k->pool.kv_dtype;
+    hs.block_size = e->block_size;
+    hs.n_layers = k->pool.n_layers;
+    hs.tp_size = 1;
+    hs.tp_rank = 0;
+    hs.token_bytes = kv_pool_token_bytes(&k->pool);
+    XXH64_state_t *x = XXH64_createState();
+    XXH64_reset(x, 0);
+    XXH64_update(x, k->pool.k_row_bytes, (size_t)k->pool.n_layers * sizeof(size_t));
+    XXH64_update(x, k->pool.v_row_bytes, (size_t)k->pool.n_layers * sizeof(size_t));
+    hs.layer_bytes_hash = XXH64_digest(x);
+    XXH64_freeState(x);
+    CHECK(k->pool.block_size == e->block_size);
+    st = kv_connector_create(&k->cfg, &hs, &k->pool, engine_kv_wake, e, &k->conn, err);
+    if (st != ATOMC_OK) {
+        free(k);
+        return st;
+    }
+    e->kv = k;
+    return ATOMC_OK;
+}
+
+atomc_status engine_kv_request(atomc_engine *e, struct sequence *s, const atomc_request *r, struct error *err) {
+    if (!r->kv_do_remote_decode && !r->kv_do_remote_prefill) return ATOMC_OK;
+    if (!e->kv)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "kv_transfer_params ask for a remote %s, but this instance runs without --kv-transfer-config",
+                         r->kv_do_remote_decode ? "decode" : "prefill");
+    if (r->kv_do_remote_decode && r->kv_do_remote_prefill)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "kv_transfer_params: do_remote_decode and do_remote_prefill cannot both be true");
+    enum kv_role role = e->kv->cfg.role;
+    if (r->kv_do_remote_decode && !(role & KV_ROLE_PRODUCER))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "kv_transfer_params.do_remote_decode needs a kv_producer (this instance is a %s)",
+                         kv_role_name(role));
+    if (r->kv_do_remote_prefill && !(role & KV_ROLE_CONSUMER))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "kv_transfer_params.do_remote_prefill needs a kv_consumer (this instance is a %s)",
+                         kv_role_name(role));
+    const char *id = r->kv_transfer_id;
+    if (!id || !id[0] || strlen(id) >= KV_ID_MAX)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "kv_transfer_params need a transfer id (remote_request_id) of 1 to %d bytes", KV_ID_MAX - 1);
+    if (r->kv_remote_engine_id && strlen(r->kv_remote_engine_id) >= KV_ID_MAX)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "kv_transfer_params.remote_engine_id is too long");
+    // Prompt logprobs need every prompt row computed here: such a request simply prefills locally.
+    if (r->kv_do_remote_prefill && s->params.prompt_logprobs >= 0) return ATOMC_OK;
+    s->kv_mode = r->kv_do_remote_decode ? 1 : 2;
+    s->kv_id = xstrdup(id);
+    s->kv_remote = r->kv_remote_engine_id && r->kv_remote_engine_id[0] ? xstrdup(r->kv_remote_engine_id) : NULL;
+    return ATOMC_OK;
+}
+
+bool engine_kv_admit(atomc_engine *e, struct sequence *s) {
+    if (!e->kv || s->kv_mode != 2) return false;
+    struct engine_kv *k = e->kv;
+    s->kv_deadline = time_now_s() + k->cfg.timeout_s;
+    k->pending = grow(k->pending, &k->pending_cap, k->n_pending + 1, sizeof *k->pending);
+    k->pending[k->n_pending++] = s;
+    return true;
+}
+
+struct sequence *engine_kv_find(atomc_engine *e, uint64_t id) {
+    if (!e->kv) return NULL;
+    for (int i = 0; i < e->kv->n_pending; i++)
+        if (e->kv->pending[i]->id == id) return e->kv->pending[i];
+    return NULL;
+}
+
+static bool pending_remove(struct engine_kv *k, struct sequence *s) {
+    for (int i = 0; i < k->n_pending; i++)
+        if (k->pending[i] == s) {
+            memmove(k->pending + i, k->pending + i + 1, (size_t)(k->n_pending - i - 1) * sizeof *k->pending);
+            k->n_pending--;
+            return true;
+        }
+    return false;
+}
+
+bool engine_kv_on_retire(atomc_engine *e, struct sequence *s) {
+    struct engine_kv *k = e->kv;
+    if (!k || !s->kv_mode) return false;
+    if (s->kv_mode == 2) {
+        if (!pending_remove(k, s)) return false;
+        kv_connector_drop(k->conn, s->kv_id);
+        return true;
+    }
+    if (s->kv_sent == 0 || s->kv_failed) return false; // nothing sent: the blocks go back as usual
+    if (s->kv_sent < s->n_prompt) {                    // ended mid-prompt (abort, error)
+        kv_connector_send_abort(k->conn, s->kv_id);
+        return false;
+    }
+    // The consumer may still be reading (cuda_ipc) or about to claim: keep the blocks until its ACK.
+    k->held = grow(k->held, &k->held_cap, k->n_held + 1, sizeof *k->held);
+    struct held *h = &k->held[k->n_held++];
+    snprintf(h->id, sizeof h->id, "%s", s->kv_id);
+    h->bt = s->bt;
+    h->deadline = time_now_s() + k->cfg.hold_timeout_s;
+    k->held_blocks += s->bt.n - s->bt.n_dropped;
+    block_table_init(&s->bt);
+    return false;
+}
+
+static void held_release_at(atomc_engine *e, int i) {
+    struct engine_kv *k = e->kv;
+    struct held *h = &k->held[i];
+    k->held_blocks -= h->bt.n - h->bt.n_dropped;
+    block_manager_release(e->bm, &h->bt);
+    block_table_free(&h->bt);
+    k->held[i] = k->held[--k->n_held];
+}
+
+static void on_ack(void *u, const char *id) {
+    atomc_engine *e = u;
+    for (int i = 0; i < e->kv->n_held; i++)
+        if (!strcmp(e->kv->held[i].id, id)) {
+            held_release_at(e, i);
+            return;
+        }
+}
+
+static void fall_back(atomc_engine *e, struct sequence *s, int i, const char *why) {
+    struct engine_kv *k = e->kv;
+    LOG_WARN("request %llu: KV transfer %s %s; prefilling locally", (unsigned long long)s->id, s->kv_id, why);
+    kv_connector_drop(k->conn, s->kv_id);
+    memmove(k->pending + i, k->pending + i + 1, (size_t)(k->n_pending - i - 1) * sizeof *k->pending);
+    k->n_pending--;
+    s->kv_fallback = true;
+    k->fallbacks++;
+    scheduler_add(e->sched, s);
+}
+
+// The transfer of s is READY (info): checks it, allocates, claims. Returns 1 admitted, 0 not now
+// (no room), -1 unusable (caller falls back; *why says why).
+static int try_admit(atomc_engine *e, struct sequence *s, const struct kv_rx_info *info, const char **why) {
+    struct engine_kv *k = e->kv;
+    if (info->n_tokens != s->n_prompt || memcmp(info->tokens, s->tokens, (size_t)s->n_prompt * sizeof *s->tokens)) {
+        *why = "carries other prompt tokens";
+        return -1;
+    }
+    int bs = e->block_size, n_full = s->n_prompt / bs;
+    uint64_t parent = 0;
+    for (int i = 0; i < n_full; i++) {
+        uint64_t h = e->bm->hash_fn(s->tokens + (size_t)i * bs, bs, parent);
+        if (h != info->block_hashes[i]) {
+            *why = "has block hashes that differ from ours";
+            return -1;
+        }
+        parent = h;
+    }
+    if (scheduler_num_running(e->sched) >= e->max_num_seqs) return 0;
+    if (!block_manager_allocate(e->bm, &s->bt, s->n_prompt)) return 0;
+    struct error err = {0};
+    if (kv_connector_claim(k->conn, s->kv_id, s->bt.ids, s->bt.n, &err) != ATOMC_OK) {
+        block_manager_release(e->bm, &s->bt);
+        LOG_WARN("request %llu: %s", (unsigned long long)s->id, err.msg);
+        *why = "could not be copied into the pool";
+        return -1;
+    }
+    block_manager_commit(e->bm, &s->bt, s->tokens, s->n_prompt - 1);
+    s->n_computed = s->n_prompt - 1;
+    s->kv_transfer_s = info->t_end > info->t_begin ? info->t_end - info->t_begin : 0;
+    CHECK(scheduler_admit_prefilled(e->sched, s, time_now_s()));
+    return 1;
+}
+
+void engine_kv_poll(atomc_engine *e) {
+    struct engine_kv *k = e->kv;
+    if (!k) return;
+    kv_connector_poll_acks(k->conn, on_ack, e);
+    double now = time_now_s();
+    for (int i = 0; i < k->n_held;) {
+        if (now > k->held[i].deadline) {
+            LOG_WARN("KV transfer %s: no acknowledgement within %.0f s; its blocks are freed", k->held[i].id,
+                     k->cfg.hold_timeout_s);
+            held_release_at(e, i);
+        } else {
+            i++;
+        }
+    }
+    for (int i = 0; i < k->n_pending;) {
+        struct sequence *s = k->pending[i];
+        struct kv_rx_info info;
+        enum kv_rx_state st = kv_connector_lookup(k->conn, s->kv_id, s->kv_remote, &info);
+        const char *why = NULL;
+        int r = 0;
+        if (st == KV_RX_READY)
+            r = try_admit(e, s, &info, &why);
+        else if (st == KV_RX_FAILED)
+            r = -1, why = "failed (producer gone or transfer aborted)";
+        else if (now > s->kv_deadline)
+            r = -1, why = "did not arrive in time";
+        if (r == 1) {
+            memmove(k->pending + i, k->pending + i + 1, (size_t)(k->n_pending - i - 1) * sizeof *k->pending);
+            k->n_pending--;
+        } else if (r < 0) {
+            fall_back(e, s, i, why);
+        } else {
+            i++;
+        }
+    }
+}
+
+void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so) {
+    struct engine_kv *k = e->kv;
+    if (!k) return;
+    for (int i = 0; i < so->n_seqs; i++) {
+        struct sequence *s = so->seqs[i];
+        if (s->kv_mode != 1 || s->kv_failed) continue;
+        int end = s->n_computed + s->n_sched;
+        if (end > s->n_prompt) end = s->n_prompt;
+        if (end <= s->kv_sent) continue;
+        int bs = e->block_size, n_full = s->n_prompt / bs;
+        if (s->kv_sent == 0) { // BEGIN carries the chained hashes of every full prompt block
+            k->hashes = grow(k->hashes, &k->hashes_cap, n_full + 1, sizeof *k->hashes);
+            uint64_t parent = 0;
+            for (int b = 0; b < n_full; b++)
+                parent = k->hashes[b] = e->bm->hash_fn(s->tokens + (size_t)b * bs, bs, parent);
+        }
+        // Ids of blocks not allocated yet (later chunks) are sent as -1; END carries them all.
+        int need = (s->n_prompt + bs - 1) / bs;
+        int32_t ids_local[64], *ids = need <= 64 ? ids_local : xmalloc((size_t)need * sizeof *ids);
+        for (int b = 0; b < need; b++)
+            ids[b] = b < s->bt.n ? s->bt.ids[b] : -1;
+        struct kv_send snd = {.transfer_id = s->kv_id,
+                              .remote_engine_id = s->kv_remote,
+                              .tokens = s->tokens,
+                              .n_tokens = s->n_prompt,
+                              .block_hashes = k->hashes,
+                              .block_ids = ids,
+                              .tok0 = s->kv_sent,
+                              .n_tok = end - s->kv_sent,
+                              .first = s->kv_sent == 0,
+                              .last = end == s->n_prompt};
+        struct error err = {0};
+        if (kv_connector_send(k->conn, &snd, &err) != ATOMC_OK) {
+            LOG_WARN("request %llu: %s; its KV stays here", (unsigned long long)s->id, err.msg);
+            if (s->kv_sent > 0) kv_connector_send_abort(k->conn, s->kv_id);
+            s->kv_failed = true;
+        } else {
+            s->kv_sent = end;
+        }
+        if (ids != ids_local) free(ids);
+    }
+}
+
+void engine_kv_fill_stats(atomc_engine *e, atomc_stats *st) {
+    struct engine_kv *k = e->kv;
+    if (!k) return;
+    struct kv_connector_stats cs;
+    kv_connector_get_stats(k->conn, &cs);
+    st->kv_role = (int)k->cfg.role;
+    st->kv_bytes_sent = cs.bytes_sent;
+    st->kv_bytes_received = cs.bytes_received;
+    st->kv_blocks_sent = cs.blocks_sent;
+    st->kv_blocks_received = cs.blocks_received;
+    st->kv_transfers_sent = cs.transfers_sent;
+    st->kv_transfers_received = cs.transfers_received;
+    st->kv_transfers_failed = cs.transfers_failed;
+    st->kv_fallbacks = k->fallbacks;
+    st->kv_held_blocks = k->held_blocks;
+    st->kv_waiting = k->n_pending;
+    st->kv_peers = cs.peers;
+}
+
+// The connector's counters (its own lock) as of now, over the snapshot of the last step: an idle
+// engine does not step, but connections and transfers go on.
+void engine_kv_live_stats(atomc_engine *e, atomc_stats *st) {
+    struct engine_kv *k = e->kv; // set before the engine is shared, never changed while it lives
+    if (!k) return;
+    struct kv_connector_stats cs;
+    kv_connector_get_stats(k->conn, &cs);
+    st->kv_bytes_sent = cs.bytes_sent;
+    st->kv_bytes_received = cs.bytes_received;
+    st->kv_blocks_sent = cs.blocks_sent;
+    st->kv_blocks_received = cs.blocks_received;
+    st->kv_transfers_sent = cs.transfers_sent;
+    st->kv_transfers_received = cs.transfers_received;
+    st->kv_transfers_failed = cs.transfers_failed;
+    st->kv_peers = cs.peers;
+}
+
+int engine_kv_n_work(const atomc_engine *e) {
+    return e->kv ? e->kv->n_pending + e->kv->n_held : 0;
+}
+
+void engine_kv_free(atomc_engine *e) {
+    struct engine_kv *k = e->kv;
+    if (!k) return;
+    while (k->n_pending)
+        engine_retire(e, k->pending[0], ATOMC_FINISH_ABORT, 0, NULL, NULL);
+    while (k->n_held)
+        held_release_at(e, 0);
+    kv_connector_free(k->conn);
+    free(k->pending);
+    free(k->held);
+    free(k->hashes);
+    free(k);
+    e->kv = NULL;
+}
+
+void atomc_engine_get_kv_info(atomc_engine *e, atomc_kv_info *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->kv) return;
+    out->role = (int)e->kv->cfg.role;
+    out->engine_id = e->kv->cfg.engine_id;
+    out->host = e->kv->cfg.ip;
+    out->port = e->kv->cfg.port;
+}

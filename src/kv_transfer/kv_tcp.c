@@ -1,0 +1,931 @@
+// The KV connector over TCP (kv_connector.h): listener / connections, framing, the handshake,
+// producer transfers (queued frames, acknowledgements) and consumer transfers (staging buffers).
+// The `cuda_ipc` connector is this one without DATA frames: HELLO_OK carries the producer pool's
+// IPC handle and claim copies GPU to GPU (kv_cuda_ipc.c).
+//
+// One I/O thread per connector: poll() over a wake pipe, the listening socket and every peer
+// (non-blocking sockets; partial reads accumulate in the peer's input buffer until a frame is
+// whole, partial writes resume where they stopped). A peer that sends a malformed frame, fails
+// the handshake, stays silent past the handshake deadline or closes is dropped; what it had in
+// flight fails (consumer) or counts as acknowledged (producer: its blocks are freed).
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "kv_transfer/kv_connector.h"
+
+#define HANDSHAKE_TIMEOUT_S 10.0
+#define RECONNECT_S 0.2
+#define TOMBSTONE_S 120.0
+
+struct qnode {
+    struct qnode *next;
+    size_t len, off;
+    uint8_t data[];
+};
+
+struct peer {
+    int fd;       // -1: slot free
+    uint64_t gen; // unique per connection
+    int prod;     // consumer side: index into cfg.producers; -1 for accepted connections
+    bool ready;   // handshake done
+    bool closing; // close once the queue is flushed (after HELLO_ERR)
+    struct kv_handshake hs;
+    void *ipc_base; // cuda_ipc consumer: the producer's pool mapped here
+    uint8_t ipc_handle[KV_IPC_HANDLE_BYTES];
+    struct qnode *q_head, *q_tail;
+    uint8_t *in;
+    size_t in_len, in_cap;
+    double t_open;
+};
+
+struct tx { // producer: a transfer until its ACK
+    char id[KV_ID_MAX];
+    int peer;
+    uint64_t gen;
+};
+
+struct rx { // consumer: a transfer from BEGIN until claim / drop (then a tombstone)
+    char id[KV_ID_MAX];
+    int peer;
+    uint64_t gen;
+    enum kv_rx_state state;
+    bool tombstone;
+    int n_tokens, n_blocks;
+    int32_t *tokens, *src_blocks;
+    uint64_t *hashes;
+    uint8_t *data; // (n_layers) blocks of [K rows (n_tokens)][V rows (n_tokens)]
+    size_t data_bytes, received;
+    double t_begin, t_end, t_expire;
+};
+
+struct kv_connector {
+    struct kv_transfer_config cfg;
+    struct kv_handshake hs;
+    struct kv_pool_view pool;
+    size_t token_bytes;
+    void (*wake)(void *);
+    void *wake_arg;
+
+    pthread_mutex_t mu;
+    pthread_t th;
+    bool th_on, stop;
+    int wake_fd[2];
+    int listen_fd;
+    struct peer peers[KV_MAX_PEERS];
+    uint64_t next_gen;
+    double next_connect[KV_MAX_PRODUCERS];
+    bool connected[KV_MAX_PRODUCERS];
+    struct tx *tx;
+    int n_tx, tx_cap;
+    struct rx *rx;
+    int n_rx, rx_cap;
+    char (*acks)[KV_ID_MAX];
+    int n_acks, acks_cap;
+    struct kv_connector_stats st;
+    bool ipc_ok;
+    uint8_t ipc_handle[KV_IPC_HANDLE_BYTES];
+};
+
+static bool is_producer(const struct kv_connector *c) {
+    return c->cfg.role & KV_ROLE_PRODUCER;
+}
+
+static void poke(struct kv_connector *c) {
+    char b = 1;
+    ssize_t n = write(c->wake_fd[1], &b, 1);
+    (void)n;
+}
+
+static void *grow_arr(void *p, int *cap, int need, size_t elem) {
+    if (need <= *cap) return p;
+    int n = *cap ? *cap * 2 : 16;
+    while (n < need)
+        n *= 2;
+    *cap = n;
+    return xrealloc(p, (size_t)n * elem);
+}
+
+// --- queues and frames ------------------------------------------------------------------------
+
+static struct qnode *frame_new(enum kv_frame_type type, const char *id, size_t body_len, uint8_t **body) {
+    size_t idn = id ? strlen(id) : 0;
+    struct qnode *q = xmalloc(sizeof *q + KV_FRAME_HEADER + idn + body_len);
+    q->next = NULL;
+    q->off = 0;
+    q->len = kv_frame_header(q->data, type, id, body_len) + body_len;
+    if (body) *body = q->data + q->len - body_len;
+    return q;
+}
+
+static void peer_queue(struct kv_connector *c, struct peer *p, struct qnode *q) {
+    (void)c;
+    if (p->q_tail)
+        p->q_tail->next = q;
+    else
+        p->q_head = q;
+    p->q_tail = q;
+}
+
+static void peer_send_simple(struct kv_connector *c, struct peer *p, enum kv_frame_type t, const char *id,
+                             const void *body, size_t len) {
+    uint8_t *b;
+    struct qnode *q = frame_new(t, id, len, &b);
+    if (len) memcpy(b, body, len);
+    peer_queue(c, p, q);
+}
+
+static struct peer *peer_by_gen(struct kv_connector *c, int i, uint64_t gen) {
+    if (i < 0 || i >= KV_MAX_PEERS) return NULL;
+    struct peer *p = &c->peers[i];
+    return p->fd >= 0 && p->gen == gen ? p : NULL;
+}
+
+static struct rx *rx_find(struct kv_connector *c, const char *id) {
+    for (int i = 0; i < c->n_rx; i++)
+        if (!strcmp(c->rx[i].id, id)) return &c->rx[i];
+    return NULL;
+}
+
+static void rx_free_data(struct rx *r) {
+    free(r->tokens);
+    free(r->src_blocks);
+    free(r->hashes);
+    free(r->data);
+    r->tokens = r->src_blocks = NULL;
+    r->hashes = NULL;
+    r->data = NULL;
+}
+
+static void rx_remove_at(struct kv_connector *c, int i) {
+    rx_free_data(&c->rx[i]);
+    c->rx[i] = c->rx[--c->n_rx];
+}
+
+static void push_ack(struct kv_connector *c, const char *id) {
+    c->acks = grow_arr(c->acks, &c->acks_cap, c->n_acks + 1, sizeof *c->acks);
+    snprintf(c->acks[c->n_acks++], KV_ID_MAX, "%s", id);
+}
+
+// Turns r into a tombstone (late frames of its id are ignored) and acknowledges it to its
+// producer when that connection still stands.
+static void rx_bury(struct kv_connector *c, struct rx *r, bool ack) {
+    struct peer *p = peer_by_gen(c, r->peer, r->gen);
+    if (ack && p && p->ready) peer_send_simple(c, p, KV_FRAME_ACK, r->id, NULL, 0);
+    rx_free_data(r);
+    r->tombstone = true;
+    r->state = KV_RX_FAILED;
+    r->t_expire = time_now_s() + TOMBSTONE_S;
+}
+
+static void peer_close(struct kv_connector *c, struct peer *p, const char *why) {
+    int idx = (int)(p - c->peers);
+    if (why && p->ready) LOG_WARN("KV transfer: connection to %s closed: %s", p->hs.engine_id, why);
+    close(p->fd);
+    p->fd = -1;
+    for (struct qnode *q = p->q_head, *n; q; q = n) {
+        n = q->next;
+        free(q);
+    }
+    p->q_head = p->q_tail = NULL;
+    free(p->in);
+    p->in = NULL;
+    p->in_len = p->in_cap = 0;
+    if (p->ipc_base) kv_ipc_close(p->ipc_base);
+    p->ipc_base = NULL;
+    if (p->prod >= 0) {
+        c->connected[p->prod] = false;
+        c->next_connect[p->prod] = time_now_s() + RECONNECT_S;
+    }
+    // Producer: the consumer is gone, so nobody will read the blocks held for it.
+    for (int i = 0; i < c->n_tx;) {
+        if (c->tx[i].peer == idx && c->tx[i].gen == p->gen) {
+            push_ack(c, c->tx[i].id);
+            c->st.transfers_failed++;
+            c->tx[i] = c->tx[--c->n_tx];
+        } else {
+            i++;
+        }
+    }
+    // Consumer: incomplete transfers from this producer can no longer complete.
+    bool woke = false;
+    for (int i = 0; i < c->n_rx; i++) {
+        struct rx *r = &c->rx[i];
+        if (r->peer == idx && r->gen == p->gen && r->state == KV_RX_PENDING) {
+            r->state = KV_RX_FAILED;
+            c->st.transfers_failed++;
+            woke = true;
+        }
+    }
+    p->ready = false;
+    if ((woke || c->n_acks) && c->wake) c->wake(c->wake_arg);
+}
+
+static struct peer *peer_add(struct kv_connector *c, int fd, int prod) {
+    for (int i = 0; i < KV_MAX_PEERS; i++) {
+        struct peer *p = &c->peers[i];
+        if (p->fd >= 0) continue;
+        memset(p, 0, sizeof *p);
+        p->fd = fd;
+        p->gen = ++c->next_gen;
+        p->prod = prod;
+        p->t_open = time_now_s();
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return p;
+    }
+    close(fd);
+    LOG_WARN("KV transfer: more than %d connections; one refused", KV_MAX_PEERS);
+    return NULL;
+}
+
+// --- frame handling (I/O thread, under mu) -----------------------------------------------------
+
+static void hello_body(struct kv_connector *c, struct peer *p, enum kv_frame_type t) {
+    uint8_t body[sizeof(struct kv_handshake) + KV_IPC_HANDLE_BYTES];
+    memcpy(body, &c->hs, sizeof c->hs);
+    size_t n = sizeof c->hs;
+    if (c->ipc_ok) {
+        memcpy(body + n, c->ipc_handle, KV_IPC_HANDLE_BYTES);
+        n += KV_IPC_HANDLE_BYTES;
+    }
+    peer_send_simple(c, p, t, c->hs.engine_id, body, n);
+}
+
+static bool on_hello(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
+    if (f->body_len < sizeof(struct kv_handshake)) {
+        snprintf(c->st.last_error, sizeof c->st.last_error, "KV transfer: short HELLO from a peer");
+        return false;
+    }
+    memcpy(&p->hs, f->body, sizeof p->hs);
+    p->hs.engine_id[KV_ID_MAX - 1] = p->hs.model[sizeof p->hs.model - 1] = 0;
+    p->hs.architecture[sizeof p->hs.architecture - 1] = 0;
+    if (f->body_len >= sizeof(struct kv_handshake) + KV_IPC_HANDLE_BYTES)
+        memcpy(p->ipc_handle, f->body + sizeof(struct kv_handshake), KV_IPC_HANDLE_BYTES);
+    struct error e = {0};
+    if (kv_handshake_check(&c->hs, &p->hs, &e) != ATOMC_OK) {
+        snprintf(c->st.last_error, sizeof c->st.last_error, "%s", e.msg);
+        LOG_ERROR("%s", e.msg);
+        if (f->type == KV_FRAME_HELLO) {
+            peer_send_simple(c, p, KV_FRAME_HELLO_ERR, c->hs.engine_id, e.msg, strlen(e.msg));
+            p->closing = true;
+            return true;
+        }
+        return false;
+    }
+    if (f->type == KV_FRAME_HELLO) hello_body(c, p, KV_FRAME_HELLO_OK);
+    if (f->type == KV_FRAME_HELLO_OK && c->cfg.kind == KV_CONNECTOR_CUDA_IPC) {
+        if (kv_ipc_open(p->ipc_handle, c->pool.device, &p->ipc_base, &e) != ATOMC_OK) {
+            snprintf(c->st.last_error, sizeof c->st.last_error, "KV transfer (cuda_ipc): %.400s", e.msg);
+            LOG_ERROR("%s", c->st.last_error);
+            return false;
+        }
+    }
+    p->ready = true;
+    if (p->prod >= 0) c->connected[p->prod] = true;
+    LOG_INFO("KV transfer: connected to %s (%s)", p->hs.engine_id, kv_role_name((enum kv_role)p->hs.role));
+    return true;
+}
+
+static bool on_begin(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
+    struct rx *old = rx_find(c, f->id);
+    if (old) return true; // a tombstone (dropped before it arrived) or a duplicate: ignored
+    uint32_t n_tok, n_blocks;
+    if (f->body_len < 8) return false;
+    memcpy(&n_tok, f->body, 4);
+    memcpy(&n_blocks, f->body + 4, 4);
+    int bs = c->pool.block_size;
+    size_t n_full = n_tok / (uint32_t)bs;
+    if (n_tok == 0 || n_blocks != (n_tok + (uint32_t)bs - 1) / (uint32_t)bs ||
+        f->body_len != 8 + (size_t)n_tok * 4 + n_full * 8 + (size_t)n_blocks * 4)
+        return false;
+    c->rx = grow_arr(c->rx, &c->rx_cap, c->n_rx + 1, sizeof *c->rx);
+    struct rx *r = &c->rx[c->n_rx++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->id, sizeof r->id, "%s", f->id);
+    r->peer = (int)(p - c->peers);
+    r->gen = p->gen;
+    r->state = KV_RX_PENDING;
+    r->n_tokens = (int)n_tok;
+    r->n_blocks = (int)n_blocks;
+    r->tokens = xmalloc((size_t)n_tok * 4);
+    r->hashes = xmalloc(n_full ? n_full * 8 : 1);
+    r->src_blocks = xmalloc((size_t)n_blocks * 4);
+    memcpy(r->tokens, f->body + 8, (size_t)n_tok * 4);
+    memcpy(r->hashes, f->body + 8 + (size_t)n_tok * 4, n_full * 8);
+    memcpy(r->src_blocks, f->body + 8 + (size_t)n_tok * 4 + n_full * 8, (size_t)n_blocks * 4);
+    if (c->cfg.kind == KV_CONNECTOR_TCP) {
+        r->data_bytes = (size_t)n_tok * c->token_bytes;
+        r->data = malloc(r->data_bytes ? r->data_bytes : 1);
+        if (!r->data) {
+            r->state = KV_RX_FAILED;
+            LOG_ERROR("KV transfer %s: out of memory staging %zu bytes", r->id, r->data_bytes);
+        }
+    }
+    r->t_begin = time_now_s();
+    r->t_expire = r->t_begin + c->cfg.hold_timeout_s;
+    return true;
+}
+
+// Staging offset of layer l's rows for a transfer of n tokens.
+static size_t stage_offset(const struct kv_connector *c, int l, int n) {
+    size_t off = 0;
+    for (int i = 0; i < l; i++)
+        off += (c->pool.k_row_bytes[i] + c->pool.v_row_bytes[i]) * (size_t)n;
+    return off;
+}
+
+static bool on_data(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
+    struct rx *r = rx_find(c, f->id);
+    if (!r || r->tombstone || r->state != KV_RX_PENDING) return true; // dropped / failed: ignore
+    uint32_t layer, tok0, n;
+    if (f->body_len < 12) return false;
+    memcpy(&layer, f->body, 4);
+    memcpy(&tok0, f->body + 4, 4);
+    memcpy(&n, f->body + 8, 4);
+    if ((int)layer >= c->pool.n_layers || tok0 + (uint64_t)n > (uint64_t)r->n_tokens) return false;
+    size_t kr = c->pool.k_row_bytes[layer], vr = c->pool.v_row_bytes[layer];
+    if (f->body_len != 12 + (size_t)n * (kr + vr)) return false;
+    uint8_t *base = r->data + stage_offset(c, (int)layer, r->n_tokens);
+    memcpy(base + (size_t)tok0 * kr, f->body + 12, (size_t)n * kr);
+    memcpy(base + (size_t)r->n_tokens * kr + (size_t)tok0 * vr, f->body + 12 + (size_t)n * kr, (size_t)n * vr);
+    r->received += (size_t)n * (kr + vr);
+    (void)p;
+    return true;
+}
+
+static void on_end(struct kv_connector *c, struct peer *p, const struct kv_frame *f, bool aborted) {
+    struct rx *r = rx_find(c, f->id);
+    if (!r) return;
+    if (r->tombstone) {
+        // Dropped before the producer finished: acknowledge now so it frees the blocks.
+        if (!aborted) peer_send_simple(c, p, KV_FRAME_ACK, f->id, NULL, 0);
+        return;
+    }
+    if (r->state != KV_RX_PENDING) return;
+    r->t_end = time_now_s();
+    if (!aborted && f->body_len == (size_t)r->n_blocks * 4 && r->src_blocks)
+        memcpy(r->src_blocks, f->body, f->body_len);
+    if (aborted) {
+        r->state = KV_RX_FAILED;
+        c->st.transfers_failed++;
+    } else if (c->cfg.kind == KV_CONNECTOR_TCP && r->received != r->data_bytes) {
+        LOG_WARN("KV transfer %s: END after %zu of %zu bytes", r->id, r->received, r->data_bytes);
+        r->state = KV_RX_FAILED;
+        c->st.transfers_failed++;
+    } else {
+        r->state = KV_RX_READY;
+    }
+    if (c->wake) c->wake(c->wake_arg);
+}
+
+static void on_ack(struct kv_connector *c, const struct kv_frame *f) {
+    for (int i = 0; i < c->n_tx; i++)
+        if (!strcmp(c->tx[i].id, f->id)) {
+            c->tx[i] = c->tx[--c->n_tx];
+            break;
+        }
+    push_ack(c, f->id);
+    if (c->wake) c->wake(c->wake_arg);
+}
+
+// Handles one frame; false drops the peer.
+static bool on_frame(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
+    if (!p->ready) {
+        if (f->type == KV_FRAME_HELLO && p->prod < 0) return on_hello(c, p, f);
+        if (f->type == KV_FRAME_HELLO_OK && p->prod >= 0) return on_hello(c, p, f);
+        if (f->type == KV_FRAME_HELLO_ERR) {
+            snprintf(c->st.last_error, sizeof c->st.last_error, "%.*s", (int)(f->body_len < 400 ? f->body_len : 400),
+                     (const char *)f->body);
+            LOG_ERROR("KV transfer: producer %s refused the connection: %s", f->id, c->st.last_error);
+            if (p->prod >= 0) c->next_connect[p->prod] = time_now_s() + 5.0; // a mismatch does not fix itself soon
+        }
+        return false;
+    }
+    switch (f->type) {
+    case KV_FRAME_BEGIN:
+        return on_begin(c, p, f);
+    case KV_FRAME_DATA:
+        return on_data(c, p, f);
+    case KV_FRAME_END:
+        on_end(c, p, f, false);
+        return true;
+    case KV_FRAME_ABORT:
+        on_end(c, p, f, true);
+        return true;
+    case KV_FRAME_ACK:
+        on_ack(c, f);
+        return true;
+    default:
+        return false;
+    }
+}
+
+static void peer_read(struct kv_connector *c, struct peer *p) {
+    for (;;) {
+        if (p->in_cap - p->in_len < 65536) {
+            p->in_cap = p->in_cap ? p->in_cap * 2 : 262144;
+            p->in = xrealloc(p->in, p->in_cap);
+        }
+        ssize_t n = recv(p->fd, p->in + p->in_len, p->in_cap - p->in_len, 0);
+        if (n == 0) return peer_close(c, p, "peer closed the connection");
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            if (errno == EINTR) continue;
+            return peer_close(c, p, strerror(errno));
+        }
+        p->in_len += (size_t)n;
+        if (p->in_len < p->in_cap) break;
+    }
+    size_t off = 0;
+    for (;;) {
+        struct kv_frame f;
+        struct error e = {0};
+        long n = kv_frame_parse(p->in + off, p->in_len - off, &f, &e);
+        if (n == 0) break;
+        if (n < 0) {
+            snprintf(c->st.last_error, sizeof c->st.last_error, "%s", e.msg);
+            return peer_close(c, p, e.msg);
+        }
+        if (!on_frame(c, p, &f)) {
+            char why[160];
+            snprintf(why, sizeof why, "bad or unexpected frame (type %d)", f.type);
+            return peer_close(c, p, why);
+        }
+        off += (size_t)n;
+    }
+    if (off) {
+        memmove(p->in, p->in + off, p->in_len - off);
+        p->in_len -= off;
+    }
+}
+
+static void peer_write(struct kv_connector *c, struct peer *p) {
+    while (p->q_head) {
+        struct qnode *q = p->q_head;
+        ssize_t n = send(p->fd, q->data + q->off, q->len - q->off, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            if (errno == EINTR) continue;
+            return peer_close(c, p, strerror(errno));
+        }
+        q->off += (size_t)n;
+        if (q->off < q->len) return;
+        p->q_head = q->next;
+        if (!p->q_head) p->q_tail = NULL;
+        free(q);
+    }
+    if (p->closing) peer_close(c, p, NULL);
+}
+
+// --- the I/O thread ---------------------------------------------------------------------------
+
+static int tcp_connect(const char *hostport, char *why, size_t why_len) {
+    char host[96];
+    snprintf(host, sizeof host, "%s", hostport);
+    char *colon = strrchr(host, ':');
+    if (!colon) return snprintf(why, why_len, "bad address %s", hostport), -1;
+    *colon = 0;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(host, colon + 1, &hints, &res);
+    if (rc) return snprintf(why, why_len, "%s: %s", hostport, gai_strerror(rc)), -1;
+    int fd = -1;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        struct timeval tv = {.tv_sec = 1};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
+        snprintf(why, why_len, "%s: %s", hostport, strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static void io_housekeeping(struct kv_connector *c, double now) {
+    for (int i = 0; i < KV_MAX_PEERS; i++) {
+        struct peer *p = &c->peers[i];
+        if (p->fd >= 0 && !p->ready && !p->closing && now - p->t_open > HANDSHAKE_TIMEOUT_S)
+            peer_close(c, p, "no handshake within 10 s");
+    }
+    for (int i = 0; i < c->n_rx;) {
+        struct rx *r = &c->rx[i];
+        if (now < r->t_expire) {
+            i++;
+            continue;
+        }
+        if (r->tombstone) {
+            rx_remove_at(c, i);
+            continue;
+        }
+        // Never claimed (the decode request did not come): give the producer its blocks back.
+        LOG_WARN("KV transfer %s: not claimed within %.0f s, dropped", r->id, c->cfg.hold_timeout_s);
+        rx_bury(c, r, true);
+        i++;
+    }
+}
+
+static void *io_main(void *arg) {
+    struct kv_connector *c = arg;
+    struct pollfd pfd[KV_MAX_PEERS + 2];
+    int who[KV_MAX_PEERS + 2];
+    pthread_mutex_lock(&c->mu);
+    while (!c->stop) {
+        double now = time_now_s();
+        // Consumer: (re)connect to the producers that are down.
+        for (int k = 0; k < c->cfg.n_producers && (c->cfg.role & KV_ROLE_CONSUMER); k++) {
+            bool have = false;
+            for (int i = 0; i < KV_MAX_PEERS; i++)
+                if (c->peers[i].fd >= 0 && c->peers[i].prod == k) have = true;
+            if (have || now < c->next_connect[k]) continue;
+            char addr[96], why[200] = "";
+            snprintf(addr, sizeof addr, "%s", c->cfg.producers[k]);
+            pthread_mutex_unlock(&c->mu);
+            int fd = tcp_connect(addr, why, sizeof why);
+            pthread_mutex_lock(&c->mu);
+            c->next_connect[k] = time_now_s() + RECONNECT_S;
+            if (fd < 0) continue;
+            struct peer *p = peer_add(c, fd, k);
+            if (p) hello_body(c, p, KV_FRAME_HELLO);
+        }
+        int n = 0;
+        pfd[n] = (struct pollfd){.fd = c->wake_fd[0], .events = POLLIN};
+        who[n++] = -1;
+        if (c->listen_fd >= 0) {
+            pfd[n] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
+            who[n++] = -2;
+        }
+        for (int i = 0; i < KV_MAX_PEERS; i++) {
+            struct peer *p = &c->peers[i];
+            if (p->fd < 0) continue;
+            pfd[n] = (struct pollfd){.fd = p->fd, .events = (short)(POLLIN | (p->q_head ? POLLOUT : 0))};
+            who[n++] = i;
+        }
+        pthread_mutex_unlock(&c->mu);
+        int rc = poll(pfd, (nfds_t)n, 100);
+        pthread_mutex_lock(&c->mu);
+        if (c->stop) break;
+        if (rc < 0 && errno != EINTR) LOG_WARN("KV transfer: poll: %s", strerror(errno));
+        for (int j = 0; rc > 0 && j < n; j++) {
+            if (!pfd[j].revents) continue;
+            if (who[j] == -1) {
+                char buf[256];
+                while (read(c->wake_fd[0], buf, sizeof buf) > 0) {
+                }
+            } else if (who[j] == -2) {
+                int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+                if (fd >= 0) peer_add(c, fd, -1);
+            } else {
+                struct peer *p = &c->peers[who[j]];
+                if (p->fd != pfd[j].fd) continue;
+                if (pfd[j].revents & (POLLIN | POLLHUP | POLLERR)) peer_read(c, p);
+                if (p->fd >= 0 && (pfd[j].revents & POLLOUT)) peer_write(c, p);
+            }
+        }
+        // Frames queued by the engine since the poll started go out now rather than after 100 ms.
+        for (int i = 0; i < KV_MAX_PEERS; i++)
+            if (c->peers[i].fd >= 0 && c->peers[i].q_head) peer_write(c, &c->peers[i]);
+        io_housekeeping(c, time_now_s());
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static atomc_status tcp_listen(struct kv_connector *c, struct error *err) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", c->cfg.port);
+    int rc = getaddrinfo(c->cfg.ip, port, &hints, &res);
+    if (rc) return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "KV transfer: kv_ip %s: %s", c->cfg.ip, gai_strerror(rc));
+    int fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+    int one = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+        return error_set(err, ATOMC_ERR_IO, "KV transfer: cannot listen on %s:%d: %s", c->cfg.ip, c->cfg.port,
+                         strerror(e));
+    }
+    freeaddrinfo(res);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    c->listen_fd = fd;
+    return ATOMC_OK;
+}
+
+// --- public -----------------------------------------------------------------------------------
+
+atomc_status kv_connector_create(const struct kv_transfer_config *cfg, const struct kv_handshake *hs,
+                                 const struct kv_pool_view *pool, void (*wake)(void *), void *wake_arg,
+                                 struct kv_connector **out, struct error *err) {
+    *out = NULL;
+    struct kv_connector *c = xcalloc(1, sizeof *c);
+    c->cfg = *cfg;
+    c->hs = *hs;
+    c->hs.role = (int32_t)cfg->role;
+    c->pool = *pool;
+    c->token_bytes = kv_pool_token_bytes(pool);
+    c->wake = wake;
+    c->wake_arg = wake_arg;
+    c->listen_fd = -1;
+    c->wake_fd[0] = c->wake_fd[1] = -1;
+    for (int i = 0; i < KV_MAX_PEERS; i++)
+        c->peers[i].fd = -1;
+    pthread_mutex_init(&c->mu, NULL);
+    atomc_status st = ATOMC_OK;
+    if (cfg->kind == KV_CONNECTOR_CUDA_IPC) {
+        if (!pool->on_device)
+            st = error_set(err, ATOMC_ERR_UNSUPPORTED,
+                           "kv_connector \"cuda_ipc\" needs a CUDA KV pool (--device cuda); use \"tcp\" on the CPU");
+        else if (is_producer(c) && (st = kv_ipc_export(pool, c->ipc_handle, err)) == ATOMC_OK)
+            c->ipc_ok = true;
+    }
+    if (st == ATOMC_OK && pipe2(c->wake_fd, O_NONBLOCK | O_CLOEXEC) != 0)
+        st = error_set(err, ATOMC_ERR_IO, "KV transfer: pipe: %s", strerror(errno));
+    if (st == ATOMC_OK && is_producer(c)) st = tcp_listen(c, err);
+    if (st == ATOMC_OK) {
+        if (pthread_create(&c->th, NULL, io_main, c) != 0)
+            st = error_set(err, ATOMC_ERR_INTERNAL, "KV transfer: cannot start the I/O thread");
+        else
+            c->th_on = true;
+    }
+    if (st != ATOMC_OK) {
+        kv_connector_free(c);
+        return st;
+    }
+    if (is_producer(c))
+        LOG_INFO("KV transfer (%s): %s listening on %s:%d", cfg->kind == KV_CONNECTOR_TCP ? "tcp" : "cuda_ipc",
+                 c->hs.engine_id, cfg->ip, cfg->port);
+    *out = c;
+    return ATOMC_OK;
+}
+
+void kv_connector_free(struct kv_connector *c) {
+    if (!c) return;
+    if (c->th_on) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = true;
+        pthread_mutex_unlock(&c->mu);
+        poke(c);
+        pthread_join(c->th, NULL);
+    }
+    for (int i = 0; i < KV_MAX_PEERS; i++)
+        if (c->peers[i].fd >= 0) peer_close(c, &c->peers[i], NULL);
+    for (int i = 0; i < c->n_rx; i++)
+        rx_free_data(&c->rx[i]);
+    if (c->listen_fd >= 0) close(c->listen_fd);
+    if (c->wake_fd[0] >= 0) close(c->wake_fd[0]);
+    if (c->wake_fd[1] >= 0) close(c->wake_fd[1]);
+    pthread_mutex_destroy(&c->mu);
+    free(c->tx);
+    free(c->rx);
+    free(c->acks);
+    free(c);
+}
+
+void kv_connector_get_stats(struct kv_connector *c, struct kv_connector_stats *s) {
+    pthread_mutex_lock(&c->mu);
+    *s = c->st;
+    s->peers = 0;
+    for (int i = 0; i < KV_MAX_PEERS; i++)
+        if (c->peers[i].fd >= 0 && c->peers[i].ready) s->peers++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int find_consumer(struct kv_connector *c, const char *engine_id, struct error *err) {
+    int found = -1, n = 0;
+    for (int i = 0; i < KV_MAX_PEERS; i++) {
+        struct peer *p = &c->peers[i];
+        if (p->fd < 0 || !p->ready || p->prod >= 0 || !(p->hs.role & KV_ROLE_CONSUMER)) continue;
+        n++;
+        if (engine_id && engine_id[0]) {
+            if (!strcmp(p->hs.engine_id, engine_id)) return i;
+        } else {
+            found = i;
+        }
+    }
+    if (engine_id && engine_id[0])
+        return error_set(err, ATOMC_ERR_NOT_FOUND, "KV transfer: consumer \"%s\" is not connected", engine_id), -1;
+    if (n == 1) return found;
+    if (n == 0) return error_set(err, ATOMC_ERR_NOT_FOUND, "KV transfer: no consumer is connected"), -1;
+    return error_set(err, ATOMC_ERR_NOT_FOUND,
+                     "KV transfer: %d consumers are connected and the request names none (remote_engine_id)", n),
+           -1;
+}
+
+atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, struct error *err) {
+    CHECK(s->tok0 >= 0 && s->n_tok >= 0 && s->tok0 + s->n_tok <= s->n_tokens);
+    // DATA frames are filled from the pool before taking the lock (copies of megabytes).
+    bool tcp = c->cfg.kind == KV_CONNECTOR_TCP;
+    struct qnode **data = tcp && s->n_tok > 0 ? xmalloc((size_t)c->pool.n_layers * sizeof *data) : NULL;
+    int n_data = 0;
+    size_t payload = 0;
+    if (data) {
+        for (int l = 0; l < c->pool.n_layers; l++) {
+            size_t rows = (size_t)s->n_tok * (c->pool.k_row_bytes[l] + c->pool.v_row_bytes[l]);
+            uint8_t *b;
+            struct qnode *q = frame_new(KV_FRAME_DATA, s->transfer_id, 12 + rows, &b);
+            uint32_t hdr[3] = {(uint32_t)l, (uint32_t)s->tok0, (uint32_t)s->n_tok};
+            memcpy(b, hdr, 12);
+            atomc_status st = c->pool.copy(c->pool.ctx, l, s->block_ids, s->tok0, s->n_tok, b + 12, false, err);
+            data[n_data++] = q;
+            payload += rows;
+            if (st != ATOMC_OK) {
+                for (int i = 0; i < n_data; i++)
+                    free(data[i]);
+                free(data);
+                return st;
+            }
+        }
+    }
+    pthread_mutex_lock(&c->mu);
+    atomc_status st = ATOMC_OK;
+    struct peer *p = NULL;
+    struct tx *t = NULL;
+    for (int i = 0; i < c->n_tx; i++)
+        if (!strcmp(c->tx[i].id, s->transfer_id)) t = &c->tx[i];
+    if (s->first && !t) {
+        int pi = find_consumer(c, s->remote_engine_id, err);
+        if (pi < 0) {
+            st = err ? err->status : ATOMC_ERR_NOT_FOUND;
+            goto out;
+        }
+        c->tx = grow_arr(c->tx, &c->tx_cap, c->n_tx + 1, sizeof *c->tx);
+        t = &c->tx[c->n_tx++];
+        snprintf(t->id, sizeof t->id, "%s", s->transfer_id);
+        t->peer = pi;
+        t->gen = c->peers[pi].gen;
+        p = &c->peers[pi];
+        int bs = c->pool.block_size, n_full = s->n_tokens / bs, n_blocks = (s->n_tokens + bs - 1) / bs;
+        size_t len = 8 + (size_t)s->n_tokens * 4 + (size_t)n_full * 8 + (size_t)n_blocks * 4;
+        uint8_t *b;
+        struct qnode *q = frame_new(KV_FRAME_BEGIN, s->transfer_id, len, &b);
+        uint32_t hdr[2] = {(uint32_t)s->n_tokens, (uint32_t)n_blocks};
+        memcpy(b, hdr, 8);
+        memcpy(b + 8, s->tokens, (size_t)s->n_tokens * 4);
+        memcpy(b + 8 + (size_t)s->n_tokens * 4, s->block_hashes, (size_t)n_full * 8);
+        memcpy(b + 8 + (size_t)s->n_tokens * 4 + (size_t)n_full * 8, s->block_ids, (size_t)n_blocks * 4);
+        peer_queue(c, p, q);
+    } else if (t) {
+        p = peer_by_gen(c, t->peer, t->gen);
+    }
+    if (!t || !p) {
+        st = error_set(err, ATOMC_ERR_IO, "KV transfer %s: the consumer connection is gone", s->transfer_id);
+        goto out;
+    }
+    for (int i = 0; i < n_data; i++)
+        peer_queue(c, p, data[i]);
+    n_data = 0;
+    c->st.bytes_sent += payload;
+    if (s->last) {
+        // END repeats the block ids: a chunked prefill allocates blocks as it goes, so BEGIN's may be partial.
+        int n_blocks = (s->n_tokens + c->pool.block_size - 1) / c->pool.block_size;
+        peer_send_simple(c, p, KV_FRAME_END, s->transfer_id, s->block_ids, (size_t)n_blocks * 4);
+        c->st.transfers_sent++;
+        c->st.blocks_sent += (uint64_t)((s->n_tokens + c->pool.block_size - 1) / c->pool.block_size);
+        if (!tcp) c->st.bytes_sent += (size_t)s->n_tokens * c->token_bytes;
+    }
+out:
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < n_data; i++)
+        free(data[i]);
+    free(data);
+    if (st == ATOMC_OK) poke(c);
+    return st;
+}
+
+void kv_connector_send_abort(struct kv_connector *c, const char *id) {
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n_tx; i++) {
+        if (strcmp(c->tx[i].id, id)) continue;
+        struct peer *p = peer_by_gen(c, c->tx[i].peer, c->tx[i].gen);
+        if (p) peer_send_simple(c, p, KV_FRAME_ABORT, id, NULL, 0);
+        c->tx[i] = c->tx[--c->n_tx];
+        c->st.transfers_failed++;
+        break;
+    }
+    pthread_mutex_unlock(&c->mu);
+    poke(c);
+}
+
+void kv_connector_poll_acks(struct kv_connector *c, void (*fn)(void *u, const char *id), void *u) {
+    pthread_mutex_lock(&c->mu);
+    int n = c->n_acks;
+    char(*ids)[KV_ID_MAX] = n ? xmalloc((size_t)n * sizeof *ids) : NULL;
+    if (n) memcpy(ids, c->acks, (size_t)n * sizeof *ids);
+    c->n_acks = 0;
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < n; i++)
+        fn(u, ids[i]);
+    free(ids);
+}
+
+enum kv_rx_state kv_connector_lookup(struct kv_connector *c, const char *id, const char *remote_engine_id,
+                                     struct kv_rx_info *info) {
+    pthread_mutex_lock(&c->mu);
+    enum kv_rx_state s = KV_RX_UNKNOWN;
+    struct rx *r = rx_find(c, id);
+    if (r) {
+        s = r->tombstone ? KV_RX_FAILED : r->state;
+        if (info && !r->tombstone) {
+            // The caller reads tokens / hashes after the lock is gone: keep the entry from expiring now.
+            if (r->state == KV_RX_READY && r->t_expire < time_now_s() + 5) r->t_expire = time_now_s() + 5;
+            info->n_tokens = r->n_tokens;
+            info->tokens = r->tokens;
+            info->block_hashes = r->hashes;
+            info->t_begin = r->t_begin;
+            info->t_end = r->t_end;
+        }
+    } else if (remote_engine_id && remote_engine_id[0]) {
+        bool up = false;
+        for (int i = 0; i < KV_MAX_PEERS; i++)
+            if (c->peers[i].fd >= 0 && c->peers[i].ready && !strcmp(c->peers[i].hs.engine_id, remote_engine_id))
+                up = true;
+        if (!up) s = KV_RX_FAILED;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+atomc_status kv_connector_claim(struct kv_connector *c, const char *id, const int32_t *block_ids, int n_blocks,
+                                struct error *err) {
+    pthread_mutex_lock(&c->mu);
+    struct rx *r = rx_find(c, id);
+    if (!r || r->tombstone || r->state != KV_RX_READY) {
+        pthread_mutex_unlock(&c->mu);
+        return error_set(err, ATOMC_ERR_NOT_FOUND, "KV transfer %s is not ready", id);
+    }
+    int n = r->n_tokens, peer = r->peer;
+    uint64_t gen = r->gen;
+    uint8_t *data = r->data;
+    int32_t *src = r->src_blocks;
+    r->data = NULL;
+    r->src_blocks = NULL;
+    struct peer *pp = peer_by_gen(c, peer, gen);
+    void *ipc_base = pp ? pp->ipc_base : NULL;
+    pthread_mutex_unlock(&c->mu);
+
+    atomc_status st = ATOMC_OK;
+    size_t bytes = 0;
+    CHECK(n_blocks * c->pool.block_size >= n);
+    if (c->cfg.kind == KV_CONNECTOR_TCP) {
+        for (int l = 0; l < c->pool.n_layers && st == ATOMC_OK; l++)
+            st = c->pool.copy(c->pool.ctx, l, block_ids, 0, n, data + stage_offset(c, l, n), true, err);
+        bytes = (size_t)n * c->token_bytes;
+    } else if (!ipc_base) {
+        st = error_set(err, ATOMC_ERR_IO, "KV transfer %s: the producer's connection is gone", id);
+    } else {
+        st = kv_ipc_copy(&c->pool, ipc_base, src, block_ids, n, &bytes, err);
+    }
+    free(data);
+    free(src);
+
+    pthread_mutex_lock(&c->mu);
+    r = rx_find(c, id);
+    if (r) {
+        if (st == ATOMC_OK) {
+            c->st.bytes_received += bytes;
+            c->st.blocks_received += (uint64_t)((n + c->pool.block_size - 1) / c->pool.block_size);
+            c->st.transfers_received++;
+        } else {
+            c->st.transfers_failed++;
+        }
+        rx_bury(c, r, true);
+    }
+    pthread_mutex_unlock(&c->mu);
+    poke(c);
+    return st;
+}
+
+void kv_connector_drop(struct kv_connector *c, const char *id) {
+    pthread_mutex_lock(&c->mu);
+    struct rx *r = rx_find(c, id);
+    if (!r) {
+        c->rx = grow_arr(c->rx, &c->rx_cap, c->n_rx + 1, sizeof *c->rx);
+        r = &c->rx[c->n_rx++];
+        memset(r, 0, sizeof *r);
+        snprintf(r->id, sizeof r->id, "%s", id);
+        r->peer = -1;
+        rx_bury(c, r, false);
+    } else if (!r->tombstone) {
+        rx_bury(c, r, true);
+    }
+    pthread_mutex_unlock(&c->mu);
+    poke(c);
+}
