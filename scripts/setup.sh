@@ -5,7 +5,7 @@ set -euo pipefail
 want_test=0
 for a in "$@"; do [ "$a" = "--test" ] && want_test=1; done
 
-DEBS="build-essential pkg-config libevent-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libopenblas-dev curl unzip"
+DEBS="build-essential pkg-config libevent-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libopenblas-dev curl unzip cmake ninja-build"
 missing=()
 for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -14,6 +14,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# The grammar engine for structured output (xgrammar's C++ core, a static library in third_party/).
+bash "$(dirname "$0")/build_xgrammar.sh"
 
 if [ $want_test -eq 1 ]; then
     # Reference implementations used only by tests (never needed to build or run atomc).

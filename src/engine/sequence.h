@@ -74,6 +74,12 @@ struct sequence {
     bool prompt_lp_sent;
     bool abort_requested;
 
+    // Structured output (engine_grammar.c): the matcher (NULL = unconstrained), the row mask it
+    // fills each step, and whether it applies yet (params.grammar_start_token).
+    struct grammar_matcher *grammar;
+    uint32_t *grammar_mask;
+    bool grammar_active;
+
     // Timestamps (monotonic seconds), 0 = not yet.
     double t_arrival, t_first_scheduled, t_first_token, t_last_token, t_finish;
 };
