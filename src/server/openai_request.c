@@ -508,7 +508,7 @@ char *oai_tool_call_grammar(const struct oai_request *r, const char *tool_parser
     bool llama = tool_parser && !strcmp(tool_parser, "llama3_json");
     if (!hermes && !llama) {
         oai_error_set(e, 400, "tool_choice",
-                      "'tool_choice' \"required\" or a named function needs the server's --tool-call-parser "
+                      "'tool_choice' \"required\" or a named function needs the server's --enable-auto-tool-choice --tool-call-parser "
                       "(hermes or llama3_json)");
         return NULL;
     }
