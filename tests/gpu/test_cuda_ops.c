@@ -795,15 +795,15 @@ static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct s
 TEST(cuda_sampler_agrees_with_cpu_sampler) {
     BEGIN();
     struct sample_case cases[] = {
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5},      // greedy + top-5 logprobs
-        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0},      // plain temperature
-        {0.7f, 0.9f, 0.f, 0, 0.f, 0.f, 1.f, 2},    // top-p
-        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0},    // top-k
-        {1.f, 1.f, 0.1f, 0, 0.f, 0.f, 1.f, 0},     // min-p
-        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 20}, // all filters
-        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 3},   // penalties
-        {0.f, 1.f, 0.f, 0, 1.f, 1.f, 1.5f, 0},     // greedy with penalties
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0},      // plain greedy: the all_greedy arg-max path
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5, 0},      // greedy + top-5 logprobs
+        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0},      // plain temperature
+        {0.7f, 0.9f, 0.f, 0, 0.f, 0.f, 1.f, 2, 0},    // top-p
+        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0, 0},    // top-k
+        {1.f, 1.f, 0.1f, 0, 0.f, 0.f, 1.f, 0, 0},     // min-p
+        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 20, 0}, // all filters
+        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 3, 0},   // penalties
+        {0.f, 1.f, 0.f, 0, 1.f, 1.f, 1.5f, 0, 0},     // greedy with penalties
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0},      // plain greedy: the all_greedy arg-max path
     };
     int vocabs[] = {32000, 128256, 1000};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
@@ -850,7 +850,7 @@ TEST(cuda_sampler_greedy_argmax_any_batch) {
     BEGIN();
     // The all_greedy path splits a row over many CTAs when the batch is small: ids equal the
     // CPU's, logprobs close, for batch sizes from 1 (most parts per row) to 64.
-    struct sample_case sc = {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0};
+    struct sample_case sc = {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0};
     int rows[] = {1, 2, 7, 64};
     int vocabs[] = {128256, 151936, 1000, 49152};
     for (int i = 0; i < 4; i++)
@@ -868,7 +868,7 @@ TEST(cuda_sampler_greedy_argmax_any_batch) {
 
 TEST(cuda_sampler_same_seed_same_ids) {
     BEGIN();
-    struct sample_case sc = {1.f, 0.95f, 0.f, 0, 0.f, 0.f, 1.f, 0};
+    struct sample_case sc = {1.f, 0.95f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0};
     int m1, m2;
     double e;
     uint64_t saved = rng_state;
