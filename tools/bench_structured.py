@@ -3,7 +3,9 @@
 batch 1 and batch 16, in one run (docs/perf.md). Every request generates exactly --tokens tokens:
 the schema is a string of at least 4000 characters, so the grammar never ends first, and the
 unconstrained requests use ignore_eos. Decode rate = (tokens - 1) / (last token time - first token
-time), from streamed chunks, summed over the concurrent requests (median of --reps rounds).
+time), from streamed chunks, summed over the concurrent requests (median of --reps rounds). Also
+the server's CPU time (user + sys from /proc) per generated token, which a loaded shared machine
+disturbs less than wall time.
 
   python3 tools/bench_structured.py --model $ATOMC_SMOLLM2 [--tokens 128] [--reps 3]
 """
@@ -18,7 +20,11 @@ import sys
 import threading
 import time
 
-SCHEMA = {"type": "object", "properties": {"story": {"type": "string", "minLength": 4000}}, "required": ["story"]}
+# A list of records that cannot be complete within --tokens (64 items), so every request runs to
+# max_tokens. (Not a string with a huge minLength: xgrammar's accept costs ~0.8 ms a token there.)
+SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
+    "word": {"type": "string", "maxLength": 12}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["word", "n"]}, "minItems": 64}
 
 
 def free_port():
@@ -44,6 +50,12 @@ def one_request(port, body, out, i):
             times.append(time.perf_counter())
     conn.close()
     out[i] = (n, times[0], times[-1])
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def round_rate(port, batch, tokens, constrained, seed):
@@ -95,14 +107,20 @@ def main():
             time.sleep(0.2)
         round_rate(port, 1, 8, True, 0)  # warm-up: compiles the schema (then cached)
         round_rate(port, 1, 8, False, 0)
-        print(f"{'batch':>5} {'plain tok/s':>12} {'schema tok/s':>13} {'overhead':>9}")
+        print(f"{'batch':>5} {'plain tok/s':>12} {'schema tok/s':>13} {'overhead':>9} "
+              f"{'plain cpu ms/tok':>17} {'schema cpu ms/tok':>18} {'cpu overhead':>13}")
         for batch in [int(x) for x in a.batches.split(",")]:
-            plain, schema = [], []
+            res = {False: ([], []), True: ([], [])}
             for r in range(a.reps):  # interleaved, so drift hits both alike
-                plain.append(round_rate(port, batch, a.tokens, False, 100 * r)[0])
-                schema.append(round_rate(port, batch, a.tokens, True, 100 * r)[0])
-            p, s = statistics.median(plain), statistics.median(schema)
-            print(f"{batch:>5} {p:>12.1f} {s:>13.1f} {100 * (p - s) / p:>8.1f}%", flush=True)
+                for c in (False, True):
+                    c0 = cpu_seconds(proc.pid)
+                    rate = round_rate(port, batch, a.tokens, c, 100 * r)[0]
+                    res[c][0].append(rate)
+                    res[c][1].append((cpu_seconds(proc.pid) - c0) * 1e3 / (batch * a.tokens))
+            p, s = statistics.median(res[False][0]), statistics.median(res[True][0])
+            pc, sc = statistics.median(res[False][1]), statistics.median(res[True][1])
+            print(f"{batch:>5} {p:>12.1f} {s:>13.1f} {100 * (p - s) / p:>8.1f}% {pc:>17.2f} {sc:>18.2f} "
+                  f"{100 * (sc - pc) / pc:>12.1f}%", flush=True)
     finally:
         proc.terminate()
         proc.wait()
