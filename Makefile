@@ -32,11 +32,23 @@ ifeq ($(SANITIZE),1)
   LDFLAGS_SAN := -fsanitize=address,undefined
 endif
 CFLAGS := $(CFLAGS_BASE) $(EXTRA_CFLAGS)
-LDLIBS := $(PKG_LIBS) -lm -lpthread -ldl
+# The grammar engine (structured output): xgrammar's C++ core as a static library built by
+# scripts/build_xgrammar.sh into third_party/ (outside git, kept by `make clean`); only
+# src/grammar/xgr_shim.cc includes its headers.
+XGR_DIR := third_party/xgrammar-0.2.8
+XGR_LIB := $(XGR_DIR)/build/libxgrammar.a
+CXX ?= g++
+CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -Iinclude -Isrc \
+  -isystem $(XGR_DIR)/src/include -isystem $(XGR_DIR)/src/3rdparty/dlpack/include -pthread $(EXTRA_CXXFLAGS)
+ifeq ($(SANITIZE),1)
+  CXXFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+LDLIBS := $(PKG_LIBS) $(XGR_LIB) -lstdc++ -lm -lpthread -ldl
 
 SRC_C := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
 # Assembler sources: only src/server/webui_embed.S, which .incbin's the chat page.
 SRC_S := $(shell find src -name '*.S' | sort)
+SRC_CC := $(shell find src -name '*.cc' | sort)
 CLI_C := $(shell find src/cli -name '*.c' | sort)
 TEST_C := $(sort $(wildcard tests/test_*.c))
 TEST_SUPPORT_C := $(filter-out $(TEST_C),$(wildcard tests/*.c))
@@ -52,7 +64,7 @@ ifeq ($(CUDA),1)
   # Debian libraries static, CUDA runtime static, cuBLASLt/NCCL dynamic (DESIGN.md section 4).
   LDLIBS := -Wl,-Bstatic -levent -levent_pthreads -ljansson -lpcre2-8 -lutf8proc -lxxhash -lopenblas -lgfortran -lquadmath \
     -Wl,-Bdynamic -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lcublasLt -lnccl \
-    -lrt -lm -lpthread -ldl -lstdc++
+    $(XGR_LIB) -lrt -lm -lpthread -ldl -lstdc++
   LINK := $(CC)
   GPU_TEST_CU := $(sort $(wildcard tests/gpu/test_*.c))
   GPU_BENCH_C := $(sort $(wildcard bench/gpu_*.c))
@@ -60,7 +72,7 @@ else
   CU_OBJ :=
 endif
 
-OBJ := $(patsubst %.c,$(BUILD)/%.o,$(SRC_C)) $(patsubst %.S,$(BUILD)/%.o,$(SRC_S)) $(CU_OBJ)
+OBJ := $(patsubst %.c,$(BUILD)/%.o,$(SRC_C)) $(patsubst %.S,$(BUILD)/%.o,$(SRC_S)) $(patsubst %.cc,$(BUILD)/%.o,$(SRC_CC)) $(CU_OBJ)
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(CLI_C))
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_C))
 TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT_C))
@@ -79,6 +91,12 @@ $(BUILD)/%.o: %.S
 	@mkdir -p $(dir $@)
 	$(CC) -c $< -o $@
 $(BUILD)/src/server/webui_embed.o: src/server/webui/index.html
+$(BUILD)/%.o: %.cc | $(XGR_LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(XGR_LIB):
+	bash scripts/build_xgrammar.sh
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -88,10 +106,10 @@ $(BUILD)/libatomc.a: $(OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/atomc: $(CLI_OBJ) $(BUILD)/libatomc.a
+$(BUILD)/atomc: $(CLI_OBJ) $(BUILD)/libatomc.a $(XGR_LIB)
 	$(CC) $(LDFLAGS_SAN) -o $@ $(CLI_OBJ) $(BUILD)/libatomc.a $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(XGR_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS) $(LDFLAGS_SAN)
 
@@ -121,7 +139,7 @@ asan:
 # libFuzzer targets: fuzz/fuzz_*.c, each linked with the library built under clang.
 FUZZ_C := $(wildcard fuzz/fuzz_*.c)
 fuzz:
-	$(MAKE) BUILD=build-fuzz CC=clang EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" $(patsubst %.c,build-fuzz/%.o,$(SRC_C)) $(patsubst %.S,build-fuzz/%.o,$(SRC_S)) build-fuzz/libatomc.a
+	$(MAKE) BUILD=build-fuzz CC=clang EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" $(patsubst %.c,build-fuzz/%.o,$(SRC_C)) $(patsubst %.S,build-fuzz/%.o,$(SRC_S)) $(patsubst %.cc,build-fuzz/%.o,$(SRC_CC)) build-fuzz/libatomc.a
 	@mkdir -p build-fuzz/fuzz
 	for f in $(FUZZ_C); do \
 	  clang $(CFLAGS_BASE) -Wno-error -fsanitize=fuzzer,address,undefined -o build-fuzz/fuzz/$$(basename $$f .c) $$f build-fuzz/libatomc.a $(LDLIBS) || exit 1; \

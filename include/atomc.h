@@ -100,6 +100,18 @@ typedef struct atomc_engine_options {
 
 void atomc_engine_options_init(atomc_engine_options *o);
 
+// Structured output grammars (atomc_sampling_params.grammar_kind).
+typedef enum atomc_grammar_kind {
+    ATOMC_GRAMMAR_NONE = 0,
+    ATOMC_GRAMMAR_JSON_SCHEMA,    // a JSON Schema document
+    ATOMC_GRAMMAR_JSON_OBJECT,    // any JSON object (grammar text unused)
+    ATOMC_GRAMMAR_REGEX,          // a regular expression the whole output matches
+    ATOMC_GRAMMAR_CHOICE,         // a JSON array of strings: the output is exactly one of them
+    ATOMC_GRAMMAR_EBNF,           // GBNF-style EBNF whose start rule is "root"
+    ATOMC_GRAMMAR_LARK,           // a Lark grammar whose start rule is "start"
+    ATOMC_GRAMMAR_STRUCTURAL_TAG, // xgrammar's structural-tag JSON
+} atomc_grammar_kind;
+
 typedef struct atomc_sampling_params {
     float temperature;        // default 1.0; 0 = greedy
     float top_p;              // default 1.0
@@ -122,6 +134,19 @@ typedef struct atomc_sampling_params {
     int logprobs;             // -1 = none; k >= 0: chosen-token logprob + top-k alternatives
     int prompt_logprobs;      // -1 = none; k >= 0: per prompt token (echo + logprobs)
     bool no_speculation;      // this request never gets draft tokens (output is the same either way)
+    // Structured output: the output must match this grammar (compiled against the tokenizer's
+    // vocabulary when the request is added, cached by (kind, text); an invalid one is
+    // ATOMC_ERR_INVALID_ARGUMENT naming the problem). Tokens the grammar does not allow next get
+    // -inf logits before penalties / temperature / filtering; EOS is allowed only where the
+    // grammar may end; a grammar that has ended finishes the request with "stop". Constrained
+    // requests get no speculative drafts. The text is copied.
+    atomc_grammar_kind grammar_kind; // default ATOMC_GRAMMAR_NONE
+    const char *grammar;             // the schema / regex / choice JSON array / EBNF / Lark text
+    size_t grammar_len;              // 0 = strlen(grammar)
+    // Hook for reasoning models: -1 (default) = the grammar applies from the first output token;
+    // otherwise output is free until this token id (e.g. "</think>") has been generated, and the
+    // grammar applies to the tokens after it.
+    int32_t grammar_start_token;
 } atomc_sampling_params;
 
 void atomc_sampling_params_init(atomc_sampling_params *p);

@@ -17,8 +17,12 @@ install_debs() {
     fi
 }
 
+# cmake + ninja build xgrammar (scripts/build_xgrammar.sh) for structured output.
 install_debs build-essential pkg-config libevent-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev \
-    libopenblas-dev curl unzip
+    libopenblas-dev curl unzip cmake ninja-build
+
+# The grammar engine for structured output (xgrammar's C++ core, a static library in third_party/).
+bash "$(dirname "$0")/build_xgrammar.sh"
 
 if [ $want_test -eq 1 ]; then
     # Headless Chromium for the chat page's browser test (tests/py/test_webui.py).

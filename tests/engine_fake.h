@@ -54,7 +54,7 @@ static inline int32_t fake_pick(uint64_t h, const struct sample_row *r, int voca
     int32_t t = (int32_t)(h % (uint64_t)vocab);
     if (r)
         for (int guard = 0; guard < vocab; guard++) {
-            bool banned = false;
+            bool banned = r->allowed && !((r->allowed[t >> 5] >> (t & 31)) & 1u); // structured output mask
             for (int i = 0; i < r->n_banned; i++) banned |= r->banned_ids[i] == t;
             if (!banned) break;
             t = (t + 1) % vocab;
@@ -77,6 +77,8 @@ static inline atomc_status fake_execute(void *ctx, const struct forward_batch *f
         return error_set(err, ATOMC_ERR_BACKEND, "fake device error");
     }
     m->step++;
+    // As the model runner: the structured-output masks are complete once sample_ready returns.
+    if (fb->sample_ready) fb->sample_ready(fb->sample_ready_ctx);
     if (fb->n_tokens > m->max_batch_tokens) m->max_batch_tokens = fb->n_tokens;
     if (fb->n_seqs > m->max_batch_seqs) m->max_batch_seqs = fb->n_seqs;
     m->executed_tokens += (uint64_t)fb->n_tokens;

@@ -24,6 +24,7 @@ struct row_params {
     const int32_t *output;
     int n_output;
     int n_logprobs;
+    const uint32_t *mask; // structured output: ceil(V / 32) words, bit set = allowed; NULL = all
 };
 
 static struct row_params defaults(void) {
@@ -81,6 +82,14 @@ static void sample_rows(const float *logits, int V, int n, const struct row_para
         hpl[r] = p[r].n_prompt;
         if (pres[r] != 0 || freq[r] != 0 || rep[r] != 1) any_pen = true;
     }
+    const int words = (V + 31) / 32;
+    uint32_t *masks = NULL;
+    for (int r = 0; r < n; r++)
+        if (p[r].mask && !masks) masks = malloc((size_t)n * words * 4);
+    for (int r = 0; masks && r < n; r++) {
+        if (p[r].mask) memcpy(masks + (size_t)r * words, p[r].mask, (size_t)words * 4);
+        else memset(masks + (size_t)r * words, 0xff, (size_t)words * 4);
+    }
     struct tensor tl = tensor_2d((void *)logits, DTYPE_F32, n, V);
     struct sample_args a = {
         .n_rows = n,
@@ -104,8 +113,11 @@ static void sample_rows(const float *logits, int V, int n, const struct row_para
         .out_logprob = lp,
         .out_top_ids = top_ids,
         .out_top_logprobs = top_lp,
+        .token_bitmask = masks,
+        .bitmask_words = words,
     };
     b->ops->sample(b, &a);
+    free(masks);
     for (int r = 0; r < n; r++) {
         res[r].id = ids[r];
         res[r].logprob = lp[r];
@@ -455,6 +467,60 @@ TEST(same_seed_same_tokens_and_batch_equals_single_rows) {
     }
     ASSERT_TRUE(differ > 0);
     free(l);
+}
+
+TEST(token_bitmask_applies_before_everything) {
+    // Allowed ids {3, 17, 42, 99} of 100: greedy, draws (also with top-k larger than the allowed
+    // set) and logprobs are those of the row with every other logit at -inf.
+    enum { V = 100 };
+    float logits[V];
+    uint64_t st = 12345;
+    for (int i = 0; i < V; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        logits[i] = (float)((st >> 40) % 1000) / 100.0f - 5.0f;
+    }
+    logits[50] = 20.0f; // the unmasked argmax, disallowed
+    const int allowed[4] = {3, 17, 42, 99};
+    uint32_t mask[4] = {0};
+    int kept[V] = {0};
+    for (int k = 0; k < 4; k++) {
+        mask[allowed[k] >> 5] |= 1u << (allowed[k] & 31);
+        kept[allowed[k]] = 1;
+    }
+    struct row_params p = defaults();
+    p.mask = mask;
+    p.temperature = 0;
+    p.n_logprobs = 3;
+    struct row_result r = sample_one(logits, V, p);
+    int best = 3;
+    for (int k = 0; k < 4; k++)
+        if (logits[allowed[k]] > logits[best]) best = allowed[k];
+    ASSERT_EQ(r.id, best);
+    double mx = logits[best], sum = 0;
+    for (int k = 0; k < 4; k++) sum += exp(logits[allowed[k]] - mx);
+    ASSERT_NEAR(r.logprob, logits[best] - (mx + log(sum)), 1e-5);
+    ASSERT_EQ(r.top_ids[0], best);
+    for (int j = 0; j < 3; j++) ASSERT_TRUE(kept[r.top_ids[j]]);
+    double w[V];
+    for (int i = 0; i < V; i++) w[i] = logits[i] / 0.8f;
+    p.temperature = 0.8f;
+    p.n_logprobs = 0;
+    p.seed = 77;
+    int seen[V] = {0};
+    ASSERT_EQ(check_draws(logits, V, p, w, kept, seen), 0);
+    p.top_k = 50;
+    ASSERT_EQ(check_draws(logits, V, p, w, kept, seen), 0);
+    for (int i = 0; i < V; i++) ASSERT_TRUE(kept[i] || seen[i] == 0);
+    // A batch with one masked and one free row: the free row still reaches token 50.
+    struct row_params pr[2] = {p, defaults()};
+    pr[1].temperature = 0;
+    struct row_result rr[2];
+    float two[2 * V];
+    memcpy(two, logits, sizeof logits);
+    memcpy(two + V, logits, sizeof logits);
+    sample_rows(two, V, 2, pr, rr);
+    ASSERT_TRUE(kept[rr[0].id]);
+    ASSERT_EQ(rr[1].id, 50);
 }
 
 TEST(logits_are_left_unchanged) {

@@ -157,8 +157,8 @@ TEST(ranges_types_and_unknown_fields) {
     ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"messages\":[]}", "messages", "unsupported field"));
     ASSERT_TRUE(rejects(CH, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", "echo", "unsupported"));
     ASSERT_TRUE(rejects(CH, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", "top_logprobs", "logprobs"));
-    ASSERT_TRUE(rejects(CH, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", "tool_choice", NULL));
-    ASSERT_TRUE(rejects(CH, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", "response_format", NULL));
+    ASSERT_TRUE(rejects(CH, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"always\"}", "tool_choice", NULL));
+    ASSERT_TRUE(rejects(CH, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"yaml\"}}", "response_format", "unsupported"));
     ASSERT_TRUE(rejects(CH, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages", "role"));
     ASSERT_TRUE(rejects(CH, "{\"messages\":[{\"role\":\"user\"}]}", "messages", "content"));
     ASSERT_TRUE(rejects(CH, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "messages", "image_url"));
@@ -258,6 +258,108 @@ TEST(chat_fields) {
                     &r, &e));
     ASSERT_TRUE(r.continue_final_message && !r.add_generation_prompt);
     oai_request_free(&r);
+}
+
+
+// Structured output fields: each form maps to (kind, text) for the engine; conflicts and bad
+// shapes are 400s naming the field.
+static void expect_grammar(enum oai_endpoint ep, const char *body, atomc_grammar_kind kind, const char *text) {
+    struct oai_request r;
+    struct oai_error e;
+    if (parse(ep, body, &r, &e)) {
+        test_fail(__FILE__, __LINE__, "%s rejected: %s", body, e.message);
+        return;
+    }
+    if (r.params.grammar_kind != kind) test_fail(__FILE__, __LINE__, "%s: kind %d, want %d", body, r.params.grammar_kind, kind);
+    if (text && (!r.params.grammar || strcmp(r.params.grammar, text)))
+        test_fail(__FILE__, __LINE__, "%s: text '%s', want '%s'", body, r.params.grammar ? r.params.grammar : "(null)", text);
+    if (r.params.grammar_start_token != -1) test_fail(__FILE__, __LINE__, "grammar_start_token not -1");
+    oai_request_free(&r);
+}
+
+#define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+TEST(structured_output_fields_parse) {
+    const enum oai_endpoint C = OAI_ENDPOINT_COMPLETIONS, CH = OAI_ENDPOINT_CHAT;
+    expect_grammar(CH, "{" MSG ",\"response_format\":{\"type\":\"json_object\"}}", ATOMC_GRAMMAR_JSON_OBJECT, NULL);
+    expect_grammar(CH, "{" MSG ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,"
+                       "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}}",
+                   ATOMC_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+    expect_grammar(CH, "{" MSG ",\"response_format\":{\"type\":\"text\"}}", ATOMC_GRAMMAR_NONE, NULL);
+    expect_grammar(C, "{\"prompt\":\"x\",\"structured_outputs\":{\"regex\":\"[0-9]+\"}}", ATOMC_GRAMMAR_REGEX, "[0-9]+");
+    expect_grammar(C, "{\"prompt\":\"x\",\"structured_outputs\":{\"choice\":[\"a\",\"b\"]}}", ATOMC_GRAMMAR_CHOICE, "[\"a\",\"b\"]");
+    expect_grammar(C, "{\"prompt\":\"x\",\"structured_outputs\":{\"json\":\"{\\\"type\\\": \\\"string\\\"}\"}}",
+                   ATOMC_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\"}");
+    expect_grammar(C, "{\"prompt\":\"x\",\"structured_outputs\":{\"grammar\":\"root ::= \\\"a\\\"\"}}", ATOMC_GRAMMAR_EBNF,
+                   "root ::= \"a\"");
+    expect_grammar(C, "{\"prompt\":\"x\",\"structured_outputs\":{\"grammar\":\"start: \\\"a\\\"\"}}", ATOMC_GRAMMAR_LARK,
+                   "start: \"a\"");
+    expect_grammar(C, "{\"prompt\":\"x\",\"structured_outputs\":{\"json_object\":true,\"disable_fallback\":true}}",
+                   ATOMC_GRAMMAR_JSON_OBJECT, NULL);
+    expect_grammar(C, "{\"prompt\":\"x\",\"guided_json\":{\"type\":\"boolean\"},\"guided_decoding_backend\":\"xgrammar\"}",
+                   ATOMC_GRAMMAR_JSON_SCHEMA, "{\"type\":\"boolean\"}");
+    expect_grammar(C, "{\"prompt\":\"x\",\"guided_regex\":\"a|b\"}", ATOMC_GRAMMAR_REGEX, "a|b");
+    expect_grammar(C, "{\"prompt\":\"x\",\"guided_choice\":[\"yes\"]}", ATOMC_GRAMMAR_CHOICE, "[\"yes\"]");
+    expect_grammar(C, "{\"prompt\":\"x\",\"guided_grammar\":\"root ::= [a-z]+\"}", ATOMC_GRAMMAR_EBNF, "root ::= [a-z]+");
+
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"guided_regex\":\"a\",\"guided_choice\":[\"b\"]}", NULL, "only one kind"));
+    ASSERT_TRUE(rejects(CH, "{" MSG ",\"response_format\":{\"type\":\"json_object\"},\"guided_regex\":\"a\"}", NULL, "only one kind"));
+    ASSERT_TRUE(rejects(CH, "{" MSG ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}}",
+                        "response_format.json_schema.schema", "required"));
+    ASSERT_TRUE(rejects(CH, "{" MSG ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":3}}}",
+                        "response_format.json_schema.schema", "schema object"));
+    ASSERT_TRUE(rejects(CH, "{" MSG ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{},\"strict\":\"y\"}}}",
+                        "response_format.json_schema.strict", NULL));
+    ASSERT_TRUE(rejects(CH, "{" MSG ",\"response_format\":\"json\"}", "response_format", NULL));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"guided_json\":\"{not json\"}", "guided_json", "not valid JSON"));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"guided_choice\":[]}", "guided_choice", "non-empty"));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"guided_choice\":[\"a\",1]}", "guided_choice", "[1]"));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"guided_regex\":\"\"}", "guided_regex", "empty"));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"guided_regex\":5}", "guided_regex", "string"));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"guided_whitespace_pattern\":\" \"}", "guided_whitespace_pattern", NULL));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"structured_outputs\":{\"whitespace_pattern\":\" \"}}",
+                        "structured_outputs.whitespace_pattern", "unsupported"));
+    ASSERT_TRUE(rejects(C, "{\"prompt\":\"x\",\"structured_outputs\":[1]}", "structured_outputs", NULL));
+}
+
+TEST(tool_choice_required_builds_a_call_grammar) {
+    const char *body = "{" MSG ",\"tool_choice\":\"required\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                       "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}},"
+                       "{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]}";
+    struct oai_request r;
+    struct oai_error e;
+    ASSERT_EQ(parse(OAI_ENDPOINT_CHAT, body, &r, &e), 0);
+    ASSERT_TRUE(r.tool_choice_required && !r.tool_choice_name);
+    char *g = oai_tool_call_grammar(&r, "hermes", &e);
+    ASSERT_TRUE(g != NULL);
+    json_t *j = json_loads(g, 0, NULL);
+    ASSERT_STREQ(json_string_value(json_object_get(j, "type")), "structural_tag");
+    json_t *fmt = json_object_get(j, "format");
+    ASSERT_STREQ(json_string_value(json_object_get(fmt, "begin")), "<tool_call>\n");
+    ASSERT_STREQ(json_string_value(json_object_get(fmt, "end")), "\n</tool_call>");
+    json_t *any = json_object_get(json_object_get(json_object_get(fmt, "content"), "json_schema"), "anyOf");
+    ASSERT_EQ((int)json_array_size(any), 2);
+    json_t *alt0 = json_object_get(json_array_get(any, 0), "properties");
+    ASSERT_STREQ(json_string_value(json_object_get(json_object_get(alt0, "name"), "const")), "get_weather");
+    ASSERT_TRUE(json_is_object(json_object_get(json_object_get(alt0, "arguments"), "properties")));
+    json_decref(j);
+    free(g);
+    ASSERT_TRUE(oai_tool_call_grammar(&r, NULL, &e) == NULL);
+    ASSERT_TRUE(strstr(e.message, "--tool-call-parser") != NULL);
+    oai_request_free(&r);
+    // A named function: only that one; an unknown name is a 400.
+    const char *named = "{" MSG ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"now\"}},"
+                        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]}";
+    ASSERT_EQ(parse(OAI_ENDPOINT_CHAT, named, &r, &e), 0);
+    g = oai_tool_call_grammar(&r, "llama3_json", &e);
+    ASSERT_TRUE(g && strstr(g, "\"parameters\"") && strstr(g, "\"now\"") && !strstr(g, "anyOf"));
+    free(g);
+    free(r.tool_choice_name);
+    r.tool_choice_name = strdup("later");
+    ASSERT_TRUE(oai_tool_call_grammar(&r, "hermes", &e) == NULL);
+    ASSERT_TRUE(strstr(e.message, "'later'") != NULL);
+    oai_request_free(&r);
+    ASSERT_TRUE(rejects(OAI_ENDPOINT_CHAT, "{" MSG ",\"tool_choice\":\"required\",\"guided_regex\":\"a\"}", "tool_choice", "cannot be combined"));
+    ASSERT_TRUE(rejects(OAI_ENDPOINT_CHAT, "{" MSG ",\"tool_choice\":{\"type\":\"function\"}}", "tool_choice", NULL));
 }
 
 TEST(echo_with_zero_max_tokens_is_allowed) {

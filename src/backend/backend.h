@@ -95,6 +95,13 @@ struct sample_args {
     int n_logprobs;                  // 0 = none; else top-n alternatives per row (max 20)
     bool all_greedy;                 // hint: every row greedy (temperature < 1e-5), no penalties, no
                                      // logprobs; a backend may then run a plain arg-max (same result)
+    // Structured output: (n_rows, bitmask_words) uint32 words, bit (id & 31) of word (id >> 5)
+    // set = token id allowed in that row (unconstrained rows are all ones); NULL = no row is
+    // constrained. A backend treats a disallowed token's logit as -inf before anything else, so
+    // logprobs, penalties, greedy, filters and the draw all see the masked row (vLLM applies the
+    // grammar bitmask to the logits before its sampler, too). bitmask_words >= ceil(vocab / 32).
+    const uint32_t *token_bitmask;
+    int bitmask_words;
     // Outputs.
     int32_t *out_ids;                // (n_rows)
     float *out_logprob;              // (n_rows) logprob of the chosen token (of the raw distribution), may be NULL

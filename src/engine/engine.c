@@ -51,6 +51,7 @@ void atomc_sampling_params_init(atomc_sampling_params *p) {
     p->skip_special_tokens = true;
     p->logprobs = -1;
     p->prompt_logprobs = -1;
+    p->grammar_start_token = -1;
 }
 
 void atomc_request_init(atomc_request *r) {
@@ -211,6 +212,7 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
                                       .state_slots = e->su.num_state_slots};
         st = scheduler_create(&sc, e->bm, &e->sched, err);
     }
+    engine_grammar_create(e);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->done, NULL);
@@ -289,6 +291,7 @@ void atomc_engine_free(atomc_engine *e) {
             engine_retire(e, scheduler_waiting_at(e->sched, 0), ATOMC_FINISH_ABORT, 0, NULL, NULL);
         engine_kv_free(e);
     }
+    engine_grammar_free(e);
     scheduler_free(e->sched);
     block_manager_free(e->bm);
     if (e->su.model.free) e->su.model.free(e->su.model.ctx);

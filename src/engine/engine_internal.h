@@ -42,6 +42,7 @@ struct engine_text_ops {
                                size_t *out_len);
     void (*detok_free)(void *state);
     const char *(*token_bytes)(void *ctx, int32_t id, size_t *len); // may be NULL
+    bool (*is_special)(void *ctx, int32_t id); // may be NULL (= none); structured output never emits them
     void (*free)(void *ctx); // may be NULL
 };
 
@@ -157,6 +158,8 @@ struct atomc_engine {
     struct sequence **drained;        // (n_inbox) requests taken from the inbox; also a failed batch's sequences
     int drained_cap;
 
+    struct engine_grammar *grammar; // structured output (engine_grammar.c)
+
     // Profiling (options.profile_dir): spans of every step; NVTX ranges in CUDA builds.
     struct trace *trace;
     char *profile_dir;
@@ -209,5 +212,17 @@ void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so)
 void engine_kv_fill_stats(atomc_engine *e, atomc_stats *st);
 void engine_kv_live_stats(atomc_engine *e, atomc_stats *st); // any thread: the connector's counters now
 int engine_kv_n_work(const atomc_engine *e);
+// engine_grammar.c (structured output; its top comment has the protocol): create / free with the
+// engine; attach compiles a sequence's grammar (caller's thread); begin_masks starts filling the
+// step's constrained rows' masks (after build_batch) and sets fb->sample_ready = join; accept
+// advances a sequence's matcher by its new token: 1 = the grammar has ended, 0 = go on, -1 = the
+// grammar rejects the token.
+atomc_status engine_grammar_create(atomc_engine *e);
+void engine_grammar_free(atomc_engine *e);
+atomc_status engine_grammar_attach(atomc_engine *e, struct sequence *s, struct error *err);
+void engine_grammar_seq_free(struct sequence *s);
+void engine_grammar_begin_masks(atomc_engine *e, struct forward_batch *fb);
+void engine_grammar_join(void *e);
+int engine_grammar_accept(atomc_engine *e, struct sequence *s, int32_t t);
 
 #endif

@@ -77,6 +77,7 @@ void engine_live_remove(atomc_engine *e, uint64_t id) {
 void engine_seq_free(atomc_engine *e, struct sequence *s) {
     if (!s) return;
     if (s->detok && e->su.text.detok_free) e->su.text.detok_free(s->detok);
+    engine_grammar_seq_free(s);
     stop_checker_free(&s->stop);
     for (int i = 0; i < s->params.n_stop; i++) free(s->stop_strs[i]);
     free(s->stop_strs);
@@ -223,6 +224,11 @@ static atomc_status seq_from_request(atomc_engine *e, const atomc_request *r, st
     s->user = r->user;
     stop_checker_init(&s->stop, s->params.stop, p->n_stop, p->include_stop_str_in_output);
     if (e->su.text.ctx) s->detok = e->su.text.detok_new(e->su.text.ctx, p->skip_special_tokens);
+    atomc_status gst = engine_grammar_attach(e, s, err);
+    if (gst != ATOMC_OK) {
+        engine_seq_free(e, s);
+        return gst;
+    }
     s->t_arrival = time_now_s();
     if ((st = engine_kv_request(e, s, r, err)) != ATOMC_OK) {
         engine_seq_free(e, s);

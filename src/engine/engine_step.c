@@ -130,6 +130,14 @@ static bool process_token(atomc_engine *e, struct sequence *s, int32_t t, const 
     bool can_stop = n_out >= s->params.min_tokens;
     bool stop_tok = can_stop && ((!s->params.ignore_eos && is_eos(e, t)) ||
                                  in_list(s->stop_token_ids, s->params.n_stop_token_ids, t));
+    int g = engine_grammar_accept(e, s, t);
+    if (g < 0) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "structured output: the grammar does not allow the sampled token %d", t);
+        engine_retire(e, s, ATOMC_FINISH_ERROR, 1, lp, msg);
+        return true;
+    }
+    if (g > 0) stop_tok = true; // the grammar ended on a stop token: ends the request, also under ignore_eos
     atomc_finish_reason reason = ATOMC_FINISH_NONE;
     if (stop_tok) {
         // The stop token's text is not output (unless asked); flush what precedes it.
@@ -471,6 +479,7 @@ int atomc_engine_step(atomc_engine *e) {
     struct forward_batch fb;
     trace_begin(e->trace, "prepare_inputs");
     build_batch(e, &so, &fb);
+    engine_grammar_begin_masks(e, &fb);
     trace_end(e->trace, "prepare_inputs");
     trace_counter(e->trace, "batch_tokens", fb.n_tokens);
     struct runner_output ro;
@@ -478,6 +487,7 @@ int atomc_engine_step(atomc_engine *e) {
     struct error err = {0};
     trace_begin(e->trace, "execute");
     atomc_status st = e->su.model.execute(e->su.model.ctx, &fb, &ro, &err);
+    if (fb.sample_ready) engine_grammar_join(e); // the masks are not touched after the step's rows
     trace_end(e->trace, "execute");
     int n_seqs = so.n_seqs;
     e->num_steps++;

@@ -37,6 +37,8 @@ static void tok_free(void *ctx) { tokenizer_free(ctx); }
 
 static const char *tok_token_bytes(void *ctx, int32_t id, size_t *len) { return tokenizer_token_bytes(ctx, id, len); }
 
+static bool tok_is_special(void *ctx, int32_t id) { return tokenizer_is_special(ctx, id); }
+
 void engine_text_ops_from_tokenizer(struct engine_text_ops *ops, struct tokenizer *tok) {
     *ops = (struct engine_text_ops){.ctx = tok,
                                     .encode = tok_encode,
@@ -45,5 +47,6 @@ void engine_text_ops_from_tokenizer(struct engine_text_ops *ops, struct tokenize
                                     .detok_step = tok_detok_step,
                                     .detok_free = tok_detok_free,
                                     .token_bytes = tok_token_bytes,
+                                    .is_special = tok_is_special,
                                     .free = tok_free};
 }

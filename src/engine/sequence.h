@@ -84,6 +84,11 @@ struct sequence {
     bool kv_fallback;          // consumer: prefilled locally after all
     double kv_deadline;        // consumer: fall back after this (monotonic seconds)
     double kv_transfer_s;      // consumer: BEGIN -> END of its transfer
+    // Structured output (engine_grammar.c): the matcher (NULL = unconstrained), the row mask it
+    // fills each step, and whether it applies yet (params.grammar_start_token).
+    struct grammar_matcher *grammar;
+    uint32_t *grammar_mask;
+    bool grammar_active;
 
     // Timestamps (monotonic seconds), 0 = not yet.
     double t_arrival, t_first_scheduled, t_first_token, t_last_token, t_finish;

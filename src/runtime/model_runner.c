@@ -179,7 +179,7 @@ static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *e
 static void runner_free_buffers(struct model_runner *r) {
     struct backend *b = r->backend;
     runner_state_release(r);
-    void *dev[] = {r->d_meta, r->d_iota, r->d_out_ids, r->d_out_top_ids, r->d_out_top_lp, r->d_hist, r->kv_pool};
+    void *dev[] = {r->d_meta, r->d_iota, r->d_out_ids, r->d_out_top_ids, r->d_out_top_lp, r->d_hist, r->d_mask, r->kv_pool};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) b->ops->free(b, dev[i]);
     free(r->h_meta);
@@ -191,6 +191,7 @@ static void runner_free_buffers(struct model_runner *r) {
     free(r->h_plp_top_ids);
     free(r->h_plp_top_lp);
     free(r->h_hist);
+    free(r->h_mask);
     free(r->kv);
 }
 

@@ -33,6 +33,11 @@ struct sample_row {
     // stop on them before min_tokens) but may emit them as text.
     const int32_t *banned_ids;
     int n_banned;
+    // Structured output: the grammar's allowed next tokens, ceil(vocab_size / 32) words (bit set
+    // = allowed; see sample_args.token_bitmask), host memory; NULL = unconstrained. It may still
+    // be being written when model_runner_execute starts: it is read only after
+    // forward_batch.sample_ready returns.
+    const uint32_t *allowed;
 };
 
 // One step's batch (host memory, valid for the duration of model_runner_execute).
@@ -58,6 +63,10 @@ struct forward_batch {
     int n_logits;
     const int32_t *logits_rows;        // (n_logits) token row indices
     const struct sample_row *sampling; // (n_logits)
+    // Called (when set) after the forward is launched and before the sampling rows' `allowed`
+    // masks are read: the engine computes the masks while the forward runs and joins here.
+    void (*sample_ready)(void *ctx);
+    void *sample_ready_ctx;
 
     // Prompt logprobs (echo + logprobs): for these token rows, the logprob of target_ids[i]
     // (the next prompt token) and the top-k alternatives are returned.

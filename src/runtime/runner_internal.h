@@ -83,6 +83,9 @@ struct model_runner {
     size_t hist_cap;         // elements
     int32_t *h_hist;
     size_t h_hist_cap;
+    uint32_t *d_mask;        // structured output: (rows, words) token bitmasks, grown on demand
+    uint32_t *h_mask;        // host staging of d_mask
+    size_t mask_cap;         // words
 
     // Sampling outputs: device and host copies.
     int32_t *d_out_ids;      // (max_rows) ids, then (max_rows) F32 logprobs: one allocation, one copy back

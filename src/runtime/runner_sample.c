@@ -66,10 +66,54 @@ static atomc_status runner_hist_reserve(struct model_runner *r, size_t n, struct
     return ATOMC_OK;
 }
 
+static atomc_status runner_mask_reserve(struct model_runner *r, size_t words, struct error *err) {
+    if (words <= r->mask_cap) return ATOMC_OK;
+    size_t want = words + words / 2;
+    struct backend *b = r->backend;
+    if (r->d_mask) b->ops->free(b, r->d_mask);
+    r->d_mask = b->ops->alloc(b, want * 4);
+    uint32_t *h = realloc(r->h_mask, want * 4);
+    if (h) r->h_mask = h;
+    if (!r->d_mask || !h) {
+        r->mask_cap = 0;
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate %zu words of token bitmasks", want);
+    }
+    r->mask_cap = want;
+    return ATOMC_OK;
+}
+
+// Structured output: the rows' grammar bitmasks (sample_row.allowed, NULL = all ones) packed
+// and uploaded in one copy; NULL when no row is constrained.
+static atomc_status runner_upload_masks(struct model_runner *r, const struct forward_batch *fb, int words,
+                                        const uint32_t **dev, struct error *err) {
+    const int n = fb->n_logits;
+    *dev = NULL;
+    bool any = false;
+    for (int i = 0; i < n && !any; i++) any = fb->sampling[i].allowed != NULL;
+    if (!any) return ATOMC_OK;
+    atomc_status st = runner_mask_reserve(r, (size_t)n * (size_t)words, err);
+    if (st != ATOMC_OK) return st;
+    for (int i = 0; i < n; i++) {
+        uint32_t *dst = r->h_mask + (size_t)i * words;
+        if (fb->sampling[i].allowed)
+            memcpy(dst, fb->sampling[i].allowed, (size_t)words * 4);
+        else
+            memset(dst, 0xff, (size_t)words * 4);
+    }
+    r->backend->ops->copy_h2d(r->backend, r->d_mask, r->h_mask, (size_t)n * (size_t)words * 4);
+    *dev = r->d_mask;
+    return ATOMC_OK;
+}
+
 atomc_status runner_sample(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,
                                   struct error *err) {
     struct backend *b = r->backend;
     const int n = fb->n_logits;
+    if (fb->sample_ready) fb->sample_ready(fb->sample_ready_ctx); // the grammar masks are written
+    const int mask_words = (r->cfg.vocab_size + 31) / 32;
+    const uint32_t *d_mask = NULL;
+    atomc_status mst = runner_upload_masks(r, fb, mask_words, &d_mask, err);
+    if (mst != ATOMC_OK) return mst;
     int32_t *hs = HPTR(r, hist_start, int32_t), *hp = HPTR(r, hist_prompt_len, int32_t);
     bool any_penalty = false, all_greedy = true;
     int n_lp = 0;
@@ -134,6 +178,8 @@ atomc_status runner_sample(struct model_runner *r, const struct forward_batch *f
         .any_penalty = any_penalty,
         .n_logprobs = n_lp,
         .all_greedy = all_greedy && !any_penalty && n_lp == 0,
+        .token_bitmask = d_mask,
+        .bitmask_words = mask_words,
         .out_ids = r->d_out_ids,
         .out_logprob = r->d_out_lp,
         .out_top_ids = n_lp ? r->d_out_top_ids : NULL,

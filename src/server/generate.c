@@ -824,6 +824,23 @@ static void stream_begin(struct srv_req *r) {
     for (int i = 0; i < r->n_choices; i++) stream_start_choice(r, &r->choices[i]);
 }
 
+// tool_choice "required" / a named function: the output is constrained to one call of the
+// given tools in the served tool parser's format (openai_request.c oai_tool_call_grammar).
+static int force_tool_call(struct server *s, struct oai_request *q, struct oai_error *e) {
+    if (!q->tool_choice_required) return 0;
+    const char *parser = s->opt.tool_parser == TOOL_PARSER_HERMES        ? "hermes"
+                         : s->opt.tool_parser == TOOL_PARSER_LLAMA3_JSON ? "llama3_json"
+                                                                         : NULL;
+    char *g = oai_tool_call_grammar(q, parser, e);
+    if (!g) return -1;
+    free(q->grammar);
+    q->grammar = g;
+    q->grammar_kind = q->params.grammar_kind = ATOMC_GRAMMAR_STRUCTURAL_TAG;
+    q->params.grammar = g;
+    snprintf(q->grammar_param, sizeof q->grammar_param, "tool_choice");
+    return 0;
+}
+
 struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
                                  struct oai_error *e) {
     struct srv_req *r = xcalloc(1, sizeof *r);
@@ -832,7 +849,7 @@ struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const c
     r->srv = s;
     r->t_arrival = time_now_s();
     if (oai_request_parse(ep, body, len, &s->limits, &r->oai, e) || !server_check_model(s, r->oai.model, e) ||
-        build_prompts(s, r, e)) {
+        force_tool_call(s, &r->oai, e) || build_prompts(s, r, e)) {
         srv_req_unref(r);
         return NULL;
     }

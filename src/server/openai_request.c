@@ -309,6 +309,8 @@ enum field_id {
     F_SKIP_SPECIAL_TOKENS, F_RETURN_TOKENS_AS_IDS, F_CHAT_TEMPLATE_KWARGS, F_ADD_GENERATION_PROMPT,
     F_CONTINUE_FINAL_MESSAGE, F_ADD_SPECIAL_TOKENS, F_TOOLS, F_TOOL_CHOICE, F_RESPONSE_FORMAT, F_BEST_OF, F_SUFFIX,
     F_LOGIT_BIAS, F_STORE, F_KV_TRANSFER_PARAMS, F_IGNORED, // user, metadata, service_tier, parallel_tool_calls
+    F_STRUCTURED_OUTPUTS, F_GUIDED_JSON, F_GUIDED_REGEX, F_GUIDED_CHOICE, F_GUIDED_GRAMMAR, F_GUIDED_BACKEND,
+    F_GUIDED_WHITESPACE,
 };
 
 #define EP_C (1 << OAI_ENDPOINT_COMPLETIONS)
@@ -361,7 +363,202 @@ static const struct field {
     {"metadata", F_IGNORED, EP_CH},
     {"service_tier", F_IGNORED, EP_C | EP_CH},
     {"parallel_tool_calls", F_IGNORED, EP_CH},
+    {"structured_outputs", F_STRUCTURED_OUTPUTS, EP_C | EP_CH},
+    {"guided_json", F_GUIDED_JSON, EP_C | EP_CH},
+    {"guided_regex", F_GUIDED_REGEX, EP_C | EP_CH},
+    {"guided_choice", F_GUIDED_CHOICE, EP_C | EP_CH},
+    {"guided_grammar", F_GUIDED_GRAMMAR, EP_C | EP_CH},
+    {"guided_decoding_backend", F_GUIDED_BACKEND, EP_C | EP_CH},
+    {"guided_whitespace_pattern", F_GUIDED_WHITESPACE, EP_C | EP_CH},
 };
+
+// ---- structured output ----
+
+// Records the request's one constraint (kind, text owned by the caller, moved in).
+static int set_grammar(struct oai_request *r, const char *param, atomc_grammar_kind kind, char *text,
+                       struct oai_error *e) {
+    if (r->grammar_kind != ATOMC_GRAMMAR_NONE) {
+        free(text);
+        return oai_error_set(e, 400, param, "only one kind of structured output may be given ('%s' and '%s')",
+                             r->grammar_param, param);
+    }
+    r->grammar_kind = kind;
+    r->grammar = text;
+    snprintf(r->grammar_param, sizeof r->grammar_param, "%s", param);
+    return 0;
+}
+
+// A JSON schema given as an object (or a boolean schema), or as a string holding one.
+static int grammar_json(struct oai_request *r, const char *param, const json_t *v, struct oai_error *e) {
+    json_t *owned = NULL;
+    if (json_is_string(v)) {
+        json_error_t je;
+        owned = json_loadb(json_string_value(v), json_string_length(v), JSON_DECODE_ANY, &je);
+        if (!owned) return oai_error_set(e, 400, param, "'%s' is not valid JSON: %s", param, je.text);
+        v = owned;
+    }
+    if (!json_is_object(v) && !json_is_boolean(v)) {
+        json_decref(owned);
+        return oai_error_set(e, 400, param, "'%s' must be a JSON schema object, got %s", param, json_type_name(v));
+    }
+    char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(owned);
+    return set_grammar(r, param, ATOMC_GRAMMAR_JSON_SCHEMA, text, e);
+}
+
+static int grammar_string(struct oai_request *r, const char *param, const json_t *v, atomc_grammar_kind kind,
+                          struct oai_error *e) {
+    if (!json_is_string(v)) return oai_error_set(e, 400, param, "'%s' must be a string, got %s", param, json_type_name(v));
+    if (json_string_length(v) == 0) return oai_error_set(e, 400, param, "'%s' must not be empty", param);
+    const char *s = json_string_value(v);
+    if (memchr(s, 0, json_string_length(v))) return oai_error_set(e, 400, param, "'%s' contains a NUL character", param);
+    // An EBNF grammar (GBNF, "root ::= ...") or a Lark one ("start: ..."), as vLLM's xgrammar
+    // backend tells them apart.
+    if (kind == ATOMC_GRAMMAR_EBNF && !strstr(s, "::=")) kind = ATOMC_GRAMMAR_LARK;
+    return set_grammar(r, param, kind, xstrdup(s), e);
+}
+
+static int grammar_choice(struct oai_request *r, const char *param, const json_t *v, struct oai_error *e) {
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return oai_error_set(e, 400, param, "'%s' must be a non-empty list of strings", param);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *c = json_array_get(v, i);
+        if (!json_is_string(c) || json_string_length(c) == 0)
+            return oai_error_set(e, 400, param, "'%s'[%zu] must be a non-empty string", param, i);
+    }
+    return set_grammar(r, param, ATOMC_GRAMMAR_CHOICE, json_dumps(v, JSON_COMPACT), e);
+}
+
+static int grammar_structural_tag(struct oai_request *r, const char *param, const json_t *v, struct oai_error *e) {
+    if (json_is_string(v)) return grammar_string(r, param, v, ATOMC_GRAMMAR_STRUCTURAL_TAG, e);
+    if (!json_is_object(v)) return oai_error_set(e, 400, param, "'%s' must be an object, got %s", param, json_type_name(v));
+    return set_grammar(r, param, ATOMC_GRAMMAR_STRUCTURAL_TAG, json_dumps(v, JSON_COMPACT), e);
+}
+
+static int parse_response_format(struct oai_request *r, const json_t *v, struct oai_error *e) {
+    const char *key = "response_format";
+    const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+    if (!json_is_string(t))
+        return oai_error_set(e, 400, key, "'response_format' must be an object with a string 'type'");
+    const char *type = json_string_value(t);
+    if (!strcmp(type, "text")) return 0;
+    if (!strcmp(type, "json_object")) return set_grammar(r, key, ATOMC_GRAMMAR_JSON_OBJECT, NULL, e);
+    if (!strcmp(type, "json_schema")) {
+        const json_t *js = json_object_get(v, "json_schema");
+        if (!json_is_object(js))
+            return oai_error_set(e, 400, "response_format.json_schema",
+                                 "'response_format.json_schema' must be an object with a 'schema'");
+        const json_t *strict = json_object_get(js, "strict");
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+            return oai_error_set(e, 400, "response_format.json_schema.strict", "'strict' must be a boolean");
+        const json_t *name = json_object_get(js, "name");
+        if (name && !json_is_null(name) && !json_is_string(name))
+            return oai_error_set(e, 400, "response_format.json_schema.name", "'name' must be a string");
+        // The schema is always enforced, strict or not (strict = true is what OpenAI guarantees).
+        const json_t *schema = json_object_get(js, "schema");
+        if (!schema || json_is_null(schema))
+            return oai_error_set(e, 400, "response_format.json_schema.schema",
+                                 "'response_format.json_schema.schema' is required");
+        return grammar_json(r, "response_format.json_schema.schema", schema, e);
+    }
+    if (!strcmp(type, "structural_tag")) {
+        const json_t *f = json_object_get(v, "format");
+        if (!json_is_object(f))
+            return oai_error_set(e, 400, "response_format.format", "'response_format.format' must be an object");
+        char *text = json_dumps(v, JSON_COMPACT);
+        return set_grammar(r, key, ATOMC_GRAMMAR_STRUCTURAL_TAG, text, e);
+    }
+    return oai_error_set(e, 400, key,
+                         "unsupported response_format type '%s' (text, json_object, json_schema, structural_tag)", type);
+}
+
+// vLLM's structured_outputs object: one of json / regex / choice / grammar / json_object /
+// structural_tag; its options that change nothing here (backend names, disable_fallback) are
+// accepted, the ones that would change the output (whitespace_pattern, disable_* ) refused.
+static int parse_structured_outputs(struct oai_request *r, const json_t *v, struct oai_error *e) {
+    if (!json_is_object(v)) return oai_error_set(e, 400, "structured_outputs", "'structured_outputs' must be an object");
+    const char *k;
+    json_t *x;
+    int rc = 0;
+    json_object_foreach((json_t *)v, k, x) {
+        if (json_is_null(x)) continue;
+        char param[64];
+        snprintf(param, sizeof param, "structured_outputs.%s", k);
+        if (!strcmp(k, "json")) rc = grammar_json(r, param, x, e);
+        else if (!strcmp(k, "regex")) rc = grammar_string(r, param, x, ATOMC_GRAMMAR_REGEX, e);
+        else if (!strcmp(k, "choice")) rc = grammar_choice(r, param, x, e);
+        else if (!strcmp(k, "grammar")) rc = grammar_string(r, param, x, ATOMC_GRAMMAR_EBNF, e);
+        else if (!strcmp(k, "structural_tag")) rc = grammar_structural_tag(r, param, x, e);
+        else if (!strcmp(k, "json_object")) {
+            if (!json_is_boolean(x)) rc = oai_error_set(e, 400, param, "'%s' must be a boolean", param);
+            else if (json_is_true(x)) rc = set_grammar(r, param, ATOMC_GRAMMAR_JSON_OBJECT, NULL, e);
+        } else if (!strcmp(k, "backend") || !strcmp(k, "disable_fallback") || !strcmp(k, "_backend")) {
+            continue;
+        } else {
+            rc = oai_error_set(e, 400, param, "unsupported field '%s'", param);
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+// ---- tool_choice "required" / named: the tool-call grammar ----
+
+char *oai_tool_call_grammar(const struct oai_request *r, const char *tool_parser, struct oai_error *e) {
+    bool hermes = tool_parser && !strcmp(tool_parser, "hermes");
+    bool llama = tool_parser && !strcmp(tool_parser, "llama3_json");
+    if (!hermes && !llama) {
+        oai_error_set(e, 400, "tool_choice",
+                      "'tool_choice' \"required\" or a named function needs the server's --enable-auto-tool-choice --tool-call-parser "
+                      "(hermes or llama3_json)");
+        return NULL;
+    }
+    if (!r->tools || json_array_size(r->tools) == 0) {
+        oai_error_set(e, 400, "tool_choice", "'tool_choice' \"required\" or a named function needs 'tools'");
+        return NULL;
+    }
+    json_t *alts = json_array();
+    size_t i;
+    json_t *tool;
+    json_array_foreach(r->tools, i, tool) {
+        const json_t *fn = json_object_get(tool, "function");
+        const char *type = json_string_value(json_object_get(tool, "type"));
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if ((type && strcmp(type, "function")) || !json_is_object(fn) || !name || !name[0]) {
+            json_decref(alts);
+            oai_error_set(e, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+            return NULL;
+        }
+        if (r->tool_choice_name && strcmp(name, r->tool_choice_name)) continue;
+        json_t *params = json_object_get(fn, "parameters");
+        if (params && !json_is_null(params) && !json_is_object(params)) {
+            json_decref(alts);
+            oai_error_set(e, 400, "tools", "tools[%zu].function.parameters must be a JSON schema object", i);
+            return NULL;
+        }
+        json_t *args = params && json_is_object(params) ? json_deep_copy(params) : json_pack("{s:s}", "type", "object");
+        json_t *alt = json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s,s], s:b}", "type", "object", "properties", "name",
+                                "const", name, llama ? "parameters" : "arguments", args, "required", "name",
+                                llama ? "parameters" : "arguments", "additionalProperties", 0);
+        json_array_append_new(alts, alt);
+    }
+    if (json_array_size(alts) == 0) {
+        json_decref(alts);
+        oai_error_set(e, 400, "tool_choice", "'tool_choice' names the function '%s', which is not in 'tools'",
+                      r->tool_choice_name);
+        return NULL;
+    }
+    json_t *schema = json_array_size(alts) == 1 ? json_incref(json_array_get(alts, 0)) : json_pack("{s:O}", "anyOf", alts);
+    json_decref(alts);
+    json_t *content = json_pack("{s:s, s:o, s:i}", "type", "json_schema", "json_schema", schema, "max_whitespace_cnt", 1);
+    json_t *fmt = hermes ? json_pack("{s:s, s:s, s:o, s:s}", "type", "tag", "begin", "<tool_call>\n", "content", content,
+                                     "end", "\n</tool_call>")
+                         : content;
+    json_t *st = json_pack("{s:s, s:o}", "type", "structural_tag", "format", fmt);
+    char *out = json_dumps(st, JSON_COMPACT);
+    json_decref(st);
+    return out;
+}
 
 static const struct field *field_find(const char *name, enum oai_endpoint ep) {
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
@@ -515,16 +712,36 @@ static int parse_field(const struct field *f, const char *key, const json_t *v, 
         r->tools = json_deep_copy(v);
         return 0;
     case F_TOOL_CHOICE:
-        if (json_is_string(v) && (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto"))) {
-            r->tool_choice_none = !strcmp(json_string_value(v), "none");
-            return 0;
+        if (json_is_string(v)) {
+            const char *c = json_string_value(v);
+            if (!strcmp(c, "none") || !strcmp(c, "auto") || !strcmp(c, "required")) {
+                r->tool_choice_none = !strcmp(c, "none");
+                r->tool_choice_required = !strcmp(c, "required");
+                return 0;
+            }
+        } else if (json_is_object(v)) {
+            const json_t *fn = json_object_get(v, "function");
+            const char *type = json_string_value(json_object_get(v, "type"));
+            const char *name = json_string_value(json_object_get(fn, "name"));
+            if (type && !strcmp(type, "function") && name && name[0]) {
+                r->tool_choice_required = true;
+                r->tool_choice_name = xstrdup(name);
+                return 0;
+            }
         }
-        return oai_error_set(e, 400, key, "'tool_choice' supports only \"none\" and \"auto\" (no constrained tool calling)");
-    case F_RESPONSE_FORMAT: {
-        const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (json_is_string(t) && !strcmp(json_string_value(t), "text")) return 0;
-        return oai_error_set(e, 400, key, "'response_format' supports only {\"type\": \"text\"} (no structured output)");
-    }
+        return oai_error_set(e, 400, key,
+                             "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                             "\"function\": {\"name\": ...}}");
+    case F_RESPONSE_FORMAT: return parse_response_format(r, v, e);
+    case F_STRUCTURED_OUTPUTS: return parse_structured_outputs(r, v, e);
+    case F_GUIDED_JSON: return grammar_json(r, key, v, e);
+    case F_GUIDED_REGEX: return grammar_string(r, key, v, ATOMC_GRAMMAR_REGEX, e);
+    case F_GUIDED_CHOICE: return grammar_choice(r, key, v, e);
+    case F_GUIDED_GRAMMAR: return grammar_string(r, key, v, ATOMC_GRAMMAR_EBNF, e);
+    case F_GUIDED_BACKEND:
+        if (!json_is_string(v)) return oai_error_set(e, 400, key, "'%s' must be a string", key);
+        return 0; // one engine here (xgrammar), whatever the name
+    case F_GUIDED_WHITESPACE: return oai_error_set(e, 400, key, "'%s' is not supported", key);
     case F_BEST_OF:
         if (read_int(v, key, 1, lim->max_n, &x, e)) return -1;
         pc->best_of = x;
@@ -630,6 +847,12 @@ int oai_request_parse(enum oai_endpoint ep, const char *body, size_t len, const 
     r->params.n_stop = r->n_stop;
     r->params.stop_token_ids = r->stop_token_ids;
     r->params.n_stop_token_ids = r->n_stop_token_ids;
+    if (r->tool_choice_required && r->grammar_kind != ATOMC_GRAMMAR_NONE)
+        return oai_error_set(e, 400, "tool_choice",
+                             "'tool_choice' \"required\" or a named function cannot be combined with '%s'", r->grammar_param);
+    r->params.grammar_kind = r->grammar_kind;
+    r->params.grammar = r->grammar;
+    r->params.grammar_start_token = -1;
     return 0;
 }
 
@@ -643,6 +866,8 @@ void oai_request_free(struct oai_request *r) {
     json_decref(r->messages);
     json_decref(r->tools);
     json_decref(r->chat_template_kwargs);
+    free(r->tool_choice_name);
+    free(r->grammar);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->stop_token_ids);

@@ -62,6 +62,8 @@ struct oai_request {
     json_t *messages;             // owned ref: array of {role, content(string|null), ...}; content parts joined
     json_t *tools;                // owned ref or NULL
     bool tool_choice_none;        // "tool_choice": "none" (tools rendered, output never parsed for calls)
+    bool tool_choice_required;    // "tool_choice": "required" or a named function: the output is a call
+    char *tool_choice_name;       // owned: the named function ({"type": "function", "function": {"name"}})
     json_t *chat_template_kwargs; // owned ref (object) or NULL
     bool add_generation_prompt;   // default true
     bool continue_final_message;  // default false
@@ -85,12 +87,28 @@ struct oai_request {
     // remote_port, tp_size) are type-checked and ignored: the connector already knows its peers.
     bool has_kv_params, kv_do_remote_decode, kv_do_remote_prefill;
     char *kv_transfer_id, *kv_remote_engine_id; // owned or NULL
+    // Structured output: response_format json_object / json_schema / structural_tag, vLLM's
+    // structured_outputs {json, regex, choice, grammar, json_object, structural_tag} or the older
+    // guided_json / guided_regex / guided_choice / guided_grammar (at most one of them). The text
+    // is what atomc_sampling_params.grammar takes for the kind (a schema as compact JSON, a
+    // choice list as a JSON array); params.grammar points at it. grammar_param names the field
+    // (for errors the engine reports later, e.g. a schema xgrammar cannot compile).
+    atomc_grammar_kind grammar_kind;
+    char *grammar;
+    char grammar_param[64];
 };
 
 // Parses body into *r (zeroed first). Returns 0, or -1 with *e filled (400, param named).
 int oai_request_parse(enum oai_endpoint ep, const char *body, size_t len, const struct oai_limits *lim,
                       struct oai_request *r, struct oai_error *e);
 void oai_request_free(struct oai_request *r);
+
+// tool_choice "required" / a named function: the structural tag (xgrammar's format, kind
+// ATOMC_GRAMMAR_STRUCTURAL_TAG) of exactly one call of one of r->tools (or of the named one) in
+// the tool-call format of `tool_parser` ("hermes": <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>;
+// "llama3_json": {"name": N, "parameters": {...}}), arguments constrained by the tool's
+// "parameters" schema. Returns a malloc'd string, or NULL with *e (400) naming the problem.
+char *oai_tool_call_grammar(const struct oai_request *r, const char *tool_parser, struct oai_error *e);
 
 // Parses a body into a JSON object (400 on malformed JSON, invalid UTF-8, non-object).
 json_t *oai_body_parse(const char *body, size_t len, struct oai_error *e);

@@ -691,6 +691,7 @@ struct sample_case {
     int top_k;
     float presence, frequency, repetition;
     int n_logprobs;
+    int mask_keep; // structured output: > 0 = a token bitmask allowing about 1 token in mask_keep
 };
 
 static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct sample_case *sc, int *mismatch,
@@ -713,6 +714,17 @@ static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct s
     }
     int nh = hs[n_rows];
     int nl = sc->n_logprobs;
+    const int words = (vocab + 31) / 32;
+    uint32_t *mask = NULL;
+    if (sc->mask_keep > 0) { // random allowed sets, at least one token per row
+        mask = calloc((size_t)n_rows * words, 4);
+        for (int r = 0; r < n_rows; r++) {
+            for (int i = 0; i < vocab; i++)
+                if (rng_int(sc->mask_keep) == 0) mask[(size_t)r * words + i / 32] |= 1u << (i % 32);
+            int one = rng_int(vocab);
+            mask[(size_t)r * words + one / 32] |= 1u << (one % 32);
+        }
+    }
     int32_t ids[2][64], top_ids[2][64 * 20];
     float lp[2][64], top_lp[2][64 * 20];
     for (int side = 0; side < 2; side++) {
@@ -737,6 +749,10 @@ static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct s
         a.any_penalty = sc->presence != 0 || sc->frequency != 0 || sc->repetition != 1;
         a.n_logprobs = nl;
         a.all_greedy = sc->temperature < 1e-5f && !a.any_penalty && nl == 0; // CUDA: the multi-CTA arg-max
+        if (mask) {
+            a.token_bitmask = mk_raw(P, b, mask, (size_t)n_rows * words * 4);
+            a.bitmask_words = words;
+        }
         a.out_ids = pool_alloc(P, b, n_rows * 4);
         a.out_logprob = pool_alloc(P, b, n_rows * 4);
         if (nl) {
@@ -756,31 +772,38 @@ static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct s
     for (int r = 0; r < n_rows; r++) {
         if (ids[0][r] != ids[1][r]) (*mismatch)++;
         if (ids[0][r] < 0 || ids[0][r] >= vocab) (*mismatch) += 1000;
+        for (int side = 0; mask && side < 2; side++) // a masked token is never chosen
+            if (ids[side][r] >= 0 && ids[side][r] < vocab &&
+                !((mask[(size_t)r * words + ids[side][r] / 32] >> (ids[side][r] % 32)) & 1u))
+                (*mismatch) += 1000;
         double e = fabs(lp[0][r] - lp[1][r]);
         if (!(e <= *max_lp_err)) *max_lp_err = isnan(e) ? 1e9 : e;
         for (int j = 0; j < nl; j++) {
             if (top_ids[0][r * nl + j] != top_ids[1][r * nl + j]) (*mismatch)++;
-            double e2 = fabs(top_lp[0][r * nl + j] - top_lp[1][r * nl + j]);
+            double e2 = top_lp[0][r * nl + j] == top_lp[1][r * nl + j] // equal -inf of masked tokens
+                            ? 0.0
+                            : fabs(top_lp[0][r * nl + j] - top_lp[1][r * nl + j]);
             if (!(e2 <= *max_lp_err)) *max_lp_err = isnan(e2) ? 1e9 : e2;
         }
     }
     free(logits);
     free(hist);
+    free(mask);
     return 0;
 }
 
 TEST(cuda_sampler_agrees_with_cpu_sampler) {
     BEGIN();
     struct sample_case cases[] = {
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5},      // greedy + top-5 logprobs
-        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0},      // plain temperature
-        {0.7f, 0.9f, 0.f, 0, 0.f, 0.f, 1.f, 2},    // top-p
-        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0},    // top-k
-        {1.f, 1.f, 0.1f, 0, 0.f, 0.f, 1.f, 0},     // min-p
-        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 20}, // all filters
-        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 3},   // penalties
-        {0.f, 1.f, 0.f, 0, 1.f, 1.f, 1.5f, 0},     // greedy with penalties
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0},      // plain greedy: the all_greedy arg-max path
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5, 0},      // greedy + top-5 logprobs
+        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0},      // plain temperature
+        {0.7f, 0.9f, 0.f, 0, 0.f, 0.f, 1.f, 2, 0},    // top-p
+        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0, 0},    // top-k
+        {1.f, 1.f, 0.1f, 0, 0.f, 0.f, 1.f, 0, 0},     // min-p
+        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 20, 0}, // all filters
+        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 3, 0},   // penalties
+        {0.f, 1.f, 0.f, 0, 1.f, 1.f, 1.5f, 0, 0},     // greedy with penalties
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0},      // plain greedy: the all_greedy arg-max path
     };
     int vocabs[] = {32000, 128256, 1000};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
@@ -796,11 +819,38 @@ TEST(cuda_sampler_agrees_with_cpu_sampler) {
     END();
 }
 
+TEST(cuda_sampler_token_bitmask_agrees_with_cpu_sampler) {
+    BEGIN();
+    // Structured output masks: every path (greedy arg-max, filters, penalties, logprobs) sees the
+    // masked row, as the CPU sampler's; dense (1 in 2) and sparse (1 in 5000) allowed sets.
+    struct sample_case cases[] = {
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 2},       // all_greedy arg-max
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 3, 5000},    // greedy + logprobs of the masked row
+        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 2},       // temperature
+        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 5000},    // temperature, few allowed
+        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 2, 3}, // all filters
+        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0, 5000},  // top-k larger than the allowed set
+        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 0, 7},    // penalties
+    };
+    int vocabs[] = {49152, 151936, 1000};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int v = 0; v < 3; v++) {
+            int mismatch;
+            double lp_err;
+            run_sample_case(&P, 24, vocabs[v], &cases[c], &mismatch, &lp_err);
+            ASSERT_EQ(pool_release(&P), 0);
+            if (mismatch || lp_err > 2e-3)
+                test_fail(__FILE__, __LINE__, "masked sample case %zu vocab %d: %d id mismatches, logprob error %g", c,
+                          vocabs[v], mismatch, lp_err);
+        }
+    END();
+}
+
 TEST(cuda_sampler_greedy_argmax_any_batch) {
     BEGIN();
     // The all_greedy path splits a row over many CTAs when the batch is small: ids equal the
     // CPU's, logprobs close, for batch sizes from 1 (most parts per row) to 64.
-    struct sample_case sc = {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0};
+    struct sample_case sc = {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0};
     int rows[] = {1, 2, 7, 64};
     int vocabs[] = {128256, 151936, 1000, 49152};
     for (int i = 0; i < 4; i++)
@@ -818,7 +868,7 @@ TEST(cuda_sampler_greedy_argmax_any_batch) {
 
 TEST(cuda_sampler_same_seed_same_ids) {
     BEGIN();
-    struct sample_case sc = {1.f, 0.95f, 0.f, 0, 0.f, 0.f, 1.f, 0};
+    struct sample_case sc = {1.f, 0.95f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0};
     int m1, m2;
     double e;
     uint64_t saved = rng_state;

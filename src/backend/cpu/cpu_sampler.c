@@ -32,6 +32,10 @@
 //    token if rounding leaves none). Sums are in double here; a GPU summing in float in another
 //    order can differ only when u * total falls within rounding of a CDF boundary.
 //
+// 0. Structured output (sample_args.token_bitmask): before all of the above, every token whose
+//    bit is clear gets raw = -inf (in a copy of the row), so logprobs are those of the masked
+//    distribution and no filter or draw can pick a masked token (its e is 0; the max is kept).
+//
 // The logits tensor is left unchanged by this backend (backend.h allows in-place use).
 #include <math.h>
 #include <string.h>
@@ -291,8 +295,15 @@ static void sample_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     struct cand *cands = (struct cand *)(base + (size_t)V * 2 * sizeof(float));
     int32_t *cnt = (int32_t *)s->hist[tid];
     uint8_t *seen = (uint8_t *)(cnt + V);
+    float *masked = (float *)(base + (size_t)V * (2 * sizeof(float) + sizeof(struct cand)));
     for (int64_t r = r0; r < r1; r++) {
         const float *raw = (const float *)a->logits->data + r * V;
+        if (a->token_bitmask) {
+            const uint32_t *bits = a->token_bitmask + r * a->bitmask_words;
+            for (int i = 0; i < V; i++)
+                masked[i] = (bits[i >> 5] >> (i & 31)) & 1u ? raw[i] : -INFINITY;
+            raw = masked;
+        }
         int32_t id = sample_row(a, (int)r, raw, w, e, cands, cnt, seen);
         a->out_ids[r] = id;
         if (a->out_logprob || a->n_logprobs > 0) sample_logprobs(a, (int)r, raw, V, id);
@@ -309,7 +320,8 @@ void cpu_sample(struct backend *b, const struct sample_args *a) {
     if (a->n_rows <= 0) return;
     cpu_lock(c);
     size_t V = (size_t)a->vocab_size;
-    cpu_scratch_reserve(c, V * (2 * sizeof(float) + sizeof(struct cand)) + 64);
+    CHECK(!a->token_bitmask || a->bitmask_words * 32 >= a->vocab_size);
+    cpu_scratch_reserve(c, V * (3 * sizeof(float) + sizeof(struct cand)) + 64);
     if (a->any_penalty) cpu_sample_hist_reserve(c, V);
     struct sample_ctx s = {a, c->scratch, c->sample_hist};
     thread_pool_parallel_for(c->pool, a->n_rows, 1, sample_rows, &s);

@@ -530,6 +530,22 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
     }
 }
 
+// Structured output: logits[r, i] = -inf where bit (i & 31) of mask[r, i >> 5] is clear, in
+// place (backend.h allows it), before every other pass, so logprobs, greedy and the draws all
+// see the masked row exactly as the CPU sampler's masked copy. One thread per 32-token word.
+__global__ void apply_token_bitmask_kernel(float *logits, int V, const uint32_t *mask, int words) {
+    pdl_begin();
+    const int r = blockIdx.y;
+    const int w = blockIdx.x * blockDim.x + threadIdx.x;
+    if (w >= words || w * 32 >= V) return;
+    uint32_t bits = mask[(size_t)r * words + w];
+    if (bits == 0xffffffffu) return;
+    float *row = logits + (size_t)r * V;
+    const int end = min(V, w * 32 + 32);
+    for (int i = w * 32; i < end; i++)
+        if (!((bits >> (i & 31)) & 1u)) row[i] = -INFINITY;
+}
+
 } // namespace
 
 static bool cuda_sample_greedy(struct cuda_backend *cb, const struct sample_args *a) {
@@ -557,6 +573,13 @@ void cuda_op_sample(struct backend *b, const struct sample_args *a) {
     CHECK(a->n_logprobs == 0 || (a->out_top_ids && a->out_top_logprobs));
     CHECK(!a->any_penalty || (a->hist_start && a->hist_ids && a->hist_prompt_len));
     if (a->n_rows <= 0) return;
+    if (a->token_bitmask) {
+        CHECK(a->bitmask_words * 32 >= a->vocab_size && a->n_rows <= 65535);
+        const int words = (a->vocab_size + 31) / 32;
+        pdl_launch(apply_token_bitmask_kernel, dim3((unsigned)((words + 255) / 256), (unsigned)a->n_rows), 256, 0,
+                   cb->stream, (float *)a->logits->data, a->vocab_size, a->token_bitmask, a->bitmask_words);
+        CUDA_CHECK_LAUNCH();
+    }
     if (a->all_greedy && a->n_rows <= 65535 && cuda_sample_greedy(cb, a)) return;
     int32_t *counts = nullptr;
     if (a->any_penalty) {
