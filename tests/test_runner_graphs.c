@@ -3,7 +3,8 @@
 // fixed iota rows, recomputing when the rows asked for are a subset), exercised on the CPU:
 // a wrapper backend implements graph_begin/end/launch by recording the ops issued during
 // capture (their arguments by value, as a CUDA graph freezes kernel arguments) and replaying
-// them. Replayed steps must give the logits and tokens of a plain eager runner.
+// them. Replayed steps must give the logits and tokens of a plain eager runner (dense, and the
+// MLA + MoE DeepSeek fixtures).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,10 @@
 #include "runtime/model_runner.h"
 #include "test.h"
 
-enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT };
+enum rec_kind {
+    REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT,
+    REC_MOE_ROUTE, REC_MOE_EXPERTS, REC_MLA_WRITE, REC_MLA_ATTN,
+};
 
 struct rec {
     enum rec_kind kind;
@@ -27,6 +31,12 @@ struct rec {
     struct rope_args rope;
     struct attn_metadata md;
     struct kv_layer *kv;
+    struct weight w2;          // REC_MOE_EXPERTS: down (w: gate_up)
+    struct moe_route_args ra;  // REC_MOE_ROUTE
+    struct mla_args ma;        // REC_MLA_*
+    int32_t *topk_ids;
+    float *topk_w;
+    void *ws;
 };
 
 struct rec_graph {
@@ -130,6 +140,37 @@ static void w_convert(struct backend *b, struct tensor *out, const struct tensor
     r->t[0] = *out, r->t[1] = *x;
 }
 
+static void w_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
+                        int32_t *ids, float *w) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->moe_route(REAL(rb), logits, a, ids, w);
+    struct rec *r = rec_push(rb, REC_MOE_ROUTE);
+    r->t[0] = *logits, r->ra = *a, r->topk_ids = ids, r->topk_w = w;
+}
+static void w_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gu,
+                          const struct weight *down, const int32_t *ids, const float *w, int n_slots, void *ws) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->moe_experts(REAL(rb), out, x, gu, down, ids, w, n_slots, ws);
+    struct rec *r = rec_push(rb, REC_MOE_EXPERTS);
+    r->t[0] = *out, r->t[1] = *x, r->w = *gu, r->w2 = *down, r->topk_ids = (int32_t *)ids, r->topk_w = (float *)w;
+    r->n = n_slots, r->ws = ws;
+}
+static void w_mla_latent_write(struct backend *b, struct tensor *q, const struct tensor *kv_a,
+                               const struct tensor *norm, float eps, const struct rope_args *rope,
+                               const struct mla_args *a, struct kv_layer *kv, const struct attn_metadata *md) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->mla_latent_write(REAL(rb), q, kv_a, norm, eps, rope, a, kv, md);
+    struct rec *r = rec_push(rb, REC_MLA_WRITE);
+    r->t[0] = *q, r->t[1] = *kv_a, r->t[2] = *norm, r->f = eps, r->rope = *rope, r->ma = *a, r->kv = kv, r->md = *md;
+}
+static void w_mla_attention(struct backend *b, struct tensor *out, const struct tensor *q, const struct kv_layer *kv,
+                            const struct attn_metadata *md, const struct mla_args *a, void *ws) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->mla_attention(REAL(rb), out, q, kv, md, a, ws);
+    struct rec *r = rec_push(rb, REC_MLA_ATTN);
+    r->t[0] = *out, r->t[1] = *q, r->kv = (struct kv_layer *)kv, r->md = *md, r->ma = *a, r->ws = ws;
+}
+
 static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
     struct backend *b = REAL(rb);
     const struct backend_ops *o = b->ops;
@@ -146,6 +187,14 @@ static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
         case REC_ADD: o->add(b, &r->t[0], &r->t[1]); break;
         case REC_GATHER: o->gather_rows(b, &r->t[0], &r->t[1], r->ids, r->n); break;
         case REC_CONVERT: o->convert(b, &r->t[0], &r->t[1]); break;
+        case REC_MOE_ROUTE: o->moe_route(b, &r->t[0], &r->ra, r->topk_ids, r->topk_w); break;
+        case REC_MOE_EXPERTS:
+            o->moe_experts(b, &r->t[0], &r->t[1], &r->w, &r->w2, r->topk_ids, r->topk_w, r->n, r->ws);
+            break;
+        case REC_MLA_WRITE:
+            o->mla_latent_write(b, &r->t[0], &r->t[1], &r->t[2], r->f, &r->rope, &r->ma, r->kv, &r->md);
+            break;
+        case REC_MLA_ATTN: o->mla_attention(b, &r->t[0], &r->t[1], r->kv, &r->md, &r->ma, r->ws); break;
         }
     }
 }
@@ -209,7 +258,8 @@ static struct rec_backend *rec_backend_create(void) {
         .matmul = w_matmul, .rope_kv_write = w_rope_kv_write, .attention = w_attention, .silu_mul = w_silu_mul,
         .add = w_add, .gather_rows = w_gather_rows, .convert = w_convert, .sample = w_sample,
         .graph_begin = w_graph_begin, .graph_end = w_graph_end, .graph_launch = w_graph_launch,
-        .graph_destroy = w_graph_destroy,
+        .graph_destroy = w_graph_destroy, .moe_route = w_moe_route, .moe_experts = w_moe_experts,
+        .mla_latent_write = w_mla_latent_write, .mla_attention = w_mla_attention,
     };
     rb->pub.ops = &rb->ops;
     return rb;
@@ -334,6 +384,10 @@ static void run_schedule(const char *model) {
 
 TEST(graphs_replay_equals_eager_llama) { run_schedule("llama_gqa"); }
 TEST(graphs_replay_equals_eager_qwen3) { run_schedule("qwen3"); }
+// MLA over the latent cache, shared experts and grouped routing under recorded graphs (frozen
+// arguments: mla_args, the route's per-layer correction bias, padded slots, re-strided tables).
+TEST(graphs_replay_equals_eager_deepseek_v2) { run_schedule("deepseek_v2"); }
+TEST(graphs_replay_equals_eager_deepseek_v3) { run_schedule("deepseek_v3"); }
 
 // Batches that are not decode-only, or larger than every bucket, run eagerly.
 TEST(graphs_not_used_for_prefill) {
