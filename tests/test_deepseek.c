@@ -307,9 +307,16 @@ TEST(deepseek_low_precision_latent_cache) {
             char rel[64], path[4096];
             snprintf(rel, sizeof rel, "models/%s", models[mi]);
             snprintf(path, sizeof path, "%s", test_fixture(rel));
-            struct runner_options o = {.model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto",
-                                       .kv_cache_dtype = kv[ki].dt, .block_size = 4, .num_kv_blocks = 64,
-                                       .max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 64,
+            struct runner_options o = {.model_path = path,
+                                       .device = "cpu",
+                                       .dtype = "auto",
+                                       .load_format = "auto",
+                                       .kv_cache_dtype = kv[ki].dt,
+                                       .block_size = 4,
+                                       .num_kv_blocks = 64,
+                                       .max_num_seqs = 4,
+                                       .max_num_batched_tokens = 64,
+                                       .max_model_len = 64,
                                        .num_threads = 2};
             struct model_runner *r = NULL;
             struct error err = {0};
@@ -323,7 +330,8 @@ TEST(deepseek_low_precision_latent_cache) {
                 sim_seq_init(q, p->ids, p->n);
                 sim_step_begin(sm);
                 ASSERT_EQ(sim_step_add(sm, q, p->n, 0), 0);
-                for (int k = 0; k < p->n_pos; k++) sm->rows[k] = p->pos[k];
+                for (int k = 0; k < p->n_pos; k++)
+                    sm->rows[k] = p->pos[k];
                 sm->n_rows = p->n_pos;
                 struct forward_batch fb = sim_step_batch(sm);
                 float *lg = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
