@@ -568,6 +568,8 @@ TEST(models_bench_configs) {
         {"bench/configs/llama3_1_8b.json", 8030261248LL},
         {"bench/configs/llama3_2_1b.json", 1235814400LL},
         {"bench/configs/qwen3_8b.json", 8190735360LL},
+        {"bench/configs/gpt_oss_20b.json", 20914757184LL},   // OpenAI's model card: 20.91 B
+        {"bench/configs/gpt_oss_120b.json", 116829156672LL}, // 116.83 B
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char *json = NULL;

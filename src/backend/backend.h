@@ -181,6 +181,21 @@ static inline size_t mla_workspace_bytes(int64_t n_tokens, int n_heads, int kv_l
            1024;
 }
 
+// The expert MLP's activation and biases (moe_experts). NULL args = SILU without biases.
+//   SILU:         act = silu(g) * u
+//   SWIGLU_CLAMP: (GPT-OSS) g' = min(g, limit), u' = clamp(u, -limit, limit),
+//                 act = (u' + 1) * g' * sigmoid(alpha * g')
+// where g, u are expert e's gate / up rows of gate_up x (+ gate_up_bias[e]); the expert output is
+// down_e act (+ down_bias[e]), weighted by the slot's combine weight.
+enum moe_act { MOE_ACT_SILU = 0, MOE_ACT_SWIGLU_CLAMP };
+
+struct moe_experts_args {
+    enum moe_act act;
+    float alpha, limit;              // SWIGLU_CLAMP
+    const struct tensor *gate_up_bias; // (E_total, 2I) gate entries then up entries per expert, or NULL
+    const struct tensor *down_bias;  // (E_total, H) or NULL
+};
+
 struct backend;
 
 struct backend_ops {
@@ -261,7 +276,7 @@ struct backend_ops {
     // and topk_w (n, top_k + n_shared) F32, both backend memory. No host synchronisation.
     void (*moe_route)(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
                       int32_t *topk_ids, float *topk_w);
-    // The fused expert MLP: out(n, H) = sum_j topk_w[t, j] * down_e(silu(gate_e x_t) * up_e x_t)
+    // The fused expert MLP: out(n, H) = sum_j topk_w[t, j] * down_e(act(gate_e x_t, up_e x_t))
     // with e = topk_ids[t, j], over j < n_slots. x (n, H) and out (n, H) in act dtype (out must not
     // alias x); gate_up (E_total, 2I, H) with gate rows first and down (E_total, H, I) are the
     // stacked expert weights in the weight dtype. workspace: moe_workspace_bytes(n, n_slots,
@@ -271,9 +286,11 @@ struct backend_ops {
     // rows; the combine sums a token's slots in slot order (deterministic). Ids outside
     // [0, E_total) are a programmer error (the CPU backend CHECKs them; CUDA skips the slot).
     // gate_up / down carry a weight scheme like matmul's w (the stacked tensors are their .t).
+    // ea (may be NULL: SiLU, no biases) gives the activation and the expert biases (weights, in
+    // the weight dtypes; see struct moe_experts_args).
     void (*moe_experts)(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
                         const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
-                        void *workspace);
+                        const struct moe_experts_args *ea, void *workspace);
 
     // ---- MLA (multi-head latent attention: DeepSeek-V2/V3; see struct mla_args) ----
     // NULL on backends without MLA (caps.mla false: such models are refused at load).
@@ -318,6 +335,7 @@ struct backend_caps {
     int max_experts;           // moe_route / moe_experts: routed + shared experts; 0 = any
     bool moe_sigmoid_scoring;  // MOE_SCORING_SIGMOID and correction_bias
     bool moe_grouped_topk;     // n_group > 1 (both group scores)
+    bool moe_swiglu_clamp;     // moe_experts: MOE_ACT_SWIGLU_CLAMP and expert biases (GPT-OSS)
     bool pow2_block_size;      // KV block size must be a power of two
     int min_block_size;        // smallest KV block size the attention tile takes
     bool mla;                  // MLA ops (mla_latent_write / mla_attention) over a latent cache

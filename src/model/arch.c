@@ -8,6 +8,7 @@
 static const struct model_arch_def *const model_arch_table[] = {
     &model_arch_llama,
     &model_arch_deepseek,
+    &model_arch_gpt_oss,
 };
 
 #define N_ARCH_DEFS (sizeof model_arch_table / sizeof model_arch_table[0])

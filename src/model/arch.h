@@ -51,6 +51,7 @@ void model_arch_supported_list(char *buf, size_t n);
 // Families (one file each).
 extern const struct model_arch_def model_arch_llama; // llama.c
 extern const struct model_arch_def model_arch_deepseek; // deepseek.c
+extern const struct model_arch_def model_arch_gpt_oss; // gpt_oss.c
 
 // Shared weight tables of the pre-norm decoder layer (blocks.c): the two RMSNorm weights every
 // layer has (input_layernorm, post_attention_layernorm).

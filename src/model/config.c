@@ -401,6 +401,10 @@ static atomc_status parse_layer_types_list(struct ctx *x, const json_t *root, st
             c->layer_types[l] = (l + 1) % interval == 0 ? LAYER_ATTN_FULL : LAYER_ATTN_LINEAR;
         return ATOMC_OK;
     }
+    if (c->arch == MODEL_ARCH_GPT_OSS) { // transformers' default: even layers sliding, odd layers full
+        for (int l = 0; l < c->num_layers; l++) c->layer_types[l] = l % 2 == 0 ? LAYER_ATTN_SLIDING : LAYER_ATTN_FULL;
+        return ATOMC_OK;
+    }
     for (int l = 0; l < c->num_layers; l++) c->layer_types[l] = c->sliding_window > 0 ? LAYER_ATTN_SLIDING : LAYER_ATTN_FULL;
     return ATOMC_OK;
 }
@@ -441,6 +445,20 @@ static atomc_status parse_moe(struct ctx *x, const json_t *root, struct model_co
             c->mlp_only_layers[json_integer_value(e)] = true;
         }
     }
+    return ATOMC_OK;
+}
+
+// GPT-OSS: the clamped SwiGLU of its experts (transformers' GptOssConfig defaults).
+static atomc_status parse_gpt_oss(struct ctx *x, const json_t *root, struct model_config *c) {
+    if (c->arch != MODEL_ARCH_GPT_OSS) return ATOMC_OK;
+    c->swiglu_alpha = 1.702f;
+    c->swiglu_limit = 7.0f;
+    TRY(get_float(x, root, "swiglu_alpha", false, &c->swiglu_alpha));
+    TRY(get_float(x, root, "swiglu_limit", false, &c->swiglu_limit));
+    if (!(c->swiglu_alpha > 0.0f) || !(c->swiglu_limit > 0.0f) || !isfinite(c->swiglu_alpha) ||
+        !isfinite(c->swiglu_limit))
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: swiglu_alpha %g and swiglu_limit %g must be positive and finite",
+                         x->src, c->swiglu_alpha, c->swiglu_limit);
     return ATOMC_OK;
 }
 
@@ -954,6 +972,7 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
         c->rope.original_max_position = c->max_position_embeddings;
 
     TRY(get_bool(x, root, "tie_word_embeddings", &c->tie_word_embeddings));
+    c->attention_bias = c->arch == MODEL_ARCH_GPT_OSS; // GptOssConfig's default
     TRY(get_bool(x, root, "attention_bias", &c->attention_bias));
     // o_proj follows attention_bias in Llama/Qwen3/GPT-OSS; GLM-4-MoE and DeepSeek-V3 never bias it.
     c->attention_out_bias = c->attention_bias && c->arch != MODEL_ARCH_GLM4_MOE && c->arch != MODEL_ARCH_DEEPSEEK_V3;
@@ -970,11 +989,14 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     TRY(get_int(x, root, "pad_token_id", false, 0, INT32_MAX, &c->pad_token_id));
     TRY(get_token_ids(x, root, "eos_token_id", c->eos_token_ids, &c->n_eos));
 
+    // GptOssConfig's default when absent (an explicit null means no window, as in transformers).
+    if (c->arch == MODEL_ARCH_GPT_OSS && !json_object_get(root, "sliding_window")) c->sliding_window = 128;
     TRY(get_int(x, root, "sliding_window", false, 0, INT32_MAX, &c->sliding_window));
     TRY(parse_layer_types(x, root, c));
     c->attention_sinks = c->arch == MODEL_ARCH_GPT_OSS;
 
     TRY(parse_moe(x, root, c));
+    TRY(parse_gpt_oss(x, root, c));
 
     TRY(get_int(x, root, "q_lora_rank", false, 0, INT32_MAX, &c->q_lora_rank));
     TRY(get_int(x, root, "kv_lora_rank", false, 0, INT32_MAX, &c->kv_lora_rank));

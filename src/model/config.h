@@ -185,6 +185,12 @@ struct model_config {
     int n_group, topk_group;    // DeepSeek grouped top-k
     char scoring_func[16];      // "softmax" or "sigmoid"
 
+    // GPT-OSS (swiglu_alpha > 0 only there): experts apply a clamped SwiGLU,
+    //   gate = min(gate, limit), up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(alpha * gate),
+    // and the router and experts carry biases.
+    float swiglu_alpha;         // 1.702 for GPT-OSS; 0 = plain SiLU experts
+    float swiglu_limit;         // 7.0 for GPT-OSS
+
     // Multi-head latent attention (DeepSeek-V3).
     int q_lora_rank;
     int kv_lora_rank;

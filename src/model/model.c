@@ -123,6 +123,9 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
         if (c->scoring_func[0] && !strcmp(c->scoring_func, "sigmoid") && !caps->moe_sigmoid_scoring)
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: sigmoid expert scoring is not supported by the %s "
                              "backend", c->architecture, be);
+        if (c->swiglu_alpha > 0 && !caps->moe_swiglu_clamp)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the experts' clamped SwiGLU with biases (GPT-OSS) is not "
+                             "implemented by the %s backend yet", c->architecture, be);
         if (c->n_group > 1 && !caps->moe_grouped_topk)
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: grouped top-k routing (n_group %d) is not supported by "
                              "the %s backend", c->architecture, c->n_group, be);
@@ -188,7 +191,9 @@ static struct moe_route_args model_moe_route_args(const struct model_config *c, 
 
 double model_moe_decode_weight_bytes(const struct model_config *c, double weight_bytes, int batch) {
     if (c->num_experts <= 0) return weight_bytes;
-    double per_param = weight_bytes / (double)model_param_count(c);
+    // MXFP4 experts (GPT-OSS): half a byte per weight plus an e8m0 byte per 32; else the average.
+    double per_param = c->quant.method == QUANT_METHOD_MXFP4 ? 17.0 / 32.0
+                                                             : weight_bytes / (double)model_param_count(c);
     int64_t touched = (int64_t)batch * c->num_experts_per_tok;
     if (touched > c->num_experts) touched = c->num_experts;
     double idle = 0;

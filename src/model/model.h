@@ -6,7 +6,7 @@
 //   src/model/arch.h): config check, layer plan (which attention kind, which FFN kind, which
 //   cache spec and which weight tables each layer has), forward. The forward of a family lives
 //   in its own file (llama.c: Llama, Mistral, Qwen3, Qwen3-MoE, Mixtral) as a short loop over
-//   the shared block functions of src/model/blocks.c.
+//   the shared block functions of src/model/blocks.c (gpt_oss.c: GPT-OSS).
 // - Weights are data: each family has tables (struct weight_entry, src/model/weight_loader.h)
 //   mapping HF name suffixes to fields of struct model_layer with their shapes, fuse groups and
 //   tensor-parallel shard kinds; src/model/weight_loader.c loads any table (checkpoint or dummy
@@ -59,6 +59,7 @@ struct attn_gqa_weights {
     struct tensor k_norm;       // (head_dim) or data == NULL
     struct weight o;            // (hidden, q_dim)
     struct tensor o_bias;       // (hidden) or data == NULL
+    struct tensor sinks;        // (n_heads) F32 GPT-OSS's learned attention sinks, or data == NULL
 };
 
 // MLA (DeepSeek): H heads, nope / rope / v head dims, kv_lora_rank L, q_lora_rank Q (0 = direct q).
@@ -82,6 +83,7 @@ struct ffn_dense_weights {
 
 struct ffn_moe_weights {
     struct weight router;       // (E, hidden)
+    struct tensor router_bias;  // (E) F32 (GPT-OSS), or data == NULL
     struct weight gate_up;      // (E, 2 moe_inter, hidden): per expert gate rows, then up rows
     struct weight down;         // (E, hidden, moe_inter)
     // Shared experts (DeepSeek: one MLP of n_shared * moe_inter): loaded into these, then stacked
@@ -90,6 +92,8 @@ struct ffn_moe_weights {
     struct weight shared_gate_up; // (2 n_shared moe_inter, hidden): gate rows, then up rows
     struct weight shared_down;    // (hidden, n_shared moe_inter)
     struct tensor score_bias;     // (E) noaux_tc's e_score_correction_bias, or data == NULL
+    struct tensor gate_up_bias; // (E, 2 moe_inter) as gate_up's rows (GPT-OSS), or data == NULL
+    struct tensor down_bias;    // (E, hidden) (GPT-OSS), or data == NULL
 };
 
 struct model_layer {

@@ -37,6 +37,19 @@ enum wdim {
     WDIM_KV_B,      // num_heads * (qk_nope_head_dim + v_head_dim)
     WDIM_MLA_O,     // num_heads * v_head_dim
     WDIM_SHARED_INTER, // n_shared_experts * moe_intermediate_size (DeepSeek's one shared MLP)
+    WDIM_HEADS,     // this rank's query heads               (TP start: q_head0)
+    WDIM_MOE_INTER2, // 2 * moe_intermediate_size (gate and up rows of one stacked tensor)
+};
+
+// How a checkpoint stores an entry.
+enum wlayout {
+    WLAYOUT_PARTS = 0, // one tensor per part (per expert for per_expert entries), fused by rows
+    // GPT-OSS: one tensor holds every expert, (E, rows, cols) ((E, rows) for 1-D entries), or
+    // (E, cols, rows) when `transposed`; a per_expert entry of one part whose name has no "%d".
+    // Under quant_method mxfp4 an is_weight entry may instead be stored as <name>_blocks (U8
+    // (E, rows, cols / 32, 16)) and <name>_scales (U8 (E, rows, cols / 32)), kept as they are
+    // (WEIGHT_SCHEME_MX).
+    WLAYOUT_STACKED,
 };
 
 enum wshard { WSHARD_NONE = 0, WSHARD_COL, WSHARD_ROW, WSHARD_ROW_BIAS };
@@ -74,6 +87,12 @@ struct weight_entry {
     bool per_expert;       // parts repeated per expert and stacked (E, rows, cols)
     enum wdim cols;        // WDIM_NONE: a 1-D entry whose length is the sum of its parts' rows
     struct weight_part parts[WEIGHT_MAX_PARTS]; // >1 part: fused by rows, in this order
+    bool f32;              // kept in F32 whatever the weight dtype (ops that take F32 only: sinks,
+                           // a bias added to F32 router logits); single-part, not per_expert
+    enum wlayout layout;
+    bool transposed;       // WLAYOUT_STACKED: stored (E, cols, rows)
+    bool interleaved;      // WLAYOUT_STACKED: stored rows alternate between two halves (gate_0,
+                           // up_0, gate_1, up_1, ...); loaded as (gate rows, then up rows)
 };
 
 // A table ends with an entry whose parts[0].name is NULL.

@@ -43,7 +43,8 @@ static const char *fixture_dir(const char *model, char *buf, size_t n) {
     return buf;
 }
 
-// Every tiny model, dense and MoE: prefill logits at the reference positions and 16 greedy
+// Every tiny model, dense and MoE (gpt_oss / gpt_oss_mxfp4 included: sinks, windows, clamped-SwiGLU
+// experts with biases, MXFP4 experts decoded in the MoE kernels): prefill logits at the reference positions and 16 greedy
 // decode steps (decode steps replay CUDA graphs) against HF. The MoE fixtures' routing
 // decisions are >= 2e-2 in probability (0.25 in router logits, 5x the largest change a BF16
 // forward makes there) from a tie, so BF16 hidden states pick the reference's experts.

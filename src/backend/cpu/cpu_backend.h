@@ -67,7 +67,7 @@ void cpu_moe_route(struct backend *b, const struct tensor *logits, const struct 
                    float *topk_w);
 void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
                      const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
-                     void *workspace);
+                     const struct moe_experts_args *ea, void *workspace);
 
 // Quantized weights (cpu_qmatmul.c): the matmul for schemes other than NONE (cpu_matmul
 // dispatches to it), whether a weight is one it runs, and expert e of a stacked (E, rows,
