@@ -34,6 +34,7 @@ struct rec {
     struct weight w2;          // REC_MOE_EXPERTS: down (w: gate_up)
     struct moe_route_args ra;  // REC_MOE_ROUTE
     struct mla_args ma;        // REC_MLA_*
+    struct moe_experts_args ea; // REC_MOE_EXPERTS (when has[3])
     int32_t *topk_ids;
     float *topk_w;
     void *ws;
@@ -148,12 +149,14 @@ static void w_moe_route(struct backend *b, const struct tensor *logits, const st
     r->t[0] = *logits, r->ra = *a, r->topk_ids = ids, r->topk_w = w;
 }
 static void w_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gu,
-                          const struct weight *down, const int32_t *ids, const float *w, int n_slots, void *ws) {
+                          const struct weight *down, const int32_t *ids, const float *w, int n_slots,
+                          const struct moe_experts_args *ea, void *ws) {
     struct rec_backend *rb = rb_of(b);
-    if (!rb->capturing) return REAL(rb)->ops->moe_experts(REAL(rb), out, x, gu, down, ids, w, n_slots, ws);
+    if (!rb->capturing) return REAL(rb)->ops->moe_experts(REAL(rb), out, x, gu, down, ids, w, n_slots, ea, ws);
     struct rec *r = rec_push(rb, REC_MOE_EXPERTS);
     r->t[0] = *out, r->t[1] = *x, r->w = *gu, r->w2 = *down, r->topk_ids = (int32_t *)ids, r->topk_w = (float *)w;
     r->n = n_slots, r->ws = ws;
+    if (ea) r->ea = *ea, r->has[3] = true;
 }
 static void w_mla_latent_write(struct backend *b, struct tensor *q, const struct tensor *kv_a,
                                const struct tensor *norm, float eps, const struct rope_args *rope,
@@ -189,7 +192,8 @@ static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
         case REC_CONVERT: o->convert(b, &r->t[0], &r->t[1]); break;
         case REC_MOE_ROUTE: o->moe_route(b, &r->t[0], &r->ra, r->topk_ids, r->topk_w); break;
         case REC_MOE_EXPERTS:
-            o->moe_experts(b, &r->t[0], &r->t[1], &r->w, &r->w2, r->topk_ids, r->topk_w, r->n, r->ws);
+            o->moe_experts(b, &r->t[0], &r->t[1], &r->w, &r->w2, r->topk_ids, r->topk_w, r->n,
+                           r->has[3] ? &r->ea : NULL, r->ws);
             break;
         case REC_MLA_WRITE:
             o->mla_latent_write(b, &r->t[0], &r->t[1], &r->t[2], r->f, &r->rope, &r->ma, r->kv, &r->md);
