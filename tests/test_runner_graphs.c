@@ -4,7 +4,7 @@
 // a wrapper backend implements graph_begin/end/launch by recording the ops issued during
 // capture (their arguments by value, as a CUDA graph freezes kernel arguments) and replaying
 // them (MoE and Gated DeltaNet ops too). Replayed steps must give the logits and tokens of a plain
-// eager runner; for the recurrent model (qwen3_next) every sequence has its own state slot and the
+// eager runner (dense, the MLA + MoE DeepSeek fixtures); for the recurrent model (qwen3_next) every sequence has its own state slot and the
 // padding sequences write the runner's dummy slot.
 #include <math.h>
 #include <stdlib.h>
@@ -16,7 +16,8 @@
 #include "test.h"
 
 enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT,
-                REC_DN_CONV, REC_DN_RULE, REC_GNORM, REC_GATE, REC_MOE_ROUTE, REC_MOE_EXPERTS };
+                REC_DN_CONV, REC_DN_RULE, REC_GNORM, REC_GATE, REC_MOE_ROUTE, REC_MOE_EXPERTS, REC_MLA_WRITE,
+                REC_MLA_ATTN };
 
 struct rec {
     enum rec_kind kind;
@@ -34,6 +35,7 @@ struct rec {
     struct moe_route_args route;
     struct weight w2;   // REC_MOE_EXPERTS: down
     struct moe_experts_args ea; // REC_MOE_EXPERTS: the activation / biases (has[3]: given)
+    struct mla_args ma;         // REC_MLA_*
     void *p[3];         // REC_MOE_*: ids, weights, workspace
 };
 
@@ -189,6 +191,22 @@ static void w_moe_experts(struct backend *b, struct tensor *out, const struct te
     if (ea) r->ea = *ea, r->has[3] = true;
 }
 
+static void w_mla_latent_write(struct backend *b, struct tensor *q, const struct tensor *kv_a,
+                               const struct tensor *norm, float eps, const struct rope_args *rope,
+                               const struct mla_args *a, struct kv_layer *kv, const struct attn_metadata *md) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->mla_latent_write(REAL(rb), q, kv_a, norm, eps, rope, a, kv, md);
+    struct rec *r = rec_push(rb, REC_MLA_WRITE);
+    r->t[0] = *q, r->t[1] = *kv_a, r->t[2] = *norm, r->f = eps, r->rope = *rope, r->ma = *a, r->kv = kv, r->md = *md;
+}
+static void w_mla_attention(struct backend *b, struct tensor *out, const struct tensor *q, const struct kv_layer *kv,
+                            const struct attn_metadata *md, const struct mla_args *a, void *ws) {
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->mla_attention(REAL(rb), out, q, kv, md, a, ws);
+    struct rec *r = rec_push(rb, REC_MLA_ATTN);
+    r->t[0] = *out, r->t[1] = *q, r->kv = (struct kv_layer *)kv, r->md = *md, r->ma = *a, r->p[2] = ws;
+}
+
 static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
     struct backend *b = REAL(rb);
     const struct backend_ops *o = b->ops;
@@ -212,6 +230,10 @@ static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
         case REC_GNORM: o->rmsnorm_gated(b, &r->t[0], &r->t[1], &r->t[2], r->stride, r->n, &r->t[3], r->f); break;
         case REC_GATE: o->gate_sigmoid_mul(b, &r->t[0], &r->t[1], r->stride, r->n); break;
         case REC_MOE_ROUTE: o->moe_route(b, &r->t[0], &r->route, r->p[0], r->p[1]); break;
+        case REC_MLA_WRITE:
+            o->mla_latent_write(b, &r->t[0], &r->t[1], &r->t[2], r->f, &r->rope, &r->ma, r->kv, &r->md);
+            break;
+        case REC_MLA_ATTN: o->mla_attention(b, &r->t[0], &r->t[1], r->kv, &r->md, &r->ma, r->p[2]); break;
         case REC_MOE_EXPERTS:
             o->moe_experts(b, &r->t[0], &r->t[1], &r->w, &r->w2, r->p[0], r->p[1], r->n, r->has[3] ? &r->ea : NULL,
                            r->p[2]);
@@ -280,6 +302,7 @@ static struct rec_backend *rec_backend_create(void) {
         .add = w_add, .gather_rows = w_gather_rows, .convert = w_convert, .sample = w_sample,
         .graph_begin = w_graph_begin, .graph_end = w_graph_end, .graph_launch = w_graph_launch,
         .graph_destroy = w_graph_destroy, .moe_route = w_moe_route, .moe_experts = w_moe_experts,
+        .mla_latent_write = w_mla_latent_write, .mla_attention = w_mla_attention,
         .deltanet_conv = w_dn_conv, .deltanet_rule = w_dn_rule, .rmsnorm_gated = w_gnorm, .gate_sigmoid_mul = w_gate,
     };
     rb->pub.ops = &rb->ops;
@@ -408,6 +431,11 @@ TEST(graphs_replay_equals_eager_llama) { run_schedule("llama_gqa"); }
 TEST(graphs_replay_equals_eager_qwen3) { run_schedule("qwen3"); }
 // Recurrent state under graphs: padding sequences write the dummy slot, every real one its own.
 TEST(graphs_replay_equals_eager_qwen3_next) { run_schedule("qwen3_next"); }
+
+// MLA over the latent cache, shared experts and grouped routing under recorded graphs (frozen
+// arguments: mla_args, the route's per-layer correction bias, padded slots, re-strided tables).
+TEST(graphs_replay_equals_eager_deepseek_v2) { run_schedule("deepseek_v2"); }
+TEST(graphs_replay_equals_eager_deepseek_v3) { run_schedule("deepseek_v3"); }
 TEST(graphs_replay_equals_eager_qwen3_moe) { run_schedule("qwen3_moe"); }
 
 // Batches that are not decode-only, or larger than every bucket, run eagerly.

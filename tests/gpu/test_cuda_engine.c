@@ -92,6 +92,14 @@ TEST(cuda_engine_gpt_oss_random_stress_equals_alone) {
     es_batched_under_preemption_equals_alone(&GRAPHS, "gpt_oss");
 }
 
+// MLA over the latent cache (cuda_mla.cu) with shared experts and both DeepSeek routings, graphs on.
+TEST(cuda_engine_mla_random_stress_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&GRAPHS, "deepseek_v2", 0x5eed1234ull, 32);
+    es_random_stress_equals_alone(&GRAPHS, "deepseek_v3", 0x5eed4321ull, 32);
+    es_prefix_hit_identical_to_cold(&GRAPHS, "deepseek_v2");
+}
+
 int main(int argc, char **argv) {
     return test_main(argc, argv);
 }
