@@ -19,9 +19,11 @@
 static const char *MODELS[] = {"llama_gqa",  "llama_mha",       "llama_tied", "llama_rope_llama3", "llama_rope_linear",
                                "llama_bias", "mistral_sliding", "qwen3",      "qwen3_yarn"};
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
-// Mixture-of-experts fixtures (tools/make_tiny_moe_models.py); the CPU model tests check them
+// Mixture-of-experts fixtures (tools/make_tiny_moe_models.py; GLM-4-MoE: tools/make_tiny_glm_mimo.py);
+// the CPU model tests check them
 // with the dense ones, test_moe_models.c adds the MoE-specific checks.
-__attribute__((unused)) static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral"};
+__attribute__((unused)) static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral", "glm4_moe",
+                                                           "glm4_moe_air"};
 #define N_MOE_MODELS ((int)(sizeof MOE_MODELS / sizeof MOE_MODELS[0]))
 // Dense fixtures, then the MoE ones: the whole-model reference checks run on all of them.
 #define N_ALL_MODELS (N_MODELS + N_MOE_MODELS)

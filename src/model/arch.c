@@ -7,6 +7,7 @@
 
 static const struct model_arch_def *const model_arch_table[] = {
     &model_arch_llama,
+    &model_arch_glm4_moe,
 };
 
 #define N_ARCH_DEFS (sizeof model_arch_table / sizeof model_arch_table[0])

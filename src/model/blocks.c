@@ -124,9 +124,11 @@ static void ffn_moe(struct model *m, struct fwd_state *f, const struct ffn_moe_w
     CHECK(s->workspace != NULL);
     struct tensor logits = tensor_2d(s->logits, DTYPE_F32, f->T, c->num_experts);
     b->ops->matmul(b, &logits, &f->x, &w->router, NULL);
-    b->ops->moe_route(b, &logits, &m->moe_route, s->topk_ids, s->topk_w);
-    b->ops->moe_experts(b, &f->h, &f->x, &w->gate_up, &w->down, s->topk_ids, s->topk_w, c->num_experts_per_tok,
-                        s->workspace);
+    struct moe_route_args ra = m->moe_route;
+    ra.correction_bias = w->score_bias.data; // (E) F32 or NULL (DeepSeek-V3's e_score_correction_bias)
+    b->ops->moe_route(b, &logits, &ra, s->topk_ids, s->topk_w);
+    b->ops->moe_experts(b, &f->h, &f->x, &w->gate_up, &w->down, s->topk_ids, s->topk_w,
+                        m->moe_route.top_k + m->moe_route.n_shared, s->workspace);
 }
 
 void block_ffn(struct model *m, struct fwd_state *f, const struct model_layer *ly) {

@@ -190,6 +190,9 @@ struct model_config {
     int qk_nope_head_dim;
     int qk_rope_head_dim;
     int v_head_dim;
+    // GLM-4-MoE / DeepSeek-V3: multi-token-prediction layers stored after the decoder layers
+    // (model.layers.<num_layers + i>.*, i < num_nextn_predict_layers; skipped at load).
+    int num_nextn_predict_layers;
 
     // Quantization (present == false for unquantized checkpoints and GGUF).
     struct quant_config quant;

@@ -149,15 +149,26 @@ static atomc_status model_tp_check(const struct model_config *c, int tp, int ran
 // ---------------------------------------------------------------------------------------------
 // MoE routing
 
-// Routing parameters of cfg: softmax top-k, renormalised over the k when norm_topk_prob (config.c
-// sets it for Mixtral, whose softmax over the top-k logits is the same thing).
+// Routing parameters of cfg: softmax or sigmoid (scoring_func) top-k, renormalised over the k
+// when norm_topk_prob (config.c sets it for Mixtral, whose softmax over the top-k logits is the
+// same thing), times routed_scaling_factor; grouped top-k when n_group > 1, groups scored by the
+// top-2 sum of the keys under sigmoid scoring (DeepSeek-V3 noaux_tc, GLM-4-MoE) and by their max
+// under softmax (DeepSeek-V2 group_limited_greedy); shared experts as slots of weight 1 (the
+// families that do not load them refuse such configs). The correction bias is per layer: the
+// MoE block sets it (blocks.c).
 static struct moe_route_args model_moe_route_args(const struct model_config *c, bool force_uniform) {
+    const bool sigmoid = !strcmp(c->scoring_func, "sigmoid");
     return (struct moe_route_args){
         .num_experts = c->num_experts,
         .top_k = c->num_experts_per_tok,
-        .scoring = MOE_SCORING_SOFTMAX,
+        .scoring = sigmoid ? MOE_SCORING_SIGMOID : MOE_SCORING_SOFTMAX,
         .renormalize = c->norm_topk_prob,
-        .scale = 1.0f,
+        .scale = c->routed_scaling_factor > 0 ? c->routed_scaling_factor : 1.0f,
+        .n_group = c->n_group > 1 ? c->n_group : 0,
+        .topk_group = c->n_group > 1 ? c->topk_group : 0,
+        .group_score = sigmoid ? MOE_GROUP_SCORE_TOP2_SUM : MOE_GROUP_SCORE_MAX,
+        .n_shared = c->n_shared_experts > 0 ? c->n_shared_experts : 0,
+        .shared_weight = 1.0f,
         .force_uniform = force_uniform,
     };
 }
@@ -355,7 +366,8 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
     s->max_tokens = max_tokens;
     s->max_logits_rows = max_logits_rows;
     const bool moe = c->num_experts > 0;
-    size_t E = moe ? (size_t)c->num_experts : 0, k = moe ? (size_t)c->num_experts_per_tok : 0;
+    const size_t n_shared = moe && c->n_shared_experts > 0 ? (size_t)c->n_shared_experts : 0;
+    size_t E = moe ? (size_t)c->num_experts : 0, k = moe ? (size_t)c->num_experts_per_tok + n_shared : 0;
     struct {
         void **p;
         size_t bytes;
@@ -376,7 +388,7 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {(void **)&s->moe.logits, T * E * sizeof(float)},
         {(void **)&s->moe.topk_ids, T * k * sizeof(int32_t)},
         {(void **)&s->moe.topk_w, T * k * sizeof(float)},
-        {&s->moe.workspace, moe ? moe_workspace_bytes((int64_t)T, (int)k, (int)E, c->hidden_size,
+        {&s->moe.workspace, moe ? moe_workspace_bytes((int64_t)T, (int)k, (int)(E + n_shared), c->hidden_size,
                                                       c->moe_intermediate_size, e)
                                 : 0},
     };

@@ -69,8 +69,11 @@ struct ffn_dense_weights {
 
 struct ffn_moe_weights {
     struct weight router;       // (E, hidden)
-    struct weight gate_up;      // (E, 2 moe_inter, hidden): per expert gate rows, then up rows
-    struct weight down;         // (E, hidden, moe_inter)
+    // Stacked experts: E routed ones, then n_shared_experts shared ones (GLM-4-MoE: loaded there
+    // by the tables' shared_parts), which moe_route's shared slots select for every token.
+    struct weight gate_up;      // (E + n_shared, 2 moe_inter, hidden): per expert gate rows, then up rows
+    struct weight down;         // (E + n_shared, hidden, moe_inter)
+    struct tensor score_bias;   // (E) F32 e_score_correction_bias (GLM-4-MoE, DeepSeek-V3), or data == NULL
 };
 
 struct model_layer {
@@ -117,9 +120,9 @@ const char *cache_kind_name(enum cache_kind k);
 // MoE scratch, allocated with the rest of the scratch when the model has MoE layers.
 struct model_moe_scratch {
     float *logits;      // (max_tokens, E) F32 router logits
-    int32_t *topk_ids;  // (max_tokens, top_k) expert ids
-    float *topk_w;      // (max_tokens, top_k) F32 combine weights
-    void *workspace;    // moe_workspace_bytes(max_tokens, top_k, E, hidden, moe_inter)
+    int32_t *topk_ids;  // (max_tokens, top_k + n_shared) expert ids
+    float *topk_w;      // (max_tokens, top_k + n_shared) F32 combine weights
+    void *workspace;    // moe_workspace_bytes(max_tokens, top_k + n_shared, E + n_shared, hidden, moe_inter)
 };
 
 // Activations of one step, allocated once for `max_tokens` rows (max_num_batched_tokens)

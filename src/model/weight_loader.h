@@ -60,8 +60,14 @@ struct weight_entry {
     enum wshard shard;
     enum wcond cond;
     bool per_expert;       // parts repeated per expert and stacked (E, rows, cols)
+    bool f32;              // kept in F32 whatever the weight dtype (a routing bias that selects experts)
     enum wdim cols;        // WDIM_NONE: a 1-D entry whose length is the sum of its parts' rows
     struct weight_part parts[WEIGHT_MAX_PARTS]; // >1 part: fused by rows, in this order
+    // per_expert entries: the shared-expert MLP's tensors, one per part (HF's shared_experts of
+    // intermediate n_shared_experts x moe_intermediate_size), appended as n_shared_experts more
+    // stacked experts: shared expert s takes rows [s I, (s + 1) I) of a part whose rows are
+    // WDIM_MOE_INTER, else columns [s I, (s + 1) I) when the entry's cols are WDIM_MOE_INTER.
+    const char *shared_parts[WEIGHT_MAX_PARTS];
 };
 
 // A table ends with an entry whose parts[0].name is NULL.
