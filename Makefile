@@ -35,6 +35,8 @@ CFLAGS := $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 LDLIBS := $(PKG_LIBS) -lm -lpthread -ldl
 
 SRC_C := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
+# Assembler sources: only src/server/webui_embed.S, which .incbin's the chat page.
+SRC_S := $(shell find src -name '*.S' | sort)
 CLI_C := $(shell find src/cli -name '*.c' | sort)
 TEST_C := $(sort $(wildcard tests/test_*.c))
 TEST_SUPPORT_C := $(filter-out $(TEST_C),$(wildcard tests/*.c))
@@ -58,7 +60,7 @@ else
   CU_OBJ :=
 endif
 
-OBJ := $(patsubst %.c,$(BUILD)/%.o,$(SRC_C)) $(CU_OBJ)
+OBJ := $(patsubst %.c,$(BUILD)/%.o,$(SRC_C)) $(patsubst %.S,$(BUILD)/%.o,$(SRC_S)) $(CU_OBJ)
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(CLI_C))
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_C))
 TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT_C))
@@ -72,6 +74,11 @@ all: $(BUILD)/atomc $(BUILD)/libatomc.a $(TEST_BIN)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.S
+	@mkdir -p $(dir $@)
+	$(CC) -c $< -o $@
+$(BUILD)/src/server/webui_embed.o: src/server/webui/index.html
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -114,7 +121,7 @@ asan:
 # libFuzzer targets: fuzz/fuzz_*.c, each linked with the library built under clang.
 FUZZ_C := $(wildcard fuzz/fuzz_*.c)
 fuzz:
-	$(MAKE) BUILD=build-fuzz CC=clang EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" $(patsubst %.c,build-fuzz/%.o,$(SRC_C)) build-fuzz/libatomc.a
+	$(MAKE) BUILD=build-fuzz CC=clang EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" $(patsubst %.c,build-fuzz/%.o,$(SRC_C)) $(patsubst %.S,build-fuzz/%.o,$(SRC_S)) build-fuzz/libatomc.a
 	@mkdir -p build-fuzz/fuzz
 	for f in $(FUZZ_C); do \
 	  clang $(CFLAGS_BASE) -Wno-error -fsanitize=fuzzer,address,undefined -o build-fuzz/fuzz/$$(basename $$f .c) $$f build-fuzz/libatomc.a $(LDLIBS) || exit 1; \

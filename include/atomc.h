@@ -48,7 +48,8 @@ const char *atomc_finish_reason_name(atomc_finish_reason r); // "stop", "length"
 
 typedef struct atomc_engine_options {
     const char *model_path;        // HF model directory, or a .gguf file
-    const char *device;            // "cpu" (default) or "cuda"
+    const char *device;            // "cpu" (NULL), "cuda", or "auto" (CUDA when a usable GPU and the CUDA
+                                   // backend are there, else CPU; the CLI's default)
     const char *dtype;             // "auto" (default), "bfloat16", "float16", "float32"
     const char *load_format;       // "auto" (default) or "dummy" (random weights from config.json)
     const char *kv_cache_dtype;    // "auto" (default), "bf16", "fp8"

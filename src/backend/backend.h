@@ -300,6 +300,15 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
 atomc_status backend_cuda_create(const struct backend_options *o, struct backend **out, struct error *err);
 #endif
 // Creates the backend named "cpu" or "cuda" (ATOMC_ERR_UNSUPPORTED if not built in).
+// Device names: "cpu", "cuda", or "auto" = "cuda" when this build has the CUDA backend and a usable
+// GPU (Hopper, sm_90) is present, else "cpu". backend_resolve_device maps "auto" to one of the two
+// and logs which and why; NULL maps to "cpu" (the library's default; the CLI's is "auto"); other
+// names are returned unchanged (backend_create refuses unknown ones).
+const char *backend_resolve_device(const char *name);
+#ifdef ATOMC_CUDA
+// True when a CUDA device 0 exists and is sm_90 or newer; otherwise false with the reason in why.
+bool backend_cuda_usable(char *why, size_t why_len);
+#endif
 atomc_status backend_create(const char *name, const struct backend_options *o, struct backend **out,
                             struct error *err);
 void backend_destroy(struct backend *b);

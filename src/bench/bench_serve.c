@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -37,7 +38,7 @@ void bench_serve_options_init(struct bench_serve_options *o) {
     o->data.num_prompts = 1000;
     o->data.input_len = 1024;
     o->data.output_len = 128;
-    o->data.vocab_size = 10000;
+    o->data.vocab_size = 0; // 0 = the served model's (GET /tokenizer_info), see bench_serve_run
     o->data.first_id = 100;
     o->data.num_prefixes = 10;
     o->data.suffix_len = 64;
@@ -72,7 +73,8 @@ void bench_serve_usage(void) {
         "  --random-output-len N        default 128\n"
         "  --random-range-ratio R       lengths uniform in [len*(1-R), len*(1+R)] (default 0)\n"
         "  --random-prefix-len N        shared prefix tokens before every random prompt (default 0)\n"
-        "  --random-vocab-size N        token ids drawn from [100, N) (default 10000)\n"
+        "  --random-vocab-size N        token ids drawn from [100, N) (default: the served model's vocabulary,\n"
+        "                               from GET /tokenizer_info or llama-server's /v1/models n_vocab)\n"
         "  --tokenizer PATH             send prompts as text: random ids from this tokenizer's vocabulary,\n"
         "                               decoded (needed for --backend openai-chat with random prompts)\n"
         "  --prefix-repetition-prefix-len N / --prefix-repetition-suffix-len N\n"
@@ -288,6 +290,9 @@ struct req_state {
     char *line;             // partial SSE line
     size_t line_len, line_cap;
     bool done_marker, failed, finished;
+    bool reused;            // sent on a kept-alive connection from the pool
+    bool retried;           // already re-sent once on a fresh connection
+    bool conn_lost;         // failed with EOF / connection failure before any byte of the response
     char error[200];
 };
 
@@ -310,8 +315,11 @@ struct level_run {
     double last_progress;
 };
 
-static struct evhttp_connection *conn_get(struct level_run *r) {
-    if (r->n_pool > 0) return r->pool[--r->n_pool];
+// An idle kept-alive connection from the pool (*reused = true) or a new one. Connections are freed
+// together at the end of the level (all_conns), never inside their own callbacks.
+static struct evhttp_connection *conn_get(struct level_run *r, bool fresh, bool *reused) {
+    *reused = !fresh && r->n_pool > 0;
+    if (*reused) return r->pool[--r->n_pool];
     struct evhttp_connection *c = evhttp_connection_base_new(r->base, NULL, r->o->host, (unsigned short)r->o->port);
     CHECK_MSG(c != NULL, "cannot create HTTP connection");
     evhttp_connection_set_timeout(c, (int)r->o->timeout_s);
@@ -340,6 +348,7 @@ static void progress_draw(struct level_run *r, bool final) {
 }
 
 static void launch_pending(struct level_run *r);
+static void launch_one(struct level_run *r, int i, bool fresh);
 
 static void handle_sse_payload(struct req_state *s, const char *p, size_t n) {
     if (n == 6 && !memcmp(p, "[DONE]", 6)) {
@@ -429,12 +438,18 @@ static void request_finished(struct req_state *s) {
     else launch_pending(r);
 }
 
+static void retry_cb(evutil_socket_t fd, short ev, void *arg) {
+    struct req_state *s = arg;
+    launch_one(s->run, s->idx, true);
+}
+
 static void on_done(struct evhttp_request *req, void *arg) {
     struct req_state *s = arg;
     double now = time_now_s();
     if (!req) {
         s->failed = true;
         if (!s->error[0]) snprintf(s->error, sizeof s->error, "connection failed");
+        if (s->content_chunks == 0 && s->line_len == 0) s->conn_lost = true;
     } else {
         int code = evhttp_request_get_response_code(req);
         if (code != 200) {
@@ -456,9 +471,24 @@ static void on_done(struct evhttp_request *req, void *arg) {
     }
     if (!s->t_last) s->t_last = now;
     s->t_last = now > s->t_last ? now : s->t_last;
-    // The connection stays usable when the server kept it alive; evhttp reconnects otherwise.
     struct level_run *r = s->run;
-    if (s->conn) r->pool[r->n_pool++] = s->conn;
+    // A server may close a kept-alive connection after a response (llama-server does after each
+    // stream, without saying so): a request sent on such a reused connection fails with EOF before
+    // any response byte. HTTP clients then re-send it once on a new connection; so does this one.
+    if (s->failed && s->conn_lost && s->reused && !s->retried && s->content_chunks == 0) {
+        s->retried = true;
+        s->failed = s->conn_lost = false;
+        s->error[0] = '\0';
+        s->conn = NULL; // the dead connection stays in all_conns until the level ends
+        r->inflight--;
+        struct timeval now_tv = {0, 0};
+        event_base_once(r->base, -1, EV_TIMEOUT, retry_cb, s, &now_tv);
+        return;
+    }
+    // Pool the connection unless the server announced it closes it.
+    const char *conn_hdr = req ? evhttp_find_header(evhttp_request_get_input_headers(req), "Connection") : NULL;
+    bool closing = !req || (conn_hdr && !strcasecmp(conn_hdr, "close"));
+    if (s->conn && !closing) r->pool[r->n_pool++] = s->conn;
     s->conn = NULL;
     request_finished(s);
 }
@@ -468,6 +498,7 @@ static void on_error(enum evhttp_request_error e, void *arg) {
     s->failed = true;
     static const char *names[] = {"timeout", "EOF", "invalid header", "buffer error", "request canceled", "data too long"};
     snprintf(s->error, sizeof s->error, "request error: %s", (unsigned)e < 6 ? names[e] : "unknown");
+    if (e == EVREQ_HTTP_EOF && s->content_chunks == 0 && s->line_len == 0) s->conn_lost = true;
 }
 
 static char *build_body(const struct bench_serve_options *o, const struct bench_request *q) {
@@ -507,12 +538,14 @@ static char *build_body(const struct bench_serve_options *o, const struct bench_
     return s;
 }
 
-static void launch_one(struct level_run *r, int i) {
+// Sends request i; fresh = on a new connection (the retry of a request whose reused connection was
+// closed by the server; it keeps its original start time).
+static void launch_one(struct level_run *r, int i, bool fresh) {
     struct req_state *s = &r->reqs[i];
     const struct bench_request *q = &r->d->reqs[i % r->d->n];
     s->run = r;
     s->idx = i;
-    s->conn = conn_get(r);
+    s->conn = conn_get(r, fresh, &s->reused);
     struct evhttp_request *req = evhttp_request_new(on_done, s);
     evhttp_request_set_chunked_cb(req, on_chunk);
     evhttp_request_set_error_cb(req, on_error);
@@ -531,7 +564,7 @@ static void launch_one(struct level_run *r, int i) {
     CHECK_MSG(body != NULL, "chat requests need text prompts (use --dataset-name sharegpt)");
     evbuffer_add(evhttp_request_get_output_buffer(req), body, strlen(body));
     free(body);
-    s->t_start = time_now_s();
+    if (!fresh) s->t_start = time_now_s();
     r->inflight++;
     if (r->inflight > r->max_inflight) r->max_inflight = r->inflight;
     if (evhttp_make_request(s->conn, req, EVHTTP_REQ_POST, r->o->endpoint) != 0) {
@@ -545,7 +578,7 @@ static void launch_one(struct level_run *r, int i) {
 }
 
 static void launch_pending(struct level_run *r) {
-    while (r->launched < r->released && (r->max_conc <= 0 || r->inflight < r->max_conc)) launch_one(r, r->launched++);
+    while (r->launched < r->released && (r->max_conc <= 0 || r->inflight < r->max_conc)) launch_one(r, r->launched++, false);
 }
 
 static void on_arrival(evutil_socket_t fd, short ev, void *arg) {
@@ -750,21 +783,102 @@ static double cpu_seconds(void) {
     return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
 }
 
-atomc_status bench_serve_run(const struct bench_serve_options *o, struct error *err) {
+// ---------------------------------------------------------------------------------------
+// The served model's vocabulary size, for random prompts when --random-vocab-size is not given.
+
+struct get_ctx {
+    struct event_base *base;
+    int code;
+    char *body;
+};
+
+static void get_done(struct evhttp_request *req, void *arg) {
+    struct get_ctx *g = arg;
+    if (req) {
+        g->code = evhttp_request_get_response_code(req);
+        struct evbuffer *in = evhttp_request_get_input_buffer(req);
+        size_t n = evbuffer_get_length(in);
+        g->body = xmalloc(n + 1);
+        evbuffer_remove(in, g->body, n);
+        g->body[n] = '\0';
+    }
+    event_base_loopbreak(g->base);
+}
+
+// GET path as JSON (NULL on any failure: connection, status other than 200, not JSON).
+static json_t *http_get_json(const struct bench_serve_options *o, struct event_base *base, const char *path) {
+    struct evhttp_connection *c = evhttp_connection_base_new(base, NULL, o->host, (unsigned short)o->port);
+    if (!c) return NULL;
+    evhttp_connection_set_timeout(c, 30);
+    struct get_ctx g = {base, 0, NULL};
+    struct evhttp_request *req = evhttp_request_new(get_done, &g);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    char hostport[300];
+    snprintf(hostport, sizeof hostport, "%s:%d", o->host, o->port);
+    evhttp_add_header(h, "Host", hostport);
+    if (o->api_key && *o->api_key) {
+        char auth[512];
+        snprintf(auth, sizeof auth, "Bearer %s", o->api_key);
+        evhttp_add_header(h, "Authorization", auth);
+    }
+    json_t *j = NULL;
+    if (evhttp_make_request(c, req, EVHTTP_REQ_GET, path) == 0) {
+        event_base_dispatch(base);
+        if (g.code == 200 && g.body) j = json_loads(g.body, 0, NULL);
+    }
+    free(g.body);
+    evhttp_connection_free(c);
+    return j;
+}
+
+// vLLM / atomc: GET /tokenizer_info {"vocab_size": N}; llama-server: GET /v1/models
+// data[0].meta.n_vocab. 0 when neither says.
+static int served_vocab_size(const struct bench_serve_options *o, struct event_base *base) {
+    int v = 0;
+    json_t *j = http_get_json(o, base, "/tokenizer_info");
+    if (j && json_is_integer(json_object_get(j, "vocab_size"))) v = (int)json_integer_value(json_object_get(j, "vocab_size"));
+    json_decref(j);
+    if (v > 0) return v;
+    j = http_get_json(o, base, "/v1/models");
+    json_t *meta = json_object_get(json_array_get(json_object_get(j, "data"), 0), "meta");
+    if (json_is_integer(json_object_get(meta, "n_vocab"))) v = (int)json_integer_value(json_object_get(meta, "n_vocab"));
+    json_decref(j);
+    return v;
+}
+
+atomc_status bench_serve_run(const struct bench_serve_options *o_in, struct error *err) {
     // Many concurrent streams need many sockets.
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+    struct event_base *base = event_base_new();
+    if (!base) return error_set(err, ATOMC_ERR_INTERNAL, "event_base_new failed");
+    struct bench_serve_options oo = *o_in;
+    const struct bench_serve_options *o = &oo;
+    bool needs_vocab = !oo.data.tokenizer && strcmp(oo.data.name, "sharegpt") != 0;
+    if (oo.data.vocab_size <= 0 && needs_vocab) {
+        oo.data.vocab_size = served_vocab_size(o, base);
+        if (oo.data.vocab_size <= 0) {
+            oo.data.vocab_size = 10000;
+            fprintf(stderr, "bench serve: the server reports no vocabulary size (GET /tokenizer_info, /v1/models); "
+                            "drawing token ids from [100, 10000): pass --random-vocab-size or --tokenizer\n");
+        } else {
+            // Ordinary ids: skip the low ids where small vocabularies keep their special tokens.
+            if (oo.data.vocab_size <= 4 * oo.data.first_id) oo.data.first_id = oo.data.vocab_size / 4;
+            fprintf(stderr, "bench serve: random token ids from [%d, %d) (the served model's vocabulary)\n",
+                    oo.data.first_id, oo.data.vocab_size);
+        }
+    }
+    if (oo.data.vocab_size <= 0) oo.data.vocab_size = 10000; // unused (text prompts), but validated
     struct bench_dataset d;
     atomc_status st = bench_dataset_build(&o->data, &d, err);
-    if (st != ATOMC_OK) return st;
+    if (st != ATOMC_OK) return event_base_free(base), st;
     if (o->chat && d.reqs[0].ids)
-        return bench_dataset_free(&d), error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
-                                                 "--backend openai-chat needs text prompts (--tokenizer PATH, or --dataset-name sharegpt)");
-    struct event_base *base = event_base_new();
-    if (!base) return bench_dataset_free(&d), error_set(err, ATOMC_ERR_INTERNAL, "event_base_new failed");
+        return event_base_free(base), bench_dataset_free(&d),
+               error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "--backend openai-chat needs text prompts (--tokenizer PATH, or --dataset-name sharegpt)");
     struct level_summary sums[BENCH_MAX_LEVELS];
     for (int l = 0; l < o->n_levels; l++) {
         int conc = o->levels[l];
@@ -790,7 +904,16 @@ atomc_status bench_serve_run(const struct bench_serve_options *o, struct error *
             else fprintf(stderr, "saved %s\n", path);
         }
         json_decref(res);
+        int failed_all = sums[l].completed == 0 ? sums[l].failed : 0;
+        char first_err[200] = "";
+        if (failed_all) snprintf(first_err, sizeof first_err, "%s", r.reqs[0].error);
         level_run_free(&r);
+        if (failed_all) {
+            event_base_free(base);
+            bench_dataset_free(&d);
+            return error_set(err, ATOMC_ERR_IO, "every request failed (%d at max concurrency %d); first error: %s",
+                             failed_all, conc, first_err);
+        }
     }
     if (o->n_levels > 1) {
         printf("\n%-12s %10s %10s %14s %16s %12s %12s\n", "concurrency", "completed", "failed", "output tok/s",

@@ -8,6 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/log.h"
+#include "loader/hf_cache.h"
+
 bool cli_parse_int(const char *s, const char *flag, long min, long max, int *out) {
     char *end;
     errno = 0;
@@ -134,8 +137,21 @@ int cli_dispatch(const struct cli_command *rows, size_t n_rows, const char *prog
     return 2;
 }
 
+const char *cli_resolve_model_arg(const char *spec, char *buf, size_t buf_len) {
+    struct hf_cache_env env = {getenv("HF_HUB_CACHE"), getenv("HF_HOME"), getenv("XDG_CACHE_HOME"), getenv("HOME")};
+    struct error err = {0};
+    if (hf_cache_resolve(spec, &env, buf, buf_len, &err) != ATOMC_OK) {
+        fprintf(stderr, "atomc: %s\n", err.msg);
+        return NULL;
+    }
+    if (!strcmp(buf, spec)) return spec;
+    LOG_INFO("model %s: %s (Hugging Face cache)", spec, buf);
+    return buf;
+}
+
 void cli_engine_args_init(struct cli_engine_args *a) {
     atomc_engine_options_init(&a->o);
+    a->o.device = "auto"; // the CLI's default: CUDA when a usable GPU is present (src/backend/backend.c)
     a->spec_method[0] = 0;
 }
 

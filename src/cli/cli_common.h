@@ -68,7 +68,7 @@ enum {
 #define CLI_ENGINE_OPTIONS_HELP                                                                                        \
     "engine options:\n"                                                                                                \
     "  --model PATH           HF model directory or .gguf file (required)\n"                                           \
-    "  --device cpu|cuda      (default cpu)   --dtype auto|bfloat16|float16|float32\n"                                 \
+    "  --device auto|cpu|cuda (default auto)  --dtype auto|bfloat16|float16|float32\n"                                 \
     "  --load-format auto|dummy   --kv-cache-dtype auto|bf16|fp8   --num-threads N (CPU)\n"                            \
     "  --max-model-len N   --max-num-seqs N   --max-num-batched-tokens N   --block-size N\n"                           \
     "  --gpu-memory-utilization F   --cpu-kv-cache-gb F   --num-gpu-blocks-override N\n"                               \
@@ -80,6 +80,10 @@ enum {
     "  --method ngram --num-speculative-tokens K   ATOM's spelling of the same (prompt lookup 5..5)\n"
 
 void cli_engine_args_init(struct cli_engine_args *a);
+// A --model / --tokenizer argument: an existing path is returned as it is; a Hugging Face repo id
+// ("ORG/NAME") becomes its snapshot in the local HF cache (src/loader/hf_cache.h; the environment
+// is read here), written to buf. NULL (the error printed) when neither.
+const char *cli_resolve_model_arg(const char *spec, char *buf, size_t buf_len);
 // Handles one engine flag: 1 = handled, 0 = not an engine flag, -1 = bad value (message printed).
 int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg);
 

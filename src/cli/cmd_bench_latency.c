@@ -46,7 +46,7 @@ static int parse_list(const char *s, int *out) {
 
 static void usage(void) {
     printf("usage: atomc bench latency --model PATH [options]\n"
-           "  --device cpu|cuda             default cpu\n"
+           "  --device auto|cpu|cuda        default auto (CUDA when a usable GPU is present)\n"
            "  --load-format auto|dummy      dummy = random weights from config.json\n"
            "  --batch-sizes B,...           decode batch sizes (default 1,2,4,8,16,32,64)\n"
            "  --input-len N                 prompt tokens of each decoding request (default 128)\n"
@@ -62,7 +62,7 @@ static void usage(void) {
 }
 
 int cmd_bench_latency(int argc, char **argv) {
-    const char *model = NULL, *device = "cpu", *load_format = "auto", *json_path = NULL, *kv_dtype = "auto";
+    const char *model = NULL, *device = "auto", *load_format = "auto", *json_path = NULL, *kv_dtype = "auto";
     const char *profile_dir = NULL;
     int bs[MAX_POINTS] = {1, 2, 4, 8, 16, 32, 64}, n_bs = 7;
     int pl[MAX_POINTS] = {128, 512, 1024, 2048}, n_pl = 4;

@@ -21,7 +21,7 @@ static void bench_runner_usage(FILE *f) {
     fprintf(f,
             "usage: atomc bench-runner --model PATH [options]\n"
             "  --model PATH          HF model directory, .gguf file, or (with --load-format dummy) a config.json/dir\n"
-            "  --device cpu|cuda     (default cpu)\n"
+            "  --device auto|cpu|cuda (default auto)\n"
             "  --dtype D             auto|float32|bfloat16|float16 (default auto)\n"
             "  --load-format F       auto|dummy (default auto)\n"
             "  --kv-cache-dtype D    auto|bf16|fp8|float32\n"
@@ -96,7 +96,7 @@ static double bench_measure_bw(int threads) {
 }
 
 int cmd_bench_runner(int argc, char **argv) {
-    struct runner_options o = {.device = "cpu", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
+    struct runner_options o = {.device = "auto", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
                                .block_size = 16, .gpu_memory_utilization = 0.9, .dummy_seed = 1};
     int batch = 1, prompt_len = 128, steps = 64, warmup = 4, json = 0, measure = 0;
     double peak_bw = 0;
@@ -172,6 +172,7 @@ int cmd_bench_runner(int argc, char **argv) {
     struct model_runner *r = NULL;
     struct error err = {0};
     double t_load = time_now_s();
+    o.device = backend_resolve_device(o.device);
     if (model_runner_create(&o, &r, &err) != ATOMC_OK) {
         fprintf(stderr, "atomc bench-runner: %s\n", err.msg);
         return 1;

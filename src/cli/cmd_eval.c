@@ -44,14 +44,14 @@ static void on_window_output(void *user, const atomc_output *out) {
 }
 
 static void eval_usage(void) {
-    printf("usage: atomc eval perplexity --model PATH --file TEXT [--ctx N] [--stride S] [--device cpu|cuda]\n"
+    printf("usage: atomc eval perplexity --model PATH --file TEXT [--ctx N] [--stride S] [--device auto|cpu|cuda]\n"
            "                             [--max-num-seqs N] [--max-num-batched-tokens N] [--json]\n"
            "  --ctx N      window length in tokens (default 512)\n"
            "  --stride S   window step (default ctx/2); tokens already scored are not scored again\n");
 }
 
 static int eval_perplexity(int argc, char **argv) {
-    const char *model = NULL, *file = NULL, *device = "cpu";
+    const char *model = NULL, *file = NULL, *device = "auto";
     int ctx = 512, stride = 0, max_num_seqs = 0, max_batched = 0;
     bool json = false;
     enum { O_MODEL = 1, O_FILE, O_CTX, O_STRIDE, O_DEVICE, O_SEQS, O_BATCHED, O_JSON, O_HELP };

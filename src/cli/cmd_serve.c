@@ -45,7 +45,7 @@ static const struct flag flags[] = {
     {"--model", FLAG_STR, A(model), "", "required: a .gguf file or a Hugging Face model directory (also positional)"},
     {"--host", FLAG_STR, A(so.host), "127.0.0.1", "address to listen on (0.0.0.0 for all interfaces)"},
     {"--port", FLAG_INT, A(so.port), "8000", "TCP port"},
-    {"--served-model-name", FLAG_NAMES, A(so.model_names), "basename of --model",
+    {"--served-model-name", FLAG_NAMES, A(so.model_names), "basename of --model (the id itself for a Hugging Face id)",
      "name(s) clients use in \"model\"; the first is reported in responses and metrics"},
     {"--api-key", FLAG_STR, A(api_key), "$VLLM_API_KEY or $ATOMC_API_KEY",
      "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, /apply-template"},
@@ -76,7 +76,7 @@ static const struct flag flags[] = {
     {"--enforce-eager", FLAG_BOOL_ON, A(eo.enforce_eager), "off", "CUDA: do not capture decode graphs"},
     {"--dtype", FLAG_STR, A(eo.dtype), "auto", "auto, bfloat16, float16 or float32"},
     {"--seed", FLAG_SIZE, A(eo.seed), "0", "default sampling seed for requests without one"},
-    {"--device", FLAG_STR, A(eo.device), "cpu", "cpu or cuda"},
+    {"--device", FLAG_STR, A(eo.device), "auto", "auto (CUDA when a usable GPU is present), cpu or cuda"},
     {"--load-format", FLAG_STR, A(eo.load_format), "auto", "auto, or dummy (random weights from config.json)"},
     {"--tensor-parallel-size", FLAG_INT, A(eo.tensor_parallel_size), "1",
      "ranks per model, tensor parallel (CPU: threads; CUDA: one GPU each; alias -tp)"},
@@ -316,12 +316,18 @@ int cmd_serve(int argc, char **argv) {
     }
     a.so.profiling = a.eo.profile_dir && *a.eo.profile_dir;
     a.so.tool_parser = a.enable_auto_tool_choice ? tool_parser_from_name(a.tool_call_parser) : TOOL_PARSER_NONE;
-    a.eo.model_path = a.model;
+    char model_path[4096];
+    const char *resolved = cli_resolve_model_arg(a.model, model_path, sizeof model_path);
+    if (!resolved) return 1;
+    bool from_hf_cache = resolved != a.model;
+    a.eo.model_path = resolved;
     if (!a.api_key) a.api_key = getenv("VLLM_API_KEY");
     if (!a.api_key) a.api_key = getenv("ATOMC_API_KEY");
     a.so.api_key = a.api_key;
     char base_name[256];
-    if (a.so.n_model_names == 0) {
+    if (a.so.n_model_names == 0 && from_hf_cache) {
+        a.so.model_names[a.so.n_model_names++] = a.model; // vLLM serves "ORG/NAME" under that id
+    } else if (a.so.n_model_names == 0) {
         const char *slash = strrchr(a.model, '/');
         const char *b = slash && slash[1] ? slash + 1 : a.model;
         snprintf(base_name, sizeof base_name, "%s", b);
@@ -329,6 +335,7 @@ int cmd_serve(int argc, char **argv) {
         while (n > 1 && base_name[n - 1] == '/') base_name[--n] = '\0';
         a.so.model_names[a.so.n_model_names++] = base_name;
     }
+    a.model = resolved; // the path from here on (loading, the adapter's tokenizer and template)
 
     struct error err;
     error_clear(&err);

@@ -1,6 +1,9 @@
 // `atomc tokenize`: text -> token ids with a model's tokenizer.
 //   atomc tokenize --model PATH [--text T | --file F | (stdin)] [--json] [--no-special]
 //   atomc tokenize --model PATH --bench [--docs] [--file F | --text T | stdin] [--seconds S]
+//   atomc tokenize --model PATH --jsonl [--no-special] < lines   (one JSON string per input line ->
+//                  one JSON array of ids per output line; a line that is not a JSON string or does not
+//                  encode gives {"error": "..."} on its line; many texts with one tokenizer load)
 // PATH is a model directory, a tokenizer.json or a .gguf. Text is taken byte for byte (a trailing
 // newline read from stdin is part of it). Output: ids separated by spaces, or with --json an object
 // {"ids": [...], "tokens": [...]} (tokens: the vocabulary pieces). --bench reports single-thread
@@ -20,7 +23,7 @@
 
 static int usage(void) {
     fprintf(stderr, "usage: atomc tokenize --model PATH [--text T | --file F | stdin] [--json] [--no-special]\n"
-                    "                      [--bench [--seconds S]]\n");
+                    "                      [--bench [--seconds S]] [--jsonl]\n");
     return 2;
 }
 
@@ -32,7 +35,7 @@ static double thread_cpu_s(void) {
 
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *text = NULL, *file = NULL;
-    bool json = false, special = true, bench = false, docs = false;
+    bool json = false, special = true, bench = false, docs = false, jsonl = false;
     double seconds = 3.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -45,6 +48,7 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--no-special")) special = false;
         else if (!strcmp(a, "--bench")) bench = true;
         else if (!strcmp(a, "--docs")) docs = true;
+        else if (!strcmp(a, "--jsonl")) jsonl = true;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage();
             return 0;
@@ -84,6 +88,37 @@ int cmd_tokenize(int argc, char **argv) {
         return 1;
     }
     double load_s = time_now_s() - t0;
+    if (jsonl) {
+        int rc = 0;
+        for (const char *p = text, *end = text + len; p < end;) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t ll = nl ? (size_t)(nl - p) : (size_t)(end - p);
+            json_error_t je;
+            json_t *line = json_loadb(p, ll, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            json_t *outj;
+            int32_t *lids = NULL;
+            int ln = 0;
+            if (!json_is_string(line)) {
+                outj = json_pack("{s:s}", "error", line ? "not a JSON string" : je.text);
+            } else if (tokenizer_encode(tok, json_string_value(line), json_string_length(line), special, &lids, &ln, &err)) {
+                outj = json_pack("{s:s}", "error", err.msg);
+            } else {
+                outj = json_array();
+                for (int k = 0; k < ln; k++) json_array_append_new(outj, json_integer(lids[k]));
+            }
+            free(lids);
+            json_decref(line);
+            char *s = json_dumps(outj, JSON_COMPACT);
+            json_decref(outj);
+            if (!s) rc = 1;
+            else printf("%s\n", s);
+            free(s);
+            p = nl ? nl + 1 : end;
+        }
+        tokenizer_free(tok);
+        free(owned);
+        return rc;
+    }
     int32_t *ids;
     int n;
     if (tokenizer_encode(tok, text, len, special, &ids, &n, &err)) {

@@ -1,5 +1,6 @@
 // atomc command-line entry point: dispatches to one subcommand per file in src/cli/.
 // Only the CLI calls exit(); subcommands return the process status.
+#include <stdio.h>
 #include <string.h>
 
 #include "cli/cli_common.h"
@@ -19,9 +20,38 @@ static const struct cli_command commands[] = {
     {"version", cmd_version, "print the version and build features"},
 };
 
+#define MAX_RESOLVED 4
+
 int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) // vLLM's short forms -tp N / -dp N (getopt has no two-letter short options)
         if (!strcmp(argv[i], "-tp")) argv[i] = "--tensor-parallel-size";
         else if (!strcmp(argv[i], "-dp")) argv[i] = "--data-parallel-size";
+    // Hugging Face repo ids (`--model Qwen/Qwen3-0.6B`, `--tokenizer ...`) become cache snapshot paths
+    // here for every command but serve, which resolves its own (it also names the served model
+    // after the id). `bench serve --model` is the name sent to a server, not a path: only its
+    // --tokenizer is resolved.
+    char resolved[MAX_RESOLVED][4096];
+    int n_resolved = 0;
+    bool serve = argc > 1 && !strcmp(argv[1], "serve");
+    bool bench_serve = argc > 2 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "serve");
+    for (int i = 2; i < argc && !serve; i++) {
+        const char *flags[] = {"--model", "--tokenizer"};
+        for (int f = bench_serve ? 1 : 0; f < 2; f++) {
+            size_t fl = strlen(flags[f]);
+            char *val = NULL;
+            if (!strcmp(argv[i], flags[f]) && i + 1 < argc) val = argv[++i];
+            else if (!strncmp(argv[i], flags[f], fl) && argv[i][fl] == '=') val = argv[i] + fl + 1;
+            if (!val || n_resolved == MAX_RESOLVED) continue;
+            char path[4000];
+            const char *p = cli_resolve_model_arg(val, path, sizeof path);
+            if (!p) return 1;
+            if (p != val) {
+                if (val == argv[i]) snprintf(resolved[n_resolved], sizeof resolved[0], "%s", p);
+                else snprintf(resolved[n_resolved], sizeof resolved[0], "%s=%s", flags[f], p);
+                argv[i] = resolved[n_resolved++];
+            }
+            break;
+        }
+    }
     return cli_dispatch(commands, sizeof commands / sizeof commands[0], "atomc", "command", argc, argv);
 }

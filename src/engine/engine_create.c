@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -79,8 +80,17 @@ static void read_generation_defaults(const char *model_path, atomc_model_info *i
     json_decref(j);
 }
 
-atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **out, char *err_buf, size_t err_len) {
+atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine **out, char *err_buf,
+                                 size_t err_len) {
     struct error err = {0};
+    // "auto" becomes "cpu" or "cuda" once, here: limits, backends and TP ranks all see the same name.
+    atomc_engine_options o_resolved;
+    const atomc_engine_options *o = o_in;
+    if (o_in) {
+        o_resolved = *o_in;
+        o_resolved.device = backend_resolve_device(o_in->device);
+        o = &o_resolved;
+    }
     atomc_status st = ATOMC_OK;
     *out = NULL;
     struct model_runner *runner = NULL;

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "common/check.h"
 #include "parallel/dp_router.h"
 
@@ -39,9 +40,12 @@ static void dp_on_output(void *arg, const atomc_output *o) {
     if (final) free(q);
 }
 
-atomc_status dp_router_create(const atomc_engine_options *o, int dp_size, struct dp_router **out, char *err,
+atomc_status dp_router_create(const atomc_engine_options *o_in, int dp_size, struct dp_router **out, char *err,
                               size_t err_len) {
     *out = NULL;
+    atomc_engine_options o_resolved = *o_in; // "auto" resolved once for every replica
+    o_resolved.device = backend_resolve_device(o_in->device);
+    const atomc_engine_options *o = &o_resolved;
     if (dp_size < 1 || dp_size > DP_ROUTER_MAX_REPLICAS) {
         snprintf(err, err_len, "data parallel size %d outside 1..%d", dp_size, DP_ROUTER_MAX_REPLICAS);
         return ATOMC_ERR_INVALID_ARGUMENT;

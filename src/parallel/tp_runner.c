@@ -222,7 +222,7 @@ atomc_status tp_runner_create(const struct runner_options *o, int tp_size, struc
     if (o->backend)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallelism creates one backend per rank; a "
                          "pre-made backend cannot be passed");
-    const char *device = o->device ? o->device : "cpu";
+    const char *device = backend_resolve_device(o->device);
     bool cuda = !strcmp(device, "cuda");
     if (!cuda && strcmp(device, "cpu"))
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "unknown device '%s' (cpu or cuda)", device);

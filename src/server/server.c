@@ -35,6 +35,7 @@ void server_options_init(struct server_options *o) {
     o->timeout_keep_alive_s = 5;
     o->request_read_timeout_s = 60;
     o->install_signal_handlers = true;
+    o->webui = true;
 }
 
 // ---------------------------------------------------------------- responses
@@ -440,6 +441,21 @@ static void handle_detokenize(struct server *s, struct evhttp_request *req) {
     server_send_text(s, req, code, out);
 }
 
+// GET /: the built-in chat page (src/server/webui/index.html, embedded by webui_embed.S). It talks
+// to this server's own API; the policy confines it to this origin (no CDN, no third-party fetch).
+extern const char atomc_webui_html[], atomc_webui_html_end[];
+
+static void handle_webui(struct server *s, struct evhttp_request *req) {
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Security-Policy",
+                      "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+                      "img-src 'self' data:; frame-ancestors 'none'");
+    evhttp_add_header(h, "X-Content-Type-Options", "nosniff");
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    send_body(s, req, 200, "text/html; charset=utf-8", atomc_webui_html,
+              (size_t)(atomc_webui_html_end - atomc_webui_html));
+}
+
 // GET /tokenizer_info (vLLM's): what a client needs to use the server as its tokenizer, e.g.
 // lm-eval-harness with tokenizer_backend=remote (plus /tokenize and /detokenize).
 static void handle_tokenizer_info(struct server *s, struct evhttp_request *req) {
@@ -483,7 +499,7 @@ static void handle_profile(struct server *s, struct evhttp_request *req, bool st
 
 enum route_flags { R_GET = 1, R_POST = 2, R_AUTH = 4, R_ENGINE = 8, R_PREFIX = 16 };
 
-enum route_id { RT_HEALTH, RT_PING, RT_METRICS, RT_MODELS, RT_MODEL, RT_COMPLETIONS, RT_CHAT, RT_TOKENIZE,
+enum route_id { RT_WEBUI, RT_HEALTH, RT_PING, RT_METRICS, RT_MODELS, RT_MODEL, RT_COMPLETIONS, RT_CHAT, RT_TOKENIZE,
                 RT_DETOKENIZE, RT_APPLY_TEMPLATE, RT_OPENAPI, RT_VERSION, RT_TOKENIZER_INFO, RT_START_PROFILE,
                 RT_STOP_PROFILE };
 
@@ -492,6 +508,7 @@ static const struct route {
     enum route_id id;
     int flags;
 } routes[] = {
+    {"/", RT_WEBUI, R_GET},
     {"/health", RT_HEALTH, R_GET},
     {"/ping", RT_PING, R_GET},
     {"/metrics", RT_METRICS, R_GET},
@@ -597,6 +614,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
     const struct route *rt = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         const struct route *c = &routes[i];
+        if (c->id == RT_WEBUI && !s->opt.webui) continue;
         if ((c->flags & R_PREFIX) ? (strncmp(path, c->path, strlen(c->path)) == 0 && path[strlen(c->path)])
                                   : strcmp(path, c->path) == 0) {
             rt = c;
@@ -642,6 +660,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
         }
     }
     switch (rt->id) {
+    case RT_WEBUI: handle_webui(s, req); break;
     case RT_HEALTH: handle_health(s, req); break;
     case RT_PING: handle_health(s, req); break;
     case RT_METRICS: handle_metrics(s, req); break;

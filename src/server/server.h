@@ -48,6 +48,8 @@ struct server_options {
     bool profiling;                                    // the engine has a profile directory: /start_profile and
                                                        // /stop_profile work (otherwise 404, as vLLM without
                                                        // VLLM_TORCH_PROFILER_DIR)
+    bool webui;                                        // GET / serves the built-in chat page (default true;
+                                                       // `atomc serve --no-webui` turns it off: GET / is 404)
     enum tool_parser_kind tool_parser;                 // chat output parsed for tool calls when the request
                                                        // has tools (vLLM --enable-auto-tool-choice
                                                        // --tool-call-parser); default NONE

@@ -15,6 +15,34 @@ const char tokenizer_gpt2_pattern[] =
 
 #define POOL_BLOCK (1u << 20)
 
+atomc_status tokenizer_push_pretok(struct tokenizer *t, enum tok_pretok_type type, const char *regex, struct error *err) {
+    struct tok_pretok *v = realloc(t->pretoks, (size_t)(t->n_pretoks + 1) * sizeof *v);
+    if (!v) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "tokenizer: pre-tokenizers");
+    t->pretoks = v;
+    struct tok_pretok *p = &v[t->n_pretoks++];
+    memset(p, 0, sizeof *p);
+    p->type = type;
+    p->behavior = TOK_SPLIT_ISOLATED;
+    if (type == TOK_PRETOK_BYTE_LEVEL) p->use_regex = regex != NULL;
+    if (type == TOK_PRETOK_METASPACE) {
+        memcpy(p->replacement, "\xE2\x96\x81", 3);
+        p->replacement_len = 3;
+    }
+    if (regex) return tokenizer_compile_regex(regex, strlen(regex), &p->re, err);
+    return ATOMC_OK;
+}
+
+struct tok_decoder *tokenizer_push_decoder(struct tokenizer *t, enum tok_decoder_type type) {
+    struct tok_decoder *v = realloc(t->decoders, (size_t)(t->n_decoders + 1) * sizeof *v);
+    if (!v) return NULL;
+    t->decoders = v;
+    struct tok_decoder *d = &v[t->n_decoders++];
+    memset(d, 0, sizeof *d);
+    d->type = type;
+    t->has_decoder = true;
+    return d;
+}
+
 struct tokenizer *tokenizer_alloc(void) {
     struct tokenizer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
@@ -256,11 +284,17 @@ atomc_status tokenizer_load(const char *path, struct tokenizer **out, struct err
         snprintf(json, n + 32, "%s/tokenizer.json", path);
         snprintf(cfg, n + 32, "%s/tokenizer_config.json", path);
         atomc_status st;
+        char *tt = malloc(n + 32);
+        if (tt) snprintf(tt, n + 32, "%s/tiktoken.model", path);
         if (file_exists(json)) {
             st = tokenizer_load_json(json, file_exists(cfg) ? cfg : NULL, out, err);
+        } else if (tt && file_exists(tt)) {
+            st = tokenizer_load_tiktoken(path, out, err);
         } else {
-            st = error_set(err, ATOMC_ERR_IO, "tokenizer: %s: no tokenizer.json in the model directory (for a GGUF model pass the .gguf file)", path);
+            st = error_set(err, ATOMC_ERR_IO, "tokenizer: %s: no tokenizer.json (or tiktoken.model) in the model "
+                           "directory (for a GGUF model pass the .gguf file)", path);
         }
+        free(tt);
         free(json);
         free(cfg);
         return st;

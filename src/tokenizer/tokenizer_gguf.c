@@ -29,7 +29,7 @@
 
 enum { GGUF_TOKEN_NORMAL = 1, GGUF_TOKEN_UNKNOWN = 2, GGUF_TOKEN_CONTROL = 3, GGUF_TOKEN_USER_DEFINED = 4 };
 
-static const char LLAMA3_SPLIT[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+const char tokenizer_llama3_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
                                    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char QWEN2_SPLIT[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
                                   "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
@@ -54,33 +54,12 @@ static atomc_status gbad(struct gguf_builder *B, atomc_status st, const char *wh
 }
 
 static atomc_status push_pretok(struct gguf_builder *B, enum tok_pretok_type type, const char *regex) {
-    struct tokenizer *t = B->t;
-    struct tok_pretok *v = realloc(t->pretoks, (size_t)(t->n_pretoks + 1) * sizeof *v);
-    if (!v) return gbad(B, ATOMC_ERR_OUT_OF_MEMORY, "pre-tokenizers");
-    t->pretoks = v;
-    struct tok_pretok *p = &v[t->n_pretoks++];
-    memset(p, 0, sizeof *p);
-    p->type = type;
-    p->behavior = TOK_SPLIT_ISOLATED;
-    if (type == TOK_PRETOK_BYTE_LEVEL) p->use_regex = regex != NULL;
-    if (type == TOK_PRETOK_METASPACE) {
-        memcpy(p->replacement, "\xE2\x96\x81", 3);
-        p->replacement_len = 3;
-    }
-    if (regex) return tokenizer_compile_regex(regex, strlen(regex), &p->re, B->err);
-    return ATOMC_OK;
+    atomc_status st = tokenizer_push_pretok(B->t, type, regex, B->err);
+    return st == ATOMC_ERR_OUT_OF_MEMORY ? gbad(B, st, "pre-tokenizers") : st;
 }
 
 static struct tok_decoder *push_decoder(struct gguf_builder *B, enum tok_decoder_type type) {
-    struct tokenizer *t = B->t;
-    struct tok_decoder *v = realloc(t->decoders, (size_t)(t->n_decoders + 1) * sizeof *v);
-    if (!v) return NULL;
-    t->decoders = v;
-    struct tok_decoder *d = &v[t->n_decoders++];
-    memset(d, 0, sizeof *d);
-    d->type = type;
-    t->has_decoder = true;
-    return d;
+    return tokenizer_push_decoder(B->t, type);
 }
 
 static atomc_status setup_byte_level(struct gguf_builder *B, const char *pre) {
@@ -88,7 +67,7 @@ static atomc_status setup_byte_level(struct gguf_builder *B, const char *pre) {
     static const char *const llama3[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", NULL};
     static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", NULL};
     for (int i = 0; pre && llama3[i]; i++)
-        if (!strcmp(pre, llama3[i])) split = LLAMA3_SPLIT;
+        if (!strcmp(pre, llama3[i])) split = tokenizer_llama3_pattern;
     for (int i = 0; pre && qwen2[i]; i++)
         if (!strcmp(pre, qwen2[i])) split = QWEN2_SPLIT;
     if (pre && (!strcmp(pre, "gpt-4o") || !strcmp(pre, "llama4"))) split = O200K_SPLIT;

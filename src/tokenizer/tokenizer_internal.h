@@ -10,6 +10,7 @@
 #define ATOMC_TOKENIZER_TOKENIZER_INTERNAL_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <jansson.h>
 #include <pcre2.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -263,11 +264,25 @@ void tokenizer_init_byte_tables(struct tokenizer *t);
 atomc_status tokenizer_finish(struct tokenizer *t, struct error *err);
 // GPT-2's pre-tokenization pattern (ByteLevel use_regex=true).
 extern const char tokenizer_gpt2_pattern[];
+// Appends a pre-tokenizer (Split isolated with regex; ByteLevel, using regex as its split when
+// given; Metaspace with U+2581) / a decoder of the given type. For the builders without a
+// tokenizer.json (GGUF, tiktoken). push_decoder returns NULL when out of memory.
+atomc_status tokenizer_push_pretok(struct tokenizer *t, enum tok_pretok_type type, const char *regex, struct error *err);
+struct tok_decoder *tokenizer_push_decoder(struct tokenizer *t, enum tok_decoder_type type);
+// The Split patterns of well-known byte-level tokenizers (tokenizer_gguf.c).
+extern const char tokenizer_llama3_pattern[];
+// tokenizer_config.json's bos/eos tokens, chat template (or chat_template.jinja beside json_path)
+// and add_bos/add_eos rules, applied to a tokenizer whose vocabulary and added tokens are loaded
+// (tokenizer_json.c; the tiktoken loader uses it too). cfg may be NULL; name is for messages.
+atomc_status tokenizer_apply_config(struct tokenizer *t, json_t *cfg, const char *json_path, const char *name,
+                                    struct error *err);
 
 // ---- loaders (tokenizer_json.c, tokenizer_gguf.c).
 atomc_status tokenizer_load_json(const char *json_path, const char *config_path, struct tokenizer **out,
                                  struct error *err);
 atomc_status tokenizer_load_gguf_path(const char *path, struct tokenizer **out, struct error *err);
+// A directory with tiktoken.model (+ tokenizer_config.json): tokenizer_tiktoken.c.
+atomc_status tokenizer_load_tiktoken(const char *dir, struct tokenizer **out, struct error *err);
 
 // ---- pipeline stages (tokenizer_encode.c, tokenizer_decode.c).
 // Runs the normalizers over s, appending the result to out.

@@ -494,6 +494,12 @@ static atomc_status load_config(struct json_loader *L, json_t *cfg, const char *
     return ATOMC_OK;
 }
 
+atomc_status tokenizer_apply_config(struct tokenizer *t, json_t *cfg, const char *json_path, const char *name,
+                                    struct error *err) {
+    struct json_loader L = {.t = t, .path = name, .err = err};
+    return load_config(&L, cfg, json_path);
+}
+
 // Builds the tokenizer from parsed documents (root and cfg are released here).
 static atomc_status load_from_json(json_t *root, json_t *cfg, const char *name, const char *json_path,
                                    struct tokenizer **out, struct error *err) {

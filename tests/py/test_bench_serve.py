@@ -84,6 +84,64 @@ def test_counts_failures(tmp_path):
         p.wait()
 
 
+def start_stub(*opts):
+    port = free_port()
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "sse_stub_server.py"), str(port), "2", "1", *opts],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return port, p
+
+
+def test_server_closing_connections_after_each_stream(tmp_path):
+    # llama-server closes a kept-alive connection after each streamed response: every request sent
+    # on a reused connection must be re-sent on a new one, not counted as failed.
+    port, p = start_stub("close")
+    try:
+        bench(port, tmp_path, "--num-prompts", "12", "--random-input-len", "4", "--random-output-len", "3",
+              "--random-vocab-size", "1000", "--max-concurrency", "2")
+        r = json.load(open(tmp_path / "r"))
+        assert r["completed"] == 12 and r["failed"] == 0, r["errors"]
+        assert r["output_lens"] == [3] * 12
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_prompt_ids_from_the_served_vocabulary(tmp_path):
+    # No --random-vocab-size: ids come from GET /tokenizer_info's vocab_size (the stub answers 400
+    # for any id outside a 300-token vocabulary, as a server with a small vocabulary does).
+    port, p = start_stub("vocab=300")
+    try:
+        cmd = [ATOMC, *BENCH, "--base-url", f"http://127.0.0.1:{port}", "--model", "stub", "--save-result",
+               "--result-dir", str(tmp_path), "--result-filename", "r", "--disable-tqdm", "--num-prompts", "10",
+               "--random-input-len", "64", "--random-output-len", "2"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "[75, 300)" in out.stderr
+        r = json.load(open(tmp_path / "r"))
+        assert r["completed"] == 10 and r["failed"] == 0, r["errors"]
+        # An explicit vocabulary larger than the server's fails every request: loudly, not zeros.
+        out = subprocess.run(cmd + ["--random-vocab-size", "20000"], capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0
+        assert "every request failed" in out.stderr and "HTTP 400" in out.stderr
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_every_request_failing_is_an_error(tmp_path):
+    port, p = start_stub("fail-all")
+    try:
+        out = subprocess.run([ATOMC, *BENCH, "--port", str(port), "--model", "m", "--num-prompts", "4",
+                              "--random-input-len", "4", "--random-output-len", "2", "--random-vocab-size", "1000",
+                              "--disable-tqdm"], capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0
+        assert "every request failed" in out.stderr and "HTTP 500" in out.stderr
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_rejects_bad_workload(stub):
     out = subprocess.run([ATOMC, *BENCH, "--port", str(stub), "--model", "m", "--random-vocab-size", "50"],
                          capture_output=True, text=True, timeout=60)

@@ -326,6 +326,24 @@ static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error 
     return ATOMC_OK;
 }
 
+extern "C" bool backend_cuda_usable(char *why, size_t why_len) {
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        cudaGetLastError();
+        snprintf(why, why_len, "%s", e != cudaSuccess ? cudaGetErrorString(e) : "0 CUDA devices");
+        return false;
+    }
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(why, why_len, "cannot query CUDA device 0");
+        return false;
+    }
+    snprintf(why, why_len, "%s, sm_%d%d, %d device%s", prop.name, prop.major, prop.minor, ndev, ndev > 1 ? "s" : "");
+    return prop.major >= 9;
+}
+
 extern "C" atomc_status backend_cuda_create(const struct backend_options *o, struct backend **out, struct error *err) {
     *out = NULL;
     int ndev = 0;
