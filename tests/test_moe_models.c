@@ -1,8 +1,10 @@
 // Whole-model tests of the mixture-of-experts architectures (Qwen3MoeForCausalLM,
-// MixtralForCausalLM) on the CPU backend against HF transformers: tiny random-weight
-// checkpoints written with their references by tools/make_tiny_moe_models.py (8 experts
-// top-4 with norm_topk_prob and an mlp_only layer; 8 experts top-2 without norm_topk_prob and
-// decoder_sparse_step 2; Mixtral 4 experts top-2 with a sliding window the prompts cross).
+// MixtralForCausalLM, Glm4MoeForCausalLM) on the CPU backend against HF transformers: tiny
+// random-weight checkpoints written with their references by tools/make_tiny_moe_models.py (8
+// experts top-4 with norm_topk_prob and an mlp_only layer; 8 experts top-2 without
+// norm_topk_prob and decoder_sparse_step 2; Mixtral 4 experts top-2 with a sliding window the
+// prompts cross) and tools/make_tiny_glm_mimo.py (GLM-4-MoE: grouped sigmoid routing with a
+// correction bias, shared experts, partial rotary, an MTP layer to skip).
 //
 // The reference checks every fixture gets (logits and greedy tokens vs HF, mixed chunked-prefill
 // batches) run in tests/test_models.c over the dense and MoE fixtures together; this file holds
@@ -15,8 +17,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "common/check.h"
 #include "common/mapped_file.h"
+#include "loader/model_files.h"
 #include "model/model.h"
 #include "model_refs.h"
 #include "runner_sim.h"
@@ -202,6 +206,68 @@ TEST(moe_models_glm4_moe_routing_exercised) {
     ASSERT_EQ(c->rope.rotary_dim, 16);
     ASSERT_TRUE(!c->qk_norm && !c->norm_topk_prob);
     model_runner_free(r);
+}
+
+// What the loader builds for GLM-4-MoE with BF16 weights (the CUDA layout, here on the CPU): the
+// correction bias stays F32 (moe_route's contract; a BF16 copy would move the keys), the experts
+// are stacked E + n_shared deep, and the shared experts' rows are the checkpoint's shared MLP
+// sliced per expert (glm4_moe_air: rows / columns [s I, (s + 1) I) of one MLP of 2 I). Both
+// fixtures pass the CUDA backend's capability check (sigmoid, groups, 9-10 experts, head_dim 64).
+TEST(moe_models_glm4_moe_loaded_layout) {
+    const char *names[] = {"glm4_moe", "glm4_moe_air"};
+    struct backend_options bo = {.num_threads = 2};
+    struct backend *b = NULL;
+    struct error err = {0};
+    ASSERT_OK(backend_cpu_create(&bo, &b, &err));
+    for (int fi = 0; fi < 2; fi++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "models/%s", names[fi]);
+        struct model_files *mf = NULL;
+        ASSERT_OK(model_files_open(&mf, test_fixture(rel), &err));
+        const struct model_config *c = &mf->config;
+        struct model_load_options o = {.files = mf, .weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16};
+        struct model_load_options co = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
+        ASSERT_OK(model_check_backend_caps(c, &backend_cuda_caps, &co, &err));
+        struct model *m = NULL;
+        ASSERT_OK(model_load(&m, b, c, &o, &err));
+        const int E = c->num_experts, ns = c->n_shared_experts, I = c->moe_intermediate_size, H = c->hidden_size;
+        const int l = c->first_k_dense_replace; // the first MoE layer
+        const struct ffn_moe_weights *w = &m->layers[l].ffn.moe;
+        ASSERT_EQ(m->layers[l].ffn_kind, FFN_KIND_MOE);
+        ASSERT_EQ(w->score_bias.dtype, DTYPE_F32);
+        ASSERT_EQ(w->gate_up.t.dtype, DTYPE_BF16);
+        ASSERT_EQ(w->gate_up.t.ne[0], E + ns);
+        ASSERT_EQ(w->down.t.ne[0], E + ns);
+        ASSERT_EQ(m->moe_route.n_shared, ns);
+        ASSERT_EQ(m->moe_route.scoring, MOE_SCORING_SIGMOID);
+        ASSERT_EQ(m->moe_route.n_group, c->n_group > 1 ? c->n_group : 0);
+        char name[160];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        struct tensor t;
+        ASSERT_OK(model_files_get_tensor(mf, name, &t, &err));
+        ASSERT_EQ(t.dtype, DTYPE_F32);
+        ASSERT_TRUE(memcmp(t.data, w->score_bias.data, (size_t)E * 4) == 0);
+        const uint16_t *gu = w->gate_up.t.data, *dn = w->down.t.data;
+        for (int s = 0; s < ns; s++) {
+            const uint16_t *eg = gu + (size_t)(E + s) * 2 * I * H, *ed = dn + (size_t)(E + s) * H * I;
+            snprintf(name, sizeof name, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
+            ASSERT_OK(model_files_get_tensor(mf, name, &t, &err));
+            ASSERT_TRUE(memcmp(eg, (const uint16_t *)t.data + (size_t)s * I * H, (size_t)I * H * 2) == 0);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
+            ASSERT_OK(model_files_get_tensor(mf, name, &t, &err));
+            ASSERT_TRUE(memcmp(eg + (size_t)I * H, (const uint16_t *)t.data + (size_t)s * I * H, (size_t)I * H * 2) ==
+                        0);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
+            ASSERT_OK(model_files_get_tensor(mf, name, &t, &err));
+            ASSERT_EQ(t.ne[1], ns * I);
+            for (int r = 0; r < H; r++) // down: columns [s I, (s + 1) I) of each row
+                ASSERT_TRUE(memcmp(ed + (size_t)r * I, (const uint16_t *)t.data + (size_t)r * ns * I + (size_t)s * I,
+                                   (size_t)I * 2) == 0);
+        }
+        model_free(m);
+        model_files_close(mf);
+    }
+    backend_destroy(b);
 }
 
 // Writes `config` beside a link to `fixture`'s model.safetensors into a fresh directory (path
