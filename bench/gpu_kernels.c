@@ -282,7 +282,7 @@ struct moe_ctx {
 static void moe_fn(void *c, int i) {
     struct moe_ctx *m = c;
     B->ops->moe_experts(B, &m->out, &m->x, WEIGHT_PLAIN(&m->gu[i % MOE_COPIES]), WEIGHT_PLAIN(&m->dn[i % MOE_COPIES]), m->ids, m->w, m->slots,
-                        m->ws);
+                        NULL, m->ws);
 }
 
 #define MOE_E 128

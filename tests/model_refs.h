@@ -19,16 +19,30 @@
 static const char *MODELS[] = {"llama_gqa",  "llama_mha",       "llama_tied", "llama_rope_llama3", "llama_rope_linear",
                                "llama_bias", "mistral_sliding", "qwen3",      "qwen3_yarn"};
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
-// Mixture-of-experts fixtures (tools/make_tiny_moe_models.py; GLM-4-MoE: tools/make_tiny_glm_mimo.py);
-// the CPU model tests check them
+// Mixture-of-experts fixtures (tools/make_tiny_moe_models.py; gpt_oss*: tools/make_tiny_gpt_oss.py,
+// bf16 and MXFP4 experts; glm4_moe*: tools/make_tiny_glm_mimo.py); the CPU model tests check them
 // with the dense ones, test_moe_models.c adds the MoE-specific checks.
-__attribute__((unused)) static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral", "glm4_moe",
-                                                           "glm4_moe_air"};
+__attribute__((unused)) static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral", "gpt_oss",
+                                                           "gpt_oss_mxfp4", "glm4_moe", "glm4_moe_air"};
 #define N_MOE_MODELS ((int)(sizeof MOE_MODELS / sizeof MOE_MODELS[0]))
 // Dense fixtures, then the MoE ones: the whole-model reference checks run on all of them.
 #define N_ALL_MODELS (N_MODELS + N_MOE_MODELS)
 __attribute__((unused)) static const char *all_models(int i) {
     return i < N_MODELS ? MODELS[i] : MOE_MODELS[i - N_MODELS];
+}
+// Multi-head latent attention fixtures (tools/make_tiny_deepseek.py): checked by tests/test_models.c
+// and by the logits test of tests/gpu/test_cuda_models.c with the others (cpu_models), not by
+// test_cpu_quant.c's all_models loop.
+__attribute__((unused)) static const char *MLA_MODELS[] = {"deepseek_v2", "deepseek_v3"};
+#define N_MLA_MODELS ((int)(sizeof MLA_MODELS / sizeof MLA_MODELS[0]))
+#define N_CPU_MODELS (N_ALL_MODELS + N_MLA_MODELS)
+__attribute__((unused)) static const char *cpu_models(int i) {
+    return i < N_ALL_MODELS ? all_models(i) : MLA_MODELS[i - N_ALL_MODELS];
+}
+// The dense fixtures, then the MLA ones (chunk-boundary and prefix-reuse checks).
+#define N_PREFIX_MODELS (N_MODELS + N_MLA_MODELS)
+__attribute__((unused)) static const char *prefix_models(int i) {
+    return i < N_MODELS ? MODELS[i] : MLA_MODELS[i - N_MODELS];
 }
 
 struct ref_prompt {

@@ -118,7 +118,9 @@ TEST(cpu_quant_kept_16bit_weights_bit_identical_to_f32) {
     }
     fprintf(stderr, "  %d steps bit-identical; %d fixtures at <= half the F32 weight bytes\n", compared, smaller);
     ASSERT_EQ(compared, N_ALL_MODELS * (N_DECODE + 1));
-    ASSERT_TRUE(smaller >= N_ALL_MODELS - 1); // every fixture but the F32 one (llama_gqa)
+    // Every fixture but the F32 one (llama_gqa) and gpt_oss_mxfp4 (its MXFP4 experts stay MXFP4
+    // under both dtypes, so only its bf16 rest halves).
+    ASSERT_TRUE(smaller >= N_ALL_MODELS - 2);
 }
 
 TEST(cpu_quant_smollm2_q4_1_stays_quantised) {

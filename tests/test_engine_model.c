@@ -5,7 +5,7 @@
 // prefixes, gives every request the same tokens (and logprobs) as running it alone; a
 // prefix-cache hit gives the same tokens and logprobs as a cold run; the engine issue's
 // randomized stress (thousands of steps, preemption, aborts) ends with every block free and
-// every request equal to the prompt decoded alone. The last three are the scenarios of
+// every request equal to the prompt decoded alone (also on the MLA fixture deepseek_v2). The last three are the scenarios of
 // engine_model_scenarios.h, which tests/gpu/test_cuda_engine.c runs on the CUDA backend.
 #include <jansson.h>
 #include <stdlib.h>
@@ -20,7 +20,7 @@ static const struct es_setup CPU = {
     .device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f, .min_clear = 0.5};
 
 static const char *MODELS[] = {"llama_gqa",         "llama_mha",         "llama_tied", "llama_bias",
-                               "llama_rope_llama3", "llama_rope_linear", "qwen3"};
+                               "llama_rope_llama3", "llama_rope_linear", "qwen3",      "deepseek_v2", "deepseek_v3"};
 
 TEST(engine_model_greedy_matches_hf) {
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
@@ -72,6 +72,25 @@ TEST(engine_model_random_stress_equals_alone) {
 // blocks out of the window are freed while it runs (a pool of 24 blocks still preempts).
 TEST(engine_model_moe_random_stress_equals_alone) {
     es_random_stress_equals_alone(&CPU, "mixtral", 0x5eed1234ull, 24);
+}
+
+// The three scenarios on a multi-head latent attention model (DeepSeek-V2: latent cache, shared
+// experts): preemption, chunked prefill, prefix hits and aborts over latent blocks.
+TEST(engine_model_mla_batched_under_preemption_equals_alone) {
+    es_batched_under_preemption_equals_alone(&CPU, "deepseek_v2");
+}
+
+TEST(engine_model_mla_prefix_hit_identical_to_cold) {
+    es_prefix_hit_identical_to_cold(&CPU, "deepseek_v2");
+}
+
+TEST(engine_model_mla_random_stress_equals_alone) {
+    es_random_stress_equals_alone(&CPU, "deepseek_v2", 0x5eed1234ull, 32);
+}
+
+// DeepSeek-V3 (q_lora, noaux_tc grouped sigmoid routing, a dense first layer) under the same stress.
+TEST(engine_model_mla_v3_random_stress_equals_alone) {
+    es_random_stress_equals_alone(&CPU, "deepseek_v3", 0x5eed4321ull, 32);
 }
 
 int main(int argc, char **argv) {

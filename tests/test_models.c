@@ -1,6 +1,6 @@
 // Whole-model tests on the CPU backend against HF transformers: tiny random-weight
 // checkpoints of every supported architecture (tests/fixtures/models/*, written with their
-// reference outputs by tools/make_tiny_models.py and tools/make_tiny_moe_models.py).
+// reference outputs by tools/make_tiny_models.py, tools/make_tiny_moe_models.py and tools/make_tiny_deepseek.py).
 //
 // Tolerances: logits must be within LOGIT_RTOL * max(1, max |HF logit|) of HF (fp32 on both
 // sides; BF16/F16 checkpoints are exact in F32). Greedy tokens must equal HF's at every step
@@ -50,10 +50,10 @@ static struct model_runner *open_model(const char *name) {
 
 // Full-prompt logits at the reference positions, one prefill per prompt.
 TEST(models_logits_match_hf) {
-    for (int mi = 0; mi < N_ALL_MODELS; mi++) {
+    for (int mi = 0; mi < N_CPU_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(all_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(all_models(mi));
+        ASSERT_EQ(refs_load(cpu_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(cpu_models(mi));
         ASSERT_TRUE(r != NULL);
         ASSERT_EQ(model_runner_config(r)->vocab_size, R.vocab);
         struct sim *s = malloc(sizeof *s);
@@ -73,14 +73,14 @@ TEST(models_logits_match_hf) {
             ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
             double d = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
             if (!(d <= R.tol))
-                test_fail(__FILE__, __LINE__, "%s prompt %d (%d tokens): max |logit - HF| = %g > %g", all_models(mi), pi,
+                test_fail(__FILE__, __LINE__, "%s prompt %d (%d tokens): max |logit - HF| = %g > %g", cpu_models(mi), pi,
                           p->n, d, R.tol);
             if (d > worst) worst = d;
             free(lg);
             sim_seq_release(s, q);
             free(q);
         }
-        fprintf(stderr, "  %-18s max |logit - HF| = %.2e (tolerance %.2e)\n", all_models(mi), worst, R.tol);
+        fprintf(stderr, "  %-18s max |logit - HF| = %.2e (tolerance %.2e)\n", cpu_models(mi), worst, R.tol);
         sim_free(s);
         free(s);
         model_runner_free(r);
@@ -90,10 +90,10 @@ TEST(models_logits_match_hf) {
 
 // Prefill, then 16 greedy decode steps through the runner's sampler, one sequence at a time.
 TEST(models_greedy_match_hf) {
-    for (int mi = 0; mi < N_ALL_MODELS; mi++) {
+    for (int mi = 0; mi < N_CPU_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(all_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(all_models(mi));
+        ASSERT_EQ(refs_load(cpu_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(cpu_models(mi));
         ASSERT_TRUE(r != NULL);
         struct sim *s = malloc(sizeof *s);
         sim_init(s, r, 11u + (unsigned)mi);
@@ -115,14 +115,14 @@ TEST(models_greedy_match_hf) {
                 q->ids[q->n_ids++] = out.ids[0];
             }
             char what[128];
-            snprintf(what, sizeof what, "%s prompt %d", all_models(mi), pi);
+            snprintf(what, sizeof what, "%s prompt %d", cpu_models(mi), pi);
             int c = greedy_compare(&R, p, got, what);
             ASSERT_TRUE(c >= 0);
             checked += c;
             sim_seq_release(s, q);
             free(q);
         }
-        fprintf(stderr, "  %-18s %d greedy steps with a clear margin matched HF\n", all_models(mi), checked);
+        fprintf(stderr, "  %-18s %d greedy steps with a clear margin matched HF\n", cpu_models(mi), checked);
         ASSERT_TRUE(checked >= R.n * N_GREEDY / 2); // the comparison must have teeth
         sim_free(s);
         free(s);
@@ -135,10 +135,10 @@ TEST(models_greedy_match_hf) {
 // prompts chunked (at most 7 tokens of one prompt per step), decodes mixed with prefill
 // chunks in the same batch. Every sequence's greedy continuation must equal HF's.
 TEST(models_mixed_batch_chunked_prefill) {
-    for (int mi = 0; mi < N_ALL_MODELS; mi++) {
+    for (int mi = 0; mi < N_CPU_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(all_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(all_models(mi));
+        ASSERT_EQ(refs_load(cpu_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(cpu_models(mi));
         ASSERT_TRUE(r != NULL);
         struct sim *s = malloc(sizeof *s);
         sim_init(s, r, 99u + (unsigned)mi);
@@ -182,7 +182,7 @@ TEST(models_mixed_batch_chunked_prefill) {
         ASSERT_TRUE(mixed_steps > 0);
         for (int pi = 0; pi < R.n; pi++) {
             char what[128];
-            snprintf(what, sizeof what, "%s mixed batch, prompt %d", all_models(mi), pi);
+            snprintf(what, sizeof what, "%s mixed batch, prompt %d", cpu_models(mi), pi);
             ASSERT_TRUE(greedy_compare(&R, &R.p[pi], got[pi], what) >= 0);
         }
         free(q);
@@ -196,10 +196,10 @@ TEST(models_mixed_batch_chunked_prefill) {
 // A prompt split into chunks ending exactly at the reference positions: the logits of each
 // chunk's last token equal HF's full-prompt logits there.
 TEST(models_chunked_prefill_logits) {
-    for (int mi = 0; mi < N_MODELS; mi++) {
+    for (int mi = 0; mi < N_PREFIX_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(MODELS[mi]);
+        ASSERT_EQ(refs_load(prefix_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(prefix_models(mi));
         ASSERT_TRUE(r != NULL);
         struct sim *s = malloc(sizeof *s);
         sim_init(s, r, 5u);
@@ -217,7 +217,7 @@ TEST(models_chunked_prefill_logits) {
             sim_step_commit(s);
             double d = max_abs_diff(lg, p->logits + (size_t)k * R.vocab, R.vocab);
             if (!(d <= R.tol))
-                test_fail(__FILE__, __LINE__, "%s chunk ending at %d: max |logit - HF| = %g > %g", MODELS[mi], p->pos[k],
+                test_fail(__FILE__, __LINE__, "%s chunk ending at %d: max |logit - HF| = %g > %g", prefix_models(mi), p->pos[k],
                           d, R.tol);
         }
         free(lg);
@@ -232,10 +232,10 @@ TEST(models_chunked_prefill_logits) {
 // Prefix-cache reuse: sequence B shares A's full KV blocks of the prompt and computes only
 // the tail; its last-position logits and greedy continuation equal HF's for the prompt.
 TEST(models_prefix_cache_reuse) {
-    for (int mi = 0; mi < N_MODELS; mi++) {
+    for (int mi = 0; mi < N_PREFIX_MODELS; mi++) {
         struct refs R;
-        ASSERT_EQ(refs_load(MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-        struct model_runner *r = open_model(MODELS[mi]);
+        ASSERT_EQ(refs_load(prefix_models(mi), &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct model_runner *r = open_model(prefix_models(mi));
         ASSERT_TRUE(r != NULL);
         int bs = model_runner_block_size(r);
         struct sim *s = malloc(sizeof *s);
@@ -267,7 +267,7 @@ TEST(models_prefix_cache_reuse) {
         double d = max_abs_diff(lg, p->logits + (size_t)(p->n_pos - 1) * R.vocab, R.vocab);
         if (!(d <= R.tol))
             test_fail(__FILE__, __LINE__, "%s: prefix-cached tail (%d of %d tokens recomputed): max |logit - HF| = %g",
-                      MODELS[mi], p->n - shared * bs, p->n, d);
+                      prefix_models(mi), p->n - shared * bs, p->n, d);
         // Continue B greedily from its own last logits.
         int32_t got[N_GREEDY];
         int best = 0;
@@ -285,7 +285,7 @@ TEST(models_prefix_cache_reuse) {
             b->ids[b->n_ids++] = out.ids[0];
         }
         char what[128];
-        snprintf(what, sizeof what, "%s prefix-cached", MODELS[mi]);
+        snprintf(what, sizeof what, "%s prefix-cached", prefix_models(mi));
         ASSERT_TRUE(greedy_compare(&R, p, got, what) >= 0);
         free(lg);
         free(a);
@@ -568,6 +568,8 @@ TEST(models_bench_configs) {
         {"bench/configs/llama3_1_8b.json", 8030261248LL},
         {"bench/configs/llama3_2_1b.json", 1235814400LL},
         {"bench/configs/qwen3_8b.json", 8190735360LL},
+        {"bench/configs/gpt_oss_20b.json", 20914757184LL},   // OpenAI's model card: 20.91 B
+        {"bench/configs/gpt_oss_120b.json", 116829156672LL}, // 116.83 B
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char *json = NULL;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "common/check.h"
 #include "test.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -250,7 +251,7 @@ static void check_experts(struct backend *b, int n, int E, int slots, int H, int
     unsigned char *out = malloc(out_bytes + 64);
     memset(out + out_bytes, 0xA5, 64);
     struct tensor tx = tensor_2d(x, DTYPE_F32, n, H), to = tensor_2d(out, DTYPE_F32, n, H);
-    b->ops->moe_experts(b, &to, &tx, WEIGHT_PLAIN(&tgu), WEIGHT_PLAIN(&tdn), ids, w, slots, ws);
+    b->ops->moe_experts(b, &to, &tx, WEIGHT_PLAIN(&tgu), WEIGHT_PLAIN(&tdn), ids, w, slots, NULL, ws);
     double *ref = malloc(sizeof(double) * (size_t)n * H);
     ref_experts(ref, x, gu, dn, ids, w, n, slots, H, I);
     double num = 0, den = 0;
@@ -269,7 +270,7 @@ static void check_experts(struct backend *b, int n, int E, int slots, int H, int
     // Deterministic: the same call again gives the same bits.
     float *again = malloc(out_bytes);
     struct tensor ta = tensor_2d(again, DTYPE_F32, n, H);
-    b->ops->moe_experts(b, &ta, &tx, WEIGHT_PLAIN(&tgu), WEIGHT_PLAIN(&tdn), ids, w, slots, ws);
+    b->ops->moe_experts(b, &ta, &tx, WEIGHT_PLAIN(&tgu), WEIGHT_PLAIN(&tdn), ids, w, slots, NULL, ws);
     ASSERT_TRUE(memcmp(again, out, out_bytes) == 0);
     free(again);
     b->ops->free(b, ws);
@@ -282,6 +283,125 @@ static void check_experts(struct backend *b, int n, int E, int slots, int H, int
     free(w);
     free(out);
     free(ref);
+}
+
+// GPT-OSS experts: clamped SwiGLU (alpha 1.702, limit 1.5: x and weights are large enough that
+// both clamps bite) with gate_up / down biases, weights F32 or MXFP4 (random bytes and exponents),
+// against a naive double reference with the weights decoded by the MX definition.
+static void check_experts_gpt_oss(struct backend *b, int n, int E, int slots, int H, int I, enum routing rt, bool mx) {
+    const float alpha = 1.702f, limit = 1.5f;
+    const size_t ngu = (size_t)E * 2 * I * H, ndn = (size_t)E * H * I;
+    float *x = malloc(sizeof(float) * (size_t)n * H), *gu = malloc(sizeof(float) * ngu), *dn = malloc(sizeof(float) * ndn);
+    float *bg = malloc(sizeof(float) * (size_t)E * 2 * I), *bd = malloc(sizeof(float) * (size_t)E * H);
+    uint8_t *q[2] = {malloc(ngu / 2), malloc(ndn / 2)}, *sc[2] = {malloc(ngu / 32), malloc(ndn / 32)};
+    for (int i = 0; i < n * H; i++)
+        x[i] = 2.0f * rng_sym();
+    for (size_t i = 0; i < (size_t)E * 2 * I; i++)
+        bg[i] = 0.5f * rng_sym();
+    for (size_t i = 0; i < (size_t)E * H; i++)
+        bd[i] = 0.5f * rng_sym();
+    static const float lut[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -.5f, -1, -1.5f, -2, -3, -4, -6};
+    float *full[2] = {gu, dn};
+    const size_t cnt[2] = {ngu, ndn};
+    const int cols[2] = {H, I};
+    for (int m = 0; m < 2; m++) {
+        for (size_t i = 0; i < cnt[m] / 2; i++)
+            q[m][i] = (uint8_t)rng_u64();
+        for (size_t i = 0; i < cnt[m] / 32; i++)
+            sc[m][i] = (uint8_t)(122 + rng_int(3)); // 2^-5 .. 2^-3
+        for (size_t i = 0; i < cnt[m]; i++)
+            full[m][i] = mx ? lut[(i % 2) ? q[m][i / 2] >> 4 : q[m][i / 2] & 15] * ldexpf(1.0f, (int)sc[m][i / 32] - 127)
+                            : 3.0f * rng_sym() / sqrtf((float)cols[m]);
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * slots);
+    float *w = malloc(sizeof(float) * (size_t)n * slots);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < slots; j++) {
+            ids[t * slots + j] = rt == ROUTE_ONE_EXPERT ? E - 1 : rt == ROUTE_ALL ? j : rng_int(E);
+            w[t * slots + j] = 0.1f + (float)(rng_u64() % 1000) / 1000.0f;
+        }
+    struct weight wgu, wdn;
+    if (mx) {
+        wgu = (struct weight){.t = tensor_make(q[0], DTYPE_U8, 3, (int64_t[]){E, 2 * I, H / 2}), .scheme = WEIGHT_SCHEME_MX,
+                              .scale = tensor_make(sc[0], DTYPE_U8, 3, (int64_t[]){E, 2 * I, H / 32}), .block_rows = 1,
+                              .block_cols = 32};
+        wdn = (struct weight){.t = tensor_make(q[1], DTYPE_U8, 3, (int64_t[]){E, H, I / 2}), .scheme = WEIGHT_SCHEME_MX,
+                              .scale = tensor_make(sc[1], DTYPE_U8, 3, (int64_t[]){E, H, I / 32}), .block_rows = 1,
+                              .block_cols = 32};
+    } else {
+        wgu = (struct weight){.t = tensor_make(gu, DTYPE_F32, 3, (int64_t[]){E, 2 * I, H})};
+        wdn = (struct weight){.t = tensor_make(dn, DTYPE_F32, 3, (int64_t[]){E, H, I})};
+    }
+    struct tensor tbg = tensor_2d(bg, DTYPE_F32, E, 2 * I), tbd = tensor_2d(bd, DTYPE_F32, E, H);
+    const struct moe_experts_args ea = {MOE_ACT_SWIGLU_CLAMP, alpha, limit, &tbg, &tbd};
+    void *ws = b->ops->alloc(b, moe_workspace_bytes(n, slots, E, H, I, sizeof(float)));
+    float *out = malloc(sizeof(float) * (size_t)n * H);
+    struct tensor tx = tensor_2d(x, DTYPE_F32, n, H), to = tensor_2d(out, DTYPE_F32, n, H);
+    b->ops->moe_experts(b, &to, &tx, &wgu, &wdn, ids, w, slots, &ea, ws);
+    double num = 0, den = 0;
+    int clamped_g = 0, clamped_u = 0;
+    double *act = malloc(sizeof(double) * (size_t)I);
+    for (int t = 0; t < n; t++) {
+        double ref[512] = {0};
+        CHECK(H <= 512);
+        for (int j = 0; j < slots; j++) {
+            const int e = ids[t * slots + j];
+            for (int i = 0; i < I; i++) {
+                double g = bg[(size_t)e * 2 * I + i], u = bg[(size_t)e * 2 * I + I + i];
+                for (int h = 0; h < H; h++) {
+                    g += (double)x[t * H + h] * gu[((size_t)e * 2 * I + i) * H + h];
+                    u += (double)x[t * H + h] * gu[((size_t)e * 2 * I + I + i) * H + h];
+                }
+                clamped_g += g > limit;
+                clamped_u += fabs(u) > limit;
+                g = g < limit ? g : limit;
+                u = u < -limit ? -limit : u > limit ? limit : u;
+                act[i] = (u + 1.0) * g / (1.0 + exp(-alpha * g));
+            }
+            for (int h = 0; h < H; h++) {
+                double y = bd[(size_t)e * H + h];
+                for (int i = 0; i < I; i++)
+                    y += act[i] * dn[((size_t)e * H + h) * I + i];
+                ref[h] += w[t * slots + j] * y;
+            }
+        }
+        for (int h = 0; h < H; h++) {
+            ASSERT_TRUE(isfinite(out[t * H + h]));
+            num += (out[t * H + h] - ref[h]) * (out[t * H + h] - ref[h]);
+            den += ref[h] * ref[h];
+        }
+    }
+    double e2 = num / (den > 0 ? den : 1);
+    if (!(e2 < 1e-10))
+        test_fail(__FILE__, __LINE__, "gpt-oss moe_experts n=%d E=%d slots=%d H=%d I=%d %s: nmse %.3g", n, E, slots, H, I,
+                  mx ? "mxfp4" : "f32", e2);
+    ASSERT_TRUE(clamped_g > 0 && clamped_u > 0); // the clamps were exercised
+    b->ops->free(b, ws);
+    free(act);
+    free(x);
+    free(gu);
+    free(dn);
+    free(bg);
+    free(bd);
+    for (int m = 0; m < 2; m++) {
+        free(q[m]);
+        free(sc[m]);
+    }
+    free(ids);
+    free(w);
+    free(out);
+}
+
+TEST(moe_experts_gpt_oss_clamped_swiglu_biases) {
+    struct backend *b = cpu();
+    ASSERT_TRUE(b != NULL);
+    for (int mx = 0; mx < 2; mx++) {
+        check_experts_gpt_oss(b, 1, 8, 4, 64, 32, ROUTE_RANDOM, mx);      // decode token (skinny kernel)
+        check_experts_gpt_oss(b, 37, 8, 4, 96, 64, ROUTE_RANDOM, mx);     // prefill (sgemm per expert)
+        check_experts_gpt_oss(b, 20, 4, 2, 64, 32, ROUTE_ONE_EXPERT, mx); // skewed: one expert
+        check_experts_gpt_oss(b, 9, 4, 4, 64, 32, ROUTE_ALL, mx);         // top-k = E
+    }
+    backend_destroy(b);
 }
 
 TEST(moe_experts_random_routing) {

@@ -825,8 +825,8 @@ TEST(quant_moe_experts_match_dense) {
         void *ws = b->ops->alloc(b, wsb);
         struct tensor xt = tensor_2d(x, DTYPE_F32, n, H), yt = tensor_2d(y, DTYPE_F32, n, H),
                       ydt = tensor_2d(yd, DTYPE_F32, n, H);
-        b->ops->moe_experts(b, &yt, &xt, &gu.w, &dn.w, ids, w, slots, ws);
-        b->ops->moe_experts(b, &ydt, &xt, &gud, &dnd, ids, w, slots, ws);
+        b->ops->moe_experts(b, &yt, &xt, &gu.w, &dn.w, ids, w, slots, NULL, ws);
+        b->ops->moe_experts(b, &ydt, &xt, &gud, &dnd, ids, w, slots, NULL, ws);
         double worst = 0, scale = 0;
         for (int64_t i = 0; i < n * H; i++) {
             double d = fabs((double)y[i] - yd[i]);

@@ -302,8 +302,34 @@ TEST(gptq_awq_mxfp4_bnb_modelopt_forms) {
     ASSERT_EQ(cfg.quant.method, QUANT_METHOD_MXFP4);
     ASSERT_EQ(cfg.quant.n_ignore, 4);
     ASSERT_EQ(cfg.quant.schemes[0].weights.group_size, 32);
+    // Implemented for GPT-OSS's experts only (tests/test_models.c runs gpt_oss_mxfp4).
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(has(e.msg, "quant_method 'mxfp4' (weights float4, strategy group, group_size 32"));
+    ASSERT_TRUE(has(e.msg, "quant_method 'mxfp4' is implemented for GptOssForCausalLM's experts only"));
+
+    // On a GPT-OSS config it is implemented (CPU, and CUDA's MoE kernels).
+    {
+        const char *j = "{\"architectures\": [\"GptOssForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 64, "
+                        "\"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
+                        "\"vocab_size\": 128, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
+                        "\"quantization_config\": {\"quant_method\": \"mxfp4\"}}";
+        ASSERT_OK(model_config_parse_json(&cfg, j, "config.json", &e));
+        ASSERT_OK(model_quant_check(&cfg, &e));
+        ASSERT_OK(model_quant_check_backend(&cfg, &backend_cpu_caps, &e));
+        ASSERT_OK(model_quant_check_backend(&cfg, &backend_cuda_caps, &e));
+        ASSERT_EQ(cfg.layer_types[0], LAYER_ATTN_SLIDING); // GptOssConfig's defaults
+        ASSERT_EQ(cfg.layer_types[1], LAYER_ATTN_FULL);
+        ASSERT_EQ(cfg.sliding_window, 128);
+        ASSERT_TRUE(cfg.attention_bias && cfg.attention_sinks && cfg.norm_topk_prob);
+        ASSERT_TRUE(cfg.swiglu_alpha == 1.702f && cfg.swiglu_limit == 7.0f);
+        // An explicit null window: no sliding layers (transformers passes sliding_window None).
+        const char *jn = "{\"architectures\": [\"GptOssForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": "
+                         "64, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
+                         "\"vocab_size\": 128, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
+                         "\"sliding_window\": null}";
+        ASSERT_OK(model_config_parse_json(&cfg, jn, "config.json", &e));
+        ASSERT_EQ(cfg.sliding_window, 0);
+        ASSERT_EQ(cfg.layer_types[0], LAYER_ATTN_FULL);
+    }
 
     ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
                          "\"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_compute_dtype\": \"bfloat16\"}",

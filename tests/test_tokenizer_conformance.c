@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/base64.h"
+#include "common/check.h"
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
@@ -18,32 +20,13 @@ struct corpus {
     int n;
 };
 
-static int b64_value(int c) {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-}
-
 static char *b64_decode(const char *s, size_t *out_len) {
     size_t n = strlen(s);
     char *out = malloc(n + 1);
-    size_t k = 0;
-    int bits = 0, acc = 0;
-    for (size_t i = 0; i < n; i++) {
-        int v = b64_value((unsigned char)s[i]);
-        if (v < 0) continue;
-        acc = ((acc << 6) | v) & 0xFFFFFF;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[k++] = (char)((acc >> bits) & 0xFF);
-        }
-    }
+    long k = base64_decode(s, n, (unsigned char *)out);
+    CHECK_MSG(k >= 0, "corpus.json: bad base64 %s", s);
     out[k] = '\0';
-    *out_len = k;
+    *out_len = (size_t)k;
     return out;
 }
 

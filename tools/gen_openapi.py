@@ -200,15 +200,90 @@ tokenize_chat_req = {"type": "object", "additionalProperties": False, "required"
     "return_token_strs": {"type": "boolean", "nullable": True}, "chat_template_kwargs": {**free_object, "nullable": True},
     "tools": {"type": "array", "items": free_object, "nullable": True}}}
 
+# Anthropic Messages API (src/server/anthropic.c). Declared: what it accepts for any model
+# (text content; tool_use / tool_result history and tool_choice any / tool depend on the roles and
+# on a tool-call parser, constraints OpenAPI 3.0 cannot state, so they are left out).
+anth_text_block = {"type": "object", "required": ["type", "text"], "additionalProperties": False, "properties": {
+    "type": {"type": "string", "enum": ["text"]}, "text": {"type": "string", "maxLength": 2}}}
+# Lengths as the chat schema's: every schema-valid prompt fits the short context of the fuzz run.
+anth_text = {"oneOf": [{"type": "string", "maxLength": 8},
+                       {"type": "array", "items": anth_text_block, "maxItems": 4}]}
+anth_msg_fields = {
+    "model": {"type": "string", "description": "a served model name (404 otherwise)"},
+    "messages": {"type": "array", "minItems": 1, "maxItems": 4, "items": {
+        "type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
+            "role": {"type": "string", "enum": ["user", "assistant"]}, "content": anth_text}}},
+    "system": {**anth_text, "nullable": True},
+    "tools": {"type": "array", "nullable": True, "maxItems": 4, "items": {
+        "type": "object", "required": ["name", "input_schema"], "additionalProperties": False, "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 64},
+            "description": {"type": "string", "maxLength": 16},
+            "input_schema": free_object}}},
+    "tool_choice": {"type": "object", "nullable": True, "required": ["type"], "additionalProperties": False,
+                    "properties": {"type": {"type": "string", "enum": ["auto", "none"]}}},
+    "thinking": {"type": "object", "nullable": True, "required": ["type"], "additionalProperties": False, "properties": {
+        "type": {"type": "string", "enum": ["enabled", "disabled", "adaptive"]},
+        "budget_tokens": {"type": "integer", "minimum": 0, "maximum": 100000}}},
+    "metadata": {**free_object, "nullable": True},
+}
+anth_req = {"type": "object", "additionalProperties": False, "required": ["model", "messages", "max_tokens"], "properties": {
+    **anth_msg_fields,
+    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 32},
+    "stop_sequences": {"type": "array", "nullable": True, "maxItems": 4,
+                       "items": {"type": "string", "minLength": 1, "maxLength": 64}},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1, "nullable": True},
+    "top_p": {"type": "number", "minimum": FLT_TRUE_MIN, "maximum": 1, "nullable": True},
+    "top_k": {"type": "integer", "minimum": 0, "maximum": 1000, "nullable": True},
+    "stream": {"type": "boolean", "nullable": True}}}
+anth_count_req = {"type": "object", "additionalProperties": False, "required": ["model", "messages"],
+                  "properties": anth_msg_fields}
+anth_block = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "enum": ["text", "thinking", "tool_use"]}, "text": {"type": "string"},
+    "thinking": {"type": "string"}, "signature": {"type": "string"}, "id": {"type": "string"},
+    "name": {"type": "string"}, "input": {"type": "object"}}}
+anth_resp = {"type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["message"]},
+    "role": {"type": "string", "enum": ["assistant"]}, "model": {"type": "string"},
+    "content": {"type": "array", "items": anth_block},
+    "stop_reason": {"type": "string", "enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+    "stop_sequence": {"type": "string", "nullable": True},
+    "usage": {"type": "object", "required": ["input_tokens", "output_tokens"], "properties": {
+        "input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"},
+        "cache_read_input_tokens": {"type": "integer"}}}}}
+anth_error = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"type": "string", "enum": ["error"]},
+    "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
+ANTH_ERR = {"description": "error (Anthropic's shape)", "content": {"application/json": {"schema": ref("AnthropicError")}}}
+anth_event = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": [
+    "message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+    "message_stop", "error"]}}}
+
+
+def anth_post(summary, req, resp, stream):
+    ok = {"description": "OK", "content": {"application/json": {"schema": resp}}}
+    if stream:
+        ok["content"]["text/event-stream"] = {
+            "schema": {"type": "object", "required": ["data"], "properties": {
+                "event": {"type": "string", "description": "the event's type (message_start ... message_stop, error)"},
+                "data": {"type": "string", "description": "one AnthropicEvent (JSON)"},
+                "id": {"type": "string"}, "retry": {"type": "integer"}},
+                "x-sse-data-schema": ref("AnthropicEvent")},
+            "example": "event: message_start\ndata: {...}\n\n"}
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {"application/json": {"schema": req}}},
+                     "responses": {"200": ok, **{str(c): ANTH_ERR for c in (400, 401, 404, 413, 503)}}}}
+
+
 doc = {
     "openapi": "3.0.3",
     "info": {"title": "atomc OpenAI-compatible server", "version": "0.1.0",
-             "description": "OpenAI-compatible completions and chat completions, plus vLLM's /tokenize, /detokenize and /metrics. "
-                            "Endpoints under /v1, /tokenize, /detokenize and /apply-template require 'Authorization: Bearer <key>' when the server runs with --api-key."},
+             "description": "OpenAI-compatible completions and chat completions, the Anthropic Messages API, plus vLLM's /tokenize, /detokenize and /metrics. "
+                            "Endpoints under /v1, /tokenize, /detokenize and /apply-template require 'Authorization: Bearer <key>' (or 'x-api-key: <key>') when the server runs with --api-key."},
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         "schemas": {"ErrorResponse": error, "ChatMessage": message, "Usage": usage,
-                    "CompletionChunk": completion_chunk, "ChatCompletionChunk": chat_chunk, "JsonValue": json_value},
+                    "CompletionChunk": completion_chunk, "ChatCompletionChunk": chat_chunk, "JsonValue": json_value,
+                    "AnthropicError": anth_error, "AnthropicEvent": anth_event},
     },
     "paths": {
         "/health": {"get": {"summary": "200 when serving; 503 while loading, after an engine failure or while shutting down",
@@ -238,6 +313,10 @@ doc = {
             "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}, **errs(401, 404, 503)}}},
         "/v1/completions": post("text completion", completion_req, completion_resp, stream="CompletionChunk"),
         "/v1/chat/completions": post("chat completion", chat_req, chat_resp, stream="ChatCompletionChunk"),
+        "/v1/messages": anth_post("Anthropic Messages API (message or event stream)", anth_req, anth_resp, True),
+        "/v1/messages/count_tokens": anth_post("Anthropic token count of a Messages request", anth_count_req,
+                                               {"type": "object", "required": ["input_tokens"],
+                                                "properties": {"input_tokens": {"type": "integer"}}}, False),
         "/tokenize": post("tokenize a prompt or chat messages", {"oneOf": [tokenize_req, tokenize_chat_req]},
                           {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
                               "count": {"type": "integer"}, "max_model_len": {"type": "integer"},

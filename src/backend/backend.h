@@ -152,6 +152,50 @@ static inline size_t moe_workspace_bytes(int64_t n_tokens, int n_slots, int E_to
     return ((ints + 255) & ~(size_t)255) + acts + 1024; // slack: backends may 256-align each buffer
 }
 
+// ---- MLA ----
+// Multi-head latent attention (DeepSeek-V2/V3). Per token and layer the cache (CACHE_KIND_LATENT,
+// kv_layer.k of shape (blocks, block_size, 1, kv_lora + rope); kv_layer.v unused) holds one row:
+// the RMS-normed compressed KV c (kv_lora values), then the roped shared key part k_pe (rope
+// values). kv_b is HF's kv_b_proj weight, (n_heads * (nope + v_dim), kv_lora): per head h its
+// rows [h (nope + v_dim), + nope) are W_UK_h (k_nope = W_UK_h c), the next v_dim rows W_UV_h
+// (v = W_UV_h c). Unquantised (F32 / BF16 / F16) on the CPU.
+struct mla_args {
+    int n_heads;
+    int nope, rope, kv_lora, v_dim; // qk_nope_head_dim, qk_rope_head_dim, kv_lora_rank, v_head_dim
+    float scale;                    // softmax scale: (nope + rope)^-1/2, times YaRN's mscale(mscale_all_dim)^2
+    const struct weight *kv_b;
+};
+
+// Workspace bytes mla_attention needs for steps of up to n tokens: a backend may process the
+// tokens in chunks of MLA_WS_TOKENS, keeping per chunk the absorbed queries (chunk, heads,
+// kv_lora + rope) and latent outputs (chunk, heads, kv_lora) in F32, and for chunks of at most
+// MLA_WS_SPLIT_TOKENS tokens split-KV partials (chunk, heads, MLA_WS_MAX_SPLITS, kv_lora + 2).
+#define MLA_WS_TOKENS 128
+#define MLA_WS_SPLIT_TOKENS 16
+#define MLA_WS_MAX_SPLITS 8
+static inline size_t mla_workspace_bytes(int64_t n_tokens, int n_heads, int kv_lora, int rope) {
+    size_t c = (size_t)(n_tokens < MLA_WS_TOKENS ? n_tokens : MLA_WS_TOKENS);
+    size_t cs = (size_t)(n_tokens < MLA_WS_SPLIT_TOKENS ? n_tokens : MLA_WS_SPLIT_TOKENS);
+    return (c * (size_t)(2 * kv_lora + rope) + cs * MLA_WS_MAX_SPLITS * (size_t)(kv_lora + 2)) * (size_t)n_heads *
+               sizeof(float) +
+           1024;
+}
+
+// The expert MLP's activation and biases (moe_experts). NULL args = SILU without biases.
+//   SILU:         act = silu(g) * u
+//   SWIGLU_CLAMP: (GPT-OSS) g' = min(g, limit), u' = clamp(u, -limit, limit),
+//                 act = (u' + 1) * g' * sigmoid(alpha * g')
+// where g, u are expert e's gate / up rows of gate_up x (+ gate_up_bias[e]); the expert output is
+// down_e act (+ down_bias[e]), weighted by the slot's combine weight.
+enum moe_act { MOE_ACT_SILU = 0, MOE_ACT_SWIGLU_CLAMP };
+
+struct moe_experts_args {
+    enum moe_act act;
+    float alpha, limit;              // SWIGLU_CLAMP
+    const struct tensor *gate_up_bias; // (E_total, 2I) gate entries then up entries per expert, or NULL
+    const struct tensor *down_bias;  // (E_total, H) or NULL
+};
+
 struct backend;
 
 struct backend_ops {
@@ -232,7 +276,7 @@ struct backend_ops {
     // and topk_w (n, top_k + n_shared) F32, both backend memory. No host synchronisation.
     void (*moe_route)(struct backend *b, const struct tensor *logits, const struct moe_route_args *a,
                       int32_t *topk_ids, float *topk_w);
-    // The fused expert MLP: out(n, H) = sum_j topk_w[t, j] * down_e(silu(gate_e x_t) * up_e x_t)
+    // The fused expert MLP: out(n, H) = sum_j topk_w[t, j] * down_e(act(gate_e x_t, up_e x_t))
     // with e = topk_ids[t, j], over j < n_slots. x (n, H) and out (n, H) in act dtype (out must not
     // alias x); gate_up (E_total, 2I, H) with gate rows first and down (E_total, H, I) are the
     // stacked expert weights in the weight dtype. workspace: moe_workspace_bytes(n, n_slots,
@@ -242,9 +286,34 @@ struct backend_ops {
     // rows; the combine sums a token's slots in slot order (deterministic). Ids outside
     // [0, E_total) are a programmer error (the CPU backend CHECKs them; CUDA skips the slot).
     // gate_up / down carry a weight scheme like matmul's w (the stacked tensors are their .t).
+    // ea (may be NULL: SiLU, no biases) gives the activation and the expert biases (weights, in
+    // the weight dtypes; see struct moe_experts_args).
     void (*moe_experts)(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
                         const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
-                        void *workspace);
+                        const struct moe_experts_args *ea, void *workspace);
+
+    // ---- MLA (multi-head latent attention: DeepSeek-V2/V3; see struct mla_args) ----
+    // NULL on backends without MLA (caps.mla false: such models are refused at load).
+    // Per new token t at md->h_positions[t]: RoPE (rope_args: interleaved or half pairs, attn_factor)
+    // of q's rope part q[t, h, nope:] in place for every head; the cache row
+    //   [ rmsnorm(kv_a[t, :kv_lora]) * kv_norm (eps),  rope(kv_a[t, kv_lora:]) ]
+    // written to the latent cache at slot_mapping[t] (skipping -1), rounded to the cache dtype
+    // (FP8: divided by kv->k_scale). q (n, n_heads, nope + rope) dense; kv_a (n, kv_lora + rope)
+    // dense, not modified. Both in act dtype; kv_norm a weight (kv_lora).
+    void (*mla_latent_write)(struct backend *b, struct tensor *q, const struct tensor *kv_a,
+                             const struct tensor *kv_norm, float eps, const struct rope_args *rope,
+                             const struct mla_args *a, struct kv_layer *kv, const struct attn_metadata *md);
+    // Attention over the latent cache for the batch (mixed prefill + decode, causal within each
+    // sequence over its context_len tokens, as `attention`): for query head h,
+    //   score(t, j) = scale * (q_nope[t,h] . W_UK_h c_j + q_pe[t,h] . k_pe_j)
+    //   out[t, h]   = W_UV_h sum_j softmax_j(score) c_j
+    // with c_j / k_pe_j the cache row of key j. The absorbed form (q_nope through W_UK_h^T into the
+    // latent space, one shared KV head of d_qk = kv_lora + rope and d_v = kv_lora, then W_UV_h) and
+    // the expanded one (k_nope = W_UK c, v = W_UV c per head) are the same numbers up to rounding;
+    // a backend picks per batch. out (n, n_heads, v_dim), q (n, n_heads, nope + rope) after
+    // mla_latent_write, act dtype. workspace: mla_workspace_bytes(n, ...) of backend memory.
+    void (*mla_attention)(struct backend *b, struct tensor *out, const struct tensor *q, const struct kv_layer *kv,
+                          const struct attn_metadata *md, const struct mla_args *a, void *workspace);
 };
 
 // What a backend can run, reported once at create and checked by model loading
@@ -266,8 +335,12 @@ struct backend_caps {
     int max_experts;           // moe_route / moe_experts: routed + shared experts; 0 = any
     bool moe_sigmoid_scoring;  // MOE_SCORING_SIGMOID and correction_bias
     bool moe_grouped_topk;     // n_group > 1 (both group scores)
+    bool moe_swiglu_clamp;     // moe_experts: MOE_ACT_SWIGLU_CLAMP and expert biases (GPT-OSS)
     bool pow2_block_size;      // KV block size must be a power of two
     int min_block_size;        // smallest KV block size the attention tile takes
+    bool mla;                  // MLA ops (mla_latent_write / mla_attention) over a latent cache
+    int mla_max_kv_lora;       // MLA: kv_lora_rank at most this and a multiple of 32; 0 = any
+    int mla_max_rope;          // MLA: qk_rope_head_dim at most this; 0 = any
 };
 
 #define BACKEND_CAP_BIT(x) (1u << (unsigned)(x))

@@ -117,6 +117,13 @@ static const char *tensor_scheme(const struct model_files *mf, const char *name)
     const struct model_config *c = &mf->config;
     struct error e = {0};
     if (!c->quant.present || model_quant_check(c, &e) != ATOMC_OK) return NULL;
+    if (c->quant.method == QUANT_METHOD_MXFP4) { // GPT-OSS experts: <name>_blocks with <name>_scales
+        size_t n = strlen(name), k = strlen("_blocks");
+        char scale[320];
+        if (n <= k || strcmp(name + n - k, "_blocks") || n - k >= 256) return NULL;
+        snprintf(scale, sizeof scale, "%.*s_scales", (int)(n - k), name);
+        return model_files_has_tensor(mf, scale) ? weight_scheme_name(WEIGHT_SCHEME_MX) : NULL;
+    }
     static const char *suffixes[] = {".weight", ".weight_packed"};
     for (int i = 0; i < 2; i++) {
         size_t n = strlen(name), k = strlen(suffixes[i]);

@@ -26,6 +26,7 @@ struct serve_args {
     int data_parallel_size;
     bool enable_auto_tool_choice;
     const char *tool_call_parser;
+    const char *reasoning_parser;
     const char *speculative_config;
     char spec_method[32];
 };
@@ -51,11 +52,16 @@ static const struct flag flags[] = {
      "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, /apply-template"},
     {"--chat-template", FLAG_STR, A(chat_template), "the model's",
      "chat template: a file path or the Jinja text itself"},
+    {"--no-webui", FLAG_BOOL_OFF, A(so.webui), "", "do not serve the built-in chat page at GET / (on by default)"},
     {"--enable-auto-tool-choice", FLAG_BOOL_ON, A(enable_auto_tool_choice), "off",
      "parse chat output of requests with tools for tool calls (needs --tool-call-parser)"},
     {"--tool-call-parser", FLAG_STR, A(tool_call_parser), "none",
-     "tool-call format: hermes (<tool_call>{json}</tool_call>: Hermes, Qwen2.5, Qwen3) or llama3_json "
-     "(Llama 3.1-3.3 JSON calls)"},
+     "tool-call format (vLLM's names): hermes (Hermes, Qwen2.5, Qwen3), llama3_json (Llama 3.1-3.3), mistral, "
+     "pythonic (Llama 3.2 / 4), deepseek_v3 (DeepSeek-V3 / R1 / V3.1), kimi_k2, qwen3_coder (XML style), glm45 "
+     "(GLM-4.5 - 4.7), openai (GPT-OSS harmony)"},
+    {"--reasoning-parser", FLAG_STR, A(reasoning_parser), "none",
+     "split chat output into reasoning_content and content: deepseek_r1, qwen3, glm45 (<think>...</think>) "
+     "or openai_gptoss (GPT-OSS harmony analysis channel)"},
     {"--max-model-len", FLAG_INT, A(eo.max_model_len), "the model's", "context length (prompt + completion) in tokens"},
     {"--max-num-seqs", FLAG_INT, A(eo.max_num_seqs), "256 (cuda), 16 (cpu)", "sequences per engine step"},
     {"--max-num-batched-tokens", FLAG_INT, A(eo.max_num_batched_tokens), "8192 (cuda), 2048 (cpu)",
@@ -307,13 +313,21 @@ int cmd_serve(int argc, char **argv) {
         !cli_parse_speculative_config(&a.eo, a.spec_method, sizeof a.spec_method, a.speculative_config))
         return 2;
     if (a.tool_call_parser && tool_parser_from_name(a.tool_call_parser) == TOOL_PARSER_NONE) {
-        fprintf(stderr, "atomc serve: unknown --tool-call-parser '%s' (supported: hermes, llama3_json)\n", a.tool_call_parser);
+        fprintf(stderr, "atomc serve: unknown --tool-call-parser '%s' (supported: %s)\n", a.tool_call_parser,
+                tool_parser_names());
         return 2;
     }
     if (a.enable_auto_tool_choice && !a.tool_call_parser) {
-        fprintf(stderr, "atomc serve: --enable-auto-tool-choice needs --tool-call-parser (supported: hermes, llama3_json)\n");
+        fprintf(stderr, "atomc serve: --enable-auto-tool-choice needs --tool-call-parser (supported: %s)\n",
+                tool_parser_names());
         return 2;
     }
+    if (a.reasoning_parser && reasoning_parser_from_name(a.reasoning_parser) == REASONING_PARSER_NONE) {
+        fprintf(stderr, "atomc serve: unknown --reasoning-parser '%s' (supported: %s)\n", a.reasoning_parser,
+                reasoning_parser_names());
+        return 2;
+    }
+    a.so.reasoning_parser = reasoning_parser_from_name(a.reasoning_parser);
     a.so.profiling = a.eo.profile_dir && *a.eo.profile_dir;
     a.so.tool_parser = a.enable_auto_tool_choice ? tool_parser_from_name(a.tool_call_parser) : TOOL_PARSER_NONE;
     char model_path[4096];

@@ -20,7 +20,13 @@
 //                                                        stored offset by 2^(bits-1), low bits
 //                                                        first, so t is (rows, cols * bits / 32)
 //                                                        and q = field - 2^(bits-1))
-//   MX          w = q * 2^(scale[row][col / 32] - 127)  (MXFP4: e2m1 values, e8m0 scales)
+//   MX          w = q * 2^(scale[row][col / 32] - 127)  (MXFP4, OCP microscaling: t is U8
+//                                                        (rows, cols / 2), two e2m1 values per
+//                                                        byte, the even column in the low
+//                                                        nibble; scale is U8 (rows, cols / 32)
+//                                                        e8m0 exponents; block_cols = 32;
+//                                                        e2m1 nibbles: sign bit 3, magnitudes
+//                                                        0, .5, 1, 1.5, 2, 3, 4, 6)
 // A backend implements a subset (struct backend_caps.weight_schemes); model loading refuses a
 // checkpoint whose scheme the backend lacks, so an op that meets an unsupported scheme is a
 // programmer error (CHECK), never a silent wrong answer.
@@ -48,9 +54,11 @@ struct weight {
     int bits;                   // values packed in I32 words (GROUP): bits per value; else 0
 };
 
-// Columns (k) of a weight: t's last dim, times the values per word when packed in I32.
+// Columns (k) of a weight: t's last dim, times the values per word when packed in I32 (or
+// per byte for MX).
 static inline int64_t weight_cols(const struct weight *w) {
     int64_t c = tensor_cols(&w->t);
+    if (w->scheme == WEIGHT_SCHEME_MX) return 2 * c;
     return w->t.dtype == DTYPE_I32 && w->bits > 0 ? c * (32 / w->bits) : c;
 }
 
@@ -59,5 +67,11 @@ static inline int64_t weight_cols(const struct weight *w) {
 #define WEIGHT_PLAIN(tp) (&(const struct weight){.t = *(tp), .scheme = WEIGHT_SCHEME_NONE})
 
 const char *weight_scheme_name(enum weight_scheme s);
+
+// The e2m1 (FP4) value of a nibble (bits 0..3 of v), as MX stores it.
+static inline float weight_e2m1_value(unsigned v) {
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return (v & 8u) ? -mag[v & 7u] : mag[v & 7u];
+}
 
 #endif

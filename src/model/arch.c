@@ -7,6 +7,8 @@
 
 static const struct model_arch_def *const model_arch_table[] = {
     &model_arch_llama,
+    &model_arch_deepseek,
+    &model_arch_gpt_oss,
     &model_arch_glm4_moe,
 };
 

@@ -37,6 +37,10 @@ struct model_arch_def {
     // Layer l of m (m->cfg holds this rank's local sizes).
     void (*plan_layer)(const struct model *m, int l, struct layer_plan *plan);
     void (*forward)(struct model *m, const int32_t *token_ids, const struct attn_metadata *md, struct kv_layer *kv);
+    // Optional (NULL = nothing): runs once after every layer's tables have loaded (before the
+    // head), e.g. to re-lay weights out (DeepSeek stacks its shared experts after the routed ones)
+    // or to account for checkpoint tensors the model skips. L: the loader (its files may be NULL).
+    atomc_status (*finish_load)(struct model *m, struct weight_loader *L, struct error *err);
 };
 
 // The entry serving `a`, or NULL.
@@ -46,6 +50,8 @@ void model_arch_supported_list(char *buf, size_t n);
 
 // Families (one file each).
 extern const struct model_arch_def model_arch_llama;    // llama.c
+extern const struct model_arch_def model_arch_deepseek; // deepseek.c
+extern const struct model_arch_def model_arch_gpt_oss;  // gpt_oss.c
 extern const struct model_arch_def model_arch_glm4_moe; // glm4_moe.c
 
 // Shared weight tables of the pre-norm decoder layer (blocks.c): the two RMSNorm weights every

@@ -6,11 +6,13 @@
 //                     qkv = x @ Wqkv^T (+ b)                 (one fused GEMM)
 //                     Qwen3: q, k = per-head rmsnorm(q, k)   (inside rope_kv_write)
 //                     rope(q, k); write k, v into the paged cache at slot_mapping
-//                     attn = paged_attention(q, cache)      (window: sliding-window layers)
+//                     attn = paged_attention(q, cache)      (window: sliding-window layers;
+//                                                            GPT-OSS: per-head sinks)
 //                     h = attn @ Wo^T (+ b)
 //   dense MLP:        x = rmsnorm(residual += h); h = down(silu(gate) * up)   (fused gate_up GEMM)
-//   MoE:              x = rmsnorm(residual += h); logits = x @ W_router^T (F32);
+//   MoE:              x = rmsnorm(residual += h); logits = x @ W_router^T (+ b) (F32);
 //                     ids, w = moe_route(logits); h = moe_experts(x, ids, w)
+//                     (GPT-OSS: clamped SwiGLU and expert biases, struct moe_experts_args)
 //   logits rows only: gather residual and h rows, add_rmsnorm with the final norm, lm_head
 //
 // Tensor parallelism (m->tp_size > 1, see model.h and src/parallel/): the same code runs on
@@ -91,7 +93,7 @@ static void attention_gqa(struct model *m, struct fwd_state *f, const struct mod
     f->rope.q_norm = opt(&w->q_norm);
     f->rope.k_norm = opt(&w->k_norm);
     ops->rope_kv_write(b, &f->q, &f->k, &f->v, m->qkv_dim, &f->rope, kv, md);
-    ops->attention(b, &f->attn, &f->q, m->qkv_dim, kv, md, scale, ly->sliding_window, NULL);
+    ops->attention(b, &f->attn, &f->q, m->qkv_dim, kv, md, scale, ly->sliding_window, opt(&w->sinks));
     ops->matmul(b, &f->h, &f->attn2, &w->o, opt(&w->o_bias));
     model_tp_all_reduce(m, &f->h);
 }
@@ -103,6 +105,7 @@ void block_attention(struct model *m, struct fwd_state *f, const struct model_la
     f->first = false;
     switch (ly->attn_kind) {
     case ATTN_KIND_GQA: attention_gqa(m, f, ly, kv, md); return;
+    case ATTN_KIND_MLA: block_attention_mla(m, f, ly, kv, md); return;
     }
     CHECK_MSG(0, "attention kind %d", (int)ly->attn_kind);
 }
@@ -123,12 +126,19 @@ static void ffn_moe(struct model *m, struct fwd_state *f, const struct ffn_moe_w
     struct model_moe_scratch *s = &m->scratch.moe;
     CHECK(s->workspace != NULL);
     struct tensor logits = tensor_2d(s->logits, DTYPE_F32, f->T, c->num_experts);
-    b->ops->matmul(b, &logits, &f->x, &w->router, NULL);
+    b->ops->matmul(b, &logits, &f->x, &w->router, opt(&w->router_bias));
     struct moe_route_args ra = m->moe_route;
     ra.correction_bias = w->score_bias.data; // (E) F32 or NULL (DeepSeek-V3's e_score_correction_bias)
     b->ops->moe_route(b, &logits, &ra, s->topk_ids, s->topk_w);
+    const struct moe_experts_args ea = {
+        .act = c->swiglu_alpha > 0 ? MOE_ACT_SWIGLU_CLAMP : MOE_ACT_SILU,
+        .alpha = c->swiglu_alpha,
+        .limit = c->swiglu_limit,
+        .gate_up_bias = opt(&w->gate_up_bias),
+        .down_bias = opt(&w->down_bias),
+    };
     b->ops->moe_experts(b, &f->h, &f->x, &w->gate_up, &w->down, s->topk_ids, s->topk_w,
-                        m->moe_route.top_k + m->moe_route.n_shared, s->workspace);
+                        m->moe_route.top_k + m->moe_route.n_shared, &ea, s->workspace);
 }
 
 void block_ffn(struct model *m, struct fwd_state *f, const struct model_layer *ly) {

@@ -29,6 +29,9 @@ void block_embed(struct model *m, struct fwd_state *f, const int32_t *token_ids)
 // x = rmsnorm(residual += h) with ly's attn_norm, then the layer's attention kind into h.
 void block_attention(struct model *m, struct fwd_state *f, const struct model_layer *ly, struct kv_layer *kv,
                      const struct attn_metadata *md);
+// The MLA attention kind (block_mla.c): from the normed x into h.
+void block_attention_mla(struct model *m, struct fwd_state *f, const struct model_layer *ly, struct kv_layer *kv,
+                         const struct attn_metadata *md);
 // x = rmsnorm(residual += h) with ly's ffn_norm, then the layer's FFN kind into h.
 void block_ffn(struct model *m, struct fwd_state *f, const struct model_layer *ly);
 // After the last layer: what model_compute_logits gathers from.

@@ -32,6 +32,7 @@ static const struct {
     {"Qwen3MoeForCausalLM", MODEL_ARCH_QWEN3_MOE},
     {"MixtralForCausalLM", MODEL_ARCH_MIXTRAL},
     {"DeepseekV3ForCausalLM", MODEL_ARCH_DEEPSEEK_V3},
+    {"DeepseekV2ForCausalLM", MODEL_ARCH_DEEPSEEK_V2},
     {"GptOssForCausalLM", MODEL_ARCH_GPT_OSS},
     {"Glm4MoeForCausalLM", MODEL_ARCH_GLM4_MOE},
     {"Qwen3NextForCausalLM", MODEL_ARCH_QWEN3_NEXT},
@@ -43,7 +44,7 @@ static const struct {
     const char *architecture;
 } model_types[] = {
     {"llama", "LlamaForCausalLM"},         {"mistral", "MistralForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
-    {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"mixtral", "MixtralForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"mixtral", "MixtralForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"}, {"deepseek_v2", "DeepseekV2ForCausalLM"},
     {"gpt_oss", "GptOssForCausalLM"},      {"glm4_moe", "Glm4MoeForCausalLM"},  {"qwen3_next", "Qwen3NextForCausalLM"},
 };
 
@@ -72,6 +73,7 @@ bool model_config_layer_is_moe(const struct model_config *c, int l) {
     if (c->num_experts <= 0 || l < 0 || l >= c->num_layers) return false;
     if (l < MODEL_MAX_LAYERS && c->mlp_only_layers[l]) return false;
     if (l < c->first_k_dense_replace) return false;
+    if (c->moe_layer_freq > 1) return l % c->moe_layer_freq == 0; // DeepSeek's rule
     int step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
     return (l + 1) % step == 0;
 }
@@ -399,6 +401,10 @@ static atomc_status parse_layer_types_list(struct ctx *x, const json_t *root, st
             c->layer_types[l] = (l + 1) % interval == 0 ? LAYER_ATTN_FULL : LAYER_ATTN_LINEAR;
         return ATOMC_OK;
     }
+    if (c->arch == MODEL_ARCH_GPT_OSS) { // transformers' default: even layers sliding, odd layers full
+        for (int l = 0; l < c->num_layers; l++) c->layer_types[l] = l % 2 == 0 ? LAYER_ATTN_SLIDING : LAYER_ATTN_FULL;
+        return ATOMC_OK;
+    }
     for (int l = 0; l < c->num_layers; l++) c->layer_types[l] = c->sliding_window > 0 ? LAYER_ATTN_SLIDING : LAYER_ATTN_FULL;
     return ATOMC_OK;
 }
@@ -445,6 +451,20 @@ static atomc_status parse_moe(struct ctx *x, const json_t *root, struct model_co
             c->mlp_only_layers[json_integer_value(e)] = true;
         }
     }
+    return ATOMC_OK;
+}
+
+// GPT-OSS: the clamped SwiGLU of its experts (transformers' GptOssConfig defaults).
+static atomc_status parse_gpt_oss(struct ctx *x, const json_t *root, struct model_config *c) {
+    if (c->arch != MODEL_ARCH_GPT_OSS) return ATOMC_OK;
+    c->swiglu_alpha = 1.702f;
+    c->swiglu_limit = 7.0f;
+    TRY(get_float(x, root, "swiglu_alpha", false, &c->swiglu_alpha));
+    TRY(get_float(x, root, "swiglu_limit", false, &c->swiglu_limit));
+    if (!(c->swiglu_alpha > 0.0f) || !(c->swiglu_limit > 0.0f) || !isfinite(c->swiglu_alpha) ||
+        !isfinite(c->swiglu_limit))
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: swiglu_alpha %g and swiglu_limit %g must be positive and finite",
+                         x->src, c->swiglu_alpha, c->swiglu_limit);
     return ATOMC_OK;
 }
 
@@ -958,6 +978,7 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
         c->rope.original_max_position = c->max_position_embeddings;
 
     TRY(get_bool(x, root, "tie_word_embeddings", &c->tie_word_embeddings));
+    c->attention_bias = c->arch == MODEL_ARCH_GPT_OSS; // GptOssConfig's default
     TRY(get_bool(x, root, "attention_bias", &c->attention_bias));
     // o_proj follows attention_bias in Llama/Qwen3/GPT-OSS; GLM-4-MoE and DeepSeek-V3 never bias it.
     c->attention_out_bias = c->attention_bias && c->arch != MODEL_ARCH_GLM4_MOE && c->arch != MODEL_ARCH_DEEPSEEK_V3;
@@ -974,11 +995,14 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     TRY(get_int(x, root, "pad_token_id", false, 0, INT32_MAX, &c->pad_token_id));
     TRY(get_token_ids(x, root, "eos_token_id", c->eos_token_ids, &c->n_eos));
 
+    // GptOssConfig's default when absent (an explicit null means no window, as in transformers).
+    if (c->arch == MODEL_ARCH_GPT_OSS && !json_object_get(root, "sliding_window")) c->sliding_window = 128;
     TRY(get_int(x, root, "sliding_window", false, 0, INT32_MAX, &c->sliding_window));
     TRY(parse_layer_types(x, root, c));
     c->attention_sinks = c->arch == MODEL_ARCH_GPT_OSS;
 
     TRY(parse_moe(x, root, c));
+    TRY(parse_gpt_oss(x, root, c));
 
     TRY(get_int(x, root, "q_lora_rank", false, 0, INT32_MAX, &c->q_lora_rank));
     TRY(get_int(x, root, "kv_lora_rank", false, 0, INT32_MAX, &c->kv_lora_rank));
@@ -993,6 +1017,17 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
         c->rope.rotary_dim = c->qk_rope_head_dim;
         c->rope.interleaved = true;
         TRY(get_bool(x, root, "rope_interleave", &c->rope.interleaved));
+    }
+    if (c->arch == MODEL_ARCH_DEEPSEEK_V2 || c->arch == MODEL_ARCH_DEEPSEEK_V3) {
+        snprintf(c->topk_method, sizeof c->topk_method, "%s", c->arch == MODEL_ARCH_DEEPSEEK_V3 ? "noaux_tc" : "greedy");
+        TRY(get_str(x, root, "topk_method", c->topk_method, sizeof c->topk_method));
+        if (strcmp(c->topk_method, "greedy") && strcmp(c->topk_method, "group_limited_greedy") &&
+            strcmp(c->topk_method, "noaux_tc"))
+            return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: key 'topk_method' = \"%s\" is not supported (greedy, "
+                             "group_limited_greedy, noaux_tc)", x->src, c->topk_method);
+        c->moe_layer_freq = 1;
+        TRY(get_int(x, root, "moe_layer_freq", false, 1, MODEL_MAX_LAYERS, &c->moe_layer_freq));
+        TRY(get_int(x, root, "num_nextn_predict_layers", false, 0, 64, &c->num_nextn_predict_layers));
     }
     return parse_quant_root(x, root, c);
 }
@@ -1103,9 +1138,9 @@ atomc_status model_config_validate(const struct model_config *c, const char *sou
     } else if (c->num_experts_per_tok > 0 && c->arch != MODEL_ARCH_LLAMA && c->arch != MODEL_ARCH_QWEN3) {
         BAD("%s: num_experts_per_tok is set but the number of experts is 0", s);
     }
-    if (c->arch == MODEL_ARCH_DEEPSEEK_V3) {
+    if (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_DEEPSEEK_V2) {
         if (c->kv_lora_rank <= 0 || c->qk_rope_head_dim <= 0 || c->qk_nope_head_dim <= 0 || c->v_head_dim <= 0)
-            BAD("%s: DeepSeek-V3 needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim", s);
+            BAD("%s: DeepSeek-V2/V3 need kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim", s);
     }
 #undef BAD
     return ATOMC_OK;

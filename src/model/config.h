@@ -24,6 +24,7 @@ enum model_arch {
     MODEL_ARCH_GPT_OSS,
     MODEL_ARCH_GLM4_MOE,
     MODEL_ARCH_QWEN3_NEXT,
+    MODEL_ARCH_DEEPSEEK_V2, // DeepseekV2ForCausalLM (MLA, greedy / group-limited softmax routing)
 };
 
 enum rope_scaling_type {
@@ -184,15 +185,22 @@ struct model_config {
     int n_group, topk_group;    // DeepSeek grouped top-k
     char scoring_func[16];      // "softmax" or "sigmoid"
 
+    // GPT-OSS (swiglu_alpha > 0 only there): experts apply a clamped SwiGLU,
+    //   gate = min(gate, limit), up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(alpha * gate),
+    // and the router and experts carry biases.
+    float swiglu_alpha;         // 1.702 for GPT-OSS; 0 = plain SiLU experts
+    float swiglu_limit;         // 7.0 for GPT-OSS
+
     // Multi-head latent attention (DeepSeek-V3).
     int q_lora_rank;
     int kv_lora_rank;
     int qk_nope_head_dim;
     int qk_rope_head_dim;
     int v_head_dim;
-    // GLM-4-MoE / DeepSeek-V3: multi-token-prediction layers stored after the decoder layers
-    // (model.layers.<num_layers + i>.*, i < num_nextn_predict_layers; skipped at load).
-    int num_nextn_predict_layers;
+    // DeepSeek-V2/V3 (src/model/deepseek.c).
+    char topk_method[24];         // "greedy", "group_limited_greedy", "noaux_tc" ("" = not given)
+    int moe_layer_freq;           // MoE every n-th layer from first_k_dense_replace (DeepSeek; 1)
+    int num_nextn_predict_layers; // MTP layers stored after the decoder layers (skipped at load; GLM too)
 
     // Quantization (present == false for unquantized checkpoints and GGUF).
     struct quant_config quant;

@@ -75,7 +75,17 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
     // Quantized weights' schemes and dtypes (checkpoint loads only: dummy weights are plain).
     atomc_status qst = o->files ? model_quant_check_backend(c, caps, err) : ATOMC_OK;
     if (qst != ATOMC_OK) return qst;
-    if (caps->n_head_dims > 0) {
+    if (c->kv_lora_rank > 0 && !caps->mla)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: multi-head latent attention (kv_lora_rank %d) is not "
+                         "implemented by the %s backend", c->architecture, c->kv_lora_rank, be);
+    if (c->kv_lora_rank > 0 && ((caps->mla_max_kv_lora > 0 && (c->kv_lora_rank > caps->mla_max_kv_lora ||
+                                                                 c->kv_lora_rank % 32 != 0)) ||
+                                (caps->mla_max_rope > 0 && c->qk_rope_head_dim > caps->mla_max_rope)))
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: MLA with kv_lora_rank %d and qk_rope_head_dim %d exceeds the "
+                         "%s backend's kernels (kv_lora_rank a multiple of 32 up to %d, rope up to %d)",
+                         c->architecture, c->kv_lora_rank, c->qk_rope_head_dim, be, caps->mla_max_kv_lora,
+                         caps->mla_max_rope);
+    if (caps->n_head_dims > 0 && c->kv_lora_rank <= 0) { // MLA runs its own ops, not `attention`
         bool ok = false;
         for (int i = 0; i < caps->n_head_dims; i++) ok = ok || caps->head_dims[i] == c->head_dim;
         if (!ok) {
@@ -113,6 +123,9 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
         if (c->scoring_func[0] && !strcmp(c->scoring_func, "sigmoid") && !caps->moe_sigmoid_scoring)
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: sigmoid expert scoring is not supported by the %s "
                              "backend", c->architecture, be);
+        if (c->swiglu_alpha > 0 && !caps->moe_swiglu_clamp)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the experts' clamped SwiGLU with biases (GPT-OSS) is not "
+                             "implemented by the %s backend yet", c->architecture, be);
         if (c->n_group > 1 && !caps->moe_grouped_topk)
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: grouped top-k routing (n_group %d) is not supported by "
                              "the %s backend", c->architecture, c->n_group, be);
@@ -126,6 +139,9 @@ static atomc_status model_tp_check(const struct model_config *c, int tp, int ran
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel rank %d outside [0, %d)", rank, tp);
     if (!comm)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "tensor parallel size %d needs a communicator", tp);
+    if (c->kv_lora_rank > 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "tensor parallelism of multi-head latent attention (%s) is not "
+                         "implemented yet; use tensor_parallel_size 1", c->architecture);
     if (c->num_experts > 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "tensor parallelism of mixture-of-experts models (%s) is not "
                          "implemented yet (expert shards are the next step); use tensor_parallel_size 1",
@@ -149,25 +165,25 @@ static atomc_status model_tp_check(const struct model_config *c, int tp, int ran
 // ---------------------------------------------------------------------------------------------
 // MoE routing
 
-// Routing parameters of cfg: softmax or sigmoid (scoring_func) top-k, renormalised over the k
-// when norm_topk_prob (config.c sets it for Mixtral, whose softmax over the top-k logits is the
-// same thing), times routed_scaling_factor; grouped top-k when n_group > 1, groups scored by the
-// top-2 sum of the keys under sigmoid scoring (DeepSeek-V3 noaux_tc, GLM-4-MoE) and by their max
-// under softmax (DeepSeek-V2 group_limited_greedy); shared experts as slots of weight 1 (the
-// families that do not load them refuse such configs). The correction bias is per layer: the
-// MoE block sets it (blocks.c).
+// Routing parameters of cfg: softmax or sigmoid (scoring_func) top-k, renormalised over the k when
+// norm_topk_prob (config.c sets it for Mixtral, whose softmax over the top-k logits is the same
+// thing), times routed_scaling_factor (1 unless the config says otherwise); grouped top-k when
+// n_group > 1, except under DeepSeek's topk_method "greedy" (which ignores the groups), scored by
+// the group max for "group_limited_greedy" and the top-2 sum otherwise (noaux_tc, GLM-4-MoE);
+// shared experts (stacked after the routed ones at load) are n_shared extra slots of weight 1.
+// The per-layer correction bias is set by the MoE block (ffn_moe).
 static struct moe_route_args model_moe_route_args(const struct model_config *c, bool force_uniform) {
-    const bool sigmoid = !strcmp(c->scoring_func, "sigmoid");
+    const bool grouped = c->n_group > 1 && strcmp(c->topk_method, "greedy") != 0;
     return (struct moe_route_args){
         .num_experts = c->num_experts,
         .top_k = c->num_experts_per_tok,
-        .scoring = sigmoid ? MOE_SCORING_SIGMOID : MOE_SCORING_SOFTMAX,
+        .scoring = !strcmp(c->scoring_func, "sigmoid") ? MOE_SCORING_SIGMOID : MOE_SCORING_SOFTMAX,
         .renormalize = c->norm_topk_prob,
         .scale = c->routed_scaling_factor > 0 ? c->routed_scaling_factor : 1.0f,
-        .n_group = c->n_group > 1 ? c->n_group : 0,
-        .topk_group = c->n_group > 1 ? c->topk_group : 0,
-        .group_score = sigmoid ? MOE_GROUP_SCORE_TOP2_SUM : MOE_GROUP_SCORE_MAX,
-        .n_shared = c->n_shared_experts > 0 ? c->n_shared_experts : 0,
+        .n_group = grouped ? c->n_group : 0,
+        .topk_group = grouped ? c->topk_group : 0,
+        .group_score = !strcmp(c->topk_method, "group_limited_greedy") ? MOE_GROUP_SCORE_MAX : MOE_GROUP_SCORE_TOP2_SUM,
+        .n_shared = c->n_shared_experts,
         .shared_weight = 1.0f,
         .force_uniform = force_uniform,
     };
@@ -175,7 +191,9 @@ static struct moe_route_args model_moe_route_args(const struct model_config *c, 
 
 double model_moe_decode_weight_bytes(const struct model_config *c, double weight_bytes, int batch) {
     if (c->num_experts <= 0) return weight_bytes;
-    double per_param = weight_bytes / (double)model_param_count(c);
+    // MXFP4 experts (GPT-OSS): half a byte per weight plus an e8m0 byte per 32; else the average.
+    double per_param = c->quant.method == QUANT_METHOD_MXFP4 ? 17.0 / 32.0
+                                                             : weight_bytes / (double)model_param_count(c);
     int64_t touched = (int64_t)batch * c->num_experts_per_tok;
     if (touched > c->num_experts) touched = c->num_experts;
     double idle = 0;
@@ -310,6 +328,14 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     m->q_dim = m->cfg.num_heads * cfg->head_dim;
     m->kv_dim = m->cfg.num_kv_heads * cfg->head_dim;
     m->qkv_dim = m->q_dim + 2 * m->kv_dim;
+    if (cfg->kv_lora_rank > 0) {
+        // MLA (block_mla.c): the qkv scratch holds q (H (nope + rope)), kv_a (L + rope) and the
+        // q_lora projection and its norm (2 Q) side by side; attn holds the (H v) output.
+        const int H = m->cfg.num_heads;
+        m->q_dim = H * cfg->v_head_dim;
+        m->kv_dim = cfg->kv_lora_rank + cfg->qk_rope_head_dim;
+        m->qkv_dim = H * (cfg->qk_nope_head_dim + cfg->qk_rope_head_dim) + m->kv_dim + 2 * cfg->q_lora_rank;
+    }
     m->layers = xcalloc((size_t)cfg->num_layers, sizeof *m->layers);
     m->layer_cache = xcalloc((size_t)cfg->num_layers, sizeof *m->layer_cache);
     if (cfg->num_experts > 0) m->moe_route = model_moe_route_args(cfg, o->moe_force_uniform);
@@ -329,6 +355,7 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
         for (int t = 0; t < LAYER_MAX_TABLES && p.tables[t]; t++)
             if ((st = weight_loader_load_layer(L, p.tables[t], l, ly, err))) goto fail;
     }
+    if (def->finish_load && (st = def->finish_load(m, L, err))) goto fail;
     if ((st = model_load_head(m, L, o->files, err))) goto fail;
     if ((st = model_load_rope(m, err))) goto fail;
     weight_loader_free(L);
@@ -348,7 +375,7 @@ static void model_scratch_free(struct model *m) {
     void **ps[] = {&s->residual, &s->x, &s->h, &s->qkv, &s->attn, &s->gate_up, &s->act,
                    &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits, (void **)&s->lg_shard,
                    (void **)&s->lg_gather, (void **)&s->moe.logits, (void **)&s->moe.topk_ids,
-                   (void **)&s->moe.topk_w, &s->moe.workspace};
+                   (void **)&s->moe.topk_w, &s->moe.workspace, &s->mla_workspace};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
         if (*ps[i]) m->backend->ops->free(m->backend, *ps[i]);
         *ps[i] = NULL;
@@ -366,8 +393,9 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
     s->max_tokens = max_tokens;
     s->max_logits_rows = max_logits_rows;
     const bool moe = c->num_experts > 0;
-    const size_t n_shared = moe && c->n_shared_experts > 0 ? (size_t)c->n_shared_experts : 0;
-    size_t E = moe ? (size_t)c->num_experts : 0, k = moe ? (size_t)c->num_experts_per_tok + n_shared : 0;
+    // Slots per token: the routed top-k, then the shared experts (stacked after the routed ones).
+    const size_t n_sh = moe && c->n_shared_experts > 0 ? (size_t)c->n_shared_experts : 0;
+    size_t E = moe ? (size_t)c->num_experts + n_sh : 0, k = moe ? (size_t)c->num_experts_per_tok + n_sh : 0;
     struct {
         void **p;
         size_t bytes;
@@ -385,12 +413,15 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {(void **)&s->logits, R * (size_t)c->vocab_size * sizeof(float)},
         {(void **)&s->lg_shard, m->tp_size > 1 ? R * (size_t)(c->vocab_size / m->tp_size) * sizeof(float) : 0},
         {(void **)&s->lg_gather, m->tp_size > 1 ? R * (size_t)c->vocab_size * sizeof(float) : 0},
-        {(void **)&s->moe.logits, T * E * sizeof(float)},
+        {(void **)&s->moe.logits, T * (E - n_sh) * sizeof(float)},
         {(void **)&s->moe.topk_ids, T * k * sizeof(int32_t)},
         {(void **)&s->moe.topk_w, T * k * sizeof(float)},
-        {&s->moe.workspace, moe ? moe_workspace_bytes((int64_t)T, (int)k, (int)(E + n_shared), c->hidden_size,
+        {&s->moe.workspace, moe ? moe_workspace_bytes((int64_t)T, (int)k, (int)E, c->hidden_size,
                                                       c->moe_intermediate_size, e)
                                 : 0},
+        {&s->mla_workspace, c->kv_lora_rank > 0 ? mla_workspace_bytes((int64_t)T, c->num_heads, c->kv_lora_rank,
+                                                                       c->qk_rope_head_dim)
+                                                 : 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         if (!want[i].bytes) continue;

@@ -6,7 +6,7 @@
 //   src/model/arch.h): config check, layer plan (which attention kind, which FFN kind, which
 //   cache spec and which weight tables each layer has), forward. The forward of a family lives
 //   in its own file (llama.c: Llama, Mistral, Qwen3, Qwen3-MoE, Mixtral) as a short loop over
-//   the shared block functions of src/model/blocks.c.
+//   the shared block functions of src/model/blocks.c (gpt_oss.c: GPT-OSS).
 // - Weights are data: each family has tables (struct weight_entry, src/model/weight_loader.h)
 //   mapping HF name suffixes to fields of struct model_layer with their shapes, fuse groups and
 //   tensor-parallel shard kinds; src/model/weight_loader.c loads any table (checkpoint or dummy
@@ -44,6 +44,7 @@ struct model_arch_def;
 
 enum attn_kind {
     ATTN_KIND_GQA = 0, // multi-/grouped-query attention over a paged K/V cache (full or sliding window)
+    ATTN_KIND_MLA,     // multi-head latent attention over a latent cache (DeepSeek-V2/V3, block_mla.c)
 };
 
 enum ffn_kind {
@@ -58,6 +59,19 @@ struct attn_gqa_weights {
     struct tensor k_norm;       // (head_dim) or data == NULL
     struct weight o;            // (hidden, q_dim)
     struct tensor o_bias;       // (hidden) or data == NULL
+    struct tensor sinks;        // (n_heads) F32 GPT-OSS's learned attention sinks, or data == NULL
+};
+
+// MLA (DeepSeek): H heads, nope / rope / v head dims, kv_lora_rank L, q_lora_rank Q (0 = direct q).
+struct attn_mla_weights {
+    struct weight q;            // (H (nope + rope), hidden) when Q == 0
+    struct weight q_a;          // (Q, hidden) when Q > 0
+    struct tensor q_a_norm;     // (Q)
+    struct weight q_b;          // (H (nope + rope), Q)
+    struct weight kv_a;         // (L + rope, hidden): compressed kv, then k_pe
+    struct tensor kv_a_norm;    // (L)
+    struct weight kv_b;         // (H (nope + v), L): per head W_UK (nope rows), W_UV (v rows); see struct mla_args
+    struct weight o;            // (hidden, H v)
 };
 
 struct ffn_dense_weights {
@@ -69,11 +83,20 @@ struct ffn_dense_weights {
 
 struct ffn_moe_weights {
     struct weight router;       // (E, hidden)
-    // Stacked experts: E routed ones, then n_shared_experts shared ones (GLM-4-MoE: loaded there
-    // by the tables' shared_parts), which moe_route's shared slots select for every token.
+    struct tensor router_bias;  // (E) F32 (GPT-OSS), or data == NULL
+    // Stacked experts: E routed ones, then n_shared_experts shared ones, which moe_route's shared
+    // slots select for every token. GLM-4-MoE's tables stack them at load (shared_parts);
+    // DeepSeek loads them into shared_gate_up / shared_down and stacks them in finish_load.
     struct weight gate_up;      // (E + n_shared, 2 moe_inter, hidden): per expert gate rows, then up rows
     struct weight down;         // (E + n_shared, hidden, moe_inter)
-    struct tensor score_bias;   // (E) F32 e_score_correction_bias (GLM-4-MoE, DeepSeek-V3), or data == NULL
+    // Shared experts (DeepSeek: one MLP of n_shared * moe_inter): loaded into these, then stacked
+    // after the routed experts as n_shared more experts of moe_inter each (gate_up / down become
+    // (E + n_shared, ...)), the moe_route shared slots; data == NULL once stacked.
+    struct weight shared_gate_up; // (2 n_shared moe_inter, hidden): gate rows, then up rows
+    struct weight shared_down;    // (hidden, n_shared moe_inter)
+    struct tensor score_bias;     // (E) F32 e_score_correction_bias (noaux_tc, GLM-4-MoE), or data == NULL
+    struct tensor gate_up_bias; // (E, 2 moe_inter) as gate_up's rows (GPT-OSS), or data == NULL
+    struct tensor down_bias;    // (E, hidden) (GPT-OSS), or data == NULL
 };
 
 struct model_layer {
@@ -84,6 +107,7 @@ struct model_layer {
     struct tensor ffn_norm;     // (hidden)
     union {
         struct attn_gqa_weights gqa;
+        struct attn_mla_weights mla;
     } attn;
     union {
         struct ffn_dense_weights dense;
@@ -144,6 +168,7 @@ struct model_scratch {
     float *lg_shard;  // TP only: (max_logits_rows, vocab / tp) F32 this rank's vocab-parallel logits
     float *lg_gather; // TP only: (tp, max_logits_rows, vocab / tp) F32 staging of the all-gather
     struct model_moe_scratch moe;
+    void *mla_workspace; // MLA models: mla_workspace_bytes(max_tokens, ...)
     size_t bytes;     // total allocated
 };
 

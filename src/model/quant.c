@@ -66,6 +66,10 @@ static const struct quant_impl quant_implemented[] = {
     {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_CHANNEL, 0, 0, QUANT_ACT_NONE,
      QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
      "symmetric INT8 weights packed in int32 with per-channel scales"},
+    // GPT-OSS's experts (the only modules transformers' mxfp4 quantizer converts): stored as
+    // <experts tensor>_blocks / _scales, read by the stacked-experts loader (weight_loader.c).
+    {QUANT_METHOD_MXFP4, NULL, QUANT_TYPE_FLOAT, 4, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE, QUANT_STRATEGY_NONE,
+     false, WEIGHT_SCHEME_MX, DTYPE_U8, "blocks", "scales", false, "MXFP4 experts (e2m1 values, e8m0 scales per 32)"},
     {QUANT_METHOD_NONE, NULL, QUANT_TYPE_NONE, 0, QUANT_STRATEGY_NONE, 0, 0, QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false,
      WEIGHT_SCHEME_NONE, DTYPE_F32, NULL, NULL, false, NULL},
 };
@@ -74,7 +78,7 @@ static const struct quant_impl quant_implemented[] = {
     "supported: none (unquantized safetensors), GGUF Q8_0/Q4_0/Q4_1, fp8 e4m3 with weight_block_size [128, 128] "      \
     "and dynamic activations, compressed-tensors float-quantized FP8 (channel or tensor weights; no or dynamic "       \
     "per-token activations), compressed-tensors pack-quantized symmetric INT4 / INT8 with group or channel "           \
-    "scales (weight-only)"
+    "scales (weight-only), mxfp4 (GptOssForCausalLM experts)"
 
 const char *quant_method_name(enum quant_method m) {
     switch (m) {
@@ -281,6 +285,10 @@ atomc_status model_quant_check(const struct model_config *c, struct error *err) 
                          "%s: quant_method '%s' (%s%s) is not implemented; " QUANT_SUPPORTED, q->origin, q->method_name,
                          which, d);
     }
+    if (q->method == QUANT_METHOD_MXFP4 && c->arch != MODEL_ARCH_GPT_OSS)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: quant_method 'mxfp4' is implemented for GptOssForCausalLM's experts only, not for %s",
+                         q->origin, c->architecture[0] ? c->architecture : model_arch_name(c->arch));
     if (q->n_schemes > kept)
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
                          "%s: quant_method '%s' lists %d schemes, more than the %d atomc "
@@ -361,7 +369,9 @@ static bool scheme_targets(const struct quant_config *q, const struct quant_sche
 void model_quant_weight_plan(const struct model_config *c, const char *module, struct quant_weight_plan *plan) {
     const struct quant_config *q = &c->quant;
     *plan = (struct quant_weight_plan){.scheme = WEIGHT_SCHEME_NONE, .values = "weight"};
-    if (!q->present || module_ignored(q, module)) return;
+    // mxfp4 converts GPT-OSS's stacked experts only (loaded from their _blocks / _scales by the
+    // stacked-experts loader); every linear `.weight` stays plain.
+    if (!q->present || q->method == QUANT_METHOD_MXFP4 || module_ignored(q, module)) return;
     int kept = q->n_schemes < QUANT_MAX_SCHEMES ? q->n_schemes : QUANT_MAX_SCHEMES;
     for (int i = 0; i < kept; i++) {
         const struct quant_scheme *s = &q->schemes[i];

@@ -18,8 +18,10 @@
 //     compressed-tensors pack-quantized INT4 or INT8, group or channel strategy, symmetric,
 //       weight-only                                                 -> WEIGHT_SCHEME_GROUP
 //       (channel: one group per row)
+//     mxfp4 (GptOssForCausalLM only): the experts' _blocks / _scales   -> WEIGHT_SCHEME_MX
+//       (every other module plain, as transformers' mxfp4 quantizer leaves it)
 //   Everything else stays refused by name (static input scales, zero points, other block
-//   sizes or bit widths, gptq / awq / mxfp4 / ...). Whether a backend runs a scheme is its
+//   sizes or bit widths, gptq / awq / ...). Whether a backend runs a scheme is its
 //   caps' business (model_quant_check_backend).
 // - model_quant_weight_plan() tells the weight loader, per linear module, which scheme and
 //   tensors to expect: ignore lists (compressed-tensors `ignore`: exact names or "re:"

@@ -224,6 +224,8 @@ static enum dtype fused_dst_dtype(struct weight_loader *L, int n, char (*names)[
 // ---------------------------------------------------------------------------------------------
 // Tables
 
+static int64_t wdim_global(const struct model_config *c, enum wdim d);
+
 // A model dimension with this rank's size and the first checkpoint index it holds.
 static void wdim_resolve(const struct model *m, enum wdim d, int64_t *size, int64_t *start) {
     const struct model_config *c = &m->cfg;
@@ -237,8 +239,10 @@ static void wdim_resolve(const struct model *m, enum wdim d, int64_t *size, int6
     case WDIM_INTER: *size = c->intermediate_size; *start = m->inter0; return;
     case WDIM_EXPERTS: *size = c->num_experts; return;
     case WDIM_MOE_INTER: *size = c->moe_intermediate_size; return;
+    case WDIM_HEADS: *size = c->num_heads; *start = m->q_head0; return;
+    case WDIM_MOE_INTER2: *size = 2 * (int64_t)c->moe_intermediate_size; return;
+    default: *size = wdim_global(c, d); return; // the MLA dims (never sharded)
     }
-    CHECK_MSG(0, "weight table: dimension %d", (int)d);
 }
 
 // The same dimension at the checkpoint's (global) size, for parameter counts.
@@ -252,6 +256,15 @@ static int64_t wdim_global(const struct model_config *c, enum wdim d) {
     case WDIM_INTER: return c->intermediate_size;
     case WDIM_EXPERTS: return c->num_experts;
     case WDIM_MOE_INTER: return c->moe_intermediate_size;
+    case WDIM_MLA_Q: return (int64_t)c->num_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim);
+    case WDIM_Q_LORA: return c->q_lora_rank;
+    case WDIM_KV_A: return (int64_t)c->kv_lora_rank + c->qk_rope_head_dim;
+    case WDIM_KV_LORA: return c->kv_lora_rank;
+    case WDIM_KV_B: return (int64_t)c->num_heads * (c->qk_nope_head_dim + c->v_head_dim);
+    case WDIM_MLA_O: return (int64_t)c->num_heads * c->v_head_dim;
+    case WDIM_SHARED_INTER: return (int64_t)c->n_shared_experts * c->moe_intermediate_size;
+    case WDIM_HEADS: return c->num_heads;
+    case WDIM_MOE_INTER2: return 2 * (int64_t)c->moe_intermediate_size;
     }
     return 0;
 }
@@ -265,6 +278,17 @@ static void layer_name(char *buf, size_t n, int l, const char *part, int expert)
     snprintf(buf, n, "model.layers.%d.%s", l, suffix);
 }
 
+// The conditions decided by the config alone (the MLA / DeepSeek ones).
+static bool wcond_config(const struct model_config *c, enum wcond w) {
+    switch (w) {
+    case WCOND_Q_LORA: return c->q_lora_rank > 0;
+    case WCOND_NO_Q_LORA: return c->q_lora_rank <= 0;
+    case WCOND_SHARED_EXPERTS: return c->n_shared_experts > 0;
+    case WCOND_SCORE_BIAS: return !strcmp(c->topk_method, "noaux_tc");
+    default: return false;
+    }
+}
+
 static bool entry_exists(const struct weight_loader *L, const struct weight_entry *e, int l) {
     const struct model_config *c = &L->m->cfg;
     switch (e->cond) {
@@ -272,6 +296,10 @@ static bool entry_exists(const struct weight_loader *L, const struct weight_entr
     case WCOND_ATTN_BIAS: return c->attention_bias;
     case WCOND_MLP_BIAS: return c->mlp_bias;
     case WCOND_QK_NORM: return c->qk_norm;
+    case WCOND_Q_LORA:
+    case WCOND_NO_Q_LORA:
+    case WCOND_SHARED_EXPERTS:
+    case WCOND_SCORE_BIAS: return wcond_config(c, e->cond);
     case WCOND_ATTN_OUT_BIAS: {
         if (c->attention_bias || c->attention_out_bias) return true;
         char name[192];
@@ -624,9 +652,206 @@ static atomc_status entry_plan(struct weight_loader *L, int n, char (*names)[192
     return ATOMC_OK;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Stacked experts (WLAYOUT_STACKED, GPT-OSS)
+
+// The stored row of loaded row r of an R-row stack (interleaved: gate r at 2r, up r at 2r + 1).
+static int64_t stacked_src_row(bool interleaved, int64_t r, int64_t R) {
+    if (!interleaved) return r;
+    return r < R / 2 ? 2 * r : 2 * (r - R / 2) + 1;
+}
+
+static atomc_status stacked_shape_error(const char *name, const struct tensor *t, int ndim, const int64_t *want,
+                                        struct error *err) {
+    char got[96], exp[96];
+    shape_string(got, sizeof got, t);
+    struct tensor w = tensor_make(NULL, t->dtype, ndim, want);
+    shape_string(exp, sizeof exp, &w);
+    return error_set(err, ATOMC_ERR_FORMAT, "tensor %s has shape %s, expected %s", name, got, exp);
+}
+
+// MXFP4 experts: <name>_blocks (E, R, C / 32, 16) and <name>_scales (E, R, C / 32), both U8,
+// rows de-interleaved, kept as stored.
+static atomc_status load_stacked_mx(struct weight_loader *L, const struct weight_entry *e, const char *name,
+                                    int64_t E, int64_t R, int64_t C, struct weight *w, struct error *err) {
+    struct model *m = L->m;
+    struct backend *b = m->backend;
+    char bname[224], sname[224];
+    snprintf(bname, sizeof bname, "%s_blocks", name);
+    snprintf(sname, sizeof sname, "%s_scales", name);
+    if (C % 32 != 0)
+        return error_set(err, ATOMC_ERR_FORMAT, "%s: MXFP4 needs the input dimension (%lld) to be a multiple of 32",
+                         bname, (long long)C);
+    struct tensor tb, ts;
+    atomc_status st = model_files_get_tensor(L->files, bname, &tb, err);
+    if (st == ATOMC_OK) st = model_files_get_tensor(L->files, sname, &ts, err);
+    if (st != ATOMC_OK) return st;
+    const int64_t G = C / 32;
+    const int64_t wb[4] = {E, R, G, 16}, ws[3] = {E, R, G};
+    if (tb.dtype != DTYPE_U8 || ts.dtype != DTYPE_U8)
+        return error_set(err, ATOMC_ERR_FORMAT, "MXFP4 tensors %s (%s) and %s (%s) must be U8", bname,
+                         dtype_name(tb.dtype), sname, dtype_name(ts.dtype));
+    if (tb.ndim != 4 || memcmp(tb.ne, wb, sizeof wb)) return stacked_shape_error(bname, &tb, 4, wb, err);
+    if (ts.ndim != 3 || memcmp(ts.ne, ws, sizeof ws)) return stacked_shape_error(sname, &ts, 3, ws, err);
+    const size_t vrow = (size_t)G * 16, srow = (size_t)G;
+    const size_t vbytes = (size_t)(E * R) * vrow, sbytes = (size_t)(E * R) * srow;
+    uint8_t *hv = malloc(vbytes), *hs = malloc(sbytes);
+    void *dv = b->ops->alloc(b, vbytes), *ds = b->ops->alloc(b, sbytes);
+    if (!hv || !hs || !dv || !ds) {
+        free(hv);
+        free(hs);
+        if (dv) b->ops->free(b, dv);
+        if (ds) b->ops->free(b, ds);
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for MXFP4 %s", vbytes + sbytes, name);
+    }
+    for (int64_t x = 0; x < E; x++)
+        for (int64_t r = 0; r < R; r++) {
+            int64_t sr = x * R + stacked_src_row(e->interleaved, r, R);
+            memcpy(hv + (size_t)(x * R + r) * vrow, (const uint8_t *)tb.data + (size_t)sr * vrow, vrow);
+            memcpy(hs + (size_t)(x * R + r) * srow, (const uint8_t *)ts.data + (size_t)sr * srow, srow);
+        }
+    b->ops->copy_h2d(b, dv, hv, vbytes);
+    b->ops->copy_h2d(b, ds, hs, sbytes);
+    b->ops->synchronize(b);
+    free(hv);
+    free(hs);
+    *w = (struct weight){.t = tensor_make(dv, DTYPE_U8, 3, (int64_t[]){E, R, C / 2}),
+                         .scheme = WEIGHT_SCHEME_MX,
+                         .scale = tensor_make(ds, DTYPE_U8, 3, (int64_t[]){E, R, G}),
+                         .block_rows = 1,
+                         .block_cols = 32};
+    m->weight_bytes += vbytes + sbytes;
+    m->weight_bytes_by_scheme[WEIGHT_SCHEME_MX] += vbytes + sbytes;
+    return ATOMC_OK;
+}
+
+// Dummy MXFP4 experts (a benchmark config that declares mxfp4, --load-format dummy): random
+// nibbles with one exponent per tensor that puts the weights at about 1/sqrt(C), so the model
+// keeps its MXFP4 size in memory (gpt-oss-120b fits one GPU only so).
+static atomc_status dummy_stacked_mx(struct weight_loader *L, int64_t E, int64_t R, int64_t C, struct weight *w,
+                                     const char *name, struct error *err) {
+    struct model *m = L->m;
+    struct backend *b = m->backend;
+    const size_t vbytes = (size_t)(E * R * C / 2), sbytes = (size_t)(E * R * C / 32);
+    void *dv = b->ops->alloc(b, vbytes), *ds = b->ops->alloc(b, sbytes);
+    const size_t chunk = (size_t)1 << 22;
+    uint8_t *h = malloc(chunk);
+    if (!dv || !ds || !h) {
+        if (dv) b->ops->free(b, dv);
+        if (ds) b->ops->free(b, ds);
+        free(h);
+        return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "dummy weights: cannot allocate %zu bytes for MXFP4 %s",
+                         vbytes + sbytes, name);
+    }
+    uint64_t seed = L->seed;
+    L->seed = splitmix64(&seed);
+    for (size_t off = 0; off < vbytes; off += chunk) { // values
+        size_t k = vbytes - off < chunk ? vbytes - off : chunk;
+        for (size_t i = 0; i < k; i += 8) {
+            uint64_t r = splitmix64(&seed);
+            memcpy(h + i, &r, k - i < 8 ? k - i : 8);
+        }
+        b->ops->copy_h2d(b, (char *)dv + off, h, k);
+        b->ops->synchronize(b);
+    }
+    // e2m1 magnitudes average ~2.3: 2^(e - 127) ~ 1 / (2.3 sqrt(C)).
+    int ex = 127 - (int)lround(log2(2.3 * sqrt((double)C)));
+    memset(h, ex, chunk);
+    for (size_t off = 0; off < sbytes; off += chunk) {
+        size_t k = sbytes - off < chunk ? sbytes - off : chunk;
+        b->ops->copy_h2d(b, (char *)ds + off, h, k);
+        b->ops->synchronize(b);
+    }
+    free(h);
+    *w = (struct weight){.t = tensor_make(dv, DTYPE_U8, 3, (int64_t[]){E, R, C / 2}),
+                         .scheme = WEIGHT_SCHEME_MX,
+                         .scale = tensor_make(ds, DTYPE_U8, 3, (int64_t[]){E, R, C / 32}),
+                         .block_rows = 1,
+                         .block_cols = 32};
+    m->weight_bytes += vbytes + sbytes;
+    m->weight_bytes_by_scheme[WEIGHT_SCHEME_MX] += vbytes + sbytes;
+    return ATOMC_OK;
+}
+
+// A WLAYOUT_STACKED entry of layer l: (E, R, C) (C = 0: (E, R)) into dst, from one checkpoint
+// tensor (transposed / interleaved as the entry says) or MXFP4 blocks and scales.
+static atomc_status load_stacked_experts(struct weight_loader *L, const struct weight_entry *e, int l,
+                                         struct model_layer *ly, struct error *err) {
+    struct model *m = L->m;
+    struct backend *b = m->backend;
+    CHECK_MSG(e->per_expert && entry_n_parts(e) == 1, "stacked weight entries are per-expert, of one part");
+    char name[192];
+    layer_name(name, sizeof name, l, e->parts[0].name, -1);
+    int64_t E = m->cfg.num_experts, R, C = 0, start;
+    wdim_resolve(m, e->parts[0].rows, &R, &start);
+    if (e->cols != WDIM_NONE) wdim_resolve(m, e->cols, &C, &start);
+    CHECK(!e->interleaved || R % 2 == 0);
+    struct tensor *dst = entry_tensor(e, ly);
+    const int ndim = C > 0 ? 3 : 2;
+    const int64_t ne[3] = {E, R, C};
+    if (!L->files && e->is_weight && C > 0 && C % 32 == 0 && m->cfg.quant.method == QUANT_METHOD_MXFP4)
+        return dummy_stacked_mx(L, E, R, C, (struct weight *)((char *)ly + e->field), name, err);
+    if (!L->files) return load_tensor_as(L, dst, name, ndim, ne, e->init, -1, 0, -1, err);
+    char bname[224];
+    snprintf(bname, sizeof bname, "%s_blocks", name);
+    if (e->is_weight && C > 0 && weight_loader_has(L, bname)) {
+        if (m->cfg.quant.method != QUANT_METHOD_MXFP4)
+            return error_set(err, ATOMC_ERR_FORMAT, "%s is stored in MXFP4 blocks but the config declares no "
+                             "quant_method 'mxfp4'", name);
+        return load_stacked_mx(L, e, name, E, R, C, (struct weight *)((char *)ly + e->field), err);
+    }
+    struct tensor src;
+    atomc_status st = model_files_get_tensor(L->files, name, &src, err);
+    if (st != ATOMC_OK) return st;
+    const int64_t want[3] = {E, e->transposed ? C : R, e->transposed ? R : C};
+    if (src.ndim != ndim || memcmp(src.ne, want, sizeof(int64_t) * (size_t)ndim))
+        return stacked_shape_error(name, &src, ndim, want, err);
+    if (src.dtype != DTYPE_F32 && src.dtype != DTYPE_BF16 && src.dtype != DTYPE_F16)
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s is %s; stacked experts must be F32, BF16 or F16", name,
+                         dtype_name(src.dtype));
+    // Reorder on the host in the stored dtype (transpose and de-interleave are permutations of
+    // whole elements), then upload as one tensor.
+    const size_t es = dtype_row_bytes(src.dtype, 1);
+    const int64_t cols = C > 0 ? C : 1;
+    const size_t bytes = (size_t)(E * R * cols) * es;
+    char *h = malloc(bytes);
+    if (!h) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate %zu host bytes to reorder %s", bytes, name);
+    const char *sp = src.data;
+    for (int64_t x = 0; x < E; x++)
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t sr = stacked_src_row(e->interleaved, r, R);
+            char *o = h + (size_t)((x * R + r) * cols) * es;
+            if (!e->transposed || C == 0)
+                memcpy(o, sp + (size_t)((x * R + sr) * cols) * es, (size_t)cols * es);
+            else
+                for (int64_t c = 0; c < C; c++)
+                    memcpy(o + (size_t)c * es, sp + (size_t)((x * C + c) * R + sr) * es, es);
+        }
+    struct tensor host = tensor_make(h, src.dtype, ndim, ne);
+    *dst = tensor_make(NULL, weight_dst_dtype(m, src.dtype), ndim, ne);
+    st = b->ops->upload_weight(b, dst, &host, err);
+    b->ops->synchronize(b);
+    free(h);
+    if (st != ATOMC_OK) return error_prefix(err, "tensor %s: ", name);
+    m->weight_bytes += tensor_bytes(dst);
+    return ATOMC_OK;
+}
+
 static atomc_status load_entry(struct weight_loader *L, const struct weight_entry *e, int l, struct model_layer *ly,
                                struct error *err) {
     struct model *m = L->m;
+    if (e->layout == WLAYOUT_STACKED) return load_stacked_experts(L, e, l, ly, err);
+    if (e->f32) { // a single 1-D / 2-D tensor kept in F32
+        CHECK_MSG(!e->per_expert && entry_n_parts(e) == 1, "f32 weight entries have one part");
+        char name[192];
+        layer_name(name, sizeof name, l, e->parts[0].name, -1);
+        int64_t rows, start, cols = 0, cstart;
+        wdim_resolve(m, e->parts[0].rows, &rows, &start);
+        if (e->cols != WDIM_NONE) wdim_resolve(m, e->cols, &cols, &cstart);
+        const bool shard = m->tp_size > 1 && e->shard == WSHARD_COL;
+        return load_tensor_as(L, entry_tensor(e, ly), name, cols > 0 ? 2 : 1, (int64_t[]){rows, cols}, e->init,
+                              shard && L->files ? 0 : -1, start, DTYPE_F32, err);
+    }
     const bool tp = m->tp_size > 1;
     if (e->shard == WSHARD_ROW_BIAS && tp && m->tp_rank != 0) return ATOMC_OK; // added once, before the all-reduce
     const int np = entry_n_parts(e);
@@ -688,14 +913,9 @@ static atomc_status load_entry(struct weight_loader *L, const struct weight_entr
         free(sstarts);
         return st;
     }
-    if (st == ATOMC_OK && e->f32) {
-        CHECK(n == 1 && !col_shard && !row_shard);
-        int64_t ne[2] = {rows[0], cols};
-        st = load_tensor_as(L, dst, names[0], cols > 0 ? 2 : 1, ne, e->init, -1, 0, DTYPE_F32, err);
-    } else if (st == ATOMC_OK) {
+    if (st == ATOMC_OK)
         st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard,
                           n_shared ? sdims : NULL, sstarts, e->init, err);
-    }
     free(names);
     free(rows);
     free(starts);
@@ -739,7 +959,8 @@ int64_t weight_table_params(const struct weight_entry *table, const struct model
     for (const struct weight_entry *e = table; e->parts[0].name; e++) {
         bool exists = e->cond == WCOND_ALWAYS || (e->cond == WCOND_ATTN_BIAS && c->attention_bias) ||
                       (e->cond == WCOND_ATTN_OUT_BIAS && (c->attention_bias || c->attention_out_bias)) ||
-                      (e->cond == WCOND_MLP_BIAS && c->mlp_bias) || (e->cond == WCOND_QK_NORM && c->qk_norm);
+                      (e->cond == WCOND_MLP_BIAS && c->mlp_bias) || (e->cond == WCOND_QK_NORM && c->qk_norm) ||
+                      wcond_config(c, e->cond);
         if (!exists) continue;
         int64_t rows = 0;
         for (int p = 0; p < WEIGHT_MAX_PARTS && e->parts[p].name; p++) rows += wdim_global(c, e->parts[p].rows);
@@ -748,6 +969,8 @@ int64_t weight_table_params(const struct weight_entry *table, const struct model
     }
     return n;
 }
+
+struct model_files *weight_loader_files(const struct weight_loader *L) { return L->files; }
 
 struct weight_loader *weight_loader_create(struct model *m, struct model_files *files, uint64_t dummy_seed) {
     struct weight_loader *L = xcalloc(1, sizeof *L);

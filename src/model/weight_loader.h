@@ -29,6 +29,27 @@ enum wdim {
     WDIM_INTER,     // this rank's intermediate_size        (TP start: inter0)
     WDIM_EXPERTS,   // num_experts
     WDIM_MOE_INTER, // moe_intermediate_size
+    // MLA (DeepSeek; no tensor parallelism yet, so local = global).
+    WDIM_MLA_Q,     // num_heads * (qk_nope_head_dim + qk_rope_head_dim)
+    WDIM_Q_LORA,    // q_lora_rank
+    WDIM_KV_A,      // kv_lora_rank + qk_rope_head_dim
+    WDIM_KV_LORA,   // kv_lora_rank
+    WDIM_KV_B,      // num_heads * (qk_nope_head_dim + v_head_dim)
+    WDIM_MLA_O,     // num_heads * v_head_dim
+    WDIM_SHARED_INTER, // n_shared_experts * moe_intermediate_size (DeepSeek's one shared MLP)
+    WDIM_HEADS,     // this rank's query heads               (TP start: q_head0)
+    WDIM_MOE_INTER2, // 2 * moe_intermediate_size (gate and up rows of one stacked tensor)
+};
+
+// How a checkpoint stores an entry.
+enum wlayout {
+    WLAYOUT_PARTS = 0, // one tensor per part (per expert for per_expert entries), fused by rows
+    // GPT-OSS: one tensor holds every expert, (E, rows, cols) ((E, rows) for 1-D entries), or
+    // (E, cols, rows) when `transposed`; a per_expert entry of one part whose name has no "%d".
+    // Under quant_method mxfp4 an is_weight entry may instead be stored as <name>_blocks (U8
+    // (E, rows, cols / 32, 16)) and <name>_scales (U8 (E, rows, cols / 32)), kept as they are
+    // (WEIGHT_SCHEME_MX).
+    WLAYOUT_STACKED,
 };
 
 enum wshard { WSHARD_NONE = 0, WSHARD_COL, WSHARD_ROW, WSHARD_ROW_BIAS };
@@ -44,6 +65,10 @@ enum wcond {
     WCOND_ATTN_OUT_BIAS, // attention_bias, attention_out_bias, or the checkpoint has the tensor
     WCOND_MLP_BIAS,      // config mlp_bias
     WCOND_QK_NORM,       // config qk_norm
+    WCOND_Q_LORA,        // q_lora_rank > 0 (MLA: q_a_proj, q_a_layernorm, q_b_proj)
+    WCOND_NO_Q_LORA,     // q_lora_rank == 0 (MLA: q_proj)
+    WCOND_SHARED_EXPERTS, // n_shared_experts > 0
+    WCOND_SCORE_BIAS,    // noaux_tc routing: the router's e_score_correction_bias
 };
 
 #define WEIGHT_MAX_PARTS 3
@@ -60,9 +85,14 @@ struct weight_entry {
     enum wshard shard;
     enum wcond cond;
     bool per_expert;       // parts repeated per expert and stacked (E, rows, cols)
-    bool f32;              // kept in F32 whatever the weight dtype (a routing bias that selects experts)
     enum wdim cols;        // WDIM_NONE: a 1-D entry whose length is the sum of its parts' rows
     struct weight_part parts[WEIGHT_MAX_PARTS]; // >1 part: fused by rows, in this order
+    bool f32;              // kept in F32 whatever the weight dtype (ops that take F32 only: sinks,
+                           // a bias added to F32 router logits); single-part, not per_expert
+    enum wlayout layout;
+    bool transposed;       // WLAYOUT_STACKED: stored (E, cols, rows)
+    bool interleaved;      // WLAYOUT_STACKED: stored rows alternate between two halves (gate_0,
+                           // up_0, gate_1, up_1, ...); loaded as (gate rows, then up rows)
     // per_expert entries: the shared-expert MLP's tensors, one per part (HF's shared_experts of
     // intermediate n_shared_experts x moe_intermediate_size), appended as n_shared_experts more
     // stacked experts: shared expert s takes rows [s I, (s + 1) I) of a part whose rows are
@@ -74,6 +104,9 @@ struct weight_entry {
 #define WEIGHT_TABLE_END {.parts = {{NULL, WDIM_NONE}}}
 
 struct weight_loader;
+
+// The loader's files (NULL for dummy weights).
+struct model_files *weight_loader_files(const struct weight_loader *L);
 
 // A loader over `files` (NULL: dummy weights from `dummy_seed`) for model m.
 struct weight_loader *weight_loader_create(struct model *m, struct model_files *files, uint64_t dummy_seed);

@@ -165,6 +165,13 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
                          how, (long long)blocks, r->block_size, r->max_model_len, (long long)min_blocks,
                          (double)per_block * min_blocks / (1 << 20));
     if (blocks > INT32_MAX / r->block_size) blocks = INT32_MAX / r->block_size;
+    // Per token over all layers, by cache kind (MLA's latent row is what makes DeepSeek's cache small).
+    size_t per_token = per_block / (size_t)r->block_size, latent = 0;
+    for (int l = 0; l < r->cfg.num_layers; l++)
+        if (r->model->layer_cache[l].kind == CACHE_KIND_LATENT)
+            latent += cache_spec_token_bytes(&r->model->layer_cache[l], r->kv_dtype);
+    LOG_INFO("KV cache: %zu bytes per token over %d layers (%s%s)", per_token, r->cfg.num_layers,
+             dtype_name(r->kv_dtype), latent ? ", latent (MLA) rows" : "");
     return runner_kv_alloc(r, (int)blocks, err);
 }
 

@@ -21,6 +21,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "common/timeutil.h"
+#include "server/anthropic.h"
 #include "server/openai_response.h"
 #include "server/server_internal.h"
 
@@ -98,7 +99,7 @@ static void on_engine_output(void *user, const atomc_output *o) {
 
 // ---------------------------------------------------------------- helpers (loop thread)
 
-static void id_random(struct server *s, const char *prefix, char *out, size_t len) {
+void generate_id(struct server *s, const char *prefix, char *out, size_t len) {
     uint64_t a, b;
     s->rng ^= s->rng << 13, s->rng ^= s->rng >> 7, s->rng ^= s->rng << 17, a = s->rng * 0x2545F4914F6CDD1Dull;
     s->rng ^= s->rng << 13, s->rng ^= s->rng >> 7, s->rng ^= s->rng << 17, b = s->rng * 0x2545F4914F6CDD1Dull;
@@ -192,10 +193,12 @@ static void abort_engine(struct srv_req *r) {
 }
 
 // Writes one SSE event. A client that stopped reading (output piling up past the limit) is
-// disconnected, which aborts its engine requests through the close callback.
-static void sse_write(struct srv_req *r, const char *data, size_t len) {
-    if (!http_alive(r)) return;
+// disconnected, which aborts its engine requests through the close callback. (Not
+// http_alive: finish_response writes the closing events after marking the request responded.)
+static void sse_write_event(struct srv_req *r, const char *name, const char *data, size_t len) {
+    if (!r->http || r->client_gone) return;
     struct evbuffer *b = evbuffer_new();
+    if (name) evbuffer_add_printf(b, "event: %s\n", name);
     evbuffer_add(b, "data: ", 6);
     evbuffer_add(b, data, len);
     evbuffer_add(b, "\n\n", 2);
@@ -208,6 +211,16 @@ static void sse_write(struct srv_req *r, const char *data, size_t len) {
                  r->srv->opt.max_pending_output_bytes);
         evhttp_connection_free(r->conn); // fires the close callback
     }
+}
+
+static void sse_write(struct srv_req *r, const char *data, size_t len) { sse_write_event(r, NULL, data, len); }
+
+void generate_sse_event(struct srv_req *r, const char *name, json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    CHECK(s);
+    sse_write_event(r, name, s, strlen(s));
+    free(s);
 }
 
 static void sse_json(struct srv_req *r, json_t *o) {
@@ -224,6 +237,10 @@ static void sse_json(struct srv_req *r, json_t *o) {
 static void stream_start_choice(struct srv_req *r, struct srv_choice *c) {
     if (c->started) return;
     c->started = true;
+    if (r->anthropic) {
+        anthropic_stream_start(r, c);
+        return;
+    }
     if (is_chat(r)) {
         json_t *o = chunk_new(r), *ch = json_object(), *delta = json_object();
         json_object_set_new(delta, "role", json_string("assistant"));
@@ -284,20 +301,25 @@ static void tool_calls_finish(struct srv_req *r, json_t *calls, int first) {
     json_t *call;
     json_array_foreach(calls, i, call) {
         char id[64];
-        id_random(r->srv, "chatcmpl-tool-", id, sizeof id);
-        json_object_set_new(call, "id", json_string(id));
+        generate_id(r->srv, "chatcmpl-tool-", id, sizeof id);
+        if (!json_is_string(json_object_get(call, "id"))) // a format's own ids (Kimi's) are kept
+            json_object_set_new(call, "id", json_string(id));
         if (first >= 0) json_object_set_new(call, "index", json_integer(first + (json_int_t)i));
     }
 }
 
 // A choice that called tools and then stopped reports "tool_calls" (as OpenAI / vLLM do).
 static json_t *choice_finish_json(struct srv_choice *c, atomc_finish_reason f) {
-    if (f == ATOMC_FINISH_STOP && c->tools_on && c->tools.n_calls > 0) return json_string("tool_calls");
+    if (f == ATOMC_FINISH_STOP && c->parse_on && c->out.n_calls > 0) return json_string("tool_calls");
     return oai_finish_reason_json(f);
 }
 
 static void stream_event(struct srv_req *r, struct srv_choice *c, const struct srv_event *ev, bool first) {
     stream_start_choice(r, c);
+    if (r->anthropic) {
+        anthropic_stream_event(r, c, ev);
+        return;
+    }
     if (ev->finish == ATOMC_FINISH_ERROR) {
         struct oai_error e;
         oai_error_set(&e, 500, NULL, "generation failed: %s", c->error ? c->error : "engine error");
@@ -309,15 +331,19 @@ static void stream_event(struct srv_req *r, struct srv_choice *c, const struct s
     if (!ev->text_len && !ev->n_tokens && ev->finish == ATOMC_FINISH_NONE && !echo) return;
     json_t *o = chunk_new(r), *ch = json_object();
     json_object_set_new(ch, "index", json_integer(c->index));
-    if (is_chat(r) && c->tools_on) {
-        // Content the parser has released, and the calls completed by this delta.
-        struct tool_text content = {0};
+    if (is_chat(r) && c->parse_on) {
+        // Reasoning and content the parsers have released, and the calls completed by this delta.
+        struct tool_text reasoning = {0}, content = {0};
         json_t *calls = json_array();
-        int before = c->tools.n_calls;
-        tool_stream_feed(&c->tools, ev->text ? ev->text : "", ev->text_len, &content, calls);
-        if (ev->finish != ATOMC_FINISH_NONE) tool_stream_finish(&c->tools, &content);
+        int before = c->out.n_calls;
+        chat_output_feed(&c->out, ev->text ? ev->text : "", ev->text_len, &reasoning, &content, calls);
+        if (ev->finish != ATOMC_FINISH_NONE) chat_output_finish(&c->out, &reasoning, &content, calls);
         json_t *delta = json_object();
-        if (content.len || (ev->finish == ATOMC_FINISH_NONE && !json_array_size(calls)))
+        if (reasoning.len) {
+            json_object_set_new(delta, "reasoning_content", json_stringn(reasoning.p, reasoning.len));
+            json_object_set_new(delta, "reasoning", json_stringn(reasoning.p, reasoning.len));
+        }
+        if (content.len || (ev->finish == ATOMC_FINISH_NONE && !json_array_size(calls) && !reasoning.len))
             json_object_set_new(delta, "content", json_stringn(content.p ? content.p : "", content.len));
         if (json_array_size(calls)) {
             tool_calls_finish(r, calls, before);
@@ -325,6 +351,7 @@ static void stream_event(struct srv_req *r, struct srv_choice *c, const struct s
         } else {
             json_decref(calls);
         }
+        tool_text_free(&reasoning);
         tool_text_free(&content);
         json_object_set_new(ch, "delta", delta);
     } else if (is_chat(r)) {
@@ -468,11 +495,11 @@ static json_t *final_body(struct srv_req *r, int *code) {
             json_t *msg = json_object();
             json_object_set_new(msg, "role", json_string("assistant"));
             json_t *calls = json_array();
-            if (c->tools_on) { // the whole text through the same parser as a stream
-                struct tool_text content = {0};
-                tool_stream_feed(&c->tools, c->text ? c->text : "", c->text_len, &content, calls);
-                tool_stream_finish(&c->tools, &content);
-                if (json_array_size(calls)) {
+            if (c->parse_on) { // the whole text through the same parsers as a stream
+                struct tool_text reasoning = {0}, content = {0};
+                chat_output_feed(&c->out, c->text ? c->text : "", c->text_len, &reasoning, &content, calls);
+                chat_output_finish(&c->out, &reasoning, &content, calls);
+                if (json_array_size(calls) || (reasoning.len && !content.len)) {
                     // Around calls, whitespace-only content is no content (null), as vLLM returns it.
                     size_t b = 0, e = content.len;
                     while (b < e && strchr(" \t\r\n", content.p[b])) b++;
@@ -482,6 +509,12 @@ static json_t *final_body(struct srv_req *r, int *code) {
                 } else {
                     json_object_set_new(msg, "content", json_stringn(content.p ? content.p : "", content.len));
                 }
+                if (c->out.reasoning_on) {
+                    json_t *rv = reasoning.len ? json_stringn(reasoning.p, reasoning.len) : json_null();
+                    json_object_set(msg, "reasoning_content", rv);
+                    json_object_set_new(msg, "reasoning", rv);
+                }
+                tool_text_free(&reasoning);
                 tool_text_free(&content);
             } else {
                 json_object_set_new(msg, "content", json_stringn(c->text ? c->text : "", c->text_len));
@@ -521,7 +554,12 @@ static void finish_response(struct srv_req *r) {
             // The shutdown drain waits until this response is written out, not just queued.
             s->n_writing++;
             evhttp_request_set_on_complete_cb(r->http, server_reply_done, s);
-            if (r->oai.stream) {
+            if (r->oai.stream && r->anthropic) {
+                anthropic_stream_end(r);
+                struct evhttp_connection *conn = r->conn;
+                evhttp_send_reply_end(r->http);
+                server_hold_reads(conn);
+            } else if (r->oai.stream) {
                 if (r->oai.include_usage) {
                     json_t *o = chunk_new(r);
                     json_object_set_new(o, "choices", json_array());
@@ -544,7 +582,7 @@ static void finish_response(struct srv_req *r) {
                 server_hold_reads(conn);
             } else {
                 int code;
-                json_t *body = final_body(r, &code);
+                json_t *body = r->anthropic ? anthropic_final_body(r, &code) : final_body(r, &code);
                 server_send_json(s, r->http, code, body);
             }
             r->http = NULL;
@@ -796,7 +834,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
 
 void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endpoint ep, struct srv_req *r) {
     struct oai_request *q = &r->oai;
-    id_random(s, ep == OAI_ENDPOINT_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof r->id);
+    generate_id(s, r->anthropic ? "msg_" : ep == OAI_ENDPOINT_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof r->id);
     r->created = (long)time_wall_s();
     r->model_name = xstrdup(q->model ? q->model : s->model_names[0]);
     r->n_choices = r->n_prompts * q->n;
@@ -806,9 +844,12 @@ void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endp
         r->choices[i].index = i;
         r->choices[i].prompt_idx = i / q->n;
         r->choices[i].stop_token = -1;
-        r->choices[i].tools_on = ep == OAI_ENDPOINT_CHAT && s->opt.tool_parser != TOOL_PARSER_NONE && q->tools &&
-                                 json_array_size(q->tools) > 0 && !q->tool_choice_none;
-        tool_stream_init(&r->choices[i].tools, s->opt.tool_parser);
+        if (ep == OAI_ENDPOINT_CHAT) {
+            struct srv_prompt *p = &r->prompts[r->choices[i].prompt_idx];
+            chat_output_init(&r->choices[i].out, s->opt.reasoning_parser, s->opt.tool_parser,
+                             q->tool_choice_none ? NULL : q->tools, p->text, p->text_len);
+            r->choices[i].parse_on = chat_output_active(&r->choices[i].out);
+        }
     }
 
     // Submit one engine request per choice.
@@ -822,6 +863,8 @@ void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endp
         ar.prompt_ids = p->ids;
         ar.n_prompt_ids = p->n_ids;
         ar.params = q->params;
+        // Parsers whose markers are special tokens (harmony's <|channel|>...) must see them.
+        if (c->parse_on && chat_output_needs_special_tokens(&c->out)) ar.params.skip_special_tokens = false;
         int room = s->eng.max_model_len - p->n_ids;
         if (!q->max_tokens_set) ar.params.max_tokens = ep == OAI_ENDPOINT_CHAT ? room : (room < 16 ? room : 16);
         if (ar.params.max_tokens == 0) {

@@ -17,6 +17,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "common/timeutil.h"
+#include "server/anthropic.h"
 #include "server/openai_response.h"
 #include "server/server_internal.h"
 
@@ -89,8 +90,15 @@ void server_send_json(struct server *s, struct evhttp_request *req, int code, js
     free(txt);
 }
 
+// Errors of the Anthropic endpoints have Anthropic's shape.
+static bool anthropic_path(struct evhttp_request *req) {
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+    return path && !strncmp(path, "/v1/messages", 12) && (path[12] == '\0' || path[12] == '/');
+}
+
 void server_send_error(struct server *s, struct evhttp_request *req, const struct oai_error *e) {
-    char *txt = oai_error_json(e);
+    char *txt = anthropic_path(req) ? anthropic_error_json(e) : oai_error_json(e);
     if (e->http_status == 401) evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
     send_body(s, req, e->http_status, "application/json", txt, strlen(txt));
     free(txt);
@@ -204,7 +212,8 @@ void srv_req_unref(struct srv_req *r) {
     }
     for (int i = 0; i < r->n_choices; i++) {
         free(r->choices[i].text);
-        tool_stream_free(&r->choices[i].tools);
+        chat_output_free(&r->choices[i].out);
+        tool_text_free(&r->choices[i].a_pending);
         free(r->choices[i].stop_str);
         free(r->choices[i].error);
         json_decref(r->choices[i].logprobs);
@@ -501,7 +510,7 @@ enum route_flags { R_GET = 1, R_POST = 2, R_AUTH = 4, R_ENGINE = 8, R_PREFIX = 1
 
 enum route_id { RT_WEBUI, RT_HEALTH, RT_PING, RT_METRICS, RT_MODELS, RT_MODEL, RT_COMPLETIONS, RT_CHAT, RT_TOKENIZE,
                 RT_DETOKENIZE, RT_APPLY_TEMPLATE, RT_OPENAPI, RT_VERSION, RT_TOKENIZER_INFO, RT_START_PROFILE,
-                RT_STOP_PROFILE };
+                RT_STOP_PROFILE, RT_MESSAGES, RT_COUNT_TOKENS };
 
 static const struct route {
     const char *path;
@@ -518,6 +527,8 @@ static const struct route {
     {"/v1/models/", RT_MODEL, R_GET | R_AUTH | R_ENGINE | R_PREFIX},
     {"/v1/completions", RT_COMPLETIONS, R_POST | R_AUTH | R_ENGINE},
     {"/v1/chat/completions", RT_CHAT, R_POST | R_AUTH | R_ENGINE},
+    {"/v1/messages", RT_MESSAGES, R_POST | R_AUTH | R_ENGINE},
+    {"/v1/messages/count_tokens", RT_COUNT_TOKENS, R_POST | R_AUTH | R_ENGINE},
     {"/tokenize", RT_TOKENIZE, R_POST | R_AUTH | R_ENGINE},
     {"/detokenize", RT_DETOKENIZE, R_POST | R_AUTH | R_ENGINE},
     {"/apply-template", RT_APPLY_TEMPLATE, R_POST | R_AUTH | R_ENGINE},
@@ -536,6 +547,9 @@ static bool key_equal(const char *a, const char *b) {
 
 static bool authorized(struct server *s, struct evhttp_request *req) {
     if (!s->api_key) return true;
+    // Anthropic clients send the key as "x-api-key: KEY".
+    const char *x = evhttp_find_header(evhttp_request_get_input_headers(req), "x-api-key");
+    if (x && key_equal(x, s->api_key)) return true;
     const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
     h += 7;
@@ -654,7 +668,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
             send_error(s, req, 503, NULL, "the model is still loading; retry when /health returns 200");
             return;
         }
-        if (s->draining && (rt->id == RT_COMPLETIONS || rt->id == RT_CHAT)) {
+        if (s->draining && (rt->id == RT_COMPLETIONS || rt->id == RT_CHAT || rt->id == RT_MESSAGES)) {
             send_error(s, req, 503, NULL, "the server is shutting down");
             return;
         }
@@ -682,6 +696,8 @@ static void on_request(struct evhttp_request *req, void *arg) {
     case RT_CHAT:
         if (!server_offload(s, req, JOB_GENERATE, OAI_ENDPOINT_CHAT)) generate_handle(s, req, OAI_ENDPOINT_CHAT);
         break;
+    case RT_MESSAGES: anthropic_handle_messages(s, req); break;
+    case RT_COUNT_TOKENS: anthropic_handle_count_tokens(s, req); break;
     case RT_TOKENIZE:
         if (!server_offload(s, req, JOB_TOKENIZE, OAI_ENDPOINT_COMPLETIONS)) handle_tokenize(s, req, false);
         break;

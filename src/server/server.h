@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "server/server_engine.h"
+#include "server/reasoning_parser.h"
 #include "server/tool_parser.h"
 
 #define SERVER_MAX_MODEL_NAMES 8
@@ -53,6 +54,8 @@ struct server_options {
     enum tool_parser_kind tool_parser;                 // chat output parsed for tool calls when the request
                                                        // has tools (vLLM --enable-auto-tool-choice
                                                        // --tool-call-parser); default NONE
+    enum reasoning_parser_kind reasoning_parser;       // chat output split into reasoning_content and content
+                                                       // (vLLM --reasoning-parser); default NONE
 };
 void server_options_init(struct server_options *o);
 

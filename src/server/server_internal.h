@@ -13,6 +13,7 @@ extern const char server_openapi_json[];
 #include <stdatomic.h>
 
 #include "server/metrics.h"
+#include "server/chat_output.h"
 #include "server/openai_request.h"
 #include "server/server.h"
 
@@ -117,8 +118,10 @@ struct srv_choice {
     char *error;
     int prompt_tokens, completion_tokens, cached_tokens;
     double t_first, t_last;
-    bool tools_on;          // the output is parsed for tool calls (server parser + request tools)
-    struct tool_stream tools; // streaming: the parser's state
+    bool parse_on;          // chat output goes through the parsers (reasoning / tool calls / harmony)
+    struct chat_output out; // the parsers' state (chat_output.h)
+    int a_index, a_open;          // Anthropic stream: index of the current content block, its kind (anthropic.c)
+    struct tool_text a_pending;   // Anthropic stream: whitespace not yet known to open a text block
 };
 
 // One engine output, copied on the engine thread.
@@ -162,6 +165,7 @@ struct srv_req {
     struct event *close_watch;   // non-stream: notices the client closing while we wait for the engine
     bool client_gone, responded, in_active;
     bool score_only;             // echo + max_tokens 0: the engine generates 1 token that is dropped
+    bool anthropic;              // POST /v1/messages: rendered by anthropic.c
     struct srv_req *prev, *next; // active list
     struct oai_request oai;
     struct srv_prompt *prompts;
@@ -226,6 +230,10 @@ struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const c
                                  struct oai_error *e);
 void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endpoint ep, struct srv_req *r);
 void generate_process(struct srv_req *r);  // loop thread: apply queued outputs
+// One SSE event ("event: NAME" line when name is set, then "data: JSON"); steals o.
+void generate_sse_event(struct srv_req *r, const char *name, json_t *o);
+// A random id: prefix + 32 hex digits.
+void generate_id(struct server *s, const char *prefix, char *out, size_t len);
 void generate_abort_all(struct server *s); // loop thread: abort every in-flight engine request
 // Renders chat messages to prompt text through the engine table; 0 or -1 with *e.
 int generate_render_chat(struct server *s, json_t *messages, json_t *tools, bool add_gen, bool cont, json_t *kwargs,

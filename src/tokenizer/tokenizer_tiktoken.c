@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/base64.h"
 #include "common/mapped_file.h"
 #include "tokenizer/tokenizer_internal.h"
 
@@ -55,41 +56,6 @@ struct tt_loader {
 
 static atomc_status tt_bad(struct tt_loader *L, atomc_status st, const char *fmt, const char *detail) {
     return error_set(L->err, st, "tokenizer: %s: %s%s", L->path, fmt, detail ? detail : "");
-}
-
-static int b64_value(unsigned char c) {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-}
-
-// Decodes standard base64 (with '=' padding) into out; returns the byte count or -1.
-static long b64_decode(const char *s, size_t n, unsigned char *out) {
-    if (n == 0 || n % 4) return -1;
-    long len = 0;
-    for (size_t i = 0; i < n; i += 4) {
-        int v[4];
-        int pad = 0;
-        for (int k = 0; k < 4; k++) {
-            unsigned char c = (unsigned char)s[i + k];
-            if (c == '=' && i + 4 == n && k >= 2) {
-                v[k] = 0;
-                pad++;
-            } else {
-                if (pad) return -1;
-                v[k] = b64_value(c);
-                if (v[k] < 0) return -1;
-            }
-        }
-        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
-        out[len++] = (unsigned char)(w >> 16);
-        if (pad < 2) out[len++] = (unsigned char)(w >> 8);
-        if (pad < 1) out[len++] = (unsigned char)w;
-    }
-    return len;
 }
 
 // Reads tiktoken.model into L->bytes / L->off indexed by rank.
@@ -134,7 +100,7 @@ static atomc_status read_ranks(struct tt_loader *L, const char *file) {
             st = tt_bad(L, ATOMC_ERR_FORMAT, "tiktoken.model: bad rank at line ", where);
             goto done;
         }
-        long blen = b64_decode(p, (size_t)(sp - p), L->bytes + used);
+        long blen = base64_decode(p, (size_t)(sp - p), L->bytes + used);
         if (blen <= 0) {
             st = tt_bad(L, ATOMC_ERR_FORMAT, "tiktoken.model: bad base64 at line ", where);
             goto done;

@@ -13,6 +13,8 @@
 //   cuda_engine_random_stress_eager             the same on qwen3 (head_dim 128), --enforce-eager.
 //   cuda_engine_moe_random_stress_equals_alone  the same on mixtral (MoE, sliding window 16).
 //   cuda_engine_batched_under_preemption_equals_alone, cuda_engine_prefix_hit_identical_to_cold.
+//   cuda_engine_gpt_oss_random_stress_equals_alone  the stress on gpt_oss_mxfp4, the batch under
+//       preemption on gpt_oss.
 //
 // Tolerances. The CPU runs compare exactly (fp32, margin 1e-4). On the GPU a row's BF16 logits
 // depend on the rest of its batch: cuBLASLt chooses its GEMM algorithm by M, the attention
@@ -81,6 +83,13 @@ TEST(cuda_engine_batched_under_preemption_equals_alone) {
 TEST(cuda_engine_prefix_hit_identical_to_cold) {
     if (!gpu_present()) SKIP("no CUDA device");
     es_prefix_hit_identical_to_cold(&GRAPHS, "qwen3");
+}
+
+// GPT-OSS (sinks, windows of 8 on layers 0 and 2, MXFP4 experts decoded in the MoE kernels).
+TEST(cuda_engine_gpt_oss_random_stress_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&GRAPHS, "gpt_oss_mxfp4", 0x5eed1234ull, 24);
+    es_batched_under_preemption_equals_alone(&GRAPHS, "gpt_oss");
 }
 
 int main(int argc, char **argv) {

@@ -11,7 +11,8 @@
 // top-k = number of experts; sigmoid / correction-bias / grouped routing with ties and skew;
 // decode sizes (GEMV tiles), batched-decode sizes (16-row MMA tiles)
 // and prefill sizes (64-row MMA tiles, CUDA-core fallback when K % 32 != 0);
-// a CUDA graph of route + experts replayed with new inputs equals eager execution.
+// a CUDA graph of route + experts replayed with new inputs equals eager execution; GPT-OSS's
+// experts (clamped SwiGLU, biases, BF16 or MXFP4 weights) equal the CPU op.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,7 +293,7 @@ static void check_experts(int n, int E, int slots, int H, int I, enum routing rt
     struct tensor cgu = tensor_make(gu, DTYPE_F32, 3, (int64_t[]){E, 2 * I, H});
     struct tensor cdn = tensor_make(dn, DTYPE_F32, 3, (int64_t[]){E, H, I});
     struct tensor cx = tensor_2d(x, DTYPE_F32, n, H), co = tensor_2d(cout, DTYPE_F32, n, H);
-    cpu_be->ops->moe_experts(cpu_be, &co, &cx, WEIGHT_PLAIN(&cgu), WEIGHT_PLAIN(&cdn), ids, w, slots, cws);
+    cpu_be->ops->moe_experts(cpu_be, &co, &cx, WEIGHT_PLAIN(&cgu), WEIGHT_PLAIN(&cdn), ids, w, slots, NULL, cws);
 
     // GPU.
     void *dx = to_gpu(x, (int64_t)n * H, true), *dgu = to_gpu(gu, ngu, true), *ddn = to_gpu(dn, ndn, true);
@@ -314,17 +315,17 @@ static void check_experts(int n, int E, int slots, int H, int I, enum routing rt
         // Capture with these inputs' buffers, then replay with new routing written in place.
         void *g = NULL;
         ASSERT_OK(gpu_be->ops->graph_begin(gpu_be, &err));
-        gpu_be->ops->moe_experts(gpu_be, &go, &gx, WEIGHT_PLAIN(&ggu), WEIGHT_PLAIN(&gdn), dids, dw, slots, gws);
+        gpu_be->ops->moe_experts(gpu_be, &go, &gx, WEIGHT_PLAIN(&ggu), WEIGHT_PLAIN(&gdn), dids, dw, slots, NULL, gws);
         ASSERT_OK(gpu_be->ops->graph_end(gpu_be, &g, &err));
         make_routing(ids, w, n, E, slots, rt);
-        cpu_be->ops->moe_experts(cpu_be, &co, &cx, WEIGHT_PLAIN(&cgu), WEIGHT_PLAIN(&cdn), ids, w, slots, cws);
+        cpu_be->ops->moe_experts(cpu_be, &co, &cx, WEIGHT_PLAIN(&cgu), WEIGHT_PLAIN(&cdn), ids, w, slots, NULL, cws);
         gpu_be->ops->copy_h2d(gpu_be, dids, ids, sizeof(int32_t) * (size_t)n * slots);
         gpu_be->ops->copy_h2d(gpu_be, dw, w, sizeof(float) * (size_t)n * slots);
         ASSERT_OK(gpu_be->ops->graph_launch(gpu_be, g, &err));
         gpu_be->ops->synchronize(gpu_be);
         gpu_be->ops->graph_destroy(gpu_be, g);
     } else {
-        gpu_be->ops->moe_experts(gpu_be, &go, &gx, WEIGHT_PLAIN(&ggu), WEIGHT_PLAIN(&gdn), dids, dw, slots, gws);
+        gpu_be->ops->moe_experts(gpu_be, &go, &gx, WEIGHT_PLAIN(&ggu), WEIGHT_PLAIN(&gdn), dids, dw, slots, NULL, gws);
     }
     float *gout = malloc(sizeof(float) * (size_t)n * H);
     gpu_to_f32(gout, dout, (int64_t)n * H, true);
@@ -386,6 +387,134 @@ TEST(cuda_moe_experts_skewed_routing) {
     check_experts(21, 4, 4, 128, 64, ROUTE_ALL, false);          // top-k = number of experts
     check_experts(4, 8, 2, 128, 64, ROUTE_ONE_EXPERT, false);    // slot path: one expert for every slot
     check_experts(2, 4, 4, 128, 64, ROUTE_ALL, false);           // slot path: top-k = number of experts
+}
+
+// GPT-OSS experts (moe_experts with struct moe_experts_args): the clamped SwiGLU (alpha 1.702;
+// limit 1.0 so the clamps bite on these weights) with gate_up / down biases, the experts either
+// BF16 or MXFP4 (random bytes and exponents 118..122, decoded by the GPU in registers), against
+// the CPU op on the same values (the CPU dequantizes MX per tile). NMSE bound as above.
+static void check_experts_gpt_oss(int n, int E, int slots, int H, int I, enum routing rt, bool mx) {
+    const int64_t ngu = (int64_t)E * 2 * I * H, ndn = (int64_t)E * H * I;
+    float *x = malloc(sizeof(float) * (size_t)n * H), *gu = malloc(sizeof(float) * (size_t)ngu);
+    float *dn = malloc(sizeof(float) * (size_t)ndn), *bg = malloc(sizeof(float) * (size_t)E * 2 * I);
+    float *bd = malloc(sizeof(float) * (size_t)E * H);
+    uint8_t *qgu = malloc((size_t)ngu / 2), *qdn = malloc((size_t)ndn / 2);
+    uint8_t *sgu = malloc((size_t)ngu / 32), *sdn = malloc((size_t)ndn / 32);
+    for (int64_t i = 0; i < (int64_t)n * H; i++)
+        x[i] = rbf(rng_sym(2.0f));
+    for (int64_t i = 0; i < ngu; i++)
+        gu[i] = rbf(rng_sym(3.0f / sqrtf((float)H)));
+    for (int64_t i = 0; i < ndn; i++)
+        dn[i] = rbf(rng_sym(1.0f / sqrtf((float)I)));
+    for (int64_t i = 0; i < (int64_t)E * 2 * I; i++)
+        bg[i] = rbf(rng_sym(0.5f));
+    for (int64_t i = 0; i < (int64_t)E * H; i++)
+        bd[i] = rbf(rng_sym(0.5f));
+    for (int64_t i = 0; i < ngu / 2; i++)
+        qgu[i] = (uint8_t)rng_next();
+    for (int64_t i = 0; i < ndn / 2; i++)
+        qdn[i] = (uint8_t)rng_next();
+    for (int64_t i = 0; i < ngu / 32; i++)
+        sgu[i] = (uint8_t)(118 + rng_int(5));
+    for (int64_t i = 0; i < ndn / 32; i++)
+        sdn[i] = (uint8_t)(118 + rng_int(5));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * slots);
+    float *w = malloc(sizeof(float) * (size_t)n * slots);
+    make_routing(ids, w, n, E, slots, rt);
+
+    struct weight cgu, cdn, ggu, gdn;
+    if (mx) {
+        cgu = (struct weight){.t = tensor_make(qgu, DTYPE_U8, 3, (int64_t[]){E, 2 * I, H / 2}),
+                              .scheme = WEIGHT_SCHEME_MX,
+                              .scale = tensor_make(sgu, DTYPE_U8, 3, (int64_t[]){E, 2 * I, H / 32}),
+                              .block_rows = 1,
+                              .block_cols = 32};
+        cdn = (struct weight){.t = tensor_make(qdn, DTYPE_U8, 3, (int64_t[]){E, H, I / 2}),
+                              .scheme = WEIGHT_SCHEME_MX,
+                              .scale = tensor_make(sdn, DTYPE_U8, 3, (int64_t[]){E, H, I / 32}),
+                              .block_rows = 1,
+                              .block_cols = 32};
+        ggu = cgu;
+        gdn = cdn;
+        void *p[4] = {gpu_be->ops->alloc(gpu_be, (size_t)ngu / 2), gpu_be->ops->alloc(gpu_be, (size_t)ngu / 32),
+                      gpu_be->ops->alloc(gpu_be, (size_t)ndn / 2), gpu_be->ops->alloc(gpu_be, (size_t)ndn / 32)};
+        gpu_be->ops->copy_h2d(gpu_be, p[0], qgu, (size_t)ngu / 2);
+        gpu_be->ops->copy_h2d(gpu_be, p[1], sgu, (size_t)ngu / 32);
+        gpu_be->ops->copy_h2d(gpu_be, p[2], qdn, (size_t)ndn / 2);
+        gpu_be->ops->copy_h2d(gpu_be, p[3], sdn, (size_t)ndn / 32);
+        ggu.t.data = p[0];
+        ggu.scale.data = p[1];
+        gdn.t.data = p[2];
+        gdn.scale.data = p[3];
+    } else {
+        cgu = (struct weight){.t = tensor_make(gu, DTYPE_F32, 3, (int64_t[]){E, 2 * I, H})};
+        cdn = (struct weight){.t = tensor_make(dn, DTYPE_F32, 3, (int64_t[]){E, H, I})};
+        ggu = (struct weight){.t = tensor_make(to_gpu(gu, ngu, true), DTYPE_BF16, 3, (int64_t[]){E, 2 * I, H})};
+        gdn = (struct weight){.t = tensor_make(to_gpu(dn, ndn, true), DTYPE_BF16, 3, (int64_t[]){E, H, I})};
+    }
+    struct tensor cbg = tensor_2d(bg, DTYPE_F32, E, 2 * I), cbd = tensor_2d(bd, DTYPE_F32, E, H);
+    struct tensor gbg = tensor_2d(to_gpu(bg, (int64_t)E * 2 * I, true), DTYPE_BF16, E, 2 * I);
+    struct tensor gbd = tensor_2d(to_gpu(bd, (int64_t)E * H, true), DTYPE_BF16, E, H);
+    const struct moe_experts_args cea = {MOE_ACT_SWIGLU_CLAMP, 1.702f, 1.0f, &cbg, &cbd};
+    const struct moe_experts_args gea = {MOE_ACT_SWIGLU_CLAMP, 1.702f, 1.0f, &gbg, &gbd};
+
+    float *cout = malloc(sizeof(float) * (size_t)n * H);
+    void *cws = cpu_be->ops->alloc(cpu_be, moe_workspace_bytes(n, slots, E, H, I, 4));
+    struct tensor cx = tensor_2d(x, DTYPE_F32, n, H), co = tensor_2d(cout, DTYPE_F32, n, H);
+    cpu_be->ops->moe_experts(cpu_be, &co, &cx, &cgu, &cdn, ids, w, slots, &cea, cws);
+
+    void *dx = to_gpu(x, (int64_t)n * H, true);
+    int32_t *dids = gpu_be->ops->alloc(gpu_be, sizeof(int32_t) * (size_t)n * slots);
+    float *dw = gpu_be->ops->alloc(gpu_be, sizeof(float) * (size_t)n * slots);
+    gpu_be->ops->copy_h2d(gpu_be, dids, ids, sizeof(int32_t) * (size_t)n * slots);
+    gpu_be->ops->copy_h2d(gpu_be, dw, w, sizeof(float) * (size_t)n * slots);
+    void *dout = gpu_be->ops->alloc(gpu_be, (size_t)n * H * 2);
+    void *gws = gpu_be->ops->alloc(gpu_be, moe_workspace_bytes(n, slots, E, H, I, 2));
+    struct tensor gx = tensor_2d(dx, DTYPE_BF16, n, H), go = tensor_2d(dout, DTYPE_BF16, n, H);
+    gpu_be->ops->moe_experts(gpu_be, &go, &gx, &ggu, &gdn, dids, dw, slots, &gea, gws);
+    float *gout = malloc(sizeof(float) * (size_t)n * H);
+    gpu_to_f32(gout, dout, (int64_t)n * H, true);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < (int64_t)n * H; i++) {
+        ASSERT_TRUE(isfinite(gout[i]));
+        num += (gout[i] - cout[i]) * (double)(gout[i] - cout[i]);
+        den += (double)cout[i] * cout[i];
+    }
+    double e2 = num / (den > 0 ? den : 1);
+    fprintf(stderr, "  gpt-oss experts %s n=%d E=%d slots=%d H=%d I=%d routing %d: nmse %.2e\n", mx ? "mxfp4" : "bf16",
+            n, E, slots, H, I, (int)rt, e2);
+    ASSERT_TRUE(e2 < 1e-4);
+    void *ptrs[] = {dx, dids, dw, dout, gws, ggu.t.data, gdn.t.data, gbg.data, gbd.data,
+                    mx ? ggu.scale.data : NULL, mx ? gdn.scale.data : NULL};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        if (ptrs[i]) gpu_be->ops->free(gpu_be, ptrs[i]);
+    cpu_be->ops->free(cpu_be, cws);
+    free(x);
+    free(gu);
+    free(dn);
+    free(bg);
+    free(bd);
+    free(qgu);
+    free(qdn);
+    free(sgu);
+    free(sdn);
+    free(ids);
+    free(w);
+    free(cout);
+    free(gout);
+}
+
+TEST(cuda_moe_experts_gpt_oss_match_cpu) {
+    if (!backends_ready()) return;
+    for (int mx = 0; mx < 2; mx++) {
+        check_experts_gpt_oss(1, 32, 4, 2880, 2880, ROUTE_RANDOM, mx);   // gpt-oss-20b layer shape, decode
+        check_experts_gpt_oss(7, 16, 4, 256, 96, ROUTE_RANDOM, mx);      // decode batch: 4-row tiles
+        check_experts_gpt_oss(64, 32, 4, 512, 256, ROUTE_RANDOM, mx);    // R 256: 16-row tiles
+        check_experts_gpt_oss(300, 8, 4, 256, 128, ROUTE_RANDOM, mx);    // prefill: 64 / 128-row tiles
+        check_experts_gpt_oss(100, 8, 2, 128, 64, ROUTE_ONE_EXPERT, mx); // skewed: one expert takes everything
+        check_experts_gpt_oss(33, 16, 2, 128, 64, ROUTE_TWO_EXPERTS, mx); // 14 of 16 experts empty
+        check_experts_gpt_oss(5, 4, 4, 64, 32, ROUTE_ALL, mx);           // top-k = number of experts
+    }
 }
 
 TEST(cuda_moe_experts_graph_replay) {

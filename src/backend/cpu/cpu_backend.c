@@ -859,4 +859,6 @@ static const struct backend_ops cpu_ops = {
     .graph_destroy = NULL,
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
+    .mla_latent_write = cpu_mla_latent_write,
+    .mla_attention = cpu_mla_attention,
 };

@@ -56,12 +56,18 @@ void cpu_attention(struct backend *b, struct tensor *out, const struct tensor *q
                    const struct kv_layer *kv, const struct attn_metadata *md, float scale, int sliding_window,
                    const struct tensor *sinks);
 void cpu_sample(struct backend *b, const struct sample_args *a);
+// MLA ops (cpu_mla.c; backend.h "---- MLA ----").
+void cpu_mla_latent_write(struct backend *b, struct tensor *q, const struct tensor *kv_a, const struct tensor *kv_norm,
+                          float eps, const struct rope_args *rope, const struct mla_args *a, struct kv_layer *kv,
+                          const struct attn_metadata *md);
+void cpu_mla_attention(struct backend *b, struct tensor *out, const struct tensor *q, const struct kv_layer *kv,
+                       const struct attn_metadata *md, const struct mla_args *a, void *workspace);
 // Mixture-of-experts ops (cpu_moe.c).
 void cpu_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a, int32_t *topk_ids,
                    float *topk_w);
 void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
                      const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
-                     void *workspace);
+                     const struct moe_experts_args *ea, void *workspace);
 
 // Quantized weights (cpu_qmatmul.c): the matmul for schemes other than NONE (cpu_matmul
 // dispatches to it), whether a weight is one it runs, and expert e of a stacked (E, rows,

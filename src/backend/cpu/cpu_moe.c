@@ -1,8 +1,9 @@
 // Mixture-of-experts ops of the CPU backend (the reference the CUDA fused MoE is tested
 // against): moe_route (fp32 softmax or sigmoid scores, correction bias, grouped top-k,
-// renormalisation) and moe_experts (tokens grouped by expert, one GEMM per active expert
-// through the backend's own matmul, SiLU*mul, down, and a weighted combine back into token
-// order). Contracts: backend.h, struct moe_route_args.
+// renormalisation) and moe_experts (tokens grouped by expert, one GEMM per active expert through
+// the backend's own matmul (so MXFP4 and the other quantized schemes dequantize a tile at a time,
+// cpu_qmatmul.c), the activation, down, and a weighted combine back into token order). Contracts:
+// backend.h, struct moe_route_args.
 //
 // moe_experts data flow, all inside the caller's workspace (no allocation):
 //   counts[e] / offsets[e]   rows routed to expert e, prefix sums (E_total + 1)
@@ -10,8 +11,9 @@
 //                            expert, slots keep token order (a stable counting sort)
 //   pos[s]                   the inverse: sorted position of slot s
 //   xs (R, H)                x rows gathered in sorted order
-//   gu (R, 2I), act (R, I)   gate_up GEMM output per expert, then SiLU*mul over all rows
-//   y (R, H)                 down GEMM output per expert
+//   gu (R, 2I), act (R, I)   gate_up GEMM output per expert (+ its gate_up bias), then the
+//                            activation over all rows (SiLU*mul, or GPT-OSS's clamped SwiGLU)
+//   y (R, H)                 down GEMM output per expert (+ its down bias)
 //   out[t] = sum_j w[t, j] * y[pos[t * n_slots + j]]   (slot order: deterministic)
 // The GEMMs go through ops->matmul on per-expert 2-D views of the stacked weights, so they
 // inherit its kernels (skinny kernel for few rows, OpenBLAS for many) and weight dtypes.
@@ -209,10 +211,45 @@ static void combine_rows(void *vctx, int64_t t0, int64_t t1, int tid) {
     (void)tid;
 }
 
+// GPT-OSS's clamped SwiGLU (backend.h, MOE_ACT_SWIGLU_CLAMP) over rows of (gate | up).
+struct swiglu_ctx {
+    float *out;
+    const float *gu;
+    int64_t f;
+    float alpha, limit;
+};
+
+static void swiglu_clamp_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
+    struct swiglu_ctx *s = vctx;
+    const float lim = s->limit, alpha = s->alpha;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *g = s->gu + r * 2 * s->f, *u = g + s->f;
+        float *o = s->out + r * s->f;
+        for (int64_t i = 0; i < s->f; i++) {
+            float gi = g[i] < lim ? g[i] : lim; // min(g, limit); NaN stays NaN
+            float ui = u[i] < -lim ? -lim : u[i] > lim ? lim : u[i];
+            o[i] = (ui + 1.0f) * (gi / (1.0f + expf(-alpha * gi)));
+        }
+    }
+    (void)tid;
+}
+
+// Row e of a stacked (E, n) bias, as a 1-D tensor (NULL when there is no bias).
+static const struct tensor *bias_row(const struct tensor *bias, int e, struct tensor *view) {
+    if (!bias) return NULL;
+    const int64_t n = tensor_cols(bias);
+    *view = tensor_make((char *)bias->data + dtype_row_bytes(bias->dtype, n) * (size_t)e, bias->dtype, 1,
+                        (int64_t[]){n});
+    return view;
+}
+
 void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,
                      const struct weight *down_w, const int32_t *topk_ids, const float *topk_w, int n_slots,
-                     void *workspace) {
+                     const struct moe_experts_args *ea, void *workspace) {
     struct cpu_backend *c = cpu_backend_of(b);
+    const struct moe_experts_args plain = {.act = MOE_ACT_SILU};
+    if (!ea) ea = &plain;
+    CHECK_MSG(ea->act == MOE_ACT_SILU || ea->act == MOE_ACT_SWIGLU_CLAMP, "moe_experts: activation %d", (int)ea->act);
     // Quantized experts (any scheme cpu_qmatmul runs) go through per-expert weight views.
     CHECK_MSG((gate_up_w->scheme == WEIGHT_SCHEME_NONE || cpu_qweight_supported(gate_up_w)) &&
                   (down_w->scheme == WEIGHT_SCHEME_NONE || cpu_qweight_supported(down_w)),
@@ -226,6 +263,8 @@ void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor 
               (long long)gate_up->ne[0], (long long)gate_up->ne[1], (long long)weight_cols(gate_up_w),
               (long long)down->ne[0], (long long)down->ne[1], (long long)I, (long long)H);
     CHECK(tensor_rows(out) == n && tensor_cols(out) == H && out->data != x->data && n_slots >= 1);
+    CHECK(!ea->gate_up_bias || (tensor_rows(ea->gate_up_bias) == E && tensor_cols(ea->gate_up_bias) == 2 * I));
+    CHECK(!ea->down_bias || (tensor_rows(ea->down_bias) == E && tensor_cols(ea->down_bias) == H));
     if (n == 0) return;
     const int64_t R = n * n_slots;
     // Workspace layout: must match moe_workspace_bytes.
@@ -264,16 +303,28 @@ void cpu_moe_experts(struct backend *b, struct tensor *out, const struct tensor 
         struct tensor xe = tensor_2d(xs + (int64_t)offsets[e] * H, DTYPE_F32, counts[e], H);
         struct tensor ge = tensor_2d(gu + (int64_t)offsets[e] * 2 * I, DTYPE_F32, counts[e], 2 * I);
         struct weight we = cpu_weight_expert(gate_up_w, e);
-        b->ops->matmul(b, &ge, &xe, &we, NULL);
+        struct tensor bv;
+        b->ops->matmul(b, &ge, &xe, &we, bias_row(ea->gate_up_bias, e, &bv));
     }
     struct tensor gu_all = tensor_2d(gu, DTYPE_F32, R, 2 * I), act_all = tensor_2d(act, DTYPE_F32, R, I);
-    b->ops->silu_mul(b, &act_all, &gu_all);
+    if (ea->act == MOE_ACT_SILU) {
+        b->ops->silu_mul(b, &act_all, &gu_all);
+    } else {
+        struct swiglu_ctx sc = {act, gu, I, ea->alpha, ea->limit};
+        cpu_lock(c);
+        if (R * I < 32768)
+            swiglu_clamp_rows(&sc, 0, R, 0);
+        else
+            thread_pool_parallel_for(c->pool, R, 4, swiglu_clamp_rows, &sc);
+        cpu_unlock(c);
+    }
     for (int e = 0; e < E; e++) {
         if (!counts[e]) continue;
         struct tensor ae = tensor_2d(act + (int64_t)offsets[e] * I, DTYPE_F32, counts[e], I);
         struct tensor ye = tensor_2d(y + (int64_t)offsets[e] * H, DTYPE_F32, counts[e], H);
         struct weight we = cpu_weight_expert(down_w, e);
-        b->ops->matmul(b, &ye, &ae, &we, NULL);
+        struct tensor bv;
+        b->ops->matmul(b, &ye, &ae, &we, bias_row(ea->down_bias, e, &bv));
     }
 
     cpu_lock(c);

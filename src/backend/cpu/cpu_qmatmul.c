@@ -4,7 +4,9 @@
 // Contract:
 // - Schemes: PER_TENSOR, PER_CHANNEL and BLOCK over FP8 E4M3 values; GROUP over symmetric
 //   4-bit (or 8-bit) integers packed in I32 words (offset 2^(bits-1), low bits first). Scales
-//   are F32 in the layouts weight.h gives (the loader converts them).
+//   are F32 in the layouts weight.h gives (the loader converts them). MX (MXFP4): U8 bytes of
+//   two e2m1 nibbles and U8 e8m0 exponents per 32 columns, both as the checkpoint stores them;
+//   a value is e2m1 * 2^(e - 127), exact in F32.
 // - Weight-only compute: the weights are dequantized exactly (value * scale in F32, the
 //   formats' definition) a tile of rows at a time into scratch, and multiplied with the F32
 //   activations by the same kernels as F32 weights (the skinny kernel for decode-sized batches
@@ -17,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <cblas.h> // after backend.h: its complex.h defines I
+#include <math.h>
 #include <string.h>
 
 #include "common/check.h"
@@ -34,6 +37,8 @@ bool cpu_qweight_supported(const struct weight *w) {
     case WEIGHT_SCHEME_GROUP:
         return w->t.dtype == DTYPE_I32 && (w->bits == 4 || w->bits == 8) && w->block_cols > 0 &&
                w->scale.dtype == DTYPE_F32 && !w->zero.data;
+    case WEIGHT_SCHEME_MX:
+        return w->t.dtype == DTYPE_U8 && w->scale.dtype == DTYPE_U8 && w->block_cols == 32;
     default:
         return false;
     }
@@ -49,13 +54,13 @@ struct weight cpu_weight_expert(const struct weight *w, int e) {
     CHECK_MSG(s->ne[0] == w->t.ne[0], "expert weight scale has %lld experts, values %lld", (long long)s->ne[0],
               (long long)w->t.ne[0]);
     int64_t per = tensor_numel(s) / s->ne[0];
-    float *sp = (float *)s->data + per * e;
+    void *sp = (char *)s->data + dtype_row_bytes(s->dtype, per) * (size_t)e;
     if (s->ndim == 1) // PER_TENSOR (E)
-        v.scale = tensor_make(sp, DTYPE_F32, 1, (int64_t[]){1});
+        v.scale = tensor_make(sp, s->dtype, 1, (int64_t[]){1});
     else if (s->ndim == 2) // PER_CHANNEL (E, rows)
-        v.scale = tensor_make(sp, DTYPE_F32, 1, (int64_t[]){s->ne[1]});
-    else // BLOCK / GROUP (E, srows, scols)
-        v.scale = tensor_2d(sp, DTYPE_F32, s->ne[1], s->ne[2]);
+        v.scale = tensor_make(sp, s->dtype, 1, (int64_t[]){s->ne[1]});
+    else // BLOCK / GROUP / MX (E, srows, scols)
+        v.scale = tensor_2d(sp, s->dtype, s->ne[1], s->ne[2]);
     return v;
 }
 
@@ -65,6 +70,7 @@ struct qdeq {
     int64_t k;      // logical columns
     int64_t scols;  // scale columns (BLOCK / GROUP)
     float lut[256]; // FP8 E4M3 byte -> F32
+    float e2m1[16]; // MX nibble -> F32
 };
 
 static void qdeq_init(struct qdeq *d, const struct weight *w) {
@@ -74,6 +80,8 @@ static void qdeq_init(struct qdeq *d, const struct weight *w) {
     if (w->t.dtype == DTYPE_FP8_E4M3)
         for (int i = 0; i < 256; i++)
             d->lut[i] = fp8_e4m3_to_f32((uint8_t)i);
+    for (unsigned i = 0; i < 16; i++)
+        d->e2m1[i] = weight_e2m1_value(i);
 }
 
 // dst (r1 - r0, k) = the F32 weights of rows [r0, r1).
@@ -83,7 +91,18 @@ static void qdeq_rows(const struct qdeq *d, int64_t r0, int64_t r1, float *dst) 
     const float *sc = w->scale.data;
     for (int64_t r = r0; r < r1; r++) {
         float *o = dst + (r - r0) * k;
-        if (w->t.dtype == DTYPE_FP8_E4M3) {
+        if (w->scheme == WEIGHT_SCHEME_MX) { // 16 bytes (32 values) per e8m0 exponent
+            const uint8_t *q = (const uint8_t *)w->t.data + r * (k / 2);
+            const uint8_t *e = (const uint8_t *)w->scale.data + r * (k / 32);
+            for (int64_t bi = 0; bi < k / 32; bi++) {
+                const float f = ldexpf(1.0f, (int)e[bi] - 127);
+                for (int j = 0; j < 16; j++) {
+                    const uint8_t v = q[bi * 16 + j];
+                    o[bi * 32 + 2 * j] = d->e2m1[v & 15u] * f;
+                    o[bi * 32 + 2 * j + 1] = d->e2m1[v >> 4] * f;
+                }
+            }
+        } else if (w->t.dtype == DTYPE_FP8_E4M3) {
             const uint8_t *q = (const uint8_t *)w->t.data + r * k;
             if (w->scheme == WEIGHT_SCHEME_BLOCK) {
                 const float *srow = sc + (r / w->block_rows) * d->scols;
@@ -181,6 +200,8 @@ void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, 
         CHECK(tensor_numel(&w->scale) == m);
     else if (w->scheme == WEIGHT_SCHEME_PER_TENSOR)
         CHECK(tensor_numel(&w->scale) == 1);
+    else if (w->scheme == WEIGHT_SCHEME_MX)
+        CHECK(k % 32 == 0 && w->scale.ndim == 2 && w->scale.ne[0] == m && w->scale.ne[1] == k / 32);
     else
         CHECK(w->scale.ndim == 2 && w->scale.ne[0] == m && w->scale.ne[1] == (k + w->block_cols - 1) / w->block_cols &&
               k % (32 / w->bits) == 0);

@@ -296,6 +296,8 @@ static const struct backend_ops cuda_ops = {
     .graph_destroy = cuda_graph_destroy,
     .moe_route = cuda_op_moe_route,
     .moe_experts = cuda_op_moe_experts,
+    .mla_latent_write = cuda_op_mla_latent_write,
+    .mla_attention = cuda_op_mla_attention,
 };
 
 // Everything backend_cuda_create makes after the struct itself; on failure the caller frees

@@ -4,7 +4,11 @@
 // attention is instantiated for head dims 64 and 128 with equal q/k and v dims
 // (cuda_attention.cu), the KV cache is BF16 or FP8 E4M3 with power-of-two blocks, matmuls take
 // BF16 weights (cuBLASLt / the GEMVs with BF16 activations), routing is softmax or sigmoid top-k over at most
-// CUDA_MOE_MAX_EXPERTS experts (grouped, with a correction bias: cuda_moe.cu), no quantised weight scheme yet.
+// CUDA_MOE_MAX_EXPERTS experts (grouped, with a correction bias: cuda_moe.cu), MLA over a BF16 / FP8
+// latent cache with kv_lora_rank a multiple of 32 up to CUDA_MLA_MAX_KV_LORA (cuda_mla.cu). The one
+// quantised scheme is MX (MXFP4, U8 values and e8m0 scales), which only GPT-OSS's experts carry
+// (model/quant.c plans no other module in it): moe_experts decodes it in registers; matmul does not
+// take it. moe_experts also runs GPT-OSS's clamped SwiGLU with expert biases.
 #include "backend/backend.h"
 #include "backend/cuda/cuda_limits.h"
 
@@ -15,11 +19,15 @@ const struct backend_caps backend_cuda_caps = {
     .split_v_head_dim = false,
     .max_qk_norm_head_dim = CUDA_QKN_MAX_HD,
     .kv_dtypes = BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_FP8_E4M3),
-    .weight_dtypes = BACKEND_CAP_BIT(DTYPE_BF16),
-    .weight_schemes = BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE),
+    .weight_dtypes = BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_U8),
+    .weight_schemes = BACKEND_CAP_BIT(WEIGHT_SCHEME_NONE) | BACKEND_CAP_BIT(WEIGHT_SCHEME_MX),
     .max_experts = CUDA_MOE_MAX_EXPERTS,
     .moe_sigmoid_scoring = true,
     .moe_grouped_topk = true,
+    .moe_swiglu_clamp = true,
     .pow2_block_size = true,
     .min_block_size = CUDA_ATTN_BN / 32,
+    .mla = true,
+    .mla_max_kv_lora = CUDA_MLA_MAX_KV_LORA,
+    .mla_max_rope = CUDA_MLA_MAX_ROPE,
 };

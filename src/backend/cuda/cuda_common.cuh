@@ -352,7 +352,12 @@ void cuda_op_moe_route(struct backend *b, const struct tensor *logits, const str
                        int32_t *topk_ids, float *topk_w);
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
                          const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
-                         void *workspace);
+                         const struct moe_experts_args *ea, void *workspace);
+void cuda_op_mla_latent_write(struct backend *b, struct tensor *q, const struct tensor *kv_a,
+                              const struct tensor *kv_norm, float eps, const struct rope_args *rope,
+                              const struct mla_args *a, struct kv_layer *kv, const struct attn_metadata *md);
+void cuda_op_mla_attention(struct backend *b, struct tensor *out, const struct tensor *q, const struct kv_layer *kv,
+                           const struct attn_metadata *md, const struct mla_args *a, void *workspace);
 atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
                                   struct error *err);
 

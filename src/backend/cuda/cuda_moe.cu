@@ -883,6 +883,202 @@ static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu,
     CUDA_CHECK_LAUNCH();
 }
 
+// ---------------------------------------------------------------------------------------
+// GPT-OSS experts (moe_experts with struct moe_experts_args, or MXFP4 weights): the grouped
+// path above with three changes. MXFP4 weights (WEIGHT_SCHEME_MX: U8 bytes of two e2m1 values,
+// the even column in the low nibble, and a U8 e8m0 exponent per 32 columns) go through
+// moe_mx_gemm_kernel, the CUDA-core tile GEMM of moe_gemm_kernel whose weight tile is decoded
+// from the packed bytes in registers on its way to shared memory (nothing is expanded in HBM:
+// the kernel reads half a byte per weight plus a scale byte per 32). The gate_up bias and the
+// activation (SiLU*mul or the clamped SwiGLU) are one pass over the R sorted rows
+// (moe_bias_act_kernel), and the down bias is added to the sorted rows before the combine
+// (moe_bias_rows_kernel). The expert of a sorted row is the last e with offsets[e] <= p.
+// A tensor-core MXFP4 kernel (dequantizing fragments between ldmatrix and mma) is the next step
+// for speed; this path is the correct one the model tests run.
+
+// The e2m1 value of nibble v (magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign).
+__device__ __forceinline__ float mx_e2m1(unsigned v) {
+    const unsigned m = v & 7u;
+    const float mag = m < 4 ? 0.5f * (float)m : (float)(1u << ((m >> 1) - 1)) * ((m & 1u) ? 1.5f : 1.0f);
+    return (v & 8u) ? -mag : mag;
+}
+
+// 2^(e - 127) exactly (e8m0; 0 is 2^-127, a subnormal; 255 is not a number in OCP MX, and
+// transformers' ldexp makes it inf: so do we).
+__device__ __forceinline__ float mx_e8m0(unsigned e) {
+    if (e == 0) return __int_as_float(0x00400000);
+    if (e == 255) return __int_as_float(0x7f800000);
+    return __int_as_float((int)(e << 23));
+}
+
+// out[p, :] = A[row(p), :] @ W[e]^T with W in MXFP4 (Wq (E, N, K / 2), Ws (E, N, K / 32)); K % 32 == 0.
+template <typename T, int BM>
+__global__ void __launch_bounds__(MOE_THREADS)
+    moe_mx_gemm_kernel(T *out, const T *A, const int32_t *a_index, int n_slots, const uint8_t *Wq, const uint8_t *Ws,
+                       const int32_t *offsets, const int32_t *tile_start, int E, int N, int K) {
+    pdl_begin();
+    __shared__ float As[BM][MOE_BK + 1];
+    __shared__ float Wt[MOE_BK][MOE_BN + 1];
+    const int tile = blockIdx.y;
+    if (tile >= tile_start[E]) return;
+    const int e = moe_tile_expert(tile_start, E, tile);
+    const int row0 = offsets[e] + (tile - tile_start[e]) * BM, row_end = offsets[e + 1];
+    const int n0 = blockIdx.x * MOE_BN;
+    const uint8_t *Qe = Wq + (size_t)e * N * (K / 2), *Se = Ws + (size_t)e * N * (K / 32);
+    constexpr int RSTEP = MOE_THREADS / MOE_BN, RPT = BM / RSTEP > 0 ? BM / RSTEP : 1;
+    const int c = threadIdx.x % MOE_BN, rr = threadIdx.x / MOE_BN;
+    float acc[RPT];
+#pragma unroll
+    for (int i = 0; i < RPT; i++)
+        acc[i] = 0.f;
+    for (int k0 = 0; k0 < K; k0 += MOE_BK) { // MOE_BK == 32: one scale per weight row and step
+        for (int i = threadIdx.x; i < BM * MOE_BK; i += MOE_THREADS) {
+            int r = i / MOE_BK, kk = i % MOE_BK, p = row0 + r;
+            float v = 0.f;
+            if (p < row_end) {
+                int64_t arow = a_index ? a_index[p] / n_slots : p;
+                v = to_f32(A[arow * K + k0 + kk]);
+            }
+            As[r][kk] = v;
+        }
+        // Each thread decodes 4 bytes (8 values) of one weight row: 16 bytes per row and step.
+        for (int i = threadIdx.x; i < MOE_BN * 4; i += MOE_THREADS) {
+            const int n = i / 4, q = i % 4;
+            float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            if (n0 + n < N) {
+                const size_t row = (size_t)(n0 + n);
+                const uint32_t bytes = *reinterpret_cast<const uint32_t *>(Qe + row * (K / 2) + k0 / 2 + q * 4);
+                const float sc = mx_e8m0(Se[row * (K / 32) + k0 / 32]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const unsigned byte = (bytes >> (8 * j)) & 0xffu;
+                    f[2 * j] = mx_e2m1(byte & 15u) * sc;
+                    f[2 * j + 1] = mx_e2m1(byte >> 4) * sc;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                Wt[q * 8 + j][n] = f[j];
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < MOE_BK; kk++) {
+            float wv = Wt[kk][c];
+#pragma unroll
+            for (int i = 0; i < RPT; i++)
+                acc[i] += As[rr + i * RSTEP][kk] * wv;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < RPT; i++) {
+        int p = row0 + rr + i * RSTEP;
+        if (rr + i * RSTEP < BM && p < row_end && n0 + c < N) out[(int64_t)p * N + n0 + c] = from_f32<T>(acc[i]);
+    }
+}
+
+template <typename T, int BM>
+static void moe_mx_gemm(cudaStream_t s, T *out, const T *A, const int32_t *a_index, int n_slots, const struct weight *w,
+                        const int32_t *offsets, const int32_t *tiles, int E, int64_t R, int N, int K) {
+    const int64_t max_tiles = R < cdiv(R, BM) + E ? R : cdiv(R, BM) + E;
+    const dim3 grid(cdiv(N, MOE_BN), (unsigned)max_tiles);
+    pdl_launch(moe_mx_gemm_kernel<T, BM>, grid, MOE_THREADS, 0, s, out, A, a_index, n_slots,
+               (const uint8_t *)w->t.data, (const uint8_t *)w->scale.data, offsets, tiles, E, N, K);
+    CUDA_CHECK_LAUNCH();
+}
+
+// A bias element as f32 (biases are weights: BF16 on this backend, F32 allowed).
+__device__ __forceinline__ float moe_bias_at(const void *b, bool f32, int64_t i) {
+    return f32 ? reinterpret_cast<const float *>(b)[i] : __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(b)[i]);
+}
+
+// act[p, i] = f(gu[p, i] + bg[e, i], gu[p, I + i] + bg[e, I + i]) over the R sorted rows, e the
+// expert of row p; f = SiLU*mul or the clamped SwiGLU (backend.h, MOE_ACT_SWIGLU_CLAMP).
+template <typename T>
+__global__ void moe_bias_act_kernel(T *act, const T *gu, const void *bias, bool bias_f32, const int32_t *offsets,
+                                    int E, int64_t R, int64_t I, int clamp, float alpha, float limit) {
+    pdl_begin();
+    const int64_t rows = R > offsets[E] ? offsets[E] : R; // rows past the routed ones hold nothing
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * I; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t p = i / I, j = i % I;
+        float g = to_f32(gu[p * 2 * I + j]), u = to_f32(gu[p * 2 * I + I + j]);
+        if (bias) {
+            const int e = moe_tile_expert(offsets, E, (int)p);
+            g += moe_bias_at(bias, bias_f32, (int64_t)e * 2 * I + j);
+            u += moe_bias_at(bias, bias_f32, (int64_t)e * 2 * I + I + j);
+        }
+        float v;
+        if (clamp) {
+            g = fminf(g, limit);
+            u = fminf(fmaxf(u, -limit), limit);
+            v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        } else {
+            v = g / (1.0f + expf(-g)) * u;
+        }
+        act[p * I + j] = from_f32<T>(v);
+    }
+}
+
+// y[p, :] += bias[e, :] over the sorted rows (e the expert of row p).
+template <typename T>
+__global__ void moe_bias_rows_kernel(T *y, const void *bias, bool bias_f32, const int32_t *offsets, int E, int64_t R,
+                                     int64_t H) {
+    pdl_begin();
+    const int64_t rows = R > offsets[E] ? offsets[E] : R;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * H; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t p = i / H, h = i % H;
+        const int e = moe_tile_expert(offsets, E, (int)p);
+        y[i] = from_f32<T>(to_f32(y[i]) + moe_bias_at(bias, bias_f32, (int64_t)e * H + h));
+    }
+}
+
+static unsigned moe_elementwise_grid(int64_t total) {
+    return (unsigned)(total / 256 + 1 < 65535 * 8 ? total / 256 + 1 : 65535 * 8);
+}
+
+// The GPT-OSS path of moe_experts (see above): sort, gate_up (MX or plain), bias + activation,
+// down (MX or plain), down bias, combine.
+template <typename T, int BM>
+static void moe_experts_args_launch(cudaStream_t s, T *out, const T *x, const struct weight *gu_w,
+                                    const struct weight *dn_w, const struct moe_experts_args *ea, const int32_t *ids,
+                                    const float *w, int n_slots, int64_t n, int E, int64_t H, int64_t I,
+                                    int32_t *offsets, int32_t *tiles, int32_t *sorted, int32_t *pos, T *gu, T *act,
+                                    T *y) {
+    const int64_t R = n * n_slots;
+    pdl_launch(moe_sort_kernel, 1, MOE_SORT_THREADS, 0, s, ids, R, E, BM, offsets, tiles, sorted, pos);
+    CUDA_CHECK_LAUNCH();
+    if (gu_w->scheme == WEIGHT_SCHEME_MX)
+        moe_mx_gemm<T, BM>(s, gu, x, sorted, n_slots, gu_w, offsets, tiles, E, R, (int)(2 * I), (int)H);
+    else
+        moe_gemm<T, BM>(s, gu, x, sorted, n_slots, (const T *)gu_w->t.data, offsets, tiles, E, R, (int)(2 * I), (int)H);
+    const struct tensor *bg = ea ? ea->gate_up_bias : NULL, *bd = ea ? ea->down_bias : NULL;
+    const bool clamp = ea && ea->act == MOE_ACT_SWIGLU_CLAMP;
+    pdl_launch(moe_bias_act_kernel<T>, moe_elementwise_grid(R * I), 256, 0, s, act, (const T *)gu,
+               bg ? (const void *)bg->data : (const void *)NULL, bg && bg->dtype == DTYPE_F32, (const int32_t *)offsets,
+               E, R, I, (int)clamp, ea ? ea->alpha : 0.f, ea ? ea->limit : 0.f);
+    CUDA_CHECK_LAUNCH();
+    if (dn_w->scheme == WEIGHT_SCHEME_MX)
+        moe_mx_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, dn_w, offsets, tiles, E, R, (int)H, (int)I);
+    else
+        moe_gemm<T, BM>(s, y, act, (const int32_t *)NULL, 1, (const T *)dn_w->t.data, offsets, tiles, E, R, (int)H,
+                        (int)I);
+    if (bd) {
+        pdl_launch(moe_bias_rows_kernel<T>, moe_elementwise_grid(R * H), 256, 0, s, y, (const void *)bd->data,
+                   bd->dtype == DTYPE_F32, (const int32_t *)offsets, E, R, H);
+        CUDA_CHECK_LAUNCH();
+    }
+    constexpr int V = 16 / sizeof(T);
+    const bool vec = H % V == 0 && (uintptr_t)out % 16 == 0;
+    const int64_t total = vec ? n * H / V : n * H;
+    if (vec)
+        pdl_launch(moe_combine_kernel<T, V>, moe_elementwise_grid(total), 256, 0, s, out, (const T *)y, ids, w,
+                   (const int32_t *)pos, n, n_slots, E, H);
+    else
+        pdl_launch(moe_combine_kernel<T, 1>, moe_elementwise_grid(total), 256, 0, s, out, (const T *)y, ids, w,
+                   (const int32_t *)pos, n, n_slots, E, H);
+    CUDA_CHECK_LAUNCH();
+}
+
 void cuda_moe_init(struct cuda_backend *cb) {
     (void)cb;
     CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -905,17 +1101,36 @@ void cuda_moe_init(struct cuda_backend *cb) {
 
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,
                          const struct weight *down_w, const int32_t *topk_ids, const float *topk_w, int n_slots,
-                         void *workspace) {
-    CHECK_MSG(gate_up_w->scheme == WEIGHT_SCHEME_NONE && down_w->scheme == WEIGHT_SCHEME_NONE,
-              "CUDA moe_experts: weight scheme %s not implemented", weight_scheme_name(gate_up_w->scheme));
+                         const struct moe_experts_args *ea, void *workspace) {
+    // The GPT-OSS path: a non-SiLU activation, expert biases or MXFP4 weights (both matrices MX,
+    // or both plain in the act dtype).
+    const bool mx = gate_up_w->scheme == WEIGHT_SCHEME_MX;
+    const bool args_path = mx || (ea && (ea->act != MOE_ACT_SILU || ea->gate_up_bias || ea->down_bias));
+    CHECK_MSG(!ea || ea->act == MOE_ACT_SILU || ea->act == MOE_ACT_SWIGLU_CLAMP, "moe_experts: activation %d",
+              (int)ea->act);
+    CHECK_MSG((gate_up_w->scheme == WEIGHT_SCHEME_NONE || mx) && down_w->scheme == gate_up_w->scheme,
+              "CUDA moe_experts: weight schemes %s / %s not implemented (none or mx, the same for both)",
+              weight_scheme_name(gate_up_w->scheme), weight_scheme_name(down_w->scheme));
     const struct tensor *gate_up = &gate_up_w->t, *down = &down_w->t;
-    CHECK(gate_up->ndim == 3 && down->ndim == 3 && x->dtype == out->dtype && gate_up->dtype == x->dtype &&
-          down->dtype == x->dtype);
-    const int64_t n = tensor_rows(x), H = tensor_cols(x), I = down->ne[2];
+    CHECK(gate_up->ndim == 3 && down->ndim == 3 && x->dtype == out->dtype);
+    if (mx)
+        CHECK_MSG(gate_up->dtype == DTYPE_U8 && down->dtype == DTYPE_U8 && gate_up_w->scale.dtype == DTYPE_U8 &&
+                      down_w->scale.dtype == DTYPE_U8 && gate_up_w->block_cols == 32 && down_w->block_cols == 32,
+                  "CUDA moe_experts: MX weights must be U8 values with U8 e8m0 scales per 32");
+    else
+        CHECK(gate_up->dtype == x->dtype && down->dtype == x->dtype);
+    const int64_t n = tensor_rows(x), H = tensor_cols(x), I = weight_cols(down_w);
     const int E = (int)gate_up->ne[0];
     CHECK_MSG(E >= 1 && E <= MOE_MAX_EXPERTS, "moe_experts: %d experts (at most %d)", E, MOE_MAX_EXPERTS);
-    CHECK_MSG(gate_up->ne[1] == 2 * I && gate_up->ne[2] == H && down->ne[0] == E && down->ne[1] == H,
+    CHECK_MSG(gate_up->ne[1] == 2 * I && weight_cols(gate_up_w) == H && down->ne[0] == E && down->ne[1] == H,
               "moe_experts: stacked weight shapes do not match H %lld", (long long)H);
+    CHECK_MSG(!mx || (H % 32 == 0 && I % 32 == 0), "CUDA moe_experts: MX weights need H, I multiples of 32");
+    if (ea && ea->gate_up_bias)
+        CHECK(tensor_rows(ea->gate_up_bias) == E && tensor_cols(ea->gate_up_bias) == 2 * I &&
+              (ea->gate_up_bias->dtype == DTYPE_BF16 || ea->gate_up_bias->dtype == DTYPE_F32));
+    if (ea && ea->down_bias)
+        CHECK(tensor_rows(ea->down_bias) == E && tensor_cols(ea->down_bias) == H &&
+              (ea->down_bias->dtype == DTYPE_BF16 || ea->down_bias->dtype == DTYPE_F32));
     CHECK(tensor_rows(out) == n && tensor_cols(out) == H && out->data != x->data && n_slots >= 1);
     if (n == 0) return;
     const int64_t R = n * n_slots;
@@ -934,7 +1149,7 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     char *act = MOE_ALIGN256(gu + (size_t)R * 2 * I * es);
     char *y = MOE_ALIGN256(act + (size_t)R * I * es);
 #undef MOE_ALIGN256
-    if (moe_slot_path(x->dtype, R, n_slots, H, I, x->data, gate_up->data, down->data)) {
+    if (!args_path && moe_slot_path(x->dtype, R, n_slots, H, I, x->data, gate_up->data, down->data)) {
         moe_slot_launch(s, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
                         (const __nv_bfloat16 *)gate_up->data, (const __nv_bfloat16 *)down->data, topk_ids, topk_w,
                         n_slots, n, E, H, I, (__nv_bfloat16 *)act);
@@ -949,9 +1164,16 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
     const int64_t per_expert = R / E;
     const int bm = small ? MOE_GEMV_ROWS : per_expert <= 16 ? 16 : per_expert < 96 ? 64 : 128;
 #define MOE_LAUNCH(T, BMV)                                                                                             \
-    moe_experts_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data, (const T *)down->data, \
-                               topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles, sorted, pos, (T *)gu, (T *)act,  \
-                               (T *)y, b)
+    do {                                                                                                               \
+        if (args_path)                                                                                                 \
+            moe_experts_args_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, gate_up_w, down_w, ea, topk_ids,    \
+                                            topk_w, n_slots, n, E, H, I, offsets, tiles, sorted, pos, (T *)gu,         \
+                                            (T *)act, (T *)y);                                                         \
+        else                                                                                                           \
+            moe_experts_launch<T, BMV>(s, (T *)out->data, (const T *)x->data, (const T *)gate_up->data,                \
+                                       (const T *)down->data, topk_ids, topk_w, n_slots, n, E, H, I, offsets, tiles,   \
+                                       sorted, pos, (T *)gu, (T *)act, (T *)y, b);                                     \
+    } while (0)
 #define MOE_LAUNCH_BM(T)                                                                                               \
     do {                                                                                                               \
         if (bm == MOE_GEMV_ROWS)                                                                                       \

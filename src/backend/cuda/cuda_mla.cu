@@ -1,0 +1,333 @@
+// Multi-head latent attention on CUDA (backend.h "---- MLA ----"; the CPU reference is
+// src/backend/cpu/cpu_mla.c, tests/gpu/test_cuda_mla.c compares the two).
+//
+// mla_write_kernel: grid (token). RoPE of every head's q_pe in place (sincosf of pos * inv_freq
+// in f32, as the CPU), and, for a real slot, the latent row [rmsnorm(c) * w, rope(k_pe)] in the
+// cache dtype (BF16, or FP8 E4M3 as value / k_scale).
+//
+// Attention runs absorbed for every batch, in chunks of at most MLA_WS_TOKENS tokens (the
+// workspace is sized for one chunk, so its size does not grow with the batch):
+//   mla_absorb_kernel   grid (token, head): qa = scale * [W_UK_h^T q_nope, q_pe] (f32, D = L + R)
+//   mla_attend_kernel   grid (token, head tile of MLA_HT heads, split): the tile's heads share every
+//                       latent tile of MLA_TK keys (loaded once into shared memory as f32); warp
+//                       w is head w, lane j scores key j, online softmax in f32, each lane keeps
+//                       L / 32 latent output dims in registers. Decode-sized chunks
+//                       (<= MLA_WS_SPLIT_TOKENS tokens) split the keys over MLA_WS_MAX_SPLITS blocks
+//                       (split-KV) and mla_combine_kernel merges the partials.
+//   mla_out_kernel      grid (token, head): out[t, h, j] = W_UV_h[j] . o_lat (a warp per j)
+// Sequence lookup, positions, context lengths, block tables and slots come from the device
+// arrays and loops are bounded by the device context_lens, so decode launches are graph-capture
+// safe (the launch shape depends on n only).
+#include "backend/cuda/cuda_common.cuh"
+
+#include <math.h>
+#include <type_traits>
+
+#define MLA_HT 8  // heads per attention block (one warp each)
+#define MLA_TK 32 // keys per shared-memory tile (one per lane)
+
+template <typename C> __device__ __forceinline__ float mla_cache_f32(C v, float scale);
+template <> __device__ __forceinline__ float mla_cache_f32<__nv_bfloat16>(__nv_bfloat16 v, float) {
+    return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ float mla_cache_f32<__nv_fp8_e4m3>(__nv_fp8_e4m3 v, float scale) {
+    return (float)v * scale;
+}
+template <typename C> __device__ __forceinline__ C mla_cache_from(float v, float inv_scale);
+template <> __device__ __forceinline__ __nv_bfloat16 mla_cache_from<__nv_bfloat16>(float v, float) {
+    return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __nv_fp8_e4m3 mla_cache_from<__nv_fp8_e4m3>(float v, float inv_scale) {
+    return __nv_fp8_e4m3(v * inv_scale);
+}
+
+// The sequence owning token t (query_start is ascending, n_seqs + 1 entries).
+__device__ __forceinline__ int mla_seq_of(const int32_t *query_start, int n_seqs, int t) {
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (query_start[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+template <typename C>
+__global__ void __launch_bounds__(256)
+    mla_write_kernel(__nv_bfloat16 *q, const __nv_bfloat16 *kv_a, const void *norm_w, bool norm_f32, float eps, int H,
+                     int NP, int R, int L, const float *inv_freq, float af, bool inter, const int32_t *positions,
+                     const int32_t *slot_mapping, C *cache, float inv_scale) {
+    pdl_begin();
+    const int t = blockIdx.x, half = R / 2, DQ = NP + R;
+    const float pos = (float)positions[t];
+    for (int idx = threadIdx.x; idx < H * half; idx += blockDim.x) {
+        const int h = idx / half, i = idx % half;
+        __nv_bfloat16 *row = q + ((size_t)t * H + h) * DQ + NP;
+        float sn, cs;
+        sincosf(pos * inv_freq[i], &sn, &cs);
+        cs *= af;
+        sn *= af;
+        const int i0 = inter ? 2 * i : i, i1 = inter ? 2 * i + 1 : i + half;
+        const float a = __bfloat162float(row[i0]), b = __bfloat162float(row[i1]);
+        row[i0] = __float2bfloat16_rn(a * cs - b * sn);
+        row[i1] = __float2bfloat16_rn(b * cs + a * sn);
+    }
+    const int32_t slot = slot_mapping[t];
+    if (slot < 0) return;
+    const __nv_bfloat16 *src = kv_a + (size_t)t * (L + R);
+    __shared__ float red[32];
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < L; i += blockDim.x) {
+        const float v = __bfloat162float(src[i]);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float inv = rsqrtf(red[0] / (float)L + eps);
+    C *dst = cache + (size_t)slot * (L + R);
+    for (int i = threadIdx.x; i < L; i += blockDim.x) {
+        const float w = norm_f32 ? ((const float *)norm_w)[i] : __bfloat162float(((const __nv_bfloat16 *)norm_w)[i]);
+        // The normed value is rounded to BF16 first (what a separate rmsnorm would store).
+        const float c = __bfloat162float(__float2bfloat16_rn(__bfloat162float(src[i]) * inv * w));
+        dst[i] = mla_cache_from<C>(c, inv_scale);
+    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float sn, cs;
+        sincosf(pos * inv_freq[i], &sn, &cs);
+        cs *= af;
+        sn *= af;
+        const int i0 = inter ? 2 * i : i, i1 = inter ? 2 * i + 1 : i + half;
+        const float a = __bfloat162float(src[L + i0]), b = __bfloat162float(src[L + i1]);
+        dst[L + i0] = mla_cache_from<C>(__bfloat162float(__float2bfloat16_rn(a * cs - b * sn)), inv_scale);
+        dst[L + i1] = mla_cache_from<C>(__bfloat162float(__float2bfloat16_rn(b * cs + a * sn)), inv_scale);
+    }
+}
+
+// qa[t, h] = scale * [W_UK_h^T q_nope[t, h], q_pe[t, h]]; W_UK_h = kv_b rows h (NP + V) .. + NP.
+__global__ void __launch_bounds__(128) mla_absorb_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *kv_b, float *qa,
+                                                         int t0, int H, int NP, int R, int L, int V, float scale) {
+    pdl_begin();
+    extern __shared__ float qn[]; // (NP)
+    const int t = t0 + blockIdx.x, h = blockIdx.y, DQ = NP + R, D = L + R;
+    const __nv_bfloat16 *qt = q + ((size_t)t * H + h) * DQ;
+    for (int i = threadIdx.x; i < NP; i += blockDim.x)
+        qn[i] = __bfloat162float(qt[i]);
+    __syncthreads();
+    const __nv_bfloat16 *w = kv_b + (size_t)h * (NP + V) * L;
+    float *dst = qa + ((size_t)blockIdx.x * H + h) * D;
+    for (int c = threadIdx.x; c < L; c += blockDim.x) {
+        float acc = 0.f;
+        for (int i = 0; i < NP; i++)
+            acc += qn[i] * __bfloat162float(w[(size_t)i * L + c]);
+        dst[c] = acc * scale;
+    }
+    for (int i = threadIdx.x; i < R; i += blockDim.x)
+        dst[L + i] = __bfloat162float(qt[NP + i]) * scale;
+}
+
+// One block: token t0 + blockIdx.x, heads [blockIdx.y * MLA_HT, + MLA_HT), key split blockIdx.z of
+// gridDim.z. Dynamic shared memory: qa tile (MLA_HT, D) f32, then the key tile (MLA_TK, D + 1) f32
+// (rows padded by one float so that lanes scoring different keys hit different banks).
+// Writes o (unnormalised, relative to m), m and l per (token, head, split) into part when
+// gridDim.z > 1, else the normalised o_lat.
+template <typename C, int NC>
+__global__ void __launch_bounds__(32 * MLA_HT)
+    mla_attend_kernel(const float *qa, const C *cache, float k_scale, const int32_t *query_start,
+                      const int32_t *context_lens, const int32_t *block_tables, int max_blocks, int n_seqs, int bs,
+                      int t0, int H, int L, int R, float *o_lat, float *part) {
+    pdl_begin();
+    extern __shared__ float sm[];
+    const int D = L + R, DP = D + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tok = t0 + blockIdx.x, h0 = blockIdx.y * MLA_HT, split = blockIdx.z, S = gridDim.z;
+    const int nh = H - h0 < MLA_HT ? H - h0 : MLA_HT;
+    float *sq = sm, *sk = sm + MLA_HT * D;
+    const int s = mla_seq_of(query_start, n_seqs, tok);
+    const int q_len = query_start[s + 1] - query_start[s], ctx = context_lens[s];
+    const int pos = ctx - q_len + (tok - query_start[s]); // keys 0..pos
+    const int chunk = (pos + 1 + S - 1) / S, k0 = split * chunk;
+    const int k1 = min(pos + 1, k0 + chunk);
+    for (int i = threadIdx.x; i < nh * D; i += blockDim.x)
+        sq[i] = qa[((size_t)blockIdx.x * H + h0) * D + i];
+    float o[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++)
+        o[c] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    const int32_t *bt = block_tables + (size_t)s * max_blocks;
+    for (int j0 = k0; j0 < k1; j0 += MLA_TK) {
+        const int nk = min(MLA_TK, k1 - j0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < nk * D; i += blockDim.x) {
+            const int j = j0 + i / D, d = i % D;
+            const int64_t row = (int64_t)bt[j / bs] * bs + j % bs;
+            sk[(i / D) * DP + d] = mla_cache_f32<C>(cache[row * D + d], k_scale);
+        }
+        __syncthreads();
+        if (warp < nh) {
+            const float *qh = sq + warp * D;
+            float sc = -INFINITY;
+            if (lane < nk) {
+                const float *kr = sk + lane * DP;
+                float acc = 0.f;
+                for (int d = 0; d < D; d++)
+                    acc += qh[d] * kr[d];
+                sc = acc;
+            }
+            const float tmax = warp_max(sc), mnew = fmaxf(m, tmax);
+            const float corr = __expf(m - mnew); // 0 when m was -inf
+            const float p = lane < nk ? __expf(sc - mnew) : 0.f;
+            l = l * corr + warp_sum(p);
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+                o[c] *= corr;
+            for (int j = 0; j < nk; j++) {
+                const float pj = __shfl_sync(0xffffffffu, p, j);
+                const float *kr = sk + j * DP;
+#pragma unroll
+                for (int c = 0; c < NC; c++)
+                    if (lane + 32 * c < L) o[c] += pj * kr[lane + 32 * c];
+            }
+            m = mnew;
+        }
+    }
+    if (warp >= nh) return;
+    const int h = h0 + warp;
+    if (S == 1) {
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float *dst = o_lat + ((size_t)blockIdx.x * H + h) * L;
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+            if (lane + 32 * c < L) dst[lane + 32 * c] = o[c] * inv;
+        return;
+    }
+    float *dst = part + (((size_t)blockIdx.x * H + h) * S + split) * (L + 2);
+#pragma unroll
+    for (int c = 0; c < NC; c++)
+        if (lane + 32 * c < L) dst[lane + 32 * c] = o[c];
+    if (lane == 0) {
+        dst[L] = m;
+        dst[L + 1] = l;
+    }
+}
+
+__global__ void __launch_bounds__(128) mla_combine_kernel(const float *part, int S, int H, int L, float *o_lat) {
+    pdl_begin();
+    const size_t th = (size_t)blockIdx.x * H + blockIdx.y;
+    const float *p = part + th * S * (L + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < S; s++)
+        mx = fmaxf(mx, p[s * (L + 2) + L]);
+    float den = 0.f;
+    for (int s = 0; s < S; s++)
+        if (p[s * (L + 2) + L + 1] > 0.f) den += __expf(p[s * (L + 2) + L] - mx) * p[s * (L + 2) + L + 1];
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    for (int c = threadIdx.x; c < L; c += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < S; s++)
+            if (p[s * (L + 2) + L + 1] > 0.f) acc += __expf(p[s * (L + 2) + L] - mx) * p[s * (L + 2) + c];
+        o_lat[th * L + c] = acc * inv;
+    }
+}
+
+// out[t, h, j] = W_UV_h[j] . o_lat[t, h]; W_UV_h = kv_b rows h (NP + V) + NP .. + V. A warp per j.
+__global__ void __launch_bounds__(128) mla_out_kernel(const float *o_lat, const __nv_bfloat16 *kv_b, __nv_bfloat16 *out,
+                                                      int t0, int H, int NP, int L, int V) {
+    pdl_begin();
+    const int h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const float *ol = o_lat + ((size_t)blockIdx.x * H + h) * L;
+    const __nv_bfloat16 *w = kv_b + ((size_t)h * (NP + V) + NP) * L;
+    for (int j = warp; j < V; j += nw) {
+        float acc = 0.f;
+        for (int c = lane; c < L; c += 32)
+            acc += __bfloat162float(w[(size_t)j * L + c]) * ol[c];
+        acc = warp_sum(acc);
+        if (lane == 0) out[((size_t)(t0 + blockIdx.x) * H + h) * V + j] = __float2bfloat16_rn(acc);
+    }
+}
+
+void cuda_op_mla_latent_write(struct backend *b, struct tensor *q, const struct tensor *kv_a,
+                              const struct tensor *kv_norm, float eps, const struct rope_args *rope,
+                              const struct mla_args *a, struct kv_layer *kv, const struct attn_metadata *md) {
+    const int n = md->n_tokens, L = a->kv_lora, R = a->rope;
+    CHECK(q->dtype == DTYPE_BF16 && kv_a->dtype == DTYPE_BF16 && tensor_cols(kv_a) == L + R);
+    CHECK(rope->rotary_dim == R && tensor_numel(kv_norm) == L &&
+          (kv_norm->dtype == DTYPE_BF16 || kv_norm->dtype == DTYPE_F32));
+    CHECK(kv->k.ndim == 4 && kv->k.ne[2] == 1 && kv->k.ne[3] == L + R);
+    if (n == 0) return;
+    cudaStream_t s = cuda_impl(b)->stream;
+    auto launch = [&](auto *cache, float inv) {
+        using C = std::remove_pointer_t<decltype(cache)>;
+        pdl_launch(mla_write_kernel<C>, dim3((unsigned)n), 256, 0, s, (__nv_bfloat16 *)q->data,
+                   (const __nv_bfloat16 *)kv_a->data, (const void *)kv_norm->data, kv_norm->dtype == DTYPE_F32, eps,
+                   a->n_heads, a->nope, R, L, rope->inv_freq, rope->attn_factor, rope->interleaved, md->positions,
+                   md->slot_mapping, cache, inv);
+    };
+    if (kv->k.dtype == DTYPE_BF16)
+        launch((__nv_bfloat16 *)kv->k.data, 1.f);
+    else if (kv->k.dtype == DTYPE_FP8_E4M3)
+        launch((__nv_fp8_e4m3 *)kv->k.data, 1.f / kv->k_scale);
+    else
+        CHECK_MSG(0, "CUDA MLA latent cache dtype %s unsupported (BF16 or FP8_E4M3)", dtype_name(kv->k.dtype));
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_op_mla_attention(struct backend *b, struct tensor *out, const struct tensor *q, const struct kv_layer *kv,
+                           const struct attn_metadata *md, const struct mla_args *a, void *workspace) {
+    struct cuda_backend *cb = cuda_impl(b);
+    const int n = md->n_tokens, H = a->n_heads, L = a->kv_lora, R = a->rope, NP = a->nope, V = a->v_dim, D = L + R;
+    CHECK(out->dtype == DTYPE_BF16 && q->dtype == DTYPE_BF16 && workspace);
+    CHECK(a->kv_b && a->kv_b->scheme == WEIGHT_SCHEME_NONE && a->kv_b->t.dtype == DTYPE_BF16 &&
+          tensor_cols(&a->kv_b->t) == L && a->kv_b->t.ne[0] == (int64_t)H * (NP + V));
+    CHECK_MSG(L % 32 == 0 && L <= CUDA_MLA_MAX_KV_LORA && R % 2 == 0 && R <= CUDA_MLA_MAX_ROPE,
+              "CUDA MLA: kv_lora_rank %d (multiple of 32, <= %d), rope %d", L, CUDA_MLA_MAX_KV_LORA, R);
+    CHECK(kv->k.ndim == 4 && kv->k.ne[2] == 1 && kv->k.ne[3] == D && kv->k.ne[1] == md->block_size);
+    if (n == 0) return;
+    cudaStream_t s = cb->stream;
+    const __nv_bfloat16 *kvb = (const __nv_bfloat16 *)a->kv_b->t.data;
+    // Workspace (mla_workspace_bytes): qa (chunk, H, D) f32, o_lat (chunk, H, L) f32, partials.
+    float *qa = (float *)workspace;
+    float *o_lat = qa + (size_t)MLA_WS_TOKENS * H * D;
+    float *part = o_lat + (size_t)MLA_WS_TOKENS * H * L; // (MLA_WS_SPLIT_TOKENS, H, splits, L + 2)
+    const size_t attend_smem = ((size_t)MLA_HT * D + (size_t)MLA_TK * (D + 1)) * sizeof(float);
+    for (int t0 = 0; t0 < n; t0 += MLA_WS_TOKENS) {
+        const int nc = n - t0 < MLA_WS_TOKENS ? n - t0 : MLA_WS_TOKENS;
+        const int S = nc <= MLA_WS_SPLIT_TOKENS ? MLA_WS_MAX_SPLITS : 1;
+        pdl_launch(mla_absorb_kernel, dim3((unsigned)nc, (unsigned)H), 128, (size_t)NP * sizeof(float), s,
+                   (const __nv_bfloat16 *)q->data, kvb, qa, t0, H, NP, R, L, V, a->scale);
+        const dim3 g((unsigned)nc, cdiv(H, MLA_HT), (unsigned)S);
+        auto attend = [&](auto *cache, float scale) {
+            using C = std::remove_const_t<std::remove_pointer_t<decltype(cache)>>;
+            auto kern = mla_attend_kernel<C, CUDA_MLA_MAX_KV_LORA / 32>;
+            static size_t smem_set[2]; // per cache type: the opt-in shared memory set so far
+            size_t &set = smem_set[std::is_same<C, __nv_bfloat16>::value ? 0 : 1];
+            if (attend_smem > set) {
+                CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attend_smem));
+                set = attend_smem;
+            }
+            pdl_launch(kern, g, 32 * MLA_HT, attend_smem, s, (const float *)qa, (const C *)cache, scale,
+                       md->query_start, md->context_lens, md->block_tables, md->max_blocks_per_seq, md->n_seqs,
+                       md->block_size, t0, H, L, R, o_lat, part);
+        };
+        if (kv->k.dtype == DTYPE_BF16)
+            attend((const __nv_bfloat16 *)kv->k.data, 1.f);
+        else if (kv->k.dtype == DTYPE_FP8_E4M3)
+            attend((const __nv_fp8_e4m3 *)kv->k.data, kv->k_scale);
+        else
+            CHECK_MSG(0, "CUDA MLA latent cache dtype %s unsupported", dtype_name(kv->k.dtype));
+        if (S > 1)
+            pdl_launch(mla_combine_kernel, dim3((unsigned)nc, (unsigned)H), 128, 0, s, (const float *)part, S, H, L,
+                       o_lat);
+        pdl_launch(mla_out_kernel, dim3((unsigned)nc, (unsigned)H), 128, 0, s, (const float *)o_lat, kvb,
+                   (__nv_bfloat16 *)out->data, t0, H, NP, L, V);
+    }
+    CUDA_CHECK_LAUNCH();
+}
