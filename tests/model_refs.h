@@ -21,10 +21,10 @@ static const char *MODELS[] = {"llama_gqa",  "llama_mha",       "llama_tied", "l
                                "llama_bias", "mistral_sliding", "qwen3",      "qwen3_yarn"};
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
 // Mixture-of-experts fixtures (tools/make_tiny_moe_models.py; gpt_oss*: tools/make_tiny_gpt_oss.py,
-// bf16 and MXFP4 experts); the CPU model tests check them
+// bf16 and MXFP4 experts; glm4_moe*: tools/make_tiny_glm_mimo.py); the CPU model tests check them
 // with the dense ones, test_moe_models.c adds the MoE-specific checks.
 __attribute__((unused)) static const char *MOE_MODELS[] = {"qwen3_moe", "qwen3_moe_sparse2", "mixtral", "gpt_oss",
-                                                           "gpt_oss_mxfp4"};
+                                                           "gpt_oss_mxfp4", "glm4_moe", "glm4_moe_air"};
 #define N_MOE_MODELS ((int)(sizeof MOE_MODELS / sizeof MOE_MODELS[0]))
 // Dense fixtures, then the MoE ones: the whole-model reference checks run on all of them.
 #define N_ALL_MODELS (N_MODELS + N_MOE_MODELS)

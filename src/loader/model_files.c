@@ -738,8 +738,21 @@ static bool ends_with_str(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+// Whether name belongs to a multi-token-prediction layer: model.layers.<l>.* with l in
+// [num_layers, num_layers + num_nextn_predict_layers) (GLM-4-MoE, DeepSeek-V3 store them so).
+static bool is_mtp_tensor(const struct model_files *mf, const char *name) {
+    const struct model_config *c = &mf->config;
+    if (c->num_nextn_predict_layers <= 0 || strncmp(name, "model.layers.", 13) != 0) return false;
+    char *end = NULL;
+    long l = strtol(name + 13, &end, 10);
+    return end != name + 13 && *end == '.' && l >= c->num_layers && l < c->num_layers + c->num_nextn_predict_layers;
+}
+
 // Tensors a checkpoint may carry that the engine leaves unread by design, and why.
 static const char *unused_by_design(const struct model_files *mf, const char *name) {
+    if (is_mtp_tensor(mf, name))
+        return "a multi-token-prediction layer (num_nextn_predict_layers): speculative decoding with it is not "
+               "implemented, decoding does not use it";
     if (mf->kind == MODEL_FILES_HF && ends_with_str(name, "rotary_emb.inv_freq"))
         return "a RoPE buffer some HF checkpoints save; atomc computes it from the RoPE config";
     if (mf->kind == MODEL_FILES_HF && mf->config.tie_word_embeddings && !strcmp(name, "lm_head.weight"))
@@ -748,7 +761,7 @@ static const char *unused_by_design(const struct model_files *mf, const char *na
 }
 
 atomc_status model_files_check_consumed(const struct model_files *mf, struct error *err) {
-    size_t n_unread = 0;
+    size_t n_unread = 0, n_mtp = 0;
     const char *first = NULL, *first_file = NULL, *first_dtype = NULL, *why = "";
     for (size_t i = 0; i < mf->n_tensors; i++) {
         if (mf->consumed[i]) continue;
@@ -760,6 +773,7 @@ atomc_status model_files_check_consumed(const struct model_files *mf, struct err
             const struct gguf_tensor_info *t = &mf->gguf->tensors[i];
             name = t->name, file = mf->gguf->path, dtype = ggml_type_name(t->ggml_type);
         }
+        n_mtp += !mf->consumed[i] && is_mtp_tensor(mf, name);
         if (unused_by_design(mf, name)) continue;
         if (!first || strcmp(name, first) < 0) first = name, first_file = file, first_dtype = dtype;
         n_unread++;
@@ -777,6 +791,11 @@ atomc_status model_files_check_consumed(const struct model_files *mf, struct err
             n_unread++;
         }
     }
+    if (n_mtp)
+        LOG_INFO("skipped %zu tensors of %d multi-token-prediction layer%s (model.layers.%d.*%s): MTP speculative "
+                 "decoding is not implemented", n_mtp, mf->config.num_nextn_predict_layers,
+                 mf->config.num_nextn_predict_layers == 1 ? "" : "s", mf->config.num_layers,
+                 mf->config.num_nextn_predict_layers == 1 ? "" : " and on");
     if (n_unread == 0) return ATOMC_OK;
     return error_set(err, ATOMC_ERR_UNSUPPORTED,
                      "%s: tensor '%s' (%s%s) is never read by the %s loader (%zu unread tensor%s in all); refusing "

@@ -56,10 +56,11 @@ const struct model_arch_def *model_arch_find(enum model_arch a);
 void model_arch_supported_list(char *buf, size_t n);
 
 // Families (one file each).
-extern const struct model_arch_def model_arch_llama; // llama.c
+extern const struct model_arch_def model_arch_llama;    // llama.c
 extern const struct model_arch_def model_arch_deepseek; // deepseek.c
-extern const struct model_arch_def model_arch_gpt_oss; // gpt_oss.c
+extern const struct model_arch_def model_arch_gpt_oss;  // gpt_oss.c
 extern const struct model_arch_def model_arch_qwen3_next; // qwen3_next.c: Qwen3-Next, Qwen3.5-MoE
+extern const struct model_arch_def model_arch_glm4_moe; // glm4_moe.c
 
 // Shared weight tables of the pre-norm decoder layer (blocks.c): the two RMSNorm weights every
 // layer has (input_layernorm, post_attention_layernorm).

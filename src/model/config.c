@@ -434,6 +434,12 @@ static atomc_status parse_moe(struct ctx *x, const json_t *root, struct model_co
     snprintf(c->scoring_func, sizeof c->scoring_func, "%s",
              (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM4_MOE) ? "sigmoid" : "softmax");
     TRY(get_str(x, root, "scoring_func", c->scoring_func, sizeof c->scoring_func));
+    TRY(get_int(x, root, "num_nextn_predict_layers", false, 0, 64, &c->num_nextn_predict_layers));
+    if (c->arch == MODEL_ARCH_GLM4_MOE) { // Glm4MoeConfig's defaults for keys a config.json may omit
+        if (!jget(root, "norm_topk_prob")) c->norm_topk_prob = true;
+        if (!jget(root, "n_shared_experts")) c->n_shared_experts = 1;
+        if (!jget(root, "first_k_dense_replace")) c->first_k_dense_replace = 1;
+    }
     if (strcmp(c->scoring_func, "softmax") && strcmp(c->scoring_func, "sigmoid"))
         return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: key 'scoring_func' = \"%s\" is not supported (softmax, sigmoid)",
                          x->src, c->scoring_func);
@@ -993,8 +999,11 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     c->rms_norm_eps = 1e-6f;
     TRY(get_float(x, root, "rms_norm_eps", false, &c->rms_norm_eps));
 
-    // transformers' Qwen3NextConfig defaults partial_rotary_factor to 0.25 (Qwen3.5 inherits it).
-    float partial_rotary = c->arch == MODEL_ARCH_QWEN3_NEXT || c->arch == MODEL_ARCH_QWEN3_5_MOE ? 0.25f : 1.0f;
+    // transformers' Qwen3NextConfig defaults partial_rotary_factor to 0.25 (Qwen3.5 inherits it);
+    // Glm4MoeConfig to 0.5.
+    float partial_rotary = c->arch == MODEL_ARCH_QWEN3_NEXT || c->arch == MODEL_ARCH_QWEN3_5_MOE ? 0.25f
+                           : c->arch == MODEL_ARCH_GLM4_MOE                                      ? 0.5f
+                                                                                                 : 1.0f;
     TRY(get_float(x, root, "partial_rotary_factor", false, &partial_rotary));
     TRY(parse_rope(x, root, c, &partial_rotary));
     if (!(partial_rotary > 0.0f && partial_rotary <= 1.0f))
@@ -1162,6 +1171,9 @@ atomc_status model_config_validate(const struct model_config *c, const char *sou
         if (c->n_group > 0 && (c->num_experts % c->n_group != 0 || c->topk_group <= 0 || c->topk_group > c->n_group))
             BAD("%s: n_group = %d / topk_group = %d do not divide %d experts", s, c->n_group, c->topk_group,
                 c->num_experts);
+        if (c->n_group > 1 && c->topk_group * (c->num_experts / c->n_group) < c->num_experts_per_tok)
+            BAD("%s: topk_group = %d groups of %d experts hold fewer than num_experts_per_tok = %d", s, c->topk_group,
+                c->num_experts / c->n_group, c->num_experts_per_tok);
     } else if (c->num_experts_per_tok > 0 && c->arch != MODEL_ARCH_LLAMA && c->arch != MODEL_ARCH_QWEN3) {
         BAD("%s: num_experts_per_tok is set but the number of experts is 0", s);
     }

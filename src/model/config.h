@@ -201,7 +201,7 @@ struct model_config {
     // DeepSeek-V2/V3 (src/model/deepseek.c).
     char topk_method[24];         // "greedy", "group_limited_greedy", "noaux_tc" ("" = not given)
     int moe_layer_freq;           // MoE every n-th layer from first_k_dense_replace (DeepSeek; 1)
-    int num_nextn_predict_layers; // MTP layers stored after the decoder layers (skipped at load)
+    int num_nextn_predict_layers; // MTP layers stored after the decoder layers (skipped at load; GLM too)
 
     // Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5; layer_types LAYER_ATTN_LINEAR).
     int linear_num_key_heads;   // Hk: q/k heads of a linear-attention layer

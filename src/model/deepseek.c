@@ -89,6 +89,7 @@ static const struct weight_entry ds_moe_weights[] = {
     {.field = L_FIELD(ffn.moe.score_bias),
      .init = WINIT_BIAS,
      .cond = WCOND_SCORE_BIAS,
+     .f32 = true, // loaded as F32 whatever the weight dtype: BF16 would round it and move expert selection
      .parts = {{"mlp.gate.e_score_correction_bias", WDIM_EXPERTS}}},
     {.field = L_FIELD(ffn.moe.gate_up),
      .is_weight = true,

@@ -100,14 +100,17 @@ struct ffn_dense_weights {
 struct ffn_moe_weights {
     struct weight router;       // (E, hidden)
     struct tensor router_bias;  // (E) F32 (GPT-OSS), or data == NULL
-    struct weight gate_up;      // (E, 2 moe_inter, hidden): per expert gate rows, then up rows
-    struct weight down;         // (E, hidden, moe_inter)
+    // Stacked experts: E routed ones, then n_shared_experts shared ones, which moe_route's shared
+    // slots select for every token. GLM-4-MoE's tables stack them at load (shared_parts);
+    // DeepSeek loads them into shared_gate_up / shared_down and stacks them in finish_load.
+    struct weight gate_up;      // (E + n_shared, 2 moe_inter, hidden): per expert gate rows, then up rows
+    struct weight down;         // (E + n_shared, hidden, moe_inter)
     // Shared experts (DeepSeek: one MLP of n_shared * moe_inter): loaded into these, then stacked
     // after the routed experts as n_shared more experts of moe_inter each (gate_up / down become
     // (E + n_shared, ...)), the moe_route shared slots; data == NULL once stacked.
     struct weight shared_gate_up; // (2 n_shared moe_inter, hidden): gate rows, then up rows
     struct weight shared_down;    // (hidden, n_shared moe_inter)
-    struct tensor score_bias;     // (E) noaux_tc's e_score_correction_bias, or data == NULL
+    struct tensor score_bias;     // (E) F32 e_score_correction_bias (noaux_tc, GLM-4-MoE), or data == NULL
     struct tensor gate_up_bias; // (E, 2 moe_inter) as gate_up's rows (GPT-OSS), or data == NULL
     struct tensor down_bias;    // (E, hidden) (GPT-OSS), or data == NULL
 };
@@ -169,9 +172,9 @@ const char *cache_kind_name(enum cache_kind k);
 // MoE scratch, allocated with the rest of the scratch when the model has MoE layers.
 struct model_moe_scratch {
     float *logits;      // (max_tokens, E) F32 router logits
-    int32_t *topk_ids;  // (max_tokens, top_k) expert ids
-    float *topk_w;      // (max_tokens, top_k) F32 combine weights
-    void *workspace;    // moe_workspace_bytes(max_tokens, top_k, E, hidden, moe_inter)
+    int32_t *topk_ids;  // (max_tokens, top_k + n_shared) expert ids
+    float *topk_w;      // (max_tokens, top_k + n_shared) F32 combine weights
+    void *workspace;    // moe_workspace_bytes(max_tokens, top_k + n_shared, E + n_shared, hidden, moe_inter)
 };
 
 // Activations of one step, allocated once for `max_tokens` rows (max_num_batched_tokens)

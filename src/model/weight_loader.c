@@ -338,10 +338,12 @@ static int entry_n_parts(const struct weight_entry *e) {
 
 // Loads the n parts names[i] (rows[i] rows each, checkpoint rows from starts[i] when a
 // column-parallel shard, cols columns or 1-D when cols == 0, input columns from col_start when
-// a row-parallel shard) stacked by rows into dst.
+// a row-parallel shard) stacked by rows into dst. sdims (NULL = none): part i with sdims[i] >= 0
+// is read as the slice [sstarts[i], + its size) of dim sdims[i] instead (shared experts).
 static atomc_status load_stacked(struct weight_loader *L, struct tensor *dst, int n, char (*names)[192],
                                  const int64_t *rows, const int64_t *starts, int64_t cols, int64_t col_start,
-                                 bool row_shard, enum winit init, struct error *err) {
+                                 bool row_shard, const int *sdims, const int64_t *sstarts, enum winit init,
+                                 struct error *err) {
     struct model *m = L->m;
     struct backend *b = m->backend;
     int64_t total = 0;
@@ -374,8 +376,10 @@ static atomc_status load_stacked(struct weight_loader *L, struct tensor *dst, in
         struct tensor part;
         int64_t pne[2] = {rows[i], cols};
         size_t wb = m->weight_bytes;
-        atomc_status st = load_tensor_as(L, &part, names[i], ndim, pne, init, starts ? 0 : -1,
-                                         starts ? starts[i] : 0, (int)fdt, err);
+        int sd = starts ? 0 : -1;
+        int64_t ss = starts ? starts[i] : 0;
+        if (sdims && sdims[i] >= 0) sd = sdims[i], ss = sstarts[i];
+        atomc_status st = load_tensor_as(L, &part, names[i], ndim, pne, init, sd, ss, (int)fdt, err);
         m->weight_bytes = wb;
         if (st != ATOMC_OK) {
             weight_release(m, dst);
@@ -962,32 +966,67 @@ static atomc_status load_entry(struct weight_loader *L, const struct weight_entr
     const bool tp = m->tp_size > 1;
     if (e->shard == WSHARD_ROW_BIAS && tp && m->tp_rank != 0) return ATOMC_OK; // added once, before the all-reduce
     const int np = entry_n_parts(e);
-    const int E = e->per_expert ? m->cfg.num_experts : 1;
+    const int E_routed = e->per_expert ? m->cfg.num_experts : 1;
+    const int n_shared =
+        e->per_expert && e->shared_parts[0] && m->cfg.n_shared_experts > 0 ? m->cfg.n_shared_experts : 0;
+    const int E = E_routed + n_shared;
     const int n = np * E;
     char(*names)[192] = xcalloc((size_t)n, sizeof *names);
     int64_t *rows = xcalloc((size_t)n, sizeof *rows), *starts = xcalloc((size_t)n, sizeof *starts);
+    int *sdims = xcalloc((size_t)n, sizeof *sdims);
+    int64_t *sstarts = xcalloc((size_t)n, sizeof *sstarts);
+    int64_t cols = 0, col_start = 0;
+    if (e->cols != WDIM_NONE) wdim_resolve(m, e->cols, &cols, &col_start);
+    atomc_status st = ATOMC_OK;
     for (int x = 0; x < E; x++)
         for (int p = 0; p < np; p++) {
             int i = x * np + p;
-            layer_name(names[i], sizeof names[i], l, e->parts[p].name, e->per_expert ? x : -1);
             wdim_resolve(m, e->parts[p].rows, &rows[i], &starts[i]);
+            sdims[i] = -1;
+            if (x < E_routed) {
+                layer_name(names[i], sizeof names[i], l, e->parts[p].name, e->per_expert ? x : -1);
+                continue;
+            }
+            // Shared expert s = x - E_routed: its slice of the shared MLP's tensor.
+            const int s = x - E_routed;
+            layer_name(names[i], sizeof names[i], l, e->shared_parts[p], -1);
+            const bool by_rows = e->parts[p].rows == WDIM_MOE_INTER;
+            CHECK_MSG(by_rows || e->cols == WDIM_MOE_INTER, "shared part %s: no moe_intermediate dimension",
+                      e->shared_parts[p]);
+            sdims[i] = by_rows ? 0 : 1;
+            sstarts[i] = (int64_t)s * (by_rows ? rows[i] : cols);
+            if (L->files && s == 0 && st == ATOMC_OK) {
+                struct tensor t;
+                int64_t want_rows = by_rows ? rows[i] * n_shared : rows[i];
+                int64_t want_cols = by_rows ? cols : cols * n_shared;
+                if ((st = model_files_get_tensor(L->files, names[i], &t, err)) == ATOMC_OK &&
+                    (t.ndim != 2 || t.ne[0] != want_rows || t.ne[1] != want_cols))
+                    st = error_set(err, ATOMC_ERR_FORMAT, "tensor %s has %d dims (%lld, %lld), expected (%lld, %lld): "
+                                   "n_shared_experts = %d x moe_intermediate_size", names[i], t.ndim,
+                                   (long long)t.ne[0], (long long)(t.ndim > 1 ? t.ne[1] : 0), (long long)want_rows,
+                                   (long long)want_cols, n_shared);
+            }
         }
-    int64_t cols = 0, col_start = 0;
-    if (e->cols != WDIM_NONE) wdim_resolve(m, e->cols, &cols, &col_start);
     const bool col_shard = tp && e->shard == WSHARD_COL, row_shard = tp && e->shard == WSHARD_ROW;
     struct tensor *dst = entry_tensor(e, ly);
     struct quant_weight_plan qp = {.scheme = WEIGHT_SCHEME_NONE};
-    atomc_status st = e->is_weight ? entry_plan(L, n, names, &qp, err) : ATOMC_OK;
+    if (st == ATOMC_OK && e->is_weight) st = entry_plan(L, n, names, &qp, err);
+    if (st == ATOMC_OK && qp.scheme != WEIGHT_SCHEME_NONE && n_shared > 1)
+        st = error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: %d quantized shared experts in one tensor (slicing quantized "
+                       "weights) are not implemented", names[n - 1], n_shared);
     if (st == ATOMC_OK && qp.scheme != WEIGHT_SCHEME_NONE) {
         st = load_quantized(L, (struct weight *)((char *)ly + e->field), n, E, e->per_expert, names, rows, cols, &qp,
                             err);
         free(names);
         free(rows);
         free(starts);
+        free(sdims);
+        free(sstarts);
         return st;
     }
     if (st == ATOMC_OK)
-        st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard, e->init, err);
+        st = load_stacked(L, dst, n, names, rows, col_shard ? starts : NULL, cols, col_start, row_shard,
+                          n_shared ? sdims : NULL, sstarts, e->init, err);
     // --quantization fp8: every linear but the MoE routers and experts (and lm_head, loaded apart).
     size_t nl = strlen(names[0]);
     const bool router = nl >= 12 && !strcmp(names[0] + nl - 12, ".gate.weight");
@@ -996,6 +1035,8 @@ static atomc_status load_entry(struct weight_loader *L, const struct weight_entr
     free(names);
     free(rows);
     free(starts);
+    free(sdims);
+    free(sstarts);
     if (st != ATOMC_OK) return st;
     if (e->per_expert) { // (E * rows, cols) -> the stacked 3-D view (E, rows, cols)
         int64_t per = tensor_rows(dst) / E;
@@ -1039,7 +1080,8 @@ int64_t weight_table_params(const struct weight_entry *table, const struct model
         if (!exists) continue;
         int64_t rows = 0;
         for (int p = 0; p < WEIGHT_MAX_PARTS && e->parts[p].name; p++) rows += wdim_global(c, e->parts[p].rows);
-        n += rows * (e->cols != WDIM_NONE ? wdim_global(c, e->cols) : 1) * (e->per_expert ? c->num_experts : 1);
+        int64_t experts = c->num_experts + (e->shared_parts[0] && c->n_shared_experts > 0 ? c->n_shared_experts : 0);
+        n += rows * (e->cols != WDIM_NONE ? wdim_global(c, e->cols) : 1) * (e->per_expert ? experts : 1);
     }
     return n;
 }

@@ -103,6 +103,11 @@ struct weight_entry {
     bool transposed;       // WLAYOUT_STACKED: stored (E, cols, rows)
     bool interleaved;      // WLAYOUT_STACKED: stored rows alternate between two halves (gate_0,
                            // up_0, gate_1, up_1, ...); loaded as (gate rows, then up rows)
+    // per_expert entries: the shared-expert MLP's tensors, one per part (HF's shared_experts of
+    // intermediate n_shared_experts x moe_intermediate_size), appended as n_shared_experts more
+    // stacked experts: shared expert s takes rows [s I, (s + 1) I) of a part whose rows are
+    // WDIM_MOE_INTER, else columns [s I, (s + 1) I) when the entry's cols are WDIM_MOE_INTER.
+    const char *shared_parts[WEIGHT_MAX_PARTS];
 };
 
 // A table ends with an entry whose parts[0].name is NULL.

@@ -680,6 +680,11 @@ TEST(cuda_rope_kv_write_matches_cpu) {
     if (test_failed_now()) return;
     run_rope_case(&P, 128, 128, false, DTYPE_FP8_E4M3, true);
     if (test_failed_now()) return;
+    // GLM-4-MoE: q/k norm with partial rotary in NeoX halves (GLM-4.5: 128 / 64; the fixture: 64 / 32).
+    run_rope_case(&P, 128, 64, false, DTYPE_BF16, true);
+    if (test_failed_now()) return;
+    run_rope_case(&P, 64, 32, false, DTYPE_BF16, true);
+    if (test_failed_now()) return;
     END();
 }
 
