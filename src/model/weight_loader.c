@@ -905,7 +905,10 @@ static atomc_status quantize_online_fp8(struct weight_loader *L, struct weight *
     struct backend *b = m->backend;
     const int64_t rows = tensor_rows(&w->t), cols = tensor_cols(&w->t);
     const size_t rb = dtype_row_bytes(w->t.dtype, cols), old = tensor_bytes(&w->t);
-    uint8_t *raw = malloc(rb), *q = malloc((size_t)(rows * cols));
+    int64_t chunk = (int64_t)((32u << 20) / (rb ? rb : 1)); // rows read back per copy
+    if (chunk < 1) chunk = 1;
+    if (chunk > rows) chunk = rows;
+    uint8_t *raw = malloc(rb * (size_t)(chunk > 0 ? chunk : 1)), *q = malloc((size_t)(rows * cols));
     float *f = malloc(sizeof(float) * (size_t)cols), *sc = malloc(sizeof(float) * (size_t)rows);
     void *vals = b->ops->alloc(b, (size_t)(rows * cols)), *sdev = b->ops->alloc(b, sizeof(float) * (size_t)rows);
     atomc_status st = ATOMC_OK;
@@ -915,8 +918,11 @@ static atomc_status quantize_online_fp8(struct weight_loader *L, struct weight *
         goto done;
     }
     for (int64_t r = 0; r < rows; r++) {
-        b->ops->copy_d2h(b, raw, (const char *)w->t.data + (size_t)r * rb, rb);
-        dtype_to_f32(w->t.dtype, raw, f, cols);
+        if (r % chunk == 0) {
+            const int64_t nr = rows - r < chunk ? rows - r : chunk;
+            b->ops->copy_d2h(b, raw, (const char *)w->t.data + (size_t)r * rb, rb * (size_t)nr);
+        }
+        dtype_to_f32(w->t.dtype, raw + (size_t)(r % chunk) * rb, f, cols);
         float amax = 0.0f;
         for (int64_t c = 0; c < cols; c++)
             amax = fmaxf(amax, fabsf(f[c]));
