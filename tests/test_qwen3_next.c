@@ -383,6 +383,7 @@ TEST(qwen3_next_bad_configs_rejected) {
         {"Qwen3NextForCausalLM", ",\"linear_conv_kernel_dim\":65", "linear_conv_kernel_dim"},
         {"Qwen3_5MoeForCausalLM", ",\"num_experts_per_tok\":5", "num_experts_per_tok"},
         {"Qwen3_5MoeForConditionalGeneration", "", "not supported"},
+        {"Qwen3NextForCausalLM", ",\"layer_types\":[\"linear_attention\",\"linear_attention\"]", "full-attention"},
         {"Qwen3NextForCausalLM",
          ",\"layer_types\":[\"linear_attention\",\"sliding_attention\"],"
          "\"use_sliding_window\":true,\"sliding_window\":8",

@@ -202,6 +202,14 @@ static atomc_status qnext_check(const struct model_config *c, struct error *err)
                              "%s layer %d: sliding-window attention is not implemented "
                              "for this family",
                              c->architecture, l);
+    int n_full = 0;
+    for (int l = 0; l < c->num_layers; l++)
+        n_full += c->layer_types[l] == LAYER_ATTN_FULL;
+    if (n_full == 0)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: every layer is linear attention; the runner needs at least "
+                         "one full-attention layer (its paged KV pool sizes and tracks the sequences)",
+                         c->architecture);
     if (c->attention_sinks || c->q_lora_rank > 0 || c->kv_lora_rank > 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: attention sinks or MLA are not implemented", c->architecture);
     return ATOMC_OK;
