@@ -52,19 +52,19 @@ static int bad(struct oai_error *e, const char *param, const char *msg, const ch
 }
 
 // A text-block list or a string -> one string (blocks joined with "\n"); -1 on a non-text block.
-static int text_of(json_t *v, const char *where, char **out, struct oai_error *e) {
+static int text_of(json_t *v, const char *param, const char *where, char **out, struct oai_error *e) {
     if (json_is_string(v)) {
         *out = xstrdup(json_string_value(v));
         return 0;
     }
-    if (!json_is_array(v)) return bad(e, where, "%s must be a string or a list of text blocks", where);
+    if (!json_is_array(v)) return bad(e, param, "%s must be a string or a list of text blocks", where);
     size_t i, n = 0;
     json_t *b;
     json_array_foreach(v, i, b) {
         json_t *t = json_object_get(b, "text");
         if (!json_is_object(b) || !json_is_string(json_object_get(b, "type")) ||
             strcmp(json_string_value(json_object_get(b, "type")), "text") || !json_is_string(t))
-            return bad(e, where, "%s: only text blocks ({\"type\": \"text\", \"text\": ...}) are supported here",
+            return bad(e, param, "%s: only text blocks ({\"type\": \"text\", \"text\": ...}) are supported here",
                        where);
         n += json_string_length(t) + 1;
     }
@@ -161,7 +161,7 @@ static int message_translate(json_t *m, size_t idx, json_t *out, struct oai_erro
             if (c && !json_is_null(c)) {
                 char cw[128];
                 snprintf(cw, sizeof cw, "%s.content", bw);
-                if (text_of(c, cw, &ctext, e)) {
+                if (text_of(c, "messages", cw, &ctext, e)) {
                     rc = -1;
                     break;
                 }
@@ -250,7 +250,7 @@ json_t *anthropic_to_openai(const char *body, size_t len, bool count_only, struc
     v = json_object_get(in, "system");
     if (v && !json_is_null(v)) {
         char *sys = NULL;
-        if (text_of(v, "system", &sys, e)) {
+        if (text_of(v, "system", "system", &sys, e)) {
             rc = -1;
             goto done;
         }
