@@ -51,7 +51,8 @@ static atomc_status echo_add(void *ctx, const atomc_request *r, uint64_t *id, ch
     q->live = true;
     q->id = ++f->next_id;
     q->text = xmalloc((size_t)r->n_prompt_ids + 1);
-    for (int i = 0; i < r->n_prompt_ids; i++) q->text[i] = (char)r->prompt_ids[i];
+    for (int i = 0; i < r->n_prompt_ids; i++)
+        q->text[i] = (char)r->prompt_ids[i];
     q->len = (size_t)r->n_prompt_ids;
     q->prompt_tokens = r->n_prompt_ids;
     q->max_tokens = r->params.max_tokens;
@@ -72,19 +73,23 @@ static atomc_status echo_abort(void *ctx, uint64_t id) {
     return ATOMC_OK;
 }
 
-static void echo_stats(void *ctx, atomc_stats *s) { memset(s, 0, sizeof *s); }
+static void echo_stats(void *ctx, atomc_stats *s) {
+    memset(s, 0, sizeof *s);
+}
 
 static atomc_status echo_tokenize(void *ctx, const char *text, size_t len, bool add_special, int32_t **ids, int *n,
                                   struct error *err) {
     *ids = xmalloc((len + 1) * sizeof **ids);
-    for (size_t i = 0; i < len; i++) (*ids)[i] = (unsigned char)text[i];
+    for (size_t i = 0; i < len; i++)
+        (*ids)[i] = (unsigned char)text[i];
     *n = (int)len;
     return ATOMC_OK;
 }
 
 static atomc_status echo_detokenize(void *ctx, const int32_t *ids, int n, bool skip, char **text, struct error *err) {
     *text = xmalloc((size_t)n + 1);
-    for (int i = 0; i < n; i++) (*text)[i] = (char)ids[i];
+    for (int i = 0; i < n; i++)
+        (*text)[i] = (char)ids[i];
     (*text)[n] = '\0';
     return ATOMC_OK;
 }
@@ -153,8 +158,10 @@ static void *echo_loop(void *arg) {
                 o.text_len = k;
                 q->pos += k;
                 q->generated += (int)k;
-                if (q->pos >= q->len) o.finish_reason = ATOMC_FINISH_STOP;
-                else if (q->generated >= q->max_tokens) o.finish_reason = ATOMC_FINISH_LENGTH;
+                if (q->pos >= q->len)
+                    o.finish_reason = ATOMC_FINISH_STOP;
+                else if (q->generated >= q->max_tokens)
+                    o.finish_reason = ATOMC_FINISH_LENGTH;
             }
             o.completion_tokens = q->generated;
             void (*fn)(void *, const atomc_output *) = q->fn;
@@ -242,17 +249,19 @@ static int run_client(struct rig *h, const char *module, const char *mode) {
     return system(cmd);
 }
 
-#define CLIENT_CASE(name, rk, tk, module, mode, special)                                              \
-    TEST(name) {                                                                                     \
-        struct rig h;                                                                                \
-        rig_start(&h, rk, tk);                                                                       \
-        int rc = run_client(&h, module, mode);                                                       \
-        int kept = atomic_load(&h.fe.skip_special_false);                                            \
-        rig_stop(&h);                                                                                \
-        if (rc < 0) SKIP("python module '%s' is not installed (tests/requirements.txt)", module);    \
-        ASSERT_EQ(rc, 0);                                                                            \
-        if (special) ASSERT_TRUE(kept > 0);                                                          \
-        else ASSERT_EQ(kept, 0);                                                                     \
+#define CLIENT_CASE(name, rk, tk, module, mode, special)                                                               \
+    TEST(name) {                                                                                                       \
+        struct rig h;                                                                                                  \
+        rig_start(&h, rk, tk);                                                                                         \
+        int rc = run_client(&h, module, mode);                                                                         \
+        int kept = atomic_load(&h.fe.skip_special_false);                                                              \
+        rig_stop(&h);                                                                                                  \
+        if (rc < 0) SKIP("python module '%s' is not installed (tests/requirements.txt)", module);                      \
+        ASSERT_EQ(rc, 0);                                                                                              \
+        if (special)                                                                                                   \
+            ASSERT_TRUE(kept > 0);                                                                                     \
+        else                                                                                                           \
+            ASSERT_EQ(kept, 0);                                                                                        \
     }
 
 // GPT-OSS harmony through the openai client: reasoning_content, content and tool_calls,

@@ -14,7 +14,9 @@ struct split {
     json_t *calls;
 };
 
-static const char *str_of(const struct tool_text *t) { return t->p ? t->p : ""; }
+static const char *str_of(const struct tool_text *t) {
+    return t->p ? t->p : "";
+}
 
 static void split_free(struct split *s) {
     tool_text_free(&s->reasoning);
@@ -82,9 +84,10 @@ static const char *call_field(json_t *calls, size_t i, const char *k) {
 }
 
 static json_t *weather_tools(void) {
-    return json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
-                      "\"properties\":{\"location\":{\"type\":\"string\"}}}}}]",
-                      0, NULL);
+    return json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"location\":{\"type\":\"string\"}}}}}]",
+        0, NULL);
 }
 
 TEST(reasoning_names) {
@@ -175,7 +178,9 @@ TEST(reasoning_then_tool_call) {
 
 // The structured-output hook: "ended" flips at </think> and the callback runs once.
 static int end_calls;
-static void on_end(void *user) { end_calls += *(int *)user; }
+static void on_end(void *user) {
+    end_calls += *(int *)user;
+}
 
 TEST(reasoning_end_hook) {
     struct reasoning_stream r;

@@ -247,9 +247,10 @@ static struct parsed parse_whole(enum tool_parser_kind kind, const char *text) {
 
 TEST(tool_parser_mistral) {
     // Mistral-7B-Instruct-v0.3 (tokenizer v3): a JSON list after [TOOL_CALLS].
-    struct parsed p = parse_whole(TOOL_PARSER_MISTRAL,
-                                  "[TOOL_CALLS] [{\"name\": \"get_current_weather\", \"arguments\": {\"location\": "
-                                  "\"Paris, France\", \"format\": \"celsius\"}}, {\"name\": \"get_time\", \"arguments\": {}}]");
+    struct parsed p =
+        parse_whole(TOOL_PARSER_MISTRAL,
+                    "[TOOL_CALLS] [{\"name\": \"get_current_weather\", \"arguments\": {\"location\": "
+                    "\"Paris, France\", \"format\": \"celsius\"}}, {\"name\": \"get_time\", \"arguments\": {}}]");
     ASSERT_EQ(json_array_size(p.calls), 2);
     ASSERT_STREQ(call_name(p.calls, 0), "get_current_weather");
     ASSERT_STREQ(call_args(p.calls, 0), "{\"location\":\"Paris, France\",\"format\":\"celsius\"}");
@@ -278,9 +279,10 @@ TEST(tool_parser_mistral) {
 
 TEST(tool_parser_pythonic) {
     // Llama-3.2 pythonic calls, Python literals of every kind.
-    struct parsed p = parse_whole(TOOL_PARSER_PYTHONIC,
-                                  "[get_weather(city='San Francisco', metric=\"celsius\"), get_time(tz=\"PST\", precise=True, "
-                                  "n=3, x=-1.5, tags=['a', \"b\"], opts={'k': None, 'q': 'it\\'s'}, t=(1, 2))]");
+    struct parsed p =
+        parse_whole(TOOL_PARSER_PYTHONIC,
+                    "[get_weather(city='San Francisco', metric=\"celsius\"), get_time(tz=\"PST\", precise=True, "
+                    "n=3, x=-1.5, tags=['a', \"b\"], opts={'k': None, 'q': 'it\\'s'}, t=(1, 2))]");
     ASSERT_EQ(json_array_size(p.calls), 2);
     ASSERT_STREQ(call_name(p.calls, 0), "get_weather");
     ASSERT_STREQ(call_args(p.calls, 0), "{\"city\":\"San Francisco\",\"metric\":\"celsius\"}");
@@ -307,9 +309,10 @@ TEST(tool_parser_pythonic) {
 
 TEST(tool_parser_deepseek_v3) {
     // Exactly what the DeepSeek-V3 chat template writes for two calls (shared/tokenizers/deepseek_v3).
-    const char *v3 = "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                     "{\"location\": \"Tokyo\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n"
-                     "```json\n{\"tz\": \"JST\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    const char *v3 =
+        "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        "{\"location\": \"Tokyo\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n"
+        "```json\n{\"tz\": \"JST\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
     struct parsed p = parse_whole(TOOL_PARSER_DEEPSEEK_V3, v3);
     ASSERT_EQ(json_array_size(p.calls), 2);
     ASSERT_STREQ(call_name(p.calls, 0), "get_weather");
@@ -353,23 +356,26 @@ TEST(tool_parser_qwen3_coder) {
                             "\"integer\"},\"detailed\":{\"type\":\"boolean\"},\"note\":{\"type\":\"string\"},\"opts\":{"
                             "\"type\":\"object\"}}}}}]",
                             0, NULL);
-    const char *t = "I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
-                    "<parameter=days>\n3\n</parameter>\n<parameter=detailed>\ntrue\n</parameter>\n<parameter=note>\n42\n"
-                    "</parameter>\n<parameter=opts>\n{\"a\": [1]}\n</parameter>\n<parameter=extra>\n7\n</parameter>\n"
-                    "</function>\n</tool_call>";
+    const char *t =
+        "I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n<parameter=detailed>\ntrue\n</parameter>\n<parameter=note>\n42\n"
+        "</parameter>\n<parameter=opts>\n{\"a\": [1]}\n</parameter>\n<parameter=extra>\n7\n</parameter>\n"
+        "</function>\n</tool_call>";
     struct parsed p = parse_whole(TOOL_PARSER_QWEN3_CODER, t);
     ASSERT_EQ(json_array_size(p.calls), 1);
     ASSERT_STREQ(call_name(p.calls, 0), "get_weather");
     // Typed by the schema; "note" stays a string; the unknown "extra" is a string.
-    ASSERT_STREQ(call_args(p.calls, 0),
-                 "{\"city\":\"New York\",\"days\":3,\"detailed\":true,\"note\":\"42\",\"opts\":{\"a\":[1]},\"extra\":\"7\"}");
+    ASSERT_STREQ(
+        call_args(p.calls, 0),
+        "{\"city\":\"New York\",\"days\":3,\"detailed\":true,\"note\":\"42\",\"opts\":{\"a\":[1]},\"extra\":\"7\"}");
     ASSERT_STREQ(content_of(&p), "I will check.\n");
     parsed_free(&p);
     // GLM-4.5 / 4.7 (arg_key / arg_value) against the same tools.
-    p = parse_whole(TOOL_PARSER_GLM45, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
-                                       "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call><tool_call>get_weather"
-                                       "<arg_key>city</arg_key><arg_value>2024</arg_value><arg_key>flag</arg_key><arg_value>"
-                                       "true</arg_value></tool_call>");
+    p = parse_whole(TOOL_PARSER_GLM45,
+                    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+                    "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call><tool_call>get_weather"
+                    "<arg_key>city</arg_key><arg_value>2024</arg_value><arg_key>flag</arg_key><arg_value>"
+                    "true</arg_value></tool_call>");
     ASSERT_EQ(json_array_size(p.calls), 2);
     ASSERT_STREQ(call_args(p.calls, 0), "{\"city\":\"Beijing\",\"days\":2}");
     ASSERT_STREQ(call_args(p.calls, 1), "{\"city\":\"2024\",\"flag\":true}"); // unknown "flag": JSON

@@ -13,15 +13,23 @@
 
 static const char *error_type(int status) {
     switch (status) {
-    case 400: return "invalid_request_error";
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
+    case 400:
+        return "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 403:
+        return "permission_error";
+    case 404:
+        return "not_found_error";
+    case 413:
+        return "request_too_large";
+    case 429:
+        return "rate_limit_error";
     case 503:
-    case 529: return "overloaded_error";
-    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    case 529:
+        return "overloaded_error";
+    default:
+        return status >= 500 ? "api_error" : "invalid_request_error";
     }
 }
 
@@ -44,19 +52,20 @@ static int bad(struct oai_error *e, const char *param, const char *msg, const ch
 }
 
 // A text-block list or a string -> one string (blocks joined with "\n"); -1 on a non-text block.
-static int text_of(json_t *v, const char *where, char **out, struct oai_error *e) {
+static int text_of(json_t *v, const char *param, const char *where, char **out, struct oai_error *e) {
     if (json_is_string(v)) {
         *out = xstrdup(json_string_value(v));
         return 0;
     }
-    if (!json_is_array(v)) return bad(e, where, "%s must be a string or a list of text blocks", where);
+    if (!json_is_array(v)) return bad(e, param, "%s must be a string or a list of text blocks", where);
     size_t i, n = 0;
     json_t *b;
     json_array_foreach(v, i, b) {
         json_t *t = json_object_get(b, "text");
         if (!json_is_object(b) || !json_is_string(json_object_get(b, "type")) ||
             strcmp(json_string_value(json_object_get(b, "type")), "text") || !json_is_string(t))
-            return bad(e, where, "%s: only text blocks ({\"type\": \"text\", \"text\": ...}) are supported here", where);
+            return bad(e, param, "%s: only text blocks ({\"type\": \"text\", \"text\": ...}) are supported here",
+                       where);
         n += json_string_length(t) + 1;
     }
     char *s = xmalloc(n + 1), *p = s;
@@ -88,7 +97,8 @@ static int message_translate(json_t *m, size_t idx, json_t *out, struct oai_erro
         json_array_append_new(out, o);
         return 0;
     }
-    if (!json_is_array(content)) return bad(e, "messages", "%s.content must be a string or a list of content blocks", where);
+    if (!json_is_array(content))
+        return bad(e, "messages", "%s.content must be a string or a list of content blocks", where);
     // Text blocks joined; tool_use -> tool_calls (assistant); tool_result -> tool messages (user),
     // which come first (they answer the previous assistant turn).
     json_t *calls = json_array(), *tool_msgs = json_array();
@@ -117,13 +127,15 @@ static int message_translate(json_t *m, size_t idx, json_t *out, struct oai_erro
             tl += n;
             text[tl] = '\0';
         } else if (!strcmp(type, "tool_use")) {
-            json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name"), *input = json_object_get(b, "input");
+            json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name"),
+                   *input = json_object_get(b, "input");
             if (user) {
                 rc = bad(e, "messages", "%s: tool_use blocks belong to assistant messages", bw);
                 break;
             }
             if (!json_is_string(id) || !json_is_string(name) || !json_is_object(input)) {
-                rc = bad(e, "messages", "%s: a tool_use block needs string \"id\" and \"name\" and an object \"input\"", bw);
+                rc = bad(e, "messages", "%s: a tool_use block needs string \"id\" and \"name\" and an object \"input\"",
+                         bw);
                 break;
             }
             char *args = json_dumps(input, JSON_COMPACT);
@@ -149,7 +161,7 @@ static int message_translate(json_t *m, size_t idx, json_t *out, struct oai_erro
             if (c && !json_is_null(c)) {
                 char cw[128];
                 snprintf(cw, sizeof cw, "%s.content", bw);
-                if (text_of(c, cw, &ctext, e)) {
+                if (text_of(c, "messages", cw, &ctext, e)) {
                     rc = -1;
                     break;
                 }
@@ -173,8 +185,10 @@ static int message_translate(json_t *m, size_t idx, json_t *out, struct oai_erro
             }
             // Earlier reasoning is not shown to the model again (chat templates drop it too).
         } else {
-            rc = oai_error_set(e, 400, "messages", "%s: content blocks of type '%s' are not supported (text, tool_use, "
-                                                   "tool_result and thinking are)", bw, type);
+            rc = oai_error_set(e, 400, "messages",
+                               "%s: content blocks of type '%s' are not supported (text, tool_use, "
+                               "tool_result and thinking are)",
+                               bw, type);
             break;
         }
     }
@@ -196,11 +210,11 @@ static int message_translate(json_t *m, size_t idx, json_t *out, struct oai_erro
 
 // Fields read below, then fields accepted and ignored (they change nothing here: caching, routing,
 // account and diagnostic hints of the hosted API).
-static const char *const KNOWN_FIELDS[] = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature",
-                                           "top_p", "top_k", "stream", "tools", "tool_choice", "thinking",
-                                           "output_config", "metadata", "service_tier", "cache_control",
-                                           "inference_geo", "speed", "user_profile_id", "workspace_id", "diagnostics",
-                                           "container"};
+static const char *const KNOWN_FIELDS[] = {
+    "model",           "messages",     "max_tokens",   "system",        "stop_sequences", "temperature",
+    "top_p",           "top_k",        "stream",       "tools",         "tool_choice",    "thinking",
+    "output_config",   "metadata",     "service_tier", "cache_control", "inference_geo",  "speed",
+    "user_profile_id", "workspace_id", "diagnostics",  "container"};
 
 json_t *anthropic_to_openai(const char *body, size_t len, bool count_only, struct oai_error *e) {
     json_t *in = oai_body_parse(body, len, e);
@@ -212,7 +226,8 @@ json_t *anthropic_to_openai(const char *body, size_t len, bool count_only, struc
     int rc = 0;
     json_object_foreach(in, key, v) {
         bool known = false;
-        for (size_t i = 0; i < sizeof KNOWN_FIELDS / sizeof KNOWN_FIELDS[0]; i++) known |= !strcmp(key, KNOWN_FIELDS[i]);
+        for (size_t i = 0; i < sizeof KNOWN_FIELDS / sizeof KNOWN_FIELDS[0]; i++)
+            known |= !strcmp(key, KNOWN_FIELDS[i]);
         if (!known) {
             rc = oai_error_set(e, 400, key, "%s: Extra inputs are not permitted (unknown field)", key);
             goto done;
@@ -235,7 +250,7 @@ json_t *anthropic_to_openai(const char *body, size_t len, bool count_only, struc
     v = json_object_get(in, "system");
     if (v && !json_is_null(v)) {
         char *sys = NULL;
-        if (text_of(v, "system", &sys, e)) {
+        if (text_of(v, "system", "system", &sys, e)) {
             rc = -1;
             goto done;
         }
@@ -310,7 +325,8 @@ json_t *anthropic_to_openai(const char *body, size_t len, bool count_only, struc
                 goto done;
             }
             if (!json_is_string(name) || !json_is_object(schema)) {
-                rc = oai_error_set(e, 400, "tools", "tools[%zu] needs a string \"name\" and an object \"input_schema\"", i);
+                rc = oai_error_set(e, 400, "tools", "tools[%zu] needs a string \"name\" and an object \"input_schema\"",
+                                   i);
                 goto done;
             }
             json_t *fn = json_object(), *o = json_object();
@@ -348,7 +364,8 @@ json_t *anthropic_to_openai(const char *body, size_t len, bool count_only, struc
             json_object_set_new(o, "function", fn);
             json_object_set_new(out, "tool_choice", o);
         } else {
-            rc = oai_error_set(e, 400, "tool_choice", "tool_choice.type '%s' is not one of auto, any, tool, none", type);
+            rc =
+                oai_error_set(e, 400, "tool_choice", "tool_choice.type '%s' is not one of auto, any, tool, none", type);
             goto done;
         }
     }
@@ -435,7 +452,8 @@ static json_t *usage_json(struct srv_req *r, struct srv_choice *c) {
 static json_t *stop_reason(struct srv_choice *c, json_t **sequence) {
     *sequence = json_null();
     switch (c->finish) {
-    case ATOMC_FINISH_LENGTH: return json_string("max_tokens");
+    case ATOMC_FINISH_LENGTH:
+        return json_string("max_tokens");
     case ATOMC_FINISH_STOP:
         if (c->stop_str) {
             json_decref(*sequence);
@@ -443,7 +461,8 @@ static json_t *stop_reason(struct srv_choice *c, json_t **sequence) {
             return json_string("stop_sequence");
         }
         return json_string(c->out.n_calls > 0 ? "tool_use" : "end_turn");
-    default: return json_string("end_turn");
+    default:
+        return json_string("end_turn");
     }
 }
 
@@ -498,8 +517,10 @@ json_t *anthropic_final_body(struct srv_req *r, int *code) {
     }
     size_t b0 = 0, e0 = content.len;
     if (json_array_size(calls) || reasoning.len) { // whitespace around calls / after reasoning is no text
-        while (b0 < e0 && strchr(" \t\r\n", content.p[b0])) b0++;
-        while (e0 > b0 && strchr(" \t\r\n", content.p[e0 - 1])) e0--;
+        while (b0 < e0 && strchr(" \t\r\n", content.p[b0]))
+            b0++;
+        while (e0 > b0 && strchr(" \t\r\n", content.p[e0 - 1]))
+            e0--;
     }
     if (e0 > b0 || (!json_array_size(calls) && !reasoning.len)) {
         json_t *b = json_object();
@@ -618,7 +639,8 @@ void anthropic_stream_event(struct srv_req *r, struct srv_choice *c, const struc
     // until something else arrives (and dropped if a call or the end comes first).
     tool_text_add(&c->a_pending, content.p, content.len);
     size_t n = c->a_pending.len, ws = 0;
-    while (ws < n && strchr(" \t\r\n", c->a_pending.p[ws])) ws++;
+    while (ws < n && strchr(" \t\r\n", c->a_pending.p[ws]))
+        ws++;
     if (ws < n || (c->a_open == BLOCK_TEXT && n)) {
         // A text block after the thinking starts at its first non-space byte (as in the whole message).
         size_t skip = c->a_open != BLOCK_TEXT && (c->a_index > 0 || c->a_open == BLOCK_THINKING) ? ws : 0;

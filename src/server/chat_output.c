@@ -22,7 +22,8 @@ void chat_output_init(struct chat_output *o, enum reasoning_parser_kind rk, enum
 }
 
 void chat_output_free(struct chat_output *o) {
-    if (o->harmony) harmony_stream_free(&o->hs);
+    if (o->harmony)
+        harmony_stream_free(&o->hs);
     else {
         if (o->reasoning_on) reasoning_stream_free(&o->rs);
         tool_stream_free(&o->ts);
@@ -30,7 +31,9 @@ void chat_output_free(struct chat_output *o) {
     memset(o, 0, sizeof *o);
 }
 
-bool chat_output_active(const struct chat_output *o) { return o->harmony || o->reasoning_on || o->tools_on; }
+bool chat_output_active(const struct chat_output *o) {
+    return o->harmony || o->reasoning_on || o->tools_on;
+}
 
 bool chat_output_needs_special_tokens(const struct chat_output *o) {
     // GLM's <think> is a special token as well.

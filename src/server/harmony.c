@@ -12,7 +12,9 @@ static const char T_START[] = "<|start|>", T_CHANNEL[] = "<|channel|>", T_MESSAG
 static const char *const BODY_ENDS[] = {"<|end|>", "<|call|>", "<|return|>", "<|start|>"};
 #define N_BODY_ENDS 4
 
-void harmony_stream_init(struct harmony_stream *h) { memset(h, 0, sizeof *h); }
+void harmony_stream_init(struct harmony_stream *h) {
+    memset(h, 0, sizeof *h);
+}
 
 void harmony_stream_free(struct harmony_stream *h) {
     tool_text_free(&h->held);
@@ -27,12 +29,15 @@ static void held_drop(struct harmony_stream *h, size_t n) {
     if (t->p) t->p[t->len] = '\0';
 }
 
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+static bool is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
 
 // A word of the header: bytes from p up to whitespace, '<' or the end.
 static size_t word_len(const char *p, const char *end) {
     size_t n = 0;
-    while (p + n < end && !is_space(p[n]) && p[n] != '<') n++;
+    while (p + n < end && !is_space(p[n]) && p[n] != '<')
+        n++;
     return n;
 }
 
@@ -97,8 +102,10 @@ static size_t end_prefix_suffix(const struct tool_text *t) {
 }
 
 static void emit_call(struct harmony_stream *h, const char *body, size_t n, json_t *calls) {
-    while (n && is_space(*body)) body++, n--;
-    while (n && is_space(body[n - 1])) n--;
+    while (n && is_space(*body))
+        body++, n--;
+    while (n && is_space(body[n - 1]))
+        n--;
     json_t *fn = json_object(), *call = json_object();
     json_object_set_new(fn, "name", json_string(h->recipient));
     json_object_set_new(fn, "arguments", n ? json_stringn(body, n) : json_string("{}"));
@@ -120,7 +127,8 @@ void harmony_stream_feed(struct harmony_stream *h, const char *text, size_t len,
         if (t->len == 0) return;
         if (h->state == H_BETWEEN) {
             size_t ws = 0;
-            while (ws < t->len && is_space(t->p[ws])) ws++;
+            while (ws < t->len && is_space(t->p[ws]))
+                ws++;
             held_drop(h, ws);
             if (t->len == 0) return;
             h->state = H_HEADER;
@@ -139,8 +147,10 @@ void harmony_stream_feed(struct harmony_stream *h, const char *text, size_t len,
         bool found = find_body_end(t, &at, &el);
         struct tool_text *sink = body_sink(h, reasoning, content);
         if (found) {
-            if (h->body_kind == B_CALL) emit_call(h, t->p, at, calls);
-            else if (sink) tool_text_add(sink, t->p, at);
+            if (h->body_kind == B_CALL)
+                emit_call(h, t->p, at, calls);
+            else if (sink)
+                tool_text_add(sink, t->p, at);
             bool start = el == sizeof T_START - 1 && !memcmp(t->p + at, T_START, el);
             held_drop(h, start ? at : at + el); // a <|start|> begins the next header
             h->state = start ? H_HEADER : H_BETWEEN;
@@ -159,8 +169,10 @@ void harmony_stream_finish(struct harmony_stream *h, struct tool_text *reasoning
     struct tool_text *t = &h->held;
     if (h->state == H_BODY) {
         // The engine stopped at <|call|> / <|return|> (or the length limit): the message ends here.
-        if (h->body_kind == B_CALL) emit_call(h, t->p ? t->p : "", t->len, calls);
-        else if (body_sink(h, reasoning, content)) tool_text_add(body_sink(h, reasoning, content), t->p, t->len);
+        if (h->body_kind == B_CALL)
+            emit_call(h, t->p ? t->p : "", t->len, calls);
+        else if (body_sink(h, reasoning, content))
+            tool_text_add(body_sink(h, reasoning, content), t->p, t->len);
     } else if (h->state == H_HEADER && t->len && !memmem(t->p, t->len, "<|", 2)) {
         tool_text_add(content, t->p, t->len); // not harmony at all: plain text
     }

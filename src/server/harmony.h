@@ -31,7 +31,7 @@ struct harmony_stream {
     char *recipient;       // function name of the current call body
     struct tool_text held; // header text, a possible tag prefix, or the call body so far
     int n_calls;
-    bool final_seen;       // a final-channel message has started (reasoning over)
+    bool final_seen; // a final-channel message has started (reasoning over)
 };
 
 void harmony_stream_init(struct harmony_stream *h);

@@ -21,14 +21,19 @@ enum reasoning_parser_kind reasoning_parser_from_name(const char *name) {
     return REASONING_PARSER_NONE;
 }
 
-const char *reasoning_parser_names(void) { return "deepseek_r1, qwen3, glm45, openai_gptoss"; }
+const char *reasoning_parser_names(void) {
+    return "deepseek_r1, qwen3, glm45, openai_gptoss";
+}
 
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+static bool is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
 
 bool reasoning_prompt_opens(enum reasoning_parser_kind kind, const char *prompt, size_t len) {
     if (kind == REASONING_PARSER_DEEPSEEK_R1) return true;
     if (kind != REASONING_PARSER_QWEN3 && kind != REASONING_PARSER_GLM45) return false;
-    while (len && is_space(prompt[len - 1])) len--;
+    while (len && is_space(prompt[len - 1]))
+        len--;
     return len >= OPEN_LEN && !memcmp(prompt + len - OPEN_LEN, THINK_OPEN, OPEN_LEN);
 }
 
@@ -79,7 +84,8 @@ void reasoning_stream_feed(struct reasoning_stream *r, const char *text, size_t 
         if (r->state == R_START) {
             // Leading whitespace, then either <think> (dropped), a prefix of it (wait), or anything else.
             size_t ws = 0;
-            while (ws < h->len && is_space(h->p[ws])) ws++;
+            while (ws < h->len && is_space(h->p[ws]))
+                ws++;
             size_t n = h->len - ws;
             if (n == 0) return;
             if (n >= OPEN_LEN && !memcmp(h->p + ws, THINK_OPEN, OPEN_LEN)) {

@@ -19,8 +19,8 @@
 #include <stddef.h>
 
 #include "common/error.h"
-#include "server/server_engine.h"
 #include "server/reasoning_parser.h"
+#include "server/server_engine.h"
 #include "server/tool_parser.h"
 
 #define SERVER_MAX_MODEL_NAMES 8

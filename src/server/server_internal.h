@@ -12,8 +12,8 @@ extern const char server_openapi_json[];
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "server/metrics.h"
 #include "server/chat_output.h"
+#include "server/metrics.h"
 #include "server/openai_request.h"
 #include "server/server.h"
 
@@ -118,10 +118,10 @@ struct srv_choice {
     char *error;
     int prompt_tokens, completion_tokens, cached_tokens;
     double t_first, t_last;
-    bool parse_on;          // chat output goes through the parsers (reasoning / tool calls / harmony)
-    struct chat_output out; // the parsers' state (chat_output.h)
-    int a_index, a_open;          // Anthropic stream: index of the current content block, its kind (anthropic.c)
-    struct tool_text a_pending;   // Anthropic stream: whitespace not yet known to open a text block
+    bool parse_on;              // chat output goes through the parsers (reasoning / tool calls / harmony)
+    struct chat_output out;     // the parsers' state (chat_output.h)
+    int a_index, a_open;        // Anthropic stream: index of the current content block, its kind (anthropic.c)
+    struct tool_text a_pending; // Anthropic stream: whitespace not yet known to open a text block
 };
 
 // One engine output, copied on the engine thread.

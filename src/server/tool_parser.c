@@ -32,7 +32,9 @@ bool tool_parser_needs_special_tokens(enum tool_parser_kind kind) {
            kind == TOOL_PARSER_GLM45;
 }
 
-void tool_stream_set_tools(struct tool_stream *t, json_t *tools) { t->tools = tools; }
+void tool_stream_set_tools(struct tool_stream *t, json_t *tools) {
+    t->tools = tools;
+}
 
 void tool_text_add(struct tool_text *s, const char *p, size_t n) {
     if (!n) return;
@@ -213,8 +215,10 @@ static char *args_dump(json_t *args) {
 }
 
 static void trim(const char **p, size_t *n) {
-    while (*n && is_space(**p)) (*p)++, (*n)--;
-    while (*n && is_space((*p)[*n - 1])) (*n)--;
+    while (*n && is_space(**p))
+        (*p)++, (*n)--;
+    while (*n && is_space((*p)[*n - 1]))
+        (*n)--;
 }
 
 // ---------------------------------------------------------------- call bodies
@@ -321,8 +325,10 @@ static json_t *body_deepseek_v3(struct tool_stream *t, const char *p, size_t n) 
         args = nl + 1;
         an = (size_t)(end - args);
         trim(&args, &an);
-        if (an >= 7 && !memcmp(args, "```json", 7)) args += 7, an -= 7;
-        else if (an >= 3 && !memcmp(args, "```", 3)) args += 3, an -= 3;
+        if (an >= 7 && !memcmp(args, "```json", 7))
+            args += 7, an -= 7;
+        else if (an >= 3 && !memcmp(args, "```", 3))
+            args += 3, an -= 3;
         if (an >= 3 && !memcmp(args + an - 3, "```", 3)) an -= 3;
     } else {
         name = left;
@@ -386,16 +392,21 @@ static const struct block_format *block_format_of(enum tool_parser_kind kind) {
     static const struct block_format hermes = {"<tool_call>", "</tool_call>", NULL, NULL, body_hermes};
     static const struct block_format qwen3_coder = {"<tool_call>", "</tool_call>", NULL, NULL, body_qwen3_coder};
     static const struct block_format glm45 = {"<tool_call>", "</tool_call>", NULL, NULL, body_glm45};
-    static const struct block_format deepseek = {"<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁begin｜>",
-                                                 "<｜tool▁calls▁end｜>", body_deepseek_v3};
+    static const struct block_format deepseek = {"<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+                                                 "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", body_deepseek_v3};
     static const struct block_format kimi = {"<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_calls_section_begin|>",
                                              "<|tool_calls_section_end|>", body_kimi_k2};
     switch (kind) {
-    case TOOL_PARSER_QWEN3_CODER: return &qwen3_coder;
-    case TOOL_PARSER_GLM45: return &glm45;
-    case TOOL_PARSER_DEEPSEEK_V3: return &deepseek;
-    case TOOL_PARSER_KIMI_K2: return &kimi;
-    default: return &hermes;
+    case TOOL_PARSER_QWEN3_CODER:
+        return &qwen3_coder;
+    case TOOL_PARSER_GLM45:
+        return &glm45;
+    case TOOL_PARSER_DEEPSEEK_V3:
+        return &deepseek;
+    case TOOL_PARSER_KIMI_K2:
+        return &kimi;
+    default:
+        return &hermes;
     }
 }
 
@@ -437,18 +448,21 @@ static void blocks_feed(struct tool_stream *t, struct tool_text *content, json_t
         }
         if (t->in_section) {
             size_t ws = 0;
-            while (ws < h->len && is_space(h->p[ws])) ws++;
+            while (ws < h->len && is_space(h->p[ws]))
+                ws++;
             held_drop(t, ws);
             if (h->len == 0) return;
             int w = find_first(h, f->open, f->section_close, &at);
             if (w >= 0 && at == 0) {
                 held_drop(t, strlen(w == 0 ? f->open : f->section_close));
-                if (w == 0) t->in_call = true;
-                else t->in_section = false;
+                if (w == 0)
+                    t->in_call = true;
+                else
+                    t->in_section = false;
                 continue;
             }
             if (w < 0 && hold_for(h, f->open, f->section_close) == h->len) return; // a tag still arriving
-            t->in_section = false; // other text: the section is over
+            t->in_section = false;                                                 // other text: the section is over
             continue;
         }
         int w = find_first(h, f->section_open ? f->section_open : f->open, f->section_open ? f->open : NULL, &at);
@@ -456,8 +470,10 @@ static void blocks_feed(struct tool_stream *t, struct tool_text *content, json_t
             tool_text_add(content, h->p, at);
             bool section = f->section_open && w == 0;
             held_drop(t, at + strlen(section ? f->section_open : f->open));
-            if (section) t->in_section = true;
-            else t->in_call = true;
+            if (section)
+                t->in_section = true;
+            else
+                t->in_call = true;
             continue;
         }
         size_t keep = hold_for(h, f->section_open ? f->section_open : f->open, f->section_open ? f->open : NULL);
@@ -481,7 +497,8 @@ static const char MISTRAL_CALL_ID[] = "[CALL_ID]";
 static int mistral_take(struct tool_stream *t, json_t *calls) {
     struct tool_text *h = &t->held;
     size_t ws = 0;
-    while (ws < h->len && is_space(h->p[ws])) ws++;
+    while (ws < h->len && is_space(h->p[ws]))
+        ws++;
     const char *p = h->p + ws;
     size_t n = h->len - ws;
     if (n == 0) return 0;
@@ -521,8 +538,9 @@ static int mistral_take(struct tool_stream *t, json_t *calls) {
         return 1;
     }
     size_t name_end = 0;
-    while (name_end < n && (p[name_end] == '_' || p[name_end] == '-' || p[name_end] == '.' ||
-                            (p[name_end] >= '0' && p[name_end] <= '9') || ((p[name_end] | 32) >= 'a' && (p[name_end] | 32) <= 'z')))
+    while (name_end < n &&
+           (p[name_end] == '_' || p[name_end] == '-' || p[name_end] == '.' ||
+            (p[name_end] >= '0' && p[name_end] <= '9') || ((p[name_end] | 32) >= 'a' && (p[name_end] | 32) <= 'z')))
         name_end++;
     const char *rest = p + name_end;
     size_t rn = n - name_end, al = sizeof MISTRAL_ARGS - 1, cl = sizeof MISTRAL_CALL_ID - 1;
@@ -540,7 +558,8 @@ static int mistral_take(struct tool_stream *t, json_t *calls) {
     if (name_end == 0) return -1;
     const char *a = args + sizeof MISTRAL_ARGS - 1;
     size_t an = (size_t)(p + n - a), aws = 0;
-    while (aws < an && is_space(a[aws])) aws++;
+    while (aws < an && is_space(a[aws]))
+        aws++;
     if (aws == an) return 0;
     json_error_t err;
     json_t *v = json_loadb(a + aws, an - aws, JSON_DISABLE_EOF_CHECK, &err);
@@ -601,7 +620,8 @@ struct py_in {
 };
 
 static void py_ws(struct py_in *in) {
-    while (in->i < in->n && is_space(in->p[in->i])) in->i++;
+    while (in->i < in->n && is_space(in->p[in->i]))
+        in->i++;
 }
 
 static bool py_more(struct py_in *in) {
@@ -621,11 +641,21 @@ static json_t *py_string(struct py_in *in) {
             if (in->i >= in->n) break;
             char e = in->p[in->i++];
             switch (e) {
-            case 'n': c = '\n'; break;
-            case 't': c = '\t'; break;
-            case 'r': c = '\r'; break;
-            case '0': c = '\0'; break;
-            default: c = e; break; // \\ \' \" and anything else taken literally
+            case 'n':
+                c = '\n';
+                break;
+            case 't':
+                c = '\t';
+                break;
+            case 'r':
+                c = '\r';
+                break;
+            case '0':
+                c = '\0';
+                break;
+            default:
+                c = e;
+                break; // \\ \' \" and anything else taken literally
             }
             if (!c) continue;
         }
@@ -671,8 +701,10 @@ static json_t *py_seq(struct py_in *in, char close, bool dict, int depth) {
             json_array_append_new(out, k);
         }
         if (!py_more(in)) break;
-        if (in->p[in->i] == ',') in->i++;
-        else if (in->p[in->i] != close) break;
+        if (in->p[in->i] == ',')
+            in->i++;
+        else if (in->p[in->i] != close)
+            break;
     }
     json_decref(out);
     return NULL;
@@ -686,7 +718,8 @@ static json_t *py_value(struct py_in *in, int depth) {
     if (c == '(') return py_seq(in, ')', false, depth);
     if (c == '{') return py_seq(in, '}', true, depth);
     size_t b = in->i;
-    while (in->i < in->n && !strchr(",)]}: \t\r\n", in->p[in->i])) in->i++;
+    while (in->i < in->n && !strchr(",)]}: \t\r\n", in->p[in->i]))
+        in->i++;
     if (in->i >= in->n) {
         in->incomplete = true;
         return NULL;
@@ -748,8 +781,10 @@ static int py_calls(const char *p, size_t n, json_t *calls, size_t *used) {
             json_object_set_new(args, k, v);
             free(k);
             if (!py_more(&in)) break;
-            if (p[in.i] == ',') in.i++;
-            else if (p[in.i] != ')') break;
+            if (p[in.i] == ',')
+                in.i++;
+            else if (p[in.i] != ')')
+                break;
         }
         if (!ok) {
             json_decref(args);
@@ -760,8 +795,10 @@ static int py_calls(const char *p, size_t n, json_t *calls, size_t *used) {
         json_array_append_new(got, call_make(p + nb, name_len, a));
         free(a);
         if (!py_more(&in)) break;
-        if (p[in.i] == ',') in.i++;
-        else if (p[in.i] != ']') break;
+        if (p[in.i] == ',')
+            in.i++;
+        else if (p[in.i] != ']')
+            break;
     }
     if (rc < 0 && in.incomplete) rc = 0;
     if (rc == 1) {
@@ -785,7 +822,8 @@ static void pythonic_feed(struct tool_stream *t, struct tool_text *content, json
             return;
         }
         size_t ws = 0;
-        while (ws < h->len && is_space(h->p[ws])) ws++;
+        while (ws < h->len && is_space(h->p[ws]))
+            ws++;
         if (ws == h->len) return;
         const char *rest = h->p + ws;
         size_t n = h->len - ws;
@@ -825,17 +863,26 @@ void tool_stream_feed(struct tool_stream *t, const char *text, size_t len, struc
     CHECK(t->kind != TOOL_PARSER_OPENAI); // harmony.h parses those
     tool_text_add(&t->held, text, len);
     switch (t->kind) {
-    case TOOL_PARSER_LLAMA3_JSON: llama3_feed(t, content, calls); return;
-    case TOOL_PARSER_MISTRAL: mistral_feed(t, content, calls); return;
-    case TOOL_PARSER_PYTHONIC: pythonic_feed(t, content, calls); return;
-    default: blocks_feed(t, content, calls); return;
+    case TOOL_PARSER_LLAMA3_JSON:
+        llama3_feed(t, content, calls);
+        return;
+    case TOOL_PARSER_MISTRAL:
+        mistral_feed(t, content, calls);
+        return;
+    case TOOL_PARSER_PYTHONIC:
+        pythonic_feed(t, content, calls);
+        return;
+    default:
+        blocks_feed(t, content, calls);
+        return;
     }
 }
 
 void tool_stream_finish(struct tool_stream *t, struct tool_text *content) {
     if (t->kind == TOOL_PARSER_MISTRAL) {
         if (t->in_call && t->mode != 2) tool_text_add(content, MISTRAL_TAG, MISTRAL_LEN);
-    } else if (t->in_call) tool_text_add(content, block_format_of(t->kind)->open, strlen(block_format_of(t->kind)->open));
+    } else if (t->in_call)
+        tool_text_add(content, block_format_of(t->kind)->open, strlen(block_format_of(t->kind)->open));
     tool_text_add(content, t->held.p, t->held.len);
     held_drop(t, t->held.len);
     t->in_call = false;
