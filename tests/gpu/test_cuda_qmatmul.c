@@ -381,8 +381,8 @@ TEST(cuda_moe_experts_quantized_match_cpu) {
             float *twg = pool_put(&P, gpu_be, wh, sizeof(float) * (size_t)(n * slots));
             void *wsc = pool_put(&P, cpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 4));
             void *wsg = pool_put(&P, gpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 2));
-            cpu_be->ops->moe_experts(cpu_be, &yc, &xc, &guc, &dnc, idc, twc, slots, wsc);
-            gpu_be->ops->moe_experts(gpu_be, &yg, &xg, &gug, &dng, idg, twg, slots, wsg);
+            cpu_be->ops->moe_experts(cpu_be, &yc, &xc, &guc, &dnc, idc, twc, slots, NULL, wsc);
+            gpu_be->ops->moe_experts(gpu_be, &yg, &xg, &gug, &dng, idg, twg, slots, NULL, wsg);
             float *fc = get_f(cpu_be, &yc), *fg = get_f(gpu_be, &yg);
             const double thr = cases[ci].act != WEIGHT_ACT_NONE ? NMSE_MOE_W8A8 : NMSE_Q;
             double e = nmse(fg, fc, n * H);
