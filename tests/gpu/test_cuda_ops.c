@@ -527,10 +527,10 @@ TEST(cuda_attention_mixed_batches_match_cpu) {
     // decode rows, a fresh prefill, a chunked prefill over cached context, odd lengths.
     int qlen[] = {1, 1, 70, 37, 1, 5};
     int ctx[] = {1, 900, 70, 500, 3001, 17};
-    int Ds[] = {64, 128};
+    int Ds[] = {64, 128, 256};
     int groups[][2] = {{8, 8}, {32, 8}, {16, 2}};
     enum dtype kvs[] = {DTYPE_BF16, DTYPE_FP8_E4M3};
-    for (int d = 0; d < 2; d++)
+    for (int d = 0; d < 3; d++)
         for (int g = 0; g < 3; g++)
             for (int k = 0; k < 2; k++) {
                 run_attention_case(&P, Ds[d], groups[g][0], groups[g][1], kvs[k], 6, qlen, ctx, 0, false, NMSE_BF16);

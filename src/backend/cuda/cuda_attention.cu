@@ -492,6 +492,11 @@ __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o,
         out[(size_t)row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);
 }
 
+// attn_occupancy's first index: head_dim 64, 128 or 256.
+constexpr int attn_dim_index(int D) {
+    return D == 64 ? 0 : D == 128 ? 1 : 2;
+}
+
 template <int D, int NW, int KS, typename KVT> constexpr size_t attn_smem() {
     size_t main = sizeof(KVT) == 2 ? (size_t)(16 * NW + 4 * BN) * (D + PAD) * 2
                                    : (size_t)(16 * NW + 2 * BN) * (D + PAD) * 2 + (size_t)4 * BN * D;
@@ -512,7 +517,7 @@ template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *c
     int occ = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, NW, KS, KVT>, NW * KS * 32,
                                                              smem));
-    cb->attn_occupancy[D == 128][NW == 4][sizeof(KVT) == 1] = occ > 0 ? occ : 1;
+    cb->attn_occupancy[attn_dim_index(D)][NW == 4][sizeof(KVT) == 1] = occ > 0 ? occ : 1;
 }
 
 template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
@@ -546,6 +551,10 @@ void cuda_attention_init(struct cuda_backend *cb) {
     attn_set_smem<128, 4, __nv_bfloat16>(cb);
     attn_set_smem<128, 1, __nv_fp8_e4m3>(cb);
     attn_set_smem<128, 4, __nv_fp8_e4m3>(cb);
+    attn_set_smem<256, 1, __nv_bfloat16>(cb); // Qwen3-Next / Qwen3.5 gated attention
+    attn_set_smem<256, 4, __nv_bfloat16>(cb);
+    attn_set_smem<256, 1, __nv_fp8_e4m3>(cb);
+    attn_set_smem<256, 4, __nv_fp8_e4m3>(cb);
 }
 
 void cuda_op_attention(struct backend *b, struct tensor *out, const struct tensor *q, int64_t q_row_stride,
@@ -554,7 +563,7 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     struct cuda_backend *cb = cuda_impl(b);
     CHECK(q->ndim == 3 && out->ndim == 3 && kv->k.ndim == 4);
     const int n = (int)q->ne[0], hq = (int)q->ne[1], D = (int)q->ne[2], hk = (int)kv->k.ne[2];
-    CHECK_MSG(D == 64 || D == 128, "CUDA attention: head_dim %d unsupported (64, 128)", D);
+    CHECK_MSG(D == 64 || D == 128 || D == 256, "CUDA attention: head_dim %d unsupported (64, 128, 256)", D);
     CHECK(kv->k.ne[3] == D && out->ne[0] == n && out->ne[1] == hq && out->ne[2] == D && hq % hk == 0);
     CHECK(q->dtype == DTYPE_BF16 && out->dtype == DTYPE_BF16);
     CHECK(kv->k.dtype == DTYPE_BF16 || kv->k.dtype == DTYPE_FP8_E4M3);
@@ -600,7 +609,7 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     // 353.3 / 355.9 tok/s, Llama-3-8B batch 1 215.9 / 215.7 -> 218.3 / 217.0; plain 2-tile
     // splits cost Llama-3-8B batch 1 at a 4K context 2.4% (264 CTAs).
     int splits = 1;
-    const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[D == 128][nw == 4][fp8];
+    const int64_t slots = (int64_t)cb->num_sms * cb->attn_occupancy[attn_dim_index(D)][nw == 4][fp8];
     if (base_ctas < SPLIT_WAVES * slots) {
         const int64_t ctx = (int64_t)md->max_blocks_per_seq * md->block_size;
         int64_t cap = cdiv(ctx, SPLIT_MIN_TILES * BN);
@@ -631,15 +640,20 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     dim3 grid(row_tiles, hk, md->n_seqs * splits);
     if (D == 64)
         attn_dispatch<64>(p, grid, nw, fp8, cb->stream);
-    else
+    else if (D == 128)
         attn_dispatch<128>(p, grid, nw, fp8, cb->stream);
+    else
+        attn_dispatch<256>(p, grid, nw, fp8, cb->stream);
     if (splits > 1) {
         int rows = n * hq;
         if (D == 64)
             pdl_launch(attention_reduce_kernel<64>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse,
                        rows, splits, hq, p.sinks, p.v_scale);
-        else
+        else if (D == 128)
             pdl_launch(attention_reduce_kernel<128>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse,
+                       rows, splits, hq, p.sinks, p.v_scale);
+        else
+            pdl_launch(attention_reduce_kernel<256>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse,
                        rows, splits, hq, p.sinks, p.v_scale);
         CUDA_CHECK_LAUNCH();
     }

@@ -16,8 +16,8 @@
 
 const struct backend_caps backend_cuda_caps = {
     .name = "cuda",
-    .head_dims = {64, 128},
-    .n_head_dims = 2,
+    .head_dims = {64, 128, 256},
+    .n_head_dims = 3,
     .split_v_head_dim = false,
     .max_qk_norm_head_dim = CUDA_QKN_MAX_HD,
     .kv_dtypes = BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_FP8_E4M3),
