@@ -430,6 +430,7 @@ static void blocks_feed(struct tool_stream *t, struct tool_text *content, json_t
     for (;;) {
         struct tool_text *h = &t->held;
         size_t at = 0;
+        if (h->len == 0) return; // (h->p may be NULL: nothing to search)
         if (t->in_call) {
             const char *close = memmem(h->p, h->len, f->close, strlen(f->close));
             if (!close) return; // the body is still arriving
@@ -580,6 +581,7 @@ static int mistral_take(struct tool_stream *t, json_t *calls) {
 static void mistral_feed(struct tool_stream *t, struct tool_text *content, json_t *calls) {
     for (;;) {
         struct tool_text *h = &t->held;
+        if (h->len == 0) return;
         if (t->mode == 2) { // calls failed to parse: the rest is content
             tool_text_add(content, h->p, h->len);
             held_drop(t, h->len);

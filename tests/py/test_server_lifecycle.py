@@ -37,9 +37,9 @@ def test_bad_arguments_and_missing_model():
     r = subprocess.run([ATOMC_BIN, "serve", "--model", "x", "--port", "abc"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     # Tool-call flags as vLLM's: an unknown parser, or auto tool choice without a parser, is a usage error.
-    r = subprocess.run([ATOMC_BIN, "serve", "--model", "x", "--enable-auto-tool-choice", "--tool-call-parser", "mistral"],
+    r = subprocess.run([ATOMC_BIN, "serve", "--model", "x", "--enable-auto-tool-choice", "--tool-call-parser", "no_such_parser"],
                        capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and "unknown --tool-call-parser 'mistral'" in r.stderr and "hermes" in r.stderr
+    assert r.returncode == 2 and "unknown --tool-call-parser 'no_such_parser'" in r.stderr and "hermes" in r.stderr
     r = subprocess.run([ATOMC_BIN, "serve", "--model", "x", "--enable-auto-tool-choice"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "needs --tool-call-parser" in r.stderr
