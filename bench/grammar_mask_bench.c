@@ -13,13 +13,14 @@
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
-static const char *SCHEMA = "{\"type\": \"object\", \"properties\": {"
-                            "\"name\": {\"type\": \"string\", \"maxLength\": 20},"
-                            "\"age\": {\"type\": \"integer\", \"minimum\": 0, \"maximum\": 120},"
-                            "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\", \"maxLength\": 8}, \"maxItems\": 4},"
-                            "\"address\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"},"
-                            "\"zip\": {\"type\": \"string\", \"pattern\": \"^[0-9]{5}$\"}}, \"required\": [\"city\", \"zip\"]}},"
-                            "\"required\": [\"name\", \"age\", \"tags\", \"address\"]}";
+static const char *SCHEMA =
+    "{\"type\": \"object\", \"properties\": {"
+    "\"name\": {\"type\": \"string\", \"maxLength\": 20},"
+    "\"age\": {\"type\": \"integer\", \"minimum\": 0, \"maximum\": 120},"
+    "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\", \"maxLength\": 8}, \"maxItems\": 4},"
+    "\"address\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"},"
+    "\"zip\": {\"type\": \"string\", \"pattern\": \"^[0-9]{5}$\"}}, \"required\": [\"city\", \"zip\"]}},"
+    "\"required\": [\"name\", \"age\", \"tags\", \"address\"]}";
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -75,7 +76,8 @@ int main(int argc, char **argv) {
                 pick = eos;
             } else {
                 int n = 0;
-                for (int i = 0; i < V; i++) n += (mask[i >> 5] >> (i & 31)) & 1u;
+                for (int i = 0; i < V; i++)
+                    n += (mask[i >> 5] >> (i & 31)) & 1u;
                 rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
                 int k = (int)(rng % (uint64_t)n);
                 for (int i = 0; i < V && pick < 0; i++)

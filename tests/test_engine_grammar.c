@@ -50,7 +50,8 @@ static bool setup(struct ctx *c) {
     o.block_size = 16;
     CHECK(fake_engine_create_tok(&o, tokenizer_vocab_size(c->tok), 256, 1024, true, c->tok, &c->e, &c->m, &err) ==
           ATOMC_OK);
-    for (int i = 0; i < 4; i++) c->prompt[i] = 1000 + i;
+    for (int i = 0; i < 4; i++)
+        c->prompt[i] = 1000 + i;
     return true;
 }
 
@@ -74,11 +75,12 @@ static void add(struct ctx *c, atomc_grammar_kind kind, const char *grammar, uin
     CHECK_MSG(atomc_engine_add_request(c->e, &r, NULL, err, sizeof err) == ATOMC_OK, "%s", err);
 }
 
-static const char *SCHEMA = "{\"type\": \"object\", \"properties\": {"
-                            "\"city\": {\"type\": \"string\", \"maxLength\": 10},"
-                            "\"n\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 500},"
-                            "\"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a\", \"b\", \"c\"]}, \"maxItems\": 4}},"
-                            "\"required\": [\"city\", \"n\", \"tags\"], \"additionalProperties\": false}";
+static const char *SCHEMA =
+    "{\"type\": \"object\", \"properties\": {"
+    "\"city\": {\"type\": \"string\", \"maxLength\": 10},"
+    "\"n\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 500},"
+    "\"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a\", \"b\", \"c\"]}, \"maxItems\": 4}},"
+    "\"required\": [\"city\", \"n\", \"tags\"], \"additionalProperties\": false}";
 
 static void check_doc(const char *text) {
     json_error_t je;
@@ -100,11 +102,15 @@ TEST(engine_grammar_batch_of_constrained_and_free_requests) {
     enum { N = 12 };
     struct collect *o = calloc(N, sizeof *o);
     for (int i = 0; i < N; i++) {
-        if (i % 3 == 0) add(&c, ATOMC_GRAMMAR_JSON_SCHEMA, SCHEMA, 7 + i, -1, &o[i]);
-        else if (i % 3 == 1) add(&c, ATOMC_GRAMMAR_REGEX, "[a-z]{1,8}@[a-z]{2,5}\\.(com|org)", 7 + i, -1, &o[i]);
-        else add(&c, ATOMC_GRAMMAR_NONE, NULL, 7 + i, -1, &o[i]);
+        if (i % 3 == 0)
+            add(&c, ATOMC_GRAMMAR_JSON_SCHEMA, SCHEMA, 7 + i, -1, &o[i]);
+        else if (i % 3 == 1)
+            add(&c, ATOMC_GRAMMAR_REGEX, "[a-z]{1,8}@[a-z]{2,5}\\.(com|org)", 7 + i, -1, &o[i]);
+        else
+            add(&c, ATOMC_GRAMMAR_NONE, NULL, 7 + i, -1, &o[i]);
     }
-    while (atomc_engine_has_work(c.e)) atomc_engine_step(c.e);
+    while (atomc_engine_has_work(c.e))
+        atomc_engine_step(c.e);
     regex_t re;
     ASSERT_EQ(regcomp(&re, "^[a-z]{1,8}@[a-z]{2,5}\\.(com|org)$", REG_EXTENDED), 0);
     for (int i = 0; i < N; i++) {
@@ -113,11 +119,14 @@ TEST(engine_grammar_batch_of_constrained_and_free_requests) {
             continue;
         }
         if (o[i].reason != ATOMC_FINISH_STOP) {
-            test_fail(__FILE__, __LINE__, "request %d: reason %d (%s), text '%s'", i, o[i].reason, o[i].error, o[i].text);
+            test_fail(__FILE__, __LINE__, "request %d: reason %d (%s), text '%s'", i, o[i].reason, o[i].error,
+                      o[i].text);
             continue;
         }
-        if (i % 3 == 0) check_doc(o[i].text);
-        else if (regexec(&re, o[i].text, 0, NULL, 0)) test_fail(__FILE__, __LINE__, "'%s' does not match", o[i].text);
+        if (i % 3 == 0)
+            check_doc(o[i].text);
+        else if (regexec(&re, o[i].text, 0, NULL, 0))
+            test_fail(__FILE__, __LINE__, "'%s' does not match", o[i].text);
     }
     regfree(&re);
     free(o);
@@ -139,7 +148,8 @@ TEST(engine_grammar_starts_after_the_start_token) {
     c.m->script_from = 4;
     struct collect o;
     add(&c, ATOMC_GRAMMAR_CHOICE, "[\"yes\", \"no\"]", 3, start, &o);
-    while (atomc_engine_has_work(c.e)) atomc_engine_step(c.e);
+    while (atomc_engine_has_work(c.e))
+        atomc_engine_step(c.e);
     ASSERT_EQ(o.reason, ATOMC_FINISH_STOP);
     size_t tl = strlen(think);
     ASSERT_TRUE(o.len > tl && !strncmp(o.text, think, tl));
@@ -172,4 +182,6 @@ TEST(engine_grammar_invalid_is_refused_at_add) {
     atomc_engine_free(c.e);
 }
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

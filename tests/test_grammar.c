@@ -10,7 +10,9 @@
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
-static bool bit(const uint32_t *m, int id) { return (m[id >> 5] >> (id & 31)) & 1u; }
+static bool bit(const uint32_t *m, int id) {
+    return (m[id >> 5] >> (id & 31)) & 1u;
+}
 
 // A tiny vocabulary: multi-character tokens, one special, EOS last (id 8); vocab_size 40 pads
 // ids 9..39 (never allowed).
@@ -20,7 +22,8 @@ static struct grammar_vocab *tiny_vocab(void) {
     size_t lens[N_TINY];
     bool special[N_TINY] = {0};
     special[T_SPECIAL] = special[T_EOS] = true;
-    for (int i = 0; i < N_TINY; i++) lens[i] = strlen(toks[i]);
+    for (int i = 0; i < N_TINY; i++)
+        lens[i] = strlen(toks[i]);
     int32_t eos = T_EOS;
     struct grammar_vocab *v = NULL;
     struct error err = {0};
@@ -59,7 +62,8 @@ TEST(grammar_regex_masks_accepts_and_terminates) {
     // First token: any token that starts a match of [ab]+c.
     ASSERT_TRUE(bit(mask, T_A) && bit(mask, T_B) && bit(mask, T_AB) && bit(mask, T_BC) && bit(mask, T_ABC));
     ASSERT_TRUE(!bit(mask, T_C) && !bit(mask, T_X) && !bit(mask, T_SPECIAL) && !bit(mask, T_EOS));
-    for (int id = N_TINY; id < 40; id++) ASSERT_TRUE(!bit(mask, id));
+    for (int id = N_TINY; id < 40; id++)
+        ASSERT_TRUE(!bit(mask, id));
     ASSERT_TRUE(!grammar_matcher_can_end(m));
     ASSERT_TRUE(!grammar_matcher_accept(m, T_C)); // rejected, state unchanged
     ASSERT_TRUE(!grammar_matcher_accept(m, T_EOS));
@@ -70,7 +74,8 @@ TEST(grammar_regex_masks_accepts_and_terminates) {
     ASSERT_TRUE(grammar_matcher_can_end(m));
     ASSERT_TRUE(!grammar_matcher_is_terminated(m));
     grammar_matcher_fill_mask(m, mask);
-    for (int id = 0; id < 40; id++) ASSERT_EQ(bit(mask, id), id == T_EOS); // only the end is left
+    for (int id = 0; id < 40; id++)
+        ASSERT_EQ(bit(mask, id), id == T_EOS); // only the end is left
     ASSERT_TRUE(grammar_matcher_accept(m, T_EOS));
     ASSERT_TRUE(grammar_matcher_is_terminated(m));
     // Rollback (the spec-decode hook): back before the EOS and the "c".
@@ -94,7 +99,8 @@ TEST(grammar_choice_is_exactly_one_of_the_strings) {
     ASSERT_TRUE(!bit(mask, T_C) && !bit(mask, T_EOS));
     ASSERT_TRUE(grammar_matcher_accept(m, T_X));
     grammar_matcher_fill_mask(m, mask);
-    for (int id = 0; id < N_TINY; id++) ASSERT_EQ(bit(mask, id), id == T_EOS);
+    for (int id = 0; id < N_TINY; id++)
+        ASSERT_EQ(bit(mask, id), id == T_EOS);
     grammar_matcher_free(m);
     m = matcher_for(v, GRAMMAR_CHOICE, "[\"abc\", \"x\", \"bc\"]");
     ASSERT_TRUE(grammar_matcher_accept(m, T_B));
@@ -196,7 +202,8 @@ TEST(grammar_invalid_inputs_are_errors_naming_them) {
 // maxLength 6 counts code points.
 static bool utf8_len_ok(const char *s) {
     int n = 0;
-    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xC0) != 0x80;
     return n <= 6;
 }
 
@@ -239,9 +246,11 @@ static void walk_json_schema(const char *tok_dir) {
         while (!grammar_matcher_is_terminated(m) && n < 600) {
             grammar_matcher_fill_mask(m, mask);
             int n_allowed = 0, pick = -1;
-            for (int i = 0; i < V + 64; i++) n_allowed += bit(mask, i);
+            for (int i = 0; i < V + 64; i++)
+                n_allowed += bit(mask, i);
             ASSERT_TRUE(n_allowed > 0);
-            for (int i = V; i < V + 64; i++) ASSERT_TRUE(!bit(mask, i));
+            for (int i = V; i < V + 64; i++)
+                ASSERT_TRUE(!bit(mask, i));
             if (bit(mask, eos)) {
                 pick = eos;
             } else {
@@ -286,7 +295,13 @@ static void walk_json_schema(const char *tok_dir) {
     tokenizer_free(t);
 }
 
-TEST(grammar_json_schema_walk_byte_level_bpe) { walk_json_schema("tokenizers/qwen3"); }
-TEST(grammar_json_schema_walk_sentencepiece_byte_fallback) { walk_json_schema("tokenizers/llama2"); }
+TEST(grammar_json_schema_walk_byte_level_bpe) {
+    walk_json_schema("tokenizers/qwen3");
+}
+TEST(grammar_json_schema_walk_sentencepiece_byte_fallback) {
+    walk_json_schema("tokenizers/llama2");
+}
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}

@@ -197,7 +197,8 @@ void engine_grammar_begin_masks(atomc_engine *e, struct forward_batch *fb) {
         } else { // no thread: fill here, before the forward
             pthread_mutex_unlock(&g->mu);
             LOG_WARN("structured output: cannot start the mask thread; masks are computed before the forward");
-            for (int i = 0; i < n; i++) fill_row(e, g->job_rows[i]);
+            for (int i = 0; i < n; i++)
+                fill_row(e, g->job_rows[i]);
             return;
         }
     }
@@ -220,7 +221,8 @@ void engine_grammar_join(void *ctx) {
         // than sleep until it runs. It skips a batch it finds started.
         g->started = true;
         pthread_mutex_unlock(&g->mu);
-        for (int i = 0; i < g->n_jobs; i++) fill_row(e, g->job_rows[i]);
+        for (int i = 0; i < g->n_jobs; i++)
+            fill_row(e, g->job_rows[i]);
         pthread_mutex_lock(&g->mu);
         g->pending = false;
     }

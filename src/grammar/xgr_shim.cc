@@ -28,7 +28,6 @@ extern "C" {
 #include <dlpack/dlpack.h>
 #include <xgrammar/xgrammar.h>
 
-
 namespace {
 
 constexpr size_t DEFAULT_MAX_TEXT = 65536;
@@ -39,13 +38,20 @@ constexpr size_t CACHE_MAX_BYTES = (size_t)1 << 30;
 
 const char *kind_name(enum grammar_kind k) {
     switch (k) {
-    case GRAMMAR_JSON_SCHEMA: return "json schema";
-    case GRAMMAR_JSON_OBJECT: return "json object";
-    case GRAMMAR_REGEX: return "regex";
-    case GRAMMAR_CHOICE: return "choice";
-    case GRAMMAR_EBNF: return "grammar";
-    case GRAMMAR_LARK: return "lark grammar";
-    case GRAMMAR_STRUCTURAL_TAG: return "structural tag";
+    case GRAMMAR_JSON_SCHEMA:
+        return "json schema";
+    case GRAMMAR_JSON_OBJECT:
+        return "json object";
+    case GRAMMAR_REGEX:
+        return "regex";
+    case GRAMMAR_CHOICE:
+        return "choice";
+    case GRAMMAR_EBNF:
+        return "grammar";
+    case GRAMMAR_LARK:
+        return "lark grammar";
+    case GRAMMAR_STRUCTURAL_TAG:
+        return "structural tag";
     }
     return "grammar";
 }
@@ -76,23 +82,40 @@ bool parse_json_string(const char *&p, const char *end, std::string *out) {
         char e = p[1];
         p += 2;
         switch (e) {
-        case '"': out->push_back('"'); break;
-        case '\\': out->push_back('\\'); break;
-        case '/': out->push_back('/'); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
-        case 'n': out->push_back('\n'); break;
-        case 'r': out->push_back('\r'); break;
-        case 't': out->push_back('\t'); break;
+        case '"':
+            out->push_back('"');
+            break;
+        case '\\':
+            out->push_back('\\');
+            break;
+        case '/':
+            out->push_back('/');
+            break;
+        case 'b':
+            out->push_back('\b');
+            break;
+        case 'f':
+            out->push_back('\f');
+            break;
+        case 'n':
+            out->push_back('\n');
+            break;
+        case 'r':
+            out->push_back('\r');
+            break;
+        case 't':
+            out->push_back('\t');
+            break;
         case 'u': {
             auto hex4 = [&](unsigned *v) {
                 if (end - p < 4) return false;
                 *v = 0;
                 for (int i = 0; i < 4; i++) {
                     char h = p[i];
-                    int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                                         : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                                                                : -1;
+                    int d = h >= '0' && h <= '9'   ? h - '0'
+                            : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                            : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                   : -1;
                     if (d < 0) return false;
                     *v = *v * 16 + (unsigned)d;
                 }
@@ -127,7 +150,8 @@ bool parse_json_string(const char *&p, const char *end, std::string *out) {
             }
             break;
         }
-        default: return false;
+        default:
+            return false;
         }
     }
     if (p >= end) return false;
@@ -140,7 +164,8 @@ bool parse_json_string(const char *&p, const char *end, std::string *out) {
 std::string choice_to_ebnf(const char *text, size_t len, std::string *why) {
     const char *p = text, *end = text + len;
     auto ws = [&] {
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+            p++;
     };
     std::string ebnf = "root ::= ";
     int n = 0;
@@ -228,12 +253,15 @@ struct grammar_matcher {
     xgrammar::GrammarMatcher m;
     grammar_compiled *g;
     int words;
-    explicit grammar_matcher(xgrammar::GrammarMatcher mm, grammar_compiled *gg, int w) : m(std::move(mm)), g(gg), words(w) {}
+    explicit grammar_matcher(xgrammar::GrammarMatcher mm, grammar_compiled *gg, int w)
+        : m(std::move(mm)), g(gg), words(w) {}
 };
 
 extern "C" {
 
-int grammar_bitmask_words(int vocab_size) { return (vocab_size + 31) / 32; }
+int grammar_bitmask_words(int vocab_size) {
+    return (vocab_size + 31) / 32;
+}
 
 atomc_status grammar_vocab_create(const char *const *tokens, const size_t *lens, const bool *special, int n_tokens,
                                   int vocab_size, const int32_t *stop_ids, int n_stop,
@@ -271,7 +299,9 @@ void grammar_vocab_free(struct grammar_vocab *v) {
     delete v;
 }
 
-int grammar_vocab_size(const struct grammar_vocab *v) { return v->vocab_size; }
+int grammar_vocab_size(const struct grammar_vocab *v) {
+    return v->vocab_size;
+}
 
 void grammar_vocab_cache_stats(struct grammar_vocab *v, int64_t *hits, int64_t *misses, int *entries) {
     std::lock_guard<std::mutex> lk(v->mu);
@@ -280,7 +310,9 @@ void grammar_vocab_cache_stats(struct grammar_vocab *v, int64_t *hits, int64_t *
     if (entries) *entries = (int)v->cache.size();
 }
 
-void grammar_compiled_retain(struct grammar_compiled *g) { g->refs.fetch_add(1); }
+void grammar_compiled_retain(struct grammar_compiled *g) {
+    g->refs.fetch_add(1);
+}
 
 void grammar_compiled_release(struct grammar_compiled *g) {
     if (g && g->refs.fetch_sub(1) == 1) delete g;
@@ -317,16 +349,17 @@ atomc_status grammar_compile(struct grammar_vocab *v, enum grammar_kind kind, co
         case GRAMMAR_JSON_SCHEMA:
             // Compact separators and no free whitespace: the output is the JSON itself, and a
             // model sampled at temperature 1 cannot wander into unbounded runs of spaces.
-            g = new grammar_compiled(v->compiler.CompileJSONSchema(src, false, std::nullopt,
-                                                                   std::make_pair(std::string(", "), std::string(": ")),
-                                                                   true));
+            g = new grammar_compiled(v->compiler.CompileJSONSchema(
+                src, false, std::nullopt, std::make_pair(std::string(", "), std::string(": ")), true));
             break;
         case GRAMMAR_JSON_OBJECT:
             g = new grammar_compiled(v->compiler.CompileJSONSchema("{\"type\": \"object\"}", false, std::nullopt,
                                                                    std::make_pair(std::string(", "), std::string(": ")),
                                                                    false));
             break;
-        case GRAMMAR_REGEX: g = new grammar_compiled(v->compiler.CompileRegex(src)); break;
+        case GRAMMAR_REGEX:
+            g = new grammar_compiled(v->compiler.CompileRegex(src));
+            break;
         case GRAMMAR_CHOICE: {
             std::string why;
             std::string ebnf = choice_to_ebnf(text, len, &why);
@@ -334,10 +367,17 @@ atomc_status grammar_compile(struct grammar_vocab *v, enum grammar_kind kind, co
             g = new grammar_compiled(v->compiler.CompileGrammar(ebnf, "root"));
             break;
         }
-        case GRAMMAR_EBNF: g = new grammar_compiled(v->compiler.CompileGrammar(src, "root")); break;
-        case GRAMMAR_LARK: g = new grammar_compiled(v->compiler.CompileLark(src)); break;
-        case GRAMMAR_STRUCTURAL_TAG: g = new grammar_compiled(v->compiler.CompileStructuralTag(src)); break;
-        default: return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "unknown grammar kind %d", (int)kind);
+        case GRAMMAR_EBNF:
+            g = new grammar_compiled(v->compiler.CompileGrammar(src, "root"));
+            break;
+        case GRAMMAR_LARK:
+            g = new grammar_compiled(v->compiler.CompileLark(src));
+            break;
+        case GRAMMAR_STRUCTURAL_TAG:
+            g = new grammar_compiled(v->compiler.CompileStructuralTag(src));
+            break;
+        default:
+            return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "unknown grammar kind %d", (int)kind);
         }
         g->bytes = g->cg.MemorySizeBytes();
     } catch (const std::exception &ex) {
@@ -431,9 +471,13 @@ bool grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask) {
     }
 }
 
-bool grammar_matcher_is_terminated(const struct grammar_matcher *m) { return m->m.IsTerminated(); }
+bool grammar_matcher_is_terminated(const struct grammar_matcher *m) {
+    return m->m.IsTerminated();
+}
 
-bool grammar_matcher_can_end(const struct grammar_matcher *m) { return m->m.IsCompleted(); }
+bool grammar_matcher_can_end(const struct grammar_matcher *m) {
+    return m->m.IsCompleted();
+}
 
 void grammar_matcher_rollback(struct grammar_matcher *m, int n_tokens) {
     try {
