@@ -90,6 +90,19 @@ static json_t *weather_tools(void) {
         0, NULL);
 }
 
+// When structured output must wait for the reasoning's end tag (generate.c grammar_after_reasoning).
+TEST(reasoning_grammar_waits_for_open_reasoning) {
+    const char *open = "<|im_start|>assistant\n<think>\n", *closed = "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+               *plain = "<|im_start|>assistant\n";
+    ASSERT_TRUE(reasoning_grammar_waits(REASONING_PARSER_QWEN3, open, strlen(open)));
+    ASSERT_TRUE(reasoning_grammar_waits(REASONING_PARSER_QWEN3, plain, strlen(plain))); // the model opens it
+    ASSERT_TRUE(!reasoning_grammar_waits(REASONING_PARSER_QWEN3, closed, strlen(closed)));
+    ASSERT_TRUE(reasoning_grammar_waits(REASONING_PARSER_DEEPSEEK_R1, plain, strlen(plain)));
+    ASSERT_TRUE(!reasoning_grammar_waits(REASONING_PARSER_GLM45, closed, strlen(closed)));
+    ASSERT_TRUE(!reasoning_grammar_waits(REASONING_PARSER_NONE, open, strlen(open)));
+    ASSERT_TRUE(!reasoning_grammar_waits(REASONING_PARSER_OPENAI_GPTOSS, open, strlen(open)));
+}
+
 TEST(reasoning_names) {
     ASSERT_EQ(reasoning_parser_from_name("deepseek_r1"), REASONING_PARSER_DEEPSEEK_R1);
     ASSERT_EQ(reasoning_parser_from_name("qwen3"), REASONING_PARSER_QWEN3);

@@ -841,6 +841,31 @@ static int force_tool_call(struct server *s, struct oai_request *q, struct oai_e
     return 0;
 }
 
+// Structured output under a reasoning parser (as vLLM): the grammar applies from the reasoning's
+// end tag on (params.grammar_start_token, engine_grammar.c) unless the prompt already closed the
+// reasoning (reasoning_grammar_waits). The tag must be one token of the vocabulary, else a 400.
+static int grammar_after_reasoning(struct server *s, struct srv_req *r, struct oai_error *e) {
+    struct oai_request *q = &r->oai;
+    if (q->endpoint != OAI_ENDPOINT_CHAT || !q->params.grammar || r->n_prompts != 1) return 0;
+    const struct srv_prompt *p = &r->prompts[0];
+    if (!reasoning_grammar_waits(s->opt.reasoning_parser, p->text, p->text_len)) return 0;
+    const char *tag = reasoning_end_tag(s->opt.reasoning_parser);
+    int32_t *ids = NULL;
+    int n = 0;
+    struct error err = {0};
+    atomc_status st = s->eng.tokenize(s->eng.ctx, tag, strlen(tag), false, &ids, &n, &err);
+    int32_t id = st == ATOMC_OK && n == 1 ? ids[0] : -1;
+    free(ids);
+    if (id < 0)
+        return oai_error_set(e, 400, q->grammar_param,
+                             "structured output after reasoning needs the reasoning end tag '%s' to be one token of "
+                             "this model's vocabulary (it is %d); serve without --reasoning-parser to constrain "
+                             "the whole output",
+                             tag, n);
+    q->params.grammar_start_token = id;
+    return 0;
+}
+
 struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
                                  struct oai_error *e) {
     struct srv_req *r = xcalloc(1, sizeof *r);
@@ -849,7 +874,7 @@ struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const c
     r->srv = s;
     r->t_arrival = time_now_s();
     if (oai_request_parse(ep, body, len, &s->limits, &r->oai, e) || !server_check_model(s, r->oai.model, e) ||
-        force_tool_call(s, &r->oai, e) || build_prompts(s, r, e)) {
+        force_tool_call(s, &r->oai, e) || build_prompts(s, r, e) || grammar_after_reasoning(s, r, e)) {
         srv_req_unref(r);
         return NULL;
     }

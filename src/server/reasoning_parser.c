@@ -37,6 +37,15 @@ bool reasoning_prompt_opens(enum reasoning_parser_kind kind, const char *prompt,
     return len >= OPEN_LEN && !memcmp(prompt + len - OPEN_LEN, THINK_OPEN, OPEN_LEN);
 }
 
+bool reasoning_grammar_waits(enum reasoning_parser_kind kind, const char *prompt, size_t len) {
+    if (kind != REASONING_PARSER_DEEPSEEK_R1 && kind != REASONING_PARSER_QWEN3 && kind != REASONING_PARSER_GLM45)
+        return false;
+    const size_t close_len = strlen(THINK_CLOSE);
+    while (len && is_space(prompt[len - 1]))
+        len--;
+    return !(len >= close_len && !memcmp(prompt + len - close_len, THINK_CLOSE, close_len));
+}
+
 const char *reasoning_end_tag(enum reasoning_parser_kind kind) {
     return kind == REASONING_PARSER_OPENAI_GPTOSS ? "<|channel|>final" : THINK_CLOSE;
 }

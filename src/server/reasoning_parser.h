@@ -43,6 +43,13 @@ const char *reasoning_parser_names(void);
 bool reasoning_prompt_opens(enum reasoning_parser_kind kind, const char *prompt, size_t len);
 // The text that ends the reasoning ("</think>"; harmony: "<|channel|>final").
 const char *reasoning_end_tag(enum reasoning_parser_kind kind);
+// Structured output with a reasoning parser applies after the reasoning, as vLLM does: whether a
+// request with this rendered prompt must wait for the end tag before its grammar applies. The
+// <think> kinds wait unless the prompt itself already closed the reasoning (it ends, whitespace
+// aside, with "</think>": Qwen3's enable_thinking false, a template that pre-fills an empty
+// block); NONE and harmony never wait (harmony's end is several tokens: its grammar applies from
+// the start, docs/ARCHITECTURE.md).
+bool reasoning_grammar_waits(enum reasoning_parser_kind kind, const char *prompt, size_t len);
 
 struct reasoning_stream {
     enum reasoning_parser_kind kind;

@@ -10,6 +10,7 @@ delta.reasoning_content must add up to the non-streamed message. deepseek_r1 tre
 without </think> as all reasoning; a bad --reasoning-parser name is refused at start-up.
 Parsing itself (every split of real outputs, harmony included) is in tests/test_reasoning_parser.c
 and tests/test_parser_http.c."""
+import json
 import subprocess
 
 import pytest
@@ -107,3 +108,22 @@ def test_unknown_reasoning_parser_is_refused():
     p = subprocess.run([ATOMC_BIN, "serve", "--model", SMOLLM2, "--enable-auto-tool-choice", "--tool-call-parser",
                         "qwen"], capture_output=True, timeout=60)
     assert p.returncode == 2 and "qwen3_coder" in p.stderr.decode()
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 12}}, "required": ["answer"],
+          "additionalProperties": False}
+
+
+def test_structured_output_applies_after_the_reasoning(qwen3):
+    # Reasoning closed by the prompt (enable_thinking false): the grammar constrains the whole output.
+    c = client_of(qwen3)
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    r = c.chat.completions.create(model="smol", messages=MSGS, max_tokens=40, temperature=0, response_format=fmt,
+                                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    m = r.choices[0].message
+    assert (m.model_extra or {}).get("reasoning_content") is None
+    assert set(json.loads(m.content)) == {"answer"}
+    # Reasoning open: the grammar must wait for "</think>", which SmolLM2 spells in 3 tokens: a 400 naming it.
+    st, body = qwen3.json("POST", "/v1/chat/completions", {"model": "smol", "messages": MSGS, "max_tokens": 8,
+                                                           "response_format": fmt})
+    assert st == 400 and "</think>" in body["error"]["message"] and "(it is 3)" in body["error"]["message"]
