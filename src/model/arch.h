@@ -65,5 +65,7 @@ extern const struct model_arch_def model_arch_glm4_moe; // glm4_moe.c
 // Shared weight tables of the pre-norm decoder layer (blocks.c): the two RMSNorm weights every
 // layer has (input_layernorm, post_attention_layernorm).
 extern const struct weight_entry weights_layer_norms[];
+// The dense gated MLP (mlp.{gate,up,down}_proj, optional mlp_bias biases).
+extern const struct weight_entry weights_dense_mlp[];
 
 #endif

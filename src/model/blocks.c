@@ -205,3 +205,18 @@ const struct weight_entry weights_layer_norms[] = {
      .parts = {{"post_attention_layernorm.weight", WDIM_HIDDEN}}},
     WEIGHT_TABLE_END,
 };
+
+// The dense gated MLP (HF's LlamaMLP shape: mlp.{gate,up,down}_proj, biases where the config has
+// mlp_bias), column / row sharded under tensor parallelism. Llama-family dense layers, DeepSeek's
+// and GLM-4-MoE's first_k_dense_replace layers.
+const struct weight_entry weights_dense_mlp[] = {
+    {.field = offsetof(struct model_layer, ffn.dense.gate_up), .is_weight = true, .shard = WSHARD_COL,
+     .cols = WDIM_HIDDEN, .parts = {{"mlp.gate_proj.weight", WDIM_INTER}, {"mlp.up_proj.weight", WDIM_INTER}}},
+    {.field = offsetof(struct model_layer, ffn.dense.down), .is_weight = true, .shard = WSHARD_ROW,
+     .cols = WDIM_INTER, .parts = {{"mlp.down_proj.weight", WDIM_HIDDEN}}},
+    {.field = offsetof(struct model_layer, ffn.dense.gate_up_bias), .init = WINIT_BIAS, .shard = WSHARD_COL,
+     .cond = WCOND_MLP_BIAS, .parts = {{"mlp.gate_proj.bias", WDIM_INTER}, {"mlp.up_proj.bias", WDIM_INTER}}},
+    {.field = offsetof(struct model_layer, ffn.dense.down_bias), .init = WINIT_BIAS, .shard = WSHARD_ROW_BIAS,
+     .cond = WCOND_MLP_BIAS, .parts = {{"mlp.down_proj.bias", WDIM_HIDDEN}}},
+    WEIGHT_TABLE_END,
+};

@@ -69,18 +69,6 @@ static const struct weight_entry ds_mla_weights[] = {
     WEIGHT_TABLE_END,
 };
 
-static const struct weight_entry ds_mlp_weights[] = {
-    {.field = L_FIELD(ffn.dense.gate_up),
-     .is_weight = true,
-     .cols = WDIM_HIDDEN,
-     .parts = {{"mlp.gate_proj.weight", WDIM_INTER}, {"mlp.up_proj.weight", WDIM_INTER}}},
-    {.field = L_FIELD(ffn.dense.down),
-     .is_weight = true,
-     .cols = WDIM_INTER,
-     .parts = {{"mlp.down_proj.weight", WDIM_HIDDEN}}},
-    WEIGHT_TABLE_END,
-};
-
 static const struct weight_entry ds_moe_weights[] = {
     {.field = L_FIELD(ffn.moe.router),
      .is_weight = true,
@@ -183,7 +171,7 @@ static void deepseek_plan_layer(const struct model *m, int l, struct layer_plan 
         .attn_kind = ATTN_KIND_MLA,
         .ffn_kind = moe ? FFN_KIND_MOE : FFN_KIND_DENSE,
         .cache = {.kind = CACHE_KIND_LATENT, .latent_dim = c->kv_lora_rank + c->qk_rope_head_dim},
-        .tables = {weights_layer_norms, ds_mla_weights, moe ? ds_moe_weights : ds_mlp_weights},
+        .tables = {weights_layer_norms, ds_mla_weights, moe ? ds_moe_weights : weights_dense_mlp},
     };
 }
 

@@ -58,21 +58,6 @@ static const struct weight_entry glm4_attn_weights[] = {
     WEIGHT_TABLE_END,
 };
 
-// The first_k_dense_replace dense layers: Glm4MoeMLP of intermediate_size, no biases.
-static const struct weight_entry glm4_mlp_weights[] = {
-    {.field = L_FIELD(ffn.dense.gate_up),
-     .is_weight = true,
-     .shard = WSHARD_COL,
-     .cols = WDIM_HIDDEN,
-     .parts = {{"mlp.gate_proj.weight", WDIM_INTER}, {"mlp.up_proj.weight", WDIM_INTER}}},
-    {.field = L_FIELD(ffn.dense.down),
-     .is_weight = true,
-     .shard = WSHARD_ROW,
-     .cols = WDIM_INTER,
-     .parts = {{"mlp.down_proj.weight", WDIM_HIDDEN}}},
-    WEIGHT_TABLE_END,
-};
-
 // MoE layers: mlp.gate (router + its F32 correction bias), mlp.experts.E.*, mlp.shared_experts.*
 // (stacked after the routed experts, weight_loader.h shared_parts).
 static const struct weight_entry glm4_moe_weights[] = {
@@ -160,7 +145,7 @@ static void glm4_moe_plan_layer(const struct model *m, int l, struct layer_plan 
                   .n_kv_heads = c->num_kv_heads,
                   .head_dim_k = c->head_dim,
                   .head_dim_v = c->head_dim},
-        .tables = {weights_layer_norms, glm4_attn_weights, moe ? glm4_moe_weights : glm4_mlp_weights},
+        .tables = {weights_layer_norms, glm4_attn_weights, moe ? glm4_moe_weights : weights_dense_mlp},
     };
 }
 

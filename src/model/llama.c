@@ -37,18 +37,6 @@ static const struct weight_entry llama_attn_weights[] = {
     WEIGHT_TABLE_END,
 };
 
-static const struct weight_entry llama_mlp_weights[] = {
-    {.field = L_FIELD(ffn.dense.gate_up), .is_weight = true, .shard = WSHARD_COL, .cols = WDIM_HIDDEN,
-     .parts = {{"mlp.gate_proj.weight", WDIM_INTER}, {"mlp.up_proj.weight", WDIM_INTER}}},
-    {.field = L_FIELD(ffn.dense.down), .is_weight = true, .shard = WSHARD_ROW, .cols = WDIM_INTER,
-     .parts = {{"mlp.down_proj.weight", WDIM_HIDDEN}}},
-    {.field = L_FIELD(ffn.dense.gate_up_bias), .init = WINIT_BIAS, .shard = WSHARD_COL, .cond = WCOND_MLP_BIAS,
-     .parts = {{"mlp.gate_proj.bias", WDIM_INTER}, {"mlp.up_proj.bias", WDIM_INTER}}},
-    {.field = L_FIELD(ffn.dense.down_bias), .init = WINIT_BIAS, .shard = WSHARD_ROW_BIAS, .cond = WCOND_MLP_BIAS,
-     .parts = {{"mlp.down_proj.bias", WDIM_HIDDEN}}},
-    WEIGHT_TABLE_END,
-};
-
 // Qwen3-MoE: mlp.gate (router) and mlp.experts.E.{gate,up,down}_proj.
 static const struct weight_entry qwen3_moe_weights[] = {
     {.field = L_FIELD(ffn.moe.router), .is_weight = true, .cols = WDIM_HIDDEN,
@@ -115,7 +103,7 @@ static void llama_plan_layer(const struct model *m, int l, struct layer_plan *p)
         .cache = {.kind = window > 0 ? CACHE_KIND_SLIDING : CACHE_KIND_FULL, .n_kv_heads = c->num_kv_heads,
                   .head_dim_k = c->head_dim, .head_dim_v = c->head_dim, .window = window},
         .tables = {weights_layer_norms, llama_attn_weights,
-                   !moe ? llama_mlp_weights : c->arch == MODEL_ARCH_MIXTRAL ? mixtral_moe_weights : qwen3_moe_weights},
+                   !moe ? weights_dense_mlp : c->arch == MODEL_ARCH_MIXTRAL ? mixtral_moe_weights : qwen3_moe_weights},
     };
 }
 
