@@ -110,8 +110,9 @@ TEST(cuda_quant_models_match_refs) {
             sim_seq_release(s, q);
             free(q);
         }
-        fprintf(stderr, "  %-20s %s max |logit - ref| = %.3g (tol %.3g), %d clear-margin greedy steps equal, %llu graph "
-                        "replays\n",
+        fprintf(stderr,
+                "  %-20s %s max |logit - ref| = %.3g (tol %.3g), %d clear-margin greedy steps equal, %llu graph "
+                "replays\n",
                 name, QMODELS[mi].refs, worst, R.tol, checked, (unsigned long long)model_runner_num_graph_replays(r));
         ASSERT_TRUE(model_runner_num_graph_replays(r) > 0);
         free(lg);
