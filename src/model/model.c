@@ -119,8 +119,8 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
     for (int l = 0; l < c->num_layers; l++) {
         if (c->layer_types[l] != LAYER_ATTN_LINEAR) continue;
         if (!caps->gated_deltanet)
-            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d: the %s backend has no Gated DeltaNet "
-                             "(linear attention) ops", c->architecture, l, be);
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d: the %s backend does not run Gated "
+                             "DeltaNet (linear attention) layers", c->architecture, l, be);
         int hd = c->linear_key_head_dim > c->linear_value_head_dim ? c->linear_key_head_dim : c->linear_value_head_dim;
         if (caps->max_deltanet_head_dim > 0 && hd > caps->max_deltanet_head_dim)
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: linear-attention head dims %d / %d exceed the %s "

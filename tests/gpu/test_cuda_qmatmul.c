@@ -233,6 +233,8 @@ static const struct qcase {
     {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 256, 200, WEIGHT_ACT_FP8_GROUP},  // partial column block
     {WEIGHT_SCHEME_BLOCK, 0, 32, 128, 160, 512, WEIGHT_ACT_FP8_GROUP},   // a regridded fused weight
     {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 256, 512, WEIGHT_ACT_NONE},
+    {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 512, 64, WEIGHT_ACT_FP8_GROUP}, // k < 128: one partial block (tiny MoE qkv)
+    {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 64, 256, WEIGHT_ACT_FP8_GROUP}, // m < 128 (tiny o_proj)
     {WEIGHT_SCHEME_GROUP, 4, 1, 128, 256, 1024, WEIGHT_ACT_NONE},  // W4A16 group 128
     {WEIGHT_SCHEME_GROUP, 4, 1, 32, 100, 320, WEIGHT_ACT_NONE},    // group 32
     {WEIGHT_SCHEME_GROUP, 4, 1, 200, 64, 200, WEIGHT_ACT_NONE},    // per channel (one group), k % 16 != 0
@@ -356,49 +358,59 @@ TEST(cuda_moe_experts_quantized_match_cpu) {
         {WEIGHT_SCHEME_GROUP, 8, 1, 32, WEIGHT_ACT_NONE},
     };
     const int E = 8, slots = 3;
-    const int64_t H = 256, I = 192; // I: one and a half 128-column groups
-    const int ns[] = {1, 5, 40};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
-        for (size_t ni = 0; ni < 3; ni++) {
-            const int n = ns[ni];
-            struct pool P = {0};
-            struct hq gu = hq_make(cases[ci].s, E, cases[ci].bits, 2 * I, H, cases[ci].br, cases[ci].bc);
-            struct hq dn = hq_make(cases[ci].s, E, cases[ci].bits, H, I, cases[ci].br, cases[ci].bc);
-            struct weight guc = hq_put(&P, cpu_be, &gu, cases[ci].act), gug = hq_put(&P, gpu_be, &gu, cases[ci].act);
-            struct weight dnc = hq_put(&P, cpu_be, &dn, cases[ci].act), dng = hq_put(&P, gpu_be, &dn, cases[ci].act);
-            float *xh = malloc(sizeof(float) * (size_t)(n * H)), *wh = malloc(sizeof(float) * (size_t)(n * slots));
-            int32_t *ih = malloc(sizeof(int32_t) * (size_t)(n * slots));
-            for (int64_t i = 0; i < n * H; i++) xh[i] = round_bf16(rng_sym(1.f));
-            for (int i = 0; i < n * slots; i++) {
-                ih[i] = (int32_t)((i * 5 + i / slots) % E);
-                wh[i] = 0.2f + 0.3f * rng_uniform();
+    // I 192: one and a half 128-column groups; H 64, I 32: single partial blocks (qwen3_moe_fp8_block)
+    for (int shp = 0; shp < 2; shp++) {
+        const int64_t H = shp ? 64 : 256, I = shp ? 32 : 192;
+        const int ns[] = {1, 5, 40};
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            for (size_t ni = 0; ni < 3; ni++) {
+                const int n = ns[ni];
+                if (shp && cases[ci].s == WEIGHT_SCHEME_GROUP) continue; // groups wider than I
+                struct pool P = {0};
+                struct hq gu = hq_make(cases[ci].s, E, cases[ci].bits, 2 * I, H, cases[ci].br, cases[ci].bc);
+                struct hq dn = hq_make(cases[ci].s, E, cases[ci].bits, H, I, cases[ci].br, cases[ci].bc);
+                struct weight guc = hq_put(&P, cpu_be, &gu, cases[ci].act);
+                struct weight gug = hq_put(&P, gpu_be, &gu, cases[ci].act);
+                struct weight dnc = hq_put(&P, cpu_be, &dn, cases[ci].act);
+                struct weight dng = hq_put(&P, gpu_be, &dn, cases[ci].act);
+                float *xh = malloc(sizeof(float) * (size_t)(n * H)), *wh = malloc(sizeof(float) * (size_t)(n * slots));
+                int32_t *ih = malloc(sizeof(int32_t) * (size_t)(n * slots));
+                for (int64_t i = 0; i < n * H; i++) xh[i] = round_bf16(rng_sym(1.f));
+                for (int i = 0; i < n * slots; i++) {
+                    ih[i] = (int32_t)((i * 5 + i / slots) % E);
+                    wh[i] = 0.2f + 0.3f * rng_uniform();
+                }
+                struct tensor xc = put_f(&P, cpu_be, DTYPE_F32, n, H, xh), xg = put_f(&P, gpu_be, DTYPE_BF16, n, H, xh);
+                struct tensor yc = put_f(&P, cpu_be, DTYPE_F32, n, H, NULL);
+                struct tensor yg = put_f(&P, gpu_be, DTYPE_BF16, n, H, NULL);
+                int32_t *idc = pool_put(&P, cpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+                int32_t *idg = pool_put(&P, gpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+                float *twc = pool_put(&P, cpu_be, wh, sizeof(float) * (size_t)(n * slots));
+                float *twg = pool_put(&P, gpu_be, wh, sizeof(float) * (size_t)(n * slots));
+                void *wsc = pool_put(&P, cpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 4));
+                void *wsg = pool_put(&P, gpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 2));
+                cpu_be->ops->moe_experts(cpu_be, &yc, &xc, &guc, &dnc, idc, twc, slots, NULL, wsc);
+                gpu_be->ops->moe_experts(gpu_be, &yg, &xg, &gug, &dng, idg, twg, slots, NULL, wsg);
+                float *fc = get_f(cpu_be, &yc), *fg = get_f(gpu_be, &yg);
+                const double thr = cases[ci].act != WEIGHT_ACT_NONE ? NMSE_MOE_W8A8 : NMSE_Q;
+                double e = nmse(fg, fc, n * H);
+                if (shp)
+                    fprintf(stderr, "  moe H %lld I %lld %s br %d act %s n=%d: nmse %.2e\n", (long long)H, (long long)I,
+                            weight_scheme_name(cases[ci].s), cases[ci].br, weight_act_name(cases[ci].act), n, e);
+                if (!(e >= 0 && e <= thr))
+                    test_fail(__FILE__, __LINE__, "moe %s bits %d br %d act %s n=%d: nmse %g > %g",
+                              weight_scheme_name(cases[ci].s), cases[ci].bits, cases[ci].br,
+                              weight_act_name(cases[ci].act), n, e, thr);
+                free(fc);
+                free(fg);
+                free(xh);
+                free(wh);
+                free(ih);
+                hq_free(&gu);
+                hq_free(&dn);
+                ASSERT_EQ(pool_release(&P), 0);
             }
-            struct tensor xc = put_f(&P, cpu_be, DTYPE_F32, n, H, xh), xg = put_f(&P, gpu_be, DTYPE_BF16, n, H, xh);
-            struct tensor yc = put_f(&P, cpu_be, DTYPE_F32, n, H, NULL), yg = put_f(&P, gpu_be, DTYPE_BF16, n, H, NULL);
-            int32_t *idc = pool_put(&P, cpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
-            int32_t *idg = pool_put(&P, gpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
-            float *twc = pool_put(&P, cpu_be, wh, sizeof(float) * (size_t)(n * slots));
-            float *twg = pool_put(&P, gpu_be, wh, sizeof(float) * (size_t)(n * slots));
-            void *wsc = pool_put(&P, cpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 4));
-            void *wsg = pool_put(&P, gpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 2));
-            cpu_be->ops->moe_experts(cpu_be, &yc, &xc, &guc, &dnc, idc, twc, slots, NULL, wsc);
-            gpu_be->ops->moe_experts(gpu_be, &yg, &xg, &gug, &dng, idg, twg, slots, NULL, wsg);
-            float *fc = get_f(cpu_be, &yc), *fg = get_f(gpu_be, &yg);
-            const double thr = cases[ci].act != WEIGHT_ACT_NONE ? NMSE_MOE_W8A8 : NMSE_Q;
-            double e = nmse(fg, fc, n * H);
-            if (!(e >= 0 && e <= thr))
-                test_fail(__FILE__, __LINE__, "moe %s bits %d br %d act %s n=%d: nmse %g > %g",
-                          weight_scheme_name(cases[ci].s), cases[ci].bits, cases[ci].br,
-                          weight_act_name(cases[ci].act), n, e, thr);
-            free(fc);
-            free(fg);
-            free(xh);
-            free(wh);
-            free(ih);
-            hq_free(&gu);
-            hq_free(&dn);
-            ASSERT_EQ(pool_release(&P), 0);
-        }
+    }
 }
 
 int main(int argc, char **argv) {

@@ -11,6 +11,10 @@
 // multiple of 32 up to CUDA_MLA_MAX_KV_LORA (cuda_mla.cu). MX (MXFP4, U8 values and e8m0 scales)
 // only GPT-OSS's experts carry (model/quant.c plans no other module in it): moe_experts decodes it
 // in registers; matmul does not take it. moe_experts also runs GPT-OSS's clamped SwiGLU with biases.
+// Gated DeltaNet models (Qwen3-Next / Qwen3.5-MoE) are switched off (gated_deltanet = false):
+// cuda_deltanet.cu's ops match the CPU (tests/gpu/test_cuda_deltanet.c), but the whole tiny
+// fixtures' logits on the H200 were 1.4-2.8 off HF on some prompts (tolerance ~0.29) for a cause
+// not yet found, so such models are refused at load until the model test passes.
 #include "backend/backend.h"
 #include "backend/cuda/cuda_limits.h"
 
@@ -35,7 +39,7 @@ const struct backend_caps backend_cuda_caps = {
     .mla = true,
     .mla_max_kv_lora = CUDA_MLA_MAX_KV_LORA,
     .mla_max_rope = CUDA_MLA_MAX_ROPE,
-    .gated_deltanet = true,
+    .gated_deltanet = false,
     .max_deltanet_head_dim = CUDA_DN_MAX_HEAD_DIM,
     .max_deltanet_conv_kernel = CUDA_DN_MAX_CONV_KERNEL,
 };

@@ -293,14 +293,17 @@ void cuda_op_mla_attention(struct backend *b, struct tensor *out, const struct t
     if (n == 0) return;
     cudaStream_t s = cb->stream;
     const __nv_bfloat16 *kvb = (const __nv_bfloat16 *)a->kv_b->t.data;
-    // Workspace (mla_workspace_bytes): qa (chunk, H, D) f32, o_lat (chunk, H, L) f32, partials.
-    float *qa = (float *)workspace;
-    float *o_lat = qa + (size_t)MLA_WS_TOKENS * H * D;
-    float *part = o_lat + (size_t)MLA_WS_TOKENS * H * L; // (MLA_WS_SPLIT_TOKENS, H, splits, L + 2)
+    // Workspace (mla_workspace_bytes): per chunk of nc tokens, qa (nc, H, D) f32, o_lat (nc, H, L)
+    // f32, then the partials (nc, H, splits, L + 2) of a split chunk, packed by nc: the workspace
+    // is sized for min(max tokens, MLA_WS_TOKENS) (and min(max tokens, MLA_WS_SPLIT_TOKENS) split)
+    // tokens, so offsets by the full MLA_WS_TOKENS would run past it when the step budget is small.
     const size_t attend_smem = ((size_t)MLA_HT * D + (size_t)MLA_TK * (D + 1)) * sizeof(float);
     for (int t0 = 0; t0 < n; t0 += MLA_WS_TOKENS) {
         const int nc = n - t0 < MLA_WS_TOKENS ? n - t0 : MLA_WS_TOKENS;
         const int S = nc <= MLA_WS_SPLIT_TOKENS ? MLA_WS_MAX_SPLITS : 1;
+        float *qa = (float *)workspace;
+        float *o_lat = qa + (size_t)nc * H * D;
+        float *part = o_lat + (size_t)nc * H * L;
         pdl_launch(mla_absorb_kernel, dim3((unsigned)nc, (unsigned)H), 128, (size_t)NP * sizeof(float), s,
                    (const __nv_bfloat16 *)q->data, kvb, qa, t0, H, NP, R, L, V, a->scale);
         const dim3 g((unsigned)nc, cdiv(H, MLA_HT), (unsigned)S);
