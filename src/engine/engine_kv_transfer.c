@@ -68,6 +68,11 @@ atomc_status engine_kv_create(atomc_engine *e, const atomc_engine_options *o, st
         st = error_set(err, ATOMC_ERR_UNSUPPORTED,
                        "--kv-transfer-config: this engine's model cannot expose its KV pool (KV transfer with "
                        "tensor parallelism is not implemented)");
+    if (st == ATOMC_OK && e->su.num_state_slots > 0)
+        st = error_set(err, ATOMC_ERR_UNSUPPORTED,
+                       "--kv-transfer-config: %s keeps per-sequence recurrent state, which KV transfer does not "
+                       "carry (only paged KV blocks)",
+                       e->su.info.architecture ? e->su.info.architecture : "this model");
     if (st != ATOMC_OK) {
         free(k);
         return st;

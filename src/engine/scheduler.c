@@ -271,6 +271,10 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
 bool scheduler_admit_prefilled(struct scheduler *s, struct sequence *seq, double now) {
     CHECK(seq->status == SEQ_STATUS_WAITING && seq->n_sched == 0 && seq->n_computed < seq->n_tokens);
     if (s->n_running >= s->cfg.max_num_seqs) return false;
+    // A sequence whose prompt KV arrived from a prefill instance (engine_kv_transfer.c) never went
+    // through scheduler_add: it holds no recurrent-state slot (P/D is refused for recurrent models).
+    CHECK_MSG(s->cfg.state_slots == 0, "prefilled admission with recurrent state slots");
+    seq->state_slot = -1;
     seq->status = SEQ_STATUS_RUNNING;
     seq->admit_order = ++s->admit_counter;
     s->running[s->n_running++] = seq;
