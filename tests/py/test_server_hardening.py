@@ -301,7 +301,12 @@ def test_large_bodies_are_handled_off_the_event_loop(plain_srv):
     assert st == 200 and body["count"] in (5_200_000, 5_200_001), (st, body.get("count") if isinstance(body, dict) else body)
     during = [b - a for a, b in zip(ts, ts[1:]) if a >= t_big and b <= t_big_end + 0.5]
     assert during, "the stream ended before the big request was handled"
-    assert max(during) < 1.0, f"largest gap during the 31 MB /tokenize: {max(during):.2f} s"
+    # Handled on the loop, the stream would stall for the whole request (parse + tokenize of 31 MB,
+    # several seconds); off it, decode steps keep coming. The bound is relative to the request's own
+    # time so a loaded machine (slower steps, slower tokenize) does not turn it into a timing test.
+    took = t_big_end - t_big
+    assert max(during) < max(1.0, 0.4 * took), \
+        f"largest gap during the 31 MB /tokenize: {max(during):.2f} s of its {took:.2f} s"
 
     # Same answers as the small-body path.
     st, small = plain_srv.json("POST", "/tokenize", {"prompt": "hello world " * 3, "add_special_tokens": False})
