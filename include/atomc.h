@@ -67,6 +67,8 @@ typedef struct atomc_engine_options {
     bool enable_prefix_caching;    // default true
     bool enforce_eager;            // CUDA: no graphs
     int num_threads;               // CPU threads, 0 = number of cores
+    bool cpu_exact_kernels;        // CPU: quantized weights decode through the bit-exact kernels
+                                   // (--cpu-exact-kernels; default: the faster int16-activation ones)
     uint64_t seed;                 // default seed for requests without one
     int tensor_parallel_size;      // default 1
     int max_waiting;               // bounded waiting queue (ATOMC_ERR_BUSY past it); 0 = unbounded

@@ -69,8 +69,8 @@ static int all_finite(const float *x, int64_t n) {
     return 1;
 }
 
-static struct backend *make_backend(int threads) {
-    struct backend_options o = {.num_threads = threads, .kv_pool_bytes = 1 << 20};
+static struct backend *make_backend_opt(int threads, bool exact) {
+    struct backend_options o = {.num_threads = threads, .kv_pool_bytes = 1 << 20, .exact_kernels = exact};
     struct backend *b = NULL;
     struct error err = {0};
     if (backend_cpu_create(&o, &b, &err) != ATOMC_OK) {
@@ -79,6 +79,8 @@ static struct backend *make_backend(int threads) {
     }
     return b;
 }
+
+static struct backend *make_backend(int threads) { return make_backend_opt(threads, false); }
 
 // ---------------------------------------------------------------------------------------------
 // Thread pool
@@ -565,11 +567,9 @@ TEST(half_precision_weights) {
 // weights dequantised at load bit for bit, and the sgemm path (n > 8) to rounding. Embedding
 // rows from a quantised table likewise.
 TEST(quantised_weights_match_dequantised_f32) {
-    // The exact kernels (ATOMC_CPU_EXACT=1); the default decode path for quantised weights
-    // (int16 activations, not bit-identical) is tested against its bound in test_cpu_quant_ops.c.
-    setenv("ATOMC_CPU_EXACT", "1", 1);
-    struct backend *b = make_backend(2);
-    unsetenv("ATOMC_CPU_EXACT");
+    // The exact kernels (backend_options.exact_kernels); the default decode path for quantised
+    // weights (int16 activations, not bit-identical) is tested against its bound in test_cpu_quant_ops.c.
+    struct backend *b = make_backend_opt(2, true);
     enum dtype qts[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1};
     int ks[] = {96, 576}, ns[] = {1, 2, 3, 4, 5, 8, 9, 33};
     const int m = 301;

@@ -277,16 +277,12 @@ TEST(cpu_quant_xq_kernels_batch_and_split_invariant) {
 }
 
 // The backend's matmul takes the integer-dot path for quantised weights at decode sizes (n <= 8) and
-// stays within the bound of the dequantised F32 matmul (int16 activations); ATOMC_CPU_EXACT=1 restores the exact
+// stays within the bound of the dequantised F32 matmul (int16 activations); backend_options.exact_kernels restores the exact
 // kernels (bit-identical to the F32 expansion).
 TEST(cpu_quant_backend_matmul_decode_path) {
     const int64_t k = 768, m = 301;
     for (int exact = 0; exact < 2; exact++) {
-        if (exact)
-            setenv("ATOMC_CPU_EXACT", "1", 1);
-        else
-            unsetenv("ATOMC_CPU_EXACT");
-        struct backend_options bo = {.num_threads = 2, .kv_pool_bytes = 1 << 20};
+        struct backend_options bo = {.num_threads = 2, .kv_pool_bytes = 1 << 20, .exact_kernels = exact};
         struct backend *b = NULL;
         struct error err = {0};
         ASSERT_OK(backend_cpu_create(&bo, &b, &err));
@@ -344,7 +340,6 @@ TEST(cpu_quant_backend_matmul_decode_path) {
         }
         backend_destroy(b);
     }
-    unsetenv("ATOMC_CPU_EXACT");
 }
 
 // The K-quant decoders (dtype_to_f32) against gguf-py's dequantisation of random blocks

@@ -201,17 +201,16 @@ TEST(tp4_matches_tp1_and_hf) { check_tp(4); }
 TEST(tp3_smollm2_gguf_matches_tp1) {
     const char *path = test_smollm2_path();
     if (!path) return;
-    // The exact CPU path (ATOMC_CPU_EXACT=1, F32 KV): TP_RTOL is an fp32-reordering tolerance;
+    // The exact CPU path (cpu_exact_kernels, F32 KV): TP_RTOL is an fp32-reordering tolerance;
     // the default path's int16 activations and BF16 KV round differently reordered values
     // differently (~1e-4 relative at the logits).
     struct runner_options o = base_options(path);
     o.kv_cache_dtype = "float32";
+    o.cpu_exact_kernels = true; // every rank's backend
     struct any_runner a1 = {0}, a3 = {0};
     struct error err = {0};
-    setenv("ATOMC_CPU_EXACT", "1", 1); // read at each backend's creation
     atomc_status s1 = model_runner_create(&o, &a1.r, &err);
     atomc_status s3 = s1 == ATOMC_OK ? tp_runner_create(&o, 3, &a3.tp, &err) : s1;
-    unsetenv("ATOMC_CPU_EXACT");
     ASSERT_OK(s1);
     ASSERT_OK(s3);
     struct ref_prompt p = {.ids = {1, 504, 3458, 282, 4649, 314, 2}, .n = 7};

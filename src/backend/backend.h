@@ -424,6 +424,8 @@ struct backend_options {
     bool batch_invariant;  // CPU: every matmul through the row-independent kernel, so a token's
                            // results never depend on the rest of its batch (slower prefill);
                            // also set by env ATOMC_BATCH_INVARIANT=1
+    bool exact_kernels;    // CPU: quantized weights decode through the bit-exact dequantise-in-registers
+                           // kernels (F32 activations) instead of the int16-activation ones
 };
 
 atomc_status backend_cpu_create(const struct backend_options *o, struct backend **out, struct error *err);

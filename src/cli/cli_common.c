@@ -259,6 +259,7 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_PREFIX_OFF: o->enable_prefix_caching = false; return 1;
     case CLI_E_EAGER: o->enforce_eager = true; return 1;
     case CLI_E_THREADS: return cli_parse_int(arg, "--num-threads", 0, 4096, &o->num_threads) ? 1 : -1;
+    case CLI_E_CPU_EXACT: o->cpu_exact_kernels = true; return 1;
     case CLI_E_GEN_CONFIG: o->generation_config = arg; return 1;
     case CLI_E_PROFILE_DIR: o->profile_dir = arg; return 1;
     case CLI_E_TP: return cli_parse_int(arg, "--tensor-parallel-size", 1, 64, &o->tensor_parallel_size) ? 1 : -1;

@@ -33,6 +33,7 @@ enum {
     CLI_E_PREFIX_OFF,
     CLI_E_EAGER,
     CLI_E_THREADS,
+    CLI_E_CPU_EXACT,
     CLI_E_GEN_CONFIG,
     CLI_E_ENGINE_SEED,
     CLI_E_PROFILE_DIR,
@@ -58,6 +59,7 @@ enum {
         {"enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_ON},                                                    \
         {"no-enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_OFF},                                                \
         {"enforce-eager", no_argument, 0, CLI_E_EAGER}, {"num-threads", required_argument, 0, CLI_E_THREADS},          \
+        {"cpu-exact-kernels", no_argument, 0, CLI_E_CPU_EXACT},                                                        \
         {"generation-config", required_argument, 0, CLI_E_GEN_CONFIG},                                                 \
         {"engine-seed", required_argument, 0, CLI_E_ENGINE_SEED},                                                      \
         {"profile-dir", required_argument, 0, CLI_E_PROFILE_DIR},                                                      \
@@ -73,6 +75,7 @@ enum {
     "  --model PATH           HF model directory or .gguf file (required)\n"                                           \
     "  --device auto|cpu|cuda (default auto)  --dtype auto|bfloat16|float16|float32\n"                                 \
     "  --load-format auto|dummy   --kv-cache-dtype auto|bf16|fp8   --num-threads N (CPU)\n"                            \
+    "  --cpu-exact-kernels    CPU: quantized weights through the bit-exact (slower) decode kernels\n"                    \
     "  --quantization none|fp8    fp8: online per-channel FP8 weights, per-token FP8 activations\n"                     \
     "  --max-model-len N   --max-num-seqs N   --max-num-batched-tokens N   --block-size N\n"                           \
     "  --gpu-memory-utilization F   --cpu-kv-cache-gb F   --num-gpu-blocks-override N\n"                               \

@@ -45,22 +45,24 @@ static void on_window_output(void *user, const atomc_output *out) {
 
 static void eval_usage(void) {
     printf("usage: atomc eval perplexity --model PATH --file TEXT [--ctx N] [--stride S] [--device auto|cpu|cuda]\n"
-           "                             [--max-num-seqs N] [--max-num-batched-tokens N] [--quantization fp8] [--json]\n"
+           "                             [--max-num-seqs N] [--max-num-batched-tokens N] [--quantization fp8] [--cpu-exact-kernels] [--json]\n"
            "  --ctx N      window length in tokens (default 512)\n"
            "  --stride S   window step (default ctx/2); tokens already scored are not scored again\n");
 }
 
 static int eval_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *device = "auto", *quantization = NULL;
+    bool exact = false;
     int ctx = 512, stride = 0, max_num_seqs = 0, max_batched = 0;
     bool json = false;
-    enum { O_MODEL = 1, O_FILE, O_CTX, O_STRIDE, O_DEVICE, O_SEQS, O_BATCHED, O_JSON, O_HELP, O_QUANT };
+    enum { O_MODEL = 1, O_FILE, O_CTX, O_STRIDE, O_DEVICE, O_SEQS, O_BATCHED, O_JSON, O_HELP, O_QUANT, O_EXACT };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL}, {"file", required_argument, 0, O_FILE},
         {"ctx", required_argument, 0, O_CTX}, {"stride", required_argument, 0, O_STRIDE},
         {"device", required_argument, 0, O_DEVICE}, {"max-num-seqs", required_argument, 0, O_SEQS},
         {"max-num-batched-tokens", required_argument, 0, O_BATCHED}, {"json", no_argument, 0, O_JSON},
-        {"help", no_argument, 0, O_HELP}, {"quantization", required_argument, 0, O_QUANT}, {0, 0, 0, 0},
+        {"help", no_argument, 0, O_HELP}, {"quantization", required_argument, 0, O_QUANT},
+        {"cpu-exact-kernels", no_argument, 0, O_EXACT}, {0, 0, 0, 0},
     };
     optind = 1;
     opterr = 0;
@@ -77,6 +79,7 @@ static int eval_perplexity(int argc, char **argv) {
             break;
         case O_DEVICE: device = optarg; break;
         case O_QUANT: quantization = optarg; break;
+        case O_EXACT: exact = true; break;
         case O_SEQS:
             if (!cli_parse_int(optarg, "--max-num-seqs", 1, 1 << 20, &max_num_seqs)) return 2;
             break;
@@ -109,6 +112,7 @@ static int eval_perplexity(int argc, char **argv) {
     o.model_path = model;
     o.device = device;
     o.quantization = quantization;
+    o.cpu_exact_kernels = exact;
     o.max_num_seqs = max_num_seqs;
     o.max_num_batched_tokens = max_batched > 0 ? max_batched : (ctx > 2048 ? ctx : 2048);
     if (o.max_model_len == 0 || o.max_model_len < ctx + 1) o.max_model_len = ctx + 1;

@@ -92,6 +92,8 @@ static const struct flag flags[] = {
     {"--data-parallel-size", FLAG_INT, A(data_parallel_size), "1",
      "engine replicas behind this server, each request to the least loaded (CPU; alias -dp)"},
     {"--num-threads", FLAG_INT, A(eo.num_threads), "0 (all cores)", "CPU backend threads"},
+    {"--cpu-exact-kernels", FLAG_BOOL_ON, A(eo.cpu_exact_kernels), "off",
+     "CPU: quantized weights through the bit-exact dequantise-in-registers decode kernels"},
     {"--profile-dir", FLAG_STR, A(eo.profile_dir), "off",
      "enable POST /start_profile and /stop_profile: per-step Chrome traces written here"},
     {"--speculative-config", FLAG_STR, A(speculative_config), "off",

@@ -136,6 +136,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
         .max_model_len = o->max_model_len,
         .enforce_eager = o->enforce_eager,
         .num_threads = o->num_threads,
+        .cpu_exact_kernels = o->cpu_exact_kernels,
         .dummy_seed = o->seed,
         .moe_uniform_routing = o->moe_uniform_routing,
     };

@@ -475,7 +475,10 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     double t0 = time_now_s();
     struct model_runner *r = xcalloc(1, sizeof *r);
     struct model_files *files = NULL;
-    struct backend_options bo = {.num_threads = o->num_threads, .device_id = 0, .kv_pool_bytes = o->cpu_kv_cache_bytes};
+    struct backend_options bo = {.num_threads = o->num_threads,
+                                 .device_id = 0,
+                                 .kv_pool_bytes = o->cpu_kv_cache_bytes,
+                                 .exact_kernels = o->cpu_exact_kernels};
     atomc_status st = ATOMC_OK;
     if (o->backend)
         r->backend = o->backend;

@@ -104,6 +104,7 @@ struct runner_options {
     int max_model_len;
     bool enforce_eager;
     int num_threads;
+    bool cpu_exact_kernels; // CPU: backend_options.exact_kernels (--cpu-exact-kernels)
     uint64_t dummy_seed;
     // Optional: run on this already created backend instead of creating one from `device`.
     // Ownership passes to the runner (freed by model_runner_free, also on a failed create).

@@ -36,7 +36,6 @@ def make_gguf(src, out, mix):
 def perplexity(model, text, env_extra=None):
     env = dict(os.environ)
     env.pop("ATOMC_BATCH_INVARIANT", None)
-    env.pop("ATOMC_CPU_EXACT", None)
     env.update(env_extra or {})
     r = subprocess.run([ATOMC, "eval", "perplexity", "--model", str(model), "--file", str(text), "--ctx", "256",
                         "--stride", "256", "--json"], capture_output=True, text=True, timeout=1200, env=env)

@@ -522,7 +522,7 @@ static void cpu_matmul(struct backend *b, struct tensor *out, const struct tenso
     uint8_t *scr = cpu_shared_reserve(c, bias_bytes + (size_t)tile_rows * (size_t)k * sizeof(float) + 64);
     const float *bf = bias ? cpu_weight_f32(bias, (float *)scr) : NULL;
     // Quantised weights at decode sizes: int8 activations and integer dot products (not
-    // bit-identical to the F32 path; see cpu_kernels_xq.c). ATOMC_CPU_EXACT=1 keeps the exact
+    // bit-identical to the F32 path; see cpu_kernels_xq.c). backend_options.exact_kernels (--cpu-exact-kernels) keeps the exact
     // dequantise-in-registers kernels; prefill (sgemm over widened tiles) is always exact.
     const bool q8 = skinny && !c->exact_matmul && c->kern.gemv_xq[wk] != NULL;
     if (q8) {
@@ -803,8 +803,7 @@ atomc_status backend_cpu_create(const struct backend_options *o, struct backend 
     c->kv_pool_bytes = o ? o->kv_pool_bytes : 0;
     const char *bi = getenv("ATOMC_BATCH_INVARIANT");
     c->batch_invariant = (o && o->batch_invariant) || (bi && !strcmp(bi, "1"));
-    const char *ex = getenv("ATOMC_CPU_EXACT");
-    c->exact_matmul = ex && !strcmp(ex, "1");
+    c->exact_matmul = o && o->exact_kernels;
     c->scratch = calloc((size_t)n, sizeof(void *));
     c->sample_hist = calloc((size_t)n, sizeof(void *));
     atomc_status st = !c->scratch || !c->sample_hist

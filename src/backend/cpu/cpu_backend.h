@@ -22,7 +22,7 @@ struct cpu_backend {
     pthread_mutex_t op_lock;
     size_t kv_pool_bytes;
     bool batch_invariant; // all matmuls through the skinny kernel (see backend_options)
-    bool exact_matmul;    // ATOMC_CPU_EXACT=1: quantised weights never take the int8-activation path
+    bool exact_matmul;    // backend_options.exact_kernels: quantised weights never take the int8-activation path
     int n_threads;
     void **scratch;       // (n_threads) per-thread scratch, 64-byte aligned
     size_t scratch_bytes; // current size of each
