@@ -134,6 +134,26 @@ TEST(qwen3_next_engine_refuses_speculative_decoding) {
     ASSERT_TRUE(strstr(err, "speculative decoding") != NULL);
 }
 
+// P/D disaggregation moves paged KV blocks only: a recurrent model is refused before any socket opens.
+TEST(qwen3_next_engine_refuses_kv_transfer) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s", test_fixture("models/qwen3_next"));
+    atomc_engine_options o;
+    atomc_engine_options_init(&o);
+    o.model_path = path;
+    o.device = "cpu";
+    o.num_kv_blocks = 64;
+    o.max_model_len = 128;
+    o.max_num_seqs = 4;
+    o.num_threads = 2;
+    o.kv_transfer_config = "{\"kv_connector\": \"tcp\", \"kv_role\": \"kv_producer\", \"kv_ip\": \"127.0.0.1\", "
+                           "\"kv_port\": 1}";
+    atomc_engine *e = NULL;
+    char err[512] = "";
+    ASSERT_EQ(atomc_engine_create(&o, &e, err, sizeof err), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(err, "recurrent state") != NULL);
+}
+
 int main(int argc, char **argv) {
     return test_main(argc, argv);
 }
