@@ -65,6 +65,8 @@ extern const struct model_arch_def model_arch_glm4_moe; // glm4_moe.c
 // Shared weight tables of the pre-norm decoder layer (blocks.c): the two RMSNorm weights every
 // layer has (input_layernorm, post_attention_layernorm).
 extern const struct weight_entry weights_layer_norms[];
+// Routed experts: mlp.gate + mlp.experts.E.{gate,up,down}_proj (Qwen3-MoE, DeepSeek).
+extern const struct weight_entry weights_moe_routed[];
 // The dense gated MLP (mlp.{gate,up,down}_proj, optional mlp_bias biases).
 extern const struct weight_entry weights_dense_mlp[];
 

@@ -206,6 +206,19 @@ const struct weight_entry weights_layer_norms[] = {
     WEIGHT_TABLE_END,
 };
 
+// Routed experts in HF's Qwen-MoE / DeepSeek naming: the router mlp.gate and mlp.experts.E.{gate,up,
+// down}_proj, stacked per expert. Qwen3-MoE layers; DeepSeek's MoE layers add their bias and shared
+// experts in a table of their own.
+const struct weight_entry weights_moe_routed[] = {
+    {.field = offsetof(struct model_layer, ffn.moe.router), .is_weight = true, .cols = WDIM_HIDDEN,
+     .parts = {{"mlp.gate.weight", WDIM_EXPERTS}}},
+    {.field = offsetof(struct model_layer, ffn.moe.gate_up), .is_weight = true, .per_expert = true, .cols = WDIM_HIDDEN,
+     .parts = {{"mlp.experts.%d.gate_proj.weight", WDIM_MOE_INTER}, {"mlp.experts.%d.up_proj.weight", WDIM_MOE_INTER}}},
+    {.field = offsetof(struct model_layer, ffn.moe.down), .is_weight = true, .per_expert = true, .cols = WDIM_MOE_INTER,
+     .parts = {{"mlp.experts.%d.down_proj.weight", WDIM_HIDDEN}}},
+    WEIGHT_TABLE_END,
+};
+
 // The dense gated MLP (HF's LlamaMLP shape: mlp.{gate,up,down}_proj, biases where the config has
 // mlp_bias), column / row sharded under tensor parallelism. Llama-family dense layers, DeepSeek's
 // and GLM-4-MoE's first_k_dense_replace layers.

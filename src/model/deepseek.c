@@ -69,26 +69,14 @@ static const struct weight_entry ds_mla_weights[] = {
     WEIGHT_TABLE_END,
 };
 
-static const struct weight_entry ds_moe_weights[] = {
-    {.field = L_FIELD(ffn.moe.router),
-     .is_weight = true,
-     .cols = WDIM_HIDDEN,
-     .parts = {{"mlp.gate.weight", WDIM_EXPERTS}}},
+// MoE layers beyond weights_moe_routed (router + experts): noaux_tc's correction bias and the shared
+// experts (stacked after the routed ones by finish_load).
+static const struct weight_entry ds_moe_extra_weights[] = {
     {.field = L_FIELD(ffn.moe.score_bias),
      .init = WINIT_BIAS,
      .cond = WCOND_SCORE_BIAS,
      .f32 = true, // loaded as F32 whatever the weight dtype: BF16 would round it and move expert selection
      .parts = {{"mlp.gate.e_score_correction_bias", WDIM_EXPERTS}}},
-    {.field = L_FIELD(ffn.moe.gate_up),
-     .is_weight = true,
-     .per_expert = true,
-     .cols = WDIM_HIDDEN,
-     .parts = {{"mlp.experts.%d.gate_proj.weight", WDIM_MOE_INTER}, {"mlp.experts.%d.up_proj.weight", WDIM_MOE_INTER}}},
-    {.field = L_FIELD(ffn.moe.down),
-     .is_weight = true,
-     .per_expert = true,
-     .cols = WDIM_MOE_INTER,
-     .parts = {{"mlp.experts.%d.down_proj.weight", WDIM_HIDDEN}}},
     {.field = L_FIELD(ffn.moe.shared_gate_up),
      .is_weight = true,
      .cols = WDIM_HIDDEN,
@@ -171,7 +159,8 @@ static void deepseek_plan_layer(const struct model *m, int l, struct layer_plan 
         .attn_kind = ATTN_KIND_MLA,
         .ffn_kind = moe ? FFN_KIND_MOE : FFN_KIND_DENSE,
         .cache = {.kind = CACHE_KIND_LATENT, .latent_dim = c->kv_lora_rank + c->qk_rope_head_dim},
-        .tables = {weights_layer_norms, ds_mla_weights, moe ? ds_moe_weights : weights_dense_mlp},
+        .tables = {weights_layer_norms, ds_mla_weights, moe ? weights_moe_routed : weights_dense_mlp,
+                   moe ? ds_moe_extra_weights : NULL},
     };
 }
 

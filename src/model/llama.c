@@ -37,17 +37,6 @@ static const struct weight_entry llama_attn_weights[] = {
     WEIGHT_TABLE_END,
 };
 
-// Qwen3-MoE: mlp.gate (router) and mlp.experts.E.{gate,up,down}_proj.
-static const struct weight_entry qwen3_moe_weights[] = {
-    {.field = L_FIELD(ffn.moe.router), .is_weight = true, .cols = WDIM_HIDDEN,
-     .parts = {{"mlp.gate.weight", WDIM_EXPERTS}}},
-    {.field = L_FIELD(ffn.moe.gate_up), .is_weight = true, .per_expert = true, .cols = WDIM_HIDDEN,
-     .parts = {{"mlp.experts.%d.gate_proj.weight", WDIM_MOE_INTER}, {"mlp.experts.%d.up_proj.weight", WDIM_MOE_INTER}}},
-    {.field = L_FIELD(ffn.moe.down), .is_weight = true, .per_expert = true, .cols = WDIM_MOE_INTER,
-     .parts = {{"mlp.experts.%d.down_proj.weight", WDIM_HIDDEN}}},
-    WEIGHT_TABLE_END,
-};
-
 // Mixtral: block_sparse_moe.gate and block_sparse_moe.experts.E.{w1 (gate), w3 (up), w2 (down)}.
 static const struct weight_entry mixtral_moe_weights[] = {
     {.field = L_FIELD(ffn.moe.router), .is_weight = true, .cols = WDIM_HIDDEN,
@@ -103,7 +92,7 @@ static void llama_plan_layer(const struct model *m, int l, struct layer_plan *p)
         .cache = {.kind = window > 0 ? CACHE_KIND_SLIDING : CACHE_KIND_FULL, .n_kv_heads = c->num_kv_heads,
                   .head_dim_k = c->head_dim, .head_dim_v = c->head_dim, .window = window},
         .tables = {weights_layer_norms, llama_attn_weights,
-                   !moe ? weights_dense_mlp : c->arch == MODEL_ARCH_MIXTRAL ? mixtral_moe_weights : qwen3_moe_weights},
+                   !moe ? weights_dense_mlp : c->arch == MODEL_ARCH_MIXTRAL ? mixtral_moe_weights : weights_moe_routed},
     };
 }
 
