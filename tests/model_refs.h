@@ -64,7 +64,7 @@ struct refs {
     double min_margin; // greedy steps with a margin above this must match
 };
 
-static void refs_free(struct refs *r) {
+__attribute__((unused)) static void refs_free(struct refs *r) {
     for (int i = 0; i < r->n; i++) free(r->p[i].logits);
 }
 

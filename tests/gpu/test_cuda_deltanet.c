@@ -9,13 +9,14 @@
 // fresh sequences and continued ones (state carried in the slot between calls), and a
 // decode-only batch (the 1-token chunk configuration the decode graphs capture); shapes: the
 // Qwen3-Next one (Hk 16 / Hv 32 x 128, here with fewer heads) and an odd one (Dk 48, Dv 40).
-// Model: logits within 5e-2 x max(1, |logit|) of HF (the BF16 tolerance of test_cuda_models.c),
-// one-shot and in chunks of 7 tokens.
+// Model: logits vs HF at every other position, one-shot and in chunks of 7 tokens, held to the
+// bulk of the positions and to HF's own BF16 outlier rate (see qn_models_match_hf).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "common/check.h"
 #include "core/dtype.h"
 #include "model_refs.h"
 #include "runner_sim.h"
@@ -306,13 +307,74 @@ TEST(cuda_gated_norm_and_gate_match_cpu) {
     free(h);
 }
 
-// The tiny fixtures on CUDA: logits vs HF, one-shot and chunked (run by the test below while the
-// caps take Gated DeltaNet models).
+// The tiny fixtures on CUDA against HF (refs_dense.json of tools/make_tiny_qwen3_next.py: HF fp32
+// logits at every other position of each prompt and the last, and how far HF's own BF16 run is
+// from them there), one-shot and in chunks of 7. Their random routers put many tokens near a
+// top-k tie, so a BF16 run (HF's own too) picks another expert at some tokens and moves those
+// positions, and later ones through the recurrent state, by more than the BF16 tolerance (HF's
+// BF16 run: 5 of 90 positions of qwen3_next, 14 of 90 of qwen3_5_moe, up to 5.4). What must hold:
+// at least as many positions within the tolerance of test_cuda_models.c (5e-2 x max(1, max
+// |logit|)) as HF's BF16 run has, less max(1, 5%), and the median error at most half the
+// tolerance. A real kernel error (wrong rotary, a chunk boundary, a state slot) moves most
+// positions and fails both.
+struct dense_prompt {
+    int n, n_pos;
+    int32_t ids[REF_MAX_IDS];
+    int pos[REF_MAX_IDS];
+    float bf16_err[REF_MAX_IDS];
+    float *logits; // n_pos x vocab
+};
+struct dense_refs {
+    struct dense_prompt p[8];
+    int n, vocab;
+    double tol;
+};
+
+static int dense_load(const char *model, struct dense_refs *D) {
+    memset(D, 0, sizeof *D);
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s/refs_dense.json", model);
+    json_t *root = test_fixture_json(rel);
+    if (!root) return -1;
+    double scale = 1.0;
+    size_t i;
+    json_t *jp;
+    json_array_foreach(json_object_get(root, "prompts"), i, jp) {
+        if (i >= 8) break;
+        struct dense_prompt *p = &D->p[D->n++];
+        json_t *ids = json_object_get(jp, "ids"), *pos = json_object_get(jp, "positions");
+        json_t *lg = json_object_get(jp, "logits"), *be = json_object_get(jp, "bf16_err");
+        p->n = (int)json_array_size(ids);
+        p->n_pos = (int)json_array_size(pos);
+        CHECK(p->n <= REF_MAX_IDS && p->n_pos <= REF_MAX_IDS && json_array_size(lg) == (size_t)p->n_pos);
+        for (int k = 0; k < p->n; k++) p->ids[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
+        D->vocab = (int)json_array_size(json_array_get(lg, 0));
+        p->logits = malloc(sizeof(float) * (size_t)p->n_pos * (size_t)D->vocab);
+        for (int k = 0; k < p->n_pos; k++) {
+            p->pos[k] = (int)json_integer_value(json_array_get(pos, (size_t)k));
+            p->bf16_err[k] = (float)json_number_value(json_array_get(be, (size_t)k));
+            for (int v = 0; v < D->vocab; v++) {
+                double x = json_number_value(json_array_get(json_array_get(lg, (size_t)k), (size_t)v));
+                p->logits[(size_t)k * D->vocab + v] = (float)x;
+                if (fabs(x) > scale) scale = fabs(x);
+            }
+        }
+    }
+    json_decref(root);
+    D->tol = 5e-2 * scale;
+    return D->n > 0 ? 0 : -1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 static void qn_models_match_hf(void) {
     static const char *models[] = {"qwen3_next", "qwen3_5_moe"};
     for (int mi = 0; mi < 2; mi++) {
-        struct refs R;
-        ASSERT_EQ(refs_load(models[mi], &R, 5e-2, 4.0), 0);
+        struct dense_refs *D = malloc(sizeof *D);
+        ASSERT_EQ(dense_load(models[mi], D), 0);
         char rel[256], path[4096];
         snprintf(rel, sizeof rel, "models/%s", models[mi]);
         snprintf(path, sizeof path, "%s", test_fixture(rel));
@@ -333,13 +395,14 @@ static void qn_models_match_hf(void) {
         struct sim *s = malloc(sizeof *s);
         sim_init(s, r, 9u);
         for (int chunk = 0; chunk <= 7; chunk += 7) {
-            double worst = 0;
-            for (int pi = 0; pi < R.n; pi++) {
-                struct ref_prompt *p = &R.p[pi];
+            double errs[8 * REF_MAX_IDS];
+            int n_err = 0, within = 0, hf_within = 0;
+            for (int pi = 0; pi < D->n; pi++) {
+                struct dense_prompt *p = &D->p[pi];
                 struct sim_seq *q = malloc(sizeof *q);
                 sim_seq_init(q, p->ids, p->n);
                 q->state_slot = pi % 4;
-                float *lg = malloc(sizeof(float) * (size_t)R.vocab * p->n_pos);
+                float *lg = malloc(sizeof(float) * (size_t)D->vocab * p->n_pos);
                 int done = 0, got = 0;
                 while (done < p->n) {
                     int n = chunk && p->n - done > chunk ? chunk : p->n - done;
@@ -349,30 +412,43 @@ static void qn_models_match_hf(void) {
                     for (int k = 0; k < p->n_pos; k++)
                         if (p->pos[k] >= done && p->pos[k] < done + n) s->rows[s->n_rows++] = p->pos[k] - done;
                     struct forward_batch fb = sim_step_batch(s);
-                    float *tmp = malloc(sizeof(float) * (size_t)R.vocab * (s->n_rows ? s->n_rows : 1));
+                    float *tmp = malloc(sizeof(float) * (size_t)D->vocab * (s->n_rows ? s->n_rows : 1));
                     ASSERT_OK(model_runner_execute_logits(r, &fb, tmp, &err));
-                    memcpy(lg + (size_t)got * R.vocab, tmp, sizeof(float) * (size_t)R.vocab * s->n_rows);
+                    memcpy(lg + (size_t)got * D->vocab, tmp, sizeof(float) * (size_t)D->vocab * s->n_rows);
                     got += s->n_rows;
                     free(tmp);
                     sim_step_commit(s);
                     done += n;
                 }
-                double dmax = max_abs_diff(lg, p->logits, p->n_pos * R.vocab);
-                if (!(dmax <= R.tol))
-                    test_fail(__FILE__, __LINE__, "%s prompt %d chunk %d: max |logit - HF| %g > %g", models[mi], pi,
-                              chunk, dmax, R.tol);
-                worst = dmax > worst ? dmax : worst;
+                for (int k = 0; k < p->n_pos; k++) {
+                    double d = max_abs_diff(lg + (size_t)k * D->vocab, p->logits + (size_t)k * D->vocab, D->vocab);
+                    errs[n_err++] = isfinite(d) ? d : INFINITY;
+                    within += d <= D->tol;
+                    hf_within += p->bf16_err[k] <= D->tol;
+                    if (!(d <= D->tol))
+                        fprintf(stderr, "    %s chunk %d prompt %d (len %d) position %d: |logit - HF| %.3g (HF BF16 %.3g)\n",
+                                models[mi], chunk, pi, p->n, p->pos[k], d, p->bf16_err[k]);
+                }
                 free(lg);
                 sim_seq_release(s, q);
                 free(q);
             }
-            fprintf(stderr, "  %s on CUDA, chunk %d: max |logit - HF| %.3g (tolerance %.3g)\n", models[mi], chunk,
-                    worst, R.tol);
+            qsort(errs, (size_t)n_err, sizeof errs[0], cmp_double);
+            double median = errs[n_err / 2];
+            int slack = n_err / 20 > 1 ? n_err / 20 : 1;
+            fprintf(stderr,
+                    "  %s on CUDA, chunk %d: %d / %d positions within %.3g (HF's BF16 run: %d), median %.3g, "
+                    "worst %.3g\n",
+                    models[mi], chunk, within, n_err, D->tol, hf_within, median, errs[n_err - 1]);
+            ASSERT_TRUE(within >= hf_within - slack);
+            ASSERT_TRUE(median <= D->tol / 2);
         }
         sim_free(s);
         free(s);
         model_runner_free(r);
-        refs_free(&R);
+        for (int pi = 0; pi < D->n; pi++)
+            free(D->p[pi].logits);
+        free(D);
     }
 }
 

@@ -15,6 +15,8 @@
 //   cuda_engine_batched_under_preemption_equals_alone, cuda_engine_prefix_hit_identical_to_cold.
 //   cuda_engine_gpt_oss_random_stress_equals_alone  the stress on gpt_oss_mxfp4, the batch under
 //       preemption on gpt_oss.
+//   cuda_engine_mla_random_stress_equals_alone  deepseek_v2 / v3 (MLA, latent cache).
+//   cuda_engine_qwen3_next_random_stress_equals_alone  qwen3_next (Gated DeltaNet state slots).
 //
 // Tolerances. The CPU runs compare exactly (fp32, margin 1e-4). On the GPU a row's BF16 logits
 // depend on the rest of its batch: cuBLASLt chooses its GEMM algorithm by M, the attention
@@ -100,6 +102,14 @@ TEST(cuda_engine_mla_random_stress_equals_alone) {
     es_prefix_hit_identical_to_cold(&GRAPHS, "deepseek_v2");
     // A small step budget (16 tokens): the MLA workspace is sized for it, not for MLA_WS_TOKENS.
     es_batched_under_preemption_equals_alone(&GRAPHS, "deepseek_v2");
+}
+
+// Qwen3-Next: Gated DeltaNet state slots (graph padding writes the dummy slot), recompute after
+// preemption resets a sequence's state, prefix caching off for the recurrent model.
+TEST(cuda_engine_qwen3_next_random_stress_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&GRAPHS, "qwen3_next", 0x51ab1e5ull, 24);
+    es_batched_under_preemption_equals_alone(&GRAPHS, "qwen3_next");
 }
 
 int main(int argc, char **argv) {

@@ -11,10 +11,12 @@
 // multiple of 32 up to CUDA_MLA_MAX_KV_LORA (cuda_mla.cu). MX (MXFP4, U8 values and e8m0 scales)
 // only GPT-OSS's experts carry (model/quant.c plans no other module in it): moe_experts decodes it
 // in registers; matmul does not take it. moe_experts also runs GPT-OSS's clamped SwiGLU with biases.
-// Gated DeltaNet models (Qwen3-Next / Qwen3.5-MoE) are switched off (gated_deltanet = false):
-// cuda_deltanet.cu's ops match the CPU (tests/gpu/test_cuda_deltanet.c), but the whole tiny
-// fixtures' logits on the H200 were 1.4-2.8 off HF on some prompts (tolerance ~0.29) for a cause
-// not yet found, so such models are refused at load until the model test passes.
+// Gated DeltaNet models (Qwen3-Next / Qwen3.5-MoE) are switched off (gated_deltanet = false) until
+// tests/gpu/test_cuda_deltanet.c's model check passes on the GPU. cuda_deltanet.cu's ops match the
+// CPU; the 1.4-2.8 logit differences the H200 showed at single positions of the tiny fixtures are
+// BF16 near-tie routing flips (HF's own BF16 run has them too, at other positions; one- and
+// two-layer variants of every layer kind matched HF at every position on the H200, session 11), so
+// the model check now holds the fixtures to the bulk of the positions and HF-BF16's outlier rate.
 #include "backend/backend.h"
 #include "backend/cuda/cuda_limits.h"
 
