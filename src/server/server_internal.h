@@ -8,7 +8,6 @@ extern const char server_openapi_json[];
 #define ATOMC_SERVER_SERVER_INTERNAL_H
 
 #include <event2/event.h>
-#include <event2/http.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -24,6 +23,31 @@ extern const char server_openapi_json[];
 struct srv_req;
 struct srv_conn;
 struct srv_job;
+struct evbuffer;
+
+// ---------------------------------------------------------------- the HTTP/1.1 transport (server_conn.c)
+// One request of a connection, complete and well framed when the router gets it. Loop thread only.
+// The handler answers with http_resp_send, or http_resp_start + http_resp_chunk... + http_resp_end;
+// after the final call the request belongs to the transport and the handler drops its pointer.
+// If the connection dies before that, the close callback runs and the request is freed after it.
+struct http_req;
+int http_req_method(const struct http_req *q);       // llhttp_method_t: HTTP_GET, HTTP_HEAD, HTTP_POST...
+const char *http_req_path(const struct http_req *q); // the target's path (before any '?'), as sent
+const char *http_req_header(const struct http_req *q, const char *name); // first value, or NULL
+void http_req_body(struct http_req *q, const char **p, size_t *len);     // decoded body, contiguous
+struct evbuffer *http_req_body_buffer(struct http_req *q);               // the same, to move out
+void http_req_set_closecb(struct http_req *q, void (*cb)(struct http_req *, void *), void *arg);
+// Runs once the final response is written out, or when the connection dies after it was queued.
+void http_req_set_donecb(struct http_req *q, void (*cb)(void *), void *arg);
+int http_req_fd(const struct http_req *q);              // the connection's socket (for watching it)
+size_t http_req_output_pending(const struct http_req *q); // response bytes not yet sent
+void http_req_disconnect(struct http_req *q);           // closes the connection now (close callback runs)
+void http_resp_add_header(struct http_req *q, const char *name, const char *value); // before the response
+void http_resp_close(struct http_req *q);               // Connection: close after this response
+void http_resp_send(struct http_req *q, int code, const char *body, size_t len); // complete, with Content-Length
+void http_resp_start(struct http_req *q, int code);     // a stream: chunked coding (HTTP/1.0: until close)
+void http_resp_chunk(struct http_req *q, const void *data, size_t len);
+void http_resp_end(struct http_req *q);
 
 #define SERVER_WORKERS 2 // threads for large request bodies (server_work.c)
 enum srv_job_kind { JOB_GENERATE, JOB_TOKENIZE, JOB_TEMPLATE, JOB_DETOKENIZE };
@@ -45,9 +69,7 @@ struct server {
     int n_model_names;
 
     struct event_base *base;
-    struct evhttp *http;
-    struct evhttp_bound_socket *bound;
-    struct evconnlistener *listener; // ours (server_conn.c), handed to evhttp; NULL once draining
+    struct evconnlistener *listener; // server_conn.c; NULL once draining
     int port;
     struct event *wake_ev;   // reads wake_fd
     int wake_fd;             // eventfd: engine thread -> loop
@@ -75,11 +97,7 @@ struct server {
     // loop thread only: connections (server_conn.c)
     struct srv_conn *conns, *conns_tail; // open connections, oldest first
     int n_conns, max_connections;
-    struct srv_conn **conn_by_fd;        // fd -> connection
-    int conn_by_fd_cap;
-    struct bufferevent **pending;        // connections being made, registered by pending_ev
-    int n_pending, cap_pending;
-    struct event *pending_ev, *sweep_ev, *backoff_ev;
+    struct event *sweep_ev, *backoff_ev;
     int reserve_fd;                      // shed a connection when accept() runs out of descriptors
     struct server_log_limit log_accept, log_cap, log_slow;
 
@@ -89,7 +107,7 @@ struct server {
     bool draining;
     struct srv_req *active;      // in-flight generation requests (doubly linked)
     int n_active;
-    int n_writing;               // final responses handed to libevent but not yet written out
+    int n_writing;               // final responses handed to the transport but not yet written out
     int consecutive_errors;      // generation failures in a row (reset by any success); /health 503 past a bound
     char last_error[256];
     struct metrics metrics;
@@ -162,8 +180,7 @@ struct srv_req {
     struct srv_req *ready_next;
 
     // loop thread only
-    struct evhttp_request *http;
-    struct evhttp_connection *conn;
+    struct http_req *http;       // NULL once answered or the client left
     struct event *close_watch;   // non-stream: notices the client closing while we wait for the engine
     bool client_gone, responded, in_active;
     bool score_only;             // echo + max_tokens 0: the engine generates 1 token that is dropped
@@ -181,14 +198,9 @@ struct srv_req {
 };
 
 // server.c
-// After each write of a response: evhttp re-enables reading on every write to notice a closed
-// client, and treats end of input as a close, which cuts the response to a client that only shut
-// down its write side (half-close). Reads stay off while a response is being written; a client that
-// really left is noticed by the write failing, and evhttp reads the next request once the
-// response is written out.
-void server_hold_reads(struct evhttp_connection *conn);
-void server_send_error(struct server *s, struct evhttp_request *req, const struct oai_error *e);
-void server_send_json(struct server *s, struct evhttp_request *req, int code, json_t *body); // steals body
+void server_handle_request(struct server *s, struct http_req *req); // the router (from the transport)
+void server_send_error(struct server *s, struct http_req *req, const struct oai_error *e);
+void server_send_json(struct server *s, struct http_req *req, int code, json_t *body); // steals body
 void server_ready_push(struct server *s, struct srv_req *r); // any thread
 void srv_req_unref(struct srv_req *r);                       // any thread
 bool server_check_model(struct server *s, const char *model, struct oai_error *e);
@@ -196,41 +208,37 @@ bool server_check_model(struct server *s, const char *model, struct oai_error *e
 // openapi.c (generated by tools/gen_openapi.py)
 extern const char server_openapi_json[];
 
-void server_reply_done(struct evhttp_request *req, void *arg); // on_complete_cb: arg = server
+void server_reply_done(void *arg); // done callback of final generation responses: arg = server
 
 // server.c: the bodies of /tokenize (template_only: /apply-template) and /detokenize, any thread;
 // the status, and *out the response JSON (malloc'd).
 int server_tokenize_compute(struct server *s, const char *body, size_t len, bool template_only, char **out);
 int server_detokenize_compute(struct server *s, const char *body, size_t len, char **out);
-void server_send_text(struct server *s, struct evhttp_request *req, int code, char *json); // frees json
+void server_send_text(struct server *s, struct http_req *req, int code, char *json); // frees json
 
 // server_work.c
 // Hands the request to a worker if its body is large (true), or leaves it to the caller (false).
-bool server_offload(struct server *s, struct evhttp_request *req, enum srv_job_kind kind, enum oai_endpoint ep);
+bool server_offload(struct server *s, struct http_req *req, enum srv_job_kind kind, enum oai_endpoint ep);
 void server_jobs_finish(struct server *s, struct srv_job *list); // loop thread: apply worker results
 void server_workers_start(struct server *s);
 void server_workers_stop(struct server *s); // joins the workers (the engine must still exist)
-void server_workers_free(struct server *s); // drops results not applied; before evhttp_free
+void server_workers_free(struct server *s); // drops results not applied; before the connections close
 
 // server_conn.c
 atomc_status server_conn_listen(struct server *s, struct error *err); // binds s->opt.host:port
+int server_conn_listen_fd(const struct server *s);
 void server_conn_stop_accepting(struct server *s);
-void server_conn_free(struct server *s); // after evhttp_free
-// The router got a request on its connection / the response to it was written out.
-void server_conn_request_begin(struct server *s, struct evhttp_request *req);
-void server_conn_request_end(struct server *s, struct evhttp_request *req);
-// evhttp_connection_set_closecb for the server's connections (which need their own close callback).
-void server_conn_set_closecb(struct server *s, struct evhttp_connection *evcon, void (*cb)(struct evhttp_connection *, void *),
-                             void *arg);
+void server_conn_close_all(struct server *s); // closes every connection (close callbacks run)
+void server_conn_free(struct server *s);
 
 // generate.c
-void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endpoint ep);
+void generate_handle(struct server *s, struct http_req *req, enum oai_endpoint ep);
 // The two halves of generate_handle. prepare (any thread: parsing, chat template, tokenizing;
 // reads only what does not change while serving) returns the request, or NULL with *e;
 // submit (loop thread) hands it to the engine and owns it from then on.
 struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
                                  struct oai_error *e);
-void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endpoint ep, struct srv_req *r);
+void generate_submit(struct server *s, struct http_req *req, enum oai_endpoint ep, struct srv_req *r);
 void generate_process(struct srv_req *r);  // loop thread: apply queued outputs
 // One SSE event ("event: NAME" line when name is set, then "data: JSON"); steals o.
 void generate_sse_event(struct srv_req *r, const char *name, json_t *o);
