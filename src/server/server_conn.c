@@ -420,7 +420,8 @@ static int on_body(llhttp_t *p, const char *at, size_t n) {
 static int on_message_complete(llhttp_t *p) {
     struct http_req *q = req_of(p);
     q->complete = true;
-    q->keep_alive = llhttp_should_keep_alive(p);
+    // No protocol upgrade (CONNECT, Upgrade): the request is answered and the connection closed.
+    q->keep_alive = llhttp_should_keep_alive(p) && !llhttp_get_upgrade(p);
     return HPE_PAUSED;
 }
 
@@ -493,8 +494,12 @@ static int check_headers(struct srv_conn *c, struct http_req *q) {
         if (q->minor == 1 && ((c->parser.flags & F_CHUNKED) || c->parser.content_length > 0))
             bufferevent_write(c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
     }
-    // The path of the target (origin form), NUL-terminated.
+    // The path of the target, NUL-terminated: origin form, or absolute form (RFC 9112 3.2.2).
     const char *u = q->url.p ? q->url.p : "";
+    if (!strncasecmp(u, "http://", 7) || !strncasecmp(u, "https://", 8)) {
+        u = strstr(u, "//") + 2;
+        u += strcspn(u, "/?#");
+    }
     size_t plen = strcspn(u, "?#");
     q->path = xcalloc(1, plen + 2);
     memcpy(q->path, u, plen);
@@ -569,7 +574,7 @@ static void conn_parse(struct srv_conn *c) {
             return;
         }
         if (e == HPE_OK) continue;
-        if (e == HPE_PAUSED) {
+        if (e == HPE_PAUSED || (e == HPE_PAUSED_UPGRADE && q->complete)) {
             llhttp_resume(&c->parser);
             if (q->headers_done && !q->checked) {
                 q->checked = true;
