@@ -56,6 +56,7 @@
 #define SWEEP_MS 250
 #define BACKOFF_MS 50
 #define HEAD_PIECE 16384 // header bytes handed to llhttp at a time (the raw copy stays this small)
+#define LINGER_S 2.0     // after refusing a request: how long its remaining bytes are read and dropped
 
 // A growable byte string.
 struct sbuf {
@@ -116,6 +117,8 @@ struct srv_conn {
     bool peer_eof;        // the client shut down its write side
     double t_idle;        // when the connection last became free of requests (open or response written)
     double t_request;     // when the first byte of the request being read arrived (0 = none yet)
+    bool linger;          // refused a request: the client may still be sending; discard until it stops
+    double t_linger;
     int depth;            // transport frames of this connection on the stack
     bool dead;            // closed while depth > 0: freed when the outermost frame returns
 };
@@ -515,6 +518,7 @@ static void conn_parse(struct srv_conn *c);
 static void conn_fail(struct srv_conn *c, int code, const char *msg) {
     struct http_req *q = c->req;
     struct oai_error e;
+    c->linger = true;
     oai_error_set(&e, code, NULL, "%s", msg);
     if (code == 413 || code == 431) snprintf(e.code, sizeof e.code, "%s", code == 413 ? "payload_too_large" : "headers_too_large");
     c->busy = true;
@@ -618,6 +622,10 @@ static void conn_parse(struct srv_conn *c) {
 
 static void on_read(struct bufferevent *bev, void *arg) {
     struct srv_conn *c = arg;
+    if (c->t_linger > 0) { // the refusal is written; drop what the client still sends
+        evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
+        return;
+    }
     CONN_ENTER(c);
     conn_parse(c);
     CONN_LEAVE(c);
@@ -632,6 +640,16 @@ static void response_done(struct srv_conn *c) {
     if (q->donecb) q->donecb(q->donecb_arg);
     req_free(q);
     if (!c->bev) return;
+    if (close_after && c->linger && !c->peer_eof) {
+        // Closing with unread bytes would reset the connection, and the client could lose the
+        // refusal before reading it: shut down the write side, read and drop for a while
+        // (the sweep ends it), close on the client's end of input.
+        c->t_linger = time_now_s();
+        shutdown(c->fd, SHUT_WR);
+        evbuffer_drain(bufferevent_get_input(c->bev), evbuffer_get_length(bufferevent_get_input(c->bev)));
+        bufferevent_enable(c->bev, EV_READ);
+        return;
+    }
     if (close_after) {
         conn_close(c);
         return;
@@ -675,6 +693,10 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg) {
     double now = time_now_s();
     for (struct srv_conn *c = s->conns, *next; c; c = next) {
         next = c->next;
+        if (c->t_linger > 0) {
+            if (now - c->t_linger > LINGER_S) conn_close(c);
+            continue;
+        }
         if (c->busy) continue;
         if (!c->t_request && now - c->t_idle > s->opt.timeout_keep_alive_s) {
             s->metrics.connections_timed_out_total++;

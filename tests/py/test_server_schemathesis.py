@@ -18,9 +18,8 @@ refuses it in strings (400 naming the field) and jansson cannot represent it in 
 the schema of free-form objects (chat_template_kwargs, message extras) cannot express in OpenAPI
 3.0 (no propertyNames).
 
-Unexpected-method probing is limited to the standard methods: for a method the server does not
-know at all (schemathesis also sends the draft QUERY method), libevent answers 501 Not
-Implemented, which is what RFC 9110 section 15.6.2 prescribes, not a server fault."""
+Unexpected-method probing is limited to the standard methods: a method the HTTP parser does not
+know at all is answered 501 Not Implemented (RFC 9110 section 15.6.2), not 405."""
 import os
 import shutil
 import subprocess
