@@ -63,7 +63,9 @@ async def one_client(host, port, key, model, rng, abort_p, max_tokens, timeout, 
     if model:
         body["model"] = model
     data = json.dumps(body).encode()
-    abort_after = rng.randint(1, 6) if rng.random() < abort_p else None
+    # A disconnecting client hangs up after a random number of events, 0 (right after sending the
+    # request) to max_tokens (after the last token: the response may be complete by then).
+    abort_after = rng.randint(0, body["max_tokens"]) if rng.random() < abort_p else None
     half_close = rng.random() < half_close_p
     slow = rng.random() < slow_p
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
@@ -77,6 +79,8 @@ async def one_client(host, port, key, model, rng, abort_p, max_tokens, timeout, 
     try:
         writer.write(head.encode() + b"\r\n" + data)
         await writer.drain()
+        if abort_after == 0:
+            return "aborted", 0
         if half_close:
             writer.write_eof()
         status_line = await asyncio.wait_for(reader.readline(), timeout)

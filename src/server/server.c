@@ -550,7 +550,8 @@ void server_handle_request(struct server *s, struct http_req *req) {
         return;
     }
     int cmd = http_req_method(req);
-    bool ok = ((rt->flags & R_GET) && (cmd == HTTP_GET || cmd == HTTP_HEAD)) || ((rt->flags & R_POST) && cmd == HTTP_POST);
+    bool ok = ((rt->flags & R_GET) && (cmd == HTTP_GET || cmd == HTTP_HEAD)) ||
+              ((rt->flags & R_POST) && cmd == HTTP_POST);
     if (!ok) {
         http_resp_add_header(req, "Allow", (rt->flags & R_GET) ? "GET, HEAD" : "POST");
         send_error(s, req, 405, NULL, (rt->flags & R_GET) ? "Method Not Allowed: use GET" : "Method Not Allowed: use POST");

@@ -482,7 +482,8 @@ static int check_headers(struct srv_conn *c, struct http_req *q) {
                                                       : "HTTP/1.1 request without a Host header (RFC 9112 3.2)"),
                400;
     if ((c->parser.flags & F_CONTENT_LENGTH) && c->parser.content_length > s->opt.max_body_bytes)
-        return stop(q, 413, "request body of %llu bytes is larger than the limit of %zu bytes (--max-request-body-bytes)",
+        return stop(q, 413,
+                    "request body of %llu bytes is larger than the limit of %zu bytes (--max-request-body-bytes)",
                     (unsigned long long)c->parser.content_length, s->opt.max_body_bytes),
                413;
     if ((q->method == HTTP_POST || q->method == HTTP_PUT || q->method == HTTP_PATCH) && !te &&
@@ -520,7 +521,8 @@ static void conn_fail(struct srv_conn *c, int code, const char *msg) {
     struct oai_error e;
     c->linger = true;
     oai_error_set(&e, code, NULL, "%s", msg);
-    if (code == 413 || code == 431) snprintf(e.code, sizeof e.code, "%s", code == 413 ? "payload_too_large" : "headers_too_large");
+    if (code == 413 || code == 431)
+        snprintf(e.code, sizeof e.code, "%s", code == 413 ? "payload_too_large" : "headers_too_large");
     c->busy = true;
     bufferevent_disable(c->bev, EV_READ);
     http_resp_close(q);
@@ -604,7 +606,8 @@ static void conn_parse(struct srv_conn *c) {
         }
         char msg[200];
         const char *why = llhttp_get_error_reason(&c->parser);
-        snprintf(msg, sizeof msg, "malformed HTTP request: %s (%s)", why ? why : llhttp_errno_name(e), llhttp_errno_name(e));
+        snprintf(msg, sizeof msg, "malformed HTTP request: %s (%s)", why ? why : llhttp_errno_name(e),
+                 llhttp_errno_name(e));
         conn_fail(c, parse_error_status(e), msg);
         return;
     }

@@ -60,6 +60,7 @@ def test_schemathesis_finds_no_server_errors(tmp_path):
                                   "--report-dir", str(tmp_path)],
                            capture_output=True, text=True, timeout=1500)
         out = r.stdout + r.stderr
+        print(out[-3000:])  # schemathesis' summary (pytest -rP shows it)
         assert r.returncode == 0, out[-6000:]
         assert s.proc.poll() is None, "server died: " + s.read_log()
         assert s.request("GET", "/health")[0] == 200
