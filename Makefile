@@ -25,8 +25,13 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 OPT ?= -O2
+# The HTTP/1.1 request parser: llhttp 8.1.0 (Node.js's, MIT), whose generated C sources Debian's
+# node-llhttp ships (scripts/setup.sh installs it); compiled into the library, not copied here.
+LLHTTP_SRC_DIR := /usr/share/llhttp
+LLHTTP_INC := /usr/share/include/llhttp
+LLHTTP_C := api.c http.c llhttp.c
 CFLAGS_BASE := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE \
-  -Iinclude -Isrc $(PKG_CFLAGS) -pthread -fno-strict-aliasing
+  -Iinclude -Isrc -isystem $(LLHTTP_INC) $(PKG_CFLAGS) -pthread -fno-strict-aliasing
 ifeq ($(SANITIZE),1)
   CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
   LDFLAGS_SAN := -fsanitize=address,undefined
@@ -72,7 +77,8 @@ else
   CU_OBJ :=
 endif
 
-OBJ := $(patsubst %.c,$(BUILD)/%.o,$(SRC_C)) $(patsubst %.S,$(BUILD)/%.o,$(SRC_S)) $(patsubst %.cc,$(BUILD)/%.o,$(SRC_CC)) $(CU_OBJ)
+LLHTTP_OBJ := $(patsubst %.c,$(BUILD)/llhttp/llhttp_%.o,$(LLHTTP_C)) # (distinct member names in the archive)
+OBJ := $(LLHTTP_OBJ) $(patsubst %.c,$(BUILD)/%.o,$(SRC_C)) $(patsubst %.S,$(BUILD)/%.o,$(SRC_S)) $(patsubst %.cc,$(BUILD)/%.o,$(SRC_CC)) $(CU_OBJ)
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(CLI_C))
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_C))
 TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT_C))
@@ -86,6 +92,10 @@ all: $(BUILD)/atomc $(BUILD)/libatomc.a $(TEST_BIN)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/llhttp/llhttp_%.o: $(LLHTTP_SRC_DIR)/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 $(OPT) -g -w -isystem $(LLHTTP_INC) $(LDFLAGS_SAN) -c $< -o $@
 
 $(BUILD)/%.o: %.S
 	@mkdir -p $(dir $@)

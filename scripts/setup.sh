@@ -17,9 +17,10 @@ install_debs() {
     fi
 }
 
+# node-llhttp: the C sources of llhttp, the HTTP/1.1 parser the server is built with (Makefile).
 # cmake + ninja build xgrammar (scripts/build_xgrammar.sh) for structured output.
 install_debs build-essential pkg-config libevent-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev \
-    libopenblas-dev curl unzip cmake ninja-build
+    libopenblas-dev curl unzip cmake ninja-build node-llhttp
 
 # The grammar engine for structured output (xgrammar's C++ core, a static library in third_party/).
 bash "$(dirname "$0")/build_xgrammar.sh"

@@ -859,19 +859,19 @@ TEST(strict_http_framing_is_enforced) {
                               "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\nContent-Length: 14\r\n\r\n"
                               "{\"prompt\":\"a\"}",
                               400, "Content-Length"));
-    // Content-Length with Transfer-Encoding: evhttp 2.1 refuses these itself (in HTML, before the
-    // router sees them: no hook for its error bodies); the request must not be served either way.
+    // Content-Length with Transfer-Encoding, in either order: a JSON 400, nothing behind it served.
     const char *codings[] = {"chunked", "identity"};
     for (int i = 0; i < 2; i++) {
         snprintf(raw, sizeof raw,
                  "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: %s\r\n\r\n"
                  "e\r\n{\"prompt\":\"a\"}\r\n0\r\n\r\n%s",
                  codings[i], smuggle);
-        char *out = raw_exchange(h.port, raw, strlen(raw));
-        bool refused = strncmp(out, "HTTP/1.1 400", 12) == 0 && count_responses(out) == 1;
-        if (!refused) fprintf(stderr, "  CL + TE %s -> %s\n", codings[i], out);
-        free(out);
-        ASSERT_TRUE(refused);
+        ASSERT_TRUE(rejected_with(h.port, raw, 400, "Transfer-Encoding"));
+        snprintf(raw, sizeof raw,
+                 "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: %s\r\nContent-Length: 4\r\n\r\n"
+                 "e\r\n{\"prompt\":\"a\"}\r\n0\r\n\r\n%s",
+                 codings[i], smuggle);
+        ASSERT_TRUE(rejected_with(h.port, raw, 400, "Transfer-Encoding"));
     }
     // A transfer coding other than chunked.
     ASSERT_TRUE(rejected_with(h.port,
@@ -883,11 +883,11 @@ TEST(strict_http_framing_is_enforced) {
     ASSERT_TRUE(rejected_with(h.port, "GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x01" "b\r\n\r\n", 400, "header"));
     // HTTP/1.1 without Host.
     ASSERT_TRUE(rejected_with(h.port, "GET /health HTTP/1.1\r\n\r\n", 400, "Host"));
-    // A body with a method whose body evhttp does not read: answered, then the connection closed
-    // (the body is not taken for a next request).
-    const char *trace = "TRACE /detokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 29\r\n\r\n"
-                        "PUT /x HTTP/1.1\r\nHost: x\r\n\r\n"; // 29 bytes
+    // A body with any method is read as a body, never taken for a next request.
+    const char *trace = "TRACE /detokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 28\r\n\r\n"
+                        "PUT /x HTTP/1.1\r\nHost: x\r\n\r\n"; // 28 bytes
     char *tr = raw_exchange(h.port, trace, strlen(trace));
+    if (!(strncmp(tr, "HTTP/1.1 405", 12) == 0 && count_responses(tr) == 1)) fprintf(stderr, "  TRACE -> %s\n", tr);
     ASSERT_TRUE(strncmp(tr, "HTTP/1.1 405", 12) == 0 && count_responses(tr) == 1);
     free(tr);
     // Still fine: one length, chunked alone, HTTP/1.0 without Host.
@@ -899,5 +899,85 @@ TEST(strict_http_framing_is_enforced) {
     ok = raw_exchange(h.port, chunked, strlen(chunked));
     ASSERT_TRUE(strncmp(ok, "HTTP/1.1 200", 12) == 0);
     free(ok);
+    harness_stop(&h);
+}
+
+// Issue 28 item 5: what evhttp 2.1 let through or answered in HTML. Each case is one raw request
+// that must get exactly one OpenAI-style JSON error with the connection closed after it.
+TEST(http_layer_errors_are_strict_and_json) {
+    struct harness h;
+    harness_start(&h, NULL, 1000, 64);
+    harness_attach(&h);
+    static const char nul[] = "GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\n\r\n";
+    char *out = raw_exchange(h.port, nul, sizeof nul - 1);
+    bool nul_refused = strncmp(out, "HTTP/1.1 400", 12) == 0 && strstr(out, "\"error\"") && count_responses(out) == 1;
+    if (!nul_refused) fprintf(stderr, "  NUL -> %s\n", out);
+    free(out);
+    ASSERT_TRUE(nul_refused);
+    struct {
+        const char *raw;
+        int status;
+        const char *part;
+    } cases[] = {
+        // obs-fold: a header line continued on the next line after whitespace
+        {"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400, "obs-fold"},
+        {"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n\tb\r\n\r\n", 400, "obs-fold"},
+        // bare LF: in the request line, between headers, as the empty line
+        {"GET /health HTTP/1.1\nHost: x\r\n\r\n", 400, NULL},
+        {"GET /health HTTP/1.1\r\nHost: x\nX-A: b\r\n\r\n", 400, NULL},
+        {"GET /health HTTP/1.1\r\nHost: x\r\n\n", 400, "bare LF"},
+        // CR inside a value
+        {"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\n\r\n", 400, NULL},
+        // two Host headers
+        {"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "Host"},
+        // a body over --max-request-body-bytes (64 KiB here): refused from its Content-Length
+        {"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n{", 413, "limit"},
+        // an expectation other than 100-continue
+        {"POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 2\r\n\r\n{}", 417, "expectation"},
+        // an unknown method, an unsupported version
+        {"BREW /health HTTP/1.1\r\nHost: x\r\n\r\n", 501, "method"},
+        {"GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/2.0"},
+        {"GET /health HTTP/1.2\r\nHost: x\r\n\r\n", 505, NULL},
+        // a POST without any length
+        {"POST /tokenize HTTP/1.1\r\nHost: x\r\n\r\n", 411, "Content-Length"},
+        // malformed lengths and chunks
+        {"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400, "Content-Length"},
+        {"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 1, 1\r\n\r\n", 400, "Content-Length"},
+        {"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "chunk"},
+        {"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", 501, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (!rejected_with(h.port, cases[i].raw, cases[i].status, cases[i].part)) fprintf(stderr, "  case %zu\n", i);
+        ASSERT_TRUE(rejected_with(h.port, cases[i].raw, cases[i].status, cases[i].part));
+    }
+    // A header section over --max-header-bytes: 431 in JSON.
+    size_t big = (64u << 10) + 100;
+    char *raw = malloc(big + 128);
+    int k = snprintf(raw, 128, "GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: ");
+    memset(raw + k, 'a', big);
+    strcpy(raw + k + big, "\r\n\r\n");
+    ASSERT_TRUE(rejected_with(h.port, raw, 431, "header"));
+    // A chunked body growing past the limit: 413 once it does.
+    k = snprintf(raw, 128, "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n", big);
+    memset(raw + k, 'a', big);
+    strcpy(raw + k + big, "\r\n0\r\n\r\n");
+    ASSERT_TRUE(rejected_with(h.port, raw, 413, "limit"));
+    free(raw);
+    // Expect: 100-continue gets the interim response, then the final one; pipelined requests are
+    // answered in order on one connection, keep-alive.
+    const char *cont = "POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 14\r\n\r\n"
+                       "{\"prompt\":\"a\"}"
+                       "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                       "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    out = raw_exchange(h.port, cont, strlen(cont));
+    const char *a = strstr(out, "HTTP/1.1 100 Continue\r\n\r\n"), *b = strstr(out, "HTTP/1.1 200");
+    const char *c = b ? strstr(b + 1, "HTTP/1.1 200") : NULL, *d = c ? strstr(c + 1, "HTTP/1.1 404") : NULL;
+    int n_status = 0; // bodies do not end in a newline: count every status line
+    for (const char *p = out; (p = strstr(p, "HTTP/1.1 ")); p++) n_status++;
+    bool ordered = a == out && b && c && d && n_status == 4 && strstr(b, "\"tokens\"") &&
+                   strstr(c, "\"status\"");
+    if (!ordered) fprintf(stderr, "  100-continue + pipelining -> %s\n", out);
+    free(out);
+    ASSERT_TRUE(ordered);
     harness_stop(&h);
 }

@@ -63,7 +63,9 @@ async def one_client(host, port, key, model, rng, abort_p, max_tokens, timeout, 
     if model:
         body["model"] = model
     data = json.dumps(body).encode()
-    abort_after = rng.randint(1, 6) if rng.random() < abort_p else None
+    # A disconnecting client hangs up after a random number of events, 0 (right after sending the
+    # request) to max_tokens (after the last token: the response may be complete by then).
+    abort_after = rng.randint(0, body["max_tokens"]) if rng.random() < abort_p else None
     half_close = rng.random() < half_close_p
     slow = rng.random() < slow_p
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
@@ -77,6 +79,8 @@ async def one_client(host, port, key, model, rng, abort_p, max_tokens, timeout, 
     try:
         writer.write(head.encode() + b"\r\n" + data)
         await writer.drain()
+        if abort_after == 0:
+            return "aborted", 0
         if half_close:
             writer.write_eof()
         status_line = await asyncio.wait_for(reader.readline(), timeout)
@@ -175,6 +179,9 @@ def main():
     ap.add_argument("--slow-prob", type=float, default=0.1, help="fraction of clients that read slowly")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--server-log", help="write the started server's output here (default: discarded)")
+    ap.add_argument("--max-log-bytes", type=int, default=1 << 20,
+                    help="with --server-log: fail if the server wrote more than this (a log flood)")
     args = ap.parse_args()
 
     proc = None
@@ -184,8 +191,9 @@ def main():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        log = open(args.server_log, "wb") if args.server_log else subprocess.DEVNULL
         proc = subprocess.Popen([args.atomc, "serve", "--model", args.model, "--port", str(port),
-                                 *args.server_args.split()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 *args.server_args.split()], stdout=log, stderr=subprocess.STDOUT)
         args.url = f"http://127.0.0.1:{port}"
         args.pid = proc.pid
         for _ in range(600):
@@ -239,13 +247,17 @@ def main():
     if len(rss) > 2 and rss[1] and rss[-1] and rss[-1] > rss[1] * 1.10 + 8192:
         summary["ok"] = False
         summary["rss_growth"] = "RSS grew more than 10% between the first and the last wave"
-    print(json.dumps(summary, indent=2))
     if proc:
         proc.send_signal(signal.SIGTERM)
         summary["server_exit"] = proc.wait(120)
         if summary["server_exit"] != 0:
-            print(f"server exited with {summary['server_exit']}")
             summary["ok"] = False
+        if args.server_log:
+            summary["server_log_bytes"] = os.path.getsize(args.server_log)
+            if summary["server_log_bytes"] > args.max_log_bytes:
+                summary["log_flood"] = f"the server wrote more than {args.max_log_bytes} bytes of log"
+                summary["ok"] = False
+    print(json.dumps(summary, indent=2))
     sys.exit(0 if summary["ok"] else 1)
 
 

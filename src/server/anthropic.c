@@ -1,8 +1,6 @@
 // Anthropic Messages API on top of the chat-completions path (see anthropic.h for the contract).
 #include "server/anthropic.h"
 
-#include <event2/buffer.h>
-#include <event2/http.h>
 #include <math.h>
 #include <string.h>
 
@@ -402,10 +400,10 @@ done:
 
 // ---------------------------------------------------------------- handlers
 
-static struct srv_req *prepare(struct server *s, struct evhttp_request *req, bool count_only) {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t len = evbuffer_get_length(in);
-    const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+static struct srv_req *prepare(struct server *s, struct http_req *req, bool count_only) {
+    const char *body;
+    size_t len;
+    http_req_body(req, &body, &len);
     struct oai_error e;
     json_t *o = anthropic_to_openai(body, len, count_only, &e);
     if (!o) {
@@ -425,12 +423,12 @@ static struct srv_req *prepare(struct server *s, struct evhttp_request *req, boo
     return r;
 }
 
-void anthropic_handle_messages(struct server *s, struct evhttp_request *req) {
+void anthropic_handle_messages(struct server *s, struct http_req *req) {
     struct srv_req *r = prepare(s, req, false);
     if (r) generate_submit(s, req, OAI_ENDPOINT_CHAT, r);
 }
 
-void anthropic_handle_count_tokens(struct server *s, struct evhttp_request *req) {
+void anthropic_handle_count_tokens(struct server *s, struct http_req *req) {
     struct srv_req *r = prepare(s, req, true);
     if (!r) return;
     json_t *o = json_object();

@@ -22,7 +22,7 @@ struct server;
 struct srv_req;
 struct srv_choice;
 struct srv_event;
-struct evhttp_request;
+struct http_req;
 
 // Pure translation (unit-testable): the Anthropic body -> a new OpenAI chat request object, or
 // NULL with *e (400 naming the field). count_only: /count_tokens (max_tokens not required).
@@ -31,8 +31,8 @@ json_t *anthropic_to_openai(const char *body, size_t len, bool count_only, struc
 char *anthropic_error_json(const struct oai_error *e);
 
 // Loop thread: the two endpoints.
-void anthropic_handle_messages(struct server *s, struct evhttp_request *req);
-void anthropic_handle_count_tokens(struct server *s, struct evhttp_request *req);
+void anthropic_handle_messages(struct server *s, struct http_req *req);
+void anthropic_handle_count_tokens(struct server *s, struct http_req *req);
 
 // generate.c's hooks for requests made here (srv_req.anthropic).
 void anthropic_stream_start(struct srv_req *r, struct srv_choice *c);

@@ -7,7 +7,7 @@
 // reference is dropped when every choice is done and the response is finished (or the client
 // is gone), so the request is freed exactly when both the network and the engine let go.
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
+#include <event2/buffer.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <errno.h>
@@ -160,31 +160,12 @@ static json_t *stop_reason_json(struct srv_req *r, struct srv_choice *c) {
 
 static bool http_alive(struct srv_req *r) { return r->http && !r->client_gone && !r->responded; }
 
-static struct timeval idle_tv(struct server *s) {
-    struct timeval tv = {(time_t)s->opt.idle_timeout_s,
-                         (suseconds_t)((s->opt.idle_timeout_s - (time_t)s->opt.idle_timeout_s) * 1e6)};
-    return tv;
-}
-
-// While the engine works the client legitimately sends nothing (and, queued, receives nothing),
-// so the connection's read timeout is lifted; the write timeout stays (a client that stops
-// reading still stalls out). Restored when the response ends.
-static void connection_timeouts_for_generation(struct srv_req *r) {
-    struct bufferevent *bev = r->conn ? evhttp_connection_get_bufferevent(r->conn) : NULL;
-    struct timeval w = idle_tv(r->srv);
-    if (bev) bufferevent_set_timeouts(bev, NULL, &w);
-}
-
 static void clear_closecb(struct srv_req *r) {
     if (r->close_watch) {
         event_free(r->close_watch);
         r->close_watch = NULL;
     }
-    if (r->conn && !r->client_gone) {
-        server_conn_set_closecb(r->srv, r->conn, NULL, NULL);
-        struct timeval tv = idle_tv(r->srv);
-        evhttp_connection_set_timeout_tv(r->conn, &tv);
-    }
+    if (r->http && !r->client_gone) http_req_set_closecb(r->http, NULL, NULL);
 }
 
 static void abort_engine(struct srv_req *r) {
@@ -204,14 +185,12 @@ static void sse_write_event(struct srv_req *r, const char *name, const char *dat
     evbuffer_add(b, "data: ", 6);
     evbuffer_add(b, data, len);
     evbuffer_add(b, "\n\n", 2);
-    evhttp_send_reply_chunk(r->http, b);
-    server_hold_reads(r->conn);
+    http_resp_chunk(r->http, evbuffer_pullup(b, -1), evbuffer_get_length(b));
     evbuffer_free(b);
-    struct bufferevent *bev = r->conn ? evhttp_connection_get_bufferevent(r->conn) : NULL;
-    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > r->srv->opt.max_pending_output_bytes) {
+    if (http_req_output_pending(r->http) > r->srv->opt.max_pending_output_bytes) {
         LOG_WARN("request %s: client is not reading (over %zu bytes pending); disconnecting", r->id,
                  r->srv->opt.max_pending_output_bytes);
-        evhttp_connection_free(r->conn); // fires the close callback
+        http_req_disconnect(r->http); // fires the close callback
     }
 }
 
@@ -573,12 +552,10 @@ static void finish_response(struct srv_req *r) {
             clear_closecb(r);
             // The shutdown drain waits until this response is written out, not just queued.
             s->n_writing++;
-            evhttp_request_set_on_complete_cb(r->http, server_reply_done, s);
+            http_req_set_donecb(r->http, server_reply_done, s);
             if (r->oai.stream && r->anthropic) {
                 anthropic_stream_end(r);
-                struct evhttp_connection *conn = r->conn;
-                evhttp_send_reply_end(r->http);
-                server_hold_reads(conn);
+                if (r->http) http_resp_end(r->http);
             } else if (r->oai.stream) {
                 if (r->oai.include_usage) {
                     json_t *o = chunk_new(r);
@@ -586,20 +563,11 @@ static void finish_response(struct srv_req *r) {
                     json_object_set_new(o, "usage", usage_of(r));
                     char *txt = json_dumps(o, JSON_COMPACT);
                     json_decref(o);
-                    struct evbuffer *b = evbuffer_new();
-                    evbuffer_add_printf(b, "data: %s\n\n", txt);
+                    sse_write(r, txt, strlen(txt));
                     free(txt);
-                    evhttp_send_reply_chunk(r->http, b);
-                    server_hold_reads(r->conn);
-                    evbuffer_free(b);
                 }
-                struct evbuffer *b = evbuffer_new();
-                evbuffer_add_printf(b, "data: [DONE]\n\n");
-                evhttp_send_reply_chunk(r->http, b);
-                evbuffer_free(b);
-                struct evhttp_connection *conn = r->conn;
-                evhttp_send_reply_end(r->http);
-                server_hold_reads(conn);
+                sse_write(r, "[DONE]", 6);
+                if (r->http) http_resp_end(r->http);
             } else {
                 int code;
                 json_t *body = r->anthropic ? anthropic_final_body(r, &code) : final_body(r, &code);
@@ -607,12 +575,6 @@ static void finish_response(struct srv_req *r) {
             }
             r->http = NULL;
         }
-    }
-    if (r->http) {
-        // The client vanished: libevent detached the request and leaves freeing it to us.
-        if (r->oai.stream) evhttp_send_reply_end(r->http);
-        else evhttp_send_reply(r->http, 200, "OK", NULL);
-        r->http = NULL;
     }
     if (r->in_active) {
         if (r->prev) r->prev->next = r->next;
@@ -649,16 +611,14 @@ void generate_abort_all(struct server *s) {
 }
 
 // Client disconnect (or the server closing connections at exit).
-static void on_conn_close(struct evhttp_connection *conn, void *arg) {
+static void on_conn_close(struct http_req *req, void *arg) {
     struct srv_req *r = arg;
     if (r->close_watch) {
         event_free(r->close_watch);
         r->close_watch = NULL;
     }
     r->client_gone = true;
-    r->conn = NULL;
-    // Still attached: libevent frees the request itself right after this callback.
-    if (r->http && evhttp_request_get_connection(r->http) != NULL) r->http = NULL;
+    r->http = NULL; // the transport frees the request right after this callback
     abort_engine(r);
 }
 
@@ -669,8 +629,7 @@ static void on_conn_close(struct evhttp_connection *conn, void *arg) {
 
 static void on_probe_check(evutil_socket_t fd_unused, short what, void *arg) {
     struct srv_req *r = arg;
-    struct bufferevent *bev = r->conn ? evhttp_connection_get_bufferevent(r->conn) : NULL;
-    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    int fd = r->http ? http_req_fd(r->http) : -1;
     // recv keeps reporting the end of input after a reset: the socket's error and state tell.
     int soerr = 0;
     socklen_t sl = sizeof soerr;
@@ -679,10 +638,10 @@ static void on_probe_check(evutil_socket_t fd_unused, short what, void *arg) {
     memset(&ti, 0, sizeof ti);
     bool gone = fd < 0 || (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr != 0) ||
                 (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == TCP_CLOSE);
-    if (gone && r->conn && !r->client_gone) {
+    if (gone && r->http && !r->client_gone) {
         event_free(r->close_watch);
         r->close_watch = NULL;
-        evhttp_connection_free(r->conn); // runs on_conn_close, which aborts the engine requests
+        http_req_disconnect(r->http); // runs on_conn_close, which aborts the engine requests
         return;
     }
     struct timeval tv = {0, (suseconds_t)(PROBE_S * 1e6)};
@@ -706,13 +665,13 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg) {
     }
     event_free(r->close_watch);
     r->close_watch = NULL;
-    if (n < 0 && r->conn && !r->client_gone) {
-        evhttp_connection_free(r->conn);
-    } else if (n == 0 && r->conn && !r->client_gone) {
+    if (n < 0 && r->http && !r->client_gone) {
+        http_req_disconnect(r->http);
+    } else if (n == 0 && r->http && !r->client_gone) {
         static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
         ssize_t w = send(fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0 && errno != EAGAIN && errno != EINTR) {
-            evhttp_connection_free(r->conn);
+            http_req_disconnect(r->http);
             return;
         }
         r->close_watch = evtimer_new(r->srv->base, on_probe_check, r);
@@ -815,12 +774,10 @@ static int build_prompts(struct server *s, struct srv_req *r, struct oai_error *
 }
 
 static void stream_begin(struct srv_req *r) {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(r->http);
-    evhttp_add_header(h, "Content-Type", "text/event-stream");
-    evhttp_add_header(h, "Cache-Control", "no-cache");
-    evhttp_add_header(h, "Server", "atomc");
-    evhttp_send_reply_start(r->http, 200, "OK");
-    server_hold_reads(r->conn);
+    http_resp_add_header(r->http, "Content-Type", "text/event-stream");
+    http_resp_add_header(r->http, "Cache-Control", "no-cache");
+    http_resp_add_header(r->http, "Server", "atomc");
+    http_resp_start(r->http, 200);
     for (int i = 0; i < r->n_choices; i++) stream_start_choice(r, &r->choices[i]);
 }
 
@@ -881,10 +838,10 @@ struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const c
     return r;
 }
 
-void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endpoint ep) {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t len = evbuffer_get_length(in);
-    const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+void generate_handle(struct server *s, struct http_req *req, enum oai_endpoint ep) {
+    const char *body;
+    size_t len;
+    http_req_body(req, &body, &len);
     struct oai_error e;
     struct srv_req *r = generate_prepare(s, ep, body, len, &e);
     if (!r) {
@@ -894,7 +851,7 @@ void generate_handle(struct server *s, struct evhttp_request *req, enum oai_endp
     generate_submit(s, req, ep, r);
 }
 
-void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endpoint ep, struct srv_req *r) {
+void generate_submit(struct server *s, struct http_req *req, enum oai_endpoint ep, struct srv_req *r) {
     struct oai_request *q = &r->oai;
     generate_id(s, r->anthropic ? "msg_" : ep == OAI_ENDPOINT_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof r->id);
     r->created = (long)time_wall_s();
@@ -958,7 +915,6 @@ void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endp
         c->submitted = true;
     }
     r->http = req;
-    r->conn = evhttp_request_get_connection(req);
     r->in_active = true;
     r->next = s->active;
     if (s->active) s->active->prev = r;
@@ -984,15 +940,13 @@ void generate_submit(struct server *s, struct evhttp_request *req, enum oai_endp
         if (r->n_done == r->n_choices) finish_response(r);
         return;
     }
-    server_conn_set_closecb(s, r->conn, on_conn_close, r);
-    connection_timeouts_for_generation(r);
+    http_req_set_closecb(req, on_conn_close, r);
     if (q->stream) {
-        stream_begin(r); // libevent notices a vanished client on the next write
+        stream_begin(r); // the transport notices a vanished client on the next write
     } else {
-        // While a non-streaming request waits for the engine, libevent does not read the socket,
-        // so it would not notice the client leaving. Watch the socket ourselves.
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(r->conn);
-        evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+        // While a request is handled the transport does not read its socket, so it would not
+        // notice the client leaving a waiting non-streaming request. Watch the socket here.
+        int fd = http_req_fd(req);
         if (fd >= 0) {
             r->close_watch = event_new(s->base, fd, EV_READ, on_client_readable, r);
             event_add(r->close_watch, NULL);

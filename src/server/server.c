@@ -4,8 +4,8 @@
 // Threading contract in server.h; generation endpoints live in generate.c.
 #include <errno.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/keyvalq_struct.h>
+#include <event2/http.h> // evhttp_uridecode only (the transport is server_conn.c)
+#include <llhttp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +20,6 @@
 #include "server/anthropic.h"
 #include "server/openai_response.h"
 #include "server/server_internal.h"
-
-#include <event2/http_struct.h> // after http.h: the request's HTTP version (no accessor in libevent 2.1)
 
 void server_options_init(struct server_options *o) {
     memset(o, 0, sizeof *o);
@@ -41,48 +39,21 @@ void server_options_init(struct server_options *o) {
 
 // ---------------------------------------------------------------- responses
 
-static void add_common_headers(struct evhttp_request *req, const char *content_type) {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Content-Type", content_type);
-    evhttp_add_header(h, "Server", "atomc");
-    const char *rid = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Request-Id");
-    if (rid && strlen(rid) < 256) evhttp_add_header(h, "X-Request-Id", rid);
+static void add_common_headers(struct http_req *req, const char *content_type) {
+    http_resp_add_header(req, "Content-Type", content_type);
+    http_resp_add_header(req, "Server", "atomc");
+    const char *rid = http_req_header(req, "X-Request-Id");
+    if (rid && strlen(rid) < 256) http_resp_add_header(req, "X-Request-Id", rid);
 }
 
-static const char *reason_phrase(int code) {
-    switch (code) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 413: return "Payload Too Large";
-    case 501: return "Not Implemented";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    }
-    return NULL;
-}
-
-void server_hold_reads(struct evhttp_connection *conn) {
-    struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
-    if (bev) bufferevent_disable(bev, EV_READ);
-}
-
-static void send_body(struct server *s, struct evhttp_request *req, int code, const char *ctype, const char *body,
+static void send_body(struct server *s, struct http_req *req, int code, const char *ctype, const char *body,
                       size_t len) {
     if (code >= 400 && code < 600) s->metrics.http_errors_total[code / 100]++;
     add_common_headers(req, ctype);
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add(b, body, len);
-    struct evhttp_connection *conn = evhttp_request_get_connection(req); // req may be gone after the send
-    evhttp_send_reply(req, code, reason_phrase(code), b);
-    server_hold_reads(conn);
-    evbuffer_free(b);
+    http_resp_send(req, code, body, len);
 }
 
-void server_send_json(struct server *s, struct evhttp_request *req, int code, json_t *body) {
+void server_send_json(struct server *s, struct http_req *req, int code, json_t *body) {
     char *txt = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     CHECK(txt);
@@ -91,20 +62,19 @@ void server_send_json(struct server *s, struct evhttp_request *req, int code, js
 }
 
 // Errors of the Anthropic endpoints have Anthropic's shape.
-static bool anthropic_path(struct evhttp_request *req) {
-    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
-    return path && !strncmp(path, "/v1/messages", 12) && (path[12] == '\0' || path[12] == '/');
+static bool anthropic_path(struct http_req *req) {
+    const char *path = http_req_path(req);
+    return !strncmp(path, "/v1/messages", 12) && (path[12] == '\0' || path[12] == '/');
 }
 
-void server_send_error(struct server *s, struct evhttp_request *req, const struct oai_error *e) {
+void server_send_error(struct server *s, struct http_req *req, const struct oai_error *e) {
     char *txt = anthropic_path(req) ? anthropic_error_json(e) : oai_error_json(e);
-    if (e->http_status == 401) evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+    if (e->http_status == 401) http_resp_add_header(req, "WWW-Authenticate", "Bearer");
     send_body(s, req, e->http_status, "application/json", txt, strlen(txt));
     free(txt);
 }
 
-static void send_error(struct server *s, struct evhttp_request *req, int code, const char *param, const char *msg) {
+static void send_error(struct server *s, struct http_req *req, int code, const char *param, const char *msg) {
     struct oai_error e;
     oai_error_set(&e, code, param, "%s", msg);
     server_send_error(s, req, &e);
@@ -253,7 +223,7 @@ static json_t *model_card(struct server *s, const char *name) {
     return m;
 }
 
-static void handle_models(struct server *s, struct evhttp_request *req, const char *path) {
+static void handle_models(struct server *s, struct http_req *req, const char *path) {
     if (!strcmp(path, "/v1/models")) {
         json_t *data = json_array();
         for (int i = 0; i < s->n_model_names; i++) json_array_append_new(data, model_card(s, s->model_names[i]));
@@ -272,7 +242,7 @@ static void handle_models(struct server *s, struct evhttp_request *req, const ch
     free(dec);
 }
 
-static void handle_health(struct server *s, struct evhttp_request *req) {
+static void handle_health(struct server *s, struct http_req *req) {
     char msg[256];
     json_t *o = json_object();
     int code = 200;
@@ -304,7 +274,7 @@ static void handle_health(struct server *s, struct evhttp_request *req) {
     server_send_json(s, req, code, o);
 }
 
-static void handle_metrics(struct server *s, struct evhttp_request *req) {
+static void handle_metrics(struct server *s, struct http_req *req) {
     atomc_stats st;
     memset(&st, 0, sizeof st);
     if (s->have_engine) s->eng.get_stats(s->eng.ctx, &st);
@@ -318,11 +288,7 @@ static void handle_metrics(struct server *s, struct evhttp_request *req) {
     free(txt);
 }
 
-static void body_of(struct evhttp_request *req, const char **p, size_t *len) {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    *len = evbuffer_get_length(in);
-    *p = *len ? (const char *)evbuffer_pullup(in, -1) : "";
-}
+static void body_of(struct http_req *req, const char **p, size_t *len) { http_req_body(req, p, len); }
 
 // The bodies of /tokenize, /apply-template and /detokenize, as pure functions of the request
 // body (any thread: they read only what does not change while serving). Each returns the HTTP
@@ -434,12 +400,12 @@ int server_detokenize_compute(struct server *s, const char *body, size_t len, ch
     return code;
 }
 
-void server_send_text(struct server *s, struct evhttp_request *req, int code, char *json) {
+void server_send_text(struct server *s, struct http_req *req, int code, char *json) {
     send_body(s, req, code, "application/json", json, strlen(json));
     free(json);
 }
 
-static void handle_tokenize(struct server *s, struct evhttp_request *req, bool template_only) {
+static void handle_tokenize(struct server *s, struct http_req *req, bool template_only) {
     const char *body;
     size_t len;
     body_of(req, &body, &len);
@@ -448,7 +414,7 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req, bool t
     server_send_text(s, req, code, out);
 }
 
-static void handle_detokenize(struct server *s, struct evhttp_request *req) {
+static void handle_detokenize(struct server *s, struct http_req *req) {
     const char *body;
     size_t len;
     body_of(req, &body, &len);
@@ -461,20 +427,19 @@ static void handle_detokenize(struct server *s, struct evhttp_request *req) {
 // to this server's own API; the policy confines it to this origin (no CDN, no third-party fetch).
 extern const char atomc_webui_html[], atomc_webui_html_end[];
 
-static void handle_webui(struct server *s, struct evhttp_request *req) {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Content-Security-Policy",
-                      "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
-                      "img-src 'self' data:; frame-ancestors 'none'");
-    evhttp_add_header(h, "X-Content-Type-Options", "nosniff");
-    evhttp_add_header(h, "Cache-Control", "no-cache");
+static void handle_webui(struct server *s, struct http_req *req) {
+    http_resp_add_header(req, "Content-Security-Policy",
+                         "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+                         "img-src 'self' data:; frame-ancestors 'none'");
+    http_resp_add_header(req, "X-Content-Type-Options", "nosniff");
+    http_resp_add_header(req, "Cache-Control", "no-cache");
     send_body(s, req, 200, "text/html; charset=utf-8", atomc_webui_html,
               (size_t)(atomc_webui_html_end - atomc_webui_html));
 }
 
 // GET /tokenizer_info (vLLM's): what a client needs to use the server as its tokenizer, e.g.
 // lm-eval-harness with tokenizer_backend=remote (plus /tokenize and /detokenize).
-static void handle_tokenizer_info(struct server *s, struct evhttp_request *req) {
+static void handle_tokenizer_info(struct server *s, struct http_req *req) {
     json_t *o = json_object();
     json_object_set_new(o, "tokenizer_class", json_string("atomc"));
     json_object_set_new(o, "bos_token", s->eng.bos_token ? json_string(s->eng.bos_token) : json_null());
@@ -487,7 +452,7 @@ static void handle_tokenizer_info(struct server *s, struct evhttp_request *req) 
 }
 
 // POST /start_profile, /stop_profile (vLLM's): per-step Chrome traces, needs --profile-dir.
-static void handle_profile(struct server *s, struct evhttp_request *req, bool start) {
+static void handle_profile(struct server *s, struct http_req *req, bool start) {
     char msg[512] = "", path[4096] = "";
     atomc_status st;
     if (!s->opt.profiling || !s->eng.start_profile || !s->eng.stop_profile) {
@@ -552,86 +517,22 @@ static bool key_equal(const char *a, const char *b) {
     return d == 0;
 }
 
-static bool authorized(struct server *s, struct evhttp_request *req) {
+static bool authorized(struct server *s, struct http_req *req) {
     if (!s->api_key) return true;
     // Anthropic clients send the key as "x-api-key: KEY".
-    const char *x = evhttp_find_header(evhttp_request_get_input_headers(req), "x-api-key");
+    const char *x = http_req_header(req, "x-api-key");
     if (x && key_equal(x, s->api_key)) return true;
-    const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    const char *h = http_req_header(req, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
     h += 7;
     while (*h == ' ') h++;
     return key_equal(h, s->api_key);
 }
 
-static void on_response_written(struct evhttp_request *req, void *arg);
-
-static bool is_tchar(unsigned char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || strchr("!#$%&'*+-.^_`|~", c);
-}
-
-// RFC 9112 framing rules that evhttp 2.1 does not enforce, checked on the parsed request before
-// it is routed: one Content-Length at most, never with Transfer-Encoding, no transfer coding but
-// "chunked", field names that are tokens (no whitespace before the colon), no control characters
-// in values, Host present in HTTP/1.1. Returns 0, or the status (400 / 501) with msg. Requests
-// refused here close their connection, so bytes behind an ambiguous body are never taken for a
-// next request. What evhttp removes while parsing (NUL, which ends its copy of a value; obs-fold,
-// which it joins; bare LF, which it takes for CRLF) is not visible here (docs/ARCHITECTURE.md).
-// evhttp reads a body only for POST, PUT and PATCH: content sent with another method (a GET or
-// TRACE with a Content-Length) stays in the input and would be parsed as the next request, so
-// the connection is closed after the response.
-static bool body_left_unread(struct evhttp_request *req) {
-    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-    if (cmd == EVHTTP_REQ_POST || cmd == EVHTTP_REQ_PUT || cmd == EVHTTP_REQ_PATCH) return false;
-    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
-    const char *cl = evhttp_find_header(h, "Content-Length");
-    return evhttp_find_header(h, "Transfer-Encoding") || (cl && strspn(cl, "0") != strlen(cl));
-}
-
-static int framing_error(struct evhttp_request *req, char *msg, size_t len) {
-    int n_cl = 0, n_te = 0;
-    const char *te = NULL;
-    struct evkeyval *kv;
-    for (kv = evhttp_request_get_input_headers(req)->tqh_first; kv; kv = kv->next.tqe_next) {
-        if (!kv->key[0]) return snprintf(msg, len, "malformed header line (empty field name)"), 400;
-        for (const unsigned char *p = (const unsigned char *)kv->key; *p; p++)
-            if (!is_tchar(*p))
-                return snprintf(msg, len, "malformed header field name '%.60s' (RFC 9112 5.1: a token, no whitespace)",
-                                kv->key),
-                       400;
-        for (const unsigned char *p = (const unsigned char *)kv->value; *p; p++)
-            if ((*p < 0x20 && *p != '\t') || *p == 0x7f)
-                return snprintf(msg, len, "header '%.60s' has a control character (0x%02x) in its value", kv->key, *p),
-                       400;
-        if (!strcasecmp(kv->key, "Content-Length")) n_cl++;
-        if (!strcasecmp(kv->key, "Transfer-Encoding")) n_te++, te = kv->value;
-    }
-    if (n_cl > 1) return snprintf(msg, len, "more than one Content-Length header (RFC 9112 6.3)"), 400;
-    if (n_cl && n_te) return snprintf(msg, len, "Content-Length together with Transfer-Encoding (RFC 9112 6.3)"), 400;
-    if (n_te > 1 || (te && strcasecmp(te, "chunked")))
-        return snprintf(msg, len, "unsupported Transfer-Encoding '%.60s' (only 'chunked')", te), 501;
-    if (req->major == 1 && req->minor >= 1 && !evhttp_find_header(evhttp_request_get_input_headers(req), "Host"))
-        return snprintf(msg, len, "HTTP/1.1 request without a Host header (RFC 9112 3.2)"), 400;
-    return 0;
-}
-
-static void on_request(struct evhttp_request *req, void *arg) {
-    struct server *s = arg;
-    s->metrics.http_requests_total++;
-    server_conn_request_begin(s, req);
-    evhttp_request_set_on_complete_cb(req, on_response_written, s);
+// The transport (server_conn.c) hands over each complete, well-framed request.
+void server_handle_request(struct server *s, struct http_req *req) {
     adopt_engine(s);
-    char fmsg[200];
-    int fcode = framing_error(req, fmsg, sizeof fmsg);
-    if (fcode) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        send_error(s, req, fcode, NULL, fmsg);
-        return;
-    }
-    if (body_left_unread(req)) evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
-    if (!path || !*path) path = "/";
+    const char *path = http_req_path(req);
     const struct route *rt = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         const struct route *c = &routes[i];
@@ -648,11 +549,11 @@ static void on_request(struct evhttp_request *req, void *arg) {
         send_error(s, req, 404, NULL, msg);
         return;
     }
-    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-    bool ok = ((rt->flags & R_GET) && (cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD)) ||
-              ((rt->flags & R_POST) && cmd == EVHTTP_REQ_POST);
+    int cmd = http_req_method(req);
+    bool ok = ((rt->flags & R_GET) && (cmd == HTTP_GET || cmd == HTTP_HEAD)) ||
+              ((rt->flags & R_POST) && cmd == HTTP_POST);
     if (!ok) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", (rt->flags & R_GET) ? "GET, HEAD" : "POST");
+        http_resp_add_header(req, "Allow", (rt->flags & R_GET) ? "GET, HEAD" : "POST");
         send_error(s, req, 405, NULL, (rt->flags & R_GET) ? "Method Not Allowed: use GET" : "Method Not Allowed: use POST");
         return;
     }
@@ -737,13 +638,9 @@ static void maybe_finish_drain(struct server *s) {
     }
 }
 
-// Every response's on_complete callback (set in on_request; generate.c's final responses use
-// server_reply_done, which also counts them for the drain).
-static void on_response_written(struct evhttp_request *req, void *arg) { server_conn_request_end(arg, req); }
-
-void server_reply_done(struct evhttp_request *req, void *arg) {
+// The done callback of generate.c's final responses: written out (or their connection died).
+void server_reply_done(void *arg) {
     struct server *s = arg;
-    server_conn_request_end(s, req);
     s->n_writing--;
     maybe_finish_drain(s);
 }
@@ -834,26 +731,11 @@ atomc_status server_create(const struct server_options *o, struct server **out, 
     s->wake_ev = event_new(s->base, s->wake_fd, EV_READ | EV_PERSIST, on_wake, s);
     event_add(s->wake_ev, NULL);
     server_workers_start(s);
-    s->http = evhttp_new(s->base);
-    if (!s->http) goto fail_msg;
-    evhttp_set_max_body_size(s->http, (ev_ssize_t)o->max_body_bytes);
-    evhttp_set_max_headers_size(s->http, (ev_ssize_t)o->max_header_bytes);
-    // Every method reaches the router, which answers 405 in OpenAI's error shape (libevent's own
-    // answer to a method outside this set would be an HTML 501).
-    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
-                                            EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
-    // Idle keep-alive connections and stalled reads/writes are dropped after this long; while a
-    // generation request is in flight its connection has no read timeout (generate.c).
-    struct timeval idle = {(time_t)o->idle_timeout_s,
-                           (suseconds_t)((o->idle_timeout_s - (time_t)o->idle_timeout_s) * 1e6)};
-    evhttp_set_timeout_tv(s->http, &idle);
-    evhttp_set_gencb(s->http, on_request, s);
     if (server_conn_listen(s, err) != ATOMC_OK) goto fail;
     {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
-        evutil_socket_t fd = evhttp_bound_socket_get_fd(s->bound);
+        int fd = server_conn_listen_fd(s);
         if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
             if (ss.ss_family == AF_INET) s->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
             else if (ss.ss_family == AF_INET6) s->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
@@ -894,8 +776,7 @@ void server_free(struct server *s) {
     s->have_engine = false;
     server_workers_stop(s); // (no-op after server_run)
     server_workers_free(s);
-    if (s->http) evhttp_free(s->http);
-    s->http = NULL;
+    server_conn_close_all(s); // runs the close callbacks of requests still in progress
     // Outputs queued by the engine (it has been stopped by now) are applied and dropped.
     pthread_mutex_lock(&s->mu);
     struct srv_req *list = s->ready_head;

@@ -1,4 +1,4 @@
-// The OpenAI-compatible HTTP server (libevent evhttp on one event-loop thread).
+// The OpenAI-compatible HTTP server (libevent + llhttp, HTTP/1.1, on one event-loop thread).
 //
 // Life cycle (driven by src/cli/cmd_serve.c):
 //   server_create()        binds the socket; /health answers 503 "loading" from then on

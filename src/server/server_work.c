@@ -25,8 +25,7 @@ struct srv_job {
     struct server *srv;
     enum srv_job_kind kind;
     enum oai_endpoint ep;
-    struct evhttp_request *req; // NULL once the client left
-    struct evhttp_connection *conn;
+    struct http_req *req; // NULL once the client left
     struct evbuffer *body; // moved out of the request
     bool gone;
     struct srv_req *r; // JOB_GENERATE: the prepared request, or NULL with e
@@ -84,26 +83,24 @@ static void *worker_main(void *arg) {
     }
 }
 
-static void on_job_conn_close(struct evhttp_connection *conn, void *arg) {
+static void on_job_conn_close(struct http_req *req, void *arg) {
     struct srv_job *j = arg;
     j->gone = true;
-    j->req = NULL; // libevent frees the request with its connection
-    j->conn = NULL;
+    j->req = NULL; // the transport frees the request after this callback
 }
 
-bool server_offload(struct server *s, struct evhttp_request *req, enum srv_job_kind kind, enum oai_endpoint ep) {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+bool server_offload(struct server *s, struct http_req *req, enum srv_job_kind kind, enum oai_endpoint ep) {
+    struct evbuffer *in = http_req_body_buffer(req);
     if (s->n_workers == 0 || evbuffer_get_length(in) < SERVER_OFFLOAD_BYTES) return false;
     struct srv_job *j = xcalloc(1, sizeof *j);
     j->srv = s;
     j->kind = kind;
     j->ep = ep;
     j->req = req;
-    j->conn = evhttp_request_get_connection(req);
     j->body = evbuffer_new();
     CHECK(j->body);
     CHECK(evbuffer_add_buffer(j->body, in) == 0); // moves the chains
-    if (j->conn) server_conn_set_closecb(s, j->conn, on_job_conn_close, j);
+    http_req_set_closecb(req, on_job_conn_close, j);
     s->n_jobs++;
     pthread_mutex_lock(&s->work_mu);
     if (s->job_tail)
@@ -122,7 +119,7 @@ void server_jobs_finish(struct server *s, struct srv_job *list) {
         list = j->next;
         s->n_jobs--;
         if (!j->gone) {
-            if (j->conn) server_conn_set_closecb(s, j->conn, NULL, NULL);
+            http_req_set_closecb(j->req, NULL, NULL);
             if (j->kind == JOB_GENERATE) {
                 if (j->r)
                     generate_submit(s, j->req, j->ep, j->r);
@@ -164,7 +161,7 @@ void server_workers_stop(struct server *s) {
         pthread_join(s->workers[i], NULL);
     s->n_workers = 0;
     // Jobs queued but never started (only when the loop was stopped at once) and results not
-    // applied yet: the clients are answered when evhttp frees their connections; drop the work.
+    // applied yet: their connections are closed when the server is freed; drop the work.
     for (struct srv_job *j = s->job_head, *n; j; j = n) {
         n = j->next;
         j->next = NULL;
@@ -186,7 +183,7 @@ void server_workers_free(struct server *s) {
     s->done_head = s->done_tail = NULL;
     pthread_mutex_unlock(&s->mu);
     for (struct srv_job *j = list; j; j = j->next) {
-        if (j->conn && !j->gone) server_conn_set_closecb(s, j->conn, NULL, NULL);
+        if (j->req && !j->gone) http_req_set_closecb(j->req, NULL, NULL);
         j->gone = true;
     }
     server_jobs_finish(s, list);

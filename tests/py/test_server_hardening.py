@@ -328,3 +328,76 @@ def test_large_bodies_are_handled_off_the_event_loop(plain_srv):
         c.close()
     time.sleep(1.0)
     assert plain_srv.request("GET", "/health")[0] == 200
+
+
+def raw_exchange(port, data, timeout=10):
+    """Sends bytes as they are, reads until the server closes the connection."""
+    c = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    c.sendall(data)
+    out = b""
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        out += d
+    c.close()
+    return out
+
+
+SMUGGLED = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+ITEM5_CASES = [
+    # (name, raw request, status): each must get exactly one JSON error and a closed connection
+    ("two Content-Length", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\nContent-Length: 52\r\n\r\n"
+     b'{"prompt":"a"}' + SMUGGLED, 400),
+    ("equal Content-Length twice", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\n"
+     b'Content-Length: 14\r\n\r\n{"prompt":"a"}', 400),
+    ("CL + TE", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b'e\r\n{"prompt":"a"}\r\n0\r\n\r\n' + SMUGGLED, 400),
+    ("TE + CL", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n"
+     b'e\r\n{"prompt":"a"}\r\n0\r\n\r\n' + SMUGGLED, 400),
+    ("NUL in a value", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n", 400),
+    ("CR in a value", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\n\r\n", 400),
+    ("obs-fold", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400),
+    ("bare LF", b"GET /health HTTP/1.1\nHost: x\n\n", 400),
+    ("bare LF ending the head", b"GET /health HTTP/1.1\r\nHost: x\r\n\n", 400),
+    ("no Host", b"GET /health HTTP/1.1\r\n\r\n", 400),
+    ("body too large", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n{", 413),
+    ("unknown expectation", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: x\r\nContent-Length: 2\r\n\r\n{}", 417),
+    ("header section too large", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (70 << 10) + b"\r\n\r\n", 431),
+    ("unknown transfer coding", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+    ("unknown method", b"BREW /health HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+    ("HTTP/2.0 in HTTP/1 framing", b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+    ("POST without a length", b"POST /tokenize HTTP/1.1\r\nHost: x\r\n\r\n", 411),
+]
+
+
+@pytest.mark.parametrize("name,raw,status", ITEM5_CASES, ids=[c[0] for c in ITEM5_CASES])
+def test_strict_http_refuses_with_one_json_error(plain_srv, name, raw, status):
+    """Issue 28 item 5 on the real server (each case failed on evhttp: accepted, first length
+    wins, or an HTML error page): exactly one response, the status, an OpenAI-style JSON error,
+    the connection closed (a request smuggled behind is never answered)."""
+    out = raw_exchange(plain_srv.port, raw)
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), out[:400]
+    assert b"content-type: application/json" in head.lower(), head
+    length = [int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")[1:])
+              if k.strip().lower() == b"content-length"]
+    assert length == [len(body)], out  # nothing after the one response
+    assert b"connection: close" in head.lower(), head
+    err = json.loads(body)["error"]
+    assert err["message"] and err["type"] and err["code"] in (status, "payload_too_large", "headers_too_large"), err
+
+
+def test_pipelined_requests_and_100_continue_keep_order(plain_srv):
+    """Keep-alive with pipelining: three requests in one write get three responses in order; an
+    Expect: 100-continue request gets the interim response first."""
+    tok = json.dumps({"prompt": "hello"}).encode()
+    raw = (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Type: application/json\r\n"
+           b"Content-Length: " + str(len(tok)).encode() + b"\r\n\r\n" + tok +
+           b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+           b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    out = raw_exchange(plain_srv.port, raw, timeout=30)
+    assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), out[:200]
+    parts = out.split(b"HTTP/1.1 ")[1:]
+    assert [p[:3] for p in parts] == [b"100", b"200", b"200", b"200"], out
+    assert b'"tokens"' in parts[1] and b'"status"' in parts[2] and b'"data"' in parts[3], out
