@@ -56,7 +56,8 @@ static const char *make_poisoned_model(void) {
             size_t cols = (size_t)json_integer_value(json_array_get(json_object_get(t, "shape"), 1));
             size_t off = 8 + hlen + (size_t)json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
             float nan = NAN;
-            for (size_t c = 0; c < cols; c++) memcpy(b + off + ((size_t)POISON * cols + c) * 4, &nan, 4);
+            for (size_t c = 0; c < cols; c++)
+                memcpy(b + off + ((size_t)POISON * cols + c) * 4, &nan, 4);
             json_decref(h);
         }
         snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
@@ -90,7 +91,8 @@ struct plp_out {
 TEST(nan_logits_fail_only_the_request_that_produced_them) {
     atomc_engine *e = make_engine(make_poisoned_model());
     int32_t good[12], bad[12];
-    for (int i = 0; i < 12; i++) good[i] = bad[i] = (int32_t)(3 + (i * 17) % 180);
+    for (int i = 0; i < 12; i++)
+        good[i] = bad[i] = (int32_t)(3 + (i * 17) % 180);
     bad[7] = POISON;
     static struct es_out og, ob, os;
     es_add(e, good, 12, 6, &og, NULL);
@@ -112,7 +114,8 @@ TEST(nan_logits_fail_only_the_request_that_produced_them) {
     es_run(e);
     ASSERT_EQ(og.reason, ATOMC_FINISH_LENGTH);
     ASSERT_EQ(og.n, 6);
-    for (int i = 0; i < og.n; i++) ASSERT_TRUE(isfinite(og.lp[i]));
+    for (int i = 0; i < og.n; i++)
+        ASSERT_TRUE(isfinite(og.lp[i]));
     ASSERT_EQ(ob.reason, ATOMC_FINISH_ERROR);
     ASSERT_EQ(ob.n, 0); // no token was made up
     ASSERT_TRUE(strstr(ob.error, "non-finite logits") != NULL);
@@ -135,7 +138,8 @@ static void plp_on_out(void *user, const atomc_output *o) {
 TEST(nan_prompt_logprobs_fail_the_echo_request_at_its_chunk) {
     atomc_engine *e = make_engine(make_poisoned_model());
     int32_t ids[40], clean[40];
-    for (int i = 0; i < 40; i++) ids[i] = clean[i] = (int32_t)(3 + (i * 29) % 190);
+    for (int i = 0; i < 40; i++)
+        ids[i] = clean[i] = (int32_t)(3 + (i * 29) % 190);
     ids[20] = POISON; // rows from 20 on are NaN: the second chunk (16 tokens a step) fails
     static struct plp_out bad, ok;
     int32_t *prompts[2] = {ids, clean};

@@ -529,10 +529,12 @@ TEST(token_bitmask_applies_before_everything) {
 TEST(nonfinite_logit_rows_are_flagged_not_sampled) {
     enum { V = 64 };
     float rows[5 * V];
-    for (int i = 0; i < 5 * V; i++) rows[i] = (float)((i * 37) % 11) * 0.25f;
+    for (int i = 0; i < 5 * V; i++)
+        rows[i] = (float)((i * 37) % 11) * 0.25f;
     rows[0 * V + 9] = NAN;       // row 0: one NaN
     rows[1 * V + 63] = INFINITY; // row 1: +inf
-    for (int i = 0; i < V; i++) rows[2 * V + i] = NAN; // row 2: all NaN
+    for (int i = 0; i < V; i++)
+        rows[2 * V + i] = NAN;   // row 2: all NaN
     rows[3 * V + 5] = -INFINITY; // row 3: -inf only: a normal row
     rows[4 * V + 7] = NAN;       // row 4: NaN at a masked-out id: a normal row
     uint32_t mask[2] = {0xffffffffu & ~(1u << 7), 0xffffffffu};

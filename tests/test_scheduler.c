@@ -168,8 +168,8 @@ static int short_wait_steps(int threshold, int *long_steps) {
     memset(&f, 0, sizeof f);
     struct error err;
     CHECK(block_manager_create(512, 16, true, &f.bm, &err) == ATOMC_OK);
-    struct scheduler_config cfg = {.max_num_seqs = 4, .max_num_batched_tokens = 256,
-                                   .long_prefill_token_threshold = threshold};
+    struct scheduler_config cfg = {
+        .max_num_seqs = 4, .max_num_batched_tokens = 256, .long_prefill_token_threshold = threshold};
     CHECK(scheduler_create(&cfg, f.bm, &f.s, &err) == ATOMC_OK);
     struct sequence *big = fx_seq(&f, 1, 2000, 0), *small = fx_seq(&f, 2, 5, 9000);
     scheduler_add(f.s, big);
@@ -213,7 +213,8 @@ TEST(scheduler_long_prefill_threshold_caps_admission_chunks_too) {
     memset(&f, 0, sizeof f);
     struct error err;
     CHECK(block_manager_create(512, 16, false, &f.bm, &err) == ATOMC_OK);
-    struct scheduler_config cfg = {.max_num_seqs = 4, .max_num_batched_tokens = 256, .long_prefill_token_threshold = 100};
+    struct scheduler_config cfg = {
+        .max_num_seqs = 4, .max_num_batched_tokens = 256, .long_prefill_token_threshold = 100};
     ASSERT_EQ(scheduler_create(&cfg, f.bm, &f.s, &err), ATOMC_OK);
     struct sequence *a = fx_seq(&f, 1, 1000, 0), *b = fx_seq(&f, 2, 1000, 5000), *c = fx_seq(&f, 3, 30, 9000);
     scheduler_add(f.s, a);

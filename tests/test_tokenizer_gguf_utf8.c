@@ -23,8 +23,12 @@ static void put(struct wbuf *w, const void *p, size_t len) {
     memcpy(w->b + w->n, p, len);
     w->n += len;
 }
-static void put_u32(struct wbuf *w, uint32_t v) { put(w, &v, 4); }
-static void put_u64(struct wbuf *w, uint64_t v) { put(w, &v, 8); }
+static void put_u32(struct wbuf *w, uint32_t v) {
+    put(w, &v, 4);
+}
+static void put_u64(struct wbuf *w, uint64_t v) {
+    put(w, &v, 8);
+}
 static void put_str(struct wbuf *w, const char *s, size_t len) {
     put_u64(w, len);
     put(w, s, len);
@@ -36,8 +40,8 @@ static void make_gguf(struct wbuf *w, const char *model, const char *const *toks
     w->n = 0;
     put(w, "GGUF", 4);
     put_u32(w, 3);
-    put_u64(w, 0);                                  // tensors
-    put_u64(w, 4);                                  // kv pairs
+    put_u64(w, 0); // tensors
+    put_u64(w, 4); // kv pairs
     put_str(w, "general.architecture", 20);
     put_u32(w, GGUF_TYPE_STRING);
     put_str(w, "llama", 5);
@@ -48,7 +52,8 @@ static void make_gguf(struct wbuf *w, const char *model, const char *const *toks
     put_u32(w, GGUF_TYPE_ARRAY);
     put_u32(w, GGUF_TYPE_STRING);
     put_u64(w, (uint64_t)n);
-    for (int i = 0; i < n; i++) put_str(w, toks[i], lens[i]);
+    for (int i = 0; i < n; i++)
+        put_str(w, toks[i], lens[i]);
     if (!strcmp(model, "llama")) {
         put_str(w, "tokenizer.ggml.scores", 21);
         put_u32(w, GGUF_TYPE_ARRAY);
@@ -86,7 +91,8 @@ TEST(gguf_token_strings_must_be_utf8) {
         struct wbuf w;
         struct error e = {0};
         make_gguf(&w, models[m], good, glen, 5);
-        if (load(&w, &e) != ATOMC_OK) test_fail(__FILE__, __LINE__, "%s: valid vocabulary refused: %s", models[m], e.msg);
+        if (load(&w, &e) != ATOMC_OK)
+            test_fail(__FILE__, __LINE__, "%s: valid vocabulary refused: %s", models[m], e.msg);
         // Token 3: a lone continuation byte; token 4: a truncated 3-byte sequence; token 2: an
         // overlong encoding of '/'. Each is reported by id and offset.
         const struct {

@@ -547,7 +547,8 @@ int atomc_engine_step(atomc_engine *e) {
             deliver_row(e, s, &ro, r, now);
         r += n_rows;
     }
-    for (int i = 0; i < n_bad; i++) engine_retire(e, e->drained[i], ATOMC_FINISH_ERROR, 0, NULL, NONFINITE_MSG);
+    for (int i = 0; i < n_bad; i++)
+        engine_retire(e, e->drained[i], ATOMC_FINISH_ERROR, 0, NULL, NONFINITE_MSG);
     engine_refresh_stats(e);
     trace_end(e->trace, "postprocess");
     trace_end(e->trace, "step");

@@ -45,10 +45,18 @@ static const struct {
     const char *model_type;
     const char *architecture;
 } model_types[] = {
-    {"llama", "LlamaForCausalLM"},         {"mistral", "MistralForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
-    {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"mixtral", "MixtralForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"}, {"deepseek_v2", "DeepseekV2ForCausalLM"},
-    {"gpt_oss", "GptOssForCausalLM"},      {"glm4_moe", "Glm4MoeForCausalLM"},  {"qwen3_next", "Qwen3NextForCausalLM"},
-    {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"}, {"qwen3_5_moe", "Qwen3_5MoeForCausalLM"},
+    {"llama", "LlamaForCausalLM"},
+    {"mistral", "MistralForCausalLM"},
+    {"qwen3", "Qwen3ForCausalLM"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM"},
+    {"mixtral", "MixtralForCausalLM"},
+    {"deepseek_v3", "DeepseekV3ForCausalLM"},
+    {"deepseek_v2", "DeepseekV2ForCausalLM"},
+    {"gpt_oss", "GptOssForCausalLM"},
+    {"glm4_moe", "Glm4MoeForCausalLM"},
+    {"qwen3_next", "Qwen3NextForCausalLM"},
+    {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"},
+    {"qwen3_5_moe", "Qwen3_5MoeForCausalLM"},
     {"kimi_k2", "DeepseekV3ForCausalLM"}, // Kimi-K2: DeepSeek-V3's architecture under its own model_type
 };
 
@@ -1208,10 +1216,11 @@ static const char *width_overflow(const struct model_config *c, int64_t *value) 
         {"num_attention_heads * head_dim * 2 (q and its gate)", mul_sat(q, 2)},
         {"(num_attention_heads + 2 * num_key_value_heads) * head_dim", add_sat(q, mul_sat(kv, 2))},
         {"2 * intermediate_size", mul_sat(c->intermediate_size, 2)},
-        {"2 * moe_intermediate_size * num_experts_per_tok", mul_sat(mul_sat(c->moe_intermediate_size, 2),
-                                                                    c->num_experts_per_tok > 1 ? c->num_experts_per_tok : 1)},
+        {"2 * moe_intermediate_size * num_experts_per_tok",
+         mul_sat(mul_sat(c->moe_intermediate_size, 2), c->num_experts_per_tok > 1 ? c->num_experts_per_tok : 1)},
         {"2 * shared_expert_intermediate_size", mul_sat(c->shared_expert_intermediate_size, 2)},
-        {"2 * n_shared_experts * moe_intermediate_size", mul_sat(mul_sat(c->n_shared_experts, 2), c->moe_intermediate_size)},
+        {"2 * n_shared_experts * moe_intermediate_size",
+         mul_sat(mul_sat(c->n_shared_experts, 2), c->moe_intermediate_size)},
         {"num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim)",
          mul_sat(H, (int64_t)c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim)},
         {"MLA q / kv projections", add_sat(add_sat(mul_sat(H, (int64_t)c->qk_nope_head_dim + c->qk_rope_head_dim),
@@ -1219,7 +1228,8 @@ static const char *width_overflow(const struct model_config *c, int64_t *value) 
                                            mul_sat(c->q_lora_rank, 2))},
         {"linear attention q / k / v / z widths", add_sat(mul_sat(lin_conv, 1), mul_sat(mul_sat(hv, dv), 2))},
         {"linear attention state (heads * key dim * value dim)", mul_sat(mul_sat(hv, dk), dv)},
-        {"linear attention conv state", mul_sat(lin_conv, c->linear_conv_kernel_dim > 0 ? c->linear_conv_kernel_dim : 1)},
+        {"linear attention conv state",
+         mul_sat(lin_conv, c->linear_conv_kernel_dim > 0 ? c->linear_conv_kernel_dim : 1)},
     };
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
         if (w[i].v > INT32_MAX) {
@@ -1261,7 +1271,8 @@ atomc_status model_config_validate(const struct model_config *c, const char *sou
         BAD("%s: %s = %lld exceeds %d", s, wide, (long long)wv, INT32_MAX);
     }
     if (c->bos_token_id >= c->vocab_size) BAD("%s: bos_token_id %d >= vocab_size %d", s, c->bos_token_id, c->vocab_size);
-    if (c->pad_token_id >= c->vocab_size) BAD("%s: pad_token_id %d >= vocab_size %d", s, c->pad_token_id, c->vocab_size);
+    if (c->pad_token_id >= c->vocab_size)
+        BAD("%s: pad_token_id %d >= vocab_size %d", s, c->pad_token_id, c->vocab_size);
     if (c->n_eos < 0 || c->n_eos > MODEL_MAX_EOS) BAD("%s: bad number of eos tokens %d", s, c->n_eos);
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size)

@@ -266,9 +266,10 @@ static atomc_status build(struct gguf_builder *B) {
         if (!gguf_value_arr_str(tv, (uint64_t)id, &s, &len)) return gbad(B, ATOMC_ERR_FORMAT, "tokenizer.ggml.tokens");
         if (!tok_utf8_is_valid(s, len)) {
             size_t at = 0;
-            while (at < len && ((unsigned char)s[at] < 0x80 ||
-                                tok_utf8_valid_len((const unsigned char *)s + at, len - at) > 0))
-                at += (unsigned char)s[at] < 0x80 ? 1 : (size_t)tok_utf8_valid_len((const unsigned char *)s + at, len - at);
+            while (at < len &&
+                   ((unsigned char)s[at] < 0x80 || tok_utf8_valid_len((const unsigned char *)s + at, len - at) > 0))
+                at += (unsigned char)s[at] < 0x80 ? 1
+                                                  : (size_t)tok_utf8_valid_len((const unsigned char *)s + at, len - at);
             char msg[200];
             snprintf(msg, sizeof msg,
                      "tokenizer.ggml.tokens[%d] is not valid UTF-8 (byte 0x%02x at offset %zu of %zu); transformers "

@@ -808,15 +808,15 @@ static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct s
 TEST(cuda_sampler_agrees_with_cpu_sampler) {
     BEGIN();
     struct sample_case cases[] = {
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5, 0, 0},      // greedy + top-5 logprobs
-        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 0},      // plain temperature
-        {0.7f, 0.9f, 0.f, 0, 0.f, 0.f, 1.f, 2, 0, 0},    // top-p
-        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0, 0, 0},    // top-k
-        {1.f, 1.f, 0.1f, 0, 0.f, 0.f, 1.f, 0, 0, 0},     // min-p
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5, 0, 0},        // greedy + top-5 logprobs
+        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 0},        // plain temperature
+        {0.7f, 0.9f, 0.f, 0, 0.f, 0.f, 1.f, 2, 0, 0},      // top-p
+        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0, 0, 0},      // top-k
+        {1.f, 1.f, 0.1f, 0, 0.f, 0.f, 1.f, 0, 0, 0},       // min-p
         {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 20, 0, 0}, // all filters
-        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 3, 0, 0},   // penalties
-        {0.f, 1.f, 0.f, 0, 1.f, 1.f, 1.5f, 0, 0, 0},     // greedy with penalties
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 0},      // plain greedy: the all_greedy arg-max path
+        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 3, 0, 0},     // penalties
+        {0.f, 1.f, 0.f, 0, 1.f, 1.f, 1.5f, 0, 0, 0},       // greedy with penalties
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 0},        // plain greedy: the all_greedy arg-max path
     };
     int vocabs[] = {32000, 128256, 1000};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
@@ -885,10 +885,10 @@ TEST(cuda_sampler_greedy_argmax_any_batch) {
 TEST(cuda_sampler_flags_nonfinite_rows_as_cpu) {
     BEGIN();
     struct sample_case cases[] = {
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 1},        // all_greedy arg-max
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5, 0, 1},        // greedy + logprobs
-        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 2, 0, 1},  // all filters
-        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 0, 0, 1},     // penalties
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 1},       // all_greedy arg-max
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5, 0, 1},       // greedy + logprobs
+        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 2, 0, 1}, // all filters
+        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 0, 0, 1},    // penalties
     };
     int rows[] = {1, 2, 24};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
