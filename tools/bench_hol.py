@@ -16,7 +16,7 @@ import threading
 import time
 
 
-def post(port, body, stream=False, timeout=600):
+def post(port, body, stream=False, timeout=3600):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
     r = c.getresponse()
