@@ -539,12 +539,12 @@ int atomc_engine_step(atomc_engine *e) {
     for (int r = 0; r < fb.n_logits;) {
         struct sequence *s = e->b_row_seq[r];
         int n_rows = 1 + s->n_draft;
-        if (s->prompt_lp_nonfinite) // failed below
-            ;
-        else if (s->n_draft > 0)
+        if (s->prompt_lp_nonfinite) { // failed below, with the others of collect_prompt_logprobs
+        } else if (s->n_draft > 0) {
             verify_drafts(e, s, &ro, r, now);
-        else
+        } else {
             deliver_row(e, s, &ro, r, now);
+        }
         r += n_rows;
     }
     for (int i = 0; i < n_bad; i++)
