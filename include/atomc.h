@@ -60,6 +60,11 @@ typedef struct atomc_engine_options {
     int max_model_len;             // 0 = the model's own limit
     int max_num_seqs;              // 0 = auto: 256 (cuda), 16 (cpu)
     int max_num_batched_tokens;    // 0 = auto: 8192 (cuda; 16384 when offline), 2048 (cpu); at least max_num_seqs
+    int long_prefill_token_threshold; // most tokens one prompt's prefill chunk takes per step, so requests that
+                                      // arrive under a long prompt are admitted and decode between its chunks
+                                      // (vLLM's option; scheduler.h); 0 = no cap (a chunk may take the whole
+                                      // budget); -1 (the default) = auto: 512 on the CPU, no cap on CUDA
+                                      // (a whole-budget step is short there) and when offline
     int block_size;                // KV tokens per block, default 16
     int num_kv_blocks;             // 0 = sized automatically
     double gpu_memory_utilization; // default 0.9

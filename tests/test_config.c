@@ -470,11 +470,11 @@ TEST(validate_catches_inconsistencies) {
                          &e));
     ASSERT_EQ(model_config_validate(&cfg, "v.json", &e), ATOMC_ERR_FORMAT);
     ASSERT_TRUE(strstr(e.msg, "num_key_value_heads") && strstr(e.msg, "v.json"));
-    ASSERT_OK(parse_text("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
+    ASSERT_EQ(parse_text("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
                          "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,\"eos_token_id\":100}",
-                         &e));
-    ASSERT_EQ(model_config_validate(&cfg, "v.json", &e), ATOMC_ERR_FORMAT);
-    ASSERT_TRUE(strstr(e.msg, "eos_token_id 100") != NULL);
+                         &e),
+              ATOMC_ERR_FORMAT); // at parse time now (issue 28 item 9), before generation_config can hide it
+    ASSERT_TRUE(strstr(e.msg, "eos_token_id 100 is outside the vocabulary") != NULL);
     ASSERT_OK(parse_text("{\"architectures\":[\"MixtralForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
                          "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,"
                          "\"num_local_experts\":4,\"num_experts_per_tok\":5}",
@@ -486,6 +486,95 @@ TEST(validate_catches_inconsistencies) {
                          &e));
     ASSERT_EQ(model_config_validate(&cfg, "v.json", &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(e.msg, "gelu") != NULL);
+}
+
+// Issue 28 item 9: bos / pad / eos ids outside the vocabulary are refused where they are read
+// (config.json, then generation_config.json), naming the file and the key; a model_type that
+// transformers would not know, or that names another family than "architectures", is refused.
+#define TINY_LLAMA                                                                                                     \
+    "\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":"   \
+    "100"
+TEST(special_token_ids_outside_the_vocabulary_are_refused) {
+    struct error e = {0};
+    const char *keys[] = {"eos_token_id\":1000000000", "eos_token_id\":[2,100]", "bos_token_id\":100",
+                          "pad_token_id\":1000000000"};
+    const char *names[] = {"eos_token_id 1000000000", "eos_token_id 100", "bos_token_id 100",
+                           "pad_token_id 1000000000"};
+    for (int i = 0; i < 4; i++) {
+        char j[512];
+        snprintf(j, sizeof j, "{\"architectures\":[\"LlamaForCausalLM\"]," TINY_LLAMA ",\"%s}", keys[i]);
+        ASSERT_EQ(parse_text(j, &e), ATOMC_ERR_FORMAT);
+        if (!strstr(e.msg, names[i]) || !strstr(e.msg, "outside the vocabulary (vocab_size 100)") ||
+            !strstr(e.msg, "bad/config.json"))
+            test_fail(__FILE__, __LINE__, "case %d: %s", i, e.msg);
+    }
+    ASSERT_OK(parse_text(
+        "{\"architectures\":[\"LlamaForCausalLM\"]," TINY_LLAMA ",\"eos_token_id\":99,\"pad_token_id\":0}", &e));
+    // generation_config.json: refused, the config left as it was.
+    ASSERT_EQ(
+        model_config_merge_generation_config(&cfg, "{\"eos_token_id\": 1000000000}", "generation_config.json", &e),
+        ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(e.msg, "generation_config.json: eos_token_id 1000000000 is outside the vocabulary") != NULL);
+    ASSERT_EQ(model_config_merge_generation_config(&cfg, "{\"pad_token_id\": 100}", "generation_config.json", &e),
+              ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(e.msg, "pad_token_id 100") != NULL);
+    ASSERT_EQ(cfg.n_eos, 1);
+    ASSERT_EQ(cfg.eos_token_ids[0], 99);
+    ASSERT_EQ(cfg.pad_token_id, 0);
+}
+
+TEST(model_type_unknown_or_mismatched_is_refused) {
+    struct error e = {0};
+    ASSERT_EQ(parse_text("{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"nonsense\"," TINY_LLAMA "}", &e),
+              ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "model_type 'nonsense' is not supported") && strstr(e.msg, "llama") &&
+                strstr(e.msg, "bad/config.json"));
+    ASSERT_EQ(parse_text("{\"model_type\":\"nonsense\"," TINY_LLAMA "}", &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(e.msg, "model_type 'nonsense' is not supported") != NULL);
+    ASSERT_EQ(parse_text("{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"qwen3_moe\"," TINY_LLAMA "}", &e),
+              ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(e.msg, "model_type 'qwen3_moe' does not match architecture 'LlamaForCausalLM'") != NULL);
+    ASSERT_EQ(parse_text("{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":7," TINY_LLAMA "}", &e),
+              ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(e.msg, "'model_type' must be a string") != NULL);
+    ASSERT_EQ(parse_text("{" TINY_LLAMA "}", &e), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(strstr(e.msg, "'architectures' is missing") && strstr(e.msg, "model_type"));
+    // The same family under another name, and an absent model_type beside "architectures": accepted.
+    ASSERT_OK(parse_text("{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"mistral\"," TINY_LLAMA "}", &e));
+    ASSERT_OK(parse_text("{\"architectures\":[\"MistralForCausalLM\"],\"model_type\":\"llama\"," TINY_LLAMA "}", &e));
+    ASSERT_OK(parse_text("{\"architectures\":[\"LlamaForCausalLM\"]," TINY_LLAMA "}", &e));
+    ASSERT_EQ(cfg.arch, MODEL_ARCH_LLAMA);
+}
+#undef TINY_LLAMA
+
+// Issue 28 item 9: widths derived from the file's counts (kept in int by the model code) are
+// computed in checked 64-bit arithmetic and refused when they do not fit, instead of wrapping.
+TEST(derived_widths_that_overflow_an_int_are_refused) {
+    struct error e = {0};
+    static const struct {
+        const char *json, *needle;
+    } cases[] = {
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":"
+         "2,"
+         "\"num_attention_heads\":65536,\"num_key_value_heads\":65536,\"head_dim\":65536,\"vocab_size\":100}",
+         "num_attention_heads * head_dim * 2 (q and its gate) = 8589934592 exceeds 2147483647"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":2147483647,"
+         "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100}",
+         "2 * intermediate_size = 4294967294"},
+        {"{\"architectures\":[\"Qwen3NextForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":128,"
+         "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,\"vocab_size\":"
+         "100,"
+         "\"linear_num_key_heads\":2,\"linear_num_value_heads\":65536,\"linear_key_head_dim\":65536,"
+         "\"linear_value_head_dim\":64,\"num_experts\":0}",
+         "linear attention state"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        atomc_status st = parse_text(cases[i].json, &e);
+        if (st == ATOMC_OK) st = model_config_validate(&cfg, "w.json", &e);
+        if (st != ATOMC_ERR_FORMAT || !strstr(e.msg, cases[i].needle))
+            test_fail(__FILE__, __LINE__, "case %zu: status %d \"%s\" (want \"%s\")", i, (int)st, e.msg,
+                      cases[i].needle);
+    }
 }
 
 TEST(generation_config_merge) {

@@ -523,6 +523,47 @@ TEST(token_bitmask_applies_before_everything) {
     ASSERT_EQ(rr[1].id, 50);
 }
 
+// Issue 28 item 4: a row holding a NaN or +inf logit (a broken model) is flagged with
+// SAMPLE_ID_NONFINITE and NaN logprobs whatever the parameters, instead of a fixed token;
+// -inf entries are legal (masks, bans) and a NaN only in a masked-out position is masked away.
+TEST(nonfinite_logit_rows_are_flagged_not_sampled) {
+    enum { V = 64 };
+    float rows[5 * V];
+    for (int i = 0; i < 5 * V; i++)
+        rows[i] = (float)((i * 37) % 11) * 0.25f;
+    rows[0 * V + 9] = NAN;       // row 0: one NaN
+    rows[1 * V + 63] = INFINITY; // row 1: +inf
+    for (int i = 0; i < V; i++)
+        rows[2 * V + i] = NAN;   // row 2: all NaN
+    rows[3 * V + 5] = -INFINITY; // row 3: -inf only: a normal row
+    rows[4 * V + 7] = NAN;       // row 4: NaN at a masked-out id: a normal row
+    uint32_t mask[2] = {0xffffffffu & ~(1u << 7), 0xffffffffu};
+    struct row_params p[5];
+    const float temps[2] = {0.0f, 0.7f};
+    for (int t = 0; t < 2; t++) {
+        for (int r = 0; r < 5; r++) {
+            p[r] = defaults();
+            p[r].temperature = temps[t];
+            p[r].top_k = r == 1 ? 5 : 0;
+            p[r].n_logprobs = 3;
+            p[r].seed = 11;
+        }
+        p[4].mask = mask;
+        struct row_result res[5];
+        sample_rows(rows, V, 5, p, res);
+        for (int r = 0; r < 3; r++) {
+            ASSERT_EQ(res[r].id, SAMPLE_ID_NONFINITE);
+            ASSERT_TRUE(isnan(res[r].logprob));
+            ASSERT_EQ(res[r].top_ids[0], -1);
+        }
+        for (int r = 3; r < 5; r++) {
+            ASSERT_TRUE(res[r].id >= 0 && res[r].id < V);
+            ASSERT_TRUE(isfinite(res[r].logprob));
+        }
+        ASSERT_TRUE(res[3].id != 5 && res[4].id != 7);
+    }
+}
+
 TEST(logits_are_left_unchanged) {
     float l[5] = {0.3f, -1.0f, 2.0f, 0.0f, 1.5f}, copy[5];
     memcpy(copy, l, sizeof l);

@@ -159,6 +159,88 @@ TEST(scheduler_chunks_long_prompts_without_starving_decodes) {
     fx_free(&f);
 }
 
+// The fairness rule (scheduler.h): with long_prefill_token_threshold T, a long prompt takes at
+// most T tokens per step, so a short request that arrives while it is prefilled is admitted in
+// the very next step and decodes in every step after it, long before the long prompt ends.
+// Without the threshold the long prompt's chunks take the whole budget: the short one waits.
+static int short_wait_steps(int threshold, int *long_steps) {
+    struct fixture f;
+    memset(&f, 0, sizeof f);
+    struct error err;
+    CHECK(block_manager_create(512, 16, true, &f.bm, &err) == ATOMC_OK);
+    struct scheduler_config cfg = {
+        .max_num_seqs = 4, .max_num_batched_tokens = 256, .long_prefill_token_threshold = threshold};
+    CHECK(scheduler_create(&cfg, f.bm, &f.s, &err) == ATOMC_OK);
+    struct sequence *big = fx_seq(&f, 1, 2000, 0), *small = fx_seq(&f, 2, 5, 9000);
+    scheduler_add(f.s, big);
+    struct scheduler_output o;
+    step(&f, &o); // big's first chunk
+    scheduler_add(f.s, small);
+    int wait = -1, steps = 1;
+    while (big->n_computed < 2000) {
+        step(&f, &o);
+        steps++;
+        CHECK(o.n_tokens <= 256);
+        if (threshold > 0) CHECK(sched_of(&f, big) <= threshold);
+        if (wait < 0 && sched_of(&f, small)) wait = steps - 1; // steps from its arrival to its admission
+        if (wait >= 0 && small->n_computed >= 5 && steps - 1 > wait) CHECK(sched_of(&f, small) == 1); // decodes
+    }
+    if (wait < 0) { // admitted only after big's prefill
+        step(&f, &o);
+        wait = steps;
+    }
+    *long_steps = steps;
+    scheduler_remove(f.s, big);
+    scheduler_remove(f.s, small);
+    CHECK(consistent(f.bm));
+    CHECK(block_manager_num_free(f.bm) == 512);
+    fx_free(&f);
+    return wait;
+}
+
+TEST(scheduler_long_prefill_threshold_admits_short_requests_between_chunks) {
+    int long_steps;
+    ASSERT_EQ(short_wait_steps(64, &long_steps), 1); // admitted in the step after it arrived
+    ASSERT_EQ(long_steps, (2000 + 63) / 64);         // 64 tokens per step, none lost to the short one
+    int wait0 = short_wait_steps(0, &long_steps);
+    ASSERT_EQ(long_steps, (2000 + 255) / 256); // whole-budget chunks
+    ASSERT_EQ(wait0, long_steps - 1);          // the short request waited until the long prompt's last
+                                               // chunk left room in the budget
+}
+
+TEST(scheduler_long_prefill_threshold_caps_admission_chunks_too) {
+    struct fixture f;
+    memset(&f, 0, sizeof f);
+    struct error err;
+    CHECK(block_manager_create(512, 16, false, &f.bm, &err) == ATOMC_OK);
+    struct scheduler_config cfg = {
+        .max_num_seqs = 4, .max_num_batched_tokens = 256, .long_prefill_token_threshold = 100};
+    ASSERT_EQ(scheduler_create(&cfg, f.bm, &f.s, &err), ATOMC_OK);
+    struct sequence *a = fx_seq(&f, 1, 1000, 0), *b = fx_seq(&f, 2, 1000, 5000), *c = fx_seq(&f, 3, 30, 9000);
+    scheduler_add(f.s, a);
+    scheduler_add(f.s, b);
+    scheduler_add(f.s, c);
+    struct scheduler_output o;
+    step(&f, &o); // two long prompts share the budget, 100 each; the short one gets its whole prompt
+    ASSERT_EQ(sched_of(&f, a), 100);
+    ASSERT_EQ(sched_of(&f, b), 100);
+    ASSERT_EQ(sched_of(&f, c), 30);
+    ASSERT_EQ(o.n_tokens, 230);
+    step(&f, &o); // c decodes first, a and b continue
+    ASSERT_TRUE(o.seqs[0] == c && o.n_decodes == 1);
+    ASSERT_EQ(sched_of(&f, a), 100);
+    ASSERT_EQ(sched_of(&f, b), 100);
+    scheduler_remove(f.s, a);
+    scheduler_remove(f.s, b);
+    scheduler_remove(f.s, c);
+    ASSERT_EQ(block_manager_num_free(f.bm), 512);
+    cfg.long_prefill_token_threshold = -1;
+    struct scheduler *bad;
+    ASSERT_EQ(scheduler_create(&cfg, f.bm, &bad, &err), ATOMC_ERR_INVALID_ARGUMENT);
+    ASSERT_TRUE(strstr(err.msg, "long_prefill_token_threshold") != NULL);
+    fx_free(&f);
+}
+
 TEST(scheduler_waiting_head_blocks_later_requests) {
     struct fixture f;
     fx_init(&f, 6, 4, 8, 64, false);

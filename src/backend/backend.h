@@ -73,6 +73,10 @@ struct rope_args {
 };
 
 // Per-row sampling inputs (device arrays of length n_rows unless noted).
+// out_ids value of a row whose logits are not all finite or -inf (sample_args): the per-row flag,
+// read back with the ids in the same copy; the engine fails that request with a clear error.
+#define SAMPLE_ID_NONFINITE (-2)
+
 struct sample_args {
     int n_rows;
     int vocab_size;
@@ -103,7 +107,8 @@ struct sample_args {
     const uint32_t *token_bitmask;
     int bitmask_words;
     // Outputs.
-    int32_t *out_ids;                // (n_rows)
+    int32_t *out_ids;                // (n_rows); SAMPLE_ID_NONFINITE where the row (after the grammar
+                                     // mask) holds a NaN or +inf logit: a broken model, nothing is drawn
     float *out_logprob;              // (n_rows) logprob of the chosen token (of the raw distribution), may be NULL
     int32_t *out_top_ids;            // (n_rows, n_logprobs) if n_logprobs > 0
     float *out_top_logprobs;         // (n_rows, n_logprobs)

@@ -67,6 +67,9 @@ static const struct flag flags[] = {
     {"--max-num-seqs", FLAG_INT, A(eo.max_num_seqs), "256 (cuda), 16 (cpu)", "sequences per engine step"},
     {"--max-num-batched-tokens", FLAG_INT, A(eo.max_num_batched_tokens), "8192 (cuda), 2048 (cpu)",
      "tokens per engine step (longer prompts are prefilled in chunks)"},
+    {"--long-prefill-token-threshold", FLAG_INT, A(eo.long_prefill_token_threshold), "512 (cpu), 0 (cuda)",
+     "most tokens of one prompt's prefill chunk per step, so requests arriving under a long prompt are admitted "
+     "and decode between its chunks (0 = no cap)"},
     {"--max-waiting-requests", FLAG_INT, A(eo.max_waiting), "4096",
      "bounded waiting queue: requests past it get 503 (0 = unbounded)"},
     {"--block-size", FLAG_INT, A(eo.block_size), "16", "KV-cache block size in tokens"},

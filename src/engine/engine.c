@@ -40,6 +40,7 @@ void atomc_engine_options_init(atomc_engine_options *o) {
     o->gpu_memory_utilization = 0.9;
     o->enable_prefix_caching = true;
     o->tensor_parallel_size = 1;
+    o->long_prefill_token_threshold = -1;
 }
 
 void atomc_sampling_params_init(atomc_sampling_params *p) {
@@ -90,6 +91,15 @@ void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int
     *max_num_batched_tokens = resolve(o->max_num_batched_tokens, cuda ? (o->offline ? 16384 : 8192) : 2048);
     if (*max_num_batched_tokens < *max_num_seqs && o->max_num_batched_tokens <= 0)
         *max_num_batched_tokens = *max_num_seqs;
+}
+
+int engine_resolve_long_prefill(const atomc_engine_options *o) {
+    if (o->long_prefill_token_threshold >= 0) return o->long_prefill_token_threshold;
+    bool cuda = o->device && !strcmp(o->device, "cuda");
+    // CPU: a 2048-token step of SmolLM2-135M takes seconds on two cores, and per-token cost hardly
+    // changes from 512-token chunks up (docs/perf.md, session 11), so a request arriving under a
+    // long prompt waits one short step instead of the whole prompt.
+    return cuda || o->offline ? 0 : 512;
 }
 
 atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min_n, int *max_n, int *max_batch,
@@ -209,7 +219,8 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
         struct scheduler_config sc = {.max_num_seqs = e->max_num_seqs,
                                       .max_num_batched_tokens = e->max_num_batched_tokens,
                                       .sliding_window = e->su.sliding_window,
-                                      .state_slots = e->su.num_state_slots};
+                                      .state_slots = e->su.num_state_slots,
+                                      .long_prefill_token_threshold = engine_resolve_long_prefill(o)};
         st = scheduler_create(&sc, e->bm, &e->sched, err);
     }
     engine_grammar_create(e);

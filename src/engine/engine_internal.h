@@ -75,6 +75,8 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
 // max_num_seqs / max_num_batched_tokens after defaults (0 = auto: 256 / 8192 on cuda, 16 / 2048
 // on cpu; the token budget is raised to max_num_seqs when only the latter was given).
 void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int *max_num_batched_tokens);
+// The scheduler's long_prefill_token_threshold after defaults (atomc.h; -1 = auto).
+int engine_resolve_long_prefill(const atomc_engine_options *o);
 
 // Speculative decoding options after defaults and checks (k = 0: off; max_batch: drafts only in
 // steps with at most this many decoding sequences). Also called before the model is loaded.

@@ -6,6 +6,7 @@
 // (KV now computed, full blocks enter the prefix cache) -> for every sampled row: append the
 // token, stop rules, incremental detokenization, stop strings, callback; finished sequences
 // leave the scheduler (their blocks return to the pool) and are freed.
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -324,10 +325,23 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
     fb->prompt_lp_k = plp_k;
 }
 
-// Stores this step's prompt logprobs into their sequences.
-static void collect_prompt_logprobs(atomc_engine *e, const struct forward_batch *fb, const struct runner_output *ro) {
+#define NONFINITE_MSG                                                                                                  \
+    "the model produced non-finite logits (NaN or +inf) for this request; its weights or numerics are broken"
+
+// Stores this step's prompt logprobs into their sequences. A sequence with a non-finite row is
+// marked (prompt_lp_nonfinite) and listed once in e->drained[0 .. return value): the caller fails
+// it after the step's rows are delivered, skipping its own rows.
+static int collect_prompt_logprobs(atomc_engine *e, const struct forward_batch *fb, const struct runner_output *ro) {
+    int n_bad = 0;
     for (int j = 0; j < fb->n_prompt_lp; j++) {
         struct sequence *s = e->b_plp_seq[j];
+        if (s->prompt_lp_nonfinite) continue;
+        if (isnan(ro->prompt_lp[j])) {
+            s->prompt_lp_nonfinite = true;
+            e->drained = grow(e->drained, &e->drained_cap, n_bad + 1, sizeof *e->drained);
+            e->drained[n_bad++] = s;
+            continue;
+        }
         int k = s->params.prompt_logprobs, n = s->n_prompt - 1, p = e->b_plp_pos[j];
         if (!s->prompt_lp) {
             s->prompt_lp = xcalloc((size_t)n, sizeof *s->prompt_lp);
@@ -343,6 +357,7 @@ static void collect_prompt_logprobs(atomc_engine *e, const struct forward_batch 
             s->prompt_lp_top[(size_t)p * k + t].logprob = ro->prompt_top_logprobs[(size_t)j * fb->prompt_lp_k + t];
         }
     }
+    return n_bad;
 }
 
 // Token t for s with row r's logprobs, through the output path (append, stop rules,
@@ -362,6 +377,10 @@ static bool deliver_token(atomc_engine *e, struct sequence *s, const struct runn
         lp.n_top = k;
         lp.top = e->o_top;
         lpp = &lp;
+    }
+    if (t == RUNNER_ID_NONFINITE) {
+        engine_retire(e, s, ATOMC_FINISH_ERROR, 0, NULL, NONFINITE_MSG);
+        return true;
     }
     if (t < 0 || t >= e->su.vocab_size) {
         char msg[128];
@@ -515,17 +534,21 @@ int atomc_engine_step(atomc_engine *e) {
     }
     engine_kv_after_forward(e, &so);
     scheduler_complete_step(e->sched);
-    if (fb.n_prompt_lp) collect_prompt_logprobs(e, &fb, &ro);
+    int n_bad = fb.n_prompt_lp ? collect_prompt_logprobs(e, &fb, &ro) : 0;
     now = time_now_s();
     for (int r = 0; r < fb.n_logits;) {
         struct sequence *s = e->b_row_seq[r];
         int n_rows = 1 + s->n_draft;
-        if (s->n_draft > 0)
+        if (s->prompt_lp_nonfinite) { // failed below, with the others of collect_prompt_logprobs
+        } else if (s->n_draft > 0) {
             verify_drafts(e, s, &ro, r, now);
-        else
+        } else {
             deliver_row(e, s, &ro, r, now);
+        }
         r += n_rows;
     }
+    for (int i = 0; i < n_bad; i++)
+        engine_retire(e, e->drained[i], ATOMC_FINISH_ERROR, 0, NULL, NONFINITE_MSG);
     engine_refresh_stats(e);
     trace_end(e->trace, "postprocess");
     trace_end(e->trace, "step");

@@ -16,6 +16,9 @@ atomc_status scheduler_create(const struct scheduler_config *cfg, struct block_m
                          "max_num_batched_tokens (%d) must be at least max_num_seqs (%d) so every running sequence "
                          "can decode each step",
                          cfg->max_num_batched_tokens, cfg->max_num_seqs);
+    if (cfg->long_prefill_token_threshold < 0)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "long_prefill_token_threshold must be >= 0, got %d",
+                         cfg->long_prefill_token_threshold);
     if (cfg->state_slots < 0 || (cfg->state_slots > 0 && cfg->state_slots < cfg->max_num_seqs))
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "%d recurrent-state slots for max_num_seqs %d",
                          cfg->state_slots, cfg->max_num_seqs);
@@ -152,6 +155,13 @@ static int fit_tokens(const struct scheduler *s, const struct sequence *seq, int
     return cap < want ? (int)(cap > 0 ? cap : 0) : want;
 }
 
+// Tokens a prefill chunk asks for: its remaining ones, at most the budget left and the
+// long-prefill threshold.
+static int chunk_want(const struct scheduler *s, int rem, int budget) {
+    int want = rem < budget ? rem : budget, t = s->cfg.long_prefill_token_threshold;
+    return t > 0 && want > t ? t : want;
+}
+
 static void mark_scheduled(struct scheduler *s, struct sequence *seq, int n, int *budget, int *n_tokens) {
     CHECK(n > 0 && seq->n_sched == 0 && s->n_scheduled < s->run_cap);
     bool ok = block_manager_allocate(s->bm, &seq->bt, seq->n_computed + n);
@@ -213,7 +223,7 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
         struct sequence *seq = s->running[i];
         int rem = sequence_n_remaining(seq);
         if (seq->n_sched || rem <= 1) continue;
-        int want = rem < budget ? rem : budget, n;
+        int want = chunk_want(s, rem, budget), n;
         while ((n = fit_tokens(s, seq, want)) < 1) {
             int v = pick_victim(s, seq);
             if (v < 0) break;
@@ -236,7 +246,7 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
             n_match = block_manager_lookup(s->bm, seq->tokens, seq->n_tokens, s->match, &n_revived);
         }
         int cached = n_match * bs, rem = seq->n_tokens - cached;
-        int want = rem < budget ? rem : budget;
+        int want = chunk_want(s, rem, budget);
         long free_fresh = (long)block_manager_num_free(s->bm) - n_revived;
         long cap = (long)(n_match + free_fresh) * bs - cached;
         int n = cap < want ? (int)cap : want;

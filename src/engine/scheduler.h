@@ -1,16 +1,27 @@
 // Continuous-batching scheduler with chunked prefill and preemption by recompute.
 //
 // Each step fills a token budget (max_num_batched_tokens) for at most max_num_seqs running
-// sequences, in three passes:
+// sequences, in three passes (the fairness rule is vLLM's: decodes first, then prefill chunks
+// that share what is left of the budget, each at most long_prefill_token_threshold tokens):
 //   1. decodes: every running sequence with exactly one token to compute gets it. If its
 //      next block cannot be allocated, the most recently admitted running sequence not yet
 //      scheduled is preempted (possibly itself, if it is the most recent);
 //   2. ongoing chunked prefills (running, more than one token to compute), oldest first: each
-//      gets min(remaining, budget) tokens, cut down to the free blocks; if not even one token
-//      fits, more recently admitted unscheduled sequences are preempted for it;
+//      gets min(remaining, budget, threshold) tokens, cut down to the free blocks; if not even
+//      one token fits, more recently admitted unscheduled sequences are preempted for it;
 //   3. admissions from the waiting queue, strictly FCFS (the head blocks the queue when it does
-//      not fit): prefix-cache lookup, then a first chunk of min(remaining, budget) tokens cut
-//      down to the free blocks. No admissions in a step that preempted (it would only thrash).
+//      not fit): prefix-cache lookup, then a first chunk of min(remaining, budget, threshold)
+//      tokens cut down to the free blocks. No admissions in a step that preempted (it would only
+//      thrash).
+// threshold = cfg.long_prefill_token_threshold (0 = none: a chunk may take the whole budget).
+// It bounds the work one long prompt puts into a step, so (a) a step, and with it the wait of a
+// request that arrives during it, lasts at most about budget tokens of compute with the long
+// prompt taking only `threshold` of them, and (b) the rest of the budget is left for decodes
+// and for the admission of requests that arrive while a long prompt is prefilled: a short
+// request is admitted in the first step after it arrives (budget - threshold * (long prefills
+// in flight) tokens remain for it) and decodes in every step after that, instead of waiting for
+// the whole long prompt. Prompt logprobs (echo) are computed with each chunk, so they add to
+// the chunk's step, not to one step at the end.
 //   1b. speculative decoding: each decode that carries n_draft proposed tokens (sequence.h) gets
 //      them too, as far as the budget left and the free pool allow (all or none of a sequence's
 //      drafts); a decode whose drafts do not fit just decodes without them (nothing is preempted
@@ -48,6 +59,7 @@ struct scheduler_config {
     int sliding_window; // > 0: every layer attends to the last W tokens only (model_runner_sliding_window);
                         // blocks before the window of a running sequence's next token are freed
     int state_slots;    // > 0: recurrent-state slots to hand out (at least max_num_seqs); 0 = none
+    int long_prefill_token_threshold; // > 0: most tokens of one prefill chunk per step (see above); 0 = no cap
 };
 
 struct scheduler {

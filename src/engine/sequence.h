@@ -73,6 +73,7 @@ struct sequence {
     atomc_top_logprob *prompt_lp_top; // (n_prompt, params.prompt_logprobs)
     int n_prompt_lp;         // prompt rows done so far (row 0 has no logprob)
     bool prompt_lp_sent;
+    bool prompt_lp_nonfinite; // this step's prompt logprobs came from NaN / +inf logits: fail the request
     bool abort_requested;
 
     // KV transfer (engine_kv_transfer.c). kv_mode: 0 none, 1 producer (send the prompt's KV),

@@ -39,15 +39,25 @@ static const struct {
     {"Qwen3_5MoeForCausalLM", MODEL_ARCH_QWEN3_5_MOE},
 };
 
-// config.json "model_type" values, used only when "architectures" is missing.
+// config.json "model_type" values: the architecture when "architectures" is missing; otherwise
+// model_type must be one of these and map to the same architecture family (check_model_type).
 static const struct {
     const char *model_type;
     const char *architecture;
 } model_types[] = {
-    {"llama", "LlamaForCausalLM"},         {"mistral", "MistralForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
-    {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"mixtral", "MixtralForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"}, {"deepseek_v2", "DeepseekV2ForCausalLM"},
-    {"gpt_oss", "GptOssForCausalLM"},      {"glm4_moe", "Glm4MoeForCausalLM"},  {"qwen3_next", "Qwen3NextForCausalLM"},
+    {"llama", "LlamaForCausalLM"},
+    {"mistral", "MistralForCausalLM"},
+    {"qwen3", "Qwen3ForCausalLM"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM"},
+    {"mixtral", "MixtralForCausalLM"},
+    {"deepseek_v3", "DeepseekV3ForCausalLM"},
+    {"deepseek_v2", "DeepseekV2ForCausalLM"},
+    {"gpt_oss", "GptOssForCausalLM"},
+    {"glm4_moe", "Glm4MoeForCausalLM"},
+    {"qwen3_next", "Qwen3NextForCausalLM"},
     {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"},
+    {"qwen3_5_moe", "Qwen3_5MoeForCausalLM"},
+    {"kimi_k2", "DeepseekV3ForCausalLM"}, // Kimi-K2: DeepSeek-V3's architecture under its own model_type
 };
 
 #define N_ARCH_NAMES (sizeof arch_names / sizeof arch_names[0])
@@ -953,6 +963,49 @@ static atomc_status parse_quant_root(struct ctx *x, const json_t *root, struct m
     return parse_quant_object(x, cc, "compression_config", QUANT_METHOD_COMPRESSED_TENSORS, &c->quant);
 }
 
+// bos / pad / eos ids (as read from x->src) inside the vocabulary: an id past the embedding would
+// never match a sampled token (EOS) or index past the table (BOS, padding).
+static atomc_status check_special_ids(struct ctx *x, int vocab, int bos, int pad, const int *eos, int n_eos) {
+    const struct {
+        const char *key;
+        int id;
+    } one[] = {{"bos_token_id", bos}, {"pad_token_id", pad}};
+    for (int i = 0; i < 2; i++)
+        if (one[i].id >= vocab)
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: %s %d is outside the vocabulary (vocab_size %d)", x->src,
+                             one[i].key, one[i].id, vocab);
+    for (int i = 0; i < n_eos; i++)
+        if (eos[i] >= vocab)
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: eos_token_id %d is outside the vocabulary (vocab_size %d)",
+                             x->src, eos[i], vocab);
+    return ATOMC_OK;
+}
+
+// model_type (transformers' config class) against the architecture: when both are given they must
+// name the same family (the defaults applied are the architecture's); an unknown model_type is
+// refused, as transformers' AutoConfig refuses it. Absent with "architectures" present: accepted
+// (the architecture decides; the loader does not need it).
+static atomc_status check_model_type(struct ctx *x, const json_t *root, const struct model_config *c) {
+    const json_t *mt = jget(root, "model_type");
+    if (!mt) return ATOMC_OK;
+    if (!json_is_string(mt)) return bad_type(x, "model_type", mt, "a string");
+    const char *v = json_string_value(mt);
+    char known[512];
+    size_t n = 0;
+    known[0] = 0;
+    for (size_t i = 0; i < sizeof model_types / sizeof model_types[0]; i++) {
+        if (!strcmp(model_types[i].model_type, v)) {
+            if (model_arch_from_name(model_types[i].architecture) == c->arch) return ATOMC_OK;
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: model_type '%s' does not match architecture '%s'", x->src,
+                             v, c->architecture);
+        }
+        if (n < sizeof known)
+            n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "", model_types[i].model_type);
+    }
+    return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported (supported: %s)", x->src, v,
+                     known);
+}
+
 static atomc_status resolve_architecture(struct ctx *x, const json_t *root, struct model_config *c) {
     const json_t *archs = jget(root, "architectures");
     const char *name = NULL;
@@ -962,11 +1015,14 @@ static atomc_status resolve_architecture(struct ctx *x, const json_t *root, stru
         name = json_string_value(json_array_get(archs, 0));
     } else {
         const json_t *mt = jget(root, "model_type");
-        if (!mt) return missing(x, "architectures");
+        if (!mt)
+            return error_set(x->err, ATOMC_ERR_FORMAT,
+                             "%s: key 'architectures' is missing (and there is no 'model_type' to infer it from)",
+                             x->src);
         if (!json_is_string(mt)) return bad_type(x, "model_type", mt, "a string");
         for (size_t i = 0; i < sizeof model_types / sizeof model_types[0]; i++)
             if (!strcmp(model_types[i].model_type, json_string_value(mt))) name = model_types[i].architecture;
-        if (!name) name = json_string_value(mt);
+        if (!name) return check_model_type(x, root, c); // unknown: refused, listing the known ones
     }
     snprintf(c->architecture, sizeof c->architecture, "%s", name);
     c->arch = model_arch_from_name(name);
@@ -976,7 +1032,7 @@ static atomc_status resolve_architecture(struct ctx *x, const json_t *root, stru
         return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: %s)", x->src,
                          name, list);
     }
-    return ATOMC_OK;
+    return check_model_type(x, root, c);
 }
 
 static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_config *c) {
@@ -1032,6 +1088,7 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     TRY(get_int(x, root, "bos_token_id", false, 0, INT32_MAX, &c->bos_token_id));
     TRY(get_int(x, root, "pad_token_id", false, 0, INT32_MAX, &c->pad_token_id));
     TRY(get_token_ids(x, root, "eos_token_id", c->eos_token_ids, &c->n_eos));
+    TRY(check_special_ids(x, c->vocab_size, c->bos_token_id, c->pad_token_id, c->eos_token_ids, c->n_eos));
 
     // GptOssConfig's default when absent (an explicit null means no window, as in transformers).
     if (c->arch == MODEL_ARCH_GPT_OSS && !json_object_get(root, "sliding_window")) c->sliding_window = 128;
@@ -1118,6 +1175,7 @@ atomc_status model_config_merge_generation_config(struct model_config *c, const 
         st = get_token_ids(&x, root, "eos_token_id", ids, &n);
         if (!st) st = get_int(&x, root, "bos_token_id", false, 0, INT32_MAX, &bos);
         if (!st) st = get_int(&x, root, "pad_token_id", false, 0, INT32_MAX, &pad);
+        if (!st && c->vocab_size > 0) st = check_special_ids(&x, c->vocab_size, bos, pad, ids, n);
         if (!st) { // all-or-nothing: c is untouched on error
             if (n > 0) {
                 memcpy(c->eos_token_ids, ids, sizeof(int) * (size_t)n);
@@ -1129,6 +1187,56 @@ atomc_status model_config_merge_generation_config(struct model_config *c, const 
     }
     json_decref(root);
     return st;
+}
+
+// a * b, saturated at INT64_MAX (inputs >= 0): products of counts read from a file, checked.
+static int64_t mul_sat(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static int64_t add_sat(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+// The per-token widths the model code keeps in int (model.c q_dim / kv_dim / qkv_dim, MLA and
+// linear-attention projections and state, the fused gate/up width): each is computed here in
+// checked 64-bit arithmetic from the file's counts and must fit an int, so no later product of
+// them can wrap. Returns the first that does not, or NULL.
+static const char *width_overflow(const struct model_config *c, int64_t *value) {
+    int64_t H = c->num_heads, D = c->head_dim, q = mul_sat(H, D), kv = mul_sat(c->num_kv_heads, D);
+    int64_t hk = c->linear_num_key_heads, hv = c->linear_num_value_heads;
+    int64_t dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    int64_t lin_conv = add_sat(mul_sat(2 * hk, dk), mul_sat(hv, dv));
+    const struct {
+        const char *what;
+        int64_t v;
+    } w[] = {
+        {"num_attention_heads * head_dim * 2 (q and its gate)", mul_sat(q, 2)},
+        {"(num_attention_heads + 2 * num_key_value_heads) * head_dim", add_sat(q, mul_sat(kv, 2))},
+        {"2 * intermediate_size", mul_sat(c->intermediate_size, 2)},
+        {"2 * moe_intermediate_size * num_experts_per_tok",
+         mul_sat(mul_sat(c->moe_intermediate_size, 2), c->num_experts_per_tok > 1 ? c->num_experts_per_tok : 1)},
+        {"2 * shared_expert_intermediate_size", mul_sat(c->shared_expert_intermediate_size, 2)},
+        {"2 * n_shared_experts * moe_intermediate_size",
+         mul_sat(mul_sat(c->n_shared_experts, 2), c->moe_intermediate_size)},
+        {"num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim)",
+         mul_sat(H, (int64_t)c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim)},
+        {"MLA q / kv projections", add_sat(add_sat(mul_sat(H, (int64_t)c->qk_nope_head_dim + c->qk_rope_head_dim),
+                                                   (int64_t)c->kv_lora_rank + c->qk_rope_head_dim),
+                                           mul_sat(c->q_lora_rank, 2))},
+        {"linear attention q / k / v / z widths", add_sat(mul_sat(lin_conv, 1), mul_sat(mul_sat(hv, dv), 2))},
+        {"linear attention state (heads * key dim * value dim)", mul_sat(mul_sat(hv, dk), dv)},
+        {"linear attention conv state",
+         mul_sat(lin_conv, c->linear_conv_kernel_dim > 0 ? c->linear_conv_kernel_dim : 1)},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        if (w[i].v > INT32_MAX) {
+            *value = w[i].v;
+            return w[i].what;
+        }
+    return NULL;
 }
 
 atomc_status model_config_validate(const struct model_config *c, const char *source, struct error *err) {
@@ -1156,7 +1264,15 @@ atomc_status model_config_validate(const struct model_config *c, const char *sou
     for (int l = 0; l < c->num_layers; l++)
         if (c->layer_types[l] == LAYER_ATTN_SLIDING && c->sliding_window <= 0)
             BAD("%s: layer %d uses sliding attention but sliding_window is not set", s, l);
+    int64_t wv;
+    const char *wide = width_overflow(c, &wv);
+    if (wide) {
+        if (wv == INT64_MAX) BAD("%s: %s overflows 64 bits", s, wide);
+        BAD("%s: %s = %lld exceeds %d", s, wide, (long long)wv, INT32_MAX);
+    }
     if (c->bos_token_id >= c->vocab_size) BAD("%s: bos_token_id %d >= vocab_size %d", s, c->bos_token_id, c->vocab_size);
+    if (c->pad_token_id >= c->vocab_size)
+        BAD("%s: pad_token_id %d >= vocab_size %d", s, c->pad_token_id, c->vocab_size);
     if (c->n_eos < 0 || c->n_eos > MODEL_MAX_EOS) BAD("%s: bad number of eos tokens %d", s, c->n_eos);
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size)

@@ -77,13 +77,16 @@ struct forward_batch {
 };
 
 // Filled by model_runner_execute; arrays are owned by the runner, valid until the next call.
+#define RUNNER_ID_NONFINITE (-2) // == SAMPLE_ID_NONFINITE (backend.h)
+
 struct runner_output {
-    const int32_t *ids;          // (n_logits) sampled ids
+    const int32_t *ids;          // (n_logits) sampled ids; RUNNER_ID_NONFINITE for a row whose logits hold a
+                                 // NaN or +inf (a broken model: nothing was sampled)
     const float *logprobs;       // (n_logits) logprob of each sampled id
     const int32_t *top_ids;      // (n_logits, max n_logprobs) best first
     const float *top_logprobs;
     int top_stride;              // columns of top_ids / top_logprobs
-    const float *prompt_lp;      // (n_prompt_lp)
+    const float *prompt_lp;      // (n_prompt_lp); NaN where the row's logits are not finite (a broken model)
     const int32_t *prompt_top_ids;   // (n_prompt_lp, prompt_lp_k)
     const float *prompt_top_logprobs;
 };

@@ -11,7 +11,10 @@
 #include "common/timeutil.h"
 #include "runtime/runner_internal.h"
 
-// Prompt logprobs: logits of the requested rows in chunks, log-softmax on the host.
+_Static_assert(RUNNER_ID_NONFINITE == SAMPLE_ID_NONFINITE, "one value for a non-finite row");
+
+// Prompt logprobs: logits of the requested rows in chunks, log-softmax on the host. A row with a
+// NaN or +inf logit gets NaN logprobs (the engine fails its request).
 void runner_prompt_logprobs(struct model_runner *r, const struct forward_batch *fb) {
     struct backend *b = r->backend;
     const int V = r->cfg.vocab_size, k = fb->prompt_lp_k;
@@ -22,7 +25,20 @@ void runner_prompt_logprobs(struct model_runner *r, const struct forward_batch *
         for (int i = 0; i < n; i++) {
             const float *row = r->h_logits + (size_t)i * V;
             float mx = row[0];
-            for (int j = 1; j < V; j++) mx = row[j] > mx ? row[j] : mx;
+            bool bad = false;
+            for (int j = 0; j < V; j++) {
+                mx = row[j] > mx ? row[j] : mx;
+                bad |= isnan(row[j]) || row[j] == INFINITY;
+            }
+            if (bad) {
+                int o = c0 + i;
+                r->h_plp[o] = NAN;
+                for (int j = 0; j < k; j++) {
+                    r->h_plp_top_ids[(size_t)o * k + j] = -1;
+                    r->h_plp_top_lp[(size_t)o * k + j] = NAN;
+                }
+                continue;
+            }
             double sum = 0;
             for (int j = 0; j < V; j++) sum += exp((double)row[j] - mx);
             float lse = mx + (float)log(sum);

@@ -19,6 +19,10 @@
 // alphabet, e.g. DeepSeek's <\uff5cbegin\u2581of\u2581sentence\uff5c>; we keep them, as llama.cpp does);
 // bos/eos/unk/padding ids are special too.
 // add_bos_token (default: true for "llama", false otherwise) / add_eos_token give the template.
+// A token string that is not valid UTF-8 is refused, naming the token: transformers' GGUF loader
+// decodes every string strictly (bytes.decode("utf-8") raises), and gguf-py's writer can only
+// store str, so such a file is damaged (llama.cpp would load it and turn each bad byte into
+// U+FFFD only where it reads code points, a vocabulary that no longer round-trips).
 // This mirrors transformers' GGUF tokenizer conversion, the reference of the conformance test.
 #include <stdio.h>
 #include <stdlib.h>
@@ -260,6 +264,20 @@ static atomc_status build(struct gguf_builder *B) {
         const char *s;
         size_t len;
         if (!gguf_value_arr_str(tv, (uint64_t)id, &s, &len)) return gbad(B, ATOMC_ERR_FORMAT, "tokenizer.ggml.tokens");
+        if (!tok_utf8_is_valid(s, len)) {
+            size_t at = 0;
+            while (at < len &&
+                   ((unsigned char)s[at] < 0x80 || tok_utf8_valid_len((const unsigned char *)s + at, len - at) > 0))
+                at += (unsigned char)s[at] < 0x80 ? 1
+                                                  : (size_t)tok_utf8_valid_len((const unsigned char *)s + at, len - at);
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "tokenizer.ggml.tokens[%d] is not valid UTF-8 (byte 0x%02x at offset %zu of %zu); transformers "
+                     "refuses such a file too",
+                     id, (unsigned char)s[at < len ? at : 0], at, len);
+            tok_buf_free(&spelled);
+            return gbad(B, ATOMC_ERR_FORMAT, msg);
+        }
         if (byte_level && !in_byte_alphabet(t, s, len)) {
             spelled.len = 0;
             for (size_t k = 0; k < len; k++) tok_buf_append(&spelled, t->byte_char[(unsigned char)s[k]], t->byte_char_len[(unsigned char)s[k]]);

@@ -697,12 +697,15 @@ struct sample_case {
     float presence, frequency, repetition;
     int n_logprobs;
     int mask_keep; // structured output: > 0 = a token bitmask allowing about 1 token in mask_keep
+    int poison;    // > 0: rows r % 3 == 0 get a NaN logit, rows r % 3 == 1 a +inf (SAMPLE_ID_NONFINITE expected)
 };
 
 static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct sample_case *sc, int *mismatch,
                            double *max_lp_err) {
     float *logits = malloc((size_t)n_rows * vocab * sizeof(float));
     for (int64_t i = 0; i < (int64_t)n_rows * vocab; i++) logits[i] = rng_sym(6.f);
+    for (int r = 0; sc->poison && r < n_rows; r++)
+        if (r % 3 < 2) logits[(size_t)r * vocab + rng_int(vocab)] = r % 3 == 0 ? NAN : INFINITY;
     float temp[64], tp[64], mp[64], pp[64], fp[64], rp[64];
     int32_t tk[64], hs[65], hpl[64];
     uint64_t seed[64], step[64];
@@ -776,6 +779,11 @@ static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct s
     *max_lp_err = 0;
     for (int r = 0; r < n_rows; r++) {
         if (ids[0][r] != ids[1][r]) (*mismatch)++;
+        if (sc->poison && r % 3 < 2) { // flagged on both sides, NaN logprobs, nothing drawn
+            for (int side = 0; side < 2; side++)
+                if (ids[side][r] != SAMPLE_ID_NONFINITE || !isnan(lp[side][r])) (*mismatch) += 1000;
+            continue;
+        }
         if (ids[0][r] < 0 || ids[0][r] >= vocab) (*mismatch) += 1000;
         for (int side = 0; mask && side < 2; side++) // a masked token is never chosen
             if (ids[side][r] >= 0 && ids[side][r] < vocab &&
@@ -800,15 +808,15 @@ static int run_sample_case(struct pool *P, int n_rows, int vocab, const struct s
 TEST(cuda_sampler_agrees_with_cpu_sampler) {
     BEGIN();
     struct sample_case cases[] = {
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5, 0},      // greedy + top-5 logprobs
-        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0},      // plain temperature
-        {0.7f, 0.9f, 0.f, 0, 0.f, 0.f, 1.f, 2, 0},    // top-p
-        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0, 0},    // top-k
-        {1.f, 1.f, 0.1f, 0, 0.f, 0.f, 1.f, 0, 0},     // min-p
-        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 20, 0}, // all filters
-        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 3, 0},   // penalties
-        {0.f, 1.f, 0.f, 0, 1.f, 1.f, 1.5f, 0, 0},     // greedy with penalties
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0},      // plain greedy: the all_greedy arg-max path
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5, 0, 0},        // greedy + top-5 logprobs
+        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 0},        // plain temperature
+        {0.7f, 0.9f, 0.f, 0, 0.f, 0.f, 1.f, 2, 0, 0},      // top-p
+        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0, 0, 0},      // top-k
+        {1.f, 1.f, 0.1f, 0, 0.f, 0.f, 1.f, 0, 0, 0},       // min-p
+        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 20, 0, 0}, // all filters
+        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 3, 0, 0},     // penalties
+        {0.f, 1.f, 0.f, 0, 1.f, 1.f, 1.5f, 0, 0, 0},       // greedy with penalties
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 0},        // plain greedy: the all_greedy arg-max path
     };
     int vocabs[] = {32000, 128256, 1000};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
@@ -829,13 +837,13 @@ TEST(cuda_sampler_token_bitmask_agrees_with_cpu_sampler) {
     // Structured output masks: every path (greedy arg-max, filters, penalties, logprobs) sees the
     // masked row, as the CPU sampler's; dense (1 in 2) and sparse (1 in 5000) allowed sets.
     struct sample_case cases[] = {
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 2},       // all_greedy arg-max
-        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 3, 5000},    // greedy + logprobs of the masked row
-        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 2},       // temperature
-        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 5000},    // temperature, few allowed
-        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 2, 3}, // all filters
-        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0, 5000},  // top-k larger than the allowed set
-        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 0, 7},    // penalties
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 2, 0},       // all_greedy arg-max
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 3, 5000, 0},    // greedy + logprobs of the masked row
+        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 2, 0},       // temperature
+        {1.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 5000, 0},    // temperature, few allowed
+        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 2, 3, 0}, // all filters
+        {1.3f, 1.f, 0.f, 40, 0.f, 0.f, 1.f, 0, 5000, 0},  // top-k larger than the allowed set
+        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 0, 7, 0},    // penalties
     };
     int vocabs[] = {49152, 151936, 1000};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
@@ -855,7 +863,7 @@ TEST(cuda_sampler_greedy_argmax_any_batch) {
     BEGIN();
     // The all_greedy path splits a row over many CTAs when the batch is small: ids equal the
     // CPU's, logprobs close, for batch sizes from 1 (most parts per row) to 64.
-    struct sample_case sc = {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0};
+    struct sample_case sc = {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 0};
     int rows[] = {1, 2, 7, 64};
     int vocabs[] = {128256, 151936, 1000, 49152};
     for (int i = 0; i < 4; i++)
@@ -871,9 +879,34 @@ TEST(cuda_sampler_greedy_argmax_any_batch) {
     END();
 }
 
+// Issue 28 item 4: rows with a NaN or +inf logit come back as SAMPLE_ID_NONFINITE with NaN
+// logprobs from every sampling path (the multi-CTA arg-max, greedy with logprobs, the filters
+// and draws), exactly as on the CPU; the healthy rows of the same batch are unaffected.
+TEST(cuda_sampler_flags_nonfinite_rows_as_cpu) {
+    BEGIN();
+    struct sample_case cases[] = {
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 1},       // all_greedy arg-max
+        {0.f, 1.f, 0.f, 0, 0.f, 0.f, 1.f, 5, 0, 1},       // greedy + logprobs
+        {0.8f, 0.95f, 0.05f, 50, 0.f, 0.f, 1.f, 2, 0, 1}, // all filters
+        {1.f, 1.f, 0.f, 0, 0.5f, 0.3f, 1.2f, 0, 0, 1},    // penalties
+    };
+    int rows[] = {1, 2, 24};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int i = 0; i < 3; i++) {
+            int mismatch;
+            double lp_err;
+            run_sample_case(&P, rows[i], 49152, &cases[c], &mismatch, &lp_err);
+            ASSERT_EQ(pool_release(&P), 0);
+            if (mismatch || lp_err > 2e-3)
+                test_fail(__FILE__, __LINE__, "non-finite case %zu rows %d: %d mismatches, logprob error %g", c,
+                          rows[i], mismatch, lp_err);
+        }
+    END();
+}
+
 TEST(cuda_sampler_same_seed_same_ids) {
     BEGIN();
-    struct sample_case sc = {1.f, 0.95f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0};
+    struct sample_case sc = {1.f, 0.95f, 0.f, 0, 0.f, 0.f, 1.f, 0, 0, 0};
     int m1, m2;
     double e;
     uint64_t saved = rng_state;

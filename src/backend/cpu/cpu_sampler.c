@@ -36,6 +36,10 @@
 //    bit is clear gets raw = -inf (in a copy of the row), so logprobs are those of the masked
 //    distribution and no filter or draw can pick a masked token (its e is 0; the max is kept).
 //
+// A row holding a NaN or +inf logit (after the mask; -inf is a legal "never") is a broken
+// model's output, not a distribution: out_ids = SAMPLE_ID_NONFINITE, out_logprob NaN, top
+// alternatives -1 / NaN, nothing drawn (backend.h).
+//
 // The logits tensor is left unchanged by this backend (backend.h allows in-place use).
 #include <math.h>
 #include <string.h>
@@ -285,6 +289,13 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
 #undef SAMPLE_KEPT
 }
 
+static bool row_nonfinite(const float *raw, int V) {
+    bool bad = false;
+    for (int i = 0; i < V; i++)
+        bad |= isnan(raw[i]) || raw[i] == INFINITY;
+    return bad;
+}
+
 static void sample_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     struct sample_ctx *s = vctx;
     const struct sample_args *a = s->a;
@@ -303,6 +314,15 @@ static void sample_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
             for (int i = 0; i < V; i++)
                 masked[i] = (bits[i >> 5] >> (i & 31)) & 1u ? raw[i] : -INFINITY;
             raw = masked;
+        }
+        if (row_nonfinite(raw, V)) {
+            a->out_ids[r] = SAMPLE_ID_NONFINITE;
+            if (a->out_logprob) a->out_logprob[r] = NAN;
+            for (int j = 0; j < a->n_logprobs; j++) {
+                a->out_top_ids[r * a->n_logprobs + j] = -1;
+                a->out_top_logprobs[r * a->n_logprobs + j] = NAN;
+            }
+            continue;
         }
         int32_t id = sample_row(a, (int)r, raw, w, e, cands, cnt, seen);
         a->out_ids[r] = id;

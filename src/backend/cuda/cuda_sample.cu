@@ -15,6 +15,10 @@
 // order-preserving keys of w; ties at the cut are broken by id, which pins the kept set's
 // last element (value, id) exactly as the CPU's total order does.
 //
+// A row holding a NaN or +inf logit gets out_ids = SAMPLE_ID_NONFINITE (backend.h) and NaN
+// logprobs, as on the CPU: the flag is OR-reduced over the row in the greedy pass (and in each
+// arg-max partial) and written with the id, so it comes back in the same copy.
+//
 // Penalties: the history is counted into a (rows, vocab) int32 scratch (output occurrences
 // in the low bits, prompt occurrences flag bit 24); every pass derives the penalised value
 // from the raw logit and the count on the fly, and the row clears its counts at the end, so
@@ -372,17 +376,30 @@ __global__ void __launch_bounds__(ST)
     const float temp = temperature ? temperature[r] : 0.f;
     int chosen;
     vid wbest;
+    bool nonfinite;
     {
         vid best = {-INFINITY, INT32_MAX};
+        int bad = 0;
         row_foreach<8>(rv.raw, threadIdx.x, V, ST, [&](int i, float r) {
+            bad |= isnan(r) || r == INFINITY;
             float x = rv.pen(i, r);
             if (before_in_order(x, i, best.v, best.id)) best = {x, i};
         });
         best = block_first_vid(sm, best);
         chosen = best.id < V ? best.id : 0;
         wbest = best;
+        nonfinite = __syncthreads_or(bad) != 0;
     }
-    if (temp >= GREEDY_EPS) {
+    if (nonfinite) {
+        if (threadIdx.x == 0) {
+            out_ids[r] = SAMPLE_ID_NONFINITE;
+            if (out_logprob) out_logprob[r] = NAN;
+            for (int j = 0; j < n_logprobs; j++) {
+                out_top_ids[(size_t)r * n_logprobs + j] = -1;
+                out_top_logprobs[(size_t)r * n_logprobs + j] = NAN;
+            }
+        }
+    } else if (temp >= GREEDY_EPS) {
         rv.inv_t = __fdiv_rn(1.f, temp);
         // max_i fl(w_i * inv_t) == fl(max_i w_i * inv_t): rounding is monotone, so the
         // greedy pass's maximum gives the scaled one (the same token is first in order).
@@ -447,7 +464,7 @@ __global__ void __launch_bounds__(ST)
         int id = block_find_running(sm, rv.raw, V, wfn, [&](u64 total) { return (u64)(u * (double)total); });
         if (id >= 0) chosen = id;
     }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && !nonfinite) {
         out_ids[r] = chosen;
         if (out_logprob) out_logprob[r] = rv.raw[chosen] - lse;
     }
@@ -474,6 +491,7 @@ struct am_part {
     float m;
     int id;
     float s;
+    int bad; // the slice holds a NaN or +inf
 };
 
 struct am_smem {
@@ -494,17 +512,20 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
     const float *row = logits + (size_t)r * V;
     const int per = (V + parts - 1) / parts, lo = part * per, hi = min(V, lo + per);
     vid best = {-INFINITY, INT32_MAX};
+    int bad = 0;
     for (int i = lo + threadIdx.x; i < hi; i += AM_THREADS) {
         float x = __ldg(row + i);
+        bad |= isnan(x) || x == INFINITY;
         if (before_in_order(x, i, best.v, best.id)) best = {x, i};
     }
+    bad = __syncthreads_or(bad);
     best = block_reduce_all<AM_THREADS>(sm.red.v, sm.best, best, vid_first());
     float sum = 0.f;
     for (int i = lo + threadIdx.x; i < hi; i += AM_THREADS)
         sum += expf(__ldg(row + i) - best.v);
     sum = block_reduce_all<AM_THREADS>(sm.red.f, sm.sum, sum, cuda::std::plus<>());
     if (threadIdx.x == 0) {
-        partial[(size_t)r * parts + part] = {best.v, best.id, sum};
+        partial[(size_t)r * parts + part] = {best.v, best.id, sum, bad};
         __threadfence();
         sm.last = atomicAdd(&tickets[r], 1) == parts - 1;
     }
@@ -515,17 +536,20 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *logits,
     const am_part *pp = partial + (size_t)r * parts;
     vid g = {-INFINITY, INT32_MAX};
     float pm = -INFINITY, ps = 0.f;
+    int pbad = 0;
     if (threadIdx.x < parts) {
         pm = __ldcg(&pp[threadIdx.x].m);
         ps = __ldcg(&pp[threadIdx.x].s);
         g = {pm, __ldcg(&pp[threadIdx.x].id)};
+        pbad = __ldcg(&pp[threadIdx.x].bad);
     }
+    pbad = __syncthreads_or(pbad);
     g = block_reduce_all<AM_THREADS>(sm.red.v, sm.best, g, vid_first());
     const float tot =
         block_reduce_all<AM_THREADS>(sm.red.f, sm.sum, ps > 0.f ? ps * expf(pm - g.v) : 0.f, cuda::std::plus<>());
     if (threadIdx.x == 0) {
-        out_ids[r] = g.id < V ? g.id : 0;
-        if (out_logprob) out_logprob[r] = g.id < V ? -logf(tot) : -INFINITY;
+        out_ids[r] = pbad ? SAMPLE_ID_NONFINITE : g.id < V ? g.id : 0;
+        if (out_logprob) out_logprob[r] = pbad ? NAN : g.id < V ? -logf(tot) : -INFINITY;
         tickets[r] = 0;
     }
 }
