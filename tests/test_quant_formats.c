@@ -13,7 +13,8 @@
 //       its dequantize_gemm;
 //     ct_fp8_static_tensor / ct_fp8_static_channel (compressed-tensors, input_activations
 //       dynamic: false) and fp8_static (quant_method fp8, activation_scheme static, per-tensor):
-//       FP8 weights with a stored input_scale per linear.
+//       FP8 weights with a stored input_scale per linear; gptq_w4_g64_asym_desc_act_hd64,
+//       awq_w4_g64_hd64, fp8_static_hd64: the same at head_dim 64 (the CUDA model tests' shapes).
 //   refs.json: transformers' fp32 forward with the linear weights set to the exact fp32
 //   dequantization; every fixture's logits match it within LOGIT_RTOL x max(1, max |logit|)
 //   (weight-only: the static ones run with quant_weight_only here). refs_w8a8.json (static ones):
@@ -60,14 +61,18 @@ static const struct {
     {"ct_w4a16_asym_channel", 4, true, false, false},
     {"ct_w8a16_asym_group32", 8, true, false, false},
     {"ct_w8a16_asym_channel", 8, true, false, false},
-    {"gptq_w4_g32_sym", 4, true, false, false},
+    {"gptq_w4_g32_sym", 4, false, false, false}, // its stored zeros are all 2^(bits-1): dropped
     {"gptq_w4_g32_asym_desc_act", 4, true, true, false},
     {"gptq_w8_channel_asym", 8, true, false, false},
-    {"gptq_w8_g32_sym_desc_act", 8, true, true, false},
+    {"gptq_w8_g32_sym_desc_act", 8, false, true, false},
     {"awq_w4_g32", 4, true, false, false},
     {"ct_fp8_static_tensor", 0, false, false, true},
     {"ct_fp8_static_channel", 0, false, false, true},
     {"fp8_static", 0, false, false, true},
+    // head_dim 64, the shapes of the CUDA model tests (tests/gpu/test_cuda_quant_models.c)
+    {"gptq_w4_g64_asym_desc_act_hd64", 4, true, true, false},
+    {"awq_w4_g64_hd64", 4, true, false, false},
+    {"fp8_static_hd64", 0, false, false, true},
 };
 #define N_FIXTURES ((int)(sizeof FIXTURES / sizeof FIXTURES[0]))
 

@@ -476,17 +476,19 @@ def make_ct_fp8_static(out, strategy, seed):
     print(f"  {os.path.basename(out)}: static W8A8 vs weight-only logits differ by {d:.4f}")
 
 
-def make_fp8_static(out):
+def make_fp8_static(out, base=BASE):
     """quant_method fp8 (vLLM's Fp8Config) with per-tensor weights: F8_E4M3 weight, F32 scalar
     weight_scale and input_scale per linear, activation_scheme static. Written tensor by tensor
     (transformers has no loader for per-tensor fp8); the refs use the format's definition
     (weight * weight_scale; activations e4m3(clamp(x / input_scale)) * input_scale)."""
-    model = base_model(BASE, 9).float()
-    amax = input_amax(model, calibration_ids(BASE["vocab_size"]))
+    model = base_model(base, 9).float()
+    amax = input_amax(model, calibration_ids(base["vocab_size"]))
     model = model.to(torch.bfloat16)
     save_plain(model, out)
     tensors, exact, scales = {}, {}, {}
     for k, v in model.state_dict().items():
+        if k == "lm_head.weight" and base.get("tie_word_embeddings"):
+            continue
         v = v.contiguous()
         if is_linear(k):
             mod = k[:-len(".weight")]
@@ -568,7 +570,7 @@ def int_qparams(w, bits, group_cols, sym, zero_min):
     return scale, zero
 
 
-def make_gptq(out, bits, group, sym, desc_act, seed):
+def make_gptq(out, bits, group, sym, desc_act, seed, base=BASE):
     """GPTQ (AutoGPTQ's v1 checkpoint format, "zero - 1" stored in qzeros): scales / zeros per
     group by min-max, the weights fake-quantized with them, then packed by AutoGPTQ's own
     QuantLinear.pack (auto_gptq 0.7.1, nn_modules/qlinear/qlinear_cuda.py). desc_act: a random
@@ -578,7 +580,7 @@ def make_gptq(out, bits, group, sym, desc_act, seed):
     gives refs.json."""
     _import_stub("auto_gptq", ["nn_modules", "nn_modules.qlinear"])
     from auto_gptq.nn_modules.qlinear.qlinear_cuda import QuantLinear
-    model = base_model(BASE, seed).float()
+    model = base_model(base, seed).float()
     save_plain(model.to(torch.bfloat16), out)
     sd = {k: v.contiguous() for k, v in model.float().state_dict().items()}
     maxq = 2 ** bits - 1
@@ -586,6 +588,8 @@ def make_gptq(out, bits, group, sym, desc_act, seed):
     perms = {}
     tensors, exact = {}, {}
     for k, w in sd.items():
+        if k == "lm_head.weight" and base.get("tie_word_embeddings"):
+            continue
         if not is_linear(k):
             tensors[k] = w.to(torch.bfloat16)
             continue
@@ -640,7 +644,7 @@ def make_gptq(out, bits, group, sym, desc_act, seed):
     write_refs(fresh_ref_model(out, {**{k: v for k, v in tensors.items() if k in sd}, **exact}), out)
 
 
-def make_awq(out, group, seed):
+def make_awq(out, group, seed, base=BASE):
     """AWQ GEMM (AutoAWQ's format: qweight (in, out / 8), nibble order 0 2 4 6 1 3 5 7, qzeros the
     same, fp16 scales (groups, out)), packed by AutoAWQ's own WQLinear_GEMM.from_linear (autoawq 0.2.9)
     from min-max scales / zeros; the reference: AutoAWQ's dequantize_gemm (fp16) checked against the
@@ -648,12 +652,14 @@ def make_awq(out, group, seed):
     _import_stub("awq", ["modules", "modules.linear", "utils"])
     from awq.modules.linear.gemm import WQLinear_GEMM
     from awq.utils.packing_utils import dequantize_gemm
-    model = base_model(BASE, seed).float()
+    model = base_model(base, seed).float()
     save_plain(model.to(torch.bfloat16), out)
     sd = {k: v.contiguous() for k, v in model.float().state_dict().items()}
     tensors, exact = {}, {}
     order = [0, 2, 4, 6, 1, 3, 5, 7]
     for k, w in sd.items():
+        if k == "lm_head.weight" and base.get("tie_word_embeddings"):
+            continue
         if not is_linear(k):
             tensors[k] = w.to(torch.bfloat16)
             continue
@@ -772,6 +778,10 @@ def main():
         "gptq_w8_channel_asym": lambda o: make_gptq(o, 8, -1, False, False, 33),
         "gptq_w8_g32_sym_desc_act": lambda o: make_gptq(o, 8, 32, True, True, 34),
         "awq_w4_g32": lambda o: make_awq(o, 32, 35),
+        # head_dim 64 (BASE_128), for the CUDA model tests (tests/gpu/test_cuda_quant_models.c)
+        "gptq_w4_g64_asym_desc_act_hd64": lambda o: make_gptq(o, 4, 64, False, True, 36, BASE_128),
+        "awq_w4_g64_hd64": lambda o: make_awq(o, 64, 37, BASE_128),
+        "fp8_static_hd64": lambda o: make_fp8_static(o, BASE_128),
         "fp8_no_config": make_fp8_no_config,
         "unknown_tensor": make_unknown_tensor,
     }

@@ -890,6 +890,15 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
     if (st != ATOMC_OK) goto done;
     CHECK(srow_off == srows && row_off == R);
     b->ops->copy_h2d(b, sdev, scale, sbytes);
+    if (zero) { // all-zero zero points (symmetric GPTQ: stored 2^(bits-1)) add nothing: dropped
+        bool any = false;
+        for (int64_t i = 0; i < srows * scols && !any; i++)
+            any = zero[i] != 0.0f;
+        if (!any) {
+            free(zero);
+            zero = NULL;
+        }
+    }
     if (zero) {
         if (!(zdev = b->ops->alloc(b, sbytes))) {
             st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate the zero points of %s", names[0]);
