@@ -246,8 +246,23 @@ TEST(compressed_tensors_groups_kv_cache_sparsity) {
     ASSERT_EQ(q->kv_cache.type, QUANT_TYPE_FLOAT);
     ASSERT_STREQ(q->sparsity_format, "sparse-24-bitmask");
     ASSERT_EQ(q->n_ignore, 1); // a single string counts as a list of one
+    // Both groups are implemented (int-quantized static INT8, pack-quantized with zero points:
+    // issue 19 part 3), so the KV-cache scheme is what is refused, then the sparsity format.
+    ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(has(e.msg, "KV-cache quantization (float8, strategy tensor) is not implemented"));
+    cfg.quant.kv_cache.present = false;
+    ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(has(e.msg, "sparsity format 'sparse-24-bitmask' is not implemented"));
+    char sparsity[sizeof cfg.quant.sparsity_format];
+    memcpy(sparsity, cfg.quant.sparsity_format, sizeof sparsity);
+    cfg.quant.sparsity_format[0] = '\0';
+    ASSERT_OK(model_quant_check(&cfg, &e));
+    cfg.quant.schemes[0].input_act.symmetric = false; // asymmetric INT8 activations are not
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "group_0 of 2: format int-quantized; weights int8, strategy channel"));
+    cfg.quant.schemes[0].input_act.symmetric = true;
+    cfg.quant.kv_cache.present = true;
+    memcpy(cfg.quant.sparsity_format, sparsity, sizeof sparsity);
     char d[2048];
     quant_config_describe(q, d, sizeof d);
     ASSERT_TRUE(has(d, "group_1 (targets re:.*mlp.*): format pack-quantized; weights int4, strategy group, "

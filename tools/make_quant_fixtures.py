@@ -379,15 +379,39 @@ def fake_quant_static_fp8(x, s):
     return y
 
 
-def write_refs_static(out, model, input_scales, note):
+def fake_quant_static_int8(x, s):
+    """compressed-tensors' static int8 activation: clamp(round(x / s), -128, 127) * s (checked equal
+    to compressed-tensors' own fake_quantize on the first call)."""
+    y = (x / s).round().clamp(-128, 127) * s
+    if not getattr(fake_quant_static_int8, "checked", False):
+        from compressed_tensors.quantization import QuantizationArgs
+        from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+        args = QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=True, dynamic=False)
+        ct = fake_quantize(x.float(), torch.tensor([s]), torch.zeros(1, dtype=torch.int8), args)
+        assert torch.equal(ct.float(), y), (ct.float() - y).abs().max()
+        fake_quant_static_int8.checked = True
+    return y
+
+
+def fake_quant_token_int8(x):
+    """Dynamic per-token int8 as vLLM (and atomc's INT8_TOKEN) computes it: s = amax / 127 per token
+    (1 when 0), clamp(round(x / s), -127, 127) * s. (compressed-tensors' own observer divides by
+    127.5; the checkpoints are served by vLLM's kernels, which use 127.)"""
+    s = x.abs().amax(dim=-1, keepdim=True) / 127.0
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return (x / s).round().clamp(-127, 127) * s
+
+
+def write_refs_static(out, model, input_scales, note, quant=None):
     """refs_w8a8.json: write_refs' prompts through `model` (exact fp32 weights) with every quantized
-    linear's input fake-quantized with its stored input_scale (the static W8A8 reference)."""
+    linear's input fake-quantized with its stored input_scale (the static W8A8 reference; `quant`
+    (x, s) defaults to FP8; s None: a dynamic mode that ignores it)."""
+    quant = quant or fake_quant_static_fp8
     hooks = []
     for name, m in model.named_modules():
         if name in input_scales:
-            s = float(input_scales[name])
-            hooks.append(m.register_forward_pre_hook(lambda mod, args, s=s: (fake_quant_static_fp8(args[0].float(),
-                                                                                                    s),)))
+            s = input_scales[name]
+            hooks.append(m.register_forward_pre_hook(lambda mod, args, s=s: (quant(args[0].float(), s),)))
     assert len(hooks) == len(input_scales) > 0
     with open(os.path.join(out, "refs.json")) as f:
         refs = json.load(f)
@@ -411,8 +435,7 @@ def write_refs_static(out, model, input_scales, note):
     with open(os.path.join(out, "refs_w8a8.json"), "w") as f:
         json.dump(dict(model=os.path.basename(out), generator="tools/make_quant_fixtures.py",
                        reference="transformers fp32 Llama, eager attention, linear weights = the format's exact fp32 "
-                                 "dequantization, input activations of every quantized linear fake-quantized with "
-                                 "its stored input_scale: e4m3(clamp(x / s, -448, 448)) * s " + note,
+                                 "dequantization, input activations of every quantized linear fake-quantized " + note,
                        transformers=__import__("transformers").__version__, prompts=prompts), f,
                   separators=(",", ":"))
         f.write("\n")
@@ -471,9 +494,77 @@ def make_ct_fp8_static(out, strategy, seed):
     got = dict(model.state_dict())
     exact = {k: check_fp8_channel(k, got[k], original[k], raw) for k in original if is_linear(k)}
     refs_from_exact(model, exact, out)
-    d = write_refs_static(out, model, scales, "(compressed-tensors' forward_quantize for static fp8 tensor "
-                                              "activations)")
+    d = write_refs_static(out, model, scales, "with its stored input_scale: e4m3(clamp(x / s, -448, 448)) * s "
+                                              "(compressed-tensors' fake_quantize for static fp8 tensor activations)")
     print(f"  {os.path.basename(out)}: static W8A8 vs weight-only logits differ by {d:.4f}")
+
+
+def check_int8_channel(k, got, orig, raw):
+    base = k[:-len("weight")]
+    assert raw[k].dtype == torch.int8, f"{k}: {raw[k].dtype}"
+    want = raw[k].float() * raw[base + "weight_scale"].float()
+    check_close(k, got, want, 2 ** -8)
+    check_close(k + " vs original", got, orig, 2 ** -6)
+    return want
+
+
+def make_ct_int8(out, static, seed, base=BASE):
+    """compressed-tensors int-quantized (llm-compressor's W8A8 INT8): int8 weights per channel
+    (symmetric, min-max), INT8 input activations dynamic per token, or static per tensor with
+    input_scale = max |x| / 127.5 (compressed-tensors' symmetric observer: (q_max - q_min) / 2)
+    over the calibration prompts."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
+                                                 apply_quantization_config)
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import CompressedTensorsConfig
+
+    model = base_model(base, seed)
+    original = {k: v.float().clone() for k, v in model.state_dict().items()}
+    amax = input_amax(model.float(), calibration_ids(base["vocab_size"]))
+    model = model.to(torch.bfloat16)
+    act = QuantizationArgs(num_bits=8, type="int", strategy="tensor" if static else "token", symmetric=True,
+                           dynamic=not static)
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(num_bits=8, type="int", strategy="channel",
+                                                                             symmetric=True, dynamic=False),
+                                input_activations=act)
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    scales = {}
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if not hasattr(m, "weight_scale"):
+                continue
+            w = m.weight.float()
+            sc, _ = calculate_qparams(w.amin(-1), w.amax(-1), m.quantization_scheme.weights)
+            m.weight_scale.copy_(sc.reshape(m.weight_scale.shape))
+            if static:
+                si = torch.tensor(amax[name] / 127.5).to(torch.bfloat16)
+                m.input_scale.copy_(si.reshape(m.input_scale.shape))
+                scales[name] = si.float().item()
+            else:
+                scales[name] = None
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="int-quantized")
+    compressor.compress_model(model)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out)
+    compressor.update_config(out)
+    gen = os.path.join(out, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+    raw = load_file(os.path.join(out, "model.safetensors"))
+    model = load_dequantized(out, CompressedTensorsConfig(dequantize=True))
+    got = dict(model.state_dict())
+    exact = {k: check_int8_channel(k, got[k], original[k], raw) for k in original if is_linear(k)}
+    refs_from_exact(model, exact, out)
+    if static:
+        d = write_refs_static(out, model, scales, "with its stored input_scale: clamp(round(x / s), -128, 127) * s "
+                                                  "(compressed-tensors' fake_quantize for static int8 tensor "
+                                                  "activations)", fake_quant_static_int8)
+    else:
+        d = write_refs_static(out, model, scales, "per token as vLLM's int8 W8A8: s = amax / 127, "
+                                                  "clamp(round(x / s), -127, 127) * s",
+                              lambda x, s: fake_quant_token_int8(x))
+    print(f"  {os.path.basename(out)}: W8A8 vs weight-only logits differ by {d:.4f}")
 
 
 def make_fp8_static(out, base=BASE):
@@ -507,7 +598,8 @@ def make_fp8_static(out, base=BASE):
                                            "modules_to_not_convert": ["lm_head"]})
     plain = fresh_ref_model(out, {**{k: v for k, v in tensors.items() if not is_linear(k)}, **exact})
     write_refs(plain, out)
-    d = write_refs_static(out, plain, scales, "(vLLM's Fp8Config static scheme, per-tensor)")
+    d = write_refs_static(out, plain, scales, "with its stored input_scale: e4m3(clamp(x / s, -448, 448)) * s "
+                                              "(vLLM's Fp8Config static scheme, per-tensor)")
     print(f"  fp8_static: static W8A8 vs weight-only logits differ by {d:.4f}")
 
 
@@ -773,6 +865,8 @@ def main():
         "ct_fp8_static_tensor": lambda o: make_ct_fp8_static(o, "tensor", 25),
         "ct_fp8_static_channel": lambda o: make_ct_fp8_static(o, "channel", 26),
         "fp8_static": make_fp8_static,
+        "ct_w8a8_int8_token": lambda o: make_ct_int8(o, False, 27),
+        "ct_w8a8_int8_static": lambda o: make_ct_int8(o, True, 28),
         "gptq_w4_g32_sym": lambda o: make_gptq(o, 4, 32, True, False, 31),
         "gptq_w4_g32_asym_desc_act": lambda o: make_gptq(o, 4, 32, False, True, 32),
         "gptq_w8_channel_asym": lambda o: make_gptq(o, 8, -1, False, False, 33),
@@ -782,6 +876,7 @@ def main():
         "gptq_w4_g64_asym_desc_act_hd64": lambda o: make_gptq(o, 4, 64, False, True, 36, BASE_128),
         "awq_w4_g64_hd64": lambda o: make_awq(o, 64, 37, BASE_128),
         "fp8_static_hd64": lambda o: make_fp8_static(o, BASE_128),
+        "ct_w8a8_int8_static_hd64": lambda o: make_ct_int8(o, True, 38, BASE_128),
         "fp8_no_config": make_fp8_no_config,
         "unknown_tensor": make_unknown_tensor,
     }

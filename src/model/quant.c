@@ -38,6 +38,7 @@ struct quant_impl {
     enum quant_layout layout; // values / scales / zeros as the method stores them
     const char *zero, *gidx;  // tensor suffixes (NULL: none); zero only for asymmetric weights
     const char *input_scale;  // static activations: the stored scale's suffix
+    bool act_int;             // the activations are INT8 (else FP8)
 };
 
 // The CPU backend runs each of these as weight-only compute (activations stay F32, the
@@ -89,6 +90,15 @@ static const struct quant_impl quant_implemented[] = {
     {QUANT_METHOD_FP8, "e4m3", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_TENSOR, 0, 0, QUANT_ACT_STATIC,
      QUANT_STRATEGY_TENSOR, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight", "weight_scale", false,
      "FP8 e4m3 weights with per-tensor scales, static FP8 activations", .input_scale = "input_scale"},
+    // compressed-tensors int-quantized (llm-compressor W8A8 INT8): int8 weights per channel,
+    // INT8 activations dynamic per token (as vLLM computes them: amax / 127) or static per tensor.
+    {QUANT_METHOD_COMPRESSED_TENSORS, "int-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_CHANNEL, 0, 0,
+     QUANT_ACT_DYNAMIC, QUANT_STRATEGY_TOKEN, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight", "weight_scale", false,
+     "INT8 weights per channel, dynamic per-token INT8 activations", .layout = QUANT_LAYOUT_CT_INT8, .act_int = true},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "int-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_CHANNEL, 0, 0,
+     QUANT_ACT_STATIC, QUANT_STRATEGY_TENSOR, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight", "weight_scale", false,
+     "INT8 weights per channel, static INT8 activations", .layout = QUANT_LAYOUT_CT_INT8, .input_scale = "input_scale",
+     .act_int = true},
     // GPTQ (v1 "gptq": stored zeros are the zero minus 1; "gptq_v2": the zero) and AWQ GEMM, 4 / 8
     // bits (AWQ 4), group or channel (group_size -1), converted at load to packed GROUP rows.
     {QUANT_METHOD_GPTQ,
@@ -228,6 +238,7 @@ static const struct quant_impl quant_implemented[] = {
     "and dynamic activations, fp8 per-tensor weights with static activations, compressed-tensors float-quantized "     \
     "FP8 (channel or tensor weights; no, dynamic per-token or static per-tensor activations), compressed-tensors "     \
     "pack-quantized INT4 / INT8 with group or channel scales, symmetric or with zero points, actorder (weight-only), " \
+    "compressed-tensors int-quantized INT8 per channel with dynamic per-token or static INT8 activations, "            \
     "gptq / gptq_v2 INT4 / INT8 (group or channel, sym or asym, desc_act), awq gemm INT4 with zero points, mxfp4 "     \
     "(GptOssForCausalLM experts)"
 
@@ -407,8 +418,8 @@ static bool impl_matches(const struct quant_impl *r, const struct quant_config *
         return false;
     if (r->weight_strategy == QUANT_STRATEGY_GROUP && w->group_size <= 0) return false;
     if (r->act != s->act_scheme) return false;
-    if (r->act != QUANT_ACT_NONE &&
-        (a->type != QUANT_TYPE_FLOAT || a->num_bits != 8 || a->strategy != r->act_strategy || !a->symmetric))
+    if (r->act != QUANT_ACT_NONE && (a->type != (r->act_int ? QUANT_TYPE_INT : QUANT_TYPE_FLOAT) || a->num_bits != 8 ||
+                                     a->strategy != r->act_strategy || !a->symmetric))
         return false;
     return true;
 }
@@ -537,8 +548,9 @@ static void quant_plan_extras(const struct quant_config *q, const struct quant_s
     if (r->layout == QUANT_LAYOUT_GPTQ || !strcmp(s->weights.actorder, "group")) plan->gidx = r->gidx;
     plan->gptq_zero_plus_one = r->layout == QUANT_LAYOUT_GPTQ && strcmp(q->format, "gptq_v2") != 0;
     plan->gidx_required = s->weights.actorder[0] && strcmp(s->weights.actorder, "weight") != 0;
+    if (r->act == QUANT_ACT_DYNAMIC && r->act_int) plan->act = WEIGHT_ACT_INT8_TOKEN;
     if (r->act == QUANT_ACT_STATIC) {
-        plan->act = WEIGHT_ACT_FP8_STATIC;
+        plan->act = r->act_int ? WEIGHT_ACT_INT8_STATIC : WEIGHT_ACT_FP8_STATIC;
         plan->input_scale = r->input_scale;
     }
 }

@@ -61,7 +61,10 @@ atomc_status model_quant_check_backend(const struct model_config *c, const struc
 //   QUANT_LAYOUT_AWQ   AutoAWQ GEMM: qweight (cols, rows/8) packed along rows with the nibble
 //                      order 0 2 4 6 1 3 5 7 (nibble i holds row 8j + order[i]), unsigned;
 //                      qzeros (groups, rows/8) the same way; scales (groups, rows)
-enum quant_layout { QUANT_LAYOUT_CT = 0, QUANT_LAYOUT_GPTQ, QUANT_LAYOUT_AWQ };
+//   QUANT_LAYOUT_CT_INT8  compressed-tensors int-quantized: weight I8 (rows, cols), one value per
+//                      byte, repacked into I32 words of 4 offset-128 fields; weight_scale per
+//                      channel (rows, 1)
+enum quant_layout { QUANT_LAYOUT_CT = 0, QUANT_LAYOUT_GPTQ, QUANT_LAYOUT_AWQ, QUANT_LAYOUT_CT_INT8 };
 
 // What the loader reads for one linear module (its HF name without ".weight", e.g.
 // "model.layers.0.self_attn.q_proj"): values <module>.<values>, scales <module>.<scale>.

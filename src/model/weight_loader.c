@@ -621,6 +621,30 @@ static atomc_status read_gptq_awq_values(struct weight_loader *L, const char *wn
     return ATOMC_OK;
 }
 
+// compressed-tensors int-quantized values: <module>.weight I8 (rows, cols) -> host words h (rows,
+// cols / 4), each value + 128 in its byte field, low bits first (GROUP's 8-bit layout).
+static atomc_status read_ct_int8_values(struct weight_loader *L, const char *wname, int64_t rows, int64_t cols,
+                                        uint32_t *h, struct error *err) {
+    struct tensor t;
+    atomc_status st = model_files_get_tensor(L->files, wname, &t, err);
+    if (st != ATOMC_OK) return st;
+    if (t.dtype != DTYPE_I8 || t.ndim != 2 || t.ne[0] != rows || t.ne[1] != cols) {
+        char got[96];
+        shape_string(got, sizeof got, &t);
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s is %s %s; int-quantized weights are I8 (%lld, %lld)", wname,
+                         dtype_name(t.dtype), got, (long long)rows, (long long)cols);
+    }
+    const int8_t *q = t.data;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c += 4) {
+            uint32_t u = 0;
+            for (int i = 0; i < 4; i++)
+                u |= (uint32_t)(uint8_t)(q[r * cols + c + i] + 128) << (8 * i);
+            h[r * (cols / 4) + c / 4] = u;
+        }
+    return ATOMC_OK;
+}
+
 // GPTQ / AWQ scales (groups, rows) of any float dtype -> out (rows, groups) F32, checked.
 static atomc_status read_gptq_awq_scales(struct weight_loader *L, const char *wname,
                                          const struct quant_weight_plan *p, int64_t rows, int64_t groups, float *out,
@@ -849,7 +873,7 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
         if (!L->files) { // dummy weights of a quantized config
             st = dummy_values(L, p, rows[i], stored_cols, vdst, err);
             dummy_scales(p, rows[i], cols, part, &sr, &sc);
-        } else if (p->layout != QUANT_LAYOUT_CT) { // GPTQ / AWQ: repacked into GROUP rows
+        } else if (p->layout != QUANT_LAYOUT_CT) { // GPTQ / AWQ / int-quantized: repacked into GROUP rows
             scale_shape(p, rows[i], cols, &sr, &sc);
             free(hvals);
             hvals = malloc(sizeof(uint32_t) * (size_t)(rows[i] * stored_cols));
@@ -857,11 +881,13 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
                 st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory to repack %s", names[i]);
                 break;
             }
-            st = read_gptq_awq_values(L, names[i], p, rows[i], cols, hvals, err);
+            st = p->layout == QUANT_LAYOUT_CT_INT8 ? read_ct_int8_values(L, names[i], rows[i], cols, hvals, err)
+                                                   : read_gptq_awq_values(L, names[i], p, rows[i], cols, hvals, err);
             if (st == ATOMC_OK) {
                 b->ops->copy_h2d(b, vdst, hvals, sizeof(uint32_t) * (size_t)(rows[i] * stored_cols));
                 b->ops->synchronize(b);
-                st = read_gptq_awq_scales(L, names[i], p, rows[i], sc, part, err);
+                st = p->layout == QUANT_LAYOUT_CT_INT8 ? read_scale(L, names[i], p, rows[i], cols, part, &sr, &sc, err)
+                                                       : read_gptq_awq_scales(L, names[i], p, rows[i], sc, part, err);
             }
         } else {
             st = copy_values(L, names[i], p, rows[i], cols, stored_cols, vdst, err);

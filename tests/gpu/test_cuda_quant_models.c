@@ -11,6 +11,8 @@
 //                        weight-only -> refs.json
 //   fp8_static_hd64      quant_method fp8, per-tensor weights and static input scales: weight-only
 //                        -> refs.json, W8A8 with the stored scales -> refs_w8a8.json
+//   ct_w8a8_int8_static_hd64  compressed-tensors int-quantized INT8 weights, static INT8 activations:
+//                        weight-only -> refs.json, W8A8 -> refs_w8a8.json
 // Prefill logits at the reference positions within BF16_RTOL of max(1, max |ref|) (as
 // test_cuda_models.c: BF16 activations, residual stream and KV; W8A8: W8A8_RTOL, see there),
 // then 16 greedy steps whose decode steps replay CUDA graphs (quantized GEMVs and MoE slot
@@ -55,6 +57,8 @@ static const struct {
     {"awq_w4_g64_hd64", "refs.json", false, BF16_RTOL},
     {"fp8_static_hd64", "refs.json", true, BF16_RTOL},
     {"fp8_static_hd64", "refs_w8a8.json", false, W8A8_RTOL},
+    {"ct_w8a8_int8_static_hd64", "refs.json", true, BF16_RTOL},
+    {"ct_w8a8_int8_static_hd64", "refs_w8a8.json", false, W8A8_RTOL},
 };
 
 TEST(cuda_quant_models_match_refs) {
