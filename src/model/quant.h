@@ -10,19 +10,25 @@
 //   scheme that is not implemented (or the KV-cache scheme / sparsity format), and what is
 //   supported.
 // - What is implemented is one table in quant.c (method, format, weight type / bits /
-//   strategy / block, activation scheme). Today (CPU reference, weight-only compute):
+//   strategy / block, activation scheme). Today:
 //     fp8 e4m3, weight_block_size [128, 128], dynamic activations   -> WEIGHT_SCHEME_BLOCK
+//     fp8 e4m3 per-tensor weights, static activations (input_scale) -> WEIGHT_SCHEME_PER_TENSOR
 //     compressed-tensors float-quantized FP8, channel strategy      -> WEIGHT_SCHEME_PER_CHANNEL
 //     compressed-tensors float-quantized FP8, tensor strategy       -> WEIGHT_SCHEME_PER_TENSOR
-//       (both: weight-only, or dynamic per-token FP8 activations)
-//     compressed-tensors pack-quantized INT4 or INT8, group or channel strategy, symmetric,
-//       weight-only                                                 -> WEIGHT_SCHEME_GROUP
+//       (both: weight-only, dynamic per-token or static per-tensor FP8 activations)
+//     compressed-tensors pack-quantized INT4 or INT8, group or channel strategy, symmetric or
+//       with zero points, actorder, weight-only                     -> WEIGHT_SCHEME_GROUP
 //       (channel: one group per row)
+//     compressed-tensors int-quantized INT8 per channel, dynamic per-token or static INT8
+//       activations                                                 -> WEIGHT_SCHEME_GROUP
+//     gptq / gptq_v2 INT4 / INT8, group or channel, sym / asym, desc_act; awq gemm INT4
+//       with zero points                                            -> WEIGHT_SCHEME_GROUP
+//       (the layouts: enum quant_layout below)
 //     mxfp4 (GptOssForCausalLM only): the experts' _blocks / _scales   -> WEIGHT_SCHEME_MX
 //       (every other module plain, as transformers' mxfp4 quantizer leaves it)
-//   Everything else stays refused by name (static input scales, zero points, other block
-//   sizes or bit widths, gptq / awq / ...). Whether a backend runs a scheme is its
-//   caps' business (model_quant_check_backend).
+//   Everything else stays refused by name (KV-cache schemes, other block sizes or bit widths,
+//   static per-token scales, bitsandbytes / modelopt, ...). Whether a backend runs a scheme
+//   is its caps' business (model_quant_check_backend).
 // - model_quant_weight_plan() tells the weight loader, per linear module, which scheme and
 //   tensors to expect: ignore lists (compressed-tensors `ignore`: exact names or "re:"
 //   regexes; fp8 `modules_to_not_convert`: a regex from the start up to a module boundary, or a
