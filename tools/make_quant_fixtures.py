@@ -26,6 +26,23 @@ what it does not implement (tests/test_quant_refuse.c, tests/py/test_quant_refus
                          ignored
     unknown_tensor/      a plain BF16 checkpoint with one extra tensor no Llama layer has
 
+  Issue 19 part 3 (tests/test_quant_formats.c; each checked against its writer's own dequantization):
+    ct_w4a16_asym_{group32,channel}, ct_w8a16_asym_{group32,channel}
+                         compressed-tensors pack-quantized with symmetric: false (weight_zero_point)
+    ct_w8a8_int8_{token,static}
+                         compressed-tensors int-quantized (I8 weights per channel), INT8 activations
+                         per token / static (input_scale); refs_w8a8.json
+    ct_fp8_static_{tensor,channel}, fp8_static
+                         FP8 weights with static per-tensor input scales (compressed-tensors
+                         dynamic: false; quant_method fp8 activation_scheme static); refs_w8a8.json
+    gptq_w4_g32_sym, gptq_w4_g32_asym_desc_act, gptq_w8_channel_asym, gptq_w8_g32_sym_desc_act
+                         GPTQ v1 packed by AutoGPTQ's own QuantLinear.pack (auto-gptq 0.7.1)
+    awq_w4_g32           AWQ GEMM packed by AutoAWQ's own WQLinear_GEMM.from_linear (autoawq 0.2.9)
+    *_hd64               head_dim-64 variants for tests/gpu/test_cuda_quant_models.c
+  The GPTQ / AWQ writers need `pip install --no-deps auto-gptq==0.7.1 autoawq==0.2.9` (imported
+  through stub packages: their package __init__s want other transformers versions); the tests read
+  the committed fixtures and need neither.
+
 The compressed-tensors fixtures are written by the `compressed-tensors` package itself
 (apply_quantization_config, scales from its calculate_qparams over each weight's min/max,
 ModelCompressor.compress_model / update_config). Every quantized fixture is then loaded back
