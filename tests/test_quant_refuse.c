@@ -117,9 +117,20 @@ TEST(fp8_per_tensor_static) {
     ASSERT_EQ(s->act_scheme, QUANT_ACT_STATIC);
     ASSERT_EQ(cfg.quant.n_ignore, 2);
     ASSERT_STREQ(cfg.quant.ignore[1], "model.layers.0.mlp.gate");
+    // Implemented since issue 19 part 3: per-tensor FP8 weights, the stored input_scale per module.
+    ASSERT_OK(model_quant_check(&cfg, &e));
+    struct quant_weight_plan p;
+    model_quant_weight_plan(&cfg, "model.layers.0.self_attn.q_proj", &p);
+    ASSERT_EQ(p.scheme, WEIGHT_SCHEME_PER_TENSOR);
+    ASSERT_EQ(p.act, WEIGHT_ACT_FP8_STATIC);
+    ASSERT_STREQ(p.input_scale, "input_scale");
+    ASSERT_STREQ(p.scale, "weight_scale");
+    // Its dynamic variant (a per-tensor scale computed per call) is not, and the refusal names it.
+    ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"fp8\", \"activation_scheme\": \"dynamic\"}",
+                         &e));
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "strategy tensor"));
-    ASSERT_TRUE(has(e.msg, "activations float8, strategy tensor")); // static: no "dynamic"
+    ASSERT_TRUE(has(e.msg, "activations float8 dynamic, strategy tensor"));
 }
 
 // The fixtures' own config.json files, as compressed-tensors wrote them.
@@ -193,11 +204,18 @@ TEST(compressed_tensors_w4a16_fixture_config) {
     ASSERT_STREQ(p.values, "weight_packed");
     ASSERT_TRUE(p.shape_tensor);
     ASSERT_EQ(p.block_cols, 128);
-    // With zero points it is not, and the refusal names it.
+    ASSERT_TRUE(p.zero == NULL);
+    // With zero points it is implemented too (issue 19 part 3): the plan reads weight_zero_point ...
     cfg.quant.schemes[0].weights.symmetric = false;
+    ASSERT_OK(model_quant_check(&cfg, &e));
+    model_quant_weight_plan(&cfg, "model.layers.0.self_attn.q_proj", &p);
+    ASSERT_STREQ(p.zero, "weight_zero_point");
+    ASSERT_EQ(p.layout, QUANT_LAYOUT_CT);
+    // ... but 2-bit values are not, and the refusal names them.
+    cfg.quant.schemes[0].weights.num_bits = 2;
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "format pack-quantized"));
-    ASSERT_TRUE(has(e.msg, "weights int4, strategy group, group_size 128, asymmetric"));
+    ASSERT_TRUE(has(e.msg, "weights int2, strategy group, group_size 128, asymmetric"));
     ASSERT_TRUE(has(e.msg, "activations not quantized"));
 }
 
@@ -228,8 +246,23 @@ TEST(compressed_tensors_groups_kv_cache_sparsity) {
     ASSERT_EQ(q->kv_cache.type, QUANT_TYPE_FLOAT);
     ASSERT_STREQ(q->sparsity_format, "sparse-24-bitmask");
     ASSERT_EQ(q->n_ignore, 1); // a single string counts as a list of one
+    // Both groups are implemented (int-quantized static INT8, pack-quantized with zero points:
+    // issue 19 part 3), so the KV-cache scheme is what is refused, then the sparsity format.
+    ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(has(e.msg, "KV-cache quantization (float8, strategy tensor) is not implemented"));
+    cfg.quant.kv_cache.present = false;
+    ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(has(e.msg, "sparsity format 'sparse-24-bitmask' is not implemented"));
+    char sparsity[sizeof cfg.quant.sparsity_format];
+    memcpy(sparsity, cfg.quant.sparsity_format, sizeof sparsity);
+    cfg.quant.sparsity_format[0] = '\0';
+    ASSERT_OK(model_quant_check(&cfg, &e));
+    cfg.quant.schemes[0].input_act.symmetric = false; // asymmetric INT8 activations are not
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "group_0 of 2: format int-quantized; weights int8, strategy channel"));
+    cfg.quant.schemes[0].input_act.symmetric = true;
+    cfg.quant.kv_cache.present = true;
+    memcpy(cfg.quant.sparsity_format, sparsity, sizeof sparsity);
     char d[2048];
     quant_config_describe(q, d, sizeof d);
     ASSERT_TRUE(has(d, "group_1 (targets re:.*mlp.*): format pack-quantized; weights int4, strategy group, "
@@ -277,8 +310,18 @@ TEST(gptq_awq_mxfp4_bnb_modelopt_forms) {
     ASSERT_EQ(s->weights.strategy, QUANT_STRATEGY_GROUP);
     ASSERT_TRUE(!s->weights.symmetric);
     ASSERT_STREQ(s->weights.actorder, "desc_act");
+    ASSERT_OK(model_quant_check(&cfg, &e)); // implemented (issue 19 part 3)
+    struct quant_weight_plan p;
+    model_quant_weight_plan(&cfg, "model.layers.0.mlp.down_proj", &p);
+    ASSERT_EQ(p.scheme, WEIGHT_SCHEME_GROUP);
+    ASSERT_EQ(p.layout, QUANT_LAYOUT_GPTQ);
+    ASSERT_STREQ(p.values, "qweight");
+    ASSERT_STREQ(p.zero, "qzeros");
+    ASSERT_STREQ(p.gidx, "g_idx");
+    ASSERT_TRUE(p.gidx_required && !p.gptq_zero_plus_one); // v2 stores the zero itself
+    cfg.quant.schemes[0].weights.num_bits = 3;
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(has(e.msg, "quant_method 'gptq' (format gptq_v2; weights int4, strategy group, group_size 128, "
+    ASSERT_TRUE(has(e.msg, "quant_method 'gptq' (format gptq_v2; weights int3, strategy group, group_size 128, "
                            "asymmetric, actorder desc_act"));
 
     ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": -1}", &e));
@@ -291,9 +334,16 @@ TEST(gptq_awq_mxfp4_bnb_modelopt_forms) {
     ASSERT_EQ(cfg.quant.method, QUANT_METHOD_AWQ);
     ASSERT_STREQ(cfg.quant.format, "gemm");
     ASSERT_TRUE(!cfg.quant.schemes[0].weights.symmetric);
+    ASSERT_OK(model_quant_check(&cfg, &e)); // implemented (issue 19 part 3)
+    model_quant_weight_plan(&cfg, "model.layers.0.mlp.down_proj", &p);
+    ASSERT_EQ(p.layout, QUANT_LAYOUT_AWQ);
+    ASSERT_TRUE(p.gidx == NULL);
+    ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, "
+                         "\"zero_point\": true, \"version\": \"gemv\"}",
+                         &e));
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(
-        has(e.msg, "quant_method 'awq' (format gemm; weights int4, strategy group, group_size 128, asymmetric"));
+        has(e.msg, "quant_method 'awq' (format gemv; weights int4, strategy group, group_size 128, asymmetric"));
 
     ASSERT_OK(parse_with("\"quantization_config\": {\"quant_method\": \"mxfp4\", \"modules_to_not_convert\": "
                          "[\"model.layers.*.self_attn\", \"model.layers.*.mlp.router\", \"model.embed_tokens\", "
@@ -741,9 +791,9 @@ TEST(side_files_quantize_config_and_hf_quant_config) {
         enum quant_method method;
         const char *format, *needle;
     } cases[] = {
-        {"quantize_config.json", "{\"bits\": 4, \"group_size\": 128, \"desc_act\": false, \"sym\": true}",
+        {"quantize_config.json", "{\"bits\": 2, \"group_size\": 128, \"desc_act\": false, \"sym\": true}",
          QUANT_METHOD_GPTQ, "gptq",
-         "quantize_config.json: quant_method 'gptq' (format gptq; weights int4, strategy "
+         "quantize_config.json: quant_method 'gptq' (format gptq; weights int2, strategy "
          "group, group_size 128"},
         {"hf_quant_config.json",
          "{\"producer\": {\"name\": \"modelopt\", \"version\": \"0.29\"}, \"quantization\": {\"quant_algo\": \"FP8\", "

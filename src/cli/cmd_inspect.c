@@ -124,8 +124,8 @@ static const char *tensor_scheme(const struct model_files *mf, const char *name)
         snprintf(scale, sizeof scale, "%.*s_scales", (int)(n - k), name);
         return model_files_has_tensor(mf, scale) ? weight_scheme_name(WEIGHT_SCHEME_MX) : NULL;
     }
-    static const char *suffixes[] = {".weight", ".weight_packed"};
-    for (int i = 0; i < 2; i++) {
+    static const char *suffixes[] = {".weight", ".weight_packed", ".qweight"}; // qweight: GPTQ / AWQ
+    for (int i = 0; i < 3; i++) {
         size_t n = strlen(name), k = strlen(suffixes[i]);
         if (n <= k || strcmp(name + n - k, suffixes[i]) || n - k >= 256) continue;
         char module[256], scale[320];

@@ -6,7 +6,7 @@
 
 const char *dtype_name(enum dtype t) {
     static const char *names[DTYPE_COUNT] = {"F32", "F16", "BF16", "F8_E4M3", "I32", "I64", "U8", "Q8_0", "Q4_0", "Q4_1",
-                                                 "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
+                                                 "Q4_K", "Q5_K", "Q6_K", "Q8_K", "I8"};
     return (unsigned)t < DTYPE_COUNT ? names[t] : "?";
 }
 
@@ -20,7 +20,7 @@ size_t dtype_block_bytes(enum dtype t) {
     switch (t) {
     case DTYPE_F32: case DTYPE_I32: return 4;
     case DTYPE_F16: case DTYPE_BF16: return 2;
-    case DTYPE_FP8_E4M3: case DTYPE_U8: return 1;
+    case DTYPE_FP8_E4M3: case DTYPE_U8: case DTYPE_I8: return 1;
     case DTYPE_I64: return 8;
     case DTYPE_Q8_0: return 2 + 32;
     case DTYPE_Q4_0: return 2 + 16;

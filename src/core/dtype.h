@@ -23,6 +23,7 @@ enum dtype {
     DTYPE_Q5_K, // blocks of 256: as Q4_K + 32 bytes of the 5th bits
     DTYPE_Q6_K, // blocks of 256: 128 bytes low 4 bits, 64 bytes high 2 bits, 16 int8 scales, f16 d
     DTYPE_Q8_K, // blocks of 256: f32 d, 256 x int8, 16 x int16 sums of 16
+    DTYPE_I8,   // int8 (compressed-tensors int-quantized weights; the loader repacks them)
     DTYPE_COUNT
 };
 

@@ -19,7 +19,18 @@
 //                                                        (compressed-tensors pack-quantized) are
 //                                                        stored offset by 2^(bits-1), low bits
 //                                                        first, so t is (rows, cols * bits / 32)
-//                                                        and q = field - 2^(bits-1))
+//                                                        and q = field - 2^(bits-1));
+//                                                        zero (optional, asymmetric weights:
+//                                                        compressed-tensors zero points, GPTQ's
+//                                                        qzeros (+1 in the v1 format), AWQ's)
+//                                                        is F32 in scale's layout, holding the
+//                                                        integer zero point in q's units (so an
+//                                                        unsigned 0..2^bits-1 zero z is stored
+//                                                        as z - 2^(bits-1)); gidx (optional,
+//                                                        GPTQ desc_act / actorder): I32 (cols),
+//                                                        the group of column c instead of
+//                                                        c / g (one map for every row; 2-D
+//                                                        weights only)
 //   MX          w = q * 2^(scale[row][col / 32] - 127)  (MXFP4, OCP microscaling: t is U8
 //                                                        (rows, cols / 2), two e2m1 values per
 //                                                        byte, the even column in the low
@@ -37,6 +48,9 @@
 //   FP8_GROUP   the same per row and group of ACT_QUANT_GROUP columns (the last may be short)
 //   INT8_TOKEN  per row: s_i = max |x_ik| / 127 (1 when 0), xq = clamp(rint(x / s_i), -127, 127),
 //               deq = xq * s_i (symmetric int8, round half to even)
+//   FP8_STATIC  the same as FP8_TOKEN with s = act_scale for every row (the checkpoint's stored
+//               per-tensor input_scale; static activations)
+//   INT8_STATIC the same as INT8_TOKEN with s = act_scale
 // The division is IEEE (x / s, not x * (1 / s)): the CPU and CUDA quantize identical inputs to
 // identical bytes. act_quant_row (weight.c) is the reference implementation.
 // A backend implements a subset (struct backend_caps.weight_schemes); model loading refuses a
@@ -44,6 +58,8 @@
 // programmer error (CHECK), never a silent wrong answer.
 #ifndef ATOMC_CORE_WEIGHT_H
 #define ATOMC_CORE_WEIGHT_H
+
+#include <stdbool.h>
 
 #include "core/tensor.h"
 
@@ -62,6 +78,8 @@ enum weight_act {
     WEIGHT_ACT_FP8_TOKEN,
     WEIGHT_ACT_FP8_GROUP,
     WEIGHT_ACT_INT8_TOKEN,
+    WEIGHT_ACT_FP8_STATIC,
+    WEIGHT_ACT_INT8_STATIC,
     WEIGHT_ACT_COUNT
 };
 
@@ -73,11 +91,20 @@ struct weight {
     struct tensor t;           // stored values: (rows, cols), or (E, rows, cols) for stacked experts
     enum weight_scheme scheme; // NONE: scale / zero unused (data == NULL)
     struct tensor scale;       // per scheme, see above
-    struct tensor zero;        // GROUP with zero points; else data == NULL
+    struct tensor zero;        // GROUP with zero points (F32, scale's layout); else data == NULL
+    struct tensor gidx;        // GROUP with a column -> group map (I32 (cols)); else data == NULL
     int block_rows, block_cols; // BLOCK: br x bc; GROUP / MX: 1 x group
     int bits;                   // values packed in I32 words (GROUP): bits per value; else 0
-    enum weight_act act;        // dynamic quantization of the matmul's input (above); NONE = weight-only
+    enum weight_act act;        // quantization of the matmul's input (above); NONE = weight-only
+    float act_scale;            // FP8_STATIC / INT8_STATIC: the stored input scale (> 0, finite)
 };
+
+static inline bool weight_act_static(enum weight_act a) {
+    return a == WEIGHT_ACT_FP8_STATIC || a == WEIGHT_ACT_INT8_STATIC;
+}
+static inline bool weight_act_int8(enum weight_act a) {
+    return a == WEIGHT_ACT_INT8_TOKEN || a == WEIGHT_ACT_INT8_STATIC;
+}
 
 // Columns (k) of a weight: t's last dim, times the values per word when packed in I32 (or
 // per byte for MX).
@@ -92,7 +119,8 @@ static inline int64_t weight_cols(const struct weight *w) {
 #define WEIGHT_PLAIN(tp) (&(const struct weight){.t = *(tp), .scheme = WEIGHT_SCHEME_NONE})
 
 const char *weight_scheme_name(enum weight_scheme s);
-const char *weight_act_name(enum weight_act a); // "none", "fp8-token", "fp8-group128", "int8-token"
+const char *weight_act_name(enum weight_act a); // "none", "fp8-token", "fp8-group128", "int8-token",
+                                                // "fp8-static", "int8-static"
 
 // Columns per activation scale of mode a for rows of k columns: ACT_QUANT_GROUP for FP8_GROUP,
 // else k (one scale per row). Scales per row: ceil(k / that).
@@ -102,8 +130,10 @@ static inline int64_t act_quant_group_cols(enum weight_act a, int64_t k) {
 
 // The reference quantization of one row x (k) under mode a (not NONE): writes the dequantized
 // values deq (k) (f32(xq) * s, what the product multiplies) and, when q / s are non-NULL, the
-// stored bytes q (k: e4m3 bits or int8) and the scales s (ceil(k / group cols)).
-void act_quant_row(enum weight_act a, const float *x, int64_t k, float *deq, uint8_t *q, float *s);
+// stored bytes q (k: e4m3 bits or int8) and the scales s (ceil(k / group cols)). Static modes
+// use static_scale as s (the weight's act_scale); the dynamic ones ignore it.
+void act_quant_row(enum weight_act a, const float *x, int64_t k, float static_scale, float *deq, uint8_t *q,
+                   float *s);
 
 // The e2m1 (FP4) value of a nibble (bits 0..3 of v), as MX stores it.
 static inline float weight_e2m1_value(unsigned v) {

@@ -19,9 +19,9 @@ struct st_dtype_desc {
 static const struct st_dtype_desc st_dtypes[] = {
     {"F32", 4, true, DTYPE_F32},      {"F16", 2, true, DTYPE_F16},       {"BF16", 2, true, DTYPE_BF16},
     {"I32", 4, true, DTYPE_I32},      {"I64", 8, true, DTYPE_I64},       {"U8", 1, true, DTYPE_U8},
-    {"F8_E4M3", 1, true, DTYPE_FP8_E4M3},
+    {"F8_E4M3", 1, true, DTYPE_FP8_E4M3}, {"I8", 1, true, DTYPE_I8},
     // Known to the format, sized for validation, not served:
-    {"F64", 8, false, DTYPE_F32},     {"I8", 1, false, DTYPE_F32},       {"I16", 2, false, DTYPE_F32},
+    {"F64", 8, false, DTYPE_F32},     {"I16", 2, false, DTYPE_F32},
     {"U16", 2, false, DTYPE_F32},     {"U32", 4, false, DTYPE_F32},      {"U64", 8, false, DTYPE_F32},
     {"BOOL", 1, false, DTYPE_F32},    {"F8_E5M2", 1, false, DTYPE_F32},  {"F8_E8M0", 1, false, DTYPE_F32},
 };
@@ -227,7 +227,7 @@ static atomc_status tensor_view(const char *path, const struct safetensors_tenso
                              path, t->name, t->ndim, TENSOR_MAX_DIMS);
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
                          "%s: tensor '%s' has dtype %s, which atomc does not support "
-                         "(F32, F16, BF16, F8_E4M3, I32, I64, U8)", path, t->name, t->dtype_name);
+                         "(F32, F16, BF16, F8_E4M3, I32, I64, U8, I8)", path, t->name, t->dtype_name);
     }
     if (t->ndim == 0) {
         int64_t one = 1;

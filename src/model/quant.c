@@ -32,12 +32,22 @@ struct quant_impl {
     const char *values, *scale;
     bool shape_tensor;
     const char *what; // for messages: "FP8 e4m3 in 128x128 blocks"
+    // Asymmetric / reordered integer weights and static activations (issue 19 part 3):
+    bool actorder_ok;         // GPTQ desc_act / compressed-tensors actorder (a g_idx map) handled
+    bool sym_refused;         // symmetric weights are not this row's (AWQ without zero points)
+    enum quant_layout layout; // values / scales / zeros as the method stores them
+    const char *zero, *gidx;  // tensor suffixes (NULL: none); zero only for asymmetric weights
+    const char *input_scale;  // static activations: the stored scale's suffix
+    bool act_int;             // the activations are INT8 (else FP8)
 };
 
 // The CPU backend runs each of these as weight-only compute (activations stay F32, the
 // dequantized weights are the reference); a GPU backend adds the activation quantization the
 // config states (dynamic per token, or per token and 128-channel group for fp8 blocks).
 // The list ends with a QUANT_METHOD_NONE row.
+// The part-3 fields (actorder_ok .. input_scale) default to none: rows name them when they need them.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 static const struct quant_impl quant_implemented[] = {
     {QUANT_METHOD_FP8, "e4m3", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_BLOCK, 128, 128, QUANT_ACT_DYNAMIC,
      QUANT_STRATEGY_GROUP, false, WEIGHT_SCHEME_BLOCK, DTYPE_FP8_E4M3, "weight", "weight_scale_inv", false,
@@ -55,17 +65,165 @@ static const struct quant_impl quant_implemented[] = {
      QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight", "weight_scale",
      false, "FP8 e4m3 weights with per-tensor scales"},
     {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 4, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE,
-     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
-     "symmetric INT4 weights packed in int32 with group scales"},
+     QUANT_STRATEGY_NONE, true, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "INT4 weights packed in int32 with group scales (and zero points)", .actorder_ok = true,
+     .zero = "weight_zero_point", .gidx = "weight_g_idx"},
     {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE,
-     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
-     "symmetric INT8 weights packed in int32 with group scales"},
+     QUANT_STRATEGY_NONE, true, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "INT8 weights packed in int32 with group scales (and zero points)", .actorder_ok = true,
+     .zero = "weight_zero_point", .gidx = "weight_g_idx"},
     {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 4, QUANT_STRATEGY_CHANNEL, 0, 0, QUANT_ACT_NONE,
-     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
-     "symmetric INT4 weights packed in int32 with per-channel scales"},
+     QUANT_STRATEGY_NONE, true, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "INT4 weights packed in int32 with per-channel scales (and zero points)", .zero = "weight_zero_point"},
     {QUANT_METHOD_COMPRESSED_TENSORS, "pack-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_CHANNEL, 0, 0, QUANT_ACT_NONE,
-     QUANT_STRATEGY_NONE, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
-     "symmetric INT8 weights packed in int32 with per-channel scales"},
+     QUANT_STRATEGY_NONE, true, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight_packed", "weight_scale", true,
+     "INT8 weights packed in int32 with per-channel scales (and zero points)", .zero = "weight_zero_point"},
+    // Static FP8 activations: one stored input_scale per module (compressed-tensors dynamic: false,
+    // strategy tensor; quant_method fp8 with activation_scheme static and per-tensor weights).
+    {QUANT_METHOD_COMPRESSED_TENSORS, "float-quantized", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_CHANNEL, 0, 0,
+     QUANT_ACT_STATIC, QUANT_STRATEGY_TENSOR, false, WEIGHT_SCHEME_PER_CHANNEL, DTYPE_FP8_E4M3, "weight",
+     "weight_scale", false, "FP8 e4m3 weights with per-channel scales, static FP8 activations",
+     .input_scale = "input_scale"},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "float-quantized", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_TENSOR, 0, 0,
+     QUANT_ACT_STATIC, QUANT_STRATEGY_TENSOR, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight", "weight_scale",
+     false, "FP8 e4m3 weights with per-tensor scales, static FP8 activations", .input_scale = "input_scale"},
+    {QUANT_METHOD_FP8, "e4m3", QUANT_TYPE_FLOAT, 8, QUANT_STRATEGY_TENSOR, 0, 0, QUANT_ACT_STATIC,
+     QUANT_STRATEGY_TENSOR, false, WEIGHT_SCHEME_PER_TENSOR, DTYPE_FP8_E4M3, "weight", "weight_scale", false,
+     "FP8 e4m3 weights with per-tensor scales, static FP8 activations", .input_scale = "input_scale"},
+    // compressed-tensors int-quantized (llm-compressor W8A8 INT8): int8 weights per channel,
+    // INT8 activations dynamic per token (as vLLM computes them: amax / 127) or static per tensor.
+    {QUANT_METHOD_COMPRESSED_TENSORS, "int-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_CHANNEL, 0, 0,
+     QUANT_ACT_DYNAMIC, QUANT_STRATEGY_TOKEN, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight", "weight_scale", false,
+     "INT8 weights per channel, dynamic per-token INT8 activations", .layout = QUANT_LAYOUT_CT_INT8, .act_int = true},
+    {QUANT_METHOD_COMPRESSED_TENSORS, "int-quantized", QUANT_TYPE_INT, 8, QUANT_STRATEGY_CHANNEL, 0, 0,
+     QUANT_ACT_STATIC, QUANT_STRATEGY_TENSOR, false, WEIGHT_SCHEME_GROUP, DTYPE_I32, "weight", "weight_scale", false,
+     "INT8 weights per channel, static INT8 activations", .layout = QUANT_LAYOUT_CT_INT8, .input_scale = "input_scale",
+     .act_int = true},
+    // GPTQ (v1 "gptq": stored zeros are the zero minus 1; "gptq_v2": the zero) and AWQ GEMM, 4 / 8
+    // bits (AWQ 4), group or channel (group_size -1), converted at load to packed GROUP rows.
+    {QUANT_METHOD_GPTQ,
+     "gptq",
+     QUANT_TYPE_INT,
+     4,
+     QUANT_STRATEGY_GROUP,
+     0,
+     0,
+     QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE,
+     true,
+     WEIGHT_SCHEME_GROUP,
+     DTYPE_I32,
+     "qweight",
+     "scales",
+     false,
+     "GPTQ INT4 with group scales and zeros",
+     .actorder_ok = true,
+     .layout = QUANT_LAYOUT_GPTQ,
+     .zero = "qzeros",
+     .gidx = "g_idx"},
+    {QUANT_METHOD_GPTQ,
+     "gptq",
+     QUANT_TYPE_INT,
+     8,
+     QUANT_STRATEGY_GROUP,
+     0,
+     0,
+     QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE,
+     true,
+     WEIGHT_SCHEME_GROUP,
+     DTYPE_I32,
+     "qweight",
+     "scales",
+     false,
+     "GPTQ INT8 with group scales and zeros",
+     .actorder_ok = true,
+     .layout = QUANT_LAYOUT_GPTQ,
+     .zero = "qzeros",
+     .gidx = "g_idx"},
+    {QUANT_METHOD_GPTQ,
+     "gptq",
+     QUANT_TYPE_INT,
+     4,
+     QUANT_STRATEGY_CHANNEL,
+     0,
+     0,
+     QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE,
+     true,
+     WEIGHT_SCHEME_GROUP,
+     DTYPE_I32,
+     "qweight",
+     "scales",
+     false,
+     "GPTQ INT4 with per-channel scales and zeros",
+     .actorder_ok = true,
+     .layout = QUANT_LAYOUT_GPTQ,
+     .zero = "qzeros",
+     .gidx = "g_idx"},
+    {QUANT_METHOD_GPTQ,
+     "gptq",
+     QUANT_TYPE_INT,
+     8,
+     QUANT_STRATEGY_CHANNEL,
+     0,
+     0,
+     QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE,
+     true,
+     WEIGHT_SCHEME_GROUP,
+     DTYPE_I32,
+     "qweight",
+     "scales",
+     false,
+     "GPTQ INT8 with per-channel scales and zeros",
+     .actorder_ok = true,
+     .layout = QUANT_LAYOUT_GPTQ,
+     .zero = "qzeros",
+     .gidx = "g_idx"},
+    {QUANT_METHOD_GPTQ,
+     "gptq_v2",
+     QUANT_TYPE_INT,
+     4,
+     QUANT_STRATEGY_GROUP,
+     0,
+     0,
+     QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE,
+     true,
+     WEIGHT_SCHEME_GROUP,
+     DTYPE_I32,
+     "qweight",
+     "scales",
+     false,
+     "GPTQ v2 INT4 with group scales and zeros",
+     .actorder_ok = true,
+     .layout = QUANT_LAYOUT_GPTQ,
+     .zero = "qzeros",
+     .gidx = "g_idx"},
+    {QUANT_METHOD_GPTQ,
+     "gptq_v2",
+     QUANT_TYPE_INT,
+     8,
+     QUANT_STRATEGY_GROUP,
+     0,
+     0,
+     QUANT_ACT_NONE,
+     QUANT_STRATEGY_NONE,
+     true,
+     WEIGHT_SCHEME_GROUP,
+     DTYPE_I32,
+     "qweight",
+     "scales",
+     false,
+     "GPTQ v2 INT8 with group scales and zeros",
+     .actorder_ok = true,
+     .layout = QUANT_LAYOUT_GPTQ,
+     .zero = "qzeros",
+     .gidx = "g_idx"},
+    {QUANT_METHOD_AWQ, "gemm", QUANT_TYPE_INT, 4, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE, QUANT_STRATEGY_NONE, true,
+     WEIGHT_SCHEME_GROUP, DTYPE_I32, "qweight", "scales", false, "AWQ GEMM INT4 with group scales and zeros",
+     .sym_refused = true, .layout = QUANT_LAYOUT_AWQ, .zero = "qzeros"},
     // GPT-OSS's experts (the only modules transformers' mxfp4 quantizer converts): stored as
     // <experts tensor>_blocks / _scales, read by the stacked-experts loader (weight_loader.c).
     {QUANT_METHOD_MXFP4, NULL, QUANT_TYPE_FLOAT, 4, QUANT_STRATEGY_GROUP, 0, 0, QUANT_ACT_NONE, QUANT_STRATEGY_NONE,
@@ -73,12 +231,16 @@ static const struct quant_impl quant_implemented[] = {
     {QUANT_METHOD_NONE, NULL, QUANT_TYPE_NONE, 0, QUANT_STRATEGY_NONE, 0, 0, QUANT_ACT_NONE, QUANT_STRATEGY_NONE, false,
      WEIGHT_SCHEME_NONE, DTYPE_F32, NULL, NULL, false, NULL},
 };
+#pragma GCC diagnostic pop
 
 #define QUANT_SUPPORTED                                                                                                \
     "supported: none (unquantized safetensors), GGUF Q8_0/Q4_0/Q4_1, fp8 e4m3 with weight_block_size [128, 128] "      \
-    "and dynamic activations, compressed-tensors float-quantized FP8 (channel or tensor weights; no or dynamic "       \
-    "per-token activations), compressed-tensors pack-quantized symmetric INT4 / INT8 with group or channel "           \
-    "scales (weight-only), mxfp4 (GptOssForCausalLM experts)"
+    "and dynamic activations, fp8 per-tensor weights with static activations, compressed-tensors float-quantized "     \
+    "FP8 (channel or tensor weights; no, dynamic per-token or static per-tensor activations), compressed-tensors "     \
+    "pack-quantized INT4 / INT8 with group or channel scales, symmetric or with zero points, actorder (weight-only), " \
+    "compressed-tensors int-quantized INT8 per channel with dynamic per-token or static INT8 activations, "            \
+    "gptq / gptq_v2 INT4 / INT8 (group or channel, sym or asym, desc_act), awq gemm INT4 with zero points, mxfp4 "     \
+    "(GptOssForCausalLM experts)"
 
 const char *quant_method_name(enum quant_method m) {
     switch (m) {
@@ -244,14 +406,20 @@ static bool impl_matches(const struct quant_impl *r, const struct quant_config *
     const struct quant_args *w = &s->weights, *a = &s->input_act;
     if (r->method != q->method || (r->format && strcmp(r->format, s->format)) || !w->present) return false;
     if (r->weight_type != w->type || r->weight_bits != w->num_bits || r->weight_strategy != w->strategy) return false;
-    if (w->dynamic || w->actorder[0] || (!w->symmetric && !r->asymmetric_ok) || s->output_act) return false;
+    if (w->dynamic || (w->actorder[0] && !r->actorder_ok) || (!w->symmetric && !r->asymmetric_ok) || s->output_act)
+        return false;
+    if (w->symmetric && r->sym_refused) return false;
+    // compressed-tensors actorder: "group" stores weight_g_idx, "weight" permutes nothing at run time.
+    if (w->actorder[0] && r->method == QUANT_METHOD_COMPRESSED_TENSORS && strcmp(w->actorder, "group") &&
+        strcmp(w->actorder, "weight"))
+        return false;
     if (r->weight_strategy == QUANT_STRATEGY_BLOCK &&
         (w->block_size[0] != r->block_rows || w->block_size[1] != r->block_cols))
         return false;
     if (r->weight_strategy == QUANT_STRATEGY_GROUP && w->group_size <= 0) return false;
     if (r->act != s->act_scheme) return false;
-    if (r->act != QUANT_ACT_NONE &&
-        (a->type != QUANT_TYPE_FLOAT || a->num_bits != 8 || a->strategy != r->act_strategy || !a->symmetric))
+    if (r->act != QUANT_ACT_NONE && (a->type != (r->act_int ? QUANT_TYPE_INT : QUANT_TYPE_FLOAT) || a->num_bits != 8 ||
+                                     a->strategy != r->act_strategy || !a->symmetric))
         return false;
     return true;
 }
@@ -366,6 +534,27 @@ static bool scheme_targets(const struct quant_config *q, const struct quant_sche
     return false;
 }
 
+// The part-3 additions of a plan (zero points, g_idx, static activation scales, layouts), kept
+// apart from the rest of model_quant_weight_plan.
+static void quant_plan_extras(const struct quant_config *q, const struct quant_scheme *s, const struct quant_impl *r,
+                              struct quant_weight_plan *plan) {
+    plan->layout = r->layout;
+    if (r->layout != QUANT_LAYOUT_CT) // GPTQ / AWQ store their zeros whatever sym says
+        plan->zero = r->zero;
+    else if (!s->weights.symmetric)
+        plan->zero = r->zero;
+    // GPTQ's g_idx is read when stored (a trivial one is dropped at load); compressed-tensors
+    // writes weight_g_idx only for actorder "group".
+    if (r->layout == QUANT_LAYOUT_GPTQ || !strcmp(s->weights.actorder, "group")) plan->gidx = r->gidx;
+    plan->gptq_zero_plus_one = r->layout == QUANT_LAYOUT_GPTQ && strcmp(q->format, "gptq_v2") != 0;
+    plan->gidx_required = s->weights.actorder[0] && strcmp(s->weights.actorder, "weight") != 0;
+    if (r->act == QUANT_ACT_DYNAMIC && r->act_int) plan->act = WEIGHT_ACT_INT8_TOKEN;
+    if (r->act == QUANT_ACT_STATIC) {
+        plan->act = r->act_int ? WEIGHT_ACT_INT8_STATIC : WEIGHT_ACT_FP8_STATIC;
+        plan->input_scale = r->input_scale;
+    }
+}
+
 void model_quant_weight_plan(const struct model_config *c, const char *module, struct quant_weight_plan *plan) {
     const struct quant_config *q = &c->quant;
     *plan = (struct quant_weight_plan){.scheme = WEIGHT_SCHEME_NONE, .values = "weight"};
@@ -386,6 +575,7 @@ void model_quant_weight_plan(const struct model_config *c, const char *module, s
         plan->shape_tensor = r->shape_tensor;
         if (r->act == QUANT_ACT_DYNAMIC)
             plan->act = r->act_strategy == QUANT_STRATEGY_GROUP ? WEIGHT_ACT_FP8_GROUP : WEIGHT_ACT_FP8_TOKEN;
+        quant_plan_extras(q, s, r, plan);
         if (r->scheme == WEIGHT_SCHEME_BLOCK) {
             plan->block_rows = r->block_rows;
             plan->block_cols = r->block_cols;

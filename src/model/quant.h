@@ -10,19 +10,25 @@
 //   scheme that is not implemented (or the KV-cache scheme / sparsity format), and what is
 //   supported.
 // - What is implemented is one table in quant.c (method, format, weight type / bits /
-//   strategy / block, activation scheme). Today (CPU reference, weight-only compute):
+//   strategy / block, activation scheme). Today:
 //     fp8 e4m3, weight_block_size [128, 128], dynamic activations   -> WEIGHT_SCHEME_BLOCK
+//     fp8 e4m3 per-tensor weights, static activations (input_scale) -> WEIGHT_SCHEME_PER_TENSOR
 //     compressed-tensors float-quantized FP8, channel strategy      -> WEIGHT_SCHEME_PER_CHANNEL
 //     compressed-tensors float-quantized FP8, tensor strategy       -> WEIGHT_SCHEME_PER_TENSOR
-//       (both: weight-only, or dynamic per-token FP8 activations)
-//     compressed-tensors pack-quantized INT4 or INT8, group or channel strategy, symmetric,
-//       weight-only                                                 -> WEIGHT_SCHEME_GROUP
+//       (both: weight-only, dynamic per-token or static per-tensor FP8 activations)
+//     compressed-tensors pack-quantized INT4 or INT8, group or channel strategy, symmetric or
+//       with zero points, actorder, weight-only                     -> WEIGHT_SCHEME_GROUP
 //       (channel: one group per row)
+//     compressed-tensors int-quantized INT8 per channel, dynamic per-token or static INT8
+//       activations                                                 -> WEIGHT_SCHEME_GROUP
+//     gptq / gptq_v2 INT4 / INT8, group or channel, sym / asym, desc_act; awq gemm INT4
+//       with zero points                                            -> WEIGHT_SCHEME_GROUP
+//       (the layouts: enum quant_layout below)
 //     mxfp4 (GptOssForCausalLM only): the experts' _blocks / _scales   -> WEIGHT_SCHEME_MX
 //       (every other module plain, as transformers' mxfp4 quantizer leaves it)
-//   Everything else stays refused by name (static input scales, zero points, other block
-//   sizes or bit widths, gptq / awq / ...). Whether a backend runs a scheme is its
-//   caps' business (model_quant_check_backend).
+//   Everything else stays refused by name (KV-cache schemes, other block sizes or bit widths,
+//   static per-token scales, bitsandbytes / modelopt, ...). Whether a backend runs a scheme
+//   is its caps' business (model_quant_check_backend).
 // - model_quant_weight_plan() tells the weight loader, per linear module, which scheme and
 //   tensors to expect: ignore lists (compressed-tensors `ignore`: exact names or "re:"
 //   regexes; fp8 `modules_to_not_convert`: a regex from the start up to a module boundary, or a
@@ -49,6 +55,23 @@ struct backend_caps;
 atomc_status model_quant_check_backend(const struct model_config *c, const struct backend_caps *caps,
                                        struct error *err);
 
+// The tensor layouts of integer weights the loader converts (all become WEIGHT_SCHEME_GROUP,
+// core/weight.h, with the values' bits as stored):
+//   QUANT_LAYOUT_CT    compressed-tensors: weight_packed (rows, cols*bits/32) offset 2^(bits-1),
+//                      weight_scale (rows, groups), weight_zero_point (rows*bits/32, groups)
+//                      packed along rows, weight_g_idx (cols) (the format itself)
+//   QUANT_LAYOUT_GPTQ  AutoGPTQ / GPTQModel: qweight (cols*bits/32, rows) packed along cols,
+//                      unsigned values, low bits first; qzeros (groups, rows*bits/32) packed along
+//                      rows, the zero minus 1 in the v1 format ("gptq"), the zero in "gptq_v2";
+//                      scales (groups, rows); g_idx (cols)
+//   QUANT_LAYOUT_AWQ   AutoAWQ GEMM: qweight (cols, rows/8) packed along rows with the nibble
+//                      order 0 2 4 6 1 3 5 7 (nibble i holds row 8j + order[i]), unsigned;
+//                      qzeros (groups, rows/8) the same way; scales (groups, rows)
+//   QUANT_LAYOUT_CT_INT8  compressed-tensors int-quantized: weight I8 (rows, cols), one value per
+//                      byte, repacked into I32 words of 4 offset-128 fields; weight_scale per
+//                      channel (rows, 1)
+enum quant_layout { QUANT_LAYOUT_CT = 0, QUANT_LAYOUT_GPTQ, QUANT_LAYOUT_AWQ, QUANT_LAYOUT_CT_INT8 };
+
 // What the loader reads for one linear module (its HF name without ".weight", e.g.
 // "model.layers.0.self_attn.q_proj"): values <module>.<values>, scales <module>.<scale>.
 struct quant_weight_plan {
@@ -59,7 +82,14 @@ struct quant_weight_plan {
     const char *scale;          // "weight_scale_inv" (fp8 blocks) or "weight_scale"
     bool shape_tensor;          // <module>.weight_shape (I64 [rows, cols]) is stored too
     int block_rows, block_cols; // BLOCK: the tile; GROUP: 1 x group size (0: the whole row)
-    enum weight_act act;        // the input activations' dynamic quantization (NONE: weight-only)
+    enum weight_act act;        // the input activations' quantization (NONE: weight-only)
+    // Asymmetric / reordered integer weights and static activations (NULL: none):
+    const char *zero;         // zero points: "weight_zero_point" (compressed-tensors, packed by rows)
+    const char *gidx;         // column -> group map: "weight_g_idx" (compressed-tensors actorder group)
+    const char *input_scale;  // static activations: "input_scale" (one element)
+    enum quant_layout layout; // how values / scales / zeros are laid out in the files
+    bool gptq_zero_plus_one;  // GPTQ v1: the stored zero is the zero minus 1
+    bool gidx_required;       // desc_act / actorder group: the g_idx tensor must be there
 };
 
 // Fills *plan for `module` under config c (a checked config: model_quant_check passed).

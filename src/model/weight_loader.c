@@ -550,6 +550,254 @@ static void dummy_scales(const struct quant_weight_plan *p, int64_t rows, int64_
         out[i] = s * (0.75f + 0.5f * (float)(i % 7) / 7.0f);
 }
 
+// ---- Integer weights with zero points, g_idx maps, GPTQ / AWQ layouts, static input scales
+// (issue 19 part 3; quant.h's enum quant_layout describes the stored layouts). Every layout
+// becomes core/weight.h's GROUP rows: values as packed fields offset 2^(bits-1) (the unsigned
+// GPTQ / AWQ values are those fields as they are), zero points as F32 in q's units.
+
+// Reads <module>.<suffix> as an I32 tensor of exactly ne0 x ne1 (ne1 = 0: 1-D of ne0), or (for
+// a 1-D tensor) any (ne0) / (ne0, 1) spelling.
+static atomc_status get_i32_tensor(struct weight_loader *L, const char *wname, const char *suffix, int64_t ne0,
+                                   int64_t ne1, struct tensor *t, struct error *err) {
+    char name[224];
+    quant_tensor_name(name, sizeof name, wname, suffix);
+    atomc_status st = model_files_get_tensor(L->files, name, t, err);
+    if (st != ATOMC_OK) return st;
+    if (t->dtype != DTYPE_I32)
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s is %s; it must be I32", name, dtype_name(t->dtype));
+    bool ok = ne1 > 0 ? t->ndim == 2 && t->ne[0] == ne0 && t->ne[1] == ne1 : tensor_numel(t) == ne0 && t->ndim <= 2;
+    if (!ok) {
+        char got[96];
+        shape_string(got, sizeof got, t);
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s has shape %s, expected (%lld%s%lld)", name, got,
+                         (long long)ne0, ne1 > 0 ? ", " : "", (long long)(ne1 > 0 ? ne1 : 0));
+    }
+    return ATOMC_OK;
+}
+
+// Field i (bits wide, low bits first) of word u.
+static inline int32_t packed_field(uint32_t u, int bits, int i) {
+    return (int32_t)((u >> (bits * i)) & ((1u << bits) - 1u));
+}
+
+// The stored field position of row r within its word. AWQ GEMM interleaves 4-bit rows: nibble i
+// of a word holds row 8j + {0, 2, 4, 6, 1, 3, 5, 7}[i], so row 8j + t sits in nibble slot[t].
+static int packed_slot(enum quant_layout layout, int64_t r, int per) {
+    if (layout != QUANT_LAYOUT_AWQ) return (int)(r % per);
+    static const int slot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    return slot[r % per];
+}
+
+// GPTQ / AWQ values of one (rows, cols) part into host words h (rows, cols / per) in GROUP's
+// layout. GPTQ: qweight (cols / per, rows), the words transposed (the fields keep their order
+// along cols). AWQ: qweight (cols, rows / 8), unpacked from its interleaved order and repacked.
+static atomc_status read_gptq_awq_values(struct weight_loader *L, const char *wname,
+                                         const struct quant_weight_plan *p, int64_t rows, int64_t cols,
+                                         uint32_t *h, struct error *err) {
+    const int per = 32 / p->bits;
+    struct tensor t;
+    if (p->layout == QUANT_LAYOUT_GPTQ) {
+        atomc_status st = get_i32_tensor(L, wname, p->values, cols / per, rows, &t, err);
+        if (st != ATOMC_OK) return st;
+        const uint32_t *q = t.data;
+        for (int64_t kw = 0; kw < cols / per; kw++)
+            for (int64_t r = 0; r < rows; r++)
+                h[r * (cols / per) + kw] = q[kw * rows + r];
+        return ATOMC_OK;
+    }
+    if (rows % per != 0)
+        return error_set(err, ATOMC_ERR_FORMAT, "%s: AWQ packs %d rows per int32 word; %lld rows do not fill them",
+                         wname, per, (long long)rows);
+    atomc_status st = get_i32_tensor(L, wname, p->values, cols, rows / per, &t, err);
+    if (st != ATOMC_OK) return st;
+    const uint32_t *q = t.data;
+    memset(h, 0, sizeof(uint32_t) * (size_t)(rows * (cols / per)));
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t r = 0; r < rows; r++) {
+            const uint32_t v = (uint32_t)packed_field(q[c * (rows / per) + r / per], p->bits,
+                                                      packed_slot(p->layout, r, per));
+            h[r * (cols / per) + c / per] |= v << (p->bits * (c % per));
+        }
+    return ATOMC_OK;
+}
+
+// compressed-tensors int-quantized values: <module>.weight I8 (rows, cols) -> host words h (rows,
+// cols / 4), each value + 128 in its byte field, low bits first (GROUP's 8-bit layout).
+static atomc_status read_ct_int8_values(struct weight_loader *L, const char *wname, int64_t rows, int64_t cols,
+                                        uint32_t *h, struct error *err) {
+    struct tensor t;
+    atomc_status st = model_files_get_tensor(L->files, wname, &t, err);
+    if (st != ATOMC_OK) return st;
+    if (t.dtype != DTYPE_I8 || t.ndim != 2 || t.ne[0] != rows || t.ne[1] != cols) {
+        char got[96];
+        shape_string(got, sizeof got, &t);
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s is %s %s; int-quantized weights are I8 (%lld, %lld)", wname,
+                         dtype_name(t.dtype), got, (long long)rows, (long long)cols);
+    }
+    const int8_t *q = t.data;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c += 4) {
+            uint32_t u = 0;
+            for (int i = 0; i < 4; i++)
+                u |= (uint32_t)(uint8_t)(q[r * cols + c + i] + 128) << (8 * i);
+            h[r * (cols / 4) + c / 4] = u;
+        }
+    return ATOMC_OK;
+}
+
+// GPTQ / AWQ scales (groups, rows) of any float dtype -> out (rows, groups) F32, checked.
+static atomc_status read_gptq_awq_scales(struct weight_loader *L, const char *wname,
+                                         const struct quant_weight_plan *p, int64_t rows, int64_t groups, float *out,
+                                         struct error *err) {
+    char name[224];
+    quant_tensor_name(name, sizeof name, wname, p->scale);
+    struct tensor t;
+    atomc_status st = model_files_get_tensor(L->files, name, &t, err);
+    if (st != ATOMC_OK) return st;
+    if (t.dtype != DTYPE_F32 && t.dtype != DTYPE_BF16 && t.dtype != DTYPE_F16)
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s is %s; scales must be F32, BF16 or F16", name,
+                         dtype_name(t.dtype));
+    if (t.ndim != 2 || t.ne[0] != groups || t.ne[1] != rows) {
+        char got[96];
+        shape_string(got, sizeof got, &t);
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s has shape %s, expected (%lld, %lld)", name, got,
+                         (long long)groups, (long long)rows);
+    }
+    float *tmp = malloc(sizeof(float) * (size_t)(rows * groups));
+    if (!tmp) return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory for %s", name);
+    dtype_to_f32(t.dtype, t.data, tmp, rows * groups);
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t r = 0; r < rows; r++)
+            out[r * groups + g] = tmp[g * rows + r];
+    free(tmp);
+    for (int64_t i = 0; i < rows * groups; i++)
+        if (!isfinite(out[i]))
+            return error_set(err, ATOMC_ERR_FORMAT, "tensor %s: scale %lld is not finite", name, (long long)i);
+    return ATOMC_OK;
+}
+
+// Zero points of one part -> out (rows, groups) F32 in q's units (the zero minus 2^(bits-1)).
+// compressed-tensors: weight_zero_point (ceil(rows / per), groups), packed along rows, offset
+// 2^(bits-1) like the values (so the field minus the offset is the signed zero). GPTQ: qzeros
+// (groups, rows / per) packed along rows, unsigned, +1 in the v1 format. AWQ: qzeros (groups,
+// rows / 8) in its nibble order, unsigned.
+static atomc_status read_zeros(struct weight_loader *L, const char *wname, const struct quant_weight_plan *p,
+                               int64_t rows, int64_t groups, float *out, struct error *err) {
+    const int per = 32 / p->bits, off = 1 << (p->bits - 1);
+    struct tensor t;
+    atomc_status st;
+    if (p->layout == QUANT_LAYOUT_CT) {
+        if ((st = get_i32_tensor(L, wname, p->zero, (rows + per - 1) / per, groups, &t, err)) != ATOMC_OK) return st;
+        const uint32_t *z = t.data;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t g = 0; g < groups; g++)
+                out[r * groups + g] = (float)(packed_field(z[(r / per) * groups + g], p->bits, (int)(r % per)) - off);
+        return ATOMC_OK;
+    }
+    if (rows % per != 0)
+        return error_set(err, ATOMC_ERR_FORMAT, "%s: %s packs %d rows per int32 word of zeros; %lld rows do not fill "
+                         "them", wname, p->layout == QUANT_LAYOUT_GPTQ ? "GPTQ" : "AWQ", per, (long long)rows);
+    if ((st = get_i32_tensor(L, wname, p->zero, groups, rows / per, &t, err)) != ATOMC_OK) return st;
+    const uint32_t *z = t.data;
+    const int plus = p->gptq_zero_plus_one ? 1 : 0;
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t r = 0; r < rows; r++)
+            out[r * groups + g] =
+                (float)(packed_field(z[g * (rows / per) + r / per], p->bits, packed_slot(p->layout, r, per)) + plus -
+                        off);
+    return ATOMC_OK;
+}
+
+// The column -> group map of one part into gidx (cols), checked (0 <= g < groups). *present =
+// false when the checkpoint stores none (allowed unless the plan requires it); *trivial when
+// every column's group is c / group_cols (the map then adds nothing).
+static atomc_status read_gidx(struct weight_loader *L, const char *wname, const struct quant_weight_plan *p,
+                              int64_t cols, int64_t groups, int64_t group_cols, int32_t *gidx, bool *present,
+                              bool *trivial, struct error *err) {
+    char name[224];
+    quant_tensor_name(name, sizeof name, wname, p->gidx);
+    *present = model_files_has_tensor(L->files, name);
+    *trivial = true;
+    if (!*present) {
+        if (p->gidx_required)
+            return error_set(err, ATOMC_ERR_FORMAT, "%s: the config orders columns by activation (%s) but %s is missing",
+                             L->m->cfg.quant.origin, p->layout == QUANT_LAYOUT_GPTQ ? "desc_act" : "actorder group",
+                             name);
+        return ATOMC_OK;
+    }
+    struct tensor t;
+    atomc_status st = get_i32_tensor(L, wname, p->gidx, cols, 0, &t, err);
+    if (st != ATOMC_OK) return st;
+    memcpy(gidx, t.data, sizeof(int32_t) * (size_t)cols);
+    for (int64_t c = 0; c < cols; c++) {
+        if (gidx[c] < 0 || gidx[c] >= groups)
+            return error_set(err, ATOMC_ERR_FORMAT, "tensor %s: column %lld's group %d is outside [0, %lld)", name,
+                             (long long)c, (int)gidx[c], (long long)groups);
+        if (gidx[c] != c / group_cols) *trivial = false;
+    }
+    return ATOMC_OK;
+}
+
+// The one-element static input scale of one part (<module>.input_scale), checked (> 0, finite).
+static atomc_status read_input_scale(struct weight_loader *L, const char *wname, const struct quant_weight_plan *p,
+                                     float *out, struct error *err) {
+    char name[224];
+    quant_tensor_name(name, sizeof name, wname, p->input_scale);
+    struct tensor t;
+    atomc_status st = model_files_get_tensor(L->files, name, &t, err);
+    if (st != ATOMC_OK) return error_prefix(err, "static activation scale: ");
+    if ((t.dtype != DTYPE_F32 && t.dtype != DTYPE_BF16 && t.dtype != DTYPE_F16) || tensor_numel(&t) != 1 ||
+        t.ndim > 2)
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s (%s, %lld elements) must be one F32 / BF16 / F16 value; "
+                         "only per-tensor static activation scales are implemented", name, dtype_name(t.dtype),
+                         (long long)tensor_numel(&t));
+    dtype_to_f32(t.dtype, t.data, out, 1);
+    if (!(*out > 0.0f) || !isfinite(*out))
+        return error_set(err, ATOMC_ERR_FORMAT, "tensor %s: the input scale %g is not a positive finite number", name,
+                         (double)*out);
+    return ATOMC_OK;
+}
+
+// Part i's zero points (into zdst, (rows, groups), when the plan has them), g_idx (the first
+// part's into gidx; later parts must store the same map, as q / k / v or gate / up do, their
+// columns being one input) and static input scale (the fused parts must agree: one scale
+// quantizes their common input).
+static atomc_status read_part_extras(struct weight_loader *L, const char *wname, const struct quant_weight_plan *p,
+                                     int i, bool stacked, int64_t rows, int64_t cols, int64_t groups, float *zdst,
+                                     int32_t *gidx, int32_t *gpart, bool *gidx_used, float *act_scale,
+                                     struct error *err) {
+    atomc_status st = ATOMC_OK;
+    if (zdst) st = read_zeros(L, wname, p, rows, groups, zdst, err);
+    if (st == ATOMC_OK && gidx) {
+        bool present, trivial;
+        const int64_t gcols = p->block_cols > 0 ? p->block_cols : cols;
+        st = read_gidx(L, wname, p, cols, groups, gcols, i == 0 ? gidx : gpart, &present, &trivial, err);
+        if (st == ATOMC_OK && present && !trivial && stacked)
+            st = error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: %s: MoE experts with a column -> group map (desc_act / "
+                           "actorder g_idx) are not implemented", L->m->cfg.quant.origin, wname);
+        if (st == ATOMC_OK && i == 0) {
+            *gidx_used = present && !trivial;
+        } else if (st == ATOMC_OK) {
+            const bool same = present ? !memcmp(gidx, gpart, sizeof(int32_t) * (size_t)cols) || (trivial && !*gidx_used)
+                                      : !*gidx_used;
+            if (!same)
+                st = error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: %s's column -> group map (g_idx) differs from the other "
+                               "parts fused with it; fusing differently ordered parts is not implemented",
+                               L->m->cfg.quant.origin, wname);
+        }
+    }
+    if (st == ATOMC_OK && p->input_scale) {
+        float v;
+        st = read_input_scale(L, wname, p, &v, err);
+        if (st == ATOMC_OK && i > 0 && v != *act_scale)
+            st = error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: %s's static input scale %g differs from %g of the parts fused "
+                           "with it (one input, one scale); such checkpoints are not implemented",
+                           L->m->cfg.quant.origin, wname, (double)v, (double)*act_scale);
+        *act_scale = v;
+    }
+    return st;
+}
+
 // Loads the n parts names[i] (rows[i] x cols each; n = parts x E, expert-major) of a quantized
 // is_weight entry into *w, under plan p; stacked (per-expert entries): (E, rows, cols) views.
 static atomc_status load_quantized(struct weight_loader *L, struct weight *w, int n, int E, bool stacked,
@@ -597,8 +845,16 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
     float *scale = malloc(sbytes), *part = NULL;
     void *vals = b->ops->alloc(b, vbytes);
     void *sdev = b->ops->alloc(b, sbytes);
+    // Part 3: zero points (scale's layout), a shared column -> group map, a static input scale.
+    const bool zeros = p->zero && L->files, want_gidx = p->gidx && L->files;
+    float *zero = zeros ? malloc(sbytes) : NULL, act_scale = 0.0f;
+    int32_t *gidx = want_gidx ? malloc(sizeof(int32_t) * (size_t)cols) : NULL;
+    int32_t *gpart = want_gidx ? malloc(sizeof(int32_t) * (size_t)cols) : NULL;
+    uint32_t *hvals = NULL; // GPTQ / AWQ values repacked on the host
+    bool gidx_used = false;
+    void *zdev = NULL, *gdev = NULL;
     atomc_status st = ATOMC_OK;
-    if (!scale || !vals || !sdev) {
+    if (!scale || !vals || !sdev || (zeros && !zero) || (want_gidx && (!gidx || !gpart))) {
         st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for quantized %s", vbytes + sbytes,
                        names[0]);
         goto done;
@@ -617,10 +873,29 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
         if (!L->files) { // dummy weights of a quantized config
             st = dummy_values(L, p, rows[i], stored_cols, vdst, err);
             dummy_scales(p, rows[i], cols, part, &sr, &sc);
+        } else if (p->layout != QUANT_LAYOUT_CT) { // GPTQ / AWQ / int-quantized: repacked into GROUP rows
+            scale_shape(p, rows[i], cols, &sr, &sc);
+            free(hvals);
+            hvals = malloc(sizeof(uint32_t) * (size_t)(rows[i] * stored_cols));
+            if (!hvals) {
+                st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "out of host memory to repack %s", names[i]);
+                break;
+            }
+            st = p->layout == QUANT_LAYOUT_CT_INT8 ? read_ct_int8_values(L, names[i], rows[i], cols, hvals, err)
+                                                   : read_gptq_awq_values(L, names[i], p, rows[i], cols, hvals, err);
+            if (st == ATOMC_OK) {
+                b->ops->copy_h2d(b, vdst, hvals, sizeof(uint32_t) * (size_t)(rows[i] * stored_cols));
+                b->ops->synchronize(b);
+                st = p->layout == QUANT_LAYOUT_CT_INT8 ? read_scale(L, names[i], p, rows[i], cols, part, &sr, &sc, err)
+                                                       : read_gptq_awq_scales(L, names[i], p, rows[i], sc, part, err);
+            }
         } else {
             st = copy_values(L, names[i], p, rows[i], cols, stored_cols, vdst, err);
             if (st == ATOMC_OK) st = read_scale(L, names[i], p, rows[i], cols, part, &sr, &sc, err);
         }
+        if (st == ATOMC_OK && L->files)
+            st = read_part_extras(L, names[i], p, i, stacked, rows[i], cols, sc, zero ? zero + srow_off * scols : NULL,
+                                  gidx, gpart, &gidx_used, &act_scale, err);
         if (st != ATOMC_OK) break;
         float *dst = scale + srow_off * scols;
         if (scheme == WEIGHT_SCHEME_BLOCK) { // part rows in blocks of br (br divides them when n > 1)
@@ -641,12 +916,36 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
     if (st != ATOMC_OK) goto done;
     CHECK(srow_off == srows && row_off == R);
     b->ops->copy_h2d(b, sdev, scale, sbytes);
+    if (zero) { // all-zero zero points (symmetric GPTQ: stored 2^(bits-1)) add nothing: dropped
+        bool any = false;
+        for (int64_t i = 0; i < srows * scols && !any; i++)
+            any = zero[i] != 0.0f;
+        if (!any) {
+            free(zero);
+            zero = NULL;
+        }
+    }
+    if (zero) {
+        if (!(zdev = b->ops->alloc(b, sbytes))) {
+            st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate the zero points of %s", names[0]);
+            goto done;
+        }
+        b->ops->copy_h2d(b, zdev, zero, sbytes);
+    }
+    if (gidx_used) {
+        if (!(gdev = b->ops->alloc(b, sizeof(int32_t) * (size_t)cols))) {
+            st = error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate the g_idx of %s", names[0]);
+            goto done;
+        }
+        b->ops->copy_h2d(b, gdev, gidx, sizeof(int32_t) * (size_t)cols);
+    }
     b->ops->synchronize(b);
     *w = (struct weight){.scheme = scheme,
                          .block_rows = scheme == WEIGHT_SCHEME_BLOCK ? br : p->block_rows,
                          .block_cols = p->block_cols,
                          .bits = packed ? p->bits : 0,
-                         .act = m->quant_weight_only ? WEIGHT_ACT_NONE : p->act};
+                         .act = m->quant_weight_only ? WEIGHT_ACT_NONE : p->act,
+                         .act_scale = weight_act_static(p->act) ? (L->files ? act_scale : 0.01f) : 0.0f};
     if (stacked) {
         w->t = tensor_make(vals, p->values_dtype, 3, (int64_t[]){E, R / E, stored_cols});
         w->scale = scheme == WEIGHT_SCHEME_PER_CHANNEL
@@ -658,14 +957,23 @@ static atomc_status load_quantized(struct weight_loader *L, struct weight *w, in
                        ? tensor_make(sdev, DTYPE_F32, 1, (int64_t[]){srows})
                        : tensor_2d(sdev, DTYPE_F32, srows, scols);
     }
-    m->weight_bytes += vbytes + sbytes;
-    m->weight_bytes_by_scheme[scheme] += vbytes + sbytes;
-    vals = sdev = NULL;
+    if (zdev) w->zero = tensor_make(zdev, DTYPE_F32, w->scale.ndim, w->scale.ne);
+    if (gdev) w->gidx = tensor_make(gdev, DTYPE_I32, 1, (int64_t[]){cols});
+    const size_t extra = (zdev ? sbytes : 0) + (gdev ? sizeof(int32_t) * (size_t)cols : 0);
+    m->weight_bytes += vbytes + sbytes + extra;
+    m->weight_bytes_by_scheme[scheme] += vbytes + sbytes + extra;
+    vals = sdev = zdev = gdev = NULL;
 done:
     if (vals) b->ops->free(b, vals);
     if (sdev) b->ops->free(b, sdev);
+    if (zdev) b->ops->free(b, zdev);
+    if (gdev) b->ops->free(b, gdev);
     free(scale);
     free(part);
+    free(zero);
+    free(gidx);
+    free(gpart);
+    free(hvals);
     return st;
 }
 

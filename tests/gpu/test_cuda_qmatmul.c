@@ -4,7 +4,8 @@
 // Every scheme the loader produces: FP8 E4M3 per tensor / per channel / 128x128 blocks (and a
 // regridded 32-row block grid), each weight-only and with its dynamic FP8 activations (per
 // token; per token and 128-column group for blocks); INT4 and INT8 packed in I32 words with
-// group-32 / group-128 / per-channel scales, weight-only and INT8-per-token W8A8. Odd sizes
+// group-32 / group-128 / per-channel scales, weight-only and INT8-per-token W8A8; GROUP weights
+// with zero points and a column -> group map, static FP8 / INT8 activations. Odd sizes
 // (k not a multiple of 16: the GEMVs' scalar path and the dequantize-GEMM fallback; partial
 // blocks and groups; k-block counts that are not a multiple of 4: the padded scale copy of the
 // cuBLASLt block-scaled GEMM; token counts not a multiple of 4: its padded rows). Rows 1, 3
@@ -153,7 +154,30 @@ struct hq {
     size_t vbytes;
     float *scale;
     int64_t ns, sr, sc;
+    float *zero;   // GROUP zero points in scale's layout (NULL: none)
+    int32_t *gidx; // GROUP column -> group map (k; NULL: none)
 };
+
+// Random zero points in [-2^(bits-1), 2^(bits-1)) (q's units) for a GROUP weight.
+static void hq_add_zero(struct hq *q) {
+    const int off = 1 << (q->bits - 1);
+    q->zero = malloc(sizeof(float) * (size_t)q->ns);
+    for (int64_t i = 0; i < q->ns; i++)
+        q->zero[i] = (float)((int)(rng_next() >> 40) % (2 * off) - off);
+}
+
+// A random act-order map: the contiguous group of each column, shuffled (GPTQ desc_act).
+static void hq_add_map(struct hq *q) {
+    q->gidx = malloc(sizeof(int32_t) * (size_t)q->k);
+    for (int64_t c = 0; c < q->k; c++)
+        q->gidx[c] = (int32_t)(c / q->bc);
+    for (int64_t c = q->k - 1; c > 0; c--) {
+        int64_t j = (int64_t)(rng_next() % (uint64_t)(c + 1));
+        int32_t t = q->gidx[c];
+        q->gidx[c] = q->gidx[j];
+        q->gidx[j] = t;
+    }
+}
 
 static struct hq hq_make(enum weight_scheme s, int E, int bits, int64_t m, int64_t k, int br, int bc) {
     struct hq q = {.scheme = s, .E = E, .bits = bits, .br = br, .bc = bc, .m = m, .k = k};
@@ -190,6 +214,8 @@ static struct hq hq_make(enum weight_scheme s, int E, int bits, int64_t m, int64
 static void hq_free(struct hq *q) {
     free(q->vals);
     free(q->scale);
+    free(q->zero);
+    free(q->gidx);
 }
 
 // The weight on backend b (values and scales copied as they are).
@@ -212,6 +238,13 @@ static struct weight hq_put(struct pool *P, struct backend *b, const struct hq *
     w.block_cols = q->bc;
     w.bits = q->bits;
     w.act = act;
+    if (q->zero) {
+        float *z = pool_put(P, b, q->zero, sizeof(float) * (size_t)q->ns);
+        w.zero = tensor_make(z, DTYPE_F32, w.scale.ndim, w.scale.ne);
+    }
+    if (q->gidx)
+        w.gidx = tensor_make(pool_put(P, b, q->gidx, sizeof(int32_t) * (size_t)q->k), DTYPE_I32, 1,
+                             (int64_t[]){q->k});
     return w;
 }
 
@@ -246,9 +279,17 @@ static const struct qcase {
 
 static const int NS[] = {1, 3, 8, 9, 33, 200};
 
-static void run_case(const struct qcase *c, int n, bool with_bias, enum dtype ot) {
+// Zero points, a column -> group map and a static activation scale (0: none) for a case.
+struct qextra {
+    bool zero, map;
+    float act_scale;
+};
+
+static void run_case_x(const struct qcase *c, const struct qextra *x, int n, bool with_bias, enum dtype ot) {
     struct pool P = {0};
     struct hq q = hq_make(c->s, 1, c->bits, c->m, c->k, c->br, c->bc);
+    if (x->zero) hq_add_zero(&q);
+    if (x->map) hq_add_map(&q);
     const int64_t m = c->m, k = c->k;
     float *xh = malloc(sizeof(float) * (size_t)(n * k)), *bh = malloc(sizeof(float) * (size_t)m);
     for (int64_t i = 0; i < n * k; i++)
@@ -256,6 +297,7 @@ static void run_case(const struct qcase *c, int n, bool with_bias, enum dtype ot
     for (int64_t j = 0; j < m; j++)
         bh[j] = ot == DTYPE_BF16 ? round_bf16(rng_sym(0.5f)) : rng_sym(0.5f);
     struct weight wc = hq_put(&P, cpu_be, &q, c->act), wg = hq_put(&P, gpu_be, &q, c->act);
+    wc.act_scale = wg.act_scale = x->act_scale;
     struct weight wc_only = wc;
     wc_only.act = WEIGHT_ACT_NONE;
     struct tensor xc = put_f(&P, cpu_be, DTYPE_F32, n, k, xh), xg = put_f(&P, gpu_be, DTYPE_BF16, n, k, xh);
@@ -270,9 +312,10 @@ static void run_case(const struct qcase *c, int n, bool with_bias, enum dtype ot
     float *fc = get_f(cpu_be, &yc), *fw = get_f(cpu_be, &yw), *fg = get_f(gpu_be, &yg);
     double e = nmse(fg, fc, n * m), ea = nmse(fg, fw, n * m);
     if (!(e >= 0 && e <= NMSE_Q))
-        test_fail(__FILE__, __LINE__, "%s bits %d %lldx%lld br %d bc %d act %s n=%d bias=%d out %s: nmse %g > %g",
+        test_fail(__FILE__, __LINE__,
+                  "%s bits %d %lldx%lld br %d bc %d act %s zero %d map %d n=%d bias=%d out %s: nmse %g > %g",
                   weight_scheme_name(c->s), c->bits, (long long)m, (long long)k, c->br, c->bc, weight_act_name(c->act),
-                  n, with_bias, dtype_name(ot), e, NMSE_Q);
+                  x->zero, x->map, n, with_bias, dtype_name(ot), e, NMSE_Q);
     if (c->act != WEIGHT_ACT_NONE && !(ea > NMSE_ACT_MIN))
         test_fail(__FILE__, __LINE__, "%s act %s n=%d: GPU result equals the weight-only product (nmse %g)",
                   weight_scheme_name(c->s), weight_act_name(c->act), n, ea);
@@ -283,6 +326,11 @@ static void run_case(const struct qcase *c, int n, bool with_bias, enum dtype ot
     free(bh);
     hq_free(&q);
     ASSERT_EQ(pool_release(&P), 0);
+}
+
+static void run_case(const struct qcase *c, int n, bool with_bias, enum dtype ot) {
+    const struct qextra none = {false, false, 0.0f};
+    run_case_x(c, &none, n, with_bias, ot);
 }
 
 TEST(cuda_qmatmul_matches_cpu_every_scheme) {
@@ -300,6 +348,32 @@ TEST(cuda_qmatmul_bias_and_f32_output) {
             run_case(&QCASES[idx[i]], NS[ni] + 2 * ni, true, DTYPE_BF16);
             run_case(&QCASES[idx[i]], NS[ni + 1], ni == 2, DTYPE_F32);
         }
+}
+
+// Issue 19 part 3: GROUP weights with zero points (GPTQ / AWQ / asymmetric compressed-tensors)
+// and a column -> group map (desc_act), and static activation scales (x up to +-6: the scales
+// below saturate the largest inputs), against the CPU.
+TEST(cuda_qmatmul_zero_points_gidx_static_match_cpu) {
+    ASSERT_TRUE(backends_ready());
+    static const struct {
+        struct qcase c;
+        struct qextra x;
+    } cases[] = {
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 32, 100, 320, WEIGHT_ACT_NONE}, {true, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 128, 256, 1024, WEIGHT_ACT_NONE}, {true, true, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 8, 1, 32, 96, 200, WEIGHT_ACT_NONE}, {true, true, 0.0f}}, // k % 16 != 0
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 36, 40, 72, WEIGHT_ACT_NONE}, {true, false, 0.0f}},  // groups split words
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 200, 64, 200, WEIGHT_ACT_NONE}, {true, false, 0.0f}}, // per channel
+        {{WEIGHT_SCHEME_GROUP, 8, 1, 256, 128, 256, WEIGHT_ACT_INT8_TOKEN}, {true, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 8, 1, 64, 128, 256, WEIGHT_ACT_INT8_STATIC}, {false, false, 6.0f / 127 / 2}},
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 32, 96, 256, WEIGHT_ACT_INT8_STATIC}, {true, true, 6.0f / 127 / 2}},
+        {{WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 512, 1024, WEIGHT_ACT_FP8_STATIC}, {false, false, 6.0f / 448 / 2}},
+        {{WEIGHT_SCHEME_PER_TENSOR, 0, 0, 0, 96, 160, WEIGHT_ACT_FP8_STATIC}, {false, false, 6.0f / 448 / 2}},
+        {{WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 300, 200, WEIGHT_ACT_FP8_STATIC}, {false, false, 1.0f / 448}},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++)
+            run_case_x(&cases[ci].c, &cases[ci].x, NS[ni], ni == 2, ni == 4 ? DTYPE_F32 : DTYPE_BF16);
 }
 
 // A captured graph of a quantized GEMV and GEMM replays the eager result after x changes in place.
@@ -348,14 +422,19 @@ TEST(cuda_moe_experts_quantized_match_cpu) {
         enum weight_scheme s;
         int bits, br, bc;
         enum weight_act act;
+        bool zero;       // zero points (issue 19 part 3)
+        float act_scale; // static activations
     } cases[] = {
-        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_FP8_GROUP},
-        {WEIGHT_SCHEME_BLOCK, 0, 32, 128, WEIGHT_ACT_FP8_GROUP}, // regridded 32-row gate / up parts
-        {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, WEIGHT_ACT_FP8_TOKEN},
-        {WEIGHT_SCHEME_PER_TENSOR, 0, 0, 0, WEIGHT_ACT_FP8_TOKEN},
-        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_NONE},
-        {WEIGHT_SCHEME_GROUP, 4, 1, 128, WEIGHT_ACT_NONE}, // W4A16 experts
-        {WEIGHT_SCHEME_GROUP, 8, 1, 32, WEIGHT_ACT_NONE},
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_FP8_GROUP, false, 0.0f},
+        {WEIGHT_SCHEME_BLOCK, 0, 32, 128, WEIGHT_ACT_FP8_GROUP, false, 0.0f}, // regridded 32-row gate / up parts
+        {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, WEIGHT_ACT_FP8_TOKEN, false, 0.0f},
+        {WEIGHT_SCHEME_PER_TENSOR, 0, 0, 0, WEIGHT_ACT_FP8_TOKEN, false, 0.0f},
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_NONE, false, 0.0f},
+        {WEIGHT_SCHEME_GROUP, 4, 1, 128, WEIGHT_ACT_NONE, false, 0.0f}, // W4A16 experts
+        {WEIGHT_SCHEME_GROUP, 8, 1, 32, WEIGHT_ACT_NONE, false, 0.0f},
+        {WEIGHT_SCHEME_GROUP, 4, 1, 32, WEIGHT_ACT_NONE, true, 0.0f}, // GPTQ / AWQ-style experts
+        {WEIGHT_SCHEME_GROUP, 8, 1, 128, WEIGHT_ACT_NONE, true, 0.0f},
+        {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, WEIGHT_ACT_FP8_STATIC, false, 1.0f / 448},
     };
     const int E = 8, slots = 3;
     // I 192: one and a half 128-column groups; H 64, I 32: single partial blocks (qwen3_moe_fp8_block)
@@ -369,10 +448,15 @@ TEST(cuda_moe_experts_quantized_match_cpu) {
                 struct pool P = {0};
                 struct hq gu = hq_make(cases[ci].s, E, cases[ci].bits, 2 * I, H, cases[ci].br, cases[ci].bc);
                 struct hq dn = hq_make(cases[ci].s, E, cases[ci].bits, H, I, cases[ci].br, cases[ci].bc);
+                if (cases[ci].zero) {
+                    hq_add_zero(&gu);
+                    hq_add_zero(&dn);
+                }
                 struct weight guc = hq_put(&P, cpu_be, &gu, cases[ci].act);
                 struct weight gug = hq_put(&P, gpu_be, &gu, cases[ci].act);
                 struct weight dnc = hq_put(&P, cpu_be, &dn, cases[ci].act);
                 struct weight dng = hq_put(&P, gpu_be, &dn, cases[ci].act);
+                guc.act_scale = gug.act_scale = dnc.act_scale = dng.act_scale = cases[ci].act_scale;
                 float *xh = malloc(sizeof(float) * (size_t)(n * H)), *wh = malloc(sizeof(float) * (size_t)(n * slots));
                 int32_t *ih = malloc(sizeof(int32_t) * (size_t)(n * slots));
                 for (int64_t i = 0; i < n * H; i++) xh[i] = round_bf16(rng_sym(1.f));

@@ -7,6 +7,12 @@
 //                        (quant_weight_only) -> refs.json, and with its dynamic per-token-group
 //                        FP8 activations (W8A8, the default) -> refs_w8a8.json
 //                        (tools/make_w8a8_refs.py: torch's fake-quantized forward)
+//   gptq_w4_g64_asym_desc_act_hd64, awq_w4_g64_hd64   GPTQ (zero points, desc_act g_idx) / AWQ GEMM,
+//                        weight-only -> refs.json
+//   fp8_static_hd64      quant_method fp8, per-tensor weights and static input scales: weight-only
+//                        -> refs.json, W8A8 with the stored scales -> refs_w8a8.json
+//   ct_w8a8_int8_static_hd64  compressed-tensors int-quantized INT8 weights, static INT8 activations:
+//                        weight-only -> refs.json, W8A8 -> refs_w8a8.json
 // Prefill logits at the reference positions within BF16_RTOL of max(1, max |ref|) (as
 // test_cuda_models.c: BF16 activations, residual stream and KV; W8A8: W8A8_RTOL, see there),
 // then 16 greedy steps whose decode steps replay CUDA graphs (quantized GEMVs and MoE slot
@@ -44,6 +50,15 @@ static const struct {
     {"ct_w8a16_group128", "refs.json", false, BF16_RTOL},
     {"qwen3_moe_fp8_block", "refs.json", true, BF16_RTOL},
     {"qwen3_moe_fp8_block", "refs_w8a8.json", false, W8A8_RTOL},
+    // Issue 19 part 3 (tests/test_quant_formats.c on the CPU): GPTQ with desc_act's g_idx and zero
+    // points, AWQ GEMM, quant_method fp8 with static per-tensor input scales (weight-only -> refs.json,
+    // W8A8 with the stored scales -> refs_w8a8.json).
+    {"gptq_w4_g64_asym_desc_act_hd64", "refs.json", false, BF16_RTOL},
+    {"awq_w4_g64_hd64", "refs.json", false, BF16_RTOL},
+    {"fp8_static_hd64", "refs.json", true, BF16_RTOL},
+    {"fp8_static_hd64", "refs_w8a8.json", false, W8A8_RTOL},
+    {"ct_w8a8_int8_static_hd64", "refs.json", true, BF16_RTOL},
+    {"ct_w8a8_int8_static_hd64", "refs_w8a8.json", false, W8A8_RTOL},
 };
 
 TEST(cuda_quant_models_match_refs) {

@@ -18,12 +18,18 @@ import pytest
 ATOMC = os.environ.get("ATOMC_BIN", "build/atomc")
 QUANT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "quant")
 FIXTURES = ["fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "ct_w4a16_group128", "ct_w4a16_channel",
-            "ct_w8a16_group128", "qwen3_moe_fp8_block"]
+            "ct_w8a16_group128", "qwen3_moe_fp8_block",
+            # issue 19 part 3: zero points, GPTQ / AWQ, int-quantized, static activation scales
+            "ct_w4a16_asym_group32", "gptq_w4_g32_asym_desc_act", "gptq_w8_channel_asym", "awq_w4_g32",
+            "ct_w8a8_int8_token", "ct_w8a8_int8_static", "ct_fp8_static_tensor", "fp8_static"]
 SCHEME = {"fp8_block": "block", "ct_fp8_channel": "per-channel", "ct_fp8_tensor": "per-tensor",  # (fused parts: per-channel, listed after)
           "ct_w4a16_group128": "group", "ct_w4a16_channel": "group", "ct_w8a16_group128": "group",
-          "qwen3_moe_fp8_block": "block"}
+          "qwen3_moe_fp8_block": "block", "ct_w4a16_asym_group32": "group", "gptq_w4_g32_asym_desc_act": "group",
+          "gptq_w8_channel_asym": "group", "awq_w4_g32": "group", "ct_w8a8_int8_token": "group",
+          "ct_w8a8_int8_static": "group", "ct_fp8_static_tensor": "per-tensor", "fp8_static": "per-tensor"}
 MIN_MARGIN = 2e-3  # refs' top-2 margin below which fp32 summation order may flip the argmax
-W8A8 = {"fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "qwen3_moe_fp8_block"}  # refs_w8a8.json
+W8A8 = {"fp8_block", "ct_fp8_channel", "ct_fp8_tensor", "qwen3_moe_fp8_block",  # refs_w8a8.json
+        "ct_w8a8_int8_token", "ct_w8a8_int8_static", "ct_fp8_static_tensor", "fp8_static"}
 W8A8_MIN_MARGIN = 1e-2
 
 
@@ -60,7 +66,9 @@ def test_generate_greedy_matches_refs(name):
 
 STORED = {"fp8_block": "block", "ct_fp8_channel": "per-channel", "ct_fp8_tensor": "per-tensor",
           "ct_w4a16_group128": "group", "ct_w4a16_channel": "group", "ct_w8a16_group128": "group",
-          "qwen3_moe_fp8_block": "block"}
+          "qwen3_moe_fp8_block": "block", "ct_w4a16_asym_group32": "group", "gptq_w4_g32_asym_desc_act": "group",
+          "gptq_w8_channel_asym": "group", "awq_w4_g32": "group", "ct_w8a8_int8_token": "group",
+          "ct_w8a8_int8_static": "group", "ct_fp8_static_tensor": "per-tensor", "fp8_static": "per-tensor"}
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -74,8 +82,9 @@ def test_inspect_shows_each_weight_scheme(name):
     quantized = 0
     for t in tensors:
         base = t["name"].rsplit(".", 1)[0]
-        has_scale = base + ".weight_scale" in names or base + ".weight_scale_inv" in names
-        values = t["name"].endswith(".weight_packed") or (t["name"].endswith(".weight") and t["dtype"] == "F8_E4M3")
+        has_scale = any(base + s in names for s in (".weight_scale", ".weight_scale_inv", ".scales"))
+        values = (t["name"].endswith(".weight_packed") or t["name"].endswith(".qweight") or  # GPTQ / AWQ
+                  (t["name"].endswith(".weight") and t["dtype"] in ("F8_E4M3", "I8")))
         if values and has_scale:
             assert t["scheme"] == STORED[name], t
             quantized += 1

@@ -2,8 +2,9 @@
 // core/weight.h): the reference the GPU kernels are tested against.
 //
 // Contract:
-// - Schemes: PER_TENSOR, PER_CHANNEL and BLOCK over FP8 E4M3 values; GROUP over symmetric
-//   4-bit (or 8-bit) integers packed in I32 words (offset 2^(bits-1), low bits first). Scales
+// - Schemes: PER_TENSOR, PER_CHANNEL and BLOCK over FP8 E4M3 values; GROUP over 4-bit (or
+//   8-bit) integers packed in I32 words (offset 2^(bits-1), low bits first), optionally with F32
+//   zero points (asymmetric: (q - z) * s) and a column -> group map (GPTQ desc_act). Scales
 //   are F32 in the layouts weight.h gives (the loader converts them). MX (MXFP4): U8 bytes of
 //   two e2m1 nibbles and U8 e8m0 exponents per 32 columns, both as the checkpoint stores them;
 //   a value is e2m1 * 2^(e - 127), exact in F32.
@@ -12,7 +13,7 @@
 //   kernel for decode-sized batches and in batch-invariant mode, OpenBLAS sgemm above).
 // - Activations (W8A8): when the weight says so (w->act, set by the loader from the
 //   checkpoint's input_activations: dynamic per-token FP8, per token and 128-column group for
-//   fp8 blocks, per-token INT8), x is quantized first by act_quant_row (core/weight.c, the
+//   fp8 blocks, per-token INT8, or static FP8 / INT8 with the stored input scale), x is quantized first by act_quant_row (core/weight.c, the
 //   definition every backend follows: same scales, same bytes) and the product runs over
 //   the dequantized values f32(xq) * s. That is W8A8 exactly, up to fp32 summation order: the
 //   GPU's tensor-core product sum(xq * wq) * sx * sw differs from it by fp32 rounding only.
@@ -43,7 +44,8 @@ bool cpu_qweight_supported(const struct weight *w) {
         return w->t.dtype == DTYPE_FP8_E4M3 && w->scale.dtype == DTYPE_F32;
     case WEIGHT_SCHEME_GROUP:
         return w->t.dtype == DTYPE_I32 && (w->bits == 4 || w->bits == 8) && w->block_cols > 0 &&
-               w->scale.dtype == DTYPE_F32 && !w->zero.data;
+               w->scale.dtype == DTYPE_F32 && (!w->zero.data || w->zero.dtype == DTYPE_F32) &&
+               (!w->gidx.data || (w->gidx.dtype == DTYPE_I32 && w->t.ndim == 2));
     case WEIGHT_SCHEME_MX:
         return w->t.dtype == DTYPE_U8 && w->scale.dtype == DTYPE_U8 && w->block_cols == 32;
     default:
@@ -60,8 +62,12 @@ struct weight cpu_weight_expert(const struct weight *w, int e) {
     const struct tensor *s = &w->scale;
     CHECK_MSG(s->ne[0] == w->t.ne[0], "expert weight scale has %lld experts, values %lld", (long long)s->ne[0],
               (long long)w->t.ne[0]);
+    CHECK_MSG(!w->gidx.data, "expert weights with a column -> group map");
     int64_t per = tensor_numel(s) / s->ne[0];
     void *sp = (char *)s->data + dtype_row_bytes(s->dtype, per) * (size_t)e;
+    if (w->zero.data) // GROUP zero points: the scales' layout
+        v.zero = tensor_2d((char *)w->zero.data + dtype_row_bytes(w->zero.dtype, per) * (size_t)e, w->zero.dtype,
+                           s->ne[1], s->ne[2]);
     if (s->ndim == 1) // PER_TENSOR (E)
         v.scale = tensor_make(sp, s->dtype, 1, (int64_t[]){1});
     else if (s->ndim == 2) // PER_CHANNEL (E, rows)
@@ -128,29 +134,37 @@ static void qdeq_rows(const struct qdeq *d, int64_t r0, int64_t r1, float *dst) 
             const int bits = w->bits, per = 32 / bits;
             const uint32_t *q = (const uint32_t *)w->t.data + r * (k / per);
             const float *srow = sc + r * d->scols;
+            const float *zrow = w->zero.data ? (const float *)w->zero.data + r * d->scols : NULL;
+            const int32_t *gidx = w->gidx.data;
             const int64_t g = w->block_cols;
-            if (g % per == 0) {
+            // w = (q - z) * s: q and z are small integers, so q - z is exact and the value is one
+            // rounding of the product (z = 0 without zero points: q * s, as before).
+            if (g % per == 0 && !gidx) {
                 for (int64_t c0 = 0, gi = 0; c0 < k; c0 += g, gi++) {
                     const int64_t c1 = c0 + g < k ? c0 + g : k;
-                    const float s = srow[gi];
+                    const float s = srow[gi], z = zrow ? zrow[gi] : 0.0f;
                     if (bits == 4)
                         for (int64_t c = c0; c < c1; c += 8) {
                             const uint32_t u = q[c / 8];
                             for (int i = 0; i < 8; i++)
-                                o[c + i] = (float)((int32_t)((u >> (4 * i)) & 15u) - 8) * s;
+                                o[c + i] = ((float)((int32_t)((u >> (4 * i)) & 15u) - 8) - z) * s;
                         }
                     else
                         for (int64_t c = c0; c < c1; c += 4) {
                             const uint32_t u = q[c / 4];
                             for (int i = 0; i < 4; i++)
-                                o[c + i] = (float)((int32_t)((u >> (8 * i)) & 255u) - 128) * s;
+                                o[c + i] = ((float)((int32_t)((u >> (8 * i)) & 255u) - 128) - z) * s;
                         }
                 }
-            } else { // groups that split words: per value
+            } else { // groups that split words, or a column -> group map: per value
                 const uint32_t mask = (1u << bits) - 1u;
                 const int32_t off = 1 << (bits - 1);
-                for (int64_t c = 0; c < k; c++)
-                    o[c] = (float)((int32_t)((q[c / per] >> (bits * (c % per))) & mask) - off) * srow[c / g];
+                for (int64_t c = 0; c < k; c++) {
+                    const int64_t gi = gidx ? gidx[c] : c / g;
+                    o[c] = ((float)((int32_t)((q[c / per] >> (bits * (c % per))) & mask) - off) -
+                            (zrow ? zrow[gi] : 0.0f)) *
+                           srow[gi];
+                }
             }
         }
     }
@@ -193,6 +207,7 @@ static void qmm_tile_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
 // W8A8: rows [r0, r1) of x quantized and dequantized (act_quant_row) into xq.
 struct actq_ctx {
     enum weight_act act;
+    float act_scale;
     const float *x;
     float *xq;
     int64_t k;
@@ -201,7 +216,7 @@ struct actq_ctx {
 static void actq_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
     struct actq_ctx *a = vctx;
     for (int64_t r = r0; r < r1; r++)
-        act_quant_row(a->act, a->x + r * a->k, a->k, a->xq + r * a->k, NULL, NULL);
+        act_quant_row(a->act, a->x + r * a->k, a->k, a->act_scale, a->xq + r * a->k, NULL, NULL);
     (void)tid;
 }
 
@@ -225,9 +240,11 @@ void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, 
         CHECK(tensor_numel(&w->scale) == 1);
     else if (w->scheme == WEIGHT_SCHEME_MX)
         CHECK(k % 32 == 0 && w->scale.ndim == 2 && w->scale.ne[0] == m && w->scale.ne[1] == k / 32);
-    else
-        CHECK(w->scale.ndim == 2 && w->scale.ne[0] == m && w->scale.ne[1] == (k + w->block_cols - 1) / w->block_cols &&
-              k % (32 / w->bits) == 0);
+    else {
+        CHECK(w->scale.ndim == 2 && w->scale.ne[0] == m && k % (32 / w->bits) == 0);
+        CHECK(w->gidx.data ? tensor_numel(&w->gidx) == k : w->scale.ne[1] == (k + w->block_cols - 1) / w->block_cols);
+        CHECK(!w->zero.data || tensor_numel(&w->zero) == tensor_numel(&w->scale));
+    }
     if (bias) CHECK(tensor_numel(bias) == m);
     if (n == 0) return;
     struct qdeq dq, *d = &dq;
@@ -246,7 +263,7 @@ void cpu_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x, 
         cpu_shared_reserve(c, xq_bytes + bias_bytes + (size_t)tile_rows * (size_t)k * sizeof(float) + 64);
     const float *xin = x->data;
     if (xq_bytes) {
-        struct actq_ctx a = {w->act, x->data, (float *)scr, k};
+        struct actq_ctx a = {w->act, w->act_scale, x->data, (float *)scr, k};
         if (n * k < 65536)
             actq_rows(&a, 0, n, 0);
         else

@@ -73,14 +73,14 @@ __global__ void __launch_bounds__(32 * MOEQ_WARPS)
 template <int FMT, int AF_GU, int AF_DN>
 static void moe_q_launch(cudaStream_t s, __nv_bfloat16 *out, const struct qa_view &ax, const struct qw_view &gu,
                          float *act, const struct qa_view &aa, const struct qw_view &dn, const int32_t *ids,
-                         const float *tw, int n_slots, int64_t n, int E, int64_t H, int64_t I, bool vec_gu,
-                         bool vec_dn, enum weight_act dn_act) {
+                         const float *tw, int n_slots, int64_t n, int E, int64_t H, int64_t I, bool vec_gu, bool vec_dn,
+                         enum weight_act dn_act, float dn_scale) {
     const int64_t R = n * n_slots;
-    pdl_launch(moe_q_gate_up_kernel<FMT, AF_GU>, dim3((unsigned)R, cdiv(I, MOEQ_WARPS)), 32 * MOEQ_WARPS, 0, s, act,
-               ax, gu, ids, n_slots, E, I, vec_gu);
+    pdl_launch(moe_q_gate_up_kernel<FMT, AF_GU>, dim3((unsigned)R, cdiv(I, MOEQ_WARPS)), 32 * MOEQ_WARPS, 0, s, act, ax,
+               gu, ids, n_slots, E, I, vec_gu);
     CUDA_CHECK_LAUNCH();
     if (dn_act != WEIGHT_ACT_NONE)
-        cuda_act_quant(s, dn_act, (uint8_t *)aa.x, (float *)aa.s, NULL, act, true, R, R, I, aa.s_ld);
+        cuda_act_quant(s, dn_act, dn_scale, (uint8_t *)aa.x, (float *)aa.s, NULL, act, true, R, R, I, aa.s_ld);
     pdl_launch(moe_q_down_kernel<FMT, AF_DN>, dim3((unsigned)n, cdiv(H, MOEQ_WARPS)), 32 * MOEQ_WARPS, 0, s, out, aa,
                dn, ids, tw, n_slots, E, H, vec_dn);
     CUDA_CHECK_LAUNCH();
@@ -90,9 +90,9 @@ static size_t moeq_align(size_t b) {
     return (b + 255) & ~(size_t)255;
 }
 
-void cuda_moe_experts_quant(struct backend *b, struct tensor *out, const struct tensor *x,
-                            const struct weight *gate_up, const struct weight *down, const int32_t *topk_ids,
-                            const float *topk_w, int n_slots, void *workspace) {
+void cuda_moe_experts_quant(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
+                            const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
+                            void *workspace) {
     (void)workspace;
     struct cuda_backend *cb = cuda_impl(b);
     cudaStream_t s = cb->stream;
@@ -122,23 +122,24 @@ void cuda_moe_experts_quant(struct backend *b, struct tensor *out, const struct 
     struct qa_view ax = {x->data, NULL, H, 0};
     if (qx) {
         const int64_t s_ld = gate_up->act == WEIGHT_ACT_FP8_GROUP ? n : 0;
-        cuda_act_quant(s, gate_up->act, scr + off_xq, (float *)(scr + off_xs), NULL, x->data, false, n, n, H, s_ld);
+        cuda_act_quant(s, gate_up->act, gate_up->act_scale, scr + off_xq, (float *)(scr + off_xs), NULL, x->data, false,
+                       n, n, H, s_ld);
         ax = (struct qa_view){scr + off_xq, (const float *)(scr + off_xs), H, s_ld};
     }
     float *act = (float *)(scr + off_act);
     struct qa_view aa = {act, NULL, I, 0};
     int af_dn = QA_F32;
     if (qa) {
-        aa = (struct qa_view){scr + off_aq, (const float *)(scr + off_as), I,
-                              down->act == WEIGHT_ACT_FP8_GROUP ? R : 0};
+        aa =
+            (struct qa_view){scr + off_aq, (const float *)(scr + off_as), I, down->act == WEIGHT_ACT_FP8_GROUP ? R : 0};
         af_dn = af_dn0;
     }
     const bool vec_gu = qdot_vec_ok(fmt, af_gu, gu.q, gu.row_bytes, gu.e_bytes, ax.x, H);
     const bool vec_dn = qdot_vec_ok(fmt, af_dn, dn.q, dn.row_bytes, dn.e_bytes, aa.x, I);
     __nv_bfloat16 *o = (__nv_bfloat16 *)out->data;
 #define MOEQ(F, AG, AD)                                                                                                \
-    moe_q_launch<F, AG, AD>(s, o, ax, gu, act, aa, dn, topk_ids, topk_w, n_slots, n, E, H, I, vec_gu, vec_dn,         \
-                            down->act)
+    moe_q_launch<F, AG, AD>(s, o, ax, gu, act, aa, dn, topk_ids, topk_w, n_slots, n, E, H, I, vec_gu, vec_dn,          \
+                            down->act, down->act_scale)
     if (fmt == QW_FP8 && af_gu == QA_FP8 && af_dn == QA_FP8)
         MOEQ(QW_FP8, QA_FP8, QA_FP8);
     else if (fmt == QW_FP8 && af_gu == QA_BF16 && af_dn == QA_F32)

@@ -1,6 +1,7 @@
 // Device building blocks of the quantized matmuls (cuda_qmatmul.cu) and quantized MoE experts
-// (cuda_moe_quant.cu): reading quantized weight rows and (quantized) activation rows as f32,
-// and the dynamic activation quantization of core/weight.h.
+// (cuda_moe_quant.cu): reading quantized weight rows (with zero points and a column -> group
+// map where the weight has them) and (quantized) activation rows as f32, and the dynamic and
+// static activation quantization of core/weight.h.
 //
 // Every value a product multiplies is formed exactly as the CPU reference forms it
 // (cpu_qmatmul.c): a weight is f32(q) * scale (one f32 multiply; FP8 and the integers convert
@@ -25,6 +26,8 @@ enum qa_fmt { QA_BF16 = 0, QA_F32, QA_FP8, QA_INT8 };
 struct qw_view {
     const uint8_t *q;
     const float *s;
+    const float *z;      // GROUP zero points in s's layout (NULL: none); w = (q - z) * s
+    const int32_t *gidx; // GROUP column -> group map (k; NULL: col / bc); 2-D weights only
     int64_t m, k;
     int64_t row_bytes;          // bytes of one row of values
     int64_t s_cols;             // scale columns (BLOCK / GROUP)
@@ -42,17 +45,30 @@ struct qa_view {
     int64_t s_ld;  // 0: one scale per row
 };
 
-__device__ __forceinline__ float qw_scale(const struct qw_view &w, const float *s, int64_t row, int64_t col) {
+// The index of the scale (and zero point) of (row, col) in the weight's scale array.
+__device__ __forceinline__ int64_t qw_sidx(const struct qw_view &w, int64_t row, int64_t col) {
     switch (w.mode) {
     case QS_TENSOR:
-        return s[0];
+        return 0;
     case QS_CHANNEL:
-        return s[row];
+        return row;
     case QS_BLOCK:
-        return s[(row / w.br) * w.s_cols + col / w.bc];
+        return (row / w.br) * w.s_cols + col / w.bc;
     default:
-        return s[row * w.s_cols + col / w.bc];
+        return row * w.s_cols + (w.gidx ? (int64_t)__ldg(w.gidx + col) : col / w.bc);
     }
+}
+
+__device__ __forceinline__ float qw_scale(const struct qw_view &w, const float *s, int64_t row, int64_t col) {
+    return s[qw_sidx(w, row, col)];
+}
+
+// A raw value (q) of (row, col) made a weight: (q - z) * s, z = 0 without zero points (q and z are
+// small integers: q - z is exact, then one rounding, as the CPU's).
+__device__ __forceinline__ float qw_apply(const struct qw_view &w, const float *s, const float *z, int64_t row,
+                                          int64_t col, float q) {
+    const int64_t i = qw_sidx(w, row, col);
+    return (z ? q - z[i] : q) * s[i];
 }
 
 __device__ __forceinline__ float fp8_byte_to_f32(uint32_t b) {
@@ -172,21 +188,23 @@ __device__ __forceinline__ void qdot_lane(float (&acc)[NR], const struct qw_view
                                           const int64_t (&xr)[NR], int nr, bool vec, int lane) {
     const uint8_t *rowp = wq + wrow * w.row_bytes;
     const int64_t k = w.k;
-    // One scale per 16-column chunk unless blocks / groups are narrower or unaligned.
-    const bool chunk_scale = w.mode == QS_TENSOR || w.mode == QS_CHANNEL || w.bc % 16 == 0;
+    const float *wz = w.z ? w.z + (ws - w.s) : nullptr; // this expert's zero points (scale's layout)
+    // One scale per 16-column chunk unless blocks / groups are narrower or unaligned, or mapped.
+    const bool chunk_scale = w.mode == QS_TENSOR || w.mode == QS_CHANNEL || (w.bc % 16 == 0 && !w.gidx);
     int64_t vend = vec ? k / 16 * 16 : 0;
     for (int64_t c = (int64_t)lane * 16; c < vend; c += 32 * 16) {
         float wv[16];
         qw_raw16<FMT>(rowp, c, wv);
         if (chunk_scale) {
-            const float s = qw_scale(w, ws, wrow, c);
+            const int64_t si = qw_sidx(w, wrow, c);
+            const float s = ws[si], z = wz ? wz[si] : 0.f;
 #pragma unroll
             for (int i = 0; i < 16; i++)
-                wv[i] = wv[i] * s;
+                wv[i] = (wz ? wv[i] - z : wv[i]) * s;
         } else {
 #pragma unroll
             for (int i = 0; i < 16; i++)
-                wv[i] = wv[i] * qw_scale(w, ws, wrow, c + i);
+                wv[i] = qw_apply(w, ws, wz, wrow, c + i, wv[i]);
         }
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -199,7 +217,7 @@ __device__ __forceinline__ void qdot_lane(float (&acc)[NR], const struct qw_view
         }
     }
     for (int64_t c = vend + lane; c < k; c += 32) {
-        const float wf = qw_raw1<FMT>(rowp, c) * qw_scale(w, ws, wrow, c);
+        const float wf = qw_apply(w, ws, wz, wrow, c, qw_raw1<FMT>(rowp, c));
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             if (r >= nr) break;
@@ -219,10 +237,10 @@ static inline bool qdot_vec_ok(int fmt, int af, const void *wq, int64_t row_byte
 
 // ---- Dynamic activation quantization (core/weight.h) ----
 
-__device__ __forceinline__ uint8_t act_quant_byte(float v, bool int8) {
+__device__ __forceinline__ uint8_t act_quant_byte(float v, bool int8, float qmin = -127.0f) {
     if (int8) {
         float r = isnan(v) ? 0.0f : rintf(v);
-        r = fminf(fmaxf(r, -127.0f), 127.0f);
+        r = fminf(fmaxf(r, qmin), 127.0f);
         return (uint8_t)(int8_t)r;
     }
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
@@ -236,12 +254,13 @@ __device__ __forceinline__ float act_dequant_byte(uint8_t b, bool int8, float s)
 // QUANT_THREADS per row. GROUP = true: a scale per 128-column group at s[g * s_ld + row];
 // else one per row at s[row] (INT8 or FP8 by `int8`). Rows n .. n_pad - 1 get zeros and
 // scale 1 (padding the cuBLASLt block-scaled GEMM asks for). deq (optional, bf16 (n, k)):
-// the dequantized values rounded to bf16, for the GEMM fallback.
+// the dequantized values rounded to bf16, for the GEMM fallback. static_s > 0: static activations,
+// every row's scale is static_s (no amax; INT8 then reaches -128, compressed-tensors' range).
 #define QUANT_THREADS 256
 template <typename T, bool GROUP>
 __global__ void __launch_bounds__(QUANT_THREADS)
     act_quant_kernel(uint8_t *q, float *s, __nv_bfloat16 *deq, const T *x, int64_t n, int64_t k, int64_t s_ld,
-                     bool int8) {
+                     bool int8, float static_s) {
     pdl_begin();
     const int64_t row = blockIdx.x;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -282,6 +301,14 @@ __global__ void __launch_bounds__(QUANT_THREADS)
             }
             if (lane == 0) s[g * s_ld + row] = sc;
         }
+    } else if (static_s > 0.f) {
+        const float qmin = int8 ? -128.0f : -127.0f;
+        for (int64_t c = threadIdx.x; c < k; c += QUANT_THREADS) {
+            uint8_t b = act_quant_byte(to_f32(xr[c]) / static_s, int8, qmin);
+            qr[c] = b;
+            if (deq) deq[row * k + c] = __float2bfloat16_rn(act_dequant_byte(b, int8, static_s));
+        }
+        if (threadIdx.x == 0) s[row] = static_s;
     } else {
         __shared__ float red[QUANT_THREADS / 32];
         float amax = 0.f;
@@ -310,7 +337,7 @@ struct qw_view cuda_qw_view(const struct weight *w);
 int cuda_qw_fmt(const struct weight *w);
 int cuda_qa_fmt(const struct weight *w);
 void *cuda_qmm_scratch(struct cuda_backend *cb, size_t need);
-void cuda_act_quant(cudaStream_t s, enum weight_act act, uint8_t *q, float *sc, __nv_bfloat16 *deq, const void *x,
-                    bool x_f32, int64_t n, int64_t n_pad, int64_t k, int64_t s_ld);
+void cuda_act_quant(cudaStream_t s, enum weight_act act, float static_scale, uint8_t *q, float *sc,
+                    __nv_bfloat16 *deq, const void *x, bool x_f32, int64_t n, int64_t n_pad, int64_t k, int64_t s_ld);
 
 #endif

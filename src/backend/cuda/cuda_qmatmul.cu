@@ -3,12 +3,15 @@
 // cuda_op_matmul by the weight's scheme. The CPU's cpu_qmatmul.c is the reference.
 //
 // Weights: FP8 E4M3 values per tensor / per channel / in blocks (br x bc, any br: regridded
-// fused weights), or symmetric INT4 / INT8 packed in I32 words (offset 2^(bits-1), low bits
-// first) with group scales. Activations: as the weight's act says (weight-only, FP8 per token,
-// FP8 per token and 128-column group, INT8 per token), quantized by act_quant_kernel
-// (cuda_qdot.cuh: the bytes and scales of core/weight.h's act_quant_row). Implemented
-// combinations: FP8 weights with NONE / FP8_TOKEN / FP8_GROUP, packed integers with NONE /
-// INT8_TOKEN (the loader produces no others; anything else is a CHECK).
+// fused weights), or INT4 / INT8 packed in I32 words (offset 2^(bits-1), low bits first) with
+// group scales, optionally F32 zero points ((q - z) * s) and a column -> group map (GPTQ
+// desc_act). Activations: as the weight's act says (weight-only, FP8 per token, FP8 per token
+// and 128-column group, INT8 per token, static FP8 / INT8 with the stored scale), quantized by
+// act_quant_kernel (cuda_qdot.cuh: the bytes and scales of core/weight.h's act_quant_row).
+// Implemented combinations: FP8 weights with NONE / FP8_TOKEN / FP8_GROUP / FP8_STATIC, packed
+// integers with NONE / INT8_TOKEN / INT8_STATIC (anything else is a CHECK). Static FP8 over
+// per-channel / per-tensor weights takes the per-token cuBLASLt path (every token's scale is the
+// stored one).
 //
 // Paths, by rows n:
 // - n <= QMM_GEMV_MAX_ROWS (decode): qgemv_kernel, a warp per output column streams the weight
@@ -201,7 +204,7 @@ __global__ void qdequant_rows_kernel(__nv_bfloat16 *dst, struct qw_view w, int64
     const int64_t total = rows * w.k;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = r0 + i / w.k, c = i % w.k;
-        dst[i] = __float2bfloat16_rn(qw_raw1<FMT>(w.q + r * w.row_bytes, c) * qw_scale(w, w.s, r, c));
+        dst[i] = __float2bfloat16_rn(qw_apply(w, w.s, w.z, r, c, qw_raw1<FMT>(w.q + r * w.row_bytes, c)));
     }
 }
 
@@ -227,9 +230,8 @@ static unsigned qgrid(int64_t total, int threads) {
 
 static int qw_format(const struct weight *w) {
     if (w->t.dtype == DTYPE_FP8_E4M3) return QW_FP8;
-    CHECK_MSG(w->t.dtype == DTYPE_I32 && (w->bits == 4 || w->bits == 8) && !w->zero.data,
-              "CUDA matmul: weight values %s (%d bits%s) not implemented", dtype_name(w->t.dtype), w->bits,
-              w->zero.data ? ", zero points" : "");
+    CHECK_MSG(w->t.dtype == DTYPE_I32 && (w->bits == 4 || w->bits == 8),
+              "CUDA matmul: weight values %s (%d bits) not implemented", dtype_name(w->t.dtype), w->bits);
     return w->bits == 4 ? QW_INT4 : QW_INT8;
 }
 
@@ -264,7 +266,17 @@ struct qw_view cuda_qw_view(const struct weight *w) {
     case WEIGHT_SCHEME_GROUP:
         CHECK(fmt != QW_FP8 && w->block_cols > 0);
         v.mode = QS_GROUP;
-        v.s_cols = (k + v.bc - 1) / v.bc;
+        v.s_cols = w->gidx.data ? w->scale.ne[w->scale.ndim - 1] : (k + v.bc - 1) / v.bc;
+        if (w->zero.data) {
+            CHECK_MSG(w->zero.dtype == DTYPE_F32 && tensor_numel(&w->zero) == tensor_numel(&w->scale),
+                      "CUDA matmul: zero points must be F32 in the scales' layout");
+            v.z = (const float *)w->zero.data;
+        }
+        if (w->gidx.data) {
+            CHECK_MSG(w->gidx.dtype == DTYPE_I32 && tensor_numel(&w->gidx) == k && !stacked,
+                      "CUDA matmul: a column -> group map is I32 (k), of a 2-D weight");
+            v.gidx = (const int32_t *)w->gidx.data;
+        }
         break;
     default:
         CHECK_MSG(0, "CUDA matmul: weight scheme %s not implemented", weight_scheme_name(w->scheme));
@@ -287,9 +299,11 @@ int cuda_qa_fmt(const struct weight *w) {
         return QA_BF16;
     case WEIGHT_ACT_FP8_TOKEN:
     case WEIGHT_ACT_FP8_GROUP:
+    case WEIGHT_ACT_FP8_STATIC:
         CHECK_MSG(fmt == QW_FP8, "CUDA matmul: FP8 activations over integer weights not implemented");
         return QA_FP8;
     case WEIGHT_ACT_INT8_TOKEN:
+    case WEIGHT_ACT_INT8_STATIC:
         CHECK_MSG(fmt != QW_FP8, "CUDA matmul: INT8 activations over FP8 weights not implemented");
         return QA_INT8;
     default:
@@ -320,24 +334,26 @@ void *cuda_qmm_scratch(struct cuda_backend *cb, size_t need) {
 
 // Quantizes x (n, k) bf16 into q (n_pad, k) + scales as the weight's act says; deq: also the
 // bf16 dequantized copy (may be NULL).
-void cuda_act_quant(cudaStream_t s, enum weight_act act, uint8_t *q, float *sc, __nv_bfloat16 *deq, const void *x,
-                    bool x_f32, int64_t n, int64_t n_pad, int64_t k, int64_t s_ld) {
-    const bool group = act == WEIGHT_ACT_FP8_GROUP, int8 = act == WEIGHT_ACT_INT8_TOKEN;
+void cuda_act_quant(cudaStream_t s, enum weight_act act, float static_scale, uint8_t *q, float *sc,
+                    __nv_bfloat16 *deq, const void *x, bool x_f32, int64_t n, int64_t n_pad, int64_t k, int64_t s_ld) {
+    const bool group = act == WEIGHT_ACT_FP8_GROUP, int8 = weight_act_int8(act);
+    const float st = weight_act_static(act) ? static_scale : 0.0f;
+    CHECK_MSG(!weight_act_static(act) || static_scale > 0.0f, "CUDA act_quant: static scale %g", (double)static_scale);
     if (n_pad == 0) return;
     if (x_f32) {
         if (group)
             pdl_launch(act_quant_kernel<float, true>, (unsigned)n_pad, QUANT_THREADS, 0, s, q, sc, deq,
-                       (const float *)x, n, k, s_ld, int8);
+                       (const float *)x, n, k, s_ld, int8, st);
         else
             pdl_launch(act_quant_kernel<float, false>, (unsigned)n_pad, QUANT_THREADS, 0, s, q, sc, deq,
-                       (const float *)x, n, k, s_ld, int8);
+                       (const float *)x, n, k, s_ld, int8, st);
     } else {
         if (group)
             pdl_launch(act_quant_kernel<__nv_bfloat16, true>, (unsigned)n_pad, QUANT_THREADS, 0, s, q, sc, deq,
-                       (const __nv_bfloat16 *)x, n, k, s_ld, int8);
+                       (const __nv_bfloat16 *)x, n, k, s_ld, int8, st);
         else
             pdl_launch(act_quant_kernel<__nv_bfloat16, false>, (unsigned)n_pad, QUANT_THREADS, 0, s, q, sc, deq,
-                       (const __nv_bfloat16 *)x, n, k, s_ld, int8);
+                       (const __nv_bfloat16 *)x, n, k, s_ld, int8, st);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -414,7 +430,7 @@ static bool qmm_fp8_scaled(struct cuda_backend *cb, struct tensor *out, const st
     uint8_t *scr = (uint8_t *)cuda_qmm_scratch(cb, off_d + qalign(d_bytes));
     uint8_t *xq = scr + off_q;
     float *xs = (float *)(scr + off_s);
-    cuda_act_quant(s, w->act, xq, xs, NULL, x->data, false, n, n_pad, k, block ? n_pad : 0);
+    cuda_act_quant(s, w->act, w->act_scale, xq, xs, NULL, x->data, false, n, n_pad, k, block ? n_pad : 0);
     const float *wsp = (const float *)w->scale.data;
     if (ws_bytes) {
         float *wpad = (float *)(scr + off_ws);
@@ -458,7 +474,7 @@ static void qmm_dequant_gemm(struct cuda_backend *cb, struct tensor *out, const 
     const void *xb = x->data;
     if (qa) {
         __nv_bfloat16 *xd = (__nv_bfloat16 *)(scr + off_x);
-        cuda_act_quant(s, w->act, scr + off_q, (float *)(scr + off_s), xd, x->data, false, n, n, k,
+        cuda_act_quant(s, w->act, w->act_scale, scr + off_q, (float *)(scr + off_s), xd, x->data, false, n, n, k,
                        w->act == WEIGHT_ACT_FP8_GROUP ? n : 0);
         xb = xd;
     }
@@ -515,7 +531,7 @@ void cuda_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x,
             uint8_t *scr = (uint8_t *)cuda_qmm_scratch(cb, qalign((size_t)(n * k)) + sizeof(float) * (size_t)(n * ng));
             float *xs = (float *)(scr + qalign((size_t)(n * k)));
             const int64_t s_ld = w->act == WEIGHT_ACT_FP8_GROUP ? n : 0;
-            cuda_act_quant(s, w->act, scr, xs, NULL, x->data, false, n, n, k, s_ld);
+            cuda_act_quant(s, w->act, w->act_scale, scr, xs, NULL, x->data, false, n, n, k, s_ld);
             a = (struct qa_view){scr, xs, k, s_ld};
         }
         const bool vec = qdot_vec_ok(fmt, af, v.q, v.row_bytes, 0, a.x, k);
@@ -527,7 +543,7 @@ void cuda_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x,
                                   (int)n, vec);
         return;
     }
-    const bool fp8_vec = fmt == QW_FP8 && w->act == WEIGHT_ACT_FP8_TOKEN &&
+    const bool fp8_vec = fmt == QW_FP8 && (w->act == WEIGHT_ACT_FP8_TOKEN || w->act == WEIGHT_ACT_FP8_STATIC) &&
                          (w->scheme == WEIGHT_SCHEME_PER_CHANNEL || w->scheme == WEIGHT_SCHEME_PER_TENSOR);
     const bool fp8_block = fmt == QW_FP8 && w->act == WEIGHT_ACT_FP8_GROUP && w->scheme == WEIGHT_SCHEME_BLOCK &&
                            w->block_rows == 128 && w->block_cols == 128 && k % 128 == 0;
