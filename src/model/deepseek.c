@@ -26,6 +26,13 @@
 // (transformers never converts them); modules_to_not_convert is honoured by quant.c's plans.
 // Other quant methods and quantized checkpoints with more than one shared expert are refused.
 //
+// DSA (GlmMoeDsaForCausalLM = GLM-5, DeepseekV32ForCausalLM; index_n_heads > 0): the same MLA
+// layers plus the lightning indexer (self_attn.indexer.*: wq_b from the normed q_a, wk with a
+// LayerNorm, weights_proj) on every layer whose indexer_types entry is "full"; its keys are cached
+// per token beside the latent (cache_spec.index_dim, kv->v) and each query attends to its
+// index_topk best keys (block_mla.c, backend.h "---- DSA ----"). "shared" layers reuse the previous
+// full layer's selection. Quantized DSA checkpoints and backends without the DSA ops are refused.
+//
 // MTP layers (num_nextn_predict_layers, stored as model.layers.<num_hidden_layers + i>.*) are not
 // loaded: their tensors are marked read with a log line.
 #include <stdlib.h>
@@ -75,6 +82,29 @@ static const struct weight_entry ds_mla_weights[] = {
      .is_weight = true,
      .cols = WDIM_MLA_O,
      .parts = {{"self_attn.o_proj.weight", WDIM_HIDDEN}}},
+    WEIGHT_TABLE_END,
+};
+
+// DSA's lightning indexer (GLM-5 / DeepSeek-V3.2), on the layers that run their own.
+static const struct weight_entry ds_dsa_weights[] = {
+    {.field = L_FIELD(attn.mla.idx_wq_b),
+     .is_weight = true,
+     .cols = WDIM_Q_LORA,
+     .parts = {{"self_attn.indexer.wq_b.weight", WDIM_INDEX_Q}}},
+    {.field = L_FIELD(attn.mla.idx_wk),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
+     .parts = {{"self_attn.indexer.wk.weight", WDIM_INDEX_HEAD}}},
+    {.field = L_FIELD(attn.mla.idx_k_norm),
+     .init = WINIT_NORM,
+     .parts = {{"self_attn.indexer.k_norm.weight", WDIM_INDEX_HEAD}}},
+    {.field = L_FIELD(attn.mla.idx_k_norm_b),
+     .init = WINIT_BIAS,
+     .parts = {{"self_attn.indexer.k_norm.bias", WDIM_INDEX_HEAD}}},
+    {.field = L_FIELD(attn.mla.idx_weights),
+     .is_weight = true,
+     .cols = WDIM_HIDDEN,
+     .parts = {{"self_attn.indexer.weights_proj.weight", WDIM_INDEX_HEADS}}},
     WEIGHT_TABLE_END,
 };
 
@@ -167,6 +197,18 @@ static atomc_status deepseek_check(const struct model_config *c, struct error *e
                          "experts is not implemented (one shared expert is, as DeepSeek-V3 / Kimi-K2 have)",
                          a, c->n_shared_experts);
     if (c->attention_sinks) return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: attention sinks with MLA", a);
+    if (c->index_n_heads > 0) { // DSA
+        if (c->q_lora_rank <= 0 || c->index_head_dim < c->qk_rope_head_dim || c->index_topk <= 0 ||
+            c->index_topk > (1 << 20))
+            return error_set(err, ATOMC_ERR_FORMAT,
+                             "%s config: the DSA indexer needs q_lora_rank > 0 (%d), index_head_dim >= "
+                             "qk_rope_head_dim (%d, %d) and 0 < index_topk <= 2^20 (%d)",
+                             a, c->q_lora_rank, c->index_head_dim, c->qk_rope_head_dim, c->index_topk);
+        if (c->quant.present)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                             "%s: quantized checkpoints with the DSA indexer (quant_method '%s') are not implemented",
+                             a, c->quant.method_name);
+    }
     if (c->num_experts > 0) {
         if (c->num_experts > 1024 || c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts ||
             c->moe_intermediate_size <= 0 || c->n_shared_experts < 0 || c->n_shared_experts > 64)
@@ -210,6 +252,12 @@ static void deepseek_plan_layer(const struct model *m, int l, struct layer_plan 
     if (moe && c->quant.present) {
         p->tables[2] = ds_moe_quant_weights;
         p->tables[3] = NULL;
+    }
+    if (c->index_n_heads > 0 && !c->index_shared[l]) { // DSA: its indexer, its keys beside the latent
+        p->cache.index_dim = c->index_head_dim;
+        for (int t = LAYER_MAX_TABLES - 1; t > 2; t--)
+            p->tables[t] = p->tables[t - 1];
+        p->tables[2] = ds_dsa_weights;
     }
 }
 
@@ -412,7 +460,18 @@ static void deepseek_forward(struct model *m, const int32_t *token_ids, const st
     fwd_end(m, &f);
 }
 
-static const enum model_arch deepseek_archs[] = {MODEL_ARCH_DEEPSEEK_V2, MODEL_ARCH_DEEPSEEK_V3, MODEL_ARCH_UNKNOWN};
+// DSA (scratch.extra): per token the indexer's q (IH ID), k (ID), head weights (IH) and the
+// top-k list (index_topk int32), in act-dtype columns.
+static int64_t deepseek_extra_scratch_cols(const struct model *m) {
+    const struct model_config *c = &m->cfg;
+    if (c->index_n_heads <= 0) return 0;
+    const int64_t e = (int64_t)dtype_row_bytes(m->backend->act_dtype, 1);
+    return (int64_t)c->index_n_heads * c->index_head_dim + c->index_head_dim + c->index_n_heads +
+           ((int64_t)c->index_topk * (int64_t)sizeof(int32_t) + e - 1) / e;
+}
+
+static const enum model_arch deepseek_archs[] = {MODEL_ARCH_DEEPSEEK_V2, MODEL_ARCH_DEEPSEEK_V3, MODEL_ARCH_GLM_MOE_DSA,
+                                                 MODEL_ARCH_DEEPSEEK_V32, MODEL_ARCH_UNKNOWN};
 
 const struct model_arch_def model_arch_deepseek = {
     .family = "deepseek",
@@ -421,4 +480,5 @@ const struct model_arch_def model_arch_deepseek = {
     .plan_layer = deepseek_plan_layer,
     .forward = deepseek_forward,
     .finish_load = deepseek_finish_load,
+    .extra_scratch_cols = deepseek_extra_scratch_cols,
 };
