@@ -1,10 +1,11 @@
 // DeepSeek Sparse Attention (src/model/deepseek.c, block_mla.c, src/backend/cpu/cpu_dsa.c, the
 // sparse path of cpu_mla.c) on the CPU, against transformers:
-// - tests/fixtures/models/glm5_dsa (tools/make_tiny_glm5.py): GlmMoeDsaForCausalLM with index_topk 8,
-//   indexer_types [full, shared, full], prompts of 5 / 13 / 24 tokens. Config and cache spec (the
-//   indexer keys beside the latent on the two full layers only); logits within LOGIT_RTOL of HF's
-//   sparse forward (refs.json) and greedy tokens through the paged caches equal HF's at clear
-//   margins.
+// - tests/fixtures/models/{glm5_dsa, deepseek_v32_dsa} (tools/make_tiny_dsa.py): GlmMoeDsaForCausalLM
+//   (interleaved indexer RoPE, indexer_types [full, shared, full]) and DeepseekV32ForCausalLM
+//   (half-split indexer RoPE, an indexer per layer), index_topk 8, prompts of 5 / 13 / 24 tokens.
+//   Config and cache spec (the indexer keys beside the latent on full layers only); logits within
+//   LOGIT_RTOL of HF's sparse forward (refs.json) and greedy tokens through the paged caches equal
+//   HF's at clear margins.
 // - The sparsity is real: the same checkpoint with index_topk 4096 (a config variant) matches HF's
 //   dense forward (refs_dense.json), while the sparse run is far from it on the 13- and 24-token
 //   prompts and identical on the 5-token one (at most 8 keys: dense is exact there).
@@ -32,12 +33,20 @@
 
 #define LOGIT_RTOL 1e-4
 #define MARGIN_FACTOR 4.0
-#define MODEL "glm5_dsa"
+static const char *const DSA_MODELS[] = {"glm5_dsa", "deepseek_v32_dsa"};
+#define N_DSA 2
+#define MODEL DSA_MODELS[0]
+
+static const char *model_dir_of(const char *name) {
+    static char path[4096];
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    return path;
+}
 
 static const char *model_dir(void) {
-    static char path[4096];
-    snprintf(path, sizeof path, "%s", test_fixture("models/" MODEL));
-    return path;
+    return model_dir_of(MODEL);
 }
 
 static struct runner_options base_options(const char *path) {
@@ -95,7 +104,7 @@ static void run_logits(struct model_runner *r, const struct refs *R, float **lg)
     free(s);
 }
 
-TEST(glm5_dsa_config_and_cache) {
+TEST(dsa_config_and_cache) {
     struct model_config c;
     ASSERT_EQ(parse_config(model_dir(), &c), 0);
     ASSERT_EQ(c.arch, MODEL_ARCH_GLM_MOE_DSA);
@@ -133,70 +142,79 @@ TEST(glm5_dsa_config_and_cache) {
     model_free(m);
     model_files_close(mf);
     backend_destroy(b);
+    // DeepSeek-V3.2: an indexer on every layer, half-split indexer RoPE.
+    ASSERT_EQ(parse_config(model_dir_of("deepseek_v32_dsa"), &c), 0);
+    ASSERT_EQ(c.arch, MODEL_ARCH_DEEPSEEK_V32);
+    ASSERT_TRUE(!c.index_rope_interleaved && c.rope.interleaved);
+    ASSERT_EQ(c.index_topk, 8);
+    for (int l = 0; l < c.num_layers; l++)
+        ASSERT_TRUE(!c.index_shared[l]);
 }
 
-TEST(glm5_dsa_logits_and_greedy_match_hf_sparse) {
-    struct refs R;
-    ASSERT_EQ(refs_load(MODEL, &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
-    struct runner_options o = base_options(model_dir());
-    struct model_runner *r = NULL;
-    struct error err = {0};
-    ASSERT_OK(model_runner_create(&o, &r, &err));
-    float *lg[MAX_PROMPTS];
-    run_logits(r, &R, lg);
-    double worst = 0;
-    for (int pi = 0; pi < R.n; pi++) {
-        double d = max_abs_diff(lg[pi], R.p[pi].logits, R.p[pi].n_pos * R.vocab);
-        fprintf(stderr, "  prompt %d (%d tokens): max |logit - HF sparse| = %.2e (tolerance %.2e)\n", pi, R.p[pi].n, d,
-                R.tol);
-        if (!(d <= R.tol)) test_fail(__FILE__, __LINE__, "prompt %d: %g > %g", pi, d, R.tol);
-        worst = d > worst ? d : worst;
-        free(lg[pi]);
-    }
-    // Greedy: prefill, then one token per step (decode reads the cached indexer keys).
-    struct sim *s = malloc(sizeof *s);
-    sim_init(s, r, 5u);
-    int checked = 0, steps = 0;
-    for (int pi = 0; pi < R.n; pi++) {
-        struct ref_prompt *p = &R.p[pi];
-        struct sim_seq *q = malloc(sizeof *q);
-        sim_seq_init(q, p->ids, p->n);
-        int32_t got[N_GREEDY];
-        memcpy(got, p->greedy, sizeof got);
-        for (int k = 0; k < 4; k++) {
-            sim_step_begin(s);
-            ASSERT_EQ(sim_step_add(s, q, q->n_ids - q->n_cached, 1), 0);
-            struct forward_batch fb = sim_step_batch(s);
-            struct runner_output out;
-            ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
-            sim_step_commit(s);
-            got[k] = out.ids[0];
-            q->ids[q->n_ids++] = out.ids[0];
-            steps++;
+TEST(dsa_logits_and_greedy_match_hf_sparse) {
+    for (int mi = 0; mi < N_DSA; mi++) {
+        struct refs R;
+        ASSERT_EQ(refs_load(DSA_MODELS[mi], &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct runner_options o = base_options(model_dir_of(DSA_MODELS[mi]));
+        struct model_runner *r = NULL;
+        struct error err = {0};
+        ASSERT_OK(model_runner_create(&o, &r, &err));
+        float *lg[MAX_PROMPTS];
+        run_logits(r, &R, lg);
+        double worst = 0;
+        for (int pi = 0; pi < R.n; pi++) {
+            double d = max_abs_diff(lg[pi], R.p[pi].logits, R.p[pi].n_pos * R.vocab);
+            fprintf(stderr, "  %s prompt %d (%d tokens): max |logit - HF sparse| = %.2e (tolerance %.2e)\n", DSA_MODELS[mi],
+                    pi, R.p[pi].n, d, R.tol);
+            if (!(d <= R.tol)) test_fail(__FILE__, __LINE__, "prompt %d: %g > %g", pi, d, R.tol);
+            worst = d > worst ? d : worst;
+            free(lg[pi]);
         }
-        char what[64];
-        snprintf(what, sizeof what, MODEL " prompt %d", pi);
-        int c = greedy_compare(&R, p, got, what);
-        ASSERT_TRUE(c >= 0);
-        checked += c;
-        sim_seq_release(s, q);
-        free(q);
+        // Greedy: prefill, then one token per step (decode reads the cached indexer keys).
+        struct sim *s = malloc(sizeof *s);
+        sim_init(s, r, 5u);
+        int checked = 0, steps = 0;
+        for (int pi = 0; pi < R.n; pi++) {
+            struct ref_prompt *p = &R.p[pi];
+            struct sim_seq *q = malloc(sizeof *q);
+            sim_seq_init(q, p->ids, p->n);
+            int32_t got[N_GREEDY];
+            memcpy(got, p->greedy, sizeof got);
+            for (int k = 0; k < 4; k++) {
+                sim_step_begin(s);
+                ASSERT_EQ(sim_step_add(s, q, q->n_ids - q->n_cached, 1), 0);
+                struct forward_batch fb = sim_step_batch(s);
+                struct runner_output out;
+                ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+                sim_step_commit(s);
+                got[k] = out.ids[0];
+                q->ids[q->n_ids++] = out.ids[0];
+                steps++;
+            }
+            char what[64];
+            snprintf(what, sizeof what, "%s prompt %d", DSA_MODELS[mi], pi);
+            int c = greedy_compare(&R, p, got, what);
+            ASSERT_TRUE(c >= 0);
+            checked += c;
+            sim_seq_release(s, q);
+            free(q);
+        }
+        fprintf(stderr, "  %s: %d of %d greedy steps had a clear margin and matched\n", DSA_MODELS[mi], checked, steps);
+        ASSERT_TRUE(checked >= steps / 2);
+        sim_free(s);
+        free(s);
+        model_runner_free(r);
+        refs_free(&R);
     }
-    fprintf(stderr, "  %d of %d greedy steps had a clear margin and matched\n", checked, steps);
-    ASSERT_TRUE(checked >= steps / 2);
-    sim_free(s);
-    free(s);
-    model_runner_free(r);
-    refs_free(&R);
 }
 
 // A copy of the fixture whose config.json has `from` replaced by `to` (model.safetensors linked).
-static const char *variant(const char *from, const char *to) {
+static const char *variant_of(const char *name, const char *from, const char *to) {
     static char dir[256];
     snprintf(dir, sizeof dir, "/tmp/atomc_glm5_XXXXXX");
     CHECK(mkdtemp(dir));
     char path[4200], *json = NULL;
-    snprintf(path, sizeof path, "%s/config.json", model_dir());
+    snprintf(path, sizeof path, "%s/config.json", model_dir_of(name));
     CHECK(file_read_all(path, &json, NULL, NULL) == ATOMC_OK);
     char *at = strstr(json, from);
     CHECK_MSG(at, "config.json lacks %s", from);
@@ -206,13 +224,17 @@ static const char *variant(const char *from, const char *to) {
     fprintf(f, "%.*s%s%s", (int)(at - json), json, to, at + strlen(from));
     fclose(f);
     free(json);
-    char src[4200], dst[512], *abs = realpath(model_dir(), NULL);
+    char src[4200], dst[512], *abs = realpath(model_dir_of(name), NULL);
     CHECK(abs);
     snprintf(src, sizeof src, "%s/model.safetensors", abs);
     free(abs);
     snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
     CHECK(symlink(src, dst) == 0);
     return dir;
+}
+
+static const char *variant(const char *from, const char *to) {
+    return variant_of(MODEL, from, to);
 }
 
 static void variant_rm(const char *dir) {
@@ -224,43 +246,48 @@ static void variant_rm(const char *dir) {
     rmdir(dir);
 }
 
-TEST(glm5_dsa_sparsity_matters_dense_variant_matches_hf_dense) {
-    struct refs S, Dn;
-    ASSERT_EQ(refs_load(MODEL, &S, LOGIT_RTOL, MARGIN_FACTOR), 0);
-    ASSERT_EQ(refs_load_rel("models/" MODEL "/refs_dense.json", &Dn, LOGIT_RTOL, MARGIN_FACTOR), 0);
-    struct error err = {0};
-    struct model_runner *r = NULL;
-    struct runner_options o = base_options(model_dir());
-    ASSERT_OK(model_runner_create(&o, &r, &err));
-    float *sparse[MAX_PROMPTS], *dense[MAX_PROMPTS];
-    run_logits(r, &S, sparse);
-    model_runner_free(r);
-    const char *dir = variant("\"index_topk\": 8", "\"index_topk\": 4096");
-    o = base_options(dir);
-    if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  %s\n", err.msg);
-    ASSERT_TRUE(r != NULL);
-    ASSERT_EQ(model_runner_config(r)->index_topk, 4096);
-    run_logits(r, &Dn, dense);
-    model_runner_free(r);
-    variant_rm(dir);
-    for (int pi = 0; pi < S.n; pi++) {
-        const int n = S.p[pi].n_pos * S.vocab;
-        double dd = max_abs_diff(dense[pi], Dn.p[pi].logits, n), sd = max_abs_diff(sparse[pi], dense[pi], n);
-        fprintf(stderr, "  prompt %d (%d tokens): dense run vs HF dense %.2e (tol %.2e); sparse vs dense run %.3f\n",
-                pi, S.p[pi].n, dd, Dn.tol, sd);
-        if (!(dd <= Dn.tol)) test_fail(__FILE__, __LINE__, "dense prompt %d: %g > %g", pi, dd, Dn.tol);
-        if (S.p[pi].n <= 8)
-            ASSERT_TRUE(sd <= S.tol); // at most index_topk keys: sparse is dense
-        else
-            ASSERT_TRUE(sd > 100 * S.tol); // the top-k selection changes the answer
-        free(sparse[pi]);
-        free(dense[pi]);
+TEST(dsa_sparsity_matters_dense_variant_matches_hf_dense) {
+    for (int mi = 0; mi < N_DSA; mi++) {
+        struct refs S, Dn;
+        char rel[128];
+        snprintf(rel, sizeof rel, "models/%s/refs_dense.json", DSA_MODELS[mi]);
+        ASSERT_EQ(refs_load(DSA_MODELS[mi], &S, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        ASSERT_EQ(refs_load_rel(rel, &Dn, LOGIT_RTOL, MARGIN_FACTOR), 0);
+        struct error err = {0};
+        struct model_runner *r = NULL;
+        struct runner_options o = base_options(model_dir_of(DSA_MODELS[mi]));
+        ASSERT_OK(model_runner_create(&o, &r, &err));
+        float *sparse[MAX_PROMPTS], *dense[MAX_PROMPTS];
+        run_logits(r, &S, sparse);
+        model_runner_free(r);
+        const char *dir = variant_of(DSA_MODELS[mi], "\"index_topk\": 8", "\"index_topk\": 4096");
+        o = base_options(dir);
+        if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  %s\n", err.msg);
+        ASSERT_TRUE(r != NULL);
+        ASSERT_EQ(model_runner_config(r)->index_topk, 4096);
+        run_logits(r, &Dn, dense);
+        model_runner_free(r);
+        variant_rm(dir);
+        for (int pi = 0; pi < S.n; pi++) {
+            const int n = S.p[pi].n_pos * S.vocab;
+            double dd = max_abs_diff(dense[pi], Dn.p[pi].logits, n), sd = max_abs_diff(sparse[pi], dense[pi], n);
+            fprintf(stderr,
+                    "  %s prompt %d (%d tokens): dense run vs HF dense %.2e (tol %.2e); sparse vs dense run %.3f\n",
+                    DSA_MODELS[mi], pi, S.p[pi].n, dd, Dn.tol, sd);
+            if (!(dd <= Dn.tol)) test_fail(__FILE__, __LINE__, "dense prompt %d: %g > %g", pi, dd, Dn.tol);
+            if (S.p[pi].n <= 8)
+                ASSERT_TRUE(sd <= S.tol); // at most index_topk keys: sparse is dense
+            else
+                ASSERT_TRUE(sd > 100 * S.tol); // the top-k selection changes the answer
+            free(sparse[pi]);
+            free(dense[pi]);
+        }
+        refs_free(&S);
+        refs_free(&Dn);
     }
-    refs_free(&S);
-    refs_free(&Dn);
 }
 
-TEST(glm5_dsa_refusals) {
+TEST(dsa_refusals) {
     struct model_config c;
     ASSERT_EQ(parse_config(model_dir(), &c), 0);
     struct model_load_options o = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
@@ -298,16 +325,17 @@ TEST(glm5_dsa_refusals) {
 static const struct es_setup CPU = {
     .device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f, .min_clear = 0.5};
 
-TEST(glm5_dsa_engine_batched_under_preemption_equals_alone) {
+TEST(dsa_engine_batched_under_preemption_equals_alone) {
     es_batched_under_preemption_equals_alone(&CPU, MODEL);
 }
 
-TEST(glm5_dsa_engine_prefix_hit_identical_to_cold) {
+TEST(dsa_engine_prefix_hit_identical_to_cold) {
     es_prefix_hit_identical_to_cold(&CPU, MODEL);
 }
 
-TEST(glm5_dsa_engine_random_stress_equals_alone) {
-    es_random_stress_equals_alone(&CPU, MODEL, 0xd5a5eedull, 32);
+TEST(dsa_engine_random_stress_equals_alone) {
+    es_random_stress_equals_alone(&CPU, DSA_MODELS[0], 0xd5a5eedull, 32);
+    es_random_stress_equals_alone(&CPU, DSA_MODELS[1], 0xd5a5eee1ull, 32);
 }
 
 int main(int argc, char **argv) {
