@@ -84,7 +84,7 @@ void block_attention_mla(struct model *m, struct fwd_state *f, const struct mode
         struct tensor iq = tensor_2d(xb, dt, T, IH * ID);
         struct tensor ik = tensor_2d(xb + (size_t)(T * IH * ID) * e, dt, T, ID);
         struct tensor iw = tensor_2d(xb + (size_t)(T * (IH * ID + ID)) * e, dt, T, IH);
-        int32_t *topk = (int32_t *)(xb + (size_t)(T * (IH * ID + ID + IH)) * e);
+        int32_t *topk = (int32_t *)(xb + (((size_t)(T * (IH * ID + ID + IH)) * e + 15) & ~(size_t)15));
         const struct dsa_args da = {.n_heads = (int)IH,
                                     .head_dim = (int)ID,
                                     .rope = c->qk_rope_head_dim,

@@ -461,13 +461,13 @@ static void deepseek_forward(struct model *m, const int32_t *token_ids, const st
 }
 
 // DSA (scratch.extra): per token the indexer's q (IH ID), k (ID), head weights (IH) and the
-// top-k list (index_topk int32), in act-dtype columns.
+// top-k list (index_topk int32, 16-byte aligned), in act-dtype columns.
 static int64_t deepseek_extra_scratch_cols(const struct model *m) {
     const struct model_config *c = &m->cfg;
     if (c->index_n_heads <= 0) return 0;
     const int64_t e = (int64_t)dtype_row_bytes(m->backend->act_dtype, 1);
     return (int64_t)c->index_n_heads * c->index_head_dim + c->index_head_dim + c->index_n_heads +
-           ((int64_t)c->index_topk * (int64_t)sizeof(int32_t) + e - 1) / e;
+           ((int64_t)c->index_topk * (int64_t)sizeof(int32_t) + e - 1) / e + 16 / e; // + 16: the list 16-aligned
 }
 
 static const enum model_arch deepseek_archs[] = {MODEL_ARCH_DEEPSEEK_V2, MODEL_ARCH_DEEPSEEK_V3, MODEL_ARCH_GLM_MOE_DSA,
