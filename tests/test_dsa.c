@@ -164,8 +164,8 @@ TEST(dsa_logits_and_greedy_match_hf_sparse) {
         double worst = 0;
         for (int pi = 0; pi < R.n; pi++) {
             double d = max_abs_diff(lg[pi], R.p[pi].logits, R.p[pi].n_pos * R.vocab);
-            fprintf(stderr, "  %s prompt %d (%d tokens): max |logit - HF sparse| = %.2e (tolerance %.2e)\n", DSA_MODELS[mi],
-                    pi, R.p[pi].n, d, R.tol);
+            fprintf(stderr, "  %s prompt %d (%d tokens): max |logit - HF sparse| = %.2e (tolerance %.2e)\n",
+                    DSA_MODELS[mi], pi, R.p[pi].n, d, R.tol);
             if (!(d <= R.tol)) test_fail(__FILE__, __LINE__, "prompt %d: %g > %g", pi, d, R.tol);
             worst = d > worst ? d : worst;
             free(lg[pi]);
@@ -317,6 +317,35 @@ TEST(dsa_refusals) {
         ASSERT_TRUE(st != ATOMC_OK && r == NULL);
         ASSERT_TRUE(strstr(err.msg, bad[i].expect) != NULL);
     }
+}
+
+// bench/configs/glm5_4layers.json: GLM-5's layer shapes (transformers' GlmMoeDsaConfig defaults:
+// hidden 6144, 64 MLA heads, q_lora 2048, kv_lora 512, nope 192 / rope 64 / v 256, 256 experts top-8
+// + 1 shared, indexer 32 heads of 128, top 2048) with 4 layers (1 dense + 3 MoE). Its parameter
+// count equals transformers' on the meta device (plus the 3 x 256 correction-bias buffers), the
+// latent + indexer key cache is (576 + 128) values per token and layer, and the CUDA caps refuse it
+// by name (caps.dsa).
+TEST(dsa_glm5_bench_config) {
+    struct model_config c;
+    char *json = NULL;
+    struct error err = {0};
+    const char *path = "bench/configs/glm5_4layers.json";
+    ASSERT_OK(file_read_all(path, &json, NULL, &err));
+    memset(&c, 0, sizeof c);
+    ASSERT_OK(model_config_parse_json(&c, json, path, &err));
+    free(json);
+    ASSERT_OK(model_config_validate(&c, path, &err));
+    ASSERT_EQ(c.arch, MODEL_ARCH_GLM_MOE_DSA);
+    const int64_t n = model_param_count(&c);
+    fprintf(stderr, "  %s: %lld parameters\n", path, (long long)n);
+    ASSERT_EQ(n, 31936283648LL + 768);
+    struct cache_spec s = {
+        .kind = CACHE_KIND_LATENT, .latent_dim = c.kv_lora_rank + c.qk_rope_head_dim, .index_dim = c.index_head_dim};
+    ASSERT_EQ((long long)cache_spec_token_bytes(&s, DTYPE_BF16), 2 * (576 + 128));
+    struct model_load_options o = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
+    ASSERT_OK(model_check_backend_caps(&c, &backend_cpu_caps, &o, &err));
+    ASSERT_EQ(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(err.msg, "DSA") != NULL);
 }
 
 // ---------------------------------------------------------------------------------------------
