@@ -2,7 +2,7 @@
 // config parsing of the fixture and the bench shapes (parameter counts equal transformers' on the
 // meta device, plus noaux_tc's e_score_correction_bias, which transformers keeps as a buffer),
 // the latent cache spec and its bytes per token, and every refusal: routing methods paired with
-// the wrong scoring, bad groups, attention biases, quantized checkpoints, a backend without MLA ops (the CUDA
+// the wrong scoring, bad groups, attention biases, FP8 checkpoints with two shared experts, a backend without MLA ops (the CUDA
 // caps table).
 #include <jansson.h>
 #include <stdint.h>
@@ -138,7 +138,7 @@ TEST(deepseek_unsupported_configs_refused) {
         {"attention_bias", "true", "attention_bias"},
         {"topk_method", "\"random\"", "topk_method"},
         {"kv_lora_rank", "0", "kv_lora_rank"},
-        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}", "quantiz"},
+        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}", "shared experts in a quantized"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char dir[] = "/tmp/atomc_ds_badXXXXXX";

@@ -172,7 +172,8 @@ static inline size_t moe_workspace_bytes(int64_t n_tokens, int n_slots, int E_to
 
 // ---- MLA ----
 // Multi-head latent attention (DeepSeek-V2/V3). Per token and layer the cache (CACHE_KIND_LATENT,
-// kv_layer.k of shape (blocks, block_size, 1, kv_lora + rope); kv_layer.v unused) holds one row:
+// kv_layer.k of shape (blocks, block_size, 1, kv_lora + rope); kv_layer.v unused but for DSA's
+// indexer keys, struct dsa_args) holds one row:
 // the RMS-normed compressed KV c (kv_lora values), then the roped shared key part k_pe (rope
 // values). kv_b is HF's kv_b_proj weight, (n_heads * (nope + v_dim), kv_lora): per head h its
 // rows [h (nope + v_dim), + nope) are W_UK_h (k_nope = W_UK_h c), the next v_dim rows W_UV_h
@@ -182,6 +183,22 @@ struct mla_args {
     int nope, rope, kv_lora, v_dim; // qk_nope_head_dim, qk_rope_head_dim, kv_lora_rank, v_head_dim
     float scale;                    // softmax scale: (nope + rope)^-1/2, times YaRN's mscale(mscale_all_dim)^2
     const struct weight *kv_b;
+    // DSA (sparse MLA, NULL = dense): per new token t, topk[t * topk_k ..] lists the key positions
+    // its query attends to, ascending, -1 after the last (dsa_topk's output); every listed
+    // position is one the dense causal attention would see.
+    const int32_t *topk;
+    int topk_k;
+};
+
+// ---- DSA ----
+// DeepSeek Sparse Attention's lightning indexer (GLM-5, DeepSeek-V3.2): n_heads heads of head_dim,
+// the first `rope` dims of each roped (pairs per rope_interleaved), scores scaled by head_dim^-1/2,
+// and the topk keys each query keeps. Its keys live beside the latent: kv_layer.v of shape
+// (blocks, block_size, 1, head_dim) in the cache dtype.
+struct dsa_args {
+    int n_heads, head_dim, rope, topk;
+    bool rope_interleaved;
+    float norm_eps; // the key LayerNorm's eps (1e-6)
 };
 
 // Workspace bytes mla_attention needs for steps of up to n tokens: a backend may process the
@@ -374,6 +391,23 @@ struct backend_ops {
     // expert's per-token gate); gate in the act dtype or F32.
     void (*gate_sigmoid_mul)(struct backend *b, struct tensor *x, const struct tensor *gate, int64_t gate_row_stride,
                              int gate_cols);
+
+    // ---- DSA (appended; see struct dsa_args). NULL on backends without it (caps.dsa false). ----
+    // Per new token t at md->h_positions[t]: RoPE of the first a->rope dims of every head of
+    // iq (n, n_heads, head_dim) in place, and the key k = rope(LayerNorm(ik[t]) * norm_w + norm_b)
+    // (ik (n, head_dim), eps a->norm_eps, the rope on its first a->rope dims) written to kv->v at
+    // slot_mapping[t] (skipping -1). Act dtype; rope_args give inv_freq / attn_factor (its
+    // `interleaved` is replaced by a->rope_interleaved).
+    void (*dsa_index_write)(struct backend *b, struct tensor *iq, const struct tensor *ik, const struct tensor *norm_w,
+                            const struct tensor *norm_b, const struct rope_args *rope, const struct dsa_args *a,
+                            struct kv_layer *kv, const struct attn_metadata *md);
+    // Top-k selection: for new token t of sequence s at position p (its query sees keys 0..p):
+    //   score_j = n_heads^-1/2 sum_h w[t, h] * relu(head_dim^-1/2 * iq[t, h] . k_j)      (fp32)
+    // with w (n, n_heads) the weights_proj output (act dtype) and k_j the cached
+    // key of position j. topk (n, a->topk) int32 host-visible backend memory: the min(topk, p + 1)
+    // best positions (ties to the lower position) in ascending order, then -1.
+    void (*dsa_topk)(struct backend *b, int32_t *topk, const struct tensor *iq, const struct tensor *w,
+                     const struct kv_layer *kv, const struct attn_metadata *md, const struct dsa_args *a);
 };
 
 // What a backend can run, reported once at create and checked by model loading
@@ -404,6 +438,7 @@ struct backend_caps {
     bool gated_deltanet;       // the Gated DeltaNet ops (deltanet_conv / deltanet_rule / rmsnorm_gated / gate_sigmoid_mul)
     int max_deltanet_head_dim; // largest linear-attention key / value head dim; 0 = any
     int max_deltanet_conv_kernel; // largest linear-attention conv kernel; 0 = any
+    bool dsa;                  // DSA indexer ops (dsa_index_write / dsa_topk) and sparse mla_attention
 };
 
 #define BACKEND_CAP_BIT(x) (1u << (unsigned)(x))

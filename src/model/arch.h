@@ -18,7 +18,7 @@
 #include "model/model.h"
 #include "model/weight_loader.h"
 
-#define LAYER_MAX_TABLES 4
+#define LAYER_MAX_TABLES 5
 
 // What one layer is: its kinds, its cache and the weight tables that hold its fields.
 struct layer_plan {

@@ -33,6 +33,8 @@ static const struct {
     {"MixtralForCausalLM", MODEL_ARCH_MIXTRAL},
     {"DeepseekV3ForCausalLM", MODEL_ARCH_DEEPSEEK_V3},
     {"DeepseekV2ForCausalLM", MODEL_ARCH_DEEPSEEK_V2},
+    {"GlmMoeDsaForCausalLM", MODEL_ARCH_GLM_MOE_DSA},
+    {"DeepseekV32ForCausalLM", MODEL_ARCH_DEEPSEEK_V32},
     {"GptOssForCausalLM", MODEL_ARCH_GPT_OSS},
     {"Glm4MoeForCausalLM", MODEL_ARCH_GLM4_MOE},
     {"Qwen3NextForCausalLM", MODEL_ARCH_QWEN3_NEXT},
@@ -58,6 +60,7 @@ static const struct {
     {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"},
     {"qwen3_5_moe", "Qwen3_5MoeForCausalLM"},
     {"kimi_k2", "DeepseekV3ForCausalLM"}, // Kimi-K2: DeepSeek-V3's architecture under its own model_type
+    {"glm_moe_dsa", "GlmMoeDsaForCausalLM"}, {"deepseek_v32", "DeepseekV32ForCausalLM"},
 };
 
 #define N_ARCH_NAMES (sizeof arch_names / sizeof arch_names[0])
@@ -371,6 +374,53 @@ static atomc_status parse_dtype(struct ctx *x, const json_t *root, enum dtype *o
 
 static atomc_status parse_layer_types_list(struct ctx *x, const json_t *root, struct model_config *c);
 
+// DSA (GlmMoeDsaConfig / DeepseekV32Config): index_n_heads / index_head_dim / index_topk with
+// transformers' defaults (32 / 128 / 2048), and GLM-5's indexer_types (or index_topk_pattern
+// "FS..", or index_topk_freq / index_skip_topk_offset) marking layers that reuse the previous full
+// layer's top-k. Other architectures: no DSA (index_n_heads 0).
+static atomc_status parse_dsa(struct ctx *x, const json_t *root, struct model_config *c) {
+    if (c->arch != MODEL_ARCH_GLM_MOE_DSA && c->arch != MODEL_ARCH_DEEPSEEK_V32) return ATOMC_OK;
+    c->index_n_heads = c->arch == MODEL_ARCH_GLM_MOE_DSA ? 32 : 64;
+    c->index_head_dim = 128;
+    c->index_topk = 2048;
+    c->index_rope_interleaved = c->arch == MODEL_ARCH_GLM_MOE_DSA;
+    TRY(get_int(x, root, "index_n_heads", false, 1, 1 << 12, &c->index_n_heads));
+    TRY(get_int(x, root, "index_head_dim", false, 1, 1 << 12, &c->index_head_dim));
+    TRY(get_int(x, root, "index_topk", false, 1, INT32_MAX, &c->index_topk));
+    const json_t *it = jget(root, "indexer_types"), *pat = jget(root, "index_topk_pattern");
+    if (it && !json_is_null(it)) {
+        if (!json_is_array(it) || json_array_size(it) != (size_t)c->num_layers)
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key 'indexer_types' must list %d of \"full\" / \"shared\"",
+                             x->src, c->num_layers);
+        for (int l = 0; l < c->num_layers; l++) {
+            const char *s = json_string_value(json_array_get(it, (size_t)l));
+            if (!s || (strcmp(s, "full") && strcmp(s, "shared")))
+                return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key 'indexer_types' entry %d must be \"full\" or \"shared\"",
+                                 x->src, l);
+            c->index_shared[l] = !strcmp(s, "shared");
+        }
+    } else if (pat && json_is_string(pat)) {
+        const char *s = json_string_value(pat);
+        if (strlen(s) != (size_t)c->num_layers || strspn(s, "FS") != strlen(s))
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key 'index_topk_pattern' must be %d of 'F' / 'S'", x->src,
+                             c->num_layers);
+        for (int l = 0; l < c->num_layers; l++) c->index_shared[l] = s[l] == 'S';
+    } else if (c->arch == MODEL_ARCH_GLM_MOE_DSA) {
+        int freq = 1, offset = 2;
+        TRY(get_int(x, root, "index_topk_freq", false, 0, MODEL_MAX_LAYERS, &freq));
+        TRY(get_int(x, root, "index_skip_topk_offset", false, INT32_MIN, INT32_MAX, &offset));
+        if (freq < 1) freq = 1;
+        for (int l = 0; l < c->num_layers; l++) {
+            int d = l - offset + 1;
+            c->index_shared[l] = (d > 0 ? d : 0) % freq != 0;
+        }
+    }
+    if (c->index_shared[0])
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: layer 0's indexer is \"shared\" but no earlier layer has one",
+                         x->src);
+    return ATOMC_OK;
+}
+
 static atomc_status parse_layer_types(struct ctx *x, const json_t *root, struct model_config *c) {
     // Qwen configs carry sliding_window but switch it off with use_sliding_window (default
     // false there, as in transformers' Qwen3 configs); a layer typed "sliding_attention"
@@ -400,6 +450,7 @@ static atomc_status parse_layer_types_list(struct ctx *x, const json_t *root, st
             if (s && !strcmp(s, "full_attention")) c->layer_types[l] = LAYER_ATTN_FULL;
             else if (s && !strcmp(s, "sliding_attention")) c->layer_types[l] = LAYER_ATTN_SLIDING;
             else if (s && !strcmp(s, "linear_attention")) c->layer_types[l] = LAYER_ATTN_LINEAR;
+            else if (s && !strcmp(s, "indexed_attention") && c->index_n_heads > 0) c->layer_types[l] = LAYER_ATTN_FULL;
             else
                 return error_set(x->err, ATOMC_ERR_FORMAT,
                                  "%s: key 'layer_types' entry %d must be \"full_attention\", \"sliding_attention\" or "
@@ -442,7 +493,10 @@ static atomc_status parse_moe(struct ctx *x, const json_t *root, struct model_co
     TRY(get_int(x, root, "n_group", false, 0, 1 << 20, &c->n_group));
     TRY(get_int(x, root, "topk_group", false, 0, 1 << 20, &c->topk_group));
     snprintf(c->scoring_func, sizeof c->scoring_func, "%s",
-             (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM4_MOE) ? "sigmoid" : "softmax");
+             (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM4_MOE || c->arch == MODEL_ARCH_GLM_MOE_DSA ||
+              c->arch == MODEL_ARCH_DEEPSEEK_V32)
+                 ? "sigmoid"
+                 : "softmax");
     TRY(get_str(x, root, "scoring_func", c->scoring_func, sizeof c->scoring_func));
     TRY(get_int(x, root, "num_nextn_predict_layers", false, 0, 64, &c->num_nextn_predict_layers));
     if (c->arch == MODEL_ARCH_GLM4_MOE) { // Glm4MoeConfig's defaults for keys a config.json may omit
@@ -1074,7 +1128,8 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     c->attention_bias = c->arch == MODEL_ARCH_GPT_OSS; // GptOssConfig's default
     TRY(get_bool(x, root, "attention_bias", &c->attention_bias));
     // o_proj follows attention_bias in Llama/Qwen3/GPT-OSS; GLM-4-MoE and DeepSeek-V3 never bias it.
-    c->attention_out_bias = c->attention_bias && c->arch != MODEL_ARCH_GLM4_MOE && c->arch != MODEL_ARCH_DEEPSEEK_V3;
+    c->attention_out_bias = c->attention_bias && c->arch != MODEL_ARCH_GLM4_MOE && c->arch != MODEL_ARCH_DEEPSEEK_V3 &&
+                            c->arch != MODEL_ARCH_GLM_MOE_DSA && c->arch != MODEL_ARCH_DEEPSEEK_V32;
     TRY(get_bool(x, root, "mlp_bias", &c->mlp_bias));
     c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_QWEN3_NEXT ||
                  c->arch == MODEL_ARCH_QWEN3_5_MOE;
@@ -1093,6 +1148,7 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     // GptOssConfig's default when absent (an explicit null means no window, as in transformers).
     if (c->arch == MODEL_ARCH_GPT_OSS && !json_object_get(root, "sliding_window")) c->sliding_window = 128;
     TRY(get_int(x, root, "sliding_window", false, 0, INT32_MAX, &c->sliding_window));
+    TRY(parse_dsa(x, root, c));
     TRY(parse_layer_types(x, root, c));
     c->attention_sinks = c->arch == MODEL_ARCH_GPT_OSS;
 
@@ -1114,8 +1170,9 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
         c->rope.interleaved = true;
         TRY(get_bool(x, root, "rope_interleave", &c->rope.interleaved));
     }
-    if (c->arch == MODEL_ARCH_DEEPSEEK_V2 || c->arch == MODEL_ARCH_DEEPSEEK_V3) {
-        snprintf(c->topk_method, sizeof c->topk_method, "%s", c->arch == MODEL_ARCH_DEEPSEEK_V3 ? "noaux_tc" : "greedy");
+    if (c->arch == MODEL_ARCH_DEEPSEEK_V2 || c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM_MOE_DSA ||
+        c->arch == MODEL_ARCH_DEEPSEEK_V32) {
+        snprintf(c->topk_method, sizeof c->topk_method, "%s", c->arch == MODEL_ARCH_DEEPSEEK_V2 ? "greedy" : "noaux_tc");
         TRY(get_str(x, root, "topk_method", c->topk_method, sizeof c->topk_method));
         if (strcmp(c->topk_method, "greedy") && strcmp(c->topk_method, "group_limited_greedy") &&
             strcmp(c->topk_method, "noaux_tc"))
@@ -1293,7 +1350,8 @@ atomc_status model_config_validate(const struct model_config *c, const char *sou
     } else if (c->num_experts_per_tok > 0 && c->arch != MODEL_ARCH_LLAMA && c->arch != MODEL_ARCH_QWEN3) {
         BAD("%s: num_experts_per_tok is set but the number of experts is 0", s);
     }
-    if (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_DEEPSEEK_V2) {
+    if (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_DEEPSEEK_V2 || c->arch == MODEL_ARCH_GLM_MOE_DSA ||
+        c->arch == MODEL_ARCH_DEEPSEEK_V32) {
         if (c->kv_lora_rank <= 0 || c->qk_rope_head_dim <= 0 || c->qk_nope_head_dim <= 0 || c->v_head_dim <= 0)
             BAD("%s: DeepSeek-V2/V3 need kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim", s);
     }

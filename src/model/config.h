@@ -26,6 +26,8 @@ enum model_arch {
     MODEL_ARCH_QWEN3_NEXT,   // Qwen3NextForCausalLM: Gated DeltaNet + gated attention, MoE + shared expert
     MODEL_ARCH_QWEN3_5_MOE,  // Qwen3_5MoeForCausalLM (text): the same layers, split DeltaNet projections
     MODEL_ARCH_DEEPSEEK_V2, // DeepseekV2ForCausalLM (MLA, greedy / group-limited softmax routing)
+    MODEL_ARCH_GLM_MOE_DSA, // GlmMoeDsaForCausalLM (GLM-5): DeepSeek-V3 MLA + DSA indexer (interleaved RoPE)
+    MODEL_ARCH_DEEPSEEK_V32, // DeepseekV32ForCausalLM: DeepSeek-V3 + DSA indexer (half-split indexer RoPE)
 };
 
 enum rope_scaling_type {
@@ -202,6 +204,13 @@ struct model_config {
     char topk_method[24];         // "greedy", "group_limited_greedy", "noaux_tc" ("" = not given)
     int moe_layer_freq;           // MoE every n-th layer from first_k_dense_replace (DeepSeek; 1)
     int num_nextn_predict_layers; // MTP layers stored after the decoder layers (skipped at load; GLM too)
+    // DeepSeek Sparse Attention (GLM-5, DeepSeek-V3.2; index_n_heads > 0): the lightning indexer
+    // scores every past token per query and MLA attends only to the index_topk best.
+    int index_n_heads;            // indexer query heads (0 = no DSA)
+    int index_head_dim;           // indexer q / k head dim (its first qk_rope_head_dim dims roped)
+    int index_topk;               // keys each query attends to
+    bool index_rope_interleaved;  // indexer RoPE pairs (2i, 2i+1) (GLM-5) or halves (DeepSeek-V3.2)
+    bool index_shared[MODEL_MAX_LAYERS]; // indexer_types "shared": reuse the previous full layer's top-k
 
     // Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5; layer_types LAYER_ATTN_LINEAR).
     int linear_num_key_heads;   // Hk: q/k heads of a linear-attention layer

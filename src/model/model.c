@@ -22,7 +22,7 @@ size_t cache_spec_token_bytes(const struct cache_spec *s, enum dtype kv_dtype) {
     switch (s->kind) {
     case CACHE_KIND_FULL:
     case CACHE_KIND_SLIDING: return (size_t)s->n_kv_heads * (size_t)(s->head_dim_k + s->head_dim_v) * e;
-    case CACHE_KIND_LATENT: return (size_t)s->latent_dim * e;
+    case CACHE_KIND_LATENT: return (size_t)(s->latent_dim + s->index_dim) * e;
     case CACHE_KIND_RECURRENT: return 0;
     }
     return 0;
@@ -86,6 +86,9 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
                          "%s backend's kernels (kv_lora_rank a multiple of 32 up to %d, rope up to %d)",
                          c->architecture, c->kv_lora_rank, c->qk_rope_head_dim, be, caps->mla_max_kv_lora,
                          caps->mla_max_rope);
+    if (c->index_n_heads > 0 && !caps->dsa)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: DeepSeek Sparse Attention (the DSA lightning indexer, "
+                         "index_topk %d) is not implemented by the %s backend", c->architecture, c->index_topk, be);
     if (caps->n_head_dims > 0 && c->kv_lora_rank <= 0) { // MLA runs its own ops, not `attention`
         bool ok = false;
         for (int i = 0; i < caps->n_head_dims; i++) ok = ok || caps->head_dims[i] == c->head_dim;

@@ -75,6 +75,13 @@ struct attn_mla_weights {
     struct tensor kv_a_norm;    // (L)
     struct weight kv_b;         // (H (nope + v), L): per head W_UK (nope rows), W_UV (v rows); see struct mla_args
     struct weight o;            // (hidden, H v)
+    // DSA lightning indexer (GLM-5 / DeepSeek-V3.2), on layers that run their own ("full"); IH heads
+    // of ID dims. data == NULL without DSA and on "shared" layers.
+    struct weight idx_wq_b;     // (IH ID, Q) from the normed q_a
+    struct weight idx_wk;       // (ID, hidden)
+    struct tensor idx_k_norm;   // (ID) LayerNorm weight
+    struct tensor idx_k_norm_b; // (ID) LayerNorm bias
+    struct weight idx_weights;  // (IH, hidden) weights_proj: per-head weights of the scores
 };
 
 // Gated DeltaNet (Qwen3-Next / Qwen3.5). Hk key heads of Dk, Hv value heads of Dv, conv_dim =
@@ -147,7 +154,8 @@ struct model_layer {
 enum cache_kind {
     CACHE_KIND_FULL = 0, // K and V of every token: (blocks, block_size, kv_heads, head_dim_k / head_dim_v)
     CACHE_KIND_SLIDING,  // the same layout; only the last `window` tokens are read, older blocks may be freed
-    CACHE_KIND_LATENT,   // one latent row per token (MLA): (blocks, block_size, 1, latent_dim), no V
+    CACHE_KIND_LATENT,   // one latent row per token (MLA): (blocks, block_size, 1, latent_dim); V only with DSA:
+                         // the indexer keys (blocks, block_size, 1, index_dim)
     CACHE_KIND_RECURRENT, // a fixed state per sequence (linear attention), not paged
 };
 
@@ -156,6 +164,7 @@ struct cache_spec {
     int n_kv_heads;          // FULL / SLIDING (this rank's, under tensor parallelism)
     int head_dim_k, head_dim_v;
     int latent_dim;          // LATENT
+    int index_dim;           // LATENT with DSA: the indexer key per token (index_head_dim), kept as the layer's v
     int window;              // SLIDING: tokens each query attends to (itself included)
     size_t state_bytes;      // RECURRENT: bytes per sequence (F32 conv state + delta-rule state)
     int conv_dim, conv_kernel; // RECURRENT: conv state (conv_dim, conv_kernel - 1)

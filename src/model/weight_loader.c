@@ -280,6 +280,9 @@ static int64_t wdim_global(const struct model_config *c, enum wdim d) {
     case WDIM_LIN_BA: return 2 * (int64_t)c->linear_num_value_heads;
     case WDIM_LIN_KERNEL: return c->linear_conv_kernel_dim;
     case WDIM_LIN_VDIM: return c->linear_value_head_dim;
+    case WDIM_INDEX_Q: return (int64_t)c->index_n_heads * c->index_head_dim;
+    case WDIM_INDEX_HEAD: return c->index_head_dim;
+    case WDIM_INDEX_HEADS: return c->index_n_heads;
     }
     return 0;
 }

@@ -49,6 +49,10 @@ enum wdim {
     WDIM_LIN_BA,       // 2 Hv
     WDIM_LIN_KERNEL,   // linear_conv_kernel_dim
     WDIM_LIN_VDIM,     // Dv
+    // DSA indexer (GLM-5 / DeepSeek-V3.2; whole sizes).
+    WDIM_INDEX_Q,      // index_n_heads * index_head_dim
+    WDIM_INDEX_HEAD,   // index_head_dim
+    WDIM_INDEX_HEADS,  // index_n_heads
 };
 
 // How a checkpoint stores an entry.

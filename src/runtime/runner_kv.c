@@ -37,7 +37,7 @@ atomc_status runner_kv_check_specs(const struct model_runner *r, struct error *e
 
 // One allocation; per layer, in layer order: FULL / SLIDING: K (blocks, block_size, kv_heads,
 // head_dim_k) then V (..., head_dim_v); LATENT: the latent rows (blocks, block_size, 1,
-// latent_dim) as k, no v. For a model whose layers all keep full K/V of one shape this is the
+// latent_dim) as k, and with DSA the indexer keys (blocks, block_size, 1, index_dim) as v. For a model whose layers all keep full K/V of one shape this is the
 // layout the runner always had.
 atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct error *err) {
     struct backend *b = r->backend;
@@ -63,6 +63,10 @@ atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct erro
         if (s->kind == CACHE_KIND_LATENT) {
             kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, 1, s->latent_dim});
             base += slots * (size_t)s->latent_dim * e;
+            if (s->index_dim > 0) { // DSA: the indexer's keys beside the latent, as v
+                kv->v = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, 1, s->index_dim});
+                base += slots * (size_t)s->index_dim * e;
+            }
             continue;
         }
         kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, s->n_kv_heads, s->head_dim_k});
@@ -229,7 +233,7 @@ void model_runner_kv_pool_view(struct model_runner *r, struct kv_pool_view *v) {
         const struct cache_spec *s = &r->model->layer_cache[l];
         if (s->kind == CACHE_KIND_LATENT) {
             r->xfer_k_row[l] = (size_t)s->latent_dim * e;
-            r->xfer_v_row[l] = 0;
+            r->xfer_v_row[l] = (size_t)s->index_dim * e; // DSA indexer keys (0 without)
         } else {
             r->xfer_k_row[l] = (size_t)s->n_kv_heads * (size_t)s->head_dim_k * e;
             r->xfer_v_row[l] = (size_t)s->n_kv_heads * (size_t)s->head_dim_v * e;

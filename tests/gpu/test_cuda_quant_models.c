@@ -13,6 +13,9 @@
 //                        -> refs.json, W8A8 with the stored scales -> refs_w8a8.json
 //   ct_w8a8_int8_static_hd64  compressed-tensors int-quantized INT8 weights, static INT8 activations:
 //                        weight-only -> refs.json, W8A8 -> refs_w8a8.json
+//   deepseek_v3_fp8_block  DeepSeek-V3 (MLA, grouped noaux_tc routing, a shared expert) in fp8
+//                        blocks: weight-only -> refs.json, W8A8 -> refs_w8a8.json (kv_b_proj
+//                        dequantized at load, its input unquantized; tools/make_tiny_deepseek_fp8.py)
 // Prefill logits at the reference positions within BF16_RTOL of max(1, max |ref|) (as
 // test_cuda_models.c: BF16 activations, residual stream and KV; W8A8: W8A8_RTOL, see there),
 // then 16 greedy steps whose decode steps replay CUDA graphs (quantized GEMVs and MoE slot
@@ -59,6 +62,11 @@ static const struct {
     {"fp8_static_hd64", "refs_w8a8.json", false, W8A8_RTOL},
     {"ct_w8a8_int8_static_hd64", "refs.json", true, BF16_RTOL},
     {"ct_w8a8_int8_static_hd64", "refs_w8a8.json", false, W8A8_RTOL},
+    // DeepSeek-V3 in fp8 blocks (tools/make_tiny_deepseek_fp8.py): MLA over the latent cache with
+    // q_a / q_b / kv_a / o on the block-FP8 GEMM / GEMV, kv_b_proj dequantized to BF16 at load for
+    // the absorbed decode, routed + shared experts on the FP8 MoE path, layer 0's dense MLP plain.
+    {"deepseek_v3_fp8_block", "refs.json", true, BF16_RTOL},
+    {"deepseek_v3_fp8_block", "refs_w8a8.json", false, W8A8_RTOL},
 };
 
 TEST(cuda_quant_models_match_refs) {

@@ -864,4 +864,6 @@ static const struct backend_ops cpu_ops = {
     .deltanet_rule = cpu_deltanet_rule,
     .rmsnorm_gated = cpu_rmsnorm_gated,
     .gate_sigmoid_mul = cpu_gate_sigmoid_mul,
+    .dsa_index_write = cpu_dsa_index_write,
+    .dsa_topk = cpu_dsa_topk,
 };

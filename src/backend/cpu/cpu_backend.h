@@ -62,6 +62,11 @@ void cpu_mla_latent_write(struct backend *b, struct tensor *q, const struct tens
                           const struct attn_metadata *md);
 void cpu_mla_attention(struct backend *b, struct tensor *out, const struct tensor *q, const struct kv_layer *kv,
                        const struct attn_metadata *md, const struct mla_args *a, void *workspace);
+void cpu_dsa_index_write(struct backend *b, struct tensor *iq, const struct tensor *ik, const struct tensor *norm_w,
+                         const struct tensor *norm_b, const struct rope_args *rope, const struct dsa_args *a,
+                         struct kv_layer *kv, const struct attn_metadata *md);
+void cpu_dsa_topk(struct backend *b, int32_t *topk, const struct tensor *iq, const struct tensor *w,
+                  const struct kv_layer *kv, const struct attn_metadata *md, const struct dsa_args *a);
 // Mixture-of-experts ops (cpu_moe.c).
 void cpu_moe_route(struct backend *b, const struct tensor *logits, const struct moe_route_args *a, int32_t *topk_ids,
                    float *topk_w);

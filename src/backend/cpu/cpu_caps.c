@@ -29,6 +29,7 @@ const struct backend_caps backend_cpu_caps = {
     .pow2_block_size = false,
     .min_block_size = 1,
     .mla = true,
+    .dsa = true,
     .gated_deltanet = true,
     .max_deltanet_head_dim = 0,
     .max_deltanet_conv_kernel = 64,

@@ -9,7 +9,8 @@
 // (kv_lora + rope), attends over the sequence's latent rows as one shared KV head (scores
 // qa . row, online softmax in fp32, o_lat = sum_j p_j c_j), and writes out[t, h] = W_UV_h o_lat
 // through the weight-dtype gemv kernel. Query i of a sequence sits at position
-// context_len - q_len + i and sees keys 0..itself. The expanded form (k_nope / v per head) is the
+// context_len - q_len + i and sees keys 0..itself; with DSA (mla_args.topk) only the keys of its
+// top-k list, the others scoring -inf. The expanded form (k_nope / v per head) is the
 // same sum regrouped; tests/test_mla_ops.c checks this op against a naive expanded double loop.
 #include <math.h>
 #include <string.h>
@@ -163,6 +164,7 @@ static void mla_item(struct mla_ctx *x, int s, int chunk, int h, float *scr) {
     memset(acc, 0, (size_t)nq * L * sizeof(float));
 
     const int32_t *bt = md->h_block_tables + (int64_t)s * md->max_blocks_per_seq;
+    int cur[MLA_QCHUNK] = {0}; // DSA: each query's cursor into its ascending top-k list
     for (int blk = 0; blk <= pos_last / bs; blk++) {
         const int j0 = blk * bs, t1 = pos_last - j0 + 1 < bs ? pos_last - j0 + 1 : bs;
         const int qa0 = j0 - pos0 > 0 ? j0 - pos0 : 0; // queries that see at least key j0
@@ -174,6 +176,19 @@ static void mla_item(struct mla_ctx *x, int s, int chunk, int h, float *scr) {
         for (int qi = qa0; qi < nq; qi++) {
             const int u1 = pos0 + qi - j0 + 1 < t1 ? pos0 + qi - j0 + 1 : t1;
             float *sc = S + (size_t)(qi - qa0) * bs;
+            if (a->topk) { // sparse: keys outside the query's top-k list score -inf
+                const int32_t *sel = a->topk + (int64_t)(q_begin + i0 + qi) * a->topk_k;
+                bool any = false;
+                for (int t = 0; t < u1; t++) {
+                    while (cur[qi] < a->topk_k && sel[cur[qi]] >= 0 && sel[cur[qi]] < j0 + t)
+                        cur[qi]++;
+                    if (cur[qi] < a->topk_k && sel[cur[qi]] == j0 + t)
+                        any = true;
+                    else
+                        sc[t] = -INFINITY;
+                }
+                if (!any) continue;
+            }
             float tmax = -INFINITY;
             for (int t = 0; t < u1; t++)
                 if (sc[t] > tmax) tmax = sc[t];

@@ -303,6 +303,8 @@ static const struct backend_ops cuda_ops = {
     .deltanet_rule = cuda_op_deltanet_rule,
     .rmsnorm_gated = cuda_op_rmsnorm_gated,
     .gate_sigmoid_mul = cuda_op_gate_sigmoid_mul,
+    .dsa_index_write = cuda_op_dsa_index_write,
+    .dsa_topk = cuda_op_dsa_topk,
 };
 
 // Everything backend_cuda_create makes after the struct itself; on failure the caller frees

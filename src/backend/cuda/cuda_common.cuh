@@ -374,6 +374,11 @@ void cuda_op_mla_latent_write(struct backend *b, struct tensor *q, const struct 
                               const struct mla_args *a, struct kv_layer *kv, const struct attn_metadata *md);
 void cuda_op_mla_attention(struct backend *b, struct tensor *out, const struct tensor *q, const struct kv_layer *kv,
                            const struct attn_metadata *md, const struct mla_args *a, void *workspace);
+void cuda_op_dsa_index_write(struct backend *b, struct tensor *iq, const struct tensor *ik, const struct tensor *norm_w,
+                             const struct tensor *norm_b, const struct rope_args *rope, const struct dsa_args *a,
+                             struct kv_layer *kv, const struct attn_metadata *md);
+void cuda_op_dsa_topk(struct backend *b, int32_t *topk, const struct tensor *iq, const struct tensor *w,
+                      const struct kv_layer *kv, const struct attn_metadata *md, const struct dsa_args *a);
 atomc_status cuda_op_fill_uniform(struct backend *b, struct tensor *t, uint64_t seed, float lo, float hi,
                                   struct error *err);
 

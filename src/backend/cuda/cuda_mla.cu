@@ -15,6 +15,8 @@
 //                       (<= MLA_WS_SPLIT_TOKENS tokens) split the keys over MLA_WS_MAX_SPLITS blocks
 //                       (split-KV) and mla_combine_kernel merges the partials.
 //   mla_out_kernel      grid (token, head): out[t, h, j] = W_UV_h[j] . o_lat (a warp per j)
+// DSA (mla_args.topk): a key outside the query's top-k list scores -inf in mla_attend_kernel (a
+// binary search of the ascending list per key and lane).
 // Sequence lookup, positions, context lengths, block tables and slots come from the device
 // arrays and loops are bounded by the device context_lens, so decode launches are graph-capture
 // safe (the launch shape depends on n only).
@@ -134,6 +136,19 @@ __global__ void __launch_bounds__(128) mla_absorb_kernel(const __nv_bfloat16 *q,
         dst[L + i] = __bfloat162float(qt[NP + i]) * scale;
 }
 
+// DSA: whether position j is in a query's top-k list (ascending, -1 after the last entry).
+__device__ __forceinline__ bool dsa_listed(const int32_t *list, int k, int j) {
+    int lo = 0, hi = k; // first entry >= j, treating -1 as past the end
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2, v = list[mid];
+        if (v >= 0 && v < j)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < k && list[lo] == j;
+}
+
 // One block: token t0 + blockIdx.x, heads [blockIdx.y * MLA_HT, + MLA_HT), key split blockIdx.z of
 // gridDim.z. Dynamic shared memory: qa tile (MLA_HT, D) f32, then the key tile (MLA_TK, D + 1) f32
 // (rows padded by one float so that lanes scoring different keys hit different banks).
@@ -143,7 +158,7 @@ template <typename C, int NC>
 __global__ void __launch_bounds__(32 * MLA_HT)
     mla_attend_kernel(const float *qa, const C *cache, float k_scale, const int32_t *query_start,
                       const int32_t *context_lens, const int32_t *block_tables, int max_blocks, int n_seqs, int bs,
-                      int t0, int H, int L, int R, float *o_lat, float *part) {
+                      int t0, int H, int L, int R, float *o_lat, float *part, const int32_t *topk, int topk_k) {
     pdl_begin();
     extern __shared__ float sm[];
     const int D = L + R, DP = D + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -175,7 +190,7 @@ __global__ void __launch_bounds__(32 * MLA_HT)
         if (warp < nh) {
             const float *qh = sq + warp * D;
             float sc = -INFINITY;
-            if (lane < nk) {
+            if (lane < nk && (!topk || dsa_listed(topk + (size_t)tok * topk_k, topk_k, j0 + lane))) {
                 const float *kr = sk + lane * DP;
                 float acc = 0.f;
                 for (int d = 0; d < D; d++)
@@ -183,6 +198,7 @@ __global__ void __launch_bounds__(32 * MLA_HT)
                 sc = acc;
             }
             const float tmax = warp_max(sc), mnew = fmaxf(m, tmax);
+            if (mnew == -INFINITY) continue;     // DSA: no listed key in this tile yet (m stays -inf)
             const float corr = __expf(m - mnew); // 0 when m was -inf
             const float p = lane < nk ? __expf(sc - mnew) : 0.f;
             l = l * corr + warp_sum(p);
@@ -318,7 +334,7 @@ void cuda_op_mla_attention(struct backend *b, struct tensor *out, const struct t
             }
             pdl_launch(kern, g, 32 * MLA_HT, attend_smem, s, (const float *)qa, (const C *)cache, scale,
                        md->query_start, md->context_lens, md->block_tables, md->max_blocks_per_seq, md->n_seqs,
-                       md->block_size, t0, H, L, R, o_lat, part);
+                       md->block_size, t0, H, L, R, o_lat, part, a->topk, a->topk_k);
         };
         if (kv->k.dtype == DTYPE_BF16)
             attend((const __nv_bfloat16 *)kv->k.data, 1.f);
