@@ -17,8 +17,9 @@
 // vLLM; transformers' DeepseekV2 router never renormalises, so the V2 fixture keeps it false). The
 // correction bias is kept in F32 (finish_load converts it), as moe_route takes it.
 //
-// MTP layers (num_nextn_predict_layers, stored as model.layers.<num_hidden_layers + i>.*) are not
-// loaded: their tensors are marked read with a log line.
+// MTP layers (num_nextn_predict_layers, stored as model.layers.<num_hidden_layers + i>.*) load
+// through src/model/mtp.c for speculative method mtp (finish_load stacks their experts too);
+// otherwise their tensors are marked read with a log line.
 #include <stdlib.h>
 #include <string.h>
 
@@ -256,15 +257,15 @@ static atomc_status deepseek_finish_load(struct model *m, struct weight_loader *
                                          struct error *err) {
     (void)o;
     const struct model_config *c = &m->cfg;
-    for (int l = 0; l < c->num_layers; l++) {
-        struct model_layer *ly = &m->layers[l];
+    for (int l = 0; l < c->num_layers + m->n_mtp; l++) { // the MTP layers (mtp.c) after the decoder's
+        struct model_layer *ly = l < c->num_layers ? &m->layers[l] : &m->mtp[l - c->num_layers].layer;
         if (ly->ffn_kind != FFN_KIND_MOE) continue;
         atomc_status st = deepseek_bias_f32(m, l, &ly->ffn.moe.score_bias, err);
         if (st == ATOMC_OK && c->n_shared_experts > 0) st = deepseek_stack_shared(m, l, &ly->ffn.moe, err);
         if (st != ATOMC_OK) return st;
     }
     struct model_files *mf = weight_loader_files(L);
-    if (mf && c->num_nextn_predict_layers > 0) {
+    if (mf && c->num_nextn_predict_layers > 0 && m->n_mtp == 0) {
         size_t n = 0;
         for (int i = 0; i < c->num_nextn_predict_layers; i++) {
             char prefix[48];
@@ -305,4 +306,5 @@ const struct model_arch_def model_arch_deepseek = {
     .plan_layer = deepseek_plan_layer,
     .forward = deepseek_forward,
     .finish_load = deepseek_finish_load,
+    .mtp = true,
 };

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Writes tests/fixtures/models/deepseek_v3_mtp: the tiny DeepSeek-V3 fixture of
+tools/make_tiny_deepseek.py (its config and target weights, copied unchanged) plus one random
+multi-token-prediction layer, model.layers.3.* in DeepSeek-V3's checkpoint layout (enorm, hnorm,
+eh_proj, a DeepseekV3 decoder layer (MLA + noaux_tc MoE with a shared expert), shared_head.norm;
+no shared_head.head / embed_tokens, so the target's lm_head and embeddings serve, as for
+checkpoints that omit them), and mtp_refs.json with the MTP forward computed from HF's own
+modules (DeepseekV3DecoderLayer, DeepseekV3RMSNorm, the model's rotary embedding), fp32 over
+the bf16-stored weights:
+
+    h_p    = the target's final hidden state (HF last_hidden_state, after model.norm)
+    x      = eh_proj [enorm(embed(t_{p+1})) ; hnorm(h_p)]
+    out    = DeepseekV3DecoderLayer_3(x) over positions 0.. (causal), logits = lm_head(shared_head.norm(out))
+    chain  = d_1 = argmax at the prompt's last position (t_{n} = the target's greedy token), then
+             d_j = argmax of the layer at position n + j - 2 fed (embed(d_{j-1}), out of the
+             previous position), for k = 3 drafts
+
+(vLLM's DeepSeekMultiTokenPredictorLayer / SGLang's deepseek_nextn compute this; transformers has
+no MTP module.) refs per prompt: MTP logits at every position (input token t_{p+1}, predicting
+t_{p+2}), the chained drafts with their top-2 margins, and the MTP MoE's smallest routing gap
+(seeds are tried until it is >= 1e-3 in biased-sigmoid units, clear of fp32 noise).
+
+Run (CPU, seconds):  python3 tools/make_tiny_mtp.py [--out tests/fixtures/models]
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_tiny_deepseek import select  # noqa: E402
+
+PROMPTS = [[5, 77, 13, 200, 41], [9, 9, 120, 3, 250, 61, 17, 88, 30], list(range(40, 57)),
+           [1, 100, 7, 220, 4, 4, 4, 150, 93, 12, 12, 60, 201, 33, 180, 2, 71, 71, 5, 140, 99, 8, 18, 255]]
+K = 3
+
+
+class MTP(torch.nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        H = cfg.hidden_size
+        self.enorm = DeepseekV3RMSNorm(H, eps=cfg.rms_norm_eps)
+        self.hnorm = DeepseekV3RMSNorm(H, eps=cfg.rms_norm_eps)
+        self.eh_proj = torch.nn.Linear(2 * H, H, bias=False)
+        self.layer = DeepseekV3DecoderLayer(cfg, layer_idx)
+        self.head_norm = DeepseekV3RMSNorm(H, eps=cfg.rms_norm_eps)
+
+
+def bf16_(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+        for b in module.buffers():
+            if b.is_floating_point():
+                b.copy_(b.to(torch.bfloat16).float())
+
+
+def mtp_forward(model, mtp, tokens, hidden):
+    """out (T, H) and logits (T, V) of the MTP layer over positions 0..T-1 (causal), inputs
+    tokens (T) = t_{p+1} and hidden (T, H) = h_p."""
+    T = len(tokens)
+    ids = torch.tensor([tokens])
+    pos = torch.arange(T).view(1, -1)
+    e = model.model.embed_tokens(ids)
+    x = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(hidden.view(1, T, -1))], dim=-1))
+    cos_sin = model.model.rotary_emb(x, pos)
+    mask = torch.full((T, T), float("-inf")).triu(1).view(1, 1, T, T)
+    out = mtp.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin)
+    logits = model.lm_head(mtp.head_norm(out))
+    return out[0], logits[0]
+
+
+def routing_gap(mtp, record):
+    gap = 1e9
+    for x in record:
+        logits = torch.nn.functional.linear(x.view(-1, x.shape[-1]).float(), mtp.layer.mlp.gate.weight.float())
+        gap = min(gap, select(mtp.layer.mlp.gate, logits)[1])
+    return gap
+
+
+def build(src, seed):
+    cfg = DeepseekV3Config.from_pretrained(src)
+    cfg._attn_implementation = "eager"
+    model = DeepseekV3ForCausalLM.from_pretrained(src, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    gen = torch.Generator().manual_seed(seed)
+    L = cfg.num_hidden_layers
+    mtp = MTP(cfg, L).eval()
+    with torch.no_grad():
+        for name, p in mtp.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[-1] ** 0.5))
+        mtp.layer.mlp.gate.e_score_correction_bias.copy_(0.1 * torch.randn(cfg.n_routed_experts, generator=gen))
+    bf16_(mtp)
+    record = []
+    hook = mtp.layer.mlp.gate.register_forward_hook(lambda m, i, o: record.append(i[0].detach()))
+    refs = []
+    with torch.no_grad():
+        for ids in PROMPTS:
+            n = len(ids)
+            full = model.model(torch.tensor([ids])).last_hidden_state[0]
+            t_n = int(model.lm_head(full[-1]).argmax())
+            tokens = ids[1:] + [t_n]
+            hidden = full
+            out, logits = mtp_forward(model, mtp, tokens, hidden)
+            chain, margins = [], []
+            for j in range(K):
+                row = logits[n - 1 + j]
+                top2 = torch.topk(row, 2).values
+                d = int(row.argmax())
+                chain.append(d)
+                margins.append(float(top2[0] - top2[1]))
+                if j + 1 < K:
+                    tokens = tokens + [d]
+                    hidden = torch.cat([hidden, out[n - 1 + j].view(1, -1)], 0)
+                    out, logits = mtp_forward(model, mtp, tokens, hidden)
+            _, l0 = mtp_forward(model, mtp, ids[1:] + [t_n], full)
+            refs.append(dict(ids=ids, target_next=t_n, mtp_logits=[[round(float(v), 6) for v in r] for r in l0],
+                             chain=chain, chain_margins=margins))
+    hook.remove()
+    return cfg, model, mtp, refs, routing_gap(mtp, record)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "models"))
+    a = ap.parse_args()
+    src = os.path.join(a.out, "deepseek_v3")
+    for seed in range(100):
+        cfg, model, mtp, refs, gap = build(src, 1000 + seed)
+        if gap >= 1e-3:
+            break
+    print(f"seed {1000 + seed}: MTP routing gap {gap:.4g}")
+    d = os.path.join(a.out, "deepseek_v3_mtp")
+    os.makedirs(d, exist_ok=True)
+    for f in ("config.json", "generation_config.json", "refs.json"):  # refs.json: the target's, unchanged
+        shutil.copy(os.path.join(src, f), os.path.join(d, f))
+    tensors = {}
+    with safe_open(os.path.join(src, "model.safetensors"), "pt") as f:
+        for k in f.keys():
+            tensors[k] = f.get_tensor(k)
+    L, I = cfg.num_hidden_layers, cfg.moe_intermediate_size
+    pre = f"model.layers.{L}."
+    sd = mtp.state_dict()
+    for k, v in sd.items():
+        if k.startswith("layer.mlp.experts."):
+            continue
+        name = {"head_norm.weight": "shared_head.norm.weight"}.get(k, k[len("layer."):] if k.startswith("layer.") else k)
+        tensors[pre + name] = v.to(torch.bfloat16).contiguous()
+    gu, dn = sd["layer.mlp.experts.gate_up_proj"], sd["layer.mlp.experts.down_proj"]
+    for e in range(cfg.n_routed_experts):
+        tensors[pre + f"mlp.experts.{e}.gate_proj.weight"] = gu[e, :I].to(torch.bfloat16).contiguous()
+        tensors[pre + f"mlp.experts.{e}.up_proj.weight"] = gu[e, I:].to(torch.bfloat16).contiguous()
+        tensors[pre + f"mlp.experts.{e}.down_proj.weight"] = dn[e].to(torch.bfloat16).contiguous()
+    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(d, "mtp_refs.json"), "w") as f:
+        json.dump(dict(model="deepseek_v3_mtp", generator="tools/make_tiny_mtp.py", seed=1000 + seed,
+                       mtp_routing_min_gap=gap, k=K, prompts=refs), f)
+    print("wrote", d)
+
+
+if __name__ == "__main__":
+    main()
