@@ -4,7 +4,8 @@ tools/make_tiny_deepseek.py (its config and target weights, copied unchanged) pl
 multi-token-prediction layer, model.layers.3.* in DeepSeek-V3's checkpoint layout (enorm, hnorm,
 eh_proj, a DeepseekV3 decoder layer (MLA + noaux_tc MoE with a shared expert), shared_head.norm;
 no shared_head.head / embed_tokens, so the target's lm_head and embeddings serve, as for
-checkpoints that omit them), and mtp_refs.json with the MTP forward computed from HF's own
+checkpoints that omit them), fitted for a few hundred Adam steps to the target's own greedy
+continuations (so drafts are accepted at a realistic rate), and mtp_refs.json with the MTP forward computed from HF's own
 modules (DeepseekV3DecoderLayer, DeepseekV3RMSNorm, the model's rotary embedding), fp32 over
 the bf16-stored weights:
 
@@ -40,6 +41,8 @@ from make_tiny_deepseek import select  # noqa: E402
 PROMPTS = [[5, 77, 13, 200, 41], [9, 9, 120, 3, 250, 61, 17, 88, 30], list(range(40, 57)),
            [1, 100, 7, 220, 4, 4, 4, 150, 93, 12, 12, 60, 201, 33, 180, 2, 71, 71, 5, 140, 99, 8, 18, 255]]
 K = 3
+TRAIN_STEPS = 250
+FIT_NEW = 40  # greedy tokens of each fit sequence (the tests generate at most 24)
 
 
 class MTP(torch.nn.Module):
@@ -62,19 +65,58 @@ def bf16_(module):
                 b.copy_(b.to(torch.bfloat16).float())
 
 
-def mtp_forward(model, mtp, tokens, hidden):
-    """out (T, H) and logits (T, V) of the MTP layer over positions 0..T-1 (causal), inputs
-    tokens (T) = t_{p+1} and hidden (T, H) = h_p."""
-    T = len(tokens)
-    ids = torch.tensor([tokens])
-    pos = torch.arange(T).view(1, -1)
+def mtp_forward_batch(model, mtp, ids, hidden):
+    """out (B, T, H) and logits (B, T, V) of the MTP layer over positions 0..T-1 (causal), inputs
+    ids (B, T) = t_{p+1} and hidden (B, T, H) = h_p."""
+    B, T = ids.shape
+    pos = torch.arange(T).view(1, -1).expand(B, -1)
     e = model.model.embed_tokens(ids)
-    x = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(hidden.view(1, T, -1))], dim=-1))
+    x = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(hidden)], dim=-1))
     cos_sin = model.model.rotary_emb(x, pos)
-    mask = torch.full((T, T), float("-inf")).triu(1).view(1, 1, T, T)
+    mask = torch.full((T, T), float("-inf")).triu(1).view(1, 1, T, T).expand(B, 1, T, T)
     out = mtp.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin)
-    logits = model.lm_head(mtp.head_norm(out))
+    return out, model.lm_head(mtp.head_norm(out))
+
+
+def mtp_forward(model, mtp, tokens, hidden):
+    out, logits = mtp_forward_batch(model, mtp, torch.tensor([tokens]), hidden.view(1, len(tokens), -1))
     return out[0], logits[0]
+
+
+def train(model, mtp, gen, prompts, steps=TRAIN_STEPS):
+    """A short fit of the MTP layer to the target's own greedy continuations of `prompts` (what a
+    real MTP layer is trained for: token p + 2 from h_p and t_{p+1}). A random tiny target is not
+    predictable beyond what the layer memorises, so the fit data are the test prompts' own
+    continuations (plus random prompts): on them drafts must be accepted at a high rate, which the
+    engine tests check end to end (wrong hidden rows, positions or token shifts would destroy it).
+    The reference is computed after the fit, on the rounded weights."""
+    V = model.config.vocab_size
+    data = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            seq = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=FIT_NEW,
+                                 min_new_tokens=FIT_NEW, pad_token_id=0)
+            data.append((seq, model.model(seq).last_hidden_state))
+    opt = torch.optim.Adam(mtp.parameters(), lr=3e-3)
+    for step in range(steps):
+        loss = 0
+        for i in torch.randint(0, len(data), (8,), generator=gen).tolist():
+            s, h = data[i]
+            _, logits = mtp_forward_batch(model, mtp, s[:, 1:-1], h[:, :-2])
+            loss = loss + torch.nn.functional.cross_entropy(logits.reshape(-1, V), s[:, 2:].reshape(-1)) / 8
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0:
+            print(f"  step {step}: loss {float(loss):.3f}", flush=True)
+    with torch.no_grad():
+        acc = n = 0
+        for s, h in data:
+            _, logits = mtp_forward_batch(model, mtp, s[:, 1:-1], h[:, :-2])
+            acc += int((logits.argmax(-1) == s[:, 2:]).sum())
+            n += s.shape[1] - 2
+    print(f"MTP fit: loss {float(loss):.3f}, next-next-token accuracy on the fit data {acc / n:.2f}")
 
 
 def routing_gap(mtp, record):
@@ -99,6 +141,12 @@ def build(src, seed):
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[-1] ** 0.5))
         mtp.layer.mlp.gate.e_score_correction_bias.copy_(0.1 * torch.randn(cfg.n_routed_experts, generator=gen))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with open(os.path.join(src, "refs.json")) as f:
+        fit = [p["ids"] for p in json.load(f)["prompts"]] + PROMPTS
+    fit += torch.randint(0, cfg.vocab_size, (24, 7), generator=gen).tolist()
+    train(model, mtp, gen, fit)
     bf16_(mtp)
     record = []
     hook = mtp.layer.mlp.gate.register_forward_hook(lambda m, i, o: record.append(i[0].detach()))
@@ -130,6 +178,7 @@ def build(src, seed):
 
 
 def main():
+    torch.set_num_threads(1)
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "models"))
     a = ap.parse_args()

@@ -26,6 +26,11 @@
         .min_clear = 0.3, .spec_k = 4                                                                                  \
     }
 static const struct es_setup GRAPHS = CUDA_SPEC(false), EAGER = CUDA_SPEC(true);
+// Method mtp on the DeepSeek-V3 fixture with an MTP layer (tools/make_tiny_mtp.py): the MTP pass
+// and its chained drafts through the CUDA ops (MLA, MoE), plain decode steps through the graphs.
+static const struct es_setup MTP_GRAPHS = {.device = "cuda", .margin_tol = 0.3f, .lp_tol = 0.3f,
+                                           .lp_tol_cached = 0.3f, .min_clear = 0.3, .spec_k = 3,
+                                           .spec_method = "mtp"};
 
 static bool gpu_present(void) {
     static int state = -1;
@@ -60,6 +65,16 @@ TEST(cuda_spec_random_stress_equals_alone) {
 TEST(cuda_spec_moe_random_stress_eager) {
     if (!gpu_present()) SKIP("no CUDA device");
     es_random_stress_equals_alone(&EAGER, "mixtral", 0x5eed1234ull, 24);
+}
+
+TEST(cuda_spec_mtp_batched_under_preemption_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_batched_under_preemption_equals_alone(&MTP_GRAPHS, "deepseek_v3_mtp");
+}
+
+TEST(cuda_spec_mtp_random_stress_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&MTP_GRAPHS, "deepseek_v3_mtp", 0x5eed1234ull, 24);
 }
 
 int main(int argc, char **argv) {
