@@ -1,6 +1,7 @@
 // MTP drafts (speculative method "mtp", src/model/mtp.c, src/runtime/runner_mtp.c,
-// src/engine/engine_spec_mtp.c) on the tiny DeepSeek-V3 fixture with an MTP layer
-// (tools/make_tiny_mtp.py: its references come from HF's DeepseekV3DecoderLayer / RMSNorm):
+// src/engine/engine_spec_mtp.c) on the tiny DeepSeek-V3 and GLM-4-MoE fixtures with an MTP layer
+// (tools/make_tiny_mtp.py: references from HF's DeepseekV3DecoderLayer / Glm4MoeDecoderLayer and
+// their RMSNorm):
 // - the MTP layer's logits at every prompt position against the reference, and the chained k = 3
 //   greedy drafts after the prompt;
 // - refusals: a checkpoint that declares an MTP layer without its tensors, a family without MTP;
@@ -55,12 +56,15 @@ static int32_t prefill(struct model_runner *r, const int32_t *ids, int n, int32_
     return out.ids[0];
 }
 
-TEST(mtp_logits_and_chain_match_reference) {
-    json_t *refs = test_fixture_json(MTP_FIXTURE "/mtp_refs.json");
+static void logits_and_chain_match_reference(const char *model) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s/mtp_refs.json", model);
+    json_t *refs = test_fixture_json(rel);
     ASSERT_TRUE(refs != NULL);
     struct error err = {0};
     atomc_status st;
-    struct model_runner *r = mtp_runner(MTP_FIXTURE, true, &err, &st);
+    snprintf(rel, sizeof rel, "models/%s", model);
+    struct model_runner *r = mtp_runner(rel, true, &err, &st);
     if (st != ATOMC_OK) fprintf(stderr, "  %s\n", err.msg);
     ASSERT_OK(st);
     ASSERT_EQ(model_runner_num_mtp_layers(r), 1);
@@ -127,8 +131,8 @@ TEST(mtp_logits_and_chain_match_reference) {
             if (drafts[j] != want) break;
         }
     }
-    fprintf(stderr, "  MTP logits: max |atomc - reference| %.3g (logit scale %.3g); %d chained drafts checked\n",
-            worst, scale, chain_checked);
+    fprintf(stderr, "  %s MTP logits: max |atomc - reference| %.3g (logit scale %.3g); %d chained drafts checked\n",
+            model, worst, scale, chain_checked);
     ASSERT_TRUE(worst < 1e-4 * scale + 1e-5);
     ASSERT_TRUE(chain_checked >= 8);
     // Bad draft batches are errors, not crashes.
@@ -144,6 +148,12 @@ TEST(mtp_logits_and_chain_match_reference) {
     json_decref(refs);
 }
 
+TEST(mtp_logits_and_chain_match_reference) {
+    logits_and_chain_match_reference("deepseek_v3_mtp");
+    if (test_failed_now()) return;
+    logits_and_chain_match_reference("glm4_moe_mtp");
+}
+
 TEST(mtp_refused_without_mtp_layers) {
     struct error err = {0};
     atomc_status st;
@@ -153,6 +163,12 @@ TEST(mtp_refused_without_mtp_layers) {
     fprintf(stderr, "  deepseek_v3: %s\n", err.msg);
     ASSERT_TRUE(st != ATOMC_OK);
     ASSERT_TRUE(strstr(err.msg, "MTP") != NULL);
+    // glm4_moe carries a partial MTP layer (some of its tensors): the first missing one is named.
+    r = mtp_runner("models/glm4_moe", true, &err, &st);
+    model_runner_free(r);
+    fprintf(stderr, "  glm4_moe: %s\n", err.msg);
+    ASSERT_TRUE(st != ATOMC_OK);
+    ASSERT_TRUE(strstr(err.msg, "model.layers.3.") != NULL);
     r = mtp_runner("models/llama_gqa", true, &err, &st);
     model_runner_free(r);
     fprintf(stderr, "  llama_gqa: %s\n", err.msg);
@@ -186,8 +202,10 @@ static const struct es_setup CPU_MTP = {.device = "cpu", .margin_tol = 1e-4f, .l
 
 // Every reference prompt of mtp_refs.json in one continuous batch, 24 greedy tokens each, with
 // k = 1 and k = 3 MTP drafts against the engine without drafts.
-TEST(mtp_greedy_identical_to_plain) {
-    json_t *refs = test_fixture_json(MTP_FIXTURE "/mtp_refs.json");
+static void greedy_identical_to_plain(const char *model) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s/mtp_refs.json", model);
+    json_t *refs = test_fixture_json(rel);
     ASSERT_TRUE(refs != NULL);
     json_t *prompts = json_object_get(refs, "prompts");
     const int n_p = (int)json_array_size(prompts);
@@ -203,12 +221,12 @@ TEST(mtp_greedy_identical_to_plain) {
     for (int run = 0; run < 3; run++) {
         struct es_setup s = CPU_MTP;
         s.spec_k = ks[run];
-        atomc_engine *e = es_make(&s, "deepseek_v3_mtp", 4, 256, 128, 8, 64, true);
+        atomc_engine *e = es_make(&s, model, 4, 256, 128, 8, 64, true);
         for (int i = 0; i < n_p; i++) es_add(e, ids[i], n_ids[i], 24, &out[run][i], NULL);
         while (atomc_engine_has_work(e)) atomc_engine_step(e);
         atomc_stats st;
         atomc_engine_get_stats(e, &st);
-        fprintf(stderr, "  k=%d%s\n", ks[run], es_spec_line(e));
+        fprintf(stderr, "  %s k=%d%s\n", model, ks[run], es_spec_line(e));
         if (ks[run] > 0) {
             fprintf(stderr, "    accepted per draft position:");
             for (int j = 0; j < ks[run]; j++) fprintf(stderr, " %llu", (unsigned long long)st.spec_accepted_per_pos[j]);
@@ -228,6 +246,12 @@ TEST(mtp_greedy_identical_to_plain) {
     json_decref(refs);
 }
 
+TEST(mtp_greedy_identical_to_plain) {
+    greedy_identical_to_plain("deepseek_v3_mtp");
+    if (test_failed_now()) return;
+    greedy_identical_to_plain("glm4_moe_mtp");
+}
+
 TEST(mtp_batched_under_preemption_equals_alone) {
     es_batched_under_preemption_equals_alone(&CPU_MTP, "deepseek_v3_mtp");
 }
@@ -238,6 +262,12 @@ TEST(mtp_prefix_hit_identical_to_cold) {
 
 TEST(mtp_random_stress_equals_alone) {
     es_random_stress_equals_alone(&CPU_MTP, "deepseek_v3_mtp", 0x5eed1234ull, 24);
+}
+
+TEST(mtp_glm_batched_and_stress_equal_alone) {
+    es_batched_under_preemption_equals_alone(&CPU_MTP, "glm4_moe_mtp");
+    if (test_failed_now()) return;
+    es_random_stress_equals_alone(&CPU_MTP, "glm4_moe_mtp", 0x5eed4321ull, 24);
 }
 
 int main(int argc, char **argv) {

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Writes tests/fixtures/models/deepseek_v3_mtp: the tiny DeepSeek-V3 fixture of
-tools/make_tiny_deepseek.py (its config and target weights, copied unchanged) plus one random
-multi-token-prediction layer, model.layers.3.* in DeepSeek-V3's checkpoint layout (enorm, hnorm,
-eh_proj, a DeepseekV3 decoder layer (MLA + noaux_tc MoE with a shared expert), shared_head.norm;
+"""Writes tests/fixtures/models/deepseek_v3_mtp and glm4_moe_mtp: the tiny DeepSeek-V3 fixture of
+tools/make_tiny_deepseek.py / the GLM-4-MoE fixture of tools/make_tiny_glm_mimo.py (config and
+target weights copied unchanged; glm4_moe's partial MTP layer dropped) plus one random
+multi-token-prediction layer, model.layers.3.* in the checkpoints' MTP layout (enorm, hnorm,
+eh_proj, the family's decoder layer (DeepSeek: MLA + noaux_tc MoE with a shared expert; GLM: GQA
+with biases, q/k norm, partial rotary + the same MoE kind), shared_head.norm;
 no shared_head.head / embed_tokens, so the target's lm_head and embeddings serve, as for
 checkpoints that omit them), fitted for a few hundred Adam steps to the target's own greedy
 continuations (so drafts are accepted at a realistic rate), and mtp_refs.json with the MTP forward computed from HF's own
-modules (DeepseekV3DecoderLayer, DeepseekV3RMSNorm, the model's rotary embedding), fp32 over
+modules (DeepseekV3DecoderLayer / Glm4MoeDecoderLayer, their RMSNorm, the model's rotary embedding), fp32 over
 the bf16-stored weights:
 
     h_p    = the target's final hidden state (HF last_hidden_state, after model.norm)
@@ -32,8 +34,9 @@ import sys
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer, Glm4MoeRMSNorm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_tiny_deepseek import select  # noqa: E402
@@ -41,19 +44,23 @@ from make_tiny_deepseek import select  # noqa: E402
 PROMPTS = [[5, 77, 13, 200, 41], [9, 9, 120, 3, 250, 61, 17, 88, 30], list(range(40, 57)),
            [1, 100, 7, 220, 4, 4, 4, 150, 93, 12, 12, 60, 201, 33, 180, 2, 71, 71, 5, 140, 99, 8, 18, 255]]
 K = 3
+# target fixture -> (config, model, decoder layer and RMSNorm classes of its MTP layer)
+ARCHS = {"deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM, DeepseekV3DecoderLayer, DeepseekV3RMSNorm),
+         "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM, Glm4MoeDecoderLayer, Glm4MoeRMSNorm)}
 TRAIN_STEPS = 250
 FIT_NEW = 40  # greedy tokens of each fit sequence (the tests generate at most 24)
 
 
 class MTP(torch.nn.Module):
-    def __init__(self, cfg, layer_idx):
+    def __init__(self, arch, cfg, layer_idx):
         super().__init__()
         H = cfg.hidden_size
-        self.enorm = DeepseekV3RMSNorm(H, eps=cfg.rms_norm_eps)
-        self.hnorm = DeepseekV3RMSNorm(H, eps=cfg.rms_norm_eps)
+        Layer, Norm = ARCHS[arch][2], ARCHS[arch][3]
+        self.enorm = Norm(H, eps=cfg.rms_norm_eps)
+        self.hnorm = Norm(H, eps=cfg.rms_norm_eps)
         self.eh_proj = torch.nn.Linear(2 * H, H, bias=False)
-        self.layer = DeepseekV3DecoderLayer(cfg, layer_idx)
-        self.head_norm = DeepseekV3RMSNorm(H, eps=cfg.rms_norm_eps)
+        self.layer = Layer(cfg, layer_idx)
+        self.head_norm = Norm(H, eps=cfg.rms_norm_eps)
 
 
 def bf16_(module):
@@ -119,6 +126,27 @@ def train(model, mtp, gen, prompts, steps=TRAIN_STEPS):
     print(f"MTP fit: loss {float(loss):.3f}, next-next-token accuracy on the fit data {acc / n:.2f}")
 
 
+def load_fixture(d, arch="deepseek_v3"):
+    """(target model, MTP module) of a fixture written by this tool, fp32."""
+    Config, Model = ARCHS[arch][:2]
+    cfg = Config.from_pretrained(d)
+    cfg._attn_implementation = "eager"
+    model = Model.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    mtp = MTP(arch, cfg, cfg.num_hidden_layers).eval()
+    pre, E = f"model.layers.{cfg.num_hidden_layers}.", cfg.n_routed_experts
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        get = lambda n: f.get_tensor(pre + n).float()  # noqa: E731
+        sd = {}
+        for k in mtp.state_dict():
+            if not k.startswith("layer.mlp.experts."):
+                sd[k] = get({"head_norm.weight": "shared_head.norm.weight"}.get(k, k[6:] if k.startswith("layer.") else k))
+        sd["layer.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([get(f"mlp.experts.{e}.gate_proj.weight"), get(f"mlp.experts.{e}.up_proj.weight")]) for e in range(E)])
+        sd["layer.mlp.experts.down_proj"] = torch.stack([get(f"mlp.experts.{e}.down_proj.weight") for e in range(E)])
+    mtp.load_state_dict(sd)
+    return model, mtp
+
+
 def routing_gap(mtp, record):
     gap = 1e9
     for x in record:
@@ -127,13 +155,14 @@ def routing_gap(mtp, record):
     return gap
 
 
-def build(src, seed):
-    cfg = DeepseekV3Config.from_pretrained(src)
+def build(arch, src, seed):
+    Config, Model = ARCHS[arch][:2]
+    cfg = Config.from_pretrained(src)
     cfg._attn_implementation = "eager"
-    model = DeepseekV3ForCausalLM.from_pretrained(src, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    model = Model.from_pretrained(src, torch_dtype=torch.float32, attn_implementation="eager").eval()
     gen = torch.Generator().manual_seed(seed)
     L = cfg.num_hidden_layers
-    mtp = MTP(cfg, L).eval()
+    mtp = MTP(arch, cfg, L).eval()
     with torch.no_grad():
         for name, p in mtp.named_parameters():
             if name.endswith("norm.weight"):
@@ -181,22 +210,30 @@ def main():
     torch.set_num_threads(1)
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "models"))
+    ap.add_argument("--model", choices=sorted(ARCHS), action="append", help="target fixture(s); default all")
     a = ap.parse_args()
-    src = os.path.join(a.out, "deepseek_v3")
+    for arch in a.model or sorted(ARCHS):
+        write(arch, a.out)
+
+
+def write(arch, out):
+    src = os.path.join(out, arch)
     for seed in range(100):
-        cfg, model, mtp, refs, gap = build(src, 1000 + seed)
+        cfg, model, mtp, refs, gap = build(arch, src, 1000 + seed)
         if gap >= 1e-3:
             break
-    print(f"seed {1000 + seed}: MTP routing gap {gap:.4g}")
-    d = os.path.join(a.out, "deepseek_v3_mtp")
+    print(f"{arch}: seed {1000 + seed}: MTP routing gap {gap:.4g}")
+    d = os.path.join(out, arch + "_mtp")
     os.makedirs(d, exist_ok=True)
     for f in ("config.json", "generation_config.json", "refs.json"):  # refs.json: the target's, unchanged
         shutil.copy(os.path.join(src, f), os.path.join(d, f))
     tensors = {}
     with safe_open(os.path.join(src, "model.safetensors"), "pt") as f:
+        L = cfg.num_hidden_layers
         for k in f.keys():
-            tensors[k] = f.get_tensor(k)
-    L, I = cfg.num_hidden_layers, cfg.moe_intermediate_size
+            if not k.startswith(f"model.layers.{L}."):  # glm4_moe carries a partial MTP layer: replaced
+                tensors[k] = f.get_tensor(k)
+    I = cfg.moe_intermediate_size
     pre = f"model.layers.{L}."
     sd = mtp.state_dict()
     for k, v in sd.items():
@@ -211,7 +248,7 @@ def main():
         tensors[pre + f"mlp.experts.{e}.down_proj.weight"] = dn[e].to(torch.bfloat16).contiguous()
     save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(d, "mtp_refs.json"), "w") as f:
-        json.dump(dict(model="deepseek_v3_mtp", generator="tools/make_tiny_mtp.py", seed=1000 + seed,
+        json.dump(dict(model=arch + "_mtp", generator="tools/make_tiny_mtp.py", seed=1000 + seed,
                        mtp_routing_min_gap=gap, k=K, prompts=refs), f)
     print("wrote", d)
 
