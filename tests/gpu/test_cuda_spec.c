@@ -1,4 +1,4 @@
-// Speculative decoding (ngram, k = 4) on the CUDA backend: the engine scenarios of
+// Speculative decoding (ngram, k = 4; mtp, k = 3 on deepseek_v3_mtp) on the CUDA backend: the engine scenarios of
 // tests/engine_model_scenarios.h with spec_k set, so the runs under test carry draft tokens
 // (verify steps of 1 + k query tokens per sequence, run eagerly; steps without drafts still
 // replay the decode graphs) and the references ("alone", without speculation) do not. BF16
@@ -12,6 +12,11 @@
 //   build-cuda/atomc bench throughput --device cuda --model bench/configs/llama3_1_8b.json --load-format dummy
 //       --num-prompts 64 --input-len 1024 --output-len 256 --method ngram --num-speculative-tokens 4
 //       --spec-forced-acceptance 0.7 --max-num-seqs 1    (and 4, 16, 64: the fall-back rule)
+// the MTP path (the MTP pass and its chain run for real; drafts forced to the chosen acceptance) on
+// DeepSeek-V3 layer shapes with dummy weights,
+//   build-cuda/atomc bench throughput --device cuda --model bench/configs/deepseek_v3_4layers.json
+//       --load-format dummy --num-prompts 64 --input-len 1024 --output-len 256 --method mtp
+//       --num-speculative-tokens 3 --spec-forced-acceptance 0.7 --max-num-seqs 1   (and 4, 16)
 // and SmolLM2's copy-heavy workload with real drafts:
 //   make CUDA=1 bench && build-cuda/bench/spec_ngram_bench SmolLM2-135M-Instruct.Q4_1.gguf 4 0 128 1,4,16,32 copy cuda
 #include <stdio.h>
