@@ -18,8 +18,9 @@
 // Entries that are stale only cost acceptance, never correctness: a sequence that finishes in the
 // step leaves its last verified positions' MTP entries unwritten (a later prefix hit on those
 // blocks reads an older entry), the entry at a block's last position depends on the token after
-// the block (a prefix hit from a sequence that continues differently reads the other token's), and
-// a failed MTP pass (logged) leaves this step's entries unwritten.
+// the block (a prefix hit from a sequence that continues differently reads the other token's), a
+// KV-transfer producer sends a prompt's blocks before this pass writes their MTP entries, and a
+// failed MTP pass (logged) leaves this step's entries unwritten.
 #include <stdlib.h>
 #include <string.h>
 
