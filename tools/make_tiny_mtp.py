@@ -4,9 +4,9 @@ tools/make_tiny_deepseek.py / the GLM-4-MoE fixture of tools/make_tiny_glm_mimo.
 target weights copied unchanged; glm4_moe's partial MTP layer dropped) plus one random
 multi-token-prediction layer, model.layers.3.* in the checkpoints' MTP layout (enorm, hnorm,
 eh_proj, the family's decoder layer (DeepSeek: MLA + noaux_tc MoE with a shared expert; GLM: GQA
-with biases, q/k norm, partial rotary + the same MoE kind), shared_head.norm;
-no shared_head.head / embed_tokens, so the target's lm_head and embeddings serve, as for
-checkpoints that omit them), fitted for a few hundred Adam steps to the target's own greedy
+with biases, q/k norm, partial rotary + the same MoE kind), shared_head.norm; deepseek_v3_mtp has
+no shared_head.head / embed_tokens (the target's serve, as for checkpoints that omit them),
+glm4_moe_mtp has byte-identical copies of the target's (as DeepSeek-V3 ships them)), fitted for a few hundred Adam steps to the target's own greedy
 continuations (so drafts are accepted at a realistic rate), and mtp_refs.json with the MTP forward computed from HF's own
 modules (DeepseekV3DecoderLayer / Glm4MoeDecoderLayer, their RMSNorm, the model's rotary embedding), fp32 over
 the bf16-stored weights:
@@ -246,6 +246,9 @@ def write(arch, out):
         tensors[pre + f"mlp.experts.{e}.gate_proj.weight"] = gu[e, :I].to(torch.bfloat16).contiguous()
         tensors[pre + f"mlp.experts.{e}.up_proj.weight"] = gu[e, I:].to(torch.bfloat16).contiguous()
         tensors[pre + f"mlp.experts.{e}.down_proj.weight"] = dn[e].to(torch.bfloat16).contiguous()
+    if arch == "glm4_moe":  # byte-identical copies of the target's, as DeepSeek-V3 ships them (not loaded twice)
+        tensors[pre + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors[pre + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
     save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(d, "mtp_refs.json"), "w") as f:
         json.dump(dict(model=arch + "_mtp", generator="tools/make_tiny_mtp.py", seed=1000 + seed,

@@ -2,8 +2,9 @@
 // num_nextn_predict_layers, stored as model.layers.<num_layers + i>.* with
 //   enorm.weight, hnorm.weight (hidden)   eh_proj.weight (hidden, 2 hidden)
 //   the family's decoder layer tensors    shared_head.norm.weight (hidden)
-//   shared_head.head.weight (vocab, hidden), embed_tokens.weight (vocab, hidden): optional, the
-//   model's lm_head / embeddings when a checkpoint omits them (DeepSeek-V3 ships copies).
+//   shared_head.head.weight (vocab, hidden), embed_tokens.weight (vocab, hidden): optional; the
+//   model's lm_head / embeddings serve when a checkpoint omits them or ships byte-identical copies
+//   (DeepSeek-V3 does), so they are not held twice.
 //
 // Forward (as vLLM's DeepSeekMultiTokenPredictorLayer and SGLang's deepseek_nextn, which the
 // checkpoints were trained for; transformers has no MTP module): for token t_{p+1} at position p
@@ -24,6 +25,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "loader/model_files.h"
 #include "model/blocks.h"
 
 // The family's plan for MTP layer index l (>= num_layers): evaluated on a copy whose num_layers
@@ -38,6 +40,22 @@ static void mtp_plan(const struct model *m, int l, struct layer_plan *p) {
 static void mtp_release(struct model *m, struct tensor *t, const void *alias) {
     if (t->data && t->data != alias) m->backend->ops->free(m->backend, t->data);
     t->data = NULL;
+}
+
+// Whether the checkpoint's tensor `name` is a byte-identical copy of the target's `target` (same
+// dtype and shape): DeepSeek-V3 ships its MTP layer's embed_tokens and shared_head.head as copies of
+// the model's (2 x 1.85 GB in BF16), which are then not loaded a second time.
+static bool mtp_copy_of(struct weight_loader *L, const char *name, const char *target) {
+    struct model_files *mf = weight_loader_files(L);
+    struct tensor a, b;
+    struct error e = {0};
+    if (!mf || model_files_get_tensor(mf, name, &a, &e) != ATOMC_OK ||
+        model_files_get_tensor(mf, target, &b, &e) != ATOMC_OK)
+        return false;
+    if (a.dtype != b.dtype || a.ndim != b.ndim) return false;
+    for (int d = 0; d < a.ndim; d++)
+        if (a.ne[d] != b.ne[d]) return false;
+    return !memcmp(a.data, b.data, tensor_bytes(&a));
 }
 
 atomc_status model_mtp_load(struct model *m, struct weight_loader *L, struct error *err) {
@@ -97,13 +115,15 @@ atomc_status model_mtp_load(struct model *m, struct weight_loader *L, struct err
         if ((st = weight_loader_load_tensor(L, &w->head_norm, MTP_NAME("shared_head.norm.weight"), 1, (int64_t[]){H},
                                             WINIT_NORM, -1, 0, err)))
             return st;
-        if (weight_loader_has(L, MTP_NAME("shared_head.head.weight"))) {
+        const char *head_src = m->cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+        if (weight_loader_has(L, MTP_NAME("shared_head.head.weight")) && !mtp_copy_of(L, name, head_src)) {
             if ((st = weight_loader_load_tensor(L, &w->head.t, name, 2, (int64_t[]){V, H}, WINIT_MATRIX, -1, 0, err)))
                 return st;
         } else {
             w->head = m->lm_head;
         }
-        if (weight_loader_has(L, MTP_NAME("embed_tokens.weight"))) {
+        if (weight_loader_has(L, MTP_NAME("embed_tokens.weight")) &&
+            !mtp_copy_of(L, name, "model.embed_tokens.weight")) {
             if ((st = weight_loader_load_tensor(L, &w->embed, name, 2, (int64_t[]){V, H}, WINIT_MATRIX, -1, 0, err)))
                 return st;
         } else {
