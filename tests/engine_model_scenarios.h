@@ -43,6 +43,7 @@ struct es_setup {
     double min_clear;    // fraction of all tokens that must have been equal at a clear margin
     int spec_k;          // > 0: the runs under test use ngram speculative decoding with k drafts
                          // (prompt lookup 1..3, at every batch size); the reference runs never do
+    const char *spec_method; // NULL: "ngram"; "mtp": the model's MTP layer drafts (same k, batch sizes)
 };
 
 // The setup of the reference runs: s without speculation.
@@ -59,8 +60,8 @@ static const char *es_spec_line(atomc_engine *e) {
     atomc_engine_get_stats(e, &st);
     buf[0] = 0;
     if (st.num_speculative_tokens > 0)
-        snprintf(buf, sizeof buf, ", ngram k=%d: %llu drafts, %llu of %llu draft tokens accepted",
-                 st.num_speculative_tokens, (unsigned long long)st.spec_num_drafts,
+        snprintf(buf, sizeof buf, ", %s k=%d: %llu drafts, %llu of %llu draft tokens accepted",
+                 e->spec_mtp ? "mtp" : "ngram", st.num_speculative_tokens, (unsigned long long)st.spec_num_drafts,
                  (unsigned long long)st.spec_num_accepted_tokens, (unsigned long long)st.spec_num_draft_tokens);
     return buf;
 }
@@ -129,10 +130,11 @@ static atomc_engine *es_make(const struct es_setup *s, const char *model, int bl
     o.num_threads = 2;
     o.gpu_memory_utilization = 0.3; // the pool is num_blocks; leave the GPU to others
     if (s->spec_k > 0) {
-        o.speculative_method = "ngram";
+        bool mtp = s->spec_method && !strcmp(s->spec_method, "mtp");
+        o.speculative_method = mtp ? "mtp" : "ngram";
         o.num_speculative_tokens = s->spec_k;
-        o.prompt_lookup_min = 1;
-        o.prompt_lookup_max = 3;
+        o.prompt_lookup_min = mtp ? 0 : 1;
+        o.prompt_lookup_max = mtp ? 0 : 3;
         o.speculative_disable_by_batch_size = -1;
     }
     atomc_engine *e = NULL;

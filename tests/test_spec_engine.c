@@ -66,9 +66,12 @@ TEST(spec_options_checked) {
     o.num_speculative_tokens = 3; // no method
     ASSERT_EQ(make(&o, 16, 64, &e, &m, msg), ATOMC_ERR_INVALID_ARGUMENT);
     ASSERT_TRUE(strstr(msg, "without a speculative method"));
-    o.speculative_method = "mtp";
+    o.speculative_method = "mtp"; // the fake model has no MTP layer to draft with
     ASSERT_EQ(make(&o, 16, 64, &e, &m, msg), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(strstr(msg, "\"mtp\" is not implemented"));
+    ASSERT_TRUE(strstr(msg, "cannot draft"));
+    o.speculative_method = "eagle3";
+    ASSERT_EQ(make(&o, 16, 64, &e, &m, msg), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(msg, "\"eagle3\" is not implemented"));
     o.speculative_method = "nrgam";
     ASSERT_EQ(make(&o, 16, 64, &e, &m, msg), ATOMC_ERR_INVALID_ARGUMENT);
     ASSERT_TRUE(strstr(msg, "unknown speculative method \"nrgam\""));

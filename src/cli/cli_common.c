@@ -215,7 +215,7 @@ bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf
     ok = ok && spec_int(j, "prompt_lookup_max", 1, 1 << 20, &o->prompt_lookup_max);
     ok = ok && spec_int(j, "disable_by_batch_size", 1, 1 << 20, &o->speculative_disable_by_batch_size);
     if (ok && !m && o->speculative_method == NULL) {
-        fprintf(stderr, "atomc: --speculative-config needs a \"method\" (\"ngram\")\n");
+        fprintf(stderr, "atomc: --speculative-config needs a \"method\" (\"ngram\" or \"mtp\")\n");
         ok = false;
     }
     json_decref(j);

@@ -102,7 +102,7 @@ static const struct flag flags[] = {
     {"--speculative-config", FLAG_STR, A(speculative_config), "off",
      "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
      "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}'"},
-    {"--method", FLAG_STR, A(eo.speculative_method), "off", "speculative method (ATOM's flag): ngram"},
+    {"--method", FLAG_STR, A(eo.speculative_method), "off", "speculative method (ATOM's flag): ngram or mtp"},
     {"--num-speculative-tokens", FLAG_INT, A(eo.num_speculative_tokens), "0",
      "draft tokens verified per step (ATOM's flag)"},
     {"--kv-transfer-config", FLAG_STR, A(eo.kv_transfer_config), "off",

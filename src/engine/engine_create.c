@@ -26,6 +26,9 @@ static atomc_status runner_execute(void *ctx, const struct forward_batch *fb, st
 static void runner_free(void *ctx) { model_runner_free(ctx); }
 static uint64_t runner_graph_replays(void *ctx) { return model_runner_num_graph_replays(ctx); }
 static void runner_kv_pool(void *ctx, struct kv_pool_view *v) { model_runner_kv_pool_view(ctx, v); }
+static atomc_status runner_draft(void *ctx, const struct draft_batch *db, int32_t *drafts, struct error *err) {
+    return model_runner_draft(ctx, db, drafts, err);
+}
 
 // The model's shape for the KV transfer handshake: what decides the KV's meaning and layout.
 static uint64_t config_hash(const struct model_config *c) {
@@ -139,6 +142,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
         .cpu_exact_kernels = o->cpu_exact_kernels,
         .dummy_seed = o->seed,
         .moe_uniform_routing = o->moe_uniform_routing,
+        .load_mtp = spec_k > 0 && engine_spec_is_mtp(o),
     };
     int tp_size = o->tensor_parallel_size > 0 ? o->tensor_parallel_size : 1;
     if (tp_size > 1) {
@@ -170,7 +174,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
     memset(&su, 0, sizeof su);
     su.model = (struct engine_model_ops){
         .ctx = runner, .execute = runner_execute, .free = runner_free, .graph_replays = runner_graph_replays,
-        .kv_pool = runner_kv_pool};
+        .kv_pool = runner_kv_pool, .draft = model_runner_num_mtp_layers(runner) > 0 ? runner_draft : NULL};
     if (tp)
         su.model = (struct engine_model_ops){
             .ctx = tp, .execute = tp_execute, .free = tp_free, .graph_replays = tp_graph_replays};

@@ -26,6 +26,9 @@ struct engine_model_ops {
     uint64_t (*graph_replays)(void *ctx);
     // KV transfer: the model's paged KV pool (model_runner_kv_pool_view); NULL = not available.
     void (*kv_pool)(void *ctx, struct kv_pool_view *out);
+    // Speculative method "mtp": drafts from the model's MTP layer after an execute
+    // (model_runner_draft); NULL = the model cannot draft (mtp is refused).
+    atomc_status (*draft)(void *ctx, const struct draft_batch *db, int32_t *drafts, struct error *err);
 };
 
 // Text side. ctx NULL = no tokenizer: text prompts and stop strings are rejected, outputs
@@ -80,6 +83,8 @@ int engine_resolve_long_prefill(const atomc_engine_options *o);
 
 // Speculative decoding options after defaults and checks (k = 0: off; max_batch: drafts only in
 // steps with at most this many decoding sequences). Also called before the model is loaded.
+// Whether o asks for speculative method "mtp" (or its vLLM aliases deepseek_mtp / glm4_moe_mtp).
+bool engine_spec_is_mtp(const atomc_engine_options *o);
 atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min_n, int *max_n, int *max_batch,
                                  struct error *err);
 
@@ -134,6 +139,7 @@ struct atomc_engine {
     // Speculative decoding (spec.h; options speculative_*): k = 0 is off.
     int spec_k, spec_min, spec_max;
     int spec_max_batch; // drafts only in steps with at most this many decoding sequences (INT_MAX: always)
+    bool spec_mtp;      // method "mtp": drafts from the model's MTP layer (engine_spec_mtp.c), else n-gram
     double spec_force;  // BENCHMARK ONLY: forced acceptance probability (options.spec_forced_acceptance), 0 = off
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_accepted_pos[ATOMC_MAX_SPEC_TOKENS];
 
@@ -159,6 +165,17 @@ struct atomc_engine {
     int o_top_cap;
     struct sequence **drained;        // (n_inbox) requests taken from the inbox; also a failed batch's sequences
     int drained_cap;
+
+    // MTP drafting pass (engine_spec_mtp.c): its draft batch, grown on demand.
+    struct {
+        int32_t *tok, *pos, *slot, *hrows; // (tokens)
+        int tok_cap;
+        int32_t *qs, *ctx, *lrows, *ndraft, *row_seq, *chain_slots, *drafts; // per sequence (qs: + 1)
+        struct sequence **seqs, **order;
+        int seq_cap;
+        int32_t *tables;
+        size_t tables_cap;
+    } mtp;
 
     struct engine_grammar *grammar; // structured output (engine_grammar.c)
 
@@ -191,6 +208,10 @@ static inline uint64_t mix64(uint64_t x) { // splitmix64 finalizer
 void engine_live_remove(atomc_engine *e, uint64_t id);
 void engine_seq_free(atomc_engine *e, struct sequence *s);
 void engine_drain_inbox(atomc_engine *e);
+
+// engine_spec_mtp.c: after a step's outputs, the MTP layer over the positions the step verified and
+// the next step's drafts of the decoding sequences (spec.h).
+void engine_mtp_after_step(atomc_engine *e);
 
 // engine_step.c: ends s with reason (see its comment); snapshots the stats under mu.
 void engine_retire(atomc_engine *e, struct sequence *s, atomc_finish_reason reason, int n_new,

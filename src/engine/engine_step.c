@@ -279,6 +279,11 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
     for (int i = 0; i < n_seqs; i++) {
         struct sequence *s = so->seqs[i];
         e->b_qstart[i] = tok;
+        if (e->spec_mtp) { // the MTP pass after the step reads these rows' hidden states
+            s->in_step = true;
+            s->step_pos0 = s->n_computed;
+            s->step_row0 = tok;
+        }
         for (int p = s->n_computed; p < s->n_computed + s->n_sched; p++) {
             e->b_tokens[tok] = s->tokens[p];
             e->b_positions[tok] = p;
@@ -468,6 +473,11 @@ static void propose_drafts(atomc_engine *e) {
             s->n_draft = k;
             continue;
         }
+        if (e->spec_mtp) { // made by the last step's MTP pass for this very n_tokens (engine_spec_mtp.c)
+            s->n_draft = s->mtp_ready_at == s->n_tokens ? (s->mtp_ready < k ? s->mtp_ready : k) : 0;
+            s->mtp_ready = 0;
+            continue;
+        }
         s->n_draft = spec_ngram_propose(s->tokens, s->n_tokens, e->spec_min, e->spec_max, k, s->tokens + s->n_tokens);
     }
 }
@@ -549,6 +559,11 @@ int atomc_engine_step(atomc_engine *e) {
     }
     for (int i = 0; i < n_bad; i++)
         engine_retire(e, e->drained[i], ATOMC_FINISH_ERROR, 0, NULL, NONFINITE_MSG);
+    if (e->spec_mtp) {
+        trace_begin(e->trace, "mtp_draft");
+        engine_mtp_after_step(e);
+        trace_end(e->trace, "mtp_draft");
+    }
     engine_refresh_stats(e);
     trace_end(e->trace, "postprocess");
     trace_end(e->trace, "step");

@@ -54,6 +54,12 @@ struct sequence {
     int n_draft;
     uint32_t spec_misses; // drafted steps in a row without an accepted draft (opt-out rule, spec.h)
     uint32_t spec_pause;  // steps left without drafts (opt-out rule)
+    // Method "mtp" (engine_spec_mtp.c): the step computed positions [step_pos0, ...) at token rows
+    // step_row0 + ... of its batch (in_step: set by build_batch, cleared by the MTP pass); the MTP
+    // pass leaves mtp_ready drafts in tokens[n_tokens ..) made when n_tokens was mtp_ready_at.
+    bool in_step;
+    int step_pos0, step_row0;
+    int mtp_ready, mtp_ready_at;
 
     // Request parameters (owned copies).
     atomc_sampling_params params; // params.stop / stop_token_ids point into the fields below

@@ -18,8 +18,10 @@
 // rule (P(accept) = p(d); given a rejection, t is distributed as p restricted to t != d), so
 // the output distribution equals plain sampling, and as the draws are the plain sampler's own
 // (seed, step) draws, a seeded request produces the very same tokens with or without
-// speculation. Logprobs are those of the plain rows. (Drafters with a non-degenerate q, MTP
-// and EAGLE sampling, need the general rule with q in the sampler; not needed for n-gram.)
+// speculation. Logprobs are those of the plain rows. MTP drafts (method "mtp",
+// engine_spec_mtp.c) are the argmax of the MTP layer's logits, so q is one-hot on the draft as
+// for n-gram and the same rule is exact for sampled requests too. (Drafters that sample their
+// drafts, a non-degenerate q, would need the general rule with q in the sampler.)
 #ifndef ATOMC_ENGINE_SPEC_H
 #define ATOMC_ENGINE_SPEC_H
 

@@ -751,8 +751,8 @@ static bool is_mtp_tensor(const struct model_files *mf, const char *name) {
 // Tensors a checkpoint may carry that the engine leaves unread by design, and why.
 static const char *unused_by_design(const struct model_files *mf, const char *name) {
     if (is_mtp_tensor(mf, name))
-        return "a multi-token-prediction layer (num_nextn_predict_layers): speculative decoding with it is not "
-               "implemented, decoding does not use it";
+        return "a multi-token-prediction layer (num_nextn_predict_layers): only speculative method mtp reads it "
+               "(src/model/mtp.c)";
     if (mf->kind == MODEL_FILES_HF && ends_with_str(name, "rotary_emb.inv_freq"))
         return "a RoPE buffer some HF checkpoints save; atomc computes it from the RoPE config";
     if (mf->kind == MODEL_FILES_HF && mf->config.tie_word_embeddings && !strcmp(name, "lm_head.weight"))

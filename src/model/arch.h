@@ -48,6 +48,10 @@ struct model_arch_def {
     atomc_status (*finish_load)(struct model *m, struct weight_loader *L, const struct model_load_options *o,
                                 struct error *err);
     bool no_tensor_parallel; // the family does not shard yet: tp_size > 1 is refused at load
+    // Its MTP layers (num_nextn_predict_layers) load through src/model/mtp.c: plan_layer serves
+    // index num_layers + i (evaluated with num_layers counting them) and finish_load fixes their
+    // layers up too (m->mtp[i].layer).
+    bool mtp;
 };
 
 // The entry serving `a`, or NULL.

@@ -165,6 +165,11 @@ void model_forward(struct model *m, const int32_t *token_ids, const struct attn_
 }
 
 struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_rows) {
+    return model_compute_logits_with(m, rows, n_rows, &m->final_norm, &m->lm_head);
+}
+
+struct tensor model_compute_logits_with(struct model *m, const int32_t *rows, int n_rows, const struct tensor *norm,
+                                        const struct weight *head) {
     struct backend *b = m->backend;
     const struct backend_ops *ops = b->ops;
     struct model_scratch *s = &m->scratch;
@@ -179,20 +184,20 @@ struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_r
     struct tensor logits = view2(s->logits, DTYPE_F32, n_rows, V);
     ops->gather_rows(b, &gres, &residual, rows, n_rows);
     ops->gather_rows(b, &gh, &h, rows, n_rows);
-    ops->add_rmsnorm(b, &gx, &gres, &gh, &m->final_norm, c->rms_norm_eps);
+    ops->add_rmsnorm(b, &gx, &gres, &gh, norm, c->rms_norm_eps);
     // F32 logits straight from the GEMM (backend.h: matmul may write F32 from act-dtype input),
     // so no rounding of logits to BF16 and no conversion pass.
     if (m->tp_size > 1) {
         // Vocab-parallel lm_head: this rank's (n, V/tp) logits, all-gathered side by side.
         int64_t Vs = V / m->tp_size;
         struct tensor shard = view2(s->lg_shard, DTYPE_F32, n_rows, Vs);
-        ops->matmul(b, &shard, &gx, &m->lm_head, NULL);
+        ops->matmul(b, &shard, &gx, head, NULL);
         if (m->comm_status == ATOMC_OK)
             m->comm_status = comm_all_gather_cols(m->comm, s->logits, s->lg_shard, s->lg_gather, DTYPE_F32,
                                                   (size_t)n_rows, (size_t)Vs, &m->comm_err);
         return logits;
     }
-    ops->matmul(b, &logits, &gx, &m->lm_head, NULL);
+    ops->matmul(b, &logits, &gx, head, NULL);
     return logits;
 }
 

@@ -33,8 +33,9 @@
 // index_topk best keys (block_mla.c, backend.h "---- DSA ----"). "shared" layers reuse the previous
 // full layer's selection. Quantized DSA checkpoints and backends without the DSA ops are refused.
 //
-// MTP layers (num_nextn_predict_layers, stored as model.layers.<num_hidden_layers + i>.*) are not
-// loaded: their tensors are marked read with a log line.
+// MTP layers (num_nextn_predict_layers, stored as model.layers.<num_hidden_layers + i>.*) load
+// through src/model/mtp.c for speculative method mtp (finish_load stacks their experts and
+// dequantizes their kv_b too); otherwise their tensors are marked read with a log line.
 #include <stdlib.h>
 #include <string.h>
 
@@ -410,8 +411,8 @@ static atomc_status deepseek_finish_load(struct model *m, struct weight_loader *
     (void)o;
     const struct model_config *c = &m->cfg;
     int kv_b_dequantized = 0;
-    for (int l = 0; l < c->num_layers; l++) {
-        struct model_layer *ly = &m->layers[l];
+    for (int l = 0; l < c->num_layers + m->n_mtp; l++) { // the MTP layers (mtp.c) after the decoder's
+        struct model_layer *ly = l < c->num_layers ? &m->layers[l] : &m->mtp[l - c->num_layers].layer;
         if (ly->attn.mla.kv_b.scheme != WEIGHT_SCHEME_NONE) {
             atomc_status st = deepseek_dequant_kv_b(m, l, &ly->attn.mla.kv_b, err);
             if (st != ATOMC_OK) return st;
@@ -428,7 +429,7 @@ static atomc_status deepseek_finish_load(struct model *m, struct weight_loader *
         LOG_INFO("%s: kv_b_proj of %d layer(s) dequantized to %s at load (the absorbed MLA's W_UK / W_UV)",
                  c->architecture, kv_b_dequantized, dtype_name(m->weight_dtype));
     struct model_files *mf = weight_loader_files(L);
-    if (mf && c->num_nextn_predict_layers > 0) {
+    if (mf && c->num_nextn_predict_layers > 0 && m->n_mtp == 0) {
         size_t n = 0;
         for (int i = 0; i < c->num_nextn_predict_layers; i++) {
             char prefix[48];
@@ -481,4 +482,5 @@ const struct model_arch_def model_arch_deepseek = {
     .forward = deepseek_forward,
     .finish_load = deepseek_finish_load,
     .extra_scratch_cols = deepseek_extra_scratch_cols,
+    .mtp = true,
 };

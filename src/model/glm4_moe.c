@@ -17,7 +17,8 @@
 //   logits rows only: model_compute_logits
 //
 // Multi-token-prediction layers (num_nextn_predict_layers, stored as model.layers.<num_layers>.*)
-// are not loaded: the loader skips them by name with a log line (model_files.c).
+// load through src/model/mtp.c for speculative method mtp (the plan above serves their index);
+// otherwise the loader skips them by name (model_files.c).
 #include <string.h>
 
 #include "common/check.h"
@@ -169,4 +170,5 @@ const struct model_arch_def model_arch_glm4_moe = {
     .check = glm4_moe_check,
     .plan_layer = glm4_moe_plan_layer,
     .forward = glm4_moe_forward,
+    .mtp = true,
 };

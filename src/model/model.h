@@ -148,6 +148,20 @@ struct model_layer {
     } ffn;
 };
 
+// A multi-token-prediction (MTP) layer (DeepSeek-V3 / GLM-4-MoE's num_nextn_predict_layers,
+// stored as model.layers.<num_layers + i>.*; src/model/mtp.c): for position p it combines the
+// target's final hidden state h_p with the embedding of token p + 1 and predicts token p + 2:
+//   x = eh_proj [enorm(embed(t_{p+1})), hnorm(h_p)]  ->  decoder layer  ->  out (pre-norm)
+//   logits = head(head_norm(out)); chained: out is the next position's h.
+struct model_mtp_layer {
+    struct model_layer layer;   // the decoder layer (the family's plan for index num_layers + i)
+    struct tensor enorm, hnorm; // (hidden)
+    struct weight eh_e, eh_h;   // (hidden, hidden) eh_proj's columns for the embedding / the hidden state
+    struct tensor head_norm;    // (hidden) shared_head.norm
+    struct weight head;         // (vocab, hidden) shared_head.head; aliases the model's lm_head when absent
+    struct tensor embed;        // (vocab, hidden) embed_tokens; aliases the model's embeddings when absent
+};
+
 // ---------------------------------------------------------------------------------------------
 // Cache specs: what a layer keeps per token (paged kinds) or per sequence (recurrent).
 
@@ -207,6 +221,7 @@ struct model_scratch {
     float *lg_gather; // TP only: (tp, max_logits_rows, vocab / tp) F32 staging of the all-gather
     struct model_moe_scratch moe;
     void *mla_workspace; // MLA models: mla_workspace_bytes(max_tokens, ...)
+    void *mtp_a, *mtp_b, *mtp_c; // MTP layers loaded: (max_tokens, hidden) each (mtp.c)
     size_t bytes;     // total allocated
 };
 
@@ -227,7 +242,10 @@ struct model {
     struct tensor final_norm;     // (hidden)
     struct weight lm_head;        // (vocab, hidden); .t aliases embed when tied
     struct model_layer *layers;   // (num_layers)
-    struct cache_spec *layer_cache; // (num_layers) what each layer keeps
+    struct cache_spec *layer_cache; // (n_cache_layers) what each layer keeps; MTP layers after the decoder's
+    int n_cache_layers;           // num_layers + n_mtp: the runner's KV pool has one entry per cache layer
+    int n_mtp;                    // MTP layers loaded (model_load_options.load_mtp), 0 otherwise
+    struct model_mtp_layer *mtp;  // (n_mtp); their caches are layer_cache[num_layers + i]
 
     float *inv_freq;              // (rotary_dim / 2) backend memory
     struct rope_args rope;
@@ -283,6 +301,10 @@ struct model_load_options {
     // lm_head, the MoE routers and the experts becomes per-channel FP8 with dynamic per-token FP8
     // activations at load (weight_loader.c quantize_online_fp8).
     bool online_fp8;
+    // Speculative method "mtp": also load the num_nextn_predict_layers MTP layers (src/model/mtp.c);
+    // a family without MTP support or a config without MTP layers is refused. false: they are
+    // skipped (the loader leaves their tensors unread by design).
+    bool load_mtp;
 };
 
 // Loads (or generates) every weight of `cfg`'s architecture into backend memory, fuses
@@ -321,6 +343,19 @@ void model_forward(struct model *m, const int32_t *token_ids, const struct attn_
 // After model_forward: logits (F32, in m->scratch.logits) of n_rows rows (<= max_logits_rows)
 // given by rows (backend int32 array of token row indices). Returns the F32 logits tensor.
 struct tensor model_compute_logits(struct model *m, const int32_t *rows, int n_rows);
+// The same with another final norm and head (MTP layers' shared_head).
+struct tensor model_compute_logits_with(struct model *m, const int32_t *rows, int n_rows, const struct tensor *norm,
+                                        const struct weight *head);
+
+// MTP (src/model/mtp.c; m->n_mtp > 0). Runs MTP layer i over md's tokens (writing its cache in
+// kv[num_layers + i]): token_ids are the tokens t_{p+1}; the hidden state of each token is row
+// hidden_rows[t] of the last model_forward (final-normed, as the head sees it), or, hidden_rows
+// NULL (chained steps), row t of the previous MTP pass's logits rows (its pre-norm output, left in
+// scratch.lg_res by model_mtp_compute_logits). Then model_mtp_compute_logits gives the rows'
+// F32 logits in scratch.logits and leaves their pre-norm output in scratch.lg_res.
+void model_mtp_forward(struct model *m, int i, const int32_t *token_ids, const struct attn_metadata *md,
+                       struct kv_layer *kv, const int32_t *hidden_rows);
+struct tensor model_mtp_compute_logits(struct model *m, int i, const int32_t *rows, int n_rows);
 
 // Weight bytes one decode step of `batch` tokens reads: everything but the experts, plus the
 // experts the step touches per MoE layer, min(E, batch * top_k) (exact under the benchmark's

@@ -179,6 +179,7 @@ static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *e
 static void runner_free_buffers(struct model_runner *r) {
     struct backend *b = r->backend;
     runner_state_release(r);
+    runner_mtp_release(r);
     void *dev[] = {r->d_meta, r->d_iota, r->d_out_ids, r->d_out_top_ids, r->d_out_top_lp, r->d_hist, r->d_mask, r->kv_pool};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) b->ops->free(b, dev[i]);
@@ -549,7 +550,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
                                     .tp_size = o->tp_size, .comm = o->comm,
                                     .moe_force_uniform = o->moe_uniform_routing,
                                     .quant_weight_only = o->quant_weight_only,
-                                    .online_fp8 = online_fp8};
+                                    .online_fp8 = online_fp8,
+                                    .load_mtp = o->load_mtp};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
     // Every tensor of the checkpoint must have been read: a scale or unknown tensor the model

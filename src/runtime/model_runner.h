@@ -124,6 +124,9 @@ struct runner_options {
     // "fp8": online quantization of an unquantized checkpoint (struct model_load_options.online_fp8);
     // NULL, "" or "none": as the checkpoint is.
     const char *quantization;
+    // Speculative method "mtp": load the model's MTP layers (struct model_load_options.load_mtp)
+    // and give them a cache layer each in the KV pool; model_runner_draft then proposes drafts.
+    bool load_mtp;
 };
 
 struct model_runner;
@@ -150,6 +153,30 @@ atomc_status model_runner_execute(struct model_runner *r, const struct forward_b
 // For tests and scoring; K/V are written exactly as by execute.
 atomc_status model_runner_execute_logits(struct model_runner *r, const struct forward_batch *fb, float *logits,
                                          struct error *err);
+
+// MTP drafts (speculative method "mtp"; the runner was created with load_mtp). Called after a
+// model_runner_execute whose hidden states it reads (nothing may run in between):
+// db->fb is a forward batch over the MTP layer's cache: for every position p verified by that
+// step, token t_{p+1} at position p (fb.token_ids / positions / slot_mapping / block tables /
+// context lengths as for the target), its hidden state in row hidden_rows[t] of the executed
+// batch. fb.logits_rows are the last rows of the sequences that want drafts (fb.sampling is
+// ignored: drafts are the argmax), in order of non-increasing n_drafts; row i wants n_drafts[i]
+// (1..max_drafts) drafts, chained through the MTP layer at positions context_lens[row_seq[i]] + j
+// - 1 (j = 1 .. n_drafts[i] - 1) whose cache slots are chain_slots[i * (max_drafts - 1) + j - 1]
+// (inside the sequence's block table). Writes drafts (n_logits, max_drafts) row-major; entries
+// past n_drafts[i] are left as they are.
+struct draft_batch {
+    struct forward_batch fb;
+    const int32_t *hidden_rows;  // (fb.n_tokens)
+    const int32_t *n_drafts;     // (fb.n_logits)
+    const int32_t *row_seq;      // (fb.n_logits) sequence index in fb of each logits row
+    int max_drafts;
+    const int32_t *chain_slots;  // (fb.n_logits, max_drafts - 1)
+};
+atomc_status model_runner_draft(struct model_runner *r, const struct draft_batch *db, int32_t *drafts,
+                                struct error *err);
+// MTP layers loaded (0: none, model_runner_draft refuses).
+int model_runner_num_mtp_layers(const struct model_runner *r);
 
 int model_runner_max_model_len(const struct model_runner *r);
 int model_runner_block_size(const struct model_runner *r);

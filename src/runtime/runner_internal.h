@@ -102,6 +102,17 @@ struct model_runner {
     int32_t *h_plp_top_ids;  // (max_tokens, 20)
     float *h_plp_top_lp;
 
+    // MTP drafts (runner_mtp.c): host staging of the chained steps' batches and the device copy
+    // of a draft batch's hidden rows, grown on demand.
+    struct {
+        int32_t *tok, *pos, *qs, *ctx, *slot, *rows, *bt;
+        struct sample_row *greedy;
+        int cap;          // rows of tok .. rows, greedy (qs: cap + 1)
+        size_t bt_cap;    // elements of bt
+        int32_t *d_hidden_rows;
+        int d_cap;
+    } mtp;
+
     struct runner_graph graphs[RUNNER_MAX_GRAPHS];
     int n_graphs;
     bool graphs_enabled;
@@ -135,6 +146,9 @@ atomc_status runner_state_alloc(struct model_runner *r, struct error *err);
 void runner_state_bind(struct model_runner *r);
 void runner_state_release(struct model_runner *r);
 atomc_status runner_state_validate(const struct model_runner *r, const struct forward_batch *fb, struct error *err);
+
+// runner_mtp.c
+void runner_mtp_release(struct model_runner *r);
 
 // runner_graphs.c
 struct runner_graph *runner_graph_for(struct model_runner *r, int n);

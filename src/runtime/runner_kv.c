@@ -17,13 +17,13 @@
 // Bytes of one block (block_size tokens) summed over every layer's paged cache.
 size_t runner_kv_block_bytes(const struct model_runner *r) {
     size_t per_token = 0;
-    for (int l = 0; l < r->cfg.num_layers; l++) per_token += cache_spec_token_bytes(&r->model->layer_cache[l], r->kv_dtype);
+    for (int l = 0; l < r->model->n_cache_layers; l++) per_token += cache_spec_token_bytes(&r->model->layer_cache[l], r->kv_dtype);
     return per_token * (size_t)r->block_size;
 }
 
 // Refuses cache kinds the runner cannot hold yet (a model declaring one must not load).
 atomc_status runner_kv_check_specs(const struct model_runner *r, struct error *err) {
-    for (int l = 0; l < r->cfg.num_layers; l++) {
+    for (int l = 0; l < r->model->n_cache_layers; l++) {
         const struct cache_spec *s = &r->model->layer_cache[l];
         if (s->kind == CACHE_KIND_RECURRENT && !r->state_pool)
             return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d keeps a %s but the runner has no state slots",
@@ -41,7 +41,6 @@ atomc_status runner_kv_check_specs(const struct model_runner *r, struct error *e
 // layout the runner always had.
 atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct error *err) {
     struct backend *b = r->backend;
-    const struct model_config *c = &r->cfg;
     size_t per_block = runner_kv_block_bytes(r);
     r->kv_bytes = per_block * (size_t)num_blocks;
     r->kv_pool = b->ops->alloc(b, r->kv_bytes);
@@ -51,10 +50,10 @@ atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct erro
     // Zeroed once so that padded graph slots (which read block 0) never see NaN bit patterns.
     b->ops->memset_zero(b, r->kv_pool, r->kv_bytes);
     r->num_blocks = num_blocks;
-    if (!r->kv) r->kv = xcalloc((size_t)c->num_layers, sizeof *r->kv);
+    if (!r->kv) r->kv = xcalloc((size_t)r->model->n_cache_layers, sizeof *r->kv);
     const size_t e = dtype_row_bytes(r->kv_dtype, 1), slots = (size_t)num_blocks * (size_t)r->block_size;
     char *base = r->kv_pool;
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = 0; l < r->model->n_cache_layers; l++) {
         const struct cache_spec *s = &r->model->layer_cache[l];
         struct kv_layer *kv = &r->kv[l];
         memset(kv, 0, sizeof *kv);
@@ -175,17 +174,17 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
     if (blocks > INT32_MAX / r->block_size) blocks = INT32_MAX / r->block_size;
     // Per token over all layers, by cache kind (MLA's latent row is what makes DeepSeek's cache small).
     size_t per_token = per_block / (size_t)r->block_size, latent = 0;
-    for (int l = 0; l < r->cfg.num_layers; l++)
+    for (int l = 0; l < r->model->n_cache_layers; l++)
         if (r->model->layer_cache[l].kind == CACHE_KIND_LATENT)
             latent += cache_spec_token_bytes(&r->model->layer_cache[l], r->kv_dtype);
-    LOG_INFO("KV cache: %zu bytes per token over %d layers (%s%s)", per_token, r->cfg.num_layers,
+    LOG_INFO("KV cache: %zu bytes per token over %d layers (%s%s)", per_token, r->model->n_cache_layers,
              dtype_name(r->kv_dtype), latent ? ", latent (MLA) rows" : "");
     return runner_kv_alloc(r, (int)blocks, err);
 }
 
 int model_runner_sliding_window(const struct model_runner *r) {
     int w = 0;
-    for (int l = 0; l < r->cfg.num_layers; l++) {
+    for (int l = 0; l < r->model->n_cache_layers; l++) {
         const struct cache_spec *s = &r->model->layer_cache[l];
         if (s->kind != CACHE_KIND_SLIDING || (w && s->window != w)) return 0;
         w = s->window;
@@ -201,7 +200,7 @@ static atomc_status runner_kv_copy(void *ctx, int layer, const int32_t *blocks, 
                                    bool to_pool, struct error *err) {
     struct model_runner *r = ctx;
     struct backend *b = r->backend;
-    if (layer < 0 || layer >= r->cfg.num_layers || tok0 < 0 || n < 0)
+    if (layer < 0 || layer >= r->model->n_cache_layers || tok0 < 0 || n < 0)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "KV copy: layer %d tokens [%d, %d)", layer, tok0, tok0 + n);
     char *h = host;
     const int bs = r->block_size;
@@ -229,7 +228,7 @@ static atomc_status runner_kv_copy(void *ctx, int layer, const int32_t *blocks, 
 void model_runner_kv_pool_view(struct model_runner *r, struct kv_pool_view *v) {
     const size_t e = dtype_row_bytes(r->kv_dtype, 1), slots = (size_t)r->num_blocks * (size_t)r->block_size;
     size_t off = 0;
-    for (int l = 0; l < r->cfg.num_layers; l++) {
+    for (int l = 0; l < r->model->n_cache_layers; l++) {
         const struct cache_spec *s = &r->model->layer_cache[l];
         if (s->kind == CACHE_KIND_LATENT) {
             r->xfer_k_row[l] = (size_t)s->latent_dim * e;
@@ -245,7 +244,7 @@ void model_runner_kv_pool_view(struct model_runner *r, struct kv_pool_view *v) {
     }
     CHECK(off == r->kv_bytes);
     memset(v, 0, sizeof *v);
-    v->n_layers = r->cfg.num_layers;
+    v->n_layers = r->model->n_cache_layers;
     v->block_size = r->block_size;
     v->num_blocks = r->num_blocks;
     v->kv_dtype = (int)r->kv_dtype;

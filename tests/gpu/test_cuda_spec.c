@@ -1,4 +1,4 @@
-// Speculative decoding (ngram, k = 4) on the CUDA backend: the engine scenarios of
+// Speculative decoding (ngram, k = 4; mtp, k = 3 on deepseek_v3_mtp) on the CUDA backend: the engine scenarios of
 // tests/engine_model_scenarios.h with spec_k set, so the runs under test carry draft tokens
 // (verify steps of 1 + k query tokens per sequence, run eagerly; steps without drafts still
 // replay the decode graphs) and the references ("alone", without speculation) do not. BF16
@@ -12,6 +12,11 @@
 //   build-cuda/atomc bench throughput --device cuda --model bench/configs/llama3_1_8b.json --load-format dummy
 //       --num-prompts 64 --input-len 1024 --output-len 256 --method ngram --num-speculative-tokens 4
 //       --spec-forced-acceptance 0.7 --max-num-seqs 1    (and 4, 16, 64: the fall-back rule)
+// the MTP path (the MTP pass and its chain run for real; drafts forced to the chosen acceptance) on
+// DeepSeek-V3 layer shapes with dummy weights,
+//   build-cuda/atomc bench throughput --device cuda --model bench/configs/deepseek_v3_4layers.json
+//       --load-format dummy --num-prompts 64 --input-len 1024 --output-len 256 --method mtp
+//       --num-speculative-tokens 3 --spec-forced-acceptance 0.7 --max-num-seqs 1   (and 4, 16)
 // and SmolLM2's copy-heavy workload with real drafts:
 //   make CUDA=1 bench && build-cuda/bench/spec_ngram_bench SmolLM2-135M-Instruct.Q4_1.gguf 4 0 128 1,4,16,32 copy cuda
 #include <stdio.h>
@@ -26,6 +31,11 @@
         .min_clear = 0.3, .spec_k = 4                                                                                  \
     }
 static const struct es_setup GRAPHS = CUDA_SPEC(false), EAGER = CUDA_SPEC(true);
+// Method mtp on the DeepSeek-V3 fixture with an MTP layer (tools/make_tiny_mtp.py): the MTP pass
+// and its chained drafts through the CUDA ops (MLA, MoE), plain decode steps through the graphs.
+static const struct es_setup MTP_GRAPHS = {.device = "cuda", .margin_tol = 0.3f, .lp_tol = 0.3f,
+                                           .lp_tol_cached = 0.3f, .min_clear = 0.3, .spec_k = 3,
+                                           .spec_method = "mtp"};
 
 static bool gpu_present(void) {
     static int state = -1;
@@ -60,6 +70,16 @@ TEST(cuda_spec_random_stress_equals_alone) {
 TEST(cuda_spec_moe_random_stress_eager) {
     if (!gpu_present()) SKIP("no CUDA device");
     es_random_stress_equals_alone(&EAGER, "mixtral", 0x5eed1234ull, 24);
+}
+
+TEST(cuda_spec_mtp_batched_under_preemption_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_batched_under_preemption_equals_alone(&MTP_GRAPHS, "deepseek_v3_mtp");
+}
+
+TEST(cuda_spec_mtp_random_stress_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&MTP_GRAPHS, "deepseek_v3_mtp", 0x5eed1234ull, 24);
 }
 
 int main(int argc, char **argv) {

@@ -46,8 +46,24 @@ def test_ngram_same_tokens_as_plain(name, sampling):
         assert abs(a["logprob"] - b["logprob"]) < 1e-3
 
 
+@pytest.mark.parametrize("sampling", [["--temperature", "0"],
+                                      ["--temperature", "0.8", "--top-k", "20", "--seed", "7"]])
+def test_mtp_same_tokens_as_plain(sampling):
+    # deepseek_v3_mtp (tools/make_tiny_mtp.py): greedy MTP drafts keep even seeded sampling exact.
+    model = os.path.join(FIX, "deepseek_v3_mtp")
+    common = ["--prompt-ids", PATTERN, "--max-tokens", "40", "--ignore-eos", "--logprobs", "2", *sampling]
+    plain = gen(model, *common)
+    spec = gen(model, *common, "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}')
+    atom = gen(model, *common, "--method", "mtp", "--num-speculative-tokens", "2")
+    assert spec["ids"] == plain["ids"]
+    assert atom["ids"] == plain["ids"]
+    for a, b in zip(spec["logprobs"], plain["logprobs"]):
+        assert abs(a["logprob"] - b["logprob"]) < 1e-3
+
+
 @pytest.mark.parametrize("cfg,msg", [
-    ('{"method": "mtp", "num_speculative_tokens": 1}', 'speculative method "mtp" is not implemented yet'),
+    ('{"method": "mtp", "num_speculative_tokens": 1}', "MTP layers are not implemented for LlamaForCausalLM"),
+    ('{"method": "eagle3", "num_speculative_tokens": 1}', 'speculative method "eagle3" is not implemented yet'),
     ('{"method": "ngram"}', "num_speculative_tokens must be in 1..16, got 0"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "model": "x"}', 'unsupported key "model"'),
     ('{"method": "ngram", "num_speculative_tokens": 99}', '"num_speculative_tokens" must be an integer in [1, 16]'),
