@@ -222,6 +222,10 @@ struct model {
 
     float *inv_freq;              // (rotary_dim / 2) backend memory
     struct rope_args rope;
+    // The sliding-window layers' RoPE when the config gives them their own (cfg.rope_sliding,
+    // MiMo-V2-Flash); inv_freq NULL otherwise.
+    float *inv_freq_sliding;
+    struct rope_args rope_sliding;
 
     // Tensor parallelism (tp_size > 1): this rank holds heads [q_head0, q_head0 + cfg.num_heads),
     // KV heads [kv_head0, kv_head0 + cfg.num_kv_heads) (replicated when the model has fewer KV

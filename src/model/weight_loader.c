@@ -280,6 +280,9 @@ static int64_t wdim_global(const struct model_config *c, enum wdim d) {
     case WDIM_LIN_BA: return 2 * (int64_t)c->linear_num_value_heads;
     case WDIM_LIN_KERNEL: return c->linear_conv_kernel_dim;
     case WDIM_LIN_VDIM: return c->linear_value_head_dim;
+    case WDIM_KV_V: return (int64_t)c->num_kv_heads * c->v_head_dim;
+    case WDIM_SWA_KV: return (int64_t)c->swa_num_kv_heads * c->head_dim;
+    case WDIM_SWA_KV_V: return (int64_t)c->swa_num_kv_heads * c->v_head_dim;
     }
     return 0;
 }

@@ -49,6 +49,11 @@ enum wdim {
     WDIM_LIN_BA,       // 2 Hv
     WDIM_LIN_KERNEL,   // linear_conv_kernel_dim
     WDIM_LIN_VDIM,     // Dv
+    // MiMo-V2-Flash (no tensor parallelism): K / V rows of full and sliding layers, whose KV head
+    // counts differ and whose v heads are v_head_dim wide (o_proj's input: WDIM_MLA_O).
+    WDIM_KV_V,         // num_kv_heads * v_head_dim
+    WDIM_SWA_KV,       // swa_num_kv_heads * head_dim
+    WDIM_SWA_KV_V,     // swa_num_kv_heads * v_head_dim
 };
 
 // How a checkpoint stores an entry.
