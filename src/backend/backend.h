@@ -46,6 +46,12 @@ struct attn_metadata {
     // Recurrent-state models (Gated DeltaNet layers): each sequence's state slot; NULL otherwise.
     const int32_t *state_slots;   // (n_seqs)
     const int32_t *h_state_slots;
+    // Hybrid sliding / full models with per-layer-group block tables (runner_options
+    // hybrid_kv_groups): the metadata of the sliding-window layers, whose K/V live in a pool of
+    // their own: the same batch with that group's block tables and slot mapping (and the same
+    // row stride). NULL: every layer reads this metadata. The model picks it per layer
+    // (model_layer_metadata); ops never look at it.
+    const struct attn_metadata *sliding;
 };
 
 // One layer's paged KV cache: k and v each (num_blocks, block_size, n_kv_heads, head_dim)

@@ -167,7 +167,8 @@ static void mimo_plan_layer(const struct model *m, int l, struct layer_plan *p) 
 // The attention of one layer from the normed f->x into f->h, with the layer's KV head count, its
 // RoPE and the split q/k vs v head dims; Q, K, V stay in the fused qkv rows (row stride qkv_l).
 static void mimo_attention(struct model *m, struct fwd_state *f, const struct model_layer *ly, struct kv_layer *kv,
-                           const struct attn_metadata *md, bool swa) {
+                           const struct attn_metadata *md_all, bool swa) {
+    const struct attn_metadata *md = model_layer_metadata(ly, md_all);
     struct backend *b = m->backend;
     const struct backend_ops *ops = b->ops;
     const struct model_config *c = &m->cfg;

@@ -141,6 +141,13 @@ struct model_layer {
     } ffn;
 };
 
+// The attention metadata layer ly reads: the sliding-window group's (its own block tables and
+// slots) when the runner keeps per-layer-group block tables, else md.
+static inline const struct attn_metadata *model_layer_metadata(const struct model_layer *ly,
+                                                               const struct attn_metadata *md) {
+    return ly->sliding_window > 0 && md->sliding ? md->sliding : md;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cache specs: what a layer keeps per token (paged kinds) or per sequence (recurrent).
 
