@@ -9,6 +9,8 @@
 //     and without prefix caching (hits that need the window's blocks in the sliding pool): the
 //     greedy tokens equal those of one block table for every layer
 //     (disable_hybrid_kv_cache_manager), and every block of both pools is free at the end;
+//   - the same batch with ngram speculative decoding (drafts allocated in and rolled back from
+//     both pools) equals alone runs with one table;
 //   - the random stress with aborts (engine_model_scenarios.h) runs in test_gpt_oss / test_mimo.
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@
 #include "common/check.h"
 #include "engine/block_manager.h"
 #include "engine/engine_internal.h"
+#include "engine_model_scenarios.h"
 #include "model/model.h"
 #include "model_refs.h"
 #include "runtime/runner_internal.h"
@@ -179,6 +182,14 @@ TEST(hybrid_kv_outputs_equal_one_table_under_preemption_and_prefix_hits) {
         refs_free(&R);
     }
     unsetenv("ATOMC_BATCH_INVARIANT");
+}
+
+// Speculative decoding over both tables: ngram drafts allocate in both pools, rejected drafts are
+// truncated from both; batched with drafts under preemption equals alone with one table.
+TEST(hybrid_kv_speculative_decoding_equals_one_table) {
+    const struct es_setup spec = {.device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f,
+                                  .min_clear = 0.5, .spec_k = 2};
+    es_batched_under_preemption_equals_alone(&spec, "gpt_oss"); // (mimo_v2_flash's prompts accept no draft)
 }
 
 int main(int argc, char **argv) {

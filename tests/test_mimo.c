@@ -328,6 +328,29 @@ TEST(mimo_config_parsed_as_transformers) {
     ASSERT_TRUE(!model_config_layer_is_moe(&c, 0) && model_config_layer_is_moe(&c, 11));
 }
 
+// MiMo-V2-Flash's own shape (bench/configs/mimo_v2_flash.json: transformers' MiMoV2FlashConfig
+// defaults, 48 layers, 9 full / 39 sliding): the parameter count equals HF's
+// (MiMoV2FlashForCausalLM on the meta device: 308,778,768,832 parameters, MTP not built) plus the
+// 47 MoE layers' 256 correction-bias entries; the KV cache per token is that of 8 full layers of 4
+// KV heads and 39 sliding ones of 8, (192 + 128) dims each.
+TEST(mimo_bench_config_matches_hf_shape) {
+    char *json = NULL;
+    ASSERT_OK(file_read_all("bench/configs/mimo_v2_flash.json", &json, NULL, NULL));
+    struct model_config c;
+    struct error err = {0};
+    ASSERT_OK(model_config_parse_json(&c, json, "mimo_v2_flash.json", &err));
+    ASSERT_OK(model_config_validate(&c, "mimo_v2_flash.json", &err));
+    free(json);
+    int n_full = 0;
+    for (int l = 0; l < c.num_layers; l++) n_full += c.layer_types[l] == LAYER_ATTN_FULL;
+    ASSERT_EQ(n_full, 9); // layers 0, 5, 11, ..., 47
+    ASSERT_EQ(c.rope.rotary_dim, 64);
+    ASSERT_EQ(c.swa_num_kv_heads, 8);
+    int64_t n = model_param_count(&c);
+    fprintf(stderr, "  mimo_v2_flash: %lld parameters\n", (long long)n);
+    ASSERT_EQ(n, 308778768832LL + 47 * 256);
+}
+
 // What is not implemented is refused with a message naming it.
 TEST(mimo_refusals) {
     char *json = NULL;
