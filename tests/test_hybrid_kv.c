@@ -100,8 +100,10 @@ TEST(hybrid_kv_long_sequence_keeps_window_blocks_only) {
             ASSERT_OK(atomc_engine_generate(e, &rq, 1, &res, msg, sizeof msg));
             ASSERT_EQ(res.n_tokens, 50);
             for (int k = 0; k < 50; k++) {
-                if (run == 0) want[k] = res.tokens[k];
-                else ASSERT_EQ(res.tokens[k], want[k]);
+                if (run == 0)
+                    want[k] = res.tokens[k];
+                else
+                    ASSERT_EQ(res.tokens[k], want[k]);
             }
             atomc_result_free(&res);
             atomc_stats st;
@@ -114,9 +116,11 @@ TEST(hybrid_kv_long_sequence_keeps_window_blocks_only) {
                 ASSERT_TRUE(st.num_kv_blocks_sw > 0);
                 peak_sw = st.peak_kv_blocks_used_sw;
                 bytes[1] = (size_t)peak[1] * group_block_bytes(e, false) + (size_t)peak_sw * group_block_bytes(e, true);
-                fprintf(stderr, "  %-14s one table: peak %d blocks x all layers = %zu B; groups: %d full-layer + %d "
-                        "sliding-layer blocks = %zu B (%.0f%%)\n", FIXTURES[fi], peak[0], bytes[0], peak[1], peak_sw,
-                        bytes[1], 100.0 * (double)bytes[1] / (double)bytes[0]);
+                fprintf(stderr,
+                        "  %-14s one table: peak %d blocks x all layers = %zu B; groups: %d full-layer + %d "
+                        "sliding-layer blocks = %zu B (%.0f%%)\n",
+                        FIXTURES[fi], peak[0], bytes[0], peak[1], peak_sw, bytes[1],
+                        100.0 * (double)bytes[1] / (double)bytes[0]);
             }
             all_free(e);
             atomc_engine_free(e);
@@ -140,7 +144,7 @@ TEST(hybrid_kv_outputs_equal_one_table_under_preemption_and_prefix_hits) {
             int blocks;
             bool prefix, one_table, preempts;
         } runs[] = {{256, false, true, false}, {256, false, false, false}, {256, true, false, false},
-                    {14, false, false, true},  {14, true, false, true},   {14, true, true, true}};
+                    {14, false, false, true},  {14, true, false, true},    {14, true, true, true}};
         for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
             atomc_engine *e = make(FIXTURES[fi], runs[ri].blocks, 64, 56, 8, runs[ri].prefix, runs[ri].one_table);
             atomc_request rq[8];
@@ -158,18 +162,21 @@ TEST(hybrid_kv_outputs_equal_one_table_under_preemption_and_prefix_hits) {
             for (int i = 0; i < 8; i++) {
                 ASSERT_EQ(res[i].n_tokens, N_GREEDY);
                 for (int k = 0; k < N_GREEDY; k++) {
-                    if (ri == 0) want[i][k] = res[i].tokens[k];
-                    else ASSERT_EQ(res[i].tokens[k], want[i][k]);
+                    if (ri == 0)
+                        want[i][k] = res[i].tokens[k];
+                    else
+                        ASSERT_EQ(res[i].tokens[k], want[i][k]);
                 }
                 atomc_result_free(&res[i]);
             }
             atomc_stats st;
             atomc_engine_get_stats(e, &st);
-            fprintf(stderr, "  %-14s %3d blocks, prefix %d, %s: %llu preemptions, %llu prefix-hit tokens, peak %d "
-                    "full + %d sliding blocks of %d + %d\n", FIXTURES[fi], runs[ri].blocks, runs[ri].prefix,
-                    runs[ri].one_table ? "one table " : "per group ", (unsigned long long)st.num_preemptions,
-                    (unsigned long long)st.prefix_cache_hits, st.peak_kv_blocks_used, st.peak_kv_blocks_used_sw,
-                    st.num_kv_blocks, st.num_kv_blocks_sw);
+            fprintf(stderr,
+                    "  %-14s %3d blocks, prefix %d, %s: %llu preemptions, %llu prefix-hit tokens, peak %d "
+                    "full + %d sliding blocks of %d + %d\n",
+                    FIXTURES[fi], runs[ri].blocks, runs[ri].prefix, runs[ri].one_table ? "one table " : "per group ",
+                    (unsigned long long)st.num_preemptions, (unsigned long long)st.prefix_cache_hits,
+                    st.peak_kv_blocks_used, st.peak_kv_blocks_used_sw, st.num_kv_blocks, st.num_kv_blocks_sw);
             ASSERT_EQ(st.num_kv_blocks_sw > 0, !runs[ri].one_table);
             ASSERT_EQ(st.prefix_cache_hits > 0, runs[ri].prefix);
             ASSERT_EQ(st.num_preemptions > 0, runs[ri].preempts);
@@ -187,8 +194,8 @@ TEST(hybrid_kv_outputs_equal_one_table_under_preemption_and_prefix_hits) {
 // Speculative decoding over both tables: ngram drafts allocate in both pools, rejected drafts are
 // truncated from both; batched with drafts under preemption equals alone with one table.
 TEST(hybrid_kv_speculative_decoding_equals_one_table) {
-    const struct es_setup spec = {.device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f,
-                                  .min_clear = 0.5, .spec_k = 2};
+    const struct es_setup spec = {
+        .device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f, .min_clear = 0.5, .spec_k = 2};
     es_batched_under_preemption_equals_alone(&spec, "gpt_oss"); // (mimo_v2_flash's prompts accept no draft)
 }
 

@@ -41,9 +41,16 @@ static const struct es_setup CPU = {
     .device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f, .min_clear = 0.5};
 
 static struct model_runner *open_dir(const char *path, int max_seqs, struct error *err) {
-    struct runner_options o = {.model_path = path, .device = "cpu", .dtype = "auto", .load_format = "auto",
-                               .kv_cache_dtype = "auto", .block_size = 4, .num_kv_blocks = 256,
-                               .max_num_seqs = max_seqs, .max_num_batched_tokens = 256, .max_model_len = 128,
+    struct runner_options o = {.model_path = path,
+                               .device = "cpu",
+                               .dtype = "auto",
+                               .load_format = "auto",
+                               .kv_cache_dtype = "auto",
+                               .block_size = 4,
+                               .num_kv_blocks = 256,
+                               .max_num_seqs = max_seqs,
+                               .max_num_batched_tokens = 256,
+                               .max_model_len = 128,
                                .num_threads = 2};
     struct model_runner *r = NULL;
     if (model_runner_create(&o, &r, err) != ATOMC_OK) return NULL;
@@ -134,7 +141,8 @@ TEST(mimo_mixed_batch_greedy_matches_hf) {
     struct sim_seq *q = calloc((size_t)R.n, sizeof *q);
     int32_t got[MAX_PROMPTS][N_GREEDY];
     int n_got[MAX_PROMPTS] = {0};
-    for (int pi = 0; pi < R.n; pi++) sim_seq_init(&q[pi], R.p[pi].ids, R.p[pi].n);
+    for (int pi = 0; pi < R.n; pi++)
+        sim_seq_init(&q[pi], R.p[pi].ids, R.p[pi].n);
     for (int step = 0; step < 200; step++) {
         sim_step_begin(s);
         int idx[MAX_PROMPTS], n_in = 0;
@@ -342,7 +350,8 @@ TEST(mimo_bench_config_matches_hf_shape) {
     ASSERT_OK(model_config_validate(&c, "mimo_v2_flash.json", &err));
     free(json);
     int n_full = 0;
-    for (int l = 0; l < c.num_layers; l++) n_full += c.layer_types[l] == LAYER_ATTN_FULL;
+    for (int l = 0; l < c.num_layers; l++)
+        n_full += c.layer_types[l] == LAYER_ATTN_FULL;
     ASSERT_EQ(n_full, 9); // layers 0, 5, 11, ..., 47
     ASSERT_EQ(c.rope.rotary_dim, 64);
     ASSERT_EQ(c.swa_num_kv_heads, 8);
@@ -385,7 +394,8 @@ TEST(mimo_refusals) {
     fprintf(stderr, "  flat rope: %s\n", err.msg);
     rm_dir(dir);
     // The FP8 release: quantized checkpoints are refused by name.
-    dir = mutant("\"attention_bias\": false,", "\"attention_bias\": false, \"quantization_config\": {\"quant_method\": "
+    dir = mutant("\"attention_bias\": false,",
+                 "\"attention_bias\": false, \"quantization_config\": {\"quant_method\": "
                  "\"fp8\", \"weight_block_size\": [128, 128], \"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\"},");
     r = open_dir(dir, 4, &err);
     ASSERT_TRUE(r == NULL);

@@ -113,33 +113,44 @@ static const struct weight_entry mimo_moe_weights[] = {
 static atomc_status mimo_check(const struct model_config *c, struct error *err) {
     const char *a = c->architecture;
     if (c->quant.present)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: quantized checkpoints (quant_method '%s') are not "
-                         "implemented for MiMo-V2-Flash; use the bf16 weights", a, c->quant.method_name);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: quantized checkpoints (quant_method '%s') are not "
+                         "implemented for MiMo-V2-Flash; use the bf16 weights",
+                         a, c->quant.method_name);
     if (c->v_head_dim <= 0 || c->v_head_dim > c->head_dim)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: v_head_dim %d must be in [1, head_dim %d]", a, c->v_head_dim,
                          c->head_dim);
     if (c->swa_num_kv_heads <= 0 || c->num_heads % c->swa_num_kv_heads != 0)
-        return error_set(err, ATOMC_ERR_FORMAT, "%s: %d sliding-layer KV heads (2 x num_key_value_heads) do not "
-                         "divide %d attention heads", a, c->swa_num_kv_heads, c->num_heads);
+        return error_set(err, ATOMC_ERR_FORMAT,
+                         "%s: %d sliding-layer KV heads (2 x num_key_value_heads) do not "
+                         "divide %d attention heads",
+                         a, c->swa_num_kv_heads, c->num_heads);
     for (int l = 0; l < c->num_layers; l++)
         if (c->layer_types[l] == LAYER_ATTN_LINEAR)
-            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: layer %d is a linear-attention layer, which MiMo-V2-Flash "
-                             "does not have", a, l);
+            return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                             "%s: layer %d is a linear-attention layer, which MiMo-V2-Flash "
+                             "does not have",
+                             a, l);
     if (c->q_lora_rank > 0 || c->kv_lora_rank > 0 || c->qk_norm || c->mlp_bias || c->rope.interleaved ||
         c->rope_sliding.interleaved || c->attention_out_bias)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s config asks for MLA, q/k norm, mlp_bias, an o_proj bias or "
-                         "interleaved RoPE, which MiMo-V2-Flash does not have", a);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s config asks for MLA, q/k norm, mlp_bias, an o_proj bias or "
+                         "interleaved RoPE, which MiMo-V2-Flash does not have",
+                         a);
     if (c->num_experts <= 0 || c->num_experts > 1024 || c->num_experts_per_tok <= 0 ||
         c->num_experts_per_tok > c->num_experts || c->moe_intermediate_size <= 0)
-        return error_set(err, ATOMC_ERR_FORMAT, "%s config: %d experts, top-%d, moe_intermediate_size %d (need 1..1024 "
-                         "experts, 1 <= top-k <= experts)", a, c->num_experts, c->num_experts_per_tok,
-                         c->moe_intermediate_size);
+        return error_set(err, ATOMC_ERR_FORMAT,
+                         "%s config: %d experts, top-%d, moe_intermediate_size %d (need 1..1024 "
+                         "experts, 1 <= top-k <= experts)",
+                         a, c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size);
     if (strcmp(c->scoring_func, "sigmoid") != 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: scoring_func '%s': MiMo-V2-Flash routes by sigmoid only", a,
                          c->scoring_func);
     if (c->n_shared_experts > 0 || c->first_k_dense_replace > 0 || c->decoder_sparse_step != 1)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: n_shared_experts / first_k_dense_replace / "
-                         "decoder_sparse_step are not MiMo-V2-Flash keys (dense layers come from mlp_layer_types)", a);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: n_shared_experts / first_k_dense_replace / "
+                         "decoder_sparse_step are not MiMo-V2-Flash keys (dense layers come from mlp_layer_types)",
+                         a);
     int ng = c->n_group > 0 ? c->n_group : 1, tg = c->topk_group > 0 ? c->topk_group : 1;
     if (c->num_experts % ng != 0 || tg > ng || (ng > 1 && c->num_experts / ng < 2) || (ng == 1 && tg != 1))
         return error_set(err, ATOMC_ERR_FORMAT, "%s: n_group %d / topk_group %d over %d experts", a, ng, tg,
@@ -229,7 +240,8 @@ static atomc_status mimo_fold_value_scale(struct model *m, int l, struct weight 
     b->ops->copy_d2h(b, h, t->data, bytes);
     b->ops->synchronize(b);
     dtype_to_f32(t->dtype, h, fv, n);
-    for (int64_t i = 0; i < n; i++) fv[i] *= s;
+    for (int64_t i = 0; i < n; i++)
+        fv[i] *= s;
     if (m->weight_dtype == DTYPE_F32 && t->dtype != DTYPE_F32) {
         void *d = b->ops->alloc(b, (size_t)n * sizeof(float));
         if (!d) {
