@@ -30,7 +30,9 @@ struct attn_metadata {
     int n_tokens;
     int max_query_len;
     int max_context_len;
-    int max_blocks_per_seq;       // row stride of block_tables
+    int max_blocks_per_seq;       // blocks per sequence block_tables holds (and its row stride, unless:)
+    int block_table_stride;       // elements between consecutive sequences' rows; 0 = max_blocks_per_seq
+                                  // (per-layer-group block tables interleave two tables' rows)
     int block_size;
     bool decode_only;             // every sequence has exactly one new token
     const int32_t *query_start;   // (n_seqs + 1) prefix sums of new tokens
@@ -221,6 +223,11 @@ struct deltanet_args {
     int n_k_heads, n_v_heads; // Hk, Hv
     int k_dim, v_dim;         // Dk, Dv
 };
+
+// The row stride of md's block tables.
+static inline int attn_md_table_stride(const struct attn_metadata *md) {
+    return md->block_table_stride > 0 ? md->block_table_stride : md->max_blocks_per_seq;
+}
 
 struct backend;
 

@@ -299,7 +299,8 @@ bool runner_is_decode_only(const struct forward_batch *fb) {
 // slots when > n_seqs: padded slots have slot -1, context 1, block 0, token 0; their block
 // table rows use the layout's width), with the logits rows, prompt-logprob rows and the
 // sampling parameters of each logits row, and fills md. Hybrid groups: each block-table row is
-// the full group's bt_stride entries then the sliding group's, md's row stride 2 bt_stride, and
+// the full group's bt_stride entries then the sliding group's, md's row stride (block_table_stride)
+// 2 bt_stride (max_blocks_per_seq stays bt_stride: what the CUDA split heuristic sizes by), and
 // md->sliding = r->md_sw points at the second half and the sliding slots. Returns the bytes to
 // upload.
 size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int pad_seqs, int bt_stride,
@@ -372,7 +373,8 @@ size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int p
         .n_tokens = T,
         .max_query_len = max_q > 1 ? max_q : 1,
         .max_context_len = max_ctx > 1 ? max_ctx : 1,
-        .max_blocks_per_seq = row,
+        .max_blocks_per_seq = bt_stride,
+        .block_table_stride = row,
         .block_size = r->block_size,
         .decode_only = runner_is_decode_only(fb),
         .query_start = DPTR(r, query_start, int32_t),

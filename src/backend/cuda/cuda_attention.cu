@@ -625,7 +625,7 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     p.query_start = md->query_start;
     p.context_lens = md->context_lens;
     p.block_tables = md->block_tables;
-    p.max_blocks = md->max_blocks_per_seq;
+    p.max_blocks = attn_md_table_stride(md); // the row stride (== max_blocks_per_seq but for interleaved tables)
     p.block_size = md->block_size;
     CHECK_MSG(md->block_size > 0 && (md->block_size & (md->block_size - 1)) == 0,
               "KV block size %d is not a power of 2", md->block_size);
