@@ -101,6 +101,13 @@ typedef struct atomc_engine_options {
     // "kv_producer"|"kv_consumer"|"kv_both", "kv_ip", "kv_port", "kv_connector_extra_config"}).
     // NULL / "" = off.
     const char *kv_transfer_config;
+
+    // Hybrid sliding / full models (GPT-OSS, MiMo-V2-Flash, Qwen3 with max_window_layers): by
+    // default the sliding-window layers keep their KV in a pool of their own with a block table
+    // per sequence, whose out-of-window blocks are freed while the sequence runs (per-layer-group
+    // block tables, docs/ARCHITECTURE.md "Engine"). true = one table for every layer, all blocks
+    // kept (vLLM's --disable-hybrid-kv-cache-manager). Also off with KV transfer or tensor parallelism.
+    bool disable_hybrid_kv_cache_manager;
 } atomc_engine_options;
 
 #define ATOMC_MAX_SPEC_TOKENS 16
@@ -332,6 +339,13 @@ typedef struct atomc_stats {
     uint64_t kv_transfers_sent, kv_transfers_received, kv_transfers_failed, kv_fallbacks;
     int kv_held_blocks, kv_waiting;
     int kv_peers; // KV connections past the handshake
+
+    // Per-layer-group block tables (hybrid sliding / full models; 0 otherwise): the sliding-window
+    // layers' pool, its free blocks, and the most blocks of each pool in use at once so far
+    // (num_kv_blocks / num_free_kv_blocks are then the full-attention layers' pool).
+    int num_kv_blocks_sw;
+    int num_free_kv_blocks_sw;
+    int peak_kv_blocks_used, peak_kv_blocks_used_sw;
 } atomc_stats;
 void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s);
 

@@ -10,8 +10,12 @@
 //       the first writes in the same forward); exact hit / query counts.
 //   es_random_stress_equals_alone  the engine issue's randomized stress: ~3000 steps of random
 //       arrivals (shared prefixes, exact repeats), lengths and aborts (waiting, mid-prefill,
-//       decoding) on a pool that forces preemption; at the end every block is free, every id is
-//       forgotten and every finished request equals the prompt decoded alone.
+//       decoding) on a pool that forces preemption; at the end every block is free (of both pools
+//       of a hybrid model's per-layer-group block tables), every id is forgotten and every
+//       finished request equals the prompt decoded alone.
+// The reference ("alone") runs keep one block table for every layer
+// (disable_hybrid_kv_cache_manager), so on hybrid sliding / full fixtures the scenarios also show
+// that per-layer-group block tables change no output.
 //
 // "Equals alone" (es_compare): the greedy tokens of the batched run equal the alone run's up to
 // the first position where they differ, and that position must be a near tie of the alone run
@@ -31,6 +35,7 @@
 
 #include "atomc.h"
 #include "common/check.h"
+#include "engine/block_manager.h"
 #include "engine/engine_internal.h"
 #include "test.h"
 
@@ -44,12 +49,14 @@ struct es_setup {
     int spec_k;          // > 0: the runs under test use ngram speculative decoding with k drafts
                          // (prompt lookup 1..3, at every batch size); the reference runs never do
     const char *spec_method; // NULL: "ngram"; "mtp": the model's MTP layer drafts (same k, batch sizes)
+    bool one_table;      // disable_hybrid_kv_cache_manager (always on in the reference runs)
 };
 
 // The setup of the reference runs: s without speculation.
 static struct es_setup es_plain(const struct es_setup *s) {
     struct es_setup p = *s;
     p.spec_k = 0;
+    p.one_table = true;
     return p;
 }
 
@@ -127,6 +134,7 @@ static atomc_engine *es_make(const struct es_setup *s, const char *model, int bl
     o.max_num_seqs = max_seqs;
     o.max_num_batched_tokens = budget;
     o.enable_prefix_caching = cache;
+    o.disable_hybrid_kv_cache_manager = s->one_table;
     o.num_threads = 2;
     o.gpu_memory_utilization = 0.3; // the pool is num_blocks; leave the GPU to others
     if (s->spec_k > 0) {
@@ -400,6 +408,16 @@ __attribute__((unused)) static void es_random_stress_equals_alone(const struct e
             (unsigned long long)replays, es_spec_line(e));
     if (s->spec_k > 0) ASSERT_TRUE(st.spec_num_accepted_tokens > 0);
     ASSERT_EQ(st.num_free_kv_blocks, st.num_kv_blocks);
+    ASSERT_EQ(st.num_free_kv_blocks_sw, st.num_kv_blocks_sw);
+    {
+        struct error berr = {0};
+        ASSERT_TRUE(block_manager_check(engine_block_manager(e), &berr));
+        if (engine_block_manager_sw(e)) ASSERT_TRUE(block_manager_check(engine_block_manager_sw(e), &berr));
+    }
+    if (st.num_kv_blocks_sw > 0)
+        fprintf(stderr, "  per-layer-group block tables: peak %d of %d full-layer blocks, %d of %d sliding-layer "
+                "blocks in use\n", st.peak_kv_blocks_used, st.num_kv_blocks, st.peak_kv_blocks_used_sw,
+                st.num_kv_blocks_sw);
     ASSERT_TRUE(st.num_preemptions > 0);
     ASSERT_TRUE(st.num_steps >= 2000);
     ASSERT_TRUE(es_graphs_as_expected(s, e));

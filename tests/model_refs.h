@@ -124,7 +124,7 @@ __attribute__((unused)) static int refs_load(const char *model, struct refs *out
     return refs_load_rel(rel, out, rtol, margin_factor);
 }
 
-static double max_abs_diff(const float *a, const float *b, int n) {
+__attribute__((unused)) static double max_abs_diff(const float *a, const float *b, int n) {
     double m = 0;
     for (int i = 0; i < n; i++) {
         double d = fabs((double)a[i] - (double)b[i]);

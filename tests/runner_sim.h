@@ -43,7 +43,10 @@ static inline void sim_init(struct sim *s, struct model_runner *r, unsigned seed
     memset(s, 0, sizeof *s);
     s->r = r;
     s->bs = model_runner_block_size(r);
-    int n = model_runner_num_kv_blocks(r);
+    int n = model_runner_num_kv_blocks(r), n_sw = 0;
+    // Per-layer-group block tables: the sliding layers' table is the same as the full layers' (ids
+    // valid in both pools), so the sim draws from the smaller pool.
+    if (model_runner_kv_groups(r, NULL, &n_sw) && n_sw < n) n = n_sw;
     s->free_blocks = malloc(sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++) s->free_blocks[i] = i;
     for (int i = n - 1; i > 0; i--) { // Fisher-Yates with a tiny LCG: deterministic, non-contiguous
@@ -119,6 +122,8 @@ static inline struct forward_batch sim_step_batch(struct sim *s) {
         .n_seqs = s->n_seqs, .n_tokens = s->n_tokens, .token_ids = s->tok, .positions = s->pos,
         .query_start = s->qs, .context_lens = s->ctx, .block_tables = s->bt, .max_blocks_per_seq = s->width,
         .slot_mapping = s->slot, .n_logits = s->n_rows, .logits_rows = s->rows, .sampling = s->samp,
+        .block_tables_sw = model_runner_kv_groups(s->r, NULL, NULL) ? s->bt : NULL,
+        .slot_mapping_sw = model_runner_kv_groups(s->r, NULL, NULL) ? s->slot : NULL,
         .state_slots = model_runner_num_state_slots(s->r) > 0 ? s->sslot : NULL,
     };
     return fb;

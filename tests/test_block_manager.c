@@ -265,4 +265,57 @@ TEST(block_manager_duplicate_content_stays_private) {
     block_manager_free(bm);
 }
 
+// The sliding-window group of a hybrid model: a prefix of k blocks is a hit there when the blocks
+// the next token reads, [lo(k), k) with lo(k) = max(0, k bs - W + 1) / bs, are cached, whatever
+// happened to the blocks before them (dropped, evicted); a missing window block shortens the hit.
+TEST(block_manager_window_lookup_needs_only_the_window) {
+    struct block_manager *bm = make(8, 4, true);
+    int32_t t[24];
+    for (int i = 0; i < 24; i++) t[i] = 100 + i;
+    struct block_table a, b;
+    block_table_init(&a);
+    block_table_init(&b);
+    ASSERT_TRUE(block_manager_allocate(bm, &a, 21)); // 6 blocks, 5 full
+    block_manager_commit(bm, &a, t, 21);
+    // Window 6 at token 20: keys from 15 on, blocks 3 and 4; the leading three are dropped.
+    ASSERT_EQ(block_manager_drop_before(bm, &a, 20 - 6 + 1), 3);
+    ASSERT_EQ(block_manager_num_free(bm), 2 + 3);
+    ASSERT_TRUE(consistent(bm));
+    int32_t ids[8];
+    int lo = -1, rev = -1;
+    uint64_t h = 0;
+    ASSERT_EQ(block_manager_lookup_window(bm, t, 5, 6, ids, &lo, &rev, &h), 5);
+    ASSERT_EQ(lo, 3); // token 20 reads 15.. : block 3 on
+    ASSERT_EQ(rev, 0); // blocks 3 and 4 are still held by a
+    uint64_t want = 0;
+    for (int i = 0; i < 5; i++) want = block_hash_xxh64(t + 4 * i, 4, want);
+    ASSERT_TRUE(h == want);
+    // Evict the dropped blocks (least recently freed first): the hit stays, it never needed them.
+    struct block_table c;
+    block_table_init(&c);
+    ASSERT_TRUE(block_manager_allocate(bm, &c, 20)); // 5 blocks: 2 fresh + the 3 cached free ones
+    ASSERT_EQ(block_manager_lookup_window(bm, t, 5, 6, ids, &lo, &rev, &h), 5);
+    block_manager_acquire_window(bm, &b, ids, lo, 5, h);
+    ASSERT_EQ(b.n, 5);
+    ASSERT_EQ(b.n_dropped, 3);
+    ASSERT_EQ(b.n_hashed, 5);
+    ASSERT_TRUE(b.ids[3] == a.ids[3] && b.ids[4] == a.ids[4]);
+    ASSERT_TRUE(consistent(bm));
+    // b continues as its own sequence: its next block registers on the chain of the hit.
+    ASSERT_TRUE(block_manager_allocate(bm, &b, 24) || block_manager_num_free(bm) == 0);
+    block_manager_release(bm, &b);
+    block_manager_release(bm, &c);
+    // A window reaching back to block 1 (W = 16 at token 20: keys from 5 on): blocks 1 and 2 were
+    // evicted by c, so only shorter prefixes qualify: k = 1 (token 4 reads 0..4: block 0, also
+    // gone) fails too; nothing matches.
+    ASSERT_EQ(block_manager_lookup_window(bm, t, 5, 16, ids, &lo, &rev, &h), 0);
+    block_manager_release(bm, &a);
+    ASSERT_EQ(block_manager_num_free(bm), 8);
+    ASSERT_TRUE(consistent(bm));
+    block_table_free(&a);
+    block_table_free(&b);
+    block_table_free(&c);
+    block_manager_free(bm);
+}
+
 int main(int argc, char **argv) { return test_main(argc, argv); }

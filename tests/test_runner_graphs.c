@@ -309,7 +309,7 @@ static struct rec_backend *rec_backend_create(void) {
     return rb;
 }
 
-static struct model_runner *open_runner(const char *model, struct backend *b, bool eager) {
+static struct model_runner *open_runner_groups(const char *model, struct backend *b, bool eager, bool groups) {
     char path[4096];
     char rel[256];
     snprintf(rel, sizeof rel, "models/%s", model);
@@ -317,6 +317,7 @@ static struct model_runner *open_runner(const char *model, struct backend *b, bo
     struct runner_options o = {
         .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8,
         .max_num_batched_tokens = 128, .max_model_len = 128, .num_threads = 2, .enforce_eager = eager, .backend = b,
+        .hybrid_kv_groups = groups,
     };
     struct model_runner *r = NULL;
     struct error err = {0};
@@ -324,14 +325,20 @@ static struct model_runner *open_runner(const char *model, struct backend *b, bo
     return r;
 }
 
+static struct model_runner *open_runner(const char *model, struct backend *b, bool eager) {
+    return open_runner_groups(model, b, eager, false);
+}
+
 // Runs the same schedule on a graph runner and an eager runner: prefill of `n` prompts, then
 // decode steps with a varying number of live sequences (so buckets 1, 2, 4 and 8 are used
-// with padding), sometimes asking logits of only some sequences. Logits must agree.
-static void run_schedule(const char *model) {
+// with padding), sometimes asking logits of only some sequences. Logits must agree. groups:
+// per-layer-group block tables (hybrid models: the sliding layers' own pool and metadata).
+static void run_schedule_groups(const char *model, bool groups) {
     struct rec_backend *rb = rec_backend_create();
     ASSERT_TRUE(rb != NULL);
-    struct model_runner *rg = open_runner(model, &rb->pub, false);
-    struct model_runner *re = open_runner(model, NULL, true);
+    struct model_runner *rg = open_runner_groups(model, &rb->pub, false, groups);
+    struct model_runner *re = open_runner_groups(model, NULL, true, groups);
+    ASSERT_EQ(model_runner_kv_groups(rg, NULL, NULL), groups);
     ASSERT_TRUE(rg != NULL && re != NULL);
     ASSERT_EQ(model_runner_num_graphs(rg), 4); // buckets 1, 2, 4, 8
     ASSERT_EQ(model_runner_num_graphs(re), 0);
@@ -427,7 +434,10 @@ static void run_schedule(const char *model) {
     model_runner_free(re);
 }
 
+static void run_schedule(const char *model) { run_schedule_groups(model, false); }
+
 TEST(graphs_replay_equals_eager_llama) { run_schedule("llama_gqa"); }
+TEST(graphs_replay_equals_eager_gpt_oss_kv_groups) { run_schedule_groups("gpt_oss", true); }
 TEST(graphs_replay_equals_eager_qwen3) { run_schedule("qwen3"); }
 // Recurrent state under graphs: padding sequences write the dummy slot, every real one its own.
 TEST(graphs_replay_equals_eager_qwen3_next) { run_schedule("qwen3_next"); }

@@ -3,7 +3,7 @@
 reference outputs into tests/fixtures/models/<name>/, in the format of tools/make_tiny_models.py
 and tools/make_tiny_moe_models.py (config.json, generation_config.json, model.safetensors with
 per-expert tensors as transformers saves them, refs.json: logits at several positions, 16 greedy
-tokens with their top-1/top-2 margins). (MiMo-V2-Flash fixtures are to join this script.)
+tokens with their top-1/top-2 margins), and the same for MiMo-V2-Flash (MiMoV2FlashForCausalLM).
 
 Fixtures (head_dim 64 so the CUDA attention runs them; bf16 storage except the F32
 e_score_correction_bias, as GLM ships it; fp32 references):
@@ -14,6 +14,16 @@ e_score_correction_bias, as GLM ships it; fp32 references):
     glm4_moe_air  8 experts top-2 ungrouped, two shared experts (one shared MLP of 2 x the
                   expert size), no renormalisation, no q/k norm, first_k_dense_replace 2,
                   partial_rotary_factor 0.25
+
+MiMo-V2-Flash fixture (head_dim 48 for q/k, v_head_dim 32; bf16 storage except the F32 router
+weight and e_score_correction_bias, as the real checkpoint keeps them):
+    mimo_v2_flash layer_types full / sliding / sliding / full with sliding_window 8 (crossed by the
+                  19- and 37-token prompts), sliding layers with twice the KV heads (2 vs 1) and
+                  per-head sinks, rope_parameters per layer type (full: theta 1e6, partial 0.334
+                  -> 16 rotary dims; sliding: theta 1e4, partial 0.5 -> 24), attention_value_scale
+                  0.707, mlp_layer_types dense / sparse / sparse / sparse, 8 experts top-2 in one
+                  group, sigmoid routing with a correction bias, routed_scaling_factor 1.5, no
+                  shared experts; an MTP tensor under model.mtp.* (skipped by atomc, as HF does)
 
 Routing must be clear of ties and of BF16 noise (the CUDA backend runs the same fixtures in
 BF16): as in make_tiny_moe_models.py a "routing channel" of ROUTE_DIMS hidden dims only the
@@ -37,7 +47,7 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, MiMoV2FlashConfig, MiMoV2FlashForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_tiny_models import init_weights, make_config, references  # noqa: E402
@@ -52,6 +62,19 @@ MODELS = {
                          routed_scaling_factor=1.0, norm_topk_prob=False, use_qk_norm=False, attention_bias=True,
                          partial_rotary_factor=0.25, num_nextn_predict_layers=0, rope_theta=10000.0,
                          bos_token_id=None, eos_token_id=3),
+}
+
+MIMO_MODELS = {
+    "mimo_v2_flash": dict(num_hidden_layers=4, head_dim=48, v_head_dim=32, num_key_value_heads=1,
+                          layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                          mlp_layer_types=["dense", "sparse", "sparse", "sparse"], sliding_window=8,
+                          rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0,
+                                                              "partial_rotary_factor": 0.334},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                 "partial_rotary_factor": 0.5}},
+                          attention_value_scale=0.707, n_routed_experts=8, num_experts_per_tok=2, n_group=1,
+                          topk_group=1, moe_intermediate_size=32, routed_scaling_factor=1.5, norm_topk_prob=True,
+                          bos_token_id=None, eos_token_id=3),
 }
 
 ROUTE_DIMS = 8
@@ -225,10 +248,69 @@ def add_mtp_layer(d, cfg, gen):
     save_file(t, path, metadata={"format": "pt"})
 
 
+def add_mimo_mtp(d, cfg, gen):
+    """An MTP tensor under model.mtp.* as the real checkpoints carry (transformers ignores them on
+    load; atomc skips them by name)."""
+    path = os.path.join(d, "model.safetensors")
+    t = load_file(path)
+    t["model.mtp.layers.0.enorm.weight"] = torch.ones(cfg.hidden_size, dtype=torch.bfloat16)
+    t["model.mtp.layers.0.eh_proj.weight"] = (torch.randn((cfg.hidden_size, 2 * cfg.hidden_size), generator=gen)
+                                              * 0.02).to(torch.bfloat16)
+    save_file(t, path, metadata={"format": "pt"})
+
+
+def make_mimo(name, overrides, args, gen):
+    from make_tiny_models import BASE
+    kw = dict(BASE)
+    kw.update(overrides)
+    cfg = MiMoV2FlashConfig(**kw)
+    cfg._attn_implementation = "eager"
+    model = MiMoV2FlashForCausalLM(cfg).eval()
+    init_weights(model, gen)
+    add_routing_channel(model, gen)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    gaps, handles = gap_hooks(model)
+    refs = references(model, gen)
+    for h in handles:
+        h.remove()
+    flips = bf16_routing_flips(model, refs)
+    kmin = min(gaps["key"])
+    print(f"{name}: router min key gap {kmin:.4f}, {flips} BF16 routing flips, "
+          f"{gaps['bias_changes']} decisions changed by the bias")
+    assert gaps["bias_changes"] > 0 and kmin >= MIN_KEY_GAP and flips == 0
+    d = os.path.join(args.out, name)
+    os.makedirs(d, exist_ok=True)
+    keep = [(g, g.weight.data.clone(), g.e_score_correction_bias.data.clone()) for _, g, _ in moe_gates(model)]
+    model.to(torch.bfloat16)
+    for g, w, b in keep:  # F32 in the file, as MiMo-V2-Flash ships them
+        g.weight.data = w
+        g.e_score_correction_bias.data = b
+    model.save_pretrained(d, safe_serialization=True)
+    add_mimo_mtp(d, cfg, gen)
+    with open(os.path.join(d, "refs.json"), "w") as f:
+        json.dump(dict(model=name, storage_dtype="bfloat16", generator="tools/make_tiny_glm_mimo.py",
+                       transformers=__import__("transformers").__version__, router_min_key_gap=kmin,
+                       bias_changed_decisions=gaps["bias_changes"], bf16_routing_flips=flips, prompts=refs), f,
+                  separators=(",", ":"))
+        f.write("\n")
+    mins = min(min(p["greedy_margins"]) for p in refs)
+    scale = max(max(abs(x) for row in p["logits"] for x in row) for p in refs)
+    print(f"{name}: max|logit|={scale:.2f} min greedy margin={mins:.4f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "models"))
+    ap.add_argument("--only", choices=["glm", "mimo"], help="write only the GLM-4-MoE or only the MiMo fixtures")
     args = ap.parse_args()
+    torch.manual_seed(0)
+    if args.only != "glm":
+        for i, (name, overrides) in enumerate(MIMO_MODELS.items()):
+            make_mimo(name, overrides, args, torch.Generator().manual_seed(5432 + 100 * i))
+    if args.only == "mimo":
+        return
     torch.manual_seed(0)
     for i, (name, overrides) in enumerate(MODELS.items()):
         gen = torch.Generator().manual_seed(9876 + 100 * i)

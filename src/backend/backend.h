@@ -30,7 +30,9 @@ struct attn_metadata {
     int n_tokens;
     int max_query_len;
     int max_context_len;
-    int max_blocks_per_seq;       // row stride of block_tables
+    int max_blocks_per_seq;       // blocks per sequence block_tables holds (and its row stride, unless:)
+    int block_table_stride;       // elements between consecutive sequences' rows; 0 = max_blocks_per_seq
+                                  // (per-layer-group block tables interleave two tables' rows)
     int block_size;
     bool decode_only;             // every sequence has exactly one new token
     const int32_t *query_start;   // (n_seqs + 1) prefix sums of new tokens
@@ -46,6 +48,12 @@ struct attn_metadata {
     // Recurrent-state models (Gated DeltaNet layers): each sequence's state slot; NULL otherwise.
     const int32_t *state_slots;   // (n_seqs)
     const int32_t *h_state_slots;
+    // Hybrid sliding / full models with per-layer-group block tables (runner_options
+    // hybrid_kv_groups): the metadata of the sliding-window layers, whose K/V live in a pool of
+    // their own: the same batch with that group's block tables and slot mapping (and the same
+    // row stride). NULL: every layer reads this metadata. The model picks it per layer
+    // (model_layer_metadata); ops never look at it.
+    const struct attn_metadata *sliding;
 };
 
 // One layer's paged KV cache: k and v each (num_blocks, block_size, n_kv_heads, head_dim)
@@ -237,6 +245,11 @@ struct deltanet_args {
     int n_k_heads, n_v_heads; // Hk, Hv
     int k_dim, v_dim;         // Dk, Dv
 };
+
+// The row stride of md's block tables.
+static inline int attn_md_table_stride(const struct attn_metadata *md) {
+    return md->block_table_stride > 0 ? md->block_table_stride : md->max_blocks_per_seq;
+}
 
 struct backend;
 

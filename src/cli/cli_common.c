@@ -258,6 +258,7 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_PREFIX_ON: o->enable_prefix_caching = true; return 1;
     case CLI_E_PREFIX_OFF: o->enable_prefix_caching = false; return 1;
     case CLI_E_EAGER: o->enforce_eager = true; return 1;
+    case CLI_E_NO_HYBRID_KV: o->disable_hybrid_kv_cache_manager = true; return 1;
     case CLI_E_THREADS: return cli_parse_int(arg, "--num-threads", 0, 4096, &o->num_threads) ? 1 : -1;
     case CLI_E_CPU_EXACT: o->cpu_exact_kernels = true; return 1;
     case CLI_E_GEN_CONFIG: o->generation_config = arg; return 1;

@@ -43,6 +43,7 @@ enum {
     CLI_E_SPEC_NUM,
     CLI_E_QUANT,
     CLI_E_KV_TRANSFER,
+    CLI_E_NO_HYBRID_KV,
 };
 
 #define CLI_ENGINE_LONG_OPTIONS                                                                                        \
@@ -59,6 +60,7 @@ enum {
         {"enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_ON},                                                    \
         {"no-enable-prefix-caching", no_argument, 0, CLI_E_PREFIX_OFF},                                                \
         {"enforce-eager", no_argument, 0, CLI_E_EAGER}, {"num-threads", required_argument, 0, CLI_E_THREADS},          \
+        {"disable-hybrid-kv-cache-manager", no_argument, 0, CLI_E_NO_HYBRID_KV},                                       \
         {"cpu-exact-kernels", no_argument, 0, CLI_E_CPU_EXACT},                                                        \
         {"generation-config", required_argument, 0, CLI_E_GEN_CONFIG},                                                 \
         {"engine-seed", required_argument, 0, CLI_E_ENGINE_SEED},                                                      \
@@ -80,6 +82,7 @@ enum {
     "  --max-model-len N   --max-num-seqs N   --max-num-batched-tokens N   --block-size N\n"                           \
     "  --gpu-memory-utilization F   --cpu-kv-cache-gb F   --num-gpu-blocks-override N\n"                               \
     "  --no-enable-prefix-caching   --enforce-eager   --generation-config auto|vllm   --engine-seed N\n"               \
+    "  --disable-hybrid-kv-cache-manager   hybrid sliding / full models: one block table for all layers\n"             \
     "  --profile-dir DIR      record a per-step Chrome trace of the run into DIR\n"                                    \
     "  --tensor-parallel-size / -tp N   split the model over N ranks (CPU: threads; CUDA: GPUs)\n"                     \
     "  --speculative-config JSON   e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4,\n"                     \

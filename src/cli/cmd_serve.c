@@ -81,6 +81,8 @@ static const struct flag flags[] = {
     {"--kv-cache-dtype", FLAG_STR, A(eo.kv_cache_dtype), "auto", "auto, bf16 or fp8"},
     {"--enable-prefix-caching", FLAG_BOOL_ON, A(eo.enable_prefix_caching), "on", "reuse KV blocks of shared prefixes"},
     {"--no-enable-prefix-caching", FLAG_BOOL_OFF, A(eo.enable_prefix_caching), "", "disable prefix caching"},
+    {"--disable-hybrid-kv-cache-manager", FLAG_BOOL_ON, A(eo.disable_hybrid_kv_cache_manager), "off",
+     "hybrid sliding / full models: one block table for every layer (no freeing of out-of-window blocks)"},
     {"--generation-config", FLAG_STR, A(eo.generation_config), "auto",
      "auto: apply the model's generation_config.json (EOS ids); vllm: ignore it"},
     {"--enforce-eager", FLAG_BOOL_ON, A(eo.enforce_eager), "off", "CUDA: do not capture decode graphs"},

@@ -177,6 +177,51 @@ void block_manager_acquire_prefix(struct block_manager *bm, struct block_table *
     }
 }
 
+int block_manager_lookup_window(const struct block_manager *bm, const int32_t *tokens, int n_blocks, int window,
+                                int32_t *out, int *lo_out, int *n_revived, uint64_t *last_hash) {
+    *lo_out = 0;
+    *n_revived = 0;
+    *last_hash = 0;
+    if (!bm->enable_prefix_caching || n_blocks <= 0) return 0;
+    const int bs = bm->block_size;
+    uint64_t parent = 0;
+    for (int i = 0; i < n_blocks; i++) { // every block's id here, or -1 (the chain hash needs no block)
+        const int32_t *t = tokens + (size_t)i * bs;
+        uint64_t h = bm->hash_fn(t, bs, parent);
+        out[i] = table_find(bm, h, parent, t);
+        parent = h;
+    }
+    for (int k = n_blocks; k > 0; k--) {
+        int first = k * bs - window + 1, lo = first > 0 ? first / bs : 0;
+        bool all = true;
+        for (int i = lo; i < k && all; i++) all = out[i] >= 0;
+        if (!all) continue;
+        *lo_out = lo;
+        for (int i = lo; i < k; i++) *n_revived += bm->blocks[out[i]].ref_count == 0;
+        uint64_t hp = 0;
+        for (int i = 0; i < k; i++) hp = bm->hash_fn(tokens + (size_t)i * bs, bs, hp);
+        *last_hash = hp;
+        return k;
+    }
+    return 0;
+}
+
+void block_manager_acquire_window(struct block_manager *bm, struct block_table *bt, const int32_t *ids, int lo, int k,
+                                  uint64_t last_hash) {
+    CHECK(bt->n == 0 && lo >= 0 && lo <= k);
+    for (int i = 0; i < lo; i++) block_table_push(bt, 0);
+    for (int i = lo; i < k; i++) {
+        struct kv_block *b = &bm->blocks[ids[i]];
+        CHECK(b->cached);
+        if (b->ref_count == 0) lru_remove(bm, ids[i]);
+        b->ref_count++;
+        block_table_push(bt, ids[i]);
+    }
+    bt->n_dropped = lo;
+    bt->n_hashed = k;
+    bt->last_hash = k ? last_hash : 0;
+}
+
 static int32_t block_take_free(struct block_manager *bm) {
     int32_t id;
     if (bm->n_free_stack > 0) {

@@ -114,6 +114,24 @@ void block_manager_commit(struct block_manager *bm, struct block_table *bt, cons
 // Returns how many were dropped now.
 int block_manager_drop_before(struct block_manager *bm, struct block_table *bt, int first_needed);
 
+// Hybrid models (per-layer-group block tables): the sliding-window group's own block manager
+// holds the blocks of its layers; its tables drop out-of-window blocks (drop_before) while the
+// full group keeps every block. A prefix hit of k full blocks (the full group's lookup) needs, in
+// the sliding group, only the blocks a sequence resuming at token k * bs still reads:
+// [lo(k), k) with lo(k) = max(0, k * bs - window + 1) / bs. lookup_window returns the largest
+// k <= n_blocks whose window blocks are all cached here, their ids in out[lo .. k) (out: room
+// for n_blocks), *lo_out = lo(k), *n_revived = how many of them are free now, and *last_hash =
+// the chain hash of block k - 1 (computed from the tokens; 0 when k == 0). No state changes.
+int block_manager_lookup_window(const struct block_manager *bm, const int32_t *tokens, int n_blocks, int window,
+                                int32_t *out, int *lo_out, int *n_revived, uint64_t *last_hash);
+
+// Takes references on the window blocks ids[lo .. k) of a lookup_window match and makes the empty
+// table bt hold k blocks: lo leading placeholders (block 0, counted as dropped: attention never
+// reads them unmasked) then the matched ones, registered up to k (chain hash last_hash). No
+// statistics (the full group counts the hit).
+void block_manager_acquire_window(struct block_manager *bm, struct block_table *bt, const int32_t *ids, int lo, int k,
+                                  uint64_t last_hash);
+
 // Speculative decoding's rollback: shrinks bt to the blocks that hold n_tokens slots, releasing
 // the tail blocks that only held rejected draft slots (tail first). Those blocks are never
 // registered (only verified tokens enter the prefix cache), so they return to the free stack.

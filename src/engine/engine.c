@@ -71,6 +71,7 @@ void atomc_result_free(atomc_result *r) {
 }
 
 struct block_manager *engine_block_manager(atomc_engine *e) { return e->bm; }
+struct block_manager *engine_block_manager_sw(atomc_engine *e) { return e->bm_sw; }
 
 int engine_num_free_state_slots(atomc_engine *e) { return e->sched ? scheduler_num_free_state_slots(e->sched) : 0; }
 
@@ -238,6 +239,10 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
                                       .long_prefill_token_threshold = engine_resolve_long_prefill(o)};
         st = scheduler_create(&sc, e->bm, &e->sched, err);
     }
+    if (st == ATOMC_OK && e->su.num_kv_blocks_sw > 0) {
+        st = block_manager_create(e->su.num_kv_blocks_sw, e->block_size, prefix_caching, &e->bm_sw, err);
+        if (st == ATOMC_OK) scheduler_set_sliding_group(e->sched, e->bm_sw, e->su.sw_window);
+    }
     engine_grammar_create(e);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
@@ -320,6 +325,7 @@ void atomc_engine_free(atomc_engine *e) {
     engine_grammar_free(e);
     scheduler_free(e->sched);
     block_manager_free(e->bm);
+    block_manager_free(e->bm_sw);
     if (e->su.model.free) e->su.model.free(e->su.model.ctx);
     if (e->su.text.free) e->su.text.free(e->su.text.ctx);
     for (int i = 0; i < 8; i++) free(e->su.owned_strings[i]);
@@ -332,6 +338,8 @@ void atomc_engine_free(atomc_engine *e) {
     free(e->b_tokens);
     free(e->b_positions);
     free(e->b_slots);
+    free(e->b_slots_sw);
+    free(e->b_tables_sw);
     free(e->b_qstart);
     free(e->b_ctx);
     free(e->b_sslots);

@@ -145,6 +145,9 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
         .load_mtp = spec_k > 0 && engine_spec_is_mtp(o),
     };
     int tp_size = o->tensor_parallel_size > 0 ? o->tensor_parallel_size : 1;
+    // Per-layer-group block tables: not with KV transfer (it moves one table's blocks) or TP yet.
+    ro.hybrid_kv_groups = !o->disable_hybrid_kv_cache_manager && tp_size == 1 &&
+                          !(o->kv_transfer_config && o->kv_transfer_config[0]);
     if (tp_size > 1) {
         st = tp_runner_create(&ro, tp_size, &tp, &err);
         if (st == ATOMC_OK) runner = tp_runner_rank(tp, 0); // rank 0 answers the config queries; tp owns it
@@ -184,6 +187,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
     su.vocab_size = cfg->vocab_size;
     su.max_model_len = model_runner_max_model_len(runner);
     su.sliding_window = model_runner_sliding_window(runner);
+    if (!tp) model_runner_kv_groups(runner, &su.sw_window, &su.num_kv_blocks_sw);
     su.num_state_slots = model_runner_num_state_slots(runner);
     // EOS: config.json + generation_config.json (merged by the loader), and the tokenizer's.
     for (int i = 0; i < cfg->n_eos; i++) add_eos(&su, cfg->eos_token_ids[i]);

@@ -62,6 +62,8 @@ struct engine_setup {
     int vocab_size;
     int max_model_len;              // the model's limit (options may lower it)
     int sliding_window;             // model_runner_sliding_window: > 0 frees blocks out of the window
+    int sw_window, num_kv_blocks_sw; // model_runner_kv_groups: > 0 = the sliding-window layers' own pool
+                                    // (per-layer-group block tables: a second table per sequence)
     int num_state_slots;            // model_runner_num_state_slots: > 0 = recurrent-state model (a slot per
                                     // running sequence; no prefix caching, no speculative decoding)
     int32_t eos_ids[ENGINE_MAX_EOS]; // config + generation_config + tokenizer
@@ -88,8 +90,10 @@ bool engine_spec_is_mtp(const atomc_engine_options *o);
 atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min_n, int *max_n, int *max_batch,
                                  struct error *err);
 
-// For tests: the engine's block manager (only touch it between steps, loop thread stopped).
+// For tests: the engine's block manager (only touch it between steps, loop thread stopped), and
+// the sliding-window group's (NULL without per-layer-group block tables).
 struct block_manager *engine_block_manager(atomc_engine *e);
+struct block_manager *engine_block_manager_sw(atomc_engine *e);
 // For tests: free recurrent-state slots (== su.num_state_slots when no sequence runs; 0 for other models).
 int engine_num_free_state_slots(atomc_engine *e);
 // For tests: the model's CUDA graph replays so far (0 on the CPU or with --enforce-eager).
@@ -111,6 +115,8 @@ struct atomc_engine {
     int max_model_len, block_size, max_num_seqs, max_num_batched_tokens, max_waiting;
     uint64_t seed;
     struct block_manager *bm;
+    struct block_manager *bm_sw; // per-layer-group block tables: the sliding-window layers' pool, or NULL
+    int peak_used, peak_used_sw; // most blocks of each pool in use at the end of a schedule
     struct scheduler *sched;
 
     // Shared state, under mu.
@@ -157,7 +163,9 @@ struct atomc_engine {
     struct sequence **b_row_seq;      // (n_logits) the sequence each row belongs to
     int b_row_cap;
     int32_t *b_tables;                // (n_seqs, max_blocks_per_seq) block ids, zero-padded
+    int32_t *b_tables_sw;             // per-layer-group block tables: the sliding group's, same shape
     size_t b_tables_cap;
+    int32_t *b_slots_sw;              // (n_tokens) their KV slots (per-layer-group block tables)
     int32_t *b_plp_rows, *b_plp_targets, *b_plp_pos; // (n_prompt_lp) prompt-logprob row, next id, position
     struct sequence **b_plp_seq;      // (n_prompt_lp) owner of each prompt-logprob row
     int b_plp_cap;

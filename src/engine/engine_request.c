@@ -86,6 +86,7 @@ void engine_seq_free(atomc_engine *e, struct sequence *s) {
     free(s->prompt_lp);
     free(s->prompt_lp_top);
     block_table_free(&s->bt);
+    block_table_free(&s->bt_sw);
     free(s->kv_id);
     free(s->kv_remote);
     free(s->tokens);
@@ -200,6 +201,7 @@ static atomc_status seq_from_request(atomc_engine *e, const atomc_request *r, st
     free(ids);
     s->n_tokens = s->n_prompt = n;
     block_table_init(&s->bt);
+    block_table_init(&s->bt_sw);
     s->status = SEQ_STATUS_WAITING;
     s->params = *p;
     if (p->n_stop) {

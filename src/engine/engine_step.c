@@ -170,6 +170,12 @@ void engine_refresh_stats(atomc_engine *e) {
     st.num_kv_blocks = e->bm->num_blocks;
     st.num_free_kv_blocks = block_manager_num_free(e->bm);
     st.kv_cache_usage = 1.0 - (double)st.num_free_kv_blocks / e->bm->num_blocks;
+    if (e->bm_sw) {
+        st.num_kv_blocks_sw = e->bm_sw->num_blocks;
+        st.num_free_kv_blocks_sw = block_manager_num_free(e->bm_sw);
+    }
+    st.peak_kv_blocks_used = e->peak_used;
+    st.peak_kv_blocks_used_sw = e->peak_used_sw;
     st.prefix_cache_queries = e->bm->queries;
     st.prefix_cache_hits = e->bm->hits;
     st.prefix_cache_evictions = e->bm->evictions;
@@ -249,6 +255,7 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
         e->b_tokens = grow(e->b_tokens, &e->b_tok_cap, n_tok, sizeof *e->b_tokens);
         e->b_positions = xrealloc(e->b_positions, (size_t)e->b_tok_cap * sizeof *e->b_positions);
         e->b_slots = xrealloc(e->b_slots, (size_t)e->b_tok_cap * sizeof *e->b_slots);
+        e->b_slots_sw = xrealloc(e->b_slots_sw, (size_t)e->b_tok_cap * sizeof *e->b_slots_sw);
     }
     if (e->b_seq_cap < n_seqs + 1) {
         e->b_seq_cap = n_seqs + 1 < e->max_num_seqs + 1 ? e->max_num_seqs + 1 : n_seqs + 1;
@@ -273,6 +280,7 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
     if (table_need > e->b_tables_cap) {
         e->b_tables_cap = table_need * 2;
         e->b_tables = xrealloc(e->b_tables, e->b_tables_cap * sizeof *e->b_tables);
+        if (e->bm_sw) e->b_tables_sw = xrealloc(e->b_tables_sw, e->b_tables_cap * sizeof *e->b_tables_sw);
     }
 
     int tok = 0, n_logits = 0, n_plp = 0, plp_k = 0;
@@ -288,6 +296,7 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
             e->b_tokens[tok] = s->tokens[p];
             e->b_positions[tok] = p;
             e->b_slots[tok] = s->bt.ids[p / bs] * bs + p % bs;
+            if (e->bm_sw) e->b_slots_sw[tok] = s->bt_sw.ids[p / bs] * bs + p % bs;
             tok++;
         }
         e->b_ctx[i] = s->n_computed + s->n_sched;
@@ -295,6 +304,12 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
         int32_t *row = e->b_tables + (size_t)i * max_blocks;
         memcpy(row, s->bt.ids, (size_t)s->bt.n * sizeof *row);
         for (int b = s->bt.n; b < max_blocks; b++) row[b] = 0; // padding, never read
+        if (e->bm_sw) { // the sliding group's table: as many entries (its dropped ones keep their ids)
+            CHECK(s->bt_sw.n == s->bt.n);
+            int32_t *row_sw = e->b_tables_sw + (size_t)i * max_blocks;
+            memcpy(row_sw, s->bt_sw.ids, (size_t)s->bt_sw.n * sizeof *row_sw);
+            for (int b = s->bt_sw.n; b < max_blocks; b++) row_sw[b] = 0;
+        }
         if (s->n_computed + s->n_sched == s->n_tokens + s->n_draft) { // the last known token and the drafts
             for (int j = 0; j <= s->n_draft; j++) {
                 e->b_logit_rows[n_logits] = tok - 1 - s->n_draft + j;
@@ -320,6 +335,8 @@ static void build_batch(atomc_engine *e, const struct scheduler_output *so, stru
     fb->block_tables = e->b_tables;
     fb->max_blocks_per_seq = max_blocks;
     fb->slot_mapping = e->b_slots;
+    fb->block_tables_sw = e->bm_sw ? e->b_tables_sw : NULL;
+    fb->slot_mapping_sw = e->bm_sw ? e->b_slots_sw : NULL;
     fb->state_slots = e->su.num_state_slots > 0 ? e->b_sslots : NULL;
     fb->n_logits = n_logits;
     fb->logits_rows = e->b_logit_rows;
@@ -439,6 +456,10 @@ static void verify_drafts(atomc_engine *e, struct sequence *s, const struct runn
     }
     block_manager_truncate(e->bm, &s->bt, s->n_tokens);
     block_manager_commit(e->bm, &s->bt, s->tokens, s->n_computed);
+    if (e->bm_sw) {
+        block_manager_truncate(e->bm_sw, &s->bt_sw, s->n_tokens);
+        block_manager_commit(e->bm_sw, &s->bt_sw, s->tokens, s->n_computed);
+    }
 }
 
 // Proposes the drafts of this step's decoding sequences (before scheduling; the scheduler may cut
@@ -499,6 +520,10 @@ int atomc_engine_step(atomc_engine *e) {
     trace_begin(e->trace, "schedule");
     scheduler_schedule(e->sched, now, &so);
     trace_end(e->trace, "schedule");
+    int used = e->bm->num_blocks - block_manager_num_free(e->bm);
+    if (used > e->peak_used) e->peak_used = used;
+    if (e->bm_sw && (used = e->bm_sw->num_blocks - block_manager_num_free(e->bm_sw)) > e->peak_used_sw)
+        e->peak_used_sw = used;
     if (so.n_seqs == 0) {
         engine_refresh_stats(e);
         return 0;
@@ -530,6 +555,7 @@ int atomc_engine_step(atomc_engine *e) {
         // Blocks registered for this step hold no valid KV: with the batch released they are all
         // cached-but-free, and dropping those keeps them out of every later lookup.
         block_manager_reset_prefix_cache(e->bm);
+        if (e->bm_sw) block_manager_reset_prefix_cache(e->bm_sw);
         engine_refresh_stats(e);
         trace_end(e->trace, "step");
         return n_seqs;

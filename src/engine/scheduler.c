@@ -45,6 +45,7 @@ void scheduler_free(struct scheduler *s) {
     free(s->scheduled);
     free(s->waiting);
     free(s->match);
+    free(s->match_sw);
     free(s->free_slots);
     free(s);
 }
@@ -97,8 +98,21 @@ static bool waiting_remove(struct scheduler *s, struct sequence *seq) {
     return false;
 }
 
+void scheduler_set_sliding_group(struct scheduler *s, struct block_manager *bm_sw, int window) {
+    CHECK(bm_sw && window > 0 && bm_sw->block_size == s->bm->block_size && s->cfg.sliding_window == 0);
+    CHECK(bm_sw->enable_prefix_caching == s->bm->enable_prefix_caching && s->n_running == 0);
+    s->bm_sw = bm_sw;
+    s->sw_window = window;
+}
+
+// Drops seq's references in every group and empties its tables.
+static void release_blocks(struct scheduler *s, struct sequence *seq) {
+    block_manager_release(s->bm, &seq->bt);
+    if (s->bm_sw) block_manager_release(s->bm_sw, &seq->bt_sw);
+}
+
 void scheduler_add(struct scheduler *s, struct sequence *seq) {
-    CHECK(seq->status == SEQ_STATUS_WAITING && seq->bt.n == 0);
+    CHECK(seq->status == SEQ_STATUS_WAITING && seq->bt.n == 0 && seq->bt_sw.n == 0);
     seq->state_slot = -1;
     waiting_push_back(s, seq);
 }
@@ -127,7 +141,7 @@ static void preempt(struct scheduler *s, int i, int *n_preempted) {
     struct sequence *seq = s->running[i];
     CHECK(seq->n_sched == 0);
     running_remove_at(s, i);
-    block_manager_release(s->bm, &seq->bt);
+    release_blocks(s, seq);
     slot_release(s, seq);
     seq->n_computed = 0;
     seq->n_draft = 0;
@@ -149,9 +163,14 @@ static int pick_victim(const struct scheduler *s, const struct sequence *than) {
     return -1;
 }
 
-// Tokens (at most want) that seq can compute now given its blocks plus the free pool.
+// Tokens (at most want) that seq can compute now given its blocks plus the free pool (of every
+// group: the sliding group's table holds its dropped leading entries too, so the same count works).
 static int fit_tokens(const struct scheduler *s, const struct sequence *seq, int want) {
     long cap = (long)(seq->bt.n + block_manager_num_free(s->bm)) * s->bm->block_size - seq->n_computed;
+    if (s->bm_sw) {
+        long cap_sw = (long)(seq->bt_sw.n + block_manager_num_free(s->bm_sw)) * s->bm->block_size - seq->n_computed;
+        if (cap_sw < cap) cap = cap_sw;
+    }
     return cap < want ? (int)(cap > 0 ? cap : 0) : want;
 }
 
@@ -169,6 +188,11 @@ static void mark_scheduled(struct scheduler *s, struct sequence *seq, int n, int
     // Blocks this step fills are registered now, so sequences admitted later in the same step
     // share them instead of recomputing (see block_manager.h on same-step sharing).
     block_manager_commit(s->bm, &seq->bt, seq->tokens, seq->n_computed + n);
+    if (s->bm_sw) {
+        ok = block_manager_allocate(s->bm_sw, &seq->bt_sw, seq->n_computed + n);
+        CHECK(ok);
+        block_manager_commit(s->bm_sw, &seq->bt_sw, seq->tokens, seq->n_computed + n);
+    }
     seq->n_sched = n;
     s->scheduled[s->n_scheduled++] = seq;
     *budget -= n;
@@ -182,6 +206,11 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
         for (int i = 0; i < s->n_running; i++) {
             struct sequence *seq = s->running[i];
             block_manager_drop_before(s->bm, &seq->bt, seq->n_computed - s->cfg.sliding_window + 1);
+        }
+    if (s->bm_sw)
+        for (int i = 0; i < s->n_running; i++) {
+            struct sequence *seq = s->running[i];
+            block_manager_drop_before(s->bm_sw, &seq->bt_sw, seq->n_computed - s->sw_window + 1);
         }
 
     // Pass 1: decodes, in admission order; preempt the newest to make room.
@@ -211,7 +240,11 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
         if (seq->n_draft == 0) continue;
         int d = seq->n_sched == 1 && sequence_n_remaining(seq) == 1 ? seq->n_draft : 0;
         if (d > budget) d = budget;
-        if (d > 0 && !block_manager_allocate(s->bm, &seq->bt, seq->n_computed + 1 + d)) d = 0;
+        if (d > 0 && fit_tokens(s, seq, 1 + d) < 1 + d) d = 0;
+        if (d > 0) {
+            CHECK(block_manager_allocate(s->bm, &seq->bt, seq->n_computed + 1 + d));
+            if (s->bm_sw) CHECK(block_manager_allocate(s->bm_sw, &seq->bt_sw, seq->n_computed + 1 + d));
+        }
         seq->n_draft = d;
         seq->n_sched += d;
         budget -= d;
@@ -245,13 +278,34 @@ void scheduler_schedule(struct scheduler *s, double now, struct scheduler_output
             }
             n_match = block_manager_lookup(s->bm, seq->tokens, seq->n_tokens, s->match, &n_revived);
         }
+        // Hybrid models: the hit also needs the sliding group's blocks of the window before it.
+        int lo_sw = 0, rev_sw = 0;
+        uint64_t hash_sw = 0;
+        if (s->bm_sw && n_match > 0) {
+            if (n_match > s->match_sw_cap) {
+                s->match_sw_cap = s->match_cap > n_match ? s->match_cap : n_match;
+                s->match_sw = xrealloc(s->match_sw, (size_t)s->match_sw_cap * sizeof *s->match_sw);
+            }
+            int k = block_manager_lookup_window(s->bm_sw, seq->tokens, n_match, s->sw_window, s->match_sw, &lo_sw,
+                                                &rev_sw, &hash_sw);
+            if (k < n_match) {
+                n_match = k;
+                n_revived = 0;
+                for (int j = 0; j < k; j++) n_revived += s->bm->blocks[s->match[j]].ref_count == 0;
+            }
+        }
         int cached = n_match * bs, rem = seq->n_tokens - cached;
         int want = chunk_want(s, rem, budget);
         long free_fresh = (long)block_manager_num_free(s->bm) - n_revived;
         long cap = (long)(n_match + free_fresh) * bs - cached;
+        if (s->bm_sw) {
+            long cap_sw = (long)(n_match + block_manager_num_free(s->bm_sw) - rev_sw) * bs - cached;
+            if (cap_sw < cap) cap = cap_sw;
+        }
         int n = cap < want ? (int)cap : want;
         if (n < 1) break; // the head does not fit: wait (FCFS, no overtaking)
         waiting_pop_front(s);
+        if (n_match && s->bm_sw) block_manager_acquire_window(s->bm_sw, &seq->bt_sw, s->match_sw, lo_sw, n_match, hash_sw);
         if (n_match) block_manager_acquire_prefix(s->bm, &seq->bt, s->match, n_match, seq->n_tokens);
         else if (!seq->no_prefix_cache && s->bm->enable_prefix_caching) {
             s->bm->queries += (uint64_t)seq->n_tokens;
@@ -284,6 +338,7 @@ bool scheduler_admit_prefilled(struct scheduler *s, struct sequence *seq, double
     // A sequence whose prompt KV arrived from a prefill instance (engine_kv_transfer.c) never went
     // through scheduler_add: it holds no recurrent-state slot (P/D is refused for recurrent models).
     CHECK_MSG(s->cfg.state_slots == 0, "prefilled admission with recurrent state slots");
+    CHECK_MSG(!s->bm_sw, "prefilled admission with per-layer-group block tables");
     seq->state_slot = -1;
     seq->status = SEQ_STATUS_RUNNING;
     seq->admit_order = ++s->admit_counter;
@@ -319,6 +374,6 @@ void scheduler_remove(struct scheduler *s, struct sequence *seq) {
             s->n_scheduled--;
             break;
         }
-    block_manager_release(s->bm, &seq->bt);
+    release_blocks(s, seq);
     slot_release(s, seq);
 }

@@ -34,6 +34,14 @@
 // its blocks wholly before position n_computed - W + 1 (the first key its next token reads) are
 // released (block_manager_drop_before), so a long sequence holds about W / block_size blocks.
 //
+// Hybrid models with per-layer-group block tables (scheduler_set_sliding_group): the sliding-window
+// layers keep their KV in a block manager of their own (bm_sw, window W), each sequence a second
+// table (sequence.bt_sw) that grows with the full one and drops its blocks wholly before
+// n_computed - W + 1, while the full group keeps every block. A sequence is scheduled only when
+// both groups have room; a prefix hit of k blocks needs the full group's k blocks and the sliding
+// group's blocks of the window before token k * bs (block_manager_lookup_window); preemption,
+// finish and abort release both tables.
+//
 // A preempted sequence loses its blocks (n_computed = 0), keeps its tokens, and goes to the
 // FRONT of the waiting queue; on re-admission it re-prefills prompt + generated tokens (a
 // prefix-cache hit makes that cheap when its blocks are still cached).
@@ -73,6 +81,10 @@ struct scheduler {
     int n_scheduled;
     int32_t *match;              // prefix lookup scratch
     int match_cap;
+    struct block_manager *bm_sw; // hybrid models: the sliding-window group's blocks, or NULL
+    int sw_window;               // its window (tokens each query attends to, itself included)
+    int32_t *match_sw;           // its lookup scratch
+    int match_sw_cap;
     int32_t *free_slots;         // (cfg.state_slots) stack of free recurrent-state slots
     int n_free_slots;
     uint64_t admit_counter;
@@ -92,6 +104,11 @@ atomc_status scheduler_create(const struct scheduler_config *cfg, struct block_m
 void scheduler_free(struct scheduler *s); // does not free sequences
 
 void scheduler_add(struct scheduler *s, struct sequence *seq); // to the back of the waiting queue
+
+// Hybrid sliding / full models: the sliding-window layers' own block manager and window (see
+// above). Before any sequence is added; bm_sw has the block size and prefix-caching setting of
+// the scheduler's bm and outlives the scheduler; cfg.sliding_window must be 0.
+void scheduler_set_sliding_group(struct scheduler *s, struct block_manager *bm_sw, int window);
 
 // Picks this step's batch (see above); sets n_sched on each scheduled sequence, allocates
 // their blocks, sets t_first_scheduled on first admission.

@@ -41,6 +41,7 @@ struct sequence {
     int n_cached;            // prompt tokens served by the prefix cache at first admission
     bool no_prefix_cache;    // skip prefix lookups (prompt logprobs need every prompt row)
     struct block_table bt;
+    struct block_table bt_sw; // hybrid models: the sliding-window group's blocks (scheduler.h), else empty
     int state_slot;          // recurrent-state slot while running (models with recurrent layers), else -1
 
     // Scheduler state.

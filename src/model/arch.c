@@ -11,6 +11,7 @@ static const struct model_arch_def *const model_arch_table[] = {
     &model_arch_gpt_oss,
     &model_arch_qwen3_next,
     &model_arch_glm4_moe,
+    &model_arch_mimo,
 };
 
 #define N_ARCH_DEFS (sizeof model_arch_table / sizeof model_arch_table[0])

@@ -65,6 +65,7 @@ extern const struct model_arch_def model_arch_deepseek; // deepseek.c
 extern const struct model_arch_def model_arch_gpt_oss;  // gpt_oss.c
 extern const struct model_arch_def model_arch_qwen3_next; // qwen3_next.c: Qwen3-Next, Qwen3.5-MoE
 extern const struct model_arch_def model_arch_glm4_moe; // glm4_moe.c
+extern const struct model_arch_def model_arch_mimo;     // mimo.c: MiMo-V2-Flash
 
 // Shared weight tables of the pre-norm decoder layer (blocks.c): the two RMSNorm weights every
 // layer has (input_layernorm, post_attention_layernorm).

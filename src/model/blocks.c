@@ -84,7 +84,8 @@ void block_embed(struct model *m, struct fwd_state *f, const int32_t *token_ids)
 }
 
 static void attention_gqa(struct model *m, struct fwd_state *f, const struct model_layer *ly, struct kv_layer *kv,
-                          const struct attn_metadata *md) {
+                          const struct attn_metadata *md_all) {
+    const struct attn_metadata *md = model_layer_metadata(ly, md_all);
     struct backend *b = m->backend;
     const struct backend_ops *ops = b->ops;
     const struct attn_gqa_weights *w = &ly->attn.gqa;

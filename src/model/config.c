@@ -39,6 +39,7 @@ static const struct {
     {"Glm4MoeForCausalLM", MODEL_ARCH_GLM4_MOE},
     {"Qwen3NextForCausalLM", MODEL_ARCH_QWEN3_NEXT},
     {"Qwen3_5MoeForCausalLM", MODEL_ARCH_QWEN3_5_MOE},
+    {"MiMoV2FlashForCausalLM", MODEL_ARCH_MIMO_V2_FLASH},
 };
 
 // config.json "model_type" values: the architecture when "architectures" is missing; otherwise
@@ -61,6 +62,7 @@ static const struct {
     {"qwen3_5_moe", "Qwen3_5MoeForCausalLM"},
     {"kimi_k2", "DeepseekV3ForCausalLM"}, // Kimi-K2: DeepSeek-V3's architecture under its own model_type
     {"glm_moe_dsa", "GlmMoeDsaForCausalLM"}, {"deepseek_v32", "DeepseekV32ForCausalLM"},
+    {"mimo_v2_flash", "MiMoV2FlashForCausalLM"},
 };
 
 #define N_ARCH_NAMES (sizeof arch_names / sizeof arch_names[0])
@@ -306,7 +308,8 @@ static bool rope_equal(const struct rope_config *a, const struct rope_config *b)
     return a->theta == b->theta && a->scaling == b->scaling && a->factor == b->factor;
 }
 
-static atomc_status parse_rope(struct ctx *x, const json_t *root, struct model_config *c, float *partial_rotary) {
+static atomc_status parse_rope(struct ctx *x, const json_t *root, struct model_config *c, float *partial_rotary,
+                               float *partial_sliding) {
     struct rope_config *rope = &c->rope;
     rope->theta = 10000.0f;
     rope->factor = 1.0f;
@@ -322,6 +325,9 @@ static atomc_status parse_rope(struct ctx *x, const json_t *root, struct model_c
         json_object_foreach((json_t *)rp, k, v) {
             if (!json_is_object(v)) per_layer = false;
         }
+        if (!per_layer && c->arch == MODEL_ARCH_MIMO_V2_FLASH)
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key 'rope_parameters' must hold one object per layer type "
+                             "(\"full_attention\", \"sliding_attention\") for %s", x->src, c->architecture);
         if (!per_layer) return parse_rope_object(x, rp, "rope_parameters", rope, partial_rotary);
         const json_t *full = jget(rp, "full_attention");
         const char *chosen = "full_attention";
@@ -336,9 +342,15 @@ static atomc_status parse_rope(struct ctx *x, const json_t *root, struct model_c
         json_object_foreach((json_t *)rp, k, v) {
             if (v == full) continue;
             struct rope_config other = *rope;
-            float pr = *partial_rotary;
+            float pr = c->arch == MODEL_ARCH_MIMO_V2_FLASH ? 0.334f : *partial_rotary; // HF: per entry
             snprintf(what, sizeof what, "rope_parameters.%s", k);
             TRY(parse_rope_object(x, v, what, &other, &pr));
+            if (c->arch == MODEL_ARCH_MIMO_V2_FLASH && !strcmp(k, "sliding_attention")) {
+                // MiMo's sliding layers rotate with their own theta and partial factor.
+                c->rope_sliding = other;
+                *partial_sliding = pr;
+                continue;
+            }
             if (!rope_equal(&other, rope))
                 LOG_WARN("%s: rope_parameters.%s differs from %s; atomc applies %s's RoPE to all layers", x->src, k,
                          chosen, chosen);
@@ -431,7 +443,7 @@ static atomc_status parse_layer_types(struct ctx *x, const json_t *root, struct 
     TRY(get_bool(x, root, "use_sliding_window", &use_sw));
     if (!use_sw) c->sliding_window = 0;
     TRY(parse_layer_types_list(x, root, c));
-    if (c->sliding_window == 0)
+    if (c->sliding_window == 0 && c->arch != MODEL_ARCH_MIMO_V2_FLASH) // MiMo: validate refuses it
         for (int l = 0; l < c->num_layers; l++)
             if (c->layer_types[l] == LAYER_ATTN_SLIDING) c->layer_types[l] = LAYER_ATTN_FULL;
     return ATOMC_OK;
@@ -466,6 +478,11 @@ static atomc_status parse_layer_types_list(struct ctx *x, const json_t *root, st
             c->layer_types[l] = (l + 1) % interval == 0 ? LAYER_ATTN_FULL : LAYER_ATTN_LINEAR;
         return ATOMC_OK;
     }
+    if (c->arch == MODEL_ARCH_MIMO_V2_FLASH) { // MiMoV2FlashConfig: layer 0 and every 6th full, the rest sliding
+        for (int l = 0; l < c->num_layers; l++)
+            c->layer_types[l] = l == 0 || (l + 1) % 6 == 0 ? LAYER_ATTN_FULL : LAYER_ATTN_SLIDING;
+        return ATOMC_OK;
+    }
     if (c->arch == MODEL_ARCH_GPT_OSS) { // transformers' default: even layers sliding, odd layers full
         for (int l = 0; l < c->num_layers; l++) c->layer_types[l] = l % 2 == 0 ? LAYER_ATTN_SLIDING : LAYER_ATTN_FULL;
         return ATOMC_OK;
@@ -494,7 +511,7 @@ static atomc_status parse_moe(struct ctx *x, const json_t *root, struct model_co
     TRY(get_int(x, root, "topk_group", false, 0, 1 << 20, &c->topk_group));
     snprintf(c->scoring_func, sizeof c->scoring_func, "%s",
              (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM4_MOE || c->arch == MODEL_ARCH_GLM_MOE_DSA ||
-              c->arch == MODEL_ARCH_DEEPSEEK_V32)
+              c->arch == MODEL_ARCH_DEEPSEEK_V32 || c->arch == MODEL_ARCH_MIMO_V2_FLASH)
                  ? "sigmoid"
                  : "softmax");
     TRY(get_str(x, root, "scoring_func", c->scoring_func, sizeof c->scoring_func));
@@ -518,6 +535,56 @@ static atomc_status parse_moe(struct ctx *x, const json_t *root, struct model_co
                                  "in [0, %d)", x->src, i, c->num_layers);
             c->mlp_only_layers[json_integer_value(e)] = true;
         }
+    }
+    return ATOMC_OK;
+}
+
+// MiMo-V2-Flash (transformers' MiMoV2FlashConfig): v_head_dim (default 128; head_dim defaults to
+// 192), sliding layers with twice the KV heads, attention_value_scale (default 0.707; null = 1),
+// mlp_layer_types ("dense" / "sparse"; default layer 0 dense, the rest MoE) as mlp_only_layers,
+// norm_topk_prob default true, routed_scaling_factor null = 1. The original checkpoints' own keys
+// (hybrid_layer_pattern, swa_*, moe_layer_freq, add_*_sink_bias) are not what transformers reads:
+// such a config is refused, naming the key.
+static atomc_status parse_mimo(struct ctx *x, const json_t *root, struct model_config *c) {
+    if (c->arch != MODEL_ARCH_MIMO_V2_FLASH) return ATOMC_OK;
+    static const char *foreign[] = {"hybrid_layer_pattern", "swa_num_key_value_heads", "swa_num_attention_heads",
+                                    "swa_head_dim", "swa_v_head_dim", "swa_rope_theta", "moe_layer_freq",
+                                    "add_swa_attention_sink_bias", "add_full_attention_sink_bias"};
+    for (size_t i = 0; i < sizeof foreign / sizeof foreign[0]; i++)
+        if (jget(root, foreign[i]))
+            return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: key '%s' (the original MiMo-V2-Flash config format) is "
+                             "not supported; use a config in transformers' MiMoV2FlashConfig form (layer_types, "
+                             "mlp_layer_types, rope_parameters per layer type)", x->src, foreign[i]);
+    c->v_head_dim = 128;
+    TRY(get_int(x, root, "v_head_dim", false, 1, 1 << 16, &c->v_head_dim));
+    c->swa_num_kv_heads = 2 * c->num_kv_heads;
+    c->attention_value_scale = 0.707f;
+    TRY(get_float(x, root, "attention_value_scale", false, &c->attention_value_scale));
+    if (!isfinite(c->attention_value_scale) || c->attention_value_scale == 0.0f)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: attention_value_scale %g must be finite and non-zero", x->src,
+                         c->attention_value_scale);
+    if (!jget(root, "norm_topk_prob")) c->norm_topk_prob = true;
+    if (!jget(root, "n_routed_experts") && !jget(root, "num_experts") && !jget(root, "num_local_experts"))
+        c->num_experts = 256;
+    if (!jget(root, "num_experts_per_tok")) c->num_experts_per_tok = 8;
+    if (!jget(root, "moe_intermediate_size")) c->moe_intermediate_size = 2048;
+    c->attention_sinks = true; // on the sliding layers
+    const json_t *mt = jget(root, "mlp_layer_types");
+    if (!mt) {
+        c->mlp_only_layers[0] = true;
+        return ATOMC_OK;
+    }
+    if (!json_is_array(mt)) return bad_type(x, "mlp_layer_types", mt, "a list of strings");
+    if ((int)json_array_size(mt) != c->num_layers)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key 'mlp_layer_types' has %zu entries but num_hidden_layers is "
+                         "%d", x->src, json_array_size(mt), c->num_layers);
+    for (int l = 0; l < c->num_layers; l++) {
+        const json_t *e = json_array_get(mt, (size_t)l);
+        const char *s = json_is_string(e) ? json_string_value(e) : NULL;
+        if (s && !strcmp(s, "dense")) c->mlp_only_layers[l] = true;
+        else if (!s || strcmp(s, "sparse"))
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key 'mlp_layer_types' entry %d must be \"dense\" or "
+                             "\"sparse\"", x->src, l);
     }
     return ATOMC_OK;
 }
@@ -1102,7 +1169,7 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     c->num_kv_heads = c->num_heads;
     TRY(get_int(x, root, "num_key_value_heads", false, 1, 1 << 16, &c->num_kv_heads));
     TRY(get_int(x, root, "vocab_size", true, 1, INT32_MAX, &c->vocab_size));
-    c->head_dim = c->hidden_size / c->num_heads;
+    c->head_dim = c->arch == MODEL_ARCH_MIMO_V2_FLASH ? 192 : c->hidden_size / c->num_heads;
     TRY(get_int(x, root, "head_dim", false, 1, 1 << 16, &c->head_dim));
     c->max_position_embeddings = 2048;
     TRY(get_int(x, root, "max_position_embeddings", false, 1, INT32_MAX, &c->max_position_embeddings));
@@ -1111,15 +1178,37 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
 
     // transformers' Qwen3NextConfig defaults partial_rotary_factor to 0.25 (Qwen3.5 inherits it);
     // Glm4MoeConfig to 0.5.
+    const bool mimo = c->arch == MODEL_ARCH_MIMO_V2_FLASH;
     float partial_rotary = c->arch == MODEL_ARCH_QWEN3_NEXT || c->arch == MODEL_ARCH_QWEN3_5_MOE ? 0.25f
                            : c->arch == MODEL_ARCH_GLM4_MOE                                      ? 0.5f
+                           : mimo                                                                ? 0.334f
                                                                                                  : 1.0f;
-    TRY(get_float(x, root, "partial_rotary_factor", false, &partial_rotary));
-    TRY(parse_rope(x, root, c, &partial_rotary));
-    if (!(partial_rotary > 0.0f && partial_rotary <= 1.0f))
+    if (!mimo) TRY(get_float(x, root, "partial_rotary_factor", false, &partial_rotary));
+    float partial_sliding = partial_rotary;
+    if (mimo && !jget(root, "rope_parameters")) {
+        // MiMoV2FlashConfig's per-layer-type defaults; it reads no rope_theta / partial_rotary_factor
+        // key outside rope_parameters.
+        c->rope = (struct rope_config){.theta = 5000000.0f, .factor = 1.0f, .yarn_truncate = true};
+        c->rope_sliding = (struct rope_config){.theta = 10000.0f, .factor = 1.0f, .yarn_truncate = true};
+    } else {
+        if (mimo) c->rope_sliding = (struct rope_config){.theta = 10000.0f, .factor = 1.0f, .yarn_truncate = true};
+        TRY(parse_rope(x, root, c, &partial_rotary, &partial_sliding));
+    }
+    if (!(partial_rotary > 0.0f && partial_rotary <= 1.0f) || !(partial_sliding > 0.0f && partial_sliding <= 1.0f))
         return error_set(x->err, ATOMC_ERR_FORMAT, "%s: partial_rotary_factor = %g must be in (0, 1]", x->src,
-                         partial_rotary);
+                         partial_rotary > 0.0f && partial_rotary <= 1.0f ? partial_sliding : partial_rotary);
     c->rope.rotary_dim = (int)lroundf((float)c->head_dim * partial_rotary);
+    if (mimo) {
+        // HF's MiMo rotary embedding: dim = int(head_dim * factor), truncated; an odd dim gives
+        // frequencies no NeoX-halves rotation reproduces, so it is refused.
+        c->rope.rotary_dim = (int)((double)c->head_dim * (double)partial_rotary);
+        c->rope_sliding.rotary_dim = (int)((double)c->head_dim * (double)partial_sliding);
+        if (c->rope.rotary_dim % 2 || c->rope_sliding.rotary_dim % 2 || c->rope.rotary_dim <= 0 ||
+            c->rope_sliding.rotary_dim <= 0)
+            return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: rotary dims int(head_dim %d x partial_rotary_factor) = "
+                             "%d (full) / %d (sliding) must be even and positive", x->src, c->head_dim,
+                             c->rope.rotary_dim, c->rope_sliding.rotary_dim);
+    }
     if (c->rope.original_max_position == 0 &&
         (c->rope.scaling == ROPE_SCALING_YARN || c->rope.scaling == ROPE_SCALING_DYNAMIC))
         c->rope.original_max_position = c->max_position_embeddings;
@@ -1147,12 +1236,20 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
 
     // GptOssConfig's default when absent (an explicit null means no window, as in transformers).
     if (c->arch == MODEL_ARCH_GPT_OSS && !json_object_get(root, "sliding_window")) c->sliding_window = 128;
+    if (mimo && !json_object_get(root, "sliding_window")) c->sliding_window = 129; // MiMoV2FlashConfig's default
     TRY(get_int(x, root, "sliding_window", false, 0, INT32_MAX, &c->sliding_window));
     TRY(parse_dsa(x, root, c));
+    if (mimo && jget(root, "sliding_window_size")) {
+        // As MiMoV2FlashConfig: the original checkpoints' key counts the previous tokens only.
+        int sws = 0;
+        TRY(get_int(x, root, "sliding_window_size", false, 0, INT32_MAX - 1, &sws));
+        c->sliding_window = sws + 1;
+    }
     TRY(parse_layer_types(x, root, c));
     c->attention_sinks = c->arch == MODEL_ARCH_GPT_OSS;
 
     TRY(parse_moe(x, root, c));
+    TRY(parse_mimo(x, root, c));
     TRY(parse_gpt_oss(x, root, c));
     TRY(parse_linear_attention(x, root, c));
 

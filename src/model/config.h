@@ -28,6 +28,7 @@ enum model_arch {
     MODEL_ARCH_DEEPSEEK_V2, // DeepseekV2ForCausalLM (MLA, greedy / group-limited softmax routing)
     MODEL_ARCH_GLM_MOE_DSA, // GlmMoeDsaForCausalLM (GLM-5): DeepSeek-V3 MLA + DSA indexer (interleaved RoPE)
     MODEL_ARCH_DEEPSEEK_V32, // DeepseekV32ForCausalLM: DeepSeek-V3 + DSA indexer (half-split indexer RoPE)
+    MODEL_ARCH_MIMO_V2_FLASH, // MiMoV2FlashForCausalLM: hybrid sliding / full GQA, q/k vs v head dims, sigmoid MoE
 };
 
 enum rope_scaling_type {
@@ -173,6 +174,15 @@ struct model_config {
     int sliding_window;         // 0 = none
     enum layer_attn_type layer_types[MODEL_MAX_LAYERS]; // per layer (FULL unless said)
     bool attention_sinks;       // GPT-OSS learned sinks
+    // A second RoPE for the sliding-window layers (transformers-5 `rope_parameters` given per
+    // layer type with different values; MiMo-V2-Flash): rope_sliding.rotary_dim > 0 = set.
+    // Families that do not read it refuse a config that sets it (see parse_rope).
+    struct rope_config rope_sliding;
+    // MiMo-V2-Flash: sliding layers have swa_num_kv_heads KV heads (2 x num_key_value_heads) and
+    // sinks; q/k heads of head_dim, v heads of v_head_dim (the MLA field); values times
+    // attention_value_scale.
+    int swa_num_kv_heads;
+    float attention_value_scale;
 
     // Mixture of experts.
     int num_experts;            // 0 = dense

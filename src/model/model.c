@@ -103,6 +103,9 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
                              "attention (head dims %s)", c->architecture, c->head_dim, be, list);
         }
     }
+    if (c->arch == MODEL_ARCH_MIMO_V2_FLASH && c->v_head_dim != c->head_dim && !caps->split_v_head_dim)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: v head dim %d differs from the q/k head dim %d, which the "
+                         "%s backend's attention does not implement", c->architecture, c->v_head_dim, c->head_dim, be);
     if (c->qk_norm && caps->max_qk_norm_head_dim > 0 && c->head_dim > caps->max_qk_norm_head_dim)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: per-head q/k RMSNorm of head_dim %d exceeds the %s "
                          "backend's limit of %d", c->architecture, c->head_dim, be, caps->max_qk_norm_head_dim);
@@ -257,24 +260,34 @@ static void tensor_release(struct model *m, struct tensor *t) {
     t->data = NULL;
 }
 
-static atomc_status model_load_rope(struct model *m, struct error *err) {
+// RoPE frequencies of `rc` (cfg's rope or rope_sliding) into backend memory.
+static atomc_status model_rope_upload(struct model *m, const struct rope_config *rc, float **inv,
+                                      struct rope_args *out, struct error *err) {
     struct backend *b = m->backend;
-    const struct model_config *cfg = &m->cfg;
-    int rd = cfg->rope.rotary_dim > 0 ? cfg->rope.rotary_dim : cfg->head_dim;
+    struct model_config cfg = m->cfg;
+    cfg.rope = *rc;
+    int rd = cfg.rope.rotary_dim > 0 ? cfg.rope.rotary_dim : cfg.head_dim;
     float *h_inv = xmalloc((size_t)(rd / 2) * sizeof(float));
     float attn_factor;
-    model_rope_inv_freq(cfg, rd, h_inv, &attn_factor);
-    m->inv_freq = b->ops->alloc(b, (size_t)(rd / 2) * sizeof(float));
-    if (!m->inv_freq) {
+    model_rope_inv_freq(&cfg, rd, h_inv, &attn_factor);
+    *inv = b->ops->alloc(b, (size_t)(rd / 2) * sizeof(float));
+    if (!*inv) {
         free(h_inv);
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate RoPE frequencies");
     }
-    b->ops->copy_h2d(b, m->inv_freq, h_inv, (size_t)(rd / 2) * sizeof(float));
+    b->ops->copy_h2d(b, *inv, h_inv, (size_t)(rd / 2) * sizeof(float));
     b->ops->synchronize(b);
     free(h_inv);
-    m->rope = (struct rope_args){.inv_freq = m->inv_freq, .rotary_dim = rd, .attn_factor = attn_factor,
-                                 .interleaved = cfg->rope.interleaved};
+    *out = (struct rope_args){.inv_freq = *inv, .rotary_dim = rd, .attn_factor = attn_factor,
+                              .interleaved = cfg.rope.interleaved};
     return ATOMC_OK;
+}
+
+static atomc_status model_load_rope(struct model *m, struct error *err) {
+    atomc_status st = model_rope_upload(m, &m->cfg.rope, &m->inv_freq, &m->rope, err);
+    if (st == ATOMC_OK && m->cfg.rope_sliding.rotary_dim > 0)
+        st = model_rope_upload(m, &m->cfg.rope_sliding, &m->inv_freq_sliding, &m->rope_sliding, err);
+    return st;
 }
 
 // The final norm and lm_head (vocab-parallel under TP; tied: aliases the embeddings), loaded
@@ -361,6 +374,13 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
         m->q_dim = H * cfg->v_head_dim;
         m->kv_dim = cfg->kv_lora_rank + cfg->qk_rope_head_dim;
         m->qkv_dim = H * (cfg->qk_nope_head_dim + cfg->qk_rope_head_dim) + m->kv_dim + 2 * cfg->q_lora_rank;
+    }
+    if (cfg->arch == MODEL_ARCH_MIMO_V2_FLASH) {
+        // mimo.c: per layer q (H D), k (hk D), v (hk Dv) with hk the full or sliding layers' KV
+        // heads: the qkv scratch holds the wider of the two; attn holds (H Dv) <= q_dim.
+        // kv_dim stays the full layers' (WDIM_KV).
+        int hk = cfg->num_kv_heads > cfg->swa_num_kv_heads ? cfg->num_kv_heads : cfg->swa_num_kv_heads;
+        m->qkv_dim = m->q_dim + hk * (cfg->head_dim + cfg->v_head_dim);
     }
     m->layers = xcalloc((size_t)cfg->num_layers, sizeof *m->layers);
     m->layer_cache = xcalloc((size_t)cfg->num_layers, sizeof *m->layer_cache);
@@ -483,5 +503,6 @@ void model_free(struct model *m) {
     tensor_release(m, &m->embed);
     tensor_release(m, &m->final_norm);
     if (m->inv_freq) m->backend->ops->free(m->backend, m->inv_freq);
+    if (m->inv_freq_sliding) m->backend->ops->free(m->backend, m->inv_freq_sliding);
     free(m);
 }

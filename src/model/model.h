@@ -161,6 +161,12 @@ struct model_mtp_layer {
     struct weight head;         // (vocab, hidden) shared_head.head; aliases the model's lm_head when absent
     struct tensor embed;        // (vocab, hidden) embed_tokens; aliases the model's embeddings when absent
 };
+// The attention metadata layer ly reads: the sliding-window group's (its own block tables and
+// slots) when the runner keeps per-layer-group block tables, else md.
+static inline const struct attn_metadata *model_layer_metadata(const struct model_layer *ly,
+                                                               const struct attn_metadata *md) {
+    return ly->sliding_window > 0 && md->sliding ? md->sliding : md;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Cache specs: what a layer keeps per token (paged kinds) or per sequence (recurrent).
@@ -249,6 +255,10 @@ struct model {
 
     float *inv_freq;              // (rotary_dim / 2) backend memory
     struct rope_args rope;
+    // The sliding-window layers' RoPE when the config gives them their own (cfg.rope_sliding,
+    // MiMo-V2-Flash); inv_freq NULL otherwise.
+    float *inv_freq_sliding;
+    struct rope_args rope_sliding;
 
     // Tensor parallelism (tp_size > 1): this rank holds heads [q_head0, q_head0 + cfg.num_heads),
     // KV heads [kv_head0, kv_head0 + cfg.num_kv_heads) (replicated when the model has fewer KV

@@ -283,6 +283,9 @@ static int64_t wdim_global(const struct model_config *c, enum wdim d) {
     case WDIM_INDEX_Q: return (int64_t)c->index_n_heads * c->index_head_dim;
     case WDIM_INDEX_HEAD: return c->index_head_dim;
     case WDIM_INDEX_HEADS: return c->index_n_heads;
+    case WDIM_KV_V: return (int64_t)c->num_kv_heads * c->v_head_dim;
+    case WDIM_SWA_KV: return (int64_t)c->swa_num_kv_heads * c->head_dim;
+    case WDIM_SWA_KV_V: return (int64_t)c->swa_num_kv_heads * c->v_head_dim;
     }
     return 0;
 }

@@ -53,6 +53,11 @@ enum wdim {
     WDIM_INDEX_Q,      // index_n_heads * index_head_dim
     WDIM_INDEX_HEAD,   // index_head_dim
     WDIM_INDEX_HEADS,  // index_n_heads
+    // MiMo-V2-Flash (no tensor parallelism): K / V rows of full and sliding layers, whose KV head
+    // counts differ and whose v heads are v_head_dim wide (o_proj's input: WDIM_MLA_O).
+    WDIM_KV_V,         // num_kv_heads * v_head_dim
+    WDIM_SWA_KV,       // swa_num_kv_heads * head_dim
+    WDIM_SWA_KV_V,     // swa_num_kv_heads * v_head_dim
 };
 
 // How a checkpoint stores an entry.

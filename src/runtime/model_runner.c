@@ -117,6 +117,7 @@ void runner_layout_build(struct runner_layout *l, int T, int S, int W, int R, in
     FIELD(token_ids, T * 4);
     FIELD(positions, T * 4);
     FIELD(slot_mapping, T * 4);
+    FIELD(slot_mapping_sw, T * 4);
     FIELD(query_start, (S + 1) * 4);
     FIELD(context_lens, S * 4);
     FIELD(state_slots, S * 4);
@@ -141,8 +142,9 @@ void runner_layout_build(struct runner_layout *l, int T, int S, int W, int R, in
 static atomc_status runner_alloc_buffers(struct model_runner *r, struct error *err) {
     struct backend *b = r->backend;
     struct runner_layout cap;
-    runner_layout_build(&cap, r->max_tokens, r->max_seqs, r->max_blocks, r->max_rows, r->max_tokens);
-    runner_layout_build(&r->dec, r->max_seqs, r->max_seqs, r->max_blocks, r->max_rows, 0);
+    const int tw = r->max_blocks * (r->kv_groups ? 2 : 1); // hybrid groups: rows full | sliding
+    runner_layout_build(&cap, r->max_tokens, r->max_seqs, tw, r->max_rows, r->max_tokens);
+    runner_layout_build(&r->dec, r->max_seqs, r->max_seqs, tw, r->max_rows, 0);
     CHECK(r->dec.bytes <= cap.bytes);
     r->meta_cap = cap.bytes;
     r->lay = r->dec;
@@ -219,6 +221,11 @@ atomc_status runner_validate(const struct model_runner *r, const struct forward_
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "query_start must run from 0 to n_tokens (%d)", fb->n_tokens);
     const int V = r->cfg.vocab_size;
     const int64_t n_slots = (int64_t)r->num_blocks * r->block_size;
+    const int64_t n_slots_sw = (int64_t)r->num_blocks_sw * r->block_size;
+    if (r->kv_groups && (!fb->block_tables_sw || !fb->slot_mapping_sw))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "%s keeps its sliding-window layers' KV in a pool of their "
+                         "own: the batch needs their block tables and slots (block_tables_sw / slot_mapping_sw)",
+                         r->cfg.architecture);
     for (int s = 0; s < fb->n_seqs; s++) {
         int q0 = fb->query_start[s], q1 = fb->query_start[s + 1], ctx = fb->context_lens[s];
         if (q1 < q0)
@@ -233,6 +240,11 @@ atomc_status runner_validate(const struct model_runner *r, const struct forward_
             if (blk < 0 || blk >= r->num_blocks)
                 return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "sequence %d: block %d outside the pool of %d", s, blk,
                                  r->num_blocks);
+            if (!r->kv_groups) continue;
+            blk = fb->block_tables_sw[(size_t)s * fb->max_blocks_per_seq + j];
+            if (blk < 0 || blk >= r->num_blocks_sw)
+                return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "sequence %d: sliding-window block %d outside the "
+                                 "pool of %d", s, blk, r->num_blocks_sw);
         }
         for (int t = q0; t < q1; t++)
             if (fb->positions[t] < 0 || fb->positions[t] >= r->max_model_len)
@@ -245,6 +257,9 @@ atomc_status runner_validate(const struct model_runner *r, const struct forward_
         if (fb->slot_mapping[t] < -1 || fb->slot_mapping[t] >= n_slots)
             return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "slot %d outside the KV pool of %lld slots",
                              fb->slot_mapping[t], (long long)n_slots);
+        if (r->kv_groups && (fb->slot_mapping_sw[t] < -1 || fb->slot_mapping_sw[t] >= n_slots_sw))
+            return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "sliding-window slot %d outside the pool of %lld slots",
+                             fb->slot_mapping_sw[t], (long long)n_slots_sw);
     }
     for (int i = 0; i < fb->n_logits; i++)
         if (fb->logits_rows[i] < 0 || fb->logits_rows[i] >= fb->n_tokens)
@@ -284,7 +299,11 @@ bool runner_is_decode_only(const struct forward_batch *fb) {
 // Packs the batch into the host staging block under r->lay (padding it to `pad_seqs` decode
 // slots when > n_seqs: padded slots have slot -1, context 1, block 0, token 0; their block
 // table rows use the layout's width), with the logits rows, prompt-logprob rows and the
-// sampling parameters of each logits row, and fills md. Returns the bytes to upload.
+// sampling parameters of each logits row, and fills md. Hybrid groups: each block-table row is
+// the full group's bt_stride entries then the sliding group's, md's row stride (block_table_stride)
+// 2 bt_stride (max_blocks_per_seq stays bt_stride: what the CUDA split heuristic sizes by), and
+// md->sliding = r->md_sw points at the second half and the sliding slots. Returns the bytes to
+// upload.
 size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int pad_seqs, int bt_stride,
                           struct attn_metadata *md) {
     int S = pad_seqs > fb->n_seqs ? pad_seqs : fb->n_seqs;
@@ -292,9 +311,12 @@ size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int p
     int32_t *tok = HPTR(r, token_ids, int32_t), *pos = HPTR(r, positions, int32_t);
     int32_t *slot = HPTR(r, slot_mapping, int32_t), *qs = HPTR(r, query_start, int32_t);
     int32_t *ctx = HPTR(r, context_lens, int32_t), *bt = HPTR(r, block_tables, int32_t);
+    int32_t *slot_sw = HPTR(r, slot_mapping_sw, int32_t);
+    const int G = r->kv_groups ? 2 : 1, row = G * bt_stride; // table row width
     memcpy(tok, fb->token_ids, (size_t)fb->n_tokens * 4);
     memcpy(pos, fb->positions, (size_t)fb->n_tokens * 4);
     memcpy(slot, fb->slot_mapping, (size_t)fb->n_tokens * 4);
+    if (G == 2) memcpy(slot_sw, fb->slot_mapping_sw, (size_t)fb->n_tokens * 4);
     memcpy(qs, fb->query_start, (size_t)(fb->n_seqs + 1) * 4);
     memcpy(ctx, fb->context_lens, (size_t)fb->n_seqs * 4);
     // Recurrent-state slots: a batch without them (graph capture) and padding use the dummy slot.
@@ -306,24 +328,26 @@ size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int p
         if (q > max_q) max_q = q;
         if (fb->context_lens[s] > max_ctx) max_ctx = fb->context_lens[s];
     }
-    if (bt_stride == fb->max_blocks_per_seq) {
+    if (bt_stride == fb->max_blocks_per_seq && G == 1) {
         memcpy(bt, fb->block_tables, (size_t)fb->n_seqs * (size_t)bt_stride * 4);
     } else {
-        for (int s = 0; s < fb->n_seqs; s++) {
-            memcpy(bt + (size_t)s * bt_stride, fb->block_tables + (size_t)s * fb->max_blocks_per_seq,
-                   (size_t)fb->max_blocks_per_seq * 4);
-            memset(bt + (size_t)s * bt_stride + fb->max_blocks_per_seq, 0,
-                   (size_t)(bt_stride - fb->max_blocks_per_seq) * 4);
-        }
+        for (int s = 0; s < fb->n_seqs; s++)
+            for (int g = 0; g < G; g++) {
+                const int32_t *src = (g ? fb->block_tables_sw : fb->block_tables) + (size_t)s * fb->max_blocks_per_seq;
+                int32_t *dst = bt + (size_t)s * row + (size_t)g * bt_stride;
+                memcpy(dst, src, (size_t)fb->max_blocks_per_seq * 4);
+                memset(dst + fb->max_blocks_per_seq, 0, (size_t)(bt_stride - fb->max_blocks_per_seq) * 4);
+            }
     }
     for (int s = fb->n_seqs; s < S; s++) {
         int t = fb->n_tokens + (s - fb->n_seqs);
         tok[t] = 0;
         pos[t] = 0;
         slot[t] = -1;
+        if (G == 2) slot_sw[t] = -1;
         qs[s + 1] = t + 1;
         ctx[s] = 1;
-        memset(bt + (size_t)s * bt_stride, 0, (size_t)bt_stride * 4);
+        memset(bt + (size_t)s * row, 0, (size_t)row * 4);
     }
     if (fb->n_logits) memcpy(HPTR(r, logits_rows, int32_t), fb->logits_rows, (size_t)fb->n_logits * 4);
     if (fb->n_prompt_lp) memcpy(HPTR(r, lp_rows, int32_t), fb->prompt_lp_rows, (size_t)fb->n_prompt_lp * 4);
@@ -351,6 +375,7 @@ size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int p
         .max_query_len = max_q > 1 ? max_q : 1,
         .max_context_len = max_ctx > 1 ? max_ctx : 1,
         .max_blocks_per_seq = bt_stride,
+        .block_table_stride = row,
         .block_size = r->block_size,
         .decode_only = runner_is_decode_only(fb),
         .query_start = DPTR(r, query_start, int32_t),
@@ -366,7 +391,15 @@ size_t runner_pack(struct model_runner *r, const struct forward_batch *fb, int p
         .state_slots = r->n_state_slots ? DPTR(r, state_slots, int32_t) : NULL,
         .h_state_slots = r->n_state_slots ? sslot : NULL,
     };
-    return r->lay.block_tables + (size_t)S * (size_t)bt_stride * 4;
+    if (G == 2) {
+        r->md_sw = *md;
+        r->md_sw.block_tables = md->block_tables + bt_stride;
+        r->md_sw.h_block_tables = bt + bt_stride;
+        r->md_sw.slot_mapping = DPTR(r, slot_mapping_sw, int32_t);
+        r->md_sw.h_slot_mapping = slot_sw;
+        md->sliding = &r->md_sw;
+    }
+    return r->lay.block_tables + (size_t)S * (size_t)row * 4;
 }
 
 // The step's only host-to-device copy of metadata (penalty histories aside).
@@ -398,7 +431,8 @@ atomc_status runner_forward(struct model_runner *r, const struct forward_batch *
         if (!identity && n_rows > 0) model_compute_logits(r->model, DPTR(r, logits_rows, int32_t), n_rows);
         return ATOMC_OK;
     }
-    runner_layout_build(&r->lay, fb->n_tokens, fb->n_seqs, fb->max_blocks_per_seq, fb->n_logits, fb->n_prompt_lp);
+    runner_layout_build(&r->lay, fb->n_tokens, fb->n_seqs, fb->max_blocks_per_seq * (r->kv_groups ? 2 : 1),
+                        fb->n_logits, fb->n_prompt_lp);
     runner_upload(r, runner_pack(r, fb, 0, fb->max_blocks_per_seq, &md));
     model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
     if (n_rows > 0) model_compute_logits(r->model, DPTR(r, logits_rows, int32_t), n_rows);
@@ -571,6 +605,7 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     model_files_close(files);
     files = NULL;
 
+    runner_kv_plan_groups(r, o);
     if ((st = runner_alloc_buffers(r, err))) goto fail;
     if ((st = model_scratch_alloc(r->model, r->max_tokens, r->max_rows, err))) goto fail;
     // The state pool first: on CUDA the KV pool then gets what gpu_memory_utilization leaves.

@@ -53,6 +53,12 @@ struct forward_batch {
     const int32_t *block_tables; // (n_seqs, max_blocks_per_seq)
     int max_blocks_per_seq;
     const int32_t *slot_mapping; // (n_tokens)
+    // Hybrid models with per-layer-group block tables (model_runner_kv_groups true): the
+    // sliding-window layers' own block tables (n_seqs, max_blocks_per_seq) and slots (n_tokens),
+    // in that group's pool of model_runner_kv_groups' num_blocks_sw blocks; required then,
+    // ignored otherwise.
+    const int32_t *block_tables_sw;
+    const int32_t *slot_mapping_sw;
     // Models with recurrent layers (model_runner_num_state_slots > 0): each sequence's state slot
     // in [0, num_state_slots), distinct within the batch; the engine assigns a sequence one at
     // admission and keeps it until the sequence finishes, aborts or is preempted. NULL otherwise.
@@ -127,6 +133,11 @@ struct runner_options {
     // Speculative method "mtp": load the model's MTP layers (struct model_load_options.load_mtp)
     // and give them a cache layer each in the KV pool; model_runner_draft then proposes drafts.
     bool load_mtp;
+    // Hybrid sliding / full models (layers of both kinds, one window): the sliding-window layers'
+    // K/V in a pool of their own, addressed by a second block table per sequence
+    // (forward_batch.block_tables_sw), so the engine can free their out-of-window blocks while
+    // the full layers keep every block (vLLM's hybrid KV-cache manager). false: one table for all.
+    bool hybrid_kv_groups;
 };
 
 struct model_runner;
@@ -185,6 +196,10 @@ int model_runner_block_size(const struct model_runner *r);
 // sequence's next token are never read again, and the engine frees them while it runs. 0 when
 // any layer keeps full history (hybrid sliding / full models keep every block).
 int model_runner_sliding_window(const struct model_runner *r);
+// Per-layer-group block tables (runner_options.hybrid_kv_groups on a hybrid model): true with the
+// sliding group's window and pool size (model_runner_num_kv_blocks is the full group's); false
+// when every layer reads one table.
+bool model_runner_kv_groups(const struct model_runner *r, int *window, int *num_blocks_sw);
 size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
 // Recurrent-state slots the engine may assign (max_num_seqs; 0 when the model keeps no
 // recurrent state) and their bytes in backend memory.

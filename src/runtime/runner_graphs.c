@@ -29,7 +29,8 @@ static atomc_status runner_capture_one(struct model_runner *r, int bs, struct er
     int32_t *bt = xcalloc((size_t)r->max_blocks, 4);
     struct forward_batch fb = {.n_seqs = 1, .n_tokens = 1, .token_ids = tok, .positions = pos, .query_start = qs,
                                .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = r->max_blocks,
-                               .slot_mapping = slot};
+                               .slot_mapping = slot, .block_tables_sw = r->kv_groups ? bt : NULL,
+                               .slot_mapping_sw = r->kv_groups ? slot : NULL};
     struct attn_metadata md;
     r->lay = r->dec;
     runner_upload(r, runner_pack(r, &fb, bs, r->max_blocks, &md));

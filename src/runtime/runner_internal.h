@@ -29,6 +29,7 @@ struct runner_graph {
 // last so that only the rows in use are copied.
 struct runner_layout {
     size_t token_ids, positions, slot_mapping; // (T) int32
+    size_t slot_mapping_sw;                    // (T) int32: the sliding group's slots (hybrid groups)
     size_t query_start;                        // (S + 1) int32
     size_t context_lens;                       // (S) int32
     size_t state_slots;                        // (S) int32 recurrent-state slots
@@ -40,7 +41,7 @@ struct runner_layout {
     size_t hist_start;                         // (R + 1) int32
     size_t hist_prompt_len;                    // (R) int32
     size_t seed, step;                         // (R) uint64
-    size_t block_tables;                       // (S, W) int32
+    size_t block_tables;                       // (S, W) int32 (hybrid groups: (S, 2 W), rows full | sliding)
     size_t bytes;
 };
 
@@ -51,6 +52,13 @@ struct model_runner {
 
     int block_size;
     int num_blocks;
+    // Per-layer-group block tables (runner_options.hybrid_kv_groups on a hybrid model): the
+    // sliding-window layers' tensors hold num_blocks_sw blocks (the others num_blocks), addressed
+    // by forward_batch.block_tables_sw; md_sw is their metadata of the current step.
+    bool kv_groups;
+    int sw_window;
+    int num_blocks_sw;
+    struct attn_metadata md_sw;
     int max_model_len;
     int max_tokens;          // max_num_batched_tokens
     int max_seqs;            // max_num_seqs
@@ -136,6 +144,7 @@ atomc_status runner_forward(struct model_runner *r, const struct forward_batch *
 // runner_kv.c
 size_t runner_kv_block_bytes(const struct model_runner *r);
 atomc_status runner_kv_check_specs(const struct model_runner *r, struct error *err);
+void runner_kv_plan_groups(struct model_runner *r, const struct runner_options *o);
 atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct error *err);
 void runner_kv_release(struct model_runner *r);
 atomc_status runner_size_kv(struct model_runner *r, const struct runner_options *o, struct error *err);

@@ -14,11 +14,56 @@
 
 #define CPU_KV_DEFAULT_MAX_BYTES ((size_t)512 << 20) // the CPU pool's default ceiling
 
+// Per-layer-group block tables: layer l's K/V live in the sliding group's pool.
+static bool layer_in_sw_group(const struct model_runner *r, int l) {
+    return r->kv_groups && r->model->layer_cache[l].kind == CACHE_KIND_SLIDING;
+}
+
+// Bytes of one block (block_size tokens) summed over the paged caches of the layers of one group
+// (sw: the sliding group's; else the others; without groups every layer is in the first).
+static size_t runner_kv_group_block_bytes(const struct model_runner *r, bool sw) {
+    size_t per_token = 0;
+    for (int l = 0; l < r->model->n_cache_layers; l++)
+        if (layer_in_sw_group(r, l) == sw) per_token += cache_spec_token_bytes(&r->model->layer_cache[l], r->kv_dtype);
+    return per_token * (size_t)r->block_size;
+}
+
 // Bytes of one block (block_size tokens) summed over every layer's paged cache.
 size_t runner_kv_block_bytes(const struct model_runner *r) {
     size_t per_token = 0;
     for (int l = 0; l < r->model->n_cache_layers; l++) per_token += cache_spec_token_bytes(&r->model->layer_cache[l], r->kv_dtype);
     return per_token * (size_t)r->block_size;
+}
+
+// Per-layer-group block tables (vLLM's hybrid KV-cache manager, with a pool per group): on when
+// asked for and the model mixes sliding-window layers (all of one window) with layers that keep
+// every token (full K/V or latent rows). A model whose paged layers all slide keeps one table
+// (the engine frees out-of-window blocks of it directly).
+void runner_kv_plan_groups(struct model_runner *r, const struct runner_options *o) {
+    r->kv_groups = false;
+    r->sw_window = 0;
+    r->num_blocks_sw = 0;
+    if (!o->hybrid_kv_groups || (o->tp_size > 1)) return;
+    int window = 0, n_sw = 0, n_full = 0;
+    for (int l = 0; l < r->cfg.num_layers; l++) {
+        const struct cache_spec *s = &r->model->layer_cache[l];
+        if (s->kind == CACHE_KIND_SLIDING) {
+            if (window && s->window != window) return; // several windows: one group each is not done yet
+            window = s->window;
+            n_sw++;
+        } else if (s->kind != CACHE_KIND_RECURRENT) {
+            n_full++;
+        }
+    }
+    if (n_sw == 0 || n_full == 0) return;
+    r->kv_groups = true;
+    r->sw_window = window;
+}
+
+bool model_runner_kv_groups(const struct model_runner *r, int *window, int *num_blocks_sw) {
+    if (window) *window = r->kv_groups ? r->sw_window : 0;
+    if (num_blocks_sw) *num_blocks_sw = r->kv_groups ? r->num_blocks_sw : 0;
+    return r->kv_groups;
 }
 
 // Refuses cache kinds the runner cannot hold yet (a model declaring one must not load).
@@ -37,12 +82,14 @@ atomc_status runner_kv_check_specs(const struct model_runner *r, struct error *e
 
 // One allocation; per layer, in layer order: FULL / SLIDING: K (blocks, block_size, kv_heads,
 // head_dim_k) then V (..., head_dim_v); LATENT: the latent rows (blocks, block_size, 1,
-// latent_dim) as k, and with DSA the indexer keys (blocks, block_size, 1, index_dim) as v. For a model whose layers all keep full K/V of one shape this is the
-// layout the runner always had.
+// latent_dim) as k, and with DSA the indexer keys (blocks, block_size, 1, index_dim) as v. For a
+// model whose layers all keep full K/V of one shape this is the layout the runner always had. With
+// per-layer-group block tables the sliding-window layers' tensors hold r->num_blocks_sw blocks,
+// the others num_blocks.
 atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct error *err) {
     struct backend *b = r->backend;
-    size_t per_block = runner_kv_block_bytes(r);
-    r->kv_bytes = per_block * (size_t)num_blocks;
+    size_t per_block = runner_kv_group_block_bytes(r, false);
+    r->kv_bytes = per_block * (size_t)num_blocks + runner_kv_group_block_bytes(r, true) * (size_t)r->num_blocks_sw;
     r->kv_pool = b->ops->alloc(b, r->kv_bytes);
     if (!r->kv_pool)
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "cannot allocate the KV cache: %d blocks of %d tokens (%.1f MiB)",
@@ -51,26 +98,28 @@ atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct erro
     b->ops->memset_zero(b, r->kv_pool, r->kv_bytes);
     r->num_blocks = num_blocks;
     if (!r->kv) r->kv = xcalloc((size_t)r->model->n_cache_layers, sizeof *r->kv);
-    const size_t e = dtype_row_bytes(r->kv_dtype, 1), slots = (size_t)num_blocks * (size_t)r->block_size;
+    const size_t e = dtype_row_bytes(r->kv_dtype, 1);
     char *base = r->kv_pool;
     for (int l = 0; l < r->model->n_cache_layers; l++) {
         const struct cache_spec *s = &r->model->layer_cache[l];
         struct kv_layer *kv = &r->kv[l];
+        const int nb = layer_in_sw_group(r, l) ? r->num_blocks_sw : num_blocks;
+        const size_t slots = (size_t)nb * (size_t)r->block_size;
         memset(kv, 0, sizeof *kv);
         kv->k_scale = kv->v_scale = 1.0f;
         if (s->kind == CACHE_KIND_RECURRENT) continue; // state slots (runner_state.c), bound below
         if (s->kind == CACHE_KIND_LATENT) {
-            kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, 1, s->latent_dim});
+            kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){nb, r->block_size, 1, s->latent_dim});
             base += slots * (size_t)s->latent_dim * e;
             if (s->index_dim > 0) { // DSA: the indexer's keys beside the latent, as v
-                kv->v = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, 1, s->index_dim});
+                kv->v = tensor_make(base, r->kv_dtype, 4, (int64_t[]){nb, r->block_size, 1, s->index_dim});
                 base += slots * (size_t)s->index_dim * e;
             }
             continue;
         }
-        kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, s->n_kv_heads, s->head_dim_k});
+        kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){nb, r->block_size, s->n_kv_heads, s->head_dim_k});
         base += slots * (size_t)s->n_kv_heads * (size_t)s->head_dim_k * e;
-        kv->v = tensor_make(base, r->kv_dtype, 4, (int64_t[]){num_blocks, r->block_size, s->n_kv_heads, s->head_dim_v});
+        kv->v = tensor_make(base, r->kv_dtype, 4, (int64_t[]){nb, r->block_size, s->n_kv_heads, s->head_dim_v});
         base += slots * (size_t)s->n_kv_heads * (size_t)s->head_dim_v * e;
     }
     CHECK((size_t)(base - (char *)r->kv_pool) == r->kv_bytes);
@@ -82,6 +131,7 @@ void runner_kv_release(struct model_runner *r) {
     if (r->kv_pool) r->backend->ops->free(r->backend, r->kv_pool);
     r->kv_pool = NULL;
     r->num_blocks = 0;
+    r->num_blocks_sw = 0;
 }
 
 // A forward of the largest batch (max_num_batched_tokens prompt tokens in as many sequences
@@ -94,6 +144,7 @@ static atomc_status runner_profile(struct model_runner *r, struct error *err) {
     if (S > r->max_seqs) S = r->max_seqs;
     if (T > S * per_seq) T = S * per_seq;
     int blocks_per_seq = (per_seq + bs - 1) / bs;
+    r->num_blocks_sw = r->kv_groups ? blocks_per_seq : 0;
     atomc_status st = runner_kv_alloc(r, blocks_per_seq, err);
     if (st != ATOMC_OK) return error_prefix(err, "profile run: ");
     int32_t *ids = xcalloc((size_t)T, 4), *pos = xcalloc((size_t)T, 4), *slot = xcalloc((size_t)T, 4);
@@ -116,7 +167,9 @@ static atomc_status runner_profile(struct model_runner *r, struct error *err) {
     qs[S] = t;
     struct forward_batch fb = {.n_seqs = S, .n_tokens = T, .token_ids = ids, .positions = pos, .query_start = qs,
                                .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = blocks_per_seq,
-                               .slot_mapping = slot, .n_logits = S < r->max_rows ? S : r->max_rows,
+                               .slot_mapping = slot, .block_tables_sw = r->kv_groups ? bt : NULL,
+                               .slot_mapping_sw = r->kv_groups ? slot : NULL,
+                               .n_logits = S < r->max_rows ? S : r->max_rows,
                                .logits_rows = rows, .state_slots = r->n_state_slots ? sslots : NULL};
     st = runner_validate(r, &fb, err);
     if (st == ATOMC_OK) st = runner_forward(r, &fb, fb.n_logits, err);
@@ -131,11 +184,27 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
     if (st0 != ATOMC_OK) return st0;
     size_t per_block = runner_kv_block_bytes(r);
     int64_t min_blocks = ((int64_t)r->max_model_len + r->block_size - 1) / r->block_size; // no int overflow
+    // Hybrid groups: the sliding group's pool holds what max_num_seqs sequences read at their
+    // window (ceil((W - 1) / bs) + 1 blocks each) plus the blocks of one step's new tokens (a
+    // chunk's K/V is written before it is attended to: max_num_batched_tokens / bs, + 1 per
+    // sequence for partial blocks), never more than the full group's worst case; the rest of the
+    // budget goes to the full group. A step never needs more (the scheduler cuts chunks to both
+    // groups' free blocks), so the static split costs no preemption.
+    int64_t sw_blocks = 0;
+    size_t bytes_sw = 0, bytes_full = per_block;
+    if (r->kv_groups) {
+        const int64_t bs = r->block_size, W = r->sw_window;
+        sw_blocks = (int64_t)r->max_seqs * ((W - 1 + bs - 1) / bs + 2) + ((int64_t)r->max_tokens + bs - 1) / bs;
+        if (sw_blocks > (int64_t)r->max_seqs * min_blocks) sw_blocks = (int64_t)r->max_seqs * min_blocks;
+        bytes_sw = runner_kv_group_block_bytes(r, true);
+        bytes_full = runner_kv_group_block_bytes(r, false);
+    }
     int64_t blocks;
     const char *how;
     if (o->num_kv_blocks > 0) {
         blocks = o->num_kv_blocks;
         how = "num_kv_blocks";
+        if (sw_blocks > blocks) sw_blocks = blocks; // never more sliding blocks than full ones
     } else if (r->backend->kind == BACKEND_CPU) {
         // Default: what max_num_seqs sequences of max_model_len tokens need, at most
         // CPU_KV_DEFAULT_MAX_BYTES (then the scheduler preempts, as with any full pool), and
@@ -151,6 +220,10 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
         }
         blocks = (int64_t)(bytes / per_block);
         how = "cpu_kv_cache_bytes";
+        if (r->kv_groups) { // the same bytes, split: the sliding group's share first
+            if (sw_blocks * bytes_sw > bytes / 2) sw_blocks = (int64_t)(bytes / 2 / bytes_sw);
+            blocks = (int64_t)((bytes - (size_t)sw_blocks * bytes_sw) / bytes_full);
+        }
     } else {
         atomc_status st = runner_profile(r, err);
         if (st != ATOMC_OK) return st;
@@ -161,6 +234,10 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
         double avail = (double)free_b - reserve;
         blocks = avail > 0 ? (int64_t)(avail / (double)per_block) : 0;
         how = "gpu_memory_utilization";
+        if (r->kv_groups && avail > 0) {
+            if ((double)sw_blocks * (double)bytes_sw > avail / 2) sw_blocks = (int64_t)(avail / 2 / (double)bytes_sw);
+            blocks = (int64_t)((avail - (double)sw_blocks * (double)bytes_sw) / (double)bytes_full);
+        }
         LOG_INFO("memory: %.2f GiB free of %.2f GiB after weights (%.2f GiB) and activations; KV gets %.2f GiB",
                  free_b / 1073741824.0, total_b / 1073741824.0, r->model->weight_bytes / 1073741824.0,
                  blocks * (double)per_block / 1073741824.0);
@@ -172,6 +249,22 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
                          how, (long long)blocks, r->block_size, r->max_model_len, (long long)min_blocks,
                          (double)per_block * min_blocks / (1 << 20));
     if (blocks > INT32_MAX / r->block_size) blocks = INT32_MAX / r->block_size;
+    if (r->kv_groups) {
+        int64_t need_sw = (r->sw_window - 1 + r->block_size - 1) / r->block_size + 2;
+        if (need_sw > min_blocks) need_sw = min_blocks;
+        if (sw_blocks < need_sw)
+            return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "the KV cache (%s) leaves the sliding-window layers %lld "
+                             "blocks, but one sequence needs %lld (window %d): raise the KV memory", how,
+                             (long long)sw_blocks, (long long)need_sw, r->sw_window);
+        r->num_blocks_sw = (int)sw_blocks;
+        int n_sw = 0;
+        for (int l = 0; l < r->cfg.num_layers; l++) n_sw += layer_in_sw_group(r, l);
+        LOG_INFO("KV cache groups: %d full-attention layers x %lld blocks (%.1f MiB), %d sliding-window layers "
+                 "(window %d) x %d blocks (%.1f MiB): sliding layers keep ~%d blocks per sequence",
+                 r->cfg.num_layers - n_sw, (long long)blocks, (double)blocks * bytes_full / (1 << 20), n_sw,
+                 r->sw_window, r->num_blocks_sw, (double)r->num_blocks_sw * bytes_sw / (1 << 20),
+                 (int)((r->sw_window - 1 + r->block_size - 1) / r->block_size + 1));
+    }
     // Per token over all layers, by cache kind (MLA's latent row is what makes DeepSeek's cache small).
     size_t per_token = per_block / (size_t)r->block_size, latent = 0;
     for (int l = 0; l < r->model->n_cache_layers; l++)
@@ -226,6 +319,7 @@ static atomc_status runner_kv_copy(void *ctx, int layer, const int32_t *blocks, 
 }
 
 void model_runner_kv_pool_view(struct model_runner *r, struct kv_pool_view *v) {
+    CHECK_MSG(!r->kv_groups, "KV transfer of per-layer-group block tables (the engine refuses it)");
     const size_t e = dtype_row_bytes(r->kv_dtype, 1), slots = (size_t)r->num_blocks * (size_t)r->block_size;
     size_t off = 0;
     for (int l = 0; l < r->model->n_cache_layers; l++) {

@@ -14,7 +14,10 @@
 //   cuda_engine_moe_random_stress_equals_alone  the same on mixtral (MoE, sliding window 16).
 //   cuda_engine_batched_under_preemption_equals_alone, cuda_engine_prefix_hit_identical_to_cold.
 //   cuda_engine_gpt_oss_random_stress_equals_alone  the stress on gpt_oss_mxfp4, the batch under
-//       preemption on gpt_oss.
+//       preemption on gpt_oss: with per-layer-group block tables (the engine's default for hybrid
+//       sliding / full models: the sliding layers' own pool and table, read by the CUDA attention
+//       and KV writes through attn_metadata.sliding, decode graphs included) against alone runs
+//       with one table for every layer.
 //   cuda_engine_mla_random_stress_equals_alone  deepseek_v2 / v3 (MLA, latent cache).
 //   cuda_engine_qwen3_next_random_stress_equals_alone  qwen3_next (Gated DeltaNet state slots).
 //

@@ -107,7 +107,7 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
     }
     memset(acc, 0, (size_t)nrow * dv * sizeof(float));
 
-    const int32_t *bt = md->h_block_tables + (int64_t)s * md->max_blocks_per_seq;
+    const int32_t *bt = md->h_block_tables + (int64_t)s * attn_md_table_stride(md);
     for (int blk = kmin / bs; blk <= pos_last / bs; blk++) {
         int j0 = blk * bs;
         int t0 = kmin > j0 ? kmin - j0 : 0;

@@ -10,7 +10,7 @@
 const struct backend_caps backend_cpu_caps = {
     .name = "cpu",
     .n_head_dims = 0,
-    .split_v_head_dim = false,
+    .split_v_head_dim = true, // cpu_attention takes any v head dim (MiMo-V2-Flash)
     .max_qk_norm_head_dim = 0,
     .kv_dtypes = BACKEND_CAP_BIT(DTYPE_F32) | BACKEND_CAP_BIT(DTYPE_BF16) | BACKEND_CAP_BIT(DTYPE_F16) |
                  BACKEND_CAP_BIT(DTYPE_FP8_E4M3),

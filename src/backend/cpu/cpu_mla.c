@@ -163,7 +163,7 @@ static void mla_item(struct mla_ctx *x, int s, int chunk, int h, float *scr) {
     }
     memset(acc, 0, (size_t)nq * L * sizeof(float));
 
-    const int32_t *bt = md->h_block_tables + (int64_t)s * md->max_blocks_per_seq;
+    const int32_t *bt = md->h_block_tables + (int64_t)s * attn_md_table_stride(md);
     int cur[MLA_QCHUNK] = {0}; // DSA: each query's cursor into its ascending top-k list
     for (int blk = 0; blk <= pos_last / bs; blk++) {
         const int j0 = blk * bs, t1 = pos_last - j0 + 1 < bs ? pos_last - j0 + 1 : bs;

@@ -55,43 +55,77 @@ struct attn_params {
     int window;       // 0 = none
     const float *sinks;
     int n_splits;
-    float *part_o;   // (n_tokens * hq, n_splits, D)
+    float *part_o;   // (n_tokens * hq, n_splits, DV)
     float *part_lse; // (n_tokens * hq, n_splits), log2 domain
     bool early;      // first KV tile issued before the PDL wait when it holds only earlier steps' keys
 };
 
-// Issues the cp.async copies of KV tile [tok0, tok0 + BN) of one KV head into shared memory:
-// bf16 caches straight into the padded bf16 tiles (row stride D + PAD elements), FP8 caches
-// into raw staging tiles (row stride D bytes) that fp8_tile_convert turns into f16 later.
-// Tokens outside [lo, hi) are zero-filled and never dereferenced through the block table.
-template <int D, typename KVT, int NT>
-__device__ __forceinline__ void load_kv_tile(void *ks, void *vs, const attn_params &p, int seq, int kvh, int tok0,
-                                             int lo, int hi) {
-    constexpr int EPC = 16 / sizeof(KVT); // elements per 16-byte chunk
-    constexpr int CH = D / EPC;           // chunks per row
-    constexpr int ROW_BYTES = sizeof(KVT) == 2 ? (D + PAD) * 2 : D;
+// One of K / V for load_kv_tile when their head dims differ: rows of W elements of cache c.
+template <int W, typename KVT, int NT>
+__device__ __forceinline__ void load_rows(void *dst, const void *c, const attn_params &p, int seq, int kvh, int tok0,
+                                          int lo, int hi) {
+    constexpr int EPC = 16 / sizeof(KVT);
+    constexpr int CH = W / EPC;
+    constexpr int ROW_BYTES = sizeof(KVT) == 2 ? (W + PAD) * 2 : W;
     static_assert((BN * CH) % NT == 0, "tile chunks must divide evenly among threads");
-    // The tile's page ids: lane L of every warp holds page (tok0 >> shift) + L; each chunk
-    // takes its page by shuffle instead of a dependent global load.
     const int32_t *bt = p.block_tables + (size_t)seq * p.max_blocks;
     const int pg0 = tok0 >> p.bs_shift, lane = threadIdx.x & 31;
     const int pg_last = min((min(hi, tok0 + BN) - 1) >> p.bs_shift, p.max_blocks - 1);
     int my_page = (pg0 + lane <= pg_last) ? bt[pg0 + lane] : 0;
 #pragma unroll
     for (int j = 0; j < BN * CH / NT; j++) {
-        int c = threadIdx.x + j * NT;
-        int r = c / CH, ch = c % CH;
+        int ci = threadIdx.x + j * NT;
+        int r = ci / CH, ch = ci % CH;
         int kpos = tok0 + r;
         bool valid = kpos >= lo && kpos < hi;
         int page = __shfl_sync(0xffffffffu, my_page, ((kpos >> p.bs_shift) - pg0) & 31);
         size_t off = 0;
         if (valid) {
             size_t slot = ((size_t)page << p.bs_shift) + (kpos & (p.block_size - 1));
-            off = (slot * p.hk + kvh) * D + ch * EPC;
+            off = (slot * p.hk + kvh) * W + ch * EPC;
         }
-        uint32_t doff = r * ROW_BYTES + ch * 16;
-        cp_async16(smem_addr((char *)ks + doff), (const KVT *)p.kc + off, valid);
-        cp_async16(smem_addr((char *)vs + doff), (const KVT *)p.vc + off, valid);
+        cp_async16(smem_addr((char *)dst + r * ROW_BYTES + ch * 16), (const KVT *)c + off, valid);
+    }
+}
+
+// Issues the cp.async copies of KV tile [tok0, tok0 + BN) of one KV head into shared memory:
+// bf16 caches straight into the padded bf16 tiles (row stride D + PAD elements; V: DV + PAD),
+// FP8 caches into raw staging tiles (row stride D / DV bytes) that fp8_tile_convert turns into
+// f16 later. Tokens outside [lo, hi) are zero-filled and never dereferenced through the block
+// table. DV != D (MiMo-V2-Flash's q/k head dim 192, v 128): K and V rows are copied in two loops.
+template <int D, int DV, typename KVT, int NT>
+__device__ __forceinline__ void load_kv_tile(void *ks, void *vs, const attn_params &p, int seq, int kvh, int tok0,
+                                             int lo, int hi) {
+    if constexpr (D != DV) {
+        load_rows<D, KVT, NT>(ks, p.kc, p, seq, kvh, tok0, lo, hi);
+        load_rows<DV, KVT, NT>(vs, p.vc, p, seq, kvh, tok0, lo, hi);
+    } else {
+        constexpr int EPC = 16 / sizeof(KVT); // elements per 16-byte chunk
+        constexpr int CH = D / EPC;           // chunks per row
+        constexpr int ROW_BYTES = sizeof(KVT) == 2 ? (D + PAD) * 2 : D;
+        static_assert((BN * CH) % NT == 0, "tile chunks must divide evenly among threads");
+        // The tile's page ids: lane L of every warp holds page (tok0 >> shift) + L; each chunk
+        // takes its page by shuffle instead of a dependent global load.
+        const int32_t *bt = p.block_tables + (size_t)seq * p.max_blocks;
+        const int pg0 = tok0 >> p.bs_shift, lane = threadIdx.x & 31;
+        const int pg_last = min((min(hi, tok0 + BN) - 1) >> p.bs_shift, p.max_blocks - 1);
+        int my_page = (pg0 + lane <= pg_last) ? bt[pg0 + lane] : 0;
+#pragma unroll
+        for (int j = 0; j < BN * CH / NT; j++) {
+            int c = threadIdx.x + j * NT;
+            int r = c / CH, ch = c % CH;
+            int kpos = tok0 + r;
+            bool valid = kpos >= lo && kpos < hi;
+            int page = __shfl_sync(0xffffffffu, my_page, ((kpos >> p.bs_shift) - pg0) & 31);
+            size_t off = 0;
+            if (valid) {
+                size_t slot = ((size_t)page << p.bs_shift) + (kpos & (p.block_size - 1));
+                off = (slot * p.hk + kvh) * D + ch * EPC;
+            }
+            uint32_t doff = r * ROW_BYTES + ch * 16;
+            cp_async16(smem_addr((char *)ks + doff), (const KVT *)p.kc + off, valid);
+            cp_async16(smem_addr((char *)vs + doff), (const KVT *)p.vc + off, valid);
+        }
     }
 }
 
@@ -143,7 +177,7 @@ template <int D, int NT> __device__ __forceinline__ void fp8_tile_convert(__nv_b
 // NW warps own 16 query rows each; KS warps (KS > 1: decode) share the same 16 rows and
 // split every KV tile's tokens between them, each with its own online-softmax state, merged
 // through shared memory at the end.
-template <int D, int NW, int KS, typename KVT>
+template <int D, int DV, int NW, int KS, typename KVT>
 __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn_params p) {
     // The metadata (query starts, context lengths, block tables) comes from host copies, and the
     // keys and values of positions before this step's new tokens were written by earlier steps:
@@ -151,18 +185,19 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     if (!p.early) pdl_begin();
     static_assert(NW == 1 || KS == 1, "either row warps or KV-split warps");
     constexpr int BM = 16 * NW, NT = NW * KS * 32, RS = D + PAD, TW = BN / KS; // TW: tokens per warp per tile
+    constexpr int RSV = DV + PAD; // V rows (DV: the value head dim, = D but for MiMo-V2-Flash)
     constexpr bool FP8 = sizeof(KVT) == 1;
     // Shared memory: Q tile, then bf16 K/V tiles ([2] stages for bf16 caches, [1] for FP8),
-    // then for FP8 the raw staging tiles [2][BN][D] bytes each for K and V.
+    // then for FP8 the raw staging tiles [2][BN][D] (K) and [2][BN][DV] (V) bytes.
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __nv_bfloat16 *qs_ = reinterpret_cast<__nv_bfloat16 *>(smem_raw);
     __nv_bfloat16 *ks_ = qs_ + BM * RS;
     __nv_bfloat16 *vs_ = ks_ + (FP8 ? 1 : 2) * BN * RS;
-    uint8_t *kst_ = reinterpret_cast<uint8_t *>(vs_ + (FP8 ? 1 : 2) * BN * RS);
+    uint8_t *kst_ = reinterpret_cast<uint8_t *>(vs_ + (FP8 ? 1 : 2) * BN * RSV);
     uint8_t *vst_ = kst_ + 2 * BN * D;
     // Stage buffers of pipeline slot b (where cp.async writes).
     auto stage_k = [&](int b) -> void * { return FP8 ? (void *)(kst_ + b * BN * D) : (void *)(ks_ + b * BN * RS); };
-    auto stage_v = [&](int b) -> void * { return FP8 ? (void *)(vst_ + b * BN * D) : (void *)(vs_ + b * BN * RS); };
+    auto stage_v = [&](int b) -> void * { return FP8 ? (void *)(vst_ + b * BN * DV) : (void *)(vs_ + b * BN * RSV); };
 
     const int seq = blockIdx.z / p.n_splits, split = blockIdx.z % p.n_splits, kvh = blockIdx.y;
     const int qbeg = p.query_start[seq], qlen = p.query_start[seq + 1] - qbeg;
@@ -188,7 +223,7 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     // A first tile that ends before the new tokens' positions needs nothing from this step: its
     // copies go out before the wait, overlapping the previous kernel (RoPE + KV write).
     const bool kv_early = p.early && tb < te && (tb + 1) * BN <= pos_off;
-    if (kv_early) load_kv_tile<D, KVT, NT>(stage_k(0), stage_v(0), p, seq, kvh, tb * BN, kv_lo, kv_hi);
+    if (kv_early) load_kv_tile<D, DV, KVT, NT>(stage_k(0), stage_v(0), p, seq, kvh, tb * BN, kv_lo, kv_hi);
     if (p.early) pdl_begin();
     if (p.n_splits > 1 && tb >= te) {
         // A split past the last one with tiles (a captured graph sizes n_splits for the longest
@@ -224,7 +259,7 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
         }
         *reinterpret_cast<uint4 *>(qs_ + r * RS + ch * 8) = v;
     }
-    if (tb < te && !kv_early) load_kv_tile<D, KVT, NT>(stage_k(0), stage_v(0), p, seq, kvh, tb * BN, kv_lo, kv_hi);
+    if (tb < te && !kv_early) load_kv_tile<D, DV, KVT, NT>(stage_k(0), stage_v(0), p, seq, kvh, tb * BN, kv_lo, kv_hi);
     cp_async_commit();
     __syncthreads();
 
@@ -246,16 +281,16 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     }
     const int min_qpos = pos_off + tok_lo;
 
-    float o[D / 8][4];
+    float o[DV / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; i++)
+    for (int i = 0; i < DV / 8; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
     for (int t = tb; t < te; t++) {
         const int buf = (t - tb) & 1;
         if (t + 1 < te) {
-            load_kv_tile<D, KVT, NT>(stage_k(buf ^ 1), stage_v(buf ^ 1), p, seq, kvh, (t + 1) * BN, kv_lo, kv_hi);
+            load_kv_tile<D, DV, KVT, NT>(stage_k(buf ^ 1), stage_v(buf ^ 1), p, seq, kvh, (t + 1) * BN, kv_lo, kv_hi);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -264,10 +299,10 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
         __syncthreads();
         if constexpr (FP8) {
             fp8_tile_convert<D, NT>(ks_, kst_ + buf * BN * D);
-            fp8_tile_convert<D, NT>(vs_, vst_ + buf * BN * D);
+            fp8_tile_convert<DV, NT>(vs_, vst_ + buf * BN * DV);
             __syncthreads();
         }
-        const __nv_bfloat16 *ks = ks_ + (FP8 ? 0 : buf) * BN * RS, *vs = vs_ + (FP8 ? 0 : buf) * BN * RS;
+        const __nv_bfloat16 *ks = ks_ + (FP8 ? 0 : buf) * BN * RS, *vs = vs_ + (FP8 ? 0 : buf) * BN * RSV;
 
         float s[TW / 8][4];
 #pragma unroll
@@ -323,7 +358,7 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
             }
             l[h] = l[h] * alpha + sum;
 #pragma unroll
-            for (int i = 0; i < D / 8; i++) {
+            for (int i = 0; i < DV / 8; i++) {
                 o[i][2 * h] *= alpha;
                 o[i][2 * h + 1] *= alpha;
             }
@@ -335,9 +370,9 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
                              pack2<FP8>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                              pack2<FP8>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-            for (int dt = 0; dt < D / 16; dt++) {
+            for (int dt = 0; dt < DV / 16; dt++) {
                 uint32_t b[4];
-                ldsm_x4_t(b, smem_addr(vs + (toff + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RS + dt * 16 +
+                ldsm_x4_t(b, smem_addr(vs + (toff + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * RSV + dt * 16 +
                                        (lane / 16) * 8));
                 mma_16816<FP8>(o[2 * dt], a, b[0], b[1]);
                 mma_16816<FP8>(o[2 * dt + 1], a, b[2], b[3]);
@@ -354,15 +389,15 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
     if constexpr (KS > 1) {
         // Merge the KS warps' states (the K/V tiles are free now): warps 1.. publish m, l and O;
         // warp 0 rescales to the common max and sums.
-        float *mo = reinterpret_cast<float *>(ks_); // [KS][16][D]
-        float *ml = mo + KS * 16 * D;               // [KS][16][2]
+        float *mo = reinterpret_cast<float *>(ks_); // [KS][16][DV]
+        float *ml = mo + KS * 16 * DV;              // [KS][16][2]
         if (wk > 0) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int row = g + h * 8;
 #pragma unroll
-                for (int i = 0; i < D / 8; i++)
-                    *reinterpret_cast<float2 *>(mo + ((size_t)wk * 16 + row) * D + i * 8 + 2 * t4) =
+                for (int i = 0; i < DV / 8; i++)
+                    *reinterpret_cast<float2 *>(mo + ((size_t)wk * 16 + row) * DV + i * 8 + 2 * t4) =
                         make_float2(o[i][2 * h], o[i][2 * h + 1]);
                 if (t4 == 0) {
                     ml[(wk * 16 + row) * 2] = m[h];
@@ -383,7 +418,7 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
             float a0 = exp2f(m[h] - mu);
             float ll = l[h] * a0;
 #pragma unroll
-            for (int i = 0; i < D / 8; i++) {
+            for (int i = 0; i < DV / 8; i++) {
                 o[i][2 * h] *= a0;
                 o[i][2 * h + 1] *= a0;
             }
@@ -392,8 +427,8 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
                 float aw = exp2f(ml[(w * 16 + row) * 2] - mu);
                 ll += ml[(w * 16 + row) * 2 + 1] * aw;
 #pragma unroll
-                for (int i = 0; i < D / 8; i++) {
-                    float2 v = *reinterpret_cast<const float2 *>(mo + ((size_t)w * 16 + row) * D + i * 8 + 2 * t4);
+                for (int i = 0; i < DV / 8; i++) {
+                    float2 v = *reinterpret_cast<const float2 *>(mo + ((size_t)w * 16 + row) * DV + i * 8 + 2 * t4);
                     o[i][2 * h] += v.x * aw;
                     o[i][2 * h + 1] += v.y * aw;
                 }
@@ -418,22 +453,22 @@ __global__ void __launch_bounds__(NW *KS * 32) paged_attention_kernel(const attn
                 ll = ll * exp2f(mm - mf) + exp2f(sk - mf);
                 float r = exp2f(mm - mf);
 #pragma unroll
-                for (int i = 0; i < D / 8; i++) {
+                for (int i = 0; i < DV / 8; i++) {
                     o[i][2 * h] *= r;
                     o[i][2 * h + 1] *= r;
                 }
             }
             float inv = ll > 0.f ? p.v_scale / ll : 0.f;
-            __nv_bfloat16 *dst = p.out + grow * D;
+            __nv_bfloat16 *dst = p.out + grow * DV;
 #pragma unroll
-            for (int i = 0; i < D / 8; i++)
+            for (int i = 0; i < DV / 8; i++)
                 *reinterpret_cast<uint32_t *>(dst + i * 8 + 2 * t4) =
                     pack_bf16(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
         } else {
             float inv = ll > 0.f ? 1.f / ll : 0.f;
-            float *dst = p.part_o + (grow * p.n_splits + split) * D;
+            float *dst = p.part_o + (grow * p.n_splits + split) * DV;
 #pragma unroll
-            for (int i = 0; i < D / 8; i++)
+            for (int i = 0; i < DV / 8; i++)
                 *reinterpret_cast<float2 *>(dst + i * 8 + 2 * t4) =
                     make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
             if (t4 == 0) p.part_lse[grow * p.n_splits + split] = ll > 0.f ? mm + log2f(ll) : -INFINITY;
@@ -492,15 +527,17 @@ __global__ void attention_reduce_kernel(__nv_bfloat16 *out, const float *part_o,
         out[(size_t)row * D + lane + 32 * i] = __float2bfloat16_rn(acc[i] * inv);
 }
 
-// attn_occupancy's first index: head_dim 64, 128 or 256.
+// attn_occupancy's first index: head_dim 64, 128 or 256 (v head dim the same), or q/k 192 with v 128.
 constexpr int attn_dim_index(int D) {
-    return D == 64 ? 0 : D == 128 ? 1 : 2;
+    return D == 64 ? 0 : D == 128 ? 1 : D == 256 ? 2 : 3;
 }
 
-template <int D, int NW, int KS, typename KVT> constexpr size_t attn_smem() {
-    size_t main = sizeof(KVT) == 2 ? (size_t)(16 * NW + 4 * BN) * (D + PAD) * 2
-                                   : (size_t)(16 * NW + 2 * BN) * (D + PAD) * 2 + (size_t)4 * BN * D;
-    size_t merge = (size_t)16 * NW * (D + PAD) * 2 + (size_t)KS * 16 * (D + 2) * 4; // KS-warp merge area
+template <int D, int DV, int NW, int KS, typename KVT> constexpr size_t attn_smem() {
+    // Q + K tiles (2 stages bf16, 1 converted FP8) + V tiles, then FP8's raw K / V staging.
+    size_t main = sizeof(KVT) == 2
+                      ? (size_t)(16 * NW + 2 * BN) * (D + PAD) * 2 + (size_t)2 * BN * (DV + PAD) * 2
+                      : (size_t)(16 * NW + BN) * (D + PAD) * 2 + (size_t)BN * (DV + PAD) * 2 + (size_t)2 * BN * (D + DV);
+    size_t merge = (size_t)16 * NW * (D + PAD) * 2 + (size_t)KS * 16 * (DV + 2) * 4; // KS-warp merge area
     return main > merge ? main : merge;
 }
 
@@ -509,35 +546,35 @@ template <int NW> constexpr int attn_ks() {
     return NW == 1 ? 4 : 1;
 }
 
-template <int D, int NW, typename KVT> void attn_set_smem(struct cuda_backend *cb) {
+template <int D, int NW, typename KVT, int DV = D> void attn_set_smem(struct cuda_backend *cb) {
     constexpr int KS = attn_ks<NW>();
-    constexpr int smem = (int)attn_smem<D, NW, KS, KVT>();
-    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, NW, KS, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    smem));
+    constexpr int smem = (int)attn_smem<D, DV, NW, KS, KVT>();
+    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<D, DV, NW, KS, KVT>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int occ = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, NW, KS, KVT>, NW * KS * 32,
-                                                             smem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, paged_attention_kernel<D, DV, NW, KS, KVT>,
+                                                             NW * KS * 32, smem));
     cb->attn_occupancy[attn_dim_index(D)][NW == 4][sizeof(KVT) == 1] = occ > 0 ? occ : 1;
 }
 
-template <int D, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
+template <int D, int DV, int NW, typename KVT> void attn_launch(const attn_params &p, dim3 grid, cudaStream_t s) {
     constexpr int KS = attn_ks<NW>();
-    pdl_launch(paged_attention_kernel<D, NW, KS, KVT>, grid, NW * KS * 32, attn_smem<D, NW, KS, KVT>(), s, p);
+    pdl_launch(paged_attention_kernel<D, DV, NW, KS, KVT>, grid, NW * KS * 32, attn_smem<D, DV, NW, KS, KVT>(), s, p);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int D, typename KVT> void attn_dispatch_kv(const attn_params &p, dim3 grid, int nw, cudaStream_t s) {
+template <int D, int DV, typename KVT> void attn_dispatch_kv(const attn_params &p, dim3 grid, int nw, cudaStream_t s) {
     if (nw == 4)
-        attn_launch<D, 4, KVT>(p, grid, s);
+        attn_launch<D, DV, 4, KVT>(p, grid, s);
     else
-        attn_launch<D, 1, KVT>(p, grid, s);
+        attn_launch<D, DV, 1, KVT>(p, grid, s);
 }
 
-template <int D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, bool fp8, cudaStream_t s) {
+template <int D, int DV = D> void attn_dispatch(const attn_params &p, dim3 grid, int nw, bool fp8, cudaStream_t s) {
     if (fp8)
-        attn_dispatch_kv<D, __nv_fp8_e4m3>(p, grid, nw, s);
+        attn_dispatch_kv<D, DV, __nv_fp8_e4m3>(p, grid, nw, s);
     else
-        attn_dispatch_kv<D, __nv_bfloat16>(p, grid, nw, s);
+        attn_dispatch_kv<D, DV, __nv_bfloat16>(p, grid, nw, s);
 }
 
 } // namespace
@@ -555,6 +592,10 @@ void cuda_attention_init(struct cuda_backend *cb) {
     attn_set_smem<256, 4, __nv_bfloat16>(cb);
     attn_set_smem<256, 1, __nv_fp8_e4m3>(cb);
     attn_set_smem<256, 4, __nv_fp8_e4m3>(cb);
+    attn_set_smem<192, 1, __nv_bfloat16, 128>(cb); // MiMo-V2-Flash: q/k head dim 192, v 128
+    attn_set_smem<192, 4, __nv_bfloat16, 128>(cb);
+    attn_set_smem<192, 1, __nv_fp8_e4m3, 128>(cb);
+    attn_set_smem<192, 4, __nv_fp8_e4m3, 128>(cb);
 }
 
 void cuda_op_attention(struct backend *b, struct tensor *out, const struct tensor *q, int64_t q_row_stride,
@@ -563,8 +604,10 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     struct cuda_backend *cb = cuda_impl(b);
     CHECK(q->ndim == 3 && out->ndim == 3 && kv->k.ndim == 4);
     const int n = (int)q->ne[0], hq = (int)q->ne[1], D = (int)q->ne[2], hk = (int)kv->k.ne[2];
-    CHECK_MSG(D == 64 || D == 128 || D == 256, "CUDA attention: head_dim %d unsupported (64, 128, 256)", D);
-    CHECK(kv->k.ne[3] == D && out->ne[0] == n && out->ne[1] == hq && out->ne[2] == D && hq % hk == 0);
+    const int DV = (int)out->ne[2]; // the value head dim
+    CHECK_MSG((DV == D && (D == 64 || D == 128 || D == 256)) || (D == 192 && DV == 128),
+              "CUDA attention: head dims %d / %d unsupported (64, 128, 256; or q/k 192 with v 128)", D, DV);
+    CHECK(kv->k.ne[3] == D && kv->v.ne[3] == DV && out->ne[0] == n && out->ne[1] == hq && hq % hk == 0);
     CHECK(q->dtype == DTYPE_BF16 && out->dtype == DTYPE_BF16);
     CHECK(kv->k.dtype == DTYPE_BF16 || kv->k.dtype == DTYPE_FP8_E4M3);
     CHECK(md->block_size == kv->k.ne[1]);
@@ -582,7 +625,7 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     p.query_start = md->query_start;
     p.context_lens = md->context_lens;
     p.block_tables = md->block_tables;
-    p.max_blocks = md->max_blocks_per_seq;
+    p.max_blocks = attn_md_table_stride(md); // the row stride (== max_blocks_per_seq but for interleaved tables)
     p.block_size = md->block_size;
     CHECK_MSG(md->block_size > 0 && (md->block_size & (md->block_size - 1)) == 0,
               "KV block size %d is not a power of 2", md->block_size);
@@ -624,7 +667,7 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
         if (splits < 1) splits = 1;
     }
     if (splits > 1) {
-        size_t per_split = (size_t)n * hq * (D + 1) * sizeof(float);
+        size_t per_split = (size_t)n * hq * (DV + 1) * sizeof(float);
         size_t cap = cuda_scratch_reserve(cb, &cb->attn_scratch, &cb->attn_scratch_bytes, per_split * splits);
         if ((size_t)splits * per_split > cap) splits = (int)(cap / per_split);
         if (splits < 2) splits = 1;
@@ -635,21 +678,23 @@ void cuda_op_attention(struct backend *b, struct tensor *out, const struct tenso
     // sharing), i.e. positions before its new tokens that the RoPE + KV-write kernel just wrote.
     p.early = md->max_query_len == 1;
     p.part_o = (float *)cb->attn_scratch;
-    p.part_lse = p.part_o + (size_t)n * hq * splits * D;
+    p.part_lse = p.part_o + (size_t)n * hq * splits * DV;
     CHECK_MSG((int64_t)md->n_seqs * splits <= 65535, "CUDA attention: too many sequences (%d)", md->n_seqs);
     dim3 grid(row_tiles, hk, md->n_seqs * splits);
     if (D == 64)
         attn_dispatch<64>(p, grid, nw, fp8, cb->stream);
     else if (D == 128)
         attn_dispatch<128>(p, grid, nw, fp8, cb->stream);
-    else
+    else if (D == 256)
         attn_dispatch<256>(p, grid, nw, fp8, cb->stream);
+    else
+        attn_dispatch<192, 128>(p, grid, nw, fp8, cb->stream);
     if (splits > 1) {
         int rows = n * hq;
-        if (D == 64)
+        if (DV == 64)
             pdl_launch(attention_reduce_kernel<64>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse,
                        rows, splits, hq, p.sinks, p.v_scale);
-        else if (D == 128)
+        else if (DV == 128)
             pdl_launch(attention_reduce_kernel<128>, cdiv(rows, 8), 256, 0, cb->stream, p.out, p.part_o, p.part_lse,
                        rows, splits, hq, p.sinks, p.v_scale);
         else

@@ -116,7 +116,7 @@ struct cuda_backend {
     // Split-KV attention partials: (rows, splits, head_dim) f32 outputs + (rows, splits) lse.
     void *attn_scratch;
     size_t attn_scratch_bytes;
-    int attn_occupancy[3][2][2]; // resident CTAs per SM of each attention variant [D 64/128/256][1/4 warps][bf16/fp8]
+    int attn_occupancy[4][2][2]; // resident CTAs per SM of each attention variant [D 64/128/256/192-128][1/4 warps][bf16/fp8]
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
     // calls; per-row work area.
     int32_t *sample_counts;

@@ -333,7 +333,7 @@ void cuda_op_mla_attention(struct backend *b, struct tensor *out, const struct t
                 set = attend_smem;
             }
             pdl_launch(kern, g, 32 * MLA_HT, attend_smem, s, (const float *)qa, (const C *)cache, scale,
-                       md->query_start, md->context_lens, md->block_tables, md->max_blocks_per_seq, md->n_seqs,
+                       md->query_start, md->context_lens, md->block_tables, attn_md_table_stride(md), md->n_seqs,
                        md->block_size, t0, H, L, R, o_lat, part, a->topk, a->topk_k);
         };
         if (kv->k.dtype == DTYPE_BF16)
