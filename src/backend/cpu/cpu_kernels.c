@@ -609,6 +609,7 @@ GEMV_K_AVX2(q8_k, DTYPE_Q8_K)
 
 void cpu_kernels_select(struct cpu_kernels *k) {
     *k = (struct cpu_kernels){.name = "generic",
+                              .xq_name = "generic",
                               .axpy_rows = axpy_rows_generic,
                               .exp_sum = exp_sum_generic,
                               .silu_mul = silu_mul_generic,
@@ -638,6 +639,13 @@ void cpu_kernels_select(struct cpu_kernels *k) {
                       widen_generic_q8_k},
             .gemv = {gemv_avx2_f32, gemv_avx2_bf16, gemv_avx2_f16, gemv_avx2_q8_0, gemv_avx2_q4_0, gemv_avx2_q4_1,
                      gemv_avx2_q4_k, gemv_avx2_q5_k, gemv_avx2_q6_k, gemv_avx2_q8_k}};
-    if (!strcmp(k->name, "avx2")) cpu_kernels_xq_avx2(k);
+    if (!strcmp(k->name, "avx2")) {
+        cpu_kernels_xq_avx2(k);
+        k->xq_name = "avx2";
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+            cpu_kernels_xq_avx512(k);
+            k->xq_name = "avx512";
+        }
+    }
 #endif
 }

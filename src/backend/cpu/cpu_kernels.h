@@ -30,6 +30,7 @@ struct cpu_xq_block {
 
 struct cpu_kernels {
     const char *name; // "avx2" (AVX2 + FMA + F16C) or "generic"
+    const char *xq_name; // gemv_xq's set: "generic", "avx2" or "avx512" (AVX-512 F + BW for the 32-element types)
     // y[i] += sum over t < nt of p[t] * v[t * vs + i], i < n (attention's P @ V for one row)
     void (*axpy_rows)(float *y, const float *p, const float *v, int64_t vs, int nt, int64_t n);
     // y[i] = exp(y[i] - m) in place; returns the sum of the new y (attention's softmax numerators).
@@ -58,9 +59,11 @@ struct cpu_kernels {
                                       int64_t ws, int64_t j0, int64_t j1);
 };
 
-// The integer-dot kernels of cpu_kernels_xq.c, portable and AVX2 (called by cpu_kernels_select).
+// The integer-dot kernels of cpu_kernels_xq.c, portable, AVX2 and AVX-512 (the last: AVX2's with
+// the Q8_0 / Q4_0 / Q4_1 ones replaced; called by cpu_kernels_select).
 void cpu_kernels_xq_generic(struct cpu_kernels *k);
 void cpu_kernels_xq_avx2(struct cpu_kernels *k);
+void cpu_kernels_xq_avx512(struct cpu_kernels *k);
 
 // Fills k with the best implementation this CPU supports (ATOMC_CPU_KERNELS=generic forces
 // the portable one).
