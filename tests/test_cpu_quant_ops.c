@@ -394,3 +394,53 @@ TEST(cpu_quant_kquant_dequant_matches_gguf_py) {
 int main(int argc, char **argv) {
     return test_main(argc, argv);
 }
+
+// Attention's P @ V over a 16-bit V read in place (axpy_rows16, BF16 and F16) equals axpy_rows
+// over the widened tile bit for bit, row by row, in the portable and the selected kernels; widths
+// with and without a tail past the 8-lane groups, 1-9 rows.
+TEST(cpu_kernels_axpy_rows16_equals_widened_axpy_rows) {
+    struct cpu_kernels kg, ks;
+    struct cpu_kernels *sets[2] = {&kg, &ks};
+    cpu_kernels_select(&ks);
+    kg = ks;
+    setenv("ATOMC_CPU_KERNELS", "generic", 1);
+    cpu_kernels_select(&kg);
+    unsetenv("ATOMC_CPU_KERNELS");
+    const enum dtype vdt[2] = {DTYPE_BF16, DTYPE_F16};
+    const int64_t ns[] = {64, 80, 13, 8};
+    const int nrs[] = {1, 3, 4, 9};
+    const int nt = 11, vs = 100, ps = 16, ys = 96;
+    uint16_t *v = malloc(sizeof(uint16_t) * nt * vs);
+    float *vf = malloc(sizeof(float) * nt * vs), *p = malloc(sizeof(float) * 9 * ps);
+    float *y0 = malloc(sizeof(float) * 9 * ys), *y1 = malloc(sizeof(float) * 9 * ys);
+    for (int si = 0; si < 2; si++)
+        for (int di = 0; di < 2; di++)
+            for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+                for (size_t c = 0; c < sizeof nrs / sizeof nrs[0]; c++) {
+                    const struct cpu_kernels *K = sets[si];
+                    for (int i = 0; i < nt * vs; i++) {
+                        float f = rng_sym() * 3.0f;
+                        v[i] = vdt[di] == DTYPE_BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+                    }
+                    dtype_to_f32(vdt[di], v, vf, nt * vs);
+                    for (int i = 0; i < 9 * ps; i++)
+                        p[i] = rng_sym();
+                    for (int i = 0; i < 9 * ys; i++)
+                        y0[i] = y1[i] = rng_sym();
+                    const int nr = nrs[c];
+                    for (int r = 0; r < nr; r++)
+                        K->axpy_rows(y0 + r * ys, p + r * ps, vf, vs, nt, ns[a]);
+                    K->axpy_rows16[di](y1, ys, nr, p, ps, v, vs, nt, ns[a]);
+                    if (memcmp(y0, y1, sizeof(float) * 9 * ys)) {
+                        test_fail(__FILE__, __LINE__, "%s axpy_rows16 %s n %lld rows %d differs from axpy_rows",
+                                  K->name, dtype_name(vdt[di]), (long long)ns[a], nr);
+                        goto done;
+                    }
+                }
+done:
+    free(v);
+    free(vf);
+    free(p);
+    free(y0);
+    free(y1);
+}

@@ -33,6 +33,11 @@ struct cpu_kernels {
     const char *xq_name; // gemv_xq's set: "generic", "avx2" or "avx512" (AVX-512 F + BW for the 32-element types)
     // y[i] += sum over t < nt of p[t] * v[t * vs + i], i < n (attention's P @ V for one row)
     void (*axpy_rows)(float *y, const float *p, const float *v, int64_t vs, int nt, int64_t n);
+    // The same over a 16-bit V read in place ([0] BF16, [1] F16) for nr rows at once:
+    // y[r * ys + i] += sum over t < nt of p[r * ps + t] * f32(v[t * vs + i]); bit-identical to
+    // axpy_rows over the widened V, row by row.
+    void (*axpy_rows16[2])(float *y, int64_t ys, int nr, const float *p, int64_t ps, const uint16_t *v, int64_t vs,
+                           int nt, int64_t n);
     // y[i] = exp(y[i] - m) in place; returns the sum of the new y (attention's softmax numerators).
     // The AVX2 version uses a polynomial exp within ~2 ulp of expf; inputs below -87 give ~1e-38.
     float (*exp_sum)(float *y, int64_t n, float m);
