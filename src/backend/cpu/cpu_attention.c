@@ -72,6 +72,22 @@ static const float *attn_load_tile(const struct cpu_kernels *kern, const struct 
     return buf;
 }
 
+// The next block's K and V rows of kv head g, towards the cache while this block is computed:
+// its rows sit hk heads apart (one head's slice per token), a stride the hardware prefetchers
+// follow poorly, and a decode step reads the whole cache once.
+static void attn_prefetch_block(const struct attn_ctx *a, int64_t phys, int g) {
+    if (phys < 0 || phys >= a->kv->k.ne[0]) return;
+    const struct tensor *t[2] = {&a->kv->k, &a->kv->v};
+    const int width[2] = {a->d, a->dv};
+    for (int c = 0; c < 2; c++) {
+        const size_t row = dtype_row_bytes(t[c]->dtype, width[c]);
+        const char *base = (const char *)t[c]->data + (size_t)((phys * a->bs) * a->hk + g) * row;
+        for (int r = 0; r < a->bs; r++)
+            for (size_t o = 0; o < row; o += 64)
+                __builtin_prefetch(base + (size_t)r * a->hk * row + o);
+    }
+}
+
 static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
     const struct attn_metadata *md = a->md;
     const int d = a->d, dv = a->dv, rep = a->rep, bs = a->bs;
@@ -121,6 +137,7 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         int64_t phys = bt[blk];
         CHECK_MSG(phys >= 0 && phys < a->kv->k.ne[0], "attention: sequence %d block %d maps to %lld of %lld", s, blk,
                   (long long)phys, (long long)a->kv->k.ne[0]);
+        if (blk < pos_last / bs) attn_prefetch_block(a, bt[blk + 1], g);
         int64_t ks, vs = 0;
         // A 16-bit V tile is read in place too (axpy_rows16: the widened values, the same order).
         const bool v16 = a->kv->v.dtype == DTYPE_BF16 || a->kv->v.dtype == DTYPE_F16;

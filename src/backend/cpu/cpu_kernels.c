@@ -458,50 +458,60 @@ GEMV_AVX2_FAMILY(bf16, uint16_t, LOADW_BF16, SCALARW_BF16)
 GEMV_AVX2_FAMILY(f16, uint16_t, LOADW_F16, SCALARW_F16)
 WIDEN_AVX2(f16, uint16_t, LOADW_F16, SCALARW_F16)
 
-// axpy_rows over a 16-bit V tile read in place, up to 4 rows sharing each converted V vector;
-// per element the same operations as axpy_rows_avx2 over the widened tile (an FMA chain in t
-// order for the elements of whole 8-lane groups, a multiply and an add past them).
+// axpy_rows over a 16-bit V tile read in place, up to 4 rows (RN, a constant in each inlined
+// copy, so the accumulators stay in registers) sharing each converted V vector; per element the
+// same operations as axpy_rows_avx2 over the widened tile (an FMA chain in t order for the
+// elements of whole 8-lane groups, a multiply and an add past them).
 #define AXPY_ROWS16_AVX2(SUFFIX, LOADW, SCALARW)                                                                       \
+    AVX2_FN __attribute__((always_inline)) static inline void axpy16_rows_##SUFFIX(                                    \
+        float *yr, int64_t ys, const int RN, const float *pr, int64_t ps, const uint16_t *v, int64_t vs, int nt,       \
+        int64_t n) {                                                                                                   \
+        int64_t i = 0;                                                                                                 \
+        for (; i + 16 <= n; i += 16) {                                                                                 \
+            __m256 a[4][2];                                                                                            \
+            _Pragma("GCC unroll 4") for (int r = 0; r < RN; r++) {                                                     \
+                a[r][0] = _mm256_loadu_ps(yr + r * ys + i);                                                            \
+                a[r][1] = _mm256_loadu_ps(yr + r * ys + i + 8);                                                        \
+            }                                                                                                          \
+            for (int t = 0; t < nt; t++) {                                                                             \
+                const __m256 v0 = LOADW(v + t * vs + i), v1 = LOADW(v + t * vs + i + 8);                               \
+                _Pragma("GCC unroll 4") for (int r = 0; r < RN; r++) {                                                 \
+                    const __m256 pt = _mm256_set1_ps(pr[r * ps + t]);                                                  \
+                    a[r][0] = _mm256_fmadd_ps(pt, v0, a[r][0]);                                                        \
+                    a[r][1] = _mm256_fmadd_ps(pt, v1, a[r][1]);                                                        \
+                }                                                                                                      \
+            }                                                                                                          \
+            _Pragma("GCC unroll 4") for (int r = 0; r < RN; r++) {                                                     \
+                _mm256_storeu_ps(yr + r * ys + i, a[r][0]);                                                            \
+                _mm256_storeu_ps(yr + r * ys + i + 8, a[r][1]);                                                        \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (; i + 8 <= n; i += 8)                                                                                     \
+            for (int r = 0; r < RN; r++) {                                                                             \
+                __m256 a0 = _mm256_loadu_ps(yr + r * ys + i);                                                          \
+                for (int t = 0; t < nt; t++)                                                                           \
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(pr[r * ps + t]), LOADW(v + t * vs + i), a0);                   \
+                _mm256_storeu_ps(yr + r * ys + i, a0);                                                                 \
+            }                                                                                                          \
+        for (; i < n; i++)                                                                                             \
+            for (int r = 0; r < RN; r++) {                                                                             \
+                float a0 = yr[r * ys + i];                                                                             \
+                for (int t = 0; t < nt; t++)                                                                           \
+                    a0 += pr[r * ps + t] * SCALARW(v + t * vs, i);                                                     \
+                yr[r * ys + i] = a0;                                                                                   \
+            }                                                                                                          \
+    }                                                                                                                  \
     AVX2_FN static void axpy_rows16_avx2_##SUFFIX(float *y, int64_t ys, int nr, const float *p, int64_t ps,           \
                                                   const uint16_t *v, int64_t vs, int nt, int64_t n) {                  \
         for (int r0 = 0; r0 < nr; r0 += 4) {                                                                           \
-            const int rn = nr - r0 < 4 ? nr - r0 : 4;                                                                  \
             float *yr = y + r0 * ys;                                                                                   \
             const float *pr = p + r0 * ps;                                                                             \
-            int64_t i = 0;                                                                                             \
-            for (; i + 16 <= n; i += 16) {                                                                             \
-                __m256 a[4][2];                                                                                        \
-                for (int r = 0; r < rn; r++) {                                                                         \
-                    a[r][0] = _mm256_loadu_ps(yr + r * ys + i);                                                        \
-                    a[r][1] = _mm256_loadu_ps(yr + r * ys + i + 8);                                                    \
-                }                                                                                                      \
-                for (int t = 0; t < nt; t++) {                                                                         \
-                    const __m256 v0 = LOADW(v + t * vs + i), v1 = LOADW(v + t * vs + i + 8);                           \
-                    for (int r = 0; r < rn; r++) {                                                                     \
-                        const __m256 pt = _mm256_set1_ps(pr[r * ps + t]);                                              \
-                        a[r][0] = _mm256_fmadd_ps(pt, v0, a[r][0]);                                                    \
-                        a[r][1] = _mm256_fmadd_ps(pt, v1, a[r][1]);                                                    \
-                    }                                                                                                  \
-                }                                                                                                      \
-                for (int r = 0; r < rn; r++) {                                                                         \
-                    _mm256_storeu_ps(yr + r * ys + i, a[r][0]);                                                        \
-                    _mm256_storeu_ps(yr + r * ys + i + 8, a[r][1]);                                                    \
-                }                                                                                                      \
+            switch (nr - r0 < 4 ? nr - r0 : 4) {                                                                       \
+            case 1: axpy16_rows_##SUFFIX(yr, ys, 1, pr, ps, v, vs, nt, n); break;                                      \
+            case 2: axpy16_rows_##SUFFIX(yr, ys, 2, pr, ps, v, vs, nt, n); break;                                      \
+            case 3: axpy16_rows_##SUFFIX(yr, ys, 3, pr, ps, v, vs, nt, n); break;                                      \
+            default: axpy16_rows_##SUFFIX(yr, ys, 4, pr, ps, v, vs, nt, n); break;                                     \
             }                                                                                                          \
-            for (; i + 8 <= n; i += 8)                                                                                 \
-                for (int r = 0; r < rn; r++) {                                                                         \
-                    __m256 a0 = _mm256_loadu_ps(yr + r * ys + i);                                                      \
-                    for (int t = 0; t < nt; t++)                                                                       \
-                        a0 = _mm256_fmadd_ps(_mm256_set1_ps(pr[r * ps + t]), LOADW(v + t * vs + i), a0);               \
-                    _mm256_storeu_ps(yr + r * ys + i, a0);                                                             \
-                }                                                                                                      \
-            for (; i < n; i++)                                                                                         \
-                for (int r = 0; r < rn; r++) {                                                                         \
-                    float a0 = yr[r * ys + i];                                                                         \
-                    for (int t = 0; t < nt; t++)                                                                       \
-                        a0 += pr[r * ps + t] * SCALARW(v + t * vs, i);                                                 \
-                    yr[r * ys + i] = a0;                                                                               \
-                }                                                                                                      \
         }                                                                                                              \
     }
 AXPY_ROWS16_AVX2(bf16, LOADW_BF16, SCALARW_BF16)

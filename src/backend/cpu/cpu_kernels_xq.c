@@ -502,6 +502,9 @@ void cpu_kernels_xq_avx2(struct cpu_kernels *k) {
 #ifndef XQ512_PREFETCH
 #define XQ512_PREFETCH 4096
 #endif
+#ifndef XQ512_HINT
+#define XQ512_HINT _MM_HINT_T0
+#endif
 
 XQ_AVX512_FN static inline __m512i w512_nibbles(const uint8_t *qs) {
     __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
@@ -539,7 +542,7 @@ XQ_AVX512_FN static inline __m512i w512_nibbles(const uint8_t *qs) {
             const __mmask16 mk = (__mmask16)(nc == 16 ? 0xffffu : (1u << nc) - 1u);                                    \
             const uint8_t *wc = wr + (size_t)c * (BB);                                                                 \
             for (int p = 0; p < 16 * (BB); p += 64)                                                                    \
-                _mm_prefetch((const char *)wc + XQ512_PREFETCH + p, _MM_HINT_T0);                                      \
+                _mm_prefetch((const char *)wc + XQ512_PREFETCH + p, XQ512_HINT);                                        \
             __m512i hdr = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mk, idx, wc, 1);                         \
             __m512 wd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));                                                   \
             __m512 wm = WM512(hdr, wd);                                                                                \
