@@ -124,11 +124,8 @@ TEST(cpu_quant_kept_16bit_weights_bit_identical_to_f32) {
 }
 
 TEST(cpu_quant_smollm2_q4_1_stays_quantised) {
-    const char *path = getenv("ATOMC_SMOLLM2");
-    if (!path || !*path) {
-        fprintf(stderr, "note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 resident-weights check\n");
-        return;
-    }
+    const char *path = test_smollm2_path();
+    if (!path) return;
     struct runner_options o = {.model_path = path,
                                .device = "cpu",
                                .dtype = "auto",
@@ -152,8 +149,8 @@ TEST(cpu_quant_smollm2_q4_1_stays_quantised) {
     model_runner_free(r);
 }
 
-// KV pool on the CPU: by default what max_num_seqs x max_model_len needs (capped at 512 MiB, at
-// least one sequence); cpu_kv_cache_bytes and num_kv_blocks still decide when given. KV dtype
+// KV pool on the CPU: by default what max_num_seqs x max_model_len needs (capped at
+// max(max_model_len, 8192) tokens); cpu_kv_cache_bytes and num_kv_blocks still decide when given. KV dtype
 // auto: F32 for an unquantised checkpoint (the exact path), explicit dtypes as asked.
 TEST(cpu_quant_kv_pool_sized_to_what_is_asked) {
     char path[4096];
@@ -193,12 +190,10 @@ TEST(cpu_quant_kv_pool_sized_to_what_is_asked) {
 }
 
 TEST(cpu_quant_smollm2_kv_default_f16_capped_pool) {
-    const char *path = getenv("ATOMC_SMOLLM2");
-    if (!path || !*path) {
-        fprintf(stderr, "note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 KV default check\n");
-        return;
-    }
-    // 16 sequences x 8192 positions would need ~2.9 GiB of F16 KV: capped at 512 MiB.
+    const char *path = test_smollm2_path();
+    if (!path) return;
+    // 16 sequences x 8192 positions would need ~2.9 GiB of F16 KV: capped at one full-length
+    // context, 8192 tokens (180 MiB; llama-server's default -c 0 takes the model's 8192 too).
     struct runner_options o = {.model_path = path,
                                .device = "cpu",
                                .dtype = "auto",
@@ -210,7 +205,12 @@ TEST(cpu_quant_smollm2_kv_default_f16_capped_pool) {
     ASSERT_OK(model_runner_create(&o, &r, &err));
     ASSERT_EQ(model_runner_kv_dtype_bytes(r), 2);              // quantised checkpoint: F16 KV
     const size_t per_block = (size_t)30 * 2 * 3 * 64 * 2 * 16; // layers x (K, V) x kv heads x head dim x f16 x 16
-    ASSERT_EQ(model_runner_num_kv_blocks(r), (int)(((size_t)512 << 20) / per_block));
+    ASSERT_EQ(model_runner_num_kv_blocks(r), 8192 / 16);
+    ASSERT_TRUE(model_runner_num_kv_blocks(r) * per_block == (size_t)180 << 20);
+    model_runner_free(r);
+    o.max_model_len = 2048; // 16 x 2048 asked: capped at 8192 tokens
+    ASSERT_OK(model_runner_create(&o, &r, &err));
+    ASSERT_EQ(model_runner_num_kv_blocks(r), 8192 / 16);
     model_runner_free(r);
     o.max_model_len = 512;
     o.max_num_seqs = 8; // llama-server -c 4096 -np 8: 4096 tokens in all
@@ -234,11 +234,8 @@ struct smol_ref {
 };
 
 TEST(cpu_quant_smollm2_default_path_greedy_within_tolerance) {
-    const char *path = getenv("ATOMC_SMOLLM2");
-    if (!path || !*path) {
-        fprintf(stderr, "note: ATOMC_SMOLLM2 not set, skipping the SmolLM2 default-path greedy check\n");
-        return;
-    }
+    const char *path = test_smollm2_path();
+    if (!path) return;
     json_t *root = test_fixture_json("models/smollm2_refs.json");
     ASSERT_TRUE(root != NULL);
     static struct smol_ref P[16];

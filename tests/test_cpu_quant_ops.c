@@ -136,7 +136,7 @@ static void check_gemv_xq(const struct cpu_kernels *K, enum dtype qt, int nx, in
             float got = out[i * m + j];
             if (j < j0 || j >= j1) {
                 if (got != -12345.0f) {
-                    test_fail(__FILE__, __LINE__, "%s %s: column %lld outside [%lld, %lld) written", K->name,
+                    test_fail(__FILE__, __LINE__, "%s %s: column %lld outside [%lld, %lld) written", K->xq_name,
                               dtype_name(qt), (long long)j, (long long)j0, (long long)j1);
                     goto done;
                 }
@@ -158,7 +158,7 @@ static void check_gemv_xq(const struct cpu_kernels *K, enum dtype qt, int nx, in
             double e = fabs((double)got - ref);
             if (!(e <= bound)) {
                 test_fail(__FILE__, __LINE__,
-                          "%s %s nx %d k %lld row %d col %lld: %g vs reference %g (error %g > bound %g)", K->name,
+                          "%s %s nx %d k %lld row %d col %lld: %g vs reference %g (error %g > bound %g)", K->xq_name,
                           dtype_name(qt), nx, (long long)k, i, (long long)j, got, ref, e, bound);
                 goto done;
             }
@@ -175,20 +175,33 @@ done:
 
 static void kernel_sets(struct cpu_kernels *gen, struct cpu_kernels *sel) {
     memset(gen, 0, sizeof *gen);
-    gen->name = "generic";
+    gen->name = gen->xq_name = "generic";
     cpu_kernels_xq_generic(gen);
     cpu_kernels_select(sel);
 }
 
+// The AVX2 set where AVX-512 replaced some of its kernels in the selected one (else NULL name).
+static void kernel_set_avx2(const struct cpu_kernels *sel, struct cpu_kernels *k) {
+    *k = *sel;
+    if (strcmp(sel->xq_name, "avx512")) {
+        k->xq_name = NULL;
+        return;
+    }
+    cpu_kernels_xq_avx2(k);
+    k->xq_name = "avx2";
+}
+
 TEST(cpu_quant_xq_kernels_within_bound_odd_sizes) {
-    struct cpu_kernels kg, ks;
+    struct cpu_kernels kg, ks, k2;
     kernel_sets(&kg, &ks);
-    const struct cpu_kernels *sets[2] = {&kg, &ks};
+    kernel_set_avx2(&ks, &k2);
+    const struct cpu_kernels *sets[3] = {&kg, &ks, &k2};
+    const int nsets = k2.xq_name ? 3 : 2;
     const int64_t ks_[] = {32, 96, 256, 576, 768, 1536};
     const int64_t ms[] = {1, 7, 301};
     const int nxs[] = {1, 2, 3, 4, 5, 8};
     int checked = 0;
-    for (int si = 0; si < 2; si++)
+    for (int si = 0; si < nsets; si++)
         for (int qi = 0; qi < N_QTYPES; qi++) {
             double worst = 0.0;
             for (size_t a = 0; a < sizeof ks_ / sizeof ks_[0]; a++)
@@ -200,10 +213,10 @@ TEST(cpu_quant_xq_kernels_within_bound_odd_sizes) {
                             if (test_failed_now()) return;
                             checked++;
                         }
-            fprintf(stderr, "  %-7s %s: worst error / bound = %.3f\n", sets[si]->name, dtype_name(QTYPES[qi]), worst);
+            fprintf(stderr, "  %-7s %s: worst error / bound = %.3f\n", sets[si]->xq_name, dtype_name(QTYPES[qi]), worst);
             ASSERT_TRUE(worst > 1e-3); // the bound is not vacuous: errors are a visible fraction of it
         }
-    fprintf(stderr, "  selected kernels: %s; %d shapes checked\n", ks.name, checked);
+    fprintf(stderr, "  selected kernels: %s (integer dots %s); %d shapes checked\n", ks.name, ks.xq_name, checked);
 }
 
 // quantize_xq: d = max|x| / 32767, q = round-to-nearest-even(x / d), s = d * sum(q); the portable
@@ -263,7 +276,7 @@ TEST(cpu_quant_xq_kernels_batch_and_split_invariant) {
             ks.gemv_xq[wk](one, m, xq + i * nb, nb, 1, w, NULL, k, k, 5, 6);
             ks.gemv_xq[wk](one, m, xq + i * nb, nb, 1, w, NULL, k, k, 6, m);
             if (memcmp(one, all + i * m, sizeof(float) * m)) {
-                test_fail(__FILE__, __LINE__, "%s %s row %d: alone differs from within a batch of 8", ks.name,
+                test_fail(__FILE__, __LINE__, "%s %s row %d: alone differs from within a batch of 8", ks.xq_name,
                           dtype_name(qt), i);
                 return;
             }
@@ -380,4 +393,54 @@ TEST(cpu_quant_kquant_dequant_matches_gguf_py) {
 
 int main(int argc, char **argv) {
     return test_main(argc, argv);
+}
+
+// Attention's P @ V over a 16-bit V read in place (axpy_rows16, BF16 and F16) equals axpy_rows
+// over the widened tile bit for bit, row by row, in the portable and the selected kernels; widths
+// with and without a tail past the 8-lane groups, 1-9 rows.
+TEST(cpu_kernels_axpy_rows16_equals_widened_axpy_rows) {
+    struct cpu_kernels kg, ks;
+    struct cpu_kernels *sets[2] = {&kg, &ks};
+    cpu_kernels_select(&ks);
+    kg = ks;
+    setenv("ATOMC_CPU_KERNELS", "generic", 1);
+    cpu_kernels_select(&kg);
+    unsetenv("ATOMC_CPU_KERNELS");
+    const enum dtype vdt[2] = {DTYPE_BF16, DTYPE_F16};
+    const int64_t ns[] = {64, 80, 13, 8};
+    const int nrs[] = {1, 3, 4, 9};
+    const int nt = 11, vs = 100, ps = 16, ys = 96;
+    uint16_t *v = malloc(sizeof(uint16_t) * nt * vs);
+    float *vf = malloc(sizeof(float) * nt * vs), *p = malloc(sizeof(float) * 9 * ps);
+    float *y0 = malloc(sizeof(float) * 9 * ys), *y1 = malloc(sizeof(float) * 9 * ys);
+    for (int si = 0; si < 2; si++)
+        for (int di = 0; di < 2; di++)
+            for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+                for (size_t c = 0; c < sizeof nrs / sizeof nrs[0]; c++) {
+                    const struct cpu_kernels *K = sets[si];
+                    for (int i = 0; i < nt * vs; i++) {
+                        float f = rng_sym() * 3.0f;
+                        v[i] = vdt[di] == DTYPE_BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+                    }
+                    dtype_to_f32(vdt[di], v, vf, nt * vs);
+                    for (int i = 0; i < 9 * ps; i++)
+                        p[i] = rng_sym();
+                    for (int i = 0; i < 9 * ys; i++)
+                        y0[i] = y1[i] = rng_sym();
+                    const int nr = nrs[c];
+                    for (int r = 0; r < nr; r++)
+                        K->axpy_rows(y0 + r * ys, p + r * ps, vf, vs, nt, ns[a]);
+                    K->axpy_rows16[di](y1, ys, nr, p, ps, v, vs, nt, ns[a]);
+                    if (memcmp(y0, y1, sizeof(float) * 9 * ys)) {
+                        test_fail(__FILE__, __LINE__, "%s axpy_rows16 %s n %lld rows %d differs from axpy_rows",
+                                  K->name, dtype_name(vdt[di]), (long long)ns[a], nr);
+                        goto done;
+                    }
+                }
+done:
+    free(v);
+    free(vf);
+    free(p);
+    free(y0);
+    free(y1);
 }

@@ -76,7 +76,7 @@ static const struct flag flags[] = {
     {"--num-kv-blocks", FLAG_INT, A(eo.num_kv_blocks), "0 (auto)", "KV-cache blocks (overrides sizing by memory)"},
     {"--gpu-memory-utilization", FLAG_DOUBLE, A(eo.gpu_memory_utilization), "0.9",
      "fraction of GPU memory for weights + KV cache"},
-    {"--kv-cache-memory-bytes", FLAG_SIZE, A(eo.cpu_kv_cache_bytes), "512 MiB or what --max-model-len needs",
+    {"--kv-cache-memory-bytes", FLAG_SIZE, A(eo.cpu_kv_cache_bytes), "--max-num-seqs x --max-model-len tokens, at most max(--max-model-len, 8192)",
      "CPU backend KV-cache size in bytes (suffixes K, M, G)"},
     {"--kv-cache-dtype", FLAG_STR, A(eo.kv_cache_dtype), "auto", "auto, bf16 or fp8"},
     {"--enable-prefix-caching", FLAG_BOOL_ON, A(eo.enable_prefix_caching), "on", "reuse KV blocks of shared prefixes"},

@@ -12,7 +12,9 @@
 #include "kv_transfer/kv_connector.h"
 #include "runtime/runner_internal.h"
 
-#define CPU_KV_DEFAULT_MAX_BYTES ((size_t)512 << 20) // the CPU pool's default ceiling
+// The CPU pool's default ceiling in tokens (below max_model_len it is max_model_len): llama-server's
+// default context for the models it is usually run with (one slot's worth, shared by its slots).
+#define CPU_KV_DEFAULT_TOKENS 8192
 
 // Per-layer-group block tables: layer l's K/V live in the sliding group's pool.
 static bool layer_in_sw_group(const struct model_runner *r, int l) {
@@ -207,21 +209,25 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
         if (sw_blocks > blocks) sw_blocks = blocks; // never more sliding blocks than full ones
     } else if (r->backend->kind == BACKEND_CPU) {
         // Default: what max_num_seqs sequences of max_model_len tokens need, at most
-        // CPU_KV_DEFAULT_MAX_BYTES (then the scheduler preempts, as with any full pool), and
-        // never less than one sequence. cpu_kv_cache_bytes overrides.
-        size_t bytes = o->cpu_kv_cache_bytes;
-        if (bytes == 0) {
-            size_t one;
-            if (__builtin_mul_overflow(per_block, (size_t)min_blocks, &one)) one = SIZE_MAX;
-            size_t need;
-            if (__builtin_mul_overflow(one, (size_t)r->max_seqs, &need)) need = SIZE_MAX;
-            bytes = need < CPU_KV_DEFAULT_MAX_BYTES ? need : CPU_KV_DEFAULT_MAX_BYTES;
-            if (bytes < one) bytes = one;
+        // max(max_model_len, CPU_KV_DEFAULT_TOKENS) tokens (then the scheduler preempts, as with
+        // any full pool): the pool is sized to what is asked (--max-model-len 512 --max-num-seqs 8
+        // holds 4096 tokens, as llama-server -c 4096 -np 8), and the defaults (the model's context,
+        // 16 sequences) hold one full-length context, as llama-server's default does.
+        // cpu_kv_cache_bytes overrides.
+        if (o->cpu_kv_cache_bytes == 0) {
+            const int64_t cap_tokens = r->max_model_len > CPU_KV_DEFAULT_TOKENS ? r->max_model_len : CPU_KV_DEFAULT_TOKENS;
+            const int64_t cap = (cap_tokens + r->block_size - 1) / r->block_size;
+            blocks = min_blocks > INT64_MAX / r->max_seqs ? INT64_MAX : min_blocks * r->max_seqs;
+            if (blocks > cap) blocks = cap;
+            if (blocks < min_blocks) blocks = min_blocks;
+            how = "the default CPU pool";
+        } else {
+            blocks = (int64_t)(o->cpu_kv_cache_bytes / per_block);
+            how = "cpu_kv_cache_bytes";
         }
-        blocks = (int64_t)(bytes / per_block);
-        how = "cpu_kv_cache_bytes";
         if (r->kv_groups) { // the same bytes, split: the sliding group's share first
-            if (sw_blocks * bytes_sw > bytes / 2) sw_blocks = (int64_t)(bytes / 2 / bytes_sw);
+            const size_t bytes = (size_t)blocks * per_block;
+            if ((size_t)sw_blocks * bytes_sw > bytes / 2) sw_blocks = (int64_t)(bytes / 2 / bytes_sw);
             blocks = (int64_t)((bytes - (size_t)sw_blocks * bytes_sw) / bytes_full);
         }
     } else {

@@ -11,6 +11,7 @@
 // the kv head's GQA group and every query of the chunk share each K/V tile, so a BF16/FP8 tile
 // is dequantised once per item. Softmax is the online (running max) form in fp32.
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -71,6 +72,22 @@ static const float *attn_load_tile(const struct cpu_kernels *kern, const struct 
     return buf;
 }
 
+// The next block's K and V rows of kv head g, towards the cache while this block is computed:
+// its rows sit hk heads apart (one head's slice per token), a stride the hardware prefetchers
+// follow poorly, and a decode step reads the whole cache once.
+static void attn_prefetch_block(const struct attn_ctx *a, int64_t phys, int g) {
+    if (phys < 0 || phys >= a->kv->k.ne[0]) return;
+    const struct tensor *t[2] = {&a->kv->k, &a->kv->v};
+    const int width[2] = {a->d, a->dv};
+    for (int c = 0; c < 2; c++) {
+        const size_t row = dtype_row_bytes(t[c]->dtype, width[c]);
+        const char *base = (const char *)t[c]->data + (size_t)((phys * a->bs) * a->hk + g) * row;
+        for (int r = 0; r < a->bs; r++)
+            for (size_t o = 0; o < row; o += 64)
+                __builtin_prefetch(base + (size_t)r * a->hk * row + o);
+    }
+}
+
 static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
     const struct attn_metadata *md = a->md;
     const int d = a->d, dv = a->dv, rep = a->rep, bs = a->bs;
@@ -120,8 +137,14 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
         int64_t phys = bt[blk];
         CHECK_MSG(phys >= 0 && phys < a->kv->k.ne[0], "attention: sequence %d block %d maps to %lld of %lld", s, blk,
                   (long long)phys, (long long)a->kv->k.ne[0]);
-        int64_t ks, vs;
-        const float *V = attn_load_tile(kern, &a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);
+        if (blk < pos_last / bs) attn_prefetch_block(a, bt[blk + 1], g);
+        int64_t ks, vs = 0;
+        // A 16-bit V tile is read in place too (axpy_rows16: the widened values, the same order).
+        const bool v16 = a->kv->v.dtype == DTYPE_BF16 || a->kv->v.dtype == DTYPE_F16;
+        const uint16_t *V16 =
+            v16 ? (const uint16_t *)a->kv->v.data + ((phys * bs + t0) * a->hk + g) * (int64_t)dv : NULL;
+        const float *V =
+            v16 ? NULL : attn_load_tile(kern, &a->kv->v, a->kv->v_scale, phys, bs, a->hk, g, dv, t0, t1 - t0, vt, &vs);
         // All scores of the tile at once: rows (qa..qb) x rep against keys t0..t1. A BF16 K tile
         // (or F16) tile is read in place by the 16-bit kernel (exactly the widened values, same dot order).
         if (a->kv->k.dtype == DTYPE_BF16 || a->kv->k.dtype == DTYPE_F16) {
@@ -150,10 +173,14 @@ static void attn_item(struct attn_ctx *a, int s, int chunk, int g, float *scr) {
                 float *ac = acc + (size_t)row * dv;
                 if (corr != 1.0f) kern->scale(ac, corr, dv);
                 float lsum = kern->exp_sum(sc + u0, u1 - u0, mnew);
-                kern->axpy_rows(ac, sc + u0, V + (u0 - t0) * vs, vs, u1 - u0, dv);
+                if (!v16) kern->axpy_rows(ac, sc + u0, V + (u0 - t0) * vs, vs, u1 - u0, dv);
                 l[row] = l[row] * corr + lsum;
                 m[row] = mnew;
             }
+            if (v16) // the query's rep rows share [u0, u1): one pass over the tile for all of them
+                kern->axpy_rows16[a->kv->v.dtype == DTYPE_F16](
+                    acc + (size_t)qi * rep * dv, dv, rep, S + (size_t)(qi - qa) * rep * bs - t0 + u0, bs,
+                    V16 + (int64_t)(u0 - t0) * a->hk * dv, (int64_t)a->hk * dv, u1 - u0, dv);
         }
     }
     for (int qi = 0; qi < nq; qi++) {

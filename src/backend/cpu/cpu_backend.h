@@ -9,14 +9,34 @@
 #define ATOMC_BACKEND_CPU_CPU_BACKEND_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/thread_pool.h"
 
+// A 2 MiB-aligned anonymous mapping with MADV_HUGEPAGE (cpu_backend.c "Memory"): one large
+// allocation, or an arena that smaller ones are carved from (first fit over `free`, a list of
+// free ranges in offset order; each allocation is preceded by a 64-byte header holding its
+// length). Unmapped when its last allocation is freed.
+struct cpu_range {
+    size_t off, len;
+    struct cpu_range *next;
+};
+struct cpu_chunk {
+    char *base;
+    size_t size;
+    int live;               // allocations not yet freed
+    bool arena;             // false: one allocation at base
+    struct cpu_range *free; // arena: free ranges, ascending, never adjacent
+    struct cpu_chunk *next;
+};
+
 struct cpu_backend {
     struct backend base; // base.impl points back to this struct
+    pthread_mutex_t mem_lock; // chunks
+    struct cpu_chunk *chunks; // every mapping
     struct thread_pool *pool;
     struct cpu_kernels kern; // inner loops chosen for this CPU (AVX2 or portable)
     pthread_mutex_t op_lock;

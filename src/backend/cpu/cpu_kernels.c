@@ -20,6 +20,23 @@ static void axpy_rows_generic(float *restrict y, const float *p, const float *re
         axpy_generic(y, p[t], v + t * vs, n);
 }
 
+// axpy_rows over a 16-bit V read in place: each element widened exactly, then the same
+// y[i] += p * v[i] as axpy_generic, t in order.
+#define AXPY_ROWS16_GENERIC(SUFFIX, CVT)                                                                               \
+    static void axpy_rows16_generic_##SUFFIX(float *y, int64_t ys, int nr, const float *p, int64_t ps,                \
+                                             const uint16_t *v, int64_t vs, int nt, int64_t n) {                       \
+        for (int r = 0; r < nr; r++)                                                                                   \
+            for (int t = 0; t < nt; t++) {                                                                             \
+                const float a = p[r * ps + t];                                                                         \
+                const uint16_t *vr = v + t * vs;                                                                       \
+                float *yr = y + r * ys;                                                                                \
+                for (int64_t i = 0; i < n; i++)                                                                        \
+                    yr[i] += a * CVT(vr[i]);                                                                           \
+            }                                                                                                          \
+    }
+AXPY_ROWS16_GENERIC(bf16, bf16_to_f32)
+AXPY_ROWS16_GENERIC(f16, f16_to_f32)
+
 static float exp_sum_generic(float *y, int64_t n, float m) {
     float s = 0.0f;
     for (int64_t i = 0; i < n; i++) {
@@ -441,6 +458,65 @@ GEMV_AVX2_FAMILY(bf16, uint16_t, LOADW_BF16, SCALARW_BF16)
 GEMV_AVX2_FAMILY(f16, uint16_t, LOADW_F16, SCALARW_F16)
 WIDEN_AVX2(f16, uint16_t, LOADW_F16, SCALARW_F16)
 
+// axpy_rows over a 16-bit V tile read in place, up to 4 rows (RN, a constant in each inlined
+// copy, so the accumulators stay in registers) sharing each converted V vector; per element the
+// same operations as axpy_rows_avx2 over the widened tile (an FMA chain in t order for the
+// elements of whole 8-lane groups, a multiply and an add past them).
+#define AXPY_ROWS16_AVX2(SUFFIX, LOADW, SCALARW)                                                                       \
+    AVX2_FN __attribute__((always_inline)) static inline void axpy16_rows_##SUFFIX(                                    \
+        float *yr, int64_t ys, const int RN, const float *pr, int64_t ps, const uint16_t *v, int64_t vs, int nt,       \
+        int64_t n) {                                                                                                   \
+        int64_t i = 0;                                                                                                 \
+        for (; i + 16 <= n; i += 16) {                                                                                 \
+            __m256 a[4][2];                                                                                            \
+            _Pragma("GCC unroll 4") for (int r = 0; r < RN; r++) {                                                     \
+                a[r][0] = _mm256_loadu_ps(yr + r * ys + i);                                                            \
+                a[r][1] = _mm256_loadu_ps(yr + r * ys + i + 8);                                                        \
+            }                                                                                                          \
+            for (int t = 0; t < nt; t++) {                                                                             \
+                const __m256 v0 = LOADW(v + t * vs + i), v1 = LOADW(v + t * vs + i + 8);                               \
+                _Pragma("GCC unroll 4") for (int r = 0; r < RN; r++) {                                                 \
+                    const __m256 pt = _mm256_set1_ps(pr[r * ps + t]);                                                  \
+                    a[r][0] = _mm256_fmadd_ps(pt, v0, a[r][0]);                                                        \
+                    a[r][1] = _mm256_fmadd_ps(pt, v1, a[r][1]);                                                        \
+                }                                                                                                      \
+            }                                                                                                          \
+            _Pragma("GCC unroll 4") for (int r = 0; r < RN; r++) {                                                     \
+                _mm256_storeu_ps(yr + r * ys + i, a[r][0]);                                                            \
+                _mm256_storeu_ps(yr + r * ys + i + 8, a[r][1]);                                                        \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (; i + 8 <= n; i += 8)                                                                                     \
+            for (int r = 0; r < RN; r++) {                                                                             \
+                __m256 a0 = _mm256_loadu_ps(yr + r * ys + i);                                                          \
+                for (int t = 0; t < nt; t++)                                                                           \
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(pr[r * ps + t]), LOADW(v + t * vs + i), a0);                   \
+                _mm256_storeu_ps(yr + r * ys + i, a0);                                                                 \
+            }                                                                                                          \
+        for (; i < n; i++)                                                                                             \
+            for (int r = 0; r < RN; r++) {                                                                             \
+                float a0 = yr[r * ys + i];                                                                             \
+                for (int t = 0; t < nt; t++)                                                                           \
+                    a0 += pr[r * ps + t] * SCALARW(v + t * vs, i);                                                     \
+                yr[r * ys + i] = a0;                                                                                   \
+            }                                                                                                          \
+    }                                                                                                                  \
+    AVX2_FN static void axpy_rows16_avx2_##SUFFIX(float *y, int64_t ys, int nr, const float *p, int64_t ps,           \
+                                                  const uint16_t *v, int64_t vs, int nt, int64_t n) {                  \
+        for (int r0 = 0; r0 < nr; r0 += 4) {                                                                           \
+            float *yr = y + r0 * ys;                                                                                   \
+            const float *pr = p + r0 * ps;                                                                             \
+            switch (nr - r0 < 4 ? nr - r0 : 4) {                                                                       \
+            case 1: axpy16_rows_##SUFFIX(yr, ys, 1, pr, ps, v, vs, nt, n); break;                                      \
+            case 2: axpy16_rows_##SUFFIX(yr, ys, 2, pr, ps, v, vs, nt, n); break;                                      \
+            case 3: axpy16_rows_##SUFFIX(yr, ys, 3, pr, ps, v, vs, nt, n); break;                                      \
+            default: axpy16_rows_##SUFFIX(yr, ys, 4, pr, ps, v, vs, nt, n); break;                                     \
+            }                                                                                                          \
+        }                                                                                                              \
+    }
+AXPY_ROWS16_AVX2(bf16, LOADW_BF16, SCALARW_BF16)
+AXPY_ROWS16_AVX2(f16, LOADW_F16, SCALARW_F16)
+
 // ---------------------------------------------------------------------------------------------
 // Skinny matmul over GGUF block-quantised weights (Q8_0, Q4_0, Q4_1), dequantised in registers.
 // DEQ_* produces a 32-element block as four 8-lane vectors with exactly dtype_to_f32's
@@ -609,7 +685,9 @@ GEMV_K_AVX2(q8_k, DTYPE_Q8_K)
 
 void cpu_kernels_select(struct cpu_kernels *k) {
     *k = (struct cpu_kernels){.name = "generic",
+                              .xq_name = "generic",
                               .axpy_rows = axpy_rows_generic,
+                              .axpy_rows16 = {axpy_rows16_generic_bf16, axpy_rows16_generic_f16},
                               .exp_sum = exp_sum_generic,
                               .silu_mul = silu_mul_generic,
                               .scale = scale_generic,
@@ -630,6 +708,7 @@ void cpu_kernels_select(struct cpu_kernels *k) {
         *k = (struct cpu_kernels){
             .name = "avx2",
             .axpy_rows = axpy_rows_avx2,
+            .axpy_rows16 = {axpy_rows16_avx2_bf16, axpy_rows16_avx2_f16},
             .exp_sum = exp_sum_avx2,
             .silu_mul = silu_mul_avx2,
             .scale = scale_avx2,
@@ -638,6 +717,13 @@ void cpu_kernels_select(struct cpu_kernels *k) {
                       widen_generic_q8_k},
             .gemv = {gemv_avx2_f32, gemv_avx2_bf16, gemv_avx2_f16, gemv_avx2_q8_0, gemv_avx2_q4_0, gemv_avx2_q4_1,
                      gemv_avx2_q4_k, gemv_avx2_q5_k, gemv_avx2_q6_k, gemv_avx2_q8_k}};
-    if (!strcmp(k->name, "avx2")) cpu_kernels_xq_avx2(k);
+    if (!strcmp(k->name, "avx2")) {
+        cpu_kernels_xq_avx2(k);
+        k->xq_name = "avx2";
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+            cpu_kernels_xq_avx512(k);
+            k->xq_name = "avx512";
+        }
+    }
 #endif
 }

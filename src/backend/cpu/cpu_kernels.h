@@ -30,8 +30,14 @@ struct cpu_xq_block {
 
 struct cpu_kernels {
     const char *name; // "avx2" (AVX2 + FMA + F16C) or "generic"
+    const char *xq_name; // gemv_xq's set: "generic", "avx2" or "avx512" (AVX-512 F + BW for the 32-element types)
     // y[i] += sum over t < nt of p[t] * v[t * vs + i], i < n (attention's P @ V for one row)
     void (*axpy_rows)(float *y, const float *p, const float *v, int64_t vs, int nt, int64_t n);
+    // The same over a 16-bit V read in place ([0] BF16, [1] F16) for nr rows at once:
+    // y[r * ys + i] += sum over t < nt of p[r * ps + t] * f32(v[t * vs + i]); bit-identical to
+    // axpy_rows over the widened V, row by row.
+    void (*axpy_rows16[2])(float *y, int64_t ys, int nr, const float *p, int64_t ps, const uint16_t *v, int64_t vs,
+                           int nt, int64_t n);
     // y[i] = exp(y[i] - m) in place; returns the sum of the new y (attention's softmax numerators).
     // The AVX2 version uses a polynomial exp within ~2 ulp of expf; inputs below -87 give ~1e-38.
     float (*exp_sum)(float *y, int64_t n, float m);
@@ -58,9 +64,11 @@ struct cpu_kernels {
                                       int64_t ws, int64_t j0, int64_t j1);
 };
 
-// The integer-dot kernels of cpu_kernels_xq.c, portable and AVX2 (called by cpu_kernels_select).
+// The integer-dot kernels of cpu_kernels_xq.c, portable, AVX2 and AVX-512 (the last: AVX2's with
+// the Q8_0 / Q4_0 / Q4_1 ones replaced; called by cpu_kernels_select).
 void cpu_kernels_xq_generic(struct cpu_kernels *k);
 void cpu_kernels_xq_avx2(struct cpu_kernels *k);
+void cpu_kernels_xq_avx512(struct cpu_kernels *k);
 
 // Fills k with the best implementation this CPU supports (ATOMC_CPU_KERNELS=generic forces
 // the portable one).

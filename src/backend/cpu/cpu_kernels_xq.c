@@ -488,4 +488,133 @@ void cpu_kernels_xq_avx2(struct cpu_kernels *k) {
     k->gemv_xq[CPU_WEIGHT_Q6_K] = gemv_xq_avx2_q6_k;
     k->gemv_xq[CPU_WEIGHT_Q8_K] = gemv_xq_avx2_q8_k;
 }
+// ---------------------------------------------------------------------------------------------
+// AVX-512 (F + BW), the 32-element types: one weight block is one zmm of 32 int16 (a single
+// vpmaddwd against the activation block), and the per-block scales are computed 16 blocks at a
+// time (one gather of the blocks' f16 headers, one multiply with the activations' scales, kept in
+// a small stack array that the per-block FMA broadcasts from). Per (x row, weight row) pair the
+// blocks accumulate in order into two 16-lane sums (even and odd blocks) and the offset terms
+// into one 16-lane sum over the 16-block chunks, whatever the number of x rows or the column
+// range of the call; rows with more than XQ512_MAX_NB blocks use the AVX2 kernels (a per-shape
+// choice, so the invariance holds too).
+#define XQ_AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define XQ512_MAX_NB 1024 // blocks per row (k <= 32768)
+#ifndef XQ512_PREFETCH
+#define XQ512_PREFETCH 4096
+#endif
+#ifndef XQ512_HINT
+#define XQ512_HINT _MM_HINT_T0
+#endif
+
+XQ_AVX512_FN static inline __m512i w512_nibbles(const uint8_t *qs) {
+    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    b = _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
+    return _mm512_cvtepu8_epi16(b);
+}
+
+// Block b's 32 quants as int16 (elements 0-31 in order).
+#define W512_Q8_0(wb) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((wb) + 2)))
+#define W512_Q4_0(wb) w512_nibbles((wb) + 2)
+#define W512_Q4_1(wb) w512_nibbles((wb) + 4)
+// The blocks' offsets from their gathered headers (low 16 bits: d as f16, high: Q4_1's m).
+#define WM512_Q8_0(hdr, wd) _mm512_setzero_ps()
+#define WM512_Q4_0(hdr, wd) _mm512_mul_ps(wd, _mm512_set1_ps(-8.0f))
+#define WM512_Q4_1(hdr, wd) _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hdr, 16)))
+
+// acc += cvt(dot(weight block, x block)) * sc (int32 lanes: pairs of elements).
+#define X512STEP(acc, wq, xb, sc)                                                                                      \
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(wq, _mm512_loadu_si512((const void *)(xb)->q))),       \
+                          _mm512_set1_ps(sc), acc)
+
+// One weight row against NI (1-4, a constant) x rows whose scales are in xd / xs (XQ512_MAX_NB
+// apart, zero beyond nb up to a multiple of 16).
+#define GEMV_XQ_AVX512_ROW(SUFFIX, BB, W512, WM512)                                                                    \
+    XQ_AVX512_FN __attribute__((always_inline)) static inline void xq512_row_##SUFFIX(                                 \
+        float *res, const uint8_t *wr, const struct cpu_xq_block *x0, int64_t xqs, const float *xd, const float *xs,   \
+        int64_t nb, const int NI) {                                                                                    \
+        __m512 a0[4], a1[4], mv[4];                                                                                    \
+        _Pragma("GCC unroll 4") for (int i = 0; i < NI; i++) a0[i] = a1[i] = mv[i] = _mm512_setzero_ps();             \
+        const __m512i idx = _mm512_mullo_epi32(                                                                        \
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(BB));           \
+        float sc[4][16] __attribute__((aligned(64)));                                                                  \
+        for (int64_t c = 0; c < nb; c += 16) {                                                                         \
+            const int nc = nb - c < 16 ? (int)(nb - c) : 16;                                                           \
+            const __mmask16 mk = (__mmask16)(nc == 16 ? 0xffffu : (1u << nc) - 1u);                                    \
+            const uint8_t *wc = wr + (size_t)c * (BB);                                                                 \
+            for (int p = 0; p < 16 * (BB); p += 64)                                                                    \
+                _mm_prefetch((const char *)wc + XQ512_PREFETCH + p, XQ512_HINT);                                        \
+            __m512i hdr = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mk, idx, wc, 1);                         \
+            __m512 wd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));                                                   \
+            __m512 wm = WM512(hdr, wd);                                                                                \
+            (void)wm;                                                                                                  \
+            _Pragma("GCC unroll 4") for (int i = 0; i < NI; i++) {                                                     \
+                _mm512_store_ps(sc[i], _mm512_mul_ps(wd, _mm512_loadu_ps(xd + i * XQ512_MAX_NB + c)));                 \
+                mv[i] = _mm512_fmadd_ps(wm, _mm512_loadu_ps(xs + i * XQ512_MAX_NB + c), mv[i]);                        \
+            }                                                                                                          \
+            int b = 0;                                                                                                 \
+            for (; b + 2 <= nc; b += 2) {                                                                              \
+                __m512i q0 = W512(wc + (size_t)b * (BB)), q1 = W512(wc + (size_t)(b + 1) * (BB));                      \
+                _Pragma("GCC unroll 4") for (int i = 0; i < NI; i++) {                                                 \
+                    const struct cpu_xq_block *xb = x0 + i * xqs + c + b;                                              \
+                    X512STEP(a0[i], q0, xb, sc[i][b]);                                                                 \
+                    X512STEP(a1[i], q1, xb + 1, sc[i][b + 1]);                                                         \
+                }                                                                                                      \
+            }                                                                                                          \
+            if (b < nc) {                                                                                              \
+                __m512i q0 = W512(wc + (size_t)b * (BB));                                                              \
+                _Pragma("GCC unroll 4") for (int i = 0; i < NI; i++) X512STEP(a0[i], q0, x0 + i * xqs + c + b,         \
+                                                                             sc[i][b]);                                \
+            }                                                                                                          \
+        }                                                                                                              \
+        _Pragma("GCC unroll 4") for (int i = 0; i < NI; i++) res[i] =                                                  \
+            _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i])) + _mm512_reduce_add_ps(mv[i]);                           \
+    }
+
+#define GEMV_XQ_AVX512(SUFFIX, BB, W512, WM512)                                                                        \
+    GEMV_XQ_AVX512_ROW(SUFFIX, BB, W512, WM512)                                                                        \
+    XQ_AVX512_FN static void gemv_xq_avx512_##SUFFIX(float *out, int64_t os, const struct cpu_xq_block *xq,            \
+                                                     int64_t xqs, int nx, const void *wv_, const float *bias,          \
+                                                     int64_t k, int64_t ws, int64_t j0, int64_t j1) {                  \
+        const uint8_t *w = wv_;                                                                                        \
+        const size_t rb = (size_t)(ws / 32) * (BB);                                                                    \
+        const int64_t nb = k / 32, nbp = (nb + 15) / 16 * 16;                                                          \
+        if (nb > XQ512_MAX_NB) {                                                                                       \
+            gemv_xq_avx2_##SUFFIX(out, os, xq, xqs, nx, wv_, bias, k, ws, j0, j1);                                     \
+            return;                                                                                                    \
+        }                                                                                                              \
+        float xd[4 * XQ512_MAX_NB] __attribute__((aligned(64))), xs[4 * XQ512_MAX_NB] __attribute__((aligned(64)));  \
+        for (int i0 = 0; i0 < nx; i0 += 4) {                                                                           \
+            const int ni = nx - i0 < 4 ? nx - i0 : 4;                                                                  \
+            const struct cpu_xq_block *x0 = xq + (int64_t)i0 * xqs;                                                    \
+            for (int i = 0; i < ni; i++)                                                                               \
+                for (int64_t b = 0; b < nbp; b++) {                                                                    \
+                    xd[i * XQ512_MAX_NB + b] = b < nb ? x0[i * xqs + b].d : 0.0f;                                      \
+                    xs[i * XQ512_MAX_NB + b] = b < nb ? x0[i * xqs + b].s : 0.0f;                                      \
+                }                                                                                                      \
+            for (int64_t j = j0; j < j1; j++) {                                                                        \
+                float r[4];                                                                                            \
+                const uint8_t *wr = w + (size_t)j * rb;                                                                \
+                switch (ni) {                                                                                          \
+                case 1: xq512_row_##SUFFIX(r, wr, x0, xqs, xd, xs, nb, 1); break;                                     \
+                case 2: xq512_row_##SUFFIX(r, wr, x0, xqs, xd, xs, nb, 2); break;                                     \
+                case 3: xq512_row_##SUFFIX(r, wr, x0, xqs, xd, xs, nb, 3); break;                                     \
+                default: xq512_row_##SUFFIX(r, wr, x0, xqs, xd, xs, nb, 4); break;                                    \
+                }                                                                                                      \
+                const float bj = bias ? bias[j] : 0.0f;                                                                \
+                for (int i = 0; i < ni; i++)                                                                           \
+                    out[(i0 + i) * os + j] = r[i] + bj;                                                                \
+            }                                                                                                          \
+        }                                                                                                              \
+    }
+
+GEMV_XQ_AVX512(q8_0, 34, W512_Q8_0, WM512_Q8_0)
+GEMV_XQ_AVX512(q4_0, 18, W512_Q4_0, WM512_Q4_0)
+GEMV_XQ_AVX512(q4_1, 20, W512_Q4_1, WM512_Q4_1)
+
+void cpu_kernels_xq_avx512(struct cpu_kernels *k) {
+    cpu_kernels_xq_avx2(k);
+    k->gemv_xq[CPU_WEIGHT_Q8_0] = gemv_xq_avx512_q8_0;
+    k->gemv_xq[CPU_WEIGHT_Q4_0] = gemv_xq_avx512_q4_0;
+    k->gemv_xq[CPU_WEIGHT_Q4_1] = gemv_xq_avx512_q4_1;
+}
 #endif
