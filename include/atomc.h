@@ -327,6 +327,13 @@ typedef struct atomc_stats {
     uint64_t kv_transfers_sent, kv_transfers_received, kv_transfers_failed, kv_fallbacks;
     int kv_held_blocks, kv_waiting;
     int kv_peers; // KV connections past the handshake
+    // Producer: DATA frames (one layer of one transfer's step) queued in all and while the forward
+    // still ran (per-layer sends); the largest send queue of one consumer connection (bytes) and
+    // the times a full queue made the producer wait (back-pressure).
+    uint64_t kv_layers_sent, kv_layers_during_forward, kv_send_queue_peak, kv_send_queue_waits;
+    // Prompt blocks the consumer already had in its prefix cache, so the producer did not send
+    // them (producer: skipped on sends; consumer: reused on claims).
+    uint64_t kv_blocks_skipped;
 } atomc_stats;
 void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s);
 

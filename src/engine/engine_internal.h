@@ -199,7 +199,9 @@ void engine_refresh_stats(atomc_engine *e);
 // request parameters into s; admit: true when a new sequence waits for its KV instead of entering
 // the scheduler; find: a waiting one by id; on_retire: before s leaves the scheduler (true: s was
 // waiting for KV, not in the scheduler); poll: step start (acknowledgements, timeouts, arrivals);
-// after_forward: producer sends; stats; pending + held transfers (the loop keeps stepping).
+// before_forward: registers the step's producer sends and sets the batch's per-layer hook;
+// after_forward(ok): waits until they are queued (END for finished prompts), or drops them when
+// the forward failed; stats; pending + held transfers (the loop keeps stepping).
 struct scheduler_output;
 atomc_status engine_kv_create(atomc_engine *e, const atomc_engine_options *o, struct error *err);
 void engine_kv_free(atomc_engine *e);
@@ -208,7 +210,9 @@ bool engine_kv_admit(atomc_engine *e, struct sequence *s);
 struct sequence *engine_kv_find(atomc_engine *e, uint64_t id);
 bool engine_kv_on_retire(atomc_engine *e, struct sequence *s);
 void engine_kv_poll(atomc_engine *e);
-void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so);
+struct forward_batch;
+void engine_kv_before_forward(atomc_engine *e, const struct scheduler_output *so, struct forward_batch *fb);
+void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so, bool ok);
 void engine_kv_fill_stats(atomc_engine *e, atomc_stats *st);
 void engine_kv_live_stats(atomc_engine *e, atomc_stats *st); // any thread: the connector's counters now
 int engine_kv_n_work(const atomc_engine *e);

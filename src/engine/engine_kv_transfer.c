@@ -3,9 +3,12 @@
 // the thread that runs the steps, like the scheduler and block manager it touches; the
 // connector's I/O thread only wakes the loop (engine_kv_wake).
 //
-// Producer (kv_do_remote_decode): after every successful forward step, each producer sequence
-// that computed prompt tokens sends them (BEGIN with the first chunk; the prefix-cache hit of
-// the first chunk is sent too, since the consumer has none of it), END with the last. When the
+// Producer (kv_do_remote_decode): before every forward step, each producer sequence that will
+// compute prompt tokens registers them with the connector (BEGIN with the first chunk; the
+// prefix-cache hit of the first chunk is sent too, since the consumer has none of it); the batch
+// carries a per-layer hook, so each layer's rows go out while later layers compute (the
+// connector's copy thread); after the forward the step waits until every layer is queued and
+// END goes out with the last chunk. When the
 // sequence finishes (max_tokens 1: after its first token) its block table moves to the held
 // list, so the blocks stay allocated until the consumer's ACK (or hold_timeout_s, or the
 // consumer's connection dropping) releases them.
@@ -50,6 +53,11 @@ struct engine_kv {
     uint64_t fallbacks;
     uint64_t *hashes;
     int hashes_cap;
+    // The sends of the step being computed (engine_kv_before_forward -> after_forward).
+    struct sequence **step;
+    int *step_end; // prompt tokens sent once the step's send completes
+    bool *step_failed;
+    int n_step, step_cap, step_end_cap, step_failed_cap;
 };
 
 static void engine_kv_wake(void *arg) {
@@ -289,9 +297,15 @@ void engine_kv_poll(atomc_engine *e) {
     }
 }
 
-void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so) {
+// forward_batch.kv_layer_done: the forward wrote layer `layer` of this step's KV.
+static void kv_layer_done(void *ctx, int layer, void *event) {
+    kv_connector_layer_ready(ctx, layer, event);
+}
+
+void engine_kv_before_forward(atomc_engine *e, const struct scheduler_output *so, struct forward_batch *fb) {
     struct engine_kv *k = e->kv;
     if (!k) return;
+    k->n_step = 0;
     for (int i = 0; i < so->n_seqs; i++) {
         struct sequence *s = so->seqs[i];
         if (s->kv_mode != 1 || s->kv_failed) continue;
@@ -310,6 +324,7 @@ void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so)
         int32_t ids_local[64], *ids = need <= 64 ? ids_local : xmalloc((size_t)need * sizeof *ids);
         for (int b = 0; b < need; b++)
             ids[b] = b < s->bt.n ? s->bt.ids[b] : -1;
+        // The first chunk sends the prefix-cache hit too (the consumer has none of it).
         struct kv_send snd = {.transfer_id = s->kv_id,
                               .remote_engine_id = s->kv_remote,
                               .tokens = s->tokens,
@@ -321,15 +336,43 @@ void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so)
                               .first = s->kv_sent == 0,
                               .last = end == s->n_prompt};
         struct error err = {0};
-        if (kv_connector_send(k->conn, &snd, &err) != ATOMC_OK) {
+        if (kv_connector_step_add(k->conn, &snd, &err) != ATOMC_OK) {
             LOG_WARN("request %llu: %s; its KV stays here", (unsigned long long)s->id, err.msg);
             if (s->kv_sent > 0) kv_connector_send_abort(k->conn, s->kv_id);
             s->kv_failed = true;
         } else {
-            s->kv_sent = end;
+            k->step = grow(k->step, &k->step_cap, k->n_step + 1, sizeof *k->step);
+            k->step[k->n_step] = s;
+            k->step_end = grow(k->step_end, &k->step_end_cap, k->n_step + 1, sizeof *k->step_end);
+            k->step_end[k->n_step++] = end;
         }
         if (ids != ids_local) free(ids);
     }
+    if (k->n_step) {
+        fb->kv_layer_done = kv_layer_done;
+        fb->kv_layer_ctx = k->conn;
+    }
+}
+
+void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so, bool ok) {
+    (void)so;
+    struct engine_kv *k = e->kv;
+    if (!k || !k->n_step) return;
+    k->step_failed = grow(k->step_failed, &k->step_failed_cap, k->n_step, sizeof *k->step_failed);
+    int n = kv_connector_step_end(k->conn, ok, k->step_failed, k->n_step);
+    CHECK(n == k->n_step);
+    for (int i = 0; i < n && ok; i++) {
+        struct sequence *s = k->step[i];
+        if (k->step_failed[i]) {
+            LOG_WARN("request %llu: KV transfer %s lost its consumer; its KV stays here", (unsigned long long)s->id,
+                     s->kv_id);
+            kv_connector_send_abort(k->conn, s->kv_id);
+            s->kv_failed = true;
+        } else {
+            s->kv_sent = k->step_end[i];
+        }
+    }
+    k->n_step = 0;
 }
 
 void engine_kv_fill_stats(atomc_engine *e, atomc_stats *st) {
@@ -349,6 +392,11 @@ void engine_kv_fill_stats(atomc_engine *e, atomc_stats *st) {
     st->kv_held_blocks = k->held_blocks;
     st->kv_waiting = k->n_pending;
     st->kv_peers = cs.peers;
+    st->kv_layers_sent = cs.layers_sent;
+    st->kv_layers_during_forward = cs.layers_during_forward;
+    st->kv_send_queue_peak = cs.send_queue_peak;
+    st->kv_send_queue_waits = cs.send_queue_waits;
+    st->kv_blocks_skipped = cs.blocks_skipped;
 }
 
 // The connector's counters (its own lock) as of now, over the snapshot of the last step: an idle
@@ -366,6 +414,11 @@ void engine_kv_live_stats(atomc_engine *e, atomc_stats *st) {
     st->kv_transfers_received = cs.transfers_received;
     st->kv_transfers_failed = cs.transfers_failed;
     st->kv_peers = cs.peers;
+    st->kv_layers_sent = cs.layers_sent;
+    st->kv_layers_during_forward = cs.layers_during_forward;
+    st->kv_send_queue_peak = cs.send_queue_peak;
+    st->kv_send_queue_waits = cs.send_queue_waits;
+    st->kv_blocks_skipped = cs.blocks_skipped;
 }
 
 int engine_kv_n_work(const atomc_engine *e) {
@@ -383,6 +436,9 @@ void engine_kv_free(atomc_engine *e) {
     free(k->pending);
     free(k->held);
     free(k->hashes);
+    free(k->step);
+    free(k->step_end);
+    free(k->step_failed);
     free(k);
     e->kv = NULL;
 }

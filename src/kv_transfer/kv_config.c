@@ -44,6 +44,12 @@ static atomc_status parse_extra(json_t *x, struct kv_transfer_config *c, struct 
             st = take_timeout(v, "timeout_s", &c->timeout_s, err);
         } else if (!strcmp(k, "hold_timeout_s")) {
             st = take_timeout(v, "hold_timeout_s", &c->hold_timeout_s, err);
+        } else if (!strcmp(k, "send_timeout_s")) {
+            st = take_timeout(v, "send_timeout_s", &c->send_timeout_s, err);
+        } else if (!strcmp(k, "send_queue_bytes")) {
+            if (!json_is_integer(v) || json_integer_value(v) < 4096)
+                return bad(err, "send_queue_bytes", "must be an integer of at least 4096 bytes");
+            c->send_queue_bytes = (uint64_t)json_integer_value(v);
         } else if (!strcmp(k, "producers")) {
             if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > KV_MAX_PRODUCERS)
                 return bad(err, "producers", "must be a list of 1 to 8 \"host:port\" strings");
@@ -60,7 +66,7 @@ static atomc_status parse_extra(json_t *x, struct kv_transfer_config *c, struct 
         } else {
             return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
                              "--kv-transfer-config: unsupported kv_connector_extra_config key \"%s\" (supported: "
-                             "engine_id, timeout_s, hold_timeout_s, producers)",
+                             "engine_id, timeout_s, hold_timeout_s, send_queue_bytes, send_timeout_s, producers)",
                              k);
         }
         if (st != ATOMC_OK) return st;
@@ -75,6 +81,8 @@ atomc_status kv_transfer_config_parse(const char *text, struct kv_transfer_confi
     c->port = 14579;
     c->timeout_s = 10;
     c->hold_timeout_s = 60;
+    c->send_queue_bytes = (uint64_t)64 << 20;
+    c->send_timeout_s = 30;
     json_error_t je;
     json_t *j = json_loads(text ? text : "", 0, &je);
     if (!json_is_object(j)) {

@@ -3,6 +3,10 @@
 // The `cuda_ipc` connector is this one without DATA frames: HELLO_OK carries the producer pool's
 // IPC handle and claim copies GPU to GPU (kv_cuda_ipc.c).
 //
+// Producer threads: the engine thread registers a step's sends and reports layers; a copy thread
+// reads each reported layer's rows from the pool into DATA frames and queues them on the
+// consumer's connection (waiting while that send queue is over its cap); the I/O thread writes.
+//
 // One I/O thread per connector: poll() over a wake pipe, the listening socket and every peer
 // (non-blocking sockets; partial reads accumulate in the peer's input buffer until a frame is
 // whole, partial writes resume where they stopped). A peer that sends a malformed frame, fails
@@ -20,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/check.h"
@@ -47,6 +52,8 @@ struct peer {
     void *ipc_base; // cuda_ipc consumer: the producer's pool mapped here
     uint8_t ipc_handle[KV_IPC_HANDLE_BYTES];
     struct qnode *q_head, *q_tail;
+    size_t q_bytes; // queued, not yet written
+    bool kill;      // close it (I/O thread): its send queue did not drain for send_timeout_s
     uint8_t *in;
     size_t in_len, in_cap;
     double t_open;
@@ -72,6 +79,26 @@ struct rx { // consumer: a transfer from BEGIN until claim / drop (then a tombst
     double t_begin, t_end, t_expire;
 };
 
+struct step_send { // producer: one transfer's part of the step being computed
+    char id[KV_ID_MAX];
+    int peer;
+    uint64_t gen;
+    int32_t *ids; // (n_blocks) the prompt's blocks (-1: not allocated yet)
+    int n_tokens, n_blocks, tok0, n_tok;
+    bool last, failed;
+};
+
+struct step {
+    struct step_send *s;
+    int n, cap;
+    int ready;    // layers reported written (layer_ready, or all at step_end)
+    int done;     // layers whose frames the copy thread has queued
+    bool copying; // the copy thread works on layer `done` (outside the lock)
+    bool ending;  // step_end was called (the forward returned)
+    bool cancel;
+    void **ev;    // (n_layers) event of each reported layer
+};
+
 struct kv_connector {
     struct kv_transfer_config cfg;
     struct kv_handshake hs;
@@ -81,8 +108,10 @@ struct kv_connector {
     void *wake_arg;
 
     pthread_mutex_t mu;
-    pthread_t th;
-    bool th_on, stop;
+    pthread_cond_t cv; // step progress, send-queue drain (broadcast)
+    pthread_t th, copy_th;
+    bool th_on, copy_on, stop;
+    struct step step;
     int wake_fd[2];
     int listen_fd;
     struct peer peers[KV_MAX_PEERS];
@@ -99,6 +128,8 @@ struct kv_connector {
     bool ipc_ok;
     uint8_t ipc_handle[KV_IPC_HANDLE_BYTES];
 };
+
+static void *copy_main(void *arg);
 
 static bool is_producer(const struct kv_connector *c) {
     return c->cfg.role & KV_ROLE_PRODUCER;
@@ -132,7 +163,9 @@ static struct qnode *frame_new(enum kv_frame_type type, const char *id, size_t b
 }
 
 static void peer_queue(struct kv_connector *c, struct peer *p, struct qnode *q) {
-    (void)c;
+    p->q_bytes += q->len;
+    c->st.send_queue_bytes += q->len;
+    if (p->q_bytes > c->st.send_queue_peak) c->st.send_queue_peak = p->q_bytes;
     if (p->q_tail)
         p->q_tail->next = q;
     else
@@ -201,6 +234,10 @@ static void peer_close(struct kv_connector *c, struct peer *p, const char *why) 
         free(q);
     }
     p->q_head = p->q_tail = NULL;
+    c->st.send_queue_bytes -= p->q_bytes;
+    p->q_bytes = 0;
+    p->kill = false;
+    pthread_cond_broadcast(&c->cv);
     free(p->in);
     p->in = NULL;
     p->in_len = p->in_cap = 0;
@@ -364,6 +401,7 @@ static bool on_data(struct kv_connector *c, struct peer *p, const struct kv_fram
     memcpy(base + (size_t)tok0 * kr, f->body + 12, (size_t)n * kr);
     memcpy(base + (size_t)r->n_tokens * kr + (size_t)tok0 * vr, f->body + 12 + (size_t)n * kr, (size_t)n * vr);
     r->received += (size_t)n * (kr + vr);
+    c->st.layers_received++;
     (void)p;
     return true;
 }
@@ -487,7 +525,10 @@ static void peer_write(struct kv_connector *c, struct peer *p) {
         if (q->off < q->len) return;
         p->q_head = q->next;
         if (!p->q_head) p->q_tail = NULL;
+        p->q_bytes -= q->len;
+        c->st.send_queue_bytes -= q->len;
         free(q);
+        pthread_cond_broadcast(&c->cv); // a copy thread may wait for room
     }
     if (p->closing) peer_close(c, p, NULL);
 }
@@ -523,6 +564,7 @@ static void io_housekeeping(struct kv_connector *c, double now) {
         struct peer *p = &c->peers[i];
         if (p->fd >= 0 && !p->ready && !p->closing && now - p->t_open > HANDSHAKE_TIMEOUT_S)
             peer_close(c, p, "no handshake within 10 s");
+        if (p->fd >= 0 && p->kill) peer_close(c, p, "the consumer read nothing while its send queue was full");
     }
     for (int i = 0; i < c->n_rx;) {
         struct rx *r = &c->rx[i];
@@ -648,6 +690,8 @@ atomc_status kv_connector_create(const struct kv_transfer_config *cfg, const str
     for (int i = 0; i < KV_MAX_PEERS; i++)
         c->peers[i].fd = -1;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->step.ev = xcalloc((size_t)(pool->n_layers > 0 ? pool->n_layers : 1), sizeof *c->step.ev);
     atomc_status st = ATOMC_OK;
     if (cfg->kind == KV_CONNECTOR_CUDA_IPC) {
         if (!pool->on_device)
@@ -665,6 +709,12 @@ atomc_status kv_connector_create(const struct kv_transfer_config *cfg, const str
         else
             c->th_on = true;
     }
+    if (st == ATOMC_OK && is_producer(c)) {
+        if (pthread_create(&c->copy_th, NULL, copy_main, c) != 0)
+            st = error_set(err, ATOMC_ERR_INTERNAL, "KV transfer: cannot start the copy thread");
+        else
+            c->copy_on = true;
+    }
     if (st != ATOMC_OK) {
         kv_connector_free(c);
         return st;
@@ -678,13 +728,19 @@ atomc_status kv_connector_create(const struct kv_transfer_config *cfg, const str
 
 void kv_connector_free(struct kv_connector *c) {
     if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
     if (c->th_on) {
-        pthread_mutex_lock(&c->mu);
-        c->stop = true;
-        pthread_mutex_unlock(&c->mu);
         poke(c);
         pthread_join(c->th, NULL);
     }
+    if (c->copy_on) pthread_join(c->copy_th, NULL);
+    for (int i = 0; i < c->step.n; i++)
+        free(c->step.s[i].ids);
+    free(c->step.s);
+    free(c->step.ev);
     for (int i = 0; i < KV_MAX_PEERS; i++)
         if (c->peers[i].fd >= 0) peer_close(c, &c->peers[i], NULL);
     for (int i = 0; i < c->n_rx; i++)
@@ -693,6 +749,7 @@ void kv_connector_free(struct kv_connector *c) {
     if (c->wake_fd[0] >= 0) close(c->wake_fd[0]);
     if (c->wake_fd[1] >= 0) close(c->wake_fd[1]);
     pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
     free(c->tx);
     free(c->rx);
     free(c->acks);
@@ -729,35 +786,106 @@ static int find_consumer(struct kv_connector *c, const char *engine_id, struct e
            -1;
 }
 
-atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, struct error *err) {
-    CHECK(s->tok0 >= 0 && s->n_tok >= 0 && s->tok0 + s->n_tok <= s->n_tokens);
-    // DATA frames are filled from the pool before taking the lock (copies of megabytes).
-    bool tcp = c->cfg.kind == KV_CONNECTOR_TCP;
-    struct qnode **data = tcp && s->n_tok > 0 ? xmalloc((size_t)c->pool.n_layers * sizeof *data) : NULL;
-    int n_data = 0;
-    size_t payload = 0;
-    if (data) {
-        for (int l = 0; l < c->pool.n_layers; l++) {
-            size_t rows = (size_t)s->n_tok * (c->pool.k_row_bytes[l] + c->pool.v_row_bytes[l]);
-            uint8_t *b;
-            struct qnode *q = frame_new(KV_FRAME_DATA, s->transfer_id, 12 + rows, &b);
-            uint32_t hdr[3] = {(uint32_t)l, (uint32_t)s->tok0, (uint32_t)s->n_tok};
-            memcpy(b, hdr, 12);
-            atomc_status st = c->pool.copy(c->pool.ctx, l, s->block_ids, s->tok0, s->n_tok, b + 12, false, err);
-            data[n_data++] = q;
-            payload += rows;
-            if (st != ATOMC_OK) {
-                for (int i = 0; i < n_data; i++)
-                    free(data[i]);
-                free(data);
-                return st;
-            }
+// --- producer: per-layer sends -------------------------------------------------------------------
+
+// Waits (under mu) until p's send queue has room for `len` more bytes; NULL when p went away or
+// did not drain for send_timeout_s (then it is closed by the I/O thread).
+static struct peer *wait_for_room(struct kv_connector *c, const struct step_send *e, size_t len) {
+    struct peer *p = peer_by_gen(c, e->peer, e->gen);
+    double t0 = 0;
+    while (p && p->q_bytes > 0 && p->q_bytes + len > c->cfg.send_queue_bytes && !c->stop) {
+        double now = time_now_s();
+        if (t0 == 0) {
+            t0 = now;
+            c->st.send_queue_waits++;
+        } else if (now - t0 > c->cfg.send_timeout_s) {
+            LOG_WARN("KV transfer: consumer %s read nothing for %.1f s with %zu bytes queued; disconnecting",
+                     p->hs.engine_id, c->cfg.send_timeout_s, p->q_bytes);
+            p->kill = true;
+            poke(c);
+            return NULL;
         }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        p = peer_by_gen(c, e->peer, e->gen);
     }
+    return c->stop ? NULL : p;
+}
+
+// The copy thread: for each layer reported ready, one DATA frame per registered send (rows read
+// outside the lock; the step's send list does not change while layers are in flight).
+static void *copy_main(void *arg) {
+    struct kv_connector *c = arg;
+    struct step *sp = &c->step;
+    struct qnode **frames = NULL;
+    int frames_cap = 0;
     pthread_mutex_lock(&c->mu);
+    while (!c->stop) {
+        if (sp->cancel || sp->n == 0 || sp->done >= sp->ready) {
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        int l = sp->done, n = sp->n;
+        void *ev = sp->ev[l];
+        sp->copying = true;
+        frames = grow_arr(frames, &frames_cap, n, sizeof *frames);
+        pthread_mutex_unlock(&c->mu);
+        if (ev && c->pool.wait) c->pool.wait(c->pool.ctx, ev);
+        size_t row = c->pool.k_row_bytes[l] + c->pool.v_row_bytes[l];
+        for (int i = 0; i < n; i++) {
+            struct step_send *e = &sp->s[i];
+            frames[i] = NULL;
+            if (e->failed || e->n_tok == 0) continue;
+            uint8_t *b;
+            struct qnode *q = frame_new(KV_FRAME_DATA, e->id, 12 + (size_t)e->n_tok * row, &b);
+            uint32_t hdr[3] = {(uint32_t)l, (uint32_t)e->tok0, (uint32_t)e->n_tok};
+            memcpy(b, hdr, 12);
+            struct error err = {0};
+            if (c->pool.copy(c->pool.ctx, l, e->ids, e->tok0, e->n_tok, b + 12, false, &err) != ATOMC_OK) {
+                LOG_ERROR("KV transfer %s: reading layer %d: %s", e->id, l, err.msg);
+                free(q);
+                e->failed = true;
+                continue;
+            }
+            frames[i] = q;
+        }
+        pthread_mutex_lock(&c->mu);
+        for (int i = 0; i < n; i++) {
+            if (!frames[i]) continue;
+            struct step_send *e = &sp->s[i];
+            struct peer *p = sp->cancel ? NULL : wait_for_room(c, e, frames[i]->len);
+            if (!p) {
+                free(frames[i]);
+                e->failed = true;
+                continue;
+            }
+            peer_queue(c, p, frames[i]);
+            c->st.bytes_sent += (size_t)e->n_tok * row;
+            c->st.layers_sent++;
+            if (!sp->ending) c->st.layers_during_forward++;
+        }
+        sp->done++;
+        sp->copying = false;
+        pthread_cond_broadcast(&c->cv);
+        poke(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(frames);
+    return NULL;
+}
+
+atomc_status kv_connector_step_add(struct kv_connector *c, const struct kv_send *s, struct error *err) {
+    CHECK(s->tok0 >= 0 && s->n_tok >= 0 && s->tok0 + s->n_tok <= s->n_tokens);
+    pthread_mutex_lock(&c->mu);
+    struct step *sp = &c->step;
+    CHECK_MSG(sp->ready == 0 && !sp->ending, "kv_connector_step_add during a forward");
     atomc_status st = ATOMC_OK;
     struct peer *p = NULL;
     struct tx *t = NULL;
+    int bs = c->pool.block_size, n_blocks = (s->n_tokens + bs - 1) / bs;
     for (int i = 0; i < c->n_tx; i++)
         if (!strcmp(c->tx[i].id, s->transfer_id)) t = &c->tx[i];
     if (s->first && !t) {
@@ -772,7 +900,7 @@ atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, 
         t->peer = pi;
         t->gen = c->peers[pi].gen;
         p = &c->peers[pi];
-        int bs = c->pool.block_size, n_full = s->n_tokens / bs, n_blocks = (s->n_tokens + bs - 1) / bs;
+        int n_full = s->n_tokens / bs;
         size_t len = 8 + (size_t)s->n_tokens * 4 + (size_t)n_full * 8 + (size_t)n_blocks * 4;
         uint8_t *b;
         struct qnode *q = frame_new(KV_FRAME_BEGIN, s->transfer_id, len, &b);
@@ -789,25 +917,88 @@ atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, 
         st = error_set(err, ATOMC_ERR_IO, "KV transfer %s: the consumer connection is gone", s->transfer_id);
         goto out;
     }
-    for (int i = 0; i < n_data; i++)
-        peer_queue(c, p, data[i]);
-    n_data = 0;
-    c->st.bytes_sent += payload;
-    if (s->last) {
-        // END repeats the block ids: a chunked prefill allocates blocks as it goes, so BEGIN's may be partial.
-        int n_blocks = (s->n_tokens + c->pool.block_size - 1) / c->pool.block_size;
-        peer_send_simple(c, p, KV_FRAME_END, s->transfer_id, s->block_ids, (size_t)n_blocks * 4);
-        c->st.transfers_sent++;
-        c->st.blocks_sent += (uint64_t)((s->n_tokens + c->pool.block_size - 1) / c->pool.block_size);
-        if (!tcp) c->st.bytes_sent += (size_t)s->n_tokens * c->token_bytes;
-    }
+    sp->s = grow_arr(sp->s, &sp->cap, sp->n + 1, sizeof *sp->s);
+    struct step_send *e = &sp->s[sp->n++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->id, sizeof e->id, "%s", s->transfer_id);
+    e->peer = t->peer;
+    e->gen = t->gen;
+    e->ids = xmalloc((size_t)(n_blocks ? n_blocks : 1) * sizeof *e->ids);
+    memcpy(e->ids, s->block_ids, (size_t)n_blocks * sizeof *e->ids);
+    e->n_tokens = s->n_tokens;
+    e->n_blocks = n_blocks;
+    e->tok0 = s->tok0;
+    e->n_tok = c->cfg.kind == KV_CONNECTOR_TCP ? s->n_tok : 0; // cuda_ipc: the consumer reads the pool itself
+    e->last = s->last;
 out:
     pthread_mutex_unlock(&c->mu);
-    for (int i = 0; i < n_data; i++)
-        free(data[i]);
-    free(data);
     if (st == ATOMC_OK) poke(c);
     return st;
+}
+
+void kv_connector_layer_ready(struct kv_connector *c, int layer, void *event) {
+    pthread_mutex_lock(&c->mu);
+    struct step *sp = &c->step;
+    if (sp->n > 0 && layer == sp->ready && layer < c->pool.n_layers) {
+        sp->ev[layer] = event;
+        sp->ready++;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int kv_connector_step_end(struct kv_connector *c, bool ok, bool *failed, int n_failed) {
+    pthread_mutex_lock(&c->mu);
+    struct step *sp = &c->step;
+    int n = sp->n;
+    if (n == 0) {
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
+    sp->ending = true;
+    if (ok) {
+        // Layers the forward did not report (no hook: a fake model, a graph-less path) are
+        // complete now that it returned.
+        for (int l = sp->ready; l < c->pool.n_layers; l++)
+            sp->ev[l] = NULL;
+        sp->ready = c->pool.n_layers;
+        pthread_cond_broadcast(&c->cv);
+        while (sp->done < sp->ready && !c->stop)
+            pthread_cond_wait(&c->cv, &c->mu);
+    } else {
+        sp->cancel = true;
+        pthread_cond_broadcast(&c->cv);
+        while (sp->copying)
+            pthread_cond_wait(&c->cv, &c->mu);
+    }
+    for (int i = 0; i < n; i++) {
+        struct step_send *e = &sp->s[i];
+        struct peer *p = peer_by_gen(c, e->peer, e->gen);
+        if (!p) e->failed = true;
+        if (ok && !e->failed && e->last) {
+            // END repeats the block ids: a chunked prefill allocates blocks as it goes, so BEGIN's may be partial.
+            peer_send_simple(c, p, KV_FRAME_END, e->id, e->ids, (size_t)e->n_blocks * 4);
+            c->st.transfers_sent++;
+            c->st.blocks_sent += (uint64_t)e->n_blocks;
+            if (c->cfg.kind != KV_CONNECTOR_TCP) c->st.bytes_sent += (size_t)e->n_tokens * c->token_bytes;
+        }
+        if (failed && i < n_failed) failed[i] = !ok || e->failed;
+        free(e->ids);
+    }
+    sp->n = sp->ready = sp->done = 0;
+    sp->ending = sp->cancel = false;
+    pthread_mutex_unlock(&c->mu);
+    poke(c);
+    return n;
+}
+
+atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, struct error *err) {
+    atomc_status st = kv_connector_step_add(c, s, err);
+    if (st != ATOMC_OK) return st;
+    bool failed = false;
+    kv_connector_step_end(c, true, &failed, 1);
+    if (failed) return error_set(err, ATOMC_ERR_IO, "KV transfer %s: the consumer connection is gone", s->transfer_id);
+    return ATOMC_OK;
 }
 
 void kv_connector_send_abort(struct kv_connector *c, const char *id) {

@@ -4,7 +4,8 @@ instance (kv_producer) and one decode instance (kv_consumer), SmolLM2 on the CPU
 - unclaimed, late and aborted transfers (no proxy): held blocks freed after hold_timeout_s, a late
   KV prefilled locally with the same tokens, an abort while waiting leaves nothing behind.
 - 200 concurrent greedy completions through the proxy equal a single instance's, token for token
-  (text, finish reason and completion tokens); the decode instance computes exactly one prompt
+  (text, finish reason and completion tokens); the producer sends each layer's KV as the forward
+  writes it (some frames are queued before their forward returns); the decode instance computes exactly one prompt
   token per request (the last), receives every prompt's KV, falls back never; the bytes sent and
   received equal the prompts' KV bytes (prompt tokens x 30 layers x K+V x 3 KV heads x 64 dims x
   2 bytes of BF16); afterwards both instances hold no KV blocks.
@@ -205,6 +206,12 @@ def test_pd_matches_single_instance(reference):
         assert p("atomc:kv_transfer_bytes_sent_total") == kv_bytes
         assert decode.metric("atomc:kv_transfer_bytes_received_total") == kv_bytes
         assert p("atomc:kv_transfer_blocks_sent_total") == decode.metric("atomc:kv_transfer_blocks_received_total")
+        # Per-layer sends: one DATA frame per layer per step that computed prompt tokens; the copy
+        # thread queues frames while the forward that wrote them still runs.
+        layers, early = p("atomc:kv_transfer_layers_sent_total"), p("atomc:kv_transfer_layers_during_forward_total")
+        print(f"layer frames {layers:.0f}, {early:.0f} queued during their forward ({early / layers:.0%})")
+        assert layers % 30 == 0 and layers >= 30 * n_req
+        assert early > 0
         assert wait_blocks_free(prefill), prefill.metrics()
         assert wait_blocks_free(decode), decode.metrics()
         pm = proxy.metrics()
