@@ -121,6 +121,7 @@ struct atomc_engine {
     pthread_t thread;
     atomc_stats stats; // refreshed at the end of every step
     int sched_seqs;    // waiting + running in the scheduler, as of the last step
+    bool kv_poke;      // the KV connector has news (a QUERY to answer, a HAVE, an ACK): step once
 
     // Loop-side counters.
     uint64_t prompt_tokens_total, generation_tokens_total, num_steps, num_finished, num_aborted;

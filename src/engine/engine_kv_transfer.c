@@ -47,12 +47,16 @@ struct engine_kv {
     struct kv_pool_view pool;
     struct sequence **pending;
     int n_pending, pending_cap;
+    struct sequence **querying; // producer: asked the consumer what it has cached, waiting for HAVE
+    int n_querying, querying_cap;
     struct held *held;
     int n_held, held_cap;
     int held_blocks;
     uint64_t fallbacks;
     uint64_t *hashes;
     int hashes_cap;
+    int32_t *match; // block_manager_lookup scratch
+    int match_cap;
     // The sends of the step being computed (engine_kv_before_forward -> after_forward).
     struct sequence **step;
     int *step_end; // prompt tokens sent once the step's send completes
@@ -63,6 +67,7 @@ struct engine_kv {
 static void engine_kv_wake(void *arg) {
     atomc_engine *e = arg;
     pthread_mutex_lock(&e->mu);
+    e->kv_poke = true; // an idle loop steps once (answers a QUERY, takes a HAVE or an ACK)
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);
 }
@@ -148,8 +153,20 @@ atomc_status engine_kv_request(atomc_engine *e, struct sequence *s, const atomc_
 }
 
 bool engine_kv_admit(atomc_engine *e, struct sequence *s) {
-    if (!e->kv || s->kv_mode != 2) return false;
+    if (!e->kv || !s->kv_mode) return false;
     struct engine_kv *k = e->kv;
+    if (s->kv_mode == 1) {
+        // Ask the consumer which leading blocks it has cached before computing anything; a prompt
+        // shorter than one full block (plus its last token) has nothing to skip.
+        if (s->n_prompt <= e->block_size) return false;
+        struct error err = {0};
+        if (kv_connector_query(k->conn, s->kv_id, s->kv_remote, s->tokens, s->n_prompt, &err) != ATOMC_OK)
+            return false; // no such consumer: the first send fails and says so
+        s->kv_deadline = time_now_s() + k->cfg.query_timeout_s;
+        k->querying = grow(k->querying, &k->querying_cap, k->n_querying + 1, sizeof *k->querying);
+        k->querying[k->n_querying++] = s;
+        return true;
+    }
     s->kv_deadline = time_now_s() + k->cfg.timeout_s;
     k->pending = grow(k->pending, &k->pending_cap, k->n_pending + 1, sizeof *k->pending);
     k->pending[k->n_pending++] = s;
@@ -160,14 +177,16 @@ struct sequence *engine_kv_find(atomc_engine *e, uint64_t id) {
     if (!e->kv) return NULL;
     for (int i = 0; i < e->kv->n_pending; i++)
         if (e->kv->pending[i]->id == id) return e->kv->pending[i];
+    for (int i = 0; i < e->kv->n_querying; i++)
+        if (e->kv->querying[i]->id == id) return e->kv->querying[i];
     return NULL;
 }
 
-static bool pending_remove(struct engine_kv *k, struct sequence *s) {
-    for (int i = 0; i < k->n_pending; i++)
-        if (k->pending[i] == s) {
-            memmove(k->pending + i, k->pending + i + 1, (size_t)(k->n_pending - i - 1) * sizeof *k->pending);
-            k->n_pending--;
+static bool list_remove(struct sequence **list, int *n, struct sequence *s) {
+    for (int i = 0; i < *n; i++)
+        if (list[i] == s) {
+            memmove(list + i, list + i + 1, (size_t)(*n - i - 1) * sizeof *list);
+            (*n)--;
             return true;
         }
     return false;
@@ -177,10 +196,11 @@ bool engine_kv_on_retire(atomc_engine *e, struct sequence *s) {
     struct engine_kv *k = e->kv;
     if (!k || !s->kv_mode) return false;
     if (s->kv_mode == 2) {
-        if (!pending_remove(k, s)) return false;
+        if (!list_remove(k->pending, &k->n_pending, s)) return false;
         kv_connector_drop(k->conn, s->kv_id);
         return true;
     }
+    if (list_remove(k->querying, &k->n_querying, s)) return true; // aborted before it was scheduled
     if (s->kv_sent == 0 || s->kv_failed) return false; // nothing sent: the blocks go back as usual
     if (s->kv_sent < s->n_prompt) {                    // ended mid-prompt (abort, error)
         kv_connector_send_abort(k->conn, s->kv_id);
@@ -204,6 +224,15 @@ static void held_release_at(atomc_engine *e, int i) {
     block_manager_release(e->bm, &h->bt);
     block_table_free(&h->bt);
     k->held[i] = k->held[--k->n_held];
+}
+
+// kv_connector_answer_queries: leading full blocks of tokens in our prefix cache.
+static int cached_blocks(void *u, const int32_t *tokens, int n_tokens) {
+    atomc_engine *e = u;
+    struct engine_kv *k = e->kv;
+    k->match = grow(k->match, &k->match_cap, n_tokens / e->block_size + 1, sizeof *k->match);
+    int revived = 0;
+    return block_manager_lookup(e->bm, tokens, n_tokens, k->match, &revived);
 }
 
 static void on_ack(void *u, const char *id) {
@@ -245,7 +274,23 @@ static int try_admit(atomc_engine *e, struct sequence *s, const struct kv_rx_inf
         parent = h;
     }
     if (scheduler_num_running(e->sched) >= e->max_num_seqs) return 0;
-    if (!block_manager_allocate(e->bm, &s->bt, s->n_prompt)) return 0;
+    if (info->skip > 0) {
+        // The producer did not send our cached prefix (HAVE): it must still be cached.
+        int need = info->skip / bs;
+        k->match = grow(k->match, &k->match_cap, n_full + 1, sizeof *k->match);
+        int revived = 0, n_match = block_manager_lookup(e->bm, s->tokens, s->n_prompt, k->match, &revived);
+        if (n_match < need) {
+            *why = "skipped blocks this instance no longer has cached";
+            return -1;
+        }
+        // Room for the rest (revived counts every matched block that is free now: an upper bound).
+        if (block_manager_num_free(e->bm) < revived + block_manager_blocks_for(e->bm, s->n_prompt) - need) return 0;
+        block_manager_acquire_prefix(e->bm, &s->bt, k->match, need, s->n_prompt);
+    }
+    if (!block_manager_allocate(e->bm, &s->bt, s->n_prompt)) {
+        block_manager_release(e->bm, &s->bt);
+        return 0;
+    }
     struct error err = {0};
     if (kv_connector_claim(k->conn, s->kv_id, s->bt.ids, s->bt.n, &err) != ATOMC_OK) {
         block_manager_release(e->bm, &s->bt);
@@ -264,7 +309,20 @@ void engine_kv_poll(atomc_engine *e) {
     struct engine_kv *k = e->kv;
     if (!k) return;
     kv_connector_poll_acks(k->conn, on_ack, e);
+    if (k->cfg.role & KV_ROLE_CONSUMER) kv_connector_answer_queries(k->conn, cached_blocks, e);
     double now = time_now_s();
+    for (int i = 0; i < k->n_querying;) { // producer: HAVE answered (or no answer in time): compute
+        struct sequence *s = k->querying[i];
+        int have = kv_connector_take_have(k->conn, s->kv_id);
+        if (have < 0 && now <= s->kv_deadline) {
+            i++;
+            continue;
+        }
+        int max_skip = (s->n_prompt - 1) / e->block_size; // never the last token (the consumer computes it)
+        s->kv_skip = (have > max_skip ? max_skip : have > 0 ? have : 0) * e->block_size;
+        list_remove(k->querying, &k->n_querying, s);
+        scheduler_add(e->sched, s);
+    }
     for (int i = 0; i < k->n_held;) {
         if (now > k->held[i].deadline) {
             LOG_WARN("KV transfer %s: no acknowledgement within %.0f s; its blocks are freed", k->held[i].id,
@@ -325,16 +383,18 @@ void engine_kv_before_forward(atomc_engine *e, const struct scheduler_output *so
         for (int b = 0; b < need; b++)
             ids[b] = b < s->bt.n ? s->bt.ids[b] : -1;
         // The first chunk sends the prefix-cache hit too (the consumer has none of it).
+        int lo = s->kv_sent > s->kv_skip ? s->kv_sent : s->kv_skip; // the consumer has [0, skip)
         struct kv_send snd = {.transfer_id = s->kv_id,
                               .remote_engine_id = s->kv_remote,
                               .tokens = s->tokens,
                               .n_tokens = s->n_prompt,
                               .block_hashes = k->hashes,
                               .block_ids = ids,
-                              .tok0 = s->kv_sent,
-                              .n_tok = end - s->kv_sent,
+                              .tok0 = end > lo ? lo : s->kv_skip,
+                              .n_tok = end > lo ? end - lo : 0,
                               .first = s->kv_sent == 0,
-                              .last = end == s->n_prompt};
+                              .last = end == s->n_prompt,
+                              .skip = s->kv_skip};
         struct error err = {0};
         if (kv_connector_step_add(k->conn, &snd, &err) != ATOMC_OK) {
             LOG_WARN("request %llu: %s; its KV stays here", (unsigned long long)s->id, err.msg);
@@ -422,7 +482,7 @@ void engine_kv_live_stats(atomc_engine *e, atomc_stats *st) {
 }
 
 int engine_kv_n_work(const atomc_engine *e) {
-    return e->kv ? e->kv->n_pending + e->kv->n_held : 0;
+    return e->kv ? e->kv->n_pending + e->kv->n_held + e->kv->n_querying : 0;
 }
 
 void engine_kv_free(atomc_engine *e) {
@@ -430,10 +490,14 @@ void engine_kv_free(atomc_engine *e) {
     if (!k) return;
     while (k->n_pending)
         engine_retire(e, k->pending[0], ATOMC_FINISH_ABORT, 0, NULL, NULL);
+    while (k->n_querying)
+        engine_retire(e, k->querying[0], ATOMC_FINISH_ABORT, 0, NULL, NULL);
     while (k->n_held)
         held_release_at(e, 0);
     kv_connector_free(k->conn);
     free(k->pending);
+    free(k->querying);
+    free(k->match);
     free(k->held);
     free(k->hashes);
     free(k->step);

@@ -44,6 +44,8 @@ static atomc_status parse_extra(json_t *x, struct kv_transfer_config *c, struct 
             st = take_timeout(v, "timeout_s", &c->timeout_s, err);
         } else if (!strcmp(k, "hold_timeout_s")) {
             st = take_timeout(v, "hold_timeout_s", &c->hold_timeout_s, err);
+        } else if (!strcmp(k, "query_timeout_s")) {
+            st = take_timeout(v, "query_timeout_s", &c->query_timeout_s, err);
         } else if (!strcmp(k, "send_timeout_s")) {
             st = take_timeout(v, "send_timeout_s", &c->send_timeout_s, err);
         } else if (!strcmp(k, "send_queue_bytes")) {
@@ -66,7 +68,7 @@ static atomc_status parse_extra(json_t *x, struct kv_transfer_config *c, struct 
         } else {
             return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
                              "--kv-transfer-config: unsupported kv_connector_extra_config key \"%s\" (supported: "
-                             "engine_id, timeout_s, hold_timeout_s, send_queue_bytes, send_timeout_s, producers)",
+                             "engine_id, timeout_s, hold_timeout_s, query_timeout_s, send_queue_bytes, send_timeout_s, producers)",
                              k);
         }
         if (st != ATOMC_OK) return st;
@@ -83,6 +85,7 @@ atomc_status kv_transfer_config_parse(const char *text, struct kv_transfer_confi
     c->hold_timeout_s = 60;
     c->send_queue_bytes = (uint64_t)64 << 20;
     c->send_timeout_s = 30;
+    c->query_timeout_s = 0.5;
     json_error_t je;
     json_t *j = json_loads(text ? text : "", 0, &je);
     if (!json_is_object(j)) {
@@ -200,7 +203,7 @@ long kv_frame_parse(const uint8_t *buf, size_t len, struct kv_frame *f, struct e
     memcpy(&body, buf + 8, 4);
     if (magic != KV_FRAME_MAGIC)
         return error_set(err, ATOMC_ERR_FORMAT, "KV transfer: bad frame magic %08x (not an atomc KV peer?)", magic), -1;
-    if (type < KV_FRAME_HELLO || type > KV_FRAME_ABORT)
+    if (type < KV_FRAME_HELLO || type > KV_FRAME_HAVE)
         return error_set(err, ATOMC_ERR_FORMAT, "KV transfer: unknown frame type %u", type), -1;
     if (id_len >= KV_ID_MAX)
         return error_set(err, ATOMC_ERR_FORMAT, "KV transfer: frame id of %u bytes (at most %d)", id_len,

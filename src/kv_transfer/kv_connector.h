@@ -12,8 +12,13 @@
 // the field on both sides (kv_handshake_check).
 //
 // Per request (transfer_id = the string both HTTP requests carry in kv_transfer_params):
+//   QUERY  producer -> consumer, before the producer computes the prompt: its token ids
+//   HAVE   consumer -> producer: how many leading full blocks of that prompt its prefix cache
+//          holds (block_manager_lookup: chained hashes and token ids); the producer sends only
+//          the rest. No answer within query_timeout_s: the producer sends everything.
 //   BEGIN  transfer id, prompt token ids, the chained block hashes of its full blocks
-//          (block_manager.h's XXH64 chain), the producer's block ids, token count
+//          (block_manager.h's XXH64 chain), the producer's block ids, token count, and the
+//          number of leading tokens it will not send (skip = HAVE's blocks x block size)
 //   DATA   one per layer per engine step: (layer, tok0, n_tok) and the K rows of those tokens
 //          then their V rows, in the pool's element layout (`tcp` only); any subset of layers
 //          and token ranges in any order: the consumer places each at (layer, tok0) and the
@@ -40,7 +45,9 @@
 //
 // Consumer side: frames are assembled in a host staging buffer per transfer (the decode request
 // usually arrives after the KV, since the proxy asks the prefill instance first); when the
-// engine admits the request it allocates blocks and `claim` copies the staged rows into them.
+// engine admits the request it takes its cached prefix (the skipped blocks; if they were
+// evicted meanwhile it prefills locally), allocates the other blocks and `claim` copies the
+// staged rows [skip, n) into them.
 //
 // Connectors: `tcp` (KV bytes in DATA frames) and `cuda_ipc` (same host: HELLO carries the
 // producer pool's cudaIpcMemHandle; no DATA frames; `claim` maps the producer's pool once and
@@ -63,7 +70,7 @@
 #define KV_ID_MAX 96 // transfer ids and engine ids (incl. NUL)
 #define KV_MAX_PEERS 32
 #define KV_MAX_PRODUCERS 8
-#define KV_PROTOCOL_VERSION 1
+#define KV_PROTOCOL_VERSION 2 // 2: QUERY / HAVE, BEGIN's skip
 
 enum kv_role { KV_ROLE_NONE = 0, KV_ROLE_PRODUCER = 1, KV_ROLE_CONSUMER = 2, KV_ROLE_BOTH = 3 };
 enum kv_connector_kind { KV_CONNECTOR_TCP = 0, KV_CONNECTOR_CUDA_IPC };
@@ -75,6 +82,7 @@ enum kv_connector_kind { KV_CONNECTOR_TCP = 0, KV_CONNECTOR_CUDA_IPC };
 // "hold_timeout_s": producer hold of unacknowledged blocks (default 60),
 // "send_queue_bytes": cap of unsent bytes queued per consumer connection (default 64 MiB),
 // "send_timeout_s": a full send queue that does not drain for this long drops the consumer (30),
+// "query_timeout_s": producer wait for the consumer's HAVE before computing a prompt (0.5),
 // "producers": ["host:port", ...] (a consumer of several producers; default [kv_ip:kv_port])}}.
 struct kv_transfer_config {
     enum kv_connector_kind kind;
@@ -82,7 +90,7 @@ struct kv_transfer_config {
     char ip[64];
     int port;
     char engine_id[KV_ID_MAX];
-    double timeout_s, hold_timeout_s, send_timeout_s;
+    double timeout_s, hold_timeout_s, send_timeout_s, query_timeout_s;
     uint64_t send_queue_bytes;
     int n_producers;
     char producers[KV_MAX_PRODUCERS][96]; // "host:port"
@@ -144,7 +152,9 @@ enum kv_frame_type {
     KV_FRAME_DATA,
     KV_FRAME_END,
     KV_FRAME_ACK,
-    KV_FRAME_ABORT
+    KV_FRAME_ABORT,
+    KV_FRAME_QUERY,
+    KV_FRAME_HAVE
 };
 #define KV_FRAME_MAGIC 0x31564b41u // "AKV1"
 #define KV_FRAME_HEADER 12         // magic u32, type u16, id_len u16, body_len u32 (little-endian host order)
@@ -205,6 +215,7 @@ struct kv_send {
     const int32_t *block_ids;     // (ceil(n_tokens / block_size))
     int tok0, n_tok;
     bool first, last;
+    int skip; // leading prompt tokens the consumer has cached (HAVE): never sent; tok0 >= skip
 };
 // kv_connector_step_add for one send, every layer ready, kv_connector_step_end: the whole
 // range at once (models without the per-layer hook, tests).
@@ -221,9 +232,21 @@ atomc_status kv_connector_step_add(struct kv_connector *c, const struct kv_send 
 void kv_connector_layer_ready(struct kv_connector *c, int layer, void *event);
 int kv_connector_step_end(struct kv_connector *c, bool ok, bool *failed, int n_failed);
 void kv_connector_send_abort(struct kv_connector *c, const char *transfer_id);
+// Asks the consumer (remote_engine_id, NULL / "": the only one) how much of the prompt it has
+// cached (QUERY); the answer is read with kv_connector_take_have. An error: no such consumer.
+atomc_status kv_connector_query(struct kv_connector *c, const char *transfer_id, const char *remote_engine_id,
+                                const int32_t *tokens, int n_tokens, struct error *err);
+// The consumer's HAVE for transfer_id: leading full blocks it has (>= 0; the answer is then
+// forgotten), or -1 when none came yet (or the consumer's connection is gone: -2).
+int kv_connector_take_have(struct kv_connector *c, const char *transfer_id);
 // Calls fn for each transfer the consumer acknowledged (or whose consumer connection died)
 // since the last call.
 void kv_connector_poll_acks(struct kv_connector *c, void (*fn)(void *u, const char *transfer_id), void *u);
+
+// Consumer: answers the QUERYs that arrived since the last call; fn returns how many leading
+// full blocks of tokens the engine's prefix cache holds (engine thread: the block manager).
+void kv_connector_answer_queries(struct kv_connector *c, int (*fn)(void *u, const int32_t *tokens, int n_tokens),
+                                 void *u);
 
 // Consumer.
 enum kv_rx_state { KV_RX_UNKNOWN = 0, KV_RX_PENDING, KV_RX_READY, KV_RX_FAILED };
@@ -231,14 +254,16 @@ struct kv_rx_info {
     int n_tokens;
     const int32_t *tokens;        // valid until claim / drop of this transfer
     const uint64_t *block_hashes; // (n_tokens / block_size)
+    int skip;                     // leading tokens not sent: the consumer must have them cached
     double t_begin, t_end;        // monotonic seconds BEGIN / END arrived
 };
 // State of transfer_id. UNKNOWN also means "nothing yet"; when remote_engine_id is given and
 // no connection to that producer is up, an unknown transfer is FAILED (it cannot arrive).
 enum kv_rx_state kv_connector_lookup(struct kv_connector *c, const char *transfer_id, const char *remote_engine_id,
                                      struct kv_rx_info *info);
-// Copies a READY transfer's KV into block_ids (position order, enough blocks for n_tokens),
-// acknowledges it and forgets it.
+// Copies a READY transfer's KV (tokens [skip, n_tokens)) into block_ids (position order,
+// enough blocks for n_tokens; the first skip / block_size are the consumer's cached prefix and
+// are not written), acknowledges it and forgets it.
 atomc_status kv_connector_claim(struct kv_connector *c, const char *transfer_id, const int32_t *block_ids, int n_blocks,
                                 struct error *err);
 // Forgets transfer_id (fallback, abort) and acknowledges it so the producer frees its blocks;

@@ -63,6 +63,7 @@ struct tx { // producer: a transfer until its ACK
     char id[KV_ID_MAX];
     int peer;
     uint64_t gen;
+    int skip; // BEGIN's: leading tokens not sent
 };
 
 struct rx { // consumer: a transfer from BEGIN until claim / drop (then a tombstone)
@@ -71,10 +72,10 @@ struct rx { // consumer: a transfer from BEGIN until claim / drop (then a tombst
     uint64_t gen;
     enum kv_rx_state state;
     bool tombstone;
-    int n_tokens, n_blocks;
+    int n_tokens, n_blocks, skip;
     int32_t *tokens, *src_blocks;
     uint64_t *hashes;
-    uint8_t *data; // (n_layers) blocks of [K rows (n_tokens)][V rows (n_tokens)]
+    uint8_t *data; // (n_layers) blocks of [K rows][V rows] of tokens [skip, n_tokens)
     size_t data_bytes, received;
     double t_begin, t_end, t_expire;
 };
@@ -84,7 +85,7 @@ struct step_send { // producer: one transfer's part of the step being computed
     int peer;
     uint64_t gen;
     int32_t *ids; // (n_blocks) the prompt's blocks (-1: not allocated yet)
-    int n_tokens, n_blocks, tok0, n_tok;
+    int n_tokens, n_blocks, tok0, n_tok, skip;
     bool last, failed;
 };
 
@@ -97,6 +98,20 @@ struct step {
     bool ending;  // step_end was called (the forward returned)
     bool cancel;
     void **ev;    // (n_layers) event of each reported layer
+};
+
+struct query { // consumer: a QUERY to answer (engine thread)
+    char id[KV_ID_MAX];
+    int peer;
+    uint64_t gen;
+    int n_tokens;
+    int32_t *tokens;
+};
+
+struct have { // producer: a HAVE not taken yet
+    char id[KV_ID_MAX];
+    int n_blocks;
+    double t;
 };
 
 struct kv_connector {
@@ -124,6 +139,10 @@ struct kv_connector {
     int n_rx, rx_cap;
     char (*acks)[KV_ID_MAX];
     int n_acks, acks_cap;
+    struct query *queries;
+    int n_queries, queries_cap;
+    struct have *haves;
+    int n_haves, haves_cap;
     struct kv_connector_stats st;
     bool ipc_ok;
     uint8_t ipc_handle[KV_IPC_HANDLE_BYTES];
@@ -341,15 +360,17 @@ static bool on_hello(struct kv_connector *c, struct peer *p, const struct kv_fra
 static bool on_begin(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
     struct rx *old = rx_find(c, f->id);
     if (old) return true; // a tombstone (dropped before it arrived) or a duplicate: ignored
-    uint32_t n_tok, n_blocks;
-    if (f->body_len < 8) return false;
+    uint32_t n_tok, n_blocks, skip;
+    if (f->body_len < 12) return false;
     memcpy(&n_tok, f->body, 4);
     memcpy(&n_blocks, f->body + 4, 4);
+    memcpy(&skip, f->body + 8, 4);
     int bs = c->pool.block_size;
     size_t n_full = n_tok / (uint32_t)bs;
-    if (n_tok == 0 || n_blocks != (n_tok + (uint32_t)bs - 1) / (uint32_t)bs ||
-        f->body_len != 8 + (size_t)n_tok * 4 + n_full * 8 + (size_t)n_blocks * 4)
+    if (n_tok == 0 || n_blocks != (n_tok + (uint32_t)bs - 1) / (uint32_t)bs || skip >= n_tok || skip % (uint32_t)bs ||
+        f->body_len != 12 + (size_t)n_tok * 4 + n_full * 8 + (size_t)n_blocks * 4)
         return false;
+    const uint8_t *body = f->body + 12;
     c->rx = grow_arr(c->rx, &c->rx_cap, c->n_rx + 1, sizeof *c->rx);
     struct rx *r = &c->rx[c->n_rx++];
     memset(r, 0, sizeof *r);
@@ -359,14 +380,15 @@ static bool on_begin(struct kv_connector *c, struct peer *p, const struct kv_fra
     r->state = KV_RX_PENDING;
     r->n_tokens = (int)n_tok;
     r->n_blocks = (int)n_blocks;
+    r->skip = (int)skip;
     r->tokens = xmalloc((size_t)n_tok * 4);
     r->hashes = xmalloc(n_full ? n_full * 8 : 1);
     r->src_blocks = xmalloc((size_t)n_blocks * 4);
-    memcpy(r->tokens, f->body + 8, (size_t)n_tok * 4);
-    memcpy(r->hashes, f->body + 8 + (size_t)n_tok * 4, n_full * 8);
-    memcpy(r->src_blocks, f->body + 8 + (size_t)n_tok * 4 + n_full * 8, (size_t)n_blocks * 4);
+    memcpy(r->tokens, body, (size_t)n_tok * 4);
+    memcpy(r->hashes, body + (size_t)n_tok * 4, n_full * 8);
+    memcpy(r->src_blocks, body + (size_t)n_tok * 4 + n_full * 8, (size_t)n_blocks * 4);
     if (c->cfg.kind == KV_CONNECTOR_TCP) {
-        r->data_bytes = (size_t)n_tok * c->token_bytes;
+        r->data_bytes = (size_t)(n_tok - skip) * c->token_bytes;
         r->data = malloc(r->data_bytes ? r->data_bytes : 1);
         if (!r->data) {
             r->state = KV_RX_FAILED;
@@ -394,12 +416,15 @@ static bool on_data(struct kv_connector *c, struct peer *p, const struct kv_fram
     memcpy(&layer, f->body, 4);
     memcpy(&tok0, f->body + 4, 4);
     memcpy(&n, f->body + 8, 4);
-    if ((int)layer >= c->pool.n_layers || tok0 + (uint64_t)n > (uint64_t)r->n_tokens) return false;
+    if ((int)layer >= c->pool.n_layers || tok0 < (uint32_t)r->skip || tok0 + (uint64_t)n > (uint64_t)r->n_tokens)
+        return false;
     size_t kr = c->pool.k_row_bytes[layer], vr = c->pool.v_row_bytes[layer];
     if (f->body_len != 12 + (size_t)n * (kr + vr)) return false;
-    uint8_t *base = r->data + stage_offset(c, (int)layer, r->n_tokens);
-    memcpy(base + (size_t)tok0 * kr, f->body + 12, (size_t)n * kr);
-    memcpy(base + (size_t)r->n_tokens * kr + (size_t)tok0 * vr, f->body + 12 + (size_t)n * kr, (size_t)n * vr);
+    int m = r->n_tokens - r->skip; // staged rows per layer
+    size_t t = tok0 - (uint32_t)r->skip;
+    uint8_t *base = r->data + stage_offset(c, (int)layer, m);
+    memcpy(base + t * kr, f->body + 12, (size_t)n * kr);
+    memcpy(base + (size_t)m * kr + t * vr, f->body + 12 + (size_t)n * kr, (size_t)n * vr);
     r->received += (size_t)n * (kr + vr);
     c->st.layers_received++;
     (void)p;
@@ -429,6 +454,36 @@ static void on_end(struct kv_connector *c, struct peer *p, const struct kv_frame
         r->state = KV_RX_READY;
     }
     if (c->wake) c->wake(c->wake_arg);
+}
+
+static bool on_query(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
+    uint32_t n;
+    if (p->prod < 0 || f->body_len < 4) return false; // QUERYs come from producers we connected to
+    memcpy(&n, f->body, 4);
+    if (n == 0 || f->body_len != 4 + (size_t)n * 4) return false;
+    c->queries = grow_arr(c->queries, &c->queries_cap, c->n_queries + 1, sizeof *c->queries);
+    struct query *q = &c->queries[c->n_queries++];
+    snprintf(q->id, sizeof q->id, "%s", f->id);
+    q->peer = (int)(p - c->peers);
+    q->gen = p->gen;
+    q->n_tokens = (int)n;
+    q->tokens = xmalloc((size_t)n * 4);
+    memcpy(q->tokens, f->body + 4, (size_t)n * 4);
+    if (c->wake) c->wake(c->wake_arg);
+    return true;
+}
+
+static bool on_have(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
+    uint32_t n;
+    if (p->prod >= 0 || f->body_len != 4) return false;
+    memcpy(&n, f->body, 4);
+    c->haves = grow_arr(c->haves, &c->haves_cap, c->n_haves + 1, sizeof *c->haves);
+    struct have *h = &c->haves[c->n_haves++];
+    snprintf(h->id, sizeof h->id, "%s", f->id);
+    h->n_blocks = (int)n;
+    h->t = time_now_s();
+    if (c->wake) c->wake(c->wake_arg);
+    return true;
 }
 
 static void on_ack(struct kv_connector *c, const struct kv_frame *f) {
@@ -468,6 +523,10 @@ static bool on_frame(struct kv_connector *c, struct peer *p, const struct kv_fra
     case KV_FRAME_ACK:
         on_ack(c, f);
         return true;
+    case KV_FRAME_QUERY:
+        return on_query(c, p, f);
+    case KV_FRAME_HAVE:
+        return on_have(c, p, f);
     default:
         return false;
     }
@@ -560,6 +619,11 @@ static int tcp_connect(const char *hostport, char *why, size_t why_len) {
 }
 
 static void io_housekeeping(struct kv_connector *c, double now) {
+    for (int i = 0; i < c->n_haves;) // answers nobody took (the producer stopped waiting)
+        if (now - c->haves[i].t > TOMBSTONE_S)
+            c->haves[i] = c->haves[--c->n_haves];
+        else
+            i++;
     for (int i = 0; i < KV_MAX_PEERS; i++) {
         struct peer *p = &c->peers[i];
         if (p->fd >= 0 && !p->ready && !p->closing && now - p->t_open > HANDSHAKE_TIMEOUT_S)
@@ -753,6 +817,10 @@ void kv_connector_free(struct kv_connector *c) {
     free(c->tx);
     free(c->rx);
     free(c->acks);
+    for (int i = 0; i < c->n_queries; i++)
+        free(c->queries[i].tokens);
+    free(c->queries);
+    free(c->haves);
     free(c);
 }
 
@@ -879,6 +947,7 @@ static void *copy_main(void *arg) {
 
 atomc_status kv_connector_step_add(struct kv_connector *c, const struct kv_send *s, struct error *err) {
     CHECK(s->tok0 >= 0 && s->n_tok >= 0 && s->tok0 + s->n_tok <= s->n_tokens);
+    CHECK(s->skip >= 0 && s->skip < s->n_tokens && s->skip % c->pool.block_size == 0 && (s->n_tok == 0 || s->tok0 >= s->skip));
     pthread_mutex_lock(&c->mu);
     struct step *sp = &c->step;
     CHECK_MSG(sp->ready == 0 && !sp->ending, "kv_connector_step_add during a forward");
@@ -901,15 +970,17 @@ atomc_status kv_connector_step_add(struct kv_connector *c, const struct kv_send 
         t->gen = c->peers[pi].gen;
         p = &c->peers[pi];
         int n_full = s->n_tokens / bs;
-        size_t len = 8 + (size_t)s->n_tokens * 4 + (size_t)n_full * 8 + (size_t)n_blocks * 4;
+        size_t len = 12 + (size_t)s->n_tokens * 4 + (size_t)n_full * 8 + (size_t)n_blocks * 4;
         uint8_t *b;
         struct qnode *q = frame_new(KV_FRAME_BEGIN, s->transfer_id, len, &b);
-        uint32_t hdr[2] = {(uint32_t)s->n_tokens, (uint32_t)n_blocks};
-        memcpy(b, hdr, 8);
-        memcpy(b + 8, s->tokens, (size_t)s->n_tokens * 4);
-        memcpy(b + 8 + (size_t)s->n_tokens * 4, s->block_hashes, (size_t)n_full * 8);
-        memcpy(b + 8 + (size_t)s->n_tokens * 4 + (size_t)n_full * 8, s->block_ids, (size_t)n_blocks * 4);
+        uint32_t hdr[3] = {(uint32_t)s->n_tokens, (uint32_t)n_blocks, (uint32_t)s->skip};
+        memcpy(b, hdr, 12);
+        b += 12;
+        memcpy(b, s->tokens, (size_t)s->n_tokens * 4);
+        memcpy(b + (size_t)s->n_tokens * 4, s->block_hashes, (size_t)n_full * 8);
+        memcpy(b + (size_t)s->n_tokens * 4 + (size_t)n_full * 8, s->block_ids, (size_t)n_blocks * 4);
         peer_queue(c, p, q);
+        t->skip = s->skip;
     } else if (t) {
         p = peer_by_gen(c, t->peer, t->gen);
     }
@@ -930,6 +1001,7 @@ atomc_status kv_connector_step_add(struct kv_connector *c, const struct kv_send 
     e->tok0 = s->tok0;
     e->n_tok = c->cfg.kind == KV_CONNECTOR_TCP ? s->n_tok : 0; // cuda_ipc: the consumer reads the pool itself
     e->last = s->last;
+    e->skip = t->skip;
 out:
     pthread_mutex_unlock(&c->mu);
     if (st == ATOMC_OK) poke(c);
@@ -979,8 +1051,9 @@ int kv_connector_step_end(struct kv_connector *c, bool ok, bool *failed, int n_f
             // END repeats the block ids: a chunked prefill allocates blocks as it goes, so BEGIN's may be partial.
             peer_send_simple(c, p, KV_FRAME_END, e->id, e->ids, (size_t)e->n_blocks * 4);
             c->st.transfers_sent++;
-            c->st.blocks_sent += (uint64_t)e->n_blocks;
-            if (c->cfg.kind != KV_CONNECTOR_TCP) c->st.bytes_sent += (size_t)e->n_tokens * c->token_bytes;
+            c->st.blocks_sent += (uint64_t)(e->n_blocks - e->skip / c->pool.block_size);
+            c->st.blocks_skipped += (uint64_t)(e->skip / c->pool.block_size);
+            if (c->cfg.kind != KV_CONNECTOR_TCP) c->st.bytes_sent += (size_t)(e->n_tokens - e->skip) * c->token_bytes;
         }
         if (failed && i < n_failed) failed[i] = !ok || e->failed;
         free(e->ids);
@@ -999,6 +1072,59 @@ atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, 
     kv_connector_step_end(c, true, &failed, 1);
     if (failed) return error_set(err, ATOMC_ERR_IO, "KV transfer %s: the consumer connection is gone", s->transfer_id);
     return ATOMC_OK;
+}
+
+atomc_status kv_connector_query(struct kv_connector *c, const char *id, const char *remote_engine_id,
+                                const int32_t *tokens, int n_tokens, struct error *err) {
+    CHECK(n_tokens > 0);
+    pthread_mutex_lock(&c->mu);
+    int pi = find_consumer(c, remote_engine_id, err);
+    if (pi >= 0) {
+        uint8_t *b;
+        struct qnode *q = frame_new(KV_FRAME_QUERY, id, 4 + (size_t)n_tokens * 4, &b);
+        uint32_t n = (uint32_t)n_tokens;
+        memcpy(b, &n, 4);
+        memcpy(b + 4, tokens, (size_t)n_tokens * 4);
+        peer_queue(c, &c->peers[pi], q);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (pi < 0) return err ? err->status : ATOMC_ERR_NOT_FOUND;
+    poke(c);
+    return ATOMC_OK;
+}
+
+int kv_connector_take_have(struct kv_connector *c, const char *id) {
+    pthread_mutex_lock(&c->mu);
+    int n = -1;
+    for (int i = 0; i < c->n_haves; i++)
+        if (!strcmp(c->haves[i].id, id)) {
+            n = c->haves[i].n_blocks;
+            c->haves[i] = c->haves[--c->n_haves];
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+void kv_connector_answer_queries(struct kv_connector *c, int (*fn)(void *u, const int32_t *tokens, int n_tokens),
+                                 void *u) {
+    pthread_mutex_lock(&c->mu);
+    int n = c->n_queries;
+    struct query *qs = n ? xmalloc((size_t)n * sizeof *qs) : NULL;
+    if (n) memcpy(qs, c->queries, (size_t)n * sizeof *qs);
+    c->n_queries = 0;
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < n; i++) {
+        int have = fn(u, qs[i].tokens, qs[i].n_tokens);
+        uint32_t v = have > 0 ? (uint32_t)have : 0;
+        pthread_mutex_lock(&c->mu);
+        struct peer *p = peer_by_gen(c, qs[i].peer, qs[i].gen);
+        if (p && p->ready) peer_send_simple(c, p, KV_FRAME_HAVE, qs[i].id, &v, 4);
+        pthread_mutex_unlock(&c->mu);
+        free(qs[i].tokens);
+    }
+    free(qs);
+    if (n) poke(c);
 }
 
 void kv_connector_send_abort(struct kv_connector *c, const char *id) {
@@ -1040,6 +1166,7 @@ enum kv_rx_state kv_connector_lookup(struct kv_connector *c, const char *id, con
             info->n_tokens = r->n_tokens;
             info->tokens = r->tokens;
             info->block_hashes = r->hashes;
+            info->skip = r->skip;
             info->t_begin = r->t_begin;
             info->t_end = r->t_end;
         }
@@ -1062,7 +1189,7 @@ atomc_status kv_connector_claim(struct kv_connector *c, const char *id, const in
         pthread_mutex_unlock(&c->mu);
         return error_set(err, ATOMC_ERR_NOT_FOUND, "KV transfer %s is not ready", id);
     }
-    int n = r->n_tokens, peer = r->peer;
+    int n = r->n_tokens, skip = r->skip, peer = r->peer;
     uint64_t gen = r->gen;
     uint8_t *data = r->data;
     int32_t *src = r->src_blocks;
@@ -1075,14 +1202,15 @@ atomc_status kv_connector_claim(struct kv_connector *c, const char *id, const in
     atomc_status st = ATOMC_OK;
     size_t bytes = 0;
     CHECK(n_blocks * c->pool.block_size >= n);
+    int skip_blocks = skip / c->pool.block_size;
     if (c->cfg.kind == KV_CONNECTOR_TCP) {
         for (int l = 0; l < c->pool.n_layers && st == ATOMC_OK; l++)
-            st = c->pool.copy(c->pool.ctx, l, block_ids, 0, n, data + stage_offset(c, l, n), true, err);
-        bytes = (size_t)n * c->token_bytes;
+            st = c->pool.copy(c->pool.ctx, l, block_ids, skip, n - skip, data + stage_offset(c, l, n - skip), true, err);
+        bytes = (size_t)(n - skip) * c->token_bytes;
     } else if (!ipc_base) {
         st = error_set(err, ATOMC_ERR_IO, "KV transfer %s: the producer's connection is gone", id);
     } else {
-        st = kv_ipc_copy(&c->pool, ipc_base, src, block_ids, n, &bytes, err);
+        st = kv_ipc_copy(&c->pool, ipc_base, src + skip_blocks, block_ids + skip_blocks, n - skip, &bytes, err);
     }
     free(data);
     free(src);
@@ -1092,7 +1220,8 @@ atomc_status kv_connector_claim(struct kv_connector *c, const char *id, const in
     if (r) {
         if (st == ATOMC_OK) {
             c->st.bytes_received += bytes;
-            c->st.blocks_received += (uint64_t)((n + c->pool.block_size - 1) / c->pool.block_size);
+            c->st.blocks_received += (uint64_t)((n + c->pool.block_size - 1) / c->pool.block_size - skip_blocks);
+            c->st.blocks_skipped += (uint64_t)skip_blocks;
             c->st.transfers_received++;
         } else {
             c->st.transfers_failed++;

@@ -8,7 +8,8 @@ instance (kv_producer) and one decode instance (kv_consumer), SmolLM2 on the CPU
   writes it (some frames are queued before their forward returns); the decode instance computes exactly one prompt
   token per request (the last), receives every prompt's KV, falls back never; the bytes sent and
   received equal the prompts' KV bytes (prompt tokens x 30 layers x K+V x 3 KV heads x 64 dims x
-  2 bytes of BF16); afterwards both instances hold no KV blocks.
+  2 bytes of BF16) less the leading blocks the decode instance already had cached (not sent);
+  afterwards both instances hold no KV blocks.
 - streaming chat through the proxy equals the single instance's non-streaming answer.
 - the prefill instance SIGKILLed mid-run (120 concurrent requests, after it sent 30 transfers): every
   request still completes with the same tokens
@@ -203,8 +204,13 @@ def test_pd_matches_single_instance(reference):
         chat_prompt_tokens = decode.metric("vllm:prompt_tokens_total") - prompt_tokens
         kv_bytes = (prompt_tokens + chat_prompt_tokens) * KV_TOKEN_BYTES
         print(f"{n_req} requests, {prompt_tokens + chat_prompt_tokens:.0f} prompt tokens, {kv_bytes:.0f} KV bytes")
-        assert p("atomc:kv_transfer_bytes_sent_total") == kv_bytes
-        assert decode.metric("atomc:kv_transfer_bytes_received_total") == kv_bytes
+        # Leading blocks the decode instance had cached from earlier prompts (its HAVE answer to the
+        # producer's QUERY) are not sent: every other prompt token's KV is, exactly once.
+        skipped = p("atomc:kv_transfer_blocks_skipped_total")
+        assert decode.metric("atomc:kv_transfer_blocks_skipped_total") == skipped
+        print(f"{skipped:.0f} blocks skipped (cached on the decode instance)")
+        assert p("atomc:kv_transfer_bytes_sent_total") == kv_bytes - skipped * 16 * KV_TOKEN_BYTES
+        assert decode.metric("atomc:kv_transfer_bytes_received_total") == kv_bytes - skipped * 16 * KV_TOKEN_BYTES
         assert p("atomc:kv_transfer_blocks_sent_total") == decode.metric("atomc:kv_transfer_blocks_received_total")
         # Per-layer sends: one DATA frame per layer per step that computed prompt tokens; the copy
         # thread queues frames while the forward that wrote them still runs.
