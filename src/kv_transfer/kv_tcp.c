@@ -1011,7 +1011,8 @@ out:
 void kv_connector_layer_ready(struct kv_connector *c, int layer, void *event) {
     pthread_mutex_lock(&c->mu);
     struct step *sp = &c->step;
-    if (sp->n > 0 && layer == sp->ready && layer < c->pool.n_layers) {
+    // cuda_ipc sends no DATA: the consumer reads the pool after END.
+    if (c->cfg.kind == KV_CONNECTOR_TCP && sp->n > 0 && layer == sp->ready && layer < c->pool.n_layers) {
         sp->ev[layer] = event;
         sp->ready++;
         pthread_cond_broadcast(&c->cv);
