@@ -10,7 +10,12 @@
 //       consumer's HAVE makes the producer skip exactly those blocks (bytes sent drop by their
 //       size), the outputs stay equal. At the end every block is free on both engines.
 //       On CUDA (graphs on) the consumer's decode steps replay graphs while the producer's
-//       prefill steps, which carry the hook, run eagerly.
+//       prefill steps, which carry the hook, run eagerly. tp 2 (CPU): both instances tensor-
+//       parallel, one connector per rank (ports kv_port, kv_port + 1), each rank sending its KV
+//       head; the totals are the same as with tp 1.
+//   ke_tp_mismatch_refused  a tp 1 consumer and a tp 2 producer: the handshake refuses them
+//       (no connection comes up on either side) and the consumer's request prefills locally
+//       with the same output.
 #ifndef ATOMC_TESTS_KV_ENGINE_SCENARIOS_H
 #define ATOMC_TESTS_KV_ENGINE_SCENARIOS_H
 
@@ -24,7 +29,7 @@
 #define KE_BLOCKS 96
 #define KE_MAX_TOKENS 6
 
-static atomc_engine *ke_make(const struct es_setup *s, const char *kv_config, int budget) {
+static atomc_engine *ke_make(const struct es_setup *s, const char *kv_config, int budget, int tp) {
     atomc_engine_options o;
     atomc_engine_options_init(&o);
     char path[1024];
@@ -41,6 +46,7 @@ static atomc_engine *ke_make(const struct es_setup *s, const char *kv_config, in
     o.num_threads = 1;
     o.gpu_memory_utilization = 0.3;
     o.kv_transfer_config = kv_config;
+    o.tensor_parallel_size = tp;
     atomc_engine *e = NULL;
     char err[1024];
     CHECK_MSG(atomc_engine_create(&o, &e, err, sizeof err) == ATOMC_OK, "%s", err);
@@ -100,7 +106,7 @@ static bool ke_equal(const struct es_setup *s, const struct es_out *ref, const s
 #define KE_N 6
 #define KE_N2 3
 
-static void ke_pd_equals_single(const struct es_setup *s) {
+static void ke_pd_equals_single(const struct es_setup *s, int tp) {
     // Prompts of 5..45 tokens (partial last blocks too); round 2 shares prompt 5's first 24.
     static int32_t ids[KE_N + KE_N2][64];
     int n_ids[KE_N + KE_N2];
@@ -120,7 +126,7 @@ static void ke_pd_equals_single(const struct es_setup *s) {
             ids[i][t] = (int32_t)(7 + t * 3 + j) % 250 + 1;
     }
     static struct es_out ref[KE_N + KE_N2], got[KE_N + KE_N2], pre[KE_N + KE_N2];
-    atomc_engine *plain = ke_make(s, NULL, 64);
+    atomc_engine *plain = ke_make(s, NULL, 64, 1);
     for (int i = 0; i < KE_N + KE_N2; i++) {
         ke_add(plain, ids[i], n_ids[i], KE_MAX_TOKENS, &ref[i], NULL, false);
         es_run(plain);
@@ -137,7 +143,7 @@ static void ke_pd_equals_single(const struct es_setup *s) {
              "{\"kv_role\":\"kv_consumer\",\"kv_port\":%d,\"kv_connector_extra_config\":{\"engine_id\":\"ke-c\","
              "\"timeout_s\":30}}",
              port);
-    atomc_engine *p = ke_make(s, pc, 8), *c = ke_make(s, cc, 64);
+    atomc_engine *p = ke_make(s, pc, 8, tp), *c = ke_make(s, cc, 64, tp);
     atomc_stats ps, cs;
     double end = time_now_s() + 20;
     do {
@@ -168,9 +174,9 @@ static void ke_pd_equals_single(const struct es_setup *s) {
     // 3 layers x (K, V) x 2 KV heads x 64 dims x the KV element (4 bytes fp32 on the CPU, 2 bf16).
     uint64_t tb = ps.kv_bytes_sent / (uint64_t)tokens1;
     fprintf(stderr,
-            "  %s: round 1: %d prompts, %llu KV bytes (%llu per token), %llu layer frames (%llu during the "
+            "  %s tp %d: round 1: %d prompts, %llu KV bytes (%llu per token), %llu layer frames (%llu during the "
             "forward), %llu graph replays on the consumer\n",
-            s->device, KE_N, (unsigned long long)ps.kv_bytes_sent, (unsigned long long)tb,
+            s->device, tp, KE_N, (unsigned long long)ps.kv_bytes_sent, (unsigned long long)tb,
             (unsigned long long)ps.kv_layers_sent, (unsigned long long)ps.kv_layers_during_forward,
             (unsigned long long)engine_graph_replays(c));
     ASSERT_EQ(ps.kv_bytes_sent, (uint64_t)tokens1 * tb);
@@ -183,8 +189,8 @@ static void ke_pd_equals_single(const struct es_setup *s) {
     ASSERT_EQ(cs.prompt_tokens_computed, KE_N); // the last prompt token of each
     ASSERT_EQ(ps.kv_blocks_skipped, 0);
     // Budget 8: a prompt of n tokens is sent over ceil(n / 8) steps (more when batched with
-    // others), one frame per layer per step.
-    ASSERT_TRUE(ps.kv_layers_sent % 3 == 0 && ps.kv_layers_sent >= 3 * (uint64_t)(tokens1 / 8));
+    // others), one frame per layer per step and rank.
+    ASSERT_TRUE(ps.kv_layers_sent % (3 * (uint64_t)tp) == 0 && ps.kv_layers_sent >= 3 * (uint64_t)tp * (tokens1 / 8));
     ASSERT_TRUE(es_graphs_as_expected(s, c));
 
     // Round 2: 6 leading blocks (24 tokens) of each prompt are cached on the consumer.
@@ -201,8 +207,8 @@ static void ke_pd_equals_single(const struct es_setup *s) {
         if (!ke_equal(s, &ref[i], &got[i], i)) return;
     atomc_engine_get_stats(p, &ps);
     atomc_engine_get_stats(c, &cs);
-    fprintf(stderr, "  %s: round 2: %d prompts sharing 6 cached blocks: %llu KV bytes sent (%llu without the skip)\n",
-            s->device, KE_N2, (unsigned long long)(ps.kv_bytes_sent - bytes0), (unsigned long long)(tokens2 * tb));
+    fprintf(stderr, "  %s tp %d: round 2: %d prompts sharing 6 cached blocks: %llu KV bytes sent (%llu without the skip)\n",
+            s->device, tp, KE_N2, (unsigned long long)(ps.kv_bytes_sent - bytes0), (unsigned long long)(tokens2 * tb));
     ASSERT_EQ(ps.kv_blocks_skipped, 6 * KE_N2);
     ASSERT_EQ(cs.kv_blocks_skipped, 6 * KE_N2);
     ASSERT_EQ(ps.kv_bytes_sent - bytes0, (uint64_t)(tokens2 - 24 * KE_N2) * tb);
@@ -212,6 +218,39 @@ static void ke_pd_equals_single(const struct es_setup *s) {
     // No block leaks: the producer's held blocks came back with the ACKs.
     ASSERT_EQ(ps.kv_held_blocks, 0);
     ASSERT_EQ(ps.num_free_kv_blocks, KE_BLOCKS);
+    ASSERT_EQ(cs.num_free_kv_blocks, KE_BLOCKS);
+    atomc_engine_free(c);
+    atomc_engine_free(p);
+}
+
+static void ke_tp_mismatch_refused(const struct es_setup *s) {
+    int32_t ids[20];
+    for (int t = 0; t < 20; t++) ids[t] = 3 + t * 11 % 240;
+    static struct es_out ref, got;
+    atomc_engine *plain = ke_make(s, NULL, 64, 1);
+    ke_add(plain, ids, 20, KE_MAX_TOKENS, &ref, NULL, false);
+    es_run(plain);
+    atomc_engine_free(plain);
+    int port = test_free_port();
+    char pc[300], cc[300];
+    snprintf(pc, sizeof pc, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"kv_connector_extra_config\":{\"engine_id\":\"ke-p\"}}",
+             port);
+    snprintf(cc, sizeof cc,
+             "{\"kv_role\":\"kv_consumer\",\"kv_port\":%d,\"kv_connector_extra_config\":{\"engine_id\":\"ke-c\","
+             "\"timeout_s\":1}}",
+             port);
+    atomc_engine *p = ke_make(s, pc, 64, 2), *c = ke_make(s, cc, 64, 1);
+    usleep(1500 * 1000); // the consumer connects (and is refused) in the background
+    atomc_stats ps, cs;
+    atomc_engine_get_stats(p, &ps);
+    atomc_engine_get_stats(c, &cs);
+    ASSERT_EQ(ps.kv_peers, 0);
+    ASSERT_EQ(cs.kv_peers, 0);
+    ke_add(c, ids, 20, KE_MAX_TOKENS, &got, "ke-x", false);
+    es_run(c);
+    ASSERT_TRUE(ke_equal(s, &ref, &got, 0));
+    atomc_engine_get_stats(c, &cs);
+    ASSERT_EQ(cs.kv_fallbacks, 1);
     ASSERT_EQ(cs.num_free_kv_blocks, KE_BLOCKS);
     atomc_engine_free(c);
     atomc_engine_free(p);

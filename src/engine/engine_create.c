@@ -25,7 +25,10 @@ static atomc_status runner_execute(void *ctx, const struct forward_batch *fb, st
 
 static void runner_free(void *ctx) { model_runner_free(ctx); }
 static uint64_t runner_graph_replays(void *ctx) { return model_runner_num_graph_replays(ctx); }
-static void runner_kv_pool(void *ctx, struct kv_pool_view *v) { model_runner_kv_pool_view(ctx, v); }
+static void runner_kv_pool(void *ctx, int rank, struct kv_pool_view *v) {
+    (void)rank;
+    model_runner_kv_pool_view(ctx, v);
+}
 
 // The model's shape for the KV transfer handshake: what decides the KV's meaning and layout.
 static uint64_t config_hash(const struct model_config *c) {
@@ -41,6 +44,9 @@ static atomc_status tp_execute(void *ctx, const struct forward_batch *fb, struct
 }
 
 static void tp_free(void *ctx) { tp_runner_free(ctx); }
+static void tp_kv_pool(void *ctx, int rank, struct kv_pool_view *v) {
+    model_runner_kv_pool_view(tp_runner_rank(ctx, rank), v);
+}
 static uint64_t tp_graph_replays(void *ctx) { return model_runner_num_graph_replays(tp_runner_rank(ctx, 0)); }
 
 static void add_eos(struct engine_setup *su, int32_t id) {
@@ -173,7 +179,8 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
         .kv_pool = runner_kv_pool};
     if (tp)
         su.model = (struct engine_model_ops){
-            .ctx = tp, .execute = tp_execute, .free = tp_free, .graph_replays = tp_graph_replays};
+            .ctx = tp, .execute = tp_execute, .free = tp_free, .graph_replays = tp_graph_replays,
+            .kv_pool = tp_kv_pool, .kv_ranks = tp_runner_size(tp)};
     if (tok) engine_text_ops_from_tokenizer(&su.text, tok);
     su.config_hash = config_hash(cfg);
     su.num_kv_blocks = tp ? tp_runner_num_kv_blocks(tp) : model_runner_num_kv_blocks(runner); // smallest rank's pool

@@ -24,8 +24,10 @@ struct engine_model_ops {
     void (*free)(void *ctx); // may be NULL
     // CUDA graph replays so far (tests check the decode graphs ran); may be NULL (= 0).
     uint64_t (*graph_replays)(void *ctx);
-    // KV transfer: the model's paged KV pool (model_runner_kv_pool_view); NULL = not available.
-    void (*kv_pool)(void *ctx, struct kv_pool_view *out);
+    // KV transfer: the paged KV pool of tensor-parallel rank `rank` (model_runner_kv_pool_view),
+    // for rank in [0, kv_ranks) (kv_ranks 0 = 1); NULL = not available.
+    void (*kv_pool)(void *ctx, int rank, struct kv_pool_view *out);
+    int kv_ranks;
 };
 
 // Text side. ctx NULL = no tokenizer: text prompts and stop strings are rejected, outputs

@@ -170,15 +170,17 @@ atomc_status kv_handshake_check(const struct kv_handshake *a, const struct kv_ha
     if (strcmp(a->model, b->model)) MISMATCH("model", "\"%s\"", "\"%s\"", a->model, b->engine_id, b->model);
     if (strcmp(a->architecture, b->architecture))
         MISMATCH("architecture", "%s", "%s", a->architecture, b->engine_id, b->architecture);
+    // Before the config hash: a rank's config holds its share of the heads, so a TP mismatch
+    // changes the hash too, and the layout is the real difference.
+    if (a->tp_size != b->tp_size || a->tp_rank != b->tp_rank)
+        MISMATCH("tensor-parallel layout", "tp %d rank %d", "tp %d rank %d", a->tp_size, a->tp_rank, b->engine_id,
+                 b->tp_size, b->tp_rank);
     if (a->config_hash != b->config_hash)
         MISMATCH("model config", "hash %016llx", "hash %016llx", (unsigned long long)a->config_hash, b->engine_id,
                  (unsigned long long)b->config_hash);
     if (a->kv_dtype != b->kv_dtype) MISMATCH("KV dtype", "%d", "%d", a->kv_dtype, b->engine_id, b->kv_dtype);
     if (a->block_size != b->block_size) MISMATCH("block size", "%d", "%d", a->block_size, b->engine_id, b->block_size);
     if (a->n_layers != b->n_layers) MISMATCH("layer count", "%d", "%d", a->n_layers, b->engine_id, b->n_layers);
-    if (a->tp_size != b->tp_size || a->tp_rank != b->tp_rank)
-        MISMATCH("tensor-parallel layout", "tp %d rank %d", "tp %d rank %d", a->tp_size, a->tp_rank, b->engine_id,
-                 b->tp_size, b->tp_rank);
     if (a->token_bytes != b->token_bytes || a->layer_bytes_hash != b->layer_bytes_hash)
         MISMATCH("KV bytes per token", "%llu", "%llu", (unsigned long long)a->token_bytes, b->engine_id,
                  (unsigned long long)b->token_bytes);

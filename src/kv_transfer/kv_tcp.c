@@ -262,9 +262,9 @@ static void peer_close(struct kv_connector *c, struct peer *p, const char *why) 
     p->in_len = p->in_cap = 0;
     if (p->ipc_base) kv_ipc_close(p->ipc_base);
     p->ipc_base = NULL;
-    if (p->prod >= 0) {
+    if (p->prod >= 0) { // reconnect soon, unless a refusal (HELLO_ERR) asked for a longer pause
         c->connected[p->prod] = false;
-        c->next_connect[p->prod] = time_now_s() + RECONNECT_S;
+        if (c->next_connect[p->prod] < time_now_s() + RECONNECT_S) c->next_connect[p->prod] = time_now_s() + RECONNECT_S;
     }
     // Producer: the consumer is gone, so nobody will read the blocks held for it.
     for (int i = 0; i < c->n_tx;) {

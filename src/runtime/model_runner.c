@@ -388,7 +388,7 @@ static void runner_layer_hook(void *arg, int layer) {
         ev = r->layer_ev[layer];
         b->ops->event_record(b, ev);
     }
-    r->hook_fb->kv_layer_done(r->hook_fb->kv_layer_ctx, layer, ev);
+    r->hook_fb->kv_layer_done(r->hook_fb->kv_layer_ctx, r->model->tp_rank, layer, ev);
 }
 
 atomc_status runner_forward(struct model_runner *r, const struct forward_batch *fb, int n_rows,

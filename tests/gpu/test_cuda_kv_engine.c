@@ -27,12 +27,12 @@ static bool gpu_present(void) {
 
 TEST(cuda_kv_engine_pd_equals_single_graphs) {
     if (!gpu_present()) SKIP("no CUDA device");
-    ke_pd_equals_single(&GRAPHS);
+    ke_pd_equals_single(&GRAPHS, 1);
 }
 
 TEST(cuda_kv_engine_pd_equals_single_eager) {
     if (!gpu_present()) SKIP("no CUDA device");
-    ke_pd_equals_single(&EAGER);
+    ke_pd_equals_single(&EAGER, 1);
 }
 
 int main(int argc, char **argv) {
