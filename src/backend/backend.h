@@ -425,6 +425,7 @@ struct backend {
     enum dtype act_dtype;  // activation dtype
     enum dtype weight_dtype; // default dtype weights are converted to
     int num_threads;
+    int device_id;         // CUDA: the device (tensor-parallel rank k uses device k); CPU: 0
     void *impl;            // backend-private state
 };
 

@@ -260,7 +260,7 @@ void model_runner_kv_pool_view(struct model_runner *r, struct kv_pool_view *v) {
     v->base = r->kv_pool;
     v->bytes = r->kv_bytes;
     v->on_device = r->backend->kind != BACKEND_CPU;
-    v->device = 0;
+    v->device = r->backend->device_id; // cuda_ipc: the device its IPC handle belongs to
     v->k_offset = r->xfer_k_off;
     v->v_offset = r->xfer_v_off;
 }

@@ -413,6 +413,7 @@ extern "C" atomc_status backend_cuda_create(const struct backend_options *o, str
     cb->base.ops = &cuda_ops;
     cb->base.caps = &backend_cuda_caps;
     cb->base.kind = BACKEND_CUDA;
+    cb->base.device_id = dev;
     cb->base.act_dtype = DTYPE_BF16;
     cb->base.weight_dtype = DTYPE_BF16;
     cb->base.num_threads = 1;
