@@ -502,7 +502,11 @@ void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so,
     for (int i = 0; i < k->n_step; i++) {
         struct sequence *s = k->step[i];
         bool failed = k->step_failed[i] || k->step_ranks[i] < k->n_ranks;
-        if (!ok) continue; // the retires of the failed batch abort them
+        if (!ok) { // BEGIN may be out already (sent before the forward): the consumer must hear
+            abort_all(k, s->kv_id);
+            s->kv_failed = true;
+            continue;
+        }
         if (failed) {
             if (!s->kv_failed)
                 LOG_WARN("request %llu: KV transfer %s lost its consumer; its KV stays here",
