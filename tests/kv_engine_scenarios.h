@@ -106,7 +106,7 @@ static bool ke_equal(const struct es_setup *s, const struct es_out *ref, const s
 #define KE_N 6
 #define KE_N2 3
 
-static void ke_pd_equals_single(const struct es_setup *s, int tp) {
+__attribute__((unused)) static void ke_pd_equals_single(const struct es_setup *s, int tp) {
     // Prompts of 5..45 tokens (partial last blocks too); round 2 shares prompt 5's first 24.
     static int32_t ids[KE_N + KE_N2][64];
     int n_ids[KE_N + KE_N2];
@@ -223,7 +223,7 @@ static void ke_pd_equals_single(const struct es_setup *s, int tp) {
     atomc_engine_free(p);
 }
 
-static void ke_tp_mismatch_refused(const struct es_setup *s) {
+__attribute__((unused)) static void ke_tp_mismatch_refused(const struct es_setup *s) {
     int32_t ids[20];
     for (int t = 0; t < 20; t++) ids[t] = 3 + t * 11 % 240;
     static struct es_out ref, got;
