@@ -324,7 +324,12 @@ def test_unclaimed_late_and_aborted_transfers_free_blocks():
         assert status == 200, body
         kv = body["kv_transfer_params"]
         assert kv["do_remote_prefill"] and kv["remote_engine_id"] == "p" and kv["remote_request_id"]
-        assert prefill.metric("atomc:kv_transfer_held_blocks") > 0  # until the consumer acknowledges
+        # Held until the consumer acknowledges. (The stats are a snapshot taken at the end of the
+        # engine step that answered, which may come just after the response: poll briefly.)
+        deadline = time.time() + 1
+        while prefill.metric("atomc:kv_transfer_held_blocks") == 0 and time.time() < deadline:
+            time.sleep(0.02)
+        assert prefill.metric("atomc:kv_transfer_held_blocks") > 0
         assert wait_blocks_free(prefill, timeout=15), prefill.metrics()
 
         # KV that never comes: local prefill after timeout_s, the same answer as without P/D.
