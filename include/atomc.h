@@ -346,6 +346,13 @@ typedef struct atomc_stats {
     int num_kv_blocks_sw;
     int num_free_kv_blocks_sw;
     int peak_kv_blocks_used, peak_kv_blocks_used_sw;
+    // Producer: DATA frames (one layer of one transfer's step) queued in all and while the forward
+    // still ran (per-layer sends); the largest send queue of one consumer connection (bytes) and
+    // the times a full queue made the producer wait (back-pressure).
+    uint64_t kv_layers_sent, kv_layers_during_forward, kv_send_queue_peak, kv_send_queue_waits;
+    // Prompt blocks the consumer already had in its prefix cache, so the producer did not send
+    // them (producer: skipped on sends; consumer: reused on claims).
+    uint64_t kv_blocks_skipped;
 } atomc_stats;
 void atomc_engine_get_stats(atomc_engine *e, atomc_stats *s);
 

@@ -125,6 +125,11 @@ TEST(dp_router_bad_sizes) {
     o.device = "cuda";
     ASSERT_EQ(dp_router_create(&o, 2, &r, err, sizeof err), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(err, "device id per replica") != NULL);
+    // KV transfer (issue 24): one connector port per replica is not there, so DP is refused by name.
+    o.device = "cpu";
+    o.kv_transfer_config = "{\"kv_role\":\"kv_producer\"}";
+    ASSERT_EQ(dp_router_create(&o, 2, &r, err, sizeof err), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(err, "kv-transfer-config") != NULL && strstr(err, "data parallel size 2") != NULL);
 }
 
 int main(int argc, char **argv) { return test_main(argc, argv); }

@@ -3,7 +3,11 @@
 // over host "pools" (a fake pool view with the runner's per-layer row layout): chunked sends
 // arrive byte-exact in other blocks, ACKs reach the producer, a refused handshake names the
 // field, a producer that dies mid-transfer fails the transfer on the consumer.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -449,6 +453,284 @@ TEST(loopback_dead_producer_fails_pending_transfer) {
     kv_connector_free(cons);
     pool_free(&pp);
     pool_free(&cp);
+}
+
+
+// --- per-layer sends inside the forward --------------------------------------------------------
+
+static bool layers_received_is(void *arg) {
+    struct kv_connector_stats s;
+    struct lookup_arg *a = arg;
+    kv_connector_get_stats(a->c, &s);
+    return s.layers_received == (uint64_t)a->want;
+}
+
+static void *waited[L];
+static int n_waited;
+static void host_wait(void *ctx, void *event) {
+    (void)ctx;
+    if (n_waited < L) waited[n_waited] = event;
+    n_waited++;
+}
+
+// A step registered before the "forward", two layers reported one at a time: layer 0's rows
+// reach the consumer before layer 1 is even reported (the forward is still running), each layer's
+// event is waited for before its rows are read, and the result is byte-exact.
+TEST(loopback_layers_are_sent_while_the_forward_runs) {
+    struct host_pool pp, cp;
+    struct kv_pool_view pv, cv;
+    pool_init(&pp, &pv, 3);
+    pool_init(&cp, &cv, 90);
+    pv.wait = host_wait;
+    n_waited = 0;
+    struct kv_connector *prod, *cons;
+    make_pair(test_free_port(), &pv, &cv, &prod, &cons, NULL);
+    ASSERT_TRUE(wait_for(peers_up, prod, 5));
+    ASSERT_TRUE(wait_for(peers_up, cons, 5));
+    int32_t tokens[7] = {5, 4, 3, 2, 1, 0, 9}, pblocks[2] = {6, 2}, cblocks[2] = {1, 11};
+    uint64_t hashes[1] = {block_hash_xxh64(tokens, BS, 0)};
+    struct kv_send s = {.transfer_id = "layers",
+                        .tokens = tokens,
+                        .n_tokens = 7,
+                        .block_hashes = hashes,
+                        .block_ids = pblocks,
+                        .tok0 = 0,
+                        .n_tok = 7,
+                        .first = true,
+                        .last = true};
+    struct error e = {0};
+    ASSERT_EQ(kv_connector_step_add(prod, &s, &e), ATOMC_OK);
+    int ev0, ev1; // stand-ins for the backend's per-layer events
+    kv_connector_layer_ready(prod, 0, &ev0);
+    struct lookup_arg la = {cons, "layers", 1};
+    ASSERT_TRUE(wait_for(layers_received_is, &la, 5)); // layer 0 arrived; layer 1 not "computed" yet
+    ASSERT_EQ(kv_connector_lookup(cons, "layers", NULL, NULL), KV_RX_PENDING);
+    kv_connector_layer_ready(prod, 1, &ev1);
+    la.want = 2;
+    ASSERT_TRUE(wait_for(layers_received_is, &la, 5));
+    bool failed = true;
+    ASSERT_EQ(kv_connector_step_end(prod, true, &failed, 1), 1);
+    ASSERT_TRUE(!failed);
+    ASSERT_EQ(n_waited, 2);
+    ASSERT_TRUE(waited[0] == &ev0 && waited[1] == &ev1);
+    struct lookup_arg ready = {cons, "layers", KV_RX_READY};
+    ASSERT_TRUE(wait_for(state_is, &ready, 5));
+    ASSERT_EQ(kv_connector_claim(cons, "layers", cblocks, 2, &e), ATOMC_OK);
+    for (int l = 0; l < L; l++)
+        for (int t = 0; t < 7; t++) {
+            size_t ps = (size_t)pblocks[t / BS] * BS + t % BS, cs = (size_t)cblocks[t / BS] * BS + t % BS;
+            ASSERT_TRUE(!memcmp(pp.k[l] + ps * k_rows[l], cp.k[l] + cs * k_rows[l], k_rows[l]));
+            ASSERT_TRUE(!memcmp(pp.v[l] + ps * v_rows[l], cp.v[l] + cs * v_rows[l], v_rows[l]));
+        }
+    struct kv_connector_stats ps;
+    kv_connector_get_stats(prod, &ps);
+    ASSERT_EQ(ps.layers_sent, 2);
+    ASSERT_EQ(ps.layers_during_forward, 2); // both queued before step_end
+    ASSERT_EQ(ps.bytes_sent, 7 * (8 + 8 + 12 + 4));
+
+    // A failed forward drops the registered send: no DATA, no END.
+    s.transfer_id = "failed-step";
+    ASSERT_EQ(kv_connector_step_add(prod, &s, &e), ATOMC_OK);
+    ASSERT_EQ(kv_connector_step_end(prod, false, &failed, 1), 1);
+    ASSERT_TRUE(failed);
+    kv_connector_send_abort(prod, "failed-step");
+    struct lookup_arg gone = {cons, "failed-step", KV_RX_FAILED};
+    ASSERT_TRUE(wait_for(state_is, &gone, 5));
+    kv_connector_get_stats(prod, &ps);
+    ASSERT_EQ(ps.layers_sent, 2);
+    kv_connector_free(cons);
+    kv_connector_free(prod);
+    pool_free(&pp);
+    pool_free(&cp);
+}
+
+// --- bounded send queue ------------------------------------------------------------------------
+
+// A pool whose rows are big (128 KiB per token and layer) and generated, not stored.
+#define BIG_ROW ((size_t)64 << 10)
+static const size_t big_rows[L] = {BIG_ROW, BIG_ROW};
+static atomc_status big_copy(void *ctx, int layer, const int32_t *blocks, int tok0, int n, void *host, bool to_pool,
+                             struct error *err) {
+    (void)ctx;
+    (void)blocks;
+    CHECK(!to_pool);
+    memset(host, (int)(layer * 16 + tok0), (size_t)n * 2 * BIG_ROW);
+    return ATOMC_OK;
+}
+
+// A consumer by hand over a raw socket with a small receive buffer: HELLO, then it reads only
+// when told to.
+static int raw_consumer(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 32 << 10;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    struct kv_handshake h = hs_pool("slow");
+    h.role = KV_ROLE_CONSUMER;
+    h.token_bytes = 2 * 2 * BIG_ROW;
+    uint8_t buf[KV_FRAME_HEADER + 16 + sizeof h];
+    size_t n = kv_frame_header(buf, KV_FRAME_HELLO, "slow", sizeof h);
+    memcpy(buf + n, &h, sizeof h);
+    CHECK(write(fd, buf, n + sizeof h) == (ssize_t)(n + sizeof h));
+    return fd;
+}
+
+struct reader {
+    int fd;
+    uint64_t data_bytes;
+    int n_end, n_hello_ok;
+};
+
+// Reads frames until END (or the connection closes); counts DATA payload bytes.
+static void *raw_read_all(void *arg) {
+    struct reader *r = arg;
+    size_t cap = (size_t)64 << 20, len = 0;
+    uint8_t *in = malloc(cap);
+    for (;;) {
+        ssize_t n = read(r->fd, in + len, cap - len);
+        if (n <= 0) break;
+        len += (size_t)n;
+        size_t off = 0;
+        for (;;) {
+            struct kv_frame f;
+            struct error e = {0};
+            long k = kv_frame_parse(in + off, len - off, &f, &e);
+            if (k <= 0) break;
+            if (f.type == KV_FRAME_DATA) r->data_bytes += f.body_len - 12;
+            if (f.type == KV_FRAME_END) r->n_end++;
+            if (f.type == KV_FRAME_HELLO_OK) r->n_hello_ok++;
+            off += (size_t)k;
+        }
+        memmove(in, in + off, len - off);
+        len -= off;
+        if (r->n_end) break;
+    }
+    free(in);
+    return NULL;
+}
+
+struct sender {
+    struct kv_connector *c;
+    struct kv_send s;
+    atomc_status st;
+    double t_done;
+};
+
+static void *send_thread(void *arg) {
+    struct sender *x = arg;
+    struct error e = {0};
+    x->st = kv_connector_send(x->c, &x->s, &e);
+    x->t_done = time_now_s();
+    return NULL;
+}
+
+static struct kv_connector *big_producer(int port, double send_timeout, struct kv_pool_view *pv) {
+    memset(pv, 0, sizeof *pv);
+    pv->n_layers = L;
+    pv->block_size = BS;
+    pv->num_blocks = NB;
+    pv->k_row_bytes = big_rows;
+    pv->v_row_bytes = big_rows;
+    pv->copy = big_copy;
+    char js[300];
+    snprintf(js, sizeof js,
+             "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"kv_connector_extra_config\":{\"engine_id\":\"P\","
+             "\"send_queue_bytes\":1048576,\"send_timeout_s\":%g}}",
+             port, send_timeout);
+    struct kv_transfer_config pc;
+    struct error e = {0};
+    CHECK(kv_transfer_config_parse(js, &pc, &e) == ATOMC_OK);
+    struct kv_handshake ph = hs_pool("P");
+    ph.token_bytes = 2 * 2 * BIG_ROW;
+    struct kv_connector *prod;
+    CHECK(kv_connector_create(&pc, &ph, pv, NULL, NULL, &prod, &e) == ATOMC_OK);
+    return prod;
+}
+
+// 16 MiB of KV for a consumer that reads nothing for a second: the producer's step waits (it
+// does not queue the whole transfer: a layer's frame is queued only when the connection's queue
+// is under the 1 MiB cap, and more than the socket buffers hold is in flight), the queue never
+// holds more than the cap plus one frame, and once the consumer reads, every byte arrives.
+TEST(send_queue_bounded_with_a_slow_consumer) {
+    int port = test_free_port();
+    struct kv_pool_view pv;
+    struct kv_connector *prod = big_producer(port, 30, &pv);
+    int fd = raw_consumer(port);
+    ASSERT_TRUE(wait_for(peers_up, prod, 5));
+    int32_t tokens[64], blocks[16];
+    for (int i = 0; i < 64; i++) tokens[i] = i;
+    for (int i = 0; i < 16; i++) blocks[i] = i;
+    uint64_t hashes[16] = {0};
+    // Step 1: 48 tokens (two layer frames of 6 MiB); step 2: the last 16.
+    const uint64_t frame_max = 48 * 2 * BIG_ROW + 64, cap = (uint64_t)1 << 20;
+    struct sender x = {.c = prod, .st = ATOMC_ERR_INTERNAL};
+    x.s = (struct kv_send){.transfer_id = "big", .tokens = tokens, .n_tokens = 64, .block_hashes = hashes,
+                           .block_ids = blocks, .tok0 = 0, .n_tok = 48, .first = true};
+    double t0 = time_now_s();
+    pthread_t th;
+    pthread_create(&th, NULL, send_thread, &x);
+    usleep(1000 * 1000); // the consumer reads nothing for 1 s
+    bool done_early = x.t_done != 0;
+    struct kv_connector_stats ps;
+    kv_connector_get_stats(prod, &ps);
+    ASSERT_TRUE(!done_early); // the step still waits for room
+    ASSERT_TRUE(ps.send_queue_waits >= 1);
+    ASSERT_TRUE(ps.send_queue_peak <= cap + frame_max + 4096);
+    struct reader rd = {.fd = fd};
+    pthread_t rt;
+    pthread_create(&rt, NULL, raw_read_all, &rd);
+    pthread_join(th, NULL);
+    ASSERT_EQ(x.st, ATOMC_OK);
+    ASSERT_TRUE(x.t_done - t0 >= 1.0);
+    x.s.tok0 = 48;
+    x.s.n_tok = 16;
+    x.s.first = false;
+    x.s.last = true;
+    struct error e = {0};
+    ASSERT_EQ(kv_connector_send(prod, &x.s, &e), ATOMC_OK);
+    pthread_join(rt, NULL);
+    ASSERT_EQ(rd.n_hello_ok, 1);
+    ASSERT_EQ(rd.n_end, 1);
+    ASSERT_EQ(rd.data_bytes, 64 * 2 * 2 * BIG_ROW);
+    kv_connector_get_stats(prod, &ps);
+    ASSERT_TRUE(ps.send_queue_peak <= cap + frame_max + 4096);
+    ASSERT_EQ(ps.bytes_sent, 64 * 2 * 2 * BIG_ROW);
+    fprintf(stderr, "  slow consumer: send queue peak %llu bytes (cap %llu, one frame %llu), %llu waits\n",
+            (unsigned long long)ps.send_queue_peak, (unsigned long long)cap, (unsigned long long)frame_max,
+            (unsigned long long)ps.send_queue_waits);
+    close(fd);
+    kv_connector_free(prod);
+}
+
+// A consumer that never reads: after send_timeout_s the producer gives up on it (the send fails,
+// the connection is closed), instead of waiting forever.
+TEST(send_queue_full_past_the_timeout_drops_the_consumer) {
+    int port = test_free_port();
+    struct kv_pool_view pv;
+    struct kv_connector *prod = big_producer(port, 0.3, &pv);
+    int fd = raw_consumer(port);
+    ASSERT_TRUE(wait_for(peers_up, prod, 5));
+    int32_t tokens[64] = {0}, blocks[16] = {0};
+    uint64_t hashes[16] = {0};
+    struct kv_send s = {.transfer_id = "stuck", .tokens = tokens, .n_tokens = 64, .block_hashes = hashes,
+                        .block_ids = blocks, .tok0 = 0, .n_tok = 64, .first = true, .last = true};
+    struct error e = {0};
+    double t0 = time_now_s();
+    ASSERT_EQ(kv_connector_send(prod, &s, &e), ATOMC_ERR_IO);
+    double dt = time_now_s() - t0;
+    ASSERT_TRUE(dt >= 0.3 && dt < 5);
+    struct kv_connector_stats ps;
+    for (int i = 0; i < 250; i++) {
+        kv_connector_get_stats(prod, &ps);
+        if (ps.peers == 0) break;
+        usleep(20000);
+    }
+    ASSERT_EQ(ps.peers, 0);
+    ASSERT_TRUE(ps.transfers_failed >= 1);
+    close(fd);
+    kv_connector_free(prod);
 }
 
 int main(int argc, char **argv) {

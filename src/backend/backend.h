@@ -265,6 +265,17 @@ struct backend_ops {
     void (*copy_d2d)(struct backend *b, void *dst, const void *src, size_t bytes);
     void (*memset_zero)(struct backend *b, void *dst, size_t bytes);
     void (*synchronize)(struct backend *b);
+    // Reading backend memory from another thread while the stream computes (the KV-transfer
+    // producer's per-layer sends, runner_kv.c). NULL on backends whose ops are complete when
+    // they return (CPU). event_record marks the point of the compute stream after every op
+    // issued so far (not called during graph capture); event_sync blocks the calling thread
+    // (any thread) until the stream passed it; copy_d2h_side copies on a second stream, ordered
+    // after nothing (wait for an event first), complete when it returns; any thread.
+    void *(*event_new)(struct backend *b);
+    void (*event_free)(struct backend *b, void *ev);
+    void (*event_record)(struct backend *b, void *ev);
+    void (*event_sync)(struct backend *b, void *ev);
+    void (*copy_d2h_side)(struct backend *b, void *dst, const void *src, size_t bytes);
     // Free / total bytes available for the KV pool (CPU: from options; CUDA: cudaMemGetInfo).
     void (*memory_info)(struct backend *b, size_t *free_bytes, size_t *total_bytes);
 
@@ -467,6 +478,7 @@ struct backend {
     enum dtype act_dtype;  // activation dtype
     enum dtype weight_dtype; // default dtype weights are converted to
     int num_threads;
+    int device_id;         // CUDA: the device (tensor-parallel rank k uses device k); CPU: 0
     void *impl;            // backend-private state
 };
 

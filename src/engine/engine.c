@@ -265,10 +265,11 @@ static void *loop_main(void *arg) {
     atomc_engine *e = arg;
     pthread_mutex_lock(&e->mu);
     while (!e->stop_requested) {
-        if (e->n_inbox == 0 && e->n_aborts == 0 && e->sched_seqs == 0) {
+        if (e->n_inbox == 0 && e->n_aborts == 0 && e->sched_seqs == 0 && !e->kv_poke) {
             pthread_cond_wait(&e->wake, &e->mu);
             continue;
         }
+        e->kv_poke = false;
         pthread_mutex_unlock(&e->mu);
         int n = atomc_engine_step(e);
         pthread_mutex_lock(&e->mu);

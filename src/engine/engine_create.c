@@ -25,7 +25,10 @@ static atomc_status runner_execute(void *ctx, const struct forward_batch *fb, st
 
 static void runner_free(void *ctx) { model_runner_free(ctx); }
 static uint64_t runner_graph_replays(void *ctx) { return model_runner_num_graph_replays(ctx); }
-static void runner_kv_pool(void *ctx, struct kv_pool_view *v) { model_runner_kv_pool_view(ctx, v); }
+static void runner_kv_pool(void *ctx, int rank, struct kv_pool_view *v) {
+    (void)rank;
+    model_runner_kv_pool_view(ctx, v);
+}
 static atomc_status runner_draft(void *ctx, const struct draft_batch *db, int32_t *drafts, struct error *err) {
     return model_runner_draft(ctx, db, drafts, err);
 }
@@ -44,6 +47,9 @@ static atomc_status tp_execute(void *ctx, const struct forward_batch *fb, struct
 }
 
 static void tp_free(void *ctx) { tp_runner_free(ctx); }
+static void tp_kv_pool(void *ctx, int rank, struct kv_pool_view *v) {
+    model_runner_kv_pool_view(tp_runner_rank(ctx, rank), v);
+}
 static uint64_t tp_graph_replays(void *ctx) { return model_runner_num_graph_replays(tp_runner_rank(ctx, 0)); }
 
 static void add_eos(struct engine_setup *su, int32_t id) {
@@ -180,7 +186,8 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
         .kv_pool = runner_kv_pool, .draft = model_runner_num_mtp_layers(runner) > 0 ? runner_draft : NULL};
     if (tp)
         su.model = (struct engine_model_ops){
-            .ctx = tp, .execute = tp_execute, .free = tp_free, .graph_replays = tp_graph_replays};
+            .ctx = tp, .execute = tp_execute, .free = tp_free, .graph_replays = tp_graph_replays,
+            .kv_pool = tp_kv_pool, .kv_ranks = tp_runner_size(tp)};
     if (tok) engine_text_ops_from_tokenizer(&su.text, tok);
     su.config_hash = config_hash(cfg);
     su.num_kv_blocks = tp ? tp_runner_num_kv_blocks(tp) : model_runner_num_kv_blocks(runner); // smallest rank's pool

@@ -24,8 +24,10 @@ struct engine_model_ops {
     void (*free)(void *ctx); // may be NULL
     // CUDA graph replays so far (tests check the decode graphs ran); may be NULL (= 0).
     uint64_t (*graph_replays)(void *ctx);
-    // KV transfer: the model's paged KV pool (model_runner_kv_pool_view); NULL = not available.
-    void (*kv_pool)(void *ctx, struct kv_pool_view *out);
+    // KV transfer: the paged KV pool of tensor-parallel rank `rank` (model_runner_kv_pool_view),
+    // for rank in [0, kv_ranks) (kv_ranks 0 = 1); NULL = not available.
+    void (*kv_pool)(void *ctx, int rank, struct kv_pool_view *out);
+    int kv_ranks;
     // Speculative method "mtp": drafts from the model's MTP layer after an execute
     // (model_runner_draft); NULL = the model cannot draft (mtp is refused).
     atomc_status (*draft)(void *ctx, const struct draft_batch *db, int32_t *drafts, struct error *err);
@@ -134,6 +136,7 @@ struct atomc_engine {
     pthread_t thread;
     atomc_stats stats; // refreshed at the end of every step
     int sched_seqs;    // waiting + running in the scheduler, as of the last step
+    bool kv_poke;      // the KV connector has news (a QUERY to answer, a HAVE, an ACK): step once
 
     // Loop-side counters.
     uint64_t prompt_tokens_total, generation_tokens_total, num_steps, num_finished, num_aborted;
@@ -230,7 +233,9 @@ void engine_refresh_stats(atomc_engine *e);
 // request parameters into s; admit: true when a new sequence waits for its KV instead of entering
 // the scheduler; find: a waiting one by id; on_retire: before s leaves the scheduler (true: s was
 // waiting for KV, not in the scheduler); poll: step start (acknowledgements, timeouts, arrivals);
-// after_forward: producer sends; stats; pending + held transfers (the loop keeps stepping).
+// before_forward: registers the step's producer sends and sets the batch's per-layer hook;
+// after_forward(ok): waits until they are queued (END for finished prompts), or drops them when
+// the forward failed; stats; pending + held transfers (the loop keeps stepping).
 struct scheduler_output;
 atomc_status engine_kv_create(atomc_engine *e, const atomc_engine_options *o, struct error *err);
 void engine_kv_free(atomc_engine *e);
@@ -239,7 +244,9 @@ bool engine_kv_admit(atomc_engine *e, struct sequence *s);
 struct sequence *engine_kv_find(atomc_engine *e, uint64_t id);
 bool engine_kv_on_retire(atomc_engine *e, struct sequence *s);
 void engine_kv_poll(atomc_engine *e);
-void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so);
+struct forward_batch;
+void engine_kv_before_forward(atomc_engine *e, const struct scheduler_output *so, struct forward_batch *fb);
+void engine_kv_after_forward(atomc_engine *e, const struct scheduler_output *so, bool ok);
 void engine_kv_fill_stats(atomc_engine *e, atomc_stats *st);
 void engine_kv_live_stats(atomc_engine *e, atomc_stats *st); // any thread: the connector's counters now
 int engine_kv_n_work(const atomc_engine *e);

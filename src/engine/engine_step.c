@@ -539,6 +539,7 @@ int atomc_engine_step(atomc_engine *e) {
     struct runner_output ro;
     memset(&ro, 0, sizeof ro);
     struct error err = {0};
+    engine_kv_before_forward(e, &so, &fb);
     trace_begin(e->trace, "execute");
     atomc_status st = e->su.model.execute(e->su.model.ctx, &fb, &ro, &err);
     if (fb.sample_ready) engine_grammar_join(e); // the masks are not touched after the step's rows
@@ -548,6 +549,7 @@ int atomc_engine_step(atomc_engine *e) {
     if (st != ATOMC_OK) {
         // The batch failed: its sequences fail with the message; the engine keeps serving.
         LOG_ERROR("forward pass failed: %s", err.msg);
+        engine_kv_after_forward(e, &so, false); // before the retires abort the transfers
         e->drained = grow(e->drained, &e->drained_cap, n_seqs, sizeof *e->drained);
         memcpy(e->drained, so.seqs, (size_t)n_seqs * sizeof *e->drained); // retire compacts so.seqs
         for (int i = 0; i < n_seqs; i++) engine_retire(e, e->drained[i], ATOMC_FINISH_ERROR, 0, NULL, err.msg);
@@ -568,7 +570,7 @@ int atomc_engine_step(atomc_engine *e) {
                 (uint64_t)((s->n_computed + s->n_sched < s->n_prompt ? s->n_computed + s->n_sched : s->n_prompt) -
                            s->n_computed);
     }
-    engine_kv_after_forward(e, &so);
+    engine_kv_after_forward(e, &so, true);
     scheduler_complete_step(e->sched);
     int n_bad = fb.n_prompt_lp ? collect_prompt_logprobs(e, &fb, &ro) : 0;
     now = time_now_s();

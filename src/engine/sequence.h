@@ -87,10 +87,11 @@ struct sequence {
     // 2 consumer (wait for it in the KV layer's pending list, then start decoding).
     int kv_mode;
     char *kv_id, *kv_remote;   // owned
-    int kv_sent;               // producer: prompt tokens sent so far
+    int kv_sent;               // producer: prompt tokens sent so far (or skipped)
+    int kv_skip;               // producer: leading prompt tokens the consumer has cached (not sent)
     bool kv_failed;            // producer: the transfer is off (no consumer, broken connection)
     bool kv_fallback;          // consumer: prefilled locally after all
-    double kv_deadline;        // consumer: fall back after this (monotonic seconds)
+    double kv_deadline;        // consumer: fall back after this; producer: stop waiting for HAVE (monotonic s)
     double kv_transfer_s;      // consumer: BEGIN -> END of its transfer
     // Structured output (engine_grammar.c): the matcher (NULL = unconstrained), the row mask it
     // fills each step, and whether it applies yet (params.grammar_start_token).

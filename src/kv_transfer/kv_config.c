@@ -44,6 +44,14 @@ static atomc_status parse_extra(json_t *x, struct kv_transfer_config *c, struct 
             st = take_timeout(v, "timeout_s", &c->timeout_s, err);
         } else if (!strcmp(k, "hold_timeout_s")) {
             st = take_timeout(v, "hold_timeout_s", &c->hold_timeout_s, err);
+        } else if (!strcmp(k, "query_timeout_s")) {
+            st = take_timeout(v, "query_timeout_s", &c->query_timeout_s, err);
+        } else if (!strcmp(k, "send_timeout_s")) {
+            st = take_timeout(v, "send_timeout_s", &c->send_timeout_s, err);
+        } else if (!strcmp(k, "send_queue_bytes")) {
+            if (!json_is_integer(v) || json_integer_value(v) < 4096)
+                return bad(err, "send_queue_bytes", "must be an integer of at least 4096 bytes");
+            c->send_queue_bytes = (uint64_t)json_integer_value(v);
         } else if (!strcmp(k, "producers")) {
             if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > KV_MAX_PRODUCERS)
                 return bad(err, "producers", "must be a list of 1 to 8 \"host:port\" strings");
@@ -60,7 +68,7 @@ static atomc_status parse_extra(json_t *x, struct kv_transfer_config *c, struct 
         } else {
             return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
                              "--kv-transfer-config: unsupported kv_connector_extra_config key \"%s\" (supported: "
-                             "engine_id, timeout_s, hold_timeout_s, producers)",
+                             "engine_id, timeout_s, hold_timeout_s, query_timeout_s, send_queue_bytes, send_timeout_s, producers)",
                              k);
         }
         if (st != ATOMC_OK) return st;
@@ -75,6 +83,9 @@ atomc_status kv_transfer_config_parse(const char *text, struct kv_transfer_confi
     c->port = 14579;
     c->timeout_s = 10;
     c->hold_timeout_s = 60;
+    c->send_queue_bytes = (uint64_t)64 << 20;
+    c->send_timeout_s = 30;
+    c->query_timeout_s = 0.5;
     json_error_t je;
     json_t *j = json_loads(text ? text : "", 0, &je);
     if (!json_is_object(j)) {
@@ -159,15 +170,17 @@ atomc_status kv_handshake_check(const struct kv_handshake *a, const struct kv_ha
     if (strcmp(a->model, b->model)) MISMATCH("model", "\"%s\"", "\"%s\"", a->model, b->engine_id, b->model);
     if (strcmp(a->architecture, b->architecture))
         MISMATCH("architecture", "%s", "%s", a->architecture, b->engine_id, b->architecture);
+    // Before the config hash: a rank's config holds its share of the heads, so a TP mismatch
+    // changes the hash too, and the layout is the real difference.
+    if (a->tp_size != b->tp_size || a->tp_rank != b->tp_rank)
+        MISMATCH("tensor-parallel layout", "tp %d rank %d", "tp %d rank %d", a->tp_size, a->tp_rank, b->engine_id,
+                 b->tp_size, b->tp_rank);
     if (a->config_hash != b->config_hash)
         MISMATCH("model config", "hash %016llx", "hash %016llx", (unsigned long long)a->config_hash, b->engine_id,
                  (unsigned long long)b->config_hash);
     if (a->kv_dtype != b->kv_dtype) MISMATCH("KV dtype", "%d", "%d", a->kv_dtype, b->engine_id, b->kv_dtype);
     if (a->block_size != b->block_size) MISMATCH("block size", "%d", "%d", a->block_size, b->engine_id, b->block_size);
     if (a->n_layers != b->n_layers) MISMATCH("layer count", "%d", "%d", a->n_layers, b->engine_id, b->n_layers);
-    if (a->tp_size != b->tp_size || a->tp_rank != b->tp_rank)
-        MISMATCH("tensor-parallel layout", "tp %d rank %d", "tp %d rank %d", a->tp_size, a->tp_rank, b->engine_id,
-                 b->tp_size, b->tp_rank);
     if (a->token_bytes != b->token_bytes || a->layer_bytes_hash != b->layer_bytes_hash)
         MISMATCH("KV bytes per token", "%llu", "%llu", (unsigned long long)a->token_bytes, b->engine_id,
                  (unsigned long long)b->token_bytes);
@@ -192,7 +205,7 @@ long kv_frame_parse(const uint8_t *buf, size_t len, struct kv_frame *f, struct e
     memcpy(&body, buf + 8, 4);
     if (magic != KV_FRAME_MAGIC)
         return error_set(err, ATOMC_ERR_FORMAT, "KV transfer: bad frame magic %08x (not an atomc KV peer?)", magic), -1;
-    if (type < KV_FRAME_HELLO || type > KV_FRAME_ABORT)
+    if (type < KV_FRAME_HELLO || type > KV_FRAME_HAVE)
         return error_set(err, ATOMC_ERR_FORMAT, "KV transfer: unknown frame type %u", type), -1;
     if (id_len >= KV_ID_MAX)
         return error_set(err, ATOMC_ERR_FORMAT, "KV transfer: frame id of %u bytes (at most %d)", id_len,

@@ -12,23 +12,42 @@
 // the field on both sides (kv_handshake_check).
 //
 // Per request (transfer_id = the string both HTTP requests carry in kv_transfer_params):
+//   QUERY  producer -> consumer, before the producer computes the prompt: its token ids
+//   HAVE   consumer -> producer: how many leading full blocks of that prompt its prefix cache
+//          holds (block_manager_lookup: chained hashes and token ids); the producer sends only
+//          the rest. No answer within query_timeout_s: the producer sends everything.
 //   BEGIN  transfer id, prompt token ids, the chained block hashes of its full blocks
-//          (block_manager.h's XXH64 chain), the producer's block ids, token count
+//          (block_manager.h's XXH64 chain), the producer's block ids, token count, and the
+//          number of leading tokens it will not send (skip = HAVE's blocks x block size)
 //   DATA   one per layer per engine step: (layer, tok0, n_tok) and the K rows of those tokens
-//          then their V rows, in the pool's element layout (`tcp` only)
+//          then their V rows, in the pool's element layout (`tcp` only); any subset of layers
+//          and token ranges in any order: the consumer places each at (layer, tok0) and the
+//          transfer is complete when END arrives with every byte of every layer received
 //   END    the prompt's KV is complete; repeats the producer's block ids (final after chunked prefill)
 //   ACK    consumer -> producer: the consumer has the KV (or gave up on it); the producer then
 //          releases the blocks it held for this transfer
 //   ABORT  producer -> consumer: the transfer will not complete (request aborted / failed)
-// Granularity: the producer sends after every forward step that computed part of the prompt
-// (one chunk of a chunked prefill, or the whole prompt), one DATA frame per layer, queued right
-// after the step and written by the connector's I/O thread while the engine runs the next step.
-// (A finer per-layer hook inside the forward would only pay off with an asynchronous device ->
-// network path; the frame format already carries (layer, token range) so it needs no change.)
+// Granularity: per layer, inside the forward. Before a step that computes prompt tokens of
+// producer sequences the engine registers each one's token range (kv_connector_step_add; BEGIN
+// goes out with the first); the forward calls kv_connector_layer_ready after every layer's KV
+// write (the runner's per-layer hook; on CUDA with the event recorded on the compute stream right
+// after that write); the connector's copy thread waits for the event, reads that layer's rows
+// (CUDA: on the backend's side stream) into a DATA frame and queues it while later layers compute;
+// kv_connector_step_end (after the forward) waits for the remaining layers and queues END for
+// prompts that are complete. The engine's step ends only when the step's rows are read, so no
+// block is freed or reused while a copy reads it. Decode steps register nothing, so they run as
+// CUDA graphs (a batch with a hook never replays a graph, and graphs are captured without one).
+//
+// Send queue: per consumer connection, frames not yet written to the socket count against
+// send_queue_bytes; the copy thread waits (back-pressure: the producer's step, hence its
+// scheduler, waits) until the queue drains below the cap, and a consumer that reads nothing for
+// send_timeout_s is disconnected (its transfers fail over to local prefill on its side).
 //
 // Consumer side: frames are assembled in a host staging buffer per transfer (the decode request
 // usually arrives after the KV, since the proxy asks the prefill instance first); when the
-// engine admits the request it allocates blocks and `claim` copies the staged rows into them.
+// engine admits the request it takes its cached prefix (the skipped blocks; if they were
+// evicted meanwhile it prefills locally), allocates the other blocks and `claim` copies the
+// staged rows [skip, n) into them.
 //
 // Connectors: `tcp` (KV bytes in DATA frames) and `cuda_ipc` (same host: HELLO carries the
 // producer pool's cudaIpcMemHandle; no DATA frames; `claim` maps the producer's pool once and
@@ -51,7 +70,7 @@
 #define KV_ID_MAX 96 // transfer ids and engine ids (incl. NUL)
 #define KV_MAX_PEERS 32
 #define KV_MAX_PRODUCERS 8
-#define KV_PROTOCOL_VERSION 1
+#define KV_PROTOCOL_VERSION 2 // 2: QUERY / HAVE, BEGIN's skip
 
 enum kv_role { KV_ROLE_NONE = 0, KV_ROLE_PRODUCER = 1, KV_ROLE_CONSUMER = 2, KV_ROLE_BOTH = 3 };
 enum kv_connector_kind { KV_CONNECTOR_TCP = 0, KV_CONNECTOR_CUDA_IPC };
@@ -61,6 +80,9 @@ enum kv_connector_kind { KV_CONNECTOR_TCP = 0, KV_CONNECTOR_CUDA_IPC };
 // "kv_ip" (default 127.0.0.1), "kv_port" (default 14579), "kv_connector_extra_config": {
 // "engine_id": str, "timeout_s": consumer wait for KV before prefilling locally (default 10),
 // "hold_timeout_s": producer hold of unacknowledged blocks (default 60),
+// "send_queue_bytes": cap of unsent bytes queued per consumer connection (default 64 MiB),
+// "send_timeout_s": a full send queue that does not drain for this long drops the consumer (30),
+// "query_timeout_s": producer wait for the consumer's HAVE before computing a prompt (0.5),
 // "producers": ["host:port", ...] (a consumer of several producers; default [kv_ip:kv_port])}}.
 struct kv_transfer_config {
     enum kv_connector_kind kind;
@@ -68,7 +90,8 @@ struct kv_transfer_config {
     char ip[64];
     int port;
     char engine_id[KV_ID_MAX];
-    double timeout_s, hold_timeout_s;
+    double timeout_s, hold_timeout_s, send_timeout_s, query_timeout_s;
+    uint64_t send_queue_bytes;
     int n_producers;
     char producers[KV_MAX_PRODUCERS][96]; // "host:port"
 };
@@ -103,8 +126,13 @@ struct kv_pool_view {
     // Copies the rows of tokens [tok0, tok0 + n_tok) of the sequence whose blocks are block_ids
     // (position order) between the pool and host: host = K rows then V rows of layer `layer`.
     void *ctx;
+    // Pool -> host copies run on the connector's copy thread while the engine computes later
+    // layers (rows of earlier layers are not written again by the step).
     atomc_status (*copy)(void *ctx, int layer, const int32_t *block_ids, int tok0, int n_tok, void *host, bool to_pool,
                          struct error *err);
+    // Blocks the calling thread until the event of kv_connector_layer_ready has passed (NULL:
+    // no events, the rows are written when layer_ready is called).
+    void (*wait)(void *ctx, void *event);
     // Device pools (cuda_ipc): the allocation, its device and each layer's K / V byte offset.
     void *base;
     size_t bytes;
@@ -124,7 +152,9 @@ enum kv_frame_type {
     KV_FRAME_DATA,
     KV_FRAME_END,
     KV_FRAME_ACK,
-    KV_FRAME_ABORT
+    KV_FRAME_ABORT,
+    KV_FRAME_QUERY,
+    KV_FRAME_HAVE
 };
 #define KV_FRAME_MAGIC 0x31564b41u // "AKV1"
 #define KV_FRAME_HEADER 12         // magic u32, type u16, id_len u16, body_len u32 (little-endian host order)
@@ -152,6 +182,14 @@ struct kv_connector_stats {
     uint64_t blocks_sent, blocks_received;       // blocks of completed transfers
     uint64_t transfers_sent, transfers_received; // completed (END sent / claimed)
     uint64_t transfers_failed;                   // aborted, broken or refused
+    // Producer pipelining: DATA frames (one layer of one transfer) queued while the forward still
+    // ran (before kv_connector_step_end was called) and in all.
+    uint64_t layers_during_forward, layers_sent;
+    uint64_t layers_received; // consumer: DATA frames placed into staging buffers
+    // Send queue: unsent bytes queued now (all connections), the largest it was on one
+    // connection, and the times the copy thread waited for a full queue to drain.
+    uint64_t send_queue_bytes, send_queue_peak, send_queue_waits;
+    uint64_t blocks_skipped; // leading blocks the consumer had cached: not sent / not copied
     int peers;                                   // connections past the handshake now
     char last_error[ERROR_MSG_MAX];              // last handshake / connection error ("" = none)
 };
@@ -177,12 +215,38 @@ struct kv_send {
     const int32_t *block_ids;     // (ceil(n_tokens / block_size))
     int tok0, n_tok;
     bool first, last;
+    int skip; // leading prompt tokens the consumer has cached (HAVE): never sent; tok0 >= skip
 };
+// kv_connector_step_add for one send, every layer ready, kv_connector_step_end: the whole
+// range at once (models without the per-layer hook, tests).
 atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, struct error *err);
+// Per-layer sends of one forward step (engine thread; one step at a time):
+// step_add registers s (its arrays are copied) for the coming forward, queues BEGIN when
+// s->first; an error means the transfer is off (nothing registered). layer_ready(layer, event):
+// layer's KV rows of the step are written (event: see kv_pool_view.wait); layers in order.
+// step_end(ok): ok = the forward succeeded: waits until every layer of every registered send is
+// queued (layers never reported are read now), queues END for the sends with `last`; failed[i]
+// (i in step_add order, may be NULL) tells which sends lost their consumer during the step.
+// !ok: the registered sends are dropped (the caller aborts them). Returns the sends registered.
+atomc_status kv_connector_step_add(struct kv_connector *c, const struct kv_send *s, struct error *err);
+void kv_connector_layer_ready(struct kv_connector *c, int layer, void *event);
+int kv_connector_step_end(struct kv_connector *c, bool ok, bool *failed, int n_failed);
 void kv_connector_send_abort(struct kv_connector *c, const char *transfer_id);
+// Asks the consumer (remote_engine_id, NULL / "": the only one) how much of the prompt it has
+// cached (QUERY); the answer is read with kv_connector_take_have. An error: no such consumer.
+atomc_status kv_connector_query(struct kv_connector *c, const char *transfer_id, const char *remote_engine_id,
+                                const int32_t *tokens, int n_tokens, struct error *err);
+// The consumer's HAVE for transfer_id: leading full blocks it has (>= 0; the answer is then
+// forgotten), or -1 when none came yet (or the consumer's connection is gone: -2).
+int kv_connector_take_have(struct kv_connector *c, const char *transfer_id);
 // Calls fn for each transfer the consumer acknowledged (or whose consumer connection died)
 // since the last call.
 void kv_connector_poll_acks(struct kv_connector *c, void (*fn)(void *u, const char *transfer_id), void *u);
+
+// Consumer: answers the QUERYs that arrived since the last call; fn returns how many leading
+// full blocks of tokens the engine's prefix cache holds (engine thread: the block manager).
+void kv_connector_answer_queries(struct kv_connector *c, int (*fn)(void *u, const int32_t *tokens, int n_tokens),
+                                 void *u);
 
 // Consumer.
 enum kv_rx_state { KV_RX_UNKNOWN = 0, KV_RX_PENDING, KV_RX_READY, KV_RX_FAILED };
@@ -190,14 +254,16 @@ struct kv_rx_info {
     int n_tokens;
     const int32_t *tokens;        // valid until claim / drop of this transfer
     const uint64_t *block_hashes; // (n_tokens / block_size)
+    int skip;                     // leading tokens not sent: the consumer must have them cached
     double t_begin, t_end;        // monotonic seconds BEGIN / END arrived
 };
 // State of transfer_id. UNKNOWN also means "nothing yet"; when remote_engine_id is given and
 // no connection to that producer is up, an unknown transfer is FAILED (it cannot arrive).
 enum kv_rx_state kv_connector_lookup(struct kv_connector *c, const char *transfer_id, const char *remote_engine_id,
                                      struct kv_rx_info *info);
-// Copies a READY transfer's KV into block_ids (position order, enough blocks for n_tokens),
-// acknowledges it and forgets it.
+// Copies a READY transfer's KV (tokens [skip, n_tokens)) into block_ids (position order,
+// enough blocks for n_tokens; the first skip / block_size are the consumer's cached prefix and
+// are not written), acknowledges it and forgets it.
 atomc_status kv_connector_claim(struct kv_connector *c, const char *transfer_id, const int32_t *block_ids, int n_blocks,
                                 struct error *err);
 // Forgets transfer_id (fallback, abort) and acknowledges it so the producer frees its blocks;

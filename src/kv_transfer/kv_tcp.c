@@ -3,6 +3,10 @@
 // The `cuda_ipc` connector is this one without DATA frames: HELLO_OK carries the producer pool's
 // IPC handle and claim copies GPU to GPU (kv_cuda_ipc.c).
 //
+// Producer threads: the engine thread registers a step's sends and reports layers; a copy thread
+// reads each reported layer's rows from the pool into DATA frames and queues them on the
+// consumer's connection (waiting while that send queue is over its cap); the I/O thread writes.
+//
 // One I/O thread per connector: poll() over a wake pipe, the listening socket and every peer
 // (non-blocking sockets; partial reads accumulate in the peer's input buffer until a frame is
 // whole, partial writes resume where they stopped). A peer that sends a malformed frame, fails
@@ -20,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/check.h"
@@ -47,6 +52,8 @@ struct peer {
     void *ipc_base; // cuda_ipc consumer: the producer's pool mapped here
     uint8_t ipc_handle[KV_IPC_HANDLE_BYTES];
     struct qnode *q_head, *q_tail;
+    size_t q_bytes; // queued, not yet written
+    bool kill;      // close it (I/O thread): its send queue did not drain for send_timeout_s
     uint8_t *in;
     size_t in_len, in_cap;
     double t_open;
@@ -56,6 +63,7 @@ struct tx { // producer: a transfer until its ACK
     char id[KV_ID_MAX];
     int peer;
     uint64_t gen;
+    int skip; // BEGIN's: leading tokens not sent
 };
 
 struct rx { // consumer: a transfer from BEGIN until claim / drop (then a tombstone)
@@ -64,12 +72,46 @@ struct rx { // consumer: a transfer from BEGIN until claim / drop (then a tombst
     uint64_t gen;
     enum kv_rx_state state;
     bool tombstone;
-    int n_tokens, n_blocks;
+    int n_tokens, n_blocks, skip;
     int32_t *tokens, *src_blocks;
     uint64_t *hashes;
-    uint8_t *data; // (n_layers) blocks of [K rows (n_tokens)][V rows (n_tokens)]
+    uint8_t *data; // (n_layers) blocks of [K rows][V rows] of tokens [skip, n_tokens)
     size_t data_bytes, received;
     double t_begin, t_end, t_expire;
+};
+
+struct step_send { // producer: one transfer's part of the step being computed
+    char id[KV_ID_MAX];
+    int peer;
+    uint64_t gen;
+    int32_t *ids; // (n_blocks) the prompt's blocks (-1: not allocated yet)
+    int n_tokens, n_blocks, tok0, n_tok, skip;
+    bool last, failed;
+};
+
+struct step {
+    struct step_send *s;
+    int n, cap;
+    int ready;    // layers reported written (layer_ready, or all at step_end)
+    int done;     // layers whose frames the copy thread has queued
+    bool copying; // the copy thread works on layer `done` (outside the lock)
+    bool ending;  // step_end was called (the forward returned)
+    bool cancel;
+    void **ev;    // (n_layers) event of each reported layer
+};
+
+struct query { // consumer: a QUERY to answer (engine thread)
+    char id[KV_ID_MAX];
+    int peer;
+    uint64_t gen;
+    int n_tokens;
+    int32_t *tokens;
+};
+
+struct have { // producer: a HAVE not taken yet
+    char id[KV_ID_MAX];
+    int n_blocks;
+    double t;
 };
 
 struct kv_connector {
@@ -81,8 +123,10 @@ struct kv_connector {
     void *wake_arg;
 
     pthread_mutex_t mu;
-    pthread_t th;
-    bool th_on, stop;
+    pthread_cond_t cv; // step progress, send-queue drain (broadcast)
+    pthread_t th, copy_th;
+    bool th_on, copy_on, stop;
+    struct step step;
     int wake_fd[2];
     int listen_fd;
     struct peer peers[KV_MAX_PEERS];
@@ -95,10 +139,16 @@ struct kv_connector {
     int n_rx, rx_cap;
     char (*acks)[KV_ID_MAX];
     int n_acks, acks_cap;
+    struct query *queries;
+    int n_queries, queries_cap;
+    struct have *haves;
+    int n_haves, haves_cap;
     struct kv_connector_stats st;
     bool ipc_ok;
     uint8_t ipc_handle[KV_IPC_HANDLE_BYTES];
 };
+
+static void *copy_main(void *arg);
 
 static bool is_producer(const struct kv_connector *c) {
     return c->cfg.role & KV_ROLE_PRODUCER;
@@ -132,7 +182,9 @@ static struct qnode *frame_new(enum kv_frame_type type, const char *id, size_t b
 }
 
 static void peer_queue(struct kv_connector *c, struct peer *p, struct qnode *q) {
-    (void)c;
+    p->q_bytes += q->len;
+    c->st.send_queue_bytes += q->len;
+    if (p->q_bytes > c->st.send_queue_peak) c->st.send_queue_peak = p->q_bytes;
     if (p->q_tail)
         p->q_tail->next = q;
     else
@@ -201,14 +253,18 @@ static void peer_close(struct kv_connector *c, struct peer *p, const char *why) 
         free(q);
     }
     p->q_head = p->q_tail = NULL;
+    c->st.send_queue_bytes -= p->q_bytes;
+    p->q_bytes = 0;
+    p->kill = false;
+    pthread_cond_broadcast(&c->cv);
     free(p->in);
     p->in = NULL;
     p->in_len = p->in_cap = 0;
     if (p->ipc_base) kv_ipc_close(p->ipc_base);
     p->ipc_base = NULL;
-    if (p->prod >= 0) {
+    if (p->prod >= 0) { // reconnect soon, unless a refusal (HELLO_ERR) asked for a longer pause
         c->connected[p->prod] = false;
-        c->next_connect[p->prod] = time_now_s() + RECONNECT_S;
+        if (c->next_connect[p->prod] < time_now_s() + RECONNECT_S) c->next_connect[p->prod] = time_now_s() + RECONNECT_S;
     }
     // Producer: the consumer is gone, so nobody will read the blocks held for it.
     for (int i = 0; i < c->n_tx;) {
@@ -304,15 +360,17 @@ static bool on_hello(struct kv_connector *c, struct peer *p, const struct kv_fra
 static bool on_begin(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
     struct rx *old = rx_find(c, f->id);
     if (old) return true; // a tombstone (dropped before it arrived) or a duplicate: ignored
-    uint32_t n_tok, n_blocks;
-    if (f->body_len < 8) return false;
+    uint32_t n_tok, n_blocks, skip;
+    if (f->body_len < 12) return false;
     memcpy(&n_tok, f->body, 4);
     memcpy(&n_blocks, f->body + 4, 4);
+    memcpy(&skip, f->body + 8, 4);
     int bs = c->pool.block_size;
     size_t n_full = n_tok / (uint32_t)bs;
-    if (n_tok == 0 || n_blocks != (n_tok + (uint32_t)bs - 1) / (uint32_t)bs ||
-        f->body_len != 8 + (size_t)n_tok * 4 + n_full * 8 + (size_t)n_blocks * 4)
+    if (n_tok == 0 || n_blocks != (n_tok + (uint32_t)bs - 1) / (uint32_t)bs || skip >= n_tok || skip % (uint32_t)bs ||
+        f->body_len != 12 + (size_t)n_tok * 4 + n_full * 8 + (size_t)n_blocks * 4)
         return false;
+    const uint8_t *body = f->body + 12;
     c->rx = grow_arr(c->rx, &c->rx_cap, c->n_rx + 1, sizeof *c->rx);
     struct rx *r = &c->rx[c->n_rx++];
     memset(r, 0, sizeof *r);
@@ -322,14 +380,15 @@ static bool on_begin(struct kv_connector *c, struct peer *p, const struct kv_fra
     r->state = KV_RX_PENDING;
     r->n_tokens = (int)n_tok;
     r->n_blocks = (int)n_blocks;
+    r->skip = (int)skip;
     r->tokens = xmalloc((size_t)n_tok * 4);
     r->hashes = xmalloc(n_full ? n_full * 8 : 1);
     r->src_blocks = xmalloc((size_t)n_blocks * 4);
-    memcpy(r->tokens, f->body + 8, (size_t)n_tok * 4);
-    memcpy(r->hashes, f->body + 8 + (size_t)n_tok * 4, n_full * 8);
-    memcpy(r->src_blocks, f->body + 8 + (size_t)n_tok * 4 + n_full * 8, (size_t)n_blocks * 4);
+    memcpy(r->tokens, body, (size_t)n_tok * 4);
+    memcpy(r->hashes, body + (size_t)n_tok * 4, n_full * 8);
+    memcpy(r->src_blocks, body + (size_t)n_tok * 4 + n_full * 8, (size_t)n_blocks * 4);
     if (c->cfg.kind == KV_CONNECTOR_TCP) {
-        r->data_bytes = (size_t)n_tok * c->token_bytes;
+        r->data_bytes = (size_t)(n_tok - skip) * c->token_bytes;
         r->data = malloc(r->data_bytes ? r->data_bytes : 1);
         if (!r->data) {
             r->state = KV_RX_FAILED;
@@ -357,13 +416,17 @@ static bool on_data(struct kv_connector *c, struct peer *p, const struct kv_fram
     memcpy(&layer, f->body, 4);
     memcpy(&tok0, f->body + 4, 4);
     memcpy(&n, f->body + 8, 4);
-    if ((int)layer >= c->pool.n_layers || tok0 + (uint64_t)n > (uint64_t)r->n_tokens) return false;
+    if ((int)layer >= c->pool.n_layers || tok0 < (uint32_t)r->skip || tok0 + (uint64_t)n > (uint64_t)r->n_tokens)
+        return false;
     size_t kr = c->pool.k_row_bytes[layer], vr = c->pool.v_row_bytes[layer];
     if (f->body_len != 12 + (size_t)n * (kr + vr)) return false;
-    uint8_t *base = r->data + stage_offset(c, (int)layer, r->n_tokens);
-    memcpy(base + (size_t)tok0 * kr, f->body + 12, (size_t)n * kr);
-    memcpy(base + (size_t)r->n_tokens * kr + (size_t)tok0 * vr, f->body + 12 + (size_t)n * kr, (size_t)n * vr);
+    int m = r->n_tokens - r->skip; // staged rows per layer
+    size_t t = tok0 - (uint32_t)r->skip;
+    uint8_t *base = r->data + stage_offset(c, (int)layer, m);
+    memcpy(base + t * kr, f->body + 12, (size_t)n * kr);
+    memcpy(base + (size_t)m * kr + t * vr, f->body + 12 + (size_t)n * kr, (size_t)n * vr);
     r->received += (size_t)n * (kr + vr);
+    c->st.layers_received++;
     (void)p;
     return true;
 }
@@ -391,6 +454,36 @@ static void on_end(struct kv_connector *c, struct peer *p, const struct kv_frame
         r->state = KV_RX_READY;
     }
     if (c->wake) c->wake(c->wake_arg);
+}
+
+static bool on_query(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
+    uint32_t n;
+    if (p->prod < 0 || f->body_len < 4) return false; // QUERYs come from producers we connected to
+    memcpy(&n, f->body, 4);
+    if (n == 0 || f->body_len != 4 + (size_t)n * 4) return false;
+    c->queries = grow_arr(c->queries, &c->queries_cap, c->n_queries + 1, sizeof *c->queries);
+    struct query *q = &c->queries[c->n_queries++];
+    snprintf(q->id, sizeof q->id, "%s", f->id);
+    q->peer = (int)(p - c->peers);
+    q->gen = p->gen;
+    q->n_tokens = (int)n;
+    q->tokens = xmalloc((size_t)n * 4);
+    memcpy(q->tokens, f->body + 4, (size_t)n * 4);
+    if (c->wake) c->wake(c->wake_arg);
+    return true;
+}
+
+static bool on_have(struct kv_connector *c, struct peer *p, const struct kv_frame *f) {
+    uint32_t n;
+    if (p->prod >= 0 || f->body_len != 4) return false;
+    memcpy(&n, f->body, 4);
+    c->haves = grow_arr(c->haves, &c->haves_cap, c->n_haves + 1, sizeof *c->haves);
+    struct have *h = &c->haves[c->n_haves++];
+    snprintf(h->id, sizeof h->id, "%s", f->id);
+    h->n_blocks = (int)n;
+    h->t = time_now_s();
+    if (c->wake) c->wake(c->wake_arg);
+    return true;
 }
 
 static void on_ack(struct kv_connector *c, const struct kv_frame *f) {
@@ -430,6 +523,10 @@ static bool on_frame(struct kv_connector *c, struct peer *p, const struct kv_fra
     case KV_FRAME_ACK:
         on_ack(c, f);
         return true;
+    case KV_FRAME_QUERY:
+        return on_query(c, p, f);
+    case KV_FRAME_HAVE:
+        return on_have(c, p, f);
     default:
         return false;
     }
@@ -487,7 +584,10 @@ static void peer_write(struct kv_connector *c, struct peer *p) {
         if (q->off < q->len) return;
         p->q_head = q->next;
         if (!p->q_head) p->q_tail = NULL;
+        p->q_bytes -= q->len;
+        c->st.send_queue_bytes -= q->len;
         free(q);
+        pthread_cond_broadcast(&c->cv); // a copy thread may wait for room
     }
     if (p->closing) peer_close(c, p, NULL);
 }
@@ -519,10 +619,16 @@ static int tcp_connect(const char *hostport, char *why, size_t why_len) {
 }
 
 static void io_housekeeping(struct kv_connector *c, double now) {
+    for (int i = 0; i < c->n_haves;) // answers nobody took (the producer stopped waiting)
+        if (now - c->haves[i].t > TOMBSTONE_S)
+            c->haves[i] = c->haves[--c->n_haves];
+        else
+            i++;
     for (int i = 0; i < KV_MAX_PEERS; i++) {
         struct peer *p = &c->peers[i];
         if (p->fd >= 0 && !p->ready && !p->closing && now - p->t_open > HANDSHAKE_TIMEOUT_S)
             peer_close(c, p, "no handshake within 10 s");
+        if (p->fd >= 0 && p->kill) peer_close(c, p, "the consumer read nothing while its send queue was full");
     }
     for (int i = 0; i < c->n_rx;) {
         struct rx *r = &c->rx[i];
@@ -648,6 +754,8 @@ atomc_status kv_connector_create(const struct kv_transfer_config *cfg, const str
     for (int i = 0; i < KV_MAX_PEERS; i++)
         c->peers[i].fd = -1;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->step.ev = xcalloc((size_t)(pool->n_layers > 0 ? pool->n_layers : 1), sizeof *c->step.ev);
     atomc_status st = ATOMC_OK;
     if (cfg->kind == KV_CONNECTOR_CUDA_IPC) {
         if (!pool->on_device)
@@ -665,6 +773,12 @@ atomc_status kv_connector_create(const struct kv_transfer_config *cfg, const str
         else
             c->th_on = true;
     }
+    if (st == ATOMC_OK && is_producer(c)) {
+        if (pthread_create(&c->copy_th, NULL, copy_main, c) != 0)
+            st = error_set(err, ATOMC_ERR_INTERNAL, "KV transfer: cannot start the copy thread");
+        else
+            c->copy_on = true;
+    }
     if (st != ATOMC_OK) {
         kv_connector_free(c);
         return st;
@@ -678,13 +792,19 @@ atomc_status kv_connector_create(const struct kv_transfer_config *cfg, const str
 
 void kv_connector_free(struct kv_connector *c) {
     if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
     if (c->th_on) {
-        pthread_mutex_lock(&c->mu);
-        c->stop = true;
-        pthread_mutex_unlock(&c->mu);
         poke(c);
         pthread_join(c->th, NULL);
     }
+    if (c->copy_on) pthread_join(c->copy_th, NULL);
+    for (int i = 0; i < c->step.n; i++)
+        free(c->step.s[i].ids);
+    free(c->step.s);
+    free(c->step.ev);
     for (int i = 0; i < KV_MAX_PEERS; i++)
         if (c->peers[i].fd >= 0) peer_close(c, &c->peers[i], NULL);
     for (int i = 0; i < c->n_rx; i++)
@@ -693,9 +813,14 @@ void kv_connector_free(struct kv_connector *c) {
     if (c->wake_fd[0] >= 0) close(c->wake_fd[0]);
     if (c->wake_fd[1] >= 0) close(c->wake_fd[1]);
     pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
     free(c->tx);
     free(c->rx);
     free(c->acks);
+    for (int i = 0; i < c->n_queries; i++)
+        free(c->queries[i].tokens);
+    free(c->queries);
+    free(c->haves);
     free(c);
 }
 
@@ -729,35 +854,107 @@ static int find_consumer(struct kv_connector *c, const char *engine_id, struct e
            -1;
 }
 
-atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, struct error *err) {
-    CHECK(s->tok0 >= 0 && s->n_tok >= 0 && s->tok0 + s->n_tok <= s->n_tokens);
-    // DATA frames are filled from the pool before taking the lock (copies of megabytes).
-    bool tcp = c->cfg.kind == KV_CONNECTOR_TCP;
-    struct qnode **data = tcp && s->n_tok > 0 ? xmalloc((size_t)c->pool.n_layers * sizeof *data) : NULL;
-    int n_data = 0;
-    size_t payload = 0;
-    if (data) {
-        for (int l = 0; l < c->pool.n_layers; l++) {
-            size_t rows = (size_t)s->n_tok * (c->pool.k_row_bytes[l] + c->pool.v_row_bytes[l]);
-            uint8_t *b;
-            struct qnode *q = frame_new(KV_FRAME_DATA, s->transfer_id, 12 + rows, &b);
-            uint32_t hdr[3] = {(uint32_t)l, (uint32_t)s->tok0, (uint32_t)s->n_tok};
-            memcpy(b, hdr, 12);
-            atomc_status st = c->pool.copy(c->pool.ctx, l, s->block_ids, s->tok0, s->n_tok, b + 12, false, err);
-            data[n_data++] = q;
-            payload += rows;
-            if (st != ATOMC_OK) {
-                for (int i = 0; i < n_data; i++)
-                    free(data[i]);
-                free(data);
-                return st;
-            }
+// --- producer: per-layer sends -------------------------------------------------------------------
+
+// Waits (under mu) until p's send queue has room for `len` more bytes; NULL when p went away or
+// did not drain for send_timeout_s (then it is closed by the I/O thread).
+static struct peer *wait_for_room(struct kv_connector *c, const struct step_send *e, size_t len) {
+    struct peer *p = peer_by_gen(c, e->peer, e->gen);
+    double t0 = 0;
+    while (p && p->q_bytes > 0 && p->q_bytes + len > c->cfg.send_queue_bytes && !c->stop) {
+        double now = time_now_s();
+        if (t0 == 0) {
+            t0 = now;
+            c->st.send_queue_waits++;
+        } else if (now - t0 > c->cfg.send_timeout_s) {
+            LOG_WARN("KV transfer: consumer %s read nothing for %.1f s with %zu bytes queued; disconnecting",
+                     p->hs.engine_id, c->cfg.send_timeout_s, p->q_bytes);
+            p->kill = true;
+            poke(c);
+            return NULL;
         }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        p = peer_by_gen(c, e->peer, e->gen);
     }
+    return c->stop ? NULL : p;
+}
+
+// The copy thread: for each layer reported ready, one DATA frame per registered send (rows read
+// outside the lock; the step's send list does not change while layers are in flight).
+static void *copy_main(void *arg) {
+    struct kv_connector *c = arg;
+    struct step *sp = &c->step;
+    struct qnode **frames = NULL;
+    int frames_cap = 0;
     pthread_mutex_lock(&c->mu);
+    while (!c->stop) {
+        if (sp->cancel || sp->n == 0 || sp->done >= sp->ready) {
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        int l = sp->done, n = sp->n;
+        void *ev = sp->ev[l];
+        sp->copying = true;
+        frames = grow_arr(frames, &frames_cap, n, sizeof *frames);
+        pthread_mutex_unlock(&c->mu);
+        if (ev && c->pool.wait) c->pool.wait(c->pool.ctx, ev);
+        size_t row = c->pool.k_row_bytes[l] + c->pool.v_row_bytes[l];
+        for (int i = 0; i < n; i++) {
+            struct step_send *e = &sp->s[i];
+            frames[i] = NULL;
+            if (e->failed || e->n_tok == 0) continue;
+            uint8_t *b;
+            struct qnode *q = frame_new(KV_FRAME_DATA, e->id, 12 + (size_t)e->n_tok * row, &b);
+            uint32_t hdr[3] = {(uint32_t)l, (uint32_t)e->tok0, (uint32_t)e->n_tok};
+            memcpy(b, hdr, 12);
+            struct error err = {0};
+            if (c->pool.copy(c->pool.ctx, l, e->ids, e->tok0, e->n_tok, b + 12, false, &err) != ATOMC_OK) {
+                LOG_ERROR("KV transfer %s: reading layer %d: %s", e->id, l, err.msg);
+                free(q);
+                e->failed = true;
+                continue;
+            }
+            frames[i] = q;
+        }
+        pthread_mutex_lock(&c->mu);
+        for (int i = 0; i < n; i++) {
+            if (!frames[i]) continue;
+            struct step_send *e = &sp->s[i];
+            struct peer *p = sp->cancel ? NULL : wait_for_room(c, e, frames[i]->len);
+            if (!p) {
+                free(frames[i]);
+                e->failed = true;
+                continue;
+            }
+            peer_queue(c, p, frames[i]);
+            c->st.bytes_sent += (size_t)e->n_tok * row;
+            c->st.layers_sent++;
+            if (!sp->ending) c->st.layers_during_forward++;
+        }
+        sp->done++;
+        sp->copying = false;
+        pthread_cond_broadcast(&c->cv);
+        poke(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(frames);
+    return NULL;
+}
+
+atomc_status kv_connector_step_add(struct kv_connector *c, const struct kv_send *s, struct error *err) {
+    CHECK(s->tok0 >= 0 && s->n_tok >= 0 && s->tok0 + s->n_tok <= s->n_tokens);
+    CHECK(s->skip >= 0 && s->skip < s->n_tokens && s->skip % c->pool.block_size == 0 && (s->n_tok == 0 || s->tok0 >= s->skip));
+    pthread_mutex_lock(&c->mu);
+    struct step *sp = &c->step;
+    CHECK_MSG(sp->ready == 0 && !sp->ending, "kv_connector_step_add during a forward");
     atomc_status st = ATOMC_OK;
     struct peer *p = NULL;
     struct tx *t = NULL;
+    int bs = c->pool.block_size, n_blocks = (s->n_tokens + bs - 1) / bs;
     for (int i = 0; i < c->n_tx; i++)
         if (!strcmp(c->tx[i].id, s->transfer_id)) t = &c->tx[i];
     if (s->first && !t) {
@@ -772,16 +969,18 @@ atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, 
         t->peer = pi;
         t->gen = c->peers[pi].gen;
         p = &c->peers[pi];
-        int bs = c->pool.block_size, n_full = s->n_tokens / bs, n_blocks = (s->n_tokens + bs - 1) / bs;
-        size_t len = 8 + (size_t)s->n_tokens * 4 + (size_t)n_full * 8 + (size_t)n_blocks * 4;
+        int n_full = s->n_tokens / bs;
+        size_t len = 12 + (size_t)s->n_tokens * 4 + (size_t)n_full * 8 + (size_t)n_blocks * 4;
         uint8_t *b;
         struct qnode *q = frame_new(KV_FRAME_BEGIN, s->transfer_id, len, &b);
-        uint32_t hdr[2] = {(uint32_t)s->n_tokens, (uint32_t)n_blocks};
-        memcpy(b, hdr, 8);
-        memcpy(b + 8, s->tokens, (size_t)s->n_tokens * 4);
-        memcpy(b + 8 + (size_t)s->n_tokens * 4, s->block_hashes, (size_t)n_full * 8);
-        memcpy(b + 8 + (size_t)s->n_tokens * 4 + (size_t)n_full * 8, s->block_ids, (size_t)n_blocks * 4);
+        uint32_t hdr[3] = {(uint32_t)s->n_tokens, (uint32_t)n_blocks, (uint32_t)s->skip};
+        memcpy(b, hdr, 12);
+        b += 12;
+        memcpy(b, s->tokens, (size_t)s->n_tokens * 4);
+        memcpy(b + (size_t)s->n_tokens * 4, s->block_hashes, (size_t)n_full * 8);
+        memcpy(b + (size_t)s->n_tokens * 4 + (size_t)n_full * 8, s->block_ids, (size_t)n_blocks * 4);
         peer_queue(c, p, q);
+        t->skip = s->skip;
     } else if (t) {
         p = peer_by_gen(c, t->peer, t->gen);
     }
@@ -789,25 +988,144 @@ atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, 
         st = error_set(err, ATOMC_ERR_IO, "KV transfer %s: the consumer connection is gone", s->transfer_id);
         goto out;
     }
-    for (int i = 0; i < n_data; i++)
-        peer_queue(c, p, data[i]);
-    n_data = 0;
-    c->st.bytes_sent += payload;
-    if (s->last) {
-        // END repeats the block ids: a chunked prefill allocates blocks as it goes, so BEGIN's may be partial.
-        int n_blocks = (s->n_tokens + c->pool.block_size - 1) / c->pool.block_size;
-        peer_send_simple(c, p, KV_FRAME_END, s->transfer_id, s->block_ids, (size_t)n_blocks * 4);
-        c->st.transfers_sent++;
-        c->st.blocks_sent += (uint64_t)((s->n_tokens + c->pool.block_size - 1) / c->pool.block_size);
-        if (!tcp) c->st.bytes_sent += (size_t)s->n_tokens * c->token_bytes;
-    }
+    sp->s = grow_arr(sp->s, &sp->cap, sp->n + 1, sizeof *sp->s);
+    struct step_send *e = &sp->s[sp->n++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->id, sizeof e->id, "%s", s->transfer_id);
+    e->peer = t->peer;
+    e->gen = t->gen;
+    e->ids = xmalloc((size_t)(n_blocks ? n_blocks : 1) * sizeof *e->ids);
+    memcpy(e->ids, s->block_ids, (size_t)n_blocks * sizeof *e->ids);
+    e->n_tokens = s->n_tokens;
+    e->n_blocks = n_blocks;
+    e->tok0 = s->tok0;
+    e->n_tok = c->cfg.kind == KV_CONNECTOR_TCP ? s->n_tok : 0; // cuda_ipc: the consumer reads the pool itself
+    e->last = s->last;
+    e->skip = t->skip;
 out:
     pthread_mutex_unlock(&c->mu);
-    for (int i = 0; i < n_data; i++)
-        free(data[i]);
-    free(data);
     if (st == ATOMC_OK) poke(c);
     return st;
+}
+
+void kv_connector_layer_ready(struct kv_connector *c, int layer, void *event) {
+    pthread_mutex_lock(&c->mu);
+    struct step *sp = &c->step;
+    // cuda_ipc sends no DATA: the consumer reads the pool after END.
+    if (c->cfg.kind == KV_CONNECTOR_TCP && sp->n > 0 && layer == sp->ready && layer < c->pool.n_layers) {
+        sp->ev[layer] = event;
+        sp->ready++;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int kv_connector_step_end(struct kv_connector *c, bool ok, bool *failed, int n_failed) {
+    pthread_mutex_lock(&c->mu);
+    struct step *sp = &c->step;
+    int n = sp->n;
+    if (n == 0) {
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
+    sp->ending = true;
+    if (ok) {
+        // Layers the forward did not report (no hook: a fake model, a graph-less path) are
+        // complete now that it returned.
+        for (int l = sp->ready; l < c->pool.n_layers; l++)
+            sp->ev[l] = NULL;
+        sp->ready = c->pool.n_layers;
+        pthread_cond_broadcast(&c->cv);
+        while (sp->done < sp->ready && !c->stop)
+            pthread_cond_wait(&c->cv, &c->mu);
+    } else {
+        sp->cancel = true;
+        pthread_cond_broadcast(&c->cv);
+        while (sp->copying)
+            pthread_cond_wait(&c->cv, &c->mu);
+    }
+    for (int i = 0; i < n; i++) {
+        struct step_send *e = &sp->s[i];
+        struct peer *p = peer_by_gen(c, e->peer, e->gen);
+        if (!p) e->failed = true;
+        if (ok && !e->failed && e->last) {
+            // END repeats the block ids: a chunked prefill allocates blocks as it goes, so BEGIN's may be partial.
+            peer_send_simple(c, p, KV_FRAME_END, e->id, e->ids, (size_t)e->n_blocks * 4);
+            c->st.transfers_sent++;
+            c->st.blocks_sent += (uint64_t)(e->n_blocks - e->skip / c->pool.block_size);
+            c->st.blocks_skipped += (uint64_t)(e->skip / c->pool.block_size);
+            if (c->cfg.kind != KV_CONNECTOR_TCP) c->st.bytes_sent += (size_t)(e->n_tokens - e->skip) * c->token_bytes;
+        }
+        if (failed && i < n_failed) failed[i] = !ok || e->failed;
+        free(e->ids);
+    }
+    sp->n = sp->ready = sp->done = 0;
+    sp->ending = sp->cancel = false;
+    pthread_mutex_unlock(&c->mu);
+    poke(c);
+    return n;
+}
+
+atomc_status kv_connector_send(struct kv_connector *c, const struct kv_send *s, struct error *err) {
+    atomc_status st = kv_connector_step_add(c, s, err);
+    if (st != ATOMC_OK) return st;
+    bool failed = false;
+    kv_connector_step_end(c, true, &failed, 1);
+    if (failed) return error_set(err, ATOMC_ERR_IO, "KV transfer %s: the consumer connection is gone", s->transfer_id);
+    return ATOMC_OK;
+}
+
+atomc_status kv_connector_query(struct kv_connector *c, const char *id, const char *remote_engine_id,
+                                const int32_t *tokens, int n_tokens, struct error *err) {
+    CHECK(n_tokens > 0);
+    pthread_mutex_lock(&c->mu);
+    int pi = find_consumer(c, remote_engine_id, err);
+    if (pi >= 0) {
+        uint8_t *b;
+        struct qnode *q = frame_new(KV_FRAME_QUERY, id, 4 + (size_t)n_tokens * 4, &b);
+        uint32_t n = (uint32_t)n_tokens;
+        memcpy(b, &n, 4);
+        memcpy(b + 4, tokens, (size_t)n_tokens * 4);
+        peer_queue(c, &c->peers[pi], q);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (pi < 0) return err ? err->status : ATOMC_ERR_NOT_FOUND;
+    poke(c);
+    return ATOMC_OK;
+}
+
+int kv_connector_take_have(struct kv_connector *c, const char *id) {
+    pthread_mutex_lock(&c->mu);
+    int n = -1;
+    for (int i = 0; i < c->n_haves; i++)
+        if (!strcmp(c->haves[i].id, id)) {
+            n = c->haves[i].n_blocks;
+            c->haves[i] = c->haves[--c->n_haves];
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+void kv_connector_answer_queries(struct kv_connector *c, int (*fn)(void *u, const int32_t *tokens, int n_tokens),
+                                 void *u) {
+    pthread_mutex_lock(&c->mu);
+    int n = c->n_queries;
+    struct query *qs = n ? xmalloc((size_t)n * sizeof *qs) : NULL;
+    if (n) memcpy(qs, c->queries, (size_t)n * sizeof *qs);
+    c->n_queries = 0;
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < n; i++) {
+        int have = fn(u, qs[i].tokens, qs[i].n_tokens);
+        uint32_t v = have > 0 ? (uint32_t)have : 0;
+        pthread_mutex_lock(&c->mu);
+        struct peer *p = peer_by_gen(c, qs[i].peer, qs[i].gen);
+        if (p && p->ready) peer_send_simple(c, p, KV_FRAME_HAVE, qs[i].id, &v, 4);
+        pthread_mutex_unlock(&c->mu);
+        free(qs[i].tokens);
+    }
+    free(qs);
+    if (n) poke(c);
 }
 
 void kv_connector_send_abort(struct kv_connector *c, const char *id) {
@@ -849,6 +1167,7 @@ enum kv_rx_state kv_connector_lookup(struct kv_connector *c, const char *id, con
             info->n_tokens = r->n_tokens;
             info->tokens = r->tokens;
             info->block_hashes = r->hashes;
+            info->skip = r->skip;
             info->t_begin = r->t_begin;
             info->t_end = r->t_end;
         }
@@ -871,7 +1190,7 @@ atomc_status kv_connector_claim(struct kv_connector *c, const char *id, const in
         pthread_mutex_unlock(&c->mu);
         return error_set(err, ATOMC_ERR_NOT_FOUND, "KV transfer %s is not ready", id);
     }
-    int n = r->n_tokens, peer = r->peer;
+    int n = r->n_tokens, skip = r->skip, peer = r->peer;
     uint64_t gen = r->gen;
     uint8_t *data = r->data;
     int32_t *src = r->src_blocks;
@@ -884,14 +1203,15 @@ atomc_status kv_connector_claim(struct kv_connector *c, const char *id, const in
     atomc_status st = ATOMC_OK;
     size_t bytes = 0;
     CHECK(n_blocks * c->pool.block_size >= n);
+    int skip_blocks = skip / c->pool.block_size;
     if (c->cfg.kind == KV_CONNECTOR_TCP) {
         for (int l = 0; l < c->pool.n_layers && st == ATOMC_OK; l++)
-            st = c->pool.copy(c->pool.ctx, l, block_ids, 0, n, data + stage_offset(c, l, n), true, err);
-        bytes = (size_t)n * c->token_bytes;
+            st = c->pool.copy(c->pool.ctx, l, block_ids, skip, n - skip, data + stage_offset(c, l, n - skip), true, err);
+        bytes = (size_t)(n - skip) * c->token_bytes;
     } else if (!ipc_base) {
         st = error_set(err, ATOMC_ERR_IO, "KV transfer %s: the producer's connection is gone", id);
     } else {
-        st = kv_ipc_copy(&c->pool, ipc_base, src, block_ids, n, &bytes, err);
+        st = kv_ipc_copy(&c->pool, ipc_base, src + skip_blocks, block_ids + skip_blocks, n - skip, &bytes, err);
     }
     free(data);
     free(src);
@@ -901,7 +1221,8 @@ atomc_status kv_connector_claim(struct kv_connector *c, const char *id, const in
     if (r) {
         if (st == ATOMC_OK) {
             c->st.bytes_received += bytes;
-            c->st.blocks_received += (uint64_t)((n + c->pool.block_size - 1) / c->pool.block_size);
+            c->st.blocks_received += (uint64_t)((n + c->pool.block_size - 1) / c->pool.block_size - skip_blocks);
+            c->st.blocks_skipped += (uint64_t)skip_blocks;
             c->st.transfers_received++;
         } else {
             c->st.transfers_failed++;

@@ -105,12 +105,14 @@ void block_attention(struct model *m, struct fwd_state *f, const struct model_la
                                  m->cfg.rms_norm_eps);
     f->first = false;
     switch (ly->attn_kind) {
-    case ATTN_KIND_GQA: attention_gqa(m, f, ly, kv, md); return;
-    case ATTN_KIND_MLA: block_attention_mla(m, f, ly, kv, md); return;
-    case ATTN_KIND_GQA_GATED: attention_gqa_gated(m, f, ly, kv, md); return;
-    case ATTN_KIND_GATED_DELTANET: attention_gated_deltanet(m, f, ly, kv, md); return;
+    case ATTN_KIND_GQA: attention_gqa(m, f, ly, kv, md); break;
+    case ATTN_KIND_MLA: block_attention_mla(m, f, ly, kv, md); break;
+    case ATTN_KIND_GQA_GATED: attention_gqa_gated(m, f, ly, kv, md); break;
+    case ATTN_KIND_GATED_DELTANET: attention_gated_deltanet(m, f, ly, kv, md); break;
+    default: CHECK_MSG(0, "attention kind %d", (int)ly->attn_kind);
     }
-    CHECK_MSG(0, "attention kind %d", (int)ly->attn_kind);
+    // The layer's KV rows of this batch are written (issued): a KV-transfer producer may ship them.
+    if (m->kv_layer_hook) m->kv_layer_hook(m->kv_layer_hook_arg, (int)(ly - m->layers));
 }
 
 static void ffn_dense(struct model *m, struct fwd_state *f, const struct ffn_dense_weights *w) {

@@ -282,6 +282,12 @@ struct model {
     struct model_scratch scratch;
     struct moe_route_args moe_route; // MoE models: routing parameters
     int last_tokens;              // rows of the last model_forward (what compute_logits gathers from)
+    // KV transfer (issue 24): when set, called at the end of every layer's attention block, once
+    // that layer's KV writes of the batch are issued to the backend (CPU: done; CUDA: queued on
+    // the stream, so the callee records an event). The runner sets it around one eager forward
+    // and never while a CUDA graph is captured; NULL otherwise.
+    void (*kv_layer_hook)(void *arg, int layer);
+    void *kv_layer_hook_arg;
 };
 
 // Where weights come from: an opened checkpoint (HF directory or GGUF) or random numbers.

@@ -55,6 +55,12 @@ atomc_status dp_router_create(const atomc_engine_options *o_in, int dp_size, str
                  "do not carry yet: run one server per GPU (CUDA_VISIBLE_DEVICES) behind a load balancer", dp_size);
         return ATOMC_ERR_UNSUPPORTED;
     }
+    if (dp_size > 1 && o->kv_transfer_config && o->kv_transfer_config[0]) {
+        snprintf(err, err_len, "--kv-transfer-config with data parallel size %d is not supported: the %d replicas "
+                 "would share one KV connector port and engine id; run one prefill / decode instance per replica "
+                 "(each its own kv_port and engine_id) behind `atomc proxy`", dp_size, dp_size);
+        return ATOMC_ERR_UNSUPPORTED;
+    }
     struct dp_router *r = xcalloc(1, sizeof *r);
     r->n = dp_size;
     r->replicas = xcalloc((size_t)dp_size, sizeof *r->replicas);

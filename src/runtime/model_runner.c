@@ -411,12 +411,28 @@ void runner_upload(struct model_runner *r, size_t bytes) {
 // ---------------------------------------------------------------------------------------------
 // Forward and execute
 
+// model.kv_layer_hook of a forward whose batch asks for per-layer KV sends: the layer's event
+// (CUDA) is recorded right after its KV write, then the batch's callback hears of it.
+static void runner_layer_hook(void *arg, int layer) {
+    struct model_runner *r = arg;
+    struct backend *b = r->backend;
+    void *ev = NULL;
+    if (b->ops->event_record) {
+        if (!r->layer_ev[layer]) r->layer_ev[layer] = b->ops->event_new(b);
+        ev = r->layer_ev[layer];
+        b->ops->event_record(b, ev);
+    }
+    r->hook_fb->kv_layer_done(r->hook_fb->kv_layer_ctx, r->model->tp_rank, layer, ev);
+}
+
 atomc_status runner_forward(struct model_runner *r, const struct forward_batch *fb, int n_rows,
                                    struct error *err) {
     struct backend *b = r->backend;
     struct attn_metadata md;
     struct runner_graph *g = NULL;
-    if (r->graphs_enabled && runner_is_decode_only(fb) && fb->n_prompt_lp == 0) g = runner_graph_for(r, fb->n_seqs);
+    // A batch with per-layer KV sends runs eagerly (a replayed graph would call no hook).
+    if (r->graphs_enabled && runner_is_decode_only(fb) && fb->n_prompt_lp == 0 && !fb->kv_layer_done)
+        g = runner_graph_for(r, fb->n_seqs);
     if (g) {
         r->lay = r->dec;
         runner_upload(r, runner_pack(r, fb, g->batch_size, r->max_blocks, &md));
@@ -434,7 +450,14 @@ atomc_status runner_forward(struct model_runner *r, const struct forward_batch *
     runner_layout_build(&r->lay, fb->n_tokens, fb->n_seqs, fb->max_blocks_per_seq * (r->kv_groups ? 2 : 1),
                         fb->n_logits, fb->n_prompt_lp);
     runner_upload(r, runner_pack(r, fb, 0, fb->max_blocks_per_seq, &md));
+    if (fb->kv_layer_done) {
+        r->hook_fb = fb;
+        r->model->kv_layer_hook = runner_layer_hook;
+        r->model->kv_layer_hook_arg = r;
+    }
     model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
+    r->model->kv_layer_hook = NULL;
+    r->hook_fb = NULL;
     if (n_rows > 0) model_compute_logits(r->model, DPTR(r, logits_rows, int32_t), n_rows);
     if (r->model->comm_status != ATOMC_OK) { // a tensor-parallel collective failed (peer died / timed out)
         if (err) *err = r->model->comm_err;
@@ -634,6 +657,8 @@ void model_runner_free(struct model_runner *r) {
         for (int i = 0; i < r->n_graphs; i++)
             if (r->backend->ops->graph_destroy) r->backend->ops->graph_destroy(r->backend, r->graphs[i].graph);
         runner_free_buffers(r);
+        for (int l = 0; l < MODEL_MAX_LAYERS; l++)
+            if (r->layer_ev[l]) r->backend->ops->event_free(r->backend, r->layer_ev[l]);
         model_free(r->model);
         backend_destroy(r->backend);
     }

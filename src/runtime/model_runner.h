@@ -80,6 +80,15 @@ struct forward_batch {
     const int32_t *prompt_lp_rows;    // (n_prompt_lp)
     const int32_t *prompt_lp_targets; // (n_prompt_lp)
     int prompt_lp_k;
+
+    // KV transfer (engine_kv_transfer.c): when set, called from inside the forward after layer
+    // l's KV rows of this batch are written, in layer order, once per layer and per tensor-
+    // parallel rank (rank: the runner's, 0 without TP; ranks call from their own threads). event: NULL when the
+    // rows are in memory already (CPU), else a backend event recorded on the compute stream right
+    // after the layer's KV write (kv_pool_view.wait waits for it before the rows are read).
+    // A batch with this set never runs as a CUDA graph replay (so captured graphs hold no hook).
+    void (*kv_layer_done)(void *ctx, int rank, int layer, void *event);
+    void *kv_layer_ctx;
 };
 
 // Filled by model_runner_execute; arrays are owned by the runner, valid until the next call.

@@ -72,6 +72,10 @@ struct model_runner {
     // of each layer's K / V region in kv_pool, per layer.
     size_t xfer_k_row[MODEL_MAX_LAYERS], xfer_v_row[MODEL_MAX_LAYERS];
     size_t xfer_k_off[MODEL_MAX_LAYERS], xfer_v_off[MODEL_MAX_LAYERS];
+    // Per-layer KV sends (forward_batch.kv_layer_done): the batch of the running forward and one
+    // backend event per layer (created on first use; backends with event ops only).
+    const struct forward_batch *hook_fb;
+    void *layer_ev[MODEL_MAX_LAYERS];
 
     // Recurrent-state slots (models with CACHE_KIND_RECURRENT layers, runner_state.c): slots
     // 0 .. n_state_slots - 1 are the engine's (one per running sequence), slot n_state_slots is

@@ -315,6 +315,7 @@ static atomc_status runner_kv_copy(void *ctx, int layer, const int32_t *blocks, 
             char *slot = base + ((size_t)blk * bs + off) * row;
             size_t len = (size_t)run * row;
             if (to_pool) b->ops->copy_h2d(b, slot, h, len);
+            else if (b->ops->copy_d2h_side) b->ops->copy_d2h_side(b, h, slot, len); // the I/O thread, mid-forward
             else b->ops->copy_d2h(b, h, slot, len);
             h += len;
             t += run;
@@ -322,6 +323,12 @@ static atomc_status runner_kv_copy(void *ctx, int layer, const int32_t *blocks, 
     }
     if (to_pool) b->ops->synchronize(b);
     return ATOMC_OK;
+}
+
+// kv_pool_view.wait: the layer event of forward_batch.kv_layer_done (any thread).
+static void runner_kv_wait(void *ctx, void *event) {
+    struct model_runner *r = ctx;
+    if (event && r->backend->ops->event_sync) r->backend->ops->event_sync(r->backend, event);
 }
 
 void model_runner_kv_pool_view(struct model_runner *r, struct kv_pool_view *v) {
@@ -352,10 +359,11 @@ void model_runner_kv_pool_view(struct model_runner *r, struct kv_pool_view *v) {
     v->v_row_bytes = r->xfer_v_row;
     v->ctx = r;
     v->copy = runner_kv_copy;
+    v->wait = runner_kv_wait;
     v->base = r->kv_pool;
     v->bytes = r->kv_bytes;
     v->on_device = r->backend->kind != BACKEND_CPU;
-    v->device = 0;
+    v->device = r->backend->device_id; // cuda_ipc: the device its IPC handle belongs to
     v->k_offset = r->xfer_k_off;
     v->v_offset = r->xfer_v_off;
 }

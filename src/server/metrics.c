@@ -217,6 +217,16 @@ int metrics_render(const struct metrics *m, const atomc_stats *s, char **buf, si
         out_gauge(&o, lbl, "atomc:kv_transfer_waiting_requests", "Requests waiting for their prompt's KV.",
                   s->kv_waiting);
         out_gauge(&o, lbl, "atomc:kv_transfer_peers", "KV transfer connections past the handshake.", s->kv_peers);
+        out_counter(&o, lbl, "atomc:kv_transfer_layers_sent_total", "KV DATA frames (one layer of one step) queued.",
+                    s->kv_layers_sent);
+        out_counter(&o, lbl, "atomc:kv_transfer_layers_during_forward_total",
+                    "KV DATA frames queued while the forward that wrote them still ran.", s->kv_layers_during_forward);
+        out_gauge(&o, lbl, "atomc:kv_transfer_send_queue_peak_bytes",
+                  "Largest send queue of one decode-instance connection.", (double)s->kv_send_queue_peak);
+        out_counter(&o, lbl, "atomc:kv_transfer_send_queue_waits_total",
+                    "Times a full send queue made the prefill instance wait.", s->kv_send_queue_waits);
+        out_counter(&o, lbl, "atomc:kv_transfer_blocks_skipped_total",
+                    "Prompt KV blocks not sent because the decode instance had them cached.", s->kv_blocks_skipped);
     }
     if (s->num_speculative_tokens > 0) { // speculative decoding on: vLLM's spec_decode counters
         out_counter(&o, lbl, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",

@@ -8,12 +8,21 @@
 // build-cuda/tests/gpu/test_cuda_kv_ipc); without one it is skipped with the reason.
 //
 // The processes are forked before either touches CUDA (a CUDA context does not survive fork).
+//
+// cuda_tcp_layer_sends_wait_for_their_events: the producer side of per-layer sends over `tcp`
+// with a device pool, as the runner drives it: for each layer, work that keeps the CUDA backend's
+// stream busy, then the layer's rows written into the pool (device to device) and an event
+// recorded; kv_connector_layer_ready(layer, event). The connector's copy thread must wait for
+// the event (kv_pool_view.wait = the backend's event_sync) and read the rows on the side stream
+// (copy_d2h_side): a read that did not wait would see the zeroed pool. The consumer (host pool)
+// gets every row exactly.
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "common/timeutil.h"
 #include "kv_transfer/kv_connector.h"
 #include "test.h"
@@ -208,6 +217,133 @@ TEST(cuda_ipc_two_processes_copy_blocks) {
     if (rp == SKIP_RC || rc == SKIP_RC) SKIP("no CUDA device");
     ASSERT_EQ(rc, 0);
     ASSERT_EQ(rp, 0);
+}
+
+
+// --- per-layer sends from a device pool over tcp ------------------------------------------------
+
+static struct backend *g_b;
+
+static atomc_status side_copy(void *ctx, int layer, const int32_t *blocks, int tok0, int n, void *host, bool to_pool,
+                              struct error *err) {
+    char *base = ctx, *h = host;
+    if (to_pool) return error_set(err, ATOMC_ERR_INTERNAL, "producer pool: no writes");
+    for (int kv = 0; kv < 2; kv++)
+        for (int t = tok0; t < tok0 + n; t++) {
+            char *slot = base + (kv ? offs_v[layer] : offs_k[layer]) + ((size_t)blocks[t / BS] * BS + t % BS) * ROW;
+            g_b->ops->copy_d2h_side(g_b, h, slot, ROW);
+            h += ROW;
+        }
+    return ATOMC_OK;
+}
+
+static void side_wait(void *ctx, void *event) {
+    (void)ctx;
+    if (event) g_b->ops->event_sync(g_b, event);
+}
+
+static atomc_status host_rows(void *ctx, int layer, const int32_t *blocks, int tok0, int n, void *host, bool to_pool,
+                              struct error *err) {
+    uint8_t *base = ctx, *h = host;
+    (void)err;
+    for (int kv = 0; kv < 2; kv++)
+        for (int t = tok0; t < tok0 + n; t++) {
+            uint8_t *slot = base + (kv ? offs_v[layer] : offs_k[layer]) + ((size_t)blocks[t / BS] * BS + t % BS) * ROW;
+            if (to_pool)
+                memcpy(slot, h, ROW);
+            else
+                memcpy(h, slot, ROW);
+            h += ROW;
+        }
+    return ATOMC_OK;
+}
+
+TEST(cuda_tcp_layer_sends_wait_for_their_events) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) SKIP("no CUDA device");
+    struct backend_options bo = {.device_id = 0, .kv_pool_bytes = 16u << 20};
+    struct error e = {0};
+    if (backend_create("cuda", &bo, &g_b, &e) != ATOMC_OK) SKIP("no CUDA backend: %s", e.msg);
+    ASSERT_TRUE(g_b->ops->event_new && g_b->ops->event_record && g_b->ops->event_sync && g_b->ops->copy_d2h_side);
+    size_t busy_bytes = (size_t)1 << 30;
+    void *pool = g_b->ops->alloc(g_b, POOL), *src = g_b->ops->alloc(g_b, POOL), *busy = g_b->ops->alloc(g_b, busy_bytes);
+    ASSERT_TRUE(pool && src && busy);
+    uint8_t *h = malloc(POOL), *host_pool = calloc(1, POOL);
+    for (size_t i = 0; i < POOL; i++)
+        h[i] = pattern(i);
+    g_b->ops->copy_h2d(g_b, src, h, POOL);
+    g_b->ops->memset_zero(g_b, pool, POOL);
+    g_b->ops->synchronize(g_b);
+    struct kv_pool_view pv, cv;
+    view_init(&pv, pool);
+    pv.copy = side_copy;
+    pv.wait = side_wait;
+    pv.on_device = false; // tcp: the rows travel in DATA frames
+    view_init(&cv, host_pool);
+    cv.copy = host_rows;
+    cv.on_device = false;
+    int port = test_free_port();
+    char js[160];
+    struct kv_transfer_config pc, cc;
+    snprintf(js, sizeof js, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d}", port);
+    ASSERT_EQ(kv_transfer_config_parse(js, &pc, &e), ATOMC_OK);
+    snprintf(js, sizeof js, "{\"kv_role\":\"kv_consumer\",\"kv_port\":%d}", port);
+    ASSERT_EQ(kv_transfer_config_parse(js, &cc, &e), ATOMC_OK);
+    struct kv_handshake ph = hs("P"), ch = hs("C");
+    struct kv_connector *prod = NULL, *cons = NULL;
+    ASSERT_EQ(kv_connector_create(&pc, &ph, &pv, NULL, NULL, &prod, &e), ATOMC_OK);
+    ASSERT_EQ(kv_connector_create(&cc, &ch, &cv, NULL, NULL, &cons, &e), ATOMC_OK);
+    struct kv_connector_stats st;
+    double end = time_now_s() + 20;
+    do {
+        usleep(2000);
+        kv_connector_get_stats(prod, &st);
+    } while (st.peers < 1 && time_now_s() < end);
+    ASSERT_EQ(st.peers, 1);
+    int32_t tokens[N_TOK] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, blocks[3] = {3, 7, 5}, dst[3] = {9, 0, 12};
+    uint64_t hashes[2] = {11, 22};
+    struct kv_send s = {.transfer_id = "layers", .tokens = tokens, .n_tokens = N_TOK, .block_hashes = hashes,
+                        .block_ids = blocks, .tok0 = 0, .n_tok = N_TOK, .first = true, .last = true};
+    ASSERT_EQ(kv_connector_step_add(prod, &s, &e), ATOMC_OK);
+    void *ev[L];
+    for (int l = 0; l < L; l++) {
+        for (int k = 0; k < 20; k++) // ~10 ms of stream work before the layer's rows exist
+            g_b->ops->memset_zero(g_b, busy, busy_bytes);
+        g_b->ops->copy_d2d(g_b, (char *)pool + offs_k[l], (char *)src + offs_k[l], 2 * (size_t)NB * BS * ROW);
+        ev[l] = g_b->ops->event_new(g_b);
+        g_b->ops->event_record(g_b, ev[l]);
+        kv_connector_layer_ready(prod, l, ev[l]); // returns at once: the stream is still busy
+    }
+    bool failed = true;
+    ASSERT_EQ(kv_connector_step_end(prod, true, &failed, 1), 1);
+    ASSERT_TRUE(!failed);
+    end = time_now_s() + 20;
+    while (kv_connector_lookup(cons, "layers", NULL, NULL) != KV_RX_READY && time_now_s() < end)
+        usleep(2000);
+    ASSERT_EQ(kv_connector_claim(cons, "layers", dst, 3, &e), ATOMC_OK);
+    int bad = 0;
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int t = 0; t < N_TOK; t++) {
+                size_t off = kv ? offs_v[l] : offs_k[l];
+                size_t ps = off + ((size_t)blocks[t / BS] * BS + t % BS) * ROW;
+                size_t cs = off + ((size_t)dst[t / BS] * BS + t % BS) * ROW;
+                for (int x = 0; x < ROW; x++) bad += host_pool[cs + x] != pattern(ps + x);
+            }
+    kv_connector_get_stats(prod, &st);
+    fprintf(stderr, "  device pool over tcp: %llu layer frames, %llu queued before step_end, %d bytes differ\n",
+            (unsigned long long)st.layers_sent, (unsigned long long)st.layers_during_forward, bad);
+    ASSERT_EQ(bad, 0);
+    ASSERT_EQ(st.layers_sent, L);
+    kv_connector_free(cons);
+    kv_connector_free(prod);
+    for (int l = 0; l < L; l++) g_b->ops->event_free(g_b, ev[l]);
+    g_b->ops->free(g_b, busy);
+    g_b->ops->free(g_b, src);
+    g_b->ops->free(g_b, pool);
+    backend_destroy(g_b);
+    free(h);
+    free(host_pool);
 }
 
 int main(int argc, char **argv) {

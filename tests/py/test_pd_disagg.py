@@ -4,10 +4,12 @@ instance (kv_producer) and one decode instance (kv_consumer), SmolLM2 on the CPU
 - unclaimed, late and aborted transfers (no proxy): held blocks freed after hold_timeout_s, a late
   KV prefilled locally with the same tokens, an abort while waiting leaves nothing behind.
 - 200 concurrent greedy completions through the proxy equal a single instance's, token for token
-  (text, finish reason and completion tokens); the decode instance computes exactly one prompt
+  (text, finish reason and completion tokens); the producer sends each layer's KV as the forward
+  writes it (some frames are queued before their forward returns); the decode instance computes exactly one prompt
   token per request (the last), receives every prompt's KV, falls back never; the bytes sent and
   received equal the prompts' KV bytes (prompt tokens x 30 layers x K+V x 3 KV heads x 64 dims x
-  2 bytes of BF16); afterwards both instances hold no KV blocks.
+  2 bytes of BF16) less the leading blocks the decode instance already had cached (not sent);
+  afterwards both instances hold no KV blocks.
 - streaming chat through the proxy equals the single instance's non-streaming answer.
 - the prefill instance SIGKILLed mid-run (120 concurrent requests, after it sent 30 transfers): every
   request still completes with the same tokens
@@ -202,9 +204,20 @@ def test_pd_matches_single_instance(reference):
         chat_prompt_tokens = decode.metric("vllm:prompt_tokens_total") - prompt_tokens
         kv_bytes = (prompt_tokens + chat_prompt_tokens) * KV_TOKEN_BYTES
         print(f"{n_req} requests, {prompt_tokens + chat_prompt_tokens:.0f} prompt tokens, {kv_bytes:.0f} KV bytes")
-        assert p("atomc:kv_transfer_bytes_sent_total") == kv_bytes
-        assert decode.metric("atomc:kv_transfer_bytes_received_total") == kv_bytes
+        # Leading blocks the decode instance had cached from earlier prompts (its HAVE answer to the
+        # producer's QUERY) are not sent: every other prompt token's KV is, exactly once.
+        skipped = p("atomc:kv_transfer_blocks_skipped_total")
+        assert decode.metric("atomc:kv_transfer_blocks_skipped_total") == skipped
+        print(f"{skipped:.0f} blocks skipped (cached on the decode instance)")
+        assert p("atomc:kv_transfer_bytes_sent_total") == kv_bytes - skipped * 16 * KV_TOKEN_BYTES
+        assert decode.metric("atomc:kv_transfer_bytes_received_total") == kv_bytes - skipped * 16 * KV_TOKEN_BYTES
         assert p("atomc:kv_transfer_blocks_sent_total") == decode.metric("atomc:kv_transfer_blocks_received_total")
+        # Per-layer sends: one DATA frame per layer per step that computed prompt tokens; the copy
+        # thread queues frames while the forward that wrote them still runs.
+        layers, early = p("atomc:kv_transfer_layers_sent_total"), p("atomc:kv_transfer_layers_during_forward_total")
+        print(f"layer frames {layers:.0f}, {early:.0f} queued during their forward ({early / layers:.0%})")
+        assert layers % 30 == 0 and layers >= 30 * n_req
+        assert early > 0
         assert wait_blocks_free(prefill), prefill.metrics()
         assert wait_blocks_free(decode), decode.metrics()
         pm = proxy.metrics()
@@ -311,7 +324,12 @@ def test_unclaimed_late_and_aborted_transfers_free_blocks():
         assert status == 200, body
         kv = body["kv_transfer_params"]
         assert kv["do_remote_prefill"] and kv["remote_engine_id"] == "p" and kv["remote_request_id"]
-        assert prefill.metric("atomc:kv_transfer_held_blocks") > 0  # until the consumer acknowledges
+        # Held until the consumer acknowledges. (The stats are a snapshot taken at the end of the
+        # engine step that answered, which may come just after the response: poll briefly.)
+        deadline = time.time() + 1
+        while prefill.metric("atomc:kv_transfer_held_blocks") == 0 and time.time() < deadline:
+            time.sleep(0.02)
+        assert prefill.metric("atomc:kv_transfer_held_blocks") > 0
         assert wait_blocks_free(prefill, timeout=15), prefill.metrics()
 
         # KV that never comes: local prefill after timeout_s, the same answer as without P/D.

@@ -127,6 +127,37 @@ static void cuda_synchronize(struct backend *b) {
     CUDA_CHECK(cudaStreamSynchronize(cuda_impl(b)->stream));
 }
 
+// Events and the side stream (backend.h): the KV-transfer producer's I/O thread waits for a
+// layer's event and reads that layer's rows on the side stream while later layers compute.
+static void *cuda_event_new(struct backend *b) {
+    cudaEvent_t ev = NULL;
+    CUDA_CHECK(cudaSetDevice(cuda_impl(b)->device));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    return (void *)ev;
+}
+
+static void cuda_event_free(struct backend *b, void *ev) {
+    (void)b;
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+
+static void cuda_event_record(struct backend *b, void *ev) {
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, cuda_impl(b)->stream));
+}
+
+static void cuda_event_sync(struct backend *b, void *ev) {
+    CUDA_CHECK(cudaSetDevice(cuda_impl(b)->device));
+    CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev));
+}
+
+static void cuda_copy_d2h_side(struct backend *b, void *dst, const void *src, size_t bytes) {
+    struct cuda_backend *cb = cuda_impl(b);
+    if (!bytes) return;
+    CUDA_CHECK(cudaSetDevice(cb->device));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cb->side_stream));
+    CUDA_CHECK(cudaStreamSynchronize(cb->side_stream));
+}
+
 static void cuda_memory_info(struct backend *b, size_t *free_bytes, size_t *total_bytes) {
     CUDA_CHECK(cudaSetDevice(cuda_impl(b)->device));
     CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
@@ -263,6 +294,7 @@ static void cuda_destroy(struct backend *b) {
         cudaFree(cb->staging[i]);
         if (cb->staging_done[i]) cudaEventDestroy(cb->staging_done[i]);
     }
+    if (cb->side_stream) cudaStreamDestroy(cb->side_stream);
     if (cb->stream) cudaStreamDestroy(cb->stream);
     free(cb);
 }
@@ -277,6 +309,11 @@ static const struct backend_ops cuda_ops = {
     .copy_d2d = cuda_copy_d2d,
     .memset_zero = cuda_memset_zero,
     .synchronize = cuda_synchronize,
+    .event_new = cuda_event_new,
+    .event_free = cuda_event_free,
+    .event_record = cuda_event_record,
+    .event_sync = cuda_event_sync,
+    .copy_d2h_side = cuda_copy_d2h_side,
     .memory_info = cuda_memory_info,
     .upload_weight = cuda_upload_weight,
     .embedding = cuda_op_embedding,
@@ -312,6 +349,7 @@ static const struct backend_ops cuda_ops = {
 static atomc_status cuda_create_resources(struct cuda_backend *cb, struct error *err) {
     CUDA_TRY(err, cudaSetDevice(cb->device));
     CUDA_TRY(err, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    CUDA_TRY(err, cudaStreamCreateWithFlags(&cb->side_stream, cudaStreamNonBlocking));
     cublasStatus_t ls = cublasLtCreate(&cb->lt);
     if (ls != CUBLAS_STATUS_SUCCESS) {
         cb->lt = NULL;
@@ -377,6 +415,7 @@ extern "C" atomc_status backend_cuda_create(const struct backend_options *o, str
     cb->base.ops = &cuda_ops;
     cb->base.caps = &backend_cuda_caps;
     cb->base.kind = BACKEND_CUDA;
+    cb->base.device_id = dev;
     cb->base.act_dtype = DTYPE_BF16;
     cb->base.weight_dtype = DTYPE_BF16;
     cb->base.num_threads = 1;

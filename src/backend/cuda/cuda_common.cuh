@@ -104,6 +104,7 @@ struct cuda_backend {
     struct backend base;
     int device;
     cudaStream_t stream;
+    cudaStream_t side_stream; // copy_d2h_side (KV-transfer reads from another thread)
     int num_sms;
     size_t max_smem_optin;
 
