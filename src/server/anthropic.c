@@ -413,7 +413,8 @@ static struct srv_req *prepare(struct server *s, struct http_req *req, bool coun
     char *txt = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     CHECK(txt);
-    struct srv_req *r = generate_prepare(s, OAI_ENDPOINT_CHAT, txt, strlen(txt), &e);
+    struct srv_req *r = count_only ? generate_prepare_count(s, OAI_ENDPOINT_CHAT, txt, strlen(txt), &e)
+                                   : generate_prepare(s, OAI_ENDPOINT_CHAT, txt, strlen(txt), &e);
     free(txt);
     if (!r) {
         server_send_error(s, req, &e);

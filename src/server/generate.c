@@ -754,6 +754,7 @@ static int build_prompts(struct server *s, struct srv_req *r, struct oai_error *
         if (p->n_ids == 0) return oai_error_set(e, 400, "prompt", "the prompt is empty (0 tokens)");
         int max_len = s->eng.max_model_len;
         long want = q->max_tokens_set ? q->params.max_tokens : 0;
+        if (r->count_only) continue; // a token count answers for any length
         if (p->n_ids + want > max_len || p->n_ids > max_len || (!q->max_tokens_set && p->n_ids >= max_len)) {
             if (q->max_tokens_set)
                 oai_error_set(e, 400, q->endpoint == OAI_ENDPOINT_CHAT ? "messages" : "prompt",
@@ -823,12 +824,13 @@ static int grammar_after_reasoning(struct server *s, struct srv_req *r, struct o
     return 0;
 }
 
-struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
-                                 struct oai_error *e) {
+static struct srv_req *prepare_request(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
+                                       bool count_only, struct oai_error *e) {
     struct srv_req *r = xcalloc(1, sizeof *r);
     atomic_init(&r->refs, 1);
     pthread_mutex_init(&r->mu, NULL);
     r->srv = s;
+    r->count_only = count_only;
     r->t_arrival = time_now_s();
     if (oai_request_parse(ep, body, len, &s->limits, &r->oai, e) || !server_check_model(s, r->oai.model, e) ||
         force_tool_call(s, &r->oai, e) || build_prompts(s, r, e) || grammar_after_reasoning(s, r, e)) {
@@ -836,6 +838,16 @@ struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const c
         return NULL;
     }
     return r;
+}
+
+struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
+                                 struct oai_error *e) {
+    return prepare_request(s, ep, body, len, false, e);
+}
+
+struct srv_req *generate_prepare_count(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
+                                       struct oai_error *e) {
+    return prepare_request(s, ep, body, len, true, e);
 }
 
 void generate_handle(struct server *s, struct http_req *req, enum oai_endpoint ep) {

@@ -173,6 +173,7 @@ struct srv_prompt {
 
 struct srv_req {
     struct server *srv;
+    bool count_only; // prepared only to count its prompt tokens (no context-length check)
     atomic_int refs;
     pthread_mutex_t mu;          // guards ev_head/ev_tail/queued
     struct srv_event *ev_head, *ev_tail;
@@ -238,6 +239,10 @@ void generate_handle(struct server *s, struct http_req *req, enum oai_endpoint e
 // submit (loop thread) hands it to the engine and owns it from then on.
 struct srv_req *generate_prepare(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
                                  struct oai_error *e);
+// As generate_prepare, for counting the prompt's tokens: a prompt longer than the context is not
+// an error (Anthropic's /v1/messages/count_tokens).
+struct srv_req *generate_prepare_count(struct server *s, enum oai_endpoint ep, const char *body, size_t len,
+                                       struct oai_error *e);
 void generate_submit(struct server *s, struct http_req *req, enum oai_endpoint ep, struct srv_req *r);
 void generate_process(struct srv_req *r);  // loop thread: apply queued outputs
 // One SSE event ("event: NAME" line when name is set, then "data: JSON"); steals o.

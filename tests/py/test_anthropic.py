@@ -181,6 +181,16 @@ def test_count_tokens(ac, oc):
     assert n == ptoks
 
 
+def test_count_tokens_longer_than_the_context(ac, oc):
+    # A count is not a generation: a conversation longer than --max-model-len (1024) is counted,
+    # while /v1/messages refuses it with the context-length 400.
+    msgs = [{"role": "user", "content": "word " * 1500}]
+    n = ac.messages.count_tokens(model=MODEL, messages=msgs).input_tokens
+    assert n > 1024
+    with pytest.raises(anthropic.BadRequestError):
+        ac.messages.create(model=MODEL, max_tokens=5, messages=msgs)
+
+
 @pytest.mark.parametrize("body,part", [
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
     ({"model": MODEL, "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
