@@ -134,4 +134,22 @@ static inline void sim_step_commit(struct sim *s) {
     for (int k = 0; k < s->n_seqs; k++) s->seqs[k]->n_cached += s->n_new[k];
 }
 
+// Greedy decode of q alone: a step over what is not cached yet (the prompt first), then one token a
+// step, n steps; got[k] is the k-th sampled token, also appended to q. ATOMC_ERR_OUT_OF_MEMORY when
+// the sim's blocks run out, else the first failing execute's status (with err).
+static inline atomc_status sim_greedy(struct sim *s, struct sim_seq *q, int n, int32_t *got, struct error *err) {
+    for (int k = 0; k < n; k++) {
+        sim_step_begin(s);
+        if (sim_step_add(s, q, q->n_ids - q->n_cached, 1) != 0) return ATOMC_ERR_OUT_OF_MEMORY;
+        struct forward_batch fb = sim_step_batch(s);
+        struct runner_output out;
+        atomc_status st = model_runner_execute(s->r, &fb, &out, err);
+        if (st != ATOMC_OK) return st;
+        sim_step_commit(s);
+        got[k] = out.ids[0];
+        q->ids[q->n_ids++] = out.ids[0];
+    }
+    return ATOMC_OK;
+}
+
 #endif

@@ -138,17 +138,8 @@ TEST(deepseek_fp8_weight_only_logits_match_refs) {
         sim_seq_init(q, p->ids, p->n);
         int32_t got[N_GREEDY];
         memcpy(got, p->greedy, sizeof got);
-        for (int k = 0; k < 4; k++) {
-            sim_step_begin(s);
-            ASSERT_EQ(sim_step_add(s, q, q->n_ids - q->n_cached, 1), 0);
-            struct forward_batch fb = sim_step_batch(s);
-            struct runner_output out;
-            ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
-            sim_step_commit(s);
-            got[k] = out.ids[0];
-            q->ids[q->n_ids++] = out.ids[0];
-            steps++;
-        }
+        ASSERT_OK(sim_greedy(s, q, 4, got, &err));
+        steps += 4;
         char what[64];
         snprintf(what, sizeof what, "deepseek_v3_fp8_block prompt %d", pi);
         int c = greedy_compare(&R, p, got, what);

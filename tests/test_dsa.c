@@ -180,17 +180,8 @@ TEST(dsa_logits_and_greedy_match_hf_sparse) {
             sim_seq_init(q, p->ids, p->n);
             int32_t got[N_GREEDY];
             memcpy(got, p->greedy, sizeof got);
-            for (int k = 0; k < 4; k++) {
-                sim_step_begin(s);
-                ASSERT_EQ(sim_step_add(s, q, q->n_ids - q->n_cached, 1), 0);
-                struct forward_batch fb = sim_step_batch(s);
-                struct runner_output out;
-                ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
-                sim_step_commit(s);
-                got[k] = out.ids[0];
-                q->ids[q->n_ids++] = out.ids[0];
-                steps++;
-            }
+            ASSERT_OK(sim_greedy(s, q, 4, got, &err));
+            steps += 4;
             char what[64];
             snprintf(what, sizeof what, "%s prompt %d", DSA_MODELS[mi], pi);
             int c = greedy_compare(&R, p, got, what);

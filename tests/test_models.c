@@ -103,17 +103,8 @@ TEST(models_greedy_match_hf) {
             struct sim_seq *q = malloc(sizeof *q);
             sim_seq_init(q, p->ids, p->n);
             int32_t got[N_GREEDY];
-            for (int k = 0; k < N_GREEDY; k++) {
-                sim_step_begin(s);
-                ASSERT_EQ(sim_step_add(s, q, q->n_ids - q->n_cached, 1), 0);
-                struct forward_batch fb = sim_step_batch(s);
-                struct runner_output out;
-                struct error err = {0};
-                ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
-                sim_step_commit(s);
-                got[k] = out.ids[0];
-                q->ids[q->n_ids++] = out.ids[0];
-            }
+            struct error err = {0};
+            ASSERT_OK(sim_greedy(s, q, N_GREEDY, got, &err));
             char what[128];
             snprintf(what, sizeof what, "%s prompt %d", cpu_models(mi), pi);
             int c = greedy_compare(&R, p, got, what);

@@ -176,17 +176,8 @@ TEST(quant_fixtures_greedy_match_refs) {
             // refs.json stores 4 greedy steps (the rest read as token 0, margin 0: not required).
             int32_t got[N_GREEDY];
             memcpy(got, p->greedy, sizeof got);
-            for (int k = 0; k < 4; k++) {
-                sim_step_begin(s);
-                ASSERT_EQ(sim_step_add(s, q, q->n_ids - q->n_cached, 1), 0);
-                struct forward_batch fb = sim_step_batch(s);
-                struct runner_output out;
-                ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
-                sim_step_commit(s);
-                got[k] = out.ids[0];
-                q->ids[q->n_ids++] = out.ids[0];
-                steps++;
-            }
+            ASSERT_OK(sim_greedy(s, q, 4, got, &err));
+            steps += 4;
             char what[128];
             snprintf(what, sizeof what, "%s prompt %d", FIXTURES[fi].name, pi);
             int c = greedy_compare(&R, p, got, what);
