@@ -317,6 +317,7 @@ int cmd_serve(int argc, char **argv) {
     struct serve_args a;
     memset(&a, 0, sizeof a);
     atomc_engine_options_init(&a.eo);
+    a.eo.device = "auto"; // the CLI's default, as for every other command (src/backend/backend.c)
     if (a.eo.max_waiting == 0) a.eo.max_waiting = 4096;
     a.data_parallel_size = 1;
     server_options_init(&a.so);

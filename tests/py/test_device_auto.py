@@ -3,6 +3,7 @@ is present, else the CPU, with the choice logged. This machine (and CI) has no G
 build and the CUDA build must pick the CPU and give the same greedy tokens as `--device cpu`."""
 import json
 import os
+import socket
 import subprocess
 
 import pytest
@@ -45,6 +46,30 @@ def test_cuda_build_without_gpu_falls_back_to_cpu():
     out = subprocess.run([CUDA_BIN, "generate", "--model", TINY, "--device", "cuda", "--prompt-ids", "1,2",
                           "--max-tokens", "1"], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "no CUDA device" in out.stderr
+
+
+def test_serve_defaults_to_auto():
+    """`atomc serve` resolves the same default (it once defaulted to the CPU on GPU machines)."""
+    for binary, want in ((CPU_BIN, "device auto: cpu (this atomc was built without CUDA)"),
+                         (CUDA_BIN, "device auto: cpu (no usable GPU:" if not have_gpu() else "device auto: cuda")):
+        if binary == CUDA_BIN and not os.path.exists(CUDA_BIN):
+            continue
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        p = subprocess.Popen([binary, "serve", "--model", TINY, "--port", str(port), "--kv-cache-memory-bytes", "20M"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log = ""
+        try:
+            for line in p.stdout:
+                log += line
+                if "model runner ready" in line or "failed" in line:
+                    break
+        finally:
+            p.terminate()
+            p.wait(timeout=60)
+        assert want in log, log
 
 
 def test_unknown_device_is_refused():
