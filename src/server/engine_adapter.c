@@ -80,7 +80,18 @@ atomc_status engine_adapter_create(atomc_engine *e, const char *model_path, cons
     struct engine_adapter *a = xcalloc(1, sizeof *a);
     a->engine = e;
     a->model_path = xstrdup(model_path);
-    atomc_status st = tokenizer_load(model_path, &a->tok, err);
+    size_t mp_len = strlen(model_path);
+    atomc_status st;
+    if (is_file(model_path) && mp_len >= 5 && !strcmp(model_path + mp_len - 5, ".json")) {
+        // A bare config (--load-format dummy with bench/configs/*.json) runs token ids only; the server
+        // renders and detokenizes text, so it needs the tokenizer beside it.
+        st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                       "the server needs a tokenizer: %s is a bare config.json; give a model directory with "
+                       "config.json and tokenizer.json",
+                       model_path);
+        goto fail;
+    }
+    st = tokenizer_load(model_path, &a->tok, err);
     if (st != ATOMC_OK) {
         error_prefix(err, "loading the tokenizer of %s: ", model_path);
         goto fail;
