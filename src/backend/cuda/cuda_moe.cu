@@ -992,6 +992,181 @@ __device__ __forceinline__ float moe_bias_at(const void *b, bool f32, int64_t i)
     return f32 ? reinterpret_cast<const float *>(b)[i] : __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(b)[i]);
 }
 
+// ---------------------------------------------------------------------------------------
+// MXFP4 slot path for the smallest batches (R <= MOE_SLOT_MAX_ROWS routed rows, GPT-OSS): the
+// grouped path above re-reads each 64-column weight tile through a CUDA-core GEMM built for
+// row tiles, which at batch 1 streamed the experts at 0.1-0.2 TB/s. Here, as in the BF16 slot
+// path (moe_slot_*), a warp owns one output column of one slot and streams its packed row with
+// 16-byte loads: one load is exactly one 32-column scale block (16 bytes of e2m1 pairs plus one
+// e8m0 byte), so a chunk's dot is sum(lut[nibble] * x) times its scale, the nibbles decoded
+// through a 16-entry table in shared memory (the 16 distinct addresses fall in distinct banks).
+//   moe_mx_slot_gu_kernel    grid (ceil(I / 8), R): gate row n and up row I + n of expert ids[s]
+//       against token s / n_slots (staged once per block as f32), each dot rounded to the act
+//       dtype, plus the gate_up bias, then the activation: act[s, n]. The grouped path's
+//       gu -> moe_bias_act_kernel rounding.
+//   moe_mx_slot_down_kernel  grid (ceil(H / 8), n): a warp per (token t, column h) over the
+//       token's slots: y = round(dot(act[s], down row h)), y = round(y + bias), out = sum of w * y
+//       in slot order in f32, rounded once: moe_bias_rows_kernel + moe_combine_kernel's order.
+// Slots with an id outside [0, E) contribute nothing. Loads are issued in batches of
+// MOE_MX_SLOT_STEPS chunks per lane before any is consumed (see the BF16 slot kernels on why).
+#define MOE_MX_SLOT_STEPS 4
+
+__device__ __forceinline__ void moe_mx_lut_init(float *lut) {
+    if (threadIdx.x < 16) lut[threadIdx.x] = mx_e2m1(threadIdx.x);
+}
+
+// sum over the 32 values of chunk q (16 bytes, low nibble = even column) times xs[0..32).
+__device__ __forceinline__ float moe_mx_chunk_dot(uint4 q, const float *lut, const float *xs) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t byte = (w[i] >> (8 * j)) & 0xffu;
+            acc = fmaf(lut[byte & 15u], xs[8 * i + 2 * j], acc);
+            acc = fmaf(lut[byte >> 4], xs[8 * i + 2 * j + 1], acc);
+        }
+    return acc;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
+    moe_mx_slot_gu_kernel(T *act, const T *x, const uint8_t *Wq, const uint8_t *Ws, const int32_t *ids, int n_slots,
+                          int E, int I, int K, const void *bias, bool bias_f32, int clamp, float alpha, float limit) {
+    pdl_begin();
+    extern __shared__ __align__(16) float mx_slot_smem[];
+    float *lut = mx_slot_smem, *xs = mx_slot_smem + 16;
+    const int s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int e = ids[s];
+    if (e < 0 || e >= E) return;
+    const int n = blockIdx.x * MOE_SLOT_WARPS + warp, nc = n < I ? n : 0, chunks = K / 32;
+    const uint8_t *qg = Wq + ((size_t)e * 2 * I + nc) * (K / 2), *qu = qg + (size_t)I * (K / 2);
+    const uint8_t *sg = Ws + ((size_t)e * 2 * I + nc) * chunks, *su = sg + (size_t)I * chunks;
+    constexpr int U = MOE_MX_SLOT_STEPS;
+    uint4 gv[U], uv[U];
+    auto issue = [&](int c0) {
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int c = c0 + i * 32, cc = c < chunks ? c : 0;
+            gv[i] = ld_stream16(qg + (size_t)cc * 16);
+            uv[i] = ld_stream16(qu + (size_t)cc * 16);
+        }
+    };
+    int c0 = lane;
+    if (c0 < chunks) issue(c0);
+    moe_mx_lut_init(lut);
+    const T *xr = x + (int64_t)(s / n_slots) * K;
+    for (int i = threadIdx.x; i < K; i += blockDim.x)
+        xs[i] = to_f32(xr[i]);
+    __syncthreads();
+    if (n >= I) return;
+    float ag = 0.f, au = 0.f;
+    while (c0 < chunks) {
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int c = c0 + i * 32;
+            if (c < chunks) {
+                ag = fmaf(mx_e8m0(sg[c]), moe_mx_chunk_dot(gv[i], lut, xs + c * 32), ag);
+                au = fmaf(mx_e8m0(su[c]), moe_mx_chunk_dot(uv[i], lut, xs + c * 32), au);
+            }
+        }
+        c0 += U * 32;
+        if (c0 < chunks) issue(c0);
+    }
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+    if (lane == 0) {
+        float g = to_f32(from_f32<T>(ag)), u = to_f32(from_f32<T>(au));
+        if (bias) {
+            g += moe_bias_at(bias, bias_f32, (int64_t)e * 2 * I + n);
+            u += moe_bias_at(bias, bias_f32, (int64_t)e * 2 * I + I + n);
+        }
+        float v;
+        if (clamp) {
+            g = fminf(g, limit);
+            u = fminf(fmaxf(u, -limit), limit);
+            v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        } else {
+            v = g / (1.0f + expf(-g)) * u;
+        }
+        act[(int64_t)s * I + n] = from_f32<T>(v);
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * MOE_SLOT_WARPS)
+    moe_mx_slot_down_kernel(T *out, const T *act, const uint8_t *Wq, const uint8_t *Ws, const int32_t *ids,
+                            const float *w, int n_slots, int E, int H, int K, const void *bias, bool bias_f32) {
+    pdl_begin();
+    extern __shared__ __align__(16) float mx_slot_smem[];
+    float *lut = mx_slot_smem, *as = mx_slot_smem + 16; // (n_slots, K) act rows of the token, f32
+    const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int h = blockIdx.x * MOE_SLOT_WARPS + warp, hc = h < H ? h : 0, chunks = K / 32;
+    moe_mx_lut_init(lut);
+    for (int i = threadIdx.x; i < n_slots * K; i += blockDim.x) {
+        const int j = i / K, e = ids[(int64_t)t * n_slots + j];
+        as[i] = (e >= 0 && e < E) ? to_f32(act[((int64_t)t * n_slots + j) * K + i % K]) : 0.f;
+    }
+    __syncthreads();
+    if (h >= H) return;
+    float acc = 0.f;
+    constexpr int U = MOE_MX_SLOT_STEPS;
+    for (int j = 0; j < n_slots; j++) {
+        const int64_t sl = (int64_t)t * n_slots + j;
+        const int e = ids[sl];
+        if (e < 0 || e >= E) continue;
+        const uint8_t *q = Wq + ((size_t)e * H + hc) * (K / 2), *sc = Ws + ((size_t)e * H + hc) * chunks;
+        const float *ar = as + (size_t)j * K;
+        float d = 0.f;
+        for (int c0 = lane; c0 < chunks; c0 += U * 32) {
+            uint4 v[U];
+#pragma unroll
+            for (int i = 0; i < U; i++) {
+                const int c = c0 + i * 32, cc = c < chunks ? c : 0;
+                v[i] = ld_stream16(q + (size_t)cc * 16);
+            }
+#pragma unroll
+            for (int i = 0; i < U; i++) {
+                const int c = c0 + i * 32;
+                if (c < chunks) d = fmaf(mx_e8m0(sc[c]), moe_mx_chunk_dot(v[i], lut, ar + c * 32), d);
+            }
+        }
+        d = warp_sum(d);
+        float y = to_f32(from_f32<T>(d));
+        if (bias) y = to_f32(from_f32<T>(y + moe_bias_at(bias, bias_f32, (int64_t)e * H + h)));
+        acc += w[sl] * y;
+    }
+    if (lane == 0) out[(int64_t)t * H + h] = from_f32<T>(acc);
+}
+
+// Whether the MXFP4 slot path takes this call: few routed rows, rows that fit shared memory,
+// 16-byte aligned packed rows (K % 32 == 0 makes every row's stride a multiple of 16).
+static bool moe_mx_slot_path(int64_t R, int n_slots, int64_t H, int64_t I, const void *gq, const void *dq) {
+    const size_t smem_gu = (16 + (size_t)H) * sizeof(float), smem_dn = (16 + (size_t)n_slots * I) * sizeof(float);
+    return R <= MOE_SLOT_MAX_ROWS && smem_gu <= MOE_SLOT_SMEM_MAX && smem_dn <= MOE_SLOT_SMEM_MAX &&
+           (uintptr_t)gq % 16 == 0 && (uintptr_t)dq % 16 == 0;
+}
+
+template <typename T>
+static void moe_mx_slot_launch(cudaStream_t s, T *out, const T *x, const struct weight *gu_w,
+                               const struct weight *dn_w, const struct moe_experts_args *ea, const int32_t *ids,
+                               const float *w, int n_slots, int64_t n, int E, int64_t H, int64_t I, T *act) {
+    const struct tensor *bg = ea ? ea->gate_up_bias : NULL, *bd = ea ? ea->down_bias : NULL;
+    const bool clamp = ea && ea->act == MOE_ACT_SWIGLU_CLAMP;
+    // cuda_moe_init raised both kernels' dynamic shared memory limit to MOE_SLOT_SMEM_MAX.
+    const size_t smem_gu = (16 + (size_t)H) * sizeof(float), smem_dn = (16 + (size_t)n_slots * I) * sizeof(float);
+    pdl_launch(moe_mx_slot_gu_kernel<T>, dim3(cdiv(I, MOE_SLOT_WARPS), (unsigned)(n * n_slots)), 32 * MOE_SLOT_WARPS,
+               smem_gu, s, act, x, (const uint8_t *)gu_w->t.data, (const uint8_t *)gu_w->scale.data, ids, n_slots, E,
+               (int)I, (int)H, bg ? (const void *)bg->data : (const void *)NULL, bg && bg->dtype == DTYPE_F32,
+               (int)clamp, ea ? ea->alpha : 0.f, ea ? ea->limit : 0.f);
+    CUDA_CHECK_LAUNCH();
+    pdl_launch(moe_mx_slot_down_kernel<T>, dim3(cdiv(H, MOE_SLOT_WARPS), (unsigned)n), 32 * MOE_SLOT_WARPS, smem_dn, s,
+               out, (const T *)act, (const uint8_t *)dn_w->t.data, (const uint8_t *)dn_w->scale.data, ids, w, n_slots,
+               E, (int)H, (int)I, bd ? (const void *)bd->data : (const void *)NULL, bd && bd->dtype == DTYPE_F32);
+    CUDA_CHECK_LAUNCH();
+}
+
 // act[p, i] = f(gu[p, i] + bg[e, i], gu[p, I + i] + bg[e, I + i]) over the R sorted rows, e the
 // expert of row p; f = SiLU*mul or the clamped SwiGLU (backend.h, MOE_ACT_SWIGLU_CLAMP).
 template <typename T>
@@ -1089,6 +1264,13 @@ void cuda_moe_init(struct cuda_backend *cb) {
                                     (int)moe_mma_cfg<64>::SMEM));
     CUDA_CHECK(
         cudaFuncSetAttribute(moe_slot_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SLOT_SMEM_MAX));
+#define MOE_MX_SLOT_ATTR(K)                                                                                            \
+    CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SLOT_SMEM_MAX));
+    MOE_MX_SLOT_ATTR(moe_mx_slot_gu_kernel<__nv_bfloat16>)
+    MOE_MX_SLOT_ATTR(moe_mx_slot_gu_kernel<float>)
+    MOE_MX_SLOT_ATTR(moe_mx_slot_down_kernel<__nv_bfloat16>)
+    MOE_MX_SLOT_ATTR(moe_mx_slot_down_kernel<float>)
+#undef MOE_MX_SLOT_ATTR
 #define MOE_SLOT_ATTR(S)                                                                                               \
     CUDA_CHECK(cudaFuncSetAttribute(moe_slot_down_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,              \
                                     MOE_SLOT_SMEM_MAX));
@@ -1160,6 +1342,15 @@ void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct ten
         moe_slot_launch(s, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data,
                         (const __nv_bfloat16 *)gate_up->data, (const __nv_bfloat16 *)down->data, topk_ids, topk_w,
                         n_slots, n, E, H, I, (__nv_bfloat16 *)act);
+        return;
+    }
+    if (mx && moe_mx_slot_path(R, n_slots, H, I, gate_up->data, down->data)) {
+        if (x->dtype == DTYPE_BF16)
+            moe_mx_slot_launch(s, (__nv_bfloat16 *)out->data, (const __nv_bfloat16 *)x->data, gate_up_w, down_w, ea,
+                               topk_ids, topk_w, n_slots, n, E, H, I, (__nv_bfloat16 *)act);
+        else
+            moe_mx_slot_launch(s, (float *)out->data, (const float *)x->data, gate_up_w, down_w, ea, topk_ids, topk_w,
+                               n_slots, n, E, H, I, (float *)act);
         return;
     }
     const bool small = R <= MOE_GEMV_MAX_ROWS; // decode-sized batches: GEMV tiles of MOE_GEMV_ROWS rows
