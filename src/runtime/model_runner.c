@@ -610,6 +610,10 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
                                     .online_fp8 = online_fp8,
                                     .load_mtp = o->load_mtp};
     double tw = time_now_s();
+    if (b->kind != BACKEND_CPU && b->ops->memory_info) { // runner_kv.c: this instance's own usage
+        size_t total_b = 0;
+        b->ops->memory_info(b, &r->mem_free_at_load, &total_b);
+    }
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
     // Every tensor of the checkpoint must have been read: a scale or unknown tensor the model
     // ignores would otherwise run wrong silently. Rank 0 reads every tensor (other ranks skip the

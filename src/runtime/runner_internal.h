@@ -47,6 +47,7 @@ struct runner_layout {
 
 struct model_runner {
     struct backend *backend;
+    size_t mem_free_at_load; // device memory free before the weights load (GPU backends; 0 = unknown)
     struct model_config cfg;
     struct model *model;
 

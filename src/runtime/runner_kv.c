@@ -235,18 +235,27 @@ atomc_status runner_size_kv(struct model_runner *r, const struct runner_options 
         if (st != ATOMC_OK) return st;
         size_t free_b = 0, total_b = 0;
         r->backend->ops->memory_info(r->backend, &free_b, &total_b);
+        // As vLLM: gpu_memory_utilization is this instance's share of the device's memory; the KV
+        // cache gets that share less what this instance's weights and activations took since
+        // before the load (so a second instance on the same GPU, e.g. P/D's prefill and decode
+        // at 0.45 each, is not charged for the first one's memory), and never more than is free
+        // now less a margin.
         double util = o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9;
-        double reserve = (1.0 - util) * (double)total_b;
-        double avail = (double)free_b - reserve;
+        double used = r->mem_free_at_load > free_b ? (double)(r->mem_free_at_load - free_b)
+                                                   : (double)total_b - (double)free_b;
+        double avail = util * (double)total_b - used;
+        const double margin = 512.0 * 1048576.0;
+        if (avail > (double)free_b - margin) avail = (double)free_b - margin;
         blocks = avail > 0 ? (int64_t)(avail / (double)per_block) : 0;
         how = "gpu_memory_utilization";
         if (r->kv_groups && avail > 0) {
             if ((double)sw_blocks * (double)bytes_sw > avail / 2) sw_blocks = (int64_t)(avail / 2 / (double)bytes_sw);
             blocks = (int64_t)((avail - (double)sw_blocks * (double)bytes_sw) / (double)bytes_full);
         }
-        LOG_INFO("memory: %.2f GiB free of %.2f GiB after weights (%.2f GiB) and activations; KV gets %.2f GiB",
+        LOG_INFO("memory: %.2f GiB free of %.2f GiB after weights (%.2f GiB) and activations (this instance: "
+                 "%.2f GiB of its %.2f GiB share); KV gets %.2f GiB",
                  free_b / 1073741824.0, total_b / 1073741824.0, r->model->weight_bytes / 1073741824.0,
-                 blocks * (double)per_block / 1073741824.0);
+                 used / 1073741824.0, util * total_b / 1073741824.0, blocks * (double)per_block / 1073741824.0);
     }
     if (blocks < min_blocks)
         return error_set(err, ATOMC_ERR_OUT_OF_MEMORY,
