@@ -196,6 +196,7 @@ struct mla_args {
     // position is one the dense causal attention would see.
     const int32_t *topk;
     int topk_k;
+    bool absorbed_only; // CUDA: never the expanded tensor-core prefill (A/B in tests and bench/gpu_kernels.c)
 };
 
 // ---- DSA ----

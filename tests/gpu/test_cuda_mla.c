@@ -299,6 +299,23 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
                 worst = fmax(worst, fabs(x - y));
             }
         const double nmse2 = n2 / (d2 > 0 ? d2 : 1);
+        // And the same batch with the expansion switched off (mla_args.absorbed_only).
+        struct mla_args aa = ag;
+        aa.absorbed_only = true;
+        gpu_be->ops->mla_attention(gpu_be, &tog, &tqg, &kg, &mg, &aa, ws);
+        uint16_t *o3 = malloc((size_t)T * H * V * 2);
+        gpu_read(o3, outg, (size_t)T * H * V * 2);
+        ASSERT_EQ((long long)(backend_cuda_mla_expanded_seqs(gpu_be) - expanded_before), (long long)n_exp);
+        double n3 = 0, d3 = 0;
+        for (int64_t i = 0; i < (int64_t)T * H * V; i++) {
+            const double x = bf16_to_f32(o3[i]);
+            n3 += (x - og[i]) * (x - og[i]);
+            d3 += x * x;
+        }
+        const double nmse3 = n3 / (d3 > 0 ? d3 : 1);
+        fprintf(stderr, "  %-34s the batch absorbed_only vs expanded: nmse %.2e (bound %.0e)\n", what, nmse3, bound);
+        ASSERT_TRUE(nmse3 <= bound);
+        free(o3);
         fprintf(stderr,
                 "  %-34s %d expanded sequence(s), %d tokens: vs absorbed decode nmse %.2e (bound %.0e), max |d| %.3g\n",
                 what, n_exp, T2, nmse2, bound, worst);

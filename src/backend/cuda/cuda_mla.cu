@@ -498,7 +498,7 @@ void cuda_op_mla_attention(struct backend *b, struct tensor *out, const struct t
     if (n == 0) return;
     // Expanded sequences first (host values: such steps are never captured), then the absorbed
     // kernels over the token runs of the others.
-    const bool expand = !a->topk && md->max_query_len >= MLA_EXPAND_MIN_QLEN && md->h_query_start &&
+    const bool expand = !a->topk && !a->absorbed_only && md->max_query_len >= MLA_EXPAND_MIN_QLEN && md->h_query_start &&
                         md->h_context_lens && mla_expand_dims_ok(NP + R, V) && NP % 8 == 0 && V % 8 == 0 &&
                         R % 8 == 0 && !cuda_is_capturing(cb);
     if (!expand) {
