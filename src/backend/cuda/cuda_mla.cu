@@ -15,6 +15,8 @@
 //                       (<= MLA_WS_SPLIT_TOKENS tokens) split the keys over MLA_WS_MAX_SPLITS blocks
 //                       (split-KV) and mla_combine_kernel merges the partials.
 //   mla_out_kernel      grid (token, head): out[t, h, j] = W_UV_h[j] . o_lat (a warp per j)
+// (absorb and out run as the tiled kernels below, one weight tile per block over the chunk's
+// tokens, where the shapes allow).
 //
 // Expanded prefill (tensor cores). A sequence with at least MLA_EXPAND_MIN_QLEN new tokens in a
 // step that is not being captured into a graph (decode graphs never take it: their rows have one
@@ -156,6 +158,80 @@ __global__ void __launch_bounds__(128) mla_absorb_kernel(const __nv_bfloat16 *q,
     }
     for (int i = threadIdx.x; i < R; i += blockDim.x)
         dst[L + i] = __bfloat162float(qt[NP + i]) * scale;
+}
+
+// The tiled projections (MLA_TILED_PROJ; the per-(token, head) kernels above streamed W_UK_h /
+// W_UV_h, 128 KB each, through one block per head: 16 blocks at Moonlight's batch 1, ~20-35 GB/s,
+// 150 of a decode layer's ~430 us on the H200, session-12 ncu). Here a block owns one weight tile
+// (kept in shared memory) and loops over the chunk's tokens, so the weights are read once per
+// chunk by H x L / 64 (absorb) or H x V / 16 (out) blocks: 128 at Moonlight's 16 heads.
+//   mla_absorb_tiled_kernel  grid (head, L / 64): W_UK_h's 64-column tile (nope x 64 bf16); four
+//                            tokens per pass (q_nope staged in shared memory), a thread per column
+//   mla_out_tiled_kernel     grid (head, V / 16): W_UV_h's 16 rows (16 x L bf16); per token the
+//                            o_lat row staged in shared memory, a warp per row
+#define MLA_TILED_PROJ 1 // 0: the per-(token, head) kernels
+
+__global__ void __launch_bounds__(256)
+    mla_absorb_tiled_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *kv_b, float *qa, int t0, int nc, int H, int NP,
+                            int R, int L, int V, float scale) {
+    pdl_begin();
+    extern __shared__ float abs_sm[]; // q_nope of 4 tokens (4, NP) f32, then the tile (NP, 64) bf16
+    float *qn = abs_sm;
+    __nv_bfloat16 *wt = (__nv_bfloat16 *)(abs_sm + 4 * NP);
+    const int h = blockIdx.x, c0 = blockIdx.y * 64, DQ = NP + R, D = L + R;
+    const __nv_bfloat16 *w = kv_b + (size_t)h * (NP + V) * L + c0;
+    for (int i = threadIdx.x; i < NP * 8; i += blockDim.x)
+        ((uint4 *)(wt + (size_t)(i / 8) * 64))[i % 8] = *(const uint4 *)(w + (size_t)(i / 8) * L + (i % 8) * 8);
+    const int c = threadIdx.x & 63, sub = threadIdx.x >> 6;
+    for (int p = 0; p < nc; p += 4) {
+        __syncthreads(); // the previous pass has read qn (and, the first time, the tile is written)
+        for (int i = threadIdx.x; i < 4 * NP; i += blockDim.x) {
+            const int tt = p + i / NP;
+            qn[i] = tt < nc ? __bfloat162float(q[((size_t)(t0 + tt) * H + h) * DQ + i % NP]) : 0.f;
+        }
+        __syncthreads();
+        const int tt = p + sub;
+        if (tt < nc) {
+            const float *qt = qn + sub * NP;
+            float acc = 0.f;
+            for (int i = 0; i < NP; i++)
+                acc += qt[i] * __bfloat162float(wt[i * 64 + c]);
+            qa[((size_t)tt * H + h) * D + c0 + c] = acc * scale;
+        }
+    }
+    if (blockIdx.y == 0)
+        for (int i = threadIdx.x; i < nc * R; i += blockDim.x) {
+            const int tt = i / R, r = i % R;
+            qa[((size_t)tt * H + h) * D + L + r] = __bfloat162float(q[((size_t)(t0 + tt) * H + h) * DQ + NP + r]) * scale;
+        }
+}
+
+__global__ void __launch_bounds__(256) mla_out_tiled_kernel(const float *o_lat, const __nv_bfloat16 *kv_b,
+                                                            __nv_bfloat16 *out, int t0, int nc, int H, int NP, int L,
+                                                            int V) {
+    pdl_begin();
+    extern __shared__ float out_sm[]; // the o_lat row (L) f32, then the 16 rows (16, L) bf16
+    __nv_bfloat16 *wr = (__nv_bfloat16 *)(out_sm + L);
+    const int h = blockIdx.x, j0 = blockIdx.y * 16, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    const uint4 *w = (const uint4 *)(kv_b + ((size_t)h * (NP + V) + NP + j0) * L);
+    for (int i = threadIdx.x; i < 16 * L / 8; i += blockDim.x)
+        ((uint4 *)wr)[i] = w[i];
+    for (int tt = 0; tt < nc; tt++) {
+        __syncthreads();
+        const float *ol = o_lat + ((size_t)tt * H + h) * L;
+        for (int i = threadIdx.x; i < L; i += blockDim.x)
+            out_sm[i] = ol[i];
+        __syncthreads();
+        for (int jj = warp; jj < 16; jj += nw) {
+            const __nv_bfloat16 *wj = wr + (size_t)jj * L;
+            float acc = 0.f;
+            for (int i = lane; i < L; i += 32)
+                acc += __bfloat162float(wj[i]) * out_sm[i];
+            acc = warp_sum(acc);
+            if (lane == 0) out[((size_t)(t0 + tt) * H + h) * V + j0 + jj] = __float2bfloat16_rn(acc);
+        }
+    }
 }
 
 // DSA: whether position j is in a query's top-k list (ascending, -1 after the last entry).
@@ -447,14 +523,22 @@ static void mla_absorbed_range(struct backend *b, struct tensor *out, const stru
     // is sized for min(max tokens, MLA_WS_TOKENS) (and min(max tokens, MLA_WS_SPLIT_TOKENS) split)
     // tokens, so offsets by the full MLA_WS_TOKENS would run past it when the step budget is small.
     const size_t attend_smem = ((size_t)MLA_HT * D + (size_t)MLA_TK * (D + 1)) * sizeof(float);
+    // Tiled projections where the shapes tile (L a multiple of 64, v of 16, nope <= 256: 48 KB of
+    // shared memory at most).
+    const bool tiled = MLA_TILED_PROJ && L % 64 == 0 && V % 16 == 0 && NP <= 256 && NP % 8 == 0;
     for (int t0 = ta; t0 < tb; t0 += MLA_WS_TOKENS) {
         const int nc = tb - t0 < MLA_WS_TOKENS ? tb - t0 : MLA_WS_TOKENS;
         const int S = nc <= MLA_WS_SPLIT_TOKENS ? MLA_WS_MAX_SPLITS : 1;
         float *qa = (float *)workspace;
         float *o_lat = qa + (size_t)nc * H * D;
         float *part = o_lat + (size_t)nc * H * L;
-        pdl_launch(mla_absorb_kernel, dim3((unsigned)nc, (unsigned)H), 128, (size_t)NP * sizeof(float), s,
-                   (const __nv_bfloat16 *)q->data, kvb, qa, t0, H, NP, R, L, V, a->scale);
+        if (tiled)
+            pdl_launch(mla_absorb_tiled_kernel, dim3((unsigned)H, (unsigned)(L / 64)), 256,
+                       (size_t)4 * NP * sizeof(float) + (size_t)NP * 64 * sizeof(__nv_bfloat16), s,
+                       (const __nv_bfloat16 *)q->data, kvb, qa, t0, nc, H, NP, R, L, V, a->scale);
+        else
+            pdl_launch(mla_absorb_kernel, dim3((unsigned)nc, (unsigned)H), 128, (size_t)NP * sizeof(float), s,
+                       (const __nv_bfloat16 *)q->data, kvb, qa, t0, H, NP, R, L, V, a->scale);
         const dim3 g((unsigned)nc, cdiv(H, MLA_HT), (unsigned)S);
         auto attend = [&](auto *cache, float scale) {
             using C = std::remove_const_t<std::remove_pointer_t<decltype(cache)>>;
@@ -478,8 +562,13 @@ static void mla_absorbed_range(struct backend *b, struct tensor *out, const stru
         if (S > 1)
             pdl_launch(mla_combine_kernel, dim3((unsigned)nc, (unsigned)H), 128, 0, s, (const float *)part, S, H, L,
                        o_lat);
-        pdl_launch(mla_out_kernel, dim3((unsigned)nc, (unsigned)H), 128, 0, s, (const float *)o_lat, kvb,
-                   (__nv_bfloat16 *)out->data, t0, H, NP, L, V);
+        if (tiled)
+            pdl_launch(mla_out_tiled_kernel, dim3((unsigned)H, (unsigned)(V / 16)), 256,
+                       (size_t)L * sizeof(float) + (size_t)16 * L * sizeof(__nv_bfloat16), s, (const float *)o_lat, kvb,
+                       (__nv_bfloat16 *)out->data, t0, nc, H, NP, L, V);
+        else
+            pdl_launch(mla_out_kernel, dim3((unsigned)nc, (unsigned)H), 128, 0, s, (const float *)o_lat, kvb,
+                       (__nv_bfloat16 *)out->data, t0, H, NP, L, V);
     }
     CUDA_CHECK_LAUNCH();
 }
