@@ -7,7 +7,11 @@
 // per case: time per launch, achieved TFLOP/s and GB/s, and the ratio to the ceilings
 // measured on the H200 (790 TFLOP/s dense bf16, 4.3 TB/s copy).
 //
-//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample]
+//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample|mla]
+// mla: MLA prefill chunks (Moonlight's 16 heads, DeepSeek-V3's 128; nope 128 / rope 64 / v 128,
+// kv_lora 512), mla_attention timed eagerly (the expanded prefill is never captured into graphs),
+// expanded on the tensor cores vs mla_args.absorbed_only; FLOPs are the expanded form's (the
+// kv_b GEMM over the context plus QK^T / PV over the causal range).
 // The split-KV heuristic's values are constants in src/backend/cuda/cuda_attention.cu (a sweep
 // rebuilds with other values).
 #include <math.h>
@@ -183,6 +187,90 @@ static void bench_attention(int n_seqs, int ctx, int qlen, enum dtype kvdt) {
     B->ops->free(B, d_cl);
     B->ops->free(B, d_bt);
     free(qs); free(cl); free(bt);
+}
+
+// ---------------------------------------------------------------------------------------
+// MLA prefill: n_seqs sequences of qlen new tokens after cached ones (context ctx each).
+static double mla_time(struct tensor *out, struct tensor *q, struct kv_layer *kv, struct attn_metadata *md,
+                       struct mla_args *a, void *ws, int reps) {
+    B->ops->mla_attention(B, out, q, kv, md, a, ws); // warm-up: plans, the expansion buffer
+    B->ops->synchronize(B);
+    double t[3];
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < reps; i++)
+            B->ops->mla_attention(B, out, q, kv, md, a, ws);
+        B->ops->synchronize(B);
+        t[r] = (now_s() - t0) / reps;
+    }
+    double m = t[0] < t[1] ? (t[1] < t[2] ? t[1] : (t[0] < t[2] ? t[2] : t[0]))
+                           : (t[0] < t[2] ? t[0] : (t[1] < t[2] ? t[2] : t[1]));
+    return m;
+}
+
+static void bench_mla(int H, int n_seqs, int ctx, int qlen) {
+    const int NP = 128, R = 64, L = 512, V = 128, D = L + R, DQ = NP + R, bs = 16;
+    const int bps = (ctx + bs - 1) / bs, num_blocks = n_seqs * bps, n_tok = n_seqs * qlen;
+    struct kv_layer kv = {0};
+    int64_t ne[4] = {num_blocks, bs, 1, D};
+    kv.k = tensor_make(alloc_rand((size_t)num_blocks * bs * D * 2), DTYPE_BF16, 4, ne);
+    kv.k_scale = kv.v_scale = 1.f;
+    struct weight kvb = {.scheme = WEIGHT_SCHEME_NONE};
+    kvb.t = tensor_2d(alloc_rand((size_t)H * (NP + V) * L * 2), DTYPE_BF16, (int64_t)H * (NP + V), L);
+    int32_t *qs = malloc((n_seqs + 1) * 4), *cl = malloc(n_seqs * 4), *bt = malloc((size_t)n_seqs * bps * 4);
+    for (int s = 0; s <= n_seqs; s++)
+        qs[s] = s * qlen;
+    for (int s = 0; s < n_seqs; s++)
+        cl[s] = ctx;
+    for (int i = 0; i < n_seqs * bps; i++)
+        bt[i] = i;
+    struct attn_metadata md = {.n_seqs = n_seqs,
+                               .n_tokens = n_tok,
+                               .max_query_len = qlen,
+                               .max_context_len = ctx,
+                               .max_blocks_per_seq = bps,
+                               .block_size = bs,
+                               .h_query_start = qs,
+                               .h_context_lens = cl,
+                               .h_block_tables = bt};
+    int32_t *d_qs = B->ops->alloc(B, (n_seqs + 1) * 4), *d_cl = B->ops->alloc(B, n_seqs * 4),
+            *d_bt = B->ops->alloc(B, (size_t)n_seqs * bps * 4);
+    B->ops->copy_h2d(B, d_qs, qs, (n_seqs + 1) * 4);
+    B->ops->copy_h2d(B, d_cl, cl, n_seqs * 4);
+    B->ops->copy_h2d(B, d_bt, bt, (size_t)n_seqs * bps * 4);
+    md.query_start = d_qs;
+    md.context_lens = d_cl;
+    md.block_tables = d_bt;
+    int64_t nq[3] = {n_tok, H, DQ}, no[3] = {n_tok, H, V};
+    struct tensor q = tensor_make(alloc_rand((size_t)n_tok * H * DQ * 2), DTYPE_BF16, 3, nq);
+    struct tensor out = tensor_make(alloc_rand((size_t)n_tok * H * V * 2), DTYPE_BF16, 3, no);
+    void *ws = B->ops->alloc(B, mla_workspace_bytes(n_tok, H, L, R));
+    struct mla_args a = {.n_heads = H, .nope = NP, .rope = R, .kv_lora = L, .v_dim = V, .scale = 0.0722f, .kv_b = &kvb};
+    const uint64_t e0 = backend_cuda_mla_expanded_seqs(B);
+    const double te = mla_time(&out, &q, &kv, &md, &a, ws, 3);
+    const bool took = backend_cuda_mla_expanded_seqs(B) > e0;
+    a.absorbed_only = true;
+    const double ta = mla_time(&out, &q, &kv, &md, &a, ws, 1);
+    double vis = (double)qlen * (ctx - qlen) + (double)qlen * (qlen + 1) / 2;
+    double flops = 2.0 * n_seqs * ((double)ctx * L * H * (NP + V) + vis * H * (DQ + V));
+    char label[128];
+    snprintf(label, sizeof label, "mla prefill H=%d bs=%d ctx=%d q=%d expanded%s", H, n_seqs, ctx, qlen,
+             took ? "" : " (NOT TAKEN)");
+    report(label, te, flops, (double)n_seqs * ctx * D * 2);
+    snprintf(label, sizeof label, "mla prefill H=%d bs=%d ctx=%d q=%d absorbed", H, n_seqs, ctx, qlen);
+    report(label, ta, flops, (double)n_seqs * ctx * D * 2);
+    printf("%-44s %9.2fx\n", "  absorbed / expanded time", ta / te);
+    B->ops->free(B, kv.k.data);
+    B->ops->free(B, kvb.t.data);
+    B->ops->free(B, q.data);
+    B->ops->free(B, out.data);
+    B->ops->free(B, ws);
+    B->ops->free(B, d_qs);
+    B->ops->free(B, d_cl);
+    B->ops->free(B, d_bt);
+    free(qs);
+    free(cl);
+    free(bt);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -405,6 +493,13 @@ int main(int argc, char **argv) {
             bench_moe(&w, 512, false);
         }
         moe_weights_free(&w);
+    }
+    if (strstr("mla", filter) || !*filter) {
+        bench_mla(16, 1, 4096, 4096);  // Moonlight: one 4K prompt in one chunk
+        bench_mla(16, 2, 4096, 4096);  // bench-runner's prefill steps (8192 tokens)
+        bench_mla(16, 4, 4096, 512);   // chunks after cached prefixes
+        bench_mla(16, 16, 1024, 64);   // many short chunks
+        bench_mla(128, 1, 2048, 2048); // DeepSeek-V3's heads
     }
     if (strstr("norm", filter) || !*filter) {
         bench_norm_silu(1);

@@ -34,7 +34,7 @@ __attribute__((unused)) static const char *all_models(int i) {
 // Multi-head latent attention fixtures (tools/make_tiny_deepseek.py): checked by tests/test_models.c
 // and by the logits test of tests/gpu/test_cuda_models.c with the others (cpu_models), not by
 // test_cpu_quant.c's all_models loop.
-__attribute__((unused)) static const char *MLA_MODELS[] = {"deepseek_v2", "deepseek_v3"};
+__attribute__((unused)) static const char *MLA_MODELS[] = {"deepseek_v2", "deepseek_v3", "deepseek_v3_192"};
 #define N_MLA_MODELS ((int)(sizeof MLA_MODELS / sizeof MLA_MODELS[0]))
 #define N_CPU_MODELS (N_ALL_MODELS + N_MLA_MODELS)
 __attribute__((unused)) static const char *cpu_models(int i) {

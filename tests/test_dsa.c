@@ -224,6 +224,20 @@ static const char *variant_of(const char *name, const char *from, const char *to
     return dir;
 }
 
+// Replaces `from` by `to` in a variant's config.json (a second edit).
+static void variant_edit(const char *dir, const char *from, const char *to) {
+    char path[512], *json = NULL;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    CHECK(file_read_all(path, &json, NULL, NULL) == ATOMC_OK);
+    char *at = strstr(json, from);
+    CHECK_MSG(at, "config.json lacks %s", from);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fprintf(f, "%.*s%s%s", (int)(at - json), json, to, at + strlen(from));
+    fclose(f);
+    free(json);
+}
+
 static const char *variant(const char *from, const char *to) {
     return variant_of(MODEL, from, to);
 }
@@ -276,6 +290,40 @@ TEST(dsa_sparsity_matters_dense_variant_matches_hf_dense) {
         refs_free(&S);
         refs_free(&Dn);
     }
+}
+
+// The fixtures' indexers select by distance through one RoPE pair (tools/make_tiny_dsa.py
+// structure_indexer), so the layout is visible: DeepSeek-V3.2's checkpoint run with GLM-5's
+// interleaved indexer RoPE (its architecture swapped, every layer still its own indexer) selects
+// other keys, and its logits leave HF's on the longest prompt (a backend that
+// ropes the indexer in the wrong layout fails the HF comparison, on the CPU as in
+// tests/gpu/test_cuda_dsa.c).
+TEST(dsa_indexer_rope_layout_matters) {
+    struct refs S;
+    ASSERT_EQ(refs_load(DSA_MODELS[1], &S, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    const char *dir = variant_of(DSA_MODELS[1], "\"DeepseekV32ForCausalLM\"", "\"GlmMoeDsaForCausalLM\"");
+    variant_edit(dir, "\"model_type\": \"deepseek_v32\"", "\"model_type\": \"glm_moe_dsa\"");
+    struct runner_options o = base_options(dir);
+    struct error err = {0};
+    struct model_runner *r = NULL;
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  %s\n", err.msg);
+    ASSERT_TRUE(r != NULL);
+    ASSERT_TRUE(model_runner_config(r)->index_rope_interleaved);
+    float *lg[MAX_PROMPTS];
+    run_logits(r, &S, lg);
+    model_runner_free(r);
+    variant_rm(dir);
+    double worst = 0;
+    for (int pi = 0; pi < S.n; pi++) {
+        const double d = max_abs_diff(lg[pi], S.p[pi].logits, S.p[pi].n_pos * S.vocab);
+        fprintf(stderr, "  %s with interleaved indexer RoPE, prompt %d (%d tokens): max |logit - HF| = %.3f\n",
+                DSA_MODELS[1], pi, S.p[pi].n, d);
+        if (S.p[pi].n <= 8) ASSERT_TRUE(d <= S.tol); // every key is selected whatever the scores
+        worst = d > worst ? d : worst;
+        free(lg[pi]);
+    }
+    ASSERT_TRUE(worst > 100 * S.tol); // the 24-token prompt (the 13-token one may keep the nearest 8 either way)
+    refs_free(&S);
 }
 
 TEST(dsa_refusals) {

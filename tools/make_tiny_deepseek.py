@@ -16,6 +16,10 @@ Fixtures (bf16 storage, fp32 eager references):
                  4 groups of 2, topk_group 2, top-3 (more than a group holds), noaux_tc sigmoid
                  scoring with a random e_score_correction_bias, norm_topk_prob, 1 shared expert,
                  routed_scaling_factor 2.5.
+    deepseek_v3_192  deepseek_v3 with DeepSeek-V3's per-head dims (nope 128 / rope 64 / v 128, q/k
+                 head 192) on 2 heads and 2 layers (dense, MoE): the head shape for which the CUDA backend runs prefill
+                 chunks of >= 16 tokens expanded on the tensor cores (cuda_mla.cu), so the 19- and
+                 37-token prompts take that path in tests/gpu/test_cuda_models.c.
 
 Routing decisions are made clear of ties and of BF16 noise as in tools/make_tiny_moe_models.py (a
 "routing channel" of the last ROUTE_DIMS hidden dims that only the embeddings write, read by the
@@ -60,6 +64,12 @@ MODELS = {
                     dict(COMMON, q_lora_rank=48, v_head_dim=32, num_experts_per_tok=3, n_shared_experts=1,
                          n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
                          first_k_dense_replace=1, rope_interleave=True, rope_theta=10000.0)),
+    "deepseek_v3_192": (DeepseekV3Config, DeepseekV3ForCausalLM,
+                        dict(COMMON, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, qk_nope_head_dim=128,
+                             qk_rope_head_dim=64, head_dim=64, v_head_dim=128, q_lora_rank=48, num_experts_per_tok=3,
+                             n_shared_experts=1, n_group=4, topk_group=2, norm_topk_prob=True,
+                             routed_scaling_factor=2.5, first_k_dense_replace=1, rope_interleave=True,
+                             rope_theta=10000.0)),
 }
 
 ROUTE_DIMS = 8

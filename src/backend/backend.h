@@ -196,6 +196,7 @@ struct mla_args {
     // position is one the dense causal attention would see.
     const int32_t *topk;
     int topk_k;
+    bool absorbed_only; // CUDA: never the expanded tensor-core prefill (A/B in tests and bench/gpu_kernels.c)
 };
 
 // ---- DSA ----
@@ -506,6 +507,8 @@ const char *backend_resolve_device(const char *name);
 #ifdef ATOMC_CUDA
 // True when a CUDA device 0 exists and is sm_90 or newer; otherwise false with the reason in why.
 bool backend_cuda_usable(char *why, size_t why_len);
+// Sequences whose MLA attention ran expanded on the tensor cores (cuda_mla.cu) since b was created.
+uint64_t backend_cuda_mla_expanded_seqs(const struct backend *b);
 #endif
 atomc_status backend_create(const char *name, const struct backend_options *o, struct backend **out,
                             struct error *err);

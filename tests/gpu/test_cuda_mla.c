@@ -8,6 +8,10 @@
 // cached tokens, and a prefill longer than one workspace chunk (MLA_WS_TOKENS), all with shuffled
 // block tables. Checks: latent cache rows (BF16: within 1e-2 relative; FP8: 7e-2), roped q, and the
 // attention output within NMSE 1e-4 (BF16 cache) / 5e-3 (FP8 cache) of the CPU's over the same rows.
+// Sequences of >= 16 new tokens with (nope + rope, v) = (192, 128) run expanded on the tensor cores
+// (cuda_mla.cu; backend_cuda_mla_expanded_seqs counts them, asserted), and every one of their
+// tokens must also equal the absorbed decode of that token alone over the same cache (the issue's
+// "absorbed decode equals the expanded prefill path on the same cache"), within the same bounds.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,6 +223,7 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
     struct tensor toc = tensor_make(oc, DTYPE_F32, 3, (int64_t[]){T, H, V});
     struct tensor tog = tensor_make(outg, DTYPE_BF16, 3, (int64_t[]){T, H, V});
     cpu_be->ops->mla_attention(cpu_be, &toc, &tqc, &kc, &mc, &ac, NULL);
+    const uint64_t expanded_before = backend_cuda_mla_expanded_seqs(gpu_be);
     gpu_be->ops->mla_attention(gpu_be, &tog, &tqg, &kg, &mg, &ag, ws);
     uint16_t *ob = malloc((size_t)T * H * V * 2);
     gpu_read(ob, outg, (size_t)T * H * V * 2);
@@ -233,6 +238,101 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
     fprintf(stderr, "  %-34s %s cache: rows %.1e, q %.1e, attention nmse %.2e (bound %.0e)\n", what, dtype_name(kv_dt),
             worst_row, qerr, nmse, bound);
     ASSERT_TRUE(nmse <= bound);
+    // Sequences of >= MLA_EXPAND_MIN_QLEN (16) new tokens with head dims the flash kernel has ran
+    // expanded (tensor cores); each of their tokens must equal the absorbed decode of that token
+    // alone: a batch of one-token sequences over the same cache rows (context pos + 1, the
+    // sequence's block table), which never expands.
+    int n_exp = 0, T2 = 0;
+    const bool dims_ok = (NP + R == V && (V == 64 || V == 128 || V == 256)) || (NP + R == 192 && V == 128);
+    for (int s = 0; s < n_seqs; s++)
+        if (dims_ok && q_len[s] >= 16) {
+            n_exp++;
+            T2 += q_len[s];
+        }
+    const uint64_t expanded = backend_cuda_mla_expanded_seqs(gpu_be) - expanded_before;
+    ASSERT_EQ((long long)expanded, (long long)n_exp);
+    if (T2 > 0) {
+        int32_t *qs2 = calloc((size_t)T2 + 1, 4), *ctx2 = calloc((size_t)T2, 4), *src2 = calloc((size_t)T2, 4);
+        int32_t *bt2 = calloc((size_t)T2 * max_blocks, 4);
+        int k = 0;
+        for (int s = 0; s < n_seqs; s++)
+            if (dims_ok && q_len[s] >= 16)
+                for (int i = 0; i < q_len[s]; i++, k++) {
+                    qs2[k] = k;
+                    ctx2[k] = cached[s] + i + 1;
+                    src2[k] = qs[s] + i;
+                    memcpy(bt2 + (size_t)k * max_blocks, bt + (size_t)s * max_blocks, (size_t)max_blocks * 4);
+                }
+        qs2[T2] = T2;
+        // The decode batch's q: the batch's roped q rows of those tokens.
+        uint16_t *q2h = malloc((size_t)T2 * H * DQ * 2);
+        for (int i = 0; i < T2; i++)
+            memcpy(q2h + (size_t)i * H * DQ, qb16 + (size_t)src2[i] * H * DQ, (size_t)H * DQ * 2);
+        void *q2g = gpu_copy(q2h, (size_t)T2 * H * DQ * 2), *out2g = gpu_be->ops->alloc(gpu_be, (size_t)T2 * H * V * 2);
+        void *ws2 = gpu_be->ops->alloc(gpu_be, mla_workspace_bytes(T2, H, L, R));
+        struct attn_metadata m2 = {.n_seqs = T2,
+                                   .n_tokens = T2,
+                                   .max_query_len = 1,
+                                   .max_context_len = max_ctx,
+                                   .max_blocks_per_seq = max_blocks,
+                                   .block_size = bs,
+                                   .decode_only = true,
+                                   .query_start = gpu_copy(qs2, (size_t)(T2 + 1) * 4),
+                                   .context_lens = gpu_copy(ctx2, (size_t)T2 * 4),
+                                   .block_tables = gpu_copy(bt2, (size_t)T2 * max_blocks * 4),
+                                   .h_query_start = qs2,
+                                   .h_context_lens = ctx2,
+                                   .h_block_tables = bt2};
+        struct tensor tq2 = tensor_make(q2g, DTYPE_BF16, 3, (int64_t[]){T2, H, DQ});
+        struct tensor to2 = tensor_make(out2g, DTYPE_BF16, 3, (int64_t[]){T2, H, V});
+        gpu_be->ops->mla_attention(gpu_be, &to2, &tq2, &kg, &m2, &ag, ws2);
+        uint16_t *o2 = malloc((size_t)T2 * H * V * 2);
+        gpu_read(o2, out2g, (size_t)T2 * H * V * 2);
+        ASSERT_EQ((long long)(backend_cuda_mla_expanded_seqs(gpu_be) - expanded_before), (long long)n_exp);
+        double n2 = 0, d2 = 0, worst = 0;
+        for (int i = 0; i < T2; i++)
+            for (int e = 0; e < H * V; e++) {
+                const double x = bf16_to_f32(o2[(size_t)i * H * V + e]), y = og[(size_t)src2[i] * H * V + e];
+                if (!isfinite(y)) n2 = INFINITY;
+                n2 += (x - y) * (x - y);
+                d2 += x * x;
+                worst = fmax(worst, fabs(x - y));
+            }
+        const double nmse2 = n2 / (d2 > 0 ? d2 : 1);
+        // And the same batch with the expansion switched off (mla_args.absorbed_only).
+        struct mla_args aa = ag;
+        aa.absorbed_only = true;
+        gpu_be->ops->mla_attention(gpu_be, &tog, &tqg, &kg, &mg, &aa, ws);
+        uint16_t *o3 = malloc((size_t)T * H * V * 2);
+        gpu_read(o3, outg, (size_t)T * H * V * 2);
+        ASSERT_EQ((long long)(backend_cuda_mla_expanded_seqs(gpu_be) - expanded_before), (long long)n_exp);
+        double n3 = 0, d3 = 0;
+        for (int64_t i = 0; i < (int64_t)T * H * V; i++) {
+            const double x = bf16_to_f32(o3[i]);
+            n3 += (x - og[i]) * (x - og[i]);
+            d3 += x * x;
+        }
+        const double nmse3 = n3 / (d3 > 0 ? d3 : 1);
+        fprintf(stderr, "  %-34s the batch absorbed_only vs expanded: nmse %.2e (bound %.0e)\n", what, nmse3, bound);
+        ASSERT_TRUE(nmse3 <= bound);
+        free(o3);
+        fprintf(stderr,
+                "  %-34s %d expanded sequence(s), %d tokens: vs absorbed decode nmse %.2e (bound %.0e), max |d| %.3g\n",
+                what, n_exp, T2, nmse2, bound, worst);
+        ASSERT_TRUE(nmse2 <= bound);
+        gpu_be->ops->free(gpu_be, (void *)m2.query_start);
+        gpu_be->ops->free(gpu_be, (void *)m2.context_lens);
+        gpu_be->ops->free(gpu_be, (void *)m2.block_tables);
+        gpu_be->ops->free(gpu_be, q2g);
+        gpu_be->ops->free(gpu_be, out2g);
+        gpu_be->ops->free(gpu_be, ws2);
+        free(o2);
+        free(q2h);
+        free(qs2);
+        free(ctx2);
+        free(src2);
+        free(bt2);
+    }
     gpu_be->ops->free(gpu_be, outg);
     gpu_be->ops->free(gpu_be, ws);
     gpu_be->ops->free(gpu_be, cache_g);
@@ -263,7 +363,8 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
     free(perm);
 }
 
-static const struct shape V3 = {128, 128, 64, 512, 128}, TINY = {4, 32, 32, 64, 48};
+static const struct shape V3 = {128, 128, 64, 512, 128}, TINY = {4, 32, 32, 64, 48},
+                          MOONLIGHT = {16, 128, 64, 512, 128};
 
 TEST(cuda_mla_decode_split_kv) {
     if (!backends_ready()) SKIP("no CUDA device");
@@ -280,6 +381,19 @@ TEST(cuda_mla_prefill_chunks) {
     check(&TINY, 3, ql, cached, DTYPE_BF16, "tiny mixed prefill / decode");
     const int ql2[1] = {300}, cached2[1] = {20};
     check(&TINY, 1, ql2, cached2, DTYPE_BF16, "tiny prefill over 2 workspace chunks");
+}
+
+// The expanded (tensor-core) prefill: chunks of >= 16 new tokens, after cached prefixes (up to
+// 1500) and from scratch, beside decode rows, in BF16 and FP8 caches; DeepSeek-V3's 128 heads and
+// Moonlight's 16.
+TEST(cuda_mla_expanded_prefill_equals_absorbed_decode) {
+    if (!backends_ready()) SKIP("no CUDA device");
+    const int ql[4] = {100, 1, 40, 17}, cached[4] = {200, 300, 0, 1000};
+    check(&MOONLIGHT, 4, ql, cached, DTYPE_BF16, "Moonlight expanded prefill + decode");
+    check(&MOONLIGHT, 4, ql, cached, DTYPE_FP8_E4M3, "Moonlight expanded prefill + decode");
+    check(&V3, 4, ql, cached, DTYPE_BF16, "V3 expanded prefill + decode");
+    const int ql2[2] = {700, 16}, cached2[2] = {1500, 63};
+    check(&MOONLIGHT, 2, ql2, cached2, DTYPE_BF16, "Moonlight long prefill after 1500");
 }
 
 int main(int argc, char **argv) {

@@ -103,7 +103,7 @@ static void dsa_tokens(void *vctx, int64_t t0, int64_t t1, int tid) {
     struct dsa_cand *cand = (struct dsa_cand *)(kbuf + D);
     for (int64_t t = t0; t < t1; t++) {
         const int s = x->tok_seq[t], pos = md->h_positions[t];
-        const int32_t *bt = md->h_block_tables + (int64_t)s * md->max_blocks_per_seq;
+        const int32_t *bt = md->h_block_tables + (int64_t)s * attn_md_table_stride(md);
         const float *qt = x->q + t * IH * D, *wt = x->w + t * IH;
         const int n = pos + 1;
         for (int j = 0; j < n; j++) {

@@ -288,6 +288,7 @@ static void cuda_destroy(struct backend *b) {
     if (cb->lt) cublasLtDestroy(cb->lt);
     cudaFree(cb->lt_workspace);
     cudaFree(cb->attn_scratch);
+    cudaFree(cb->mla_expand);
     cudaFree(cb->sample_counts);
     for (int i = 0; i < 2; i++) {
         if (cb->pinned[i]) cudaFreeHost(cb->pinned[i]);

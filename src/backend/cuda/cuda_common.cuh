@@ -117,6 +117,10 @@ struct cuda_backend {
     // Split-KV attention partials: (rows, splits, head_dim) f32 outputs + (rows, splits) lse.
     void *attn_scratch;
     size_t attn_scratch_bytes;
+    // MLA expanded prefill (cuda_mla.cu): one sequence's C / KV / K / V / metadata, grow-only.
+    void *mla_expand;
+    size_t mla_expand_bytes;
+    uint64_t mla_expanded_seqs; // sequences that took it (backend_cuda_mla_expanded_seqs)
     int attn_occupancy[4][2][2]; // resident CTAs per SM of each attention variant [D 64/128/256/192-128][1/4 warps][bf16/fp8]
     // Sampling: per-row token counts for penalties (n_rows, vocab) int32, kept zero between
     // calls; per-row work area.

@@ -276,7 +276,7 @@ void cuda_op_dsa_topk(struct backend *b, int32_t *topk, const struct tensor *iq,
             CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         pdl_launch(kern, dim3((unsigned)n), DSA_TB, smem, s, topk, (const __nv_bfloat16 *)iq->data,
                    (const __nv_bfloat16 *)w->data, (const C *)cache, scale, md->positions, md->query_start,
-                   md->block_tables, md->max_blocks_per_seq, md->n_seqs, md->block_size, IH, D, a->topk);
+                   md->block_tables, attn_md_table_stride(md), md->n_seqs, md->block_size, IH, D, a->topk);
     };
     if (kv->v.dtype == DTYPE_BF16)
         launch((const __nv_bfloat16 *)kv->v.data, 1.f);
