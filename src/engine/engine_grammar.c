@@ -14,8 +14,27 @@
 //   sleeping until the worker is scheduled (on a loaded machine that wait cost more than the
 //   fill: SmolLM2 decode lost 35% wall time at the same CPU time per token). A row whose
 //   grammar allows every token gets allowed = NULL.
-// - each sampled token: engine_grammar_accept advances the matcher; a terminated grammar (it
-//   accepted a stop token where it may end) finishes the request with "stop".
+// - sample-then-check (su.sample_check: the runner samples on the host, the CPU backend): a
+//   row that is greedy or a pure temperature draw (no top-k / top-p / min-p; penalties are
+//   fine, they commute with the mask) and wants no logprobs gets no mask before the forward.
+//   The runner draws it unmasked and calls engine_grammar_check (forward_batch.sample_check)
+//   with the ids: a token the matcher accepts is kept (the matcher has advanced); otherwise the
+//   mask is filled now and the runner draws the row again under it with the step's second
+//   random stream (SAMPLE_REDRAW_STEP). Exact, for the masked distribution q(t) = p(t) / S on
+//   the allowed set A, S = sum of p over A: with two independent draws,
+//     P(t) = P(first draw = t) + P(first rejected) * q(t) = p(t) + (1 - S) p(t) / S = p(t) / S
+//   for t in A, and 0 outside A (the matcher accepts exactly the mask's tokens; a stop token
+//   only where the grammar may end, as in the mask). Greedy: the unmasked arg-max, when
+//   allowed, is the masked arg-max (ties go to the lowest id in both). Not exact with top-k /
+//   top-p / min-p, whose kept set depends on the mask, nor for logprobs (those of the masked
+//   row): such rows keep the masks filled during the forward. Why: the mask fill costs about
+//   as much as the xgrammar accept of ~10 tokens (SmolLM2, docs/perf.md), most sampled tokens
+//   are allowed, and at batch 1 the "overlapped" fill competed with the forward's threads for
+//   the same cores. A seeded request gives the same output run to run in either mode, but the
+//   two modes (CPU check vs CUDA masks) pick different tokens for the same seed.
+// - each sampled token: engine_grammar_accept advances the matcher (or, for a token that
+//   engine_grammar_check accepted, only reports); a terminated grammar (it accepted a stop
+//   token where it may end) finishes the request with "stop".
 // - grammar_start_token (reasoning models): the grammar is inactive, and its rows unmasked,
 //   until that token has been generated; the tokens after it are matched.
 //
@@ -49,6 +68,13 @@ struct engine_grammar {
     bool pending; // jobs handed over and not yet finished
     bool started; // the worker took them (else the join fills them itself)
     atomc_engine *e;
+
+    // Sample-then-check rows of the step (loop thread only) and the redraw list handed back.
+    int *check_rows, n_check, check_cap;
+    int32_t *redo;
+    int redo_cap;
+    uint64_t n_checked, n_redrawn; // counters (engine_grammar_check_counts)
+    bool check_on;                 // sample-then-check allowed (default; engine_grammar_set_check)
 };
 
 atomc_status engine_grammar_create(atomc_engine *e) {
@@ -57,6 +83,7 @@ atomc_status engine_grammar_create(atomc_engine *e) {
     pthread_cond_init(&g->cv_job, NULL);
     pthread_cond_init(&g->cv_done, NULL);
     g->e = e;
+    g->check_on = true;
     e->grammar = g;
     return ATOMC_OK;
 }
@@ -70,11 +97,17 @@ void engine_grammar_free(atomc_engine *e) {
     pthread_cond_broadcast(&g->cv_job);
     pthread_mutex_unlock(&g->mu);
     if (on) pthread_join(g->thread, NULL);
+    if (g->n_checked)
+        LOG_INFO("structured output: %llu rows drawn unmasked and checked, %llu (%.1f%%) drawn again under the mask",
+                 (unsigned long long)g->n_checked, (unsigned long long)g->n_redrawn,
+                 100.0 * (double)g->n_redrawn / (double)g->n_checked);
     grammar_vocab_free(g->vocab);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv_job);
     pthread_cond_destroy(&g->cv_done);
     free(g->job_rows);
+    free(g->check_rows);
+    free(g->redo);
     free(g);
     e->grammar = NULL;
 }
@@ -177,17 +210,39 @@ static void *grammar_worker(void *arg) {
     return NULL;
 }
 
+// Whether drawing row sr without its mask, keeping the token when the grammar accepts it and
+// otherwise drawing again under the mask, gives exactly the masked row's distribution (see the
+// top comment): greedy, or a pure temperature draw (penalties allowed), and no logprobs.
+static bool row_checkable(const struct sample_row *sr, const struct sequence *s, int V) {
+    if (sr->n_logprobs > 0 || s->params.logprobs >= 0) return false; // those of the masked row
+    if (!(sr->temperature >= 1e-5f)) return true;                    // greedy (cpu_sampler.c's test)
+    bool top_k = sr->top_k > 0 && sr->top_k < V, top_p = sr->top_p<1.0f, min_p = sr->min_p> 0.0f;
+    return !top_k && !top_p && !min_p;
+}
+
 void engine_grammar_begin_masks(atomc_engine *e, struct forward_batch *fb) {
     struct engine_grammar *g = e->grammar;
     if (!g || !g->vocab) return;
     int n = 0;
+    g->n_check = 0;
     for (int r = 0; r < fb->n_logits; r++) {
         struct sequence *s = e->b_row_seq[r];
         if (!s->grammar || !s->grammar_active) continue;
         CHECK(s->n_draft == 0);
+        s->grammar_checked = false;
+        if (e->su.sample_check && g->check_on && row_checkable(&e->b_rows[r], s, e->su.vocab_size)) {
+            g->check_rows = grow(g->check_rows, &g->check_cap, g->n_check + 1, sizeof *g->check_rows);
+            g->check_rows[g->n_check++] = r;
+            e->b_rows[r].allowed = NULL; // drawn unmasked first (engine_grammar_check)
+            continue;
+        }
         g->job_rows = grow(g->job_rows, &g->jobs_cap, n + 1, sizeof *g->job_rows);
         g->job_rows[n++] = r;
         e->b_rows[r].allowed = s->grammar_mask; // written by the worker before the join returns
+    }
+    if (g->n_check) {
+        fb->sample_check = engine_grammar_check;
+        fb->sample_check_ctx = e;
     }
     if (n == 0) return;
     pthread_mutex_lock(&g->mu);
@@ -231,12 +286,53 @@ void engine_grammar_join(void *ctx) {
     pthread_mutex_unlock(&g->mu);
 }
 
+int engine_grammar_check(void *ctx, const int32_t *ids, const int32_t **redo) {
+    atomc_engine *e = ctx;
+    struct engine_grammar *g = e->grammar;
+    int n = 0;
+    g->redo = grow(g->redo, &g->redo_cap, g->n_check, sizeof *g->redo);
+    for (int i = 0; i < g->n_check; i++) {
+        int r = g->check_rows[i];
+        struct sequence *s = e->b_row_seq[r];
+        int32_t t = ids[r];
+        g->n_checked++;
+        // A non-finite row is drawn again under the mask too: the masked row may be finite.
+        if (t >= 0 && t < e->su.vocab_size && grammar_matcher_accept(s->grammar, t)) {
+            s->grammar_checked = true;
+            s->grammar_checked_id = t;
+            continue;
+        }
+        grammar_matcher_fill_mask(s->grammar, s->grammar_mask);
+        e->b_rows[r].allowed = s->grammar_mask;
+        g->redo[n++] = r;
+        g->n_redrawn++;
+    }
+    *redo = g->redo;
+    return n;
+}
+
+void engine_grammar_check_counts(atomc_engine *e, uint64_t *checked, uint64_t *redrawn) {
+    struct engine_grammar *g = e->grammar;
+    *checked = g ? g->n_checked : 0;
+    *redrawn = g ? g->n_redrawn : 0;
+}
+
+void engine_grammar_set_check(atomc_engine *e, bool on) {
+    if (e->grammar) e->grammar->check_on = on;
+}
+
 int engine_grammar_accept(atomc_engine *e, struct sequence *s, int32_t t) {
     (void)e;
     if (!s->grammar) return 0;
     if (!s->grammar_active) {
         if (t == s->params.grammar_start_token) s->grammar_active = true;
         return 0;
+    }
+    if (s->grammar_checked) { // accepted by engine_grammar_check this step
+        s->grammar_checked = false;
+        CHECK_MSG(t == s->grammar_checked_id, "structured output: token %d delivered, %d checked", t,
+                  s->grammar_checked_id);
+        return grammar_matcher_is_terminated(s->grammar) ? 1 : 0;
     }
     if (!grammar_matcher_accept(s->grammar, t)) return -1;
     return grammar_matcher_is_terminated(s->grammar) ? 1 : 0;
