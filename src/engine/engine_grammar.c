@@ -58,6 +58,9 @@ struct engine_grammar {
     pthread_mutex_t mu;
     struct grammar_vocab *vocab; // NULL until the first constrained request
     int words;                   // bitmask words per row
+    // Ids no grammar allows (special or empty tokens, stop ids excepted): the check rejects them
+    // without asking xgrammar, which logs a warning for each.
+    uint8_t *never;
 
     // The mask worker (started with the first constrained step).
     pthread_t thread;
@@ -106,6 +109,7 @@ void engine_grammar_free(atomc_engine *e) {
     pthread_cond_destroy(&g->cv_job);
     pthread_cond_destroy(&g->cv_done);
     free(g->job_rows);
+    free(g->never);
     free(g->check_rows);
     free(g->redo);
     free(g);
@@ -134,6 +138,11 @@ static atomc_status grammar_vocab_get(atomc_engine *e, struct grammar_vocab **ou
             st = grammar_vocab_create(tok, len, special, V, V, e->su.eos_ids, e->su.n_eos, NULL, &g->vocab, err);
             if (st == ATOMC_OK) {
                 g->words = grammar_bitmask_words(V);
+                g->never = xcalloc((size_t)V, 1);
+                for (int i = 0; i < V; i++)
+                    g->never[i] = special[i] || !tok[i] || !len[i];
+                for (int i = 0; i < e->su.n_eos; i++)
+                    if (e->su.eos_ids[i] >= 0 && e->su.eos_ids[i] < V) g->never[e->su.eos_ids[i]] = 0;
                 LOG_INFO("structured output: grammar vocabulary of %d tokens ready in %.2f s", V, time_now_s() - t0);
             }
             free(tok);
@@ -297,7 +306,7 @@ int engine_grammar_check(void *ctx, const int32_t *ids, const int32_t **redo) {
         int32_t t = ids[r];
         g->n_checked++;
         // A non-finite row is drawn again under the mask too: the masked row may be finite.
-        if (t >= 0 && t < e->su.vocab_size && grammar_matcher_accept(s->grammar, t)) {
+        if (t >= 0 && t < e->su.vocab_size && !g->never[t] && grammar_matcher_accept(s->grammar, t)) {
             s->grammar_checked = true;
             s->grammar_checked_id = t;
             continue;
