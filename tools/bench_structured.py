@@ -135,7 +135,7 @@ def main():
         log.close()
         with open("/tmp/bench_structured_server.log") as f:
             for line in f:
-                if "drawn unmasked and checked" in line:
+                if "grammar CPU" in line:
                     print(line.split("] ", 1)[-1].strip())
 
 

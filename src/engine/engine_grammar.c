@@ -43,9 +43,11 @@
 // that window (the inbox is drained before scheduling). The vocabulary is created once under
 // `mu` by whichever thread adds the first constrained request.
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -77,7 +79,11 @@ struct engine_grammar {
     int32_t *redo;
     int redo_cap;
     uint64_t n_checked, n_redrawn; // counters (engine_grammar_check_counts)
-    bool check_on;                 // sample-then-check allowed (default; engine_grammar_set_check)
+    // Thread CPU seconds in the checks (accepts + the rejected rows' fills) and in the fills
+    // before the draw (worker or join; fill_ns is atomic: both may add), logged at shutdown.
+    double check_s;
+    _Atomic uint64_t fill_ns, n_filled;
+    bool check_on; // sample-then-check allowed (default; engine_grammar_set_check)
 };
 
 atomc_status engine_grammar_create(atomc_engine *e) {
@@ -101,9 +107,14 @@ void engine_grammar_free(atomc_engine *e) {
     pthread_mutex_unlock(&g->mu);
     if (on) pthread_join(g->thread, NULL);
     if (g->n_checked)
-        LOG_INFO("structured output: %llu rows drawn unmasked and checked, %llu (%.1f%%) drawn again under the mask",
+        LOG_INFO("structured output: %llu rows drawn unmasked and checked, %llu (%.1f%%) drawn again under the mask; "
+                 "grammar CPU %.1f us a checked row",
                  (unsigned long long)g->n_checked, (unsigned long long)g->n_redrawn,
-                 100.0 * (double)g->n_redrawn / (double)g->n_checked);
+                 100.0 * (double)g->n_redrawn / (double)g->n_checked, 1e6 * g->check_s / (double)g->n_checked);
+    uint64_t nf = atomic_load(&g->n_filled);
+    if (nf)
+        LOG_INFO("structured output: %llu masks filled before the draw, grammar CPU %.1f us each",
+                 (unsigned long long)nf, 1e-3 * (double)atomic_load(&g->fill_ns) / (double)nf);
     grammar_vocab_free(g->vocab);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv_job);
@@ -189,10 +200,20 @@ void engine_grammar_seq_free(struct sequence *s) {
     s->grammar_mask = NULL;
 }
 
+// This thread's CPU time in ns.
+static uint64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static void fill_row(atomc_engine *e, int row) {
+    uint64_t t0 = thread_cpu_ns();
     struct sequence *s = e->b_row_seq[row];
     bool restrict_ = grammar_matcher_fill_mask(s->grammar, s->grammar_mask);
     e->b_rows[row].allowed = restrict_ ? s->grammar_mask : NULL;
+    atomic_fetch_add(&e->grammar->fill_ns, thread_cpu_ns() - t0);
+    atomic_fetch_add(&e->grammar->n_filled, 1);
 }
 
 static void *grammar_worker(void *arg) {
@@ -299,6 +320,7 @@ int engine_grammar_check(void *ctx, const int32_t *ids, const int32_t **redo) {
     atomc_engine *e = ctx;
     struct engine_grammar *g = e->grammar;
     int n = 0;
+    uint64_t t0 = thread_cpu_ns();
     g->redo = grow(g->redo, &g->redo_cap, g->n_check, sizeof *g->redo);
     for (int i = 0; i < g->n_check; i++) {
         int r = g->check_rows[i];
@@ -317,6 +339,7 @@ int engine_grammar_check(void *ctx, const int32_t *ids, const int32_t **redo) {
         g->n_redrawn++;
     }
     *redo = g->redo;
+    g->check_s += 1e-9 * (double)(thread_cpu_ns() - t0);
     return n;
 }
 
