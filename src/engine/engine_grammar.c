@@ -246,8 +246,8 @@ static void *grammar_worker(void *arg) {
 static bool row_checkable(const struct sample_row *sr, const struct sequence *s, int V) {
     if (sr->n_logprobs > 0 || s->params.logprobs >= 0) return false; // those of the masked row
     if (!(sr->temperature >= 1e-5f)) return true;                    // greedy (cpu_sampler.c's test)
-    bool top_k = sr->top_k > 0 && sr->top_k < V, top_p = sr->top_p<1.0f, min_p = sr->min_p> 0.0f;
-    return !top_k && !top_p && !min_p;
+    if (sr->top_k > 0 && sr->top_k < V) return false;
+    return !(sr->top_p < 1.0f) && !(sr->min_p > 0.0f);
 }
 
 void engine_grammar_begin_masks(atomc_engine *e, struct forward_batch *fb) {
