@@ -523,6 +523,80 @@ TEST(token_bitmask_applies_before_everything) {
     ASSERT_EQ(rr[1].id, 50);
 }
 
+// The sampler's sparse path for masked rows (no top-k / top-p / min-p, no top alternatives,
+// at most half the vocabulary allowed: structured output's usual case) must pick the same token
+// with the same logprob as the dense path over the row with every masked logit at -inf (given
+// here with no mask, so the dense path runs), for greedy and temperature draws, with penalties
+// whose history holds masked and allowed tokens, ties, -inf logits, and masks of 1 .. V/2 ids.
+TEST(sparse_masked_draw_equals_dense_masked_row) {
+    enum { V = 1000 };
+    static float logits[V], premasked[V];
+    uint32_t mask[(V + 31) / 32];
+    int32_t hist[12];
+    uint64_t st = 987654321;
+    int n_cases = 0, n_sparse_sized = 0;
+    for (int c = 0; c < 400; c++) {
+        for (int i = 0; i < V; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            logits[i] = (float)((st >> 40) % 2000) / 200.0f - 5.0f; // 0.005 steps: many ties
+            if ((st >> 20) % 97 == 0) logits[i] = -INFINITY;
+        }
+        int n_allowed = c % 4 == 0 ? 1 + c % 7 : 1 + (int)((st >> 33) % (V / 2));
+        memset(mask, 0, sizeof mask);
+        for (int k = 0; k < n_allowed; k++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            int id = (int)((st >> 33) % V);
+            mask[id >> 5] |= 1u << (id & 31);
+        }
+        int allowed_finite = 0;
+        for (int i = 0; i < V; i++) {
+            bool on = (mask[i >> 5] >> (i & 31)) & 1u;
+            premasked[i] = on ? logits[i] : -INFINITY;
+            allowed_finite += on && logits[i] > -INFINITY;
+        }
+        if (allowed_finite == 0) continue;
+        for (int k = 0; k < 12; k++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            hist[k] = (int)((st >> 33) % V);
+        }
+        struct row_params p = defaults();
+        p.temperature = c % 5 == 0 ? 0.0f : (c % 5 == 1 ? 0.7f : (c % 5 == 2 ? 1.0f : 1.6f));
+        p.seed = 1000 + (uint64_t)c;
+        p.step = (uint64_t)c * 3;
+        if (c % 3 == 0) {
+            p.prompt = hist;
+            p.n_prompt = 6;
+            p.output = hist + 6;
+            p.n_output = 6;
+            p.repetition = 1.3f;
+            p.frequency = 0.4f;
+            p.presence = 0.25f;
+        }
+        struct row_result dense = sample_one(premasked, V, p);
+        p.mask = mask;
+        struct row_result sparse = sample_one(logits, V, p);
+        ASSERT_EQ(sparse.id, dense.id);
+        ASSERT_TRUE((mask[sparse.id >> 5] >> (sparse.id & 31)) & 1u);
+        ASSERT_TRUE(sparse.logprob == dense.logprob);
+        n_cases++;
+        n_sparse_sized += n_allowed <= V / 2;
+    }
+    ASSERT_TRUE(n_cases > 300 && n_sparse_sized == n_cases);
+    // A NaN at an allowed id flags the row; at a masked id it is masked away.
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)(i % 17) * 0.1f;
+    memset(mask, 0, sizeof mask);
+    mask[0] = 0x0000f0f0u;
+    struct row_params p = defaults();
+    p.mask = mask;
+    logits[5] = NAN;
+    ASSERT_EQ(sample_one(logits, V, p).id, SAMPLE_ID_NONFINITE);
+    logits[5] = 0.0f;
+    logits[3] = NAN;
+    int32_t id = sample_one(logits, V, p).id;
+    ASSERT_TRUE(id >= 4 && id < 16 && ((mask[0] >> id) & 1u));
+}
+
 // Issue 28 item 4: a row holding a NaN or +inf logit (a broken model) is flagged with
 // SAMPLE_ID_NONFINITE and NaN logprobs whatever the parameters, instead of a fixed token;
 // -inf entries are legal (masks, bans) and a NaN only in a masked-out position is masked away.

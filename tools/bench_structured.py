@@ -7,7 +7,12 @@ time), from streamed chunks, summed over the concurrent requests (median of --re
 the server's CPU time (user + sys from /proc) per generated token, which a loaded shared machine
 disturbs less than wall time.
 
-  python3 tools/bench_structured.py --model $ATOMC_SMOLLM2 [--tokens 128] [--reps 3]
+  python3 tools/bench_structured.py --model $ATOMC_SMOLLM2 [--tokens 128] [--reps 3] [--top-p P]
+
+At temperature 1 with top_p 1 (the default) the CPU engine draws constrained rows unmasked and
+checks the token (sample-then-check, src/engine/engine_grammar.c); --top-p below 1 (applied to
+both kinds of request) puts every constrained row through the mask filled during the forward
+instead. The server's count of checked and redrawn rows is printed at the end.
 """
 import argparse
 import http.client
@@ -58,9 +63,11 @@ def cpu_seconds(pid):
     return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def round_rate(port, batch, tokens, constrained, seed):
+def round_rate(port, batch, tokens, constrained, seed, top_p=1.0):
     body = {"model": "m", "messages": [{"role": "user", "content": "Write a long story about a robot."}],
             "max_tokens": tokens, "temperature": 1.0, "stream": True, "stream_options": {"include_usage": True}}
+    if top_p < 1.0:
+        body["top_p"] = top_p
     if constrained:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
     else:
@@ -89,6 +96,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--top-p", type=float, default=1.0)
     a = ap.parse_args()
     port = free_port()
     log = open("/tmp/bench_structured_server.log", "w")
@@ -114,7 +122,7 @@ def main():
             for r in range(a.reps):  # interleaved, so drift hits both alike
                 for c in (False, True):
                     c0 = cpu_seconds(proc.pid)
-                    rate = round_rate(port, batch, a.tokens, c, 100 * r)[0]
+                    rate = round_rate(port, batch, a.tokens, c, 100 * r, a.top_p)[0]
                     res[c][0].append(rate)
                     res[c][1].append((cpu_seconds(proc.pid) - c0) * 1e3 / (batch * a.tokens))
             p, s = statistics.median(res[False][0]), statistics.median(res[True][0])
@@ -124,6 +132,11 @@ def main():
     finally:
         proc.terminate()
         proc.wait()
+        log.close()
+        with open("/tmp/bench_structured_server.log") as f:
+            for line in f:
+                if "grammar CPU" in line:
+                    print(line.split("] ", 1)[-1].strip())
 
 
 if __name__ == "__main__":

@@ -32,4 +32,9 @@ SAMPLE_RNG_FN double sample_rng_uniform(uint64_t seed, uint64_t step) {
     return (double)(r >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// The step value of a sequence's second draw at step `step` (structured output's redraw after
+// the grammar rejected the first, forward_batch.sample_check): a stream disjoint from the
+// ordinary steps (which stay far below 2^63), so the two draws are independent uniforms.
+#define SAMPLE_REDRAW_STEP(step) ((step) ^ 0x8000000000000000ULL)
+
 #endif

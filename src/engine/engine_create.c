@@ -196,6 +196,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
     su.sliding_window = model_runner_sliding_window(runner);
     if (!tp) model_runner_kv_groups(runner, &su.sw_window, &su.num_kv_blocks_sw);
     su.num_state_slots = model_runner_num_state_slots(runner);
+    su.sample_check = !tp && model_runner_host_sampler(runner);
     // EOS: config.json + generation_config.json (merged by the loader), and the tokenizer's.
     for (int i = 0; i < cfg->n_eos; i++) add_eos(&su, cfg->eos_token_ids[i]);
     if (tok) add_eos(&su, tokenizer_eos_id(tok));

@@ -14,8 +14,27 @@
 //   sleeping until the worker is scheduled (on a loaded machine that wait cost more than the
 //   fill: SmolLM2 decode lost 35% wall time at the same CPU time per token). A row whose
 //   grammar allows every token gets allowed = NULL.
-// - each sampled token: engine_grammar_accept advances the matcher; a terminated grammar (it
-//   accepted a stop token where it may end) finishes the request with "stop".
+// - sample-then-check (su.sample_check: the runner samples on the host, the CPU backend): a
+//   row that is greedy or a pure temperature draw (no top-k / top-p / min-p; penalties are
+//   fine, they commute with the mask) and wants no logprobs gets no mask before the forward.
+//   The runner draws it unmasked and calls engine_grammar_check (forward_batch.sample_check)
+//   with the ids: a token the matcher accepts is kept (the matcher has advanced); otherwise the
+//   mask is filled now and the runner draws the row again under it with the step's second
+//   random stream (SAMPLE_REDRAW_STEP). Exact, for the masked distribution q(t) = p(t) / S on
+//   the allowed set A, S = sum of p over A: with two independent draws,
+//     P(t) = P(first draw = t) + P(first rejected) * q(t) = p(t) + (1 - S) p(t) / S = p(t) / S
+//   for t in A, and 0 outside A (the matcher accepts exactly the mask's tokens; a stop token
+//   only where the grammar may end, as in the mask). Greedy: the unmasked arg-max, when
+//   allowed, is the masked arg-max (ties go to the lowest id in both). Not exact with top-k /
+//   top-p / min-p, whose kept set depends on the mask, nor for logprobs (those of the masked
+//   row): such rows keep the masks filled during the forward. Why: the mask fill costs about
+//   as much as the xgrammar accept of ~10 tokens (SmolLM2, docs/perf.md), most sampled tokens
+//   are allowed, and at batch 1 the "overlapped" fill competed with the forward's threads for
+//   the same cores. A seeded request gives the same output run to run in either mode, but the
+//   two modes (CPU check vs CUDA masks) pick different tokens for the same seed.
+// - each sampled token: engine_grammar_accept advances the matcher (or, for a token that
+//   engine_grammar_check accepted, only reports); a terminated grammar (it accepted a stop
+//   token where it may end) finishes the request with "stop".
 // - grammar_start_token (reasoning models): the grammar is inactive, and its rows unmasked,
 //   until that token has been generated; the tokens after it are matched.
 //
@@ -24,9 +43,11 @@
 // that window (the inbox is drained before scheduling). The vocabulary is created once under
 // `mu` by whichever thread adds the first constrained request.
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -39,6 +60,9 @@ struct engine_grammar {
     pthread_mutex_t mu;
     struct grammar_vocab *vocab; // NULL until the first constrained request
     int words;                   // bitmask words per row
+    // Ids no grammar allows (special or empty tokens, stop ids excepted): the check rejects them
+    // without asking xgrammar, which logs a warning for each.
+    uint8_t *never;
 
     // The mask worker (started with the first constrained step).
     pthread_t thread;
@@ -49,6 +73,17 @@ struct engine_grammar {
     bool pending; // jobs handed over and not yet finished
     bool started; // the worker took them (else the join fills them itself)
     atomc_engine *e;
+
+    // Sample-then-check rows of the step (loop thread only) and the redraw list handed back.
+    int *check_rows, n_check, check_cap;
+    int32_t *redo;
+    int redo_cap;
+    uint64_t n_checked, n_redrawn; // counters (engine_grammar_check_counts)
+    // Thread CPU seconds in the checks (accepts + the rejected rows' fills) and in the fills
+    // before the draw (worker or join; fill_ns is atomic: both may add), logged at shutdown.
+    double check_s;
+    _Atomic uint64_t fill_ns, n_filled;
+    bool check_on; // sample-then-check allowed (default; engine_grammar_set_check)
 };
 
 atomc_status engine_grammar_create(atomc_engine *e) {
@@ -57,6 +92,7 @@ atomc_status engine_grammar_create(atomc_engine *e) {
     pthread_cond_init(&g->cv_job, NULL);
     pthread_cond_init(&g->cv_done, NULL);
     g->e = e;
+    g->check_on = true;
     e->grammar = g;
     return ATOMC_OK;
 }
@@ -70,11 +106,23 @@ void engine_grammar_free(atomc_engine *e) {
     pthread_cond_broadcast(&g->cv_job);
     pthread_mutex_unlock(&g->mu);
     if (on) pthread_join(g->thread, NULL);
+    if (g->n_checked)
+        LOG_INFO("structured output: %llu rows drawn unmasked and checked, %llu (%.1f%%) drawn again under the mask; "
+                 "grammar CPU %.1f us a checked row",
+                 (unsigned long long)g->n_checked, (unsigned long long)g->n_redrawn,
+                 100.0 * (double)g->n_redrawn / (double)g->n_checked, 1e6 * g->check_s / (double)g->n_checked);
+    uint64_t nf = atomic_load(&g->n_filled);
+    if (nf)
+        LOG_INFO("structured output: %llu masks filled before the draw, grammar CPU %.1f us each",
+                 (unsigned long long)nf, 1e-3 * (double)atomic_load(&g->fill_ns) / (double)nf);
     grammar_vocab_free(g->vocab);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv_job);
     pthread_cond_destroy(&g->cv_done);
     free(g->job_rows);
+    free(g->never);
+    free(g->check_rows);
+    free(g->redo);
     free(g);
     e->grammar = NULL;
 }
@@ -101,6 +149,11 @@ static atomc_status grammar_vocab_get(atomc_engine *e, struct grammar_vocab **ou
             st = grammar_vocab_create(tok, len, special, V, V, e->su.eos_ids, e->su.n_eos, NULL, &g->vocab, err);
             if (st == ATOMC_OK) {
                 g->words = grammar_bitmask_words(V);
+                g->never = xcalloc((size_t)V, 1);
+                for (int i = 0; i < V; i++)
+                    g->never[i] = special[i] || !tok[i] || !len[i];
+                for (int i = 0; i < e->su.n_eos; i++)
+                    if (e->su.eos_ids[i] >= 0 && e->su.eos_ids[i] < V) g->never[e->su.eos_ids[i]] = 0;
                 LOG_INFO("structured output: grammar vocabulary of %d tokens ready in %.2f s", V, time_now_s() - t0);
             }
             free(tok);
@@ -147,10 +200,20 @@ void engine_grammar_seq_free(struct sequence *s) {
     s->grammar_mask = NULL;
 }
 
+// This thread's CPU time in ns.
+static uint64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static void fill_row(atomc_engine *e, int row) {
+    uint64_t t0 = thread_cpu_ns();
     struct sequence *s = e->b_row_seq[row];
     bool restrict_ = grammar_matcher_fill_mask(s->grammar, s->grammar_mask);
     e->b_rows[row].allowed = restrict_ ? s->grammar_mask : NULL;
+    atomic_fetch_add(&e->grammar->fill_ns, thread_cpu_ns() - t0);
+    atomic_fetch_add(&e->grammar->n_filled, 1);
 }
 
 static void *grammar_worker(void *arg) {
@@ -177,17 +240,39 @@ static void *grammar_worker(void *arg) {
     return NULL;
 }
 
+// Whether drawing row sr without its mask, keeping the token when the grammar accepts it and
+// otherwise drawing again under the mask, gives exactly the masked row's distribution (see the
+// top comment): greedy, or a pure temperature draw (penalties allowed), and no logprobs.
+static bool row_checkable(const struct sample_row *sr, const struct sequence *s, int V) {
+    if (sr->n_logprobs > 0 || s->params.logprobs >= 0) return false; // those of the masked row
+    if (!(sr->temperature >= 1e-5f)) return true;                    // greedy (cpu_sampler.c's test)
+    if (sr->top_k > 0 && sr->top_k < V) return false;
+    return !(sr->top_p < 1.0f) && !(sr->min_p > 0.0f);
+}
+
 void engine_grammar_begin_masks(atomc_engine *e, struct forward_batch *fb) {
     struct engine_grammar *g = e->grammar;
     if (!g || !g->vocab) return;
     int n = 0;
+    g->n_check = 0;
     for (int r = 0; r < fb->n_logits; r++) {
         struct sequence *s = e->b_row_seq[r];
         if (!s->grammar || !s->grammar_active) continue;
         CHECK(s->n_draft == 0);
+        s->grammar_checked = false;
+        if (e->su.sample_check && g->check_on && row_checkable(&e->b_rows[r], s, e->su.vocab_size)) {
+            g->check_rows = grow(g->check_rows, &g->check_cap, g->n_check + 1, sizeof *g->check_rows);
+            g->check_rows[g->n_check++] = r;
+            e->b_rows[r].allowed = NULL; // drawn unmasked first (engine_grammar_check)
+            continue;
+        }
         g->job_rows = grow(g->job_rows, &g->jobs_cap, n + 1, sizeof *g->job_rows);
         g->job_rows[n++] = r;
         e->b_rows[r].allowed = s->grammar_mask; // written by the worker before the join returns
+    }
+    if (g->n_check) {
+        fb->sample_check = engine_grammar_check;
+        fb->sample_check_ctx = e;
     }
     if (n == 0) return;
     pthread_mutex_lock(&g->mu);
@@ -231,12 +316,55 @@ void engine_grammar_join(void *ctx) {
     pthread_mutex_unlock(&g->mu);
 }
 
+int engine_grammar_check(void *ctx, const int32_t *ids, const int32_t **redo) {
+    atomc_engine *e = ctx;
+    struct engine_grammar *g = e->grammar;
+    int n = 0;
+    uint64_t t0 = thread_cpu_ns();
+    g->redo = grow(g->redo, &g->redo_cap, g->n_check, sizeof *g->redo);
+    for (int i = 0; i < g->n_check; i++) {
+        int r = g->check_rows[i];
+        struct sequence *s = e->b_row_seq[r];
+        int32_t t = ids[r];
+        g->n_checked++;
+        // A non-finite row is drawn again under the mask too: the masked row may be finite.
+        if (t >= 0 && t < e->su.vocab_size && !g->never[t] && grammar_matcher_accept(s->grammar, t)) {
+            s->grammar_checked = true;
+            s->grammar_checked_id = t;
+            continue;
+        }
+        grammar_matcher_fill_mask(s->grammar, s->grammar_mask);
+        e->b_rows[r].allowed = s->grammar_mask;
+        g->redo[n++] = r;
+        g->n_redrawn++;
+    }
+    *redo = g->redo;
+    g->check_s += 1e-9 * (double)(thread_cpu_ns() - t0);
+    return n;
+}
+
+void engine_grammar_check_counts(atomc_engine *e, uint64_t *checked, uint64_t *redrawn) {
+    struct engine_grammar *g = e->grammar;
+    *checked = g ? g->n_checked : 0;
+    *redrawn = g ? g->n_redrawn : 0;
+}
+
+void engine_grammar_set_check(atomc_engine *e, bool on) {
+    if (e->grammar) e->grammar->check_on = on;
+}
+
 int engine_grammar_accept(atomc_engine *e, struct sequence *s, int32_t t) {
     (void)e;
     if (!s->grammar) return 0;
     if (!s->grammar_active) {
         if (t == s->params.grammar_start_token) s->grammar_active = true;
         return 0;
+    }
+    if (s->grammar_checked) { // accepted by engine_grammar_check this step
+        s->grammar_checked = false;
+        CHECK_MSG(t == s->grammar_checked_id, "structured output: token %d delivered, %d checked", t,
+                  s->grammar_checked_id);
+        return grammar_matcher_is_terminated(s->grammar) ? 1 : 0;
     }
     if (!grammar_matcher_accept(s->grammar, t)) return -1;
     return grammar_matcher_is_terminated(s->grammar) ? 1 : 0;

@@ -68,6 +68,7 @@ struct engine_setup {
                                     // (per-layer-group block tables: a second table per sequence)
     int num_state_slots;            // model_runner_num_state_slots: > 0 = recurrent-state model (a slot per
                                     // running sequence; no prefix caching, no speculative decoding)
+    bool sample_check;              // execute honours forward_batch.sample_check (model_runner_host_sampler)
     int32_t eos_ids[ENGINE_MAX_EOS]; // config + generation_config + tokenizer
     int n_eos;
     atomc_model_info info;          // strings must outlive the engine (owned by ctx / strings below)
@@ -262,5 +263,11 @@ void engine_grammar_seq_free(struct sequence *s);
 void engine_grammar_begin_masks(atomc_engine *e, struct forward_batch *fb);
 void engine_grammar_join(void *e);
 int engine_grammar_accept(atomc_engine *e, struct sequence *s, int32_t t);
+// forward_batch.sample_check (set by begin_masks when su.sample_check and a row qualifies).
+int engine_grammar_check(void *e, const int32_t *ids, const int32_t **redo);
+// For tests and benchmarks: rows drawn unmasked first and checked / of them drawn again; and
+// sample-then-check on (the default) or off (every constrained row masked before its draw).
+void engine_grammar_check_counts(atomc_engine *e, uint64_t *checked, uint64_t *redrawn);
+void engine_grammar_set_check(atomc_engine *e, bool on);
 
 #endif

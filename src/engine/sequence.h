@@ -98,6 +98,9 @@ struct sequence {
     struct grammar_matcher *grammar;
     uint32_t *grammar_mask;
     bool grammar_active;
+    // Sample-then-check: the grammar already accepted this step's token grammar_checked_id.
+    bool grammar_checked;
+    int32_t grammar_checked_id;
 
     // Timestamps (monotonic seconds), 0 = not yet.
     double t_arrival, t_first_scheduled, t_first_token, t_last_token, t_finish;

@@ -685,6 +685,8 @@ int model_runner_num_graphs(const struct model_runner *r) { return r->n_graphs; 
 
 int model_runner_num_state_slots(const struct model_runner *r) { return r->n_state_slots; }
 
+bool model_runner_host_sampler(const struct model_runner *r) { return r->backend->kind == BACKEND_CPU; }
+
 size_t model_runner_state_bytes(const struct model_runner *r) { return r->state_bytes; }
 
 uint64_t model_runner_num_graph_replays(const struct model_runner *r) { return r->n_graph_replays; }

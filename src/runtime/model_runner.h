@@ -73,6 +73,14 @@ struct forward_batch {
     // masks are read: the engine computes the masks while the forward runs and joins here.
     void (*sample_ready)(void *ctx);
     void *sample_ready_ctx;
+    // Structured output, sample-then-check (engine_grammar.c; set only for a runner whose
+    // model_runner_host_sampler is true). After the rows are drawn, called with the n_logits
+    // sampled ids: it advances the grammars that accept their row's id and returns how many rows
+    // must be drawn again, listed in *redo (the hook's memory), whose `allowed` masks it has
+    // filled meanwhile. The runner draws each of them once more under its mask, with the second
+    // random stream of the step (SAMPLE_REDRAW_STEP, backend/sample_rng.h), and returns those ids.
+    int (*sample_check)(void *ctx, const int32_t *ids, const int32_t **redo);
+    void *sample_check_ctx;
 
     // Prompt logprobs (echo + logprobs): for these token rows, the logprob of target_ids[i]
     // (the next prompt token) and the top-k alternatives are returned.
@@ -212,6 +220,9 @@ bool model_runner_kv_groups(const struct model_runner *r, int *window, int *num_
 size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
 // Recurrent-state slots the engine may assign (max_num_seqs; 0 when the model keeps no
 // recurrent state) and their bytes in backend memory.
+// The sampler runs on the host (the CPU backend): a second draw of a few rows costs little, so
+// structured output samples then checks (forward_batch.sample_check) where that is exact.
+bool model_runner_host_sampler(const struct model_runner *r);
 int model_runner_num_state_slots(const struct model_runner *r);
 size_t model_runner_state_bytes(const struct model_runner *r);
 int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element

@@ -122,6 +122,7 @@ atomc_status model_runner_draft(struct model_runner *r, const struct draft_batch
     struct forward_batch fb = *fb0;
     fb.sampling = r->mtp.greedy;
     fb.sample_ready = NULL;
+    fb.sample_check = NULL;
     fb.n_prompt_lp = 0;
     const int32_t *ids;
     if ((st = mtp_pass(r, &fb, r->mtp.d_hidden_rows, &ids, err)) != ATOMC_OK) return st;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/sample_rng.h"
 #include "common/check.h"
 #include "common/log.h"
 #include "common/timeutil.h"
@@ -121,6 +122,58 @@ static atomc_status runner_upload_masks(struct model_runner *r, const struct for
     return ATOMC_OK;
 }
 
+// Structured output, sample-then-check (forward_batch.sample_check): the rows whose first draw
+// the grammar rejected are drawn again, one row per call, under their mask now filled and with
+// the step's second random stream; a's row arrays are offset to the row. Host sampler only: the
+// logits must be left unchanged by the first draw (the CPU backend leaves them).
+static atomc_status runner_redraw_rejected(struct model_runner *r, const struct forward_batch *fb,
+                                           const struct sample_args *a, struct error *err) {
+    const int32_t *redo = NULL;
+    int n_redo = fb->sample_check(fb->sample_check_ctx, r->h_out_ids, &redo);
+    if (n_redo == 0) return ATOMC_OK;
+    CHECK(model_runner_host_sampler(r));
+    struct backend *b = r->backend;
+    const int V = r->cfg.vocab_size, words = a->bitmask_words;
+    atomc_status st = runner_mask_reserve(r, (size_t)words, err);
+    if (st != ATOMC_OK) return st;
+    for (int k = 0; k < n_redo; k++) {
+        int i = redo[k];
+        CHECK(i >= 0 && i < fb->n_logits && fb->sampling[i].allowed);
+        memcpy(r->h_mask, fb->sampling[i].allowed, (size_t)words * 4);
+        b->ops->copy_h2d(b, r->d_mask, r->h_mask, (size_t)words * 4);
+        uint64_t *hstep = HPTR(r, step, uint64_t) + i;
+        *hstep = SAMPLE_REDRAW_STEP(fb->sampling[i].step);
+        b->ops->copy_h2d(b, DPTR(r, step, uint64_t) + i, hstep, sizeof *hstep);
+        struct tensor row = tensor_2d((float *)a->logits->data + (size_t)i * V, DTYPE_F32, 1, V);
+        struct sample_args a1 = *a;
+        a1.n_rows = 1;
+        a1.logits = &row;
+        a1.temperature += i;
+        a1.top_p += i;
+        a1.top_k += i;
+        a1.min_p += i;
+        a1.presence_penalty += i;
+        a1.frequency_penalty += i;
+        a1.repetition_penalty += i;
+        a1.seed += i;
+        a1.step += i;
+        a1.hist_start += i; // row i's history is hist_ids[hist_start[i] .. hist_start[i + 1])
+        a1.hist_prompt_len += i;
+        a1.token_bitmask = r->d_mask;
+        a1.out_ids += i;
+        // The engine checks only rows that want no logprobs (engine_grammar.c): none computed.
+        a1.n_logprobs = 0;
+        a1.out_logprob = NULL;
+        a1.out_top_ids = NULL;
+        a1.out_top_logprobs = NULL;
+        a1.all_greedy = false;
+        b->ops->sample(b, &a1);
+        b->ops->copy_d2h(b, r->h_out_ids + i, r->d_out_ids + i, 4);
+    }
+    b->ops->synchronize(b);
+    return ATOMC_OK;
+}
+
 atomc_status runner_sample(struct model_runner *r, const struct forward_batch *fb, struct runner_output *out,
                                   struct error *err) {
     struct backend *b = r->backend;
@@ -209,6 +262,10 @@ atomc_status runner_sample(struct model_runner *r, const struct forward_batch *f
         b->ops->copy_d2h(b, r->h_out_top_lp, r->d_out_top_lp, (size_t)n * n_lp * 4);
     }
     b->ops->synchronize(b);
+    if (fb->sample_check) {
+        atomc_status cst = runner_redraw_rejected(r, fb, &a, err);
+        if (cst != ATOMC_OK) return cst;
+    }
     out->ids = r->h_out_ids;
     out->logprobs = r->h_out_lp;
     out->top_ids = r->h_out_top_ids;

@@ -289,6 +289,98 @@ static int32_t sample_row(const struct sample_args *a, int r, const float *raw, 
 #undef SAMPLE_KEPT
 }
 
+// Step 0 + 3..5 over the allowed ids alone, for a masked row without top-k / top-p / min-p and
+// without top alternatives whose mask allows at most half the vocabulary (a grammar's usual
+// mask): the same token and logprob as the dense path over the masked row, because a masked
+// token's e is exactly 0 and adding 0 leaves a double sum unchanged (the total, the walk's
+// running sums and the max are the dense row's), and it is never chosen (the walk stops at the
+// first running sum above u * total < total, which a zero term cannot raise). Returns false to
+// leave the row to the dense path: the filters are on, the mask allows no token or more than
+// half of them, or every allowed logit is -inf (the dense path's degenerate cases).
+static bool sample_row_sparse(const struct sample_args *a, int64_t r, const float *raw, const uint32_t *bits, float *w,
+                              struct cand *c, int32_t *cnt, uint8_t *seen, int32_t *out_id) {
+    const int V = a->vocab_size;
+    float temp = a->temperature ? a->temperature[r] : 0.0f;
+    bool greedy = !(temp >= SAMPLE_GREEDY_EPS);
+    if (a->n_logprobs > 0) return false;
+    if (!greedy) {
+        float min_p = a->min_p ? a->min_p[r] : 0.0f, top_p = a->top_p ? a->top_p[r] : 1.0f;
+        int k = a->top_k ? a->top_k[r] : 0;
+        if ((k > 0 && k < V) || top_p < 1.0f || min_p > 0.0f) return false;
+    }
+    int64_t n = 0;
+    const int words = (V + 31) / 32;
+    for (int wi = 0; wi < words; wi++) {
+        uint32_t m = bits[wi];
+        while (m) {
+            int id = wi * 32 + __builtin_ctz(m);
+            m &= m - 1;
+            if (id >= V) break;
+            if (n >= V / 2) return false;
+            c[n++].id = id;
+        }
+    }
+    if (n == 0) return false;
+    const float *src = raw;
+    if (a->any_penalty) { // on a dense copy: the pass indexes by token id
+        memcpy(w, raw, (size_t)V * sizeof(float));
+        sample_penalties(a, (int)r, w, V, cnt, seen);
+        src = w;
+    }
+    bool bad = false;
+    for (int64_t i = 0; i < n; i++) {
+        float v = raw[c[i].id];
+        bad |= isnan(v) || v == INFINITY;
+    }
+    if (bad) {
+        *out_id = SAMPLE_ID_NONFINITE;
+        return true;
+    }
+    int32_t chosen;
+    if (greedy) {
+        int64_t best = 0;
+        for (int64_t i = 0; i < n; i++) {
+            c[i].v = src[c[i].id];
+            if (c[i].v > c[best].v) best = i;
+        }
+        if (c[best].v == -INFINITY) return false;
+        chosen = c[best].id;
+    } else {
+        float inv_t = 1.0f / temp, m = -INFINITY;
+        for (int64_t i = 0; i < n; i++) {
+            c[i].v = src[c[i].id] * inv_t;
+            if (c[i].v > m) m = c[i].v;
+        }
+        if (m == -INFINITY) return false;
+        double total = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            c[i].v = expf(c[i].v - m); // from here on: e
+            total += c[i].v;
+        }
+        double target = sample_rng_uniform(a->seed ? a->seed[r] : 0, a->step ? a->step[r] : 0) * total;
+        double acc = 0.0;
+        chosen = c[n - 1].id;
+        for (int64_t i = 0; i < n; i++) {
+            acc += c[i].v;
+            if (acc > target) {
+                chosen = c[i].id;
+                break;
+            }
+        }
+    }
+    if (a->out_logprob) { // sample_logprobs over the allowed ids (the masked ones add exp(-inf) = 0)
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < n; i++)
+            if (raw[c[i].id] > mx) mx = raw[c[i].id];
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            sum += exp((double)raw[c[i].id] - mx);
+        a->out_logprob[r] = raw[chosen] - (float)(mx + log(sum));
+    }
+    *out_id = chosen;
+    return true;
+}
+
 static bool row_nonfinite(const float *raw, int V) {
     bool bad = false;
     for (int i = 0; i < V; i++)
@@ -311,6 +403,12 @@ static void sample_rows(void *vctx, int64_t r0, int64_t r1, int tid) {
         const float *raw = (const float *)a->logits->data + r * V;
         if (a->token_bitmask) {
             const uint32_t *bits = a->token_bitmask + r * a->bitmask_words;
+            int32_t sid;
+            if (sample_row_sparse(a, r, raw, bits, w, cands, cnt, seen, &sid)) {
+                a->out_ids[r] = sid;
+                if (sid == SAMPLE_ID_NONFINITE && a->out_logprob) a->out_logprob[r] = NAN;
+                continue;
+            }
             for (int i = 0; i < V; i++)
                 masked[i] = (bits[i >> 5] >> (i & 31)) & 1u ? raw[i] : -INFINITY;
             raw = masked;
