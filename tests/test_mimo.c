@@ -36,6 +36,7 @@
 #define LOGIT_RTOL 1e-4
 #define MARGIN_FACTOR 4.0
 #define FIXTURE "mimo_v2_flash"
+#define FIXTURE_HD192 "mimo_v2_flash_hd192"
 
 static const struct es_setup CPU = {
     .device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f, .min_clear = 0.5};
@@ -57,11 +58,18 @@ static struct model_runner *open_dir(const char *path, int max_seqs, struct erro
     return r;
 }
 
-static struct model_runner *open_fixture(int max_seqs) {
+static struct model_runner *open_named(const char *name, int max_seqs) {
     struct error err = {0};
-    struct model_runner *r = open_dir(test_fixture("models/" FIXTURE), max_seqs, &err);
-    if (!r) fprintf(stderr, "  %s: %s\n", FIXTURE, err.msg);
+    char rel[128], path[4096];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    struct model_runner *r = open_dir(path, max_seqs, &err);
+    if (!r) fprintf(stderr, "  %s: %s\n", name, err.msg);
     return r;
+}
+
+static struct model_runner *open_fixture(int max_seqs) {
+    return open_named(FIXTURE, max_seqs);
 }
 
 // Logits of prompt p at its reference positions, fed in pieces of `chunk` tokens (0 = one shot).
@@ -123,6 +131,26 @@ TEST(mimo_logits_match_hf_one_shot_and_chunked) {
     for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
         double d = worst_error(r, &R, chunks[ci]);
         fprintf(stderr, "  chunk %d: max |logit - HF| = %.2e (tolerance %.2e)\n", chunks[ci], d, R.tol);
+        ASSERT_TRUE(d <= R.tol);
+    }
+    model_runner_free(r);
+    refs_free(&R);
+}
+
+// The fixture with MiMo-V2-Flash's own head dims (q/k 192, v 128: the ones the CUDA attention
+// implements; tests/gpu/test_cuda_mimo.c runs it on CUDA): the same check on the CPU.
+TEST(mimo_hd192_logits_match_hf) {
+    struct refs R;
+    ASSERT_EQ(refs_load(FIXTURE_HD192, &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    struct model_runner *r = open_named(FIXTURE_HD192, 4);
+    ASSERT_TRUE(r != NULL);
+    ASSERT_EQ(model_runner_config(r)->head_dim, 192);
+    ASSERT_EQ(model_runner_config(r)->v_head_dim, 128);
+    static const int chunks[] = {0, 5};
+    for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+        double d = worst_error(r, &R, chunks[ci]);
+        fprintf(stderr, "  %s chunk %d: max |logit - HF| = %.2e (tolerance %.2e)\n", FIXTURE_HD192, chunks[ci], d,
+                R.tol);
         ASSERT_TRUE(d <= R.tol);
     }
     model_runner_free(r);
