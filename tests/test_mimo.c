@@ -395,7 +395,7 @@ TEST(mimo_refusals) {
     struct model_config c;
     struct error err = {0};
     ASSERT_OK(model_config_parse_json(&c, json, "config.json", &err));
-    // The CUDA backend's attention has no split q/k vs v head dims (and head dims 64 / 128 only).
+    // The CUDA backend's attention: split q/k vs v head dims off, and only as q/k 192 with v 128.
     struct model_load_options lo = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
     ASSERT_EQ(model_check_backend_caps(&c, &backend_cuda_caps, &lo, &err), ATOMC_ERR_UNSUPPORTED);
     fprintf(stderr, "  cuda caps: %s\n", err.msg);
@@ -404,9 +404,27 @@ TEST(mimo_refusals) {
     c64.head_dim = 64;
     ASSERT_EQ(model_check_backend_caps(&c64, &backend_cuda_caps, &lo, &err), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(err.msg, "v head dim 32") != NULL);
+    // The real head dims (q/k 192, v 128): the one pair the CUDA attention has, refused while the
+    // CUDA table keeps split_v_head_dim off (until tests/gpu/test_cuda_mimo.c passes on a GPU);
+    // with it on, admitted, and other pairs refused naming the pairs.
+    char *json192 = NULL;
+    struct model_config c192;
+    ASSERT_OK(file_read_all(test_fixture("models/" FIXTURE_HD192 "/config.json"), &json192, NULL, NULL));
+    ASSERT_OK(model_config_parse_json(&c192, json192, "config.json", &err));
+    free(json192);
+    ASSERT_EQ(model_check_backend_caps(&c192, &backend_cuda_caps, &lo, &err), ATOMC_ERR_UNSUPPORTED);
+    fprintf(stderr, "  cuda caps, 192 / 128: %s\n", err.msg);
+    ASSERT_TRUE(strstr(err.msg, "v head dim 128") != NULL);
+    struct backend_caps on = backend_cuda_caps;
+    on.split_v_head_dim = true;
+    ASSERT_OK(model_check_backend_caps(&c192, &on, &lo, &err));
+    ASSERT_EQ(model_check_backend_caps(&c, &on, &lo, &err), ATOMC_ERR_UNSUPPORTED);
+    fprintf(stderr, "  cuda caps with split heads on, 48 / 32: %s\n", err.msg);
+    ASSERT_TRUE(strstr(err.msg, "192 / 128") != NULL);
     lo.weight_dtype = DTYPE_F32;
     lo.kv_dtype = DTYPE_F32;
     ASSERT_OK(model_check_backend_caps(&c, &backend_cpu_caps, &lo, &err));
+    ASSERT_OK(model_check_backend_caps(&c192, &backend_cpu_caps, &lo, &err));
     // Config keys of the original release, which transformers does not read.
     struct model_config c2;
     char *bad = malloc(strlen(json) + 64);

@@ -7,9 +7,10 @@
 // HF to ~1e-5, tests/test_mimo.c). Runs only where a GPU is (make CUDA=1 gpu-test); skipped
 // otherwise.
 //
-// backend_cuda_caps does not list head dim 192 nor split q/k vs v head dims until this test has
-// passed on a GPU, so (as test_cuda_dsa.c) the runners here get a CUDA backend whose table is the
-// shipped one plus those two (mimo_caps); cuda_mimo_shipped_caps_refuse_or_admit checks what the
+// backend_cuda_caps keeps split q/k vs v head dims off (split_v_head_dim; its pair list already
+// names the kernel's 192 / 128) until this test has passed on a GPU, so (as test_cuda_dsa.c) the
+// runners here get a CUDA backend whose table is the shipped one with split_v_head_dim on
+// (mimo_caps); cuda_mimo_shipped_caps_refuse_or_admit checks what the
 // shipped table does with the model (refused naming the head dims while it is off).
 //
 //   cuda_mimo_matches_hf  logits vs HF fp32 at every other position of each prompt and the last
@@ -43,22 +44,13 @@
 #define BF16_RTOL 5e-2
 #define BF16_MARGIN_FACTOR 1.2
 
-// The shipped CUDA table plus what MiMo-V2-Flash needs from the attention (head dim 192 with v
-// head dim 128), unless the shipped table has them already.
+// The shipped CUDA table with split q/k vs v head dims switched on: its (q/k, v) pairs are the
+// kernel's (192 / 128), so this is the table the cap flip would ship.
 static const struct backend_caps *mimo_caps(void) {
     static struct backend_caps caps;
-    static bool init = false;
-    if (!init) {
-        caps = backend_cuda_caps;
-        bool has = false;
-        for (int i = 0; i < caps.n_head_dims; i++) has = has || caps.head_dims[i] == 192;
-        if (!has && caps.n_head_dims > 0) {
-            CHECK(caps.n_head_dims < BACKEND_CAPS_MAX_HEAD_DIMS);
-            caps.head_dims[caps.n_head_dims++] = 192;
-        }
-        caps.split_v_head_dim = true;
-        init = true;
-    }
+    caps = backend_cuda_caps;
+    caps.split_v_head_dim = true;
+    CHECK(caps.n_split_head_dims == 1 && caps.split_head_dims[0][0] == 192 && caps.split_head_dims[0][1] == 128);
     return &caps;
 }
 
