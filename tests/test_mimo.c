@@ -26,8 +26,10 @@
 #include "common/check.h"
 #include "common/mapped_file.h"
 #include "engine_model_scenarios.h"
+#include "loader/model_files.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/quant.h"
 #include "model_refs.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
@@ -37,12 +39,16 @@
 #define MARGIN_FACTOR 4.0
 #define FIXTURE "mimo_v2_flash"
 #define FIXTURE_HD192 "mimo_v2_flash_hd192"
+#define FIXTURE_FP8 "mimo_v2_flash_fp8"
 
 static const struct es_setup CPU = {
     .device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f, .min_clear = 0.5};
 
-static struct model_runner *open_dir(const char *path, int max_seqs, struct error *err) {
+// weight_only: quantized weights with unquantized activations (runner_options.quant_weight_only),
+// what the fp32 references of the FP8 fixture compute.
+static struct model_runner *open_dir_q(const char *path, int max_seqs, bool weight_only, struct error *err) {
     struct runner_options o = {.model_path = path,
+                               .quant_weight_only = weight_only,
                                .device = "cpu",
                                .dtype = "auto",
                                .load_format = "auto",
@@ -56,6 +62,10 @@ static struct model_runner *open_dir(const char *path, int max_seqs, struct erro
     struct model_runner *r = NULL;
     if (model_runner_create(&o, &r, err) != ATOMC_OK) return NULL;
     return r;
+}
+
+static struct model_runner *open_dir(const char *path, int max_seqs, struct error *err) {
+    return open_dir_q(path, max_seqs, true, err);
 }
 
 static struct model_runner *open_named(const char *name, int max_seqs) {
@@ -213,16 +223,17 @@ TEST(mimo_mixed_batch_greedy_matches_hf) {
     refs_free(&R);
 }
 
-// A temp copy of the fixture whose config.json has `from` replaced by `to` (weights linked), or
-// whose weights have byte flip_off changed when >= 0.
-static char *mutant_flip(const char *from, const char *to, long flip_off) {
+// A temp copy of fixture directory `rel` (under tests/fixtures) whose config.json has `from`
+// replaced by `to` (weights linked), or whose weights have byte flip_off changed when >= 0.
+static char *mutant_of(const char *rel, const char *from, const char *to, long flip_off) {
     static char dir[256];
     snprintf(dir, sizeof dir, "/tmp/atomc_test_mimo_XXXXXX");
     CHECK(mkdtemp(dir));
-    char *json = NULL;
-    CHECK(file_read_all(test_fixture("models/" FIXTURE "/config.json"), &json, NULL, NULL) == ATOMC_OK);
+    char *json = NULL, src[512];
+    snprintf(src, sizeof src, "%s/config.json", rel);
+    CHECK(file_read_all(test_fixture(src), &json, NULL, NULL) == ATOMC_OK);
     char *hit = strstr(json, from);
-    CHECK(hit);
+    CHECK_MSG(hit, "%s not in %s", from, src);
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
@@ -233,14 +244,15 @@ static char *mutant_flip(const char *from, const char *to, long flip_off) {
     fclose(f);
     free(json);
     char abs[4096];
+    snprintf(src, sizeof src, "%s/model.safetensors", rel);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (flip_off < 0) {
-        CHECK(realpath(test_fixture("models/" FIXTURE "/model.safetensors"), abs) && symlink(abs, path) == 0);
+        CHECK(realpath(test_fixture(src), abs) && symlink(abs, path) == 0);
         return dir;
     }
     char *data = NULL;
     size_t n = 0;
-    CHECK(file_read_all(test_fixture("models/" FIXTURE "/model.safetensors"), &data, &n, NULL) == ATOMC_OK);
+    CHECK(file_read_all(test_fixture(src), &data, &n, NULL) == ATOMC_OK);
     CHECK((size_t)flip_off < n);
     data[flip_off] = (char)(data[flip_off] + 8);
     f = fopen(path, "wb");
@@ -248,6 +260,10 @@ static char *mutant_flip(const char *from, const char *to, long flip_off) {
     fclose(f);
     free(data);
     return dir;
+}
+
+static char *mutant_flip(const char *from, const char *to, long flip_off) {
+    return mutant_of("models/" FIXTURE, from, to, flip_off);
 }
 
 static char *mutant(const char *from, const char *to) {
@@ -425,11 +441,14 @@ TEST(mimo_refusals) {
     lo.kv_dtype = DTYPE_F32;
     ASSERT_OK(model_check_backend_caps(&c, &backend_cpu_caps, &lo, &err));
     ASSERT_OK(model_check_backend_caps(&c192, &backend_cpu_caps, &lo, &err));
-    // Config keys of the original release, which transformers does not read.
+    // The release's hybrid_layer_pattern beside transformers' layer_types: read, and it must agree.
     struct model_config c2;
     char *bad = malloc(strlen(json) + 64);
     snprintf(bad, strlen(json) + 64, "{\"hybrid_layer_pattern\": [0, 1, 1, 0],%s", strchr(json, '{') + 1);
-    ASSERT_EQ(model_config_parse_json(&c2, bad, "config.json", &err), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_OK(model_config_parse_json(&c2, bad, "config.json", &err));
+    snprintf(bad, strlen(json) + 64, "{\"hybrid_layer_pattern\": [0, 1, 0, 0],%s", strchr(json, '{') + 1);
+    ASSERT_EQ(model_config_parse_json(&c2, bad, "config.json", &err), ATOMC_ERR_FORMAT);
+    fprintf(stderr, "  disagreeing layer keys: %s\n", err.msg);
     ASSERT_TRUE(strstr(err.msg, "hybrid_layer_pattern") != NULL);
     free(bad);
     free(json);
@@ -439,15 +458,218 @@ TEST(mimo_refusals) {
     ASSERT_TRUE(r == NULL);
     fprintf(stderr, "  flat rope: %s\n", err.msg);
     rm_dir(dir);
-    // The FP8 release: quantized checkpoints are refused by name.
+    // Quantization other than the release's fp8 is refused by name.
     dir = mutant("\"attention_bias\": false,",
-                 "\"attention_bias\": false, \"quantization_config\": {\"quant_method\": "
-                 "\"fp8\", \"weight_block_size\": [128, 128], \"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\"},");
+                 "\"attention_bias\": false, \"quantization_config\": {\"quant_method\": \"compressed-tensors\", "
+                 "\"format\": \"float-quantized\", \"config_groups\": {\"g\": {\"targets\": [\"Linear\"], "
+                 "\"weights\": {\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"channel\", "
+                 "\"symmetric\": true, \"dynamic\": false}}}},");
     r = open_dir(dir, 4, &err);
     ASSERT_TRUE(r == NULL);
-    fprintf(stderr, "  fp8: %s\n", err.msg);
-    ASSERT_TRUE(strstr(err.msg, "fp8") != NULL || strstr(err.msg, "quantiz") != NULL);
+    fprintf(stderr, "  compressed-tensors: %s\n", err.msg);
+    ASSERT_TRUE(strstr(err.msg, "compressed-tensors") != NULL);
     rm_dir(dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The FP8 release's form (tests/fixtures/quant/mimo_v2_flash_fp8, tools/make_tiny_mimo_fp8.py):
+// FP8 e4m3 weights in 128x128 blocks and the hub's own config keys.
+
+#define FP8_DIR "quant/" FIXTURE_FP8
+
+// Logits vs transformers' fp32 forward of the exactly dequantized weights (what transformers' own
+// fp8 loader with dequantize=True computes, up to its bf16 rounding; the generator checks that),
+// one shot and in chunks of 5; greedy tokens of a one-shot prefill plus decodes where HF's margin
+// is clear. The weights stay FP8 in memory (weight-only on the CPU: F32 activations).
+TEST(mimo_fp8_release_matches_hf) {
+    struct refs R;
+    ASSERT_EQ(refs_load_rel(FP8_DIR "/refs.json", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", test_fixture(FP8_DIR));
+    struct error err = {0};
+    struct model_runner *r = open_dir(path, 4, &err);
+    if (!r) fprintf(stderr, "  %s: %s\n", FIXTURE_FP8, err.msg);
+    ASSERT_TRUE(r != NULL);
+    const struct model_config *c = model_runner_config(r);
+    ASSERT_TRUE(c->quant.present && c->quant.method == QUANT_METHOD_FP8);
+    static const int chunks[] = {0, 5};
+    for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+        double d = worst_error(r, &R, chunks[ci]);
+        fprintf(stderr, "  %s chunk %d: max |logit - HF| = %.2e (tolerance %.2e)\n", FIXTURE_FP8, chunks[ci], d, R.tol);
+        ASSERT_TRUE(d <= R.tol);
+    }
+    int checked = 0;
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 29u);
+    for (int pi = 0; pi < R.n; pi++) {
+        int32_t got[N_GREEDY];
+        struct sim_seq *q = malloc(sizeof *q);
+        sim_seq_init(q, R.p[pi].ids, R.p[pi].n);
+        ASSERT_OK(sim_greedy(s, q, N_GREEDY, got, &err));
+        sim_seq_release(s, q);
+        free(q);
+        char what[96];
+        snprintf(what, sizeof what, "%s prompt %d", FIXTURE_FP8, pi);
+        int k = greedy_compare(&R, &R.p[pi], got, what);
+        ASSERT_TRUE(k >= 0);
+        checked += k;
+    }
+    fprintf(stderr, "  %s: %d greedy steps with a clear margin matched HF\n", FIXTURE_FP8, checked);
+    ASSERT_TRUE(checked >= R.n * N_GREEDY / 2);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
+    refs_free(&R);
+}
+
+// Loaded as stored: every decoder linear FP8 e4m3 with 128x128 block scales (q/k/v fused: 768 +
+// 384 + 256 rows of the full layer in 6 + 3 + 2 block rows), routers and sinks plain F32, every
+// tensor of the file read; o_proj's scales are the file's times attention_value_scale (the fold),
+// its values the file's bytes.
+TEST(mimo_fp8_weights_stay_fp8) {
+    struct error e = {0};
+    struct backend *b;
+    struct backend_options bo = {.num_threads = 2};
+    ASSERT_OK(backend_create("cpu", &bo, &b, &e));
+    struct model_files *mf;
+    ASSERT_OK(model_files_open(&mf, test_fixture(FP8_DIR), &e));
+    ASSERT_OK(model_quant_check(&mf->config, &e));
+    struct model_load_options lo = {.files = mf, .weight_dtype = DTYPE_F32, .kv_dtype = DTYPE_F32};
+    struct model *m = NULL;
+    ASSERT_OK(model_load(&m, b, &mf->config, &lo, &e));
+    ASSERT_OK(model_files_check_consumed(mf, &e));
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        const struct model_layer *ly = &m->layers[l];
+        const struct weight *w[] = {&ly->attn.gqa.qkv, &ly->attn.gqa.o,
+                                    l == 0 ? &ly->ffn.dense.gate_up : &ly->ffn.moe.gate_up,
+                                    l == 0 ? &ly->ffn.dense.down : &ly->ffn.moe.down};
+        for (int i = 0; i < 4; i++) {
+            ASSERT_EQ(w[i]->scheme, WEIGHT_SCHEME_BLOCK);
+            ASSERT_EQ(w[i]->t.dtype, DTYPE_FP8_E4M3);
+            // Parts of one partial block stacked (dense gate / up of 64 rows, experts' gate / up of
+            // 16 and down of 64): on a grid of their row count.
+            const int br = i == 2 ? (l == 0 ? 64 : 16) : i == 3 && l == 1 ? 64 : 128;
+            ASSERT_EQ(w[i]->block_rows, br);
+            ASSERT_EQ(w[i]->block_cols, 128);
+        }
+        ASSERT_EQ(ly->attn.gqa.qkv.scale.ne[0], l == 0 ? 6 + 3 + 2 : 6 + 6 + 4);
+        if (l == 1) {
+            ASSERT_EQ(ly->ffn.moe.router.scheme, WEIGHT_SCHEME_NONE);
+            ASSERT_EQ(ly->ffn.moe.router.t.dtype, DTYPE_F32);
+            ASSERT_TRUE(ly->attn.gqa.sinks.data != NULL);
+        }
+        // o_proj: (64, 512) in one block row of 4 block columns.
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.o_proj.weight_scale_inv", l);
+        struct tensor fs;
+        ASSERT_OK(model_files_get_tensor(mf, name, &fs, &e));
+        ASSERT_EQ(tensor_numel(&fs), 4);
+        ASSERT_EQ(tensor_numel(&ly->attn.gqa.o.scale), 4);
+        const float *got = ly->attn.gqa.o.scale.data, *file = fs.data;
+        for (int k = 0; k < 4; k++) ASSERT_TRUE(got[k] == file[k] * 0.707f);
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.o_proj.weight", l);
+        ASSERT_OK(model_files_get_tensor(mf, name, &fs, &e));
+        ASSERT_TRUE(memcmp(fs.data, ly->attn.gqa.o.t.data, tensor_bytes(&fs)) == 0);
+    }
+    model_free(m);
+    model_files_close(mf);
+    backend_destroy(b);
+}
+
+// The release's config keys parse to the model transformers' MiMoV2FlashConfig spells with
+// layer_types / mlp_layer_types / rope_parameters (the generator's equivalent config).
+TEST(mimo_release_config_keys_parsed) {
+    char *json = NULL;
+    ASSERT_OK(file_read_all(test_fixture(FP8_DIR "/config.json"), &json, NULL, NULL));
+    struct model_config c;
+    struct error err = {0};
+    ASSERT_OK(model_config_parse_json(&c, json, "config.json", &err));
+    free(json);
+    ASSERT_EQ(c.num_layers, 2);
+    ASSERT_EQ(c.layer_types[0], LAYER_ATTN_FULL);
+    ASSERT_EQ(c.layer_types[1], LAYER_ATTN_SLIDING);
+    ASSERT_TRUE(!model_config_layer_is_moe(&c, 0) && model_config_layer_is_moe(&c, 1));
+    ASSERT_EQ(c.num_kv_heads, 2);
+    ASSERT_EQ(c.swa_num_kv_heads, 4);
+    ASSERT_EQ(c.head_dim, 192);
+    ASSERT_EQ(c.v_head_dim, 128);
+    ASSERT_EQ(c.sliding_window, 9); // sliding_window_size 8 + the query
+    ASSERT_TRUE(c.rope.theta == 1000000.0f && c.rope_sliding.theta == 10000.0f);
+    ASSERT_EQ(c.rope.rotary_dim, 64);
+    ASSERT_EQ(c.rope_sliding.rotary_dim, 64);
+    ASSERT_TRUE(fabsf(c.rms_norm_eps - 1e-5f) < 1e-12f); // layernorm_epsilon
+    ASSERT_TRUE(c.routed_scaling_factor == 1.5f && fabsf(c.attention_value_scale - 0.707f) < 1e-7f);
+    // The released model's own config (bench/configs/mimo_v2_flash_fp8.json): the same shape as
+    // transformers' defaults (bench/configs/mimo_v2_flash.json).
+    struct model_config hub, def;
+    ASSERT_OK(file_read_all("bench/configs/mimo_v2_flash_fp8.json", &json, NULL, NULL));
+    ASSERT_OK(model_config_parse_json(&hub, json, "mimo_v2_flash_fp8.json", &err));
+    free(json);
+    ASSERT_OK(file_read_all("bench/configs/mimo_v2_flash.json", &json, NULL, NULL));
+    ASSERT_OK(model_config_parse_json(&def, json, "mimo_v2_flash.json", &err));
+    free(json);
+    ASSERT_TRUE(hub.quant.present && !def.quant.present);
+    ASSERT_EQ(hub.num_layers, def.num_layers);
+    for (int l = 0; l < hub.num_layers; l++) {
+        ASSERT_EQ(hub.layer_types[l], def.layer_types[l]);
+        ASSERT_EQ(model_config_layer_is_moe(&hub, l), model_config_layer_is_moe(&def, l));
+    }
+    ASSERT_EQ(hub.swa_num_kv_heads, def.swa_num_kv_heads);
+    ASSERT_EQ(hub.sliding_window, def.sliding_window);
+    ASSERT_TRUE(hub.rope.theta == def.rope.theta && hub.rope_sliding.theta == def.rope_sliding.theta);
+    ASSERT_EQ(hub.rope.rotary_dim, def.rope.rotary_dim);
+    ASSERT_EQ(hub.rope_sliding.rotary_dim, def.rope_sliding.rotary_dim);
+    ASSERT_TRUE(hub.rms_norm_eps == def.rms_norm_eps && hub.routed_scaling_factor == def.routed_scaling_factor);
+    ASSERT_EQ(model_param_count(&hub), model_param_count(&def));
+}
+
+// The release's keys are what atomc reads: changing one moves the logits off HF's (or makes the
+// weights not fit); keys it cannot honour are refused by name.
+TEST(mimo_release_config_keys_matter_or_refused) {
+    struct refs R;
+    ASSERT_EQ(refs_load_rel(FP8_DIR "/refs.json", &R, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    const struct {
+        const char *from, *to, *what;
+        int expect; // 0: loads, logits move; 1: refused (message names `name`)
+        const char *name;
+    } muts[] = {
+        {"\"swa_rope_theta\": 10000.0", "\"swa_rope_theta\": 1000000.0", "swa_rope_theta", 0, NULL},
+        {"\"rope_theta\": 1000000.0", "\"rope_theta\": 10000.0", "rope_theta", 0, NULL},
+        {"\"partial_rotary_factor\": 0.334", "\"partial_rotary_factor\": 0.5", "partial_rotary_factor", 0, NULL},
+        {"\"sliding_window_size\": 8", "\"sliding_window_size\": 6", "sliding_window_size", 0, NULL},
+        {"\"routed_scaling_factor\": 1.5", "\"routed_scaling_factor\": null", "routed_scaling_factor null", 0, NULL},
+        {"\"hybrid_layer_pattern\": [\n    0,", "\"hybrid_layer_pattern\": [\n    1,", "hybrid_layer_pattern [1, 1]", 1,
+         "k_proj"},
+        {"\"moe_layer_freq\": [\n    0,", "\"moe_layer_freq\": [\n    1,", "moe_layer_freq [1, 1]", 1, "mlp"},
+        {"\"swa_head_dim\": 192", "\"swa_head_dim\": 128", "swa_head_dim", 1, "swa_head_dim"},
+        {"\"swa_num_attention_heads\": 4", "\"swa_num_attention_heads\": 8", "swa_num_attention_heads", 1,
+         "swa_num_attention_heads"},
+        {"\"add_full_attention_sink_bias\": false", "\"add_full_attention_sink_bias\": true", "full-layer sinks", 1,
+         "add_full_attention_sink_bias"},
+        {"\"add_swa_attention_sink_bias\": true", "\"add_swa_attention_sink_bias\": false", "no sliding sinks", 1,
+         "add_swa_attention_sink_bias"},
+        {"\"hidden_act\"", "\"attention_projection_layout\": \"fused_qkv\", \"hidden_act\"", "fused qkv", 1,
+         "fused_qkv"},
+    };
+    for (size_t i = 0; i < sizeof muts / sizeof muts[0]; i++) {
+        char *dir = mutant_of(FP8_DIR, muts[i].from, muts[i].to, -1);
+        struct error err = {0};
+        struct model_runner *r = open_dir(dir, 4, &err);
+        if (muts[i].expect == 1) {
+            fprintf(stderr, "  %-28s refused: %s\n", muts[i].what, r ? "(loaded)" : err.msg);
+            ASSERT_TRUE(r == NULL);
+            ASSERT_TRUE(strstr(err.msg, muts[i].name) != NULL);
+        } else {
+            if (!r) fprintf(stderr, "  %s: %s\n", muts[i].what, err.msg);
+            ASSERT_TRUE(r != NULL);
+            double d = worst_error(r, &R, 0);
+            fprintf(stderr, "  %-28s max |logit - HF| = %.2e (tolerance %.2e)\n", muts[i].what, d, R.tol);
+            ASSERT_TRUE(d > 10 * R.tol);
+            model_runner_free(r);
+        }
+        rm_dir(dir);
+    }
+    refs_free(&R);
 }
 
 TEST(mimo_batched_under_preemption_equals_alone) {
