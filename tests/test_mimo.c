@@ -522,6 +522,49 @@ TEST(mimo_fp8_release_matches_hf) {
     refs_free(&R);
 }
 
+// The default run (FP8 activations: per token and 128-column group before every FP8 linear, as
+// quant_method fp8 with dynamic activations states) against refs_w8a8.json (torch's own e4m3
+// rounding of the same activations) within 1e-3 x max |logit|, at most one position off (an
+// activation within fp32 rounding of an e4m3 midpoint flips), and far from the weight-only refs
+// (the activation rounding is really there).
+TEST(mimo_fp8_release_w8a8_matches_fake_quant_refs) {
+    struct refs R, W;
+    ASSERT_EQ(refs_load_rel(FP8_DIR "/refs_w8a8.json", &R, 1e-3, MARGIN_FACTOR), 0);
+    ASSERT_EQ(refs_load_rel(FP8_DIR "/refs.json", &W, LOGIT_RTOL, MARGIN_FACTOR), 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", test_fixture(FP8_DIR));
+    struct error err = {0};
+    struct model_runner *r = open_dir_q(path, 4, false, &err);
+    ASSERT_TRUE(r != NULL);
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 31u);
+    int positions = 0, off = 0;
+    double worst = 0, off_worst = 0, vs_wonly = 0;
+    for (int pi = 0; pi < R.n; pi++) {
+        struct ref_prompt *p = &R.p[pi];
+        float *lg = malloc(sizeof(float) * (size_t)p->n_pos * R.vocab);
+        ASSERT_EQ(prompt_logits(s, p, 0, lg, R.vocab), 0);
+        for (int k = 0; k < p->n_pos; k++) {
+            double d = max_abs_diff(lg + (size_t)k * R.vocab, p->logits + (size_t)k * R.vocab, R.vocab);
+            double dw = max_abs_diff(lg + (size_t)k * R.vocab, W.p[pi].logits + (size_t)k * R.vocab, R.vocab);
+            positions++;
+            if (d <= R.tol) worst = d > worst ? d : worst;
+            else off++, off_worst = d > off_worst ? d : off_worst;
+            vs_wonly = dw > vs_wonly ? dw : vs_wonly;
+        }
+        free(lg);
+    }
+    fprintf(stderr, "  W8A8: %d of %d positions within %.2e of refs_w8a8 (max %.2e), %d off (%.3f); vs weight-only "
+            "refs %.3f\n", positions - off, positions, R.tol, worst, off, off_worst, vs_wonly);
+    ASSERT_TRUE(off <= 1);
+    ASSERT_TRUE(vs_wonly > 20 * R.tol);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
+    refs_free(&R);
+    refs_free(&W);
+}
+
 // Loaded as stored: every decoder linear FP8 e4m3 with 128x128 block scales (q/k/v fused: 768 +
 // 384 + 256 rows of the full layer in 6 + 3 + 2 block rows), routers and sinks plain F32, every
 // tensor of the file read; o_proj's scales are the file's times attention_value_scale (the fold),

@@ -33,6 +33,10 @@ computes. The checkpoint as transformers' own fp8 loader reads it (FineGrainedFP
 dequantize=True, with the equivalent config) is checked to give the same logits up to its bf16
 dequantization, which proves the file is in the format transformers reads. Prompts of 1, 6, 19
 and 37 tokens, 16 greedy tokens each with their margins.
+refs_w8a8.json: the same forward with the input activations of every FP8 linear fake-quantized as
+quant_method fp8 with dynamic activations states (e4m3, one scale per token and 128-column group;
+tools/make_w8a8_refs.py's rounding), the experts per gathered token rows and on their SiLU x up
+output: what atomc computes by default (and the CUDA backend's FP8 kernels).
 
 Run (CPU, ~20 s):  python3 tools/make_tiny_mimo_fp8.py [--out tests/fixtures/quant]
 """
@@ -51,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_quant_fixtures import BLOCK, check_close, fp8_block_dequant, fp8_blocks  # noqa: E402
 from make_tiny_glm_mimo import MIN_KEY_GAP, add_routing_channel, gap_hooks, moe_gates  # noqa: E402
 from make_tiny_models import BASE, init_weights, references  # noqa: E402
+from make_w8a8_refs import experts_forward_w8a8, fake_quant_fp8  # noqa: E402
 
 NAME = "mimo_v2_flash_fp8"
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -194,6 +199,16 @@ def main():
         prompts = references(ref, torch.Generator().manual_seed(4321))
         for h in handles:
             h.remove()
+        hooked = 0
+        for mname, mod in ref.named_modules():
+            if any(mname.startswith("model.layers.") and mname.endswith("." + n) for n in LINEARS):
+                mod.register_forward_pre_hook(lambda m, args: (fake_quant_fp8(args[0].float(), BLOCK),))
+                hooked += 1
+            elif type(mod).__name__ == "MiMoV2FlashExperts":
+                mod.forward = experts_forward_w8a8(BLOCK).__get__(mod)
+                hooked += 3 * mod.num_experts
+        assert hooked == n_q, (hooked, n_q)
+        prompts_w8a8 = references(ref, torch.Generator().manual_seed(4321))
     finally:
         shutil.rmtree(d1)
         shutil.rmtree(d2)
@@ -206,6 +221,17 @@ def main():
                        transformers=__import__("transformers").__version__, router_min_key_gap=kmin,
                        bias_changed_decisions=gaps["bias_changes"], prompts=prompts), f, separators=(",", ":"))
         f.write("\n")
+    with open(os.path.join(out, "refs_w8a8.json"), "w") as f:
+        json.dump(dict(model=NAME, generator="tools/make_tiny_mimo_fp8.py",
+                       reference="as refs.json, with the input activations of every quantized linear fake-quantized to "
+                                 "fp8 e4m3 (dynamic, per token and 128-column group; experts per gathered token rows "
+                                 "and on their SiLU x up output)",
+                       transformers=__import__("transformers").__version__, prompts=prompts_w8a8), f,
+                  separators=(",", ":"))
+        f.write("\n")
+    d = max(abs(x - y) for p, q in zip(prompts_w8a8, prompts) for r, t in zip(p["logits"], q["logits"])
+            for x, y in zip(r, t))
+    print(f"{NAME}: max |W8A8 - weight-only logit| = {d:.4f}")
     mins = min(min(p["greedy_margins"]) for p in prompts)
     scale = max(max(abs(x) for row in p["logits"] for x in row) for p in prompts)
     print(f"{NAME}: {n_q} FP8 linears, router min key gap {kmin:.4f}, max|logit| {scale:.2f}, min greedy margin "
