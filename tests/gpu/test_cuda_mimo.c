@@ -22,6 +22,8 @@
 //       max(1, 5%), and the median error at most half the tolerance. Then greedy: the first token
 //       from the prefill logits, 15 decode steps (CUDA graphs replayed) equal to HF's at every step
 //       with a clear top-2 margin (above 1.2 x the tolerance), until a near tie flips.
+//   cuda_mimo_fp8_release_matches_hf  the FP8 release's form (tests/fixtures/quant/mimo_v2_flash_fp8)
+//       on the FP8 kernels against HF with the same FP8 activation rounding (see the test).
 //   cuda_mimo_engine_*  the engine scenarios of tests/engine_model_scenarios.h on the fixture with
 //       graphs on, with per-layer-group block tables (the sliding layer's own pool and table:
 //       window blocks freed under preemption, prefix hits) against alone runs with one table:
@@ -290,6 +292,88 @@ TEST(cuda_mimo_matches_hf) {
     model_runner_free(r);
     for (int pi = 0; pi < D->n; pi++) free(D->p[pi].logits);
     free(D);
+    refs_free(&R);
+}
+
+// The FP8 release's form (tests/fixtures/quant/mimo_v2_flash_fp8, tools/make_tiny_mimo_fp8.py:
+// FP8 e4m3 128x128 blocks, the hub's config keys; 4 heads, 2 / 4 KV heads, 2 layers) on the FP8
+// kernels with their dynamic FP8 activations, against refs_w8a8.json (HF fp32 with the same
+// activation rounding; the CPU matches it to 3.5e-4): prefill logits at the reference positions
+// within the BF16 tolerance, at most one position beyond it (a BF16 near-tie routing flip), then
+// greedy steps (graphs) equal to HF's where the margin is clear.
+TEST(cuda_mimo_fp8_release_matches_hf) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    struct refs R;
+    ASSERT_EQ(refs_load_rel("quant/mimo_v2_flash_fp8/refs_w8a8.json", &R, BF16_RTOL, BF16_MARGIN_FACTOR), 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", test_fixture("quant/mimo_v2_flash_fp8"));
+    struct runner_options o = runner_opts(path);
+    struct backend *b = NULL;
+    struct backend_options bo = {.device_id = 0};
+    struct error err = {0};
+    ASSERT_OK(backend_create("cuda", &bo, &b, &err));
+    b->caps = mimo_caps();
+    o.backend = b;
+    struct model_runner *r = NULL;
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  %s\n", err.msg);
+    ASSERT_TRUE(r != NULL);
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 41u);
+    float *lg = malloc(sizeof(float) * MAX_POS * (size_t)R.vocab);
+    int positions = 0, off = 0, checked = 0;
+    double worst = 0;
+    for (int pi = 0; pi < R.n; pi++) {
+        struct ref_prompt *p = &R.p[pi];
+        struct sim_seq *q = malloc(sizeof *q);
+        sim_seq_init(q, p->ids, p->n);
+        sim_step_begin(s);
+        ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
+        for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+        s->n_rows = p->n_pos;
+        struct forward_batch fb = sim_step_batch(s);
+        ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
+        sim_step_commit(s);
+        for (int k = 0; k < p->n_pos; k++) {
+            double d = max_abs_diff(lg + (size_t)k * R.vocab, p->logits + (size_t)k * R.vocab, R.vocab);
+            positions++;
+            off += !(d <= R.tol);
+            worst = d > worst || !isfinite(d) ? d : worst;
+            if (!(d <= R.tol))
+                fprintf(stderr, "    prompt %d position %d: |logit - HF| %.3g (tol %.3g)\n", pi, p->pos[k], d, R.tol);
+        }
+        int32_t got[N_GREEDY];
+        const float *last = lg + (size_t)(p->n_pos - 1) * R.vocab;
+        int best = 0;
+        for (int v = 1; v < R.vocab; v++) best = last[v] > last[best] ? v : best;
+        got[0] = best;
+        q->ids[q->n_ids++] = best;
+        for (int k = 1; k < N_GREEDY; k++) {
+            sim_step_begin(s);
+            ASSERT_EQ(sim_step_add(s, q, 1, 1), 0);
+            fb = sim_step_batch(s);
+            struct runner_output out;
+            ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+            sim_step_commit(s);
+            got[k] = out.ids[0];
+            q->ids[q->n_ids++] = out.ids[0];
+        }
+        char what[96];
+        snprintf(what, sizeof what, "mimo_v2_flash_fp8 (CUDA) prompt %d", pi);
+        int c = greedy_compare(&R, p, got, what);
+        ASSERT_TRUE(c >= 0);
+        checked += c;
+        sim_seq_release(s, q);
+        free(q);
+    }
+    fprintf(stderr, "  mimo_v2_flash_fp8 on CUDA: %d of %d positions within %.3g of HF W8A8 (worst %.3g), %d "
+            "clear-margin greedy steps equal, %llu graph replays\n", positions - off, positions, R.tol, worst, checked,
+            (unsigned long long)model_runner_num_graph_replays(r));
+    ASSERT_TRUE(off <= 1);
+    ASSERT_TRUE(checked >= R.n * N_GREEDY / 3);
+    free(lg);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
     refs_free(&R);
 }
 
