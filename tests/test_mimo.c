@@ -12,8 +12,15 @@
 //   - the engine scenarios (engine_model_scenarios.h): a batch under preemption with prefix hits
 //     equals each prompt alone, a prefix hit equals a cold run, and the randomized stress with
 //     aborts ends with every block free;
-//   - refusals: the CUDA caps (v head dim != q/k head dim), a quantized config, the original
-//     checkpoints' config keys, tensor parallelism.
+//   - refusals: the CUDA caps (split head dims off; with them on, only the 192 / 128 pair), other
+//     quant methods, disagreeing layer keys, a flat rope_parameters.
+// The fixture with the real head dims (mimo_v2_flash_hd192, q/k 192 / v 128: what the CUDA model
+// test tests/gpu/test_cuda_mimo.c runs) matches HF on the CPU too. The FP8 release's form
+// (quant/mimo_v2_flash_fp8, tools/make_tiny_mimo_fp8.py: FP8 e4m3 128x128 blocks, the hub's own
+// config keys): weight-only logits and greedy vs HF, the default W8A8 run vs refs_w8a8.json, the
+// weights kept FP8 (o_proj's scales x attention_value_scale), the release keys parsed as the
+// equivalent transformers config and each one mattering (or refused by name), and
+// bench/configs/mimo_v2_flash_fp8.json (the released config) equal in shape to mimo_v2_flash.json.
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -664,6 +671,23 @@ TEST(mimo_release_config_keys_parsed) {
     ASSERT_EQ(hub.rope_sliding.rotary_dim, def.rope_sliding.rotary_dim);
     ASSERT_TRUE(hub.rms_norm_eps == def.rms_norm_eps && hub.routed_scaling_factor == def.routed_scaling_factor);
     ASSERT_EQ(model_param_count(&hub), model_param_count(&def));
+    // Its dummy weights (benchmarks): decoder linears FP8 blocks with per-token-group FP8
+    // activations, lm_head and the routers plain.
+    ASSERT_OK(model_quant_check(&hub, &err));
+    struct quant_weight_plan qp;
+    model_quant_weight_plan(&hub, "model.layers.1.self_attn.q_proj", &qp);
+    ASSERT_TRUE(qp.scheme == WEIGHT_SCHEME_BLOCK && qp.act == WEIGHT_ACT_FP8_GROUP);
+    model_quant_weight_plan(&hub, "model.layers.1.mlp.experts.3.down_proj", &qp);
+    ASSERT_EQ(qp.scheme, WEIGHT_SCHEME_BLOCK);
+    model_quant_weight_plan(&hub, "lm_head", &qp);
+    ASSERT_EQ(qp.scheme, WEIGHT_SCHEME_NONE);
+    model_quant_weight_plan(&hub, "model.layers.1.mlp.gate", &qp);
+    ASSERT_EQ(qp.scheme, WEIGHT_SCHEME_NONE);
+    // With split head dims on, the CUDA caps take it (the table the cap flip would ship).
+    struct backend_caps on = backend_cuda_caps;
+    on.split_v_head_dim = true;
+    struct model_load_options lo = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
+    ASSERT_OK(model_check_backend_caps(&hub, &on, &lo, &err));
 }
 
 // The release's keys are what atomc reads: changing one moves the logits off HF's (or makes the

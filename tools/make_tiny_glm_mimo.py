@@ -24,6 +24,11 @@ weight and e_score_correction_bias, as the real checkpoint keeps them):
                   0.707, mlp_layer_types dense / sparse / sparse / sparse, 8 experts top-2 in one
                   group, sigmoid routing with a correction bias, routed_scaling_factor 1.5, no
                   shared experts; an MTP tensor under model.mtp.* (skipped by atomc, as HF does)
+    mimo_v2_flash_hd192  the real model's head dims (q/k 192, v 128: the CUDA attention's pair),
+                  3 layers full / sliding / full, 2 heads, 1 vs 2 KV heads, window 8, partial
+                  0.334 (64 dims) / 0.5 (96), 4 experts top-2; also refs_dense.json: HF's fp32
+                  logits at every other position and the last, with HF's own BF16 run's max error
+                  there (router and bias kept F32), for tests/gpu/test_cuda_mimo.c
 
 Routing must be clear of ties and of BF16 noise (the CUDA backend runs the same fixtures in
 BF16): as in make_tiny_moe_models.py a "routing channel" of ROUTE_DIMS hidden dims only the
@@ -37,7 +42,8 @@ decisions the correction bias and the group limit change (bias_changed_decisions
 groups_changed_decisions: both > 0 where they apply, so a router ignoring either fails the
 logits comparison).
 
-Run (CPU, ~1 minute):  python3 tools/make_tiny_glm_mimo.py [--out tests/fixtures/models]
+Run (CPU, ~1 minute):  python3 tools/make_tiny_glm_mimo.py [--out tests/fixtures/models] [--only glm | mimo |
+NAME]
 """
 import argparse
 import copy
