@@ -555,14 +555,18 @@ TEST(mimo_fp8_release_w8a8_matches_fake_quant_refs) {
             double d = max_abs_diff(lg + (size_t)k * R.vocab, p->logits + (size_t)k * R.vocab, R.vocab);
             double dw = max_abs_diff(lg + (size_t)k * R.vocab, W.p[pi].logits + (size_t)k * R.vocab, R.vocab);
             positions++;
-            if (d <= R.tol) worst = d > worst ? d : worst;
-            else off++, off_worst = d > off_worst ? d : off_worst;
+            if (d <= R.tol)
+                worst = d > worst ? d : worst;
+            else
+                off++, off_worst = d > off_worst ? d : off_worst;
             vs_wonly = dw > vs_wonly ? dw : vs_wonly;
         }
         free(lg);
     }
-    fprintf(stderr, "  W8A8: %d of %d positions within %.2e of refs_w8a8 (max %.2e), %d off (%.3f); vs weight-only "
-            "refs %.3f\n", positions - off, positions, R.tol, worst, off, off_worst, vs_wonly);
+    fprintf(stderr,
+            "  W8A8: %d of %d positions within %.2e of refs_w8a8 (max %.2e), %d off (%.3f); vs weight-only "
+            "refs %.3f\n",
+            positions - off, positions, R.tol, worst, off, off_worst, vs_wonly);
     ASSERT_TRUE(off <= 1);
     ASSERT_TRUE(vs_wonly > 20 * R.tol);
     sim_free(s);
@@ -616,7 +620,8 @@ TEST(mimo_fp8_weights_stay_fp8) {
         ASSERT_EQ(tensor_numel(&fs), 4);
         ASSERT_EQ(tensor_numel(&ly->attn.gqa.o.scale), 4);
         const float *got = ly->attn.gqa.o.scale.data, *file = fs.data;
-        for (int k = 0; k < 4; k++) ASSERT_TRUE(got[k] == file[k] * 0.707f);
+        for (int k = 0; k < 4; k++)
+            ASSERT_TRUE(got[k] == file[k] * 0.707f);
         snprintf(name, sizeof name, "model.layers.%d.self_attn.o_proj.weight", l);
         ASSERT_OK(model_files_get_tensor(mf, name, &fs, &e));
         ASSERT_TRUE(memcmp(fs.data, ly->attn.gqa.o.t.data, tensor_bytes(&fs)) == 0);

@@ -238,8 +238,10 @@ static atomc_status mimo_fold_value_scale(struct model *m, int l, struct weight 
     struct tensor *t = o->scheme == WEIGHT_SCHEME_NONE ? &o->t : &o->scale;
     if (o->scheme != WEIGHT_SCHEME_NONE &&
         (o->scale.dtype != DTYPE_F32 || o->zero.data || o->scheme == WEIGHT_SCHEME_MX))
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d: o_proj in weight scheme %s cannot take "
-                         "attention_value_scale", m->cfg.architecture, l, weight_scheme_name(o->scheme));
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s layer %d: o_proj in weight scheme %s cannot take "
+                         "attention_value_scale",
+                         m->cfg.architecture, l, weight_scheme_name(o->scheme));
     if (t->dtype != DTYPE_F32 && t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d: o_proj in %s cannot take attention_value_scale",
                          m->cfg.architecture, l, dtype_name(t->dtype));

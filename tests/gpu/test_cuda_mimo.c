@@ -150,7 +150,8 @@ static int dense_load(struct dense_refs *D) {
         p->n = (int)json_array_size(ids);
         p->n_pos = (int)json_array_size(pos);
         CHECK(p->n <= REF_MAX_IDS && p->n_pos <= REF_MAX_IDS && json_array_size(lg) == (size_t)p->n_pos);
-        for (int k = 0; k < p->n; k++) p->ids[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
+        for (int k = 0; k < p->n; k++)
+            p->ids[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
         D->vocab = (int)json_array_size(json_array_get(lg, 0));
         p->logits = malloc(sizeof(float) * (size_t)p->n_pos * (size_t)D->vocab);
         for (int k = 0; k < p->n_pos; k++) {
@@ -240,8 +241,10 @@ TEST(cuda_mimo_matches_hf) {
         qsort(errs, (size_t)n_err, sizeof errs[0], cmp_double);
         const double median = errs[n_err / 2];
         const int slack = n_err / 20 > 1 ? n_err / 20 : 1;
-        fprintf(stderr, "  %s on CUDA, chunk %d: %d / %d positions within %.3g (HF's BF16 run: %d), median %.3g, "
-                "worst %.3g\n", FIXTURE, chunk, within, n_err, D->tol, hf_within, median, errs[n_err - 1]);
+        fprintf(stderr,
+                "  %s on CUDA, chunk %d: %d / %d positions within %.3g (HF's BF16 run: %d), median %.3g, "
+                "worst %.3g\n",
+                FIXTURE, chunk, within, n_err, D->tol, hf_within, median, errs[n_err - 1]);
         ASSERT_TRUE(within >= hf_within - slack);
         ASSERT_TRUE(median <= D->tol / 2);
     }
@@ -261,7 +264,8 @@ TEST(cuda_mimo_matches_hf) {
         sim_step_commit(s);
         int32_t got[N_GREEDY];
         int best = 0;
-        for (int v = 1; v < R.vocab; v++) best = lg[v] > lg[best] ? v : best;
+        for (int v = 1; v < R.vocab; v++)
+            best = lg[v] > lg[best] ? v : best;
         got[0] = best;
         q->ids[q->n_ids++] = best;
         for (int k = 1; k < N_GREEDY; k++) {
@@ -290,7 +294,8 @@ TEST(cuda_mimo_matches_hf) {
     sim_free(s);
     free(s);
     model_runner_free(r);
-    for (int pi = 0; pi < D->n; pi++) free(D->p[pi].logits);
+    for (int pi = 0; pi < D->n; pi++)
+        free(D->p[pi].logits);
     free(D);
     refs_free(&R);
 }
@@ -328,7 +333,8 @@ TEST(cuda_mimo_fp8_release_matches_hf) {
         sim_seq_init(q, p->ids, p->n);
         sim_step_begin(s);
         ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
-        for (int k = 0; k < p->n_pos; k++) s->rows[k] = p->pos[k];
+        for (int k = 0; k < p->n_pos; k++)
+            s->rows[k] = p->pos[k];
         s->n_rows = p->n_pos;
         struct forward_batch fb = sim_step_batch(s);
         ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
@@ -344,7 +350,8 @@ TEST(cuda_mimo_fp8_release_matches_hf) {
         int32_t got[N_GREEDY];
         const float *last = lg + (size_t)(p->n_pos - 1) * R.vocab;
         int best = 0;
-        for (int v = 1; v < R.vocab; v++) best = last[v] > last[best] ? v : best;
+        for (int v = 1; v < R.vocab; v++)
+            best = last[v] > last[best] ? v : best;
         got[0] = best;
         q->ids[q->n_ids++] = best;
         for (int k = 1; k < N_GREEDY; k++) {
@@ -365,9 +372,10 @@ TEST(cuda_mimo_fp8_release_matches_hf) {
         sim_seq_release(s, q);
         free(q);
     }
-    fprintf(stderr, "  mimo_v2_flash_fp8 on CUDA: %d of %d positions within %.3g of HF W8A8 (worst %.3g), %d "
-            "clear-margin greedy steps equal, %llu graph replays\n", positions - off, positions, R.tol, worst, checked,
-            (unsigned long long)model_runner_num_graph_replays(r));
+    fprintf(stderr,
+            "  mimo_v2_flash_fp8 on CUDA: %d of %d positions within %.3g of HF W8A8 (worst %.3g), %d "
+            "clear-margin greedy steps equal, %llu graph replays\n",
+            positions - off, positions, R.tol, worst, checked, (unsigned long long)model_runner_num_graph_replays(r));
     ASSERT_TRUE(off <= 1);
     ASSERT_TRUE(checked >= R.n * N_GREEDY / 3);
     free(lg);
