@@ -688,6 +688,18 @@ TEST(mimo_release_config_keys_parsed) {
     ASSERT_EQ(qp.scheme, WEIGHT_SCHEME_NONE);
     model_quant_weight_plan(&hub, "model.layers.1.mlp.gate", &qp);
     ASSERT_EQ(qp.scheme, WEIGHT_SCHEME_NONE);
+    // Its 12-layer cut for one H200 (bench/configs/mimo_v2_flash_12layers_fp8.json): the first 12
+    // layers of the same pattern (3 full: 0, 5, 11).
+    struct model_config cut;
+    ASSERT_OK(file_read_all("bench/configs/mimo_v2_flash_12layers_fp8.json", &json, NULL, NULL));
+    ASSERT_OK(model_config_parse_json(&cut, json, "mimo_v2_flash_12layers_fp8.json", &err));
+    free(json);
+    ASSERT_OK(model_quant_check(&cut, &err));
+    ASSERT_EQ(cut.num_layers, 12);
+    for (int l = 0; l < 12; l++) {
+        ASSERT_EQ(cut.layer_types[l], hub.layer_types[l]);
+        ASSERT_EQ(model_config_layer_is_moe(&cut, l), model_config_layer_is_moe(&hub, l));
+    }
     // With split head dims on, the CUDA caps take it (the table the cap flip would ship).
     struct backend_caps on = backend_cuda_caps;
     on.split_v_head_dim = true;
