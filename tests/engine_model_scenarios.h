@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "atomc.h"
+#include "backend/backend.h"
 #include "common/check.h"
 #include "engine/block_manager.h"
 #include "engine/engine_internal.h"
@@ -50,6 +51,9 @@ struct es_setup {
                          // (prompt lookup 1..3, at every batch size); the reference runs never do
     const char *spec_method; // NULL: "ngram"; "mtp": the model's MTP layer drafts (same k, batch sizes)
     bool one_table;      // disable_hybrid_kv_cache_manager (always on in the reference runs)
+    const struct backend_caps *caps; // non-NULL: every engine (reference runs too) runs on a `device`
+                                     // backend with this capability table (a GPU test of a model
+                                     // the shipped table still refuses; engine_create_on_backend)
 };
 
 // The setup of the reference runs: s without speculation.
@@ -147,6 +151,15 @@ static atomc_engine *es_make(const struct es_setup *s, const char *model, int bl
     }
     atomc_engine *e = NULL;
     char err[1024];
+    if (s->caps) {
+        struct backend *b = NULL;
+        struct error be = {0};
+        struct backend_options bo = {.num_threads = 2, .device_id = 0};
+        CHECK_MSG(backend_create(s->device, &bo, &b, &be) == ATOMC_OK, "%s", be.msg);
+        b->caps = s->caps;
+        CHECK_MSG(engine_create_on_backend(&o, b, &e, err, sizeof err) == ATOMC_OK, "%s", err);
+        return e;
+    }
     CHECK_MSG(atomc_engine_create(&o, &e, err, sizeof err) == ATOMC_OK, "%s", err);
     return e;
 }

@@ -24,6 +24,11 @@ weight and e_score_correction_bias, as the real checkpoint keeps them):
                   0.707, mlp_layer_types dense / sparse / sparse / sparse, 8 experts top-2 in one
                   group, sigmoid routing with a correction bias, routed_scaling_factor 1.5, no
                   shared experts; an MTP tensor under model.mtp.* (skipped by atomc, as HF does)
+    mimo_v2_flash_hd192  the real model's head dims (q/k 192, v 128: the CUDA attention's pair),
+                  3 layers full / sliding / full, 2 heads, 1 vs 2 KV heads, window 8, partial
+                  0.334 (64 dims) / 0.5 (96), 4 experts top-2; also refs_dense.json: HF's fp32
+                  logits at every other position and the last, with HF's own BF16 run's max error
+                  there (router and bias kept F32), for tests/gpu/test_cuda_mimo.c
 
 Routing must be clear of ties and of BF16 noise (the CUDA backend runs the same fixtures in
 BF16): as in make_tiny_moe_models.py a "routing channel" of ROUTE_DIMS hidden dims only the
@@ -37,7 +42,8 @@ decisions the correction bias and the group limit change (bias_changed_decisions
 groups_changed_decisions: both > 0 where they apply, so a router ignoring either fails the
 logits comparison).
 
-Run (CPU, ~1 minute):  python3 tools/make_tiny_glm_mimo.py [--out tests/fixtures/models]
+Run (CPU, ~1 minute):  python3 tools/make_tiny_glm_mimo.py [--out tests/fixtures/models] [--only glm | mimo |
+NAME]
 """
 import argparse
 import copy
@@ -75,7 +81,24 @@ MIMO_MODELS = {
                           attention_value_scale=0.707, n_routed_experts=8, num_experts_per_tok=2, n_group=1,
                           topk_group=1, moe_intermediate_size=32, routed_scaling_factor=1.5, norm_topk_prob=True,
                           bos_token_id=None, eos_token_id=3),
+    # The real model's head dims (q/k 192, v 128), which the CUDA attention implements; the rest tiny.
+    "mimo_v2_flash_hd192": dict(num_hidden_layers=3, num_attention_heads=2, head_dim=192, v_head_dim=128,
+                                num_key_value_heads=1, intermediate_size=64,
+                                layer_types=["full_attention", "sliding_attention", "full_attention"],
+                                mlp_layer_types=["dense", "sparse", "sparse"], sliding_window=8,
+                                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0,
+                                                                    "partial_rotary_factor": 0.334},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                       "partial_rotary_factor": 0.5}},
+                                attention_value_scale=0.707, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                                topk_group=1, moe_intermediate_size=16, routed_scaling_factor=1.5,
+                                norm_topk_prob=True, bos_token_id=None, eos_token_id=3),
 }
+# Fixtures that also get refs_dense.json (for BF16 backends: HF fp32 logits at every
+# DENSE_STRIDE-th position and the last, and HF's own BF16 run's max |logit| error there, as
+# tools/make_tiny_qwen3_next.py writes it; tests/gpu/test_cuda_mimo.c holds CUDA to that).
+DENSE_REFS = {"mimo_v2_flash_hd192"}
+DENSE_STRIDE = 2
 
 ROUTE_DIMS = 8
 ROUTER_CONTEXT_SCALE = 0.03
@@ -228,6 +251,27 @@ def bf16_routing_flips(model, refs):
     return sum(int((a != b).any(-1).sum()) for a, b in zip(ref, got))
 
 
+def dense_references(model, prompts):
+    """HF fp32 logits at every DENSE_STRIDE-th position (and the last) of each prompt, and the max
+    |logit| error of HF's own BF16 run there (router weight and correction bias kept F32, as the
+    checkpoint stores them and atomc loads them)."""
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    for (_, g, _), (_, lg, _) in zip(moe_gates(model), moe_gates(low)):
+        lg.weight.data = g.weight.data.clone()
+        lg.e_score_correction_bias.data = g.e_score_correction_bias.data.clone()
+    out = []
+    for p in prompts:
+        ids = torch.tensor([p["ids"]])
+        n = ids.shape[1]
+        pos = sorted(set(list(range(0, n, DENSE_STRIDE)) + [n - 1]))
+        with torch.no_grad():
+            ref = model(ids, use_cache=False).logits[0].float()
+            bf = low(ids, use_cache=False).logits[0].float()
+        out.append(dict(ids=p["ids"], positions=pos, logits=[[round(float(x), 4) for x in ref[q]] for q in pos],
+                        bf16_err=[round(float((bf[q] - ref[q]).abs().max()), 4) for q in pos]))
+    return out
+
+
 def add_mtp_layer(d, cfg, gen):
     """Appends a multi-token-prediction layer's tensors (GLM's names, random values) to the
     checkpoint, as model.layers.<num_hidden_layers>.*: transformers does not build the MTP module,
@@ -282,6 +326,14 @@ def make_mimo(name, overrides, args, gen):
     assert gaps["bias_changes"] > 0 and kmin >= MIN_KEY_GAP and flips == 0
     d = os.path.join(args.out, name)
     os.makedirs(d, exist_ok=True)
+    if name in DENSE_REFS:
+        dense = dense_references(model, refs)
+        worst = max(max(p["bf16_err"]) for p in dense)
+        print(f"{name}: HF BF16 run max |logit - fp32| {worst:.4f} over the dense positions")
+        with open(os.path.join(d, "refs_dense.json"), "w") as f:
+            json.dump(dict(model=name, generator="tools/make_tiny_glm_mimo.py", stride=DENSE_STRIDE, prompts=dense), f,
+                      separators=(",", ":"))
+            f.write("\n")
     keep = [(g, g.weight.data.clone(), g.e_score_correction_bias.data.clone()) for _, g, _ in moe_gates(model)]
     model.to(torch.bfloat16)
     for g, w, b in keep:  # F32 in the file, as MiMo-V2-Flash ships them
@@ -303,13 +355,15 @@ def make_mimo(name, overrides, args, gen):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "models"))
-    ap.add_argument("--only", choices=["glm", "mimo"], help="write only the GLM-4-MoE or only the MiMo fixtures")
+    ap.add_argument("--only", choices=["glm", "mimo"] + list(MIMO_MODELS),
+                    help="write only the GLM-4-MoE fixtures, only the MiMo ones, or only the named MiMo fixture")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.only != "glm":
         for i, (name, overrides) in enumerate(MIMO_MODELS.items()):
-            make_mimo(name, overrides, args, torch.Generator().manual_seed(5432 + 100 * i))
-    if args.only == "mimo":
+            if args.only in (None, "mimo", name):
+                make_mimo(name, overrides, args, torch.Generator().manual_seed(5432 + 100 * i))
+    if args.only is not None and args.only != "glm":
         return
     torch.manual_seed(0)
     for i, (name, overrides) in enumerate(MODELS.items()):

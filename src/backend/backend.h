@@ -446,7 +446,9 @@ struct backend_caps {
     const char *name;
     int head_dims[BACKEND_CAPS_MAX_HEAD_DIMS]; // attention q/k head dims; n_head_dims == 0: any
     int n_head_dims;
-    bool split_v_head_dim;     // v head dim may differ from the q/k head dim (MLA, GPT-OSS-style)
+    bool split_v_head_dim;     // v head dim may differ from the q/k head dim (MiMo-V2-Flash's attention)
+    int split_head_dims[BACKEND_CAPS_MAX_HEAD_DIMS][2]; // with split_v_head_dim: the (q/k, v) head dim
+    int n_split_head_dims;                              // pairs the attention takes; 0 = any
     int max_qk_norm_head_dim;  // per-head q/k RMSNorm inside rope_kv_write; 0 = any
     uint32_t kv_dtypes;        // bit (1 << enum dtype) per KV-cache dtype
     uint32_t weight_dtypes;    // bit per storage dtype matmul / moe_experts take

@@ -99,8 +99,10 @@ static void read_generation_defaults(const char *model_path, atomc_model_info *i
     json_decref(j);
 }
 
-atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine **out, char *err_buf,
-                                 size_t err_len) {
+// backend: NULL (create one from o->device), or a backend to run on (engine_create_on_backend),
+// owned from here also on failure.
+static atomc_status engine_create_impl(const atomc_engine_options *o_in, struct backend *backend, atomc_engine **out,
+                                       char *err_buf, size_t err_len) {
     struct error err = {0};
     // "auto" becomes "cpu" or "cuda" once, here: limits, backends and TP ranks all see the same name.
     atomc_engine_options o_resolved;
@@ -154,6 +156,12 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
     // Per-layer-group block tables: not with KV transfer (it moves one table's blocks) or TP yet.
     ro.hybrid_kv_groups = !o->disable_hybrid_kv_cache_manager && tp_size == 1 &&
                           !(o->kv_transfer_config && o->kv_transfer_config[0]);
+    if (backend && tp_size > 1) {
+        st = error_set(&err, ATOMC_ERR_INVALID_ARGUMENT, "a given backend runs tensor_parallel_size 1 only");
+        goto fail;
+    }
+    ro.backend = backend;
+    backend = NULL; // model_runner_create owns it, also on failure
     if (tp_size > 1) {
         st = tp_runner_create(&ro, tp_size, &tp, &err);
         if (st == ATOMC_OK) runner = tp_runner_rank(tp, 0); // rank 0 answers the config queries; tp owns it
@@ -222,9 +230,20 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
     return ATOMC_OK;
 
 fail:
+    if (backend) backend_destroy(backend);
     if (tp) tp_runner_free(tp); // owns its ranks' runners
     else if (runner) model_runner_free(runner);
     if (tok) tokenizer_free(tok);
     if (err_buf && err_len) snprintf(err_buf, err_len, "%s", err.msg);
     return st;
+}
+
+atomc_status atomc_engine_create(const atomc_engine_options *o, atomc_engine **out, char *err_buf, size_t err_len) {
+    return engine_create_impl(o, NULL, out, err_buf, err_len);
+}
+
+atomc_status engine_create_on_backend(const atomc_engine_options *o, struct backend *b, atomc_engine **out,
+                                      char *err_buf, size_t err_len) {
+    CHECK(b);
+    return engine_create_impl(o, b, out, err_buf, err_len);
 }

@@ -80,6 +80,13 @@ struct engine_setup {
 atomc_status engine_create_with(const atomc_engine_options *o, struct engine_setup *setup, atomc_engine **out,
                                 struct error *err);
 
+// For tests: atomc_engine_create on backend b (created by the caller, e.g. with a capability table
+// widened for a GPU test; owned by the engine from here, also on failure) instead of one made from
+// o->device; tensor_parallel_size 1 only.
+struct backend;
+atomc_status engine_create_on_backend(const atomc_engine_options *o, struct backend *b, atomc_engine **out,
+                                      char *err_buf, size_t err_len);
+
 // max_num_seqs / max_num_batched_tokens after defaults (0 = auto: 256 / 8192 on cuda, 16 / 2048
 // on cpu; the token budget is raised to max_num_seqs when only the latter was given).
 void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int *max_num_batched_tokens);

@@ -539,22 +539,106 @@ static atomc_status parse_moe(struct ctx *x, const json_t *root, struct model_co
     return ATOMC_OK;
 }
 
+// The MiMo-V2-Flash release's own config keys (config.json on the hub, as SGLang reads them),
+// which transformers' MiMoV2FlashConfig does not: their presence marks the original format.
+static bool mimo_original_format(const json_t *root) {
+    static const char *keys[] = {"hybrid_layer_pattern", "moe_layer_freq", "swa_num_key_value_heads",
+                                 "swa_num_attention_heads", "swa_head_dim", "swa_v_head_dim", "swa_rope_theta",
+                                 "add_swa_attention_sink_bias", "add_full_attention_sink_bias"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (jget(root, keys[i])) return true;
+    return false;
+}
+
+// A 0 / 1 list of one entry per layer (hybrid_layer_pattern, moe_layer_freq) into out.
+static atomc_status get_01_list(struct ctx *x, const json_t *root, const char *key, int n, bool *out) {
+    const json_t *v = jget(root, key);
+    if (!json_is_array(v)) return bad_type(x, key, v, "a list of 0 / 1");
+    if ((int)json_array_size(v) != n)
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' has %zu entries but num_hidden_layers is %d", x->src,
+                         key, json_array_size(v), n);
+    for (int l = 0; l < n; l++) {
+        const json_t *e = json_array_get(v, (size_t)l);
+        if (!json_is_integer(e) || (json_integer_value(e) != 0 && json_integer_value(e) != 1))
+            return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' entry %d must be 0 or 1", x->src, key, l);
+        out[l] = json_integer_value(e) == 1;
+    }
+    return ATOMC_OK;
+}
+
+// The original format's layer and head keys (the RoPE keys rope_theta / swa_rope_theta /
+// partial_rotary_factor and sliding_window_size are read with the others): hybrid_layer_pattern
+// (0 full, 1 sliding) as layer_types, moe_layer_freq (0 dense, 1 MoE) as mlp_layer_types,
+// swa_num_key_value_heads as the sliding layers' KV heads; swa_num_attention_heads /
+// swa_head_dim / swa_v_head_dim must equal the full layers' (one head geometry, as the release
+// has), add_swa_attention_sink_bias true and add_full_attention_sink_bias false (the release's
+// sinks; other combinations are refused). Where a config also has transformers' key
+// (layer_types, mlp_layer_types) the two must agree.
+static atomc_status parse_mimo_original(struct ctx *x, const json_t *root, struct model_config *c) {
+    const int L = c->num_layers;
+    bool flags[MODEL_MAX_LAYERS];
+    if (jget(root, "hybrid_layer_pattern")) {
+        TRY(get_01_list(x, root, "hybrid_layer_pattern", L, flags));
+        const bool given = jget(root, "layer_types") != NULL;
+        for (int l = 0; l < L; l++) {
+            enum layer_attn_type t = flags[l] ? LAYER_ATTN_SLIDING : LAYER_ATTN_FULL;
+            if (given && c->layer_types[l] != t)
+                return error_set(x->err, ATOMC_ERR_FORMAT, "%s: layer_types and hybrid_layer_pattern disagree at "
+                                 "layer %d", x->src, l);
+            c->layer_types[l] = t;
+        }
+    }
+    if (jget(root, "moe_layer_freq")) {
+        TRY(get_01_list(x, root, "moe_layer_freq", L, flags));
+        const bool given = jget(root, "mlp_layer_types") != NULL;
+        for (int l = 0; l < L; l++) {
+            if (given && c->mlp_only_layers[l] != !flags[l])
+                return error_set(x->err, ATOMC_ERR_FORMAT, "%s: mlp_layer_types and moe_layer_freq disagree at "
+                                 "layer %d", x->src, l);
+            c->mlp_only_layers[l] = !flags[l];
+        }
+    }
+    TRY(get_int(x, root, "swa_num_key_value_heads", false, 1, 1 << 16, &c->swa_num_kv_heads));
+    const struct {
+        const char *key;
+        int want;
+        const char *of;
+    } same[] = {{"swa_num_attention_heads", c->num_heads, "num_attention_heads"},
+                {"swa_head_dim", c->head_dim, "head_dim"},
+                {"swa_v_head_dim", c->v_head_dim, "v_head_dim"}};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        int v = same[i].want;
+        TRY(get_int(x, root, same[i].key, false, 1, 1 << 16, &v));
+        if (v != same[i].want)
+            return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: %s %d differs from %s %d: sliding layers with their "
+                             "own head count or head dims are not implemented", x->src, same[i].key, v, same[i].of,
+                             same[i].want);
+    }
+    bool swa_sinks = true, full_sinks = false;
+    TRY(get_bool(x, root, "add_swa_attention_sink_bias", &swa_sinks));
+    TRY(get_bool(x, root, "add_full_attention_sink_bias", &full_sinks));
+    if (!swa_sinks || full_sinks)
+        return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: add_swa_attention_sink_bias %s / "
+                         "add_full_attention_sink_bias %s: only sinks on the sliding layers (true / false, as "
+                         "MiMo-V2-Flash has) are implemented", x->src, swa_sinks ? "true" : "false",
+                         full_sinks ? "true" : "false");
+    const json_t *layout = jget(root, "attention_projection_layout");
+    if (layout && (!json_is_string(layout) || strcmp(json_string_value(layout), "separate") != 0))
+        return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: attention_projection_layout %s: only separate q / k / v "
+                         "projections are implemented for MiMoV2FlashForCausalLM", x->src,
+                         json_is_string(layout) ? json_string_value(layout) : "(not a string)");
+    return ATOMC_OK;
+}
+
 // MiMo-V2-Flash (transformers' MiMoV2FlashConfig): v_head_dim (default 128; head_dim defaults to
 // 192), sliding layers with twice the KV heads, attention_value_scale (default 0.707; null = 1),
 // mlp_layer_types ("dense" / "sparse"; default layer 0 dense, the rest MoE) as mlp_only_layers,
-// norm_topk_prob default true, routed_scaling_factor null = 1. The original checkpoints' own keys
-// (hybrid_layer_pattern, swa_*, moe_layer_freq, add_*_sink_bias) are not what transformers reads:
-// such a config is refused, naming the key.
+// norm_topk_prob default true, routed_scaling_factor null = 1. The release's own config format
+// (hybrid_layer_pattern, swa_*, moe_layer_freq, add_*_sink_bias: what the hub's config.json
+// has, and what transformers' defaults happen to equal for the released model) is read too:
+// parse_mimo_original.
 static atomc_status parse_mimo(struct ctx *x, const json_t *root, struct model_config *c) {
     if (c->arch != MODEL_ARCH_MIMO_V2_FLASH) return ATOMC_OK;
-    static const char *foreign[] = {"hybrid_layer_pattern", "swa_num_key_value_heads", "swa_num_attention_heads",
-                                    "swa_head_dim", "swa_v_head_dim", "swa_rope_theta", "moe_layer_freq",
-                                    "add_swa_attention_sink_bias", "add_full_attention_sink_bias"};
-    for (size_t i = 0; i < sizeof foreign / sizeof foreign[0]; i++)
-        if (jget(root, foreign[i]))
-            return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: key '%s' (the original MiMo-V2-Flash config format) is "
-                             "not supported; use a config in transformers' MiMoV2FlashConfig form (layer_types, "
-                             "mlp_layer_types, rope_parameters per layer type)", x->src, foreign[i]);
     c->v_head_dim = 128;
     TRY(get_int(x, root, "v_head_dim", false, 1, 1 << 16, &c->v_head_dim));
     c->swa_num_kv_heads = 2 * c->num_kv_heads;
@@ -572,7 +656,7 @@ static atomc_status parse_mimo(struct ctx *x, const json_t *root, struct model_c
     const json_t *mt = jget(root, "mlp_layer_types");
     if (!mt) {
         c->mlp_only_layers[0] = true;
-        return ATOMC_OK;
+        return mimo_original_format(root) ? parse_mimo_original(x, root, c) : ATOMC_OK;
     }
     if (!json_is_array(mt)) return bad_type(x, "mlp_layer_types", mt, "a list of strings");
     if ((int)json_array_size(mt) != c->num_layers)
@@ -586,7 +670,7 @@ static atomc_status parse_mimo(struct ctx *x, const json_t *root, struct model_c
             return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key 'mlp_layer_types' entry %d must be \"dense\" or "
                              "\"sparse\"", x->src, l);
     }
-    return ATOMC_OK;
+    return mimo_original_format(root) ? parse_mimo_original(x, root, c) : ATOMC_OK;
 }
 
 // GPT-OSS: the clamped SwiGLU of its experts (transformers' GptOssConfig defaults).
@@ -1173,7 +1257,10 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     TRY(get_int(x, root, "head_dim", false, 1, 1 << 16, &c->head_dim));
     c->max_position_embeddings = 2048;
     TRY(get_int(x, root, "max_position_embeddings", false, 1, INT32_MAX, &c->max_position_embeddings));
-    c->rms_norm_eps = 1e-6f;
+    c->rms_norm_eps = c->arch == MODEL_ARCH_MIMO_V2_FLASH ? 1e-5f : 1e-6f; // MiMoV2FlashConfig's default
+    // The MiMo-V2-Flash release names it layernorm_epsilon.
+    if (c->arch == MODEL_ARCH_MIMO_V2_FLASH && !jget(root, "rms_norm_eps"))
+        TRY(get_float(x, root, "layernorm_epsilon", false, &c->rms_norm_eps));
     TRY(get_float(x, root, "rms_norm_eps", false, &c->rms_norm_eps));
 
     // transformers' Qwen3NextConfig defaults partial_rotary_factor to 0.25 (Qwen3.5 inherits it);
@@ -1187,9 +1274,23 @@ static atomc_status parse_root(struct ctx *x, const json_t *root, struct model_c
     float partial_sliding = partial_rotary;
     if (mimo && !jget(root, "rope_parameters")) {
         // MiMoV2FlashConfig's per-layer-type defaults; it reads no rope_theta / partial_rotary_factor
-        // key outside rope_parameters.
+        // key outside rope_parameters. The release's format has them: rope_theta (full layers),
+        // swa_rope_theta (sliding; default rope_theta) and one partial_rotary_factor for both.
         c->rope = (struct rope_config){.theta = 5000000.0f, .factor = 1.0f, .yarn_truncate = true};
         c->rope_sliding = (struct rope_config){.theta = 10000.0f, .factor = 1.0f, .yarn_truncate = true};
+        if (mimo_original_format(root)) {
+            TRY(get_float(x, root, "rope_theta", false, &c->rope.theta));
+            c->rope_sliding.theta = c->rope.theta;
+            TRY(get_float(x, root, "swa_rope_theta", false, &c->rope_sliding.theta));
+            TRY(get_float(x, root, "partial_rotary_factor", false, &partial_rotary));
+            partial_sliding = partial_rotary;
+            if (!(c->rope.theta > 0.0f) || !(c->rope_sliding.theta > 0.0f))
+                return error_set(x->err, ATOMC_ERR_FORMAT, "%s: rope_theta %g / swa_rope_theta %g must be positive",
+                                 x->src, c->rope.theta, c->rope_sliding.theta);
+            if (jget(root, "rope_scaling"))
+                return error_set(x->err, ATOMC_ERR_UNSUPPORTED, "%s: rope_scaling with the original MiMo-V2-Flash "
+                                 "config keys is not implemented", x->src);
+        }
     } else {
         if (mimo) c->rope_sliding = (struct rope_config){.theta = 10000.0f, .factor = 1.0f, .yarn_truncate = true};
         TRY(parse_rope(x, root, c, &partial_rotary, &partial_sliding));

@@ -24,9 +24,14 @@
 //   logits rows only: model_compute_logits
 //
 // The checkpoint's model.mtp.* tensors (multi-token prediction) are not loaded, as transformers
-// ignores them; the count is logged. Refused: quantized checkpoints (the FP8 release), tensor
+// ignores them; the count is logged. The FP8 release (quant_method fp8: every linear of the
+// decoder layers in FP8 e4m3 with 128x128 block scales, weight_scale_inv; routers, sinks, norms,
+// embeddings and lm_head as stored) loads through the shared quantized-weight loader (fused q/k/v
+// regridded to common row blocks, experts stacked with their scales); attention_value_scale goes
+// into o_proj's block scales. Its config.json is in the release's own format (hybrid_layer_pattern,
+// swa_*, moe_layer_freq: config.c parse_mimo_original). Refused: other quant methods, tensor
 // parallelism, v_head_dim > head_dim, shared experts, non-sigmoid scoring, and a backend whose
-// attention lacks split q/k vs v head dims (caps.split_v_head_dim) or the head dim.
+// attention lacks the (q/k, v) head dims (caps.split_v_head_dim / split_head_dims).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,11 +117,13 @@ static const struct weight_entry mimo_moe_weights[] = {
 
 static atomc_status mimo_check(const struct model_config *c, struct error *err) {
     const char *a = c->architecture;
-    if (c->quant.present)
+    // The release's quant_method fp8 (FP8 e4m3 in 128x128 blocks; model_quant_check has refused the
+    // variants quant.c lacks). Other methods are not implemented for MiMo (nor tested).
+    if (c->quant.present && c->quant.method != QUANT_METHOD_FP8)
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
-                         "%s: quantized checkpoints (quant_method '%s') are not "
-                         "implemented for MiMo-V2-Flash; use the bf16 weights",
-                         a, c->quant.method_name);
+                         "%s: quantized checkpoints of quant_method '%s' are not implemented for MiMo-V2-Flash "
+                         "(only quant_method 'fp8', as the release ships)",
+                         a, c->quant.method_name[0] ? c->quant.method_name : c->quant.origin);
     if (c->v_head_dim <= 0 || c->v_head_dim > c->head_dim)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: v_head_dim %d must be in [1, head_dim %d]", a, c->v_head_dim,
                          c->head_dim);
@@ -223,12 +230,18 @@ static void mimo_forward(struct model *m, const int32_t *token_ids, const struct
 // o_proj <- attention_value_scale x o_proj, so the forward needs no scaling pass. Where the
 // model's weight dtype is F32 (the CPU backend) a 16-bit o_proj becomes F32, so the product is
 // exact (the fp32 reference's v x scale rounds nothing either); otherwise it keeps its dtype (one
-// rounding, as HF's bf16 v x scale has).
+// rounding, as HF's bf16 v x scale has). A quantized o_proj (the FP8 release: values x block
+// scale) takes the factor in its F32 scales, exactly, its values untouched.
 static atomc_status mimo_fold_value_scale(struct model *m, int l, struct weight *o, struct error *err) {
     struct backend *b = m->backend;
     const float s = m->cfg.attention_value_scale;
-    struct tensor *t = &o->t;
-    CHECK_MSG(o->scheme == WEIGHT_SCHEME_NONE, "MiMo o_proj of layer %d is quantized", l);
+    struct tensor *t = o->scheme == WEIGHT_SCHEME_NONE ? &o->t : &o->scale;
+    if (o->scheme != WEIGHT_SCHEME_NONE &&
+        (o->scale.dtype != DTYPE_F32 || o->zero.data || o->scheme == WEIGHT_SCHEME_MX))
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s layer %d: o_proj in weight scheme %s cannot take "
+                         "attention_value_scale",
+                         m->cfg.architecture, l, weight_scheme_name(o->scheme));
     if (t->dtype != DTYPE_F32 && t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s layer %d: o_proj in %s cannot take attention_value_scale",
                          m->cfg.architecture, l, dtype_name(t->dtype));
@@ -242,7 +255,7 @@ static atomc_status mimo_fold_value_scale(struct model *m, int l, struct weight 
     dtype_to_f32(t->dtype, h, fv, n);
     for (int64_t i = 0; i < n; i++)
         fv[i] *= s;
-    if (m->weight_dtype == DTYPE_F32 && t->dtype != DTYPE_F32) {
+    if (o->scheme == WEIGHT_SCHEME_NONE && m->weight_dtype == DTYPE_F32 && t->dtype != DTYPE_F32) {
         void *d = b->ops->alloc(b, (size_t)n * sizeof(float));
         if (!d) {
             free(h);

@@ -90,7 +90,29 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
     if (c->index_n_heads > 0 && !caps->dsa)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: DeepSeek Sparse Attention (the DSA lightning indexer, "
                          "index_topk %d) is not implemented by the %s backend", c->architecture, c->index_topk, be);
-    if (caps->n_head_dims > 0 && c->kv_lora_rank <= 0) { // MLA runs its own ops, not `attention`
+    // MiMo-V2-Flash's attention has a v head dim of its own; the backend takes it only as one of
+    // its (q/k, v) pairs. Every other attention has v = q/k head dim (MLA runs its own ops).
+    const bool split = c->arch == MODEL_ARCH_MIMO_V2_FLASH && c->v_head_dim > 0 && c->v_head_dim != c->head_dim;
+    if (split && !caps->split_v_head_dim)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: v head dim %d differs from the q/k head dim %d, which the "
+                         "%s backend's attention does not implement", c->architecture, c->v_head_dim, c->head_dim, be);
+    if (split && caps->n_split_head_dims > 0) {
+        bool ok = false;
+        char list[96];
+        size_t n = 0;
+        list[0] = 0;
+        for (int i = 0; i < caps->n_split_head_dims; i++) {
+            ok = ok || (caps->split_head_dims[i][0] == c->head_dim && caps->split_head_dims[i][1] == c->v_head_dim);
+            if (n < sizeof list)
+                n += (size_t)snprintf(list + n, sizeof list - n, "%s%d / %d", i ? ", " : "",
+                                      caps->split_head_dims[i][0], caps->split_head_dims[i][1]);
+        }
+        if (!ok)
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: q/k head dim %d with v head dim %d is not supported by "
+                             "the %s backend's attention (q/k / v head dims %s)", c->architecture, c->head_dim,
+                             c->v_head_dim, be, list);
+    }
+    if (!split && caps->n_head_dims > 0 && c->kv_lora_rank <= 0) {
         bool ok = false;
         for (int i = 0; i < caps->n_head_dims; i++) ok = ok || caps->head_dims[i] == c->head_dim;
         if (!ok) {
@@ -103,9 +125,6 @@ atomc_status model_check_backend_caps(const struct model_config *c, const struct
                              "attention (head dims %s)", c->architecture, c->head_dim, be, list);
         }
     }
-    if (c->arch == MODEL_ARCH_MIMO_V2_FLASH && c->v_head_dim != c->head_dim && !caps->split_v_head_dim)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: v head dim %d differs from the q/k head dim %d, which the "
-                         "%s backend's attention does not implement", c->architecture, c->v_head_dim, c->head_dim, be);
     if (c->qk_norm && caps->max_qk_norm_head_dim > 0 && c->head_dim > caps->max_qk_norm_head_dim)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: per-head q/k RMSNorm of head_dim %d exceeds the %s "
                          "backend's limit of %d", c->architecture, c->head_dim, be, caps->max_qk_norm_head_dim);
