@@ -7,7 +7,8 @@
 // per case: time per launch, achieved TFLOP/s and GB/s, and the ratio to the ceilings
 // measured on the H200 (790 TFLOP/s dense bf16, 4.3 TB/s copy).
 //
-//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample]
+//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample|qmatmul]
+// (qmatmul, only when named: INT8 W8A8 prefill GEMMs, cuda_qgemm.cu, against BF16 at the same shape)
 // The split-KV heuristic's values are constants in src/backend/cuda/cuda_attention.cu (a sweep
 // rebuilds with other values).
 #include <math.h>
@@ -105,6 +106,74 @@ static void bench_matmul(const char *name, int64_t n, int64_t mdim, int64_t k) {
     snprintf(label, sizeof label, "matmul %s n=%lld (m=%lld k=%lld)", name, (long long)n, (long long)mdim, (long long)k);
     report(label, s, 2.0 * n * mdim * k, (double)wbytes + (double)n * (k + mdim) * 2);
     for (int i = 0; i < m.ncopies; i++) B->ops->free(B, m.w[i].data);
+    B->ops->free(B, m.x.data);
+    B->ops->free(B, m.out.data);
+}
+
+// ---------------------------------------------------------------------------------------
+// INT8 W8A8 (compressed-tensors int-quantized: per-channel INT8 weights packed in I32 words,
+// dynamic per-token INT8 activations) through cuda_qmatmul: the IMMA GEMM of cuda_qgemm.cu above
+// 8 rows. Reported against the BF16 matmul of the same shape timed right before it.
+struct qmm_ctx {
+    int ncopies;
+    struct tensor x, out;
+    struct weight w[64];
+};
+static void qmm_fn(void *c, int i) {
+    struct qmm_ctx *m = c;
+    B->ops->matmul(B, &m->out, &m->x, &m->w[i % m->ncopies], NULL);
+}
+
+static double bench_time_bf16(int64_t n, int64_t mdim, int64_t k) {
+    struct mm_ctx m;
+    size_t wbytes = (size_t)mdim * k * 2;
+    m.ncopies = (int)((256u << 20) / wbytes + 1);
+    if (m.ncopies > 64) m.ncopies = 64;
+    for (int i = 0; i < m.ncopies; i++) m.w[i] = tensor_2d(alloc_rand(wbytes), DTYPE_BF16, mdim, k);
+    m.x = tensor_2d(alloc_rand((size_t)n * k * 2), DTYPE_BF16, n, k);
+    m.out = tensor_2d(alloc_rand((size_t)n * mdim * 2), DTYPE_BF16, n, mdim);
+    double s = time_graph(mm_fn, &m, 20);
+    for (int i = 0; i < m.ncopies; i++) B->ops->free(B, m.w[i].data);
+    B->ops->free(B, m.x.data);
+    B->ops->free(B, m.out.data);
+    return s;
+}
+
+static void bench_qmatmul_int8(const char *name, int64_t n, int64_t mdim, int64_t k) {
+    struct qmm_ctx m;
+    size_t wbytes = (size_t)mdim * k; // one byte per weight
+    m.ncopies = (int)((256u << 20) / wbytes + 1);
+    if (m.ncopies > 64) m.ncopies = 64;
+    float *hs = malloc(sizeof(float) * (size_t)mdim);
+    for (int64_t j = 0; j < mdim; j++) hs[j] = 0.001f + 0.0001f * (float)(j % 7);
+    for (int i = 0; i < m.ncopies; i++) {
+        struct weight *w = &m.w[i];
+        memset(w, 0, sizeof *w);
+        w->t = tensor_2d(alloc_rand(wbytes), DTYPE_I32, mdim, k / 4);
+        float *sc = B->ops->alloc(B, sizeof(float) * (size_t)mdim);
+        CHECK(sc);
+        B->ops->copy_h2d(B, sc, hs, sizeof(float) * (size_t)mdim);
+        w->scale = tensor_2d(sc, DTYPE_F32, mdim, 1);
+        w->scheme = WEIGHT_SCHEME_GROUP;
+        w->bits = 8;
+        w->block_rows = 1;
+        w->block_cols = (int)k;
+        w->act = WEIGHT_ACT_INT8_TOKEN;
+    }
+    free(hs);
+    m.x = tensor_2d(alloc_rand((size_t)n * k * 2), DTYPE_BF16, n, k);
+    m.out = tensor_2d(alloc_rand((size_t)n * mdim * 2), DTYPE_BF16, n, mdim);
+    double s = time_graph(qmm_fn, &m, 20);
+    double sb = bench_time_bf16(n, mdim, k);
+    char label[128];
+    snprintf(label, sizeof label, "int8 w8a8 %s n=%lld (m=%lld k=%lld)", name, (long long)n, (long long)mdim,
+             (long long)k);
+    report(label, s, 2.0 * n * mdim * k, (double)wbytes + (double)n * (k + mdim) * 2);
+    printf("%-44s bf16 matmul %9.2f us: int8 / bf16 time %.2f\n", "", sb * 1e6, s / sb);
+    for (int i = 0; i < m.ncopies; i++) {
+        B->ops->free(B, m.w[i].t.data);
+        B->ops->free(B, m.w[i].scale.data);
+    }
     B->ops->free(B, m.x.data);
     B->ops->free(B, m.out.data);
 }
@@ -377,6 +446,14 @@ int main(int argc, char **argv) {
         }
         bench_matmul("lm_head", 1, 128256, 4096);
         bench_matmul("lm_head", 256, 128256, 4096);
+    }
+    if (!strcmp(filter, "qmatmul")) { // quantized GEMMs (not in the default run)
+        int64_t ns[] = {16, 256, 2048, 8192};
+        for (int i = 0; i < 4; i++) {
+            bench_qmatmul_int8("qkv", ns[i], 6144, 4096);
+            bench_qmatmul_int8("gate_up", ns[i], 28672, 4096);
+            bench_qmatmul_int8("down", ns[i], 4096, 14336);
+        }
     }
     bool decode_only = !strcmp(filter, "decode"); // decode attention cases alone (split-KV sweeps)
     if (strstr("attention", filter) || !*filter || decode_only) {

@@ -132,6 +132,7 @@ struct cuda_backend {
     void *qmm_scratch;
     size_t qmm_scratch_bytes;
     void *qmm;
+    void *qgemm; // the INT8 IMMA GEMM's cuBLASLt plans (cuda_qgemm.cu, struct qgemm_state)
 
     // Weight upload: two pinned host buffers and two device buffers, double-buffered.
     void *pinned[2];
@@ -390,6 +391,11 @@ void cuda_moe_experts_quant(struct backend *b, struct tensor *out, const struct 
                             const struct weight *gate_up, const struct weight *down, const int32_t *topk_ids,
                             const float *topk_w, int n_slots, void *workspace);
 void cuda_qmatmul_destroy(struct cuda_backend *cb);
+// INT8 W8A8 prefill GEMM on cuBLASLt's IMMA (cuda_qgemm.cu): false when it does not take the
+// weight / shape (nothing ran). cuda_qgemm_destroy frees its plans (from cuda_qmatmul_destroy).
+bool cuda_qgemm_int8(struct cuda_backend *cb, struct tensor *out, const struct tensor *x, const struct weight *w,
+                     const struct tensor *bias, int64_t n, int64_t m, int64_t k);
+void cuda_qgemm_destroy(struct cuda_backend *cb);
 void cuda_matmul_plans_destroy(struct cuda_backend *cb);
 void cuda_attention_init(struct cuda_backend *cb);
 void cuda_moe_init(struct cuda_backend *cb);
