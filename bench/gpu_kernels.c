@@ -7,8 +7,9 @@
 // per case: time per launch, achieved TFLOP/s and GB/s, and the ratio to the ceilings
 // measured on the H200 (790 TFLOP/s dense bf16, 4.3 TB/s copy).
 //
-//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample|qmatmul]
-// (qmatmul, only when named: INT8 W8A8 prefill GEMMs, cuda_qgemm.cu, against BF16 at the same shape)
+//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample|qmatmul|moeq]
+// (qmatmul and moeq only when named: INT8 W8A8 prefill GEMMs (cuda_qgemm.cu) and quantized MoE
+// experts (cuda_moe_quant.cu), each against BF16 at the same shape)
 // The split-KV heuristic's values are constants in src/backend/cuda/cuda_attention.cu (a sweep
 // rebuilds with other values).
 #include <math.h>
@@ -425,6 +426,107 @@ static void bench_moe(struct moe_ctx *weights, int n, bool uniform) {
     free(w);
 }
 
+// Quantized experts at the MoE shape above (cuda_moe_quant.cu: the slot kernels up to 128 routed
+// rows, the grouped tensor-core GEMM above): FP8 128x128 blocks with per-token-group FP8
+// activations (DeepSeek / Qwen3-FP8) and INT4 group-128 weight-only (W4A16), random top-8 routing,
+// each against the BF16 experts at the same n (bench_moe's path) timed right after.
+struct moeq_ctx {
+    struct tensor x, out;
+    struct weight gu[MOE_COPIES], dn[MOE_COPIES];
+    int32_t *ids;
+    float *w;
+    void *ws;
+};
+static void moeq_fn(void *c, int i) {
+    struct moeq_ctx *m = c;
+    B->ops->moe_experts(B, &m->out, &m->x, &m->gu[i % MOE_COPIES], &m->dn[i % MOE_COPIES], m->ids, m->w, MOE_K, NULL,
+                        m->ws);
+}
+
+// A stacked quantized weight (E, rows, cols): random values, scales 0.01.
+static struct weight moeq_weight(bool fp8, int64_t rows, int64_t cols) {
+    struct weight w;
+    memset(&w, 0, sizeof w);
+    const int64_t E = MOE_E;
+    const int64_t sr = fp8 ? (rows + 127) / 128 : rows, sc = (cols + 127) / 128;
+    w.t = fp8 ? tensor_make(alloc_rand((size_t)(E * rows * cols)), DTYPE_FP8_E4M3, 3, (int64_t[]){E, rows, cols})
+              : tensor_make(alloc_rand((size_t)(E * rows * cols / 2)), DTYPE_I32, 3, (int64_t[]){E, rows, cols / 8});
+    const size_t ns = (size_t)(E * sr * sc);
+    float *h = malloc(sizeof(float) * ns);
+    for (size_t i = 0; i < ns; i++) h[i] = 0.01f;
+    float *d = B->ops->alloc(B, sizeof(float) * ns);
+    CHECK(d);
+    B->ops->copy_h2d(B, d, h, sizeof(float) * ns);
+    free(h);
+    w.scale = tensor_make(d, DTYPE_F32, 3, (int64_t[]){E, sr, sc});
+    w.scheme = fp8 ? WEIGHT_SCHEME_BLOCK : WEIGHT_SCHEME_GROUP;
+    w.block_rows = fp8 ? 128 : 1;
+    w.block_cols = 128;
+    w.bits = fp8 ? 0 : 4;
+    w.act = fp8 ? WEIGHT_ACT_FP8_GROUP : WEIGHT_ACT_NONE;
+    return w;
+}
+
+static void bench_moe_quant(struct moe_ctx *bf16_weights, bool fp8, int n) {
+    const int k = MOE_K;
+    const int64_t H = MOE_H, I = MOE_I;
+    struct moeq_ctx m;
+    for (int c = 0; c < MOE_COPIES; c++) {
+        m.gu[c] = moeq_weight(fp8, 2 * I, H);
+        m.dn[c] = moeq_weight(fp8, H, I);
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    float *w = malloc(sizeof(float) * (size_t)n * k);
+    uint64_t st = 0x2545f4914f6cdd1dull;
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) { // k distinct experts per token, uniformly at random
+            int e;
+            for (;;) {
+                st ^= st << 13; st ^= st >> 7; st ^= st << 17;
+                e = (int)(st % MOE_E);
+                bool dup = false;
+                for (int q = 0; q < j; q++) dup |= ids[t * k + q] == e;
+                if (!dup) break;
+            }
+            ids[t * k + j] = e;
+            w[t * k + j] = 1.0f / k;
+        }
+    m.ids = B->ops->alloc(B, sizeof(int32_t) * (size_t)n * k);
+    m.w = B->ops->alloc(B, sizeof(float) * (size_t)n * k);
+    B->ops->copy_h2d(B, m.ids, ids, sizeof(int32_t) * (size_t)n * k);
+    B->ops->copy_h2d(B, m.w, w, sizeof(float) * (size_t)n * k);
+    m.x = tensor_2d(alloc_rand((size_t)n * H * 2), DTYPE_BF16, n, H);
+    m.out = tensor_2d(alloc_rand((size_t)n * H * 2), DTYPE_BF16, n, H);
+    m.ws = B->ops->alloc(B, moe_workspace_bytes(n, k, MOE_E, H, I, 2));
+    double t = time_graph(moeq_fn, &m, 20);
+    struct moe_ctx b = *bf16_weights;
+    b.slots = k;
+    b.ids = m.ids;
+    b.w = m.w;
+    b.x = m.x;
+    b.out = m.out;
+    b.ws = m.ws;
+    double tb = time_graph(moe_fn, &b, 20);
+    char label[128];
+    snprintf(label, sizeof label, "moe %s n=%d random", fp8 ? "fp8-block w8a8" : "int4-g128 w4a16", n);
+    const double wb = fp8 ? 1.0 : 0.5;
+    report(label, t, 2.0 * n * k * 3 * H * I, (double)MOE_E * 3 * H * I * wb + (double)n * H * 4);
+    printf("%-44s bf16 experts %9.2f us: quantized / bf16 time %.2f\n", "", tb * 1e6, t / tb);
+    for (int c = 0; c < MOE_COPIES; c++) {
+        B->ops->free(B, m.gu[c].t.data);
+        B->ops->free(B, m.gu[c].scale.data);
+        B->ops->free(B, m.dn[c].t.data);
+        B->ops->free(B, m.dn[c].scale.data);
+    }
+    B->ops->free(B, m.ids);
+    B->ops->free(B, m.w);
+    B->ops->free(B, m.x.data);
+    B->ops->free(B, m.out.data);
+    B->ops->free(B, m.ws);
+    free(ids);
+    free(w);
+}
+
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : "";
     struct error err = {0};
@@ -446,6 +548,16 @@ int main(int argc, char **argv) {
         }
         bench_matmul("lm_head", 1, 128256, 4096);
         bench_matmul("lm_head", 256, 128256, 4096);
+    }
+    if (!strcmp(filter, "moeq")) { // quantized experts (not in the default run)
+        struct moe_ctx w;
+        moe_weights_alloc(&w);
+        const int ns[] = {16, 128, 512, 2048, 8192};
+        for (int i = 0; i < 5; i++) {
+            bench_moe_quant(&w, true, ns[i]);
+            bench_moe_quant(&w, false, ns[i]);
+        }
+        moe_weights_free(&w);
     }
     if (!strcmp(filter, "qmatmul")) { // quantized GEMMs (not in the default run)
         int64_t ns[] = {16, 256, 2048, 8192};

@@ -570,6 +570,90 @@ TEST(cuda_moe_experts_quantized_match_cpu) {
     }
 }
 
+// Prefill-sized quantized MoE (more than 128 routed rows: cuda_moe_quant.cu's grouped tensor-core
+// GEMM, weight tiles dequantized to bf16 in shared memory) against the CPU, with skewed routing:
+// 3/8 of all slots on expert 0 (slot 0 of every token, slot 1 of even ones), expert 5 never chosen,
+// the rest spread; H and I multiples of 64. n 20 (80 routed rows) stays on the slot path, 129 and 300
+// (516, 1200 rows: tiles of 64 rows, a partial one per expert) take the GEMM.
+// Tolerances as the slot path's (the GEMM's bf16 operands are the dequantize-GEMM fallback's).
+TEST(cuda_moe_experts_quantized_prefill_match_cpu) {
+    ASSERT_TRUE(backends_ready());
+    static const struct {
+        enum weight_scheme s;
+        int bits, br, bc;
+        enum weight_act act;
+        bool zero;
+        float act_scale;
+    } cases[] = {
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_FP8_GROUP, false, 0.0f}, // DeepSeek / Qwen3-FP8 experts
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_NONE, false, 0.0f},
+        {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, WEIGHT_ACT_FP8_TOKEN, false, 0.0f},
+        {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, WEIGHT_ACT_FP8_STATIC, false, 1.0f / 448},
+        {WEIGHT_SCHEME_GROUP, 4, 1, 128, WEIGHT_ACT_NONE, false, 0.0f}, // W4A16 experts
+        {WEIGHT_SCHEME_GROUP, 4, 1, 32, WEIGHT_ACT_NONE, true, 0.0f},   // GPTQ / AWQ-style, zero points
+        {WEIGHT_SCHEME_GROUP, 8, 1, 128, WEIGHT_ACT_NONE, false, 0.0f}, // W8A16
+    };
+    const int E = 8, slots = 4;
+    for (int shp = 0; shp < 2; shp++) {
+        const int64_t H = shp ? 512 : 256, I = shp ? 384 : 192;
+        const int ns[] = {20, 129, 300};
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            for (size_t ni = 0; ni < 3; ni++) {
+                const int n = ns[ni];
+                struct pool P = {0};
+                struct hq gu = hq_make(cases[ci].s, E, cases[ci].bits, 2 * I, H, cases[ci].br, cases[ci].bc);
+                struct hq dn = hq_make(cases[ci].s, E, cases[ci].bits, H, I, cases[ci].br, cases[ci].bc);
+                if (cases[ci].zero) {
+                    hq_add_zero(&gu);
+                    hq_add_zero(&dn);
+                }
+                struct weight guc = hq_put(&P, cpu_be, &gu, cases[ci].act);
+                struct weight gug = hq_put(&P, gpu_be, &gu, cases[ci].act);
+                struct weight dnc = hq_put(&P, cpu_be, &dn, cases[ci].act);
+                struct weight dng = hq_put(&P, gpu_be, &dn, cases[ci].act);
+                guc.act_scale = gug.act_scale = dnc.act_scale = dng.act_scale = cases[ci].act_scale;
+                float *xh = malloc(sizeof(float) * (size_t)(n * H)), *wh = malloc(sizeof(float) * (size_t)(n * slots));
+                int32_t *ih = malloc(sizeof(int32_t) * (size_t)(n * slots));
+                for (int64_t i = 0; i < n * H; i++) xh[i] = round_bf16(rng_sym(1.f));
+                static const int spread[] = {1, 2, 3, 4, 6, 7}; // expert 5 never chosen
+                for (int t = 0; t < n; t++)
+                    for (int j = 0; j < slots; j++) {
+                        ih[t * slots + j] = j == 0 || (j == 1 && t % 2 == 0) ? 0 : spread[(t * 7 + j * 3) % 6];
+                        wh[t * slots + j] = 0.2f + 0.3f * rng_uniform();
+                    }
+                struct tensor xc = put_f(&P, cpu_be, DTYPE_F32, n, H, xh), xg = put_f(&P, gpu_be, DTYPE_BF16, n, H, xh);
+                struct tensor yc = put_f(&P, cpu_be, DTYPE_F32, n, H, NULL);
+                struct tensor yg = put_f(&P, gpu_be, DTYPE_BF16, n, H, NULL);
+                int32_t *idc = pool_put(&P, cpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+                int32_t *idg = pool_put(&P, gpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+                float *twc = pool_put(&P, cpu_be, wh, sizeof(float) * (size_t)(n * slots));
+                float *twg = pool_put(&P, gpu_be, wh, sizeof(float) * (size_t)(n * slots));
+                void *wsc = pool_put(&P, cpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 4));
+                void *wsg = pool_put(&P, gpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 2));
+                cpu_be->ops->moe_experts(cpu_be, &yc, &xc, &guc, &dnc, idc, twc, slots, NULL, wsc);
+                gpu_be->ops->moe_experts(gpu_be, &yg, &xg, &gug, &dng, idg, twg, slots, NULL, wsg);
+                float *fc = get_f(cpu_be, &yc), *fg = get_f(gpu_be, &yg);
+                const double thr = cases[ci].act != WEIGHT_ACT_NONE ? NMSE_MOE_W8A8 : NMSE_Q;
+                double e = nmse(fg, fc, n * H);
+                fprintf(stderr, "  moe prefill H %lld I %lld %s bits %d act %s n=%d (%d routed rows): nmse %.2e\n",
+                        (long long)H, (long long)I, weight_scheme_name(cases[ci].s), cases[ci].bits,
+                        weight_act_name(cases[ci].act), n, n * slots, e);
+                if (!(e >= 0 && e <= thr))
+                    test_fail(__FILE__, __LINE__, "moe prefill %s bits %d act %s n=%d: nmse %g > %g",
+                              weight_scheme_name(cases[ci].s), cases[ci].bits, weight_act_name(cases[ci].act), n, e,
+                              thr);
+                free(fc);
+                free(fg);
+                free(xh);
+                free(wh);
+                free(ih);
+                hq_free(&gu);
+                hq_free(&dn);
+                ASSERT_EQ(pool_release(&P), 0);
+            }
+    }
+}
+
 int main(int argc, char **argv) {
     int rc = test_main(argc, argv);
     if (gpu_be) backend_destroy(gpu_be);
