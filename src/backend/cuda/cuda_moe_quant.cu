@@ -372,7 +372,6 @@ static void moeq_prefill(struct cuda_backend *cb, struct backend *b, __nv_bfloat
     cuda_moe_combine_launch(s, out, y, ids, tw, pos, n, n_slots, E, H);
 }
 
-
 void cuda_moe_experts_quant(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up,
                             const struct weight *down, const int32_t *topk_ids, const float *topk_w, int n_slots,
                             void *workspace) {
