@@ -6,8 +6,9 @@
 //       weights with kv_cache_scheme {float8, tensor, static}, self_attn.k_scale / v_scale
 //       written by compressed-tensors itself (scales = max |K| / 448, max |V| / 448 over
 //       calibration prompts);
-//     fp8_kv: quant_method fp8 (128x128 blocks) with F32 scalar self_attn.k_scale / v_scale;
-//     fp8_kv_legacy: the same with the deprecated single self_attn.kv_scale (K and V).
+//     fp8_kv: quant_method fp8 (128x128 blocks) with F32 scalar self_attn.k_scale / v_scale and
+//       "kv_cache_scheme": "static" (AutoFP8 / AMD FP8-KV checkpoints);
+//     fp8_kv_legacy: the same with the deprecated single self_attn.kv_scale (K and V), undeclared.
 //   Their q / k projections are scaled by 2^-8 / 2^8 and v / o by 2^8 / 2^-8: the same function,
 //   with post-RoPE K and V beyond 448, so an FP8 cache that ignored the scales saturates.
 //   refs.json: transformers' fp32 forward, weights = the exact dequantization, KV unquantized
@@ -15,8 +16,8 @@
 //   it); refs_kv.json: the same with every layer's post-RoPE K / V fake-quantized with the stored
 //   scales, e4m3(clamp(x / s, +-448)) * s, in torch.
 // - The scales are read per layer (legacy kv_scale for both), every tensor consumed; the runner's
-//   FP8 KV layers carry them; --kv-cache-dtype auto picks FP8 for a kv_cache_scheme checkpoint
-//   only; an F32 cache ignores them.
+//   FP8 KV layers carry them; --kv-cache-dtype auto picks FP8 for a checkpoint that declares its KV
+//   scheme only; an F32 cache ignores them.
 // - Logits: the FP8 cache matches refs_kv.json within KV_RTOL, far from refs.json; an F32 cache
 //   matches refs.json within LOGIT_RTOL; the same checkpoint with its scales replaced by 1.0 misses
 //   refs_kv.json by far (the check can fail). Greedy decode over the FP8 cache equals refs_kv's.
@@ -165,8 +166,7 @@ TEST(kv_scales_read_per_layer) {
         struct model_files *mf;
         ASSERT_OK(model_files_open(&mf, fixture_dir(KV_FIXTURES[fi]), &e));
         ASSERT_OK(model_quant_check(&mf->config, &e));
-        ASSERT_EQ(model_quant_kv_fp8(&mf->config),
-                  !strncmp(KV_FIXTURES[fi], "ct_", 3)); // only compressed-tensors declares it
+        ASSERT_EQ(model_quant_kv_fp8(&mf->config), strstr(KV_FIXTURES[fi], "legacy") == NULL); // legacy: undeclared
         struct model_load_options lo = {.files = mf, .weight_dtype = DTYPE_F32, .kv_dtype = DTYPE_FP8_E4M3};
         struct model *m = NULL;
         ASSERT_OK(model_load(&m, b, &mf->config, &lo, &e));
@@ -190,10 +190,11 @@ TEST(kv_cache_dtype_auto_follows_the_checkpoint) {
         const char *name, *kv;
         int bytes; // per element
     } cases[] = {
-        {"ct_fp8_kv", "auto", 1},    // kv_cache_scheme: FP8
-        {"ct_fp8_kv", "float32", 4}, // explicit wins
-        {"fp8_kv", "auto", 4},       // the fp8 method's scales alone do not switch the cache (vLLM neither)
-        {"fp8_kv", "fp8", 1},
+        {"ct_fp8_kv", "auto", 1},     // kv_cache_scheme: FP8
+        {"ct_fp8_kv", "float32", 4},  // explicit wins
+        {"fp8_kv", "auto", 1},        // "kv_cache_scheme": "static"
+        {"fp8_kv_legacy", "auto", 4}, // kv_scale tensors without a declaration do not switch the cache
+        {"fp8_kv_legacy", "fp8", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct runner_options o = base_options(fixture_dir(cases[i].name), cases[i].kv);
@@ -451,6 +452,24 @@ TEST(kv_cache_scheme_variants_refused_by_name) {
         {"{\"num_bits\": 4, \"type\": \"float\", \"strategy\": \"tensor\", \"dynamic\": false, \"symmetric\": true}",
          "float4"},
     };
+    // the fp8 method's string form
+    const char *fp8 = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 128, "
+                      "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
+                      "\"vocab_size\": 128, \"quantization_config\": {\"quant_method\": \"fp8\", "
+                      "\"weight_block_size\": [128, 128], \"kv_cache_scheme\": \"%s\"}}";
+    char js[1024];
+    struct error e0 = {0};
+    snprintf(js, sizeof js, fp8, "static");
+    ASSERT_OK(model_config_parse_json(&cfg, js, "config.json", &e0));
+    ASSERT_TRUE(model_quant_kv_fp8(&cfg));
+    ASSERT_OK(model_quant_check(&cfg, &e0));
+    snprintf(js, sizeof js, fp8, "dynamic");
+    ASSERT_OK(model_config_parse_json(&cfg, js, "config.json", &e0));
+    ASSERT_EQ(model_quant_check(&cfg, &e0), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(has(e0.msg, "quant_method 'fp8': KV-cache quantization (float8 dynamic, strategy tensor)"));
+    snprintf(js, sizeof js, fp8, "per_head");
+    ASSERT_EQ(model_config_parse_json(&cfg, js, "config.json", &e0), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(has(e0.msg, "kv_cache_scheme' = \"per_head\" must be \"static\" or \"dynamic\""));
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char json[4096];
         snprintf(json, sizeof json,

@@ -46,7 +46,8 @@ what it does not implement (tests/test_quant_refuse.c, tests/py/test_quant_refus
                          tensor): self_attn.k_scale / v_scale written by compressed-tensors
     fp8_kv, fp8_kv_legacy
                          quant_method fp8 (128x128 blocks) with F32 scalar self_attn.k_scale /
-                         v_scale, or the deprecated single self_attn.kv_scale
+                         v_scale and "kv_cache_scheme": "static", or the deprecated single
+                         self_attn.kv_scale and no declaration
                          (K / V beyond 448 by construction: see KV_SHIFT)
   The GPTQ / AWQ writers need `pip install --no-deps auto-gptq==0.7.1 autoawq==0.2.9` (imported
   through stub packages: their package __init__s want other transformers versions); the tests read
@@ -1055,8 +1056,9 @@ def fresh_model_like(model):
 
 def make_fp8_kv(out, legacy=False):
     """quant_method fp8 (vLLM's Fp8Config), 128x128-block weights, with F32 scalar
-    self_attn.k_scale / v_scale per layer (the AutoFP8 / vLLM layout; legacy: the deprecated single
-    self_attn.kv_scale = max of both, which vLLM uses for K and V). Written tensor by tensor (as
+    self_attn.k_scale / v_scale per layer and "kv_cache_scheme": "static" (the AutoFP8 / AMD FP8-KV
+    layout; legacy: the deprecated single self_attn.kv_scale = max of both, which vLLM uses for K
+    and V, and no kv_cache_scheme key). Written tensor by tensor (as
     make_fp8_block); transformers' FineGrainedFP8 loader has no KV scales, so refs_kv.json
     fake-quantizes K / V in torch."""
     model = kv_rescale(base_model(dict(BASE, intermediate_size=256), 11))
@@ -1084,9 +1086,11 @@ def make_fp8_kv(out, legacy=False):
             tensors[f"model.layers.{l}.self_attn.v_scale"] = vs.reshape(())
         kscale[l], vscale[l] = ks.item(), vs.item()
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    patch_config(out, quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                           "weight_block_size": [BLOCK, BLOCK],
-                                           "modules_to_not_convert": ["lm_head"]})
+    qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [BLOCK, BLOCK],
+          "modules_to_not_convert": ["lm_head"]}
+    if not legacy:  # AutoFP8 / AMD / Tencent FP8 checkpoints declare their calibrated KV scales so
+        qc["kv_cache_scheme"] = "static"
+    patch_config(out, quantization_config=qc)
     plain = fresh_ref_model(out, {**{k: v for k, v in tensors.items() if not is_linear(k) and "_scale" not in k},
                                   **exact})
     write_refs(plain, out)

@@ -437,7 +437,8 @@ static bool scheme_implemented(const struct quant_config *q, const struct quant_
 bool model_quant_kv_fp8(const struct model_config *c) {
     const struct quant_config *q = &c->quant;
     const struct quant_args *a = &q->kv_cache;
-    return q->present && q->method == QUANT_METHOD_COMPRESSED_TENSORS && a->present && a->type == QUANT_TYPE_FLOAT &&
+    return q->present && (q->method == QUANT_METHOD_COMPRESSED_TENSORS || q->method == QUANT_METHOD_FP8) &&
+           a->present && a->type == QUANT_TYPE_FLOAT &&
            a->num_bits == 8 && a->strategy == QUANT_STRATEGY_TENSOR && !a->dynamic && a->symmetric &&
            a->group_size == 0 && !a->block_size[0];
 }

@@ -53,10 +53,10 @@
 atomc_status model_quant_check(const struct model_config *c, struct error *err);
 
 // True when the checkpoint declares an FP8 KV cache that atomc implements: compressed-tensors'
-// kv_cache_scheme {num_bits 8, type float, strategy tensor, dynamic false, symmetric} (per
-// layer self_attn.k_scale / v_scale; model_kv_scales_load reads them). --kv-cache-dtype auto then
-// picks FP8. Other kv_cache_scheme forms (int, dynamic, asymmetric, per head / channel / group)
-// make model_quant_check refuse the checkpoint.
+// kv_cache_scheme {num_bits 8, type float, strategy tensor, dynamic false, symmetric}, or the fp8
+// method's "kv_cache_scheme": "static" (per layer self_attn.k_scale / v_scale; model_kv_scales_load
+// reads them). --kv-cache-dtype auto then picks FP8. Other kv_cache_scheme forms (int, dynamic,
+// asymmetric, per head / channel / group) make model_quant_check refuse the checkpoint.
 bool model_quant_kv_fp8(const struct model_config *c);
 
 struct model;

@@ -6,9 +6,9 @@ kv_scale) against transformers and torch, live:
 - refs_kv.json of every KV fixture is what transformers' fp32 forward (weights = the exact
   dequantization) gives with each layer's post-RoPE K / V fake-quantized with the stored scales
   (tools/make_quant_fixtures.py's atomc_kv attention), recomputed here from the committed files.
-- The CLI loads them: --kv-cache-dtype auto is FP8 for ct_fp8_kv (its kv_cache_scheme) with the
-  per-layer scales in use, F32 for the fp8 method's fixture (scales unused, said in the log), FP8
-  with --kv-cache-dtype fp8.
+- The CLI loads them: --kv-cache-dtype auto is FP8 for ct_fp8_kv and fp8_kv (their kv_cache_scheme)
+  with the per-layer scales in use, F32 for fp8_kv_legacy (undeclared kv_scale: unused, said in the
+  log), FP8 with --kv-cache-dtype fp8.
 The C tests (tests/test_quant_kv.c) compare atomc's logits with refs_kv.json."""
 import json
 import os
@@ -116,7 +116,8 @@ def test_transformers_ignores_the_kv_scales():
 
 @pytest.mark.parametrize("name,kv,want_dtype,used", [("ct_fp8_kv", "auto", "F8_E4M3", True),
                                                      ("ct_fp8_kv", "bf16", "BF16", False),
-                                                     ("fp8_kv", "auto", "F32", False),
+                                                     ("fp8_kv", "auto", "F8_E4M3", True),
+                                                     ("fp8_kv_legacy", "auto", "F32", False),
                                                      ("fp8_kv_legacy", "fp8", "F8_E4M3", True)])
 def test_cli_kv_cache_dtype_and_scales(name, kv, want_dtype, used):
     out = subprocess.run([ATOMC, "generate", "--model", fixture(name), "--prompt-ids", "5,6,7", "--max-tokens", "3",
