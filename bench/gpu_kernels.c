@@ -7,7 +7,7 @@
 // per case: time per launch, achieved TFLOP/s and GB/s, and the ratio to the ceilings
 // measured on the H200 (790 TFLOP/s dense bf16, 4.3 TB/s copy).
 //
-//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample|qmatmul|moeq]
+//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample|qmatmul [N]|moeq [N]]
 // (qmatmul and moeq only when named: INT8 W8A8 prefill GEMMs (cuda_qgemm.cu) and quantized MoE
 // experts (cuda_moe_quant.cu), each against BF16 at the same shape)
 // The split-KV heuristic's values are constants in src/backend/cuda/cuda_attention.cu (a sweep
@@ -552,20 +552,15 @@ int main(int argc, char **argv) {
     if (!strcmp(filter, "moeq")) { // quantized experts (not in the default run)
         struct moe_ctx w;
         moe_weights_alloc(&w);
-        const int ns[] = {16, 128, 512, 2048, 8192};
-        for (int i = 0; i < 5; i++) {
-            bench_moe_quant(&w, true, ns[i]);
-            bench_moe_quant(&w, false, ns[i]);
-        }
+        const int n = argc > 2 ? atoi(argv[2]) : 4096; // gpu_kernels moeq [N]
+        bench_moe_quant(&w, true, n);
+        bench_moe_quant(&w, false, n);
         moe_weights_free(&w);
     }
     if (!strcmp(filter, "qmatmul")) { // quantized GEMMs (not in the default run)
-        int64_t ns[] = {16, 256, 2048, 8192};
-        for (int i = 0; i < 4; i++) {
-            bench_qmatmul_int8("qkv", ns[i], 6144, 4096);
-            bench_qmatmul_int8("gate_up", ns[i], 28672, 4096);
-            bench_qmatmul_int8("down", ns[i], 4096, 14336);
-        }
+        const int64_t n = argc > 2 ? atoll(argv[2]) : 4096; // gpu_kernels qmatmul [N]
+        bench_qmatmul_int8("gate_up", n, 28672, 4096);
+        bench_qmatmul_int8("down", n, 4096, 14336);
     }
     bool decode_only = !strcmp(filter, "decode"); // decode attention cases alone (split-KV sweeps)
     if (strstr("attention", filter) || !*filter || decode_only) {

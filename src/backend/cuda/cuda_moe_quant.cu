@@ -104,6 +104,10 @@ static void moe_q_launch(cudaStream_t s, __nv_bfloat16 *out, const struct qa_vie
 #ifndef MOEQ_MMA_MIN_ROWS
 #define MOEQ_MMA_MIN_ROWS 128
 #endif
+// 0 keeps every batch on the slot kernels (an A/B switch).
+#ifndef MOEQ_MMA
+#define MOEQ_MMA 1
+#endif
 #define MOEQ_BM 64
 #define MOEQ_BN 128
 #define MOEQ_BK 64
@@ -391,7 +395,8 @@ void cuda_moe_experts_quant(struct backend *b, struct tensor *out, const struct 
     CHECK(tensor_rows(out) == n && tensor_cols(out) == H && out->data != x->data && n_slots >= 1);
     if (n == 0) return;
     const int64_t R = n * n_slots;
-    if (R > MOEQ_MMA_MIN_ROWS && workspace && E <= CUDA_MOE_MAX_EXPERTS && moeq_mma_ok(gu) && moeq_mma_ok(dn)) {
+    if (MOEQ_MMA && R > MOEQ_MMA_MIN_ROWS && workspace && E <= CUDA_MOE_MAX_EXPERTS && moeq_mma_ok(gu) &&
+        moeq_mma_ok(dn)) {
         moeq_prefill(cb, b, (__nv_bfloat16 *)out->data, x, gate_up, down, gu, dn, fmt, topk_ids, topk_w, n_slots, n, E,
                      H, I, workspace);
         return;
