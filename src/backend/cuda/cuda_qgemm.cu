@@ -16,7 +16,7 @@
 // cuda_qmm_scratch's (grow-only; not grown during graph capture).
 //
 // cuda_qgemm_int8 returns false (nothing ran) for anything it does not take (other formats,
-// zero points, group scales, k or m not a multiple of 16, misaligned pointers) or when cuBLASLt
+// zero points, group scales, k or m not a multiple of 16, 16 rows or fewer, misaligned pointers) or when cuBLASLt
 // has no IMMA algorithm for the shape; the caller then takes its dequantize-GEMM fallback.
 #include "backend/cuda/cuda_qdot.cuh"
 
@@ -145,7 +145,8 @@ bool cuda_qgemm_int8(struct cuda_backend *cb, struct tensor *out, const struct t
     if (w->t.dtype != DTYPE_I32 || w->bits != 8 || w->scheme != WEIGHT_SCHEME_GROUP || w->t.ndim != 2) return false;
     if (w->act != WEIGHT_ACT_INT8_TOKEN && w->act != WEIGHT_ACT_INT8_STATIC) return false;
     if (w->zero.data || w->gidx.data || tensor_numel(&w->scale) != m || w->block_cols < k) return false;
-    if (k % 16 || m % 16 || !aligned16(w->t.data) || !aligned16(out->data)) return false;
+    // More than 16 rows (torch._int_mm asks the same of cuBLASLt's int8 GEMM); 9..16 rows take the fallback.
+    if (n <= 16 || k % 16 || m % 16 || !aligned16(w->t.data) || !aligned16(out->data)) return false;
     cudaStream_t s = cb->stream;
     // Chunk of weight rows: its signed copy (mc, k) and int32 accumulator (n, mc) within the budget.
     int64_t mc = (int64_t)(QGEMM_CHUNK_BYTES / (size_t)(k + 4 * n)) / 16 * 16;
