@@ -176,8 +176,12 @@ bool cuda_qgemm_int8(struct cuda_backend *cb, struct tensor *out, const struct t
                    (const uint4 *)((const uint8_t *)w->t.data + (size_t)(j0 * k)), n_vec);
         CUDA_CHECK_LAUNCH();
         int32_t alpha = 1, beta = 0;
-        CUBLAS_CHECK(cublasLtMatmul(cb->lt, pp->desc, &alpha, wq, pp->a, xq, pp->b, &beta, acc, pp->c, acc, pp->c,
-                                    &pp->algo, cb->lt_workspace, cb->lt_workspace_bytes, s));
+        const cublasStatus_t st = cublasLtMatmul(cb->lt, pp->desc, &alpha, wq, pp->a, xq, pp->b, &beta, acc, pp->c, acc,
+                                                 pp->c, &pp->algo, cb->lt_workspace, cb->lt_workspace_bytes, s);
+        if (st != CUBLAS_STATUS_SUCCESS) { // an algorithm the heuristic offered but the shape does not take:
+            pp->ok = false;                // this shape takes the fallback from now on (it recomputes everything)
+            return false;
+        }
         // acc is (jn, n) column-major = (n, jn) row-major.
         void *o = (char *)out->data + es * (size_t)j0;
         if (out->dtype == DTYPE_BF16)
