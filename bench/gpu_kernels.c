@@ -7,11 +7,14 @@
 // per case: time per launch, achieved TFLOP/s and GB/s, and the ratio to the ceilings
 // measured on the H200 (790 TFLOP/s dense bf16, 4.3 TB/s copy).
 //
-//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample|mla]
+//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample|mla|qmatmul [N]|
+//                                 moeq [N]]
 // mla: MLA prefill chunks (Moonlight's 16 heads, DeepSeek-V3's 128; nope 128 / rope 64 / v 128,
 // kv_lora 512), mla_attention timed eagerly (the expanded prefill is never captured into graphs),
 // expanded on the tensor cores vs mla_args.absorbed_only; FLOPs are the expanded form's (the
 // kv_b GEMM over the context plus QK^T / PV over the causal range).
+// (qmatmul and moeq only when named: INT8 W8A8 prefill GEMMs (cuda_qgemm.cu) and quantized MoE
+// experts (cuda_moe_quant.cu), each against BF16 at the same shape)
 // The split-KV heuristic's values are constants in src/backend/cuda/cuda_attention.cu (a sweep
 // rebuilds with other values).
 #include <math.h>
@@ -109,6 +112,74 @@ static void bench_matmul(const char *name, int64_t n, int64_t mdim, int64_t k) {
     snprintf(label, sizeof label, "matmul %s n=%lld (m=%lld k=%lld)", name, (long long)n, (long long)mdim, (long long)k);
     report(label, s, 2.0 * n * mdim * k, (double)wbytes + (double)n * (k + mdim) * 2);
     for (int i = 0; i < m.ncopies; i++) B->ops->free(B, m.w[i].data);
+    B->ops->free(B, m.x.data);
+    B->ops->free(B, m.out.data);
+}
+
+// ---------------------------------------------------------------------------------------
+// INT8 W8A8 (compressed-tensors int-quantized: per-channel INT8 weights packed in I32 words,
+// dynamic per-token INT8 activations) through cuda_qmatmul: the IMMA GEMM of cuda_qgemm.cu above
+// 8 rows. Reported against the BF16 matmul of the same shape timed right before it.
+struct qmm_ctx {
+    int ncopies;
+    struct tensor x, out;
+    struct weight w[64];
+};
+static void qmm_fn(void *c, int i) {
+    struct qmm_ctx *m = c;
+    B->ops->matmul(B, &m->out, &m->x, &m->w[i % m->ncopies], NULL);
+}
+
+static double bench_time_bf16(int64_t n, int64_t mdim, int64_t k) {
+    struct mm_ctx m;
+    size_t wbytes = (size_t)mdim * k * 2;
+    m.ncopies = (int)((256u << 20) / wbytes + 1);
+    if (m.ncopies > 64) m.ncopies = 64;
+    for (int i = 0; i < m.ncopies; i++) m.w[i] = tensor_2d(alloc_rand(wbytes), DTYPE_BF16, mdim, k);
+    m.x = tensor_2d(alloc_rand((size_t)n * k * 2), DTYPE_BF16, n, k);
+    m.out = tensor_2d(alloc_rand((size_t)n * mdim * 2), DTYPE_BF16, n, mdim);
+    double s = time_graph(mm_fn, &m, 20);
+    for (int i = 0; i < m.ncopies; i++) B->ops->free(B, m.w[i].data);
+    B->ops->free(B, m.x.data);
+    B->ops->free(B, m.out.data);
+    return s;
+}
+
+static void bench_qmatmul_int8(const char *name, int64_t n, int64_t mdim, int64_t k) {
+    struct qmm_ctx m;
+    size_t wbytes = (size_t)mdim * k; // one byte per weight
+    m.ncopies = (int)((256u << 20) / wbytes + 1);
+    if (m.ncopies > 64) m.ncopies = 64;
+    float *hs = malloc(sizeof(float) * (size_t)mdim);
+    for (int64_t j = 0; j < mdim; j++) hs[j] = 0.001f + 0.0001f * (float)(j % 7);
+    for (int i = 0; i < m.ncopies; i++) {
+        struct weight *w = &m.w[i];
+        memset(w, 0, sizeof *w);
+        w->t = tensor_2d(alloc_rand(wbytes), DTYPE_I32, mdim, k / 4);
+        float *sc = B->ops->alloc(B, sizeof(float) * (size_t)mdim);
+        CHECK(sc);
+        B->ops->copy_h2d(B, sc, hs, sizeof(float) * (size_t)mdim);
+        w->scale = tensor_2d(sc, DTYPE_F32, mdim, 1);
+        w->scheme = WEIGHT_SCHEME_GROUP;
+        w->bits = 8;
+        w->block_rows = 1;
+        w->block_cols = (int)k;
+        w->act = WEIGHT_ACT_INT8_TOKEN;
+    }
+    free(hs);
+    m.x = tensor_2d(alloc_rand((size_t)n * k * 2), DTYPE_BF16, n, k);
+    m.out = tensor_2d(alloc_rand((size_t)n * mdim * 2), DTYPE_BF16, n, mdim);
+    double s = time_graph(qmm_fn, &m, 20);
+    double sb = bench_time_bf16(n, mdim, k);
+    char label[128];
+    snprintf(label, sizeof label, "int8 w8a8 %s n=%lld (m=%lld k=%lld)", name, (long long)n, (long long)mdim,
+             (long long)k);
+    report(label, s, 2.0 * n * mdim * k, (double)wbytes + (double)n * (k + mdim) * 2);
+    printf("%-44s bf16 matmul %9.2f us: int8 / bf16 time %.2f\n", "", sb * 1e6, s / sb);
+    for (int i = 0; i < m.ncopies; i++) {
+        B->ops->free(B, m.w[i].t.data);
+        B->ops->free(B, m.w[i].scale.data);
+    }
     B->ops->free(B, m.x.data);
     B->ops->free(B, m.out.data);
 }
@@ -444,6 +515,107 @@ static void bench_moe(struct moe_ctx *weights, int n, bool uniform) {
     free(w);
 }
 
+// Quantized experts at the MoE shape above (cuda_moe_quant.cu: the slot kernels up to 128 routed
+// rows, the grouped tensor-core GEMM above): FP8 128x128 blocks with per-token-group FP8
+// activations (DeepSeek / Qwen3-FP8) and INT4 group-128 weight-only (W4A16), random top-8 routing,
+// each against the BF16 experts at the same n (bench_moe's path) timed right after.
+struct moeq_ctx {
+    struct tensor x, out;
+    struct weight gu[MOE_COPIES], dn[MOE_COPIES];
+    int32_t *ids;
+    float *w;
+    void *ws;
+};
+static void moeq_fn(void *c, int i) {
+    struct moeq_ctx *m = c;
+    B->ops->moe_experts(B, &m->out, &m->x, &m->gu[i % MOE_COPIES], &m->dn[i % MOE_COPIES], m->ids, m->w, MOE_K, NULL,
+                        m->ws);
+}
+
+// A stacked quantized weight (E, rows, cols): random values, scales 0.01.
+static struct weight moeq_weight(bool fp8, int64_t rows, int64_t cols) {
+    struct weight w;
+    memset(&w, 0, sizeof w);
+    const int64_t E = MOE_E;
+    const int64_t sr = fp8 ? (rows + 127) / 128 : rows, sc = (cols + 127) / 128;
+    w.t = fp8 ? tensor_make(alloc_rand((size_t)(E * rows * cols)), DTYPE_FP8_E4M3, 3, (int64_t[]){E, rows, cols})
+              : tensor_make(alloc_rand((size_t)(E * rows * cols / 2)), DTYPE_I32, 3, (int64_t[]){E, rows, cols / 8});
+    const size_t ns = (size_t)(E * sr * sc);
+    float *h = malloc(sizeof(float) * ns);
+    for (size_t i = 0; i < ns; i++) h[i] = 0.01f;
+    float *d = B->ops->alloc(B, sizeof(float) * ns);
+    CHECK(d);
+    B->ops->copy_h2d(B, d, h, sizeof(float) * ns);
+    free(h);
+    w.scale = tensor_make(d, DTYPE_F32, 3, (int64_t[]){E, sr, sc});
+    w.scheme = fp8 ? WEIGHT_SCHEME_BLOCK : WEIGHT_SCHEME_GROUP;
+    w.block_rows = fp8 ? 128 : 1;
+    w.block_cols = 128;
+    w.bits = fp8 ? 0 : 4;
+    w.act = fp8 ? WEIGHT_ACT_FP8_GROUP : WEIGHT_ACT_NONE;
+    return w;
+}
+
+static void bench_moe_quant(struct moe_ctx *bf16_weights, bool fp8, int n) {
+    const int k = MOE_K;
+    const int64_t H = MOE_H, I = MOE_I;
+    struct moeq_ctx m;
+    for (int c = 0; c < MOE_COPIES; c++) {
+        m.gu[c] = moeq_weight(fp8, 2 * I, H);
+        m.dn[c] = moeq_weight(fp8, H, I);
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * k);
+    float *w = malloc(sizeof(float) * (size_t)n * k);
+    uint64_t st = 0x2545f4914f6cdd1dull;
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) { // k distinct experts per token, uniformly at random
+            int e;
+            for (;;) {
+                st ^= st << 13; st ^= st >> 7; st ^= st << 17;
+                e = (int)(st % MOE_E);
+                bool dup = false;
+                for (int q = 0; q < j; q++) dup |= ids[t * k + q] == e;
+                if (!dup) break;
+            }
+            ids[t * k + j] = e;
+            w[t * k + j] = 1.0f / k;
+        }
+    m.ids = B->ops->alloc(B, sizeof(int32_t) * (size_t)n * k);
+    m.w = B->ops->alloc(B, sizeof(float) * (size_t)n * k);
+    B->ops->copy_h2d(B, m.ids, ids, sizeof(int32_t) * (size_t)n * k);
+    B->ops->copy_h2d(B, m.w, w, sizeof(float) * (size_t)n * k);
+    m.x = tensor_2d(alloc_rand((size_t)n * H * 2), DTYPE_BF16, n, H);
+    m.out = tensor_2d(alloc_rand((size_t)n * H * 2), DTYPE_BF16, n, H);
+    m.ws = B->ops->alloc(B, moe_workspace_bytes(n, k, MOE_E, H, I, 2));
+    double t = time_graph(moeq_fn, &m, 20);
+    struct moe_ctx b = *bf16_weights;
+    b.slots = k;
+    b.ids = m.ids;
+    b.w = m.w;
+    b.x = m.x;
+    b.out = m.out;
+    b.ws = m.ws;
+    double tb = time_graph(moe_fn, &b, 20);
+    char label[128];
+    snprintf(label, sizeof label, "moe %s n=%d random", fp8 ? "fp8-block w8a8" : "int4-g128 w4a16", n);
+    const double wb = fp8 ? 1.0 : 0.5;
+    report(label, t, 2.0 * n * k * 3 * H * I, (double)MOE_E * 3 * H * I * wb + (double)n * H * 4);
+    printf("%-44s bf16 experts %9.2f us: quantized / bf16 time %.2f\n", "", tb * 1e6, t / tb);
+    for (int c = 0; c < MOE_COPIES; c++) {
+        B->ops->free(B, m.gu[c].t.data);
+        B->ops->free(B, m.gu[c].scale.data);
+        B->ops->free(B, m.dn[c].t.data);
+        B->ops->free(B, m.dn[c].scale.data);
+    }
+    B->ops->free(B, m.ids);
+    B->ops->free(B, m.w);
+    B->ops->free(B, m.x.data);
+    B->ops->free(B, m.out.data);
+    B->ops->free(B, m.ws);
+    free(ids);
+    free(w);
+}
+
 int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : "";
     struct error err = {0};
@@ -465,6 +637,19 @@ int main(int argc, char **argv) {
         }
         bench_matmul("lm_head", 1, 128256, 4096);
         bench_matmul("lm_head", 256, 128256, 4096);
+    }
+    if (!strcmp(filter, "moeq")) { // quantized experts (not in the default run)
+        struct moe_ctx w;
+        moe_weights_alloc(&w);
+        const int n = argc > 2 ? atoi(argv[2]) : 4096; // gpu_kernels moeq [N]
+        bench_moe_quant(&w, true, n);
+        bench_moe_quant(&w, false, n);
+        moe_weights_free(&w);
+    }
+    if (!strcmp(filter, "qmatmul")) { // quantized GEMMs (not in the default run)
+        const int64_t n = argc > 2 ? atoll(argv[2]) : 4096; // gpu_kernels qmatmul [N]
+        bench_qmatmul_int8("gate_up", n, 28672, 4096);
+        bench_qmatmul_int8("down", n, 4096, 14336);
     }
     bool decode_only = !strcmp(filter, "decode"); // decode attention cases alone (split-KV sweeps)
     if (strstr("attention", filter) || !*filter || decode_only) {

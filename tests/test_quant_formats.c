@@ -32,7 +32,7 @@
 //   double.
 // - Refused by name: GPTQ 3-bit, AWQ GEMV / without zero points, fused parts whose static input
 //   scales or g_idx maps differ, a desc_act checkpoint without g_idx, a g_idx out of range,
-//   KV-cache scales (kv_cache_scheme).
+//   a kv_cache_scheme without its KV-cache scales.
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -575,12 +575,13 @@ TEST(quant_formats_unimplemented_variants_refused_by_name) {
     d = mutant("awq_w4_g32", "a_nozero", "\"zero_point\": true", "\"zero_point\": false");
     ASSERT_EQ(try_load(d, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "quant_method 'awq'"));
-    // compressed-tensors KV-cache scales are refused by name (the fp8 KV cache keeps its own scale).
+    // A compressed-tensors kv_cache_scheme without its per-layer k_scale / v_scale tensors is refused
+    // (the scheme itself is implemented: tests/test_quant_kv.c; other forms of it are refused there).
     d = mutant("ct_fp8_static_tensor", "c_kv", "\"kv_cache_scheme\": null",
                "\"kv_cache_scheme\": {\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\", \"dynamic\": "
                "false, \"symmetric\": true}");
-    ASSERT_EQ(try_load(d, &e), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(has(e.msg, "KV-cache quantization") && has(e.msg, "--kv-cache-dtype"));
+    ASSERT_EQ(try_load(d, &e), ATOMC_ERR_FORMAT);
+    ASSERT_TRUE(has(e.msg, "kv_cache_scheme") && has(e.msg, "layer 0 has no model.layers.0.self_attn.k_scale"));
     // desc_act without g_idx; a g_idx out of range; q / k / v maps that differ.
     d = mutant("gptq_w4_g32_asym_desc_act", "g_noidx", NULL, NULL);
     edit_tensor_data(d, "model.layers.0.self_attn.k_proj.g_idx", NULL);

@@ -247,10 +247,13 @@ TEST(compressed_tensors_groups_kv_cache_sparsity) {
     ASSERT_STREQ(q->sparsity_format, "sparse-24-bitmask");
     ASSERT_EQ(q->n_ignore, 1); // a single string counts as a list of one
     // Both groups are implemented (int-quantized static INT8, pack-quantized with zero points:
-    // issue 19 part 3), so the KV-cache scheme is what is refused, then the sparsity format.
+    // issue 19 part 3), and so is the static float8 per-tensor KV-cache scheme (tests/test_quant_kv.c):
+    // the sparsity format is what is refused. A dynamic KV scheme is not implemented.
+    ASSERT_TRUE(model_quant_kv_fp8(&cfg));
+    cfg.quant.kv_cache.dynamic = true;
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(has(e.msg, "KV-cache quantization (float8, strategy tensor) is not implemented"));
-    cfg.quant.kv_cache.present = false;
+    ASSERT_TRUE(has(e.msg, "KV-cache quantization (float8 dynamic, strategy tensor) is not implemented"));
+    cfg.quant.kv_cache.dynamic = false;
     ASSERT_EQ(model_quant_check(&cfg, &e), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(has(e.msg, "sparsity format 'sparse-24-bitmask' is not implemented"));
     char sparsity[sizeof cfg.quant.sparsity_format];

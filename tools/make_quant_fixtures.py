@@ -39,6 +39,16 @@ what it does not implement (tests/test_quant_refuse.c, tests/py/test_quant_refus
                          GPTQ v1 packed by AutoGPTQ's own QuantLinear.pack (auto-gptq 0.7.1)
     awq_w4_g32           AWQ GEMM packed by AutoAWQ's own WQLinear_GEMM.from_linear (autoawq 0.2.9)
     *_hd64               head_dim-64 variants for tests/gpu/test_cuda_quant_models.c
+
+  KV-cache scales (tests/test_quant_kv.c; refs_kv.json: K / V fake-quantized with the stored scales):
+    ct_fp8_kv, ct_fp8_kv_hd64
+                         compressed-tensors FP8_DYNAMIC with kv_cache_scheme (static float8 per
+                         tensor): self_attn.k_scale / v_scale written by compressed-tensors
+    fp8_kv, fp8_kv_legacy
+                         quant_method fp8 (128x128 blocks) with F32 scalar self_attn.k_scale /
+                         v_scale and "kv_cache_scheme": "static", or the deprecated single
+                         self_attn.kv_scale and no declaration
+                         (K / V beyond 448 by construction: see KV_SHIFT)
   The GPTQ / AWQ writers need `pip install --no-deps auto-gptq==0.7.1 autoawq==0.2.9` (imported
   through stub packages: their package __init__s want other transformers versions); the tests read
   the committed fixtures and need neither.
@@ -836,6 +846,259 @@ def make_unknown_tensor(out):
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 
 
+# ---------------------------------------------------------------------------------------------
+# KV-cache scales (issue 19 item: kv_cache_scheme / k_scale / v_scale)
+
+# The KV fixtures scale q_proj by 2^-8 and k_proj by 2^8 (q.k unchanged), v_proj by 2^8 and o_proj
+# by 2^-8 (o_proj(v) unchanged): the model computes the same function, but its post-RoPE K and its
+# V reach |x| > 448, so an FP8 KV cache that ignored the stored scales (1.0) would saturate them
+# and the test against refs_kv.json would fail.
+KV_SHIFT = 2.0 ** 8
+
+
+def kv_rescale(model):
+    with torch.no_grad():
+        for ly in model.model.layers:
+            a = ly.self_attn
+            a.q_proj.weight.mul_(1 / KV_SHIFT)
+            a.k_proj.weight.mul_(KV_SHIFT)
+            a.v_proj.weight.mul_(KV_SHIFT)
+            a.o_proj.weight.mul_(1 / KV_SHIFT)
+    return model
+
+
+def fake_quant_kv(x, s):
+    """compressed-tensors' static fp8 tensor fake-quantization, e4m3(clamp(x / s, +-448)) * s."""
+    return (x / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+
+
+_KV_HOOK = {}
+
+
+def _kv_attention(module, query, key, value, attention_mask, **kw):
+    """An eager attention (transformers' own) whose post-RoPE K / V pass through _KV_HOOK["fn"]
+    (layer, "k" | "v", tensor) -> tensor first: the KV observer and the fake-quantized KV cache."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+    fn = _KV_HOOK.get("fn")
+    if fn:
+        key = fn(module.layer_idx, "k", key)
+        value = fn(module.layer_idx, "v", value)
+    return eager_attention_forward(module, query, key, value, attention_mask, **kw)
+
+
+def _register_kv_attention():
+    """"atomc_kv": _kv_attention with eager's additive causal mask (a registered attention gets a
+    boolean sdpa-style mask otherwise, which eager_attention_forward would add as 0 / 1)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    AttentionInterface.register("atomc_kv", _kv_attention)
+    AttentionMaskInterface.register("atomc_kv", eager_mask)
+
+
+def kv_amax(model, ids_list):
+    """max |K| and |V| (post-RoPE, what the cache holds) per layer over forwards of the prompts:
+    llm-compressor's static KV observer (its hooks see the key / value states the cache stores)."""
+    _register_kv_attention()
+    amax = {}
+
+    def obs(layer, which, x):
+        amax[(layer, which)] = max(amax.get((layer, which), 0.0), x.float().abs().max().item())
+        return x
+    model.set_attn_implementation("atomc_kv")
+    _KV_HOOK["fn"] = obs
+    with torch.no_grad():
+        for ids in ids_list:
+            model(ids)
+    _KV_HOOK.pop("fn")
+    model.set_attn_implementation("eager")
+    return amax
+
+
+def write_refs_kv(out, model, kscale, vscale, note):
+    """refs_kv.json: refs.json's prompts through `model` (fp32, the exact dequantized weights, the
+    activations unquantized) with every layer's post-RoPE K and V fake-quantized with its stored
+    k_scale / v_scale. Returns max |logit - refs.json's|."""
+    _register_kv_attention()
+    model.set_attn_implementation("atomc_kv")
+    _KV_HOOK["fn"] = lambda l, w, x: fake_quant_kv(x.float(), (kscale if w == "k" else vscale)[l])
+    with open(os.path.join(out, "refs.json")) as f:
+        refs = json.load(f)
+    prompts = []
+    for p in refs["prompts"]:
+        ids = torch.tensor([p["ids"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        seq, greedy, margins = ids, [], []
+        with torch.no_grad():
+            for _ in range(len(p["greedy"])):
+                top2 = torch.topk(model(seq).logits[0, -1].float(), 2)
+                greedy.append(int(top2.indices[0]))
+                margins.append(round(float(top2.values[0] - top2.values[1]), 6))
+                seq = torch.cat([seq, top2.indices[:1].view(1, 1)], dim=1)
+        prompts.append(dict(ids=p["ids"], logit_positions=p["logit_positions"],
+                            logits=[[round(float(x), 5) for x in logits[i]] for i in p["logit_positions"]],
+                            greedy=greedy, greedy_margins=margins))
+    _KV_HOOK.pop("fn")
+    model.set_attn_implementation("eager")
+    with open(os.path.join(out, "refs_kv.json"), "w") as f:
+        json.dump(dict(model=os.path.basename(out), generator="tools/make_quant_fixtures.py",
+                       reference="transformers fp32 Llama, eager attention, linear weights = the format's exact fp32 "
+                                 "dequantization, activations unquantized, post-RoPE K and V of every layer "
+                                 "fake-quantized " + note,
+                       k_scale=[kscale[l] for l in sorted(kscale)], v_scale=[vscale[l] for l in sorted(vscale)],
+                       transformers=__import__("transformers").__version__, prompts=prompts), f,
+                  separators=(",", ":"))
+        f.write("\n")
+    return max(abs(x - y) for p, q in zip(prompts, refs["prompts"]) for r, t in zip(p["logits"], q["logits"])
+               for x, y in zip(r, t))
+
+
+class _CtAttentionPatch:
+    """While active, compressed-tensors takes transformers 5's LlamaAttention (forward(..., cache))
+    for the cached attention module it is (it checks for a past_key_value(s) argument)."""
+
+    def __enter__(self):
+        import sys
+        self.saved = []
+        for name, mod in list(sys.modules.items()):
+            f = getattr(mod, "is_cached_attention_module", None) if name.startswith("compressed_tensors") else None
+            if f is not None:
+                self.saved.append((mod, f))
+                setattr(mod, "is_cached_attention_module",
+                        lambda m, f=f: type(m).__name__ == "LlamaAttention" or f(m))
+
+    def __exit__(self, *exc):
+        for mod, f in self.saved:
+            mod.is_cached_attention_module = f
+
+
+def make_ct_fp8_kv(out, seed, base=BASE):
+    """compressed-tensors FP8_DYNAMIC (FP8 weights per channel, dynamic per-token FP8 activations)
+    with kv_cache_scheme {num_bits 8, float, tensor, static}: per layer self_attn.k_scale /
+    v_scale = max |K| / 448, max |V| / 448 over calibration prompts, written by compressed-tensors
+    (apply_quantization_config registers them, ModelCompressor writes them and the config).
+    transformers 5.x + compressed-tensors 0.20 do not apply the KV scheme (compressed-tensors looks
+    for an attention forward taking past_key_value(s); transformers 5 names it `cache`), so its
+    dequantize=True load drops the scales (checked: its logits equal the weight-only refs); the KV
+    reference (refs_kv.json) fake-quantizes K / V in torch with the stored scales instead."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
+                                                 apply_quantization_config)
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import CompressedTensorsConfig
+
+    model = kv_rescale(base_model(base, seed))
+    original = {k: v.float().clone() for k, v in model.state_dict().items()}
+    amax = kv_amax(fresh_model_like(model), calibration_ids(base["vocab_size"]))
+    scheme = QuantizationScheme(targets=["Linear"],
+                                weights=QuantizationArgs(num_bits=8, type="float", strategy="channel", symmetric=True,
+                                                         dynamic=False),
+                                input_activations=QuantizationArgs(num_bits=8, type="float", strategy="token",
+                                                                   symmetric=True, dynamic=True))
+    kv = QuantizationArgs(num_bits=8, type="float", strategy="tensor", symmetric=True, dynamic=False)
+    patch = _CtAttentionPatch()
+    with patch:
+        apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"],
+                                                            kv_cache_scheme=kv))
+    kscale, vscale = {}, {}
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if hasattr(m, "weight_scale"):
+                w = m.weight.float()
+                s, _ = calculate_qparams(w.amin(-1), w.amax(-1), m.quantization_scheme.weights)
+                m.weight_scale.copy_(s.reshape(m.weight_scale.shape))
+            if hasattr(m, "k_scale"):
+                l = m.layer_idx
+                for which, dst, param in (("k", kscale, m.k_scale), ("v", vscale, m.v_scale)):
+                    # bf16-representable (the dtype compressed-tensors gives the scale)
+                    si = torch.tensor(amax[(l, which)] / FP8_MAX).to(param.dtype)
+                    param.copy_(si.reshape(param.shape))
+                    dst[l] = si.float().item()
+    assert kscale and max(amax.values()) > FP8_MAX, amax  # K / V really exceed the fp8 range
+    with patch:
+        compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
+    assert compressor.quantization_config.kv_cache_scheme is not None
+    # The forced format would also "compress" the attention modules, which hold no weight: their
+    # schemes are set aside while the linears are compressed (their k_scale / v_scale stay).
+    attn = [m for m in model.modules() if hasattr(m, "k_scale")]
+    schemes = [m.__dict__.pop("quantization_scheme") for m in attn]
+    compressor.compress_model(model)
+    for m, sc in zip(attn, schemes):
+        m.quantization_scheme = sc
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out)
+    compressor.update_config(out)
+    gen = os.path.join(out, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+    raw = load_file(os.path.join(out, "model.safetensors"))
+    for l in kscale:
+        assert raw[f"model.layers.{l}.self_attn.k_scale"].float().item() == kscale[l]
+        assert raw[f"model.layers.{l}.self_attn.v_scale"].float().item() == vscale[l]
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["quantization_config"]["kv_cache_scheme"]["type"] == "float"
+    model = load_dequantized(out, CompressedTensorsConfig(dequantize=True))
+    got = dict(model.state_dict())
+    assert not any(k.endswith(("k_scale", "v_scale")) for k in got), "transformers now keeps the KV scales"
+    exact = {k: check_fp8_channel(k, got[k], original[k], raw) for k in original if is_linear(k)}
+    refs_from_exact(model, exact, out)
+    d = write_refs_kv(out, model, kscale, vscale, "with its stored self_attn.k_scale / v_scale: "
+                                                  "e4m3(clamp(x / s, -448, 448)) * s")
+    print(f"  {os.path.basename(out)}: fp8 KV vs unquantized KV logits differ by {d:.4f}")
+
+
+def fresh_model_like(model):
+    """An fp32 copy of `model` with fp32 rotary frequencies (for observers)."""
+    ref = AutoModelForCausalLM.from_config(model.config, attn_implementation="eager", dtype=torch.float32).eval()
+    ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
+    return ref
+
+
+def make_fp8_kv(out, legacy=False):
+    """quant_method fp8 (vLLM's Fp8Config), 128x128-block weights, with F32 scalar
+    self_attn.k_scale / v_scale per layer and "kv_cache_scheme": "static" (the AutoFP8 / AMD FP8-KV
+    layout; legacy: the deprecated single self_attn.kv_scale = max of both, which vLLM uses for K
+    and V, and no kv_cache_scheme key). Written tensor by tensor (as
+    make_fp8_block); transformers' FineGrainedFP8 loader has no KV scales, so refs_kv.json
+    fake-quantizes K / V in torch."""
+    model = kv_rescale(base_model(dict(BASE, intermediate_size=256), 11))
+    amax = kv_amax(fresh_model_like(model), calibration_ids(BASE["vocab_size"]))
+    save_plain(model, out)
+    tensors, exact = {}, {}
+    for k, v in model.state_dict().items():
+        v = v.contiguous()
+        if is_linear(k):
+            q, s = fp8_blocks(v.float())
+            tensors[k] = q
+            tensors[k[:-len("weight")] + "weight_scale_inv"] = s
+            exact[k] = fp8_block_dequant(q, s)
+        else:
+            tensors[k] = v
+    kscale, vscale = {}, {}
+    for l in range(BASE["num_hidden_layers"]):
+        ks = torch.tensor(amax[(l, "k")] / FP8_MAX, dtype=torch.float32)
+        vs = torch.tensor(amax[(l, "v")] / FP8_MAX, dtype=torch.float32)
+        if legacy:
+            ks = vs = torch.maximum(ks, vs)
+            tensors[f"model.layers.{l}.self_attn.kv_scale"] = ks.reshape(())
+        else:
+            tensors[f"model.layers.{l}.self_attn.k_scale"] = ks.reshape(())
+            tensors[f"model.layers.{l}.self_attn.v_scale"] = vs.reshape(())
+        kscale[l], vscale[l] = ks.item(), vs.item()
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [BLOCK, BLOCK],
+          "modules_to_not_convert": ["lm_head"]}
+    if not legacy:  # AutoFP8 / AMD / Tencent FP8 checkpoints declare their calibrated KV scales so
+        qc["kv_cache_scheme"] = "static"
+    patch_config(out, quantization_config=qc)
+    plain = fresh_ref_model(out, {**{k: v for k, v in tensors.items() if not is_linear(k) and "_scale" not in k},
+                                  **exact})
+    write_refs(plain, out)
+    d = write_refs_kv(out, plain, kscale, vscale, "with its stored self_attn." +
+                      ("kv_scale (for K and V)" if legacy else "k_scale / v_scale") + ": e4m3(clamp(x / s, -448, 448)) * s")
+    print(f"  {os.path.basename(out)}: fp8 KV vs unquantized KV logits differ by {d:.4f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "quant"))
@@ -894,6 +1157,10 @@ def main():
         "awq_w4_g64_hd64": lambda o: make_awq(o, 64, 37, BASE_128),
         "fp8_static_hd64": lambda o: make_fp8_static(o, BASE_128),
         "ct_w8a8_int8_static_hd64": lambda o: make_ct_int8(o, True, 38, BASE_128),
+        "ct_fp8_kv": lambda o: make_ct_fp8_kv(o, 41),
+        "ct_fp8_kv_hd64": lambda o: make_ct_fp8_kv(o, 42, BASE_128),
+        "fp8_kv": make_fp8_kv,
+        "fp8_kv_legacy": lambda o: make_fp8_kv(o, legacy=True),
         "fp8_no_config": make_fp8_no_config,
         "unknown_tensor": make_unknown_tensor,
     }

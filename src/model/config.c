@@ -896,7 +896,8 @@ static struct quant_scheme *quant_single_scheme(struct quant_config *q) {
 }
 
 // fp8: {"quant_method": "fp8", "activation_scheme": "dynamic"|"static", "weight_block_size":
-// [128, 128] (absent: one scale per tensor), "fmt": "e4m3", "modules_to_not_convert": [...]}.
+// [128, 128] (absent: one scale per tensor), "fmt": "e4m3", "modules_to_not_convert": [...],
+// "kv_cache_scheme": "static"|"dynamic"}.
 static atomc_status parse_quant_fp8(struct ctx *x, const json_t *o, const char *path, struct quant_config *q) {
     char p[QPATH_MAX];
     snprintf(q->format, sizeof q->format, "e4m3");
@@ -926,6 +927,21 @@ static atomc_status parse_quant_fp8(struct ctx *x, const json_t *o, const char *
         s->input_act.strategy = QUANT_STRATEGY_TENSOR;
     }
     s->act_scheme = act_scheme_of(&s->input_act);
+    // "kv_cache_scheme": "static" (AutoFP8, AMD / Tencent FP8 checkpoints): an FP8 KV cache with
+    // per-layer static scales stored as self_attn.k_scale / v_scale (or kv_scale).
+    char kvs[16] = "";
+    qjoin(p, path, "kv_cache_scheme");
+    TRY(get_str_at(x, o, "kv_cache_scheme", p, kvs, sizeof kvs));
+    if (kvs[0] && strcmp(kvs, "static") && strcmp(kvs, "dynamic"))
+        return error_set(x->err, ATOMC_ERR_FORMAT, "%s: key '%s' = \"%s\" must be \"static\" or \"dynamic\"", x->src,
+                         p, kvs);
+    if (kvs[0])
+        q->kv_cache = (struct quant_args){.present = true,
+                                          .num_bits = 8,
+                                          .type = QUANT_TYPE_FLOAT,
+                                          .strategy = QUANT_STRATEGY_TENSOR,
+                                          .symmetric = true,
+                                          .dynamic = !strcmp(kvs, "dynamic")};
     return get_name_list(x, o, "modules_to_not_convert", path, q->ignore, QUANT_MAX_IGNORE, &q->n_ignore);
 }
 

@@ -422,6 +422,7 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
             if ((st = weight_loader_load_layer(L, p.tables[t], l, ly, err))) goto fail;
     }
     if ((st = model_load_head(m, L, o->files, err))) goto fail;
+    if ((st = model_kv_scales_load(m, o->files, err))) goto fail;
     if ((st = model_load_rope(m, err))) goto fail;
     if (o->load_mtp && (st = model_mtp_load(m, L, err))) goto fail;
     if (def->finish_load && (st = def->finish_load(m, L, o, err))) goto fail;

@@ -189,6 +189,9 @@ struct cache_spec {
     size_t state_bytes;      // RECURRENT: bytes per sequence (F32 conv state + delta-rule state)
     int conv_dim, conv_kernel; // RECURRENT: conv state (conv_dim, conv_kernel - 1)
     int n_v_heads, k_dim, v_dim; // RECURRENT: delta-rule state (n_v_heads, k_dim, v_dim)
+    // FULL / SLIDING: the checkpoint's static KV-cache scales (model_kv_scales_load, quant.h):
+    // an FP8 cache stores K / k_scale and V / v_scale. 0 = none (the FP8 cache uses 1.0).
+    float k_scale, v_scale;
 };
 
 // Bytes one token takes in a paged spec's cache (0 for RECURRENT) with elements of kv_dtype.

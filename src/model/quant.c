@@ -434,6 +434,15 @@ static bool scheme_implemented(const struct quant_config *q, const struct quant_
     return scheme_impl(q, s) != NULL;
 }
 
+bool model_quant_kv_fp8(const struct model_config *c) {
+    const struct quant_config *q = &c->quant;
+    const struct quant_args *a = &q->kv_cache;
+    return q->present && (q->method == QUANT_METHOD_COMPRESSED_TENSORS || q->method == QUANT_METHOD_FP8) &&
+           a->present && a->type == QUANT_TYPE_FLOAT &&
+           a->num_bits == 8 && a->strategy == QUANT_STRATEGY_TENSOR && !a->dynamic && a->symmetric &&
+           a->group_size == 0 && !a->block_size[0];
+}
+
 atomc_status model_quant_check(const struct model_config *c, struct error *err) {
     const struct quant_config *q = &c->quant;
     if (!q->present) return ATOMC_OK;
@@ -462,11 +471,12 @@ atomc_status model_quant_check(const struct model_config *c, struct error *err) 
                          "%s: quant_method '%s' lists %d schemes, more than the %d atomc "
                          "reads",
                          q->origin, q->method_name, q->n_schemes, QUANT_MAX_SCHEMES);
-    if (q->kv_cache.present) {
+    if (q->kv_cache.present && !model_quant_kv_fp8(c)) {
         quant_args_describe(&q->kv_cache, d, sizeof d);
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
-                         "%s: quant_method '%s': KV-cache quantization (%s) is not "
-                         "implemented; use --kv-cache-dtype instead",
+                         "%s: quant_method '%s': KV-cache quantization (%s) is not implemented; only static "
+                         "symmetric float8 with one scale per layer's K and V (strategy tensor: self_attn.k_scale "
+                         "/ v_scale) is; use --kv-cache-dtype instead",
                          q->origin, q->method_name, d);
     }
     if (q->sparsity_format[0])

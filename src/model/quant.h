@@ -26,7 +26,9 @@
 //       (the layouts: enum quant_layout below)
 //     mxfp4 (GptOssForCausalLM only): the experts' _blocks / _scales   -> WEIGHT_SCHEME_MX
 //       (every other module plain, as transformers' mxfp4 quantizer leaves it)
-//   Everything else stays refused by name (KV-cache schemes, other block sizes or bit widths,
+//     KV cache: compressed-tensors kv_cache_scheme static float8 per tensor (model_quant_kv_fp8),
+//       and the fp8 method's self_attn.k_scale / v_scale / kv_scale tensors (model_kv_scales_load)
+//   Everything else stays refused by name (other KV-cache schemes, other block sizes or bit widths,
 //   static per-token scales, bitsandbytes / modelopt, ...). Whether a backend runs a scheme
 //   is its caps' business (model_quant_check_backend).
 // - model_quant_weight_plan() tells the weight loader, per linear module, which scheme and
@@ -41,6 +43,7 @@
 #ifndef ATOMC_MODEL_QUANT_H
 #define ATOMC_MODEL_QUANT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/error.h"
@@ -48,6 +51,25 @@
 #include "model/config.h"
 
 atomc_status model_quant_check(const struct model_config *c, struct error *err);
+
+// True when the checkpoint declares an FP8 KV cache that atomc implements: compressed-tensors'
+// kv_cache_scheme {num_bits 8, type float, strategy tensor, dynamic false, symmetric}, or the fp8
+// method's "kv_cache_scheme": "static" (per layer self_attn.k_scale / v_scale; model_kv_scales_load
+// reads them). --kv-cache-dtype auto then picks FP8. Other kv_cache_scheme forms (int, dynamic,
+// asymmetric, per head / channel / group) make model_quant_check refuse the checkpoint.
+bool model_quant_kv_fp8(const struct model_config *c);
+
+struct model;
+struct model_files;
+// Reads each decoder layer's KV-cache scales into m->layer_cache[l].k_scale / v_scale (0: none):
+// model.layers.<l>.self_attn.k_scale / v_scale (compressed-tensors, vLLM's fp8 method; older
+// compressed-tensors: k_proj.output_scale / v_proj.output_scale), or the deprecated single
+// kv_scale for both; a layer with only one of K / V uses it for both (as vLLM does). Each must
+// be one positive finite F32 / BF16 / F16 value. Refused by name: more than one value (per head
+// / channel), zero points (asymmetric), q_scale / prob_scale (FP8 attention), scales on a
+// latent (MLA) or recurrent layer, a declared kv_cache_scheme without a layer's scales. files
+// NULL (dummy weights): nothing. The runner applies the scales when the KV cache is FP8.
+atomc_status model_kv_scales_load(struct model *m, struct model_files *f, struct error *err);
 
 struct backend_caps;
 // ATOMC_ERR_UNSUPPORTED when the backend's caps lack a weight scheme or storage dtype the

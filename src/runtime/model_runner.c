@@ -72,8 +72,12 @@ static bool runner_files_quantised(const struct model_files *f) {
 // cache's bytes and attention's reads; F16's 2^-11 relative rounding instead of BF16's 2^-9,
 // which moved single SmolLM2 prompt logprobs by up to 0.03 nats; stores saturate at +-65504),
 // F32 otherwise, so unquantised checkpoints keep the exact fp32 path the HF comparisons pin.
-// Other backends: the activation dtype.
-static enum dtype runner_default_kv_dtype(const struct backend *b, const struct model_files *f) {
+// Other backends: the activation dtype. A checkpoint that declares an FP8 KV cache
+// (compressed-tensors kv_cache_scheme, model_quant_kv_fp8) gets FP8 on every backend that has it,
+// with its per-layer scales (as vLLM's auto resolves ModelOpt's kv_cache_quant_algo FP8).
+static enum dtype runner_default_kv_dtype(const struct backend *b, const struct model_files *f,
+                                          const struct model_config *cfg) {
+    if (model_quant_kv_fp8(cfg) && (b->caps->kv_dtypes & BACKEND_CAP_BIT(DTYPE_FP8_E4M3))) return DTYPE_FP8_E4M3;
     if (b->kind == BACKEND_CPU) return runner_files_quantised(f) ? DTYPE_F16 : DTYPE_F32;
     return b->act_dtype;
 }
@@ -562,7 +566,7 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
         st = error_set(err, ATOMC_ERR_UNSUPPORTED, "dtype fp8 is a KV-cache dtype, not a weight dtype");
         goto fail;
     }
-    enum dtype kv_default = runner_default_kv_dtype(b, files);
+    enum dtype kv_default = runner_default_kv_dtype(b, files, &r->cfg);
     if ((st = runner_parse_dtype(o->kv_cache_dtype, kv_default, &r->kv_dtype, "kv_cache_dtype", err))) goto fail;
 
     r->block_size = o->block_size > 0 ? o->block_size : 16;
@@ -620,6 +624,13 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     // row-parallel biases).
     if (files && o->tp_rank == 0 && (st = model_files_check_consumed(files, err))) goto fail;
     r->cfg = r->model->cfg; // the loader may have resolved tied embeddings
+    if (r->kv_dtype != DTYPE_FP8_E4M3)
+        for (int l = 0; l < r->model->n_cache_layers; l++)
+            if (r->model->layer_cache[l].k_scale > 0.0f) {
+                LOG_INFO("the checkpoint's KV-cache scales are unused: the KV cache is %s (--kv-cache-dtype fp8 "
+                         "uses them)", dtype_name(r->kv_dtype));
+                break;
+            }
     char qdesc[160] = "";
     for (int sch = WEIGHT_SCHEME_NONE + 1, n = 0; sch < WEIGHT_SCHEME_COUNT; sch++)
         if (r->model->weight_bytes_by_scheme[sch] && n < (int)sizeof qdesc)

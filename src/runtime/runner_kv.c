@@ -108,7 +108,11 @@ atomc_status runner_kv_alloc(struct model_runner *r, int num_blocks, struct erro
         const int nb = layer_in_sw_group(r, l) ? r->num_blocks_sw : num_blocks;
         const size_t slots = (size_t)nb * (size_t)r->block_size;
         memset(kv, 0, sizeof *kv);
-        kv->k_scale = kv->v_scale = 1.0f;
+        // An FP8 cache of a checkpoint with KV-cache scales stores value / scale (the attention
+        // ops multiply back); without them, and for other dtypes, the scale is 1.
+        const bool scaled = r->kv_dtype == DTYPE_FP8_E4M3 && s->k_scale > 0.0f && s->v_scale > 0.0f;
+        kv->k_scale = scaled ? s->k_scale : 1.0f;
+        kv->v_scale = scaled ? s->v_scale : 1.0f;
         if (s->kind == CACHE_KIND_RECURRENT) continue; // state slots (runner_state.c), bound below
         if (s->kind == CACHE_KIND_LATENT) {
             kv->k = tensor_make(base, r->kv_dtype, 4, (int64_t[]){nb, r->block_size, 1, s->latent_dim});

@@ -285,7 +285,8 @@ struct qextra {
     float act_scale;
 };
 
-static void run_case_x(const struct qcase *c, const struct qextra *x, int n, bool with_bias, enum dtype ot) {
+// Returns the normalised MSE of the GPU result against the CPU's.
+static double run_case_x(const struct qcase *c, const struct qextra *x, int n, bool with_bias, enum dtype ot) {
     struct pool P = {0};
     struct hq q = hq_make(c->s, 1, c->bits, c->m, c->k, c->br, c->bc);
     if (x->zero) hq_add_zero(&q);
@@ -325,7 +326,8 @@ static void run_case_x(const struct qcase *c, const struct qextra *x, int n, boo
     free(xh);
     free(bh);
     hq_free(&q);
-    ASSERT_EQ(pool_release(&P), 0);
+    if (pool_release(&P) != 0) test_fail(__FILE__, __LINE__, "guard bytes or NaN/Inf outputs");
+    return e;
 }
 
 static void run_case(const struct qcase *c, int n, bool with_bias, enum dtype ot) {
@@ -374,6 +376,78 @@ TEST(cuda_qmatmul_zero_points_gidx_static_match_cpu) {
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++)
             run_case_x(&cases[ci].c, &cases[ci].x, NS[ni], ni == 2, ni == 4 ? DTYPE_F32 : DTYPE_BF16);
+}
+
+// INT8 W8A8 over per-channel INT8 weights (compressed-tensors int-quantized) at prefill sizes: the
+// IMMA GEMM (cuda_qgemm.cu) where k and m are multiples of 16 and n > 16, the dequantize-GEMM
+// fallback elsewhere. With F32 output the IMMA result is the exact integer sum times the two fp32
+// scales, so it matches the CPU's fp32 sum of dequantized products to fp32 rounding (NMSE_IMMA);
+// the fallback's bf16 weights would be ~1e-6 off, so this also shows which path ran (printed per
+// case; asserted for n 200 and 512, not for n 33, which cuBLASLt may refuse).
+#define NMSE_IMMA 1e-9
+TEST(cuda_qgemm_int8_imma_matches_cpu) {
+    ASSERT_TRUE(backends_ready());
+    static const struct {
+        int64_t m, k;
+        enum weight_act act;
+        bool imma; // the IMMA path is expected to take it
+    } cases[] = {
+        {128, 256, WEIGHT_ACT_INT8_TOKEN, true},  {528, 1024, WEIGHT_ACT_INT8_TOKEN, true},
+        {2048, 4096, WEIGHT_ACT_INT8_TOKEN, true}, {256, 512, WEIGHT_ACT_INT8_STATIC, true},
+        {100, 320, WEIGHT_ACT_INT8_TOKEN, false}, // m % 16 != 0: fallback
+        {96, 200, WEIGHT_ACT_INT8_TOKEN, false},  // k % 16 != 0: fallback
+    };
+    static const int ns[] = {9, 16, 33, 200, 512};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            const struct qcase c = {WEIGHT_SCHEME_GROUP, 8, 1, (int)cases[ci].k, cases[ci].m, cases[ci].k,
+                                    cases[ci].act};
+            const struct qextra x = {false, false, cases[ci].act == WEIGHT_ACT_INT8_STATIC ? 6.0f / 127 / 2 : 0.0f};
+            double e = run_case_x(&c, &x, ns[ni], ni % 2 == 1, DTYPE_F32);
+            double eb = run_case_x(&c, &x, ns[ni], ni % 2 == 0, DTYPE_BF16);
+            fprintf(stderr, "  int8 w8a8 m %5lld k %5lld n %3d %s: f32 nmse %.2e (%s), bf16 nmse %.2e\n",
+                    (long long)c.m, (long long)c.k, ns[ni], weight_act_name(c.act), e,
+                    e <= NMSE_IMMA ? "exact: IMMA" : "bf16 operands: fallback", eb);
+            if (cases[ci].imma && ns[ni] > 16 && ns[ni] % 4 == 0 && !(e <= NMSE_IMMA))
+                test_fail(__FILE__, __LINE__, "m %lld k %lld n %d: nmse %g > %g: the IMMA GEMM did not run",
+                          (long long)c.m, (long long)c.k, ns[ni], e, NMSE_IMMA);
+        }
+}
+
+// A captured INT8 IMMA GEMM replays the eager result after x changes in place.
+TEST(cuda_qgemm_int8_graph_capture_replays) {
+    ASSERT_TRUE(backends_ready());
+    if (!gpu_be->ops->graph_begin) return;
+    struct pool P = {0};
+    const int64_t m = 256, k = 512;
+    const int n = 64;
+    struct hq q = hq_make(WEIGHT_SCHEME_GROUP, 1, 8, m, k, 1, (int)k);
+    struct weight wg = hq_put(&P, gpu_be, &q, WEIGHT_ACT_INT8_TOKEN);
+    float *xh = malloc(sizeof(float) * (size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++) xh[i] = round_bf16(rng_sym(1.f));
+    struct tensor xg = put_f(&P, gpu_be, DTYPE_BF16, n, k, xh);
+    struct tensor y1 = put_f(&P, gpu_be, DTYPE_BF16, n, m, NULL), y2 = put_f(&P, gpu_be, DTYPE_BF16, n, m, NULL);
+    struct error err = {0};
+    gpu_be->ops->matmul(gpu_be, &y1, &xg, &wg, NULL); // eager warm-up (scratch, plans)
+    void *graph = NULL;
+    ASSERT_OK(gpu_be->ops->graph_begin(gpu_be, &err));
+    gpu_be->ops->matmul(gpu_be, &y2, &xg, &wg, NULL);
+    ASSERT_OK(gpu_be->ops->graph_end(gpu_be, &graph, &err));
+    for (int64_t i = 0; i < n * k; i++) xh[i] = round_bf16(rng_sym(2.f));
+    uint16_t *raw = malloc(sizeof(uint16_t) * (size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++) raw[i] = f32_to_bf16(xh[i]);
+    gpu_be->ops->copy_h2d(gpu_be, xg.data, raw, sizeof(uint16_t) * (size_t)(n * k));
+    ASSERT_OK(gpu_be->ops->graph_launch(gpu_be, graph, &err));
+    gpu_be->ops->matmul(gpu_be, &y1, &xg, &wg, NULL);
+    float *a = get_f(gpu_be, &y1), *b = get_f(gpu_be, &y2);
+    ASSERT_TRUE(nmse(b, a, n * m) == 0.0);
+    gpu_be->ops->graph_destroy(gpu_be, graph);
+    free(a);
+    free(b);
+    free(raw);
+    free(xh);
+    hq_free(&q);
+    ASSERT_EQ(pool_release(&P), 0);
 }
 
 // A captured graph of a quantized GEMV and GEMM replays the eager result after x changes in place.
@@ -485,6 +559,90 @@ TEST(cuda_moe_experts_quantized_match_cpu) {
                     test_fail(__FILE__, __LINE__, "moe %s bits %d br %d act %s n=%d: nmse %g > %g",
                               weight_scheme_name(cases[ci].s), cases[ci].bits, cases[ci].br,
                               weight_act_name(cases[ci].act), n, e, thr);
+                free(fc);
+                free(fg);
+                free(xh);
+                free(wh);
+                free(ih);
+                hq_free(&gu);
+                hq_free(&dn);
+                ASSERT_EQ(pool_release(&P), 0);
+            }
+    }
+}
+
+// Prefill-sized quantized MoE (more than 128 routed rows: cuda_moe_quant.cu's grouped tensor-core
+// GEMM, weight tiles dequantized to bf16 in shared memory) against the CPU, with skewed routing:
+// 3/8 of all slots on expert 0 (slot 0 of every token, slot 1 of even ones), expert 5 never chosen,
+// the rest spread; H and I multiples of 64. n 20 (80 routed rows) stays on the slot path, 129 and 300
+// (516, 1200 rows: tiles of 64 rows, a partial one per expert) take the GEMM.
+// Tolerances as the slot path's (the GEMM's bf16 operands are the dequantize-GEMM fallback's).
+TEST(cuda_moe_experts_quantized_prefill_match_cpu) {
+    ASSERT_TRUE(backends_ready());
+    static const struct {
+        enum weight_scheme s;
+        int bits, br, bc;
+        enum weight_act act;
+        bool zero;
+        float act_scale;
+    } cases[] = {
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_FP8_GROUP, false, 0.0f}, // DeepSeek / Qwen3-FP8 experts
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_NONE, false, 0.0f},
+        {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, WEIGHT_ACT_FP8_TOKEN, false, 0.0f},
+        {WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, WEIGHT_ACT_FP8_STATIC, false, 1.0f / 448},
+        {WEIGHT_SCHEME_GROUP, 4, 1, 128, WEIGHT_ACT_NONE, false, 0.0f}, // W4A16 experts
+        {WEIGHT_SCHEME_GROUP, 4, 1, 32, WEIGHT_ACT_NONE, true, 0.0f},   // GPTQ / AWQ-style, zero points
+        {WEIGHT_SCHEME_GROUP, 8, 1, 128, WEIGHT_ACT_NONE, false, 0.0f}, // W8A16
+    };
+    const int E = 8, slots = 4;
+    for (int shp = 0; shp < 2; shp++) {
+        const int64_t H = shp ? 512 : 256, I = shp ? 384 : 192;
+        const int ns[] = {20, 129, 300};
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            for (size_t ni = 0; ni < 3; ni++) {
+                const int n = ns[ni];
+                struct pool P = {0};
+                struct hq gu = hq_make(cases[ci].s, E, cases[ci].bits, 2 * I, H, cases[ci].br, cases[ci].bc);
+                struct hq dn = hq_make(cases[ci].s, E, cases[ci].bits, H, I, cases[ci].br, cases[ci].bc);
+                if (cases[ci].zero) {
+                    hq_add_zero(&gu);
+                    hq_add_zero(&dn);
+                }
+                struct weight guc = hq_put(&P, cpu_be, &gu, cases[ci].act);
+                struct weight gug = hq_put(&P, gpu_be, &gu, cases[ci].act);
+                struct weight dnc = hq_put(&P, cpu_be, &dn, cases[ci].act);
+                struct weight dng = hq_put(&P, gpu_be, &dn, cases[ci].act);
+                guc.act_scale = gug.act_scale = dnc.act_scale = dng.act_scale = cases[ci].act_scale;
+                float *xh = malloc(sizeof(float) * (size_t)(n * H)), *wh = malloc(sizeof(float) * (size_t)(n * slots));
+                int32_t *ih = malloc(sizeof(int32_t) * (size_t)(n * slots));
+                for (int64_t i = 0; i < n * H; i++) xh[i] = round_bf16(rng_sym(1.f));
+                static const int spread[] = {1, 2, 3, 4, 6, 7}; // expert 5 never chosen
+                for (int t = 0; t < n; t++)
+                    for (int j = 0; j < slots; j++) {
+                        ih[t * slots + j] = j == 0 || (j == 1 && t % 2 == 0) ? 0 : spread[(t * 7 + j * 3) % 6];
+                        wh[t * slots + j] = 0.2f + 0.3f * rng_uniform();
+                    }
+                struct tensor xc = put_f(&P, cpu_be, DTYPE_F32, n, H, xh), xg = put_f(&P, gpu_be, DTYPE_BF16, n, H, xh);
+                struct tensor yc = put_f(&P, cpu_be, DTYPE_F32, n, H, NULL);
+                struct tensor yg = put_f(&P, gpu_be, DTYPE_BF16, n, H, NULL);
+                int32_t *idc = pool_put(&P, cpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+                int32_t *idg = pool_put(&P, gpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+                float *twc = pool_put(&P, cpu_be, wh, sizeof(float) * (size_t)(n * slots));
+                float *twg = pool_put(&P, gpu_be, wh, sizeof(float) * (size_t)(n * slots));
+                void *wsc = pool_put(&P, cpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 4));
+                void *wsg = pool_put(&P, gpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 2));
+                cpu_be->ops->moe_experts(cpu_be, &yc, &xc, &guc, &dnc, idc, twc, slots, NULL, wsc);
+                gpu_be->ops->moe_experts(gpu_be, &yg, &xg, &gug, &dng, idg, twg, slots, NULL, wsg);
+                float *fc = get_f(cpu_be, &yc), *fg = get_f(gpu_be, &yg);
+                const double thr = cases[ci].act != WEIGHT_ACT_NONE ? NMSE_MOE_W8A8 : NMSE_Q;
+                double e = nmse(fg, fc, n * H);
+                fprintf(stderr, "  moe prefill H %lld I %lld %s bits %d act %s n=%d (%d routed rows): nmse %.2e\n",
+                        (long long)H, (long long)I, weight_scheme_name(cases[ci].s), cases[ci].bits,
+                        weight_act_name(cases[ci].act), n, n * slots, e);
+                if (!(e >= 0 && e <= thr))
+                    test_fail(__FILE__, __LINE__, "moe prefill %s bits %d act %s n=%d: nmse %g > %g",
+                              weight_scheme_name(cases[ci].s), cases[ci].bits, weight_act_name(cases[ci].act), n, e,
+                              thr);
                 free(fc);
                 free(fg);
                 free(xh);

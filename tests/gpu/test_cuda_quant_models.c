@@ -16,6 +16,8 @@
 //   deepseek_v3_fp8_block  DeepSeek-V3 (MLA, grouped noaux_tc routing, a shared expert) in fp8
 //                        blocks: weight-only -> refs.json, W8A8 -> refs_w8a8.json (kv_b_proj
 //                        dequantized at load, its input unquantized; tools/make_tiny_deepseek_fp8.py)
+//   ct_fp8_kv_hd64       compressed-tensors FP8 weights + kv_cache_scheme: the FP8 KV cache with the
+//                        checkpoint's per-layer k_scale / v_scale -> refs_kv.json (K / V fake-quantized)
 // Prefill logits at the reference positions within BF16_RTOL of max(1, max |ref|) (as
 // test_cuda_models.c: BF16 activations, residual stream and KV; W8A8: W8A8_RTOL, see there),
 // then 16 greedy steps whose decode steps replay CUDA graphs (quantized GEMVs and MoE slot
@@ -67,6 +69,11 @@ static const struct {
     // the absorbed decode, routed + shared experts on the FP8 MoE path, layer 0's dense MLP plain.
     {"deepseek_v3_fp8_block", "refs.json", true, BF16_RTOL},
     {"deepseek_v3_fp8_block", "refs_w8a8.json", false, W8A8_RTOL},
+    // compressed-tensors kv_cache_scheme (static FP8 per tensor): --kv-cache-dtype auto picks the FP8
+    // cache, which stores K / k_scale and V / v_scale per layer (cuda_rope.cu) and multiplies back in
+    // attention (cuda_attention.cu); refs_kv.json fake-quantizes K / V with the stored scales. The
+    // fixture's K / V exceed 448, so scales ignored (1.0) would saturate them (tests/test_quant_kv.c).
+    {"ct_fp8_kv_hd64", "refs_kv.json", true, BF16_RTOL},
 };
 
 TEST(cuda_quant_models_match_refs) {
@@ -89,6 +96,7 @@ TEST(cuda_quant_models_match_refs) {
         if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  %s: %s\n", name, err.msg);
         ASSERT_TRUE(r != NULL);
         ASSERT_TRUE(model_runner_num_graphs(r) > 0);
+        if (!strcmp(QMODELS[mi].refs, "refs_kv.json")) ASSERT_EQ(model_runner_kv_dtype_bytes(r), 1); // auto: FP8
         struct sim *s = malloc(sizeof *s);
         sim_init(s, r, 41u + (unsigned)mi);
         double worst = 0;

@@ -136,6 +136,7 @@ struct cuda_backend {
     void *qmm_scratch;
     size_t qmm_scratch_bytes;
     void *qmm;
+    void *qgemm; // the INT8 IMMA GEMM's cuBLASLt plans (cuda_qgemm.cu, struct qgemm_state)
 
     // Weight upload: two pinned host buffers and two device buffers, double-buffered.
     void *pinned[2];
@@ -394,6 +395,33 @@ void cuda_moe_experts_quant(struct backend *b, struct tensor *out, const struct 
                             const struct weight *gate_up, const struct weight *down, const int32_t *topk_ids,
                             const float *topk_w, int n_slots, void *workspace);
 void cuda_qmatmul_destroy(struct cuda_backend *cb);
+// INT8 W8A8 prefill GEMM on cuBLASLt's IMMA (cuda_qgemm.cu): false when it does not take the
+// weight / shape (nothing ran). cuda_qgemm_destroy frees its plans (from cuda_qmatmul_destroy).
+bool cuda_qgemm_int8(struct cuda_backend *cb, struct tensor *out, const struct tensor *x, const struct weight *w,
+                     const struct tensor *bias, int64_t n, int64_t m, int64_t k);
+void cuda_qgemm_destroy(struct cuda_backend *cb);
+// The grouped MoE path's pieces (cuda_moe.cu) that cuda_moe_quant.cu's prefill GEMM shares: the
+// sort of the R routed rows by expert into tiles of bm rows (offsets / tile_start (E + 1), sorted,
+// pos (R)), and the combine out[t] = sum_j w[t, j] y[pos[t * n_slots + j]] (bf16, slot order).
+void cuda_moe_sort_launch(cudaStream_t s, const int32_t *ids, int64_t R, int E, int bm, int32_t *offsets,
+                          int32_t *tile_start, int32_t *sorted, int32_t *pos);
+void cuda_moe_combine_launch(cudaStream_t s, __nv_bfloat16 *out, const __nv_bfloat16 *y, const int32_t *ids,
+                             const float *w, const int32_t *pos, int64_t n, int n_slots, int E, int64_t H);
+void cuda_moe_quant_init(struct cuda_backend *cb); // shared-memory limits of cuda_moe_quant.cu's kernels
+
+// The expert whose row tiles contain `tile`: the last e with tile_start[e] <= tile (binary
+// search over the E + 1 prefix sums the sort kernel wrote). Shared by every grouped-GEMM kernel.
+__device__ __forceinline__ int moe_tile_expert(const int32_t *tile_start, int E, int tile) {
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tile_start[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
 void cuda_matmul_plans_destroy(struct cuda_backend *cb);
 void cuda_attention_init(struct cuda_backend *cb);
 void cuda_moe_init(struct cuda_backend *cb);

@@ -269,19 +269,13 @@ __global__ void __launch_bounds__(MOE_SORT_THREADS)
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// The expert whose row tiles contain `tile`: the last e with tile_start[e] <= tile (binary
-// search over the E + 1 prefix sums the sort kernel wrote). Shared by every grouped-GEMM kernel.
-__device__ __forceinline__ int moe_tile_expert(const int32_t *tile_start, int E, int tile) {
-    int lo = 0, hi = E - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= tile)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
+// (moe_tile_expert, the expert of a GEMM row tile, is in cuda_common.cuh: cuda_moe_quant.cu's
+// grouped GEMM shares it.)
+
+void cuda_moe_sort_launch(cudaStream_t s, const int32_t *ids, int64_t R, int E, int bm, int32_t *offsets,
+                          int32_t *tile_start, int32_t *sorted, int32_t *pos) {
+    pdl_launch(moe_sort_kernel, 1, MOE_SORT_THREADS, 0, s, ids, R, E, bm, offsets, tile_start, sorted, pos);
+    CUDA_CHECK_LAUNCH();
 }
 
 // Grouped GEMM over experts: out[p, :] = A[row(p), :] @ W[e]^T for the sorted rows p of expert e.
@@ -859,6 +853,19 @@ __global__ void moe_combine_kernel(T *out, const T *y, const int32_t *ids, const
     }
 }
 
+void cuda_moe_combine_launch(cudaStream_t s, __nv_bfloat16 *out, const __nv_bfloat16 *y, const int32_t *ids,
+                             const float *w, const int32_t *pos, int64_t n, int n_slots, int E, int64_t H) {
+    constexpr int V = 8;
+    const bool vec = H % V == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)y % 16 == 0;
+    const int64_t total = vec ? n * H / V : n * H;
+    const unsigned grid = (unsigned)(total / 256 + 1 < 65535 * 8 ? total / 256 + 1 : 65535 * 8);
+    if (vec)
+        pdl_launch(moe_combine_kernel<__nv_bfloat16, V>, grid, 256, 0, s, out, y, ids, w, pos, n, n_slots, E, H);
+    else
+        pdl_launch(moe_combine_kernel<__nv_bfloat16, 1>, grid, 256, 0, s, out, y, ids, w, pos, n, n_slots, E, H);
+    CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, int BM>
 static void moe_experts_launch(cudaStream_t s, T *out, const T *x, const T *wgu, const T *wdown, const int32_t *ids,
                                const float *w, int n_slots, int64_t n, int E, int64_t H, int64_t I, int32_t *offsets,
@@ -1279,6 +1286,7 @@ void cuda_moe_init(struct cuda_backend *cb) {
     MOE_SLOT_ATTR(8)
     MOE_SLOT_ATTR(16)
 #undef MOE_SLOT_ATTR
+    cuda_moe_quant_init(cb);
 }
 
 void cuda_op_moe_experts(struct backend *b, struct tensor *out, const struct tensor *x, const struct weight *gate_up_w,

@@ -24,8 +24,11 @@
 //   multiple of 128; activations VEC128_32F, 128-column groups, scales token-major with the
 //   token count padded to a multiple of 4, weight scales' k-blocks padded to a multiple of 4,
 //   as cuBLASLt lays them out). Output BF16 / F32, bias added by a separate kernel.
-// - everything else (weight-only GEMMs: W4A16 / W8A16 prefill; INT8 W8A8, whose packed
-//   offset-128 values cuBLASLt's IMMA cannot read; blocks other than 128 x 128; shapes the
+// - larger n, INT8 W8A8 over per-channel INT8 weights (compressed-tensors int-quantized): the
+//   IMMA GEMM of cuda_qgemm.cu (the offset-128 bytes made signed per chunk of rows, int32
+//   accumulation, per-token x per-channel scales in its epilogue).
+// - everything else (weight-only GEMMs: W4A16 / W8A16 prefill; INT8 W8A8 with zero points, group
+//   scales or sizes the IMMA path does not take; blocks other than 128 x 128; shapes the
 //   heuristic refuses): the weight rows are dequantized (value x scale, rounded to bf16) into
 //   scratch in chunks of QMM_DEQ_CHUNK_BYTES and multiplied by cuBLASLt's BF16 GEMM; quantized
 //   activations are quantized and dequantized to bf16 first (the same bytes and scales: the
@@ -83,6 +86,7 @@ void cuda_qmatmul_destroy(struct cuda_backend *cb) {
             qplan_release(&q->plans[i]);
     free(q);
     cb->qmm = NULL;
+    cuda_qgemm_destroy(cb);
     cudaFree(cb->qmm_scratch);
     cb->qmm_scratch = NULL;
     cb->qmm_scratch_bytes = 0;
@@ -550,5 +554,6 @@ void cuda_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x,
     if (QMM_CUBLASLT_SCALED && (fp8_vec || fp8_block) && k % 16 == 0 && aligned16(w->t.data) && aligned16(out->data) &&
         qmm_fp8_scaled(cb, out, x, w, bias, n, m, k))
         return;
+    if (fmt == QW_INT8 && af == QA_INT8 && cuda_qgemm_int8(cb, out, x, w, bias, n, m, k)) return;
     qmm_dequant_gemm(cb, out, x, w, v, fmt, bias, n, m, k);
 }
