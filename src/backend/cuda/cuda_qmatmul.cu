@@ -14,7 +14,10 @@
 // stored one).
 //
 // Paths, by rows n:
-// - n <= QMM_GEMV_MAX_ROWS (decode): qgemv_kernel, a warp per output column streams the weight
+// - n <= QMMA_MAX_ROWS (16) with FP8 x FP8, INT8 x INT8 or INT4 x bf16 (no column -> group map,
+//   blocks / groups of 128k columns or all of k, k % 16 == 0 (INT4 % 32), the staged x fits):
+//   qgemv_mma_kernel, the tensor-core GEMV below, which quantizes the activations itself.
+// - else n <= QMM_GEMV_MAX_ROWS (decode): qgemv_kernel, a warp per output column streams the weight
 //   row once, one byte (FP8 / INT8) or half a byte (INT4) per weight, dequantized in registers
 //   (value x scale), against every row of x (bf16, or the quantized bytes x their scales): no
 //   expansion anywhere, the fp32 products of the CPU reference.
@@ -810,10 +813,22 @@ static bool qgemv_mma(struct cuda_backend *cb, TO *out, const struct tensor *x, 
     }
     p.int8 = weight_act_int8(wt->act);
     const int64_t ctas = cdiv(m, 8 * QMMA_CG);
-    p.wk = QMMA_WK < p.U ? QMMA_WK : p.U;
-    const unsigned threads = 32u * QMMA_CG * (unsigned)p.wk;
     const size_t nsx = (size_t)n * p.U * ((p.act != QMA_NONE) + (v.z != nullptr));
-    const size_t smem = (size_t)n * p.rs + sizeof(float) * nsx + (p.wk > 1 ? sizeof(float) * 4 * threads : 0);
+    auto smem_of = [&](int wk) {
+        return (size_t)n * p.rs + sizeof(float) * nsx + (wk > 1 ? sizeof(float) * 4 * 32 * QMMA_CG * (size_t)wk : 0);
+    };
+    // CTAs per SM: registers (<= 128 per thread: 16 warps) and shared memory (228 KB, 1 KB per CTA reserved).
+    auto per_sm = [&](int wk) {
+        const int by_reg = 16 / (QMMA_CG * wk), by_smem = (int)((228u << 10) / (smem_of(wk) + 1024));
+        return by_reg < by_smem ? by_reg : by_smem;
+    };
+    // Four warps per column group; two where that makes the grid one wave instead of more
+    // (Llama-3-8B's qkv, 6144 columns: 384 CTAs, 264 slots with four, 528 with two).
+    p.wk = QMMA_WK;
+    if (ctas > (int64_t)per_sm(4) * cb->num_sms && ctas <= (int64_t)per_sm(2) * cb->num_sms) p.wk = 2;
+    if (p.wk > p.U) p.wk = p.U;
+    const unsigned threads = 32u * QMMA_CG * (unsigned)p.wk;
+    const size_t smem = smem_of(p.wk);
     if (smem > QMMA_SMEM_MAX) return false;
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x->data;
     cudaStream_t s = cb->stream;
