@@ -423,6 +423,19 @@ __global__ void __launch_bounds__(32 * QMMA_CG * QMMA_WK, QMMA_MINB)
     constexpr bool pu = SCM != QSC_END, zp = SCM == QSC_UNIT_ZERO;
     const int nu = U > wk ? (U - wk + WK - 1) / WK : 0;
 
+    // BLOCK / GROUP: the scale (and zero point) rows of this lane's two output columns, and the
+    // units per scale column (0: one column for all of k).
+    const float *srow[2] = {w.s, w.s}, *zrow[2] = {w.z, w.z};
+    const int ub = w.bc >= k ? 0 : w.bc / 128;
+    if constexpr (pu) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int64_t r = oc[j] < m ? oc[j] : 0;
+            const int64_t off = (w.mode == QS_BLOCK ? r / w.br : r) * w.s_cols;
+            srow[j] = w.s + off;
+            if constexpr (zp) zrow[j] = w.z + off;
+        }
+    }
     uint4 buf[PRE][NW];
     float sbuf[pu ? PRE : 1][2] = {}, zbuf[zp ? PRE : 1][2] = {};
     auto fetch = [&](int slot, int i) {
@@ -434,12 +447,11 @@ __global__ void __launch_bounds__(32 * QMMA_CG * QMMA_WK, QMMA_MINB)
             if (rok && c < k) buf[slot][h] = ld_stream16(rowp + (Q8 ? c : c / 2));
         }
         if constexpr (pu) {
+            const int sc = ub == 1 ? (int)u : ub ? (int)u / ub : 0; // the unit's scale column
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const bool ok = oc[j] < m;
-                const int64_t si = qw_sidx(w, ok ? oc[j] : 0, u * 128);
-                sbuf[slot][j] = ok ? __ldg(w.s + si) : 0.f;
-                if constexpr (zp) zbuf[slot][j] = ok ? __ldg(w.z + si) : 0.f;
+                sbuf[slot][j] = oc[j] < m ? __ldg(srow[j] + sc) : 0.f;
+                if constexpr (zp) zbuf[slot][j] = oc[j] < m ? __ldg(zrow[j] + sc) : 0.f;
             }
         }
     };
