@@ -16,7 +16,8 @@
 // Paths, by rows n:
 // - n <= QMMA_MAX_ROWS (16) with FP8 x FP8, INT8 x INT8 or INT4 x bf16 (no column -> group map,
 //   blocks / groups of 128k columns or all of k, k % 16 == 0 (INT4 % 32), the staged x fits):
-//   qgemv_mma_kernel, the tensor-core GEMV below, which quantizes the activations itself.
+//   qgemv_mma_kernel, the tensor-core GEMV below, which quantizes the activations of 1-2 rows
+//   itself.
 // - else n <= QMM_GEMV_MAX_ROWS (decode): qgemv_kernel, a warp per output column streams the weight
 //   row once, one byte (FP8 / INT8) or half a byte (INT4) per weight, dequantized in registers
 //   (value x scale), against every row of x (bf16, or the quantized bytes x their scales): no
@@ -220,10 +221,11 @@ __global__ void __launch_bounds__(32 * QMM_GEMV_WARPS)
 // units (warp w takes units w, w + WK, ...), then sum in shared memory in warp order
 // (deterministic). Each lane keeps PRE units of weight loads (and their scales) in flight; the
 // first PRE are issued before the PDL wait (weights and scales are never written by the kernels
-// it waits on). After the wait the CTA stages x itself: the activation quantization of
-// act_quant_kernel (the same amax / scale / byte formulas: identical bytes and scales, so the
-// act_quant launch of the W8A8 GEMV is gone), or the bf16 copy for W4A16, plus the per-unit sums
-// of x that zero points need.
+// it waits on). After the wait the CTA stages x in shared memory: for up to QMMA_FUSE_MAX_ROWS
+// rows it quantizes x itself with act_quant_kernel's amax / scale / byte formulas (identical bytes
+// and scales, and no act_quant launch before the W8A8 GEMV); more rows are quantized once by
+// act_quant_kernel and the CTA copies the bytes and scales; W4A16 copies bf16 x. Plus the
+// per-unit sums of x that zero points need.
 //
 // Per 128-column unit u the mma sums are promoted to fp32 on the CUDA cores (tensor cores keep
 // fewer accumulation bits for FP8) with the unit's scales: total += (sum_u - z * sumx_u) *
@@ -232,6 +234,9 @@ __global__ void __launch_bounds__(32 * QMM_GEMV_WARPS)
 // TENSOR / CHANNEL. Against the CPU's sum of (q_w s_w)(q_x s_x): the same bytes and scales,
 // products exact, different fp32 rounding of the sums and scalings only.
 #define QMMA_MAX_ROWS 16
+// Rows up to which each CTA quantizes x itself; more rows are quantized once by act_quant_kernel
+// (every CTA repeating n * k IEEE divisions would cost more than the launch saves).
+#define QMMA_FUSE_MAX_ROWS 2
 #define QMMA_CG 2
 #define QMMA_WK 4
 #define QMMA_SMEM_MAX (100u << 10)
@@ -239,7 +244,9 @@ __global__ void __launch_bounds__(32 * QMM_GEMV_WARPS)
 #define QMMA_MINB 2
 #endif
 
-enum qmma_act { QMA_NONE = 0, QMA_TOKEN, QMA_GROUP, QMA_STATIC };
+// QMA_PRE: x is already quantized (act_quant_kernel's bytes (n, k) and scales xs: per row, or
+// per 128-column group at xs[g * s_ld + row] when s_ld > 0).
+enum qmma_act { QMA_NONE = 0, QMA_TOKEN, QMA_GROUP, QMA_STATIC, QMA_PRE };
 // Weight scales: applied at the end (TENSOR / CHANNEL), per unit (BLOCK / GROUP), per unit with zero points.
 enum qmma_scm { QSC_END = 0, QSC_UNIT, QSC_UNIT_ZERO };
 
@@ -251,6 +258,8 @@ struct qmma_args {
     bool int8;      // INT8 activations (else FP8 where quantized)
     float static_s; // QMA_STATIC
     int64_t rs;     // staged row stride in bytes
+    const float *xs; // QMA_PRE: the activation scales
+    int64_t s_ld;    // QMA_PRE: 0 = one scale per row
 };
 
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -277,8 +286,9 @@ __device__ __forceinline__ uint4 lds16(const uint8_t *p) {
 // of the values the mma multiplies (quantized integers, or bf16 as f32). A half-warp per (row,
 // unit), a lane per 8 columns.
 template <bool Q8>
-__device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, const __nv_bfloat16 *x, int64_t k,
+__device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, const void *xv, int64_t k,
                                            const struct qmma_args &p) {
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)xv;
     const int tid = threadIdx.x, hw = tid / 16, hl = tid % 16, nhw = blockDim.x / 16;
     const int n = p.n, U = p.U;
     const float qmax = p.int8 ? ACT_QUANT_INT8_MAX : ACT_QUANT_FP8_MAX;
@@ -348,6 +358,33 @@ __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, 
         }
         return;
     }
+    if (p.act == QMA_PRE) { // copy the bytes and scales (rows > QMMA_FUSE_MAX_ROWS: quantized once, not per CTA)
+        const uint8_t *xb = (const uint8_t *)xv;
+        for (int it = 0; it < trips; it++) {
+            const int pi = hw + it * nhw;
+            const bool on = pi < pairs;
+            const int r = on ? pi / U : 0, u = on ? pi % U : 0;
+            const int64_t c = (int64_t)u * 128 + hl * 8;
+            uint2 b = make_uint2(0u, 0u);
+            if (on && c < k) b = __ldg(reinterpret_cast<const uint2 *>(xb + (int64_t)r * k + c));
+            float s = 0.f;
+            if (sumx) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const uint32_t q = ((i < 4 ? b.x : b.y) >> (8 * (i % 4))) & 255u;
+                    s += p.int8 ? (float)(int8_t)q : fp8_byte_to_f32(q);
+                }
+                s = hsum(s);
+            }
+            if (!on) continue;
+            *reinterpret_cast<uint2 *>(xq + r * p.rs + c) = b;
+            if (hl == 0) {
+                sx[r * U + u] = p.s_ld ? p.xs[(int64_t)u * p.s_ld + r] : p.xs[r];
+                if (sumx) sumx[r * U + u] = s;
+            }
+        }
+        return;
+    }
     if (p.act == QMA_TOKEN) { // pass 1: unit maxima; then the row's scale into every unit's slot
         for (int it = 0; it < trips; it++) {
             const int pi = hw + it * nhw;
@@ -406,7 +443,7 @@ __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, 
 // INT8 x INT8, INT4 x bf16). k % 16 == 0 (INT4: % 32), rows 16-byte aligned.
 template <int FMT, int NT, int SCM, typename TO>
 __global__ void __launch_bounds__(32 * QMMA_CG * QMMA_WK, QMMA_MINB)
-    qgemv_mma_kernel(TO *out, const __nv_bfloat16 *x, struct qw_view w, const TO *bias, struct qmma_args p,
+    qgemv_mma_kernel(TO *out, const void *x, struct qw_view w, const TO *bias, struct qmma_args p,
                      bool early) {
     extern __shared__ __align__(16) uint8_t qsm[];
     constexpr bool Q8 = FMT != QW_INT4;
@@ -779,7 +816,7 @@ static void qgemv_dispatch(cudaStream_t s, int fmt, int af, TO *out, const struc
 
 template <int FMT, int NT, int SCM, typename TO>
 static void qgemv_mma_launch(cudaStream_t s, unsigned grid, unsigned threads, size_t smem, TO *out,
-                             const __nv_bfloat16 *x, const struct qw_view &w, const TO *bias,
+                             const void *x, const struct qw_view &w, const TO *bias,
                              const struct qmma_args &p) {
     if (smem > (48u << 10))
         CUDA_CHECK(cudaFuncSetAttribute(qgemv_mma_kernel<FMT, NT, SCM, TO>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -842,7 +879,18 @@ static bool qgemv_mma(struct cuda_backend *cb, TO *out, const struct tensor *x, 
     const unsigned threads = 32u * QMMA_CG * (unsigned)p.wk;
     const size_t smem = smem_of(p.wk);
     if (smem > QMMA_SMEM_MAX) return false;
-    const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x->data;
+    const void *xp = x->data;
+    if (p.act != QMA_NONE && n > QMMA_FUSE_MAX_ROWS) { // quantize once (act_quant_kernel), stage the bytes
+        const int64_t ng = wt->act == WEIGHT_ACT_FP8_GROUP ? p.U : 1;
+        uint8_t *scr = (uint8_t *)cuda_qmm_scratch(cb, qalign((size_t)(n * k)) + sizeof(float) * (size_t)(n * ng));
+        float *xs = (float *)(scr + qalign((size_t)(n * k)));
+        p.s_ld = wt->act == WEIGHT_ACT_FP8_GROUP ? n : 0;
+        cuda_act_quant(cb->stream, wt->act, wt->act_scale, scr, xs, NULL, x->data, false, n, n, k, p.s_ld);
+        p.act = QMA_PRE;
+        p.xs = xs;
+        xp = scr;
+    }
+    const void *xb = xp;
     cudaStream_t s = cb->stream;
     const unsigned grid = (unsigned)ctas;
 #define QMMA_GO(F, S)                                                                                                  \
