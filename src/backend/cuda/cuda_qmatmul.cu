@@ -237,6 +237,11 @@ __global__ void __launch_bounds__(32 * QMM_GEMV_WARPS)
 // Rows up to which each CTA quantizes x itself; more rows are quantized once by act_quant_kernel
 // (every CTA repeating n * k IEEE divisions would cost more than the launch saves).
 #define QMMA_FUSE_MAX_ROWS 2
+// Staging trips unrolled so their x loads overlap (k = 14336: 7 trips per half-warp).
+#ifndef QMMA_STAGE_UNROLL
+#define QMMA_STAGE_UNROLL 4
+#endif
+static constexpr int qmma_stage_unroll = QMMA_STAGE_UNROLL;
 #define QMMA_CG 2
 #define QMMA_WK 4
 #define QMMA_SMEM_MAX (100u << 10)
@@ -333,6 +338,7 @@ __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, 
     // only when both halves take part, so every half-warp runs the same trip count.
     const int pairs = n * U, trips = (pairs + nhw - 1) / nhw;
     if (!Q8) {
+#pragma unroll qmma_stage_unroll
         for (int it = 0; it < trips; it++) {
             const int pi = hw + it * nhw;
             const bool on = pi < pairs;
@@ -360,6 +366,7 @@ __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, 
     }
     if (p.act == QMA_PRE) { // copy the bytes and scales (rows > QMMA_FUSE_MAX_ROWS: quantized once, not per CTA)
         const uint8_t *xb = (const uint8_t *)xv;
+#pragma unroll qmma_stage_unroll
         for (int it = 0; it < trips; it++) {
             const int pi = hw + it * nhw;
             const bool on = pi < pairs;
@@ -386,6 +393,7 @@ __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, 
         return;
     }
     if (p.act == QMA_TOKEN) { // pass 1: unit maxima; then the row's scale into every unit's slot
+#pragma unroll qmma_stage_unroll
         for (int it = 0; it < trips; it++) {
             const int pi = hw + it * nhw;
             const bool on = pi < pairs;
@@ -413,6 +421,7 @@ __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, 
         }
         __syncthreads();
     }
+#pragma unroll qmma_stage_unroll
     for (int it = 0; it < trips; it++) {
         const int pi = hw + it * nhw;
         const bool on = pi < pairs;
