@@ -142,7 +142,8 @@ static void qmm_fn(void *c, int i) {
     B->ops->matmul(B, &q->out, &q->x, &q->w[i % q->ncopies], NULL);
 }
 
-static void bench_qmatmul(const struct qscheme *qs, const char *shape, int64_t n, int64_t mdim, int64_t k, double bf16_s) {
+static void bench_qmatmul(const struct qscheme *qs, const char *shape, int64_t n, int64_t mdim, int64_t k,
+                          double bf16_s) {
     struct qmm_ctx q;
     const int bc = qs->bc ? qs->bc : (int)k;
     const int64_t vcols = qs->bits ? k / (32 / qs->bits) : k;

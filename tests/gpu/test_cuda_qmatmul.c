@@ -378,10 +378,11 @@ TEST(cuda_qmatmul_zero_points_gidx_static_match_cpu) {
 }
 
 // The tensor-core GEMV (cuda_qmatmul.cu qgemv_mma_kernel, rows 1..16; its prologue quantizes the
-// activations of rows 1 and 2 itself, more rows come quantized by act_quant_kernel) on the shapes that reach its other branches: more units per warp than it
-// keeps in flight (k 6144 / 9216), the four-warp k split (m > 2 CTAs per SM), partial units
-// (k % 128 != 0, k < 128), partial column groups (m % 16 != 0), zero points, per-channel INT4
-// (one group of all k), static activations; rows 9..16 take its second row tile.
+// activations of rows 1 and 2 itself, more rows come quantized by act_quant_kernel) on the shapes
+// that reach its other branches: more units per warp than it keeps in flight (k 6144 / 9216), the
+// two-warp k split (m over 2 CTAs per SM), partial units (k % 128 != 0, k < 128), partial column
+// groups (m % 16 != 0), zero points, per-channel INT4 (one group of all k), static activations;
+// rows 9..16 take its second row tile.
 TEST(cuda_qmatmul_mma_gemv_matches_cpu) {
     ASSERT_TRUE(backends_ready());
     static const struct {
