@@ -7,8 +7,8 @@
 // per case: time per launch, achieved TFLOP/s and GB/s, and the ratio to the ceilings
 // measured on the H200 (790 TFLOP/s dense bf16, 4.3 TB/s copy).
 //
-//   build-cuda/bench/gpu_kernels [matmul|attention|decode|moe [N]|norm|sample|mla|qmatmul [N]|
-//                                 moeq [N]]
+//   build-cuda/bench/gpu_kernels [matmul|quant [N]|attention|decode|moe [N]|norm|sample|mla|
+//                                 qmatmul [N]|moeq [N]]
 // mla: MLA prefill chunks (Moonlight's 16 heads, DeepSeek-V3's 128; nope 128 / rope 64 / v 128,
 // kv_lora 512), mla_attention timed eagerly (the expanded prefill is never captured into graphs),
 // expanded on the tensor cores vs mla_args.absorbed_only; FLOPs are the expanded form's (the
@@ -99,7 +99,7 @@ static void mm_fn(void *c, int i) {
     B->ops->matmul(B, &m->out, &m->x, WEIGHT_PLAIN(&m->w[i % m->ncopies]), NULL);
 }
 
-static void bench_matmul(const char *name, int64_t n, int64_t mdim, int64_t k) {
+static double bench_matmul(const char *name, int64_t n, int64_t mdim, int64_t k) {
     struct mm_ctx m;
     size_t wbytes = (size_t)mdim * k * 2;
     m.ncopies = (int)((256u << 20) / wbytes + 1);
@@ -114,21 +114,112 @@ static void bench_matmul(const char *name, int64_t n, int64_t mdim, int64_t k) {
     for (int i = 0; i < m.ncopies; i++) B->ops->free(B, m.w[i].data);
     B->ops->free(B, m.x.data);
     B->ops->free(B, m.out.data);
+    return s;
 }
 
 // ---------------------------------------------------------------------------------------
-// INT8 W8A8 (compressed-tensors int-quantized: per-channel INT8 weights packed in I32 words,
-// dynamic per-token INT8 activations) through cuda_qmatmul: the IMMA GEMM of cuda_qgemm.cu above
-// 8 rows. Reported against the BF16 matmul of the same shape timed right before it.
+// Quantized matmuls (cuda_qmatmul.cu) at decode row counts: time per launch, GB/s over the
+// weight's bytes (values + scales + zero points), its share of the copy ceiling, and the ratio
+// to the bf16 matmul of the same shape timed just before in the same run (bf16 GB/s over its
+// 2-byte weights): 1.00 = the quantized GEMV streams its bytes as fast as the bf16 one.
+struct qscheme {
+    const char *name;
+    enum weight_scheme scheme;
+    int bits, br, bc; // bits 0: FP8; bc 0: all of k
+    enum weight_act act;
+    bool zero;
+};
+static const struct qscheme QSCHEMES[] = {
+    {"fp8 channel, fp8 token", WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, WEIGHT_ACT_FP8_TOKEN, false},
+    {"fp8 tensor, fp8 static", WEIGHT_SCHEME_PER_TENSOR, 0, 0, 0, WEIGHT_ACT_FP8_STATIC, false},
+    {"fp8 block128, fp8 group128", WEIGHT_SCHEME_BLOCK, 0, 128, 128, WEIGHT_ACT_FP8_GROUP, false},
+    {"int8 channel, int8 token", WEIGHT_SCHEME_GROUP, 8, 1, 0, WEIGHT_ACT_INT8_TOKEN, false},
+    {"int4 group128 (w4a16)", WEIGHT_SCHEME_GROUP, 4, 1, 128, WEIGHT_ACT_NONE, false},
+    {"int4 group128 + zero (w4a16)", WEIGHT_SCHEME_GROUP, 4, 1, 128, WEIGHT_ACT_NONE, true},
+    {"int4 channel (w4a16)", WEIGHT_SCHEME_GROUP, 4, 1, 0, WEIGHT_ACT_NONE, false},
+};
+
 struct qmm_ctx {
     int ncopies;
     struct tensor x, out;
     struct weight w[64];
 };
 static void qmm_fn(void *c, int i) {
-    struct qmm_ctx *m = c;
-    B->ops->matmul(B, &m->out, &m->x, &m->w[i % m->ncopies], NULL);
+    struct qmm_ctx *q = c;
+    B->ops->matmul(B, &q->out, &q->x, &q->w[i % q->ncopies], NULL);
 }
+
+static void bench_qmatmul(const struct qscheme *qs, const char *shape, int64_t n, int64_t mdim, int64_t k,
+                          double bf16_s) {
+    struct qmm_ctx q;
+    const int bc = qs->bc ? qs->bc : (int)k;
+    const int64_t vcols = qs->bits ? k / (32 / qs->bits) : k;
+    const size_t vbytes = qs->bits ? (size_t)mdim * vcols * 4 : (size_t)mdim * k;
+    int64_t sr = 1, sc = 1;
+    if (qs->scheme == WEIGHT_SCHEME_PER_CHANNEL) sr = mdim;
+    if (qs->scheme == WEIGHT_SCHEME_BLOCK) sr = (mdim + qs->br - 1) / qs->br, sc = (k + bc - 1) / bc;
+    if (qs->scheme == WEIGHT_SCHEME_GROUP) sr = mdim, sc = (k + bc - 1) / bc;
+    const size_t sbytes = sizeof(float) * (size_t)(sr * sc);
+    const size_t wbytes = vbytes + sbytes * (qs->zero ? 2 : 1);
+    q.ncopies = (int)((256u << 20) / wbytes + 1);
+    if (q.ncopies > 64) q.ncopies = 64;
+    // One allocation each for the copies' values, scales and zero points (filling is the slow part).
+    const size_t sstride = (sbytes + 255) & ~(size_t)255;
+    char *vall = alloc_rand(vbytes * q.ncopies), *sall = alloc_rand(sstride * q.ncopies);
+    char *zall = qs->zero ? alloc_rand(sstride * q.ncopies) : NULL;
+    for (int i = 0; i < q.ncopies; i++) {
+        struct weight *w = &q.w[i];
+        memset(w, 0, sizeof *w);
+        w->t = tensor_2d(vall + vbytes * i, qs->bits ? DTYPE_I32 : DTYPE_FP8_E4M3, mdim, vcols);
+        void *sd = sall + sstride * i;
+        if (qs->scheme == WEIGHT_SCHEME_PER_TENSOR || qs->scheme == WEIGHT_SCHEME_PER_CHANNEL)
+            w->scale = tensor_make(sd, DTYPE_F32, 1, (int64_t[]){sr});
+        else
+            w->scale = tensor_2d(sd, DTYPE_F32, sr, sc);
+        if (qs->zero) w->zero = tensor_2d(zall + sstride * i, DTYPE_F32, sr, sc);
+        w->scheme = qs->scheme;
+        w->block_rows = qs->scheme == WEIGHT_SCHEME_BLOCK ? qs->br : 1;
+        w->block_cols = qs->scheme == WEIGHT_SCHEME_BLOCK || qs->scheme == WEIGHT_SCHEME_GROUP ? bc : 0;
+        w->bits = qs->bits;
+        w->act = qs->act;
+        w->act_scale = 0.01f;
+    }
+    q.x = tensor_2d(alloc_rand((size_t)n * k * 2), DTYPE_BF16, n, k);
+    q.out = tensor_2d(alloc_rand((size_t)n * mdim * 2), DTYPE_BF16, n, mdim);
+    double t = time_graph(qmm_fn, &q, 40);
+    const double gbs = wbytes / t / 1e9, bf16_gbs = (double)mdim * k * 2 / bf16_s / 1e9;
+    printf("qmatmul %-30s %-8s n=%-2lld (m=%lld k=%lld) %8.2f us %7.0f GB/s (%5.1f%%)  bf16 %7.0f GB/s  ratio %.2f\n",
+           qs->name, shape, (long long)n, (long long)mdim, (long long)k, t * 1e6, gbs, 100 * gbs / PEAK_GBS, bf16_gbs,
+           gbs / bf16_gbs);
+    fflush(stdout);
+    B->ops->free(B, vall);
+    B->ops->free(B, sall);
+    if (zall) B->ops->free(B, zall);
+    B->ops->free(B, q.x.data);
+    B->ops->free(B, q.out.data);
+}
+
+static void bench_qmatmul_all(int64_t only_n) {
+    static const struct {
+        const char *name;
+        int64_t m, k;
+    } shapes[] = {{"o", 4096, 4096}, {"qkv", 6144, 4096}, {"up", 14336, 4096}, {"down", 4096, 14336},
+                  {"lm_head", 128256, 4096}};
+    const int64_t ns[] = {1, 4, 8, 16};
+    for (int ni = 0; ni < 4; ni++) {
+        if (only_n && ns[ni] != only_n) continue;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            double bf = bench_matmul(shapes[si].name, ns[ni], shapes[si].m, shapes[si].k);
+            for (size_t qi = 0; qi < sizeof QSCHEMES / sizeof QSCHEMES[0]; qi++)
+                bench_qmatmul(&QSCHEMES[qi], shapes[si].name, ns[ni], shapes[si].m, shapes[si].k, bf);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// INT8 W8A8 (compressed-tensors int-quantized: per-channel INT8 weights packed in I32 words,
+// dynamic per-token INT8 activations) through cuda_qmatmul: the IMMA GEMM of cuda_qgemm.cu above
+// 8 rows. Reported against the BF16 matmul of the same shape timed right before it. (qmm_ctx, qmm_fn: above)
 
 static double bench_time_bf16(int64_t n, int64_t mdim, int64_t k) {
     struct mm_ctx m;
@@ -651,6 +742,8 @@ int main(int argc, char **argv) {
         bench_qmatmul_int8("gate_up", n, 28672, 4096);
         bench_qmatmul_int8("down", n, 4096, 14336);
     }
+    if (strstr("quant", filter) || !*filter) // gpu_kernels quant [N]: the quantized matmuls (rows N only)
+        bench_qmatmul_all(!strcmp(filter, "quant") && argc > 2 ? atoll(argv[2]) : 0);
     bool decode_only = !strcmp(filter, "decode"); // decode attention cases alone (split-KV sweeps)
     if (strstr("attention", filter) || !*filter || decode_only) {
         int bss[] = {1, 1, 1, 8, 32, 64, 256};

@@ -8,8 +8,9 @@
 // with zero points and a column -> group map, static FP8 / INT8 activations. Odd sizes
 // (k not a multiple of 16: the GEMVs' scalar path and the dequantize-GEMM fallback; partial
 // blocks and groups; k-block counts that are not a multiple of 4: the padded scale copy of the
-// cuBLASLt block-scaled GEMM; token counts not a multiple of 4: its padded rows). Rows 1, 3
-// and 8 take the GEMV, 9, 33 and 200 the GEMMs. Bias and F32 outputs too.
+// cuBLASLt block-scaled GEMM; token counts not a multiple of 4: its padded rows). Rows 1, 3,
+// 8, 9 and 16 take the GEMVs (the tensor-core one up to 16 rows where it applies), 33 and 200
+// the GEMMs. Bias and F32 outputs too.
 // Pass: normalised MSE against the CPU within NMSE_Q (bf16 output rounding; the activation
 // bytes and scales are the same on both backends since both quantize the same bf16 values
 // with IEEE arithmetic), no NaN/Inf (outputs start poisoned), guard bytes intact; and a W8A8
@@ -277,7 +278,7 @@ static const struct qcase {
     {WEIGHT_SCHEME_GROUP, 4, 1, 128, 128, 256, WEIGHT_ACT_INT8_TOKEN},
 };
 
-static const int NS[] = {1, 3, 8, 9, 33, 200};
+static const int NS[] = {1, 3, 8, 9, 16, 33, 200};
 
 // Zero points, a column -> group map and a static activation scale (0: none) for a case.
 struct qextra {
@@ -450,42 +451,89 @@ TEST(cuda_qgemm_int8_graph_capture_replays) {
     ASSERT_EQ(pool_release(&P), 0);
 }
 
-// A captured graph of a quantized GEMV and GEMM replays the eager result after x changes in place.
+// The tensor-core GEMV (cuda_qmatmul.cu qgemv_mma_kernel, rows 1..16; its prologue quantizes the
+// activations of rows 1 and 2 itself, more rows come quantized by act_quant_kernel) on the shapes
+// that reach its other branches: more units per warp than it keeps in flight (k 6144 / 9216), the
+// two-warp k split (m over 2 CTAs per SM), partial units (k % 128 != 0, k < 128), partial column
+// groups (m % 16 != 0), zero points, per-channel INT4 (one group of all k), static activations;
+// rows 9..16 take its second row tile.
+TEST(cuda_qmatmul_mma_gemv_matches_cpu) {
+    ASSERT_TRUE(backends_ready());
+    static const struct {
+        struct qcase c;
+        struct qextra x;
+    } cases[] = {
+        {{WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 200, 6144, WEIGHT_ACT_FP8_TOKEN}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_BLOCK, 0, 128, 128, 520, 6144, WEIGHT_ACT_FP8_GROUP}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_BLOCK, 0, 128, 128, 100, 2112, WEIGHT_ACT_FP8_GROUP}, {false, false, 0.0f}}, // partial unit
+        {{WEIGHT_SCHEME_PER_TENSOR, 0, 0, 0, 40, 48, WEIGHT_ACT_FP8_STATIC}, {false, false, 6.0f / 448 / 2}},
+        {{WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 72, 1040, WEIGHT_ACT_FP8_STATIC}, {false, false, 1.0f / 448}},
+        {{WEIGHT_SCHEME_GROUP, 8, 1, 128, 100, 6144, WEIGHT_ACT_INT8_TOKEN}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 8, 1, 256, 4300, 2048, WEIGHT_ACT_INT8_TOKEN}, {false, false, 0.0f}}, // 4-warp split
+        {{WEIGHT_SCHEME_GROUP, 8, 1, 128, 96, 400, WEIGHT_ACT_INT8_TOKEN}, {true, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 8, 1, 128, 64, 256, WEIGHT_ACT_INT8_STATIC}, {true, false, 6.0f / 127 / 2}},
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 128, 100, 9216, WEIGHT_ACT_NONE}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 128, 100, 9216, WEIGHT_ACT_NONE}, {true, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 9216, 72, 9216, WEIGHT_ACT_NONE}, {true, false, 0.0f}}, // per channel
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 128, 72, 160, WEIGHT_ACT_NONE}, {true, false, 0.0f}},   // partial unit
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 256, 4300, 2048, WEIGHT_ACT_NONE}, {true, false, 0.0f}},
+    };
+    static const int ns[] = {1, 2, 7, 8, 9, 15, 16};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+            run_case_x(&cases[ci].c, &cases[ci].x, ns[ni], ni == 3, ni == 5 ? DTYPE_F32 : DTYPE_BF16);
+}
+
+// A captured graph of a quantized GEMV and GEMM replays the eager result after x changes in place:
+// FP8 blocks at 1 and 16 rows (both take the tensor-core GEMV) and 40 rows (the GEMM), and a
+// per-channel weight whose staged activations need more than 48 KB of shared memory (the
+// GEMV sets its attribute while the graph is captured).
 TEST(cuda_qmatmul_graph_capture_replays) {
     ASSERT_TRUE(backends_ready());
     if (!gpu_be->ops->graph_begin) return;
-    struct pool P = {0};
-    struct hq q = hq_make(WEIGHT_SCHEME_BLOCK, 1, 0, 256, 512, 128, 128);
-    struct weight wg = hq_put(&P, gpu_be, &q, WEIGHT_ACT_FP8_GROUP);
-    const int ns[2] = {1, 16};
-    for (int t = 0; t < 2; t++) {
-        const int n = ns[t];
-        float *xh = malloc(sizeof(float) * (size_t)(n * 512));
-        for (int i = 0; i < n * 512; i++) xh[i] = round_bf16(rng_sym(1.f));
-        struct tensor xg = put_f(&P, gpu_be, DTYPE_BF16, n, 512, xh);
-        struct tensor y1 = put_f(&P, gpu_be, DTYPE_BF16, n, 256, NULL), y2 = put_f(&P, gpu_be, DTYPE_BF16, n, 256, NULL);
+    static const struct {
+        enum weight_scheme s;
+        int64_t m, k;
+        enum weight_act act;
+        int n;
+    } cfg[] = {
+        {WEIGHT_SCHEME_BLOCK, 256, 512, WEIGHT_ACT_FP8_GROUP, 1},
+        {WEIGHT_SCHEME_BLOCK, 256, 512, WEIGHT_ACT_FP8_GROUP, 16},
+        {WEIGHT_SCHEME_BLOCK, 256, 512, WEIGHT_ACT_FP8_GROUP, 40},
+        {WEIGHT_SCHEME_PER_CHANNEL, 200, 6144, WEIGHT_ACT_FP8_TOKEN, 8},
+    };
+    for (size_t t = 0; t < sizeof cfg / sizeof cfg[0]; t++) {
+        struct pool P = {0};
+        const int n = cfg[t].n;
+        const int64_t m = cfg[t].m, k = cfg[t].k;
+        struct hq q = hq_make(cfg[t].s, 1, 0, m, k, 128, 128);
+        struct weight wg = hq_put(&P, gpu_be, &q, cfg[t].act);
+        float *xh = malloc(sizeof(float) * (size_t)(n * k));
+        for (int64_t i = 0; i < n * k; i++) xh[i] = round_bf16(rng_sym(1.f));
+        struct tensor xg = put_f(&P, gpu_be, DTYPE_BF16, n, k, xh);
+        struct tensor y1 = put_f(&P, gpu_be, DTYPE_BF16, n, m, NULL), y2 = put_f(&P, gpu_be, DTYPE_BF16, n, m, NULL);
         struct error err = {0};
         gpu_be->ops->matmul(gpu_be, &y1, &xg, &wg, NULL); // eager warm-up (scratch, plans)
         void *graph = NULL;
         ASSERT_OK(gpu_be->ops->graph_begin(gpu_be, &err));
         gpu_be->ops->matmul(gpu_be, &y2, &xg, &wg, NULL);
         ASSERT_OK(gpu_be->ops->graph_end(gpu_be, &graph, &err));
-        for (int i = 0; i < n * 512; i++) xh[i] = round_bf16(rng_sym(2.f));
-        uint16_t *raw = malloc(sizeof(uint16_t) * (size_t)(n * 512));
-        for (int i = 0; i < n * 512; i++) raw[i] = f32_to_bf16(xh[i]);
-        gpu_be->ops->copy_h2d(gpu_be, xg.data, raw, sizeof(uint16_t) * (size_t)(n * 512));
+        for (int64_t i = 0; i < n * k; i++) xh[i] = round_bf16(rng_sym(2.f));
+        uint16_t *raw = malloc(sizeof(uint16_t) * (size_t)(n * k));
+        for (int64_t i = 0; i < n * k; i++) raw[i] = f32_to_bf16(xh[i]);
+        gpu_be->ops->copy_h2d(gpu_be, xg.data, raw, sizeof(uint16_t) * (size_t)(n * k));
         ASSERT_OK(gpu_be->ops->graph_launch(gpu_be, graph, &err));
         gpu_be->ops->matmul(gpu_be, &y1, &xg, &wg, NULL);
         float *a = get_f(gpu_be, &y1), *b = get_f(gpu_be, &y2);
-        ASSERT_TRUE(nmse(b, a, n * 256) == 0.0);
+        ASSERT_TRUE(nmse(b, a, n * m) == 0.0);
         gpu_be->ops->graph_destroy(gpu_be, graph);
         free(a);
         free(b);
         free(raw);
         free(xh);
+        hq_free(&q);
+        ASSERT_EQ(pool_release(&P), 0);
     }
-    hq_free(&q);
-    ASSERT_EQ(pool_release(&P), 0);
 }
 
 // moe_experts over quantized stacked experts: the GPU's slot kernels against the CPU's

@@ -14,7 +14,11 @@
 // stored one).
 //
 // Paths, by rows n:
-// - n <= QMM_GEMV_MAX_ROWS (decode): qgemv_kernel, a warp per output column streams the weight
+// - n <= QMMA_MAX_ROWS (16) with FP8 x FP8, INT8 x INT8 or INT4 x bf16 (no column -> group map,
+//   blocks / groups of 128k columns or all of k, k % 16 == 0 (INT4 % 32), the staged x fits):
+//   qgemv_mma_kernel, the tensor-core GEMV below, which quantizes the activations of 1-2 rows
+//   itself.
+// - else n <= QMM_GEMV_MAX_ROWS (decode): qgemv_kernel, a warp per output column streams the weight
 //   row once, one byte (FP8 / INT8) or half a byte (INT4) per weight, dequantized in registers
 //   (value x scale), against every row of x (bf16, or the quantized bytes x their scales): no
 //   expansion anywhere, the fp32 products of the CPU reference.
@@ -45,6 +49,10 @@
 // by tests/gpu/test_cuda_qmatmul.c).
 #ifndef QMM_CUBLASLT_SCALED
 #define QMM_CUBLASLT_SCALED 1
+#endif
+// 0: no tensor-core GEMV (qgemv_mma_kernel); the A/B switch against the CUDA-core qgemv_kernel.
+#ifndef QMM_GEMV_MMA
+#define QMM_GEMV_MMA 1
 #endif
 #define QMM_GEMV_MAX_ROWS 8
 #define QMM_GEMV_WARPS 4
@@ -198,6 +206,432 @@ __global__ void __launch_bounds__(32 * QMM_GEMV_WARPS)
             if (bias) v += to_f32(bias[col]);
             out[(int64_t)r * w.m + col] = from_f32<TO>(v);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensor-core GEMV (decode, n <= QMMA_MAX_ROWS): FP8 W8A8, INT8 W8A8, INT4 W4A16.
+//
+// One mma.sync per 32 (8-bit) or 16 (INT4 -> bf16) columns of k does the conversion, the
+// products and their sum, so the weight stream is no longer bound by the per-weight
+// convert / scale / FMA instructions of qgemv_kernel. The weights are the mma's B operand (8
+// output columns, one per group of four lanes), the activation rows its A operand (16 rows:
+// rows 0..7, and 8..15 for NT = 2). A lane's 16-byte weight load covers two 8-bit mmas (or
+// eight INT4 ones): k is permuted inside each 128-column unit the same way for both operands
+// (a dot product does not care about order), so each load reads 64 contiguous bytes per row
+// per instruction and the activations come from shared memory in the matching order.
+//
+// Grid: 8 * QMMA_CG output columns per CTA; WK warps per column group split k by 128-column
+// units (warp w takes units w, w + WK, ...), then sum in shared memory in warp order
+// (deterministic). Each lane keeps PRE units of weight loads (and their scales) in flight; the
+// first PRE are issued before the PDL wait (weights and scales are never written by the kernels
+// it waits on). After the wait the CTA stages x in shared memory: for up to QMMA_FUSE_MAX_ROWS
+// rows it quantizes x itself with act_quant_kernel's amax / scale / byte formulas (identical bytes
+// and scales, and no act_quant launch before the W8A8 GEMV); more rows are quantized once by
+// act_quant_kernel and the CTA copies the bytes and scales; W4A16 copies bf16 x. Plus the
+// per-unit sums of x that zero points need.
+//
+// Per 128-column unit u the mma sums are promoted to fp32 on the CUDA cores (tensor cores keep
+// fewer accumulation bits for FP8) with the unit's scales: total += (sum_u - z * sumx_u) *
+// s_w(col, u) * s_x(row, u) for BLOCK / GROUP weights (a unit lies in one block / group:
+// bc % 128 == 0 or bc >= k), total += sum_u * s_x(row, u) with s_w applied at the end for
+// TENSOR / CHANNEL. Against the CPU's sum of (q_w s_w)(q_x s_x): the same bytes and scales,
+// products exact, different fp32 rounding of the sums and scalings only.
+#define QMMA_MAX_ROWS 16
+// Rows up to which each CTA quantizes x itself; more rows are quantized once by act_quant_kernel
+// (every CTA repeating n * k IEEE divisions would cost more than the launch saves).
+#define QMMA_FUSE_MAX_ROWS 2
+// Staging trips unrolled so their x loads overlap (k = 14336: 7 trips per half-warp).
+#ifndef QMMA_STAGE_UNROLL
+#define QMMA_STAGE_UNROLL 4
+#endif
+static constexpr int qmma_stage_unroll = QMMA_STAGE_UNROLL;
+#define QMMA_CG 2
+#define QMMA_WK 4
+#define QMMA_SMEM_MAX (100u << 10)
+#ifndef QMMA_MINB
+#define QMMA_MINB 2
+#endif
+
+// QMA_PRE: x is already quantized (act_quant_kernel's bytes (n, k) and scales xs: per row, or
+// per 128-column group at xs[g * s_ld + row] when s_ld > 0).
+enum qmma_act { QMA_NONE = 0, QMA_TOKEN, QMA_GROUP, QMA_STATIC, QMA_PRE };
+// Weight scales: applied at the end (TENSOR / CHANNEL), per unit (BLOCK / GROUP), per unit with zero points.
+enum qmma_scm { QSC_END = 0, QSC_UNIT, QSC_UNIT_ZERO };
+
+struct qmma_args {
+    int n;          // activation rows
+    int U;          // 128-column units of k
+    int wk;         // warps per column group (k split)
+    int act;        // qmma_act
+    bool int8;      // INT8 activations (else FP8 where quantized)
+    float static_s; // QMA_STATIC
+    int64_t rs;     // staged row stride in bytes
+    const float *xs; // QMA_PRE: the activation scales
+    int64_t s_ld;    // QMA_PRE: 0 = one scale per row
+};
+
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 lds16(const uint8_t *p) {
+    return *reinterpret_cast<const uint4 *>(p);
+}
+
+// Stages x (n, k) bf16 into shared memory: quantized bytes (row r at xq + r * rs, column c at
+// byte c) or, for INT4 (bf16 activations), the bf16 values with each 8-column group in the order
+// 0 4 1 5 2 6 3 7 (the pairs the INT4 -> bf16 conversion yields); columns k .. U * 128 are
+// zeros. sx[r * U + u]: the activation scale of (r, unit u); sumx (may be NULL): the unit sums
+// of the values the mma multiplies (quantized integers, or bf16 as f32). A half-warp per (row,
+// unit), a lane per 8 columns.
+template <bool Q8>
+__device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, const void *xv, int64_t k,
+                                           const struct qmma_args &p) {
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)xv;
+    const int tid = threadIdx.x, hw = tid / 16, hl = tid % 16, nhw = blockDim.x / 16;
+    const int n = p.n, U = p.U;
+    const float qmax = p.int8 ? ACT_QUANT_INT8_MAX : ACT_QUANT_FP8_MAX;
+    const float qmin = p.act == QMA_STATIC && p.int8 ? -128.0f : -127.0f;
+    auto load8 = [&](int r, int64_t c, uint4 &raw, float (&v)[8]) {
+        raw = make_uint4(0u, 0u, 0u, 0u);
+        if (c < k) raw = __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)r * k + c));
+        bf16x8_to_f32(raw, v);
+    };
+    auto hsum = [&](float s) {
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        return s;
+    };
+    auto hmax = [&](float s) {
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1)
+            s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
+        return s;
+    };
+    // Quantizes v with scale sc into the row's bytes (stored where `on`); the unit sum of the bytes
+    // where asked. Every lane of the half-warp calls it (the sum's shuffles).
+    auto put_q = [&](bool on, int r, int u, int64_t c, const float (&v)[8], float sc) {
+        uint32_t lo = 0, hi = 0;
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint8_t b = act_quant_byte(v[i] / sc, p.int8, qmin);
+            if (i < 4)
+                lo |= (uint32_t)b << (8 * i);
+            else
+                hi |= (uint32_t)b << (8 * (i - 4));
+            if (sumx) s += p.int8 ? (float)(int8_t)b : fp8_byte_to_f32(b);
+        }
+        if (sumx) s = hsum(s); // sumx is block-uniform: the half-warp shuffles together
+        if (!on) return;
+        *reinterpret_cast<uint2 *>(xq + r * p.rs + c) = make_uint2(lo, hi);
+        if (sumx && hl == 0) sumx[r * U + u] = s;
+    };
+    // The loops run whole half-warps (n * U pairs, nhw half-warps): the shuffles see full warps
+    // only when both halves take part, so every half-warp runs the same trip count.
+    const int pairs = n * U, trips = (pairs + nhw - 1) / nhw;
+    if (!Q8) {
+#pragma unroll qmma_stage_unroll
+        for (int it = 0; it < trips; it++) {
+            const int pi = hw + it * nhw;
+            const bool on = pi < pairs;
+            const int r = on ? pi / U : 0, u = on ? pi % U : 0;
+            const int64_t c = (int64_t)u * 128 + hl * 8;
+            uint4 raw;
+            float v[8];
+            load8(r, on ? c : k, raw, v);
+            if (on) {
+                uint4 o;
+                o.x = (raw.x & 0xffffu) | (raw.z << 16);
+                o.y = (raw.x >> 16) | (raw.z & 0xffff0000u);
+                o.z = (raw.y & 0xffffu) | (raw.w << 16);
+                o.w = (raw.y >> 16) | (raw.w & 0xffff0000u);
+                *reinterpret_cast<uint4 *>(xq + r * p.rs + 2 * c) = o;
+            }
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                s += v[i];
+            s = hsum(s);
+            if (on && sumx && hl == 0) sumx[r * U + u] = s;
+        }
+        return;
+    }
+    if (p.act == QMA_PRE) { // copy the bytes and scales (rows > QMMA_FUSE_MAX_ROWS: quantized once, not per CTA)
+        const uint8_t *xb = (const uint8_t *)xv;
+#pragma unroll qmma_stage_unroll
+        for (int it = 0; it < trips; it++) {
+            const int pi = hw + it * nhw;
+            const bool on = pi < pairs;
+            const int r = on ? pi / U : 0, u = on ? pi % U : 0;
+            const int64_t c = (int64_t)u * 128 + hl * 8;
+            uint2 b = make_uint2(0u, 0u);
+            if (on && c < k) b = __ldg(reinterpret_cast<const uint2 *>(xb + (int64_t)r * k + c));
+            float s = 0.f;
+            if (sumx) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const uint32_t q = ((i < 4 ? b.x : b.y) >> (8 * (i % 4))) & 255u;
+                    s += p.int8 ? (float)(int8_t)q : fp8_byte_to_f32(q);
+                }
+                s = hsum(s);
+            }
+            if (!on) continue;
+            *reinterpret_cast<uint2 *>(xq + r * p.rs + c) = b;
+            if (hl == 0) {
+                sx[r * U + u] = p.s_ld ? p.xs[(int64_t)u * p.s_ld + r] : p.xs[r];
+                if (sumx) sumx[r * U + u] = s;
+            }
+        }
+        return;
+    }
+    if (p.act == QMA_TOKEN) { // pass 1: unit maxima; then the row's scale into every unit's slot
+#pragma unroll qmma_stage_unroll
+        for (int it = 0; it < trips; it++) {
+            const int pi = hw + it * nhw;
+            const bool on = pi < pairs;
+            const int r = on ? pi / U : 0, u = on ? pi % U : 0;
+            uint4 raw;
+            float v[8], a = 0.f;
+            load8(r, on ? (int64_t)u * 128 + hl * 8 : k, raw, v);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                a = fmaxf(a, fabsf(v[i]));
+            a = hmax(a);
+            if (on && hl == 0) sx[r * U + u] = a;
+        }
+        __syncthreads();
+        const int warp = tid / 32, lane = tid % 32;
+        for (int r = warp; r < n; r += blockDim.x / 32) {
+            float a = 0.f;
+            for (int u = lane; u < U; u += 32)
+                a = fmaxf(a, sx[r * U + u]);
+            a = warp_max(a);
+            float sc = a / qmax;
+            if (!(sc > 0.f)) sc = 1.f;
+            for (int u = lane; u < U; u += 32)
+                sx[r * U + u] = sc;
+        }
+        __syncthreads();
+    }
+#pragma unroll qmma_stage_unroll
+    for (int it = 0; it < trips; it++) {
+        const int pi = hw + it * nhw;
+        const bool on = pi < pairs;
+        const int r = on ? pi / U : 0, u = on ? pi % U : 0;
+        const int64_t c = (int64_t)u * 128 + hl * 8;
+        uint4 raw;
+        float v[8], sc;
+        load8(r, on ? c : k, raw, v);
+        if (p.act == QMA_GROUP) {
+            float a = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                a = fmaxf(a, fabsf(v[i]));
+            a = hmax(a);
+            sc = a / qmax;
+            if (!(sc > 0.f)) sc = 1.f;
+        } else if (p.act == QMA_STATIC) {
+            sc = p.static_s;
+        } else {
+            sc = on ? sx[r * U + u] : 1.f;
+        }
+        put_q(on, r, u, c, v, sc);
+        if (on && p.act != QMA_TOKEN && hl == 0) sx[r * U + u] = sc;
+    }
+}
+
+// out(n, m) = x(n, k) @ w(m, k)^T (+ bias), n <= 8 * NT, FMT with its activation (FP8 x FP8,
+// INT8 x INT8, INT4 x bf16). k % 16 == 0 (INT4: % 32), rows 16-byte aligned.
+template <int FMT, int NT, int SCM, typename TO>
+__global__ void __launch_bounds__(32 * QMMA_CG * QMMA_WK, QMMA_MINB)
+    qgemv_mma_kernel(TO *out, const void *x, struct qw_view w, const TO *bias, struct qmma_args p,
+                     bool early) {
+    extern __shared__ __align__(16) uint8_t qsm[];
+    constexpr bool Q8 = FMT != QW_INT4;
+    constexpr int PRE = Q8 ? 4 : 8; // units in flight per lane
+    constexpr int NW = Q8 ? 2 : 1;  // 16-byte weight loads per lane per unit
+    const int n = p.n, U = p.U, WK = p.wk;
+    const int64_t k = w.k, m = w.m;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int wk = warp % WK, cgi = warp / WK;
+    const int64_t col0 = (int64_t)blockIdx.x * (8 * QMMA_CG) + cgi * 8;
+    const bool rok = col0 + g < m;
+    const uint8_t *rowp = w.q + (rok ? col0 + g : 0) * w.row_bytes;
+    const int64_t oc[2] = {col0 + 2 * t, col0 + 2 * t + 1}; // this lane's output columns
+    constexpr bool pu = SCM != QSC_END, zp = SCM == QSC_UNIT_ZERO;
+    const int nu = U > wk ? (U - wk + WK - 1) / WK : 0;
+
+    // BLOCK / GROUP: the scale (and zero point) rows of this lane's two output columns, and the
+    // units per scale column (0: one column for all of k).
+    const float *srow[2] = {w.s, w.s}, *zrow[2] = {w.z, w.z};
+    const int ub = w.bc >= k ? 0 : w.bc / 128;
+    if constexpr (pu) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int64_t r = oc[j] < m ? oc[j] : 0;
+            const int64_t off = (w.mode == QS_BLOCK ? r / w.br : r) * w.s_cols;
+            srow[j] = w.s + off;
+            if constexpr (zp) zrow[j] = w.z + off;
+        }
+    }
+    uint4 buf[PRE][NW];
+    float sbuf[pu ? PRE : 1][2] = {}, zbuf[zp ? PRE : 1][2] = {};
+    auto fetch = [&](int slot, int i) {
+        const int64_t u = wk + (int64_t)i * WK;
+#pragma unroll
+        for (int h = 0; h < NW; h++) {
+            const int64_t c = Q8 ? u * 128 + 64 * h + 16 * t : u * 128 + 32 * t;
+            buf[slot][h] = make_uint4(0u, 0u, 0u, 0u);
+            if (rok && c < k) buf[slot][h] = ld_stream16(rowp + (Q8 ? c : c / 2));
+        }
+        if constexpr (pu) {
+            const int sc = ub == 1 ? (int)u : ub ? (int)u / ub : 0; // the unit's scale column
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                sbuf[slot][j] = oc[j] < m ? __ldg(srow[j] + sc) : 0.f;
+                if constexpr (zp) zbuf[slot][j] = oc[j] < m ? __ldg(zrow[j] + sc) : 0.f;
+            }
+        }
+    };
+    if (!early) pdl_begin();
+#pragma unroll
+    for (int q = 0; q < PRE; q++)
+        if (q < nu) fetch(q, q);
+    if (early) pdl_begin();
+
+    const int64_t xbytes = (int64_t)n * p.rs;
+    uint8_t *xq = qsm;
+    float *sx = (float *)(qsm + xbytes);
+    float *sumx = zp ? sx + (p.act != QMA_NONE ? n * U : 0) : nullptr;
+    float *red = (float *)(qsm + xbytes + sizeof(float) * (size_t)((p.act != QMA_NONE ? n * U : 0) + (zp ? n * U : 0)));
+    qmma_stage<Q8>(xq, sx, sumx, x, k, p);
+    __syncthreads();
+
+    const int r0 = g, r1 = g + 8; // this lane's activation rows (A rows) and accumulator rows
+    float tot[4] = {0.f, 0.f, 0.f, 0.f};
+    auto consume = [&](const uint4 (&wv)[NW], const float (&sw)[2], const float (&zw)[2], int64_t u) {
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (Q8) {
+            uint4 xa0 = make_uint4(0u, 0u, 0u, 0u), xb0 = xa0, xa1 = xa0, xb1 = xa0;
+            if (r0 < n) {
+                const uint8_t *xp = xq + r0 * p.rs + u * 128 + 16 * t;
+                xa0 = lds16(xp);
+                xb0 = lds16(xp + 64);
+            }
+            if (NT == 2 && r1 < n) {
+                const uint8_t *xp = xq + r1 * p.rs + u * 128 + 16 * t;
+                xa1 = lds16(xp);
+                xb1 = lds16(xp + 64);
+            }
+            uint4 w0 = wv[0], w1 = wv[1];
+            const uint32_t a[4][4] = {{xa0.x, xa1.x, xa0.y, xa1.y},
+                                      {xa0.z, xa1.z, xa0.w, xa1.w},
+                                      {xb0.x, xb1.x, xb0.y, xb1.y},
+                                      {xb0.z, xb1.z, xb0.w, xb1.w}};
+            if constexpr (FMT == QW_FP8) {
+                mma_e4m3(c, a[0], w0.x, w0.y);
+                mma_e4m3(c, a[1], w0.z, w0.w);
+                mma_e4m3(c, a[2], w1.x, w1.y);
+                mma_e4m3(c, a[3], w1.z, w1.w);
+            } else { // stored q + 128 -> signed q: flip each byte's top bit
+                const uint32_t f = 0x80808080u;
+                int ci[4] = {0, 0, 0, 0};
+                mma_s8(ci, a[0], w0.x ^ f, w0.y ^ f);
+                mma_s8(ci, a[1], w0.z ^ f, w0.w ^ f);
+                mma_s8(ci, a[2], w1.x ^ f, w1.y ^ f);
+                mma_s8(ci, a[3], w1.z ^ f, w1.w ^ f);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    c[i] = (float)ci[i];
+            }
+        } else {
+            const uint32_t wq[4] = {wv[0].x, wv[0].y, wv[0].z, wv[0].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint4 x0 = make_uint4(0u, 0u, 0u, 0u), x1 = x0;
+                if (r0 < n) x0 = lds16(xq + r0 * p.rs + (u * 128 + 32 * t + 8 * i) * 2);
+                if (NT == 2 && r1 < n) x1 = lds16(xq + r1 * p.rs + (u * 128 + 32 * t + 8 * i) * 2);
+                uint32_t b[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    uint32_t v = ((wq[i] >> (4 * j)) & 0x000f000fu) | 0x43004300u; // bf16 128 + u
+                    __nv_bfloat162 h = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&v),
+                                               __floats2bfloat162_rn(136.0f, 136.0f)); // u - 8
+                    b[j] = *reinterpret_cast<uint32_t *>(&h);
+                }
+                const uint32_t a0[4] = {x0.x, x1.x, x0.y, x1.y}, a1[4] = {x0.z, x1.z, x0.w, x1.w};
+                mma_bf16(c, a0, b[0], b[1]);
+                mma_bf16(c, a1, b[2], b[3]);
+            }
+        }
+        // Promote the unit's sums with its scales. c[0], c[1]: row r0, columns oc[0], oc[1]; c[2], c[3]: row r1.
+        float fx[2] = {1.f, 1.f}, zs[2] = {0.f, 0.f};
+        if (p.act != QMA_NONE) {
+            fx[0] = r0 < n ? sx[r0 * U + u] : 0.f;
+            fx[1] = NT == 2 && r1 < n ? sx[r1 * U + u] : 0.f;
+        }
+        if (zp) {
+            zs[0] = r0 < n ? sumx[r0 * U + u] : 0.f;
+            zs[1] = NT == 2 && r1 < n ? sumx[r1 * U + u] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int rr = i / 2, cc = i % 2;
+            float v = zp ? c[i] - zw[cc] * zs[rr] : c[i];
+            const float f = pu ? sw[cc] * fx[rr] : fx[rr];
+            tot[i] = fmaf(v, f, tot[i]);
+        }
+    };
+    for (int i0 = 0; i0 < nu; i0 += PRE) {
+#pragma unroll
+        for (int q = 0; q < PRE; q++) {
+            const int i = i0 + q;
+            if (i < nu) {
+                uint4 cur[NW];
+                float cs[2] = {1.f, 1.f}, cz[2] = {0.f, 0.f};
+                if constexpr (pu) cs[0] = sbuf[q][0], cs[1] = sbuf[q][1];
+                if constexpr (zp) cz[0] = zbuf[q][0], cz[1] = zbuf[q][1];
+#pragma unroll
+                for (int h = 0; h < NW; h++)
+                    cur[h] = buf[q][h];
+                if (i + PRE < nu) fetch(q, i + PRE);
+                consume(cur, cs, cz, wk + (int64_t)i * WK);
+            }
+        }
+    }
+    if (WK > 1) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            red[(warp * 32 + lane) * 4 + i] = tot[i];
+        __syncthreads();
+        if (wk == 0)
+            for (int j = 1; j < WK; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    tot[i] += red[((warp + j) * 32 + lane) * 4 + i];
+    }
+    if (wk != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = i / 2 ? r1 : r0;
+        const int64_t col = oc[i % 2];
+        if (r >= n || col >= m) continue;
+        float v = tot[i];
+        if constexpr (!pu) v *= __ldg(w.s + (w.mode == QS_TENSOR ? 0 : col));
+        if (bias) v += to_f32(bias[col]);
+        out[(int64_t)r * m + col] = from_f32<TO>(v);
     }
 }
 
@@ -393,6 +827,111 @@ static void qgemv_dispatch(cudaStream_t s, int fmt, int af, TO *out, const struc
         CHECK_MSG(0, "CUDA matmul: weight format %d with activation format %d not implemented", fmt, af);
 }
 
+template <int FMT, int NT, int SCM, typename TO>
+static void qgemv_mma_launch(cudaStream_t s, unsigned grid, unsigned threads, size_t smem, TO *out,
+                             const void *x, const struct qw_view &w, const TO *bias,
+                             const struct qmma_args &p) {
+    if (smem > (48u << 10))
+        CUDA_CHECK(cudaFuncSetAttribute(qgemv_mma_kernel<FMT, NT, SCM, TO>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+    pdl_launch(qgemv_mma_kernel<FMT, NT, SCM, TO>, grid, threads, smem, s, out, x, w, bias, p, true);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The tensor-core GEMV where it implements the weight, activation and shape (false: nothing ran):
+// FP8 x FP8 (per tensor / channel / blocks), INT8 x INT8 and INT4 x bf16 (groups, zero points),
+// n <= QMMA_MAX_ROWS, no column -> group map, blocks / groups a multiple of 128 columns (or all
+// of k), k % 16 == 0 (INT4: % 32), 16-byte aligned rows, the staged x within QMMA_SMEM_MAX.
+template <typename TO>
+static bool qgemv_mma(struct cuda_backend *cb, TO *out, const struct tensor *x, const struct weight *wt,
+                      const struct qw_view &v, int fmt, int af, const TO *bias, int64_t n) {
+    const int64_t k = v.k, m = v.m;
+    if (!QMM_GEMV_MMA || n < 1 || n > QMMA_MAX_ROWS || v.gidx) return false;
+    if (!((fmt == QW_FP8 && af == QA_FP8) || (fmt == QW_INT8 && af == QA_INT8) || (fmt == QW_INT4 && af == QA_BF16)))
+        return false;
+    if ((v.mode == QS_BLOCK || v.mode == QS_GROUP) && !(v.bc % 128 == 0 || v.bc >= k)) return false;
+    if (k % (fmt == QW_INT4 ? 32 : 16) != 0 || !aligned16(v.q) || v.row_bytes % 16 != 0 || !aligned16(x->data))
+        return false;
+    static_assert(ACT_QUANT_GROUP == 128, "the GEMV's units are the activation groups");
+    struct qmma_args p = {};
+    p.n = (int)n;
+    p.U = (int)((k + 127) / 128);
+    p.rs = (int64_t)p.U * 128 * (fmt == QW_INT4 ? 2 : 1) + 16;
+    switch (wt->act) {
+    case WEIGHT_ACT_NONE:
+        p.act = QMA_NONE;
+        break;
+    case WEIGHT_ACT_FP8_TOKEN:
+    case WEIGHT_ACT_INT8_TOKEN:
+        p.act = QMA_TOKEN;
+        break;
+    case WEIGHT_ACT_FP8_GROUP:
+        p.act = QMA_GROUP;
+        break;
+    default:
+        CHECK_MSG(wt->act_scale > 0.0f, "CUDA act_quant: static scale %g", (double)wt->act_scale);
+        p.act = QMA_STATIC;
+        p.static_s = wt->act_scale;
+    }
+    p.int8 = weight_act_int8(wt->act);
+    const int64_t ctas = cdiv(m, 8 * QMMA_CG);
+    const size_t nsx = (size_t)n * p.U * ((p.act != QMA_NONE) + (v.z != nullptr));
+    auto smem_of = [&](int wk) {
+        return (size_t)n * p.rs + sizeof(float) * nsx + (wk > 1 ? sizeof(float) * 4 * 32 * QMMA_CG * (size_t)wk : 0);
+    };
+    // CTAs per SM: registers (<= 128 per thread: 16 warps) and shared memory (228 KB, 1 KB per CTA reserved).
+    auto per_sm = [&](int wk) {
+        const int by_reg = 16 / (QMMA_CG * wk), by_smem = (int)((228u << 10) / (smem_of(wk) + 1024));
+        return by_reg < by_smem ? by_reg : by_smem;
+    };
+    // Four warps per column group; two where that makes the grid one wave instead of more
+    // (Llama-3-8B's qkv, 6144 columns: 384 CTAs, 264 slots with four, 528 with two).
+    p.wk = QMMA_WK;
+    if (ctas > (int64_t)per_sm(4) * cb->num_sms && ctas <= (int64_t)per_sm(2) * cb->num_sms) p.wk = 2;
+    if (p.wk > p.U) p.wk = p.U;
+    const unsigned threads = 32u * QMMA_CG * (unsigned)p.wk;
+    const size_t smem = smem_of(p.wk);
+    if (smem > QMMA_SMEM_MAX) return false;
+    const void *xp = x->data;
+    if (p.act != QMA_NONE && n > QMMA_FUSE_MAX_ROWS) { // quantize once (act_quant_kernel), stage the bytes
+        const int64_t ng = wt->act == WEIGHT_ACT_FP8_GROUP ? p.U : 1;
+        uint8_t *scr = (uint8_t *)cuda_qmm_scratch(cb, qalign((size_t)(n * k)) + sizeof(float) * (size_t)(n * ng));
+        float *xs = (float *)(scr + qalign((size_t)(n * k)));
+        p.s_ld = wt->act == WEIGHT_ACT_FP8_GROUP ? n : 0;
+        cuda_act_quant(cb->stream, wt->act, wt->act_scale, scr, xs, NULL, x->data, false, n, n, k, p.s_ld);
+        p.act = QMA_PRE;
+        p.xs = xs;
+        xp = scr;
+    }
+    const void *xb = xp;
+    cudaStream_t s = cb->stream;
+    const unsigned grid = (unsigned)ctas;
+#define QMMA_GO(F, S)                                                                                                  \
+    do {                                                                                                               \
+        if (n <= 8)                                                                                                    \
+            qgemv_mma_launch<F, 1, S, TO>(s, grid, threads, smem, out, xb, v, bias, p);                               \
+        else                                                                                                           \
+            qgemv_mma_launch<F, 2, S, TO>(s, grid, threads, smem, out, xb, v, bias, p);                               \
+    } while (0)
+    const bool unit = v.mode == QS_BLOCK || v.mode == QS_GROUP;
+    if (fmt == QW_FP8 && !unit)
+        QMMA_GO(QW_FP8, QSC_END);
+    else if (fmt == QW_FP8 && !v.z)
+        QMMA_GO(QW_FP8, QSC_UNIT);
+    else if (fmt == QW_INT8 && !v.z && unit)
+        QMMA_GO(QW_INT8, QSC_UNIT);
+    else if (fmt == QW_INT8 && unit)
+        QMMA_GO(QW_INT8, QSC_UNIT_ZERO);
+    else if (fmt == QW_INT4 && !v.z && unit)
+        QMMA_GO(QW_INT4, QSC_UNIT);
+    else if (fmt == QW_INT4 && unit)
+        QMMA_GO(QW_INT4, QSC_UNIT_ZERO);
+    else
+        return false;
+#undef QMMA_GO
+    return true;
+}
+
 static void qdequant_launch(cudaStream_t s, int fmt, __nv_bfloat16 *dst, const struct qw_view &w, int64_t r0,
                             int64_t rows) {
     const unsigned grid = qgrid(rows * w.k, 256);
@@ -527,6 +1066,14 @@ void cuda_qmatmul(struct backend *b, struct tensor *out, const struct tensor *x,
         CUDA_CHECK(cudaMemsetAsync(out->data, 0, tensor_bytes(out), s));
         if (bias) qadd_bias(s, out, bias, n, m);
         return;
+    }
+    if (n <= QMMA_MAX_ROWS) {
+        const bool ran = out->dtype == DTYPE_BF16
+                             ? qgemv_mma<__nv_bfloat16>(cb, (__nv_bfloat16 *)out->data, x, w, v, fmt, af,
+                                                        bias ? (const __nv_bfloat16 *)bias->data : nullptr, n)
+                             : qgemv_mma<float>(cb, (float *)out->data, x, w, v, fmt, af,
+                                                bias ? (const float *)bias->data : nullptr, n);
+        if (ran) return;
     }
     if (n <= QMM_GEMV_MAX_ROWS) {
         struct qa_view a = {x->data, NULL, k, 0};
