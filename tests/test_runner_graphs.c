@@ -7,12 +7,14 @@
 // eager runner (dense, the MLA + MoE DeepSeek fixtures); for the recurrent model (qwen3_next) every sequence has its own state slot and the
 // padding sequences write the runner's dummy slot.
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
+#include "runtime/runner_internal.h"
 #include "test.h"
 
 enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT,
@@ -479,6 +481,260 @@ TEST(graphs_not_used_for_prefill) {
     sim_free(s);
     free(s);
     model_runner_free(r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verify graphs (speculative steps of 1 + k tokens per sequence, runner_graphs.c) under recorded
+// graphs against an eager runner: every step, each live sequence carries its last token and
+// 0..k "drafts" (arbitrary ids), logits at every row; a random number of them is accepted (the
+// sequence's cache then keeps only those, as after the engine's verification, so rejected slots
+// are overwritten later). Steps where no sequence drafts are decode steps (decode graphs). With an
+// MTP model, every step is followed by an MTP pass over the step's rows reading the hidden states
+// through the verify graph's padded rows.
+
+#define VK 3 // drafts per sequence at most
+
+static struct model_runner *open_spec_runner(const char *model, struct backend *b, bool eager, bool groups,
+                                             bool mtp) {
+    char path[4096];
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s", model);
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    struct runner_options o = {
+        .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8,
+        .max_num_batched_tokens = 128, .max_logits_rows = 8 * (1 + VK), .max_model_len = 128, .num_threads = 2,
+        .enforce_eager = eager, .backend = b, .hybrid_kv_groups = groups, .num_speculative_tokens = VK,
+        .load_mtp = mtp,
+    };
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  create: %s\n", err.msg);
+    return r;
+}
+
+static int argmax_row(const float *row, int V) {
+    int best = 0;
+    for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
+    return best;
+}
+
+// The MTP pass after a step over every row of fb (token t's successor at t's position, its hidden
+// state row t), one draft per sequence from its last row; the drafts and the MTP logits back.
+static void mtp_pass_all(struct model_runner *r, const struct forward_batch *fb, int32_t *drafts, float *lg) {
+    int32_t tok[128], hrows[128], lrows[16], nd[16], rs[16];
+    for (int s = 0; s < fb->n_seqs; s++) {
+        for (int t = fb->query_start[s]; t < fb->query_start[s + 1]; t++) {
+            tok[t] = t + 1 < fb->query_start[s + 1] ? fb->token_ids[t + 1] : 7;
+            hrows[t] = t;
+        }
+        lrows[s] = fb->query_start[s + 1] - 1, nd[s] = 1, rs[s] = s;
+    }
+    struct draft_batch db = {.fb = *fb, .hidden_rows = hrows, .n_drafts = nd, .row_seq = rs, .max_drafts = 1};
+    db.fb.token_ids = tok;
+    db.fb.n_logits = fb->n_seqs;
+    db.fb.logits_rows = lrows;
+    db.fb.sampling = NULL;
+    struct error err = {0};
+    atomc_status st = model_runner_draft(r, &db, drafts, &err);
+    if (st != ATOMC_OK) fprintf(stderr, "  draft: %s\n", err.msg);
+    ASSERT_OK(st);
+    const int V = model_runner_config(r)->vocab_size;
+    r->backend->ops->copy_d2h(r->backend, lg, r->model->scratch.logits, (size_t)fb->n_seqs * V * sizeof(float));
+    r->backend->ops->synchronize(r->backend);
+}
+
+static void run_verify_schedule(const char *model, bool groups, bool mtp) {
+    struct rec_backend *rb = rec_backend_create();
+    ASSERT_TRUE(rb != NULL);
+    struct model_runner *rg = open_spec_runner(model, &rb->pub, false, groups, mtp);
+    struct model_runner *re = open_spec_runner(model, NULL, true, groups, mtp);
+    ASSERT_TRUE(rg != NULL && re != NULL);
+    ASSERT_EQ(model_runner_num_graphs(rg), 4);        // decode buckets 1, 2, 4, 8
+    ASSERT_EQ(model_runner_num_verify_graphs(rg), 4); // verify buckets 1, 2, 4, 8 of 4 tokens each
+    ASSERT_EQ(model_runner_num_verify_graphs(re), 0);
+    const int V = model_runner_config(rg)->vocab_size;
+    enum { N = 7, RMAX = 8 * (1 + VK) };
+    struct sim *sg = malloc(sizeof *sg), *se = malloc(sizeof *se);
+    sim_init(sg, rg, 321u);
+    sim_init(se, re, 321u);
+    struct sim_seq *qg = calloc(N, sizeof *qg), *qe = calloc(N, sizeof *qe);
+    for (int i = 0; i < N; i++) {
+        int32_t ids[40];
+        for (int k = 0; k < 2 + 4 * i; k++) ids[k] = (int32_t)((i * 29 + k * 13) % (V - 4) + 4);
+        sim_seq_init(&qg[i], ids, 2 + 4 * i);
+        sim_seq_init(&qe[i], ids, 2 + 4 * i);
+    }
+    float *lg = malloc(sizeof(float) * RMAX * (size_t)V), *le = malloc(sizeof(float) * RMAX * (size_t)V);
+    float *mg = malloc(sizeof(float) * 8 * (size_t)V), *me = malloc(sizeof(float) * 8 * (size_t)V);
+    struct error err = {0};
+    for (int i = 0; i < N; i++) { // prefill (eager on both)
+        sim_step_begin(sg);
+        sim_step_begin(se);
+        ASSERT_EQ(sim_step_add(sg, &qg[i], qg[i].n_ids, 1), 0);
+        ASSERT_EQ(sim_step_add(se, &qe[i], qe[i].n_ids, 1), 0);
+        struct forward_batch fg = sim_step_batch(sg), fe = sim_step_batch(se);
+        ASSERT_OK(model_runner_execute_logits(rg, &fg, lg, &err));
+        ASSERT_OK(model_runner_execute_logits(re, &fe, le, &err));
+        sim_step_commit(sg);
+        sim_step_commit(se);
+        qg[i].ids[qg[i].n_ids++] = qe[i].ids[qe[i].n_ids++] = argmax_row(le, V);
+    }
+    ASSERT_EQ(model_runner_num_graph_replays(rg), 0);
+    static const int live[] = {3, 1, 7, 2, 5, 4, 6, 8, 3, 1, 7, 2, 5, 4, 6};
+    int32_t rows[RMAX];
+    for (int i = 0; i < RMAX; i++) rows[i] = i;
+    struct sample_row samp[RMAX];
+    for (int i = 0; i < RMAX; i++) samp[i] = (struct sample_row){.top_p = 1, .repetition_penalty = 1};
+    double worst = 0, worst_mtp = 0;
+    int n_verify = 0, n_decode = 0, n_short = 0;
+    uint32_t rng = 77u;
+    for (size_t st = 0; st < sizeof live / sizeof live[0]; st++) {
+        int n = live[st] < N ? live[st] : N;
+        sim_step_begin(sg);
+        sim_step_begin(se);
+        int nd[N], any = 0;
+        for (int j = 0; j < n; j++) {
+            int i = (int)((j * 3 + st) % N);
+            bool dup = false;
+            for (int k = 0; k < sg->n_seqs; k++) dup |= sg->seqs[k] == &qg[i];
+            if (dup) continue;
+            int k = sg->n_seqs;
+            // Drafts: none on every third step (decode graphs), else 0..VK varying per sequence.
+            nd[k] = st % 3 == 2 ? 0 : (int)((i + st) % (VK + 1));
+            any |= nd[k] > 0;
+            n_short += nd[k] > 0 && nd[k] < VK;
+            for (int d = 0; d < nd[k]; d++) {
+                int32_t t = (int32_t)((qg[i].ids[qg[i].n_ids - 1] * 7 + d * 5 + (int)st) % (V - 4) + 4);
+                qg[i].ids[qg[i].n_ids + d] = qe[i].ids[qe[i].n_ids + d] = t;
+            }
+            qg[i].n_ids += nd[k];
+            qe[i].n_ids += nd[k];
+            ASSERT_EQ(sim_step_add(sg, &qg[i], 1 + nd[k], 0), 0);
+            ASSERT_EQ(sim_step_add(se, &qe[i], 1 + nd[k], 0), 0);
+        }
+        struct forward_batch fg = sim_step_batch(sg), fe = sim_step_batch(se);
+        fg.n_logits = fe.n_logits = fg.n_tokens; // logits at every row
+        fg.logits_rows = fe.logits_rows = rows;
+        fg.sampling = fe.sampling = samp;
+        uint64_t before = model_runner_num_graph_replays(rg), vbefore = model_runner_num_verify_graph_replays(rg);
+        ASSERT_OK(model_runner_execute_logits(rg, &fg, lg, &err));
+        ASSERT_OK(model_runner_execute_logits(re, &fe, le, &err));
+        ASSERT_EQ(model_runner_num_graph_replays(rg), before + 1);
+        ASSERT_EQ(model_runner_num_verify_graph_replays(rg), vbefore + (any ? 1 : 0));
+        n_verify += any;
+        n_decode += !any;
+        for (int k = 0; k < fe.n_tokens * V; k++) {
+            double d = fabs((double)lg[k] - le[k]);
+            if (!(d <= worst)) worst = d;
+        }
+        sim_step_commit(sg);
+        sim_step_commit(se);
+        if (mtp) {
+            int32_t dg[8], de[8];
+            mtp_pass_all(rg, &fg, dg, mg);
+            mtp_pass_all(re, &fe, de, me);
+            for (int k = 0; k < fe.n_seqs * V; k++) {
+                double d = fabs((double)mg[k] - me[k]);
+                if (!(d <= worst_mtp)) worst_mtp = d;
+            }
+            for (int k = 0; k < fe.n_seqs; k++) ASSERT_EQ(dg[k], de[k]);
+        }
+        // Verification: a random number m of accepted drafts; the caches keep the last token and
+        // those, the target's token at row m follows.
+        for (int k = 0; k < sg->n_seqs; k++) {
+            rng = rng * 1103515245u + 12345u;
+            int m = nd[k] ? (int)((rng >> 8) % (unsigned)(nd[k] + 1)) : 0;
+            struct sim_seq *a = sg->seqs[k], *b = se->seqs[k];
+            a->n_cached -= nd[k] - m;
+            b->n_cached -= nd[k] - m;
+            a->n_ids = b->n_ids = a->n_cached;
+            int32_t t = (int32_t)argmax_row(le + (size_t)(se->qs[k] + m) * V, V);
+            a->ids[a->n_ids++] = b->ids[b->n_ids++] = t;
+        }
+    }
+    fprintf(stderr,
+            "  %s: %d decode + %d verify graphs, %d verify / %d decode steps (%d sequences with fewer drafts than "
+            "k), max |logit graph - eager| = %.2e%s",
+            model, model_runner_num_graphs(rg), model_runner_num_verify_graphs(rg), n_verify, n_decode, n_short, worst,
+            mtp ? "" : "\n");
+    if (mtp) fprintf(stderr, ", MTP logits %.2e\n", worst_mtp);
+    ASSERT_TRUE(worst <= 1e-4);
+    ASSERT_TRUE(worst_mtp <= 1e-4);
+    ASSERT_TRUE(n_verify >= 8 && n_decode >= 4 && n_short >= 4);
+    ASSERT_EQ(rb->n_launched, (int)(sizeof live / sizeof live[0]));
+    free(lg);
+    free(le);
+    free(mg);
+    free(me);
+    free(qg);
+    free(qe);
+    sim_free(sg);
+    sim_free(se);
+    free(sg);
+    free(se);
+    model_runner_free(rg);
+    model_runner_free(re);
+}
+
+TEST(verify_graphs_replay_equals_eager_llama) { run_verify_schedule("llama_gqa", false, false); }
+TEST(verify_graphs_replay_equals_eager_gpt_oss_kv_groups) { run_verify_schedule("gpt_oss", true, false); }
+TEST(verify_graphs_replay_equals_eager_mistral_sliding) { run_verify_schedule("mistral_sliding", false, false); }
+TEST(verify_graphs_replay_equals_eager_deepseek_v3) { run_verify_schedule("deepseek_v3", false, false); }
+TEST(verify_graphs_replay_equals_eager_qwen3_moe) { run_verify_schedule("qwen3_moe", false, false); }
+// MTP drafts after verify replays read the target's hidden states through the padded rows.
+TEST(verify_graphs_mtp_hidden_rows_equal_eager) { run_verify_schedule("deepseek_v3_mtp", false, true); }
+
+// Verify steps that do not fit the verify graphs run eagerly: a prefill chunk in the step (not
+// every row sampled), more than 1 + k tokens for a sequence; recurrent models get no verify graphs.
+TEST(verify_graphs_not_used_for_mixed_steps) {
+    struct rec_backend *rb = rec_backend_create();
+    ASSERT_TRUE(rb != NULL);
+    struct model_runner *r = open_spec_runner("llama_gqa", &rb->pub, false, false, false);
+    ASSERT_TRUE(r != NULL);
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 1u);
+    int32_t ids[12] = {4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    struct sim_seq *q = calloc(2, sizeof *q);
+    sim_seq_init(&q[0], ids, 12);
+    sim_seq_init(&q[1], ids, 6);
+    int32_t rows[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    struct sample_row samp[16];
+    for (int i = 0; i < 16; i++) samp[i] = (struct sample_row){.top_p = 1, .repetition_penalty = 1};
+    struct runner_output out;
+    struct error err = {0};
+    // q0: 5 tokens (more than 1 + k), every row sampled: eager.
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 5, 0), 0);
+    struct forward_batch fb = sim_step_batch(s);
+    fb.n_logits = fb.n_tokens, fb.logits_rows = rows, fb.sampling = samp;
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    sim_step_commit(s);
+    // q0: 2 tokens (a verify row set) next to q1's 4-token prefill chunk with its last row only.
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 2, 1), 0);
+    ASSERT_EQ(sim_step_add(s, &q[1], 4, 1), 0);
+    fb = sim_step_batch(s);
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    sim_step_commit(s);
+    ASSERT_EQ(model_runner_num_graph_replays(r), 0);
+    // Now a real verify step of both (4 and 2 tokens, every row): replayed.
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 4, 0), 0);
+    ASSERT_EQ(sim_step_add(s, &q[1], 2, 0), 0);
+    fb = sim_step_batch(s);
+    fb.n_logits = fb.n_tokens, fb.logits_rows = rows, fb.sampling = samp;
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    ASSERT_EQ(model_runner_num_verify_graph_replays(r), 1);
+    free(q);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
+    struct rec_backend *rb2 = rec_backend_create();
+    struct model_runner *rn = open_spec_runner("qwen3_next", &rb2->pub, false, false, false);
+    ASSERT_TRUE(rn != NULL);
+    ASSERT_EQ(model_runner_num_verify_graphs(rn), 0);
+    ASSERT_TRUE(model_runner_num_graphs(rn) > 0);
+    model_runner_free(rn);
 }
 
 int main(int argc, char **argv) { return test_main(argc, argv); }

@@ -144,6 +144,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
         .max_logits_rows = max_seqs * (1 + spec_k),
         .max_model_len = o->max_model_len,
         .enforce_eager = o->enforce_eager,
+        .num_speculative_tokens = spec_k, // verify-step graphs of 1 + k tokens per sequence
         .num_threads = o->num_threads,
         .cpu_exact_kernels = o->cpu_exact_kernels,
         .dummy_seed = o->seed,

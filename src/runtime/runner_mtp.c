@@ -18,6 +18,7 @@ void runner_mtp_release(struct model_runner *r) {
     free(r->mtp.rows);
     free(r->mtp.bt);
     free(r->mtp.greedy);
+    free(r->mtp.h_hidden_rows);
     if (r->mtp.d_hidden_rows) r->backend->ops->free(r->backend, r->mtp.d_hidden_rows);
     memset(&r->mtp, 0, sizeof r->mtp);
 }
@@ -105,6 +106,23 @@ atomc_status model_runner_draft(struct model_runner *r, const struct draft_batch
     if (m->n_mtp == 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "MTP drafts: %s was loaded without MTP layers", r->cfg.architecture);
     const struct forward_batch *fb0 = &db->fb;
+    struct draft_batch mapped;
+    if (r->vpad.row_map_n > 0) { // the last step replayed a verify graph: its rows are padded
+        if (fb0->n_tokens < 1 || fb0->n_tokens > r->max_tokens)
+            return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "draft batch has %d tokens", fb0->n_tokens);
+        if (!r->mtp.h_hidden_rows) r->mtp.h_hidden_rows = xcalloc((size_t)r->max_tokens, 4);
+        for (int t = 0; t < fb0->n_tokens; t++) {
+            if (db->hidden_rows[t] < 0 || db->hidden_rows[t] >= r->vpad.row_map_n)
+                return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                                 "draft batch: hidden row %d outside the last step's %d rows", db->hidden_rows[t],
+                                 r->vpad.row_map_n);
+            r->mtp.h_hidden_rows[t] = r->vpad.row_map[db->hidden_rows[t]];
+        }
+        mapped = *db;
+        mapped.hidden_rows = r->mtp.h_hidden_rows;
+        db = &mapped;
+        fb0 = &db->fb;
+    }
     atomc_status st = runner_validate(r, fb0, err);
     if (st == ATOMC_OK) st = mtp_validate(r, db, err);
     if (st != ATOMC_OK) return st;
