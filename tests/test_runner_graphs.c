@@ -14,7 +14,7 @@
 #include "backend/backend.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
-#include "runtime/runner_internal.h"
+#include "spec_graph_schedule.h"
 #include "test.h"
 
 enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT,
@@ -492,8 +492,6 @@ TEST(graphs_not_used_for_prefill) {
 // MTP model, every step is followed by an MTP pass over the step's rows reading the hidden states
 // through the verify graph's padded rows.
 
-#define VK 3 // drafts per sequence at most
-
 static struct model_runner *open_spec_runner(const char *model, struct backend *b, bool eager, bool groups,
                                              bool mtp) {
     char path[4096];
@@ -502,8 +500,8 @@ static struct model_runner *open_spec_runner(const char *model, struct backend *
     snprintf(path, sizeof path, "%s", test_fixture(rel));
     struct runner_options o = {
         .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8,
-        .max_num_batched_tokens = 128, .max_logits_rows = 8 * (1 + VK), .max_model_len = 128, .num_threads = 2,
-        .enforce_eager = eager, .backend = b, .hybrid_kv_groups = groups, .num_speculative_tokens = VK,
+        .max_num_batched_tokens = 128, .max_logits_rows = 8 * (1 + SG_K), .max_model_len = 128, .num_threads = 2,
+        .enforce_eager = eager, .backend = b, .hybrid_kv_groups = groups, .num_speculative_tokens = SG_K,
         .load_mtp = mtp,
     };
     struct model_runner *r = NULL;
@@ -512,37 +510,8 @@ static struct model_runner *open_spec_runner(const char *model, struct backend *
     return r;
 }
 
-static int argmax_row(const float *row, int V) {
-    int best = 0;
-    for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
-    return best;
-}
-
-// The MTP pass after a step over every row of fb (token t's successor at t's position, its hidden
-// state row t), one draft per sequence from its last row; the drafts and the MTP logits back.
-static void mtp_pass_all(struct model_runner *r, const struct forward_batch *fb, int32_t *drafts, float *lg) {
-    int32_t tok[128], hrows[128], lrows[16], nd[16], rs[16];
-    for (int s = 0; s < fb->n_seqs; s++) {
-        for (int t = fb->query_start[s]; t < fb->query_start[s + 1]; t++) {
-            tok[t] = t + 1 < fb->query_start[s + 1] ? fb->token_ids[t + 1] : 7;
-            hrows[t] = t;
-        }
-        lrows[s] = fb->query_start[s + 1] - 1, nd[s] = 1, rs[s] = s;
-    }
-    struct draft_batch db = {.fb = *fb, .hidden_rows = hrows, .n_drafts = nd, .row_seq = rs, .max_drafts = 1};
-    db.fb.token_ids = tok;
-    db.fb.n_logits = fb->n_seqs;
-    db.fb.logits_rows = lrows;
-    db.fb.sampling = NULL;
-    struct error err = {0};
-    atomc_status st = model_runner_draft(r, &db, drafts, &err);
-    if (st != ATOMC_OK) fprintf(stderr, "  draft: %s\n", err.msg);
-    ASSERT_OK(st);
-    const int V = model_runner_config(r)->vocab_size;
-    r->backend->ops->copy_d2h(r->backend, lg, r->model->scratch.logits, (size_t)fb->n_seqs * V * sizeof(float));
-    r->backend->ops->synchronize(r->backend);
-}
-
+// tests/spec_graph_schedule.h under recorded graphs: fp32, so graph and eager agree to rounding
+// (the padded batch changes only summation order), and the MTP drafts are the same ids.
 static void run_verify_schedule(const char *model, bool groups, bool mtp) {
     struct rec_backend *rb = rec_backend_create();
     ASSERT_TRUE(rb != NULL);
@@ -550,128 +519,20 @@ static void run_verify_schedule(const char *model, bool groups, bool mtp) {
     struct model_runner *re = open_spec_runner(model, NULL, true, groups, mtp);
     ASSERT_TRUE(rg != NULL && re != NULL);
     ASSERT_EQ(model_runner_num_graphs(rg), 4);        // decode buckets 1, 2, 4, 8
-    ASSERT_EQ(model_runner_num_verify_graphs(rg), 4); // verify buckets 1, 2, 4, 8 of 4 tokens each
+    ASSERT_EQ(model_runner_num_verify_graphs(rg), 4); // verify buckets 1, 2, 4, 8 of 1 + k = 4 tokens each
     ASSERT_EQ(model_runner_num_verify_graphs(re), 0);
-    const int V = model_runner_config(rg)->vocab_size;
-    enum { N = 7, RMAX = 8 * (1 + VK) };
-    struct sim *sg = malloc(sizeof *sg), *se = malloc(sizeof *se);
-    sim_init(sg, rg, 321u);
-    sim_init(se, re, 321u);
-    struct sim_seq *qg = calloc(N, sizeof *qg), *qe = calloc(N, sizeof *qe);
-    for (int i = 0; i < N; i++) {
-        int32_t ids[40];
-        for (int k = 0; k < 2 + 4 * i; k++) ids[k] = (int32_t)((i * 29 + k * 13) % (V - 4) + 4);
-        sim_seq_init(&qg[i], ids, 2 + 4 * i);
-        sim_seq_init(&qe[i], ids, 2 + 4 * i);
-    }
-    float *lg = malloc(sizeof(float) * RMAX * (size_t)V), *le = malloc(sizeof(float) * RMAX * (size_t)V);
-    float *mg = malloc(sizeof(float) * 8 * (size_t)V), *me = malloc(sizeof(float) * 8 * (size_t)V);
-    struct error err = {0};
-    for (int i = 0; i < N; i++) { // prefill (eager on both)
-        sim_step_begin(sg);
-        sim_step_begin(se);
-        ASSERT_EQ(sim_step_add(sg, &qg[i], qg[i].n_ids, 1), 0);
-        ASSERT_EQ(sim_step_add(se, &qe[i], qe[i].n_ids, 1), 0);
-        struct forward_batch fg = sim_step_batch(sg), fe = sim_step_batch(se);
-        ASSERT_OK(model_runner_execute_logits(rg, &fg, lg, &err));
-        ASSERT_OK(model_runner_execute_logits(re, &fe, le, &err));
-        sim_step_commit(sg);
-        sim_step_commit(se);
-        qg[i].ids[qg[i].n_ids++] = qe[i].ids[qe[i].n_ids++] = argmax_row(le, V);
-    }
-    ASSERT_EQ(model_runner_num_graph_replays(rg), 0);
-    static const int live[] = {3, 1, 7, 2, 5, 4, 6, 8, 3, 1, 7, 2, 5, 4, 6};
-    int32_t rows[RMAX];
-    for (int i = 0; i < RMAX; i++) rows[i] = i;
-    struct sample_row samp[RMAX];
-    for (int i = 0; i < RMAX; i++) samp[i] = (struct sample_row){.top_p = 1, .repetition_penalty = 1};
-    double worst = 0, worst_mtp = 0;
-    int n_verify = 0, n_decode = 0, n_short = 0;
-    uint32_t rng = 77u;
-    for (size_t st = 0; st < sizeof live / sizeof live[0]; st++) {
-        int n = live[st] < N ? live[st] : N;
-        sim_step_begin(sg);
-        sim_step_begin(se);
-        int nd[N], any = 0;
-        for (int j = 0; j < n; j++) {
-            int i = (int)((j * 3 + st) % N);
-            bool dup = false;
-            for (int k = 0; k < sg->n_seqs; k++) dup |= sg->seqs[k] == &qg[i];
-            if (dup) continue;
-            int k = sg->n_seqs;
-            // Drafts: none on every third step (decode graphs), else 0..VK varying per sequence.
-            nd[k] = st % 3 == 2 ? 0 : (int)((i + st) % (VK + 1));
-            any |= nd[k] > 0;
-            n_short += nd[k] > 0 && nd[k] < VK;
-            for (int d = 0; d < nd[k]; d++) {
-                int32_t t = (int32_t)((qg[i].ids[qg[i].n_ids - 1] * 7 + d * 5 + (int)st) % (V - 4) + 4);
-                qg[i].ids[qg[i].n_ids + d] = qe[i].ids[qe[i].n_ids + d] = t;
-            }
-            qg[i].n_ids += nd[k];
-            qe[i].n_ids += nd[k];
-            ASSERT_EQ(sim_step_add(sg, &qg[i], 1 + nd[k], 0), 0);
-            ASSERT_EQ(sim_step_add(se, &qe[i], 1 + nd[k], 0), 0);
-        }
-        struct forward_batch fg = sim_step_batch(sg), fe = sim_step_batch(se);
-        fg.n_logits = fe.n_logits = fg.n_tokens; // logits at every row
-        fg.logits_rows = fe.logits_rows = rows;
-        fg.sampling = fe.sampling = samp;
-        uint64_t before = model_runner_num_graph_replays(rg), vbefore = model_runner_num_verify_graph_replays(rg);
-        ASSERT_OK(model_runner_execute_logits(rg, &fg, lg, &err));
-        ASSERT_OK(model_runner_execute_logits(re, &fe, le, &err));
-        ASSERT_EQ(model_runner_num_graph_replays(rg), before + 1);
-        ASSERT_EQ(model_runner_num_verify_graph_replays(rg), vbefore + (any ? 1 : 0));
-        n_verify += any;
-        n_decode += !any;
-        for (int k = 0; k < fe.n_tokens * V; k++) {
-            double d = fabs((double)lg[k] - le[k]);
-            if (!(d <= worst)) worst = d;
-        }
-        sim_step_commit(sg);
-        sim_step_commit(se);
-        if (mtp) {
-            int32_t dg[8], de[8];
-            mtp_pass_all(rg, &fg, dg, mg);
-            mtp_pass_all(re, &fe, de, me);
-            for (int k = 0; k < fe.n_seqs * V; k++) {
-                double d = fabs((double)mg[k] - me[k]);
-                if (!(d <= worst_mtp)) worst_mtp = d;
-            }
-            for (int k = 0; k < fe.n_seqs; k++) ASSERT_EQ(dg[k], de[k]);
-        }
-        // Verification: a random number m of accepted drafts; the caches keep the last token and
-        // those, the target's token at row m follows.
-        for (int k = 0; k < sg->n_seqs; k++) {
-            rng = rng * 1103515245u + 12345u;
-            int m = nd[k] ? (int)((rng >> 8) % (unsigned)(nd[k] + 1)) : 0;
-            struct sim_seq *a = sg->seqs[k], *b = se->seqs[k];
-            a->n_cached -= nd[k] - m;
-            b->n_cached -= nd[k] - m;
-            a->n_ids = b->n_ids = a->n_cached;
-            int32_t t = (int32_t)argmax_row(le + (size_t)(se->qs[k] + m) * V, V);
-            a->ids[a->n_ids++] = b->ids[b->n_ids++] = t;
-        }
-    }
+    struct sg_result res = sg_run(rg, re, mtp, 0);
     fprintf(stderr,
-            "  %s: %d decode + %d verify graphs, %d verify / %d decode steps (%d sequences with fewer drafts than "
-            "k), max |logit graph - eager| = %.2e%s",
-            model, model_runner_num_graphs(rg), model_runner_num_verify_graphs(rg), n_verify, n_decode, n_short, worst,
-            mtp ? "" : "\n");
-    if (mtp) fprintf(stderr, ", MTP logits %.2e\n", worst_mtp);
-    ASSERT_TRUE(worst <= 1e-4);
-    ASSERT_TRUE(worst_mtp <= 1e-4);
-    ASSERT_TRUE(n_verify >= 8 && n_decode >= 4 && n_short >= 4);
-    ASSERT_EQ(rb->n_launched, (int)(sizeof live / sizeof live[0]));
-    free(lg);
-    free(le);
-    free(mg);
-    free(me);
-    free(qg);
-    free(qe);
-    sim_free(sg);
-    sim_free(se);
-    free(sg);
-    free(se);
+            "  %s: %d decode + %d verify graphs, %d verify / %d decode steps (%d sequence-steps with fewer drafts "
+            "than k), max |logit graph - eager| = %.2e, MTP logits %.2e, %d MTP drafts differ\n",
+            model, model_runner_num_graphs(rg), model_runner_num_verify_graphs(rg), res.n_verify, res.n_decode,
+            res.n_short, res.worst, res.worst_mtp, res.draft_mismatch);
+    ASSERT_TRUE(!res.failed);
+    ASSERT_TRUE(res.worst <= 1e-4);
+    ASSERT_TRUE(res.worst_mtp <= 1e-4);
+    ASSERT_EQ(res.draft_mismatch, 0);
+    ASSERT_TRUE(res.n_verify >= 8 && res.n_decode >= 4 && res.n_short >= 4);
+    ASSERT_EQ(rb->n_launched, res.n_verify + res.n_decode);
     model_runner_free(rg);
     model_runner_free(re);
 }
