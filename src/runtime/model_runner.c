@@ -698,3 +698,7 @@ uint64_t model_runner_num_graph_replays(const struct model_runner *r) { return r
 int model_runner_num_verify_graphs(const struct model_runner *r) { return r->n_vgraphs; }
 
 uint64_t model_runner_num_verify_graph_replays(const struct model_runner *r) { return r->n_verify_replays; }
+
+int model_runner_num_mtp_graphs(const struct model_runner *r) { return r->n_mgraphs; }
+
+uint64_t model_runner_num_mtp_graph_replays(const struct model_runner *r) { return r->n_mtp_replays; }

@@ -32,6 +32,14 @@
 // device context_lens / query_start (cuda_attention.cu, cuda_mla.cu, cuda_dsa.cu do). Models
 // with recurrent state get no verify graphs (speculation is refused for them).
 //
+// MTP chain graphs (a model loaded with MTP layers, k >= 2): the chained one-token MTP passes of
+// model_runner_draft (runner_mtp.c) per decode bucket, on the decode layout: MTP layer 0 over one
+// token per sequence reading the previous pass's logits rows (scratch.lg_res rows 0..B-1), its
+// logits for rows 0..B-1 (d_iota); the argmax runs after the replay. Padded slots are decode
+// padding (slot -1) whose hidden rows are whatever earlier passes left past the real rows
+// (lg_res is zeroed before the captures, so never NaN bits). The first MTP pass (1 .. 1 + k rows
+// per sequence, and whole prefill chunks after a prefill step) runs eagerly.
+//
 // Capture: every graph's eager warm-up runs first (lazy per-shape set-up: GEMM plans, the
 // attention split scratch, which may grow and would leave an earlier captured graph pointing at
 // the freed buffer), then every capture, largest first.
@@ -147,6 +155,35 @@ atomc_status runner_verify_replay(struct model_runner *r, const struct forward_b
     return ATOMC_OK;
 }
 
+// The smallest captured MTP chain bucket holding n sequences, or NULL.
+static struct runner_graph *runner_mtp_graph_for(struct model_runner *r, int n) {
+    for (int i = 0; i < r->n_mgraphs; i++)
+        if (r->mgraphs[i].batch_size >= n) return &r->mgraphs[i];
+    return NULL;
+}
+
+// A chained MTP pass (fb: one token per sequence, logits rows 0..n-1) as a graph replay when a
+// bucket holds it; *replayed false: the caller runs it eagerly.
+atomc_status runner_mtp_chain_replay(struct model_runner *r, const struct forward_batch *fb, bool *replayed,
+                                     struct error *err) {
+    *replayed = false;
+    struct runner_graph *g = r->graphs_enabled ? runner_mtp_graph_for(r, fb->n_seqs) : NULL;
+    if (!g || !runner_is_decode_only(fb) || fb->n_logits != fb->n_seqs) return ATOMC_OK;
+    for (int i = 0; i < fb->n_logits; i++)
+        if (fb->logits_rows[i] != i) return ATOMC_OK;
+    struct attn_metadata md;
+    r->lay = r->dec;
+    runner_upload(r, runner_pack(r, fb, g->batch_size, r->max_blocks, &md));
+    struct backend *b = r->backend;
+    atomc_status st = b->ops->graph_launch(b, g->graph, err);
+    if (st != ATOMC_OK) return error_prefix(err, "replaying the MTP chain graph of batch %d: ", g->batch_size);
+    r->n_graph_replays++;
+    r->n_mtp_replays++;
+    r->model->last_tokens = g->batch_size;
+    *replayed = true;
+    return ATOMC_OK;
+}
+
 // Uploads the metadata of an all-padding batch of bs sequences x q tokens under the graph's
 // layout and returns its attn_metadata as the graph is captured with; *rows: the logits rows.
 static struct attn_metadata runner_graph_dummy(struct model_runner *r, int bs, int q, const int32_t **rows) {
@@ -176,8 +213,10 @@ static struct attn_metadata runner_graph_dummy(struct model_runner *r, int bs, i
     return md;
 }
 
-// model_forward + the logits of every row of one bucket; captured when graph != NULL.
-static atomc_status runner_graph_run(struct model_runner *r, int bs, int q, void **graph, struct error *err) {
+// model_forward (mtp: the chained MTP pass) + the logits of every row of one bucket; captured
+// when graph != NULL.
+static atomc_status runner_graph_run(struct model_runner *r, int bs, int q, bool mtp, void **graph,
+                                     struct error *err) {
     struct backend *b = r->backend;
     const int32_t *rows;
     struct attn_metadata md = runner_graph_dummy(r, bs, q, &rows);
@@ -186,8 +225,13 @@ static atomc_status runner_graph_run(struct model_runner *r, int bs, int q, void
         atomc_status st = b->ops->graph_begin(b, err);
         if (st != ATOMC_OK) return st;
     }
-    model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
-    model_compute_logits(r->model, rows, bs * q);
+    if (mtp) {
+        model_mtp_forward(r->model, 0, DPTR(r, token_ids, int32_t), &md, r->kv, NULL);
+        model_mtp_compute_logits(r->model, 0, rows, bs * q);
+    } else {
+        model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
+        model_compute_logits(r->model, rows, bs * q);
+    }
     if (graph) return b->ops->graph_end(b, graph, err);
     b->ops->synchronize(b);
     return ATOMC_OK;
@@ -230,6 +274,11 @@ atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct er
         runner_layout_build(&r->ver, limit, r->max_seqs, tw, r->max_rows, 0);
         CHECK(r->ver.bytes <= r->meta_cap);
     }
+    const int n_mtp = spec_k >= 2 && r->model->n_mtp > 0 ? n_dec : 0;
+    if (n_mtp) { // chained passes read lg_res rows past the real ones: finite values only
+        const size_t row = dtype_row_bytes(b->act_dtype, r->cfg.hidden_size);
+        b->ops->memset_zero(b, r->model->scratch.lg_res, (size_t)r->max_rows * row);
+    }
     size_t free0 = 0, total = 0, free1 = 0;
     if (b->ops->memory_info) b->ops->memory_info(b, &free0, &total);
     double t0 = time_now_s();
@@ -237,15 +286,21 @@ atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct er
     for (int pass = 0; pass < 2; pass++) {
         for (int i = n_ver - 1; i >= 0; i--) {
             void *graph = NULL;
-            atomc_status st = runner_graph_run(r, ver[i], q, pass ? &graph : NULL, err);
+            atomc_status st = runner_graph_run(r, ver[i], q, false, pass ? &graph : NULL, err);
             if (st != ATOMC_OK) return error_prefix(err, "capturing the verify graph of batch %d x %d: ", ver[i], q);
             if (pass) r->vgraphs[r->n_vgraphs++] = (struct runner_graph){.batch_size = ver[i], .q = q, .graph = graph};
         }
         for (int i = n_dec - 1; i >= 0; i--) {
             void *graph = NULL;
-            atomc_status st = runner_graph_run(r, dec[i], 1, pass ? &graph : NULL, err);
+            atomc_status st = runner_graph_run(r, dec[i], 1, false, pass ? &graph : NULL, err);
             if (st != ATOMC_OK) return error_prefix(err, "capturing the decode graph of batch %d: ", dec[i]);
             if (pass) r->graphs[r->n_graphs++] = (struct runner_graph){.batch_size = dec[i], .q = 1, .graph = graph};
+        }
+        for (int i = n_mtp - 1; i >= 0; i--) {
+            void *graph = NULL;
+            atomc_status st = runner_graph_run(r, dec[i], 1, true, pass ? &graph : NULL, err);
+            if (st != ATOMC_OK) return error_prefix(err, "capturing the MTP chain graph of batch %d: ", dec[i]);
+            if (pass) r->mgraphs[r->n_mgraphs++] = (struct runner_graph){.batch_size = dec[i], .q = 1, .graph = graph};
         }
     }
     r->lay = r->dec;
@@ -260,12 +315,19 @@ atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct er
         r->vgraphs[i] = r->vgraphs[r->n_vgraphs - 1 - i];
         r->vgraphs[r->n_vgraphs - 1 - i] = t;
     }
-    r->graphs_enabled = r->n_graphs > 0 || r->n_vgraphs > 0;
+    for (int i = 0; i < r->n_mgraphs / 2; i++) {
+        struct runner_graph t = r->mgraphs[i];
+        r->mgraphs[i] = r->mgraphs[r->n_mgraphs - 1 - i];
+        r->mgraphs[r->n_mgraphs - 1 - i] = t;
+    }
+    r->graphs_enabled = r->n_graphs > 0 || r->n_vgraphs > 0 || r->n_mgraphs > 0;
     if (b->ops->memory_info) b->ops->memory_info(b, &free1, &total);
-    char vdesc[96] = "";
+    char vdesc[160] = "";
     if (r->n_vgraphs)
-        snprintf(vdesc, sizeof vdesc, " and %d verify graphs (batch 1..%d x %d tokens)", r->n_vgraphs,
-                 ver[n_ver - 1], q);
+        snprintf(vdesc, sizeof vdesc, ", %d verify graphs (batch 1..%d x %d tokens)", r->n_vgraphs, ver[n_ver - 1],
+                 q);
+    if (r->n_mgraphs)
+        snprintf(vdesc + strlen(vdesc), sizeof vdesc - strlen(vdesc), ", %d MTP chain graphs", r->n_mgraphs);
     LOG_INFO("captured %d decode graphs (batch 1..%d)%s in %.2f s, %.1f MiB of device memory", r->n_graphs,
              n_dec ? dec[n_dec - 1] : 0, vdesc, time_now_s() - t0,
              free0 > free1 ? (double)(free0 - free1) / 1048576.0 : 0.0);
@@ -278,7 +340,9 @@ void runner_graphs_release(struct model_runner *r) {
         if (b->ops->graph_destroy) b->ops->graph_destroy(b, r->graphs[i].graph);
     for (int i = 0; i < r->n_vgraphs; i++)
         if (b->ops->graph_destroy) b->ops->graph_destroy(b, r->vgraphs[i].graph);
-    r->n_graphs = r->n_vgraphs = 0;
+    for (int i = 0; i < r->n_mgraphs; i++)
+        if (b->ops->graph_destroy) b->ops->graph_destroy(b, r->mgraphs[i].graph);
+    r->n_graphs = r->n_vgraphs = r->n_mgraphs = 0;
     free(r->vpad.tok);
     free(r->vpad.pos);
     free(r->vpad.slot);

@@ -138,6 +138,11 @@ struct model_runner {
     struct runner_graph vgraphs[RUNNER_MAX_GRAPHS];
     int n_vgraphs;
     uint64_t n_verify_replays;
+    // MTP chain graphs (models with MTP layers, k >= 2): the chained one-token MTP passes of
+    // model_runner_draft per decode bucket (layout r->dec, rows from d_iota).
+    struct runner_graph mgraphs[RUNNER_MAX_GRAPHS];
+    int n_mgraphs;
+    uint64_t n_mtp_replays;
     // Host staging of a verify step padded to its bucket (every sequence spec_q tokens), and the
     // map of the executed batch's token rows to the padded rows the scratch holds (MTP reads the
     // hidden states through it); row_map_n 0: the last forward's rows are the batch's own.
@@ -185,6 +190,8 @@ struct runner_graph *runner_verify_graph_for(struct model_runner *r, const struc
 atomc_status runner_verify_replay(struct model_runner *r, const struct forward_batch *fb, struct runner_graph *g,
                                   struct error *err);
 atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct error *err);
+atomc_status runner_mtp_chain_replay(struct model_runner *r, const struct forward_batch *fb, bool *replayed,
+                                     struct error *err);
 void runner_graphs_release(struct model_runner *r);
 
 // runner_sample.c

@@ -1,8 +1,9 @@
 // MTP drafts of the model runner (model_runner.h model_runner_draft): one pass of the MTP layer
 // over the positions a step verified (filling its cache, reading the target's hidden states the
 // step left in the scratch), the argmax of the drafting sequences' last rows, then k - 1 chained
-// one-token passes fed by the previous pass's output. Drafts are argmax (q one-hot), which keeps
-// the engine's verification exact for sampled requests too (src/engine/spec.h).
+// one-token passes fed by the previous pass's output (replays of the MTP chain graphs where
+// captured, runner_graphs.c). Drafts are argmax (q one-hot), which keeps the engine's
+// verification exact for sampled requests too (src/engine/spec.h).
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,13 +83,25 @@ static atomc_status mtp_validate(const struct model_runner *r, const struct draf
 
 // Uploads fb, runs MTP layer 0 (hidden_rows: from the target's rows, NULL: chained), takes the
 // argmax of the logits rows into ids (host, valid until the next sampling).
+// A chained pass (d_hidden_rows NULL) replays the MTP chain graph of its bucket when one is captured.
 static atomc_status mtp_pass(struct model_runner *r, const struct forward_batch *fb, const int32_t *d_hidden_rows,
                              const int32_t **ids, struct error *err) {
+    *ids = NULL;
+    bool replayed = false;
+    if (!d_hidden_rows) {
+        atomc_status st = runner_mtp_chain_replay(r, fb, &replayed, err);
+        if (st != ATOMC_OK) return st;
+    }
+    if (replayed) { // the graph computed the logits of rows 0..n-1
+        struct runner_output out;
+        atomc_status st = runner_sample(r, fb, &out, err);
+        *ids = out.ids;
+        return st;
+    }
     struct attn_metadata md;
     runner_layout_build(&r->lay, fb->n_tokens, fb->n_seqs, fb->max_blocks_per_seq, fb->n_logits, 0);
     runner_upload(r, runner_pack(r, fb, 0, fb->max_blocks_per_seq, &md));
     model_mtp_forward(r->model, 0, DPTR(r, token_ids, int32_t), &md, r->kv, d_hidden_rows);
-    *ids = NULL;
     if (fb->n_logits == 0) {
         r->backend->ops->synchronize(r->backend);
         return ATOMC_OK;
