@@ -1,7 +1,7 @@
 // Internals of the model runner shared by its files (not a public header):
 //   model_runner.c   options, step buffers, batch validation / packing / upload, the forward, execute, create
 //   runner_kv.c      the KV pool: per-layer cache specs -> bytes per block, layout, sizing (profile run)
-//   runner_graphs.c  CUDA graphs of decode batches and of speculative verify batches
+//   runner_graphs.c  CUDA graphs of decode batches, speculative verify batches and MTP chain steps
 //   runner_sample.c  sampling glue and prompt logprobs
 #ifndef ATOMC_RUNTIME_RUNNER_INTERNAL_H
 #define ATOMC_RUNTIME_RUNNER_INTERNAL_H
