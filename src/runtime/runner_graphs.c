@@ -85,7 +85,7 @@ static void vpad_dummy_seq(struct model_runner *r, int s, int q) {
     r->vpad.qs[s] = s * q;
     r->vpad.ctx[s] = q;
     memset(r->vpad.bt + (size_t)s * W, 0, (size_t)W * 4);
-    memset(r->vpad.bt_sw + (size_t)s * W, 0, (size_t)W * 4);
+    if (r->kv_groups) memset(r->vpad.bt_sw + (size_t)s * W, 0, (size_t)W * 4);
 }
 
 // The forward batch of vpad's arrays: S sequences of q rows each.
@@ -256,7 +256,7 @@ static void runner_vpad_alloc(struct model_runner *r) {
     r->vpad.qs = xcalloc(S + 1, 4);
     r->vpad.ctx = xcalloc(S, 4);
     r->vpad.bt = xcalloc(S * W, 4);
-    r->vpad.bt_sw = xcalloc(S * W, 4);
+    r->vpad.bt_sw = r->kv_groups ? xcalloc(S * W, 4) : NULL; // the sliding group's tables
 }
 
 atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct error *err) {
