@@ -521,7 +521,7 @@ static void run_verify_schedule(const char *model, bool groups, bool mtp) {
     ASSERT_EQ(model_runner_num_graphs(rg), 4);        // decode buckets 1, 2, 4, 8
     ASSERT_EQ(model_runner_num_verify_graphs(rg), 4); // verify buckets 1, 2, 4, 8 of 1 + k = 4 tokens each
     ASSERT_EQ(model_runner_num_verify_graphs(re), 0);
-    ASSERT_EQ(model_runner_num_mtp_graphs(rg), mtp ? 4 : 0); // MTP chain buckets 1, 2, 4, 8
+    ASSERT_EQ(model_runner_num_mtp_graphs(rg), mtp ? 8 : 0); // MTP first-pass and chain buckets 1, 2, 4, 8
     struct sg_result res = sg_run(rg, re, mtp, 0);
     fprintf(stderr,
             "  %s: %d decode + %d verify graphs, %d verify / %d decode steps (%d sequence-steps with fewer drafts "

@@ -699,6 +699,6 @@ int model_runner_num_verify_graphs(const struct model_runner *r) { return r->n_v
 
 uint64_t model_runner_num_verify_graph_replays(const struct model_runner *r) { return r->n_verify_replays; }
 
-int model_runner_num_mtp_graphs(const struct model_runner *r) { return r->n_mgraphs; }
+int model_runner_num_mtp_graphs(const struct model_runner *r) { return r->n_mgraphs + r->n_m1graphs; }
 
 uint64_t model_runner_num_mtp_graph_replays(const struct model_runner *r) { return r->n_mtp_replays; }

@@ -224,7 +224,7 @@ int model_runner_num_graphs(const struct model_runner *r);        // captured de
 uint64_t model_runner_num_graph_replays(const struct model_runner *r); // decode and verify replays
 int model_runner_num_verify_graphs(const struct model_runner *r); // captured verify graphs (1 + k tokens per sequence)
 uint64_t model_runner_num_verify_graph_replays(const struct model_runner *r);
-int model_runner_num_mtp_graphs(const struct model_runner *r);    // captured MTP chain-step graphs
+int model_runner_num_mtp_graphs(const struct model_runner *r);    // captured MTP graphs (first pass + chain steps)
 uint64_t model_runner_num_mtp_graph_replays(const struct model_runner *r);
 
 #endif

@@ -40,6 +40,13 @@
 // (lg_res is zeroed before the captures, so never NaN bits). The first MTP pass (1 .. 1 + k rows
 // per sequence, and whole prefill chunks after a prefill step) runs eagerly.
 //
+// MTP first-pass graphs (the same models): the pass over the positions a verify step computed, on
+// the verify layout (at most 1 + k rows per sequence, padded as for verify graphs, bucket B); the
+// target's hidden rows come from the fixed device array mtp.d_hidden_rows, which the replay fills
+// in the padded order (padding rows read row 0), and the MTP logits of all B (1 + k) rows are
+// gathered through logits_rows with the drafting rows first. Passes after a prefill chunk (more
+// rows per sequence) run eagerly.
+//
 // Capture: every graph's eager warm-up runs first (lazy per-shape set-up: GEMM plans, the
 // attention split scratch, which may grow and would leave an earlier captured graph pointing at
 // the freed buffer), then every capture, largest first.
@@ -60,16 +67,23 @@ struct runner_graph *runner_graph_for(struct model_runner *r, int n) {
     return NULL;
 }
 
-struct runner_graph *runner_verify_graph_for(struct model_runner *r, const struct forward_batch *fb) {
-    if (r->n_vgraphs == 0 || fb->n_logits != fb->n_tokens) return NULL;
+// The smallest bucket of graphs[0..n) (ascending) holding fb padded to spec_q rows per sequence,
+// or NULL when a sequence has more rows or its padded context passes max_model_len.
+static struct runner_graph *runner_padded_graph_for(struct model_runner *r, struct runner_graph *graphs, int n,
+                                                    const struct forward_batch *fb) {
     const int q = r->spec_q;
     for (int s = 0; s < fb->n_seqs; s++) {
         int qlen = fb->query_start[s + 1] - fb->query_start[s];
         if (qlen > q || fb->context_lens[s] + (q - qlen) > r->max_model_len) return NULL;
     }
-    for (int i = 0; i < r->n_vgraphs; i++)
-        if (r->vgraphs[i].batch_size >= fb->n_seqs) return &r->vgraphs[i];
+    for (int i = 0; i < n; i++)
+        if (graphs[i].batch_size >= fb->n_seqs) return &graphs[i];
     return NULL;
+}
+
+struct runner_graph *runner_verify_graph_for(struct model_runner *r, const struct forward_batch *fb) {
+    if (r->n_vgraphs == 0 || fb->n_logits != fb->n_tokens) return NULL;
+    return runner_padded_graph_for(r, r->vgraphs, r->n_vgraphs, fb);
 }
 
 // Padding sequence s of a verify layout with q rows: rows s * q .. s * q + q - 1.
@@ -99,15 +113,15 @@ static struct forward_batch vpad_batch(struct model_runner *r, int S, int q) {
                                   .slot_mapping_sw = r->kv_groups ? r->vpad.slot_sw : NULL};
 }
 
-// Copies fb's sequence s into rows s * q.. of vpad (see the top comment) and maps its rows.
-static void vpad_real_seq(struct model_runner *r, const struct forward_batch *fb, int s, int q) {
+// Copies fb's sequence s into rows s * q.. of vpad (see the top comment) and maps its rows in map.
+static void vpad_real_seq(struct model_runner *r, const struct forward_batch *fb, int s, int q, int32_t *map) {
     const int W = r->max_blocks, q0 = fb->query_start[s], n = fb->query_start[s + 1] - q0, base = s * q;
     for (int i = 0; i < n; i++) {
         r->vpad.tok[base + i] = fb->token_ids[q0 + i];
         r->vpad.pos[base + i] = fb->positions[q0 + i];
         r->vpad.slot[base + i] = fb->slot_mapping[q0 + i];
         r->vpad.slot_sw[base + i] = r->kv_groups ? fb->slot_mapping_sw[q0 + i] : -1;
-        r->vpad.row_map[q0 + i] = base + i;
+        map[q0 + i] = base + i;
     }
     const int last = n > 0 ? fb->positions[q0 + n - 1] : fb->context_lens[s] - 1;
     for (int i = n; i < q; i++) {
@@ -132,7 +146,7 @@ static void vpad_real_seq(struct model_runner *r, const struct forward_batch *fb
 atomc_status runner_verify_replay(struct model_runner *r, const struct forward_batch *fb, struct runner_graph *g,
                                   struct error *err) {
     const int q = g->q, S = g->batch_size, T = S * q;
-    for (int s = 0; s < fb->n_seqs; s++) vpad_real_seq(r, fb, s, q);
+    for (int s = 0; s < fb->n_seqs; s++) vpad_real_seq(r, fb, s, q, r->vpad.row_map);
     for (int s = fb->n_seqs; s < S; s++) vpad_dummy_seq(r, s, q);
     struct forward_batch pfb = vpad_batch(r, S, q);
     pfb.n_logits = fb->n_logits;
@@ -184,6 +198,39 @@ atomc_status runner_mtp_chain_replay(struct model_runner *r, const struct forwar
     return ATOMC_OK;
 }
 
+atomc_status runner_mtp_first_replay(struct model_runner *r, const struct forward_batch *fb, const int32_t *hidden_rows,
+                                     bool *replayed, struct error *err) {
+    *replayed = false;
+    struct runner_graph *g =
+        r->graphs_enabled && r->n_m1graphs ? runner_padded_graph_for(r, r->m1graphs, r->n_m1graphs, fb) : NULL;
+    if (!g) return ATOMC_OK;
+    const int q = g->q, S = g->batch_size, T = S * q;
+    for (int s = 0; s < fb->n_seqs; s++) vpad_real_seq(r, fb, s, q, r->vpad.mtp_map);
+    for (int s = fb->n_seqs; s < S; s++) vpad_dummy_seq(r, s, q);
+    memset(r->vpad.mtp_hidden, 0, (size_t)T * 4);
+    for (int t = 0; t < fb->n_tokens; t++) r->vpad.mtp_hidden[r->vpad.mtp_map[t]] = hidden_rows[t];
+    struct forward_batch pfb = vpad_batch(r, S, q);
+    pfb.n_logits = fb->n_logits;
+    pfb.logits_rows = fb->logits_rows;
+    pfb.sampling = fb->sampling;
+    struct attn_metadata md;
+    r->lay = r->ver;
+    size_t bytes = runner_pack(r, &pfb, S, r->max_blocks, &md);
+    int32_t *rows = HPTR(r, logits_rows, int32_t);
+    for (int i = 0; i < fb->n_logits; i++) rows[i] = r->vpad.mtp_map[fb->logits_rows[i]];
+    for (int i = fb->n_logits; i < T; i++) rows[i] = i;
+    struct backend *b = r->backend;
+    b->ops->copy_h2d(b, r->mtp.d_hidden_rows, r->vpad.mtp_hidden, (size_t)T * 4);
+    runner_upload(r, bytes);
+    atomc_status st = b->ops->graph_launch(b, g->graph, err);
+    if (st != ATOMC_OK) return error_prefix(err, "replaying the MTP first-pass graph of batch %d x %d: ", S, q);
+    r->n_graph_replays++;
+    r->n_mtp_replays++;
+    r->model->last_tokens = T;
+    *replayed = true;
+    return ATOMC_OK;
+}
+
 // Uploads the metadata of an all-padding batch of bs sequences x q tokens under the graph's
 // layout and returns its attn_metadata as the graph is captured with; *rows: the logits rows.
 static struct attn_metadata runner_graph_dummy(struct model_runner *r, int bs, int q, const int32_t **rows) {
@@ -213,20 +260,28 @@ static struct attn_metadata runner_graph_dummy(struct model_runner *r, int bs, i
     return md;
 }
 
-// model_forward (mtp: the chained MTP pass) + the logits of every row of one bucket; captured
-// when graph != NULL.
+// model_forward (mtp: an MTP pass, chained for q == 1, else the first pass over hidden rows
+// mtp.d_hidden_rows, all row 0 here) + the logits of every row of one bucket; captured when
+// graph != NULL.
 static atomc_status runner_graph_run(struct model_runner *r, int bs, int q, bool mtp, void **graph,
                                      struct error *err) {
     struct backend *b = r->backend;
     const int32_t *rows;
     struct attn_metadata md = runner_graph_dummy(r, bs, q, &rows);
+    if (mtp && q > 1) {
+        memset(r->vpad.mtp_hidden, 0, (size_t)bs * q * 4);
+        b->ops->copy_h2d(b, r->mtp.d_hidden_rows, r->vpad.mtp_hidden, (size_t)bs * q * 4);
+        // The first pass views the target's scratch rows 0..last_tokens-1: the whole scratch, as
+        // replays gather from any step's rows.
+        r->model->last_tokens = r->max_tokens;
+    }
     b->ops->synchronize(b);
     if (graph) {
         atomc_status st = b->ops->graph_begin(b, err);
         if (st != ATOMC_OK) return st;
     }
     if (mtp) {
-        model_mtp_forward(r->model, 0, DPTR(r, token_ids, int32_t), &md, r->kv, NULL);
+        model_mtp_forward(r->model, 0, DPTR(r, token_ids, int32_t), &md, r->kv, q > 1 ? r->mtp.d_hidden_rows : NULL);
         model_mtp_compute_logits(r->model, 0, rows, bs * q);
     } else {
         model_forward(r->model, DPTR(r, token_ids, int32_t), &md, r->kv);
@@ -253,6 +308,8 @@ static void runner_vpad_alloc(struct model_runner *r) {
     r->vpad.slot = xcalloc(T, 4);
     r->vpad.slot_sw = xcalloc(T, 4);
     r->vpad.row_map = xcalloc(T, 4);
+    r->vpad.mtp_map = xcalloc(T, 4);
+    r->vpad.mtp_hidden = xcalloc(T, 4);
     r->vpad.qs = xcalloc(S + 1, 4);
     r->vpad.ctx = xcalloc(S, 4);
     r->vpad.bt = xcalloc(S * W, 4);
@@ -275,9 +332,16 @@ atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct er
         CHECK(r->ver.bytes <= r->meta_cap);
     }
     const int n_mtp = spec_k >= 2 && r->model->n_mtp > 0 ? n_dec : 0;
+    const int n_mtp1 = r->model->n_mtp > 0 ? n_ver : 0;
     if (n_mtp) { // chained passes read lg_res rows past the real ones: finite values only
         const size_t row = dtype_row_bytes(b->act_dtype, r->cfg.hidden_size);
         b->ops->memset_zero(b, r->model->scratch.lg_res, (size_t)r->max_rows * row);
+    }
+    if (n_mtp1 && !r->mtp.d_hidden_rows) { // the first-pass graphs keep its pointer
+        r->mtp.d_hidden_rows = b->ops->alloc(b, (size_t)r->max_tokens * 4);
+        if (!r->mtp.d_hidden_rows)
+            return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "MTP graphs: cannot allocate %d hidden rows", r->max_tokens);
+        r->mtp.d_cap = r->max_tokens;
     }
     size_t free0 = 0, total = 0, free1 = 0;
     if (b->ops->memory_info) b->ops->memory_info(b, &free0, &total);
@@ -295,6 +359,13 @@ atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct er
             atomc_status st = runner_graph_run(r, dec[i], 1, false, pass ? &graph : NULL, err);
             if (st != ATOMC_OK) return error_prefix(err, "capturing the decode graph of batch %d: ", dec[i]);
             if (pass) r->graphs[r->n_graphs++] = (struct runner_graph){.batch_size = dec[i], .q = 1, .graph = graph};
+        }
+        for (int i = n_mtp1 - 1; i >= 0; i--) {
+            void *graph = NULL;
+            atomc_status st = runner_graph_run(r, ver[i], q, true, pass ? &graph : NULL, err);
+            if (st != ATOMC_OK)
+                return error_prefix(err, "capturing the MTP first-pass graph of batch %d x %d: ", ver[i], q);
+            if (pass) r->m1graphs[r->n_m1graphs++] = (struct runner_graph){.batch_size = ver[i], .q = q, .graph = graph};
         }
         for (int i = n_mtp - 1; i >= 0; i--) {
             void *graph = NULL;
@@ -320,14 +391,21 @@ atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct er
         r->mgraphs[i] = r->mgraphs[r->n_mgraphs - 1 - i];
         r->mgraphs[r->n_mgraphs - 1 - i] = t;
     }
-    r->graphs_enabled = r->n_graphs > 0 || r->n_vgraphs > 0 || r->n_mgraphs > 0;
+    for (int i = 0; i < r->n_m1graphs / 2; i++) {
+        struct runner_graph t = r->m1graphs[i];
+        r->m1graphs[i] = r->m1graphs[r->n_m1graphs - 1 - i];
+        r->m1graphs[r->n_m1graphs - 1 - i] = t;
+    }
+    r->model->last_tokens = 0; // no step has run yet
+    r->graphs_enabled = r->n_graphs > 0 || r->n_vgraphs > 0 || r->n_mgraphs > 0 || r->n_m1graphs > 0;
     if (b->ops->memory_info) b->ops->memory_info(b, &free1, &total);
     char vdesc[160] = "";
     if (r->n_vgraphs)
         snprintf(vdesc, sizeof vdesc, ", %d verify graphs (batch 1..%d x %d tokens)", r->n_vgraphs, ver[n_ver - 1],
                  q);
-    if (r->n_mgraphs)
-        snprintf(vdesc + strlen(vdesc), sizeof vdesc - strlen(vdesc), ", %d MTP chain graphs", r->n_mgraphs);
+    if (r->n_mgraphs || r->n_m1graphs)
+        snprintf(vdesc + strlen(vdesc), sizeof vdesc - strlen(vdesc), ", %d + %d MTP graphs (first pass + chain)",
+                 r->n_m1graphs, r->n_mgraphs);
     LOG_INFO("captured %d decode graphs (batch 1..%d)%s in %.2f s, %.1f MiB of device memory", r->n_graphs,
              n_dec ? dec[n_dec - 1] : 0, vdesc, time_now_s() - t0,
              free0 > free1 ? (double)(free0 - free1) / 1048576.0 : 0.0);
@@ -342,12 +420,16 @@ void runner_graphs_release(struct model_runner *r) {
         if (b->ops->graph_destroy) b->ops->graph_destroy(b, r->vgraphs[i].graph);
     for (int i = 0; i < r->n_mgraphs; i++)
         if (b->ops->graph_destroy) b->ops->graph_destroy(b, r->mgraphs[i].graph);
-    r->n_graphs = r->n_vgraphs = r->n_mgraphs = 0;
+    for (int i = 0; i < r->n_m1graphs; i++)
+        if (b->ops->graph_destroy) b->ops->graph_destroy(b, r->m1graphs[i].graph);
+    r->n_graphs = r->n_vgraphs = r->n_mgraphs = r->n_m1graphs = 0;
     free(r->vpad.tok);
     free(r->vpad.pos);
     free(r->vpad.slot);
     free(r->vpad.slot_sw);
     free(r->vpad.row_map);
+    free(r->vpad.mtp_map);
+    free(r->vpad.mtp_hidden);
     free(r->vpad.qs);
     free(r->vpad.ctx);
     free(r->vpad.bt);

@@ -142,13 +142,18 @@ struct model_runner {
     // model_runner_draft per decode bucket (layout r->dec, rows from d_iota).
     struct runner_graph mgraphs[RUNNER_MAX_GRAPHS];
     int n_mgraphs;
-    uint64_t n_mtp_replays;
+    // MTP first-pass graphs (models with MTP layers): the pass over a verify step's positions
+    // (<= 1 + k rows per sequence) on the verify layout, hidden rows from mtp.d_hidden_rows.
+    struct runner_graph m1graphs[RUNNER_MAX_GRAPHS];
+    int n_m1graphs;
+    uint64_t n_mtp_replays; // chain and first-pass replays
     // Host staging of a verify step padded to its bucket (every sequence spec_q tokens), and the
     // map of the executed batch's token rows to the padded rows the scratch holds (MTP reads the
     // hidden states through it); row_map_n 0: the last forward's rows are the batch's own.
     struct {
         int32_t *tok, *pos, *slot, *slot_sw, *qs, *ctx, *bt, *bt_sw, *row_map;
         int row_map_n;
+        int32_t *mtp_map, *mtp_hidden; // (max_tokens) an MTP first pass's row map / padded hidden rows
     } vpad;
 };
 
@@ -192,6 +197,8 @@ atomc_status runner_verify_replay(struct model_runner *r, const struct forward_b
 atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct error *err);
 atomc_status runner_mtp_chain_replay(struct model_runner *r, const struct forward_batch *fb, bool *replayed,
                                      struct error *err);
+atomc_status runner_mtp_first_replay(struct model_runner *r, const struct forward_batch *fb, const int32_t *hidden_rows,
+                                     bool *replayed, struct error *err);
 void runner_graphs_release(struct model_runner *r);
 
 // runner_sample.c

@@ -1,8 +1,8 @@
 // MTP drafts of the model runner (model_runner.h model_runner_draft): one pass of the MTP layer
 // over the positions a step verified (filling its cache, reading the target's hidden states the
 // step left in the scratch), the argmax of the drafting sequences' last rows, then k - 1 chained
-// one-token passes fed by the previous pass's output (replays of the MTP chain graphs where
-// captured, runner_graphs.c). Drafts are argmax (q one-hot), which keeps the engine's
+// one-token passes fed by the previous pass's output (replays of the MTP first-pass and chain
+// graphs where captured, runner_graphs.c). Drafts are argmax (q one-hot), which keeps the engine's
 // verification exact for sampled requests too (src/engine/spec.h).
 #include <stdlib.h>
 #include <string.h>
@@ -149,13 +149,23 @@ atomc_status model_runner_draft(struct model_runner *r, const struct draft_batch
         if (!r->mtp.d_hidden_rows)
             return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "MTP drafts: cannot allocate %d hidden rows", r->max_tokens);
     }
-    b->ops->copy_h2d(b, r->mtp.d_hidden_rows, db->hidden_rows, (size_t)T * 4);
     struct forward_batch fb = *fb0;
     fb.sampling = r->mtp.greedy;
     fb.sample_ready = NULL;
     fb.n_prompt_lp = 0;
-    const int32_t *ids;
-    if ((st = mtp_pass(r, &fb, r->mtp.d_hidden_rows, &ids, err)) != ATOMC_OK) return st;
+    const int32_t *ids = NULL;
+    bool replayed = false; // the first pass as a graph replay (runner_graphs.c) where one fits
+    if ((st = runner_mtp_first_replay(r, &fb, db->hidden_rows, &replayed, err)) != ATOMC_OK) return st;
+    if (replayed && R > 0) {
+        struct runner_output out;
+        if ((st = runner_sample(r, &fb, &out, err)) != ATOMC_OK) return st;
+        ids = out.ids;
+    } else if (replayed) {
+        b->ops->synchronize(b);
+    } else {
+        b->ops->copy_h2d(b, r->mtp.d_hidden_rows, db->hidden_rows, (size_t)T * 4);
+        if ((st = mtp_pass(r, &fb, r->mtp.d_hidden_rows, &ids, err)) != ATOMC_OK) return st;
+    }
     for (int i = 0; i < R; i++) drafts[(size_t)i * K] = ids[i];
     for (int j = 1; j < K; j++) {
         int n = 0;

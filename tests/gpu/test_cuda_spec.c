@@ -131,7 +131,7 @@ static void verify_graph_schedule(const char *model, bool mtp) {
     ASSERT_EQ(model_runner_num_graphs(rg), 4);        // decode buckets 1, 2, 4, 8
     ASSERT_EQ(model_runner_num_verify_graphs(rg), 4); // verify buckets 1, 2, 4, 8 x (1 + 3) tokens
     ASSERT_EQ(model_runner_num_verify_graphs(re), 0);
-    ASSERT_EQ(model_runner_num_mtp_graphs(rg), mtp ? 4 : 0); // MTP chain buckets 1, 2, 4, 8
+    ASSERT_EQ(model_runner_num_mtp_graphs(rg), mtp ? 8 : 0); // MTP first-pass and chain buckets 1, 2, 4, 8
     struct sg_result res = sg_run(rg, re, mtp, 0.3f);
     fprintf(stderr,
             "  %s: %d verify / %d decode steps (%d sequence-steps with fewer drafts than k), %llu verify replays, "
