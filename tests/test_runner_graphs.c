@@ -5,13 +5,17 @@
 // capture (their arguments by value, as a CUDA graph freezes kernel arguments) and replaying
 // them (MoE and Gated DeltaNet ops too). Replayed steps must give the logits and tokens of a plain
 // eager runner (dense, the MLA + MoE DeepSeek fixtures); for the recurrent model (qwen3_next) every sequence has its own state slot and the
-// padding sequences write the runner's dummy slot.
+// padding sequences write the runner's dummy slot. Speculative steps (runner_graphs.c's verify
+// and MTP graphs): the schedule of tests/spec_graph_schedule.h (verify steps with 0..k drafts per
+// sequence, MTP first and chained passes) against an eager runner, the eligibility rules, and the
+// engine with ngram / mtp drafts on a recorded-graph runner against an eager engine.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "engine_model_scenarios.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
 #include "spec_graph_schedule.h"
@@ -601,5 +605,129 @@ TEST(verify_graphs_not_used_for_mixed_steps) {
     ASSERT_TRUE(model_runner_num_graphs(rn) > 0);
     model_runner_free(rn);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The engine on a runner with recorded graphs: greedy output with ngram / mtp drafts, graphs vs
+// enforce_eager, on a pool that forces preemption (and one that does not); verify steps, the MTP
+// passes and decode steps replay graphs (verify-replay and MTP-replay counters > 0), and every
+// output is token-identical to the eager engine's (fp32: up to a near tie below 1e-4).
+
+static atomc_status eg_execute(void *ctx, const struct forward_batch *fb, struct runner_output *out,
+                               struct error *err) {
+    return model_runner_execute(ctx, fb, out, err);
+}
+static void eg_free(void *ctx) { model_runner_free(ctx); }
+static uint64_t eg_replays(void *ctx) { return model_runner_num_graph_replays(ctx); }
+static atomc_status eg_draft(void *ctx, const struct draft_batch *db, int32_t *drafts, struct error *err) {
+    return model_runner_draft(ctx, db, drafts, err);
+}
+
+enum { EG_SEQS = 8, EG_BUDGET = 64, EG_K = 3 };
+
+// An engine over runner r (owned by the engine from here) with method ngram or mtp, k = EG_K.
+static atomc_engine *eg_engine(struct model_runner *r, bool mtp) {
+    struct engine_setup su;
+    memset(&su, 0, sizeof su);
+    su.model = (struct engine_model_ops){.ctx = r, .execute = eg_execute, .free = eg_free, .graph_replays = eg_replays,
+                                         .draft = mtp ? eg_draft : NULL};
+    su.num_kv_blocks = model_runner_num_kv_blocks(r);
+    su.vocab_size = model_runner_config(r)->vocab_size;
+    su.max_model_len = model_runner_max_model_len(r);
+    su.sliding_window = model_runner_sliding_window(r);
+    su.info.model_name = su.info.architecture = "fixture";
+    su.info.default_temperature = su.info.default_top_k = su.info.default_min_p = -1;
+    atomc_engine_options o;
+    atomc_engine_options_init(&o);
+    o.block_size = model_runner_block_size(r);
+    o.max_num_seqs = EG_SEQS;
+    o.max_num_batched_tokens = EG_BUDGET;
+    o.enable_prefix_caching = true;
+    o.speculative_method = mtp ? "mtp" : "ngram";
+    o.num_speculative_tokens = EG_K;
+    o.prompt_lookup_min = mtp ? 0 : 1;
+    o.prompt_lookup_max = mtp ? 0 : 3;
+    o.speculative_disable_by_batch_size = -1;
+    atomc_engine *e = NULL;
+    struct error err = {0};
+    CHECK_MSG(engine_create_with(&o, &su, &e, &err) == ATOMC_OK, "%s", err.msg);
+    return e;
+}
+
+static struct model_runner *eg_runner(const char *model, struct backend *b, bool eager, bool mtp, int num_blocks) {
+    char rel[256], path[4096];
+    snprintf(rel, sizeof rel, "models/%s", model);
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    struct runner_options o = {
+        .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = num_blocks, .max_num_seqs = EG_SEQS,
+        .max_num_batched_tokens = EG_BUDGET, .max_logits_rows = EG_SEQS * (1 + EG_K), .max_model_len = 128,
+        .num_threads = 2, .enforce_eager = eager, .backend = b, .num_speculative_tokens = EG_K, .load_mtp = mtp,
+    };
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  create: %s\n", err.msg);
+    return r;
+}
+
+static void engine_graphs_equal_eager(const char *model, bool mtp, int num_blocks, bool preempt) {
+    json_t *refs = es_load_refs(model);
+    json_t *prompts = json_object_get(refs, "prompts");
+    enum { MAXP = 16, MAXT = 24 };
+    static int32_t ids[MAXP][128];
+    int n_ids[MAXP], n_p = 0;
+    for (size_t i = 0; i < json_array_size(prompts) && n_p + 1 < MAXP; i++) {
+        int n = es_json_ids(json_object_get(json_array_get(prompts, i), "ids"), ids[n_p], 40);
+        n_ids[n_p++] = n;
+        memcpy(ids[n_p], ids[n_p - 1], (size_t)n * 4); // the prompt twice: ngram drafts get accepted
+        memcpy(ids[n_p] + n, ids[n_p - 1], (size_t)n * 4);
+        n_ids[n_p++] = 2 * n;
+    }
+    json_decref(refs);
+    static struct es_out out[2][MAXP];
+    uint64_t vrep = 0, mrep = 0, drafts = 0, draft_tokens = 0;
+    for (int eager = 0; eager < 2; eager++) {
+        struct rec_backend *rb = eager ? NULL : rec_backend_create();
+        struct model_runner *r = eg_runner(model, rb ? &rb->pub : NULL, eager, mtp, num_blocks);
+        ASSERT_TRUE(r != NULL);
+        atomc_engine *e = eg_engine(r, mtp);
+        for (int i = 0; i < n_p; i++) es_add(e, ids[i], n_ids[i], MAXT, &out[eager][i], NULL);
+        es_run(e);
+        atomc_stats st;
+        atomc_engine_get_stats(e, &st);
+        fprintf(stderr, "  %s %s%s: %d prompts, %llu steps, %llu preemptions, %llu graph replays (%llu verify, %llu MTP)%s\n",
+                model, mtp ? "mtp" : "ngram", eager ? " (eager)" : "", n_p, (unsigned long long)st.num_steps,
+                (unsigned long long)st.num_preemptions, (unsigned long long)model_runner_num_graph_replays(r),
+                (unsigned long long)model_runner_num_verify_graph_replays(r),
+                (unsigned long long)model_runner_num_mtp_graph_replays(r), es_spec_line(e));
+        ASSERT_TRUE(st.spec_num_accepted_tokens > 0);
+        if (preempt) ASSERT_TRUE(st.num_preemptions > 0);
+        ASSERT_EQ(st.num_free_kv_blocks, num_blocks);
+        if (!eager) {
+            vrep = model_runner_num_verify_graph_replays(r);
+            mrep = model_runner_num_mtp_graph_replays(r);
+            drafts = st.spec_num_drafts;
+            draft_tokens = st.spec_num_draft_tokens;
+        } else {
+            ASSERT_EQ(model_runner_num_graph_replays(r), 0);
+        }
+        atomc_engine_free(e); // frees r
+    }
+    ASSERT_TRUE(vrep > 0);
+    if (mtp) ASSERT_TRUE(mrep > 0);
+    ASSERT_TRUE(draft_tokens < drafts * EG_K); // some verified sequences carried fewer drafts than k
+    for (int i = 0; i < n_p; i++) {
+        ASSERT_EQ(out[0][i].n, MAXT);
+        int same = es_compare(&out[1][i], &out[0][i], 1e-4f, NULL);
+        if (same < 0) {
+            test_fail(__FILE__, __LINE__, "%s prompt %d: graphs and eager differ", model, i);
+            return;
+        }
+        for (int t = 0; t < same; t++) ASSERT_NEAR(out[0][i].lp[t], out[1][i].lp[t], 1e-4);
+    }
+}
+
+TEST(engine_verify_graphs_equal_eager_ngram) { engine_graphs_equal_eager("llama_gqa", false, 256, false); }
+TEST(engine_verify_graphs_equal_eager_ngram_preemption) { engine_graphs_equal_eager("llama_gqa", false, 40, true); }
+TEST(engine_verify_graphs_equal_eager_mtp) { engine_graphs_equal_eager("deepseek_v3_mtp", true, 256, false); }
+TEST(engine_verify_graphs_equal_eager_mtp_preemption) { engine_graphs_equal_eager("deepseek_v3_mtp", true, 40, true); }
 
 int main(int argc, char **argv) { return test_main(argc, argv); }
