@@ -9,8 +9,8 @@
 // m (the rejected slots are overwritten later, as after the engine's verification) and the eager
 // runner's argmax at row m follows, identically in both simulations. With mtp, every step is
 // followed by an MTP pass over all its rows (the hidden states read through the verify graph's
-// padded rows) and up to SG_K chained drafts per sequence (the MTP chain graphs). The runners must have been created with
-// max_num_seqs 8, num_speculative_tokens SG_K and max_logits_rows >= 8 * (1 + SG_K).
+// padded rows) and up to SG_K chained drafts per sequence (the MTP chain graphs). The runners must have been created
+// with max_num_seqs 8, num_speculative_tokens SG_K and max_logits_rows >= 8 * (1 + SG_K).
 #ifndef ATOMC_TESTS_SPEC_GRAPH_SCHEDULE_H
 #define ATOMC_TESTS_SPEC_GRAPH_SCHEDULE_H
 
@@ -25,18 +25,19 @@
 #define SG_K 3 // drafts per sequence at most
 
 struct sg_result {
-    double worst, scale;         // max |logit graph - eager| over every row, max |eager logit|
-    double worst_mtp;            // the same for the MTP logits
-    int n_verify, n_decode;      // steps with drafts (verify graphs) / without (decode graphs)
-    int n_short;                 // sequence-steps with 1 .. SG_K - 1 drafts (fewer than k)
-    int draft_mismatch;          // MTP draft chains that differ when margin_tol <= 0 (exact runs)
-    int draft_diff;              // MTP draft chains that differ (any margin)
-    bool failed;                 // an execute failed or a replay counter did not move as it should
+    double worst, scale;    // max |logit graph - eager| over every row, max |eager logit|
+    double worst_mtp;       // the same for the MTP logits
+    int n_verify, n_decode; // steps with drafts (verify graphs) / without (decode graphs)
+    int n_short;            // sequence-steps with 1 .. SG_K - 1 drafts (fewer than k)
+    int draft_mismatch;     // MTP draft chains that differ when margin_tol <= 0 (exact runs)
+    int draft_diff;         // MTP draft chains that differ (any margin)
+    bool failed;            // an execute failed or a replay counter did not move as it should
 };
 
 static int sg_argmax(const float *row, int V) {
     int best = 0;
-    for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
+    for (int v = 1; v < V; v++)
+        best = row[v] > row[best] ? v : best;
     return best;
 }
 
@@ -62,8 +63,8 @@ static bool sg_mtp_pass(struct model_runner *r, struct sim *sm, const struct for
             chain[s * (SG_K - 1) + j - 1] = sm->seqs[s]->blocks[p / sm->bs] * sm->bs + p % sm->bs;
         }
     }
-    struct draft_batch db = {.fb = *fb, .hidden_rows = hrows, .n_drafts = nd, .row_seq = rs, .max_drafts = SG_K,
-                             .chain_slots = chain};
+    struct draft_batch db = {
+        .fb = *fb, .hidden_rows = hrows, .n_drafts = nd, .row_seq = rs, .max_drafts = SG_K, .chain_slots = chain};
     db.fb.token_ids = tok;
     db.fb.n_logits = n;
     db.fb.logits_rows = lrows;
@@ -74,7 +75,8 @@ static bool sg_mtp_pass(struct model_runner *r, struct sim *sm, const struct for
         return false;
     }
     *n_last = 0; // rows of the last chained pass: the sequences that wanted SG_K drafts
-    for (int s = 0; s < n; s++) *n_last += nd[s] == SG_K;
+    for (int s = 0; s < n; s++)
+        *n_last += nd[s] == SG_K;
     const int V = model_runner_config(r)->vocab_size;
     r->backend->ops->copy_d2h(r->backend, lg, r->model->scratch.logits, (size_t)*n_last * V * sizeof(float));
     r->backend->ops->synchronize(r->backend);
@@ -84,7 +86,8 @@ static bool sg_mtp_pass(struct model_runner *r, struct sim *sm, const struct for
 // Blocks for q's next `tokens` positions past its cache (the MTP chain's slots), in both sims alike.
 static void sg_reserve(struct sim *s, struct sim_seq *q, int tokens) {
     int need = (q->n_cached + tokens + s->bs - 1) / s->bs;
-    while (q->n_blocks < need && s->n_free > 0) q->blocks[q->n_blocks++] = s->free_blocks[--s->n_free];
+    while (q->n_blocks < need && s->n_free > 0)
+        q->blocks[q->n_blocks++] = s->free_blocks[--s->n_free];
     if (q->n_blocks > s->width) s->width = q->n_blocks;
 }
 
@@ -98,7 +101,8 @@ static struct sg_result sg_run(struct model_runner *rg, struct model_runner *re,
     struct sim_seq *qg = calloc(N, sizeof *qg), *qe = calloc(N, sizeof *qe);
     for (int i = 0; i < N; i++) {
         int32_t ids[40];
-        for (int k = 0; k < 2 + 4 * i; k++) ids[k] = (int32_t)((i * 29 + k * 13) % (V - 4) + 4);
+        for (int k = 0; k < 2 + 4 * i; k++)
+            ids[k] = (int32_t)((i * 29 + k * 13) % (V - 4) + 4);
         sim_seq_init(&qg[i], ids, 2 + 4 * i);
         sim_seq_init(&qe[i], ids, 2 + 4 * i);
     }
@@ -133,7 +137,8 @@ static struct sg_result sg_run(struct model_runner *rg, struct model_runner *re,
         for (int j = 0; j < n; j++) {
             int i = (int)((j * 3 + st) % N);
             bool dup = false;
-            for (int k = 0; k < sg->n_seqs; k++) dup |= sg->seqs[k] == &qg[i];
+            for (int k = 0; k < sg->n_seqs; k++)
+                dup |= sg->seqs[k] == &qg[i];
             if (dup) continue;
             int k = sg->n_seqs;
             nd[k] = st % 3 == 2 ? 0 : (int)((i + st) % (SG_K + 1));
@@ -185,7 +190,8 @@ static struct sg_result sg_run(struct model_runner *rg, struct model_runner *re,
             // the last) agree: BF16 may flip an argmax at a near tie, which then feeds the chain.
             for (int k = 0; k < ne && ng == ne; k++) {
                 bool same = true;
-                for (int j = 0; j + 1 < SG_K; j++) same &= dg[k * SG_K + j] == de[k * SG_K + j];
+                for (int j = 0; j + 1 < SG_K; j++)
+                    same &= dg[k * SG_K + j] == de[k * SG_K + j];
                 for (int v = 0; same && v < V; v++) {
                     double d = fabs((double)mg[(size_t)k * V + v] - me[(size_t)k * V + v]);
                     if (!(d <= res.worst_mtp)) res.worst_mtp = d;

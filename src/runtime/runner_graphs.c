@@ -105,10 +105,15 @@ static void vpad_dummy_seq(struct model_runner *r, int s, int q) {
 // The forward batch of vpad's arrays: S sequences of q rows each.
 static struct forward_batch vpad_batch(struct model_runner *r, int S, int q) {
     r->vpad.qs[S] = S * q;
-    return (struct forward_batch){.n_seqs = S, .n_tokens = S * q, .token_ids = r->vpad.tok,
-                                  .positions = r->vpad.pos, .query_start = r->vpad.qs,
-                                  .context_lens = r->vpad.ctx, .block_tables = r->vpad.bt,
-                                  .max_blocks_per_seq = r->max_blocks, .slot_mapping = r->vpad.slot,
+    return (struct forward_batch){.n_seqs = S,
+                                  .n_tokens = S * q,
+                                  .token_ids = r->vpad.tok,
+                                  .positions = r->vpad.pos,
+                                  .query_start = r->vpad.qs,
+                                  .context_lens = r->vpad.ctx,
+                                  .block_tables = r->vpad.bt,
+                                  .max_blocks_per_seq = r->max_blocks,
+                                  .slot_mapping = r->vpad.slot,
                                   .block_tables_sw = r->kv_groups ? r->vpad.bt_sw : NULL,
                                   .slot_mapping_sw = r->kv_groups ? r->vpad.slot_sw : NULL};
 }
@@ -146,8 +151,10 @@ static void vpad_real_seq(struct model_runner *r, const struct forward_batch *fb
 atomc_status runner_verify_replay(struct model_runner *r, const struct forward_batch *fb, struct runner_graph *g,
                                   struct error *err) {
     const int q = g->q, S = g->batch_size, T = S * q;
-    for (int s = 0; s < fb->n_seqs; s++) vpad_real_seq(r, fb, s, q, r->vpad.row_map);
-    for (int s = fb->n_seqs; s < S; s++) vpad_dummy_seq(r, s, q);
+    for (int s = 0; s < fb->n_seqs; s++)
+        vpad_real_seq(r, fb, s, q, r->vpad.row_map);
+    for (int s = fb->n_seqs; s < S; s++)
+        vpad_dummy_seq(r, s, q);
     struct forward_batch pfb = vpad_batch(r, S, q);
     pfb.n_logits = fb->n_logits;
     pfb.logits_rows = fb->logits_rows;
@@ -156,8 +163,10 @@ atomc_status runner_verify_replay(struct model_runner *r, const struct forward_b
     r->lay = r->ver;
     size_t bytes = runner_pack(r, &pfb, S, r->max_blocks, &md);
     int32_t *rows = HPTR(r, logits_rows, int32_t);
-    for (int i = 0; i < fb->n_logits; i++) rows[i] = r->vpad.row_map[fb->logits_rows[i]];
-    for (int i = fb->n_logits; i < T; i++) rows[i] = i;
+    for (int i = 0; i < fb->n_logits; i++)
+        rows[i] = r->vpad.row_map[fb->logits_rows[i]];
+    for (int i = fb->n_logits; i < T; i++)
+        rows[i] = i;
     runner_upload(r, bytes);
     struct backend *b = r->backend;
     atomc_status st = b->ops->graph_launch(b, g->graph, err);
@@ -205,10 +214,13 @@ atomc_status runner_mtp_first_replay(struct model_runner *r, const struct forwar
         r->graphs_enabled && r->n_m1graphs ? runner_padded_graph_for(r, r->m1graphs, r->n_m1graphs, fb) : NULL;
     if (!g) return ATOMC_OK;
     const int q = g->q, S = g->batch_size, T = S * q;
-    for (int s = 0; s < fb->n_seqs; s++) vpad_real_seq(r, fb, s, q, r->vpad.mtp_map);
-    for (int s = fb->n_seqs; s < S; s++) vpad_dummy_seq(r, s, q);
+    for (int s = 0; s < fb->n_seqs; s++)
+        vpad_real_seq(r, fb, s, q, r->vpad.mtp_map);
+    for (int s = fb->n_seqs; s < S; s++)
+        vpad_dummy_seq(r, s, q);
     memset(r->vpad.mtp_hidden, 0, (size_t)T * 4);
-    for (int t = 0; t < fb->n_tokens; t++) r->vpad.mtp_hidden[r->vpad.mtp_map[t]] = hidden_rows[t];
+    for (int t = 0; t < fb->n_tokens; t++)
+        r->vpad.mtp_hidden[r->vpad.mtp_map[t]] = hidden_rows[t];
     struct forward_batch pfb = vpad_batch(r, S, q);
     pfb.n_logits = fb->n_logits;
     pfb.logits_rows = fb->logits_rows;
@@ -217,8 +229,10 @@ atomc_status runner_mtp_first_replay(struct model_runner *r, const struct forwar
     r->lay = r->ver;
     size_t bytes = runner_pack(r, &pfb, S, r->max_blocks, &md);
     int32_t *rows = HPTR(r, logits_rows, int32_t);
-    for (int i = 0; i < fb->n_logits; i++) rows[i] = r->vpad.mtp_map[fb->logits_rows[i]];
-    for (int i = fb->n_logits; i < T; i++) rows[i] = i;
+    for (int i = 0; i < fb->n_logits; i++)
+        rows[i] = r->vpad.mtp_map[fb->logits_rows[i]];
+    for (int i = fb->n_logits; i < T; i++)
+        rows[i] = i;
     struct backend *b = r->backend;
     b->ops->copy_h2d(b, r->mtp.d_hidden_rows, r->vpad.mtp_hidden, (size_t)T * 4);
     runner_upload(r, bytes);
@@ -238,21 +252,30 @@ static struct attn_metadata runner_graph_dummy(struct model_runner *r, int bs, i
     if (q == 1) {
         int32_t tok[1] = {0}, pos[1] = {0}, slot[1] = {-1}, qs[2] = {0, 1}, ctx[1] = {1};
         int32_t *bt = xcalloc((size_t)r->max_blocks, 4);
-        struct forward_batch fb = {.n_seqs = 1, .n_tokens = 1, .token_ids = tok, .positions = pos, .query_start = qs,
-                                   .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = r->max_blocks,
-                                   .slot_mapping = slot, .block_tables_sw = r->kv_groups ? bt : NULL,
+        struct forward_batch fb = {.n_seqs = 1,
+                                   .n_tokens = 1,
+                                   .token_ids = tok,
+                                   .positions = pos,
+                                   .query_start = qs,
+                                   .context_lens = ctx,
+                                   .block_tables = bt,
+                                   .max_blocks_per_seq = r->max_blocks,
+                                   .slot_mapping = slot,
+                                   .block_tables_sw = r->kv_groups ? bt : NULL,
                                    .slot_mapping_sw = r->kv_groups ? slot : NULL};
         r->lay = r->dec;
         runner_upload(r, runner_pack(r, &fb, bs, r->max_blocks, &md));
         free(bt);
         *rows = r->d_iota;
     } else {
-        for (int s = 0; s < bs; s++) vpad_dummy_seq(r, s, q);
+        for (int s = 0; s < bs; s++)
+            vpad_dummy_seq(r, s, q);
         struct forward_batch fb = vpad_batch(r, bs, q);
         r->lay = r->ver;
         size_t bytes = runner_pack(r, &fb, bs, r->max_blocks, &md);
         int32_t *h = HPTR(r, logits_rows, int32_t);
-        for (int i = 0; i < bs * q; i++) h[i] = i;
+        for (int i = 0; i < bs * q; i++)
+            h[i] = i;
         runner_upload(r, bytes);
         *rows = DPTR(r, logits_rows, int32_t);
     }
@@ -263,8 +286,7 @@ static struct attn_metadata runner_graph_dummy(struct model_runner *r, int bs, i
 // model_forward (mtp: an MTP pass, chained for q == 1, else the first pass over hidden rows
 // mtp.d_hidden_rows, all row 0 here) + the logits of every row of one bucket; captured when
 // graph != NULL.
-static atomc_status runner_graph_run(struct model_runner *r, int bs, int q, bool mtp, void **graph,
-                                     struct error *err) {
+static atomc_status runner_graph_run(struct model_runner *r, int bs, int q, bool mtp, void **graph, struct error *err) {
     struct backend *b = r->backend;
     const int32_t *rows;
     struct attn_metadata md = runner_graph_dummy(r, bs, q, &rows);
@@ -365,7 +387,8 @@ atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct er
             atomc_status st = runner_graph_run(r, ver[i], q, true, pass ? &graph : NULL, err);
             if (st != ATOMC_OK)
                 return error_prefix(err, "capturing the MTP first-pass graph of batch %d x %d: ", ver[i], q);
-            if (pass) r->m1graphs[r->n_m1graphs++] = (struct runner_graph){.batch_size = ver[i], .q = q, .graph = graph};
+            if (pass)
+                r->m1graphs[r->n_m1graphs++] = (struct runner_graph){.batch_size = ver[i], .q = q, .graph = graph};
         }
         for (int i = n_mtp - 1; i >= 0; i--) {
             void *graph = NULL;
@@ -401,8 +424,7 @@ atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct er
     if (b->ops->memory_info) b->ops->memory_info(b, &free1, &total);
     char vdesc[160] = "";
     if (r->n_vgraphs)
-        snprintf(vdesc, sizeof vdesc, ", %d verify graphs (batch 1..%d x %d tokens)", r->n_vgraphs, ver[n_ver - 1],
-                 q);
+        snprintf(vdesc, sizeof vdesc, ", %d verify graphs (batch 1..%d x %d tokens)", r->n_vgraphs, ver[n_ver - 1], q);
     if (r->n_mgraphs || r->n_m1graphs)
         snprintf(vdesc + strlen(vdesc), sizeof vdesc - strlen(vdesc), ", %d + %d MTP graphs (first pass + chain)",
                  r->n_m1graphs, r->n_mgraphs);
