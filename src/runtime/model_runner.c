@@ -17,8 +17,9 @@
 // A step (model_runner_execute): validate the batch (every bad value is a status, not a
 // crash), pack its metadata, logits rows and sampling parameters into one host staging block
 // and copy it to the device in one transfer, run the forward (graph replay when the batch is
-// decode-only, or a verify step of at most 1 + k tokens per sequence, and fits a bucket), compute logits only for the rows asked for, sample on the
-// backend, copy the ids (and logprobs) back: that copy is the step's only synchronisation.
+// decode-only, or a verify step of at most 1 + k tokens per sequence, and fits a bucket),
+// compute logits only for the rows asked for, sample on the backend, copy the ids (and
+// logprobs) back: that copy is the step's only synchronisation.
 // Prompt logprobs (echo) are computed in chunks of max_logits_rows rows; their log-softmax is
 // done on the host (rare path, off the decode loop).
 #include "runtime/model_runner.h"
