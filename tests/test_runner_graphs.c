@@ -5,14 +5,20 @@
 // capture (their arguments by value, as a CUDA graph freezes kernel arguments) and replaying
 // them (MoE and Gated DeltaNet ops too). Replayed steps must give the logits and tokens of a plain
 // eager runner (dense, the MLA + MoE DeepSeek fixtures); for the recurrent model (qwen3_next) every sequence has its own state slot and the
-// padding sequences write the runner's dummy slot.
+// padding sequences write the runner's dummy slot. Speculative steps (runner_graphs.c's verify
+// and MTP graphs): the schedule of tests/spec_graph_schedule.h (verify steps with 0..k drafts per
+// sequence, MTP first and chained passes) against an eager runner, the eligibility rules, and the
+// engine with ngram / mtp drafts on a recorded-graph runner against an eager engine.
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "engine_model_scenarios.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
+#include "spec_graph_schedule.h"
 #include "test.h"
 
 enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT,
@@ -480,5 +486,248 @@ TEST(graphs_not_used_for_prefill) {
     free(s);
     model_runner_free(r);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Verify graphs (speculative steps of 1 + k tokens per sequence, runner_graphs.c) under recorded
+// graphs against an eager runner: every step, each live sequence carries its last token and
+// 0..k "drafts" (arbitrary ids), logits at every row; a random number of them is accepted (the
+// sequence's cache then keeps only those, as after the engine's verification, so rejected slots
+// are overwritten later). Steps where no sequence drafts are decode steps (decode graphs). With an
+// MTP model, every step is followed by an MTP pass over the step's rows reading the hidden states
+// through the verify graph's padded rows.
+
+static struct model_runner *open_spec_runner(const char *model, struct backend *b, bool eager, bool groups,
+                                             bool mtp) {
+    char path[4096];
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s", model);
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    struct runner_options o = {
+        .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8,
+        .max_num_batched_tokens = 128, .max_logits_rows = 8 * (1 + SG_K), .max_model_len = 128, .num_threads = 2,
+        .enforce_eager = eager, .backend = b, .hybrid_kv_groups = groups, .num_speculative_tokens = SG_K,
+        .load_mtp = mtp,
+    };
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  create: %s\n", err.msg);
+    return r;
+}
+
+// tests/spec_graph_schedule.h under recorded graphs: fp32, so graph and eager agree to rounding
+// (the padded batch changes only summation order), and the MTP drafts are the same ids.
+static void run_verify_schedule(const char *model, bool groups, bool mtp) {
+    struct rec_backend *rb = rec_backend_create();
+    ASSERT_TRUE(rb != NULL);
+    struct model_runner *rg = open_spec_runner(model, &rb->pub, false, groups, mtp);
+    struct model_runner *re = open_spec_runner(model, NULL, true, groups, mtp);
+    ASSERT_TRUE(rg != NULL && re != NULL);
+    ASSERT_EQ(model_runner_num_graphs(rg), 4);        // decode buckets 1, 2, 4, 8
+    ASSERT_EQ(model_runner_num_verify_graphs(rg), 4); // verify buckets 1, 2, 4, 8 of 1 + k = 4 tokens each
+    ASSERT_EQ(model_runner_num_verify_graphs(re), 0);
+    ASSERT_EQ(model_runner_num_mtp_graphs(rg), mtp ? 8 : 0); // MTP first-pass and chain buckets 1, 2, 4, 8
+    struct sg_result res = sg_run(rg, re, mtp, 0);
+    fprintf(stderr,
+            "  %s: %d decode + %d verify graphs, %d verify / %d decode steps (%d sequence-steps with fewer drafts "
+            "than k), max |logit graph - eager| = %.2e, MTP chain logits %.2e (%llu MTP chain replays), %d MTP "
+            "draft chains differ\n",
+            model, model_runner_num_graphs(rg), model_runner_num_verify_graphs(rg), res.n_verify, res.n_decode,
+            res.n_short, res.worst, res.worst_mtp, (unsigned long long)model_runner_num_mtp_graph_replays(rg),
+            res.draft_diff);
+    ASSERT_TRUE(!res.failed);
+    ASSERT_TRUE(res.worst <= 1e-4);
+    ASSERT_TRUE(res.worst_mtp <= 1e-4);
+    ASSERT_EQ(res.draft_mismatch, 0);
+    ASSERT_TRUE(res.n_verify >= 8 && res.n_decode >= 4 && res.n_short >= 4);
+    if (mtp) ASSERT_TRUE(model_runner_num_mtp_graph_replays(rg) >= (uint64_t)res.n_verify + res.n_decode);
+    ASSERT_EQ((uint64_t)rb->n_launched, res.n_verify + res.n_decode + model_runner_num_mtp_graph_replays(rg));
+    model_runner_free(rg);
+    model_runner_free(re);
+}
+
+TEST(verify_graphs_replay_equals_eager_llama) { run_verify_schedule("llama_gqa", false, false); }
+TEST(verify_graphs_replay_equals_eager_gpt_oss_kv_groups) { run_verify_schedule("gpt_oss", true, false); }
+TEST(verify_graphs_replay_equals_eager_mistral_sliding) { run_verify_schedule("mistral_sliding", false, false); }
+TEST(verify_graphs_replay_equals_eager_deepseek_v3) { run_verify_schedule("deepseek_v3", false, false); }
+TEST(verify_graphs_replay_equals_eager_qwen3_moe) { run_verify_schedule("qwen3_moe", false, false); }
+// MTP drafts after verify replays read the target's hidden states through the padded rows.
+TEST(verify_graphs_mtp_hidden_rows_equal_eager) { run_verify_schedule("deepseek_v3_mtp", false, true); }
+
+// Verify steps that do not fit the verify graphs run eagerly: a prefill chunk in the step (not
+// every row sampled), more than 1 + k tokens for a sequence; recurrent models get no verify graphs.
+TEST(verify_graphs_not_used_for_mixed_steps) {
+    struct rec_backend *rb = rec_backend_create();
+    ASSERT_TRUE(rb != NULL);
+    struct model_runner *r = open_spec_runner("llama_gqa", &rb->pub, false, false, false);
+    ASSERT_TRUE(r != NULL);
+    struct sim *s = malloc(sizeof *s);
+    sim_init(s, r, 1u);
+    int32_t ids[12] = {4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    struct sim_seq *q = calloc(2, sizeof *q);
+    sim_seq_init(&q[0], ids, 12);
+    sim_seq_init(&q[1], ids, 6);
+    int32_t rows[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    struct sample_row samp[16];
+    for (int i = 0; i < 16; i++) samp[i] = (struct sample_row){.top_p = 1, .repetition_penalty = 1};
+    struct runner_output out;
+    struct error err = {0};
+    // q0: 5 tokens (more than 1 + k), every row sampled: eager.
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 5, 0), 0);
+    struct forward_batch fb = sim_step_batch(s);
+    fb.n_logits = fb.n_tokens, fb.logits_rows = rows, fb.sampling = samp;
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    sim_step_commit(s);
+    // q0: 2 tokens (a verify row set) next to q1's 4-token prefill chunk with its last row only.
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 2, 1), 0);
+    ASSERT_EQ(sim_step_add(s, &q[1], 4, 1), 0);
+    fb = sim_step_batch(s);
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    sim_step_commit(s);
+    ASSERT_EQ(model_runner_num_graph_replays(r), 0);
+    // Now a real verify step of both (4 and 2 tokens, every row): replayed.
+    sim_step_begin(s);
+    ASSERT_EQ(sim_step_add(s, &q[0], 4, 0), 0);
+    ASSERT_EQ(sim_step_add(s, &q[1], 2, 0), 0);
+    fb = sim_step_batch(s);
+    fb.n_logits = fb.n_tokens, fb.logits_rows = rows, fb.sampling = samp;
+    ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+    ASSERT_EQ(model_runner_num_verify_graph_replays(r), 1);
+    free(q);
+    sim_free(s);
+    free(s);
+    model_runner_free(r);
+    struct rec_backend *rb2 = rec_backend_create();
+    struct model_runner *rn = open_spec_runner("qwen3_next", &rb2->pub, false, false, false);
+    ASSERT_TRUE(rn != NULL);
+    ASSERT_EQ(model_runner_num_verify_graphs(rn), 0);
+    ASSERT_TRUE(model_runner_num_graphs(rn) > 0);
+    model_runner_free(rn);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine on a runner with recorded graphs: greedy output with ngram / mtp drafts, graphs vs
+// enforce_eager, on a pool that forces preemption (and one that does not); verify steps, the MTP
+// passes and decode steps replay graphs (verify-replay and MTP-replay counters > 0), and every
+// output is token-identical to the eager engine's (fp32: up to a near tie below 1e-4).
+
+static atomc_status eg_execute(void *ctx, const struct forward_batch *fb, struct runner_output *out,
+                               struct error *err) {
+    return model_runner_execute(ctx, fb, out, err);
+}
+static void eg_free(void *ctx) { model_runner_free(ctx); }
+static uint64_t eg_replays(void *ctx) { return model_runner_num_graph_replays(ctx); }
+static atomc_status eg_draft(void *ctx, const struct draft_batch *db, int32_t *drafts, struct error *err) {
+    return model_runner_draft(ctx, db, drafts, err);
+}
+
+enum { EG_SEQS = 8, EG_BUDGET = 64, EG_K = 3 };
+
+// An engine over runner r (owned by the engine from here) with method ngram or mtp, k = EG_K.
+static atomc_engine *eg_engine(struct model_runner *r, bool mtp) {
+    struct engine_setup su;
+    memset(&su, 0, sizeof su);
+    su.model = (struct engine_model_ops){.ctx = r, .execute = eg_execute, .free = eg_free, .graph_replays = eg_replays,
+                                         .draft = mtp ? eg_draft : NULL};
+    su.num_kv_blocks = model_runner_num_kv_blocks(r);
+    su.vocab_size = model_runner_config(r)->vocab_size;
+    su.max_model_len = model_runner_max_model_len(r);
+    su.sliding_window = model_runner_sliding_window(r);
+    su.info.model_name = su.info.architecture = "fixture";
+    su.info.default_temperature = su.info.default_top_k = su.info.default_min_p = -1;
+    atomc_engine_options o;
+    atomc_engine_options_init(&o);
+    o.block_size = model_runner_block_size(r);
+    o.max_num_seqs = EG_SEQS;
+    o.max_num_batched_tokens = EG_BUDGET;
+    o.enable_prefix_caching = true;
+    o.speculative_method = mtp ? "mtp" : "ngram";
+    o.num_speculative_tokens = EG_K;
+    o.prompt_lookup_min = mtp ? 0 : 1;
+    o.prompt_lookup_max = mtp ? 0 : 3;
+    o.speculative_disable_by_batch_size = -1;
+    atomc_engine *e = NULL;
+    struct error err = {0};
+    CHECK_MSG(engine_create_with(&o, &su, &e, &err) == ATOMC_OK, "%s", err.msg);
+    return e;
+}
+
+static struct model_runner *eg_runner(const char *model, struct backend *b, bool eager, bool mtp, int num_blocks) {
+    char rel[256], path[4096];
+    snprintf(rel, sizeof rel, "models/%s", model);
+    snprintf(path, sizeof path, "%s", test_fixture(rel));
+    struct runner_options o = {
+        .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = num_blocks, .max_num_seqs = EG_SEQS,
+        .max_num_batched_tokens = EG_BUDGET, .max_logits_rows = EG_SEQS * (1 + EG_K), .max_model_len = 128,
+        .num_threads = 2, .enforce_eager = eager, .backend = b, .num_speculative_tokens = EG_K, .load_mtp = mtp,
+    };
+    struct model_runner *r = NULL;
+    struct error err = {0};
+    if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  create: %s\n", err.msg);
+    return r;
+}
+
+static void engine_graphs_equal_eager(const char *model, bool mtp, int num_blocks, bool preempt) {
+    json_t *refs = es_load_refs(model);
+    json_t *prompts = json_object_get(refs, "prompts");
+    enum { MAXP = 16, MAXT = 24 };
+    static int32_t ids[MAXP][128];
+    int n_ids[MAXP], n_p = 0;
+    for (size_t i = 0; i < json_array_size(prompts) && n_p + 1 < MAXP; i++) {
+        int n = es_json_ids(json_object_get(json_array_get(prompts, i), "ids"), ids[n_p], 40);
+        n_ids[n_p++] = n;
+        memcpy(ids[n_p], ids[n_p - 1], (size_t)n * 4); // the prompt twice: ngram drafts get accepted
+        memcpy(ids[n_p] + n, ids[n_p - 1], (size_t)n * 4);
+        n_ids[n_p++] = 2 * n;
+    }
+    json_decref(refs);
+    static struct es_out out[2][MAXP];
+    uint64_t vrep = 0, mrep = 0, drafts = 0, draft_tokens = 0;
+    for (int eager = 0; eager < 2; eager++) {
+        struct rec_backend *rb = eager ? NULL : rec_backend_create();
+        struct model_runner *r = eg_runner(model, rb ? &rb->pub : NULL, eager, mtp, num_blocks);
+        ASSERT_TRUE(r != NULL);
+        atomc_engine *e = eg_engine(r, mtp);
+        for (int i = 0; i < n_p; i++) es_add(e, ids[i], n_ids[i], MAXT, &out[eager][i], NULL);
+        es_run(e);
+        atomc_stats st;
+        atomc_engine_get_stats(e, &st);
+        fprintf(stderr, "  %s %s%s: %d prompts, %llu steps, %llu preemptions, %llu graph replays (%llu verify, %llu MTP)%s\n",
+                model, mtp ? "mtp" : "ngram", eager ? " (eager)" : "", n_p, (unsigned long long)st.num_steps,
+                (unsigned long long)st.num_preemptions, (unsigned long long)model_runner_num_graph_replays(r),
+                (unsigned long long)model_runner_num_verify_graph_replays(r),
+                (unsigned long long)model_runner_num_mtp_graph_replays(r), es_spec_line(e));
+        ASSERT_TRUE(st.spec_num_accepted_tokens > 0);
+        if (preempt) ASSERT_TRUE(st.num_preemptions > 0);
+        ASSERT_EQ(st.num_free_kv_blocks, num_blocks);
+        if (!eager) {
+            vrep = model_runner_num_verify_graph_replays(r);
+            mrep = model_runner_num_mtp_graph_replays(r);
+            drafts = st.spec_num_drafts;
+            draft_tokens = st.spec_num_draft_tokens;
+        } else {
+            ASSERT_EQ(model_runner_num_graph_replays(r), 0);
+        }
+        atomc_engine_free(e); // frees r
+    }
+    ASSERT_TRUE(vrep > 0);
+    if (mtp) ASSERT_TRUE(mrep > 0);
+    ASSERT_TRUE(draft_tokens < drafts * EG_K); // some verified sequences carried fewer drafts than k
+    for (int i = 0; i < n_p; i++) {
+        ASSERT_EQ(out[0][i].n, MAXT);
+        int same = es_compare(&out[1][i], &out[0][i], 1e-4f, NULL);
+        if (same < 0) {
+            test_fail(__FILE__, __LINE__, "%s prompt %d: graphs and eager differ", model, i);
+            return;
+        }
+        for (int t = 0; t < same; t++) ASSERT_NEAR(out[0][i].lp[t], out[1][i].lp[t], 1e-4);
+    }
+}
+
+TEST(engine_verify_graphs_equal_eager_ngram) { engine_graphs_equal_eager("llama_gqa", false, 256, false); }
+TEST(engine_verify_graphs_equal_eager_ngram_preemption) { engine_graphs_equal_eager("llama_gqa", false, 40, true); }
+TEST(engine_verify_graphs_equal_eager_mtp) { engine_graphs_equal_eager("deepseek_v3_mtp", true, 256, false); }
+TEST(engine_verify_graphs_equal_eager_mtp_preemption) { engine_graphs_equal_eager("deepseek_v3_mtp", true, 40, true); }
 
 int main(int argc, char **argv) { return test_main(argc, argv); }

@@ -146,6 +146,7 @@ static atomc_status engine_create_impl(const atomc_engine_options *o_in, struct 
         .max_logits_rows = max_seqs * (1 + spec_k),
         .max_model_len = o->max_model_len,
         .enforce_eager = o->enforce_eager,
+        .num_speculative_tokens = spec_k, // verify-step graphs of 1 + k tokens per sequence
         .num_threads = o->num_threads,
         .cpu_exact_kernels = o->cpu_exact_kernels,
         .dummy_seed = o->seed,

@@ -10,13 +10,16 @@
 //   -> scratch activations for max_num_batched_tokens
 //   -> KV pool: num_kv_blocks if given; CPU: cpu_kv_cache_bytes; CUDA: a profile forward of
 //      the largest batch, then memory_info and gpu_memory_utilization (as vLLM does)
-//   -> CUDA graphs of decode-only batches per batch-size bucket (unless enforce_eager).
+//   -> CUDA graphs of decode-only batches per batch-size bucket, and with speculative decoding
+//      of verify batches (1 + k tokens per sequence) per bucket (runner_graphs.c; unless
+//      enforce_eager).
 //
 // A step (model_runner_execute): validate the batch (every bad value is a status, not a
 // crash), pack its metadata, logits rows and sampling parameters into one host staging block
 // and copy it to the device in one transfer, run the forward (graph replay when the batch is
-// decode-only and fits a bucket), compute logits only for the rows asked for, sample on the
-// backend, copy the ids (and logprobs) back: that copy is the step's only synchronisation.
+// decode-only, or a verify step of at most 1 + k tokens per sequence, and fits a bucket),
+// compute logits only for the rows asked for, sample on the backend, copy the ids (and
+// logprobs) back: that copy is the step's only synchronisation.
 // Prompt logprobs (echo) are computed in chunks of max_logits_rows rows; their log-softmax is
 // done on the host (rare path, off the decode loop).
 #include "runtime/model_runner.h"
@@ -437,6 +440,12 @@ atomc_status runner_forward(struct model_runner *r, const struct forward_batch *
     // A batch with per-layer KV sends runs eagerly (a replayed graph would call no hook).
     if (r->graphs_enabled && runner_is_decode_only(fb) && fb->n_prompt_lp == 0 && !fb->kv_layer_done)
         g = runner_graph_for(r, fb->n_seqs);
+    struct runner_graph *vg = NULL;
+    if (!g && r->graphs_enabled && fb->n_prompt_lp == 0 && !fb->kv_layer_done && n_rows == fb->n_logits &&
+        !runner_is_decode_only(fb))
+        vg = runner_verify_graph_for(r, fb);
+    if (vg) return runner_verify_replay(r, fb, vg, err);
+    r->vpad.row_map_n = 0; // the rows of this forward are the batch's own
     if (g) {
         r->lay = r->dec;
         runner_upload(r, runner_pack(r, fb, g->batch_size, r->max_blocks, &md));
@@ -520,6 +529,9 @@ static atomc_status runner_check_options(const struct runner_options *o, struct 
                          "negative runner size option (block_size %d, max_num_seqs %d, max_num_batched_tokens %d, "
                          "max_model_len %d, num_kv_blocks %d)", o->block_size, o->max_num_seqs,
                          o->max_num_batched_tokens, o->max_model_len, o->num_kv_blocks);
+    if (o->num_speculative_tokens < 0 || o->num_speculative_tokens > ATOMC_MAX_SPEC_TOKENS)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "num_speculative_tokens %d outside 0..%d",
+                         o->num_speculative_tokens, ATOMC_MAX_SPEC_TOKENS);
     if (o->gpu_memory_utilization < 0 || o->gpu_memory_utilization > 1)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "gpu_memory_utilization %.3f outside (0, 1]",
                          o->gpu_memory_utilization);
@@ -650,7 +662,7 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
     if (runner_state_needed(r) && (st = runner_state_alloc(r, err))) goto fail;
     if ((st = runner_size_kv(r, o, err))) goto fail;
     if (!o->enforce_eager)
-        if ((st = runner_capture_graphs(r, err))) goto fail;
+        if ((st = runner_capture_graphs(r, o->num_speculative_tokens, err))) goto fail;
     char state_desc[96] = "";
     if (r->n_state_slots)
         snprintf(state_desc, sizeof state_desc, ", recurrent state %d + 1 slots (F32, %.1f MiB)", r->n_state_slots,
@@ -669,8 +681,7 @@ fail:
 void model_runner_free(struct model_runner *r) {
     if (!r) return;
     if (r->backend) {
-        for (int i = 0; i < r->n_graphs; i++)
-            if (r->backend->ops->graph_destroy) r->backend->ops->graph_destroy(r->backend, r->graphs[i].graph);
+        runner_graphs_release(r);
         runner_free_buffers(r);
         for (int l = 0; l < MODEL_MAX_LAYERS; l++)
             if (r->layer_ev[l]) r->backend->ops->event_free(r->backend, r->layer_ev[l]);
@@ -701,3 +712,11 @@ bool model_runner_host_sampler(const struct model_runner *r) { return r->backend
 size_t model_runner_state_bytes(const struct model_runner *r) { return r->state_bytes; }
 
 uint64_t model_runner_num_graph_replays(const struct model_runner *r) { return r->n_graph_replays; }
+
+int model_runner_num_verify_graphs(const struct model_runner *r) { return r->n_vgraphs; }
+
+uint64_t model_runner_num_verify_graph_replays(const struct model_runner *r) { return r->n_verify_replays; }
+
+int model_runner_num_mtp_graphs(const struct model_runner *r) { return r->n_mgraphs + r->n_m1graphs; }
+
+uint64_t model_runner_num_mtp_graph_replays(const struct model_runner *r) { return r->n_mtp_replays; }

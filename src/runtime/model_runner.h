@@ -129,6 +129,11 @@ struct runner_options {
     int max_logits_rows; // logits rows per step; 0 = max_num_seqs (speculative decoding: max_num_seqs * (1 + k))
     int max_model_len;
     bool enforce_eager;
+    // Speculative decoding with k drafts per sequence: besides the decode graphs, CUDA graphs of
+    // verify steps (1 + k query tokens per sequence, logits at every row) per batch bucket
+    // (runner_graphs.c). 0: decode graphs only. Needs max_logits_rows >= max_num_seqs * (1 + k)
+    // for the largest bucket; smaller buckets are captured as far as the rows allow.
+    int num_speculative_tokens;
     int num_threads;
     bool cpu_exact_kernels; // CPU: backend_options.exact_kernels (--cpu-exact-kernels)
     uint64_t dummy_seed;
@@ -227,6 +232,10 @@ int model_runner_num_state_slots(const struct model_runner *r);
 size_t model_runner_state_bytes(const struct model_runner *r);
 int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element
 int model_runner_num_graphs(const struct model_runner *r);        // captured decode graphs
-uint64_t model_runner_num_graph_replays(const struct model_runner *r);
+uint64_t model_runner_num_graph_replays(const struct model_runner *r); // decode and verify replays
+int model_runner_num_verify_graphs(const struct model_runner *r); // captured verify graphs (1 + k tokens per sequence)
+uint64_t model_runner_num_verify_graph_replays(const struct model_runner *r);
+int model_runner_num_mtp_graphs(const struct model_runner *r);    // captured MTP graphs (first pass + chain steps)
+uint64_t model_runner_num_mtp_graph_replays(const struct model_runner *r);
 
 #endif

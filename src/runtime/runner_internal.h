@@ -1,7 +1,7 @@
 // Internals of the model runner shared by its files (not a public header):
 //   model_runner.c   options, step buffers, batch validation / packing / upload, the forward, execute, create
 //   runner_kv.c      the KV pool: per-layer cache specs -> bytes per block, layout, sizing (profile run)
-//   runner_graphs.c  CUDA graphs of decode batches
+//   runner_graphs.c  CUDA graphs of decode batches, speculative verify batches and MTP chain steps
 //   runner_sample.c  sampling glue and prompt logprobs
 #ifndef ATOMC_RUNTIME_RUNNER_INTERNAL_H
 #define ATOMC_RUNTIME_RUNNER_INTERNAL_H
@@ -18,7 +18,8 @@
 #define RUNNER_MAX_GRAPHS 64
 
 struct runner_graph {
-    int batch_size;
+    int batch_size; // sequences
+    int q;          // query tokens per sequence: 1 (decode graphs) or 1 + k (verify graphs)
     void *graph;
 };
 
@@ -88,6 +89,7 @@ struct model_runner {
 
     struct runner_layout lay; // this step's layout
     struct runner_layout dec; // fixed layout of decode-graph steps
+    struct runner_layout ver; // fixed layout of verify-graph steps (spec_q tokens per sequence)
     size_t meta_cap;          // bytes of h_meta / d_meta: the largest layout a valid batch needs
     unsigned char *h_meta;    // host staging
     unsigned char *d_meta;    // backend memory
@@ -124,12 +126,36 @@ struct model_runner {
         size_t bt_cap;    // elements of bt
         int32_t *d_hidden_rows;
         int d_cap;
+        int32_t *h_hidden_rows; // (max_tokens) hidden rows mapped to a verify graph's padded rows
     } mtp;
 
     struct runner_graph graphs[RUNNER_MAX_GRAPHS];
     int n_graphs;
     bool graphs_enabled;
-    uint64_t n_graph_replays;
+    uint64_t n_graph_replays;   // decode and verify replays together
+    // Verify graphs (runner_graphs.c): speculative steps of spec_q = 1 + k query tokens per
+    // sequence, captured per batch bucket when runner_options.num_speculative_tokens > 0.
+    int spec_q;                 // 0: none captured
+    struct runner_graph vgraphs[RUNNER_MAX_GRAPHS];
+    int n_vgraphs;
+    uint64_t n_verify_replays;
+    // MTP chain graphs (models with MTP layers, k >= 2): the chained one-token MTP passes of
+    // model_runner_draft per decode bucket (layout r->dec, rows from d_iota).
+    struct runner_graph mgraphs[RUNNER_MAX_GRAPHS];
+    int n_mgraphs;
+    // MTP first-pass graphs (models with MTP layers): the pass over a verify step's positions
+    // (<= 1 + k rows per sequence) on the verify layout, hidden rows from mtp.d_hidden_rows.
+    struct runner_graph m1graphs[RUNNER_MAX_GRAPHS];
+    int n_m1graphs;
+    uint64_t n_mtp_replays; // chain and first-pass replays
+    // Host staging of a verify step padded to its bucket (every sequence spec_q tokens), and the
+    // map of the executed batch's token rows to the padded rows the scratch holds (MTP reads the
+    // hidden states through it); row_map_n 0: the last forward's rows are the batch's own.
+    struct {
+        int32_t *tok, *pos, *slot, *slot_sw, *qs, *ctx, *bt, *bt_sw, *row_map;
+        int row_map_n;
+        int32_t *mtp_map, *mtp_hidden; // (max_tokens) an MTP first pass's row map / padded hidden rows
+    } vpad;
 };
 
 
@@ -166,7 +192,15 @@ void runner_mtp_release(struct model_runner *r);
 
 // runner_graphs.c
 struct runner_graph *runner_graph_for(struct model_runner *r, int n);
-atomc_status runner_capture_graphs(struct model_runner *r, struct error *err);
+struct runner_graph *runner_verify_graph_for(struct model_runner *r, const struct forward_batch *fb);
+atomc_status runner_verify_replay(struct model_runner *r, const struct forward_batch *fb, struct runner_graph *g,
+                                  struct error *err);
+atomc_status runner_capture_graphs(struct model_runner *r, int spec_k, struct error *err);
+atomc_status runner_mtp_chain_replay(struct model_runner *r, const struct forward_batch *fb, bool *replayed,
+                                     struct error *err);
+atomc_status runner_mtp_first_replay(struct model_runner *r, const struct forward_batch *fb, const int32_t *hidden_rows,
+                                     bool *replayed, struct error *err);
+void runner_graphs_release(struct model_runner *r);
 
 // runner_sample.c
 void runner_prompt_logprobs(struct model_runner *r, const struct forward_batch *fb);

@@ -1,8 +1,9 @@
 // MTP drafts of the model runner (model_runner.h model_runner_draft): one pass of the MTP layer
 // over the positions a step verified (filling its cache, reading the target's hidden states the
 // step left in the scratch), the argmax of the drafting sequences' last rows, then k - 1 chained
-// one-token passes fed by the previous pass's output. Drafts are argmax (q one-hot), which keeps
-// the engine's verification exact for sampled requests too (src/engine/spec.h).
+// one-token passes fed by the previous pass's output (replays of the MTP first-pass and chain
+// graphs where captured, runner_graphs.c). Drafts are argmax (q one-hot), which keeps the engine's
+// verification exact for sampled requests too (src/engine/spec.h).
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,7 @@ void runner_mtp_release(struct model_runner *r) {
     free(r->mtp.rows);
     free(r->mtp.bt);
     free(r->mtp.greedy);
+    free(r->mtp.h_hidden_rows);
     if (r->mtp.d_hidden_rows) r->backend->ops->free(r->backend, r->mtp.d_hidden_rows);
     memset(&r->mtp, 0, sizeof r->mtp);
 }
@@ -81,13 +83,25 @@ static atomc_status mtp_validate(const struct model_runner *r, const struct draf
 
 // Uploads fb, runs MTP layer 0 (hidden_rows: from the target's rows, NULL: chained), takes the
 // argmax of the logits rows into ids (host, valid until the next sampling).
+// A chained pass (d_hidden_rows NULL) replays the MTP chain graph of its bucket when one is captured.
 static atomc_status mtp_pass(struct model_runner *r, const struct forward_batch *fb, const int32_t *d_hidden_rows,
                              const int32_t **ids, struct error *err) {
+    *ids = NULL;
+    bool replayed = false;
+    if (!d_hidden_rows) {
+        atomc_status st = runner_mtp_chain_replay(r, fb, &replayed, err);
+        if (st != ATOMC_OK) return st;
+    }
+    if (replayed) { // the graph computed the logits of rows 0..n-1
+        struct runner_output out;
+        atomc_status st = runner_sample(r, fb, &out, err);
+        *ids = out.ids;
+        return st;
+    }
     struct attn_metadata md;
     runner_layout_build(&r->lay, fb->n_tokens, fb->n_seqs, fb->max_blocks_per_seq, fb->n_logits, 0);
     runner_upload(r, runner_pack(r, fb, 0, fb->max_blocks_per_seq, &md));
     model_mtp_forward(r->model, 0, DPTR(r, token_ids, int32_t), &md, r->kv, d_hidden_rows);
-    *ids = NULL;
     if (fb->n_logits == 0) {
         r->backend->ops->synchronize(r->backend);
         return ATOMC_OK;
@@ -105,6 +119,23 @@ atomc_status model_runner_draft(struct model_runner *r, const struct draft_batch
     if (m->n_mtp == 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "MTP drafts: %s was loaded without MTP layers", r->cfg.architecture);
     const struct forward_batch *fb0 = &db->fb;
+    struct draft_batch mapped;
+    if (r->vpad.row_map_n > 0) { // the last step replayed a verify graph: its rows are padded
+        if (fb0->n_tokens < 1 || fb0->n_tokens > r->max_tokens)
+            return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "draft batch has %d tokens", fb0->n_tokens);
+        if (!r->mtp.h_hidden_rows) r->mtp.h_hidden_rows = xcalloc((size_t)r->max_tokens, 4);
+        for (int t = 0; t < fb0->n_tokens; t++) {
+            if (db->hidden_rows[t] < 0 || db->hidden_rows[t] >= r->vpad.row_map_n)
+                return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                                 "draft batch: hidden row %d outside the last step's %d rows", db->hidden_rows[t],
+                                 r->vpad.row_map_n);
+            r->mtp.h_hidden_rows[t] = r->vpad.row_map[db->hidden_rows[t]];
+        }
+        mapped = *db;
+        mapped.hidden_rows = r->mtp.h_hidden_rows;
+        db = &mapped;
+        fb0 = &db->fb;
+    }
     atomc_status st = runner_validate(r, fb0, err);
     if (st == ATOMC_OK) st = mtp_validate(r, db, err);
     if (st != ATOMC_OK) return st;
@@ -118,14 +149,24 @@ atomc_status model_runner_draft(struct model_runner *r, const struct draft_batch
         if (!r->mtp.d_hidden_rows)
             return error_set(err, ATOMC_ERR_OUT_OF_MEMORY, "MTP drafts: cannot allocate %d hidden rows", r->max_tokens);
     }
-    b->ops->copy_h2d(b, r->mtp.d_hidden_rows, db->hidden_rows, (size_t)T * 4);
     struct forward_batch fb = *fb0;
     fb.sampling = r->mtp.greedy;
     fb.sample_ready = NULL;
     fb.sample_check = NULL;
     fb.n_prompt_lp = 0;
-    const int32_t *ids;
-    if ((st = mtp_pass(r, &fb, r->mtp.d_hidden_rows, &ids, err)) != ATOMC_OK) return st;
+    const int32_t *ids = NULL;
+    bool replayed = false; // the first pass as a graph replay (runner_graphs.c) where one fits
+    if ((st = runner_mtp_first_replay(r, &fb, db->hidden_rows, &replayed, err)) != ATOMC_OK) return st;
+    if (replayed && R > 0) {
+        struct runner_output out;
+        if ((st = runner_sample(r, &fb, &out, err)) != ATOMC_OK) return st;
+        ids = out.ids;
+    } else if (replayed) {
+        b->ops->synchronize(b);
+    } else {
+        b->ops->copy_h2d(b, r->mtp.d_hidden_rows, db->hidden_rows, (size_t)T * 4);
+        if ((st = mtp_pass(r, &fb, r->mtp.d_hidden_rows, &ids, err)) != ATOMC_OK) return st;
+    }
     for (int i = 0; i < R; i++) drafts[(size_t)i * K] = ids[i];
     for (int j = 1; j < K; j++) {
         int n = 0;
