@@ -149,6 +149,7 @@ atomc_status atomc_engine_create(const atomc_engine_options *o_in, atomc_engine 
         .dummy_seed = o->seed,
         .moe_uniform_routing = o->moe_uniform_routing,
         .load_mtp = spec_k > 0 && engine_spec_is_mtp(o),
+        .eagle3_path = spec_k > 0 && engine_spec_is_eagle3(o) ? o->speculative_model : NULL,
     };
     int tp_size = o->tensor_parallel_size > 0 ? o->tensor_parallel_size : 1;
     // Per-layer-group block tables: not with KV transfer (it moves one table's blocks) or TP yet.

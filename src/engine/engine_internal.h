@@ -89,6 +89,7 @@ int engine_resolve_long_prefill(const atomc_engine_options *o);
 // steps with at most this many decoding sequences). Also called before the model is loaded.
 // Whether o asks for speculative method "mtp" (or its vLLM aliases deepseek_mtp / glm4_moe_mtp).
 bool engine_spec_is_mtp(const atomc_engine_options *o);
+bool engine_spec_is_eagle3(const atomc_engine_options *o);
 atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min_n, int *max_n, int *max_batch,
                                  struct error *err);
 
@@ -148,7 +149,8 @@ struct atomc_engine {
     // Speculative decoding (spec.h; options speculative_*): k = 0 is off.
     int spec_k, spec_min, spec_max;
     int spec_max_batch; // drafts only in steps with at most this many decoding sequences (INT_MAX: always)
-    bool spec_mtp;      // method "mtp": drafts from the model's MTP layer (engine_spec_mtp.c), else n-gram
+    bool spec_mtp;      // methods "mtp" / "eagle3": drafts from a draft layer (the model's MTP layer or an
+                        // EAGLE-3 head, engine_spec_mtp.c), else n-gram
     double spec_force;  // BENCHMARK ONLY: forced acceptance probability (options.spec_forced_acceptance), 0 = off
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_accepted_pos[ATOMC_MAX_SPEC_TOKENS];
 

@@ -608,7 +608,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
                                     .moe_force_uniform = o->moe_uniform_routing,
                                     .quant_weight_only = o->quant_weight_only,
                                     .online_fp8 = online_fp8,
-                                    .load_mtp = o->load_mtp};
+                                    .load_mtp = o->load_mtp,
+                                    .eagle3_path = o->eagle3_path};
     double tw = time_now_s();
     if ((st = model_load(&r->model, b, &r->cfg, &lo, err))) goto fail;
     // Every tensor of the checkpoint must have been read: a scale or unknown tensor the model

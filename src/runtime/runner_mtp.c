@@ -1,7 +1,8 @@
 // MTP drafts of the model runner (model_runner.h model_runner_draft): one pass of the MTP layer
 // over the positions a step verified (filling its cache, reading the target's hidden states the
 // step left in the scratch), the argmax of the drafting sequences' last rows, then k - 1 chained
-// one-token passes fed by the previous pass's output. Drafts are argmax (q one-hot), which keeps
+// one-token passes fed by the previous pass's output; an EAGLE-3 head runs the same passes
+// (runner_eagle3.c). Drafts are argmax (q one-hot), which keeps
 // the engine's verification exact for sampled requests too (src/engine/spec.h).
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@ void runner_mtp_release(struct model_runner *r) {
     memset(&r->mtp, 0, sizeof r->mtp);
 }
 
-int model_runner_num_mtp_layers(const struct model_runner *r) { return r->model->n_mtp; }
+int model_runner_num_mtp_layers(const struct model_runner *r) { return r->model->n_mtp + (r->model->eagle3 != NULL); }
 
 static void mtp_reserve(struct model_runner *r, int n, size_t bt) {
     if (n > r->mtp.cap) {
@@ -83,6 +84,7 @@ static atomc_status mtp_validate(const struct model_runner *r, const struct draf
 // argmax of the logits rows into ids (host, valid until the next sampling).
 static atomc_status mtp_pass(struct model_runner *r, const struct forward_batch *fb, const int32_t *d_hidden_rows,
                              const int32_t **ids, struct error *err) {
+    if (r->model->eagle3) return runner_eagle3_pass(r, fb, d_hidden_rows, ids, err);
     struct attn_metadata md;
     runner_layout_build(&r->lay, fb->n_tokens, fb->n_seqs, fb->max_blocks_per_seq, fb->n_logits, 0);
     runner_upload(r, runner_pack(r, fb, 0, fb->max_blocks_per_seq, &md));
@@ -102,8 +104,9 @@ static atomc_status mtp_pass(struct model_runner *r, const struct forward_batch 
 atomc_status model_runner_draft(struct model_runner *r, const struct draft_batch *db, int32_t *drafts,
                                 struct error *err) {
     struct model *m = r->model;
-    if (m->n_mtp == 0)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "MTP drafts: %s was loaded without MTP layers", r->cfg.architecture);
+    if (m->n_mtp == 0 && !m->eagle3)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "MTP drafts: %s was loaded without MTP layers or an EAGLE-3 head",
+                         r->cfg.architecture);
     const struct forward_batch *fb0 = &db->fb;
     atomc_status st = runner_validate(r, fb0, err);
     if (st == ATOMC_OK) st = mtp_validate(r, db, err);

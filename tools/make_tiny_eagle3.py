@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Writes tests/fixtures/tiny_eagle3: a tiny EAGLE-3 draft head for the tiny Llama target
+tests/fixtures/models/llama_gqa (tools/make_tiny_models.py; used unchanged), in the published
+EAGLE-3 checkpoint layout (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: architectures
+["LlamaForCausalLMEagle3"], one decoder layer `midlayer.*`, `fc`, `norm`, `lm_head` over a draft
+vocabulary, `d2t` / `t2d`, no embed_tokens: the target's serve), plus eagle3_refs.json with the
+draft forward computed from HF transformers' Llama modules (LlamaRMSNorm, LlamaRotaryEmbedding,
+LlamaAttention with its q/k/v projections widened to 2 hidden inputs, LlamaMLP), fp32 over the
+bf16-stored weights:
+
+    g_p     = [a_{i0}(p) ; a_{i1}(p) ; a_{i2}(p)]   a_i = the target's residual stream entering
+              layer i (HF hidden_states[i]; vLLM's aux layer ids, default (2, L // 2, L - 3))
+    hid     = fc(g_p)                               (chained steps: the previous step's pre-norm output)
+    x       = [input_layernorm(embed(t_{p+1})) ; hidden_norm(hid)]
+    h       = hid + o_proj(attention(x))            (causal over the draft layer's own positions)
+    out     = h + mlp(post_attention_layernorm(h))  (pre-norm: fed to the next chained step)
+    logits  = lm_head(norm(out))  over the draft vocabulary; draft = argmax d, target id d + d2t[d]
+
+The head's weights are random, then fitted for a few hundred Adam steps to the target's own
+greedy continuations of the test prompts (so the engine tests see drafts accepted: wrong aux
+rows, positions or token shifts would destroy the acceptance). The draft vocabulary is the
+DRAFT_V target ids most frequent in those continuations (sorted, so d2t is a non-trivial
+monotone offset table). The draft layer has its own rope_theta (the target's differs), which the
+draft must use.
+
+The script also checks that the reference responds to each feature the C test relies on: other
+aux layer ids, no hidden_norm, the target's rope_theta and norm_before_residual each move the
+logits by far more than the test's tolerance.
+
+Run (CPU, seconds):  python3 tools/make_tiny_eagle3.py [--out tests/fixtures/tiny_eagle3]
+"""
+import argparse
+import copy
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGET = os.path.join(HERE, "..", "tests", "fixtures", "models", "llama_gqa")
+PROMPTS = [[5, 77, 13, 200, 41], [9, 9, 120, 3, 250, 61, 17, 88, 30], list(range(40, 57)),
+           [1, 100, 7, 220, 4, 4, 4, 150, 93, 12, 12, 60, 201, 33, 180, 2, 71, 71, 5, 140, 99, 8, 18, 255]]
+K = 3
+DRAFT_V = 64
+DRAFT_ROPE_THETA = 50000.0
+TRAIN_STEPS = 300
+FIT_NEW = 40
+
+
+class Eagle3(torch.nn.Module):
+    """The EAGLE-3 head from HF's Llama modules; attribute names are the checkpoint's."""
+
+    def __init__(self, cfg, target_hidden, draft_v, norm_before_residual=False, use_hidden_norm=True):
+        super().__init__()
+        H = cfg.hidden_size
+        self.cfg = cfg
+        self.norm_before_residual = norm_before_residual
+        self.use_hidden_norm = use_hidden_norm
+        self.fc = torch.nn.Linear(3 * target_hidden, H, bias=False)
+        self.input_layernorm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer_idx=0)
+        hd, nh, nk = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.self_attn.q_proj = torch.nn.Linear(2 * H, nh * hd, bias=False)
+        self.self_attn.k_proj = torch.nn.Linear(2 * H, nk * hd, bias=False)
+        self.self_attn.v_proj = torch.nn.Linear(2 * H, nk * hd, bias=False)
+        self.post_attention_layernorm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+        self.norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
+        self.lm_head = torch.nn.Linear(H, draft_v, bias=False)
+        self.rotary = LlamaRotaryEmbedding(cfg)
+
+    def forward(self, embeds, hid):
+        """embeds (B, T, H) of t_{p+1}, hid (B, T, H) -> (pre-norm out, draft logits), causal."""
+        B, T, _ = hid.shape
+        pos = torch.arange(T).view(1, -1).expand(B, -1)
+        hn = self.hidden_norm(hid) if self.use_hidden_norm else hid
+        residual = hn if self.norm_before_residual else hid
+        x = torch.cat([self.input_layernorm(embeds), hn], dim=-1)
+        mask = torch.full((T, T), float("-inf")).triu(1).view(1, 1, T, T).expand(B, 1, T, T)
+        a, _ = self.self_attn(x, position_embeddings=self.rotary(x, pos), attention_mask=mask)
+        h = residual + a
+        out = h + self.mlp(self.post_attention_layernorm(h))
+        return out, self.lm_head(self.norm(out))
+
+
+def aux_states(model, seq, layer_ids):
+    """(B, T, 3 H): the target's residual stream entering each aux layer, concatenated in order."""
+    hs = model(seq, output_hidden_states=True).hidden_states
+    return torch.cat([hs[i] for i in layer_ids], dim=-1)
+
+
+def bf16_(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+
+
+def train(model, head, gen, data, t2d, layer_ids):
+    emb = model.model.embed_tokens
+    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+    for step in range(TRAIN_STEPS):
+        loss = 0
+        for i in torch.randint(0, len(data), (8,), generator=gen).tolist():
+            s, g = data[i]
+            _, logits = head(emb(s[:, 1:-1]), head.fc(g[:, :-2]))
+            tgt = t2d[s[:, 2:]]
+            loss = loss + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                                            ignore_index=-1) / 8
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 100 == 0:
+            print(f"  step {step}: loss {float(loss):.3f}", flush=True)
+    print(f"EAGLE-3 fit: loss {float(loss):.3f}")
+
+
+def draft_logits(model, head, ids, t_n, layer_ids):
+    """Logits at every prompt position (input t_{p+1}, predicting t_{p+2}) and the pre-norm outs."""
+    emb = model.model.embed_tokens
+    g = aux_states(model, torch.tensor([ids]), layer_ids)
+    toks = torch.tensor([ids[1:] + [t_n]])
+    hid = head.fc(g)
+    out, logits = head(emb(toks), hid)
+    return hid, out, logits
+
+
+def main():
+    torch.set_num_threads(1)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(HERE, "..", "tests", "fixtures", "tiny_eagle3"))
+    a = ap.parse_args()
+    tcfg = LlamaConfig.from_pretrained(TARGET)
+    tcfg._attn_implementation = "eager"
+    model = LlamaForCausalLM.from_pretrained(TARGET, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    L, H, V = tcfg.num_hidden_layers, tcfg.hidden_size, tcfg.vocab_size
+    layer_ids = [2, L // 2, L - 3]  # vLLM's default for Llama targets; the config below leaves it implicit
+    dcfg = copy.deepcopy(tcfg)
+    dcfg.num_hidden_layers = 1
+    dcfg.rope_parameters = {"rope_type": "default", "rope_theta": DRAFT_ROPE_THETA}
+    gen = torch.Generator().manual_seed(4242)
+    with open(os.path.join(TARGET, "refs.json")) as f:
+        fit = [p["ids"] for p in json.load(f)["prompts"] if len(p["ids"]) > 1] + PROMPTS
+    fit += torch.randint(0, V, (24, 7), generator=gen).tolist()
+    data, counts = [], torch.zeros(V)
+    with torch.no_grad():
+        for p in fit:
+            ids = torch.tensor([p])
+            seq = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=FIT_NEW,
+                                 min_new_tokens=FIT_NEW, pad_token_id=0)
+            data.append((seq, aux_states(model, seq, layer_ids)))
+            counts += torch.bincount(seq[0, 2:], minlength=V).float()
+    draft_ids = sorted(torch.argsort(counts, descending=True, stable=True)[:DRAFT_V].tolist())
+    d2t = torch.tensor(draft_ids) - torch.arange(DRAFT_V)
+    t2d_idx = torch.full((V,), -1, dtype=torch.long)
+    t2d_idx[torch.tensor(draft_ids)] = torch.arange(DRAFT_V)
+    print(f"draft vocabulary: {DRAFT_V} of {V} target ids cover {float(counts[draft_ids].sum() / counts.sum()):.2f} "
+          f"of the fit continuations' tokens")
+
+    head = Eagle3(dcfg, H, DRAFT_V).eval()
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / p.shape[-1] ** 0.5))
+    train(model, head, gen, data, t2d_idx, layer_ids)
+    bf16_(head)
+
+    refs = []
+    emb = model.model.embed_tokens
+    with torch.no_grad():
+        for ids in PROMPTS:
+            n = len(ids)
+            full = model.model(torch.tensor([ids])).last_hidden_state[0]
+            t_n = int(model.lm_head(full[-1]).argmax())
+            hid, out, logits = draft_logits(model, head, ids, t_n, layer_ids)
+            # The chain: d_1 from the last prompt position, then positions n, n + 1 fed (embed(d_j),
+            # the previous position's pre-norm out).
+            toks, hids = ids[1:] + [t_n], hid[0]
+            o, lg = out[0], logits[0]
+            chain, margins = [], []
+            for j in range(K):
+                row = lg[n - 1 + j]
+                top2 = torch.topk(row, 2).values
+                d = int(row.argmax())
+                chain.append(d + int(d2t[d]))
+                margins.append(float(top2[0] - top2[1]))
+                if j + 1 < K:
+                    toks = toks + [chain[-1]]
+                    hids = torch.cat([hids, o[n - 1 + j].view(1, -1)], 0)
+                    o, lg = head(emb(torch.tensor([toks])), hids.view(1, len(toks), -1))
+                    o, lg = o[0], lg[0]
+            refs.append(dict(ids=ids, target_next=t_n, draft_logits=[[round(float(v), 6) for v in r] for r in logits[0]],
+                             chain=chain, chain_margins=margins))
+
+        # The reference must respond to every feature the C test relies on.
+        ids = PROMPTS[3]
+        t_n = refs[3]["target_next"]
+        base = draft_logits(model, head, ids, t_n, layer_ids)[2]
+        scale = float(base.abs().max())
+        moved = {}
+        moved["aux_layer_ids (0, 1, 2)"] = draft_logits(model, head, ids, t_n, [0, 1, 2])[2]
+        head.use_hidden_norm = False
+        moved["no hidden_norm"] = draft_logits(model, head, ids, t_n, layer_ids)[2]
+        head.use_hidden_norm = True
+        head.norm_before_residual = True
+        moved["norm_before_residual"] = draft_logits(model, head, ids, t_n, layer_ids)[2]
+        head.norm_before_residual = False
+        rot = head.rotary
+        head.rotary = LlamaRotaryEmbedding(tcfg)
+        moved["the target's rope_theta"] = draft_logits(model, head, ids, t_n, layer_ids)[2]
+        head.rotary = rot
+        sens = {}
+        for k, v in moved.items():
+            d = float((v - base).abs().max())
+            sens[k] = d
+            print(f"  reference with {k}: logits move by {d:.3g} (scale {scale:.3g})")
+            assert d > 1e-2 * scale, k  # the C test's tolerance is 1e-4 of the scale
+
+    os.makedirs(a.out, exist_ok=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": dcfg.intermediate_size,
+        "num_attention_heads": dcfg.num_attention_heads,
+        "num_key_value_heads": dcfg.num_key_value_heads,
+        "head_dim": dcfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": dcfg.rms_norm_eps,
+        "rope_theta": DRAFT_ROPE_THETA,
+        "rope_scaling": None,
+        "max_position_embeddings": dcfg.max_position_embeddings,
+        "vocab_size": V,
+        "draft_vocab_size": DRAFT_V,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    sd = head.state_dict()
+    tensors = {"fc.weight": sd["fc.weight"], "norm.weight": sd["norm.weight"], "lm_head.weight": sd["lm_head.weight"]}
+    for k, v in sd.items():
+        if k.split(".")[0] in ("input_layernorm", "hidden_norm", "self_attn", "post_attention_layernorm", "mlp"):
+            tensors["midlayer." + k] = v
+    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}
+    tensors["d2t"] = d2t.to(torch.int64)
+    tensors["t2d"] = t2d_idx >= 0
+    save_file(tensors, os.path.join(a.out, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(a.out, "eagle3_refs.json"), "w") as f:
+        json.dump(dict(target="models/llama_gqa", generator="tools/make_tiny_eagle3.py", aux_layer_ids=layer_ids,
+                       draft_vocab_size=DRAFT_V, d2t=d2t.tolist(), k=K, sensitivity=sens, prompts=refs), f)
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
