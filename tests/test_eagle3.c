@@ -51,13 +51,24 @@ static struct model_runner *e3_runner(const char *target_rel, const char *head_d
 
 // One sequence of n tokens in blocks 0, 1, ... (block size 4): the prompt's prefill, greedy.
 static int32_t prefill(struct model_runner *r, const int32_t *ids, int n, int32_t *bt, int32_t *slots, int32_t *pos) {
-    for (int b = 0; b < 16; b++) bt[b] = b;
-    for (int t = 0; t < n; t++) slots[t] = t, pos[t] = t;
+    for (int b = 0; b < 16; b++)
+        bt[b] = b;
+    for (int t = 0; t < n; t++)
+        slots[t] = t, pos[t] = t;
     int32_t qs[2] = {0, n}, ctx[1] = {n}, row[1] = {n - 1};
     struct sample_row sr = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
-    struct forward_batch fb = {.n_seqs = 1, .n_tokens = n, .token_ids = ids, .positions = pos, .query_start = qs,
-                               .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = 16,
-                               .slot_mapping = slots, .n_logits = 1, .logits_rows = row, .sampling = &sr};
+    struct forward_batch fb = {.n_seqs = 1,
+                               .n_tokens = n,
+                               .token_ids = ids,
+                               .positions = pos,
+                               .query_start = qs,
+                               .context_lens = ctx,
+                               .block_tables = bt,
+                               .max_blocks_per_seq = 16,
+                               .slot_mapping = slots,
+                               .n_logits = 1,
+                               .logits_rows = row,
+                               .sampling = &sr};
     struct runner_output out;
     struct error err = {0};
     CHECK_MSG(model_runner_execute(r, &fb, &out, &err) == ATOMC_OK, "%s", err.msg);
@@ -82,7 +93,8 @@ TEST(eagle3_logits_and_chain_match_reference) {
     ASSERT_EQ(DV, (int)json_integer_value(json_object_get(refs, "draft_vocab_size")));
     ASSERT_TRUE(DV < r->cfg.vocab_size);
     json_t *aux = json_object_get(refs, "aux_layer_ids"), *jd2t = json_object_get(refs, "d2t");
-    for (int i = 0; i < EAGLE3_N_AUX; i++) ASSERT_EQ(e3->aux_layers[i], (int)json_integer_value(json_array_get(aux, i)));
+    for (int i = 0; i < EAGLE3_N_AUX; i++)
+        ASSERT_EQ(e3->aux_layers[i], (int)json_integer_value(json_array_get(aux, i)));
     int moved = 0;
     for (int d = 0; d < DV; d++) {
         ASSERT_EQ(e3->d2t[d], d + (int)json_integer_value(json_array_get(jd2t, d)));
@@ -97,7 +109,8 @@ TEST(eagle3_logits_and_chain_match_reference) {
         json_t *jids = json_object_get(p, "ids");
         int n = (int)json_array_size(jids);
         int32_t ids[64], bt[16], slots[64], pos[64], tok[64], hrows[64], lrows[64], nd[64], rs[64];
-        for (int t = 0; t < n; t++) ids[t] = (int32_t)json_integer_value(json_array_get(jids, t));
+        for (int t = 0; t < n; t++)
+            ids[t] = (int32_t)json_integer_value(json_array_get(jids, t));
         int32_t t_n = prefill(r, ids, n, bt, slots, pos);
         ASSERT_EQ(t_n, (int32_t)json_integer_value(json_object_get(p, "target_next")));
         for (int t = 0; t < n; t++) {
@@ -105,11 +118,22 @@ TEST(eagle3_logits_and_chain_match_reference) {
             hrows[t] = t, lrows[t] = t, nd[t] = 1, rs[t] = 0;
         }
         int32_t qs[2] = {0, n}, ctx[1] = {n}, drafts[64 * 3];
-        struct draft_batch db = {
-            .fb = {.n_seqs = 1, .n_tokens = n, .token_ids = tok, .positions = pos, .query_start = qs,
-                   .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = 16, .slot_mapping = slots,
-                   .n_logits = n, .logits_rows = lrows},
-            .hidden_rows = hrows, .n_drafts = nd, .row_seq = rs, .max_drafts = 1, .chain_slots = NULL};
+        struct draft_batch db = {.fb = {.n_seqs = 1,
+                                        .n_tokens = n,
+                                        .token_ids = tok,
+                                        .positions = pos,
+                                        .query_start = qs,
+                                        .context_lens = ctx,
+                                        .block_tables = bt,
+                                        .max_blocks_per_seq = 16,
+                                        .slot_mapping = slots,
+                                        .n_logits = n,
+                                        .logits_rows = lrows},
+                                 .hidden_rows = hrows,
+                                 .n_drafts = nd,
+                                 .row_seq = rs,
+                                 .max_drafts = 1,
+                                 .chain_slots = NULL};
         ASSERT_OK(model_runner_draft(r, &db, drafts, &err));
         float *lg = malloc((size_t)n * DV * sizeof(float));
         r->backend->ops->copy_d2h(r->backend, lg, r->model->scratch.logits, (size_t)n * DV * sizeof(float));
@@ -150,8 +174,10 @@ TEST(eagle3_logits_and_chain_match_reference) {
             chain_checked++;
         }
     }
-    fprintf(stderr, "  EAGLE-3 draft logits: max |atomc - reference| %.3g (logit scale %.3g); %d chained drafts "
-            "checked\n", worst, scale, chain_checked);
+    fprintf(stderr,
+            "  EAGLE-3 draft logits: max |atomc - reference| %.3g (logit scale %.3g); %d chained drafts "
+            "checked\n",
+            worst, scale, chain_checked);
     ASSERT_TRUE(worst < 1e-4 * scale + 1e-5);
     ASSERT_TRUE(chain_checked >= 8);
     model_runner_free(r);
@@ -188,13 +214,21 @@ static const char *head_variant(const char *name, void (*edit)(json_t *), const 
     return d;
 }
 
-static void edit_hidden(json_t *c) { json_object_set_new(c, "target_hidden_size", json_integer(128)); }
-static void edit_layers(json_t *c) { json_object_set_new(c, "num_hidden_layers", json_integer(2)); }
-static void edit_arch(json_t *c) { json_object_set_new(c, "architectures", json_pack("[s]", "Eagle3DeepseekV2ForCausalLM")); }
+static void edit_hidden(json_t *c) {
+    json_object_set_new(c, "target_hidden_size", json_integer(128));
+}
+static void edit_layers(json_t *c) {
+    json_object_set_new(c, "num_hidden_layers", json_integer(2));
+}
+static void edit_arch(json_t *c) {
+    json_object_set_new(c, "architectures", json_pack("[s]", "Eagle3DeepseekV2ForCausalLM"));
+}
 static void edit_aux(json_t *c) {
     json_object_set_new(c, "eagle_config", json_pack("{s:[i,i,i]}", "eagle_aux_hidden_state_layer_ids", 0, 1, 7));
 }
-static void edit_draft_vocab(json_t *c) { json_object_set_new(c, "draft_vocab_size", json_integer(32)); }
+static void edit_draft_vocab(json_t *c) {
+    json_object_set_new(c, "draft_vocab_size", json_integer(32));
+}
 
 static void expect_refused(const char *target, const char *head, atomc_status want, const char *needle) {
     struct error err = {0};
@@ -214,7 +248,8 @@ TEST(eagle3_bad_heads_are_refused_by_name) {
     expect_refused(TARGET, head_variant("hidden", edit_hidden, NULL), ATOMC_ERR_UNSUPPORTED, "target_hidden_size");
     expect_refused(TARGET, head_variant("layers", edit_layers, NULL), ATOMC_ERR_UNSUPPORTED, "2 decoder layers");
     expect_refused(TARGET, head_variant("arch", edit_arch, NULL), ATOMC_ERR_UNSUPPORTED, "Eagle3DeepseekV2ForCausalLM");
-    expect_refused(TARGET, head_variant("aux", edit_aux, NULL), ATOMC_ERR_FORMAT, "eagle_aux_hidden_state_layer_ids[2]");
+    expect_refused(TARGET, head_variant("aux", edit_aux, NULL), ATOMC_ERR_FORMAT,
+                   "eagle_aux_hidden_state_layer_ids[2]");
     // draft_vocab_size 32 against a 64-row lm_head and d2t: the shape is named.
     expect_refused(TARGET, head_variant("dv", edit_draft_vocab, NULL), ATOMC_ERR_FORMAT, "lm_head.weight");
     expect_refused(TARGET, head_variant("corrupt", NULL, "not a safetensors file"), ATOMC_ERR_FORMAT,
@@ -247,8 +282,14 @@ TEST(eagle3_engine_refusals) {
     ASSERT_TRUE(strstr(msg, "prompt_lookup") != NULL);
 }
 
-static const struct es_setup CPU_E3 = {.device = "cpu", .margin_tol = 1e-4f, .lp_tol = 1e-3f, .lp_tol_cached = 1e-4f,
-                                       .min_clear = 0.5, .spec_k = 3, .spec_method = "eagle3", .spec_model = HEAD};
+static const struct es_setup CPU_E3 = {.device = "cpu",
+                                       .margin_tol = 1e-4f,
+                                       .lp_tol = 1e-3f,
+                                       .lp_tol_cached = 1e-4f,
+                                       .min_clear = 0.5,
+                                       .spec_k = 3,
+                                       .spec_method = "eagle3",
+                                       .spec_model = HEAD};
 
 // Every reference prompt of eagle3_refs.json in one continuous batch, 24 greedy tokens each, with
 // k = 1 and k = 3 drafts against the engine without drafts.
@@ -262,7 +303,8 @@ TEST(eagle3_greedy_identical_to_plain) {
     for (int i = 0; i < n_p; i++) {
         json_t *j = json_object_get(json_array_get(prompts, i), "ids");
         n_ids[i] = (int)json_array_size(j);
-        for (int t = 0; t < n_ids[i]; t++) ids[i][t] = (int32_t)json_integer_value(json_array_get(j, t));
+        for (int t = 0; t < n_ids[i]; t++)
+            ids[i][t] = (int32_t)json_integer_value(json_array_get(j, t));
     }
     static struct es_out out[3][8];
     const int ks[3] = {0, 1, 3};
@@ -270,14 +312,17 @@ TEST(eagle3_greedy_identical_to_plain) {
         struct es_setup s = CPU_E3;
         s.spec_k = ks[run];
         atomc_engine *e = es_make(&s, "llama_gqa", 4, 256, 128, 8, 64, true);
-        for (int i = 0; i < n_p; i++) es_add(e, ids[i], n_ids[i], 24, &out[run][i], NULL);
-        while (atomc_engine_has_work(e)) atomc_engine_step(e);
+        for (int i = 0; i < n_p; i++)
+            es_add(e, ids[i], n_ids[i], 24, &out[run][i], NULL);
+        while (atomc_engine_has_work(e))
+            atomc_engine_step(e);
         atomc_stats st;
         atomc_engine_get_stats(e, &st);
         fprintf(stderr, "  llama_gqa + eagle3 k=%d%s\n", ks[run], es_spec_line(e));
         if (ks[run] > 0) {
             fprintf(stderr, "    accepted per draft position:");
-            for (int j = 0; j < ks[run]; j++) fprintf(stderr, " %llu", (unsigned long long)st.spec_accepted_per_pos[j]);
+            for (int j = 0; j < ks[run]; j++)
+                fprintf(stderr, " %llu", (unsigned long long)st.spec_accepted_per_pos[j]);
             fprintf(stderr, "\n");
             ASSERT_TRUE(st.spec_num_drafts > 0);
             // The head was fitted to these prompts' continuations: most first drafts must be

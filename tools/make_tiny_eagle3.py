@@ -128,21 +128,54 @@ def draft_logits(model, head, ids, t_n, layer_ids):
     return hid, out, logits
 
 
+def draft_config(tcfg, rope_theta):
+    """The head's Llama config: the target's geometry, one layer, its own RoPE base."""
+    dcfg = copy.deepcopy(tcfg)
+    dcfg.num_hidden_layers = 1
+    dcfg.rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}
+    return dcfg
+
+
+def load_target():
+    tcfg = LlamaConfig.from_pretrained(TARGET)
+    tcfg._attn_implementation = "eager"
+    model = LlamaForCausalLM.from_pretrained(TARGET, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    return tcfg, model
+
+
+def load_fixture(d):
+    """(target model, head, d2t, aux layer ids) of a head written by this tool, fp32."""
+    from safetensors import safe_open
+    tcfg, model = load_target()
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    L = tcfg.num_hidden_layers
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [2, L // 2, L - 3]
+    head = Eagle3(draft_config(tcfg, cfg["rope_theta"]), tcfg.hidden_size, cfg["draft_vocab_size"],
+                  norm_before_residual=cfg.get("norm_before_residual", False)).eval()
+    sd = {}
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        for k in f.keys():
+            if k in ("d2t", "t2d"):
+                continue
+            sd[k[len("midlayer."):] if k.startswith("midlayer.") else k] = f.get_tensor(k).float()
+        d2t = f.get_tensor("d2t")
+    missing, unexpected = head.load_state_dict(sd, strict=False)
+    assert not unexpected and all(k.startswith("rotary.") for k in missing), (missing, unexpected)
+    return model, head, d2t, ids
+
+
 def main():
     torch.set_num_threads(1)
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(HERE, "..", "tests", "fixtures", "tiny_eagle3"))
     a = ap.parse_args()
-    tcfg = LlamaConfig.from_pretrained(TARGET)
-    tcfg._attn_implementation = "eager"
-    model = LlamaForCausalLM.from_pretrained(TARGET, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    tcfg, model = load_target()
     for p in model.parameters():
         p.requires_grad_(False)
     L, H, V = tcfg.num_hidden_layers, tcfg.hidden_size, tcfg.vocab_size
     layer_ids = [2, L // 2, L - 3]  # vLLM's default for Llama targets; the config below leaves it implicit
-    dcfg = copy.deepcopy(tcfg)
-    dcfg.num_hidden_layers = 1
-    dcfg.rope_parameters = {"rope_type": "default", "rope_theta": DRAFT_ROPE_THETA}
+    dcfg = draft_config(tcfg, DRAFT_ROPE_THETA)
     gen = torch.Generator().manual_seed(4242)
     with open(os.path.join(TARGET, "refs.json")) as f:
         fit = [p["ids"] for p in json.load(f)["prompts"] if len(p["ids"]) > 1] + PROMPTS

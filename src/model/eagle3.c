@@ -41,10 +41,12 @@ static void e3_release(struct model *m, struct tensor *t, const void *alias) {
 void model_eagle3_free(struct model *m) {
     struct model_eagle3 *e = m->eagle3;
     if (!e) return;
-    for (int i = 0; i < EAGLE3_N_AUX; i++) e3_release(m, &e->fc[i].t, NULL);
-    struct tensor *ts[] = {&e->input_norm, &e->hidden_norm, &e->post_norm, &e->norm, &e->qkv_e.t, &e->qkv_h.t,
-                           &e->o.t, &e->gate_up.t, &e->down.t, &e->head.t};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) e3_release(m, ts[i], NULL);
+    for (int i = 0; i < EAGLE3_N_AUX; i++)
+        e3_release(m, &e->fc[i].t, NULL);
+    struct tensor *ts[] = {&e->input_norm, &e->hidden_norm, &e->post_norm, &e->norm,   &e->qkv_e.t,
+                           &e->qkv_h.t,    &e->o.t,         &e->gate_up.t, &e->down.t, &e->head.t};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        e3_release(m, ts[i], NULL);
     e3_release(m, &e->embed, m->embed.data);
     if (e->inv_freq) m->backend->ops->free(m->backend, e->inv_freq);
     free(e->d2t);
@@ -67,8 +69,10 @@ static atomc_status e3_parse_config(const char *dir, int L, struct model_config 
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *text = NULL;
     if (file_read_all(path, &text, NULL, err) != ATOMC_OK)
-        return error_set(err, ATOMC_ERR_IO, "speculative method eagle3: %s: no readable config.json in the EAGLE-3 "
-                         "head directory", dir);
+        return error_set(err, ATOMC_ERR_IO,
+                         "speculative method eagle3: %s: no readable config.json in the EAGLE-3 "
+                         "head directory",
+                         dir);
     json_error_t je;
     json_t *root = json_loads(text, 0, &je);
     free(text);
@@ -91,8 +95,10 @@ static atomc_status e3_parse_config(const char *dir, int L, struct model_config 
     const json_t *ec = json_object_get(root, "eagle_config");
     const json_t *use_aux = json_is_object(ec) ? json_object_get(ec, "use_aux_hidden_state") : NULL;
     if (use_aux && !json_is_true(use_aux)) {
-        st = error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: eagle_config.use_aux_hidden_state false (an EAGLE-1/2 style "
-                       "head) is not implemented", path);
+        st = error_set(err, ATOMC_ERR_UNSUPPORTED,
+                       "%s: eagle_config.use_aux_hidden_state false (an EAGLE-1/2 style "
+                       "head) is not implemented",
+                       path);
         goto done;
     }
     const json_t *ids = json_is_object(ec) ? json_object_get(ec, "eagle_aux_hidden_state_layer_ids") : NULL;
@@ -115,8 +121,10 @@ static atomc_status e3_parse_config(const char *dir, int L, struct model_config 
         }
     } else {
         if (L < 3) {
-            st = error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the default aux layers (2, L/2, L-3) need a target of at "
-                           "least 3 layers, it has %d; give eagle_aux_hidden_state_layer_ids", path, L);
+            st = error_set(err, ATOMC_ERR_UNSUPPORTED,
+                           "%s: the default aux layers (2, L/2, L-3) need a target of at "
+                           "least 3 layers, it has %d; give eagle_aux_hidden_state_layer_ids",
+                           path, L);
             goto done;
         }
         e->aux_layers[0] = 2, e->aux_layers[1] = L / 2, e->aux_layers[2] = L - 3;
@@ -155,23 +163,29 @@ static atomc_status e3_check(const struct model *m, const struct model_config *d
     const struct model_config *c = &m->cfg;
     const char *p = "speculative method eagle3";
     if (target_hidden && target_hidden != c->hidden_size)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the head %s was trained for a target of hidden size %d (its "
-                         "target_hidden_size), the target %s has %d", p, dir, target_hidden, c->architecture,
-                         c->hidden_size);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: the head %s was trained for a target of hidden size %d (its "
+                         "target_hidden_size), the target %s has %d",
+                         p, dir, target_hidden, c->architecture, c->hidden_size);
     if (dc->hidden_size != c->hidden_size)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the head %s has hidden size %d, the target %s has %d (a head "
-                         "narrower than its target is not implemented)", p, dir, dc->hidden_size, c->architecture,
-                         c->hidden_size);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: the head %s has hidden size %d, the target %s has %d (a head "
+                         "narrower than its target is not implemented)",
+                         p, dir, dc->hidden_size, c->architecture, c->hidden_size);
     if (dc->num_layers != 1)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the head %s has %d decoder layers; implemented: 1", p, dir,
                          dc->num_layers);
     if (dc->num_heads != c->num_heads || dc->num_kv_heads != c->num_kv_heads || dc->head_dim != c->head_dim)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the head %s has %d heads / %d KV heads of %d, the target %d / "
-                         "%d of %d; implemented: the target's attention geometry", p, dir, dc->num_heads,
-                         dc->num_kv_heads, dc->head_dim, c->num_heads, c->num_kv_heads, c->head_dim);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: the head %s has %d heads / %d KV heads of %d, the target %d / "
+                         "%d of %d; implemented: the target's attention geometry",
+                         p, dir, dc->num_heads, dc->num_kv_heads, dc->head_dim, c->num_heads, c->num_kv_heads,
+                         c->head_dim);
     if (dc->intermediate_size > c->intermediate_size)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the head %s has intermediate_size %d, larger than the "
-                         "target's %d (not implemented)", p, dir, dc->intermediate_size, c->intermediate_size);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: the head %s has intermediate_size %d, larger than the "
+                         "target's %d (not implemented)",
+                         p, dir, dc->intermediate_size, c->intermediate_size);
     if (dc->vocab_size != c->vocab_size)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the head %s has vocab_size %d, the target %s %d", p, dir,
                          dc->vocab_size, c->architecture, c->vocab_size);
@@ -180,9 +194,10 @@ static atomc_status e3_check(const struct model *m, const struct model_config *d
                          e->draft_vocab, c->vocab_size);
     if (dc->attention_bias || dc->attention_out_bias || dc->mlp_bias || dc->qk_norm || dc->tie_word_embeddings ||
         (dc->hidden_act[0] && strcmp(dc->hidden_act, "silu")) || dc->sliding_window > 0)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the head %s asks for attention / MLP biases, q/k norm, tied "
-                         "embeddings, a sliding window or activation '%s', which are not implemented", p, dir,
-                         dc->hidden_act);
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "%s: the head %s asks for attention / MLP biases, q/k norm, tied "
+                         "embeddings, a sliding window or activation '%s', which are not implemented",
+                         p, dir, dc->hidden_act);
     return ATOMC_OK;
 }
 
@@ -197,7 +212,8 @@ static atomc_status e3_fuse_rows(struct model *m, struct weight *dst, struct ten
     size_t bytes = 0;
     for (int i = 0; i < n; i++) {
         if (parts[i].dtype != parts[0].dtype || tensor_cols(&parts[i]) != tensor_cols(&parts[0]))
-            return error_set(err, ATOMC_ERR_UNSUPPORTED, "EAGLE-3 head: the parts of %s differ in dtype or columns", what);
+            return error_set(err, ATOMC_ERR_UNSUPPORTED, "EAGLE-3 head: the parts of %s differ in dtype or columns",
+                             what);
         rows += tensor_rows(&parts[i]);
         bytes += tensor_bytes(&parts[i]);
     }
@@ -211,7 +227,8 @@ static atomc_status e3_fuse_rows(struct model *m, struct weight *dst, struct ten
     b->ops->synchronize(b);
     memset(dst, 0, sizeof *dst);
     dst->t = tensor_2d(data, parts[0].dtype, rows, tensor_cols(&parts[0]));
-    for (int i = 0; i < n; i++) e3_release(m, &parts[i], NULL);
+    for (int i = 0; i < n; i++)
+        e3_release(m, &parts[i], NULL);
     return ATOMC_OK;
 }
 
@@ -219,9 +236,9 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
                                     struct model_eagle3 *e, struct error *err) {
     const struct model_config *c = &m->cfg;
     const int64_t H = c->hidden_size, V = c->vocab_size, Q = m->q_dim, KV = m->kv_dim, I = e->intermediate_size;
-    const char *pre = model_files_has_tensor(mf, "midlayer.self_attn.q_proj.weight") ? "midlayer."
+    const char *pre = model_files_has_tensor(mf, "midlayer.self_attn.q_proj.weight")   ? "midlayer."
                       : model_files_has_tensor(mf, "layers.0.self_attn.q_proj.weight") ? "layers.0."
-                                                                                        : "midlayer.";
+                                                                                       : "midlayer.";
     char name[128];
 #define E3_NAME(suffix) (snprintf(name, sizeof name, "%s%s", pre, suffix), name)
     atomc_status st;
@@ -233,8 +250,8 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
                                         WINIT_NORM, -1, 0, err)) ||
         (st = weight_loader_load_tensor(L, &e->hidden_norm, E3_NAME("hidden_norm.weight"), 1, (int64_t[]){H},
                                         WINIT_NORM, -1, 0, err)) ||
-        (st = weight_loader_load_tensor(L, &e->post_norm, E3_NAME("post_attention_layernorm.weight"), 1,
-                                        (int64_t[]){H}, WINIT_NORM, -1, 0, err)))
+        (st = weight_loader_load_tensor(L, &e->post_norm, E3_NAME("post_attention_layernorm.weight"), 1, (int64_t[]){H},
+                                        WINIT_NORM, -1, 0, err)))
         return st;
     // q / k / v: the embedding half (columns [0, H)) and the hidden half ([H, 2 H)), each fused by rows.
     static const char *qkv[3] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"};
@@ -243,22 +260,24 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
         struct tensor parts[3] = {{0}};
         st = ATOMC_OK;
         for (int i = 0; i < 3 && st == ATOMC_OK; i++)
-            st = weight_loader_load_tensor(L, &parts[i], E3_NAME(qkv[i]), 2, (int64_t[]){qkv_rows[i], H},
-                                           WINIT_MATRIX, 1, half * H, err);
+            st = weight_loader_load_tensor(L, &parts[i], E3_NAME(qkv[i]), 2, (int64_t[]){qkv_rows[i], H}, WINIT_MATRIX,
+                                           1, half * H, err);
         if (st == ATOMC_OK) st = e3_fuse_rows(m, half ? &e->qkv_h : &e->qkv_e, parts, 3, "q/k/v", err);
-        for (int i = 0; i < 3; i++) e3_release(m, &parts[i], NULL);
+        for (int i = 0; i < 3; i++)
+            e3_release(m, &parts[i], NULL);
         if (st) return st;
     }
     if ((st = weight_loader_load_tensor(L, &e->o.t, E3_NAME("self_attn.o_proj.weight"), 2, (int64_t[]){H, Q},
                                         WINIT_MATRIX, -1, 0, err)))
         return st;
     struct tensor gu[2] = {{0}};
-    if (!(st = weight_loader_load_tensor(L, &gu[0], E3_NAME("mlp.gate_proj.weight"), 2, (int64_t[]){I, H},
-                                         WINIT_MATRIX, -1, 0, err)) &&
+    if (!(st = weight_loader_load_tensor(L, &gu[0], E3_NAME("mlp.gate_proj.weight"), 2, (int64_t[]){I, H}, WINIT_MATRIX,
+                                         -1, 0, err)) &&
         !(st = weight_loader_load_tensor(L, &gu[1], E3_NAME("mlp.up_proj.weight"), 2, (int64_t[]){I, H}, WINIT_MATRIX,
                                          -1, 0, err)))
         st = e3_fuse_rows(m, &e->gate_up, gu, 2, "gate/up", err);
-    for (int i = 0; i < 2; i++) e3_release(m, &gu[i], NULL);
+    for (int i = 0; i < 2; i++)
+        e3_release(m, &gu[i], NULL);
     if (st) return st;
     if ((st = weight_loader_load_tensor(L, &e->down.t, E3_NAME("mlp.down_proj.weight"), 2, (int64_t[]){H, I},
                                         WINIT_MATRIX, -1, 0, err)) ||
@@ -286,22 +305,26 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
         for (int d = 0; d < e->draft_vocab; d++) {
             int64_t off = t.dtype == DTYPE_I64 ? ((const int64_t *)t.data)[d] : ((const int32_t *)t.data)[d];
             if (d + off < 0 || d + off >= V)
-                return error_set(err, ATOMC_ERR_FORMAT, "EAGLE-3 head: d2t[%d] = %lld maps outside the target's %lld "
-                                 "ids", d, (long long)off, (long long)V);
+                return error_set(err, ATOMC_ERR_FORMAT,
+                                 "EAGLE-3 head: d2t[%d] = %lld maps outside the target's %lld "
+                                 "ids",
+                                 d, (long long)off, (long long)V);
             e->d2t[d] = (int32_t)(d + off);
         }
     } else if (e->draft_vocab != V) {
-        return error_set(err, ATOMC_ERR_FORMAT, "EAGLE-3 head: draft_vocab_size %d differs from vocab_size %lld but the "
-                         "checkpoint has no d2t", e->draft_vocab, (long long)V);
+        return error_set(err, ATOMC_ERR_FORMAT,
+                         "EAGLE-3 head: draft_vocab_size %d differs from vocab_size %lld but the "
+                         "checkpoint has no d2t",
+                         e->draft_vocab, (long long)V);
     } else {
-        for (int d = 0; d < e->draft_vocab; d++) e->d2t[d] = d;
+        for (int d = 0; d < e->draft_vocab; d++)
+            e->d2t[d] = d;
     }
     model_files_mark_consumed(mf, "t2d"); // the inverse map: the drafts need d2t only (vLLM reads it over too)
     return model_files_check_consumed(mf, err);
 }
 
-static atomc_status e3_rope(struct model *m, const struct model_config *dc, struct model_eagle3 *e,
-                            struct error *err) {
+static atomc_status e3_rope(struct model *m, const struct model_config *dc, struct model_eagle3 *e, struct error *err) {
     struct backend *b = m->backend;
     const int rd = dc->rope.rotary_dim > 0 ? dc->rope.rotary_dim : dc->head_dim;
     float *h = xmalloc((size_t)(rd / 2) * sizeof(float)), attn_factor;
@@ -314,8 +337,11 @@ static atomc_status e3_rope(struct model *m, const struct model_config *dc, stru
     b->ops->copy_h2d(b, e->inv_freq, h, (size_t)(rd / 2) * sizeof(float));
     b->ops->synchronize(b);
     free(h);
-    e->rope = (struct rope_args){.inv_freq = e->inv_freq, .rotary_dim = rd, .attn_factor = attn_factor,
-                                 .interleaved = dc->rope.interleaved, .norm_eps = dc->rms_norm_eps};
+    e->rope = (struct rope_args){.inv_freq = e->inv_freq,
+                                 .rotary_dim = rd,
+                                 .attn_factor = attn_factor,
+                                 .interleaved = dc->rope.interleaved,
+                                 .norm_eps = dc->rms_norm_eps};
     return ATOMC_OK;
 }
 
@@ -327,7 +353,8 @@ atomc_status model_eagle3_load(struct model *m, const char *dir, struct error *e
                          "LlamaForCausalLM targets only",
                          c->architecture);
     if (m->tp_size > 1)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "speculative method eagle3 with tensor parallelism is not "
+        return error_set(err, ATOMC_ERR_UNSUPPORTED,
+                         "speculative method eagle3 with tensor parallelism is not "
                          "implemented");
     if (m->n_mtp > 0)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "speculative method eagle3 with MTP layers loaded as well");
@@ -357,8 +384,8 @@ atomc_status model_eagle3_load(struct model *m, const char *dir, struct error *e
         return st;
     }
     m->layer_cache = xrealloc(m->layer_cache, (size_t)(L0 + 1) * sizeof *m->layer_cache);
-    m->layer_cache[L0] = (struct cache_spec){.kind = CACHE_KIND_FULL, .n_kv_heads = c->num_kv_heads,
-                                             .head_dim_k = c->head_dim, .head_dim_v = c->head_dim};
+    m->layer_cache[L0] = (struct cache_spec){
+        .kind = CACHE_KIND_FULL, .n_kv_heads = c->num_kv_heads, .head_dim_k = c->head_dim, .head_dim_v = c->head_dim};
     m->n_cache_layers = L0 + 1;
     LOG_INFO("%s: EAGLE-3 head %s loaded (aux layers %d, %d, %d; draft vocabulary %d of %d%s)", c->architecture, dir,
              e->aux_layers[0], e->aux_layers[1], e->aux_layers[2], e->draft_vocab, c->vocab_size,
@@ -392,7 +419,8 @@ void model_eagle3_forward(struct model *m, const int32_t *token_ids, const struc
     const int64_t T = md->n_tokens, H = c->hidden_size, I = e->intermediate_size;
     const float eps = e->eps;
     CHECK(s->mtp_a && s->eagle3_qkv && T > 0 && T <= s->max_tokens);
-    struct tensor A = tensor_2d(s->mtp_a, dt, T, H), B = tensor_2d(s->mtp_b, dt, T, H), C = tensor_2d(s->mtp_c, dt, T, H);
+    struct tensor A = tensor_2d(s->mtp_a, dt, T, H), B = tensor_2d(s->mtp_b, dt, T, H),
+                  C = tensor_2d(s->mtp_c, dt, T, H);
     struct tensor hid;
     if (hidden_rows) {
         // hid = fc [a_0 ; a_1 ; a_2] of the gathered rows, as a sum over fc's column blocks.
