@@ -1,4 +1,5 @@
-// Speculative decoding (ngram, k = 4; mtp, k = 3 on deepseek_v3_mtp) on the CUDA backend: the engine scenarios of
+// Speculative decoding (ngram, k = 4; mtp, k = 3 on deepseek_v3_mtp; eagle3, k = 3 on llama_gqa with
+// tiny_eagle3) on the CUDA backend: the engine scenarios of
 // tests/engine_model_scenarios.h with spec_k set, so the runs under test carry draft tokens
 // (verify steps of 1 + k query tokens per sequence, run eagerly; steps without drafts still
 // replay the decode graphs) and the references ("alone", without speculation) do not. BF16
@@ -36,6 +37,17 @@ static const struct es_setup GRAPHS = CUDA_SPEC(false), EAGER = CUDA_SPEC(true);
 static const struct es_setup MTP_GRAPHS = {.device = "cuda", .margin_tol = 0.3f, .lp_tol = 0.3f,
                                            .lp_tol_cached = 0.3f, .min_clear = 0.3, .spec_k = 3,
                                            .spec_method = "mtp"};
+
+// Method eagle3 on the tiny Llama target with the EAGLE-3 head tests/fixtures/tiny_eagle3
+// (tools/make_tiny_eagle3.py): the aux-state capture inside the target's forward (graphs and
+// eager), the head's passes and chained drafts through the CUDA ops (eager), verification as for
+// every method.
+static const struct es_setup E3_GRAPHS = {.device = "cuda", .margin_tol = 0.3f, .lp_tol = 0.3f,
+                                          .lp_tol_cached = 0.3f, .min_clear = 0.3, .spec_k = 3,
+                                          .spec_method = "eagle3", .spec_model = "tiny_eagle3"};
+static const struct es_setup E3_EAGER = {.device = "cuda", .enforce_eager = true, .margin_tol = 0.3f, .lp_tol = 0.3f,
+                                         .lp_tol_cached = 0.3f, .min_clear = 0.3, .spec_k = 3,
+                                         .spec_method = "eagle3", .spec_model = "tiny_eagle3"};
 
 static bool gpu_present(void) {
     static int state = -1;
@@ -80,6 +92,23 @@ TEST(cuda_spec_mtp_batched_under_preemption_equals_alone) {
 TEST(cuda_spec_mtp_random_stress_equals_alone) {
     if (!gpu_present()) SKIP("no CUDA device");
     es_random_stress_equals_alone(&MTP_GRAPHS, "deepseek_v3_mtp", 0x5eed1234ull, 24);
+}
+
+TEST(cuda_spec_eagle3_batched_under_preemption_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_batched_under_preemption_equals_alone(&E3_GRAPHS, "llama_gqa");
+    if (test_failed_now()) return;
+    es_batched_under_preemption_equals_alone(&E3_EAGER, "llama_gqa");
+}
+
+TEST(cuda_spec_eagle3_prefix_hit_identical_to_cold) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_prefix_hit_identical_to_cold(&E3_GRAPHS, "llama_gqa");
+}
+
+TEST(cuda_spec_eagle3_random_stress_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&E3_GRAPHS, "llama_gqa", 0x5eed3e3ull, 24);
 }
 
 int main(int argc, char **argv) {
