@@ -5,9 +5,12 @@
 // - the head's draft-vocabulary logits at every prompt position against the reference (which the
 //   tool checked to move with the aux layer ids, hidden_norm, norm_before_residual and the head's
 //   own RoPE), the drafts as d2t of their argmax, and the chained k = 3 drafts after the prompt;
+//   the same for tiny_eagle3_speculators (the speculators layout: an Eagle3Speculator config,
+//   layers.0.*, its own embed_tokens, an fc bias, explicit aux ids);
 // - refusals at load, each by name: a non-Llama target, a hidden-size mismatch, another layer
-//   count, an unknown architecture, bad aux layer ids, a missing or unread tensor, a corrupt
-//   file, no head directory;
+//   count, an unknown architecture, bad aux layer ids, a draft vocabulary that disagrees with
+//   lm_head, a corrupt file, no head directory (tests/py/test_eagle3.py adds missing / unread
+//   tensors and a bad d2t);
 // - the engine: greedy output with eagle3 drafts equals greedy output without them in one
 //   continuous batch (k = 1 and 3, most first drafts accepted), batched under preemption with
 //   prefix hits, a prefix hit against a cold run, and the randomized stress with aborts (every
@@ -75,20 +78,25 @@ static int32_t prefill(struct model_runner *r, const int32_t *ids, int n, int32_
     return out.ids[0];
 }
 
-TEST(eagle3_logits_and_chain_match_reference) {
-    json_t *refs = test_fixture_json(HEAD "/eagle3_refs.json");
+// own_embed: the head ships embed_tokens and an fc bias (the speculators variant).
+static void logits_and_chain_match_reference(const char *head_rel, bool own_embed) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/eagle3_refs.json", head_rel);
+    json_t *refs = test_fixture_json(rel);
     ASSERT_TRUE(refs != NULL);
     struct error err = {0};
     atomc_status st;
     char head[1024];
-    snprintf(head, sizeof head, "%s", test_fixture(HEAD));
+    snprintf(head, sizeof head, "%s", test_fixture(head_rel));
     struct model_runner *r = e3_runner(TARGET, head, &err, &st);
     if (st != ATOMC_OK) fprintf(stderr, "  %s\n", err.msg);
     ASSERT_OK(st);
     const struct model_eagle3 *e3 = r->model->eagle3;
     ASSERT_TRUE(e3 != NULL);
     ASSERT_EQ(model_runner_num_mtp_layers(r), 1);
-    ASSERT_TRUE(e3->embed.data == r->model->embed.data); // no embed_tokens in the head: the target's serve
+    // No embed_tokens in the head: the target's serve; the speculators variant has its own and an fc bias.
+    ASSERT_TRUE((e3->embed.data == r->model->embed.data) == !own_embed);
+    ASSERT_TRUE((e3->fc_bias.data != NULL) == own_embed);
     const int DV = e3->draft_vocab;
     ASSERT_EQ(DV, (int)json_integer_value(json_object_get(refs, "draft_vocab_size")));
     ASSERT_TRUE(DV < r->cfg.vocab_size);
@@ -174,14 +182,18 @@ TEST(eagle3_logits_and_chain_match_reference) {
             chain_checked++;
         }
     }
-    fprintf(stderr,
-            "  EAGLE-3 draft logits: max |atomc - reference| %.3g (logit scale %.3g); %d chained drafts "
-            "checked\n",
-            worst, scale, chain_checked);
+    fprintf(stderr, "  %s draft logits: max |atomc - reference| %.3g (logit scale %.3g); %d chained drafts checked\n",
+            head_rel, worst, scale, chain_checked);
     ASSERT_TRUE(worst < 1e-4 * scale + 1e-5);
     ASSERT_TRUE(chain_checked >= 8);
     model_runner_free(r);
     json_decref(refs);
+}
+
+TEST(eagle3_logits_and_chain_match_reference) {
+    logits_and_chain_match_reference(HEAD, false);
+    if (test_failed_now()) return;
+    logits_and_chain_match_reference(HEAD "_speculators", true);
 }
 
 // A copy of the head in the scratch directory with config.json rewritten by `edit` (NULL: as it

@@ -27,6 +27,10 @@ The script also checks that the reference responds to each feature the C test re
 aux layer ids, no hidden_norm, the target's rope_theta and norm_before_residual each move the
 logits by far more than the test's tolerance.
 
+It also writes tests/fixtures/tiny_eagle3_speculators: the same head in RedHat's speculators
+layout (architectures ["Eagle3Speculator"], the Llama part in transformer_layer_config, explicit
+aux layer ids (1, 0, 2), layers.0.*, its own embed_tokens and an fc bias) with its own references.
+
 Run (CPU, seconds):  python3 tools/make_tiny_eagle3.py [--out tests/fixtures/tiny_eagle3]
 """
 import argparse
@@ -53,13 +57,15 @@ FIT_NEW = 40
 class Eagle3(torch.nn.Module):
     """The EAGLE-3 head from HF's Llama modules; attribute names are the checkpoint's."""
 
-    def __init__(self, cfg, target_hidden, draft_v, norm_before_residual=False, use_hidden_norm=True):
+    def __init__(self, cfg, target_hidden, draft_v, norm_before_residual=False, use_hidden_norm=True, fc_bias=False,
+                 embed_tokens=None):
         super().__init__()
         H = cfg.hidden_size
         self.cfg = cfg
         self.norm_before_residual = norm_before_residual
         self.use_hidden_norm = use_hidden_norm
-        self.fc = torch.nn.Linear(3 * target_hidden, H, bias=False)
+        self.embed_tokens = embed_tokens  # None: the target's embeddings serve
+        self.fc = torch.nn.Linear(3 * target_hidden, H, bias=fc_bias)
         self.input_layernorm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.hidden_norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, layer_idx=0)
@@ -118,9 +124,13 @@ def train(model, head, gen, data, t2d, layer_ids):
     print(f"EAGLE-3 fit: loss {float(loss):.3f}")
 
 
+def embedder(model, head):
+    return head.embed_tokens if head.embed_tokens is not None else model.model.embed_tokens
+
+
 def draft_logits(model, head, ids, t_n, layer_ids):
     """Logits at every prompt position (input t_{p+1}, predicting t_{p+2}) and the pre-norm outs."""
-    emb = model.model.embed_tokens
+    emb = embedder(model, head)
     g = aux_states(model, torch.tensor([ids]), layer_ids)
     toks = torch.tensor([ids[1:] + [t_n]])
     hid = head.fc(g)
@@ -149,20 +159,69 @@ def load_fixture(d):
     tcfg, model = load_target()
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
+    llama = cfg.get("transformer_layer_config", cfg)
     L = tcfg.num_hidden_layers
-    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [2, L // 2, L - 3]
-    head = Eagle3(draft_config(tcfg, cfg["rope_theta"]), tcfg.hidden_size, cfg["draft_vocab_size"],
-                  norm_before_residual=cfg.get("norm_before_residual", False)).eval()
-    sd = {}
+    ids = ((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+           or cfg.get("eagle_aux_hidden_state_layer_ids") or [2, L // 2, L - 3])
     with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
-        for k in f.keys():
-            if k in ("d2t", "t2d"):
-                continue
-            sd[k[len("midlayer."):] if k.startswith("midlayer.") else k] = f.get_tensor(k).float()
+        names = set(f.keys())
+        emb = None
+        if "embed_tokens.weight" in names:
+            emb = torch.nn.Embedding(tcfg.vocab_size, tcfg.hidden_size)
+            emb.weight.data.copy_(f.get_tensor("embed_tokens.weight").float())
+        head = Eagle3(draft_config(tcfg, llama["rope_theta"]), tcfg.hidden_size, cfg["draft_vocab_size"],
+                      norm_before_residual=cfg.get("norm_before_residual", False), fc_bias="fc.bias" in names,
+                      embed_tokens=emb).eval()
+        sd = {}
+        for k in names - {"d2t", "t2d", "embed_tokens.weight"}:
+            for pre in ("midlayer.", "layers.0."):
+                if k.startswith(pre):
+                    k2 = k[len(pre):]
+                    break
+            else:
+                k2 = k
+            sd[k2] = f.get_tensor(k).float()
         d2t = f.get_tensor("d2t")
     missing, unexpected = head.load_state_dict(sd, strict=False)
-    assert not unexpected and all(k.startswith("rotary.") for k in missing), (missing, unexpected)
+    assert not unexpected and all(k.startswith(("rotary.", "embed_tokens.")) for k in missing), (missing, unexpected)
     return model, head, d2t, ids
+
+
+def references(model, head, d2t, layer_ids):
+    """Per prompt: the target's next token, the draft logits at every position, the k = 3 chain."""
+    refs = []
+    emb = embedder(model, head)
+    with torch.no_grad():
+        for ids in PROMPTS:
+            n = len(ids)
+            full = model.model(torch.tensor([ids])).last_hidden_state[0]
+            t_n = int(model.lm_head(full[-1]).argmax())
+            hid, out, logits = draft_logits(model, head, ids, t_n, layer_ids)
+            # The chain: d_1 from the last prompt position, then positions n, n + 1 fed (embed(d_j),
+            # the previous position's pre-norm out).
+            toks, hids = ids[1:] + [t_n], hid[0]
+            o, lg = out[0], logits[0]
+            chain, margins = [], []
+            for j in range(K):
+                row = lg[n - 1 + j]
+                top2 = torch.topk(row, 2).values
+                d = int(row.argmax())
+                chain.append(d + int(d2t[d]))
+                margins.append(float(top2[0] - top2[1]))
+                if j + 1 < K:
+                    toks = toks + [chain[-1]]
+                    hids = torch.cat([hids, o[n - 1 + j].view(1, -1)], 0)
+                    o, lg = head(emb(torch.tensor([toks])), hids.view(1, len(toks), -1))
+                    o, lg = o[0], lg[0]
+            refs.append(dict(ids=ids, target_next=t_n, draft_logits=[[round(float(v), 6) for v in r] for r in logits[0]],
+                             chain=chain, chain_margins=margins))
+    return refs
+
+
+def write_refs(d, layer_ids, d2t, refs, **extra):
+    with open(os.path.join(d, "eagle3_refs.json"), "w") as f:
+        json.dump(dict(target="models/llama_gqa", generator="tools/make_tiny_eagle3.py", aux_layer_ids=layer_ids,
+                       draft_vocab_size=DRAFT_V, d2t=d2t.tolist(), k=K, **extra, prompts=refs), f)
 
 
 def main():
@@ -205,33 +264,8 @@ def main():
     train(model, head, gen, data, t2d_idx, layer_ids)
     bf16_(head)
 
-    refs = []
-    emb = model.model.embed_tokens
+    refs = references(model, head, d2t, layer_ids)
     with torch.no_grad():
-        for ids in PROMPTS:
-            n = len(ids)
-            full = model.model(torch.tensor([ids])).last_hidden_state[0]
-            t_n = int(model.lm_head(full[-1]).argmax())
-            hid, out, logits = draft_logits(model, head, ids, t_n, layer_ids)
-            # The chain: d_1 from the last prompt position, then positions n, n + 1 fed (embed(d_j),
-            # the previous position's pre-norm out).
-            toks, hids = ids[1:] + [t_n], hid[0]
-            o, lg = out[0], logits[0]
-            chain, margins = [], []
-            for j in range(K):
-                row = lg[n - 1 + j]
-                top2 = torch.topk(row, 2).values
-                d = int(row.argmax())
-                chain.append(d + int(d2t[d]))
-                margins.append(float(top2[0] - top2[1]))
-                if j + 1 < K:
-                    toks = toks + [chain[-1]]
-                    hids = torch.cat([hids, o[n - 1 + j].view(1, -1)], 0)
-                    o, lg = head(emb(torch.tensor([toks])), hids.view(1, len(toks), -1))
-                    o, lg = o[0], lg[0]
-            refs.append(dict(ids=ids, target_next=t_n, draft_logits=[[round(float(v), 6) for v in r] for r in logits[0]],
-                             chain=chain, chain_margins=margins))
-
         # The reference must respond to every feature the C test relies on.
         ids = PROMPTS[3]
         t_n = refs[3]["target_next"]
@@ -289,10 +323,52 @@ def main():
     tensors["d2t"] = d2t.to(torch.int64)
     tensors["t2d"] = t2d_idx >= 0
     save_file(tensors, os.path.join(a.out, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(a.out, "eagle3_refs.json"), "w") as f:
-        json.dump(dict(target="models/llama_gqa", generator="tools/make_tiny_eagle3.py", aux_layer_ids=layer_ids,
-                       draft_vocab_size=DRAFT_V, d2t=d2t.tolist(), k=K, sensitivity=sens, prompts=refs), f)
+    write_refs(a.out, layer_ids, d2t, refs, sensitivity=sens)
     print("wrote", a.out)
+
+    # The same head in RedHat's speculators layout (Eagle3Speculator): the Llama part in
+    # transformer_layer_config, explicit aux layer ids at the top level (another order than the
+    # default, so the ids are read), the layer as layers.0.*, its own embed_tokens (the target's,
+    # rounded to bf16) and an fc bias (small, random), so its references differ from the head's.
+    spec_ids = [1, 0, 2]
+    with torch.no_grad():
+        head.fc = torch.nn.Linear(3 * H, H, bias=True)
+        head.fc.weight.copy_(sd["fc.weight"])
+        head.fc.bias.copy_((0.3 * torch.randn(H, generator=gen)).to(torch.bfloat16).float())
+        head.embed_tokens = torch.nn.Embedding(V, H)
+        head.embed_tokens.weight.copy_(model.model.embed_tokens.weight.to(torch.bfloat16).float())
+    refs = references(model, head, d2t, spec_ids)
+    out = os.path.join(os.path.dirname(os.path.abspath(a.out)), os.path.basename(os.path.abspath(a.out)) + "_speculators")
+    os.makedirs(out, exist_ok=True)
+    llama = {k: v for k, v in cfg.items() if k not in ("architectures", "draft_vocab_size", "torch_dtype")}
+    scfg = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": llama,
+        "draft_vocab_size": DRAFT_V,
+        "norm_before_residual": False,
+        "target_hidden_size": H,
+        "eagle_aux_hidden_state_layer_ids": spec_ids,
+        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": K}],
+                               "verifier": {"name_or_path": "tests/fixtures/models/llama_gqa",
+                                            "architectures": ["LlamaForCausalLM"]}},
+        "torch_dtype": "bfloat16",
+    }
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(scfg, f, indent=2)
+    sd2 = head.state_dict()
+    st = {"fc.weight": sd2["fc.weight"], "fc.bias": sd2["fc.bias"], "norm.weight": sd2["norm.weight"],
+          "lm_head.weight": sd2["lm_head.weight"], "embed_tokens.weight": sd2["embed_tokens.weight"]}
+    for k, v in sd2.items():
+        if k.split(".")[0] in ("input_layernorm", "hidden_norm", "self_attn", "post_attention_layernorm", "mlp"):
+            st["layers.0." + k] = v
+    st = {k: v.to(torch.bfloat16).contiguous() for k, v in st.items()}
+    st["d2t"] = d2t.to(torch.int64)
+    st["t2d"] = t2d_idx >= 0
+    save_file(st, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    write_refs(out, spec_ids, d2t, refs)
+    print("wrote", out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 // EAGLE-3 draft heads (model.h struct model_eagle3) in the published checkpoint layout
 // (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B and the heads trained like it; vLLM's llama_eagle3.py and
 // SGLang's llama_eagle3.py load the same files):
-//   config.json   architectures ["LlamaForCausalLMEagle3"], a Llama config of one decoder layer,
+//   config.json   architectures ["LlamaForCausalLMEagle3"], a Llama config of one decoder layer
+//                 (speculators' ["Eagle3Speculator"]: the Llama part in transformer_layer_config),
 //                 draft_vocab_size (default vocab_size), optional target_hidden_size,
 //                 norm_before_residual, eagle_config.eagle_aux_hidden_state_layer_ids (also
 //                 accepted at the top level, as RedHat's speculators configs put it; default
@@ -12,7 +13,8 @@
 //                 midlayer.mlp.{gate,up,down}_proj.weight   norm.weight (H)
 //                 lm_head.weight (draft_vocab, H)           d2t (draft_vocab) I64: target id - draft id
 //                 t2d (vocab) BOOL (not needed: read over)  embed_tokens.weight (vocab, H) optional:
-//                 the target's embeddings serve without it ("layers.0." is accepted for "midlayer.")
+//                 the target's embeddings serve without it   fc.bias (H) optional (speculators')
+//                 ("layers.0." is accepted for "midlayer.", as speculators' heads name the layer)
 // Aux layer id i means the residual stream entering target layer i (0: the embeddings), as vLLM
 // collects hidden_states + residual before running layer i; HF's hidden_states[i] is the same.
 //
@@ -43,8 +45,8 @@ void model_eagle3_free(struct model *m) {
     if (!e) return;
     for (int i = 0; i < EAGLE3_N_AUX; i++)
         e3_release(m, &e->fc[i].t, NULL);
-    struct tensor *ts[] = {&e->input_norm, &e->hidden_norm, &e->post_norm, &e->norm,   &e->qkv_e.t,
-                           &e->qkv_h.t,    &e->o.t,         &e->gate_up.t, &e->down.t, &e->head.t};
+    struct tensor *ts[] = {&e->fc_bias, &e->input_norm, &e->hidden_norm, &e->post_norm, &e->norm,  &e->qkv_e.t,
+                           &e->qkv_h.t, &e->o.t,        &e->gate_up.t,   &e->down.t,    &e->head.t};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         e3_release(m, ts[i], NULL);
     e3_release(m, &e->embed, m->embed.data);
@@ -85,10 +87,31 @@ static atomc_status e3_parse_config(const char *dir, int L, struct model_config 
     const char *arch = json_is_array(archs) && json_is_string(json_array_get(archs, 0))
                            ? json_string_value(json_array_get(archs, 0))
                            : "";
-    if (strcmp(arch, "LlamaForCausalLMEagle3")) {
+    // The Llama part of the config: the root (LlamaForCausalLMEagle3), or speculators'
+    // transformer_layer_config (Eagle3Speculator); the EAGLE-3 keys are at the root either way.
+    const json_t *llama = root;
+    if (!strcmp(arch, "Eagle3Speculator")) {
+        llama = json_object_get(root, "transformer_layer_config");
+        const json_t *mt = json_object_get(llama, "model_type");
+        const json_t *sc = json_object_get(root, "speculators_config");
+        const json_t *alg = json_is_object(sc) ? json_object_get(sc, "algorithm") : NULL;
+        if (!json_is_object(llama) || (mt && !json_is_string(mt))) {
+            st = error_set(err, ATOMC_ERR_FORMAT,
+                           "%s: an Eagle3Speculator config needs a transformer_layer_config object", path);
+            goto done;
+        }
+        if ((mt && strcmp(json_string_value(mt), "llama")) ||
+            (alg && (!json_is_string(alg) || strcmp(json_string_value(alg), "eagle3")))) {
+            st = error_set(err, ATOMC_ERR_UNSUPPORTED,
+                           "speculative method eagle3: %s: transformer_layer_config model_type '%s' / algorithm '%s'; "
+                           "implemented: llama / eagle3",
+                           path, mt ? json_string_value(mt) : "", json_is_string(alg) ? json_string_value(alg) : "");
+            goto done;
+        }
+    } else if (strcmp(arch, "LlamaForCausalLMEagle3")) {
         st = error_set(err, ATOMC_ERR_UNSUPPORTED,
                        "speculative method eagle3: %s declares architecture '%s'; implemented: LlamaForCausalLMEagle3 "
-                       "(the EAGLE-3 layout of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B)",
+                       "(the EAGLE-3 layout of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B) and Eagle3Speculator (speculators)",
                        path, arch);
         goto done;
     }
@@ -139,7 +162,7 @@ static atomc_status e3_parse_config(const char *dir, int L, struct model_config 
     }
     *target_hidden = json_int_or(root, "target_hidden_size", 0);
     // The Llama part through the model config parser, under the plain Llama architecture name.
-    json_t *copy = json_deep_copy(root);
+    json_t *copy = json_deep_copy(llama);
     json_object_set_new(copy, "architectures", json_pack("[s]", "LlamaForCausalLM"));
     json_object_set_new(copy, "model_type", json_string("llama"));
     char *dumped = json_dumps(copy, JSON_COMPACT);
@@ -246,6 +269,10 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
         if ((st = weight_loader_load_tensor(L, &e->fc[i].t, "fc.weight", 2, (int64_t[]){H, H}, WINIT_MATRIX, 1, i * H,
                                             err)))
             return st;
+    // speculators' heads give fc a bias (added once, with the first column block's GEMM).
+    if (model_files_has_tensor(mf, "fc.bias") &&
+        (st = weight_loader_load_tensor(L, &e->fc_bias, "fc.bias", 1, (int64_t[]){H}, WINIT_BIAS, -1, 0, err)))
+        return st;
     if ((st = weight_loader_load_tensor(L, &e->input_norm, E3_NAME("input_layernorm.weight"), 1, (int64_t[]){H},
                                         WINIT_NORM, -1, 0, err)) ||
         (st = weight_loader_load_tensor(L, &e->hidden_norm, E3_NAME("hidden_norm.weight"), 1, (int64_t[]){H},
@@ -428,7 +455,7 @@ void model_eagle3_forward(struct model *m, const int32_t *token_ids, const struc
         for (int i = 0; i < EAGLE3_N_AUX; i++) {
             struct tensor aux = tensor_2d(s->eagle3_aux[i], dt, T0, H);
             ops->gather_rows(b, &B, &aux, hidden_rows, (int)T);
-            ops->matmul(b, i ? &C : &A, &B, &e->fc[i], NULL);
+            ops->matmul(b, i ? &C : &A, &B, &e->fc[i], i == 0 && e->fc_bias.data ? &e->fc_bias : NULL);
             if (i) ops->add(b, &A, &C);
         }
         hid = A;

@@ -178,6 +178,7 @@ struct model_eagle3 {
     bool norm_before_residual;
     float eps;                    // the head's rms_norm_eps
     struct weight fc[EAGLE3_N_AUX];  // (hidden, hidden) column block i of fc.weight
+    struct tensor fc_bias;        // (hidden) or data == NULL (speculators' heads have one)
     struct tensor input_norm, hidden_norm, post_norm, norm; // (hidden)
     struct weight qkv_e, qkv_h;   // (q_dim + 2 kv_dim, hidden): q/k/v rows over the embedding / hidden half
     struct weight o;              // (hidden, q_dim)
