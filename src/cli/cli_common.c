@@ -218,8 +218,15 @@ bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf
                             "directory)\n");
             ok = false;
         } else {
-            snprintf(model_buf, model_buf_len, "%s", json_string_value(model));
-            o->speculative_model = model_buf;
+            // A Hugging Face repo id ("ORG/NAME", as vLLM takes it) becomes its cache snapshot.
+            char resolved[4096];
+            const char *p = cli_resolve_model_arg(json_string_value(model), resolved, sizeof resolved);
+            if (!p || strlen(p) >= model_buf_len) {
+                ok = false;
+            } else {
+                snprintf(model_buf, model_buf_len, "%s", p);
+                o->speculative_model = model_buf;
+            }
         }
     }
     ok = ok && spec_int(j, "num_speculative_tokens", 1, ATOMC_MAX_SPEC_TOKENS, &o->num_speculative_tokens);

@@ -366,6 +366,10 @@ int cmd_serve(int argc, char **argv) {
     if (!resolved) return 1;
     bool from_hf_cache = resolved != a.model;
     a.eo.model_path = resolved;
+    char head_path[4096]; // --speculative-model ORG/NAME (the JSON's "model" is resolved as it is parsed)
+    if (a.eo.speculative_model && a.eo.speculative_model != a.spec_model &&
+        !(a.eo.speculative_model = cli_resolve_model_arg(a.eo.speculative_model, head_path, sizeof head_path)))
+        return 1;
     if (!a.api_key) a.api_key = getenv("VLLM_API_KEY");
     if (!a.api_key) a.api_key = getenv("ATOMC_API_KEY");
     a.so.api_key = a.api_key;

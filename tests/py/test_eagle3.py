@@ -234,3 +234,30 @@ def test_serve_with_eagle3_same_completions_and_metrics(tmp_path):
             assert s.stop() == 0, s.read_log()
     assert outs["eagle3"] == outs["plain"]
     assert all(len(toks) == 24 for toks, _, _ in outs["plain"])
+
+
+def test_eagle3_head_from_the_hf_cache(tmp_path):
+    # "model": "ORG/NAME" (as vLLM users give yuhuili/EAGLE3-...) is the head's snapshot in the HF cache.
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--tiny-org--tiny-eagle3"
+    snap = repo / "snapshots" / rev
+    os.makedirs(snap)
+    os.makedirs(repo / "refs")
+    (repo / "refs" / "main").write_text(rev)
+    for f in os.listdir(HEAD):
+        shutil.copy(os.path.join(HEAD, f), snap / f)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")}
+    env["HF_HUB_CACHE"] = str(tmp_path / "hub")
+    common = ["generate", "--model", TARGET, "--json", "--num-threads", "2", "--cpu-kv-cache-gb", "0.02",
+              "--prompt-ids", PROMPT, "--max-tokens", "16", "--ignore-eos"]
+    plain = subprocess.run([ATOMC, *common], capture_output=True, text=True, timeout=120, env=env)
+    assert plain.returncode == 0, plain.stderr
+    for extra in (["--speculative-config", '{"method": "eagle3", "model": "tiny-org/tiny-eagle3", '
+                                           '"num_speculative_tokens": 3}'],
+                  ["--method", "eagle3", "--speculative-model", "tiny-org/tiny-eagle3", "--num-speculative-tokens", "2"]):
+        out = subprocess.run([ATOMC, *common, *extra], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["ids"] == json.loads(plain.stdout)["ids"]
+    out = subprocess.run([ATOMC, *common, "--method", "eagle3", "--speculative-model", "tiny-org/absent",
+                          "--num-speculative-tokens", "2"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode != 0 and "tiny-org/absent" in out.stderr, out.stderr
