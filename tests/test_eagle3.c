@@ -340,6 +340,10 @@ TEST(eagle3_greedy_identical_to_plain) {
             // The head was fitted to these prompts' continuations: most first drafts must be
             // accepted, which wrong aux rows, positions, token shifts or d2t would prevent.
             ASSERT_TRUE(st.spec_accepted_per_pos[0] * 2 > st.spec_num_drafts);
+            // The head was fitted on its own chained step too (the tool's depth-2 training-time
+            // test): second drafts after an accepted first are often accepted, which a wrong chain
+            // position, slot or hidden input would prevent.
+            if (ks[run] > 1) ASSERT_TRUE(st.spec_accepted_per_pos[1] * 3 > st.spec_accepted_per_pos[0]);
         }
         atomc_engine_free(e);
         for (int i = 0; i < n_p; i++) {

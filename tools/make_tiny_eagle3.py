@@ -17,8 +17,10 @@ bf16-stored weights:
     logits  = lm_head(norm(out))  over the draft vocabulary; draft = argmax d, target id d + d2t[d]
 
 The head's weights are random, then fitted for a few hundred Adam steps to the target's own
-greedy continuations of the test prompts (so the engine tests see drafts accepted: wrong aux
-rows, positions or token shifts would destroy the acceptance). The draft vocabulary is the
+greedy continuations of the test prompts, over two chained steps (a depth-2 "training-time test":
+the second step fed the first one's pre-norm out, as the chain feeds it), so the engine tests see
+first and second drafts accepted (wrong aux rows, positions, token shifts or chain inputs would
+destroy the acceptance). The draft vocabulary is the
 DRAFT_V target ids most frequent in those continuations (sorted, so d2t is a non-trivial
 monotone offset table). The draft layer has its own rope_theta (the target's differs), which the
 draft must use.
@@ -79,14 +81,17 @@ class Eagle3(torch.nn.Module):
         self.lm_head = torch.nn.Linear(H, draft_v, bias=False)
         self.rotary = LlamaRotaryEmbedding(cfg)
 
-    def forward(self, embeds, hid):
-        """embeds (B, T, H) of t_{p+1}, hid (B, T, H) -> (pre-norm out, draft logits), causal."""
+    def forward(self, embeds, hid, pos=None, mask=None):
+        """embeds (B, T, H) of t_{p+1}, hid (B, T, H) -> (pre-norm out, draft logits); causal over
+        positions 0..T-1 unless pos (B, T) and an additive mask (T, T) are given."""
         B, T, _ = hid.shape
-        pos = torch.arange(T).view(1, -1).expand(B, -1)
+        if pos is None:
+            pos = torch.arange(T).view(1, -1).expand(B, -1)
+            mask = torch.full((T, T), float("-inf")).triu(1)
+        mask = mask.view(1, 1, T, T).expand(B, 1, T, T)
         hn = self.hidden_norm(hid) if self.use_hidden_norm else hid
         residual = hn if self.norm_before_residual else hid
         x = torch.cat([self.input_layernorm(embeds), hn], dim=-1)
-        mask = torch.full((T, T), float("-inf")).triu(1).view(1, 1, T, T).expand(B, 1, T, T)
         a, _ = self.self_attn(x, position_embeddings=self.rotary(x, pos), attention_mask=mask)
         h = residual + a
         out = h + self.mlp(self.post_attention_layernorm(h))
@@ -106,16 +111,36 @@ def bf16_(module):
 
 
 def train(model, head, gen, data, t2d, layer_ids):
+    """Adam on the draft loss of two chained steps at once (a depth-2 "training-time test"): the
+    first step at positions p = 0..T-1 (token t_{p+1}, fc of the aux states at p, predicting
+    t_{p+2}); the second at positions q = 1..T-1 fed as the chain feeds it (token t_{q+1}, the first
+    step's pre-norm out at q - 1, predicting t_{q+2}), attending to the first step's entries at
+    positions < q and to itself, as a chained draft reads the head's cache."""
     emb = model.model.embed_tokens
     opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+
+    def chain_loss(s, g):
+        T = s.shape[1] - 2
+        e1, h1, tgt1 = emb(s[:, 1:-1]), head.fc(g[:, :-2]), t2d[s[:, 2:]]
+        out1, lg1 = head(e1, h1)
+        # Second step: positions 1..T-1, inputs (t_{q+1}, out1[q-1]) appended after the first step.
+        e2, h2, tgt2 = e1[:, 1:], out1[:, :-1], tgt1[:, 1:]
+        pos = torch.cat([torch.arange(T), torch.arange(1, T)]).view(1, -1)
+        mask = torch.full((2 * T - 1, 2 * T - 1), float("-inf"))
+        mask[:T, :T] = torch.full((T, T), float("-inf")).triu(1)
+        for q in range(1, T):
+            mask[T + q - 1, :q] = 0
+            mask[T + q - 1, T + q - 1] = 0
+        _, lg = head(torch.cat([e1, e2], 1), torch.cat([h1, h2], 1), pos, mask)
+        V = lg.shape[-1]
+        tgt = torch.cat([tgt1, tgt2], 1)
+        return torch.nn.functional.cross_entropy(lg.reshape(-1, V), tgt.reshape(-1), ignore_index=-1)
+
     for step in range(TRAIN_STEPS):
         loss = 0
         for i in torch.randint(0, len(data), (8,), generator=gen).tolist():
             s, g = data[i]
-            _, logits = head(emb(s[:, 1:-1]), head.fc(g[:, :-2]))
-            tgt = t2d[s[:, 2:]]
-            loss = loss + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                                                            ignore_index=-1) / 8
+            loss = loss + chain_loss(s, g) / 8
         opt.zero_grad()
         loss.backward()
         opt.step()
