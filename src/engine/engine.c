@@ -339,6 +339,7 @@ void atomc_engine_free(atomc_engine *e) {
         engine_kv_free(e);
     }
     engine_grammar_free(e);
+    engine_mtp_free(e);
     scheduler_free(e->sched);
     block_manager_free(e->bm);
     block_manager_free(e->bm_sw);

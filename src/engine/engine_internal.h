@@ -225,6 +225,8 @@ void engine_drain_inbox(atomc_engine *e);
 // engine_spec_mtp.c: after a step's outputs, the MTP layer over the positions the step verified and
 // the next step's drafts of the decoding sequences (spec.h).
 void engine_mtp_after_step(atomc_engine *e);
+// Frees the drafting pass's buffers (atomc_engine_free).
+void engine_mtp_free(atomc_engine *e);
 
 // engine_step.c: ends s with reason (see its comment); snapshots the stats under mu.
 void engine_retire(atomc_engine *e, struct sequence *s, atomc_finish_reason reason, int n_new,
