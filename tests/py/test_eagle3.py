@@ -211,7 +211,8 @@ def test_serve_with_eagle3_same_completions_and_metrics(tmp_path):
     from server_util import Server
     model = target_with_tokenizer(tmp_path)
     outs = {}
-    for name, extra in [("plain", []), ("eagle3", ["--speculative-config", E3_JSON])]:
+    for name, extra in [("plain", []), ("eagle3", ["--speculative-config", E3_JSON]),
+                        ("atom", ["--method", "eagle3", "--speculative-model", HEAD, "--num-speculative-tokens", "2"])]:
         s = Server(model, "--max-model-len", "128", "--max-num-seqs", "4", "--num-threads", "2", *extra)
         try:
             c = openai.OpenAI(base_url=s.base + "/v1", api_key="none", max_retries=0, timeout=120)
@@ -224,7 +225,7 @@ def test_serve_with_eagle3_same_completions_and_metrics(tmp_path):
                 got.append((r.choices[0].logprobs.tokens, r.choices[0].finish_reason, r.usage.completion_tokens))
             outs[name] = got
             m = s.metrics()
-            if name == "eagle3":
+            if name != "plain":
                 assert s.metric("vllm:spec_decode_num_drafts_total") > 0
                 acc = s.metric("vllm:spec_decode_num_accepted_tokens_total")
                 assert 0 < acc <= s.metric("vllm:spec_decode_num_draft_tokens_total")
@@ -233,6 +234,7 @@ def test_serve_with_eagle3_same_completions_and_metrics(tmp_path):
         finally:
             assert s.stop() == 0, s.read_log()
     assert outs["eagle3"] == outs["plain"]
+    assert outs["atom"] == outs["plain"]
     assert all(len(toks) == 24 for toks, _, _ in outs["plain"])
 
 
