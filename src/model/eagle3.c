@@ -192,8 +192,8 @@ static atomc_status e3_check(const struct model *m, const struct model_config *d
                          p, dir, target_hidden, c->architecture, c->hidden_size);
     if (dc->hidden_size != c->hidden_size)
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
-                         "%s: the head %s has hidden size %d, the target %s has %d (a head "
-                         "narrower than its target is not implemented)",
+                         "%s: the head %s has hidden size %d, the target %s has %d (heads of "
+                         "another width than their target are not implemented)",
                          p, dir, dc->hidden_size, c->architecture, c->hidden_size);
     if (dc->num_layers != 1)
         return error_set(err, ATOMC_ERR_UNSUPPORTED, "%s: the head %s has %d decoder layers; implemented: 1", p, dir,
