@@ -65,10 +65,10 @@ static int json_int_or(const json_t *o, const char *key, int dflt) {
 
 // The head's config.json: the Llama part parsed by the model config parser (so its RoPE reads as
 // a Llama model's), the EAGLE-3 keys here. L: the target's layer count.
-static atomc_status e3_parse_config(const char *dir, int L, struct model_config *dc, struct model_eagle3 *e,
+static atomc_status e3_parse_config(const char *dir, bool bare, int L, struct model_config *dc, struct model_eagle3 *e,
                                     int *target_hidden, struct error *err) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+    snprintf(path, sizeof path, bare ? "%s" : "%s/config.json", dir);
     char *text = NULL;
     if (file_read_all(path, &text, NULL, err) != ATOMC_OK)
         return error_set(err, ATOMC_ERR_IO,
@@ -255,13 +255,19 @@ static atomc_status e3_fuse_rows(struct model *m, struct weight *dst, struct ten
     return ATOMC_OK;
 }
 
+static bool e3_has(const struct model_files *mf, const char *name) {
+    return mf && model_files_has_tensor(mf, name);
+}
+
+// mf NULL: random weights (the loader's dummy path; a benchmark-only head), d2t spreading the
+// draft ids evenly over the target's.
 static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, struct model_files *mf,
                                     struct model_eagle3 *e, struct error *err) {
     const struct model_config *c = &m->cfg;
     const int64_t H = c->hidden_size, V = c->vocab_size, Q = m->q_dim, KV = m->kv_dim, I = e->intermediate_size;
-    const char *pre = model_files_has_tensor(mf, "midlayer.self_attn.q_proj.weight")   ? "midlayer."
-                      : model_files_has_tensor(mf, "layers.0.self_attn.q_proj.weight") ? "layers.0."
-                                                                                       : "midlayer.";
+    const char *pre = e3_has(mf, "midlayer.self_attn.q_proj.weight")   ? "midlayer."
+                      : e3_has(mf, "layers.0.self_attn.q_proj.weight") ? "layers.0."
+                                                                       : "midlayer.";
     char name[128];
 #define E3_NAME(suffix) (snprintf(name, sizeof name, "%s%s", pre, suffix), name)
     atomc_status st;
@@ -270,7 +276,7 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
                                             err)))
             return st;
     // speculators' heads give fc a bias (added once, with the first column block's GEMM).
-    if (model_files_has_tensor(mf, "fc.bias") &&
+    if (e3_has(mf, "fc.bias") &&
         (st = weight_loader_load_tensor(L, &e->fc_bias, "fc.bias", 1, (int64_t[]){H}, WINIT_BIAS, -1, 0, err)))
         return st;
     if ((st = weight_loader_load_tensor(L, &e->input_norm, E3_NAME("input_layernorm.weight"), 1, (int64_t[]){H},
@@ -313,9 +319,9 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
                                         WINIT_MATRIX, -1, 0, err)))
         return st;
 #undef E3_NAME
-    const char *emb = model_files_has_tensor(mf, "embed_tokens.weight")         ? "embed_tokens.weight"
-                      : model_files_has_tensor(mf, "model.embed_tokens.weight") ? "model.embed_tokens.weight"
-                                                                                : NULL;
+    const char *emb = e3_has(mf, "embed_tokens.weight")         ? "embed_tokens.weight"
+                      : e3_has(mf, "model.embed_tokens.weight") ? "model.embed_tokens.weight"
+                                                                : NULL;
     if (emb) {
         if ((st = weight_loader_load_tensor(L, &e->embed, emb, 2, (int64_t[]){V, H}, WINIT_MATRIX, -1, 0, err)))
             return st;
@@ -324,7 +330,7 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
     }
     // d2t: draft id d stands for target id d + d2t[d]; without it the vocabularies are the same.
     e->d2t = xmalloc((size_t)e->draft_vocab * sizeof *e->d2t);
-    if (model_files_has_tensor(mf, "d2t")) {
+    if (e3_has(mf, "d2t")) {
         struct tensor t;
         if ((st = model_files_expect(mf, "d2t", TENSOR_CLASS_INT, &t, err, e->draft_vocab))) return st;
         if (t.dtype != DTYPE_I64 && t.dtype != DTYPE_I32)
@@ -338,6 +344,9 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
                                  d, (long long)off, (long long)V);
             e->d2t[d] = (int32_t)(d + off);
         }
+    } else if (!mf) {
+        for (int d = 0; d < e->draft_vocab; d++)
+            e->d2t[d] = (int32_t)((int64_t)d * V / e->draft_vocab);
     } else if (e->draft_vocab != V) {
         return error_set(err, ATOMC_ERR_FORMAT,
                          "EAGLE-3 head: draft_vocab_size %d differs from vocab_size %lld but the "
@@ -347,6 +356,7 @@ static atomc_status e3_load_weights(struct model *m, struct weight_loader *L, st
         for (int d = 0; d < e->draft_vocab; d++)
             e->d2t[d] = d;
     }
+    if (!mf) return ATOMC_OK;
     model_files_mark_consumed(mf, "t2d"); // the inverse map: the drafts need d2t only (vLLM reads it over too)
     return model_files_check_consumed(mf, err);
 }
@@ -372,8 +382,22 @@ static atomc_status e3_rope(struct model *m, const struct model_config *dc, stru
     return ATOMC_OK;
 }
 
-atomc_status model_eagle3_load(struct model *m, const char *dir, struct error *err) {
+atomc_status model_eagle3_load(struct model *m, const char *dir, bool dummy, uint64_t dummy_seed, struct error *err) {
     const struct model_config *c = &m->cfg;
+    // A bare config.json (bench/configs/eagle3_*.json) is a random head for benchmarks, over a
+    // target with random weights only.
+    const size_t dl = strlen(dir);
+    const bool bare = !dir_exists(dir) && dl >= 5 && !strcmp(dir + dl - 5, ".json");
+    if (bare && !dummy)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "speculative method eagle3: %s is a bare config (a random head, for benchmarks); it needs "
+                         "--load-format dummy, else give the head's directory",
+                         dir);
+    if (dummy && !bare)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "speculative method eagle3 over random (dummy) target weights takes a bare head config "
+                         "(bench/configs/eagle3_*.json), not the trained head %s",
+                         dir);
     if (strcmp(c->architecture, "LlamaForCausalLM"))
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
                          "speculative method eagle3: the target is %s; EAGLE-3 heads are implemented for "
@@ -394,11 +418,11 @@ atomc_status model_eagle3_load(struct model *m, const char *dir, struct error *e
     int target_hidden = 0;
     struct model_files *mf = NULL;
     struct weight_loader *L = NULL;
-    atomc_status st = e3_parse_config(dir, L0, &dc, e, &target_hidden, err);
+    atomc_status st = e3_parse_config(dir, bare, L0, &dc, e, &target_hidden, err);
     if (st == ATOMC_OK) st = e3_check(m, &dc, e, target_hidden, dir, err);
     if (st == ATOMC_OK) {
-        if ((st = model_files_open_tensors(&mf, dir, err)) == ATOMC_OK) {
-            L = weight_loader_create(m, mf, 0);
+        if (bare || (st = model_files_open_tensors(&mf, dir, err)) == ATOMC_OK) {
+            L = weight_loader_create(m, mf, dummy_seed ^ 0xea9e3ull);
             st = e3_load_weights(m, L, mf, e, err);
         }
         if (st != ATOMC_OK) error_prefix(err, "speculative method eagle3: %s: ", dir);
@@ -414,9 +438,9 @@ atomc_status model_eagle3_load(struct model *m, const char *dir, struct error *e
     m->layer_cache[L0] = (struct cache_spec){
         .kind = CACHE_KIND_FULL, .n_kv_heads = c->num_kv_heads, .head_dim_k = c->head_dim, .head_dim_v = c->head_dim};
     m->n_cache_layers = L0 + 1;
-    LOG_INFO("%s: EAGLE-3 head %s loaded (aux layers %d, %d, %d; draft vocabulary %d of %d%s)", c->architecture, dir,
-             e->aux_layers[0], e->aux_layers[1], e->aux_layers[2], e->draft_vocab, c->vocab_size,
-             e->embed.data == m->embed.data ? "; the target's embeddings" : "");
+    LOG_INFO("%s: EAGLE-3 head %s loaded%s (aux layers %d, %d, %d; draft vocabulary %d of %d%s)", c->architecture, dir,
+             bare ? " with random weights" : "", e->aux_layers[0], e->aux_layers[1], e->aux_layers[2], e->draft_vocab,
+             c->vocab_size, e->embed.data == m->embed.data ? "; the target's embeddings" : "");
     return ATOMC_OK;
 }
 

@@ -406,7 +406,7 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     if ((st = model_load_head(m, L, o->files, err))) goto fail;
     if ((st = model_load_rope(m, err))) goto fail;
     if (o->load_mtp && (st = model_mtp_load(m, L, err))) goto fail;
-    if (o->eagle3_path && (st = model_eagle3_load(m, o->eagle3_path, err))) goto fail;
+    if (o->eagle3_path && (st = model_eagle3_load(m, o->eagle3_path, !o->files, o->dummy_seed, err))) goto fail;
     if (def->finish_load && (st = def->finish_load(m, L, o, err))) goto fail;
     weight_loader_free(L);
     *out = m;

@@ -18,6 +18,12 @@
 //   build-cuda/atomc bench throughput --device cuda --model bench/configs/deepseek_v3_4layers.json
 //       --load-format dummy --num-prompts 64 --input-len 1024 --output-len 256 --method mtp
 //       --num-speculative-tokens 3 --spec-forced-acceptance 0.7 --max-num-seqs 1   (and 4, 16)
+// the EAGLE-3 path (a random head of EAGLE3-LLaMA3.1-Instruct-8B's shape: its passes and chain run
+// for real, drafts forced; the head's cost is the ratio to the same run with --method ngram),
+//   build-cuda/atomc bench throughput --device cuda --model bench/configs/llama3_1_8b.json --load-format dummy
+//       --num-prompts 64 --input-len 1024 --output-len 256 --speculative-config '{"method": "eagle3",
+//       "model": "bench/configs/eagle3_llama3_1_8b.json", "num_speculative_tokens": 3}'
+//       --spec-forced-acceptance 0.7 --max-num-seqs 1    (and 4, 16)
 // and SmolLM2's copy-heavy workload with real drafts:
 //   make CUDA=1 bench && build-cuda/bench/spec_ngram_bench SmolLM2-135M-Instruct.Q4_1.gguf 4 0 128 1,4,16,32 copy cuda
 #include <stdio.h>

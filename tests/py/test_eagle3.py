@@ -263,3 +263,21 @@ def test_eagle3_head_from_the_hf_cache(tmp_path):
     out = subprocess.run([ATOMC, *common, "--method", "eagle3", "--speculative-model", "tiny-org/absent",
                           "--num-speculative-tokens", "2"], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode != 0 and "tiny-org/absent" in out.stderr, out.stderr
+
+
+def test_eagle3_random_head_for_benchmarks(tmp_path):
+    # BENCHMARK ONLY: a bare head config (bench/configs/eagle3_*.json) over a dummy target is a
+    # random head whose passes run for real while --spec-forced-acceptance decides the drafts.
+    bench = ["bench", "throughput", "--model", os.path.join(TARGET, "config.json"), "--load-format", "dummy",
+             "--num-prompts", "4", "--input-len", "16", "--output-len", "16", "--cpu-kv-cache-gb", "0.02",
+             "--num-threads", "2", "--spec-forced-acceptance", "0.7"]
+    bare = '{"method": "eagle3", "model": "%s", "num_speculative_tokens": 3}' % os.path.join(HEAD, "config.json")
+    out = run(*bench, "--speculative-config", bare)
+    assert out.returncode == 0, out.stderr
+    assert "with random weights" in out.stderr
+    assert "Speculative decoding (eagle3, k=3):" in out.stdout
+    out = run(*bench, "--speculative-config", E3_JSON)  # a trained head over random target weights
+    assert out.returncode != 0 and "takes a bare head config" in out.stderr, out.stderr
+    out = run("generate", "--model", TARGET, "--prompt-ids", "1,2,3", "--cpu-kv-cache-gb", "0.02",
+              "--speculative-config", bare)  # a random head over the real target
+    assert out.returncode != 0 and "needs --load-format dummy" in out.stderr, out.stderr
