@@ -421,7 +421,11 @@ atomc_status model_eagle3_load(struct model *m, const char *dir, bool dummy, uin
     atomc_status st = e3_parse_config(dir, bare, L0, &dc, e, &target_hidden, err);
     if (st == ATOMC_OK) st = e3_check(m, &dc, e, target_hidden, dir, err);
     if (st == ATOMC_OK) {
-        if (bare || (st = model_files_open_tensors(&mf, dir, err)) == ATOMC_OK) {
+        char bin[4200];
+        snprintf(bin, sizeof bin, "%s/pytorch_model.bin", dir);
+        if (!bare && (st = model_files_open_tensors(&mf, dir, err)) != ATOMC_OK && file_exists(bin))
+            error_prefix(err, "the head ships pytorch_model.bin, which is not read (convert it to safetensors): ");
+        if (bare || st == ATOMC_OK) {
             L = weight_loader_create(m, mf, dummy_seed ^ 0xea9e3ull);
             st = e3_load_weights(m, L, mf, e, err);
         }

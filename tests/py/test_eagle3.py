@@ -166,6 +166,9 @@ def test_bad_eagle3_heads_are_clear_errors(tmp_path):
     with open(os.path.join(corrupt, "model.safetensors"), "r+b") as f:
         f.truncate(1000)
     refused(tmp_path, corrupt, "model.safetensors")
+    pt = head_copy(tmp_path, "pt")
+    os.rename(os.path.join(pt, "model.safetensors"), os.path.join(pt, "pytorch_model.bin"))
+    refused(tmp_path, pt, "pytorch_model.bin, which is not read (convert it to safetensors)")
     pytest.importorskip("torch")
     refused(tmp_path, head_copy(tmp_path, "missing", tensors=lambda t: t.pop("midlayer.hidden_norm.weight")),
             "midlayer.hidden_norm.weight")
