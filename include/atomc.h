@@ -86,6 +86,7 @@ typedef struct atomc_engine_options {
     // Speculative decoding (vLLM's --speculative-config; docs/ARCHITECTURE.md "Speculative
     // decoding"). NULL / "" = off; "ngram" = prompt lookup over the sequence's own tokens.
     const char *speculative_method;
+    const char *speculative_model;         // "eagle3": the EAGLE-3 head directory (vLLM's "model" key); else NULL
     int num_speculative_tokens;            // k: draft tokens verified per step (1..ATOMC_MAX_SPEC_TOKENS)
     int prompt_lookup_min;                 // ngram: shortest suffix matched (0 = vLLM's default: 5, or max if given)
     int prompt_lookup_max;                 // ngram: longest suffix matched (0 = vLLM's default: 5, or min if given)

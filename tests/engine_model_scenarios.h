@@ -49,7 +49,9 @@ struct es_setup {
     double min_clear;    // fraction of all tokens that must have been equal at a clear margin
     int spec_k;          // > 0: the runs under test use ngram speculative decoding with k drafts
                          // (prompt lookup 1..3, at every batch size); the reference runs never do
-    const char *spec_method; // NULL: "ngram"; "mtp": the model's MTP layer drafts (same k, batch sizes)
+    const char *spec_method; // NULL: "ngram"; "mtp": the model's MTP layer drafts (same k, batch sizes);
+                             // "eagle3": the EAGLE-3 head in tests/fixtures/<spec_model> drafts
+    const char *spec_model;  // "eagle3": the head's fixture directory (relative to tests/fixtures)
     bool one_table;      // disable_hybrid_kv_cache_manager (always on in the reference runs)
     const struct backend_caps *caps; // non-NULL: every engine (reference runs too) runs on a `device`
                                      // backend with this capability table (a GPU test of a model
@@ -72,7 +74,8 @@ static const char *es_spec_line(atomc_engine *e) {
     buf[0] = 0;
     if (st.num_speculative_tokens > 0)
         snprintf(buf, sizeof buf, ", %s k=%d: %llu drafts, %llu of %llu draft tokens accepted",
-                 e->spec_mtp ? "mtp" : "ngram", st.num_speculative_tokens, (unsigned long long)st.spec_num_drafts,
+                 e->spec_mtp ? "mtp/eagle3" : "ngram",
+                 st.num_speculative_tokens, (unsigned long long)st.spec_num_drafts,
                  (unsigned long long)st.spec_num_accepted_tokens, (unsigned long long)st.spec_num_draft_tokens);
     return buf;
 }
@@ -141,9 +144,15 @@ static atomc_engine *es_make(const struct es_setup *s, const char *model, int bl
     o.disable_hybrid_kv_cache_manager = s->one_table;
     o.num_threads = 2;
     o.gpu_memory_utilization = 0.3; // the pool is num_blocks; leave the GPU to others
+    char spec_path[1024];
     if (s->spec_k > 0) {
-        bool mtp = s->spec_method && !strcmp(s->spec_method, "mtp");
-        o.speculative_method = mtp ? "mtp" : "ngram";
+        bool eagle3 = s->spec_method && !strcmp(s->spec_method, "eagle3");
+        bool mtp = eagle3 || (s->spec_method && !strcmp(s->spec_method, "mtp"));
+        o.speculative_method = eagle3 ? "eagle3" : mtp ? "mtp" : "ngram";
+        if (eagle3) {
+            snprintf(spec_path, sizeof spec_path, "%s", test_fixture(s->spec_model));
+            o.speculative_model = spec_path;
+        }
         o.num_speculative_tokens = s->spec_k;
         o.prompt_lookup_min = mtp ? 0 : 1;
         o.prompt_lookup_max = mtp ? 0 : 3;

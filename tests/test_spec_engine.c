@@ -69,9 +69,16 @@ TEST(spec_options_checked) {
     o.speculative_method = "mtp"; // the fake model has no MTP layer to draft with
     ASSERT_EQ(make(&o, 16, 64, &e, &m, msg), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(msg, "cannot draft"));
-    o.speculative_method = "eagle3";
+    o.speculative_method = "eagle3"; // no head directory
+    ASSERT_EQ(make(&o, 16, 64, &e, &m, msg), ATOMC_ERR_INVALID_ARGUMENT);
+    ASSERT_TRUE(strstr(msg, "needs the EAGLE-3 head"));
+    o.speculative_model = "head"; // the fake model cannot draft with it either
     ASSERT_EQ(make(&o, 16, 64, &e, &m, msg), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(strstr(msg, "\"eagle3\" is not implemented"));
+    ASSERT_TRUE(strstr(msg, "cannot draft"));
+    o.speculative_model = NULL;
+    o.speculative_method = "eagle";
+    ASSERT_EQ(make(&o, 16, 64, &e, &m, msg), ATOMC_ERR_UNSUPPORTED);
+    ASSERT_TRUE(strstr(msg, "\"eagle\" is not implemented"));
     o.speculative_method = "nrgam";
     ASSERT_EQ(make(&o, 16, 64, &e, &m, msg), ATOMC_ERR_INVALID_ARGUMENT);
     ASSERT_TRUE(strstr(msg, "unknown speculative method \"nrgam\""));

@@ -178,7 +178,8 @@ static bool spec_int(json_t *j, const char *key, long min, long max, int *out) {
     return true;
 }
 
-bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf_len, const char *arg) {
+bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf_len, char *model_buf,
+                                  size_t model_buf_len, const char *arg) {
     json_error_t je;
     json_t *j = json_loads(arg, 0, &je);
     if (!json_is_object(j)) {
@@ -187,8 +188,8 @@ bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf
         json_decref(j);
         return false;
     }
-    static const char *known[] = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-                                  "disable_by_batch_size"};
+    static const char *known[] = {"method", "model", "num_speculative_tokens", "prompt_lookup_min",
+                                  "prompt_lookup_max", "disable_by_batch_size"};
     const char *key;
     json_t *v;
     bool ok = true;
@@ -198,8 +199,8 @@ bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf
             found |= !strcmp(key, known[i]);
         if (!found) {
             fprintf(stderr,
-                    "atomc: --speculative-config: unsupported key \"%s\" (supported: method, num_speculative_tokens, "
-                    "prompt_lookup_min, prompt_lookup_max, disable_by_batch_size)\n",
+                    "atomc: --speculative-config: unsupported key \"%s\" (supported: method, model, "
+                    "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, disable_by_batch_size)\n",
                     key);
             ok = false;
         }
@@ -210,12 +211,30 @@ bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf
         ok = false;
     }
     if (ok && m) ok = set_spec_method(o, buf, buf_len, json_string_value(m), "--speculative-config");
+    json_t *model = json_object_get(j, "model");
+    if (ok && model) {
+        if (!json_is_string(model) || !*json_string_value(model) || strlen(json_string_value(model)) >= model_buf_len) {
+            fprintf(stderr, "atomc: --speculative-config: \"model\" must be a non-empty path (the draft head's "
+                            "directory)\n");
+            ok = false;
+        } else {
+            // A Hugging Face repo id ("ORG/NAME", as vLLM takes it) becomes its cache snapshot.
+            char resolved[4096];
+            const char *p = cli_resolve_model_arg(json_string_value(model), resolved, sizeof resolved);
+            if (!p || strlen(p) >= model_buf_len) {
+                ok = false;
+            } else {
+                snprintf(model_buf, model_buf_len, "%s", p);
+                o->speculative_model = model_buf;
+            }
+        }
+    }
     ok = ok && spec_int(j, "num_speculative_tokens", 1, ATOMC_MAX_SPEC_TOKENS, &o->num_speculative_tokens);
     ok = ok && spec_int(j, "prompt_lookup_min", 1, 1 << 20, &o->prompt_lookup_min);
     ok = ok && spec_int(j, "prompt_lookup_max", 1, 1 << 20, &o->prompt_lookup_max);
     ok = ok && spec_int(j, "disable_by_batch_size", 1, 1 << 20, &o->speculative_disable_by_batch_size);
     if (ok && !m && o->speculative_method == NULL) {
-        fprintf(stderr, "atomc: --speculative-config needs a \"method\" (\"ngram\" or \"mtp\")\n");
+        fprintf(stderr, "atomc: --speculative-config needs a \"method\" (\"ngram\", \"mtp\" or \"eagle3\")\n");
         ok = false;
     }
     json_decref(j);
@@ -266,7 +285,11 @@ int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg) 
     case CLI_E_TP: return cli_parse_int(arg, "--tensor-parallel-size", 1, 64, &o->tensor_parallel_size) ? 1 : -1;
     case CLI_E_ENGINE_SEED: return cli_parse_u64(arg, "--engine-seed", &o->seed) ? 1 : -1;
     case CLI_E_SPEC_CONFIG:
-        return cli_parse_speculative_config(o, a->spec_method, sizeof a->spec_method, arg) ? 1 : -1;
+        return cli_parse_speculative_config(o, a->spec_method, sizeof a->spec_method, a->spec_model,
+                                            sizeof a->spec_model, arg)
+                   ? 1
+                   : -1;
+    case CLI_E_SPEC_MODEL: o->speculative_model = arg; return 1;
     case CLI_E_SPEC_METHOD:
         return set_spec_method(o, a->spec_method, sizeof a->spec_method, arg, "--method") ? 1 : -1;
     case CLI_E_KV_TRANSFER: {

@@ -14,6 +14,7 @@
 struct cli_engine_args {
     atomc_engine_options o;
     char spec_method[32]; // backs o.speculative_method
+    char spec_model[4096]; // backs o.speculative_model when --speculative-config gives "model"
 };
 
 enum {
@@ -41,6 +42,7 @@ enum {
     CLI_E_SPEC_CONFIG,
     CLI_E_SPEC_METHOD,
     CLI_E_SPEC_NUM,
+    CLI_E_SPEC_MODEL,
     CLI_E_QUANT,
     CLI_E_KV_TRANSFER,
     CLI_E_NO_HYBRID_KV,
@@ -68,7 +70,8 @@ enum {
         {"tensor-parallel-size", required_argument, 0, CLI_E_TP},                                                      \
         {"speculative-config", required_argument, 0, CLI_E_SPEC_CONFIG},                                               \
         {"method", required_argument, 0, CLI_E_SPEC_METHOD}, {"quantization", required_argument, 0, CLI_E_QUANT},     \
-        {"kv-transfer-config", required_argument, 0, CLI_E_KV_TRANSFER}, {                                             \
+        {"kv-transfer-config", required_argument, 0, CLI_E_KV_TRANSFER},                                               \
+        {"speculative-model", required_argument, 0, CLI_E_SPEC_MODEL}, {                                               \
         "num-speculative-tokens", required_argument, 0, CLI_E_SPEC_NUM                                                 \
     }
 
@@ -88,6 +91,8 @@ enum {
     "  --speculative-config JSON   e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4,\n"                     \
     "                         \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4, \"disable_by_batch_size\": 8}'\n"    \
     "  --method ngram --num-speculative-tokens K   ATOM's spelling of the same (prompt lookup 5..5)\n"         \
+    "  eagle3 (Llama targets): '{\"method\": \"eagle3\", \"model\": HEAD_DIR, \"num_speculative_tokens\": 3}'\n"  \
+    "                         or --method eagle3 --speculative-model HEAD_DIR\n"                                    \
     "  --kv-transfer-config JSON   prefill/decode disaggregation, vLLM's JSON: '{\"kv_role\": \"kv_producer\",\n"     \
     "                         \"kv_connector\": \"tcp\", \"kv_ip\": \"127.0.0.1\", \"kv_port\": 14579}' (README)\n"
 
@@ -100,9 +105,11 @@ const char *cli_resolve_model_arg(const char *spec, char *buf, size_t buf_len);
 int cli_engine_parse_flag(struct cli_engine_args *a, int code, const char *arg);
 
 // vLLM's --speculative-config JSON into o: method (copied into buf, which o then points to),
-// num_speculative_tokens, prompt_lookup_min / _max, disable_by_batch_size; other keys are refused
-// by name (the engine checks the values' sense). Prints the problem and returns false.
-bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf_len, const char *json);
+// model (the draft head's directory, copied into model_buf likewise), num_speculative_tokens,
+// prompt_lookup_min / _max, disable_by_batch_size; other keys are refused by name (the engine
+// checks the values' sense). Prints the problem and returns false.
+bool cli_parse_speculative_config(atomc_engine_options *o, char *buf, size_t buf_len, char *model_buf,
+                                  size_t model_buf_len, const char *json);
 
 // With --profile-dir: start recording after the engine is created, and write the Chrome trace
 // (path printed to stderr) when the command's work is done. No-ops without the flag.

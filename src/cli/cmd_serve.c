@@ -30,6 +30,7 @@ struct serve_args {
     const char *reasoning_parser;
     const char *speculative_config;
     char spec_method[32];
+    char spec_model[4096];
 };
 
 enum flag_kind { FLAG_STR, FLAG_INT, FLAG_DOUBLE, FLAG_SIZE, FLAG_BOOL_ON, FLAG_BOOL_OFF, FLAG_NAMES };
@@ -104,7 +105,10 @@ static const struct flag flags[] = {
     {"--speculative-config", FLAG_STR, A(speculative_config), "off",
      "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
      "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}'"},
-    {"--method", FLAG_STR, A(eo.speculative_method), "off", "speculative method (ATOM's flag): ngram or mtp"},
+    {"--method", FLAG_STR, A(eo.speculative_method), "off",
+     "speculative method (ATOM's flag): ngram, mtp or eagle3"},
+    {"--speculative-model", FLAG_STR, A(eo.speculative_model), "off",
+     "method eagle3: the EAGLE-3 head's directory (vLLM's \"model\" in --speculative-config)"},
     {"--num-speculative-tokens", FLAG_INT, A(eo.num_speculative_tokens), "0",
      "draft tokens verified per step (ATOM's flag)"},
     {"--kv-transfer-config", FLAG_STR, A(eo.kv_transfer_config), "off",
@@ -324,7 +328,8 @@ int cmd_serve(int argc, char **argv) {
     int rc = serve_parse(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
     if (a.speculative_config &&
-        !cli_parse_speculative_config(&a.eo, a.spec_method, sizeof a.spec_method, a.speculative_config))
+        !cli_parse_speculative_config(&a.eo, a.spec_method, sizeof a.spec_method, a.spec_model, sizeof a.spec_model,
+                                      a.speculative_config))
         return 2;
     if (a.eo.kv_transfer_config) {
         struct kv_transfer_config kc;
@@ -362,6 +367,10 @@ int cmd_serve(int argc, char **argv) {
     if (!resolved) return 1;
     bool from_hf_cache = resolved != a.model;
     a.eo.model_path = resolved;
+    char head_path[4096]; // --speculative-model ORG/NAME (the JSON's "model" is resolved as it is parsed)
+    if (a.eo.speculative_model && a.eo.speculative_model != a.spec_model &&
+        !(a.eo.speculative_model = cli_resolve_model_arg(a.eo.speculative_model, head_path, sizeof head_path)))
+        return 1;
     if (!a.api_key) a.api_key = getenv("VLLM_API_KEY");
     if (!a.api_key) a.api_key = getenv("ATOMC_API_KEY");
     a.so.api_key = a.api_key;

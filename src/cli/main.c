@@ -27,17 +27,17 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) // vLLM's short forms -tp N / -dp N (getopt has no two-letter short options)
         if (!strcmp(argv[i], "-tp")) argv[i] = "--tensor-parallel-size";
         else if (!strcmp(argv[i], "-dp")) argv[i] = "--data-parallel-size";
-    // Hugging Face repo ids (`--model Qwen/Qwen3-0.6B`, `--tokenizer ...`) become cache snapshot paths
-    // here for every command but serve, which resolves its own (it also names the served model
-    // after the id). `bench serve --model` is the name sent to a server, not a path: only its
-    // --tokenizer is resolved.
+    // Hugging Face repo ids (`--model Qwen/Qwen3-0.6B`, `--tokenizer ...`, an EAGLE-3 head's
+    // `--speculative-model ...`) become cache snapshot paths here for every command but serve,
+    // which resolves its own (it also names the served model after the id). `bench serve --model`
+    // is the name sent to a server, not a path: only its --tokenizer is resolved.
     char resolved[MAX_RESOLVED][4096];
     int n_resolved = 0;
     bool serve = argc > 1 && !strcmp(argv[1], "serve");
     bool bench_serve = argc > 2 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "serve");
     for (int i = 2; i < argc && !serve; i++) {
-        const char *flags[] = {"--model", "--tokenizer"};
-        for (int f = bench_serve ? 1 : 0; f < 2; f++) {
+        const char *flags[] = {"--model", "--tokenizer", "--speculative-model"}; // the last: an EAGLE-3 head
+        for (int f = bench_serve ? 1 : 0; f < 3; f++) {
             size_t fl = strlen(flags[f]);
             char *val = NULL;
             if (!strcmp(argv[i], flags[f]) && i + 1 < argc) val = argv[++i];

@@ -88,6 +88,11 @@ bool engine_spec_is_mtp(const atomc_engine_options *o) {
     return m && (!strcmp(m, "mtp") || !strcmp(m, "deepseek_mtp") || !strcmp(m, "glm4_moe_mtp"));
 }
 
+bool engine_spec_is_eagle3(const atomc_engine_options *o) {
+    const char *m = o->speculative_method;
+    return m && !strcmp(m, "eagle3");
+}
+
 void engine_resolve_limits(const atomc_engine_options *o, int *max_num_seqs, int *max_num_batched_tokens) {
     bool cuda = o->device && !strcmp(o->device, "cuda");
     *max_num_seqs = resolve(o->max_num_seqs, cuda ? 256 : 16);
@@ -120,13 +125,22 @@ atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min
                              o->num_speculative_tokens);
         return ATOMC_OK;
     }
-    if (!strcmp(m, "eagle3") || !strcmp(m, "eagle") || !strcmp(m, "draft_model"))
+    if (!strcmp(m, "eagle") || !strcmp(m, "draft_model"))
         return error_set(err, ATOMC_ERR_UNSUPPORTED,
-                         "speculative method \"%s\" is not implemented yet; supported: \"ngram\", \"mtp\"", m);
-    const bool mtp = engine_spec_is_mtp(o);
+                         "speculative method \"%s\" is not implemented yet; supported: \"ngram\", \"mtp\", \"eagle3\"",
+                         m);
+    const bool eagle3 = engine_spec_is_eagle3(o), mtp = engine_spec_is_mtp(o) || eagle3;
     if (!mtp && strcmp(m, "ngram") && strcmp(m, "[ngram]"))
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
-                         "unknown speculative method \"%s\"; supported: \"ngram\", \"mtp\"", m);
+                         "unknown speculative method \"%s\"; supported: \"ngram\", \"mtp\", \"eagle3\"", m);
+    if (eagle3 && (!o->speculative_model || !*o->speculative_model))
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "speculative method \"eagle3\" needs the EAGLE-3 head's directory (\"model\" in "
+                         "--speculative-config, or --speculative-model)");
+    if (!eagle3 && o->speculative_model && *o->speculative_model)
+        return error_set(err, ATOMC_ERR_INVALID_ARGUMENT,
+                         "a speculative model (\"%s\") belongs to method \"eagle3\", not \"%s\"",
+                         o->speculative_model, m);
     if (o->num_speculative_tokens < 1 || o->num_speculative_tokens > ATOMC_MAX_SPEC_TOKENS)
         return error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "num_speculative_tokens must be in 1..%d, got %d",
                          ATOMC_MAX_SPEC_TOKENS, o->num_speculative_tokens);
@@ -191,11 +205,12 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
                        e->max_model_len, (long)e->su.num_kv_blocks * e->block_size, e->su.num_kv_blocks,
                        e->block_size);
     if (st == ATOMC_OK) st = engine_resolve_spec(o, &e->spec_k, &e->spec_min, &e->spec_max, &e->spec_max_batch, err);
-    e->spec_mtp = st == ATOMC_OK && e->spec_k > 0 && engine_spec_is_mtp(o);
+    e->spec_mtp = st == ATOMC_OK && e->spec_k > 0 && (engine_spec_is_mtp(o) || engine_spec_is_eagle3(o));
     if (e->spec_mtp && !e->su.model.draft)
         st = error_set(err, ATOMC_ERR_UNSUPPORTED,
-                       "speculative method \"mtp\": this model runner cannot draft (MTP needs the single-rank "
-                       "model runner; tensor parallelism is not implemented for it)");
+                       "speculative method \"%s\": this model runner cannot draft (MTP and EAGLE-3 need the "
+                       "single-rank model runner; tensor parallelism is not implemented for them)",
+                       o->speculative_method);
     if (st == ATOMC_OK && o->spec_forced_acceptance != 0) {
         if (!(o->spec_forced_acceptance > 0 && o->spec_forced_acceptance <= 1))
             st = error_set(err, ATOMC_ERR_INVALID_ARGUMENT, "spec_forced_acceptance must be in (0, 1], got %g",
@@ -324,6 +339,7 @@ void atomc_engine_free(atomc_engine *e) {
         engine_kv_free(e);
     }
     engine_grammar_free(e);
+    engine_mtp_free(e);
     scheduler_free(e->sched);
     block_manager_free(e->bm);
     block_manager_free(e->bm_sw);

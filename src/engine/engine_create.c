@@ -152,6 +152,7 @@ static atomc_status engine_create_impl(const atomc_engine_options *o_in, struct 
         .dummy_seed = o->seed,
         .moe_uniform_routing = o->moe_uniform_routing,
         .load_mtp = spec_k > 0 && engine_spec_is_mtp(o),
+        .eagle3_path = spec_k > 0 && engine_spec_is_eagle3(o) ? o->speculative_model : NULL,
     };
     int tp_size = o->tensor_parallel_size > 0 ? o->tensor_parallel_size : 1;
     // Per-layer-group block tables: not with KV transfer (it moves one table's blocks) or TP yet.

@@ -97,6 +97,7 @@ int engine_resolve_long_prefill(const atomc_engine_options *o);
 // steps with at most this many decoding sequences). Also called before the model is loaded.
 // Whether o asks for speculative method "mtp" (or its vLLM aliases deepseek_mtp / glm4_moe_mtp).
 bool engine_spec_is_mtp(const atomc_engine_options *o);
+bool engine_spec_is_eagle3(const atomc_engine_options *o);
 atomc_status engine_resolve_spec(const atomc_engine_options *o, int *k, int *min_n, int *max_n, int *max_batch,
                                  struct error *err);
 
@@ -156,7 +157,8 @@ struct atomc_engine {
     // Speculative decoding (spec.h; options speculative_*): k = 0 is off.
     int spec_k, spec_min, spec_max;
     int spec_max_batch; // drafts only in steps with at most this many decoding sequences (INT_MAX: always)
-    bool spec_mtp;      // method "mtp": drafts from the model's MTP layer (engine_spec_mtp.c), else n-gram
+    bool spec_mtp;      // methods "mtp" / "eagle3": drafts from a draft layer (the model's MTP layer or an
+                        // EAGLE-3 head, engine_spec_mtp.c), else n-gram
     double spec_force;  // BENCHMARK ONLY: forced acceptance probability (options.spec_forced_acceptance), 0 = off
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_accepted_pos[ATOMC_MAX_SPEC_TOKENS];
 
@@ -231,6 +233,8 @@ void engine_drain_inbox(atomc_engine *e);
 // engine_spec_mtp.c: after a step's outputs, the MTP layer over the positions the step verified and
 // the next step's drafts of the decoding sequences (spec.h).
 void engine_mtp_after_step(atomc_engine *e);
+// Frees the drafting pass's buffers (atomc_engine_free).
+void engine_mtp_free(atomc_engine *e);
 
 // engine_step.c: ends s with reason (see its comment); snapshots the stats under mu.
 void engine_retire(atomc_engine *e, struct sequence *s, atomc_finish_reason reason, int n_new,

@@ -31,6 +31,14 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 
+void engine_mtp_free(atomc_engine *e) {
+    void *ps[] = {e->mtp.tok,    e->mtp.pos,    e->mtp.slot,        e->mtp.hrows,  e->mtp.qs,   e->mtp.ctx,
+                  e->mtp.lrows,  e->mtp.ndraft, e->mtp.row_seq,     e->mtp.drafts, e->mtp.seqs, e->mtp.order,
+                  e->mtp.tables, e->mtp.chain_slots};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
+    memset(&e->mtp, 0, sizeof e->mtp);
+}
+
 static void mtp_reserve(atomc_engine *e, int n_seqs, int n_tok) {
     if (n_tok > e->mtp.tok_cap) {
         int c = e->mtp.tok_cap;

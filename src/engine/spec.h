@@ -20,7 +20,9 @@
 // (seed, step) draws, a seeded request produces the very same tokens with or without
 // speculation. Logprobs are those of the plain rows. MTP drafts (method "mtp",
 // engine_spec_mtp.c) are the argmax of the MTP layer's logits, so q is one-hot on the draft as
-// for n-gram and the same rule is exact for sampled requests too. (Drafters that sample their
+// for n-gram and the same rule is exact for sampled requests too; EAGLE-3 drafts (method
+// "eagle3", src/model/eagle3.c) likewise: the argmax of the head's draft-vocabulary logits, mapped
+// to a target id through d2t, is one deterministic token. (Drafters that sample their
 // drafts, a non-degenerate q, would need the general rule with q in the sampler.)
 #ifndef ATOMC_ENGINE_SPEC_H
 #define ATOMC_ENGINE_SPEC_H

@@ -488,6 +488,23 @@ atomc_status model_files_open(struct model_files **out, const char *path, struct
     return ATOMC_OK;
 }
 
+atomc_status model_files_open_tensors(struct model_files **out, const char *dir, struct error *err) {
+    *out = NULL;
+    if (!dir_exists(dir)) return error_set(err, ATOMC_ERR_IO, "%s: no such directory", dir);
+    struct model_files *mf = xcalloc(1, sizeof *mf);
+    mf->path = xstrdup(dir);
+    mf->kind = MODEL_FILES_HF;
+    atomc_status st = safetensors_set_open(&mf->st, dir, err);
+    if (st) {
+        model_files_close(mf);
+        return st;
+    }
+    mf->n_tensors = mf->st->n_entries;
+    mf->consumed = xcalloc(mf->n_tensors ? mf->n_tensors : 1, sizeof *mf->consumed);
+    *out = mf;
+    return ATOMC_OK;
+}
+
 // ---------------------------------------------------------------------------------
 // Tensors.
 

@@ -77,6 +77,9 @@ struct model_files {
 };
 
 atomc_status model_files_open(struct model_files **out, const char *path, struct error *err);
+// The safetensors of an HF directory whose config.json the caller reads itself (a draft head
+// whose architecture is no model of its own: EAGLE-3, src/model/eagle3.c); config stays zeroed.
+atomc_status model_files_open_tensors(struct model_files **out, const char *dir, struct error *err);
 void model_files_close(struct model_files *mf);
 
 // The file a tensor comes from (shard path or .gguf), or the model path if unknown.

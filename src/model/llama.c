@@ -7,11 +7,14 @@
 //   per layer:  block_attention (GQA over the paged K/V cache)
 //               block_ffn       (dense MLP, or router + fused experts on MoE layers)
 //   logits rows only: model_compute_logits (blocks.c)
+// With an EAGLE-3 head loaded (eagle3.c), the residual stream entering its aux layers is copied
+// aside for every row of the step.
 #include <string.h>
 
 #include "common/check.h"
 #include "model/arch.h"
 #include "model/blocks.h"
+#include "model/eagle3.h"
 
 // ---------------------------------------------------------------------------------------------
 // Weights
@@ -105,6 +108,7 @@ static void llama_forward(struct model *m, const int32_t *token_ids, const struc
     fwd_begin(m, &f, md);
     block_embed(m, &f, token_ids);
     for (int l = 0; l < m->cfg.num_layers; l++) {
+        if (m->eagle3) model_eagle3_capture(m, &f, l); // the residual stream entering l, for the EAGLE-3 head
         block_attention(m, &f, &m->layers[l], &kv[l], md);
         block_ffn(m, &f, &m->layers[l]);
     }

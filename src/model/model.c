@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "loader/model_files.h"
 #include "model/arch.h"
+#include "model/eagle3.h"
 #include "model/mtp.h"
 #include "model/model.h"
 #include "model/quant.h"
@@ -425,6 +426,7 @@ atomc_status model_load(struct model **out, struct backend *b, const struct mode
     if ((st = model_kv_scales_load(m, o->files, err))) goto fail;
     if ((st = model_load_rope(m, err))) goto fail;
     if (o->load_mtp && (st = model_mtp_load(m, L, err))) goto fail;
+    if (o->eagle3_path && (st = model_eagle3_load(m, o->eagle3_path, !o->files, o->dummy_seed, err))) goto fail;
     if (def->finish_load && (st = def->finish_load(m, L, o, err))) goto fail;
     weight_loader_free(L);
     *out = m;
@@ -444,7 +446,7 @@ static void model_scratch_free(struct model *m) {
                    &s->lg_res, &s->lg_h, &s->lg_x, (void **)&s->logits, (void **)&s->lg_shard,
                    (void **)&s->lg_gather, (void **)&s->moe.logits, (void **)&s->moe.topk_ids,
                    (void **)&s->moe.topk_w, &s->moe.workspace, &s->mla_workspace, &s->mtp_a, &s->mtp_b,
-                   &s->mtp_c};
+                   &s->mtp_c, &s->eagle3_aux[0], &s->eagle3_aux[1], &s->eagle3_aux[2], &s->eagle3_qkv};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
         if (*ps[i]) m->backend->ops->free(m->backend, *ps[i]);
         *ps[i] = NULL;
@@ -492,9 +494,13 @@ atomc_status model_scratch_alloc(struct model *m, int max_tokens, int max_logits
         {&s->mla_workspace, c->kv_lora_rank > 0 ? mla_workspace_bytes((int64_t)T, c->num_heads, c->kv_lora_rank,
                                                                        c->qk_rope_head_dim)
                                                  : 0},
-        {&s->mtp_a, m->n_mtp ? T * H * e : 0},
-        {&s->mtp_b, m->n_mtp ? T * H * e : 0},
-        {&s->mtp_c, m->n_mtp ? T * H * e : 0},
+        {&s->mtp_a, m->n_mtp || m->eagle3 ? T * H * e : 0},
+        {&s->mtp_b, m->n_mtp || m->eagle3 ? T * H * e : 0},
+        {&s->mtp_c, m->n_mtp || m->eagle3 ? T * H * e : 0},
+        {&s->eagle3_aux[0], m->eagle3 ? T * H * e : 0},
+        {&s->eagle3_aux[1], m->eagle3 ? T * H * e : 0},
+        {&s->eagle3_aux[2], m->eagle3 ? T * H * e : 0},
+        {&s->eagle3_qkv, m->eagle3 ? T * (size_t)m->qkv_dim * e : 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         if (!want[i].bytes) continue;
@@ -515,6 +521,7 @@ void model_free(struct model *m) {
     if (!m) return;
     model_scratch_free(m);
     model_mtp_free(m);
+    model_eagle3_free(m);
     model_free_layers(m);
     free(m->layers);
     free(m->layer_cache);

@@ -161,6 +161,35 @@ struct model_mtp_layer {
     struct weight head;         // (vocab, hidden) shared_head.head; aliases the model's lm_head when absent
     struct tensor embed;        // (vocab, hidden) embed_tokens; aliases the model's embeddings when absent
 };
+// An EAGLE-3 draft head (src/model/eagle3.c; loaded from its own directory for speculative method
+// "eagle3", Llama targets only). For position p with token t_{p+1}:
+//   hid  = fc [a_0(p) ; a_1(p) ; a_2(p)]   a_i: the target's residual stream entering layer
+//          aux_layers[i], captured by the target's forward (chained steps: the previous step's out)
+//   x    = [input_norm(embed(t_{p+1})) ; hidden_norm(hid)]     (2 hidden inputs to q / k / v)
+//   h    = r + o(attention(x)), r = hid (norm_before_residual: hidden_norm(hid)), its own cache
+//   out  = h + mlp(post_norm(h));  logits = head(norm(out)) over draft_vocab ids, draft id d
+//          meaning target id d2t[d]
+// The concatenations become sums of GEMMs over column blocks split at load (fc: 3, qkv: 2).
+#define EAGLE3_N_AUX 3
+struct model_eagle3 {
+    int aux_layers[EAGLE3_N_AUX]; // target layers whose input residual stream is captured, in fc's column order
+    int draft_vocab;              // rows of head
+    int intermediate_size;        // the draft layer's MLP
+    bool norm_before_residual;
+    float eps;                    // the head's rms_norm_eps
+    struct weight fc[EAGLE3_N_AUX];  // (hidden, hidden) column block i of fc.weight
+    struct tensor fc_bias;        // (hidden) or data == NULL (speculators' heads have one)
+    struct tensor input_norm, hidden_norm, post_norm, norm; // (hidden)
+    struct weight qkv_e, qkv_h;   // (q_dim + 2 kv_dim, hidden): q/k/v rows over the embedding / hidden half
+    struct weight o;              // (hidden, q_dim)
+    struct weight gate_up, down;  // (2 inter, hidden), (hidden, inter)
+    struct weight head;           // (draft_vocab, hidden)
+    struct tensor embed;          // (vocab, hidden); aliases the model's embeddings when the head has none
+    int32_t *d2t;                 // host (draft_vocab): the target id of each draft id
+    float *inv_freq;              // the draft layer's own RoPE (its config's rope_theta / scaling)
+    struct rope_args rope;
+};
+
 // The attention metadata layer ly reads: the sliding-window group's (its own block tables and
 // slots) when the runner keeps per-layer-group block tables, else md.
 static inline const struct attn_metadata *model_layer_metadata(const struct model_layer *ly,
@@ -230,7 +259,9 @@ struct model_scratch {
     float *lg_gather; // TP only: (tp, max_logits_rows, vocab / tp) F32 staging of the all-gather
     struct model_moe_scratch moe;
     void *mla_workspace; // MLA models: mla_workspace_bytes(max_tokens, ...)
-    void *mtp_a, *mtp_b, *mtp_c; // MTP layers loaded: (max_tokens, hidden) each (mtp.c)
+    void *mtp_a, *mtp_b, *mtp_c; // MTP layers or an EAGLE-3 head loaded: (max_tokens, hidden) each (mtp.c, eagle3.c)
+    void *eagle3_aux[EAGLE3_N_AUX]; // EAGLE-3: (max_tokens, hidden) each, the aux layers' residual stream of the last forward
+    void *eagle3_qkv;             // EAGLE-3: (max_tokens, qkv_dim) the hidden half's q/k/v
     size_t bytes;     // total allocated
 };
 
@@ -255,6 +286,8 @@ struct model {
     int n_cache_layers;           // num_layers + n_mtp: the runner's KV pool has one entry per cache layer
     int n_mtp;                    // MTP layers loaded (model_load_options.load_mtp), 0 otherwise
     struct model_mtp_layer *mtp;  // (n_mtp); their caches are layer_cache[num_layers + i]
+    struct model_eagle3 *eagle3;  // EAGLE-3 head (model_load_options.eagle3_path) or NULL; its cache is
+                                  // layer_cache[num_layers]
 
     float *inv_freq;              // (rotary_dim / 2) backend memory
     struct rope_args rope;
@@ -324,6 +357,8 @@ struct model_load_options {
     // a family without MTP support or a config without MTP layers is refused. false: they are
     // skipped (the loader leaves their tensors unread by design).
     bool load_mtp;
+    // Speculative method "eagle3": the EAGLE-3 head directory (src/model/eagle3.c); NULL = none.
+    const char *eagle3_path;
 };
 
 // Loads (or generates) every weight of `cfg`'s architecture into backend memory, fuses
@@ -375,6 +410,16 @@ struct tensor model_compute_logits_with(struct model *m, const int32_t *rows, in
 void model_mtp_forward(struct model *m, int i, const int32_t *token_ids, const struct attn_metadata *md,
                        struct kv_layer *kv, const int32_t *hidden_rows);
 struct tensor model_mtp_compute_logits(struct model *m, int i, const int32_t *rows, int n_rows);
+
+// EAGLE-3 (src/model/eagle3.c; m->eagle3 set). As model_mtp_forward: token_ids are t_{p+1}; the
+// hidden input of token t is fc over row hidden_rows[t] of the aux states the last model_forward
+// captured, or (hidden_rows NULL, chained steps) row t of the previous pass's logits rows'
+// pre-norm output (scratch.lg_res). The draft layer's cache is kv[num_layers].
+// model_eagle3_compute_logits gives (n_rows, draft_vocab) F32 logits in scratch.logits (draft
+// ids; m->eagle3->d2t maps them) and leaves the rows' pre-norm output in scratch.lg_res.
+void model_eagle3_forward(struct model *m, const int32_t *token_ids, const struct attn_metadata *md,
+                          struct kv_layer *kv, const int32_t *hidden_rows);
+struct tensor model_eagle3_compute_logits(struct model *m, const int32_t *rows, int n_rows);
 
 // Weight bytes one decode step of `batch` tokens reads: everything but the experts, plus the
 // experts the step touches per MoE layer, min(E, batch * top_k) (exact under the benchmark's

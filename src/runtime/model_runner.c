@@ -624,7 +624,8 @@ atomc_status model_runner_create(const struct runner_options *o, struct model_ru
                                     .moe_force_uniform = o->moe_uniform_routing,
                                     .quant_weight_only = o->quant_weight_only,
                                     .online_fp8 = online_fp8,
-                                    .load_mtp = o->load_mtp};
+                                    .load_mtp = o->load_mtp,
+                                    .eagle3_path = o->eagle3_path};
     double tw = time_now_s();
     if (b->kind != BACKEND_CPU && b->ops->memory_info) { // runner_kv.c: this instance's own usage
         size_t total_b = 0;

@@ -155,6 +155,10 @@ struct runner_options {
     // Speculative method "mtp": load the model's MTP layers (struct model_load_options.load_mtp)
     // and give them a cache layer each in the KV pool; model_runner_draft then proposes drafts.
     bool load_mtp;
+    // Speculative method "eagle3": the EAGLE-3 head directory (struct model_load_options.eagle3_path;
+    // its draft layer gets a cache layer in the KV pool); NULL = none. model_runner_draft then drafts
+    // with the head exactly as with an MTP layer (hidden_rows index the aux states it captured).
+    const char *eagle3_path;
     // Hybrid sliding / full models (layers of both kinds, one window): the sliding-window layers'
     // K/V in a pool of their own, addressed by a second block table per sequence
     // (forward_batch.block_tables_sw), so the engine can free their out-of-window blocks while
@@ -208,7 +212,7 @@ struct draft_batch {
 };
 atomc_status model_runner_draft(struct model_runner *r, const struct draft_batch *db, int32_t *drafts,
                                 struct error *err);
-// MTP layers loaded (0: none, model_runner_draft refuses).
+// Draft layers loaded: MTP layers, or 1 for an EAGLE-3 head (0: none, model_runner_draft refuses).
 int model_runner_num_mtp_layers(const struct model_runner *r);
 
 int model_runner_max_model_len(const struct model_runner *r);

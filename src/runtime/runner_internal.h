@@ -190,6 +190,11 @@ atomc_status runner_state_validate(const struct model_runner *r, const struct fo
 // runner_mtp.c
 void runner_mtp_release(struct model_runner *r);
 
+// runner_eagle3.c: runner_mtp.c's pass for an EAGLE-3 head (the same contract: fb uploaded and run
+// through the head, *ids the target ids of the logits rows' argmax drafts).
+atomc_status runner_eagle3_pass(struct model_runner *r, const struct forward_batch *fb, const int32_t *d_hidden_rows,
+                                const int32_t **ids, struct error *err);
+
 // runner_graphs.c
 struct runner_graph *runner_graph_for(struct model_runner *r, int n);
 struct runner_graph *runner_verify_graph_for(struct model_runner *r, const struct forward_batch *fb);

@@ -2,8 +2,9 @@
 // over the positions a step verified (filling its cache, reading the target's hidden states the
 // step left in the scratch), the argmax of the drafting sequences' last rows, then k - 1 chained
 // one-token passes fed by the previous pass's output (replays of the MTP first-pass and chain
-// graphs where captured, runner_graphs.c). Drafts are argmax (q one-hot), which keeps the engine's
-// verification exact for sampled requests too (src/engine/spec.h).
+// graphs where captured, runner_graphs.c); an EAGLE-3 head runs the same passes (runner_eagle3.c).
+// Drafts are argmax (q one-hot), which keeps the engine's verification exact for sampled
+// requests too (src/engine/spec.h).
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,7 +25,7 @@ void runner_mtp_release(struct model_runner *r) {
     memset(&r->mtp, 0, sizeof r->mtp);
 }
 
-int model_runner_num_mtp_layers(const struct model_runner *r) { return r->model->n_mtp; }
+int model_runner_num_mtp_layers(const struct model_runner *r) { return r->model->n_mtp + (r->model->eagle3 != NULL); }
 
 static void mtp_reserve(struct model_runner *r, int n, size_t bt) {
     if (n > r->mtp.cap) {
@@ -86,6 +87,7 @@ static atomc_status mtp_validate(const struct model_runner *r, const struct draf
 // A chained pass (d_hidden_rows NULL) replays the MTP chain graph of its bucket when one is captured.
 static atomc_status mtp_pass(struct model_runner *r, const struct forward_batch *fb, const int32_t *d_hidden_rows,
                              const int32_t **ids, struct error *err) {
+    if (r->model->eagle3) return runner_eagle3_pass(r, fb, d_hidden_rows, ids, err);
     *ids = NULL;
     bool replayed = false;
     if (!d_hidden_rows) {
@@ -116,8 +118,9 @@ static atomc_status mtp_pass(struct model_runner *r, const struct forward_batch 
 atomc_status model_runner_draft(struct model_runner *r, const struct draft_batch *db, int32_t *drafts,
                                 struct error *err) {
     struct model *m = r->model;
-    if (m->n_mtp == 0)
-        return error_set(err, ATOMC_ERR_UNSUPPORTED, "MTP drafts: %s was loaded without MTP layers", r->cfg.architecture);
+    if (m->n_mtp == 0 && !m->eagle3)
+        return error_set(err, ATOMC_ERR_UNSUPPORTED, "MTP drafts: %s was loaded without MTP layers or an EAGLE-3 head",
+                         r->cfg.architecture);
     const struct forward_batch *fb0 = &db->fb;
     struct draft_batch mapped;
     if (r->vpad.row_map_n > 0) { // the last step replayed a verify graph: its rows are padded

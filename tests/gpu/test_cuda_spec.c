@@ -1,4 +1,5 @@
-// Speculative decoding (ngram, k = 4; mtp, k = 3 on deepseek_v3_mtp) on the CUDA backend.
+// Speculative decoding (ngram, k = 4; mtp, k = 3 on deepseek_v3_mtp; eagle3, k = 3 on llama_gqa
+// with tiny_eagle3) on the CUDA backend.
 //
 // Verify graphs (src/runtime/runner_graphs.c: CUDA graphs keyed by (batch bucket, 1 + k), padded
 // sequences with fewer drafts than k, logits of every row in the graph, sampling on the device
@@ -41,6 +42,12 @@
 //   build-cuda/atomc bench throughput --device cuda --model bench/configs/deepseek_v3_4layers.json
 //       --load-format dummy --num-prompts 64 --input-len 1024 --output-len 256 --method mtp
 //       --num-speculative-tokens 3 --spec-forced-acceptance 0.7 --max-num-seqs 1   (and 4, 16)
+// the EAGLE-3 path (a random head of EAGLE3-LLaMA3.1-Instruct-8B's shape: its passes and chain run
+// for real, drafts forced; the head's cost is the ratio to the same run with --method ngram),
+//   build-cuda/atomc bench throughput --device cuda --model bench/configs/llama3_1_8b.json --load-format dummy
+//       --num-prompts 64 --input-len 1024 --output-len 256 --speculative-config '{"method": "eagle3",
+//       "model": "bench/configs/eagle3_llama3_1_8b.json", "num_speculative_tokens": 3}'
+//       --spec-forced-acceptance 0.7 --max-num-seqs 1    (and 4, 16)
 // and SmolLM2's copy-heavy workload with real drafts:
 //   make CUDA=1 bench && build-cuda/bench/spec_ngram_bench SmolLM2-135M-Instruct.Q4_1.gguf 4 0 128 1,4,16,32 copy cuda
 #include <stdio.h>
@@ -63,6 +70,17 @@ static const struct es_setup GRAPHS = CUDA_SPEC(false), EAGER = CUDA_SPEC(true);
 static const struct es_setup MTP_GRAPHS = {.device = "cuda", .margin_tol = 0.3f, .lp_tol = 0.3f,
                                            .lp_tol_cached = 0.3f, .min_clear = 0.3, .spec_k = 3,
                                            .spec_method = "mtp"};
+
+// Method eagle3 on the tiny Llama target with the EAGLE-3 head tests/fixtures/tiny_eagle3
+// (tools/make_tiny_eagle3.py): the aux-state capture inside the target's forward (graphs and
+// eager), the head's passes and chained drafts through the CUDA ops (eager), verification as for
+// every method.
+static const struct es_setup E3_GRAPHS = {.device = "cuda", .margin_tol = 0.3f, .lp_tol = 0.3f,
+                                          .lp_tol_cached = 0.3f, .min_clear = 0.3, .spec_k = 3,
+                                          .spec_method = "eagle3", .spec_model = "tiny_eagle3"};
+static const struct es_setup E3_EAGER = {.device = "cuda", .enforce_eager = true, .margin_tol = 0.3f, .lp_tol = 0.3f,
+                                         .lp_tol_cached = 0.3f, .min_clear = 0.3, .spec_k = 3,
+                                         .spec_method = "eagle3", .spec_model = "tiny_eagle3"};
 
 static bool gpu_present(void) {
     static int state = -1;
@@ -177,7 +195,8 @@ static struct model_runner *engine_runner(atomc_engine *e) { return e->su.model.
 // Greedy output with drafts, graphs on vs enforce_eager: the fixture's prompts plus copy-heavy
 // variants (the prompt twice, so ngram drafts get accepted), all in one batch. num_blocks: the pool
 // (small: preemption is forced and must have happened).
-static void spec_graphs_equal_eager(const char *model, const char *method, int k, int num_blocks, bool preempt) {
+static void spec_graphs_equal_eager(const char *model, const char *method, const char *spec_model, int k, int num_blocks,
+                                    bool preempt) {
     json_t *refs = es_load_refs(model);
     json_t *prompts = json_object_get(refs, "prompts");
     enum { MAXP = 16, MAXT = 24 };
@@ -194,7 +213,8 @@ static void spec_graphs_equal_eager(const char *model, const char *method, int k
     static struct es_out out[2][MAXP];
     uint64_t vreplays[2], replays[2], drafts = 0, draft_tokens = 0;
     for (int eager = 0; eager < 2; eager++) {
-        struct es_setup s = {.device = "cuda", .enforce_eager = eager, .spec_k = k, .spec_method = method};
+        struct es_setup s = {
+            .device = "cuda", .enforce_eager = eager, .spec_k = k, .spec_method = method, .spec_model = spec_model};
         atomc_engine *e = es_make(&s, model, 4, num_blocks, 128, 8, 64, true);
         for (int i = 0; i < n_p; i++) es_add(e, ids[i], n_ids[i], MAXT, &out[eager][i], NULL);
         es_run(e);
@@ -238,22 +258,46 @@ static void spec_graphs_equal_eager(const char *model, const char *method, int k
 
 TEST(cuda_spec_graphs_equal_eager_ngram) {
     if (!gpu_present()) SKIP("no CUDA device");
-    spec_graphs_equal_eager("llama_gqa", "ngram", 3, 256, false);
+    spec_graphs_equal_eager("llama_gqa", "ngram", NULL, 3, 256, false);
 }
 
 TEST(cuda_spec_graphs_equal_eager_ngram_preemption) {
     if (!gpu_present()) SKIP("no CUDA device");
-    spec_graphs_equal_eager("llama_gqa", "ngram", 3, 40, true);
+    spec_graphs_equal_eager("llama_gqa", "ngram", NULL, 3, 40, true);
 }
 
 TEST(cuda_spec_graphs_equal_eager_mtp) {
     if (!gpu_present()) SKIP("no CUDA device");
-    spec_graphs_equal_eager("deepseek_v3_mtp", "mtp", 3, 256, false);
+    spec_graphs_equal_eager("deepseek_v3_mtp", "mtp", NULL, 3, 256, false);
 }
 
 TEST(cuda_spec_graphs_equal_eager_mtp_preemption) {
     if (!gpu_present()) SKIP("no CUDA device");
-    spec_graphs_equal_eager("deepseek_v3_mtp", "mtp", 3, 40, true);
+    spec_graphs_equal_eager("deepseek_v3_mtp", "mtp", NULL, 3, 40, true);
+}
+
+// EAGLE-3 drafts after verify-graph replays: the head reads the aux states the graph captured,
+// through the padded rows.
+TEST(cuda_spec_graphs_equal_eager_eagle3_preemption) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    spec_graphs_equal_eager("llama_gqa", "eagle3", "tiny_eagle3", 3, 40, true);
+}
+
+TEST(cuda_spec_eagle3_batched_under_preemption_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_batched_under_preemption_equals_alone(&E3_GRAPHS, "llama_gqa");
+    if (test_failed_now()) return;
+    es_batched_under_preemption_equals_alone(&E3_EAGER, "llama_gqa");
+}
+
+TEST(cuda_spec_eagle3_prefix_hit_identical_to_cold) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_prefix_hit_identical_to_cold(&E3_GRAPHS, "llama_gqa");
+}
+
+TEST(cuda_spec_eagle3_random_stress_equals_alone) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    es_random_stress_equals_alone(&E3_GRAPHS, "llama_gqa", 0x5eed3e3ull, 24);
 }
 
 int main(int argc, char **argv) {

@@ -63,9 +63,12 @@ def test_mtp_same_tokens_as_plain(sampling):
 
 @pytest.mark.parametrize("cfg,msg", [
     ('{"method": "mtp", "num_speculative_tokens": 1}', "MTP layers are not implemented for LlamaForCausalLM"),
-    ('{"method": "eagle3", "num_speculative_tokens": 1}', 'speculative method "eagle3" is not implemented yet'),
+    ('{"method": "eagle3", "num_speculative_tokens": 1}', 'speculative method "eagle3" needs the EAGLE-3 head'),
+    ('{"method": "eagle", "num_speculative_tokens": 1}', 'speculative method "eagle" is not implemented yet'),
     ('{"method": "ngram"}', "num_speculative_tokens must be in 1..16, got 0"),
-    ('{"method": "ngram", "num_speculative_tokens": 2, "model": "x"}', 'unsupported key "model"'),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "model": "x"}', 'belongs to method "eagle3"'),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}',
+     'unsupported key "draft_tensor_parallel_size"'),
     ('{"method": "ngram", "num_speculative_tokens": 99}', '"num_speculative_tokens" must be an integer in [1, 16]'),
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2}',
      "prompt_lookup_min (5) is larger than prompt_lookup_max (2)"),
