@@ -219,7 +219,8 @@ static void bench_qmatmul_all(int64_t only_n) {
 // ---------------------------------------------------------------------------------------
 // INT8 W8A8 (compressed-tensors int-quantized: per-channel INT8 weights packed in I32 words,
 // dynamic per-token INT8 activations) through cuda_qmatmul: the IMMA GEMM of cuda_qgemm.cu above
-// 8 rows. Reported against the BF16 matmul of the same shape timed right before it. (qmm_ctx, qmm_fn: above)
+// 8 rows. Reported against the BF16 matmul of the same shape timed right before it (qmm_ctx and
+// qmm_fn are the ones above).
 
 static double bench_time_bf16(int64_t n, int64_t mdim, int64_t k) {
     struct mm_ctx m;

@@ -4,8 +4,8 @@
 // a wrapper backend implements graph_begin/end/launch by recording the ops issued during
 // capture (their arguments by value, as a CUDA graph freezes kernel arguments) and replaying
 // them (MoE and Gated DeltaNet ops too). Replayed steps must give the logits and tokens of a plain
-// eager runner (dense, the MLA + MoE DeepSeek fixtures); for the recurrent model (qwen3_next) every sequence has its own state slot and the
-// padding sequences write the runner's dummy slot. Speculative steps (runner_graphs.c's verify
+// eager runner (dense, the MLA + MoE DeepSeek fixtures); for the recurrent model (qwen3_next) every sequence has its
+// own state slot and the padding sequences write the runner's dummy slot. Speculative steps (runner_graphs.c's verify
 // and MTP graphs): the schedule of tests/spec_graph_schedule.h (verify steps with 0..k drafts per
 // sequence, MTP first and chained passes) against an eager runner, the eligibility rules, and the
 // engine with ngram / mtp drafts on a recorded-graph runner against an eager engine.
@@ -21,9 +21,26 @@
 #include "spec_graph_schedule.h"
 #include "test.h"
 
-enum rec_kind { REC_EMBED, REC_NORM, REC_ADD_NORM, REC_MATMUL, REC_ROPE, REC_ATTN, REC_SILU, REC_ADD, REC_GATHER, REC_CONVERT,
-                REC_DN_CONV, REC_DN_RULE, REC_GNORM, REC_GATE, REC_MOE_ROUTE, REC_MOE_EXPERTS, REC_MLA_WRITE,
-                REC_MLA_ATTN };
+enum rec_kind {
+    REC_EMBED,
+    REC_NORM,
+    REC_ADD_NORM,
+    REC_MATMUL,
+    REC_ROPE,
+    REC_ATTN,
+    REC_SILU,
+    REC_ADD,
+    REC_GATHER,
+    REC_CONVERT,
+    REC_DN_CONV,
+    REC_DN_RULE,
+    REC_GNORM,
+    REC_GATE,
+    REC_MOE_ROUTE,
+    REC_MOE_EXPERTS,
+    REC_MLA_WRITE,
+    REC_MLA_ATTN
+};
 
 struct rec {
     enum rec_kind kind;
@@ -39,10 +56,10 @@ struct rec {
     struct kv_layer *kv;
     struct deltanet_args dn;
     struct moe_route_args route;
-    struct weight w2;   // REC_MOE_EXPERTS: down
+    struct weight w2;           // REC_MOE_EXPERTS: down
     struct moe_experts_args ea; // REC_MOE_EXPERTS: the activation / biases (has[3]: given)
     struct mla_args ma;         // REC_MLA_*
-    void *p[3];         // REC_MOE_*: ids, weights, workspace
+    void *p[3];                 // REC_MOE_*: ids, weights, workspace
 };
 
 struct rec_graph {
@@ -58,7 +75,9 @@ struct rec_backend {
     int n_captured, n_launched;
 };
 
-static struct rec_backend *rb_of(struct backend *b) { return (struct rec_backend *)b; }
+static struct rec_backend *rb_of(struct backend *b) {
+    return (struct rec_backend *)b;
+}
 
 static struct rec *rec_push(struct rec_backend *rb, enum rec_kind k) {
     struct rec_graph *g = rb->capturing;
@@ -81,7 +100,8 @@ static void w_embedding(struct backend *b, struct tensor *out, const struct tens
     struct rec *r = rec_push(rb, REC_EMBED);
     r->t[0] = *out, r->t[1] = *table, r->ids = ids;
 }
-static void w_rmsnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w, float eps) {
+static void w_rmsnorm(struct backend *b, struct tensor *out, const struct tensor *x, const struct tensor *w,
+                      float eps) {
     struct rec_backend *rb = rb_of(b);
     if (!rb->capturing) return REAL(rb)->ops->rmsnorm(REAL(rb), out, x, w, eps);
     struct rec *r = rec_push(rb, REC_NORM);
@@ -219,27 +239,57 @@ static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
     for (int i = 0; i < g->n; i++) {
         struct rec *r = &g->recs[i];
         switch (r->kind) {
-        case REC_EMBED: o->embedding(b, &r->t[0], &r->t[1], r->ids); break;
-        case REC_NORM: o->rmsnorm(b, &r->t[0], &r->t[1], &r->t[2], r->f); break;
-        case REC_ADD_NORM: o->add_rmsnorm(b, &r->t[0], &r->t[1], OPT(r, 2), &r->t[3], r->f); break;
-        case REC_MATMUL: o->matmul(b, &r->t[0], &r->t[1], &r->w, OPT(r, 3)); break;
-        case REC_ROPE: o->rope_kv_write(b, &r->t[0], &r->t[1], &r->t[2], r->stride, &r->rope, r->kv, &r->md); break;
-        case REC_ATTN: o->attention(b, &r->t[0], &r->t[1], r->stride, r->kv, &r->md, r->f, r->n, OPT(r, 2)); break;
-        case REC_SILU: o->silu_mul(b, &r->t[0], &r->t[1]); break;
-        case REC_ADD: o->add(b, &r->t[0], &r->t[1]); break;
-        case REC_GATHER: o->gather_rows(b, &r->t[0], &r->t[1], r->ids, r->n); break;
-        case REC_CONVERT: o->convert(b, &r->t[0], &r->t[1]); break;
-        case REC_DN_CONV: o->deltanet_conv(b, &r->t[0], &r->t[1], r->stride, &r->t[2], r->kv, &r->md); break;
+        case REC_EMBED:
+            o->embedding(b, &r->t[0], &r->t[1], r->ids);
+            break;
+        case REC_NORM:
+            o->rmsnorm(b, &r->t[0], &r->t[1], &r->t[2], r->f);
+            break;
+        case REC_ADD_NORM:
+            o->add_rmsnorm(b, &r->t[0], &r->t[1], OPT(r, 2), &r->t[3], r->f);
+            break;
+        case REC_MATMUL:
+            o->matmul(b, &r->t[0], &r->t[1], &r->w, OPT(r, 3));
+            break;
+        case REC_ROPE:
+            o->rope_kv_write(b, &r->t[0], &r->t[1], &r->t[2], r->stride, &r->rope, r->kv, &r->md);
+            break;
+        case REC_ATTN:
+            o->attention(b, &r->t[0], &r->t[1], r->stride, r->kv, &r->md, r->f, r->n, OPT(r, 2));
+            break;
+        case REC_SILU:
+            o->silu_mul(b, &r->t[0], &r->t[1]);
+            break;
+        case REC_ADD:
+            o->add(b, &r->t[0], &r->t[1]);
+            break;
+        case REC_GATHER:
+            o->gather_rows(b, &r->t[0], &r->t[1], r->ids, r->n);
+            break;
+        case REC_CONVERT:
+            o->convert(b, &r->t[0], &r->t[1]);
+            break;
+        case REC_DN_CONV:
+            o->deltanet_conv(b, &r->t[0], &r->t[1], r->stride, &r->t[2], r->kv, &r->md);
+            break;
         case REC_DN_RULE:
             o->deltanet_rule(b, &r->t[0], &r->t[1], &r->t[2], r->stride, &r->t[3], &r->w.t, r->kv, &r->md, &r->dn);
             break;
-        case REC_GNORM: o->rmsnorm_gated(b, &r->t[0], &r->t[1], &r->t[2], r->stride, r->n, &r->t[3], r->f); break;
-        case REC_GATE: o->gate_sigmoid_mul(b, &r->t[0], &r->t[1], r->stride, r->n); break;
-        case REC_MOE_ROUTE: o->moe_route(b, &r->t[0], &r->route, r->p[0], r->p[1]); break;
+        case REC_GNORM:
+            o->rmsnorm_gated(b, &r->t[0], &r->t[1], &r->t[2], r->stride, r->n, &r->t[3], r->f);
+            break;
+        case REC_GATE:
+            o->gate_sigmoid_mul(b, &r->t[0], &r->t[1], r->stride, r->n);
+            break;
+        case REC_MOE_ROUTE:
+            o->moe_route(b, &r->t[0], &r->route, r->p[0], r->p[1]);
+            break;
         case REC_MLA_WRITE:
             o->mla_latent_write(b, &r->t[0], &r->t[1], &r->t[2], r->f, &r->rope, &r->ma, r->kv, &r->md);
             break;
-        case REC_MLA_ATTN: o->mla_attention(b, &r->t[0], &r->t[1], r->kv, &r->md, &r->ma, r->p[2]); break;
+        case REC_MLA_ATTN:
+            o->mla_attention(b, &r->t[0], &r->t[1], r->kv, &r->md, &r->ma, r->p[2]);
+            break;
         case REC_MOE_EXPERTS:
             o->moe_experts(b, &r->t[0], &r->t[1], &r->w, &r->w2, r->p[0], r->p[1], r->n, r->has[3] ? &r->ea : NULL,
                            r->p[2]);
@@ -279,18 +329,36 @@ static void w_destroy(struct backend *b) {
     backend_destroy(rb->real);
     free(rb);
 }
-static void *w_alloc(struct backend *b, size_t n) { return REAL(rb_of(b))->ops->alloc(REAL(rb_of(b)), n); }
-static void w_free(struct backend *b, void *p) { REAL(rb_of(b))->ops->free(REAL(rb_of(b)), p); }
-static void w_h2d(struct backend *b, void *d, const void *s, size_t n) { REAL(rb_of(b))->ops->copy_h2d(REAL(rb_of(b)), d, s, n); }
-static void w_d2h(struct backend *b, void *d, const void *s, size_t n) { REAL(rb_of(b))->ops->copy_d2h(REAL(rb_of(b)), d, s, n); }
-static void w_d2d(struct backend *b, void *d, const void *s, size_t n) { REAL(rb_of(b))->ops->copy_d2d(REAL(rb_of(b)), d, s, n); }
-static void w_zero(struct backend *b, void *d, size_t n) { REAL(rb_of(b))->ops->memset_zero(REAL(rb_of(b)), d, n); }
-static void w_sync(struct backend *b) { REAL(rb_of(b))->ops->synchronize(REAL(rb_of(b))); }
-static void w_meminfo(struct backend *b, size_t *f, size_t *t) { REAL(rb_of(b))->ops->memory_info(REAL(rb_of(b)), f, t); }
+static void *w_alloc(struct backend *b, size_t n) {
+    return REAL(rb_of(b))->ops->alloc(REAL(rb_of(b)), n);
+}
+static void w_free(struct backend *b, void *p) {
+    REAL(rb_of(b))->ops->free(REAL(rb_of(b)), p);
+}
+static void w_h2d(struct backend *b, void *d, const void *s, size_t n) {
+    REAL(rb_of(b))->ops->copy_h2d(REAL(rb_of(b)), d, s, n);
+}
+static void w_d2h(struct backend *b, void *d, const void *s, size_t n) {
+    REAL(rb_of(b))->ops->copy_d2h(REAL(rb_of(b)), d, s, n);
+}
+static void w_d2d(struct backend *b, void *d, const void *s, size_t n) {
+    REAL(rb_of(b))->ops->copy_d2d(REAL(rb_of(b)), d, s, n);
+}
+static void w_zero(struct backend *b, void *d, size_t n) {
+    REAL(rb_of(b))->ops->memset_zero(REAL(rb_of(b)), d, n);
+}
+static void w_sync(struct backend *b) {
+    REAL(rb_of(b))->ops->synchronize(REAL(rb_of(b)));
+}
+static void w_meminfo(struct backend *b, size_t *f, size_t *t) {
+    REAL(rb_of(b))->ops->memory_info(REAL(rb_of(b)), f, t);
+}
 static atomc_status w_upload(struct backend *b, struct tensor *d, const struct tensor *s, struct error *e) {
     return REAL(rb_of(b))->ops->upload_weight(REAL(rb_of(b)), d, s, e);
 }
-static void w_sample(struct backend *b, const struct sample_args *a) { REAL(rb_of(b))->ops->sample(REAL(rb_of(b)), a); }
+static void w_sample(struct backend *b, const struct sample_args *a) {
+    REAL(rb_of(b))->ops->sample(REAL(rb_of(b)), a);
+}
 
 static struct rec_backend *rec_backend_create(void) {
     struct backend_options bo = {.num_threads = 2};
@@ -301,15 +369,40 @@ static struct rec_backend *rec_backend_create(void) {
     rb->real = real;
     rb->pub = *real;
     rb->ops = (struct backend_ops){
-        .name = "cpu+recorded-graphs", .destroy = w_destroy, .alloc = w_alloc, .free = w_free, .copy_h2d = w_h2d,
-        .copy_d2h = w_d2h, .copy_d2d = w_d2d, .memset_zero = w_zero, .synchronize = w_sync, .memory_info = w_meminfo,
-        .upload_weight = w_upload, .embedding = w_embedding, .rmsnorm = w_rmsnorm, .add_rmsnorm = w_add_rmsnorm,
-        .matmul = w_matmul, .rope_kv_write = w_rope_kv_write, .attention = w_attention, .silu_mul = w_silu_mul,
-        .add = w_add, .gather_rows = w_gather_rows, .convert = w_convert, .sample = w_sample,
-        .graph_begin = w_graph_begin, .graph_end = w_graph_end, .graph_launch = w_graph_launch,
-        .graph_destroy = w_graph_destroy, .moe_route = w_moe_route, .moe_experts = w_moe_experts,
-        .mla_latent_write = w_mla_latent_write, .mla_attention = w_mla_attention,
-        .deltanet_conv = w_dn_conv, .deltanet_rule = w_dn_rule, .rmsnorm_gated = w_gnorm, .gate_sigmoid_mul = w_gate,
+        .name = "cpu+recorded-graphs",
+        .destroy = w_destroy,
+        .alloc = w_alloc,
+        .free = w_free,
+        .copy_h2d = w_h2d,
+        .copy_d2h = w_d2h,
+        .copy_d2d = w_d2d,
+        .memset_zero = w_zero,
+        .synchronize = w_sync,
+        .memory_info = w_meminfo,
+        .upload_weight = w_upload,
+        .embedding = w_embedding,
+        .rmsnorm = w_rmsnorm,
+        .add_rmsnorm = w_add_rmsnorm,
+        .matmul = w_matmul,
+        .rope_kv_write = w_rope_kv_write,
+        .attention = w_attention,
+        .silu_mul = w_silu_mul,
+        .add = w_add,
+        .gather_rows = w_gather_rows,
+        .convert = w_convert,
+        .sample = w_sample,
+        .graph_begin = w_graph_begin,
+        .graph_end = w_graph_end,
+        .graph_launch = w_graph_launch,
+        .graph_destroy = w_graph_destroy,
+        .moe_route = w_moe_route,
+        .moe_experts = w_moe_experts,
+        .mla_latent_write = w_mla_latent_write,
+        .mla_attention = w_mla_attention,
+        .deltanet_conv = w_dn_conv,
+        .deltanet_rule = w_dn_rule,
+        .rmsnorm_gated = w_gnorm,
+        .gate_sigmoid_mul = w_gate,
     };
     rb->pub.ops = &rb->ops;
     return rb;
@@ -321,8 +414,16 @@ static struct model_runner *open_runner_groups(const char *model, struct backend
     snprintf(rel, sizeof rel, "models/%s", model);
     snprintf(path, sizeof path, "%s", test_fixture(rel));
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8,
-        .max_num_batched_tokens = 128, .max_model_len = 128, .num_threads = 2, .enforce_eager = eager, .backend = b,
+        .model_path = path,
+        .device = "cpu",
+        .block_size = 4,
+        .num_kv_blocks = 256,
+        .max_num_seqs = 8,
+        .max_num_batched_tokens = 128,
+        .max_model_len = 128,
+        .num_threads = 2,
+        .enforce_eager = eager,
+        .backend = b,
         .hybrid_kv_groups = groups,
     };
     struct model_runner *r = NULL;
@@ -356,7 +457,8 @@ static void run_schedule_groups(const char *model, bool groups) {
     struct sim_seq *qg = calloc(N, sizeof *qg), *qe = calloc(N, sizeof *qe);
     for (int i = 0; i < N; i++) {
         int32_t ids[40];
-        for (int k = 0; k < 3 + 5 * i; k++) ids[k] = (int32_t)((i * 37 + k * 11) % (V - 4) + 4);
+        for (int k = 0; k < 3 + 5 * i; k++)
+            ids[k] = (int32_t)((i * 37 + k * 11) % (V - 4) + 4);
         sim_seq_init(&qg[i], ids, 3 + 5 * i);
         sim_seq_init(&qe[i], ids, 3 + 5 * i);
         qg[i].state_slot = qe[i].state_slot = (i + 3) % N; // recurrent models: a slot per sequence
@@ -375,7 +477,8 @@ static void run_schedule_groups(const char *model, bool groups) {
         sim_step_commit(sg);
         sim_step_commit(se);
         int best = 0;
-        for (int v = 1; v < V; v++) best = le[v] > le[best] ? v : best;
+        for (int v = 1; v < V; v++)
+            best = le[v] > le[best] ? v : best;
         qg[i].ids[qg[i].n_ids++] = best;
         qe[i].ids[qe[i].n_ids++] = best;
     }
@@ -390,7 +493,8 @@ static void run_schedule_groups(const char *model, bool groups) {
         for (int j = 0; j < n; j++) {
             int i = (int)((j * 3 + st) % N); // a different subset / order each step
             bool dup = false;
-            for (int k = 0; k < sg->n_seqs; k++) dup |= sg->seqs[k] == &qg[i];
+            for (int k = 0; k < sg->n_seqs; k++)
+                dup |= sg->seqs[k] == &qg[i];
             if (dup) continue;
             ASSERT_EQ(sim_step_add(sg, &qg[i], 1, 1), 0);
             ASSERT_EQ(sim_step_add(se, &qe[i], 1, 1), 0);
@@ -417,7 +521,8 @@ static void run_schedule_groups(const char *model, bool groups) {
             int32_t t = 5;
             if (k < fe.n_logits && fe.n_logits == sg->n_seqs) {
                 int best = 0;
-                for (int v = 1; v < V; v++) best = le[(size_t)k * V + v] > le[(size_t)k * V + best] ? v : best;
+                for (int v = 1; v < V; v++)
+                    best = le[(size_t)k * V + v] > le[(size_t)k * V + best] ? v : best;
                 t = best;
             }
             sg->seqs[k]->ids[sg->seqs[k]->n_ids++] = t;
@@ -440,19 +545,35 @@ static void run_schedule_groups(const char *model, bool groups) {
     model_runner_free(re);
 }
 
-static void run_schedule(const char *model) { run_schedule_groups(model, false); }
+static void run_schedule(const char *model) {
+    run_schedule_groups(model, false);
+}
 
-TEST(graphs_replay_equals_eager_llama) { run_schedule("llama_gqa"); }
-TEST(graphs_replay_equals_eager_gpt_oss_kv_groups) { run_schedule_groups("gpt_oss", true); }
-TEST(graphs_replay_equals_eager_qwen3) { run_schedule("qwen3"); }
+TEST(graphs_replay_equals_eager_llama) {
+    run_schedule("llama_gqa");
+}
+TEST(graphs_replay_equals_eager_gpt_oss_kv_groups) {
+    run_schedule_groups("gpt_oss", true);
+}
+TEST(graphs_replay_equals_eager_qwen3) {
+    run_schedule("qwen3");
+}
 // Recurrent state under graphs: padding sequences write the dummy slot, every real one its own.
-TEST(graphs_replay_equals_eager_qwen3_next) { run_schedule("qwen3_next"); }
+TEST(graphs_replay_equals_eager_qwen3_next) {
+    run_schedule("qwen3_next");
+}
 
 // MLA over the latent cache, shared experts and grouped routing under recorded graphs (frozen
 // arguments: mla_args, the route's per-layer correction bias, padded slots, re-strided tables).
-TEST(graphs_replay_equals_eager_deepseek_v2) { run_schedule("deepseek_v2"); }
-TEST(graphs_replay_equals_eager_deepseek_v3) { run_schedule("deepseek_v3"); }
-TEST(graphs_replay_equals_eager_qwen3_moe) { run_schedule("qwen3_moe"); }
+TEST(graphs_replay_equals_eager_deepseek_v2) {
+    run_schedule("deepseek_v2");
+}
+TEST(graphs_replay_equals_eager_deepseek_v3) {
+    run_schedule("deepseek_v3");
+}
+TEST(graphs_replay_equals_eager_qwen3_moe) {
+    run_schedule("qwen3_moe");
+}
 
 // Batches that are not decode-only, or larger than every bucket, run eagerly.
 TEST(graphs_not_used_for_prefill) {
@@ -496,16 +617,25 @@ TEST(graphs_not_used_for_prefill) {
 // MTP model, every step is followed by an MTP pass over the step's rows reading the hidden states
 // through the verify graph's padded rows.
 
-static struct model_runner *open_spec_runner(const char *model, struct backend *b, bool eager, bool groups,
-                                             bool mtp) {
+static struct model_runner *open_spec_runner(const char *model, struct backend *b, bool eager, bool groups, bool mtp) {
     char path[4096];
     char rel[256];
     snprintf(rel, sizeof rel, "models/%s", model);
     snprintf(path, sizeof path, "%s", test_fixture(rel));
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = 256, .max_num_seqs = 8,
-        .max_num_batched_tokens = 128, .max_logits_rows = 8 * (1 + SG_K), .max_model_len = 128, .num_threads = 2,
-        .enforce_eager = eager, .backend = b, .hybrid_kv_groups = groups, .num_speculative_tokens = SG_K,
+        .model_path = path,
+        .device = "cpu",
+        .block_size = 4,
+        .num_kv_blocks = 256,
+        .max_num_seqs = 8,
+        .max_num_batched_tokens = 128,
+        .max_logits_rows = 8 * (1 + SG_K),
+        .max_model_len = 128,
+        .num_threads = 2,
+        .enforce_eager = eager,
+        .backend = b,
+        .hybrid_kv_groups = groups,
+        .num_speculative_tokens = SG_K,
         .load_mtp = mtp,
     };
     struct model_runner *r = NULL;
@@ -545,13 +675,25 @@ static void run_verify_schedule(const char *model, bool groups, bool mtp) {
     model_runner_free(re);
 }
 
-TEST(verify_graphs_replay_equals_eager_llama) { run_verify_schedule("llama_gqa", false, false); }
-TEST(verify_graphs_replay_equals_eager_gpt_oss_kv_groups) { run_verify_schedule("gpt_oss", true, false); }
-TEST(verify_graphs_replay_equals_eager_mistral_sliding) { run_verify_schedule("mistral_sliding", false, false); }
-TEST(verify_graphs_replay_equals_eager_deepseek_v3) { run_verify_schedule("deepseek_v3", false, false); }
-TEST(verify_graphs_replay_equals_eager_qwen3_moe) { run_verify_schedule("qwen3_moe", false, false); }
+TEST(verify_graphs_replay_equals_eager_llama) {
+    run_verify_schedule("llama_gqa", false, false);
+}
+TEST(verify_graphs_replay_equals_eager_gpt_oss_kv_groups) {
+    run_verify_schedule("gpt_oss", true, false);
+}
+TEST(verify_graphs_replay_equals_eager_mistral_sliding) {
+    run_verify_schedule("mistral_sliding", false, false);
+}
+TEST(verify_graphs_replay_equals_eager_deepseek_v3) {
+    run_verify_schedule("deepseek_v3", false, false);
+}
+TEST(verify_graphs_replay_equals_eager_qwen3_moe) {
+    run_verify_schedule("qwen3_moe", false, false);
+}
 // MTP drafts after verify replays read the target's hidden states through the padded rows.
-TEST(verify_graphs_mtp_hidden_rows_equal_eager) { run_verify_schedule("deepseek_v3_mtp", false, true); }
+TEST(verify_graphs_mtp_hidden_rows_equal_eager) {
+    run_verify_schedule("deepseek_v3_mtp", false, true);
+}
 
 // Verify steps that do not fit the verify graphs run eagerly: a prefill chunk in the step (not
 // every row sampled), more than 1 + k tokens for a sequence; recurrent models get no verify graphs.
@@ -568,7 +710,8 @@ TEST(verify_graphs_not_used_for_mixed_steps) {
     sim_seq_init(&q[1], ids, 6);
     int32_t rows[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     struct sample_row samp[16];
-    for (int i = 0; i < 16; i++) samp[i] = (struct sample_row){.top_p = 1, .repetition_penalty = 1};
+    for (int i = 0; i < 16; i++)
+        samp[i] = (struct sample_row){.top_p = 1, .repetition_penalty = 1};
     struct runner_output out;
     struct error err = {0};
     // q0: 5 tokens (more than 1 + k), every row sampled: eager.
@@ -607,7 +750,7 @@ TEST(verify_graphs_not_used_for_mixed_steps) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The engine on a runner with recorded graphs: greedy output with ngram / mtp drafts, graphs vs
+// The engine on a runner with recorded graphs: greedy output with ngram / mtp / eagle3 drafts, graphs vs
 // enforce_eager, on a pool that forces preemption (and one that does not); verify steps, the MTP
 // passes and decode steps replay graphs (verify-replay and MTP-replay counters > 0), and every
 // output is token-identical to the eager engine's (fp32: up to a near tie below 1e-4).
@@ -616,20 +759,28 @@ static atomc_status eg_execute(void *ctx, const struct forward_batch *fb, struct
                                struct error *err) {
     return model_runner_execute(ctx, fb, out, err);
 }
-static void eg_free(void *ctx) { model_runner_free(ctx); }
-static uint64_t eg_replays(void *ctx) { return model_runner_num_graph_replays(ctx); }
+static void eg_free(void *ctx) {
+    model_runner_free(ctx);
+}
+static uint64_t eg_replays(void *ctx) {
+    return model_runner_num_graph_replays(ctx);
+}
 static atomc_status eg_draft(void *ctx, const struct draft_batch *db, int32_t *drafts, struct error *err) {
     return model_runner_draft(ctx, db, drafts, err);
 }
 
 enum { EG_SEQS = 8, EG_BUDGET = 64, EG_K = 3 };
 
-// An engine over runner r (owned by the engine from here) with method ngram or mtp, k = EG_K.
-static atomc_engine *eg_engine(struct model_runner *r, bool mtp) {
+// An engine over runner r (owned by the engine from here) with method ngram, mtp or eagle3, k = EG_K.
+static atomc_engine *eg_engine(struct model_runner *r, const char *method) {
+    const bool ngram = !strcmp(method, "ngram");
     struct engine_setup su;
     memset(&su, 0, sizeof su);
-    su.model = (struct engine_model_ops){.ctx = r, .execute = eg_execute, .free = eg_free, .graph_replays = eg_replays,
-                                         .draft = mtp ? eg_draft : NULL};
+    su.model = (struct engine_model_ops){.ctx = r,
+                                         .execute = eg_execute,
+                                         .free = eg_free,
+                                         .graph_replays = eg_replays,
+                                         .draft = ngram ? NULL : eg_draft};
     su.num_kv_blocks = model_runner_num_kv_blocks(r);
     su.vocab_size = model_runner_config(r)->vocab_size;
     su.max_model_len = model_runner_max_model_len(r);
@@ -642,10 +793,13 @@ static atomc_engine *eg_engine(struct model_runner *r, bool mtp) {
     o.max_num_seqs = EG_SEQS;
     o.max_num_batched_tokens = EG_BUDGET;
     o.enable_prefix_caching = true;
-    o.speculative_method = mtp ? "mtp" : "ngram";
+    o.speculative_method = method;
+    static char head[4096];
+    if (!strcmp(method, "eagle3")) snprintf(head, sizeof head, "%s", test_fixture("tiny_eagle3"));
+    o.speculative_model = !strcmp(method, "eagle3") ? head : NULL;
     o.num_speculative_tokens = EG_K;
-    o.prompt_lookup_min = mtp ? 0 : 1;
-    o.prompt_lookup_max = mtp ? 0 : 3;
+    o.prompt_lookup_min = ngram ? 1 : 0;
+    o.prompt_lookup_max = ngram ? 3 : 0;
     o.speculative_disable_by_batch_size = -1;
     atomc_engine *e = NULL;
     struct error err = {0};
@@ -653,14 +807,27 @@ static atomc_engine *eg_engine(struct model_runner *r, bool mtp) {
     return e;
 }
 
-static struct model_runner *eg_runner(const char *model, struct backend *b, bool eager, bool mtp, int num_blocks) {
-    char rel[256], path[4096];
+static struct model_runner *eg_runner(const char *model, struct backend *b, bool eager, const char *method,
+                                      int num_blocks) {
+    char rel[256], path[4096], head[4096] = "";
     snprintf(rel, sizeof rel, "models/%s", model);
     snprintf(path, sizeof path, "%s", test_fixture(rel));
+    if (!strcmp(method, "eagle3")) snprintf(head, sizeof head, "%s", test_fixture("tiny_eagle3"));
     struct runner_options o = {
-        .model_path = path, .device = "cpu", .block_size = 4, .num_kv_blocks = num_blocks, .max_num_seqs = EG_SEQS,
-        .max_num_batched_tokens = EG_BUDGET, .max_logits_rows = EG_SEQS * (1 + EG_K), .max_model_len = 128,
-        .num_threads = 2, .enforce_eager = eager, .backend = b, .num_speculative_tokens = EG_K, .load_mtp = mtp,
+        .model_path = path,
+        .device = "cpu",
+        .block_size = 4,
+        .num_kv_blocks = num_blocks,
+        .max_num_seqs = EG_SEQS,
+        .max_num_batched_tokens = EG_BUDGET,
+        .max_logits_rows = EG_SEQS * (1 + EG_K),
+        .max_model_len = 128,
+        .num_threads = 2,
+        .enforce_eager = eager,
+        .backend = b,
+        .num_speculative_tokens = EG_K,
+        .load_mtp = !strcmp(method, "mtp"),
+        .eagle3_path = *head ? head : NULL,
     };
     struct model_runner *r = NULL;
     struct error err = {0};
@@ -668,7 +835,8 @@ static struct model_runner *eg_runner(const char *model, struct backend *b, bool
     return r;
 }
 
-static void engine_graphs_equal_eager(const char *model, bool mtp, int num_blocks, bool preempt) {
+static void engine_graphs_equal_eager(const char *model, const char *method, int num_blocks, bool preempt) {
+    const bool mtp = !strcmp(method, "mtp");
     json_t *refs = es_load_refs(model);
     json_t *prompts = json_object_get(refs, "prompts");
     enum { MAXP = 16, MAXT = 24 };
@@ -686,15 +854,17 @@ static void engine_graphs_equal_eager(const char *model, bool mtp, int num_block
     uint64_t vrep = 0, mrep = 0, drafts = 0, draft_tokens = 0;
     for (int eager = 0; eager < 2; eager++) {
         struct rec_backend *rb = eager ? NULL : rec_backend_create();
-        struct model_runner *r = eg_runner(model, rb ? &rb->pub : NULL, eager, mtp, num_blocks);
+        struct model_runner *r = eg_runner(model, rb ? &rb->pub : NULL, eager, method, num_blocks);
         ASSERT_TRUE(r != NULL);
-        atomc_engine *e = eg_engine(r, mtp);
-        for (int i = 0; i < n_p; i++) es_add(e, ids[i], n_ids[i], MAXT, &out[eager][i], NULL);
+        atomc_engine *e = eg_engine(r, method);
+        for (int i = 0; i < n_p; i++)
+            es_add(e, ids[i], n_ids[i], MAXT, &out[eager][i], NULL);
         es_run(e);
         atomc_stats st;
         atomc_engine_get_stats(e, &st);
-        fprintf(stderr, "  %s %s%s: %d prompts, %llu steps, %llu preemptions, %llu graph replays (%llu verify, %llu MTP)%s\n",
-                model, mtp ? "mtp" : "ngram", eager ? " (eager)" : "", n_p, (unsigned long long)st.num_steps,
+        fprintf(stderr,
+                "  %s %s%s: %d prompts, %llu steps, %llu preemptions, %llu graph replays (%llu verify, %llu MTP)%s\n",
+                model, method, eager ? " (eager)" : "", n_p, (unsigned long long)st.num_steps,
                 (unsigned long long)st.num_preemptions, (unsigned long long)model_runner_num_graph_replays(r),
                 (unsigned long long)model_runner_num_verify_graph_replays(r),
                 (unsigned long long)model_runner_num_mtp_graph_replays(r), es_spec_line(e));
@@ -721,13 +891,31 @@ static void engine_graphs_equal_eager(const char *model, bool mtp, int num_block
             test_fail(__FILE__, __LINE__, "%s prompt %d: graphs and eager differ", model, i);
             return;
         }
-        for (int t = 0; t < same; t++) ASSERT_NEAR(out[0][i].lp[t], out[1][i].lp[t], 1e-4);
+        for (int t = 0; t < same; t++)
+            ASSERT_NEAR(out[0][i].lp[t], out[1][i].lp[t], 1e-4);
     }
 }
 
-TEST(engine_verify_graphs_equal_eager_ngram) { engine_graphs_equal_eager("llama_gqa", false, 256, false); }
-TEST(engine_verify_graphs_equal_eager_ngram_preemption) { engine_graphs_equal_eager("llama_gqa", false, 40, true); }
-TEST(engine_verify_graphs_equal_eager_mtp) { engine_graphs_equal_eager("deepseek_v3_mtp", true, 256, false); }
-TEST(engine_verify_graphs_equal_eager_mtp_preemption) { engine_graphs_equal_eager("deepseek_v3_mtp", true, 40, true); }
+TEST(engine_verify_graphs_equal_eager_ngram) {
+    engine_graphs_equal_eager("llama_gqa", "ngram", 256, false);
+}
+TEST(engine_verify_graphs_equal_eager_ngram_preemption) {
+    engine_graphs_equal_eager("llama_gqa", "ngram", 40, true);
+}
+TEST(engine_verify_graphs_equal_eager_mtp) {
+    engine_graphs_equal_eager("deepseek_v3_mtp", "mtp", 256, false);
+}
+TEST(engine_verify_graphs_equal_eager_mtp_preemption) {
+    engine_graphs_equal_eager("deepseek_v3_mtp", "mtp", 40, true);
+}
+// EAGLE-3: the head reads the aux states the target's verify graphs captured, through the padded rows.
+TEST(engine_verify_graphs_equal_eager_eagle3) {
+    engine_graphs_equal_eager("llama_gqa", "eagle3", 256, false);
+}
+TEST(engine_verify_graphs_equal_eager_eagle3_preemption) {
+    engine_graphs_equal_eager("llama_gqa", "eagle3", 40, true);
+}
 
-int main(int argc, char **argv) { return test_main(argc, argv); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv);
+}
