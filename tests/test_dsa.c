@@ -11,7 +11,7 @@
 //   prompts and identical on the 5-token one (at most 8 keys: dense is exact there).
 // - The engine scenarios (preemption with recompute, chunked prefill, prefix-cache hits, aborts)
 //   over the latent + indexer-key cache: every request equals the prompt decoded alone.
-// - Refusals: a backend without the DSA ops (the CUDA caps), a quantized DSA checkpoint, DSA without
+// - Refusals: a backend without the DSA ops (caps.dsa off), a quantized DSA checkpoint, DSA without
 //   q_lora, a "shared" first layer.
 #include <jansson.h>
 #include <math.h>
@@ -332,8 +332,11 @@ TEST(dsa_refusals) {
     struct model_load_options o = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
     struct error err = {0};
     ASSERT_OK(model_check_backend_caps(&c, &backend_cpu_caps, &o, &err));
-    ASSERT_EQ(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err), ATOMC_ERR_UNSUPPORTED);
-    fprintf(stderr, "  cuda: %s\n", err.msg);
+    ASSERT_OK(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err)); // caps.dsa on (session 13)
+    struct backend_caps no_dsa = backend_cuda_caps;                         // a backend without the DSA ops
+    no_dsa.dsa = false;
+    ASSERT_EQ(model_check_backend_caps(&c, &no_dsa, &o, &err), ATOMC_ERR_UNSUPPORTED);
+    fprintf(stderr, "  without caps.dsa: %s\n", err.msg);
     ASSERT_TRUE(strstr(err.msg, "DSA") != NULL);
     static const struct {
         const char *from, *to, *expect;
@@ -362,8 +365,8 @@ TEST(dsa_refusals) {
 // hidden 6144, 64 MLA heads, q_lora 2048, kv_lora 512, nope 192 / rope 64 / v 256, 256 experts top-8
 // + 1 shared, indexer 32 heads of 128, top 2048) with 4 layers (1 dense + 3 MoE). Its parameter
 // count equals transformers' on the meta device (plus the 3 x 256 correction-bias buffers), the
-// latent + indexer key cache is (576 + 128) values per token and layer, and the CUDA caps refuse it
-// by name (caps.dsa).
+// latent + indexer key cache is (576 + 128) values per token and layer, and both backends' caps take
+// it (caps.dsa).
 TEST(dsa_glm5_bench_config) {
     struct model_config c;
     char *json = NULL;
@@ -383,8 +386,7 @@ TEST(dsa_glm5_bench_config) {
     ASSERT_EQ((long long)cache_spec_token_bytes(&s, DTYPE_BF16), 2 * (576 + 128));
     struct model_load_options o = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
     ASSERT_OK(model_check_backend_caps(&c, &backend_cpu_caps, &o, &err));
-    ASSERT_EQ(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err), ATOMC_ERR_UNSUPPORTED);
-    ASSERT_TRUE(strstr(err.msg, "DSA") != NULL);
+    ASSERT_OK(model_check_backend_caps(&c, &backend_cuda_caps, &o, &err)); // caps.dsa on since session 13
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -44,6 +44,9 @@ const struct backend_caps backend_cuda_caps = {
     .mla = true,
     .mla_max_kv_lora = CUDA_MLA_MAX_KV_LORA,
     .mla_max_rope = CUDA_MLA_MAX_ROPE,
+    // DSA (GLM-5's lightning indexer + top-k, cuda_mla.cu): tests/gpu/test_cuda_dsa.c passed on the
+    // H200 (session 13).
+    .dsa = true,
     .gated_deltanet = true,
     .max_deltanet_head_dim = CUDA_DN_MAX_HEAD_DIM,
     .max_deltanet_conv_kernel = CUDA_DN_MAX_CONV_KERNEL,
