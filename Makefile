@@ -121,14 +121,14 @@ $(BUILD)/atomc: $(CLI_OBJ) $(BUILD)/libatomc.a $(XGR_LIB)
 
 $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(XGR_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS) $(LDFLAGS_SAN)
+	$(CC) $(CFLAGS) -MMD -MP -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS) $(LDFLAGS_SAN)
 
 # GPU tests (tests/gpu/test_*.c) and kernel benchmarks (bench/gpu_*.c): C programs linked
 # with the CUDA build; they run only on the GPU machine (`make CUDA=1 gpu-test` there).
 gpu-tests: $(GPU_TEST_BIN) $(GPU_BENCH_BIN) $(BUILD)/atomc
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS)
+	$(CC) $(CFLAGS) -MMD -MP -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libatomc.a $(LDLIBS)
 gpu-test: gpu-tests
 	@for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t || exit 1; done
 
@@ -137,7 +137,7 @@ BENCH_C := $(wildcard bench/*.c)
 bench: $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_C))
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libatomc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libatomc.a $(LDLIBS) $(LDFLAGS_SAN)
+	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(BUILD)/libatomc.a $(LDLIBS) $(LDFLAGS_SAN)
 
 test: all
 	ATOMC_BUILD=$(BUILD) bash tests/run_all.sh

@@ -30,6 +30,8 @@
 #define ATOMC_TESTS_ENGINE_MODEL_SCENARIOS_H
 
 #include <jansson.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,6 +221,20 @@ static int es_compare(const struct es_out *a, const struct es_out *b, float tol,
     }
     if (clear) *clear = c;
     return k;
+}
+
+// On a mismatch: where the two runs part, the reference's margin there, both tokens and logprobs,
+// and the largest logprob gap over the positions before it (drift vs a real divergence).
+__attribute__((unused)) static void es_explain(const struct es_out *ref, const struct es_out *got) {
+    int n = ref->n < got->n ? ref->n : got->n, k = 0;
+    double drift = 0;
+    for (; k < n && ref->toks[k] == got->toks[k]; k++)
+        drift = fmax(drift, fabs((double)ref->lp[k] - got->lp[k]));
+    if (k == n) return;
+    fprintf(stderr,
+            "    parted at output %d of %d: reference token %d (logprob %.4f, top-2 margin %.4f), got %d (logprob "
+            "%.4f); max |logprob gap| before it %.4f\n",
+            k, n, ref->toks[k], ref->lp[k], ref->margin[k], got->toks[k], got->lp[k], drift);
 }
 
 __attribute__((unused)) static void es_batched_under_preemption_equals_alone(const struct es_setup *s,
@@ -464,6 +480,7 @@ __attribute__((unused)) static void es_random_stress_equals_alone(const struct e
         if (k < 0) {
             test_fail(__FILE__, __LINE__, "request %d (%d prompt tokens, %d preemptions): differs from alone", i,
                       r[i].n, r[i].o.preempted);
+            es_explain(&alone, &r[i].o);
             break;
         }
         for (int t = 0; t < k; t++) {

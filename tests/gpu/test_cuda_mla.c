@@ -189,18 +189,30 @@ static void check(const struct shape *sh, int n_seqs, const int *q_len, const in
     // Cache rows and roped q.
     unsigned char *back = malloc(slots * row);
     gpu_read(back, cache_g, slots * row);
+    // BF16 rows: relative 1e-2. FP8 rows: the CUDA kernel rounds the normed latent to BF16 before
+    // the FP8 conversion (what a separate BF16 rmsnorm would store), the CPU converts its F32 value
+    // directly; the two differ by one e4m3 step where the BF16 rounding crosses an e4m3 midpoint, for
+    // about bf16 ulp / e4m3 ulp = 2^-5 (3.1%) of the values (measured on the H200: 72 of 2304, 2852
+    // of 91008). So: at most one e4m3 step (2^(e-3) at the larger magnitude) anywhere, on at most 5%.
     double worst_row = 0;
-    const double row_tol = kv_dt == DTYPE_FP8_E4M3 ? 7e-2 : 1e-2;
+    long n_diff = 0;
+    const bool fp8 = kv_dt == DTYPE_FP8_E4M3;
     for (int i = 0; i < T; i++) {
         float a[1024], b[1024];
         dtype_to_f32(kv_dt, cache_c + (size_t)slot[i] * row, a, D);
         dtype_to_f32(kv_dt, back + (size_t)slot[i] * row, b, D);
         for (int e = 0; e < D; e++) {
+            const double m = fmax(fabs(a[e]), fabs(b[e]));
             double d = fabs(a[e] - b[e]) / (1 + fabs(a[e]));
+            if (fp8) d = m > 0 ? fabs(a[e] - b[e]) / ldexp(1.0, (m < 0x1p-6 ? -6 : ilogb(m)) - 3) : 0;
+            n_diff += a[e] != b[e];
             if (d > worst_row) worst_row = d;
         }
     }
-    ASSERT_TRUE(worst_row <= row_tol);
+    fprintf(stderr, "  %-34s %s cache rows: worst %.3g%s, %ld of %lld values differ\n", what, dtype_name(kv_dt),
+            worst_row, fp8 ? " e4m3 steps" : " relative", n_diff, (long long)T * D);
+    ASSERT_TRUE(worst_row <= (fp8 ? 1.0 : 1e-2));
+    if (fp8) ASSERT_TRUE(n_diff * 20 <= (long long)T * D);
     // Attention over the (CPU-written) rows: the GPU reads the CPU cache's bytes so both attend to
     // the same values.
     gpu_be->ops->copy_h2d(gpu_be, cache_g, cache_c, slots * row);
