@@ -22,8 +22,10 @@
 //       max(1, 5%), and the median error at most half the tolerance. Then greedy: the first token
 //       from the prefill logits, 15 decode steps (CUDA graphs replayed) equal to HF's at every step
 //       with a clear top-2 margin (above 1.2 x the tolerance), until a near tie flips.
-//   cuda_mimo_fp8_release_matches_hf  the FP8 release's form (tests/fixtures/quant/mimo_v2_flash_fp8)
-//       on the FP8 kernels against HF with the same FP8 activation rounding (see the test).
+//   cuda_mimo_fp8_release_weight_only_matches_hf / cuda_mimo_fp8_release_matches_hf  the FP8
+//       release's form (tests/fixtures/quant/mimo_v2_flash_fp8) on the FP8 kernels: weight-only
+//       against HF over the dequantized weights at the BF16 tolerance, W8A8 against HF with the
+//       same FP8 activation rounding at the W8A8 tolerance (see the tests).
 //   cuda_mimo_engine_*  the engine scenarios of tests/engine_model_scenarios.h on the fixture with
 //       graphs on, with per-layer-group block tables (the sliding layer's own pool and table:
 //       window blocks freed under preemption, prefix hits) against alone runs with one table:
@@ -302,48 +304,71 @@ TEST(cuda_mimo_matches_hf) {
 
 // The FP8 release's form (tests/fixtures/quant/mimo_v2_flash_fp8, tools/make_tiny_mimo_fp8.py:
 // FP8 e4m3 128x128 blocks, the hub's config keys; 4 heads, 2 / 4 KV heads, 2 layers) on the FP8
-// kernels with their dynamic FP8 activations, against refs_w8a8.json (HF fp32 with the same
-// activation rounding; the CPU matches it to 3.5e-4): prefill logits at the reference positions
-// within the BF16 tolerance, at most one position beyond it (a BF16 near-tie routing flip), then
-// greedy steps (graphs) equal to HF's where the margin is clear.
-TEST(cuda_mimo_fp8_release_matches_hf) {
-    if (!gpu_present()) SKIP("no CUDA device");
+// kernels, prefill logits at the reference positions and greedy steps (graphs) equal to HF's where
+// the margin is clear. Two runs:
+//   weight-only (quant_weight_only: the FP8 weights with BF16 activations) against refs.json (HF
+//       fp32 over the exact dequantized weights): the BF16 tolerance, at most one position beyond
+//       it (a BF16 near-tie routing flip): the tight check of the block-FP8 weights
+//       in this model (fused q/k/v with per-layer KV heads, 64-row regridded gate / up blocks, the
+//       16-row expert blocks, attention_value_scale folded into o_proj's block scales).
+//   W8A8 (the default: dynamic FP8 activations per token and 128-column group) against
+//       refs_w8a8.json (HF fp32 with the same activation rounding): W8A8_RTOL, as
+//       test_cuda_quant_models.c holds W8A8 fixtures. The CPU matches refs_w8a8.json to 3.5e-4
+//       because it quantizes the same f32 activations; CUDA quantizes BF16 ones (BF16 residual
+//       stream and op outputs), so an FP8 rounding flips wherever a BF16 rounding crosses one of
+//       its boundaries, and this 2-layer random model amplifies the flips: first seen on the H200
+//       at 2 of 13 positions within the BF16 tolerance 0.274, worst 0.625; a numpy emulation of
+//       the W8A8 forward with the CUDA backend's BF16 roundings (and no kernel difference) gives
+//       8 of 13 beyond it, worst 0.615, while the same emulation weight-only stays within 0.09 of
+//       refs.json; with the BF16 roundings jittered by half an ulp (other summation orders), 11 of
+//       13 beyond it, worst 0.59 .. 0.77. The whole W8A8 effect (refs_w8a8 vs refs) is 0.21 .. 0.55.
+// Greedy (both runs): no step may differ from HF's where HF's margin is clear (1.2 x the run's
+// tolerance; this fixture's references have near-ties within the first steps, so the number of
+// steps compared is printed, not bounded, as test_cuda_quant_models.c does).
+#define W8A8_RTOL 0.25
+
+static void fp8_release_run(const char *refs_rel, bool weight_only, double rtol) {
     struct refs R;
-    ASSERT_EQ(refs_load_rel("quant/mimo_v2_flash_fp8/refs_w8a8.json", &R, BF16_RTOL, BF16_MARGIN_FACTOR), 0);
+    CHECK(refs_load_rel(refs_rel, &R, rtol, BF16_MARGIN_FACTOR) == 0);
     char path[4096];
     snprintf(path, sizeof path, "%s", test_fixture("quant/mimo_v2_flash_fp8"));
     struct runner_options o = runner_opts(path);
+    o.quant_weight_only = weight_only;
     struct backend *b = NULL;
     struct backend_options bo = {.device_id = 0};
     struct error err = {0};
-    ASSERT_OK(backend_create("cuda", &bo, &b, &err));
+    CHECK_MSG(backend_create("cuda", &bo, &b, &err) == ATOMC_OK, "cuda backend: %s", err.msg);
     b->caps = mimo_caps();
     o.backend = b;
     struct model_runner *r = NULL;
     if (model_runner_create(&o, &r, &err) != ATOMC_OK) fprintf(stderr, "  %s\n", err.msg);
-    ASSERT_TRUE(r != NULL);
+    if (!r) {
+        test_fail(__FILE__, __LINE__, "mimo_v2_flash_fp8 did not load on CUDA");
+        refs_free(&R);
+        return;
+    }
     struct sim *s = malloc(sizeof *s);
     sim_init(s, r, 41u);
     float *lg = malloc(sizeof(float) * MAX_POS * (size_t)R.vocab);
+    double errs[8 * REF_MAX_IDS];
     int positions = 0, off = 0, checked = 0;
-    double worst = 0;
+    bool greedy_ok = true;
     for (int pi = 0; pi < R.n; pi++) {
         struct ref_prompt *p = &R.p[pi];
         struct sim_seq *q = malloc(sizeof *q);
         sim_seq_init(q, p->ids, p->n);
         sim_step_begin(s);
-        ASSERT_EQ(sim_step_add(s, q, p->n, 0), 0);
+        CHECK(sim_step_add(s, q, p->n, 0) == 0);
         for (int k = 0; k < p->n_pos; k++)
             s->rows[k] = p->pos[k];
         s->n_rows = p->n_pos;
         struct forward_batch fb = sim_step_batch(s);
-        ASSERT_OK(model_runner_execute_logits(r, &fb, lg, &err));
+        CHECK_MSG(model_runner_execute_logits(r, &fb, lg, &err) == ATOMC_OK, "execute: %s", err.msg);
         sim_step_commit(s);
         for (int k = 0; k < p->n_pos; k++) {
             double d = max_abs_diff(lg + (size_t)k * R.vocab, p->logits + (size_t)k * R.vocab, R.vocab);
-            positions++;
+            errs[positions++] = isfinite(d) ? d : INFINITY;
             off += !(d <= R.tol);
-            worst = d > worst || !isfinite(d) ? d : worst;
             if (!(d <= R.tol))
                 fprintf(stderr, "    prompt %d position %d: |logit - HF| %.3g (tol %.3g)\n", pi, p->pos[k], d, R.tol);
         }
@@ -356,33 +381,50 @@ TEST(cuda_mimo_fp8_release_matches_hf) {
         q->ids[q->n_ids++] = best;
         for (int k = 1; k < N_GREEDY; k++) {
             sim_step_begin(s);
-            ASSERT_EQ(sim_step_add(s, q, 1, 1), 0);
+            CHECK(sim_step_add(s, q, 1, 1) == 0);
             fb = sim_step_batch(s);
             struct runner_output out;
-            ASSERT_OK(model_runner_execute(r, &fb, &out, &err));
+            CHECK_MSG(model_runner_execute(r, &fb, &out, &err) == ATOMC_OK, "execute: %s", err.msg);
             sim_step_commit(s);
             got[k] = out.ids[0];
             q->ids[q->n_ids++] = out.ids[0];
         }
         char what[96];
-        snprintf(what, sizeof what, "mimo_v2_flash_fp8 (CUDA) prompt %d", pi);
+        snprintf(what, sizeof what, "mimo_v2_flash_fp8 %s (CUDA) prompt %d", weight_only ? "weight-only" : "W8A8", pi);
         int c = greedy_compare(&R, p, got, what);
-        ASSERT_TRUE(c >= 0);
-        checked += c;
+        greedy_ok = greedy_ok && c >= 0;
+        checked += c > 0 ? c : 0;
         sim_seq_release(s, q);
         free(q);
     }
+    qsort(errs, (size_t)positions, sizeof errs[0], cmp_double);
     fprintf(stderr,
-            "  mimo_v2_flash_fp8 on CUDA: %d of %d positions within %.3g of HF W8A8 (worst %.3g), %d "
+            "  mimo_v2_flash_fp8 %s on CUDA: %d of %d positions within %.3g of %s (median %.3g, worst %.3g), %d "
             "clear-margin greedy steps equal, %llu graph replays\n",
-            positions - off, positions, R.tol, worst, checked, (unsigned long long)model_runner_num_graph_replays(r));
-    ASSERT_TRUE(off <= 1);
-    ASSERT_TRUE(checked >= R.n * N_GREEDY / 3);
+            weight_only ? "weight-only" : "W8A8", positions - off, positions, R.tol, refs_rel, errs[positions / 2],
+            errs[positions - 1], checked, (unsigned long long)model_runner_num_graph_replays(r));
+    if (weight_only) { // the BF16 tolerance: at most one position off (a BF16 near-tie routing flip)
+        if (off > 1) test_fail(__FILE__, __LINE__, "weight-only: %d positions beyond %.3g", off, R.tol);
+    } else if (off > 0) {
+        test_fail(__FILE__, __LINE__, "W8A8: %d positions beyond %.3g", off, R.tol);
+    }
+    if (!greedy_ok) test_fail(__FILE__, __LINE__, "a greedy step differs from HF's at a clear margin");
+    if (model_runner_num_graph_replays(r) == 0) test_fail(__FILE__, __LINE__, "no graph replays");
     free(lg);
     sim_free(s);
     free(s);
     model_runner_free(r);
     refs_free(&R);
+}
+
+TEST(cuda_mimo_fp8_release_weight_only_matches_hf) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    fp8_release_run("quant/mimo_v2_flash_fp8/refs.json", true, BF16_RTOL);
+}
+
+TEST(cuda_mimo_fp8_release_matches_hf) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    fp8_release_run("quant/mimo_v2_flash_fp8/refs_w8a8.json", false, W8A8_RTOL);
 }
 
 static struct es_setup engine_setup(void) {

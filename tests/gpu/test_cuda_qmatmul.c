@@ -484,6 +484,33 @@ TEST(cuda_qmatmul_mma_gemv_matches_cpu) {
             run_case_x(&cases[ci].c, &cases[ci].x, ns[ni], ni == 3, ni == 5 ? DTYPE_F32 : DTYPE_BF16);
 }
 
+// The FP8 linears of the MiMo-V2-Flash release fixture (tests/fixtures/quant/mimo_v2_flash_fp8) in
+// the layout the loader gives them (weight_loader.c load_quantized: fused parts regridded to the
+// gcd of their row counts and 128), W8A8 with 128-column activation groups, at the fixture's
+// prompt lengths (1, 6, 19, 37 rows: the fused-quantizing and pre-quantized tensor-core GEMV, the
+// dequantize-GEMM fallback) and 13 (the test's position count): layer 0's fused q/k/v (768 + 384 +
+// 256 rows, k = 64 < 128), layer 1's (768 + 768 + 512), the dense MLP's fused gate / up (64 + 64
+// rows: 64-row blocks, k = 64), its down (64 x 64, one partial block) and o_proj (64 x 512: one
+// partial row block, 4 column blocks; 19 / 37 rows take the cuBLASLt block-scaled GEMM).
+TEST(cuda_qmatmul_mimo_fp8_shapes_match_cpu) {
+    ASSERT_TRUE(backends_ready());
+    static const struct qcase cases[] = {
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 1408, 64, WEIGHT_ACT_FP8_GROUP}, // layer 0 q / k / v
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 2048, 64, WEIGHT_ACT_FP8_GROUP}, // layer 1 q / k / v
+        {WEIGHT_SCHEME_BLOCK, 0, 64, 128, 128, 64, WEIGHT_ACT_FP8_GROUP},   // dense gate / up, regridded
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 64, 64, WEIGHT_ACT_FP8_GROUP},   // dense down
+        {WEIGHT_SCHEME_BLOCK, 0, 128, 128, 64, 512, WEIGHT_ACT_FP8_GROUP},  // o_proj
+    };
+    static const int ns[] = {1, 6, 13, 19, 37};
+    const struct qextra none = {false, false, 0.0f};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            double e = run_case_x(&cases[ci], &none, ns[ni], false, DTYPE_BF16);
+            fprintf(stderr, "  mimo fp8 %lldx%lld br %d n=%d: nmse %.2e\n", (long long)cases[ci].m,
+                    (long long)cases[ci].k, cases[ci].br, ns[ni], e);
+        }
+}
+
 // A captured graph of a quantized GEMV and GEMM replays the eager result after x changes in place:
 // FP8 blocks at 1 and 16 rows (both take the tensor-core GEMV) and 40 rows (the GEMM), and a
 // per-channel weight whose staged activations need more than 48 KB of shared memory (the
@@ -616,6 +643,72 @@ TEST(cuda_moe_experts_quantized_match_cpu) {
                 hq_free(&dn);
                 ASSERT_EQ(pool_release(&P), 0);
             }
+    }
+}
+
+// The MoE layer of the MiMo-V2-Flash FP8 release fixture (tests/fixtures/quant/mimo_v2_flash_fp8):
+// 4 experts, top-2, H 64, moe_intermediate_size 16, in the loader's layout: gate_up's per-expert
+// gate and up parts (16 rows each) regridded to 16-row blocks (each half its own scale), down's 64
+// rows one 64-row block with k = 16 (a partial 128-column activation group), W8A8 with 128-column
+// groups; routed rows 2 .. 74 (the fixture's prompts: slot kernels; its k = 16 keeps the grouped
+// GEMM off at any size) and 140.
+TEST(cuda_moe_experts_mimo_fp8_shapes_match_cpu) {
+    ASSERT_TRUE(backends_ready());
+    const int E = 4, slots = 2;
+    const int64_t H = 64, I = 16;
+    static const int ns[] = {1, 6, 13, 19, 37, 70};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const int n = ns[ni];
+        struct pool P = {0};
+        struct hq gu = hq_make(WEIGHT_SCHEME_BLOCK, E, 0, 2 * I, H, 16, 128);
+        struct hq dn = hq_make(WEIGHT_SCHEME_BLOCK, E, 0, H, I, 64, 128);
+        struct weight guc = hq_put(&P, cpu_be, &gu, WEIGHT_ACT_FP8_GROUP);
+        struct weight gug = hq_put(&P, gpu_be, &gu, WEIGHT_ACT_FP8_GROUP);
+        struct weight dnc = hq_put(&P, cpu_be, &dn, WEIGHT_ACT_FP8_GROUP);
+        struct weight dng = hq_put(&P, gpu_be, &dn, WEIGHT_ACT_FP8_GROUP);
+        struct weight guw = guc, dnw = dnc; // the weight-only product: the GPU must differ from it
+        guw.act = dnw.act = WEIGHT_ACT_NONE;
+        float *xh = malloc(sizeof(float) * (size_t)(n * H)), *wh = malloc(sizeof(float) * (size_t)(n * slots));
+        int32_t *ih = malloc(sizeof(int32_t) * (size_t)(n * slots));
+        for (int64_t i = 0; i < n * H; i++)
+            xh[i] = round_bf16(rng_sym(1.f));
+        for (int t = 0; t < n; t++) {
+            const int e0 = (t * 3 + 1) % E, e1 = (e0 + 1 + t % (E - 1)) % E; // two distinct experts
+            ih[t * slots] = e0;
+            ih[t * slots + 1] = e1;
+            wh[t * slots] = 0.2f + 0.6f * rng_uniform();
+            wh[t * slots + 1] = 0.2f + 0.6f * rng_uniform();
+        }
+        struct tensor xc = put_f(&P, cpu_be, DTYPE_F32, n, H, xh), xg = put_f(&P, gpu_be, DTYPE_BF16, n, H, xh);
+        struct tensor yc = put_f(&P, cpu_be, DTYPE_F32, n, H, NULL), yw = put_f(&P, cpu_be, DTYPE_F32, n, H, NULL);
+        struct tensor yg = put_f(&P, gpu_be, DTYPE_BF16, n, H, NULL);
+        int32_t *idc = pool_put(&P, cpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+        int32_t *idg = pool_put(&P, gpu_be, ih, sizeof(int32_t) * (size_t)(n * slots));
+        float *twc = pool_put(&P, cpu_be, wh, sizeof(float) * (size_t)(n * slots));
+        float *twg = pool_put(&P, gpu_be, wh, sizeof(float) * (size_t)(n * slots));
+        void *wsc = pool_put(&P, cpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 4));
+        void *wsg = pool_put(&P, gpu_be, NULL, moe_workspace_bytes(n, slots, E, H, I, 2));
+        cpu_be->ops->moe_experts(cpu_be, &yc, &xc, &guc, &dnc, idc, twc, slots, NULL, wsc);
+        cpu_be->ops->moe_experts(cpu_be, &yw, &xc, &guw, &dnw, idc, twc, slots, NULL, wsc);
+        gpu_be->ops->moe_experts(gpu_be, &yg, &xg, &gug, &dng, idg, twg, slots, NULL, wsg);
+        float *fc = get_f(cpu_be, &yc), *fw = get_f(cpu_be, &yw), *fg = get_f(gpu_be, &yg);
+        const double e = nmse(fg, fc, n * H), ea = nmse(fg, fw, n * H);
+        fprintf(stderr, "  mimo fp8 moe E %d top-%d H %lld I %lld n=%d: nmse %.2e (vs weight-only %.2e)\n", E, slots,
+                (long long)H, (long long)I, n, e, ea);
+        if (!(e >= 0 && e <= NMSE_MOE_W8A8))
+            test_fail(__FILE__, __LINE__, "mimo fp8 moe n=%d: nmse %g > %g", n, e, NMSE_MOE_W8A8);
+        if (!(ea > NMSE_ACT_MIN))
+            test_fail(__FILE__, __LINE__, "mimo fp8 moe n=%d: GPU result equals the weight-only product (nmse %g)", n,
+                      ea);
+        free(fc);
+        free(fw);
+        free(fg);
+        free(xh);
+        free(wh);
+        free(ih);
+        hq_free(&gu);
+        hq_free(&dn);
+        ASSERT_EQ(pool_release(&P), 0);
     }
 }
 
