@@ -640,11 +640,14 @@ TEST(graphs_not_used_for_prefill) {
 // MTP model, every step is followed by an MTP pass over the step's rows reading the hidden states
 // through the verify graph's padded rows.
 
-static struct model_runner *open_spec_runner(const char *model, struct backend *b, bool eager, bool groups, bool mtp) {
-    char path[4096];
+// eagle3: with the tiny_eagle3 head (llama_gqa only).
+static struct model_runner *open_spec_runner_head(const char *model, struct backend *b, bool eager, bool groups,
+                                                  bool mtp, bool eagle3) {
+    char path[4096], head[4096] = "";
     char rel[256];
     snprintf(rel, sizeof rel, "models/%s", model);
     snprintf(path, sizeof path, "%s", test_fixture(rel));
+    if (eagle3) snprintf(head, sizeof head, "%s", test_fixture("tiny_eagle3"));
     struct runner_options o = {
         .model_path = path,
         .device = "cpu",
@@ -660,6 +663,7 @@ static struct model_runner *open_spec_runner(const char *model, struct backend *
         .hybrid_kv_groups = groups,
         .num_speculative_tokens = SG_K,
         .load_mtp = mtp,
+        .eagle3_path = eagle3 ? head : NULL,
     };
     struct model_runner *r = NULL;
     struct error err = {0};
@@ -667,19 +671,23 @@ static struct model_runner *open_spec_runner(const char *model, struct backend *
     return r;
 }
 
+static struct model_runner *open_spec_runner(const char *model, struct backend *b, bool eager, bool groups, bool mtp) {
+    return open_spec_runner_head(model, b, eager, groups, mtp, false);
+}
+
 // tests/spec_graph_schedule.h under recorded graphs: fp32, so graph and eager agree to rounding
-// (the padded batch changes only summation order), and the MTP drafts are the same ids.
-static void run_verify_schedule(const char *model, bool groups, bool mtp) {
+// (the padded batch changes only summation order), and the MTP / EAGLE-3 drafts are the same ids.
+static void run_verify_schedule_head(const char *model, bool groups, bool mtp, bool eagle3) {
     struct rec_backend *rb = rec_backend_create();
     ASSERT_TRUE(rb != NULL);
-    struct model_runner *rg = open_spec_runner(model, &rb->pub, false, groups, mtp);
-    struct model_runner *re = open_spec_runner(model, NULL, true, groups, mtp);
+    struct model_runner *rg = open_spec_runner_head(model, &rb->pub, false, groups, mtp, eagle3);
+    struct model_runner *re = open_spec_runner_head(model, NULL, true, groups, mtp, eagle3);
     ASSERT_TRUE(rg != NULL && re != NULL);
     ASSERT_EQ(model_runner_num_graphs(rg), 4);        // decode buckets 1, 2, 4, 8
     ASSERT_EQ(model_runner_num_verify_graphs(rg), 4); // verify buckets 1, 2, 4, 8 of 1 + k = 4 tokens each
     ASSERT_EQ(model_runner_num_verify_graphs(re), 0);
     ASSERT_EQ(model_runner_num_mtp_graphs(rg), mtp ? 8 : 0); // MTP first-pass and chain buckets 1, 2, 4, 8
-    struct sg_result res = sg_run(rg, re, mtp, 0);
+    struct sg_result res = sg_run(rg, re, mtp || eagle3, 0);
     fprintf(stderr,
             "  %s: %d decode + %d verify graphs, %d verify / %d decode steps (%d sequence-steps with fewer drafts "
             "than k), max |logit graph - eager| = %.2e, MTP chain logits %.2e (%llu MTP chain replays), %d MTP "
@@ -696,6 +704,10 @@ static void run_verify_schedule(const char *model, bool groups, bool mtp) {
     ASSERT_EQ((uint64_t)rb->n_launched, res.n_verify + res.n_decode + model_runner_num_mtp_graph_replays(rg));
     model_runner_free(rg);
     model_runner_free(re);
+}
+
+static void run_verify_schedule(const char *model, bool groups, bool mtp) {
+    run_verify_schedule_head(model, groups, mtp, false);
 }
 
 TEST(verify_graphs_replay_equals_eager_llama) {
@@ -716,6 +728,11 @@ TEST(verify_graphs_replay_equals_eager_qwen3_moe) {
 // MTP drafts after verify replays read the target's hidden states through the padded rows.
 TEST(verify_graphs_mtp_hidden_rows_equal_eager) {
     run_verify_schedule("deepseek_v3_mtp", false, true);
+}
+// EAGLE-3 drafts after verify replays read the aux states the verify graphs captured (device
+// copies inside the graph) through the padded rows: the head's logits and drafts equal eager's.
+TEST(verify_graphs_eagle3_aux_rows_equal_eager) {
+    run_verify_schedule_head("llama_gqa", false, false, true);
 }
 
 // Verify steps that do not fit the verify graphs run eagerly: a prefill chunk in the step (not
