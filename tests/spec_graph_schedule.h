@@ -32,6 +32,7 @@ struct sg_result {
     int n_short;            // sequence-steps with 1 .. SG_K - 1 drafts (fewer than k)
     int draft_mismatch;     // MTP draft chains that differ when margin_tol <= 0 (exact runs)
     int draft_diff;         // MTP draft chains that differ (any margin)
+    int n_chains;           // MTP draft chains compared
     bool failed;            // an execute failed or a replay counter did not move as it should
 };
 
@@ -209,6 +210,7 @@ static struct sg_result sg_run(struct model_runner *rg, struct model_runner *re,
             // earlier drafts of a chain feed the later ones, so only the first difference counts).
             for (int k = 0; k < fe.n_seqs; k++) {
                 int nd_k = 2 * k < fe.n_seqs ? SG_K : 4 * k < 3 * fe.n_seqs ? 2 : 1;
+                res.n_chains++;
                 for (int j = 0; j < nd_k; j++) {
                     if (dg[k * SG_K + j] == de[k * SG_K + j]) continue;
                     res.draft_mismatch += margin_tol <= 0; // CPU: exact; CUDA: counted only as a log line
