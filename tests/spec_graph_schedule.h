@@ -7,10 +7,11 @@
 // ids; every third step none, a decode step for the decode graphs), logits at every row. A
 // pseudo-random number m of its drafts is accepted: its cache then keeps the last token and those
 // m (the rejected slots are overwritten later, as after the engine's verification) and the eager
-// runner's argmax at row m follows, identically in both simulations. With mtp, every step is
-// followed by an MTP pass over all its rows (the hidden states read through the verify graph's
-// padded rows) and up to SG_K chained drafts per sequence (the MTP chain graphs). The runners must have been created
-// with max_num_seqs 8, num_speculative_tokens SG_K and max_logits_rows >= 8 * (1 + SG_K).
+// runner's argmax at row m follows, identically in both simulations. With mtp (a runner with MTP
+// layers or an EAGLE-3 head), every step is followed by a drafting pass over all its rows (the
+// hidden states, or the EAGLE-3 aux states, read through the verify graph's padded rows) and up to
+// SG_K chained drafts per sequence (the MTP chain graphs; an EAGLE-3 head's passes run eagerly). The runners must have
+// been created with max_num_seqs 8, num_speculative_tokens SG_K and max_logits_rows >= 8 * (1 + SG_K).
 #ifndef ATOMC_TESTS_SPEC_GRAPH_SCHEDULE_H
 #define ATOMC_TESTS_SPEC_GRAPH_SCHEDULE_H
 
@@ -31,8 +32,14 @@ struct sg_result {
     int n_short;            // sequence-steps with 1 .. SG_K - 1 drafts (fewer than k)
     int draft_mismatch;     // MTP draft chains that differ when margin_tol <= 0 (exact runs)
     int draft_diff;         // MTP draft chains that differ (any margin)
+    int n_chains;           // MTP draft chains compared
     bool failed;            // an execute failed or a replay counter did not move as it should
 };
+
+// The drafter's logits width: the EAGLE-3 head's draft vocabulary, else the target's.
+static int sg_draft_vocab(const struct model_runner *r) {
+    return r->model->eagle3 ? r->model->eagle3->draft_vocab : model_runner_config(r)->vocab_size;
+}
 
 static int sg_argmax(const float *row, int V) {
     int best = 0;
@@ -77,7 +84,7 @@ static bool sg_mtp_pass(struct model_runner *r, struct sim *sm, const struct for
     *n_last = 0; // rows of the last chained pass: the sequences that wanted SG_K drafts
     for (int s = 0; s < n; s++)
         *n_last += nd[s] == SG_K;
-    const int V = model_runner_config(r)->vocab_size;
+    const int V = sg_draft_vocab(r);
     r->backend->ops->copy_d2h(r->backend, lg, r->model->scratch.logits, (size_t)*n_last * V * sizeof(float));
     r->backend->ops->synchronize(r->backend);
     return true;
@@ -188,12 +195,13 @@ static struct sg_result sg_run(struct model_runner *rg, struct model_runner *re,
             res.failed |= !sg_mtp_pass(rg, sg, &fg, dg, mg, &ng) || !sg_mtp_pass(re, se, &fe, de, me, &ne);
             // The last chained pass's logits, for the rows whose chain inputs (the drafts before
             // the last) agree: BF16 may flip an argmax at a near tie, which then feeds the chain.
+            const int Vd = sg_draft_vocab(rg);
             for (int k = 0; k < ne && ng == ne; k++) {
                 bool same = true;
                 for (int j = 0; j + 1 < SG_K; j++)
                     same &= dg[k * SG_K + j] == de[k * SG_K + j];
-                for (int v = 0; same && v < V; v++) {
-                    double d = fabs((double)mg[(size_t)k * V + v] - me[(size_t)k * V + v]);
+                for (int v = 0; same && v < Vd; v++) {
+                    double d = fabs((double)mg[(size_t)k * Vd + v] - me[(size_t)k * Vd + v]);
                     if (!(d <= res.worst_mtp)) res.worst_mtp = d;
                 }
             }
@@ -202,6 +210,7 @@ static struct sg_result sg_run(struct model_runner *rg, struct model_runner *re,
             // earlier drafts of a chain feed the later ones, so only the first difference counts).
             for (int k = 0; k < fe.n_seqs; k++) {
                 int nd_k = 2 * k < fe.n_seqs ? SG_K : 4 * k < 3 * fe.n_seqs ? 2 : 1;
+                res.n_chains++;
                 for (int j = 0; j < nd_k; j++) {
                     if (dg[k * SG_K + j] == de[k * SG_K + j]) continue;
                     res.draft_mismatch += margin_tol <= 0; // CPU: exact; CUDA: counted only as a log line

@@ -39,7 +39,9 @@ enum rec_kind {
     REC_MOE_ROUTE,
     REC_MOE_EXPERTS,
     REC_MLA_WRITE,
-    REC_MLA_ATTN
+    REC_MLA_ATTN,
+    REC_COPY_D2D,
+    REC_ZERO
 };
 
 struct rec {
@@ -59,7 +61,8 @@ struct rec {
     struct weight w2;           // REC_MOE_EXPERTS: down
     struct moe_experts_args ea; // REC_MOE_EXPERTS: the activation / biases (has[3]: given)
     struct mla_args ma;         // REC_MLA_*
-    void *p[3];                 // REC_MOE_*: ids, weights, workspace
+    void *p[3];                 // REC_MOE_*: ids, weights, workspace; REC_COPY_D2D / REC_ZERO: dst, src
+    size_t bytes;               // REC_COPY_D2D / REC_ZERO
 };
 
 struct rec_graph {
@@ -294,6 +297,12 @@ static void rec_replay(struct rec_backend *rb, struct rec_graph *g) {
             o->moe_experts(b, &r->t[0], &r->t[1], &r->w, &r->w2, r->p[0], r->p[1], r->n, r->has[3] ? &r->ea : NULL,
                            r->p[2]);
             break;
+        case REC_COPY_D2D:
+            o->copy_d2d(b, r->p[0], r->p[1], r->bytes);
+            break;
+        case REC_ZERO:
+            o->memset_zero(b, r->p[0], r->bytes);
+            break;
         }
     }
 }
@@ -323,7 +332,11 @@ static void w_graph_destroy(struct backend *b, void *graph) {
     free(g);
 }
 
-// Memory and sampling go straight to the real backend.
+// Memory and sampling go straight to the real backend. Device-to-device copies and zero fills
+// issued during a capture are recorded (CUDA stream capture makes cudaMemcpyAsync /
+// cudaMemsetAsync graph nodes: the EAGLE-3 aux capture of the Llama forward is such a copy);
+// a host transfer, a synchronization or a sampling call inside a capture would not be replayed
+// here (and CUDA refuses or freezes them), so it aborts the test.
 static void w_destroy(struct backend *b) {
     struct rec_backend *rb = rb_of(b);
     backend_destroy(rb->real);
@@ -336,18 +349,27 @@ static void w_free(struct backend *b, void *p) {
     REAL(rb_of(b))->ops->free(REAL(rb_of(b)), p);
 }
 static void w_h2d(struct backend *b, void *d, const void *s, size_t n) {
+    CHECK_MSG(!rb_of(b)->capturing, "copy_h2d inside a graph capture");
     REAL(rb_of(b))->ops->copy_h2d(REAL(rb_of(b)), d, s, n);
 }
 static void w_d2h(struct backend *b, void *d, const void *s, size_t n) {
+    CHECK_MSG(!rb_of(b)->capturing, "copy_d2h inside a graph capture");
     REAL(rb_of(b))->ops->copy_d2h(REAL(rb_of(b)), d, s, n);
 }
 static void w_d2d(struct backend *b, void *d, const void *s, size_t n) {
-    REAL(rb_of(b))->ops->copy_d2d(REAL(rb_of(b)), d, s, n);
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->copy_d2d(REAL(rb), d, s, n);
+    struct rec *r = rec_push(rb, REC_COPY_D2D);
+    r->p[0] = d, r->p[1] = (void *)s, r->bytes = n;
 }
 static void w_zero(struct backend *b, void *d, size_t n) {
-    REAL(rb_of(b))->ops->memset_zero(REAL(rb_of(b)), d, n);
+    struct rec_backend *rb = rb_of(b);
+    if (!rb->capturing) return REAL(rb)->ops->memset_zero(REAL(rb), d, n);
+    struct rec *r = rec_push(rb, REC_ZERO);
+    r->p[0] = d, r->bytes = n;
 }
 static void w_sync(struct backend *b) {
+    CHECK_MSG(!rb_of(b)->capturing, "synchronize inside a graph capture");
     REAL(rb_of(b))->ops->synchronize(REAL(rb_of(b)));
 }
 static void w_meminfo(struct backend *b, size_t *f, size_t *t) {
@@ -357,6 +379,7 @@ static atomc_status w_upload(struct backend *b, struct tensor *d, const struct t
     return REAL(rb_of(b))->ops->upload_weight(REAL(rb_of(b)), d, s, e);
 }
 static void w_sample(struct backend *b, const struct sample_args *a) {
+    CHECK_MSG(!rb_of(b)->capturing, "sample inside a graph capture");
     REAL(rb_of(b))->ops->sample(REAL(rb_of(b)), a);
 }
 
@@ -617,11 +640,14 @@ TEST(graphs_not_used_for_prefill) {
 // MTP model, every step is followed by an MTP pass over the step's rows reading the hidden states
 // through the verify graph's padded rows.
 
-static struct model_runner *open_spec_runner(const char *model, struct backend *b, bool eager, bool groups, bool mtp) {
-    char path[4096];
+// eagle3: with the tiny_eagle3 head (llama_gqa only).
+static struct model_runner *open_spec_runner_head(const char *model, struct backend *b, bool eager, bool groups,
+                                                  bool mtp, bool eagle3) {
+    char path[4096], head[4096] = "";
     char rel[256];
     snprintf(rel, sizeof rel, "models/%s", model);
     snprintf(path, sizeof path, "%s", test_fixture(rel));
+    if (eagle3) snprintf(head, sizeof head, "%s", test_fixture("tiny_eagle3"));
     struct runner_options o = {
         .model_path = path,
         .device = "cpu",
@@ -637,6 +663,7 @@ static struct model_runner *open_spec_runner(const char *model, struct backend *
         .hybrid_kv_groups = groups,
         .num_speculative_tokens = SG_K,
         .load_mtp = mtp,
+        .eagle3_path = eagle3 ? head : NULL,
     };
     struct model_runner *r = NULL;
     struct error err = {0};
@@ -644,19 +671,23 @@ static struct model_runner *open_spec_runner(const char *model, struct backend *
     return r;
 }
 
+static struct model_runner *open_spec_runner(const char *model, struct backend *b, bool eager, bool groups, bool mtp) {
+    return open_spec_runner_head(model, b, eager, groups, mtp, false);
+}
+
 // tests/spec_graph_schedule.h under recorded graphs: fp32, so graph and eager agree to rounding
-// (the padded batch changes only summation order), and the MTP drafts are the same ids.
-static void run_verify_schedule(const char *model, bool groups, bool mtp) {
+// (the padded batch changes only summation order), and the MTP / EAGLE-3 drafts are the same ids.
+static void run_verify_schedule_head(const char *model, bool groups, bool mtp, bool eagle3) {
     struct rec_backend *rb = rec_backend_create();
     ASSERT_TRUE(rb != NULL);
-    struct model_runner *rg = open_spec_runner(model, &rb->pub, false, groups, mtp);
-    struct model_runner *re = open_spec_runner(model, NULL, true, groups, mtp);
+    struct model_runner *rg = open_spec_runner_head(model, &rb->pub, false, groups, mtp, eagle3);
+    struct model_runner *re = open_spec_runner_head(model, NULL, true, groups, mtp, eagle3);
     ASSERT_TRUE(rg != NULL && re != NULL);
     ASSERT_EQ(model_runner_num_graphs(rg), 4);        // decode buckets 1, 2, 4, 8
     ASSERT_EQ(model_runner_num_verify_graphs(rg), 4); // verify buckets 1, 2, 4, 8 of 1 + k = 4 tokens each
     ASSERT_EQ(model_runner_num_verify_graphs(re), 0);
     ASSERT_EQ(model_runner_num_mtp_graphs(rg), mtp ? 8 : 0); // MTP first-pass and chain buckets 1, 2, 4, 8
-    struct sg_result res = sg_run(rg, re, mtp, 0);
+    struct sg_result res = sg_run(rg, re, mtp || eagle3, 0);
     fprintf(stderr,
             "  %s: %d decode + %d verify graphs, %d verify / %d decode steps (%d sequence-steps with fewer drafts "
             "than k), max |logit graph - eager| = %.2e, MTP chain logits %.2e (%llu MTP chain replays), %d MTP "
@@ -673,6 +704,10 @@ static void run_verify_schedule(const char *model, bool groups, bool mtp) {
     ASSERT_EQ((uint64_t)rb->n_launched, res.n_verify + res.n_decode + model_runner_num_mtp_graph_replays(rg));
     model_runner_free(rg);
     model_runner_free(re);
+}
+
+static void run_verify_schedule(const char *model, bool groups, bool mtp) {
+    run_verify_schedule_head(model, groups, mtp, false);
 }
 
 TEST(verify_graphs_replay_equals_eager_llama) {
@@ -693,6 +728,11 @@ TEST(verify_graphs_replay_equals_eager_qwen3_moe) {
 // MTP drafts after verify replays read the target's hidden states through the padded rows.
 TEST(verify_graphs_mtp_hidden_rows_equal_eager) {
     run_verify_schedule("deepseek_v3_mtp", false, true);
+}
+// EAGLE-3 drafts after verify replays read the aux states the verify graphs captured (device
+// copies inside the graph) through the padded rows: the head's logits and drafts equal eager's.
+TEST(verify_graphs_eagle3_aux_rows_equal_eager) {
+    run_verify_schedule_head("llama_gqa", false, false, true);
 }
 
 // Verify steps that do not fit the verify graphs run eagerly: a prefill chunk in the step (not
@@ -752,8 +792,11 @@ TEST(verify_graphs_not_used_for_mixed_steps) {
 // ---------------------------------------------------------------------------------------------
 // The engine on a runner with recorded graphs: greedy output with ngram / mtp / eagle3 drafts, graphs vs
 // enforce_eager, on a pool that forces preemption (and one that does not); verify steps, the MTP
-// passes and decode steps replay graphs (verify-replay and MTP-replay counters > 0), and every
-// output is token-identical to the eager engine's (fp32: up to a near tie below 1e-4).
+// passes and decode steps replay graphs (verify-replay and MTP-replay counters > 0), every
+// output is token-identical to the eager engine's (fp32: up to a near tie below 1e-4), and the
+// speculation counters (drafts, draft tokens, accepted per position) and the steps are the eager
+// run's: a drafter reading other inputs after a replay (stale EAGLE-3 aux states, wrong padded
+// rows) still gives exact output but different drafts.
 
 static atomc_status eg_execute(void *ctx, const struct forward_batch *fb, struct runner_output *out,
                                struct error *err) {
@@ -851,7 +894,8 @@ static void engine_graphs_equal_eager(const char *model, const char *method, int
     }
     json_decref(refs);
     static struct es_out out[2][MAXP];
-    uint64_t vrep = 0, mrep = 0, drafts = 0, draft_tokens = 0;
+    uint64_t vrep = 0, mrep = 0;
+    atomc_stats sst[2]; // graphs, eager
     for (int eager = 0; eager < 2; eager++) {
         struct rec_backend *rb = eager ? NULL : rec_backend_create();
         struct model_runner *r = eg_runner(model, rb ? &rb->pub : NULL, eager, method, num_blocks);
@@ -871,11 +915,10 @@ static void engine_graphs_equal_eager(const char *model, const char *method, int
         ASSERT_TRUE(st.spec_num_accepted_tokens > 0);
         if (preempt) ASSERT_TRUE(st.num_preemptions > 0);
         ASSERT_EQ(st.num_free_kv_blocks, num_blocks);
+        sst[eager] = st;
         if (!eager) {
             vrep = model_runner_num_verify_graph_replays(r);
             mrep = model_runner_num_mtp_graph_replays(r);
-            drafts = st.spec_num_drafts;
-            draft_tokens = st.spec_num_draft_tokens;
         } else {
             ASSERT_EQ(model_runner_num_graph_replays(r), 0);
         }
@@ -883,7 +926,16 @@ static void engine_graphs_equal_eager(const char *model, const char *method, int
     }
     ASSERT_TRUE(vrep > 0);
     if (mtp) ASSERT_TRUE(mrep > 0);
-    ASSERT_TRUE(draft_tokens < drafts * EG_K); // some verified sequences carried fewer drafts than k
+    ASSERT_TRUE(sst[0].spec_num_draft_tokens < sst[0].spec_num_drafts * EG_K); // some carried fewer than k
+    // The drafters see the same inputs under graphs (the verified rows' hidden / aux states through
+    // the padded rows) and are argmax, so the drafts, and with them the schedule, are the eager run's.
+    ASSERT_EQ(sst[0].spec_num_drafts, sst[1].spec_num_drafts);
+    ASSERT_EQ(sst[0].spec_num_draft_tokens, sst[1].spec_num_draft_tokens);
+    ASSERT_EQ(sst[0].spec_num_accepted_tokens, sst[1].spec_num_accepted_tokens);
+    for (int i = 0; i < EG_K; i++)
+        ASSERT_EQ(sst[0].spec_accepted_per_pos[i], sst[1].spec_accepted_per_pos[i]);
+    ASSERT_EQ(sst[0].num_steps, sst[1].num_steps);
+    ASSERT_EQ(sst[0].num_preemptions, sst[1].num_preemptions);
     for (int i = 0; i < n_p; i++) {
         ASSERT_EQ(out[0][i].n, MAXT);
         int same = es_compare(&out[1][i], &out[0][i], 1e-4f, NULL);

@@ -7,15 +7,18 @@
 //   cuda_verify_graph_replay_equals_eager_*  the runner-level schedule of tests/spec_graph_schedule.h
 //       (verify steps with 0..3 drafts per sequence in one batch, decode steps between, MTP passes
 //       reading hidden rows through the padded layout, then chained MTP drafts through the MTP
-//       chain graphs) on a graph runner and an eager runner: logits within GRAPH_RTOL of the logit
-//       scale (the same kernels on padded shapes), the verify-replay counter rises by one per
-//       verify step, MTP chain graphs replayed;
-//   cuda_spec_graphs_equal_eager_*  the engine: greedy output with ngram / mtp drafts, graphs on
+//       chain graphs; or EAGLE-3 passes reading the aux states the verify graphs captured) on a
+//       graph runner and an eager runner: logits within GRAPH_RTOL of the logit scale (the same
+//       kernels on padded shapes), the verify-replay counter rises by one per verify step, MTP
+//       chain graphs replayed, at most half of the draft chains differ (BF16 near ties);
+//   cuda_spec_graphs_equal_eager_*  the engine: greedy output with ngram / mtp / eagle3 drafts, graphs on
 //       vs enforce_eager, in one continuous batch (sequences with fewer drafts than k next to full
 //       ones) and on a pool that forces preemption; equal up to a near tie of the eager run (top-2
 //       margin < 0.3, BF16: a row's logits depend on the batch shape, see test_cuda_engine.c), and
 //       the verify-graph replay counter (model_runner_num_verify_graph_replays) > 0 under graphs,
-//       0 under enforce_eager; every KV block free at the end.
+//       0 under enforce_eager; every KV block free at the end; with mtp / eagle3 the graph run's
+//       draft acceptance rate within 2/3 .. 3/2 of the eager run's (the CPU test asserts the
+//       counters equal).
 // The engine scenarios of tests/engine_model_scenarios.h with spec_k set: the runs under test carry
 // draft tokens (verify steps replay the verify graphs unless eager) and the references ("alone",
 // without speculation) do not. BF16 tolerances as in tests/gpu/test_cuda_engine.c (its top
@@ -127,15 +130,29 @@ TEST(cuda_spec_mtp_random_stress_equals_alone) {
     es_random_stress_equals_alone(&MTP_GRAPHS, "deepseek_v3_mtp", 0x5eed1234ull, 24);
 }
 
-static struct model_runner *open_cuda_spec(const char *model, bool eager, bool mtp) {
-    char rel[256], path[4096];
+// eagle3: with the tiny_eagle3 head (llama_gqa only).
+static struct model_runner *open_cuda_spec(const char *model, bool eager, bool mtp, bool eagle3) {
+    char rel[256], path[4096], head[4096] = "";
     snprintf(rel, sizeof rel, "models/%s", model);
     snprintf(path, sizeof path, "%s", test_fixture(rel));
+    if (eagle3) snprintf(head, sizeof head, "%s", test_fixture("tiny_eagle3"));
     struct runner_options o = {
-        .model_path = path, .device = "cuda", .dtype = "auto", .load_format = "auto", .kv_cache_dtype = "auto",
-        .block_size = 16, .num_kv_blocks = 256, .max_num_seqs = 8, .max_num_batched_tokens = 512,
-        .max_logits_rows = 8 * (1 + SG_K), .max_model_len = 128, .gpu_memory_utilization = 0.3,
-        .enforce_eager = eager, .num_speculative_tokens = SG_K, .load_mtp = mtp,
+        .model_path = path,
+        .device = "cuda",
+        .dtype = "auto",
+        .load_format = "auto",
+        .kv_cache_dtype = "auto",
+        .block_size = 16,
+        .num_kv_blocks = 256,
+        .max_num_seqs = 8,
+        .max_num_batched_tokens = 512,
+        .max_logits_rows = 8 * (1 + SG_K),
+        .max_model_len = 128,
+        .gpu_memory_utilization = 0.3,
+        .enforce_eager = eager,
+        .num_speculative_tokens = SG_K,
+        .load_mtp = mtp,
+        .eagle3_path = eagle3 ? head : NULL,
     };
     struct model_runner *r = NULL;
     struct error err = {0};
@@ -143,29 +160,39 @@ static struct model_runner *open_cuda_spec(const char *model, bool eager, bool m
     return r;
 }
 
-static void verify_graph_schedule(const char *model, bool mtp) {
-    struct model_runner *rg = open_cuda_spec(model, false, mtp), *re = open_cuda_spec(model, true, mtp);
+static void verify_graph_schedule_head(const char *model, bool mtp, bool eagle3) {
+    struct model_runner *rg = open_cuda_spec(model, false, mtp, eagle3), *re = open_cuda_spec(model, true, mtp, eagle3);
     ASSERT_TRUE(rg != NULL && re != NULL);
     ASSERT_EQ(model_runner_num_graphs(rg), 4);        // decode buckets 1, 2, 4, 8
     ASSERT_EQ(model_runner_num_verify_graphs(rg), 4); // verify buckets 1, 2, 4, 8 x (1 + 3) tokens
     ASSERT_EQ(model_runner_num_verify_graphs(re), 0);
     ASSERT_EQ(model_runner_num_mtp_graphs(rg), mtp ? 8 : 0); // MTP first-pass and chain buckets 1, 2, 4, 8
-    struct sg_result res = sg_run(rg, re, mtp, 0.3f);
+    struct sg_result res = sg_run(rg, re, mtp || eagle3, 0.3f);
     fprintf(stderr,
-            "  %s: %d verify / %d decode steps (%d sequence-steps with fewer drafts than k), %llu verify replays, "
+            "  %s%s: %d verify / %d decode steps (%d sequence-steps with fewer drafts than k), %llu verify replays, "
             "max |logit graph - eager| = %.3g (scale %.3g), MTP chain logits %.3g (%llu MTP chain replays), %d of "
-            "the MTP draft chains differ (BF16 near ties)\n",
-            model, res.n_verify, res.n_decode, res.n_short,
+            "the %d draft chains differ (BF16 near ties)\n",
+            model, eagle3 ? " + tiny_eagle3" : "", res.n_verify, res.n_decode, res.n_short,
             (unsigned long long)model_runner_num_verify_graph_replays(rg), res.worst, res.scale, res.worst_mtp,
-            (unsigned long long)model_runner_num_mtp_graph_replays(rg), res.draft_diff);
+            (unsigned long long)model_runner_num_mtp_graph_replays(rg), res.draft_diff, res.n_chains);
     if (mtp) ASSERT_TRUE(model_runner_num_mtp_graph_replays(rg) > 0);
     ASSERT_TRUE(!res.failed);
     ASSERT_EQ((int)model_runner_num_verify_graph_replays(rg), res.n_verify);
     ASSERT_EQ((int)model_runner_num_graph_replays(re), 0);
     ASSERT_TRUE(res.worst <= GRAPH_RTOL * res.scale);
     ASSERT_TRUE(res.worst_mtp <= GRAPH_RTOL * res.scale);
+    // Drafts: the same inputs give the same argmax but at BF16 near ties (each flip also changes the
+    // rest of its chain). A drafter reading other rows or stale states after a replay differs in
+    // nearly every chain (the CPU test with the EAGLE-3 aux copies left out of the graphs: 61 of
+    // 61), so at most half may differ (not yet measured on the H200: the first run gives the figure).
+    ASSERT_TRUE(res.n_chains > 0 || (!mtp && !eagle3));
+    ASSERT_TRUE(2 * res.draft_diff <= res.n_chains);
     model_runner_free(rg);
     model_runner_free(re);
+}
+
+static void verify_graph_schedule(const char *model, bool mtp) {
+    verify_graph_schedule_head(model, mtp, false);
 }
 
 TEST(cuda_verify_graph_replay_equals_eager_llama) {
@@ -187,6 +214,13 @@ TEST(cuda_verify_graph_replay_equals_eager_mistral_sliding) {
 TEST(cuda_verify_graph_replay_equals_eager_deepseek_v3_mtp) {
     if (!gpu_present()) SKIP("no CUDA device");
     verify_graph_schedule("deepseek_v3_mtp", true);
+}
+
+// EAGLE-3 drafts after verify replays: the aux states the verify graph's memcpy nodes captured,
+// read through the padded rows.
+TEST(cuda_verify_graph_replay_equals_eager_eagle3) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    verify_graph_schedule_head("llama_gqa", false, true);
 }
 
 // The runner of a single-rank engine (engine_create.c: su.model.ctx).
@@ -212,6 +246,7 @@ static void spec_graphs_equal_eager(const char *model, const char *method, const
     json_decref(refs);
     static struct es_out out[2][MAXP];
     uint64_t vreplays[2], replays[2], drafts = 0, draft_tokens = 0;
+    atomc_stats sst[2]; // graphs, eager
     for (int eager = 0; eager < 2; eager++) {
         struct es_setup s = {
             .device = "cuda", .enforce_eager = eager, .spec_k = k, .spec_method = method, .spec_model = spec_model};
@@ -230,6 +265,7 @@ static void spec_graphs_equal_eager(const char *model, const char *method, const
         if (preempt) ASSERT_TRUE(st.num_preemptions > 0);
         ASSERT_EQ(st.num_free_kv_blocks, num_blocks);
         if (!eager) drafts = st.spec_num_drafts, draft_tokens = st.spec_num_draft_tokens;
+        sst[eager] = st;
         atomc_engine_free(e);
     }
     ASSERT_TRUE(vreplays[0] > 0);
@@ -254,6 +290,19 @@ static void spec_graphs_equal_eager(const char *model, const char *method, const
     fprintf(stderr, "  %d of %d sequences token-identical, %d of %d tokens equal at a clear margin\n", identical, n_p,
             clear, n_p * MAXT);
     ASSERT_TRUE(clear >= 0.3 * n_p * MAXT);
+    // A model drafter reads the same inputs after a replay (the CPU test asserts the counters
+    // equal); on BF16 a near tie may flip a draft or a token, so here the graph run's acceptance
+    // rate must stay within 2/3 .. 3/2 of the eager run's (the CPU run with the EAGLE-3 aux copies
+    // left out of the graphs accepted half as often: 20 / 217 vs 34 / 185). Not yet measured on
+    // the H200. ngram drafts come from the tokens alone, which the comparison above checks.
+    const uint64_t ag = sst[0].spec_num_accepted_tokens, pg = sst[0].spec_num_draft_tokens;
+    const uint64_t ae = sst[1].spec_num_accepted_tokens, pe = sst[1].spec_num_draft_tokens;
+    fprintf(stderr, "  acceptance: graphs %llu / %llu, eager %llu / %llu\n", (unsigned long long)ag,
+            (unsigned long long)pg, (unsigned long long)ae, (unsigned long long)pe);
+    if (strcmp(method, "ngram")) {
+        ASSERT_TRUE(3 * ag * pe >= 2 * ae * pg);
+        ASSERT_TRUE(2 * ag * pe <= 3 * ae * pg);
+    }
 }
 
 TEST(cuda_spec_graphs_equal_eager_ngram) {
@@ -278,6 +327,11 @@ TEST(cuda_spec_graphs_equal_eager_mtp_preemption) {
 
 // EAGLE-3 drafts after verify-graph replays: the head reads the aux states the graph captured,
 // through the padded rows.
+TEST(cuda_spec_graphs_equal_eager_eagle3) {
+    if (!gpu_present()) SKIP("no CUDA device");
+    spec_graphs_equal_eager("llama_gqa", "eagle3", "tiny_eagle3", 3, 256, false);
+}
+
 TEST(cuda_spec_graphs_equal_eager_eagle3_preemption) {
     if (!gpu_present()) SKIP("no CUDA device");
     spec_graphs_equal_eager("llama_gqa", "eagle3", "tiny_eagle3", 3, 40, true);
