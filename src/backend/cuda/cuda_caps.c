@@ -23,9 +23,9 @@ const struct backend_caps backend_cuda_caps = {
     .name = "cuda",
     .head_dims = {64, 128, 256},
     .n_head_dims = 3,
-    // cuda_attention.cu has q/k 192 with v 128 (MiMo-V2-Flash; its op test passed on the H200);
-    // off until the model test tests/gpu/test_cuda_mimo.c has passed on a GPU.
-    .split_v_head_dim = false,
+    // cuda_attention.cu has q/k 192 with v 128 (MiMo-V2-Flash): its op test passed on the H200
+    // (session 11), the model test tests/gpu/test_cuda_mimo.c 7 / 7 (session 14, BF16 and FP8).
+    .split_v_head_dim = true,
     .split_head_dims = {{192, 128}},
     .n_split_head_dims = 1,
     .max_qk_norm_head_dim = CUDA_QKN_MAX_HD,
