@@ -10,15 +10,15 @@
 //   to a pool of grammar threads (src/grammar/grammar_pool.c; started on demand, up to
 //   grammar_pool_size: one per row, at most the pool), which fill the rows' masks from their
 //   matchers while the model's forward runs, each thread taking the next unclaimed row from a
-//   shared atomic counter. The
-//   runner calls engine_grammar_join (forward_batch.sample_ready) before it reads the masks,
-//   and the step joins again after execute. The join takes unclaimed rows too before it waits
-//   for the claimed ones, so rows the workers have not reached (a loaded machine: the workers
-//   not yet scheduled) are filled by the joining thread instead of waited for (with one worker
-//   that wait cost more than the fill: SmolLM2 decode lost 35% wall time at the same CPU time
-//   per token). A row whose grammar allows every token gets allowed = NULL. Why a pool: one
-//   thread filled every row one after another, ~1.2 ms a row on Llama-3's 128K vocabulary on
-//   an H200 host, so at batch 64 the masks took longer than the GPU's forward (issue 27).
+//   shared atomic counter. The runner calls engine_grammar_join (forward_batch.sample_ready)
+//   before it reads the masks, and the step joins again after execute. The join takes unclaimed
+//   rows too before it waits for the claimed ones, so rows the workers have not reached (a
+//   loaded machine: the workers not yet scheduled) are filled by the joining thread instead of
+//   waited for (with one worker that wait cost more than the fill: SmolLM2 decode lost 35% wall
+//   time at the same CPU time per token). A row whose grammar allows every token gets allowed =
+//   NULL. Why a pool: one thread filled every row one after another, ~1.2 ms a row on Llama-3's
+//   128K vocabulary on an H200 host, so at batch 64 the masks took longer than the GPU's
+//   forward (issue 27).
 // - sample-then-check (su.sample_check: the runner samples on the host, the CPU backend): a
 //   row that is greedy or a pure temperature draw (no top-k / top-p / min-p; penalties are
 //   fine, they commute with the mask) and wants no logprobs gets no mask before the forward.
