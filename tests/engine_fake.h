@@ -37,6 +37,10 @@ struct fake_model {
     int n_script, script_from;
     int max_batch_tokens, max_batch_seqs;
     uint64_t executed_tokens;
+    // If set: called with the batch once the structured-output masks are complete (tests that
+    // record the masks the sampler sees).
+    void (*on_masks)(void *user, const struct forward_batch *fb);
+    void *on_masks_user;
     // Output buffers.
     int32_t *ids, *top_ids, *ptop_ids;
     float *lps, *top_lps, *plp, *ptop_lps;
@@ -79,6 +83,7 @@ static inline atomc_status fake_execute(void *ctx, const struct forward_batch *f
     m->step++;
     // As the model runner: the structured-output masks are complete once sample_ready returns.
     if (fb->sample_ready) fb->sample_ready(fb->sample_ready_ctx);
+    if (m->on_masks) m->on_masks(m->on_masks_user, fb);
     if (fb->n_tokens > m->max_batch_tokens) m->max_batch_tokens = fb->n_tokens;
     if (fb->n_seqs > m->max_batch_seqs) m->max_batch_seqs = fb->n_seqs;
     m->executed_tokens += (uint64_t)fb->n_tokens;

@@ -40,14 +40,17 @@ struct ctx {
     int32_t prompt[4];
 };
 
-static bool setup(struct ctx *c) {
-    const char *path = test_shared_path("tokenizers/llama3");
+// grammar_threads / max_num_seqs: 0 = the defaults.
+static bool setup_with(struct ctx *c, const char *tokenizer, int grammar_threads, int max_num_seqs) {
+    const char *path = test_shared_path(tokenizer);
     if (!path) return false;
     struct error err = {0};
     CHECK_MSG(tokenizer_load(path, &c->tok, &err) == ATOMC_OK, "%s", err.msg);
     atomc_engine_options o;
     atomc_engine_options_init(&o);
     o.block_size = 16;
+    o.grammar_threads = grammar_threads;
+    o.max_num_seqs = max_num_seqs;
     CHECK(fake_engine_create_tok(&o, tokenizer_vocab_size(c->tok), 256, 1024, true, c->tok, &c->e, &c->m, &err) ==
           ATOMC_OK);
     for (int i = 0; i < 4; i++)
@@ -55,13 +58,17 @@ static bool setup(struct ctx *c) {
     return true;
 }
 
-static void add(struct ctx *c, atomc_grammar_kind kind, const char *grammar, uint64_t seed, int32_t start_token,
-                struct collect *out) {
+static bool setup(struct ctx *c) {
+    return setup_with(c, "tokenizers/llama3", 0, 0);
+}
+
+static uint64_t add_n(struct ctx *c, atomc_grammar_kind kind, const char *grammar, uint64_t seed, int32_t start_token,
+                      int max_tokens, struct collect *out) {
     atomc_request r;
     atomc_request_init(&r);
     r.prompt_ids = c->prompt;
     r.n_prompt_ids = 4;
-    r.params.max_tokens = 400;
+    r.params.max_tokens = max_tokens;
     r.params.temperature = 1.0f;
     r.params.has_seed = true;
     r.params.seed = seed;
@@ -72,7 +79,14 @@ static void add(struct ctx *c, atomc_grammar_kind kind, const char *grammar, uin
     memset(out, 0, sizeof *out);
     r.user = out;
     char err[512];
-    CHECK_MSG(atomc_engine_add_request(c->e, &r, NULL, err, sizeof err) == ATOMC_OK, "%s", err);
+    uint64_t id = 0;
+    CHECK_MSG(atomc_engine_add_request(c->e, &r, &id, err, sizeof err) == ATOMC_OK, "%s", err);
+    return id;
+}
+
+static void add(struct ctx *c, atomc_grammar_kind kind, const char *grammar, uint64_t seed, int32_t start_token,
+                struct collect *out) {
+    add_n(c, kind, grammar, seed, start_token, 400, out);
 }
 
 static const char *SCHEMA =
@@ -180,6 +194,178 @@ TEST(engine_grammar_invalid_is_refused_at_add) {
     ASSERT_EQ(atomc_engine_add_request(c.e, &r, NULL, err, sizeof err), ATOMC_ERR_INVALID_ARGUMENT);
     ASSERT_TRUE(!atomc_engine_has_work(c.e));
     atomc_engine_free(c.e);
+}
+
+// --- masks filled by a pool of threads equal the one-thread fills ------------------------------
+
+// Every logits row of every step as the sampler saw it: (seed, tokens generated, hash of the
+// whole mask; 0 = no mask).
+struct mask_rec {
+    uint64_t seed, step, hash;
+};
+struct mask_log {
+    struct mask_rec *rec;
+    int n, cap, words;
+};
+
+static void log_masks(void *user, const struct forward_batch *fb) {
+    struct mask_log *l = user;
+    for (int r = 0; r < fb->n_logits; r++) {
+        const struct sample_row *sr = &fb->sampling[r];
+        uint64_t h = 0;
+        if (sr->allowed) {
+            h = 1469598103934665603ull;
+            for (int w = 0; w < l->words; w++)
+                h = fake_mix(h, sr->allowed[w]);
+        }
+        l->rec = grow(l->rec, &l->cap, l->n + 1, sizeof *l->rec);
+        l->rec[l->n++] = (struct mask_rec){sr->seed, sr->step, h};
+    }
+}
+
+static int rec_cmp(const void *a, const void *b) {
+    const struct mask_rec *x = a, *y = b;
+    if (x->seed != y->seed) return x->seed < y->seed ? -1 : 1;
+    if (x->step != y->step) return x->step < y->step ? -1 : 1;
+    return 0;
+}
+
+// Varied grammars: record schemas, a nested array, regexes, a choice, EBNF, any JSON object.
+static const char *SCHEMA2 =
+    "{\"type\": \"object\", \"properties\": {"
+    "\"items\": {\"type\": \"array\", \"items\": {\"type\": \"object\", \"properties\": {"
+    "\"id\": {\"type\": \"integer\"}, \"price\": {\"type\": \"number\"}, \"ok\": {\"type\": \"boolean\"}},"
+    "\"required\": [\"id\", \"price\", \"ok\"]}, \"maxItems\": 3},"
+    "\"note\": {\"anyOf\": [{\"type\": \"string\", \"maxLength\": 16}, {\"type\": \"null\"}]}},"
+    "\"required\": [\"items\", \"note\"]}";
+
+static void add_varied(struct ctx *c, int i, uint64_t *id, struct collect *out) {
+    static const atomc_grammar_kind kinds[] = {
+        ATOMC_GRAMMAR_JSON_SCHEMA, ATOMC_GRAMMAR_REGEX,       ATOMC_GRAMMAR_JSON_SCHEMA, ATOMC_GRAMMAR_CHOICE,
+        ATOMC_GRAMMAR_EBNF,        ATOMC_GRAMMAR_JSON_OBJECT, ATOMC_GRAMMAR_REGEX,       ATOMC_GRAMMAR_NONE};
+    static const char *texts[] = {NULL,
+                                  "[a-z]{1,8}@[a-z]{2,5}\\.(com|org)",
+                                  NULL,
+                                  "[\"red\", \"green\", \"blue\", \"a much longer answer than the others\"]",
+                                  "root ::= \"(\" expr \")\"\nexpr ::= [0-9]+ ((\"+\" | \"*\") [0-9]+)*",
+                                  NULL,
+                                  "(19|20)[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]( [a-z ]{0,20})?",
+                                  NULL};
+    int k = i % 8;
+    const char *text = k == 0 ? SCHEMA : k == 2 ? SCHEMA2 : texts[k];
+    *id = add_n(c, kinds[k], text, 1000 + (uint64_t)i, -1, 48 + (i * 37) % 96, out);
+}
+
+struct pool_run {
+    struct mask_log log;
+    struct collect *out;
+    uint64_t by_workers, by_join;
+    int n_workers;
+};
+
+// n requests of varied grammars at max_num_seqs 32; with aborts: from step 3, every third step
+// aborts a running request and adds a new one (same schedule in every run: the steps depend on
+// the outputs only, which must be equal).
+static bool pool_run(int threads, int n, bool aborts, struct pool_run *pr) {
+    struct ctx c;
+    memset(pr, 0, sizeof *pr);
+    if (!setup_with(&c, "tokenizers/llama3", threads, 32)) return false;
+    pr->log.words = (tokenizer_vocab_size(c.tok) + 31) / 32;
+    c.m->on_masks = log_masks;
+    c.m->on_masks_user = &pr->log;
+    int total = aborts ? 2 * n : n;
+    pr->out = calloc((size_t)total, sizeof *pr->out);
+    uint64_t *ids = calloc((size_t)total, sizeof *ids);
+    for (int i = 0; i < n; i++)
+        add_varied(&c, i, &ids[i], &pr->out[i]);
+    int added = n;
+    for (int step = 0; atomc_engine_has_work(c.e); step++) {
+        if (aborts && step >= 3 && step % 3 == 0 && added < total) {
+            int victim = (step * 7) % added;
+            if (pr->out[victim].reason == ATOMC_FINISH_NONE) atomc_engine_abort(c.e, ids[victim]);
+            add_varied(&c, added, &ids[added], &pr->out[added]);
+            added++;
+        }
+        atomc_engine_step(c.e);
+    }
+    engine_grammar_fill_counts(c.e, &pr->by_workers, &pr->by_join, &pr->n_workers);
+    atomc_engine_free(c.e);
+    free(ids);
+    qsort(pr->log.rec, (size_t)pr->log.n, sizeof *pr->log.rec, rec_cmp);
+    return true;
+}
+
+static void pool_run_free(struct pool_run *pr) {
+    free(pr->log.rec);
+    free(pr->out);
+}
+
+static void expect_same_masks(const struct pool_run *a, const struct pool_run *b, int total) {
+    ASSERT_EQ(a->log.n, b->log.n);
+    int masked = 0, diff = 0;
+    for (int i = 0; i < a->log.n && i < b->log.n; i++) {
+        masked += a->log.rec[i].hash != 0;
+        if (rec_cmp(&a->log.rec[i], &b->log.rec[i]) || a->log.rec[i].hash != b->log.rec[i].hash) {
+            if (diff++ < 5)
+                test_fail(__FILE__, __LINE__, "row (seed %llu, step %llu): mask %016llx with one thread, %016llx",
+                          (unsigned long long)a->log.rec[i].seed, (unsigned long long)a->log.rec[i].step,
+                          (unsigned long long)a->log.rec[i].hash, (unsigned long long)b->log.rec[i].hash);
+        }
+    }
+    ASSERT_TRUE(masked > 500); // the comparison covered many masked rows
+    for (int i = 0; i < total; i++) {
+        ASSERT_EQ(a->out[i].reason, b->out[i].reason);
+        ASSERT_EQ(a->out[i].n_tokens, b->out[i].n_tokens);
+        ASSERT_TRUE(!strcmp(a->out[i].text, b->out[i].text));
+    }
+}
+
+TEST(engine_grammar_pool_masks_equal_one_thread) {
+    enum { N = 32 };
+    struct pool_run one, four;
+    if (!pool_run(1, N, false, &one)) return;
+    ASSERT_TRUE(pool_run(4, N, false, &four));
+    expect_same_masks(&one, &four, N);
+    ASSERT_EQ(one.n_workers, 1);
+    ASSERT_EQ(four.n_workers, 4);
+    ASSERT_TRUE(four.by_workers > 0);
+    ASSERT_EQ(one.by_workers + one.by_join, four.by_workers + four.by_join);
+    // The constrained requests that ended made documents of their grammar (schema 0 checked).
+    for (int i = 0; i < N; i += 8)
+        if (four.out[i].reason == ATOMC_FINISH_STOP) check_doc(four.out[i].text);
+    printf("  rows filled: 4 threads %llu by the pool, %llu by the join; 1 thread %llu / %llu\n",
+           (unsigned long long)four.by_workers, (unsigned long long)four.by_join, (unsigned long long)one.by_workers,
+           (unsigned long long)one.by_join);
+    pool_run_free(&one);
+    pool_run_free(&four);
+}
+
+TEST(engine_grammar_pool_with_aborts_equals_one_thread) {
+    enum { N = 24 };
+    struct pool_run one, many;
+    if (!pool_run(1, N, true, &one)) return;
+    ASSERT_TRUE(pool_run(7, N, true, &many));
+    ASSERT_TRUE(many.n_workers > 1 && many.by_workers > 0);
+    int aborted = 0;
+    for (int i = 0; i < 2 * N; i++)
+        aborted += many.out[i].reason == ATOMC_FINISH_ABORT;
+    ASSERT_TRUE(aborted > 3);
+    expect_same_masks(&one, &many, 2 * N);
+    pool_run_free(&one);
+    pool_run_free(&many);
+}
+
+TEST(engine_grammar_pool_size_from_the_environment) {
+    // ATOMC_GRAMMAR_THREADS sizes the pool when the option is 0 (auto); the option wins.
+    setenv("ATOMC_GRAMMAR_THREADS", "3", 1);
+    struct pool_run env, opt;
+    bool ok = pool_run(0, 8, false, &env) && pool_run(2, 8, false, &opt);
+    unsetenv("ATOMC_GRAMMAR_THREADS");
+    if (!ok) return;
+    ASSERT_EQ(env.n_workers, 3);
+    ASSERT_EQ(opt.n_workers, 2);
+    pool_run_free(&env);
+    pool_run_free(&opt);
 }
 
 int main(int argc, char **argv) {

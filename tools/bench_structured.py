@@ -9,6 +9,14 @@ disturbs less than wall time.
 
   python3 tools/bench_structured.py --model $ATOMC_SMOLLM2 [--tokens 128] [--reps 3] [--top-p P]
 
+On the GPU machine (CUDA build, dummy weights; --max-num-seqs at least the largest batch):
+
+  python3 tools/bench_structured.py --bin build-cuda/atomc --model DIR --batches 1,16,64 \
+      --max-num-seqs 64 --server-args "--device cuda --load-format dummy"
+
+--server-args is split like a shell line and appended to `atomc serve`'s arguments (e.g.
+"--grammar-threads 1" to compare with one mask thread).
+
 At temperature 1 with top_p 1 (the default) the CPU engine draws constrained rows unmasked and
 checks the token (sample-then-check, src/engine/engine_grammar.c); --top-p below 1 (applied to
 both kinds of request) puts every constrained row through the mask filled during the forward
@@ -18,6 +26,7 @@ import argparse
 import http.client
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -97,14 +106,22 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--server-args", default="", help="extra arguments appended to `atomc serve` (shell-split)")
     a = ap.parse_args()
+    if max(int(x) for x in a.batches.split(",")) > a.max_num_seqs:
+        print(f"note: batches above --max-num-seqs {a.max_num_seqs} do not all decode together", file=sys.stderr)
     port = free_port()
     log = open("/tmp/bench_structured_server.log", "w")
     proc = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(port), "--host", "127.0.0.1",
-                             "--served-model-name", "m", "--max-num-seqs", "16", "--max-model-len", "1024"],
+                             "--served-model-name", "m", "--max-num-seqs", str(a.max_num_seqs),
+                             "--max-model-len", str(a.max_model_len)] + shlex.split(a.server_args),
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
+            if proc.poll() is not None:
+                sys.exit(f"atomc serve exited with {proc.returncode}; see /tmp/bench_structured_server.log")
             try:
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
                 c.request("GET", "/health")
@@ -135,7 +152,7 @@ def main():
         log.close()
         with open("/tmp/bench_structured_server.log") as f:
             for line in f:
-                if "grammar CPU" in line:
+                if "grammar CPU" in line or "mask threads" in line:
                     print(line.split("] ", 1)[-1].strip())
 
 

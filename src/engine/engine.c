@@ -258,7 +258,7 @@ atomc_status engine_create_with(const atomc_engine_options *o, struct engine_set
         st = block_manager_create(e->su.num_kv_blocks_sw, e->block_size, prefix_caching, &e->bm_sw, err);
         if (st == ATOMC_OK) scheduler_set_sliding_group(e->sched, e->bm_sw, e->su.sw_window);
     }
-    engine_grammar_create(e);
+    engine_grammar_create(e, o);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->done, NULL);

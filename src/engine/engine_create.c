@@ -207,6 +207,12 @@ static atomc_status engine_create_impl(const atomc_engine_options *o_in, struct 
     if (!tp) model_runner_kv_groups(runner, &su.sw_window, &su.num_kv_blocks_sw);
     su.num_state_slots = model_runner_num_state_slots(runner);
     su.sample_check = !tp && model_runner_host_sampler(runner);
+    if (tp) {
+        for (int i = 0; i < tp_runner_size(tp); i++)
+            su.host_threads += model_runner_host_threads(tp_runner_rank(tp, i));
+    } else {
+        su.host_threads = model_runner_host_threads(runner);
+    }
     // EOS: config.json + generation_config.json (merged by the loader), and the tokenizer's.
     for (int i = 0; i < cfg->n_eos; i++) add_eos(&su, cfg->eos_token_ids[i]);
     if (tok) add_eos(&su, tokenizer_eos_id(tok));

@@ -6,14 +6,19 @@
 //   engine's grammar vocabulary (built on first use from the tokenizer's decoded token bytes;
 //   its compile cache is shared by all requests), creates the sequence's matcher and mask
 //   buffer and turns speculative drafts off for it (no rollback). Errors are 400s upstream.
-// - each step, after the batch is built: engine_grammar_begin_masks hands every constrained row
-//   to the grammar worker thread, which fills the rows' masks from their matchers while the
-//   model's forward runs; the runner calls engine_grammar_join (forward_batch.sample_ready)
-//   before it reads the masks, and the step joins again after execute (fake models never call
-//   the hook). A join that finds the batch not yet started fills the masks itself instead of
-//   sleeping until the worker is scheduled (on a loaded machine that wait cost more than the
-//   fill: SmolLM2 decode lost 35% wall time at the same CPU time per token). A row whose
-//   grammar allows every token gets allowed = NULL.
+// - each step, after the batch is built: engine_grammar_begin_masks hands the constrained rows
+//   to a pool of grammar threads (src/grammar/grammar_pool.c; started on demand, up to
+//   grammar_pool_size: one per row, at most the pool), which fill the rows' masks from their
+//   matchers while the model's forward runs, each thread taking the next unclaimed row from a
+//   shared atomic counter. The runner calls engine_grammar_join (forward_batch.sample_ready)
+//   before it reads the masks, and the step joins again after execute. The join takes unclaimed
+//   rows too before it waits for the claimed ones, so rows the workers have not reached (a
+//   loaded machine: the workers not yet scheduled) are filled by the joining thread instead of
+//   waited for (with one worker that wait cost more than the fill: SmolLM2 decode lost 35% wall
+//   time at the same CPU time per token). A row whose grammar allows every token gets allowed =
+//   NULL. Why a pool: one thread filled every row one after another, ~1.2 ms a row on Llama-3's
+//   128K vocabulary on an H200 host, so at batch 64 the masks took longer than the GPU's
+//   forward (issue 27).
 // - sample-then-check (su.sample_check: the runner samples on the host, the CPU backend): a
 //   row that is greedy or a pure temperature draw (no top-k / top-p / min-p; penalties are
 //   fine, they commute with the mask) and wants no logprobs gets no mask before the forward.
@@ -38,16 +43,27 @@
 // - grammar_start_token (reasoning models): the grammar is inactive, and its rows unmasked,
 //   until that token has been generated; the tokens after it are matched.
 //
-// Threads: matchers and masks of the step's rows are touched by the worker only between
+// Threads: matchers and masks of the step's rows are touched by the pool only between
 // begin_masks and join, and by the loop thread otherwise; aborts and retirements happen outside
-// that window (the inbox is drained before scheduling). The vocabulary is created once under
-// `mu` by whichever thread adds the first constrained request.
+// that window (the inbox is drained before scheduling). Inside the window a row belongs to the
+// one thread whose claim on the pool's counter took its index, so each matcher is used by one
+// thread at a time. Different rows' matchers filled at once is safe in xgrammar 0.2.8 (read in
+// its sources, src/cpp/grammar_matcher.cc and earley_parser.h): a GrammarMatcher keeps all of
+// its mutable state in itself (the Earley parser's state history and per-rule flag caches, the
+// fill's temporary bitsets); the CompiledGrammar (grammar, adaptive_token_mask_cache, an
+// unordered_map only find()-ed) and the TokenizerInfo (sorted vocabulary, trie ranges, token
+// character counts, all built in the constructor) it shares with other matchers are only read
+// during FillNextTokenBitmask, through shared_ptr copies (atomic reference counts). xgrammar's
+// own BatchGrammarMatcher fills different matchers from a thread pool the same way. The shim's
+// fill builds its DLTensor on the stack. The vocabulary is created once under `mu` by whichever
+// thread adds the first constrained request.
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -55,6 +71,7 @@
 #include "engine/engine_internal.h"
 #include "engine/sequence.h"
 #include "grammar/grammar.h"
+#include "grammar/grammar_pool.h"
 
 struct engine_grammar {
     pthread_mutex_t mu;
@@ -64,14 +81,11 @@ struct engine_grammar {
     // without asking xgrammar, which logs a warning for each.
     uint8_t *never;
 
-    // The mask worker (started with the first constrained step).
-    pthread_t thread;
-    bool thread_on, stop;
-    pthread_cond_t cv_job, cv_done;
-    int *job_rows; // rows of the step's batch to fill
-    int n_jobs, jobs_cap;
-    bool pending; // jobs handed over and not yet finished
-    bool started; // the worker took them (else the join fills them itself)
+    // The mask pool (created with the engine, threads started on first use) and the step's
+    // rows to fill (job i = batch row job_rows[i]).
+    struct grammar_pool *pool;
+    int *job_rows;
+    int jobs_cap;
     atomc_engine *e;
 
     // Sample-then-check rows of the step (loop thread only) and the redraw list handed back.
@@ -86,13 +100,36 @@ struct engine_grammar {
     bool check_on; // sample-then-check allowed (default; engine_grammar_set_check)
 };
 
-atomc_status engine_grammar_create(atomc_engine *e) {
+#define GRAMMAR_MAX_THREADS 64
+
+// Pool size: the option, else ATOMC_GRAMMAR_THREADS, else the cores the forward leaves free
+// (online cores minus the CPU backend's threads; on a device backend minus one, the loop thread,
+// which launches the forward and then joins and fills too), at least 1. Each step starts
+// min(rows, size) of them.
+static int grammar_pool_size(const atomc_engine_options *o, int host_threads) {
+    int n = o ? o->grammar_threads : 0;
+    const char *env = getenv("ATOMC_GRAMMAR_THREADS");
+    if (n <= 0 && env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 1 || v > GRAMMAR_MAX_THREADS)
+            LOG_WARN("ATOMC_GRAMMAR_THREADS=%s is not a thread count in 1..%d: ignored", env, GRAMMAR_MAX_THREADS);
+        else
+            n = (int)v;
+    }
+    if (n <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = (int)(cores > 0 ? cores : 1) - (host_threads > 0 ? host_threads : 1);
+    }
+    return n < 1 ? 1 : n > GRAMMAR_MAX_THREADS ? GRAMMAR_MAX_THREADS : n;
+}
+
+atomc_status engine_grammar_create(atomc_engine *e, const atomc_engine_options *o) {
     struct engine_grammar *g = xcalloc(1, sizeof *g);
     pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv_job, NULL);
-    pthread_cond_init(&g->cv_done, NULL);
     g->e = e;
     g->check_on = true;
+    g->pool = grammar_pool_create(grammar_pool_size(o, e->su.host_threads));
     e->grammar = g;
     return ATOMC_OK;
 }
@@ -100,12 +137,13 @@ atomc_status engine_grammar_create(atomc_engine *e) {
 void engine_grammar_free(atomc_engine *e) {
     struct engine_grammar *g = e->grammar;
     if (!g) return;
-    pthread_mutex_lock(&g->mu);
-    bool on = g->thread_on;
-    g->stop = true;
-    pthread_cond_broadcast(&g->cv_job);
-    pthread_mutex_unlock(&g->mu);
-    if (on) pthread_join(g->thread, NULL);
+    uint64_t by_pool, by_join;
+    int n_threads;
+    grammar_pool_counts(g->pool, &by_pool, &by_join, &n_threads);
+    grammar_pool_free(g->pool);
+    if (n_threads)
+        LOG_INFO("structured output: %d mask threads; %llu rows filled by them, %llu by the join", n_threads,
+                 (unsigned long long)by_pool, (unsigned long long)by_join);
     if (g->n_checked)
         LOG_INFO("structured output: %llu rows drawn unmasked and checked, %llu (%.1f%%) drawn again under the mask; "
                  "grammar CPU %.1f us a checked row",
@@ -117,8 +155,6 @@ void engine_grammar_free(atomc_engine *e) {
                  (unsigned long long)nf, 1e-3 * (double)atomic_load(&g->fill_ns) / (double)nf);
     grammar_vocab_free(g->vocab);
     pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv_job);
-    pthread_cond_destroy(&g->cv_done);
     free(g->job_rows);
     free(g->never);
     free(g->check_rows);
@@ -216,28 +252,9 @@ static void fill_row(atomc_engine *e, int row) {
     atomic_fetch_add(&e->grammar->n_filled, 1);
 }
 
-static void *grammar_worker(void *arg) {
-    struct engine_grammar *g = arg;
-    pthread_mutex_lock(&g->mu);
-    for (;;) {
-        while (!g->stop && !g->pending)
-            pthread_cond_wait(&g->cv_job, &g->mu);
-        if (g->stop) break;
-        if (g->started) { // the join took this batch itself
-            pthread_cond_wait(&g->cv_job, &g->mu);
-            continue;
-        }
-        g->started = true;
-        int n = g->n_jobs;
-        pthread_mutex_unlock(&g->mu);
-        for (int i = 0; i < n; i++)
-            fill_row(g->e, g->job_rows[i]);
-        pthread_mutex_lock(&g->mu);
-        g->pending = false;
-        pthread_cond_broadcast(&g->cv_done);
-    }
-    pthread_mutex_unlock(&g->mu);
-    return NULL;
+static void fill_job(void *ctx, int i) {
+    atomc_engine *e = ctx;
+    fill_row(e, e->grammar->job_rows[i]);
 }
 
 // Whether drawing row sr without its mask, keeping the token when the grammar accepts it and
@@ -275,45 +292,18 @@ void engine_grammar_begin_masks(atomc_engine *e, struct forward_batch *fb) {
         fb->sample_check_ctx = e;
     }
     if (n == 0) return;
-    pthread_mutex_lock(&g->mu);
-    if (!g->thread_on) {
-        if (pthread_create(&g->thread, NULL, grammar_worker, g) == 0) {
-            g->thread_on = true;
-        } else { // no thread: fill here, before the forward
-            pthread_mutex_unlock(&g->mu);
-            LOG_WARN("structured output: cannot start the mask thread; masks are computed before the forward");
-            for (int i = 0; i < n; i++)
-                fill_row(e, g->job_rows[i]);
-            return;
-        }
+    if (!grammar_pool_begin(g->pool, n, fill_job, e)) { // no thread: fill here, before the forward
+        for (int i = 0; i < n; i++)
+            fill_row(e, g->job_rows[i]);
+        return;
     }
-    g->n_jobs = n;
-    g->pending = true;
-    g->started = false;
-    pthread_cond_signal(&g->cv_job);
-    pthread_mutex_unlock(&g->mu);
     fb->sample_ready = engine_grammar_join;
     fb->sample_ready_ctx = e;
 }
 
 void engine_grammar_join(void *ctx) {
     atomc_engine *e = ctx;
-    struct engine_grammar *g = e->grammar;
-    if (!g) return;
-    pthread_mutex_lock(&g->mu);
-    if (g->pending && !g->started) {
-        // The worker has not been scheduled yet (a loaded machine): fill the masks here rather
-        // than sleep until it runs. It skips a batch it finds started.
-        g->started = true;
-        pthread_mutex_unlock(&g->mu);
-        for (int i = 0; i < g->n_jobs; i++)
-            fill_row(e, g->job_rows[i]);
-        pthread_mutex_lock(&g->mu);
-        g->pending = false;
-    }
-    while (g->pending)
-        pthread_cond_wait(&g->cv_done, &g->mu);
-    pthread_mutex_unlock(&g->mu);
+    if (e->grammar) grammar_pool_join(e->grammar->pool);
 }
 
 int engine_grammar_check(void *ctx, const int32_t *ids, const int32_t **redo) {
@@ -347,6 +337,13 @@ void engine_grammar_check_counts(atomc_engine *e, uint64_t *checked, uint64_t *r
     struct engine_grammar *g = e->grammar;
     *checked = g ? g->n_checked : 0;
     *redrawn = g ? g->n_redrawn : 0;
+}
+
+void engine_grammar_fill_counts(atomc_engine *e, uint64_t *by_workers, uint64_t *by_join, int *n_workers) {
+    struct engine_grammar *g = e->grammar;
+    *by_workers = *by_join = 0;
+    *n_workers = 0;
+    if (g) grammar_pool_counts(g->pool, by_workers, by_join, n_workers);
 }
 
 void engine_grammar_set_check(atomc_engine *e, bool on) {

@@ -69,6 +69,8 @@ struct engine_setup {
     int num_state_slots;            // model_runner_num_state_slots: > 0 = recurrent-state model (a slot per
                                     // running sequence; no prefix caching, no speculative decoding)
     bool sample_check;              // execute honours forward_batch.sample_check (model_runner_host_sampler)
+    int host_threads;               // threads the forward computes on in this process (CPU backend, all
+                                    // ranks); 0 = the forward runs on a device (sizes the grammar pool)
     int32_t eos_ids[ENGINE_MAX_EOS]; // config + generation_config + tokenizer
     int n_eos;
     atomc_model_info info;          // strings must outlive the engine (owned by ctx / strings below)
@@ -267,7 +269,7 @@ int engine_kv_n_work(const atomc_engine *e);
 // step's constrained rows' masks (after build_batch) and sets fb->sample_ready = join; accept
 // advances a sequence's matcher by its new token: 1 = the grammar has ended, 0 = go on, -1 = the
 // grammar rejects the token.
-atomc_status engine_grammar_create(atomc_engine *e);
+atomc_status engine_grammar_create(atomc_engine *e, const atomc_engine_options *o);
 void engine_grammar_free(atomc_engine *e);
 atomc_status engine_grammar_attach(atomc_engine *e, struct sequence *s, struct error *err);
 void engine_grammar_seq_free(struct sequence *s);
@@ -280,5 +282,8 @@ int engine_grammar_check(void *e, const int32_t *ids, const int32_t **redo);
 // sample-then-check on (the default) or off (every constrained row masked before its draw).
 void engine_grammar_check_counts(atomc_engine *e, uint64_t *checked, uint64_t *redrawn);
 void engine_grammar_set_check(atomc_engine *e, bool on);
+// For tests: masks filled before the draw by the pool and by the joining thread, and the pool's
+// threads started so far.
+void engine_grammar_fill_counts(atomc_engine *e, uint64_t *by_workers, uint64_t *by_join, int *n_workers);
 
 #endif

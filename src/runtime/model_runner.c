@@ -710,6 +710,10 @@ int model_runner_num_state_slots(const struct model_runner *r) { return r->n_sta
 
 bool model_runner_host_sampler(const struct model_runner *r) { return r->backend->kind == BACKEND_CPU; }
 
+int model_runner_host_threads(const struct model_runner *r) {
+    return r->backend->kind == BACKEND_CPU ? r->backend->num_threads : 0;
+}
+
 size_t model_runner_state_bytes(const struct model_runner *r) { return r->state_bytes; }
 
 uint64_t model_runner_num_graph_replays(const struct model_runner *r) { return r->n_graph_replays; }

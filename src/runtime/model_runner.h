@@ -232,6 +232,8 @@ size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in b
 // The sampler runs on the host (the CPU backend): a second draw of a few rows costs little, so
 // structured output samples then checks (forward_batch.sample_check) where that is exact.
 bool model_runner_host_sampler(const struct model_runner *r);
+// Host threads the forward computes on: the CPU backend's pool size; 0 on a GPU backend.
+int model_runner_host_threads(const struct model_runner *r);
 int model_runner_num_state_slots(const struct model_runner *r);
 size_t model_runner_state_bytes(const struct model_runner *r);
 int model_runner_kv_dtype_bytes(const struct model_runner *r);   // bytes per KV element
