@@ -115,6 +115,33 @@ TEST(qwen3_5_moe_engine_1000_requests_random_aborts) {
     stress("qwen3_5_moe", 0x7e57ull);
 }
 
+// The H200 stress (tests/gpu/test_cuda_engine.c) parted request 414 from its alone run at output
+// 16: alone gave token 230 (logprob -1.55, margin 1.54), batched 113 (-2.77). In fp32 the position
+// is 113 (-2.83, margin 0.06) with the last MoE layer's 2nd and 3rd experts 0.047 apart; swapping
+// them gives 230 (-1.73, margin 1.46): the GPU reference run took the other expert under BF16
+// rounding. es_route_flip explains that parting (either run flipped) and no other token.
+TEST(qwen3_next_routing_flip_explains_h200_parting) {
+    static const struct es_setup S = {.device = "cpu", .route_tol = 0.1f};
+    const int32_t ids[] = {42, 165, 61, 147, 12, 195, 121, 51, 75, 85}; // request 414 of seed 0x51ab1e5
+    static struct es_out fp32, flipped;
+    es_route_run("qwen3_next", ids, 10, 26, -1, -1, &fp32);
+    ASSERT_EQ(es_rt.n_calls[16], 3); // MoE layers 0, 1 and 3 (layer 2 is dense)
+    ASSERT_TRUE(es_rt.gap[16][2] < 0.05f);
+    ASSERT_EQ(fp32.toks[16], 113);
+    es_route_run("qwen3_next", ids, 10, 26, 16, 2, &flipped);
+    ASSERT_EQ(es_first_diff(&fp32, &flipped), 16);
+    ASSERT_EQ(flipped.toks[16], 230);
+    ASSERT_TRUE(flipped.margin[16] > 1.0f);
+    ASSERT_TRUE(es_route_flip(&S, "qwen3_next", ids, 10, 26, &flipped, &fp32, 16)); // the reference flipped
+    ASSERT_TRUE(es_route_flip(&S, "qwen3_next", ids, 10, 26, &fp32, &flipped, 16)); // the batched run flipped
+    struct es_out bad = fp32;
+    bad.toks[16] = 7; // a token no near-tie flip gives (a corrupted state)
+    ASSERT_TRUE(!es_route_flip(&S, "qwen3_next", ids, 10, 26, &flipped, &bad, 16));
+    bad = fp32;
+    bad.toks[12] = 7; // at output 12 (routers 0.006, 1.06 and 2.58 from a tie)
+    ASSERT_TRUE(!es_route_flip(&S, "qwen3_next", ids, 10, 26, &fp32, &bad, 12));
+}
+
 TEST(qwen3_next_engine_refuses_speculative_decoding) {
     char path[1024];
     snprintf(path, sizeof path, "%s", test_fixture("models/qwen3_next"));

@@ -968,6 +968,26 @@ TEST(engine_verify_graphs_equal_eager_eagle3_preemption) {
     engine_graphs_equal_eager("llama_gqa", "eagle3", 40, true);
 }
 
+// The engine issue's random stress (tests/engine_model_scenarios.h, the settings of
+// tests/gpu/test_cuda_engine.c's qwen3_next case: 6 sequences, budget 16, 24 blocks of 4) on the
+// recorded-graph CPU backend: decode steps replay graphs with padding sequences in the dummy
+// state slot, mixed and prefill steps run eagerly, and every finished request must equal its
+// prompt run alone on the plain CPU backend exactly (fp32).
+static struct backend *rec_backend_make(void) {
+    struct rec_backend *rb = rec_backend_create();
+    return rb ? &rb->pub : NULL;
+}
+
+TEST(engine_recorded_graphs_qwen3_next_random_stress_equals_alone) {
+    static const struct es_setup REC = {.device = "cpu",
+                                        .margin_tol = 1e-4f,
+                                        .lp_tol = 1e-3f,
+                                        .lp_tol_cached = 1e-4f,
+                                        .min_clear = 0.5,
+                                        .make_backend = rec_backend_make};
+    es_random_stress_equals_alone(&REC, "qwen3_next", 0x51ab1e5ull, 24);
+}
+
 int main(int argc, char **argv) {
     return test_main(argc, argv);
 }

@@ -112,11 +112,22 @@ TEST(cuda_engine_mla_random_stress_equals_alone) {
 // random routers put 13-30% of the tokens near a top-k tie, and a batched BF16 run picks another
 // expert at some of them (test_cuda_deltanet.c: HF's own BF16 run moves single positions by up to
 // 5.4): on the H200 one logprob of ~6000 compared differed from alone by 0.34. So this stress
-// allows logprobs within 0.6 (10% of the logit scale); tokens are compared as for the others.
+// allows logprobs within 0.6 (10% of the logit scale); tokens are compared as for the others, and a
+// clear-margin parting passes only as a routing flip (es_route_flip: the fp32 CPU run gives one of
+// the two tokens and, with one router of that position whose top-k gap is below 0.1 swapped, the
+// other; at most 1% of the requests). Session 13 and 14's failure was one: request 414 at output
+// 16, where the last MoE layer's 2nd and 3rd experts are 0.047 apart in fp32 and the alone
+// (reference) run took the other one (test_qwen3_next_engine.c
+// qwen3_next_routing_flip_explains_h200_parting); 0.1 is 1.5% of these routers' logit scale (max
+// |logit| 6.4), where MARGIN_TOL is 5% of the output logits'.
 TEST(cuda_engine_qwen3_next_random_stress_equals_alone) {
     if (!gpu_present()) SKIP("no CUDA device");
-    static const struct es_setup QN = {.device = "cuda", .margin_tol = MARGIN_TOL, .lp_tol = 0.6f,
-                                       .lp_tol_cached = 0.6f, .min_clear = 0.3};
+    static const struct es_setup QN = {.device = "cuda",
+                                       .margin_tol = MARGIN_TOL,
+                                       .lp_tol = 0.6f,
+                                       .lp_tol_cached = 0.6f,
+                                       .min_clear = 0.3,
+                                       .route_tol = 0.1f};
     es_random_stress_equals_alone(&QN, "qwen3_next", 0x51ab1e5ull, 24);
 }
 
