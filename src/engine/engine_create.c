@@ -206,7 +206,7 @@ static atomc_status engine_create_impl(const atomc_engine_options *o_in, struct 
     su.sliding_window = model_runner_sliding_window(runner);
     if (!tp) model_runner_kv_groups(runner, &su.sw_window, &su.num_kv_blocks_sw);
     su.num_state_slots = model_runner_num_state_slots(runner);
-    su.sample_check = !tp && model_runner_host_sampler(runner);
+    su.sample_check = !tp && model_runner_sample_check_ok(runner);
     if (tp) {
         for (int i = 0; i < tp_runner_size(tp); i++)
             su.host_threads += model_runner_host_threads(tp_runner_rank(tp, i));

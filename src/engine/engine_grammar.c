@@ -19,7 +19,8 @@
 //   NULL. Why a pool: one thread filled every row one after another, ~1.2 ms a row on Llama-3's
 //   128K vocabulary on an H200 host, so at batch 64 the masks took longer than the GPU's
 //   forward (issue 27).
-// - sample-then-check (su.sample_check: the runner samples on the host, the CPU backend): a
+// - sample-then-check (su.sample_check: a backend whose sampler leaves the logits unchanged,
+//   model_runner_sample_check_ok: the CPU and CUDA backends): a
 //   row that is greedy or a pure temperature draw (no top-k / top-p / min-p; penalties are
 //   fine, they commute with the mask) and wants no logprobs gets no mask before the forward.
 //   The runner draws it unmasked and calls engine_grammar_check (forward_batch.sample_check)
@@ -36,7 +37,8 @@
 //   as much as the xgrammar accept of ~10 tokens (SmolLM2, docs/perf.md), most sampled tokens
 //   are allowed, and at batch 1 the "overlapped" fill competed with the forward's threads for
 //   the same cores. A seeded request gives the same output run to run in either mode, but the
-//   two modes (CPU check vs CUDA masks) pick different tokens for the same seed.
+//   two modes (check, or the mask filled first) pick different tokens for the same seed. The
+//   rejected rows' fills run on the grammar pool (engine_grammar_check).
 // - each sampled token: engine_grammar_accept advances the matcher (or, for a token that
 //   engine_grammar_check accepted, only reports); a terminated grammar (it accepted a stop
 //   token where it may end) finishes the request with "stop".
@@ -97,6 +99,7 @@ struct engine_grammar {
     // before the draw (worker or join; fill_ns is atomic: both may add), logged at shutdown.
     double check_s;
     _Atomic uint64_t fill_ns, n_filled;
+    _Atomic uint64_t redo_ns; // the rejected rows' fills (engine_grammar_check; pool threads too)
     bool check_on; // sample-then-check allowed (default; engine_grammar_set_check)
 };
 
@@ -148,7 +151,8 @@ void engine_grammar_free(atomc_engine *e) {
         LOG_INFO("structured output: %llu rows drawn unmasked and checked, %llu (%.1f%%) drawn again under the mask; "
                  "grammar CPU %.1f us a checked row",
                  (unsigned long long)g->n_checked, (unsigned long long)g->n_redrawn,
-                 100.0 * (double)g->n_redrawn / (double)g->n_checked, 1e6 * g->check_s / (double)g->n_checked);
+                 100.0 * (double)g->n_redrawn / (double)g->n_checked,
+                 (1e6 * g->check_s + 1e-3 * (double)atomic_load(&g->redo_ns)) / (double)g->n_checked);
     uint64_t nf = atomic_load(&g->n_filled);
     if (nf)
         LOG_INFO("structured output: %llu masks filled before the draw, grammar CPU %.1f us each",
@@ -257,6 +261,15 @@ static void fill_job(void *ctx, int i) {
     fill_row(e, e->grammar->job_rows[i]);
 }
 
+// A sample-then-check row the grammar rejected: its mask for the second draw.
+static void redo_fill_job(void *ctx, int i) {
+    atomc_engine *e = ctx;
+    uint64_t t0 = thread_cpu_ns();
+    struct sequence *s = e->b_row_seq[e->grammar->job_rows[i]];
+    grammar_matcher_fill_mask(s->grammar, s->grammar_mask);
+    atomic_fetch_add(&e->grammar->redo_ns, thread_cpu_ns() - t0);
+}
+
 // Whether drawing row sr without its mask, keeping the token when the grammar accepts it and
 // otherwise drawing again under the mask, gives exactly the masked row's distribution (see the
 // top comment): greedy, or a pure temperature draw (penalties allowed), and no logprobs.
@@ -323,13 +336,25 @@ int engine_grammar_check(void *ctx, const int32_t *ids, const int32_t **redo) {
             s->grammar_checked_id = t;
             continue;
         }
-        grammar_matcher_fill_mask(s->grammar, s->grammar_mask);
-        e->b_rows[r].allowed = s->grammar_mask;
         g->redo[n++] = r;
         g->n_redrawn++;
     }
-    *redo = g->redo;
     g->check_s += 1e-9 * (double)(thread_cpu_ns() - t0);
+    // The rejected rows' masks, by the pool's threads and this one (the step's own fills were
+    // joined before the draw, so the pool is idle; on a GPU host a batch's redraws would
+    // otherwise cost one fill after another on the step's critical path).
+    g->job_rows = grow(g->job_rows, &g->jobs_cap, n, sizeof *g->job_rows);
+    memcpy(g->job_rows, g->redo, sizeof *g->redo * (size_t)n);
+    if (n > 1 && grammar_pool_begin(g->pool, n, redo_fill_job, e))
+        grammar_pool_join(g->pool);
+    else
+        for (int i = 0; i < n; i++)
+            redo_fill_job(e, i);
+    for (int i = 0; i < n; i++) {
+        struct sequence *s = e->b_row_seq[g->redo[i]];
+        e->b_rows[g->redo[i]].allowed = s->grammar_mask; // restricted: it refused the drawn id
+    }
+    *redo = g->redo;
     return n;
 }
 

@@ -710,6 +710,10 @@ int model_runner_num_state_slots(const struct model_runner *r) { return r->n_sta
 
 bool model_runner_host_sampler(const struct model_runner *r) { return r->backend->kind == BACKEND_CPU; }
 
+bool model_runner_sample_check_ok(const struct model_runner *r) {
+    return r->backend->kind == BACKEND_CPU || r->backend->kind == BACKEND_CUDA;
+}
+
 int model_runner_host_threads(const struct model_runner *r) {
     return r->backend->kind == BACKEND_CPU ? r->backend->num_threads : 0;
 }

@@ -74,7 +74,7 @@ struct forward_batch {
     void (*sample_ready)(void *ctx);
     void *sample_ready_ctx;
     // Structured output, sample-then-check (engine_grammar.c; set only for a runner whose
-    // model_runner_host_sampler is true). After the rows are drawn, called with the n_logits
+    // model_runner_sample_check_ok is true). After the rows are drawn, called with the n_logits
     // sampled ids: it advances the grammars that accept their row's id and returns how many rows
     // must be drawn again, listed in *redo (the hook's memory), whose `allowed` masks it has
     // filled meanwhile. The runner draws each of them once more under its mask, with the second
@@ -232,6 +232,11 @@ size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in b
 // The sampler runs on the host (the CPU backend): a second draw of a few rows costs little, so
 // structured output samples then checks (forward_batch.sample_check) where that is exact.
 bool model_runner_host_sampler(const struct model_runner *r);
+// Whether structured output may sample then check (forward_batch.sample_check): the backend's
+// sampler leaves the logits rows it draws from unchanged, so a rejected row can be drawn again
+// under its mask. The CPU sampler works on copies; the CUDA sample kernel reads the logits
+// const, and only a row drawn under a mask has its logits changed (-inf outside the mask).
+bool model_runner_sample_check_ok(const struct model_runner *r);
 // Host threads the forward computes on: the CPU backend's pool size; 0 on a GPU backend.
 int model_runner_host_threads(const struct model_runner *r);
 int model_runner_num_state_slots(const struct model_runner *r);

@@ -124,14 +124,14 @@ static atomc_status runner_upload_masks(struct model_runner *r, const struct for
 
 // Structured output, sample-then-check (forward_batch.sample_check): the rows whose first draw
 // the grammar rejected are drawn again, one row per call, under their mask now filled and with
-// the step's second random stream; a's row arrays are offset to the row. Host sampler only: the
-// logits must be left unchanged by the first draw (the CPU backend leaves them).
+// the step's second random stream; a's row arrays are offset to the row. The logits must be left
+// unchanged by the first draw (model_runner_sample_check_ok: the CPU and CUDA samplers leave them).
 static atomc_status runner_redraw_rejected(struct model_runner *r, const struct forward_batch *fb,
                                            const struct sample_args *a, struct error *err) {
     const int32_t *redo = NULL;
     int n_redo = fb->sample_check(fb->sample_check_ctx, r->h_out_ids, &redo);
     if (n_redo == 0) return ATOMC_OK;
-    CHECK(model_runner_host_sampler(r));
+    CHECK(model_runner_sample_check_ok(r));
     struct backend *b = r->backend;
     const int V = r->cfg.vocab_size, words = a->bitmask_words;
     atomc_status st = runner_mask_reserve(r, (size_t)words, err);

@@ -7,6 +7,7 @@
 // activations where that is cheap (norms, element-wise ops, conversions).
 #include "backend/cuda/cuda_common.cuh"
 
+#include <stdlib.h>
 #include <string.h>
 
 // ---------------------------------------------------------------------------------------
@@ -174,7 +175,18 @@ size_t cuda_scratch_reserve(struct cuda_backend *cb, void **buf, size_t *cap, si
         cudaGetLastError();
         return *cap;
     }
-    if (*buf) CUDA_CHECK(cudaFree(*buf));
+    if (*buf && cb->live_graphs > 0) { // captured graphs may hold *buf: keep it until they are gone
+        if (cb->n_retired == cb->retired_cap) {
+            int cap = cb->retired_cap ? 2 * cb->retired_cap : 8;
+            void **r = (void **)realloc(cb->retired, sizeof(void *) * (size_t)cap);
+            CHECK_MSG(r, "out of host memory");
+            cb->retired = r;
+            cb->retired_cap = cap;
+        }
+        cb->retired[cb->n_retired++] = *buf;
+    } else if (*buf) {
+        CUDA_CHECK(cudaFree(*buf));
+    }
     CUDA_CHECK(cudaMemsetAsync(p, 0, want, cb->stream));
     *buf = p;
     *cap = want;
@@ -262,7 +274,17 @@ static atomc_status cuda_graph_end(struct backend *b, void **graph, struct error
         return error_set(err, ATOMC_ERR_BACKEND, "CUDA graph instantiation failed: %s", cudaGetErrorString(e));
     }
     *graph = exec;
+    cuda_impl(b)->live_graphs++;
     return ATOMC_OK;
+}
+
+// Frees the scratch buffers retired while graphs were alive (none is left that holds them).
+static void cuda_free_retired(struct cuda_backend *cb) {
+    if (!cb->n_retired) return;
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    for (int i = 0; i < cb->n_retired; i++)
+        CUDA_CHECK(cudaFree(cb->retired[i]));
+    cb->n_retired = 0;
 }
 
 static atomc_status cuda_graph_launch(struct backend *b, void *graph, struct error *err) {
@@ -271,7 +293,10 @@ static atomc_status cuda_graph_launch(struct backend *b, void *graph, struct err
 }
 
 static void cuda_graph_destroy(struct backend *b, void *graph) {
-    if (graph) CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+    if (!graph) return;
+    struct cuda_backend *cb = cuda_impl(b);
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+    if (--cb->live_graphs == 0) cuda_free_retired(cb);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -287,9 +312,13 @@ static void cuda_destroy(struct backend *b) {
     free(cb->plans);
     if (cb->lt) cublasLtDestroy(cb->lt);
     cudaFree(cb->lt_workspace);
+    for (int i = 0; i < cb->n_retired; i++)
+        cudaFree(cb->retired[i]);
+    free(cb->retired);
     cudaFree(cb->attn_scratch);
     cudaFree(cb->mla_expand);
     cudaFree(cb->sample_counts);
+    cudaFree(cb->argmax_scratch);
     for (int i = 0; i < 2; i++) {
         if (cb->pinned[i]) cudaFreeHost(cb->pinned[i]);
         cudaFree(cb->staging[i]);

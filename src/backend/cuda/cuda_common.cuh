@@ -138,6 +138,14 @@ struct cuda_backend {
     void *qmm;
     void *qgemm; // the INT8 IMMA GEMM's cuBLASLt plans (cuda_qgemm.cu, struct qgemm_state)
 
+    // Instantiated graphs alive (graph_end +1, graph_destroy -1). While any is, a scratch buffer
+    // that grows is not freed: captured kernels hold its address, so it is kept in `retired`
+    // until the last graph goes (a replay keeps using the old buffer, sized for its capture;
+    // eager calls use the new one; both on the one stream, so never at once).
+    int live_graphs;
+    void **retired;
+    int n_retired, retired_cap;
+
     // Weight upload: two pinned host buffers and two device buffers, double-buffered.
     void *pinned[2];
     void *staging[2];
