@@ -126,6 +126,10 @@ def test_echo_logprobs_unchanged_by_chunking_and_interleaving(runs):
             assert max(ta, key=ta.get) == max(tb, key=tb.get), i
             top_checked += 1
     print(f"max |logprob difference| {worst:.2e} over {N_LONG} prompt positions, {top_checked} top-1 checked")
-    assert worst < 2e-3
+    # Chunks of 64 tokens (plus the short request's rows) and one 2000-token chunk take different
+    # CPU matmul kernels and summation orders, which also differ between host CPUs: 4.2e-3 on a
+    # Zen 3 (AVX2) dev host, under 2e-3 on an earlier one. A wrong chunk position, KV slot or mask
+    # is off by far more (whole logprob units), and the clear top-1 choices above must agree.
+    assert worst < 1e-2
     assert top_checked > N_LONG // 2
     assert resp["choices"][0]["text"] == ref["choices"][0]["text"]
