@@ -16,6 +16,7 @@
 
 #include "engine_model_scenarios.h"
 #include "runtime/runner_internal.h"
+#include "spec_runner_util.h"
 #include "test.h"
 
 #define MTP_FIXTURE "models/deepseek_v3_mtp"
@@ -23,37 +24,11 @@
 static struct model_runner *mtp_runner(const char *rel, bool load_mtp, struct error *err, atomc_status *st) {
     static char path[1024];
     snprintf(path, sizeof path, "%s", test_fixture(rel));
-    struct runner_options o = {.model_path = path,
-                               .device = "cpu",
-                               .dtype = "auto",
-                               .load_format = "auto",
-                               .kv_cache_dtype = "auto",
-                               .block_size = 4,
-                               .num_kv_blocks = 64,
-                               .max_num_seqs = 4,
-                               .max_num_batched_tokens = 64,
-                               .max_logits_rows = 32,
-                               .max_model_len = 64,
-                               .num_threads = 2,
-                               .load_mtp = load_mtp};
+    struct runner_options o = spec_small_runner_options(path);
+    o.load_mtp = load_mtp;
     struct model_runner *r = NULL;
     *st = model_runner_create(&o, &r, err);
     return r;
-}
-
-// One sequence of n tokens in blocks 0, 1, ... (block size 4): the prompt's prefill, greedy.
-static int32_t prefill(struct model_runner *r, const int32_t *ids, int n, int32_t *bt, int32_t *slots, int32_t *pos) {
-    for (int b = 0; b < 16; b++) bt[b] = b;
-    for (int t = 0; t < n; t++) slots[t] = t, pos[t] = t;
-    int32_t qs[2] = {0, n}, ctx[1] = {n}, row[1] = {n - 1};
-    struct sample_row sr = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
-    struct forward_batch fb = {.n_seqs = 1, .n_tokens = n, .token_ids = ids, .positions = pos, .query_start = qs,
-                               .context_lens = ctx, .block_tables = bt, .max_blocks_per_seq = 16,
-                               .slot_mapping = slots, .n_logits = 1, .logits_rows = row, .sampling = &sr};
-    struct runner_output out;
-    struct error err = {0};
-    CHECK_MSG(model_runner_execute(r, &fb, &out, &err) == ATOMC_OK, "%s", err.msg);
-    return out.ids[0];
 }
 
 static void logits_and_chain_match_reference(const char *model) {
@@ -82,7 +57,7 @@ static void logits_and_chain_match_reference(const char *model) {
         int n = (int)json_array_size(jids);
         int32_t ids[64], bt[16], slots[64], pos[64], tok[64], hrows[64], lrows[64], nd[64], rs[64];
         for (int t = 0; t < n; t++) ids[t] = (int32_t)json_integer_value(json_array_get(jids, t));
-        int32_t t_n = prefill(r, ids, n, bt, slots, pos);
+        int32_t t_n = spec_prefill(r, ids, n, bt, slots, pos);
         ASSERT_EQ(t_n, (int32_t)json_integer_value(json_object_get(p, "target_next")));
         // Pass 1 over every prompt position, logits at all of them (no chain).
         for (int t = 0; t < n; t++) {
@@ -122,7 +97,7 @@ static void logits_and_chain_match_reference(const char *model) {
         db.row_seq = rs0;
         db.max_drafts = 3;
         db.chain_slots = chain_slots;
-        prefill(r, ids, n, bt, slots, pos);
+        spec_prefill(r, ids, n, bt, slots, pos);
         ASSERT_OK(model_runner_draft(r, &db, drafts, &err));
         json_t *jc = json_object_get(p, "chain"), *jm = json_object_get(p, "chain_margins");
         for (int j = 0; j < 3; j++) {
