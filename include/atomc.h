@@ -75,9 +75,9 @@ typedef struct atomc_engine_options {
     bool cpu_exact_kernels;        // CPU: quantized weights decode through the bit-exact kernels
                                    // (--cpu-exact-kernels; default: the faster int16-activation ones)
     int grammar_threads;           // structured output: threads that fill the grammar masks of a step's
-                                   // constrained rows in parallel (--grammar-threads); 0 = the environment's
-                                   // ATOMC_GRAMMAR_THREADS if set, else auto: online cores minus the CPU
-                                   // backend's threads (CUDA: minus one, the engine's own), at least 1
+                                   // constrained rows in parallel (--grammar-threads); 0 = auto: online cores
+                                   // minus the CPU backend's threads (CUDA: minus one, the engine's own),
+                                   // at least 1, at most 64
     uint64_t seed;                 // default seed for requests without one
     int tensor_parallel_size;      // default 1
     int max_waiting;               // bounded waiting queue (ATOMC_ERR_BUSY past it); 0 = unbounded

@@ -146,7 +146,7 @@ static atomc_engine *toy_engine(struct toy_vocab *tv) {
     su.max_model_len = model_runner_max_model_len(r);
     su.eos_ids[0] = 2;
     su.n_eos = 1;
-    su.sample_check = model_runner_host_sampler(r);
+    su.sample_check = model_runner_sample_check_ok(r);
     CHECK(su.sample_check);
     su.info.architecture = "LlamaForCausalLM";
     su.info.model_name = "llama_tied";

@@ -99,8 +99,7 @@ static const struct flag flags[] = {
      "engine replicas behind this server, each request to the least loaded (CPU; alias -dp)"},
     {"--num-threads", FLAG_INT, A(eo.num_threads), "0 (all cores)", "CPU backend threads"},
     {"--grammar-threads", FLAG_INT, A(eo.grammar_threads), "0 (auto)",
-     "structured output: threads filling a step's grammar masks (auto: cores - CPU backend threads, CUDA: cores - 1; "
-     "env ATOMC_GRAMMAR_THREADS)"},
+     "structured output: threads filling a step's grammar masks (auto: cores - CPU backend threads, CUDA: cores - 1)"},
     {"--cpu-exact-kernels", FLAG_BOOL_ON, A(eo.cpu_exact_kernels), "off",
      "CPU: quantized weights through the bit-exact dequantise-in-registers decode kernels"},
     {"--profile-dir", FLAG_STR, A(eo.profile_dir), "off",

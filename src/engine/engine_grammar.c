@@ -105,21 +105,12 @@ struct engine_grammar {
 
 #define GRAMMAR_MAX_THREADS 64
 
-// Pool size: the option, else ATOMC_GRAMMAR_THREADS, else the cores the forward leaves free
+// Pool size: the option, else the cores the forward leaves free
 // (online cores minus the CPU backend's threads; on a device backend minus one, the loop thread,
 // which launches the forward and then joins and fills too), at least 1. Each step starts
 // min(rows, size) of them.
 static int grammar_pool_size(const atomc_engine_options *o, int host_threads) {
     int n = o ? o->grammar_threads : 0;
-    const char *env = getenv("ATOMC_GRAMMAR_THREADS");
-    if (n <= 0 && env && *env) {
-        char *end;
-        long v = strtol(env, &end, 10);
-        if (*end || v < 1 || v > GRAMMAR_MAX_THREADS)
-            LOG_WARN("ATOMC_GRAMMAR_THREADS=%s is not a thread count in 1..%d: ignored", env, GRAMMAR_MAX_THREADS);
-        else
-            n = (int)v;
-    }
     if (n <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         n = (int)(cores > 0 ? cores : 1) - (host_threads > 0 ? host_threads : 1);
@@ -247,12 +238,18 @@ static uint64_t thread_cpu_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void fill_row(atomc_engine *e, int row) {
+// Fills row's mask from its matcher, adding the thread's CPU time to *ns; whether it restricts.
+static bool fill_mask_timed(atomc_engine *e, int row, _Atomic uint64_t *ns) {
     uint64_t t0 = thread_cpu_ns();
     struct sequence *s = e->b_row_seq[row];
     bool restrict_ = grammar_matcher_fill_mask(s->grammar, s->grammar_mask);
-    e->b_rows[row].allowed = restrict_ ? s->grammar_mask : NULL;
-    atomic_fetch_add(&e->grammar->fill_ns, thread_cpu_ns() - t0);
+    atomic_fetch_add(ns, thread_cpu_ns() - t0);
+    return restrict_;
+}
+
+static void fill_row(atomc_engine *e, int row) {
+    bool restrict_ = fill_mask_timed(e, row, &e->grammar->fill_ns);
+    e->b_rows[row].allowed = restrict_ ? e->b_row_seq[row]->grammar_mask : NULL;
     atomic_fetch_add(&e->grammar->n_filled, 1);
 }
 
@@ -264,10 +261,7 @@ static void fill_job(void *ctx, int i) {
 // A sample-then-check row the grammar rejected: its mask for the second draw.
 static void redo_fill_job(void *ctx, int i) {
     atomc_engine *e = ctx;
-    uint64_t t0 = thread_cpu_ns();
-    struct sequence *s = e->b_row_seq[e->grammar->job_rows[i]];
-    grammar_matcher_fill_mask(s->grammar, s->grammar_mask);
-    atomic_fetch_add(&e->grammar->redo_ns, thread_cpu_ns() - t0);
+    fill_mask_timed(e, e->grammar->job_rows[i], &e->grammar->redo_ns);
 }
 
 // Whether drawing row sr without its mask, keeping the token when the grammar accepts it and

@@ -68,7 +68,7 @@ struct engine_setup {
                                     // (per-layer-group block tables: a second table per sequence)
     int num_state_slots;            // model_runner_num_state_slots: > 0 = recurrent-state model (a slot per
                                     // running sequence; no prefix caching, no speculative decoding)
-    bool sample_check;              // execute honours forward_batch.sample_check (model_runner_host_sampler)
+    bool sample_check;              // execute honours forward_batch.sample_check (model_runner_sample_check_ok)
     int host_threads;               // threads the forward computes on in this process (CPU backend, all
                                     // ranks); 0 = the forward runs on a device (sizes the grammar pool)
     int32_t eos_ids[ENGINE_MAX_EOS]; // config + generation_config + tokenizer

@@ -148,10 +148,6 @@ void grammar_pool_join(struct grammar_pool *p) {
     atomic_store(&p->pending, false);
 }
 
-int grammar_pool_max_threads(const struct grammar_pool *p) {
-    return p->max_threads;
-}
-
 void grammar_pool_counts(const struct grammar_pool *p, uint64_t *by_threads, uint64_t *by_join, int *n_threads) {
     *by_threads = atomic_load(&p->by_threads);
     *by_join = atomic_load(&p->by_join);

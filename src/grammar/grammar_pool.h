@@ -26,7 +26,6 @@ struct grammar_pool *grammar_pool_create(int max_threads); // max_threads >= 1
 void grammar_pool_free(struct grammar_pool *p);            // joins the threads; no job pending
 bool grammar_pool_begin(struct grammar_pool *p, int n, grammar_pool_fill_fn fill, void *ctx);
 void grammar_pool_join(struct grammar_pool *p);
-int grammar_pool_max_threads(const struct grammar_pool *p);
 // Fills run by the pool's threads / by the joining thread so far, and the threads started.
 void grammar_pool_counts(const struct grammar_pool *p, uint64_t *by_threads, uint64_t *by_join, int *n_threads);
 

@@ -708,8 +708,6 @@ int model_runner_num_graphs(const struct model_runner *r) { return r->n_graphs; 
 
 int model_runner_num_state_slots(const struct model_runner *r) { return r->n_state_slots; }
 
-bool model_runner_host_sampler(const struct model_runner *r) { return r->backend->kind == BACKEND_CPU; }
-
 bool model_runner_sample_check_ok(const struct model_runner *r) {
     return r->backend->kind == BACKEND_CPU || r->backend->kind == BACKEND_CUDA;
 }

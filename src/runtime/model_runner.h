@@ -229,9 +229,6 @@ bool model_runner_kv_groups(const struct model_runner *r, int *window, int *num_
 size_t model_runner_weight_bytes(const struct model_runner *r);  // weights in backend memory
 // Recurrent-state slots the engine may assign (max_num_seqs; 0 when the model keeps no
 // recurrent state) and their bytes in backend memory.
-// The sampler runs on the host (the CPU backend): a second draw of a few rows costs little, so
-// structured output samples then checks (forward_batch.sample_check) where that is exact.
-bool model_runner_host_sampler(const struct model_runner *r);
 // Whether structured output may sample then check (forward_batch.sample_check): the backend's
 // sampler leaves the logits rows it draws from unchanged, so a rejected row can be drawn again
 // under its mask. The CPU sampler works on copies; the CUDA sample kernel reads the logits
