@@ -23,10 +23,20 @@
 #include <regex.h>
 #include <stdlib.h>
 
+#include "backend/backend.h"
 #include "engine/engine_internal.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
 #include "test.h"
+
+// tests/gpu/test_cuda_grammar_check.c builds this file with GRAMMAR_CHECK_DEVICE "cuda": the same
+// checks through the CUDA runner and sampler (BF16 weights and KV there, F32 here).
+#ifndef GRAMMAR_CHECK_DEVICE
+#define GRAMMAR_CHECK_DEVICE "cpu"
+#define GRAMMAR_CHECK_DTYPE "float32"
+#else
+#define GRAMMAR_CHECK_DTYPE "auto"
+#endif
 
 #define V 256
 #define N_REQ 20000
@@ -106,14 +116,24 @@ static void runner_free_ctx(void *ctx) {
     model_runner_free(ctx);
 }
 
+// Whether the backend opens (the CUDA build of this test skips without a device).
+static bool toy_device_ready(void) {
+    struct backend *b = NULL;
+    struct error err = {0};
+    struct backend_options bo = {.num_threads = 1, .kv_pool_bytes = 16u << 20};
+    if (backend_create(GRAMMAR_CHECK_DEVICE, &bo, &b, &err) != ATOMC_OK) return false;
+    backend_destroy(b);
+    return true;
+}
+
 static struct model_runner *toy_runner(void) {
     const char *path = test_fixture("models/llama_tied");
     struct runner_options o = {
         .model_path = path,
-        .device = "cpu",
-        .dtype = "float32",
+        .device = GRAMMAR_CHECK_DEVICE,
+        .dtype = GRAMMAR_CHECK_DTYPE,
         .load_format = "auto",
-        .kv_cache_dtype = "float32",
+        .kv_cache_dtype = GRAMMAR_CHECK_DTYPE,
         .block_size = 16,
         .num_kv_blocks = 512,
         .max_num_seqs = 64,
@@ -286,6 +306,7 @@ static void first_tokens(bool check, int *counts, uint64_t *checked, uint64_t *r
 }
 
 TEST(grammar_check_keeps_the_masked_distribution) {
+    if (!toy_device_ready()) SKIP("no " GRAMMAR_CHECK_DEVICE " device");
     struct toy_vocab tv;
     toy_vocab_init(&tv);
     static float lg[V];
@@ -344,6 +365,7 @@ TEST(grammar_check_keeps_the_masked_distribution) {
 }
 
 TEST(grammar_check_greedy_equals_masked_greedy_and_outputs_match) {
+    if (!toy_device_ready()) SKIP("no " GRAMMAR_CHECK_DEVICE " device");
     struct toy_vocab *tv = xcalloc(1, sizeof *tv);
     toy_vocab_init(tv);
     regex_t re;
