@@ -100,7 +100,7 @@ struct engine_grammar {
     double check_s;
     _Atomic uint64_t fill_ns, n_filled;
     _Atomic uint64_t redo_ns; // the rejected rows' fills (engine_grammar_check; pool threads too)
-    bool check_on; // sample-then-check allowed (default; engine_grammar_set_check)
+    bool check_on;            // sample-then-check allowed (default; engine_grammar_set_check)
 };
 
 #define GRAMMAR_MAX_THREADS 64
