@@ -15,6 +15,7 @@
 #include "model_refs.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
+#include "runner_util.h"
 #include "test.h"
 
 static int parse_file(const char *path, struct model_config *c) {
@@ -262,17 +263,8 @@ TEST(deepseek_mtp_layers_skipped_by_declaration) {
     for (int declare = 1; declare >= 0; declare--) {
         char dir[] = "/tmp/atomc_ds_mtpXXXXXX";
         ASSERT_EQ(write_mtp_checkpoint(dir, declare), 0);
-        struct runner_options o = {.model_path = dir,
-                                   .device = "cpu",
-                                   .dtype = "auto",
-                                   .load_format = "auto",
-                                   .kv_cache_dtype = "auto",
-                                   .block_size = 4,
-                                   .num_kv_blocks = 64,
-                                   .max_num_seqs = 4,
-                                   .max_num_batched_tokens = 64,
-                                   .max_model_len = 64,
-                                   .num_threads = 1};
+        struct runner_options o = small_cpu_runner_options(dir);
+        o.num_threads = 1;
         struct model_runner *r = NULL;
         struct error err = {0};
         atomc_status st = model_runner_create(&o, &r, &err);

@@ -37,6 +37,7 @@
 #include "model_refs.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
+#include "runner_util.h"
 #include "test.h"
 
 #define LOGIT_RTOL 1e-4
@@ -51,21 +52,9 @@ static const char *fixture_dir(void) {
 }
 
 static struct runner_options base_options(bool weight_only) {
-    struct runner_options o = {
-        .model_path = fixture_dir(),
-        .device = "cpu",
-        .dtype = "auto",
-        .load_format = "auto",
-        .kv_cache_dtype = "auto",
-        .block_size = 4,
-        .num_kv_blocks = 64,
-        .max_num_seqs = 4,
-        .max_num_batched_tokens = 64,
-        .max_model_len = 64,
-        .num_threads = 2,
-        .enforce_eager = true,
-        .quant_weight_only = weight_only,
-    };
+    struct runner_options o = small_cpu_runner_options(fixture_dir());
+    o.enforce_eager = true;
+    o.quant_weight_only = weight_only;
     return o;
 }
 

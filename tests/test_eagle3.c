@@ -24,7 +24,7 @@
 
 #include "engine_model_scenarios.h"
 #include "runtime/runner_internal.h"
-#include "spec_runner_util.h"
+#include "runner_util.h"
 #include "test.h"
 
 #define TARGET "models/llama_gqa"
@@ -35,7 +35,8 @@ static struct model_runner *e3_runner(const char *target_rel, const char *head_d
     char path[1024], head[1024];
     snprintf(path, sizeof path, "%s", test_fixture(target_rel));
     snprintf(head, sizeof head, "%s", head_dir);
-    struct runner_options o = spec_small_runner_options(path);
+    struct runner_options o = small_cpu_runner_options(path);
+    o.max_logits_rows = 32;
     o.eagle3_path = head;
     struct model_runner *r = NULL;
     *st = model_runner_create(&o, &r, err);
@@ -83,7 +84,7 @@ static void logits_and_chain_match_reference(const char *head_rel, bool own_embe
         int32_t ids[64], bt[16], slots[64], pos[64], tok[64], hrows[64], lrows[64], nd[64], rs[64];
         for (int t = 0; t < n; t++)
             ids[t] = (int32_t)json_integer_value(json_array_get(jids, t));
-        int32_t t_n = spec_prefill(r, ids, n, bt, slots, pos);
+        int32_t t_n = one_seq_prefill(r, ids, n, bt, slots, pos);
         ASSERT_EQ(t_n, (int32_t)json_integer_value(json_object_get(p, "target_next")));
         for (int t = 0; t < n; t++) {
             tok[t] = t + 1 < n ? ids[t + 1] : t_n;
@@ -134,7 +135,7 @@ static void logits_and_chain_match_reference(const char *head_rel, bool own_embe
         db.row_seq = rs0;
         db.max_drafts = 3;
         db.chain_slots = chain_slots;
-        spec_prefill(r, ids, n, bt, slots, pos);
+        one_seq_prefill(r, ids, n, bt, slots, pos);
         ASSERT_OK(model_runner_draft(r, &db, drafts, &err));
         json_t *jc = json_object_get(p, "chain"), *jm = json_object_get(p, "chain_margins");
         for (int j = 0; j < 3; j++) {

@@ -16,7 +16,7 @@
 
 #include "engine_model_scenarios.h"
 #include "runtime/runner_internal.h"
-#include "spec_runner_util.h"
+#include "runner_util.h"
 #include "test.h"
 
 #define MTP_FIXTURE "models/deepseek_v3_mtp"
@@ -24,7 +24,8 @@
 static struct model_runner *mtp_runner(const char *rel, bool load_mtp, struct error *err, atomc_status *st) {
     static char path[1024];
     snprintf(path, sizeof path, "%s", test_fixture(rel));
-    struct runner_options o = spec_small_runner_options(path);
+    struct runner_options o = small_cpu_runner_options(path);
+    o.max_logits_rows = 32;
     o.load_mtp = load_mtp;
     struct model_runner *r = NULL;
     *st = model_runner_create(&o, &r, err);
@@ -57,7 +58,7 @@ static void logits_and_chain_match_reference(const char *model) {
         int n = (int)json_array_size(jids);
         int32_t ids[64], bt[16], slots[64], pos[64], tok[64], hrows[64], lrows[64], nd[64], rs[64];
         for (int t = 0; t < n; t++) ids[t] = (int32_t)json_integer_value(json_array_get(jids, t));
-        int32_t t_n = spec_prefill(r, ids, n, bt, slots, pos);
+        int32_t t_n = one_seq_prefill(r, ids, n, bt, slots, pos);
         ASSERT_EQ(t_n, (int32_t)json_integer_value(json_object_get(p, "target_next")));
         // Pass 1 over every prompt position, logits at all of them (no chain).
         for (int t = 0; t < n; t++) {
@@ -97,7 +98,7 @@ static void logits_and_chain_match_reference(const char *model) {
         db.row_seq = rs0;
         db.max_drafts = 3;
         db.chain_slots = chain_slots;
-        spec_prefill(r, ids, n, bt, slots, pos);
+        one_seq_prefill(r, ids, n, bt, slots, pos);
         ASSERT_OK(model_runner_draft(r, &db, drafts, &err));
         json_t *jc = json_object_get(p, "chain"), *jm = json_object_get(p, "chain_margins");
         for (int j = 0; j < 3; j++) {

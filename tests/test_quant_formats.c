@@ -48,6 +48,7 @@
 #include "model_refs.h"
 #include "runner_sim.h"
 #include "runtime/model_runner.h"
+#include "runner_util.h"
 #include "test.h"
 
 #define LOGIT_RTOL 1e-4
@@ -90,21 +91,9 @@ static bool has(const char *msg, const char *needle) {
 }
 
 static struct runner_options base_options(const char *path) {
-    struct runner_options o = {
-        .model_path = path,
-        .device = "cpu",
-        .dtype = "auto",
-        .load_format = "auto",
-        .kv_cache_dtype = "auto",
-        .block_size = 4,
-        .num_kv_blocks = 64,
-        .max_num_seqs = 4,
-        .max_num_batched_tokens = 64,
-        .max_model_len = 64,
-        .num_threads = 2,
-        .enforce_eager = true,
-        .quant_weight_only = true,
-    };
+    struct runner_options o = small_cpu_runner_options(path);
+    o.enforce_eager = true;
+    o.quant_weight_only = true;
     return o;
 }
 

@@ -1,13 +1,13 @@
-// Shared by the draft-model tests (tests/test_mtp.c, tests/test_eagle3.c): the small CPU runner
-// options they open their fixtures with, and a one-sequence greedy prefill.
-#ifndef ATOMC_TESTS_SPEC_RUNNER_UTIL_H
-#define ATOMC_TESTS_SPEC_RUNNER_UTIL_H
+// The small CPU runner the fixture tests open their tiny models with, and a one-sequence greedy
+// prefill (tests/test_mtp.c, test_eagle3.c, test_dsa.c, test_deepseek*.c, test_quant_*.c).
+#ifndef ATOMC_TESTS_RUNNER_UTIL_H
+#define ATOMC_TESTS_RUNNER_UTIL_H
 
 #include "common/check.h"
 #include "runtime/model_runner.h"
 
-// CPU, block size 4, 64 blocks, 4 sequences, 64 batched tokens, 32 logits rows, 64 positions.
-static inline struct runner_options spec_small_runner_options(const char *model_path) {
+// CPU, block size 4, 64 blocks, 4 sequences, 64 batched tokens, 64 positions, 2 threads.
+static inline struct runner_options small_cpu_runner_options(const char *model_path) {
     return (struct runner_options){.model_path = model_path,
                                    .device = "cpu",
                                    .dtype = "auto",
@@ -17,14 +17,13 @@ static inline struct runner_options spec_small_runner_options(const char *model_
                                    .num_kv_blocks = 64,
                                    .max_num_seqs = 4,
                                    .max_num_batched_tokens = 64,
-                                   .max_logits_rows = 32,
                                    .max_model_len = 64,
                                    .num_threads = 2};
 }
 
 // One sequence of n tokens in blocks 0, 1, ... (block size 4): the prompt's prefill, greedy.
-static inline int32_t spec_prefill(struct model_runner *r, const int32_t *ids, int n, int32_t *bt, int32_t *slots,
-                                   int32_t *pos) {
+static inline int32_t one_seq_prefill(struct model_runner *r, const int32_t *ids, int n, int32_t *bt, int32_t *slots,
+                                      int32_t *pos) {
     for (int b = 0; b < 16; b++)
         bt[b] = b;
     for (int t = 0; t < n; t++)
