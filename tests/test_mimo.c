@@ -418,7 +418,7 @@ TEST(mimo_refusals) {
     struct model_config c;
     struct error err = {0};
     ASSERT_OK(model_config_parse_json(&c, json, "config.json", &err));
-    // The CUDA backend's attention: split q/k vs v head dims off, and only as q/k 192 with v 128.
+    // The CUDA backend's attention: split q/k vs v head dims only as q/k 192 with v 128.
     struct model_load_options lo = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
     ASSERT_EQ(model_check_backend_caps(&c, &backend_cuda_caps, &lo, &err), ATOMC_ERR_UNSUPPORTED);
     fprintf(stderr, "  cuda caps: %s\n", err.msg);
@@ -427,26 +427,22 @@ TEST(mimo_refusals) {
     c64.head_dim = 64;
     ASSERT_EQ(model_check_backend_caps(&c64, &backend_cuda_caps, &lo, &err), ATOMC_ERR_UNSUPPORTED);
     ASSERT_TRUE(strstr(err.msg, "v head dim 32") != NULL);
-    // The real head dims (q/k 192, v 128): the one pair the CUDA attention has, refused while the
-    // CUDA table keeps split_v_head_dim off (until tests/gpu/test_cuda_mimo.c passes on a GPU) and
-    // admitted once it is on; other pairs refused naming the pairs.
+    // The real head dims (q/k 192, v 128): the one pair the CUDA attention has, admitted by the
+    // shipped table (split_v_head_dim on since tests/gpu/test_cuda_mimo.c passed on the H200) and
+    // refused by a table without split head dims; other pairs refused naming the pairs.
     char *json192 = NULL;
     struct model_config c192;
     ASSERT_OK(file_read_all(test_fixture("models/" FIXTURE_HD192 "/config.json"), &json192, NULL, NULL));
     ASSERT_OK(model_config_parse_json(&c192, json192, "config.json", &err));
     free(json192);
-    if (backend_cuda_caps.split_v_head_dim) { // on since test_cuda_mimo passed on a GPU
-        ASSERT_OK(model_check_backend_caps(&c192, &backend_cuda_caps, &lo, &err));
-    } else {
-        ASSERT_EQ(model_check_backend_caps(&c192, &backend_cuda_caps, &lo, &err), ATOMC_ERR_UNSUPPORTED);
-        fprintf(stderr, "  cuda caps, 192 / 128: %s\n", err.msg);
-        ASSERT_TRUE(strstr(err.msg, "v head dim 128") != NULL);
-    }
-    struct backend_caps on = backend_cuda_caps;
-    on.split_v_head_dim = true;
-    ASSERT_OK(model_check_backend_caps(&c192, &on, &lo, &err));
-    ASSERT_EQ(model_check_backend_caps(&c, &on, &lo, &err), ATOMC_ERR_UNSUPPORTED);
-    fprintf(stderr, "  cuda caps with split heads on, 48 / 32: %s\n", err.msg);
+    ASSERT_OK(model_check_backend_caps(&c192, &backend_cuda_caps, &lo, &err));
+    struct backend_caps off = backend_cuda_caps;
+    off.split_v_head_dim = false;
+    ASSERT_EQ(model_check_backend_caps(&c192, &off, &lo, &err), ATOMC_ERR_UNSUPPORTED);
+    fprintf(stderr, "  cuda caps without split heads, 192 / 128: %s\n", err.msg);
+    ASSERT_TRUE(strstr(err.msg, "v head dim 128") != NULL);
+    ASSERT_EQ(model_check_backend_caps(&c, &backend_cuda_caps, &lo, &err), ATOMC_ERR_UNSUPPORTED);
+    fprintf(stderr, "  cuda caps, 48 / 32: %s\n", err.msg);
     ASSERT_TRUE(strstr(err.msg, "192 / 128") != NULL);
     lo.weight_dtype = DTYPE_F32;
     lo.kv_dtype = DTYPE_F32;
@@ -704,11 +700,9 @@ TEST(mimo_release_config_keys_parsed) {
         ASSERT_EQ(cut.layer_types[l], hub.layer_types[l]);
         ASSERT_EQ(model_config_layer_is_moe(&cut, l), model_config_layer_is_moe(&hub, l));
     }
-    // With split head dims on, the CUDA caps take it (the table the cap flip would ship).
-    struct backend_caps on = backend_cuda_caps;
-    on.split_v_head_dim = true;
+    // The shipped CUDA caps (split head dims on) take it.
     struct model_load_options lo = {.weight_dtype = DTYPE_BF16, .kv_dtype = DTYPE_BF16, .block_size = 16};
-    ASSERT_OK(model_check_backend_caps(&hub, &on, &lo, &err));
+    ASSERT_OK(model_check_backend_caps(&hub, &backend_cuda_caps, &lo, &err));
 }
 
 // The release's keys are what atomc reads: changing one moves the logits off HF's (or makes the
