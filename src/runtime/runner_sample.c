@@ -137,8 +137,9 @@ static atomc_status runner_redraw_rejected(struct model_runner *r, const struct 
     atomc_status st = runner_mask_reserve(r, (size_t)n_redo * (size_t)words, err);
     if (st != ATOMC_OK) return st;
     // One upload of the rows' masks (packed, row k at k * words) and of the step numbers, one
-    // launch per row without a wait between them, then one copy of the ids back: on a GPU a
-    // synchronising copy per row cost a round trip each (~0.15 ms at batch 64).
+    // launch per row without a wait between them, then one copy of the ids back (no synchronising
+    // copy per row; on the H200 this did not move the batch-64 figure, which the mask fills
+    // dominate: docs/perf.md session 14).
     uint64_t *hstep = HPTR(r, step, uint64_t);
     for (int k = 0; k < n_redo; k++) {
         int i = redo[k];
