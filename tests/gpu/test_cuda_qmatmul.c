@@ -451,12 +451,13 @@ TEST(cuda_qgemm_int8_graph_capture_replays) {
     ASSERT_EQ(pool_release(&P), 0);
 }
 
-// The tensor-core GEMV (cuda_qmatmul.cu qgemv_mma_kernel, rows 1..16; its prologue quantizes the
+// The tensor-core GEMVs (cuda_qmatmul.cu qgemv_tma_kernel / qgemv_mma_kernel, rows 1..16; the prologue quantizes the
 // activations of rows 1 and 2 itself, more rows come quantized by act_quant_kernel) on the shapes
-// that reach its other branches: more units per warp than it keeps in flight (k 6144 / 9216), the
-// two-warp k split (m over 2 CTAs per SM), partial units (k % 128 != 0, k < 128), partial column
-// groups (m % 16 != 0), zero points, per-channel INT4 (one group of all k), static activations;
-// rows 9..16 take its second row tile.
+// that reach their branches. The register kernel (k % 128 != 0): more units per warp than it keeps
+// in flight (k 6160 / 9248), the two-warp k split (m over 2 CTAs per SM), partial units (k < 128),
+// partial column groups (m % 16 != 0), static activations. The bulk-copy kernel (k % 128 == 0):
+// the cases listed with it below, and the rest with k 6144 / 9216 / 2048 / 256. Both: zero points,
+// per-channel INT4 (one group of all k); rows 9..16 take the second row tile.
 TEST(cuda_qmatmul_mma_gemv_matches_cpu) {
     ASSERT_TRUE(backends_ready());
     static const struct {
@@ -464,6 +465,9 @@ TEST(cuda_qmatmul_mma_gemv_matches_cpu) {
         struct qextra x;
     } cases[] = {
         {{WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 200, 6144, WEIGHT_ACT_FP8_TOKEN}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 200, 6160, WEIGHT_ACT_FP8_TOKEN}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 8, 1, 256, 4300, 2064, WEIGHT_ACT_INT8_TOKEN}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 9248, 72, 9248, WEIGHT_ACT_NONE}, {true, false, 0.0f}},
         {{WEIGHT_SCHEME_BLOCK, 0, 128, 128, 520, 6144, WEIGHT_ACT_FP8_GROUP}, {false, false, 0.0f}},
         {{WEIGHT_SCHEME_BLOCK, 0, 128, 128, 100, 2112, WEIGHT_ACT_FP8_GROUP}, {false, false, 0.0f}}, // partial unit
         {{WEIGHT_SCHEME_PER_TENSOR, 0, 0, 0, 40, 48, WEIGHT_ACT_FP8_STATIC}, {false, false, 6.0f / 448 / 2}},
@@ -477,6 +481,13 @@ TEST(cuda_qmatmul_mma_gemv_matches_cpu) {
         {{WEIGHT_SCHEME_GROUP, 4, 1, 9216, 72, 9216, WEIGHT_ACT_NONE}, {true, false, 0.0f}}, // per channel
         {{WEIGHT_SCHEME_GROUP, 4, 1, 128, 72, 160, WEIGHT_ACT_NONE}, {true, false, 0.0f}},   // partial unit
         {{WEIGHT_SCHEME_GROUP, 4, 1, 256, 4300, 2048, WEIGHT_ACT_NONE}, {true, false, 0.0f}},
+        // The bulk-copy kernel (k % 128 == 0): more tiles than CTAs (2 per SM) with a partial last
+        // tile, the stage ring wrapping within and across tiles (5 chunks a row), a partial last
+        // chunk (17 units), INT4 chunks of 64-byte units with zero points.
+        {{WEIGHT_SCHEME_PER_CHANNEL, 0, 0, 0, 2204, 10240, WEIGHT_ACT_FP8_TOKEN}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_BLOCK, 0, 128, 128, 2204, 2176, WEIGHT_ACT_FP8_GROUP}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 8, 1, 128, 2204, 10240, WEIGHT_ACT_INT8_TOKEN}, {false, false, 0.0f}},
+        {{WEIGHT_SCHEME_GROUP, 4, 1, 128, 2204, 10240, WEIGHT_ACT_NONE}, {true, false, 0.0f}},
     };
     static const int ns[] = {1, 2, 7, 8, 9, 15, 16};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)

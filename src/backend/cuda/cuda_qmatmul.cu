@@ -16,8 +16,9 @@
 // Paths, by rows n:
 // - n <= QMMA_MAX_ROWS (16) with FP8 x FP8, INT8 x INT8 or INT4 x bf16 (no column -> group map,
 //   blocks / groups of 128k columns or all of k, k % 16 == 0 (INT4 % 32), the staged x fits):
-//   qgemv_mma_kernel, the tensor-core GEMV below, which quantizes the activations of 1-2 rows
-//   itself.
+//   the tensor-core GEMV below, which quantizes the activations of 1-2 rows itself:
+//   qgemv_tma_kernel (weights streamed by bulk copies into a shared-memory ring) where k % 128
+//   == 0 and two CTAs fit on an SM, else qgemv_mma_kernel (weights prefetched into registers).
 // - else n <= QMM_GEMV_MAX_ROWS (decode): qgemv_kernel, a warp per output column streams the weight
 //   row once, one byte (FP8 / INT8) or half a byte (INT4) per weight, dequantized in registers
 //   (value x scale), against every row of x (bf16, or the quantized bytes x their scales): no
@@ -294,11 +295,19 @@ __device__ __forceinline__ uint4 lds16(const uint8_t *p) {
 // zeros. sx[r * U + u]: the activation scale of (r, unit u); sumx (may be NULL): the unit sums
 // of the values the mma multiplies (quantized integers, or bf16 as f32). A half-warp per (row,
 // unit), a lane per 8 columns.
+// nthr: the threads that stage (threads 0 .. nthr - 1; all of the block, or a named barrier's).
+__device__ __forceinline__ void qmma_sync(int nthr) {
+    if (nthr == (int)blockDim.x)
+        __syncthreads();
+    else
+        asm volatile("bar.sync 1, %0;\n" ::"r"(nthr) : "memory");
+}
+
 template <bool Q8>
 __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, const void *xv, int64_t k,
-                                           const struct qmma_args &p) {
+                                           const struct qmma_args &p, int nthr) {
     const __nv_bfloat16 *x = (const __nv_bfloat16 *)xv;
-    const int tid = threadIdx.x, hw = tid / 16, hl = tid % 16, nhw = blockDim.x / 16;
+    const int tid = threadIdx.x, hw = tid / 16, hl = tid % 16, nhw = nthr / 16;
     const int n = p.n, U = p.U;
     const float qmax = p.int8 ? ACT_QUANT_INT8_MAX : ACT_QUANT_FP8_MAX;
     const float qmin = p.act == QMA_STATIC && p.int8 ? -128.0f : -127.0f;
@@ -411,9 +420,9 @@ __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, 
             a = hmax(a);
             if (on && hl == 0) sx[r * U + u] = a;
         }
-        __syncthreads();
+        qmma_sync(nthr);
         const int warp = tid / 32, lane = tid % 32;
-        for (int r = warp; r < n; r += blockDim.x / 32) {
+        for (int r = warp; r < n; r += nthr / 32) {
             float a = 0.f;
             for (int u = lane; u < U; u += 32)
                 a = fmaxf(a, sx[r * U + u]);
@@ -423,7 +432,7 @@ __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, 
             for (int u = lane; u < U; u += 32)
                 sx[r * U + u] = sc;
         }
-        __syncthreads();
+        qmma_sync(nthr);
     }
 #pragma unroll qmma_stage_unroll
     for (int it = 0; it < trips; it++) {
@@ -449,6 +458,92 @@ __device__ __forceinline__ void qmma_stage(uint8_t *xq, float *sx, float *sumx, 
         }
         put_q(on, r, u, c, v, sc);
         if (on && p.act != QMA_TOKEN && hl == 0) sx[r * U + u] = sc;
+    }
+}
+
+// One 128-column unit u of the tensor-core GEMVs: this lane's weight loads wv (Q8: bytes u * 128 +
+// 16 t and + 64 of its row; INT4: the 16 bytes at u * 64 + 16 t) against the staged activations,
+// the unit's sums promoted with its scales into tot (sw / zw: the unit's weight scales and zero
+// points of this lane's two output columns, where SCM has them). c[0], c[1]: row g, columns
+// 2 t, 2 t + 1 of the lane's column group; c[2], c[3]: row g + 8.
+template <int FMT, int NT, int SCM>
+__device__ __forceinline__ void qmma_unit(float (&tot)[4], const uint4 (&wv)[FMT != QW_INT4 ? 2 : 1],
+                                          const float (&sw)[2], const float (&zw)[2], int64_t u, const uint8_t *xq,
+                                          const float *sx, const float *sumx, const struct qmma_args &p, int g,
+                                          int t) {
+    constexpr bool Q8 = FMT != QW_INT4;
+    constexpr bool pu = SCM != QSC_END, zp = SCM == QSC_UNIT_ZERO;
+    const int n = p.n, U = p.U, r0 = g, r1 = g + 8;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (Q8) {
+        uint4 xa0 = make_uint4(0u, 0u, 0u, 0u), xb0 = xa0, xa1 = xa0, xb1 = xa0;
+        if (r0 < n) {
+            const uint8_t *xp = xq + r0 * p.rs + u * 128 + 16 * t;
+            xa0 = lds16(xp);
+            xb0 = lds16(xp + 64);
+        }
+        if (NT == 2 && r1 < n) {
+            const uint8_t *xp = xq + r1 * p.rs + u * 128 + 16 * t;
+            xa1 = lds16(xp);
+            xb1 = lds16(xp + 64);
+        }
+        uint4 w0 = wv[0], w1 = wv[1];
+        const uint32_t a[4][4] = {{xa0.x, xa1.x, xa0.y, xa1.y},
+                                  {xa0.z, xa1.z, xa0.w, xa1.w},
+                                  {xb0.x, xb1.x, xb0.y, xb1.y},
+                                  {xb0.z, xb1.z, xb0.w, xb1.w}};
+        if constexpr (FMT == QW_FP8) {
+            mma_e4m3(c, a[0], w0.x, w0.y);
+            mma_e4m3(c, a[1], w0.z, w0.w);
+            mma_e4m3(c, a[2], w1.x, w1.y);
+            mma_e4m3(c, a[3], w1.z, w1.w);
+        } else { // stored q + 128 -> signed q: flip each byte's top bit
+            const uint32_t f = 0x80808080u;
+            int ci[4] = {0, 0, 0, 0};
+            mma_s8(ci, a[0], w0.x ^ f, w0.y ^ f);
+            mma_s8(ci, a[1], w0.z ^ f, w0.w ^ f);
+            mma_s8(ci, a[2], w1.x ^ f, w1.y ^ f);
+            mma_s8(ci, a[3], w1.z ^ f, w1.w ^ f);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                c[i] = (float)ci[i];
+        }
+    } else {
+        const uint32_t wq[4] = {wv[0].x, wv[0].y, wv[0].z, wv[0].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 x0 = make_uint4(0u, 0u, 0u, 0u), x1 = x0;
+            if (r0 < n) x0 = lds16(xq + r0 * p.rs + (u * 128 + 32 * t + 8 * i) * 2);
+            if (NT == 2 && r1 < n) x1 = lds16(xq + r1 * p.rs + (u * 128 + 32 * t + 8 * i) * 2);
+            uint32_t b[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t v = ((wq[i] >> (4 * j)) & 0x000f000fu) | 0x43004300u; // bf16 128 + u
+                __nv_bfloat162 h = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&v),
+                                           __floats2bfloat162_rn(136.0f, 136.0f)); // u - 8
+                b[j] = *reinterpret_cast<uint32_t *>(&h);
+            }
+            const uint32_t a0[4] = {x0.x, x1.x, x0.y, x1.y}, a1[4] = {x0.z, x1.z, x0.w, x1.w};
+            mma_bf16(c, a0, b[0], b[1]);
+            mma_bf16(c, a1, b[2], b[3]);
+        }
+    }
+    // Promote the unit's sums with its scales. c[0], c[1]: row r0, columns oc[0], oc[1]; c[2], c[3]: row r1.
+    float fx[2] = {1.f, 1.f}, zs[2] = {0.f, 0.f};
+    if (p.act != QMA_NONE) {
+        fx[0] = r0 < n ? sx[r0 * U + u] : 0.f;
+        fx[1] = NT == 2 && r1 < n ? sx[r1 * U + u] : 0.f;
+    }
+    if (zp) {
+        zs[0] = r0 < n ? sumx[r0 * U + u] : 0.f;
+        zs[1] = NT == 2 && r1 < n ? sumx[r1 * U + u] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int rr = i / 2, cc = i % 2;
+        float v = zp ? c[i] - zw[cc] * zs[rr] : c[i];
+        const float f = pu ? sw[cc] * fx[rr] : fx[rr];
+        tot[i] = fmaf(v, f, tot[i]);
     }
 }
 
@@ -516,84 +611,11 @@ __global__ void __launch_bounds__(32 * QMMA_CG * QMMA_WK, QMMA_MINB)
     float *sx = (float *)(qsm + xbytes);
     float *sumx = zp ? sx + (p.act != QMA_NONE ? n * U : 0) : nullptr;
     float *red = (float *)(qsm + xbytes + sizeof(float) * (size_t)((p.act != QMA_NONE ? n * U : 0) + (zp ? n * U : 0)));
-    qmma_stage<Q8>(xq, sx, sumx, x, k, p);
+    qmma_stage<Q8>(xq, sx, sumx, x, k, p, (int)blockDim.x);
     __syncthreads();
 
     const int r0 = g, r1 = g + 8; // this lane's activation rows (A rows) and accumulator rows
     float tot[4] = {0.f, 0.f, 0.f, 0.f};
-    auto consume = [&](const uint4 (&wv)[NW], const float (&sw)[2], const float (&zw)[2], int64_t u) {
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-        if constexpr (Q8) {
-            uint4 xa0 = make_uint4(0u, 0u, 0u, 0u), xb0 = xa0, xa1 = xa0, xb1 = xa0;
-            if (r0 < n) {
-                const uint8_t *xp = xq + r0 * p.rs + u * 128 + 16 * t;
-                xa0 = lds16(xp);
-                xb0 = lds16(xp + 64);
-            }
-            if (NT == 2 && r1 < n) {
-                const uint8_t *xp = xq + r1 * p.rs + u * 128 + 16 * t;
-                xa1 = lds16(xp);
-                xb1 = lds16(xp + 64);
-            }
-            uint4 w0 = wv[0], w1 = wv[1];
-            const uint32_t a[4][4] = {{xa0.x, xa1.x, xa0.y, xa1.y},
-                                      {xa0.z, xa1.z, xa0.w, xa1.w},
-                                      {xb0.x, xb1.x, xb0.y, xb1.y},
-                                      {xb0.z, xb1.z, xb0.w, xb1.w}};
-            if constexpr (FMT == QW_FP8) {
-                mma_e4m3(c, a[0], w0.x, w0.y);
-                mma_e4m3(c, a[1], w0.z, w0.w);
-                mma_e4m3(c, a[2], w1.x, w1.y);
-                mma_e4m3(c, a[3], w1.z, w1.w);
-            } else { // stored q + 128 -> signed q: flip each byte's top bit
-                const uint32_t f = 0x80808080u;
-                int ci[4] = {0, 0, 0, 0};
-                mma_s8(ci, a[0], w0.x ^ f, w0.y ^ f);
-                mma_s8(ci, a[1], w0.z ^ f, w0.w ^ f);
-                mma_s8(ci, a[2], w1.x ^ f, w1.y ^ f);
-                mma_s8(ci, a[3], w1.z ^ f, w1.w ^ f);
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    c[i] = (float)ci[i];
-            }
-        } else {
-            const uint32_t wq[4] = {wv[0].x, wv[0].y, wv[0].z, wv[0].w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint4 x0 = make_uint4(0u, 0u, 0u, 0u), x1 = x0;
-                if (r0 < n) x0 = lds16(xq + r0 * p.rs + (u * 128 + 32 * t + 8 * i) * 2);
-                if (NT == 2 && r1 < n) x1 = lds16(xq + r1 * p.rs + (u * 128 + 32 * t + 8 * i) * 2);
-                uint32_t b[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    uint32_t v = ((wq[i] >> (4 * j)) & 0x000f000fu) | 0x43004300u; // bf16 128 + u
-                    __nv_bfloat162 h = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&v),
-                                               __floats2bfloat162_rn(136.0f, 136.0f)); // u - 8
-                    b[j] = *reinterpret_cast<uint32_t *>(&h);
-                }
-                const uint32_t a0[4] = {x0.x, x1.x, x0.y, x1.y}, a1[4] = {x0.z, x1.z, x0.w, x1.w};
-                mma_bf16(c, a0, b[0], b[1]);
-                mma_bf16(c, a1, b[2], b[3]);
-            }
-        }
-        // Promote the unit's sums with its scales. c[0], c[1]: row r0, columns oc[0], oc[1]; c[2], c[3]: row r1.
-        float fx[2] = {1.f, 1.f}, zs[2] = {0.f, 0.f};
-        if (p.act != QMA_NONE) {
-            fx[0] = r0 < n ? sx[r0 * U + u] : 0.f;
-            fx[1] = NT == 2 && r1 < n ? sx[r1 * U + u] : 0.f;
-        }
-        if (zp) {
-            zs[0] = r0 < n ? sumx[r0 * U + u] : 0.f;
-            zs[1] = NT == 2 && r1 < n ? sumx[r1 * U + u] : 0.f;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int rr = i / 2, cc = i % 2;
-            float v = zp ? c[i] - zw[cc] * zs[rr] : c[i];
-            const float f = pu ? sw[cc] * fx[rr] : fx[rr];
-            tot[i] = fmaf(v, f, tot[i]);
-        }
-    };
     for (int i0 = 0; i0 < nu; i0 += PRE) {
 #pragma unroll
         for (int q = 0; q < PRE; q++) {
@@ -607,7 +629,7 @@ __global__ void __launch_bounds__(32 * QMMA_CG * QMMA_WK, QMMA_MINB)
                 for (int h = 0; h < NW; h++)
                     cur[h] = buf[q][h];
                 if (i + PRE < nu) fetch(q, i + PRE);
-                consume(cur, cs, cz, wk + (int64_t)i * WK);
+                qmma_unit<FMT, NT, SCM>(tot, cur, cs, cz, wk + (int64_t)i * WK, xq, sx, sumx, p, g, t);
             }
         }
     }
@@ -632,6 +654,192 @@ __global__ void __launch_bounds__(32 * QMMA_CG * QMMA_WK, QMMA_MINB)
         if constexpr (!pu) v *= __ldg(w.s + (w.mode == QS_TENSOR ? 0 : col));
         if (bias) v += to_f32(bias[col]);
         out[(int64_t)r * m + col] = from_f32<TO>(v);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The same GEMV with the weights streamed by bulk copies (sm_90 cp.async.bulk, mbarrier
+// completion). The register-prefetch kernel above keeps at most PRE units per lane in flight
+// (64 KB per SM at its 97 registers and two CTAs): 1.5-2.3 TB/s on every Llama-3-8B shape at one
+// row, lm_head included, so its rate is what it keeps in flight, not its fixed costs (H200,
+// docs/perf.md session 15). Here one producer warp per CTA copies row chunks of QTMA_KC bytes of
+// the CTA's weight tile (QTMA_ROWS = 8 output columns) into a ring of QTMA_ST shared-memory
+// stages, each completed on its own mbarrier; QTMA_CW consumer warps split every chunk's
+// 128-column units between them (warp w takes units w, w + QTMA_CW, ...), read their fragments
+// from shared memory, run the same per-unit mma and scale promotion (qmma_unit) and release the
+// stage. The grid is at most what fits at once (persistent CTAs over the tiles), so x is
+// staged (quantized) once per CTA, not once per tile, and the ring keeps streaming across tile
+// boundaries. Stage rows are QTMA_KC + QTMA_PAD bytes apart: the 16-byte fragment loads of the
+// two rows a quarter-warp reads then fall in different banks. The first QTMA_ST stages are
+// issued before the PDL wait (weights are never written by the kernels waited on).
+// Takes k % 128 == 0 (whole units, so no stage holds bytes past a row's end) where the staged x,
+// the ring and the partial sums fit; everything else takes the kernel above.
+#define QTMA_ROWS 8
+#define QTMA_CW 8
+#define QTMA_KC 2048
+#define QTMA_PAD 64
+#define QTMA_ST 4
+#define QTMA_RS (QTMA_KC + QTMA_PAD)
+#define QTMA_RING ((size_t)QTMA_ST * QTMA_ROWS * QTMA_RS)
+#ifndef QMM_GEMV_TMA
+#define QMM_GEMV_TMA 1
+#endif
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Waits until the phase of parity `parity` of bar has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
+                     "p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst,
+// counted against bar's transaction count.
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+// Shared memory of qgemv_tma_kernel: ring, 2 x QTMA_ST mbarriers, staged x (n * rs), x scales and
+// unit sums (nsx floats), two buffers of partial sums (one per tile parity).
+static size_t qtma_smem(int64_t n, int64_t rs, size_t nsx) {
+    return QTMA_RING + 2 * QTMA_ST * sizeof(uint64_t) + (size_t)n * (size_t)rs + sizeof(float) * nsx +
+           2 * sizeof(float) * 4 * 32 * QTMA_CW;
+}
+
+template <int FMT, int NT, int SCM, typename TO>
+__global__ void __launch_bounds__(32 * (QTMA_CW + 1), 2)
+    qgemv_tma_kernel(TO *out, const void *x, struct qw_view w, const TO *bias, struct qmma_args p, int ntiles) {
+    extern __shared__ __align__(16) uint8_t qtsm[];
+    uint8_t *qsm = qtsm;
+    constexpr bool Q8 = FMT != QW_INT4;
+    constexpr int NW = Q8 ? 2 : 1;          // 16-byte fragment loads per lane per unit
+    constexpr int UB = Q8 ? 128 : 64;       // weight bytes per 128-column unit
+    constexpr int CU = QTMA_KC / UB;        // units per full chunk
+    constexpr bool pu = SCM != QSC_END, zp = SCM == QSC_UNIT_ZERO;
+    const int n = p.n, U = p.U;
+    const int64_t k = w.k, m = w.m, rb = w.row_bytes;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int nch = (int)((rb + QTMA_KC - 1) / QTMA_KC);
+    uint8_t *ring = qsm;
+    uint64_t *full = (uint64_t *)(qsm + QTMA_RING), *empty = full + QTMA_ST;
+    uint8_t *xq = (uint8_t *)(empty + QTMA_ST);
+    float *sx = (float *)(xq + (int64_t)n * p.rs);
+    float *sumx = zp ? sx + (p.act != QMA_NONE ? n * U : 0) : nullptr;
+    float *red = sx + (p.act != QMA_NONE ? n * U : 0) + (zp ? n * U : 0);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < QTMA_ST; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], QTMA_CW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == QTMA_CW) { // producer: chunk `it` of the CTA's sequence goes to stage it % QTMA_ST
+        int it = 0;
+        for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+            const int64_t r0 = (int64_t)tile * QTMA_ROWS;
+            const int rows = m - r0 < QTMA_ROWS ? (int)(m - r0) : QTMA_ROWS;
+            for (int ch = 0; ch < nch; ch++, it++) {
+                const int s = it % QTMA_ST;
+                if (it == QTMA_ST) pdl_begin(); // the first ring's worth is issued before the wait
+                if (it >= QTMA_ST) mbar_wait(&empty[s], ((it / QTMA_ST) & 1) ^ 1);
+                const int64_t off = (int64_t)ch * QTMA_KC;
+                const unsigned bytes = (unsigned)(rb - off < QTMA_KC ? rb - off : QTMA_KC);
+                if (lane == 0) mbar_expect_tx(&full[s], bytes * (unsigned)rows);
+                __syncwarp();
+                if (lane < rows)
+                    bulk_g2s(ring + ((size_t)s * QTMA_ROWS + lane) * QTMA_RS, w.q + (r0 + lane) * rb + off, bytes,
+                             &full[s]);
+            }
+        }
+        if (it <= QTMA_ST) pdl_begin();
+        return;
+    }
+
+    pdl_begin();
+    qmma_stage<Q8>(xq, sx, sumx, x, k, p, 32 * QTMA_CW);
+    qmma_sync(32 * QTMA_CW);
+    const int ub = w.bc >= k ? 0 : w.bc / 128;
+    int it = 0, par = 0;
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, par ^= 1) {
+        const int64_t col0 = (int64_t)tile * QTMA_ROWS;
+        const int64_t oc[2] = {col0 + 2 * t, col0 + 2 * t + 1};
+        const float *srow[2] = {w.s, w.s}, *zrow[2] = {w.z, w.z};
+        if constexpr (pu) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int64_t r = oc[j] < m ? oc[j] : 0;
+                const int64_t off = (w.mode == QS_BLOCK ? r / w.br : r) * w.s_cols;
+                srow[j] = w.s + off;
+                if constexpr (zp) zrow[j] = w.z + off;
+            }
+        }
+        float tot[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int ch = 0; ch < nch; ch++, it++) {
+            const int s = it % QTMA_ST;
+            const int64_t u0 = (int64_t)ch * CU;
+            const int cu = (int)((rb - (int64_t)ch * QTMA_KC) / UB < CU ? (rb - (int64_t)ch * QTMA_KC) / UB : CU);
+            mbar_wait(&full[s], (it / QTMA_ST) & 1);
+            const uint8_t *rowp = ring + ((size_t)s * QTMA_ROWS + g) * QTMA_RS;
+            for (int uc = warp; uc < cu; uc += QTMA_CW) {
+                const int64_t u = u0 + uc;
+                float sw[2] = {1.f, 1.f}, zw[2] = {0.f, 0.f};
+                if constexpr (pu) {
+                    const int sc = ub == 1 ? (int)u : ub ? (int)u / ub : 0;
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        sw[j] = oc[j] < m ? __ldg(srow[j] + sc) : 0.f;
+                        if constexpr (zp) zw[j] = oc[j] < m ? __ldg(zrow[j] + sc) : 0.f;
+                    }
+                }
+                uint4 wv[NW];
+#pragma unroll
+                for (int h = 0; h < NW; h++)
+                    wv[h] = lds16(rowp + uc * UB + 64 * h + 16 * t);
+                qmma_unit<FMT, NT, SCM>(tot, wv, sw, zw, u, xq, sx, sumx, p, g, t);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+        }
+        // Sum the warps' partials in warp order (deterministic); tile parity picks the buffer, so
+        // one barrier per tile suffices.
+        float *rb2 = red + par * (4 * 32 * QTMA_CW);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            rb2[(warp * 32 + lane) * 4 + i] = tot[i];
+        qmma_sync(32 * QTMA_CW);
+        if (warp != 0) continue;
+        for (int j = 1; j < QTMA_CW; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                tot[i] += rb2[(j * 32 + lane) * 4 + i];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = i / 2 ? g + 8 : g;
+            const int64_t col = oc[i % 2];
+            if (r >= n || col >= m) continue;
+            float v = tot[i];
+            if constexpr (!pu) v *= __ldg(w.s + (w.mode == QS_TENSOR ? 0 : col));
+            if (bias) v += to_f32(bias[col]);
+            out[(int64_t)r * m + col] = from_f32<TO>(v);
+        }
     }
 }
 
@@ -838,6 +1046,16 @@ static void qgemv_mma_launch(cudaStream_t s, unsigned grid, unsigned threads, si
     CUDA_CHECK_LAUNCH();
 }
 
+template <int FMT, int NT, int SCM, typename TO>
+static void qgemv_tma_launch(cudaStream_t s, unsigned grid, unsigned threads, size_t smem, TO *out, const void *x,
+                             const struct qw_view &w, const TO *bias, const struct qmma_args &p, int ntiles) {
+    if (smem > (48u << 10))
+        CUDA_CHECK(cudaFuncSetAttribute(qgemv_tma_kernel<FMT, NT, SCM, TO>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+    pdl_launch(qgemv_tma_kernel<FMT, NT, SCM, TO>, grid, threads, smem, s, out, x, w, bias, p, ntiles);
+    CUDA_CHECK_LAUNCH();
+}
+
 // The tensor-core GEMV where it implements the weight, activation and shape (false: nothing ran):
 // FP8 x FP8 (per tensor / channel / blocks), INT8 x INT8 and INT4 x bf16 (groups, zero points),
 // n <= QMMA_MAX_ROWS, no column -> group map, blocks / groups a multiple of 128 columns (or all
@@ -876,6 +1094,9 @@ static bool qgemv_mma(struct cuda_backend *cb, TO *out, const struct tensor *x, 
     p.int8 = weight_act_int8(wt->act);
     const int64_t ctas = cdiv(m, 8 * QMMA_CG);
     const size_t nsx = (size_t)n * p.U * ((p.act != QMA_NONE) + (v.z != nullptr));
+    // The bulk-copy kernel where two CTAs fit on an SM (its registers allow two).
+    const size_t smem_t = qtma_smem(n, p.rs, nsx);
+    const bool tma = QMM_GEMV_TMA && k % 128 == 0 && 2 * (smem_t + 1024) <= (228u << 10);
     auto smem_of = [&](int wk) {
         return (size_t)n * p.rs + sizeof(float) * nsx + (wk > 1 ? sizeof(float) * 4 * 32 * QMMA_CG * (size_t)wk : 0);
     };
@@ -889,9 +1110,9 @@ static bool qgemv_mma(struct cuda_backend *cb, TO *out, const struct tensor *x, 
     p.wk = QMMA_WK;
     if (ctas > (int64_t)per_sm(4) * cb->num_sms && ctas <= (int64_t)per_sm(2) * cb->num_sms) p.wk = 2;
     if (p.wk > p.U) p.wk = p.U;
-    const unsigned threads = 32u * QMMA_CG * (unsigned)p.wk;
-    const size_t smem = smem_of(p.wk);
-    if (smem > QMMA_SMEM_MAX) return false;
+    const unsigned threads = tma ? 32u * (QTMA_CW + 1) : 32u * QMMA_CG * (unsigned)p.wk;
+    const size_t smem = tma ? smem_t : smem_of(p.wk);
+    if (!tma && smem > QMMA_SMEM_MAX) return false;
     const void *xp = x->data;
     if (p.act != QMA_NONE && n > QMMA_FUSE_MAX_ROWS) { // quantize once (act_quant_kernel), stage the bytes
         const int64_t ng = wt->act == WEIGHT_ACT_FP8_GROUP ? p.U : 1;
@@ -906,9 +1127,15 @@ static bool qgemv_mma(struct cuda_backend *cb, TO *out, const struct tensor *x, 
     const void *xb = xp;
     cudaStream_t s = cb->stream;
     const unsigned grid = (unsigned)ctas;
+    const int ntiles = (int)cdiv(m, QTMA_ROWS);
+    const unsigned tgrid = (unsigned)(ntiles < 2 * cb->num_sms ? ntiles : 2 * cb->num_sms);
 #define QMMA_GO(F, S)                                                                                                  \
     do {                                                                                                               \
-        if (n <= 8)                                                                                                    \
+        if (tma && n <= 8)                                                                                             \
+            qgemv_tma_launch<F, 1, S, TO>(s, tgrid, threads, smem, out, xb, v, bias, p, ntiles);                      \
+        else if (tma)                                                                                                  \
+            qgemv_tma_launch<F, 2, S, TO>(s, tgrid, threads, smem, out, xb, v, bias, p, ntiles);                      \
+        else if (n <= 8)                                                                                               \
             qgemv_mma_launch<F, 1, S, TO>(s, grid, threads, smem, out, xb, v, bias, p);                               \
         else                                                                                                           \
             qgemv_mma_launch<F, 2, S, TO>(s, grid, threads, smem, out, xb, v, bias, p);                               \
